@@ -1,0 +1,79 @@
+"""The Skill record: a reusable intervention with its trigger, change, expected outcome, validation and evidence.
+
+A skill file is Markdown with YAML front matter (the fields below except `description`, which is the body):
+
+    ---
+    name: raise-hole-ratio-on-hole-failures
+    kind: env
+    trigger: {findings: [mapf.hole], condition: "rate >= 0.2"}
+    intervention: {knob: "env.sizes.{size}.hole_ratio", op: add, value: 0.1}
+    expected: "hole failures on that size drop; valid rate rises"
+    validation: valid
+    domains: [mapf]
+    ---
+    Why this works, when it does not, what to watch.
+
+Knob paths (shared by skills, engineers and the vet step):
+- `env.sizes.<n>.<field>`   one per-size entry of the task's generator config, e.g. `env.sizes.5.hole_ratio`
+  (`{size}` in a template is filled from the finding's slice); `env.<field>` for a global generator field.
+- `recipe.<field>`          one training-recipe knob, e.g. `recipe.temperature`, `recipe.num_generations`.
+- `reward.<field>`          one reward-shaping knob of the task, e.g. `reward.partial_credit`.
+- `diagnostics/<name>.py`   one diagnostic file (kind: diagnostic; `intervention.code` holds its source).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SkillKind = Literal["env", "recipe", "reward", "diagnostic"]
+
+
+class Trigger(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    findings: list[str] = Field(default_factory=list, description="finding codes that make the skill applicable")
+    condition: str = Field("", description="a boolean expression over the finding's fields (rate, count, severity)")
+
+
+class Intervention(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    knob: str = Field(..., description="knob path template (see module docstring) or diagnostics/<name>.py")
+    op: Literal["set", "add", "mul", "code"] = "add"
+    value: float | int | str | None = None
+    code: str | None = Field(None, description="source of a diagnostic file, for kind=diagnostic")
+
+
+class Evidence(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tries: int = 0
+    promotions: int = 0
+    mean_effect: float = 0.0
+    last_interval: tuple[float, float] | None = None
+    families: list[str] = Field(default_factory=list, description="task families where it was promoted")
+
+
+class Provenance(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    source: Literal["seed", "run", "import"] = "seed"
+    run: str | None = None
+    commit: str | None = None
+
+
+class Skill(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(..., pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    kind: SkillKind
+    trigger: Trigger
+    intervention: Intervention
+    expected: str = Field(..., description="expected outcome, one line")
+    validation: str = Field("valid", description="the metric that validates it")
+    domains: list[str] = Field(default_factory=list, description="task families it applies to")
+    evidence: Evidence = Field(default_factory=Evidence)
+    provenance: Provenance = Field(default_factory=Provenance)
+    description: str = ""
+
+    @property
+    def general(self) -> bool:
+        """A skill becomes general after promotions in two or more task families."""
+        return len(set(self.evidence.families)) >= 2
