@@ -1,0 +1,168 @@
+"""Typed records passed between the loop's nodes: rollouts, findings, the diagnosis, candidates, evidence, verdicts.
+
+Small on purpose: these are what the graph passes around (by id), what run.db stores (as rows / JSON), and what the
+engineer reads. Big data (rollouts) lives in `runs/<id>/rollouts/*.jsonl.gz`, one `Rollout` JSON per line; see
+`write_rollouts` / `read_rollouts`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# --- rollouts ---------------------------------------------------------------------------------------------------------
+
+
+class Rollout(BaseModel):
+    """One completion of the policy on one instance, scored. Completions of the same prompt share `group`."""
+
+    model_config = ConfigDict(extra="forbid")
+    seed: int
+    group: int = Field(..., description="index of the prompt group (GRPO group / repeated samples of one instance)")
+    instance: dict[str, Any] = Field(..., description="the instance as JSON (task.instance_model.model_validate)")
+    prompt: str
+    completion: str
+    valid: bool
+    optimal: bool
+    reward: float
+    failure: str | None = None
+    where: dict[str, Any] = Field(default_factory=dict)
+    metrics: dict[str, float] = Field(default_factory=dict)
+    slices: dict[str, str] = Field(default_factory=dict)
+    tokens: int = 0
+
+
+def write_rollouts(path: Path, rollouts: list[Rollout]) -> Path:
+    """Write atomically (temp file + rename) so a crash never leaves a half file that looks complete."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with gzip.open(tmp, "wt", encoding="utf-8") as fh:
+        for r in rollouts:
+            fh.write(r.model_dump_json() + "\n")
+    tmp.replace(path)
+    return path
+
+
+def read_rollouts(path: Path) -> list[Rollout]:
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        return [Rollout.model_validate_json(line) for line in fh if line.strip()]
+
+
+# --- findings and the diagnosis ---------------------------------------------------------------------------------------
+
+Severity = Literal["info", "warn", "critical"]
+
+
+class Finding(BaseModel):
+    """One diagnosed failure pattern. `code` is namespaced: `mapf.hole`, `grpo.dead_groups`, `evolved.<name>.<code>`."""
+
+    model_config = ConfigDict(extra="forbid")
+    code: str
+    severity: Severity = "warn"
+    count: int = 0
+    rate: float = 0.0
+    slice: dict[str, str] = Field(default_factory=dict, description="the slice it concerns, e.g. {'size': '5'}; {} = all")
+    examples: list[str] = Field(default_factory=list, max_length=3, description="up to 3 abbreviated trajectories")
+    knobs: list[str] = Field(default_factory=list, description="knob paths it suggests (skills/model.py convention)")
+    message: str = ""
+
+
+class DiagnosticResult(BaseModel):
+    """What one diagnostic returns: findings and metrics (and, for evolved ones, the isolation it ran under)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    findings: list[Finding] = Field(default_factory=list)
+    metrics: dict[str, float] = Field(default_factory=dict)
+    error: str | None = None
+
+
+class HistoryItem(BaseModel):
+    """One past candidate as the engineer sees it: aggregate results only, never held-out instances."""
+
+    model_config = ConfigDict(extra="forbid")
+    stage: int
+    candidate: str
+    knob: str
+    change: str
+    verdict: str
+    effect: float | None = None
+    ci: tuple[float, float] | None = None
+    reason: str = ""
+
+
+class Diagnosis(BaseModel):
+    """Everything the engineer gets: raw failure evidence, env stats, history (no round-0 default), bookkeeping."""
+
+    model_config = ConfigDict(extra="forbid")
+    task: str
+    stage: int = Field(..., description="the round index (bookkeeping helps the engineer, per the paper)")
+    stages_left: int | None = None
+    budget_left_s: float | None = None
+    overall: dict[str, float] = Field(default_factory=dict, description="valid, optimal, reward on probe seeds")
+    by_slice: dict[str, dict[str, float]] = Field(default_factory=dict, description="'size=5' -> {valid, n, ...}")
+    findings: list[Finding] = Field(default_factory=list)
+    env_stats: dict[str, Any] = Field(default_factory=dict)
+    env_config: dict[str, Any] = Field(default_factory=dict)
+    recipe: dict[str, Any] = Field(default_factory=dict)
+    history: list[HistoryItem] = Field(default_factory=list)
+    consecutive_rejections: int = 0
+    step_scale: float = Field(1.0, description="multiplier on change sizes; shrinks after repeated rejections")
+
+
+# --- candidates, evidence, verdicts -----------------------------------------------------------------------------------
+
+ChangeKind = Literal["env", "recipe", "reward", "diagnostic"]
+
+
+class Change(BaseModel):
+    """Exactly one factor. For env/recipe/reward: a knob path and its new value; for diagnostic: one file's source."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: ChangeKind
+    knob: str = Field(..., description="env.sizes.5.hole_ratio | recipe.temperature | reward.x | diagnostics/<n>.py")
+    value: Any = Field(None, description="the new value (not a delta); None for a diagnostic")
+    code: str | None = Field(None, description="diagnostic source, kind=diagnostic only")
+
+
+class Candidate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str
+    stage: int
+    change: Change
+    old_value: Any = None
+    rationale: str
+    expected: str = Field("", description="expected effect, one line")
+    target_metric: str = "valid"
+    skill: str | None = None
+    engineer: str = "rule"
+
+
+class Evidence(BaseModel):
+    """Paired comparison of candidate vs control on the same fresh backtest instances."""
+
+    model_config = ConfigDict(extra="forbid")
+    metric: str = "valid"
+    n: int
+    control: float
+    candidate: float
+    effect: float
+    ci_low: float
+    ci_high: float
+    by_slice: dict[str, dict[str, float]] = Field(default_factory=dict, description="slice -> effect, ci_low, ci_high, n")
+    vetoes: list[str] = Field(default_factory=list)
+    seeds: tuple[int, int] | None = Field(None, description="first and last backtest seed used (aggregate only)")
+
+
+class Verdict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    candidate: str
+    decision: Literal["promoted", "rejected"]
+    reason: str
+    evidence: Evidence | None = None
+    stage_reached: Literal["vet", "offline", "backtest"] = "backtest"
