@@ -1,0 +1,264 @@
+"""The run store on a real SQLite file: migrations, idempotent writers, fresh seeds, the run lock, crash durability.
+
+    .venv/bin/pytest tests/test_store.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import seeds as seedlib
+from harness.records import Candidate, Change, Evidence, Finding, Verdict
+from harness.store import MIGRATIONS, RunLockedError, RunStore, StoreError, acquire_lock, migrate
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _candidate(cid: str = "s0-c1", stage: int = 0, value: float = 0.3) -> Candidate:
+    return Candidate(id=cid, stage=stage, change=Change(kind="env", knob="env.sizes.5.hole_ratio", value=value),
+                     old_value=0.2, rationale="holes dominate size 5", expected="hole failures drop", skill="raise-holes")
+
+
+def _verdict(cid: str = "s0-c1", decision: str = "promoted") -> Verdict:
+    ev = Evidence(n=64, control=0.40, candidate=0.52, effect=0.12, ci_low=0.04, ci_high=0.20)
+    return Verdict(candidate=cid, decision=decision, reason="lcb 0.04 > 0.02", evidence=ev)
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    s = RunStore.open(tmp_path / "runs" / "r1" / "run.db")
+    s.create_run("r1", config={"task": "mapf", "stages": 3}, budget={"seconds": 3600})
+    yield s
+    s.close()
+
+
+def _spawn(code: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+# --- migrations ---------------------------------------------------------------------------------------------------------
+
+
+def test_migrations_from_empty_db_then_idempotent_reopen(tmp_path: Path):
+    path = tmp_path / "run.db"
+    s = RunStore.open(path)
+    applied = [r["name"] for r in s.db.query("SELECT name FROM _migrations ORDER BY rowid")]
+    assert applied == [fn.__name__ for fn in MIGRATIONS] and len(applied) >= 5
+    tables = set(s.db.table_names())
+    assert {"runs", "stages", "candidates", "evaluations", "findings", "events", "compute", "seed_cursor",
+            "seed_draws", "nodes"} <= tables
+    assert s.db.journal_mode == "wal"
+    schema = s.db.schema
+    s.create_run("r1", config={})
+    s.close()
+
+    s2 = RunStore.open(path)
+    assert migrate(s2.db) == []
+    assert s2.db.schema == schema
+    assert s2.db.execute("SELECT COUNT(*) FROM _migrations").fetchone()[0] == len(MIGRATIONS)
+    assert s2.runs() == ["r1"]
+    s2.close()
+
+
+# --- idempotent writers -------------------------------------------------------------------------------------------------
+
+
+def test_upserts_do_not_duplicate_rows(store: RunStore):
+    c = _candidate()
+    store.start_stage("r1", 0)
+    for _ in range(2):  # a re-entered node writes everything twice
+        store.start_stage("r1", 0)
+        store.upsert_candidate("r1", c, commit="abc123")
+        store.record_findings("r1", 0, [Finding(code="mapf.hole", slice={"size": "5"}, count=9, rate=0.3),
+                                        Finding(code="mapf.hole", slice={}, count=12, rate=0.2)])
+        store.record_eval("r1", 0, "control", "backtest", n=64, valid=0.4, optimal=0.2)
+        store.record_eval("r1", 0, "control", "backtest", n=16, valid=0.25, optimal=0.1, slice_key="size",
+                          slice_value="5")
+        store.charge("r1", 0, "control", "grpo", seconds=12.5, tokens=1000, steps=8)
+        store.add_event("r1", "promoted", "s0-c1 promoted", stage=0, node="decide", key="decide/s0-c1")
+        store.mark_node_done("r1", 0, "propose", {"candidates": ["s0-c1"]})
+    count = {t: store.db[t].count for t in ("stages", "candidates", "findings", "evaluations", "compute", "events",
+                                            "nodes")}
+    assert count == {"stages": 1, "candidates": 1, "findings": 2, "evaluations": 2, "compute": 1, "events": 1,
+                     "nodes": 1}
+    assert store.seconds_spent("r1") == 12.5  # charging the same key again replaces, never adds
+    assert store.node_done("r1", 0, "propose") and not store.node_done("r1", 0, "decide")
+    assert store.node_result("r1", 0, "propose") == {"candidates": ["s0-c1"]}
+    found = store.findings("r1", 0)
+    assert [(f.code, f.slice) for f in found] == [("mapf.hole", {"size": "5"}), ("mapf.hole", {})]
+
+
+def test_reupsert_keeps_the_verdict(store: RunStore):
+    store.upsert_candidate("r1", _candidate(), commit="abc123")
+    store.set_candidate_verdict(_verdict(), tag="promoted/s0-c1")
+    store.upsert_candidate("r1", _candidate())  # a re-entered propose node
+    row = store.candidate("s0-c1")
+    assert (row["status"], row["commit_sha"], row["tag"]) == ("promoted", "abc123", "promoted/s0-c1")
+    assert (row["effect"], row["ci_low"], row["ci_high"], row["n"]) == (0.12, 0.04, 0.20, 64)
+    assert row["patch"]["value"] == 0.3 and row["old_value"] == 0.2 and row["evidence"]["control"] == 0.40
+
+    store.upsert_candidate("r1", _candidate("s0-c2"))
+    store.set_candidate_verdict(Verdict(candidate="s0-c2", decision="rejected", reason="does not compile",
+                                        stage_reached="vet"))
+    assert store.candidate("s0-c2")["status"] == "rejected_vet"
+    assert [c["id"] for c in store.candidates("r1", status="promoted")] == ["s0-c1"]
+
+
+def test_bad_input_gets_a_clear_error(store: RunStore):
+    with pytest.raises(StoreError, match="no run 'nope'.*known: r1"):
+        store.start_stage("nope", 0)
+    with pytest.raises(StoreError, match="no candidate 'ghost'"):
+        store.set_candidate_status("ghost", "vetted")
+    store.upsert_candidate("r1", _candidate())
+    with pytest.raises(StoreError, match="unknown candidate status 'won'"):
+        store.set_candidate_status("s0-c1", "won")  # type: ignore[arg-type]
+    with pytest.raises(StoreError, match="not a rate in \\[0, 1\\]; pass the fraction"):
+        store.record_eval("r1", 0, "control", "backtest", n=64, valid=30, optimal=0.1)
+    with pytest.raises(StoreError, match="unknown split 'holdout'"):
+        store.record_eval("r1", 0, "control", "holdout", n=64, valid=0.3, optimal=0.1)
+    with pytest.raises(seedlib.SplitError, match="unknown seed split"):
+        store.draw_seeds("r1", "holdout", 4)
+    with pytest.raises(StoreError, match="unknown compute kind 'ppo'"):
+        store.charge("r1", 0, "control", "ppo", seconds=1)  # type: ignore[arg-type]
+
+
+def test_summary_is_json_ready(store: RunStore):
+    store.start_stage("r1", 0)
+    store.upsert_candidate("r1", _candidate())
+    store.upsert_candidate("r1", _candidate("s0-c2"))
+    store.set_candidate_verdict(_verdict(), tag="promoted/s0-c1")
+    store.charge("r1", 0, "control", "grpo", seconds=10, steps=4)
+    store.charge("r1", 0, "s0-c1", "grpo", seconds=11, steps=4)
+    store.charge("r1", 0, "s0-c1", "eval", seconds=2, label="backtest")
+    store.draw_seeds("r1", "backtest", 32)
+    store.end_stage("r1", 0, checkpoint="checkpoints/s0", metrics={"valid": 0.52})
+    store.add_event("r1", "stage_end", "stage 0 done", stage=0, node="remember")
+    s = json.loads(json.dumps(store.summary("r1")))
+    assert s["stage"] == 0 and s["stages"][0]["metrics"] == {"valid": 0.52} and s["stages"][0]["status"] == "done"
+    assert s["candidates"] == {"promoted": 1, "proposed": 1}
+    assert s["promoted"][0]["id"] == "s0-c1" and s["promoted"][0]["ci"] == [0.04, 0.20]
+    assert s["compute"]["grpo"]["seconds"] == 21 and s["seconds_spent"] == 23
+    assert s["seed_cursors"] == {"backtest": 32} and s["budget"] == {"seconds": 3600}
+    assert s["last_event"]["kind"] == "stage_end"
+
+
+# --- seeds --------------------------------------------------------------------------------------------------------------
+
+
+def test_seed_cursor_never_repeats_across_reopen(tmp_path: Path):
+    path = tmp_path / "run.db"
+    drawn: list[int] = []
+    for _ in range(3):
+        with RunStore.open(path) as s:
+            s.create_run("r1", config={})
+            drawn += s.draw_seeds("r1", "backtest", 5)
+            drawn += s.draw_seeds("r1", "backtest", 3)
+    assert len(drawn) == len(set(drawn)) == 24
+    seedlib.check_split(drawn, "backtest")
+    with RunStore.open(path) as s:
+        probe = s.draw_seeds("r1", "probe", 4)
+        assert s.seed_cursors("r1") == {"backtest": 24, "probe": 4}
+    seedlib.check_split(probe, "probe")
+
+
+def test_keyed_draw_is_stable_on_reentry_and_still_fresh(store: RunStore):
+    first = store.draw_seeds("r1", "backtest", 8, key="s0/s0-c1")
+    other = store.draw_seeds("r1", "backtest", 8, key="s0/s0-c2")
+    assert store.draw_seeds("r1", "backtest", 8, key="s0/s0-c1") == first  # re-entered node: same instances
+    assert not set(first) & set(other)
+    assert not set(store.draw_seeds("r1", "backtest", 8)) & set(first + other)
+    with pytest.raises(StoreError, match="already drew 8 seeds, not 4"):
+        store.draw_seeds("r1", "backtest", 4, key="s0/s0-c1")
+
+
+def test_concurrent_draws_from_two_processes_are_disjoint(tmp_path: Path):
+    path = tmp_path / "run.db"
+    with RunStore.open(path) as s:
+        s.create_run("r1", config={})
+    code = """
+        import json, sys
+        from harness.store import RunStore
+        s = RunStore.open(sys.argv[1])
+        print(json.dumps([x for _ in range(40) for x in s.draw_seeds("r1", "backtest", 3)]))
+    """
+    procs = [_spawn(code, str(path)) for _ in range(2)]
+    outs = [p.communicate(timeout=60) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    a, b = (json.loads(o) for o, _ in outs)
+    assert len(a) == len(b) == 120 and not set(a) & set(b)
+    assert sorted(a + b) == seedlib.seeds("backtest", 240)
+
+
+# --- concurrency, the lock, durability ----------------------------------------------------------------------------------
+
+
+def test_reader_works_while_a_writer_holds_a_transaction(store: RunStore):
+    store.add_event("r1", "start", "go")
+    writer = RunStore.open(store.path)
+    writer.db.execute("BEGIN IMMEDIATE")
+    writer.db.execute("INSERT INTO events (run, kind, message, data, ts) VALUES ('r1', 'x', 'uncommitted', '{}', 't')")
+    t0 = time.monotonic()
+    assert store.summary("r1")["last_event"]["message"] == "go"  # WAL: the reader sees the last commit, at once
+    assert time.monotonic() - t0 < 1.0
+    writer.db.execute("COMMIT")
+    assert store.summary("r1")["last_event"]["message"] == "uncommitted"
+    writer.close()
+
+
+def test_lock_contention_across_processes_and_stale_takeover(tmp_path: Path):
+    run_dir = tmp_path / "runs" / "r1"
+    holder = _spawn("""
+        import sys, time
+        from harness.store import acquire_lock
+        lock = acquire_lock(sys.argv[1], "r1")
+        print("locked", flush=True)
+        time.sleep(60)
+    """, str(run_dir))
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(RunLockedError, match=f"run r1 is already being driven by pid {holder.pid}; wait or kill it"):
+            acquire_lock(run_dir, "r1")
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait(timeout=10)
+    with acquire_lock(run_dir, "r1") as lock:  # the dead driver's lock is taken over
+        assert lock.held and lock.stale_pid == holder.pid
+        assert (run_dir / "lock").read_text().strip() == str(os.getpid())
+        with pytest.raises(RunLockedError, match=f"pid {os.getpid()}"):
+            acquire_lock(run_dir, "r1")  # a second driver in the same process is refused too
+    assert not lock.held
+    with acquire_lock(run_dir, "r1") as again:  # a clean release leaves nothing stale
+        assert again.stale_pid is None
+
+
+def test_records_survive_sigkill(tmp_path: Path):
+    path = tmp_path / "run.db"
+    proc = _spawn("""
+        import os, signal, sys
+        from harness.records import Candidate, Change
+        from harness.store import RunStore
+        s = RunStore.open(sys.argv[1])
+        s.create_run("r1", config={"task": "mapf"})
+        s.upsert_candidate("r1", Candidate(id="c1", stage=0, rationale="r",
+                           change=Change(kind="recipe", knob="recipe.temperature", value=1.1)))
+        s.draw_seeds("r1", "backtest", 16)
+        for i in range(50):
+            s.add_event("r1", "tick", str(i))
+        os.kill(os.getpid(), signal.SIGKILL)
+    """, str(path))
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    with RunStore.open(path) as s:
+        assert s.candidate("c1")["knob"] == "recipe.temperature"
+        assert len(s.events("r1", kind="tick")) == 50
+        assert s.draw_seeds("r1", "backtest", 1) == [seedlib.seed_for("backtest", 16)]
