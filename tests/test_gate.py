@@ -1,0 +1,147 @@
+"""The promotion gate on paired outcomes: identical arms never promote, a real improvement promotes, a slice regression
+and a veto reject with reasons that name them, A/A false promotions stay near alpha, several winners -> best wins.
+
+    .venv/bin/pytest tests/test_gate.py -q
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from harness.backtest import GateConfig, GateError, choose_winner, decide, paired_bootstrap
+
+GATE = GateConfig(min_effect=0.0, slice_tolerance=0.05, confidence=0.95, n_boot=1000, min_slice_n=20)
+
+
+def _population(n: int, rng: np.random.Generator) -> tuple[np.ndarray, list[dict[str, str]]]:
+    """Per-instance success probabilities of one model: easy 3x3, harder 5x5 (a realistic valid-rate spread)."""
+    sizes = np.array(["3", "5"] * (n // 2))
+    p = np.where(sizes == "3", rng.beta(6, 2, n), rng.beta(2, 4, n))
+    return p, [{"size": s} for s in sizes]
+
+
+def test_bootstrap_bounds_bracket_effect_and_shrink_with_n():
+    rng = np.random.default_rng(1)
+    c = rng.integers(0, 2, 400).astype(float)
+    k = np.clip(c + (rng.random(400) < 0.2), 0, 1)
+    eff, lo, hi = paired_bootstrap(c, k, 2000, 0.05, rng)
+    assert lo < eff < hi and eff == pytest.approx(float((k - c).mean()))
+    _, lo2, hi2 = paired_bootstrap(c[:50], k[:50], 2000, 0.05, rng)
+    assert hi2 - lo2 > hi - lo
+
+
+def test_bootstrap_rejects_unpaired_and_empty():
+    rng = np.random.default_rng(0)
+    with pytest.raises(GateError, match="equal-length"):
+        paired_bootstrap([1, 0], [1], 100, 0.05, rng)
+    with pytest.raises(GateError, match="no paired outcomes"):
+        paired_bootstrap([], [], 100, 0.05, rng)
+
+
+def test_identical_arms_never_promote():
+    rng = np.random.default_rng(2)
+    p, slices = _population(200, rng)
+    outcomes = (rng.random(200) < p).astype(float).tolist()
+    v = decide(outcomes, outcomes, slices, GATE, candidate_id="same")
+    assert v.decision == "rejected"
+    assert v.reason.startswith("not significant") and "lower bound +0.000" in v.reason
+    assert v.evidence.effect == 0.0 and v.evidence.n == 200
+
+
+def test_real_improvement_promotes():
+    rng = np.random.default_rng(3)
+    p, slices = _population(300, rng)
+    control = (rng.random(300) < p).astype(float)
+    candidate = (rng.random(300) < np.clip(p + 0.2, 0, 1)).astype(float)
+    v = decide(control.tolist(), candidate.tolist(), slices, GATE, candidate_id="better", seeds=[2, 1198])
+    assert v.decision == "promoted", v.reason
+    assert v.evidence.ci_low > 0.0 and set(v.evidence.by_slice) == {"size=3", "size=5"}
+    assert v.evidence.seeds == (2, 1198)
+
+
+def test_slice_regression_rejects_and_names_the_slice():
+    rng = np.random.default_rng(4)
+    p, slices = _population(400, rng)
+    small = np.array([s["size"] == "3" for s in slices])
+    control = (rng.random(400) < p).astype(float)
+    # better overall (3x3 much better) but 5x5 worse: "preserve what already works" must reject it
+    q = np.where(small, np.clip(p + 0.35, 0, 1), np.clip(p - 0.15, 0, 1))
+    candidate = (rng.random(400) < q).astype(float)
+    v = decide(control.tolist(), candidate.tolist(), slices, GATE, candidate_id="only-3x3")
+    assert v.evidence.ci_low > 0.0, "the planted candidate must look good overall"
+    assert v.decision == "rejected"
+    assert "slice size=5 regressed" in v.reason and "size=3" not in v.reason
+
+
+def test_small_slices_are_reported_not_checked():
+    control = [0.0] * 100 + [1.0] * 5
+    candidate = [1.0] * 100 + [0.0] * 5  # tiny slice "7" fully regresses, but n=5 < min_slice_n
+    slices = [{"size": "3"}] * 100 + [{"size": "7"}] * 5
+    v = decide(control, candidate, slices, GATE)
+    assert v.decision == "promoted", v.reason
+    assert v.evidence.by_slice["size=7"]["checked"] == 0.0 and v.evidence.by_slice["size=7"]["effect"] == -1.0
+
+
+def test_veto_rejects_even_a_clear_win():
+    control = [0.0, 1.0] * 50
+    candidate = [1.0] * 100
+    v = decide(control, candidate, [{}] * 100, GATE, vetoes=["evolved.plan_len.too_short: 40% plans truncated"])
+    assert v.decision == "rejected" and v.reason.startswith("veto: evolved.plan_len.too_short")
+    assert v.evidence.ci_low > 0
+
+
+def test_min_effect_is_enforced_with_numbers():
+    control = [0.0] * 80 + [1.0] * 20
+    candidate = [0.0] * 77 + [1.0] * 23  # +0.03, tight
+    v = decide(control, candidate, [{}] * 100, GateConfig(min_effect=0.1, n_boot=500))
+    assert v.decision == "rejected" and "<= min effect 0.100" in v.reason and "effect +0.030" in v.reason
+
+
+def test_bad_outcomes_are_typed_errors():
+    with pytest.raises(GateError, match=r"\[0, 1\]"):
+        decide([2.0], [1.0], [{}], GATE)
+    with pytest.raises(GateError, match="slice labels"):
+        decide([1.0], [1.0], [], GATE)
+    with pytest.raises(ValueError, match="extra"):
+        GateConfig.model_validate({"min_efect": 0.1})
+
+
+def test_aa_same_model_two_samplings_false_promotion_rate():
+    """The cheap check of the gate alone: A/A = one model sampled twice on the same instances. The paired bootstrap's
+    one-sided 95% bound must not promote much more often than alpha (expected ~5%; the slice check lowers it)."""
+    rng = np.random.default_rng(5)
+    promotions = 0
+    trials = 200
+    for _ in range(trials):
+        p, slices = _population(160, rng)
+        a = (rng.random(160) < p).astype(float)
+        b = (rng.random(160) < p).astype(float)
+        promotions += decide(a.tolist(), b.tolist(), slices, GATE, rng=rng).decision == "promoted"
+    assert promotions / trials <= 0.08, f"A/A false promotion rate {promotions / trials:.3f}"
+
+
+def test_bonferroni_widens_the_bound():
+    rng = np.random.default_rng(6)
+    c = (rng.random(200) < 0.5).astype(float)
+    k = (rng.random(200) < 0.6).astype(float)
+    one = decide(c.tolist(), k.tolist(), [{}] * 200, GATE, rng=np.random.default_rng(0))
+    five = decide(c.tolist(), k.tolist(), [{}] * 200, GATE, rng=np.random.default_rng(0), comparisons=5)
+    assert five.evidence.ci_low < one.evidence.ci_low
+
+
+def test_choose_winner_best_lower_bound_wins_others_beaten():
+    rng = np.random.default_rng(7)
+    c = (rng.random(300) < 0.4).astype(float)
+    strong = np.maximum(c, (rng.random(300) < 0.4).astype(float))
+    weak = np.maximum(c, (rng.random(300) < 0.15).astype(float))
+    v_strong = decide(c.tolist(), strong.tolist(), [{}] * 300, GATE, candidate_id="strong")
+    v_weak = decide(c.tolist(), weak.tolist(), [{}] * 300, GATE, candidate_id="weak")
+    v_none = decide(c.tolist(), c.tolist(), [{}] * 300, GATE, candidate_id="none")
+    assert v_strong.decision == v_weak.decision == "promoted"
+    winner, out = choose_winner([v_weak, v_none, v_strong])
+    assert winner is not None and winner.candidate == "strong"
+    assert [v.decision for v in out] == ["rejected", "rejected", "promoted"]
+    assert out[0].reason.startswith("beaten by strong")
+    assert out[1].reason.startswith("not significant")
+    assert choose_winner([v_none]) == (None, [v_none])
