@@ -1,0 +1,429 @@
+"""Run untrusted code (engineer-written diagnostics, policy-written programs) in isolation; return a result, never raise.
+
+    from sandbox.runner import run_code, run_function, run_program, run_many, Job, Limits
+    r = run_code("result = sum(inputs['xs'])", inputs={"xs": [1, 2]})        # r.status == "ok", r.value == 3
+    r = run_function(Path("diagnostics/x.py").read_text(), "diagnose", args=[rollouts])
+    r = run_program(["python", "prog.py"], files={"prog.py": src})          # exit code 0 -> status "ok"
+    rs = run_many([Job(kind="program", argv=[...], files={...}), ...], workers=2)
+
+Inputs and the return value travel as JSON. The result (`RunResult`) says what happened (`status`: ok, error, timeout,
+memory, killed), what came back (`value`, capped `stdout`/`stderr`), how long it took and which isolation was used.
+The code's own failures (exceptions, exit codes, crashes, limits) are results, not exceptions; only bad arguments to
+these functions raise (`ValueError`, `SandboxUnavailable`).
+
+## What it does (bubblewrap, `isolation: bwrap`)
+- A fresh mount namespace holding only /usr (+ the /bin, /lib, /lib64 links), the Python interpreter's own prefix
+  (read-only), minimal /dev and /proc, a small tmpfs /tmp, and one writable scratch directory at /scratch (a fresh host
+  temp dir, deleted afterwards). Not visible: the run directory, the project, home, held-out data, /etc, the rest of /root.
+- New network (only a private loopback: no network at all), pid, ipc, uts and cgroup namespaces; `--die-with-parent`,
+  `--new-session` (no terminal injection), no_new_privs (setuid binaries do not elevate).
+- The code runs as a fresh unprivileged uid per job with no capabilities. This is why, when the caller is root, the
+  user namespace is deliberately NOT unshared: a root-made user namespace maps the sandbox back to real uid 0, which the
+  kernel exempts from RLIMIT_NPROC, so a fork bomb would not be stopped. Dropping to a unique real uid makes the process
+  limit hold (and is per job, so concurrent jobs do not share it). A non-root caller gets `--unshare-all --uid 65534`.
+- setrlimit: CPU seconds, address space, file size, open files, processes; a wall-clock timeout that kills the whole
+  sandbox (the pid namespace dies with bwrap); scrubbed environment; stdin is /dev/null; stdout/stderr capped (a job
+  that floods past the cap is killed).
+
+## What it does NOT protect against
+- Kernel exploits (no seccomp filter), side channels, CPU/disk contention with other jobs (no cgroups: a job can use
+  its CPU seconds and fill /scratch up to `file_size_mb` per file), reading world-readable files under /usr.
+- The fallback (`isolation: process`, used when bwrap is missing, with a one-time warning) is a plain subprocess with
+  the same rlimits, scrubbed environment and temp working directory, but it sees the whole filesystem and network as
+  the caller's user, and, when the caller is root, RLIMIT_NPROC is ignored by the kernel (no fork-bomb protection) and
+  children that call setsid() can escape the timeout's process-group kill. Use `require_bwrap=True` wherever it matters.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# --- public records -----------------------------------------------------------------------------------------------
+
+Status = Literal["ok", "error", "timeout", "memory", "killed"]
+Isolation = Literal["bwrap", "process"]
+
+
+class SandboxUnavailable(RuntimeError):
+    """bubblewrap was required (require_bwrap=True) but cannot be used on this machine."""
+
+
+class Limits(BaseModel):
+    """Resource limits of one job. Defaults suit a diagnostic or a unit-test program."""
+
+    model_config = ConfigDict(extra="forbid")
+    cpu_s: int = Field(10, ge=1, description="CPU seconds (RLIMIT_CPU); exceeding it ends the job with status timeout")
+    wall_s: float = Field(20.0, gt=0, description="wall-clock seconds before the whole sandbox is killed (timeout)")
+    memory_mb: int = Field(1024, ge=64, description="address space in MiB (RLIMIT_AS); exceeding it gives status memory")
+    file_size_mb: int = Field(16, ge=1, description="largest file the job may write, MiB (RLIMIT_FSIZE)")
+    open_files: int = Field(64, ge=16, description="open file descriptors (RLIMIT_NOFILE)")
+    processes: int = Field(16, ge=1, description="processes/threads of the job's uid (RLIMIT_NPROC; bwrap only as root)")
+    output_bytes: int = Field(1_000_000, ge=1024, description="cap on stdout and on stderr each; beyond it: killed")
+
+
+class Job(BaseModel):
+    """One unit of work. kind=code: exec `code`, `inputs` is a global, the global `result` is the value.
+    kind=function: exec `code` as a module and call `function(*args, **kwargs)`; its return is the value.
+    kind=program: run `argv` ("python" means the sandbox's interpreter) in /scratch; exit code 0 is ok."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["code", "function", "program"]
+    code: str = Field("", description="snippet (kind=code) or module source (kind=function)")
+    function: str | None = Field(None, description="name of the function to call (kind=function)")
+    args: list[Any] = Field(default_factory=list, description="JSON positional arguments (kind=function)")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="JSON keyword arguments (kind=function)")
+    inputs: dict[str, Any] = Field(default_factory=dict, description="JSON global `inputs` (kind=code)")
+    argv: list[str] = Field(default_factory=list, description="program and arguments (kind=program)")
+    files: dict[str, str] = Field(default_factory=dict, description="relative path -> text, written into /scratch first")
+    limits: Limits = Field(default_factory=Limits)
+
+    @model_validator(mode="after")
+    def _check(self) -> Job:
+        if self.kind == "function" and not self.function:
+            raise ValueError("a kind='function' job needs `function` (the name to call in `code`)")
+        if self.kind == "program" and not self.argv:
+            raise ValueError("a kind='program' job needs `argv`, e.g. ['python', 'prog.py']")
+        if self.kind in ("code", "function") and not self.code.strip():
+            raise ValueError(f"a kind={self.kind!r} job needs `code` (the source to run)")
+        for rel in self.files:
+            p = Path(rel)
+            if p.is_absolute() or ".." in p.parts or not p.parts or rel.startswith("."):
+                raise ValueError(f"job file {rel!r} must be a plain relative path inside /scratch (no '..', no leading '.')")
+        return self
+
+
+class RunResult(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    status: Status
+    value: Any = None
+    stdout: str = ""
+    stderr: str = ""
+    duration_s: float = 0.0
+    isolation: Isolation
+    error: str | None = Field(None, description="what went wrong, one line (exception, signal, limit)")
+    exit_code: int | None = Field(None, description="exit status of the sandboxed process; negative = signal")
+
+
+# --- the boot script (runs inside the sandbox, before the untrusted code) ------------------------------------------
+
+# argv: job.json result.json scratch_dir. It applies the limits, drops privileges when asked, then runs the job.
+_BOOT = r"""
+import json, os, resource, sys, traceback
+job = json.load(open(sys.argv[1])); result_path = sys.argv[2]; os.chdir(sys.argv[3])
+L = job["limits"]; MB = 1 << 20
+for lim, v in ((resource.RLIMIT_CPU, (L["cpu_s"], L["cpu_s"] + 1)), (resource.RLIMIT_AS, (L["memory_mb"] * MB,) * 2),
+               (resource.RLIMIT_FSIZE, (L["file_size_mb"] * MB,) * 2), (resource.RLIMIT_NOFILE, (L["open_files"],) * 2),
+               (resource.RLIMIT_NPROC, (L["processes"],) * 2), (resource.RLIMIT_CORE, (0, 0))):
+    resource.setrlimit(lim, v)
+if job["uid"] is not None:
+    os.setgroups([]); os.setgid(job["uid"]); os.setuid(job["uid"])
+if job["kind"] == "program":
+    argv = [sys.executable if a == "python" and i == 0 else a for i, a in enumerate(job["argv"])]
+    if argv[0] == sys.executable:
+        argv[1:1] = ["-I", "-S"] if job["isolated_python"] else []
+    try:
+        os.execv(argv[0], argv)
+    except OSError as exc:
+        print(f"sandbox: cannot run {argv[0]!r}: {exc}", file=sys.stderr); os._exit(127)
+out = {"status": "ok", "value": None, "error": None}
+try:
+    g = {"__name__": "__main__" if job["kind"] == "code" else "sandboxed", "__builtins__": __builtins__}
+    if job["kind"] == "code":
+        g["inputs"] = job["inputs"]
+        exec(compile(job["code"], "<snippet>", "exec"), g)
+        value = g.get("result")
+    else:
+        exec(compile(job["code"], "<module>", "exec"), g)
+        if not callable(g.get(job["function"])):
+            raise NameError(f"no function {job['function']!r} defined by the code")
+        value = g[job["function"]](*job["args"], **job["kwargs"])
+    try:
+        json.dumps(value)
+        out["value"] = value
+    except (TypeError, ValueError) as exc:
+        out = {"status": "error", "value": None, "error": f"the value is not JSON-serialisable: {exc}"}
+except MemoryError:
+    out = {"status": "memory", "value": None, "error": "MemoryError: the address-space limit was reached"}
+except SystemExit as exc:
+    if exc.code not in (None, 0):
+        out = {"status": "error", "value": None, "error": f"SystemExit({exc.code!r})"}
+except BaseException as exc:
+    traceback.print_exc()
+    out = {"status": "error", "value": None, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+try:
+    with open(result_path, "w") as fh:
+        json.dump(out, fh)
+except OSError as exc:
+    print(f"sandbox: cannot write the result: {exc}", file=sys.stderr); os._exit(70)
+os._exit(0)
+"""
+
+# --- choosing the isolation --------------------------------------------------------------------------------------
+
+_PROBE: dict[str, str | None] = {}  # PATH -> bwrap path, or "" when unusable
+_WARNED = False
+_UIDS = itertools.count()
+_INSTALL = "install it with `apt-get install bubblewrap` (Debian/Ubuntu) or `dnf install bubblewrap`"
+
+
+def python_prefix() -> Path:
+    """The interpreter's own installation (the venv's python is a symlink into it), bound read-only into the sandbox."""
+    return Path(sys.base_prefix).resolve()
+
+
+def interpreter() -> Path:
+    return Path(os.path.realpath(sys.executable))
+
+
+def find_bwrap() -> str | None:
+    """Path of a working bwrap (probed once per PATH), or None."""
+    key = os.environ.get("PATH", "")
+    if key not in _PROBE:
+        exe = shutil.which("bwrap", path=key)
+        ok = ""
+        if exe:
+            probe = subprocess.run([exe, "--unshare-net", "--unshare-pid", "--ro-bind", "/usr", "/usr", "--symlink",
+                                    "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64", "--dev", "/dev",
+                                    "/usr/bin/true"], check=False, capture_output=True, timeout=20)
+            ok = exe if probe.returncode == 0 else ""
+        _PROBE[key] = ok
+    return _PROBE[key] or None
+
+
+def _isolation(require_bwrap: bool, isolation: str) -> tuple[Isolation, str | None]:
+    global _WARNED
+    if isolation not in ("auto", "process"):
+        raise ValueError(f"isolation must be 'auto' or 'process', got {isolation!r}")
+    if isolation == "process":
+        if require_bwrap:
+            raise ValueError("isolation='process' contradicts require_bwrap=True: drop one of them")
+        return "process", None
+    exe = find_bwrap()
+    if exe:
+        return "bwrap", exe
+    if require_bwrap:
+        raise SandboxUnavailable(f"bubblewrap (bwrap) is required (require_bwrap=True) but is not usable here: {_INSTALL}; "
+                                 "or pass require_bwrap=False to fall back to a plain subprocess (much weaker isolation)")
+    if not _WARNED:
+        _WARNED = True
+        warnings.warn(f"sandbox: bubblewrap not found, untrusted code runs as a plain subprocess (isolation: process); "
+                      f"{_INSTALL}", RuntimeWarning, stacklevel=3)
+    return "process", None
+
+
+def _job_uid() -> int:
+    """A fresh unprivileged uid per job (root callers), so RLIMIT_NPROC counts only this job's processes."""
+    return 200_000 + (os.getpid() % 4096) * 4096 + next(_UIDS) % 4096
+
+
+# --- running one job ---------------------------------------------------------------------------------------------
+
+_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8"}
+
+
+def _bwrap_argv(exe: str, scratch: Path, uid: int | None) -> list[str]:
+    prefix = python_prefix()
+    argv = [exe, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
+            "--die-with-parent", "--new-session", "--clearenv",
+            "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
+            "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/sbin", "/sbin",
+            "--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(16 << 20), "--tmpfs", "/tmp",
+            "--bind", str(scratch), "/scratch", "--chdir", "/scratch"]
+    if uid is None:  # not root: a user namespace maps us to an unprivileged id, NPROC counts per namespace
+        argv[1:1] = ["--unshare-user", "--uid", "65534", "--gid", "65534"]
+    if not prefix.is_relative_to("/usr"):
+        for parent in reversed(prefix.parents[:-1]):  # bwrap would make missing parents 0700: unreadable once we drop
+            argv += ["--perms", "0755", "--dir", str(parent)]
+        argv += ["--ro-bind", str(prefix), str(prefix)]
+    for k, v in {**_ENV, "HOME": "/scratch", "TMPDIR": "/scratch"}.items():
+        argv += ["--setenv", k, v]
+    return argv + ["--"]
+
+
+def _capture(proc: subprocess.Popen, limits: Limits) -> tuple[bytes, bytes, str | None]:
+    """Read stdout/stderr until EOF or the deadline; kill the sandbox on timeout or output flood."""
+    sel = selectors.DefaultSelector()
+    bufs = {proc.stdout: bytearray(), proc.stderr: bytearray()}
+    for f in bufs:
+        os.set_blocking(f.fileno(), False)
+        sel.register(f, selectors.EVENT_READ)
+    deadline = time.monotonic() + limits.wall_s
+    reason = None
+    grace = None  # once the main process is gone, stragglers holding the pipes get 0.5 s
+    while sel.get_map() and reason is None:
+        now = time.monotonic()
+        if now >= deadline:
+            reason = "timeout"
+            break
+        if grace is None and proc.poll() is not None:
+            grace = min(deadline, now + 0.5)
+        if grace is not None and now >= grace:
+            break
+        for key, _ in sel.select(timeout=min((grace or deadline) - now, 0.2)):
+            chunk = key.fileobj.read(65536)
+            if not chunk:
+                sel.unregister(key.fileobj)
+                continue
+            bufs[key.fileobj] += chunk
+            if len(bufs[key.fileobj]) > limits.output_bytes:
+                reason = "flood"
+                break
+    sel.close()
+    if reason or proc.poll() is None:
+        _kill(proc)
+    _kill(proc)  # stragglers of a finished job (fallback mode: the same process group)
+    proc.wait()
+    for f in bufs:
+        f.close()
+    return bytes(bufs[proc.stdout]), bytes(bufs[proc.stderr]), reason
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _decode(b: bytes, cap: int) -> str:
+    return b[:cap].decode("utf-8", errors="replace")
+
+
+def run(job: Job, *, require_bwrap: bool = False, isolation: str = "auto") -> RunResult:
+    """Run one job under the best isolation available (see the module docstring). Never raises for the job's failures.
+
+    isolation="process" forces the plain-subprocess fallback (tests, benchmarks); require_bwrap=True refuses to run
+    without bubblewrap (raises SandboxUnavailable saying how to install it)."""
+    mode, exe = _isolation(require_bwrap, isolation)
+    t0 = time.perf_counter()
+    root = Path(tempfile.mkdtemp(prefix="evotrainer-sbx-"))
+    try:
+        scratch = root / "scratch"
+        scratch.mkdir()
+        meta = root / "meta"  # job + result live outside scratch in the fallback; inside /scratch is ok under bwrap
+        meta.mkdir()
+        for rel, text in job.files.items():
+            p = scratch / rel
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(text, encoding="utf-8")
+        uid = None
+        if mode == "bwrap" and os.geteuid() == 0:
+            uid = _job_uid()
+            for dirpath, dirnames, filenames in os.walk(scratch):
+                for n in [dirpath, *(os.path.join(dirpath, x) for x in dirnames + filenames)]:
+                    os.chown(n, uid, uid)
+        payload = {**job.model_dump(mode="json"), "uid": uid, "isolated_python": True}
+        python = str(interpreter())
+        if mode == "bwrap":
+            (scratch / ".job.json").write_text(json.dumps(payload))
+            if uid is not None:
+                os.chown(scratch / ".job.json", uid, uid)
+            argv = _bwrap_argv(exe, scratch, uid) + [python, "-I", "-S", "-c", _BOOT, "/scratch/.job.json",
+                                                      "/scratch/.result.json", "/scratch"]
+            result_file, env, cwd = scratch / ".result.json", None, None
+        else:
+            (meta / "job.json").write_text(json.dumps(payload))
+            argv = [python, "-I", "-S", "-c", _BOOT, str(meta / "job.json"), str(meta / "result.json"), str(scratch)]
+            result_file, cwd = meta / "result.json", str(scratch)
+            env = {**_ENV, "HOME": str(scratch), "TMPDIR": str(scratch)}
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=env if env is not None else {}, cwd=cwd, start_new_session=True, close_fds=True)
+        out, err, reason = _capture(proc, job.limits)
+        res = _result(job, mode, proc.returncode, out, err, reason, result_file)
+        res.duration_s = round(time.perf_counter() - t0, 4)
+        return res
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _signal_of(code: int, mode: str) -> int | None:
+    if code < 0:
+        return -code
+    if mode == "bwrap" and code > 128:  # bwrap reports a signalled child as 128 + signal
+        return code - 128
+    return None
+
+
+def _result(job: Job, mode: Isolation, code: int, out: bytes, err: bytes, reason: str | None,
+            result_file: Path) -> RunResult:
+    cap = job.limits.output_bytes
+    base = {"stdout": _decode(out, cap), "stderr": _decode(err, cap), "isolation": mode, "exit_code": code}
+    if reason == "timeout":
+        return RunResult(status="timeout", error=f"wall-clock limit of {job.limits.wall_s}s reached: killed", **base)
+    if reason == "flood":
+        return RunResult(status="killed", error=f"output exceeded {cap} bytes: killed", **base)
+    sig = _signal_of(code, mode)
+    if sig == signal.SIGXCPU:
+        return RunResult(status="timeout", error=f"CPU limit of {job.limits.cpu_s}s reached (SIGXCPU)", **base)
+    if job.kind == "program":
+        if code == 0:
+            return RunResult(status="ok", **base)
+        if "MemoryError" in base["stderr"][-4000:]:
+            return RunResult(status="memory", error="MemoryError: the address-space limit was reached", **base)
+        if sig is not None:
+            return RunResult(status="killed", error=f"killed by signal {signal.Signals(sig).name}", **base)
+        return RunResult(status="error", error=f"exit code {code}", **base)
+    if result_file.exists() and code == 0:
+        try:
+            data = json.loads(result_file.read_text())
+        except (OSError, ValueError) as exc:
+            return RunResult(status="error", error=f"unreadable result: {exc}", **base)
+        return RunResult(status=data["status"], value=data["value"], error=data["error"], **base)
+    if sig is not None:
+        return RunResult(status="killed", error=f"killed by signal {signal.Signals(sig).name}", **base)
+    if "MemoryError" in base["stderr"][-4000:]:
+        return RunResult(status="memory", error="MemoryError: the address-space limit was reached", **base)
+    return RunResult(status="error", error=f"the code exited (code {code}) before returning a value", **base)
+
+
+# --- conveniences and the batch mode -----------------------------------------------------------------------------
+
+
+def run_code(code: str, inputs: dict[str, Any] | None = None, *, limits: Limits | None = None,
+             files: dict[str, str] | None = None, require_bwrap: bool = False, isolation: str = "auto") -> RunResult:
+    """exec a snippet; `inputs` is a global; whatever the snippet assigns to `result` is the value."""
+    job = Job(kind="code", code=code, inputs=inputs or {}, files=files or {}, limits=limits or Limits())
+    return run(job, require_bwrap=require_bwrap, isolation=isolation)
+
+
+def run_function(source: str | Path, function: str, args: list[Any] | None = None,
+                 kwargs: dict[str, Any] | None = None, *, limits: Limits | None = None,
+                 require_bwrap: bool = False, isolation: str = "auto") -> RunResult:
+    """Load `source` (text, or a Path read here, in the parent) as a module and call `function(*args, **kwargs)`."""
+    code = Path(source).read_text(encoding="utf-8") if isinstance(source, Path) else source
+    job = Job(kind="function", code=code, function=function, args=args or [], kwargs=kwargs or {},
+              limits=limits or Limits())
+    return run(job, require_bwrap=require_bwrap, isolation=isolation)
+
+
+def run_program(argv: list[str], *, files: dict[str, str] | None = None, limits: Limits | None = None,
+                require_bwrap: bool = False, isolation: str = "auto") -> RunResult:
+    """Run a program in /scratch (files written there first); "python" as argv[0] is the sandbox interpreter."""
+    job = Job(kind="program", argv=argv, files=files or {}, limits=limits or Limits())
+    return run(job, require_bwrap=require_bwrap, isolation=isolation)
+
+
+def run_many(jobs: list[Job], workers: int | None = None, *, require_bwrap: bool = False,
+             isolation: str = "auto") -> list[RunResult]:
+    """Run jobs on a pool of `workers` threads (default: CPU count), each job in its own sandbox; results in order."""
+    workers = workers or os.cpu_count() or 1
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    _isolation(require_bwrap, isolation)  # fail or warn once, up front
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(lambda j: run(j, require_bwrap=require_bwrap, isolation=isolation), jobs))
