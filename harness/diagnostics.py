@@ -1,0 +1,639 @@
+"""Diagnostics: plain functions over a stage's rollouts that return findings and metrics, and the Diagnosis bundle.
+
+A diagnostic is `fn(rollouts: list[Rollout], ...) -> DiagnosticResult`. Built-ins cover MAPF-FrozenLake (failure
+breakdown by type and size, near misses, makespan gap, the competence frontier) and GRPO health (dead groups,
+exploration collapse, length collapse/explosion, reward hacking). Evolved diagnostics are files of the run's harness
+repo (`diagnostics/<name>.py`, passed as a {path: source} dict); they run only in the sandbox runner, on rollouts as
+JSON, and a broken one yields a `DiagnosticResult` with `error` instead of raising. An evolved file may define
+
+    def diagnose(rollouts: list[dict]) -> {"findings": [{"code", "severity", "count", "rate", "slice", ...}],
+                                           "metrics": {name: float}}
+    def veto(control: dict, candidate: dict) -> str | None     # optional; a string blocks a promotion
+
+Vetoes only ADD blocks (`run_vetoes`): nothing evolved can relax the gate.
+
+    from harness.diagnostics import build_diagnosis, diagnosis_text
+    d = build_diagnosis(task, stage, probe_rollouts, env_config, recipe, history, stages_left=3, budget_left_s=900)
+    print(diagnosis_text(d))
+
+Held-out hygiene: `build_diagnosis` accepts PROBE rollouts only and raises `SplitError` otherwise; examples carry
+their seed (`seed=N`) and are re-checked before the bundle is returned.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from pydantic import BaseModel
+
+from harness.records import Diagnosis, DiagnosticResult, Finding, HistoryItem, Rollout
+from harness.seeds import SplitError, check_split, split_of
+from sandbox.runner import Limits, run_function
+
+# --- thresholds -------------------------------------------------------------------------------------------------------
+
+MASTERED = 0.9  # valid rate at or above which a size slice counts as mastered
+TOO_HARD = 0.05  # valid rate at or below which a size slice counts as out of reach for now
+MIN_SLICE_N = 4  # fewer rollouts than this in a slice: no frontier verdict on it
+MIN_FAILURE_RATE = 0.1  # a failure type below this share of its slice is not reported
+EXAMPLE_CHARS = 220  # abbreviated trajectory length
+
+# Failure type -> knob templates it suggests ({size} is filled from the slice). Order = preference.
+FAILURE_KNOBS: dict[str, dict[str, list[str]]] = {
+    "mapf": {
+        "parse_error": ["recipe.temperature"],
+        "wrong_agent_count": ["recipe.temperature"],
+        "off_grid": ["env.sizes.{size}.data_ratio"],
+        "hole": ["env.sizes.{size}.hole_ratio"],
+        "vertex_conflict": ["env.sizes.{size}.wait_ratio"],
+        "edge_conflict": ["env.sizes.{size}.wait_ratio"],
+        "goal_not_reached": ["env.sizes.{size}.data_ratio"],
+        "too_long": ["recipe.max_completion_length", "recipe.temperature"],
+    },
+}
+FRONTIER_KNOB = "env.sizes.{size}.data_ratio"
+DEAD_GROUP_KNOBS = ["recipe.temperature", "recipe.num_generations"]
+COLLAPSE_KNOBS = ["recipe.temperature"]
+LENGTH_KNOBS = ["recipe.max_completion_length", "recipe.temperature"]
+
+
+class DiagnosticError(ValueError):
+    """Bad input to a diagnostic (not a failing evolved diagnostic: those give a DiagnosticResult with `error`)."""
+
+
+# --- small helpers ----------------------------------------------------------------------------------------------------
+
+
+def _task_of(rollouts: list[Rollout]) -> str:
+    names = {r.instance.get("task", "") for r in rollouts}
+    return names.pop() if len(names) == 1 else "task"
+
+
+def _knobs(templates: Iterable[str], sl: dict[str, str]) -> list[str]:
+    out = []
+    for t in templates:
+        if "{size}" in t and "size" not in sl:
+            continue
+        out.append(t.format(**sl) if "{" in t else t)
+    return out
+
+
+def _rate(k: int, n: int) -> float:
+    return round(k / n, 4) if n else 0.0
+
+
+def _severity(rate: float, warn: float = 0.2, critical: float = 0.5) -> str:
+    return "critical" if rate >= critical else "warn" if rate >= warn else "info"
+
+
+def _size_key(value: str) -> tuple[int, str]:
+    return (int(value), value) if value.isdigit() else (10**9, value)
+
+
+def example(r: Rollout, chars: int = EXAMPLE_CHARS) -> str:
+    """One abbreviated trajectory: seed, slices, failure and where, then the completion's start (one line)."""
+    sl = " ".join(f"{k}={v}" for k, v in r.slices.items())
+    where = " ".join(f"{k}={v}" for k, v in r.where.items())
+    head = f"seed={r.seed} {sl} " + (f"failure={r.failure} {where}".strip() if r.failure else "valid")
+    body = " ".join(r.completion.split())
+    text = f"{head} | {body}"
+    return text if len(text) <= chars else text[: chars - 3] + "..."
+
+
+def _examples(rollouts: list[Rollout]) -> list[str]:
+    return [example(r) for r in rollouts[:3]]
+
+
+def groups(rollouts: list[Rollout]) -> dict[int, list[Rollout]]:
+    out: dict[int, list[Rollout]] = defaultdict(list)
+    for r in rollouts:
+        out[r.group].append(r)
+    return dict(out)
+
+
+def slice_stats(rollouts: list[Rollout], key: str) -> dict[str, dict[str, float]]:
+    """'size=5' -> {n, valid, optimal, reward} for each value of slice `key`."""
+    by: dict[str, list[Rollout]] = defaultdict(list)
+    for r in rollouts:
+        if key in r.slices:
+            by[r.slices[key]].append(r)
+    out = {}
+    for v in sorted(by, key=_size_key):
+        rs = by[v]
+        out[f"{key}={v}"] = {
+            "n": float(len(rs)),
+            "valid": _rate(sum(r.valid for r in rs), len(rs)),
+            "optimal": _rate(sum(r.optimal for r in rs), len(rs)),
+            "reward": round(statistics.fmean(r.reward for r in rs), 4),
+        }
+    return out
+
+
+def overall_stats(rollouts: list[Rollout]) -> dict[str, float]:
+    if not rollouts:
+        return {"n": 0.0}
+    n = len(rollouts)
+    return {
+        "n": float(n),
+        "valid": _rate(sum(r.valid for r in rollouts), n),
+        "optimal": _rate(sum(r.optimal for r in rollouts), n),
+        "reward": round(statistics.fmean(r.reward for r in rollouts), 4),
+    }
+
+
+def arm_metrics(rollouts: list[Rollout], slice_keys: Iterable[str] = ("size", "agents", "wait")) -> dict[str, Any]:
+    """Aggregate metrics of one arm (what vetoes see): overall valid/optimal/reward/n and `by_slice`."""
+    out: dict[str, Any] = overall_stats(rollouts)
+    by: dict[str, dict[str, float]] = {}
+    for k in slice_keys:
+        by.update(slice_stats(rollouts, k))
+    out["by_slice"] = by
+    return out
+
+
+# --- built-ins: task failures -----------------------------------------------------------------------------------------
+
+
+def failure_breakdown(rollouts: list[Rollout], slice_key: str = "size", min_rate: float = MIN_FAILURE_RATE) -> DiagnosticResult:
+    """Failures by type within each slice: finding `<task>.<failure>` per slice with its rate, examples and knobs."""
+    task = _task_of(rollouts)
+    table = FAILURE_KNOBS.get(task, {})
+    by: dict[str, list[Rollout]] = defaultdict(list)
+    for r in rollouts:
+        by[r.slices.get(slice_key, "all")].append(r)
+    findings, metrics = [], {}
+    total = Counter(r.failure for r in rollouts if r.failure)
+    for f, c in total.items():
+        metrics[f"failure.{f}"] = _rate(c, len(rollouts))
+    for v in sorted(by, key=_size_key):
+        rs = by[v]
+        fails: dict[str, list[Rollout]] = defaultdict(list)
+        for r in rs:
+            if r.failure:
+                fails[r.failure].append(r)
+        for f, bad in sorted(fails.items(), key=lambda kv: -len(kv[1])):
+            rate = _rate(len(bad), len(rs))
+            metrics[f"failure.{f}.{slice_key}={v}"] = rate
+            if rate < min_rate:
+                continue
+            sl = {slice_key: v} if v != "all" else {}
+            findings.append(Finding(
+                code=f"{task}.{f}", severity=_severity(rate), count=len(bad), rate=rate, slice=sl,
+                examples=_examples(bad), knobs=_knobs(table.get(f, []), sl),
+                message=f"{len(bad)}/{len(rs)} rollouts fail with {f}",
+            ))
+    return DiagnosticResult(name="failure_breakdown", findings=findings, metrics=metrics)
+
+
+def near_misses(rollouts: list[Rollout], slice_key: str = "size") -> DiagnosticResult:
+    """Almost solved: all but one agent on its goal (`metrics.agents_on_goal` vs `metrics.agents`), or valid but not
+    optimal. Findings `<task>.near_miss` and `<task>.suboptimal` (info) per slice: signal that is close to reward."""
+    task = _task_of(rollouts)
+    miss: dict[str, list[Rollout]] = defaultdict(list)
+    subopt: dict[str, list[Rollout]] = defaultdict(list)
+    n_by: Counter[str] = Counter()
+    for r in rollouts:
+        v = r.slices.get(slice_key, "all")
+        n_by[v] += 1
+        on, agents = r.metrics.get("agents_on_goal"), r.metrics.get("agents")
+        if not r.valid and on is not None and agents is not None and agents >= 2 and on == agents - 1:
+            miss[v].append(r)
+        if r.valid and not r.optimal:
+            subopt[v].append(r)
+    findings = []
+    for code, table in (("near_miss", miss), ("suboptimal", subopt)):
+        for v in sorted(table, key=_size_key):
+            bad = table[v]
+            sl = {slice_key: v} if v != "all" else {}
+            findings.append(Finding(
+                code=f"{task}.{code}", severity="info", count=len(bad), rate=_rate(len(bad), n_by[v]), slice=sl,
+                examples=_examples(bad), knobs=[],
+                message=("all but one agent reached its goal" if code == "near_miss"
+                         else "valid plan, makespan above optimal"),
+            ))
+    metrics = {
+        "near_miss": _rate(sum(map(len, miss.values())), len(rollouts)),
+        "suboptimal": _rate(sum(map(len, subopt.values())), len(rollouts)),
+    }
+    return DiagnosticResult(name="near_misses", findings=findings, metrics=metrics)
+
+
+def makespan_gap(rollouts: list[Rollout], slice_key: str = "size") -> DiagnosticResult:
+    """Mean makespan gap to optimal over valid plans (needs `metrics.makespan` and `metrics.optimal_makespan`, or
+    `metrics.gap`), overall and per slice. Metrics only: the gap is what `optimal` rate measures in aggregate."""
+    gaps: dict[str, list[float]] = defaultdict(list)
+    for r in rollouts:
+        if not r.valid:
+            continue
+        if "gap" in r.metrics:
+            g = r.metrics["gap"]
+        elif "makespan" in r.metrics and "optimal_makespan" in r.metrics:
+            g = r.metrics["makespan"] - r.metrics["optimal_makespan"]
+        else:
+            continue
+        gaps[r.slices.get(slice_key, "all")].append(float(g))
+    metrics = {f"makespan_gap.{slice_key}={v}": round(statistics.fmean(g), 4) for v, g in gaps.items()}
+    allg = [g for gs in gaps.values() for g in gs]
+    if allg:
+        metrics["makespan_gap"] = round(statistics.fmean(allg), 4)
+    return DiagnosticResult(name="makespan_gap", metrics=metrics)
+
+
+def competence_frontier(rollouts: list[Rollout], slice_key: str = "size", mastered: float = MASTERED,
+                        too_hard: float = TOO_HARD, min_n: int = MIN_SLICE_N) -> DiagnosticResult:
+    """Valid rate per size: `<task>.mastered` (>= mastered), `<task>.too_hard` (<= too_hard) and `<task>.frontier`
+    (between). The frontier finding is the size to train on next (just below the competence frontier)."""
+    task = _task_of(rollouts)
+    stats = slice_stats(rollouts, slice_key)
+    findings, metrics = [], {}
+    frontier_sizes = []
+    for key, s in stats.items():
+        v = key.split("=", 1)[1]
+        metrics[f"valid.{key}"] = s["valid"]
+        if s["n"] < min_n:
+            continue
+        if s["valid"] >= mastered:
+            code, sev, msg = "mastered", "info", "mastered: lower its data ratio, keep it above zero"
+        elif s["valid"] <= too_hard:
+            code, sev, msg = "too_hard", "info", "out of reach for now: little learning signal"
+        else:
+            code, sev, msg = "frontier", "warn", "at the competence frontier: most learning signal"
+            frontier_sizes.append(v)
+        sl = {slice_key: v}
+        findings.append(Finding(code=f"{task}.{code}", severity=sev, count=int(s["n"]), rate=s["valid"], slice=sl,
+                                knobs=_knobs([FRONTIER_KNOB], sl), message=f"valid {s['valid']:.2f}: {msg}"))
+    if frontier_sizes:
+        first = min(frontier_sizes, key=_size_key)
+        if first.isdigit():
+            metrics["frontier_size"] = float(first)
+    return DiagnosticResult(name="competence_frontier", findings=findings, metrics=metrics)
+
+
+# --- built-ins: GRPO health -------------------------------------------------------------------------------------------
+
+
+def dead_groups(rollouts: list[Rollout], train_metrics: list[dict[str, float]] | None = None,
+                min_rate: float = 0.25) -> DiagnosticResult:
+    """Groups (>= 2 samples of one prompt) with zero reward spread give GRPO no advantage: `grpo.dead_groups`.
+    Probe rollouts with one sample per prompt have no groups; then the trainer's `dead_group_share` series is used."""
+    gs = [g for g in groups(rollouts).values() if len(g) >= 2]
+    dead = [g for g in gs if max(r.reward for r in g) - min(r.reward for r in g) <= 1e-9]
+    all_valid = sum(all(r.valid for r in g) for g in dead)
+    all_invalid = sum(not any(r.valid for r in g) for g in dead)
+    rate = _rate(len(dead), len(gs))
+    metrics = {"dead_groups": rate, "dead_all_valid": _rate(all_valid, len(gs)),
+               "dead_all_invalid": _rate(all_invalid, len(gs)), "groups": float(len(gs))}
+    findings = []
+    train_share = _series(train_metrics, ("dead_group_share",))
+    if train_share:
+        metrics["train_dead_groups"] = round(statistics.fmean(train_share), 4)
+    if not gs and train_share and metrics["train_dead_groups"] >= min_rate:
+        share = metrics["train_dead_groups"]
+        findings.append(Finding(
+            code="grpo.dead_groups", severity=_severity(share, 0.25, 0.6), count=len(train_share), rate=share,
+            knobs=list(DEAD_GROUP_KNOBS), message=f"{share:.0%} of training groups had zero reward spread",
+        ))
+    if gs and rate >= min_rate:
+        findings.append(Finding(
+            code="grpo.dead_groups", severity=_severity(rate, 0.25, 0.6), count=len(dead), rate=rate,
+            examples=[example(g[0]) for g in dead[:3]], knobs=list(DEAD_GROUP_KNOBS),
+            message=f"{len(dead)}/{len(gs)} groups have zero reward spread "
+                    f"({all_valid} all valid, {all_invalid} all invalid)",
+        ))
+    return DiagnosticResult(name="dead_groups", findings=findings, metrics=metrics)
+
+
+def exploration_collapse(rollouts: list[Rollout], min_rate: float = 0.3) -> DiagnosticResult:
+    """Duplicate completions within a group (1 - unique/size, averaged over groups): `grpo.exploration_collapse`."""
+    gs = [g for g in groups(rollouts).values() if len(g) >= 2]
+    dup = [1 - len({" ".join(r.completion.split()) for r in g}) / len(g) for g in gs]
+    rate = round(statistics.fmean(dup), 4) if dup else 0.0
+    findings = []
+    if gs and rate >= min_rate:
+        worst = sorted(zip(dup, range(len(gs))), reverse=True)[:3]
+        findings.append(Finding(
+            code="grpo.exploration_collapse", severity=_severity(rate, 0.3, 0.6), count=sum(d > 0 for d in dup),
+            rate=rate, examples=[example(gs[i][0]) for _, i in worst], knobs=list(COLLAPSE_KNOBS),
+            message=f"on average {rate:.0%} of a group's completions are duplicates",
+        ))
+    return DiagnosticResult(name="exploration_collapse", findings=findings, metrics={"duplicate_rate": rate})
+
+
+LENGTH_KEYS = ("completion_length", "completions/mean_length", "mean_length")
+CLIP_KEYS = ("completions/clipped_ratio", "clipped_ratio")
+REWARD_KEYS = ("reward_mean", "reward", "rewards/mean")
+VALID_KEYS = ("valid", "rewards/valid/mean")
+
+
+def _series(history: list[dict[str, float]] | None, keys: Iterable[str]) -> list[float]:
+    keys = tuple(keys)
+    out = []
+    for row in history or []:
+        for k in keys:
+            if k in row and row[k] is not None and not math.isnan(float(row[k])):
+                out.append(float(row[k]))
+                break
+    return out
+
+
+def _ends(xs: list[float]) -> tuple[float, float]:
+    """Mean of the first and of the last third of a series (robust to single noisy steps)."""
+    k = max(1, len(xs) // 3)
+    return statistics.fmean(xs[:k]), statistics.fmean(xs[-k:])
+
+
+def length_health(rollouts: list[Rollout], train_metrics: list[dict[str, float]] | None = None,
+                  collapse: float = 0.5, explosion: float = 2.0, clipped: float = 0.3) -> DiagnosticResult:
+    """Length collapse (mean completion length falls below `collapse` x its start) or explosion (above `explosion` x,
+    or more than `clipped` of rollouts truncated: failure `too_long`). Codes `grpo.length_collapse|explosion`."""
+    metrics: dict[str, float] = {}
+    findings = []
+    if rollouts:
+        metrics["mean_tokens"] = round(statistics.fmean(r.tokens for r in rollouts), 2)
+        metrics["too_long"] = _rate(sum(r.failure == "too_long" for r in rollouts), len(rollouts))
+    lengths = _series(train_metrics, LENGTH_KEYS)
+    clip = _series(train_metrics, CLIP_KEYS)
+    if len(lengths) >= 3:
+        first, last = _ends(lengths)
+        ratio = last / first if first > 0 else 1.0
+        metrics["length_ratio"] = round(ratio, 4)
+        if ratio <= collapse:
+            findings.append(Finding(code="grpo.length_collapse", severity="warn", count=len(lengths),
+                                    rate=round(ratio, 4), knobs=list(LENGTH_KNOBS),
+                                    message=f"mean completion length fell from {first:.1f} to {last:.1f} tokens"))
+        elif ratio >= explosion:
+            findings.append(Finding(code="grpo.length_explosion", severity="warn", count=len(lengths),
+                                    rate=round(ratio, 4), knobs=list(LENGTH_KNOBS),
+                                    message=f"mean completion length rose from {first:.1f} to {last:.1f} tokens"))
+    clip_rate = clip[-1] if clip else metrics.get("too_long", 0.0)
+    if clip_rate >= clipped and not any(f.code == "grpo.length_explosion" for f in findings):
+        findings.append(Finding(code="grpo.length_explosion", severity="warn", count=0, rate=round(clip_rate, 4),
+                                knobs=list(LENGTH_KNOBS), message=f"{clip_rate:.0%} of completions are truncated"))
+    return DiagnosticResult(name="length_health", findings=findings, metrics=metrics)
+
+
+def reward_hacking(train_metrics: list[dict[str, float]] | None, valid_history: list[float] | None = None,
+                   rise: float = 0.05, flat: float = 0.01) -> DiagnosticResult:
+    """Shaped reward rising while the valid rate stays flat or falls: `grpo.reward_hacking` (critical).
+
+    The reward series is the per-step training reward (`reward` or TRL's `rewards/mean`); the valid series is the
+    per-step valid rate when the trainer logs it (`valid`), else `valid_history` (past held-out valid rates)."""
+    rewards = _series(train_metrics, REWARD_KEYS)
+    valid = _series(train_metrics, VALID_KEYS) or list(valid_history or [])
+    if len(rewards) < 3 or len(valid) < 2:
+        return DiagnosticResult(name="reward_hacking", metrics={})
+    r0, r1 = _ends(rewards)
+    v0, v1 = _ends(valid) if len(valid) >= 3 else (valid[0], valid[-1])
+    metrics = {"reward_rise": round(r1 - r0, 4), "valid_rise": round(v1 - v0, 4)}
+    findings = []
+    if r1 - r0 >= rise and v1 - v0 <= flat:
+        findings.append(Finding(
+            code="grpo.reward_hacking", severity="critical", count=len(rewards), rate=round(r1 - r0, 4), knobs=[],
+            message=f"reward rose {r0:.3f} -> {r1:.3f} while valid went {v0:.3f} -> {v1:.3f}: "
+                    "the reward pays for something other than solving; revert or tighten the shaping",
+        ))
+    return DiagnosticResult(name="reward_hacking", findings=findings, metrics=metrics)
+
+
+def builtin_diagnostics(rollouts: list[Rollout], train_metrics: list[dict[str, float]] | None = None,
+                        valid_history: list[float] | None = None) -> list[DiagnosticResult]:
+    """All built-ins on one stage's rollouts. Task-specific ones run on any task with a `size` slice or failures."""
+    out = [failure_breakdown(rollouts), near_misses(rollouts), makespan_gap(rollouts), competence_frontier(rollouts),
+           dead_groups(rollouts, train_metrics), exploration_collapse(rollouts), length_health(rollouts, train_metrics)]
+    out.append(reward_hacking(train_metrics, valid_history))
+    return out
+
+
+# --- evolved diagnostics (sandboxed) ----------------------------------------------------------------------------------
+
+DIAGNOSTIC_LIMITS = Limits(cpu_s=5, wall_s=10.0, memory_mb=512, processes=4, output_bytes=200_000)
+
+# Appended to an evolved file's source and called in the same sandbox job (one process per file and use). It only
+# shapes the call; the file can redefine these names, which gains it nothing: its vetoes can only block.
+_DRIVER = '''
+
+def __evotrainer_diagnose__(rollouts):
+    return diagnose(rollouts)
+
+
+def __evotrainer_veto__(control_rollouts, candidate_rollouts, control, candidate):
+    fn = globals().get("veto")
+    if not callable(fn):
+        return {"has_veto": False, "reason": None}
+    if callable(globals().get("diagnose")):
+        control = dict(control, diagnostic=diagnose(control_rollouts).get("metrics", {}))
+        candidate = dict(candidate, diagnostic=diagnose(candidate_rollouts).get("metrics", {}))
+    return {"has_veto": True, "reason": fn(control, candidate)}
+'''
+
+
+def diagnostic_name(path: str) -> str:
+    """`diagnostics/reward_hacking.py` -> `reward_hacking` (raises for anything that is not such a path)."""
+    m = re.fullmatch(r"diagnostics/([a-z_][a-z0-9_]*)\.py", path)
+    if not m:
+        raise DiagnosticError(f"evolved diagnostic path {path!r} must look like diagnostics/<snake_case_name>.py")
+    return m.group(1)
+
+
+def _rollout_json(rollouts: list[Rollout]) -> list[dict[str, Any]]:
+    return [r.model_dump(mode="json") for r in rollouts]
+
+
+def _parse_result(name: str, value: Any) -> DiagnosticResult:
+    """Validate an evolved diagnostic's JSON answer; codes are namespaced `evolved.<name>.<code>`."""
+    if not isinstance(value, dict) or not set(value) <= {"findings", "metrics"}:
+        raise DiagnosticError('diagnose() must return {"findings": [...], "metrics": {...}}, got '
+                              f"{type(value).__name__} {str(value)[:120]}")
+    findings = []
+    for f in value.get("findings", []) or []:
+        if not isinstance(f, dict) or not f.get("code"):
+            raise DiagnosticError(f"each finding must be a dict with a `code`, got {str(f)[:120]}")
+        f = dict(f)
+        f["code"] = f"evolved.{name}.{f['code']}"
+        f["examples"] = [str(e)[:EXAMPLE_CHARS] for e in f.get("examples", [])][:3]
+        findings.append(Finding.model_validate(f))
+    metrics = {}
+    for k, v in (value.get("metrics", {}) or {}).items():
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+            raise DiagnosticError(f"metric {k!r} must be a finite number, got {v!r}")
+        metrics[str(k)] = float(v)
+    return DiagnosticResult(name=f"evolved.{name}", findings=findings, metrics=metrics)
+
+
+def run_evolved(path: str, source: str, rollouts: list[Rollout], limits: Limits | None = None) -> DiagnosticResult:
+    """Run one evolved diagnostic in the sandbox runner on `rollouts`. Never raises for the diagnostic's own faults
+    (exception, loop, memory, bad output): those come back as `DiagnosticResult(error=...)`."""
+    name = diagnostic_name(path)
+    res = run_function(source + _DRIVER, "__evotrainer_diagnose__", args=[_rollout_json(rollouts)],
+                       limits=limits or DIAGNOSTIC_LIMITS)
+    if res.status != "ok":
+        return DiagnosticResult(name=f"evolved.{name}", error=f"{res.status}: {res.error} ({res.isolation})")
+    try:
+        return _parse_result(name, res.value)
+    except (DiagnosticError, ValueError) as exc:
+        return DiagnosticResult(name=f"evolved.{name}", error=f"bad output: {exc}")
+
+
+def run_evolved_all(files: dict[str, str] | None, rollouts: list[Rollout],
+                    limits: Limits | None = None) -> list[DiagnosticResult]:
+    """Every `diagnostics/*.py` in `files` (other paths are ignored), in path order."""
+    return [run_evolved(p, src, rollouts, limits) for p, src in sorted((files or {}).items())
+            if p.startswith("diagnostics/") and p.endswith(".py")]
+
+
+def veto_one(path: str, source: str, control_rollouts: list[Rollout], candidate_rollouts: list[Rollout],
+             control_metrics: dict[str, Any], candidate_metrics: dict[str, Any],
+             limits: Limits | None = None) -> str | None:
+    """One file's veto, in the sandbox: None (no veto defined, or it lets the candidate through) or a block reason.
+    A veto that fails to run BLOCKS (`<name>: veto failed: ...`): a check that cannot run cannot vouch for a
+    candidate; the vet step already ran it on cached rollouts, so this only happens on new trouble."""
+    name = diagnostic_name(path)
+    res = run_function(source + _DRIVER, "__evotrainer_veto__",
+                       args=[_rollout_json(control_rollouts), _rollout_json(candidate_rollouts),
+                             control_metrics, candidate_metrics], limits=limits or DIAGNOSTIC_LIMITS)
+    if res.status != "ok":
+        return f"{name}: veto failed: {res.status}: {res.error}"
+    reason = (res.value or {}).get("reason")
+    if reason is None:
+        return None
+    return f"{name}: {str(reason)[:300]}"
+
+
+def run_vetoes(files: dict[str, str] | None, control_rollouts: list[Rollout], candidate_rollouts: list[Rollout],
+               control_metrics: dict[str, Any], candidate_metrics: dict[str, Any],
+               limits: Limits | None = None) -> list[str]:
+    """Block reasons from every evolved diagnostic that defines `veto` (the gate adds them; they can only block).
+    Metric dicts are `arm_metrics(...)`-shaped; each file's own `diagnose` metrics are added as `diagnostic`."""
+    out = []
+    for path, src in sorted((files or {}).items()):
+        if path.startswith("diagnostics/") and path.endswith(".py"):
+            reason = veto_one(path, src, control_rollouts, candidate_rollouts, control_metrics, candidate_metrics,
+                              limits)
+            if reason:
+                out.append(reason)
+    return out
+
+
+# --- the Diagnosis bundle ---------------------------------------------------------------------------------------------
+
+ROUND0 = ("default", "round-0", "round0")  # history entries naming the round-0 default are dropped
+_SEED_RE = re.compile(r"seed=(\d+)")
+
+
+def _dump(x: Any) -> dict[str, Any]:
+    return x.model_dump(mode="json") if isinstance(x, BaseModel) else dict(x or {})
+
+
+def check_examples(findings: list[Finding]) -> None:
+    """Held-out hygiene: no example may show a backtest or test instance (examples carry `seed=N`)."""
+    for f in findings:
+        for e in f.examples:
+            for s in _SEED_RE.findall(e):
+                if split_of(int(s)) in ("backtest", "test"):
+                    raise SplitError(f"finding {f.code} shows a {split_of(int(s))} instance (seed {s}): held-out "
+                                     "hygiene violated; diagnose on probe rollouts only")
+
+
+def _consecutive_rejections(history: list[HistoryItem]) -> int:
+    n = 0
+    for h in reversed(history):
+        if h.verdict != "rejected":
+            break
+        n += 1
+    return n
+
+
+def build_diagnosis(task: Any, stage: int, rollouts: list[Rollout], env_config: Any, recipe: Any,
+                    history: list[HistoryItem], stages_left: int | None, budget_left_s: float | None,
+                    train_metrics: list[dict[str, float]] | None = None,
+                    diagnostics_files: dict[str, str] | None = None, valid_history: list[float] | None = None,
+                    env_stats_n: int = 64) -> Diagnosis:
+    """Everything the engineer sees, built from PROBE rollouts only (raises `SplitError` otherwise).
+
+    `task` is the Task object (its `env_stats(config, n)` is used when the task has one); `env_config` and `recipe`
+    are models or dicts; `history` is past candidates (round-0 default entries are dropped); `valid_history` is the
+    past stages' held-out valid rates (aggregate only) for the reward-hacking check."""
+    if not rollouts:
+        raise DiagnosticError("build_diagnosis needs probe rollouts; got none (run the probe node first)")
+    check_split([r.seed for r in rollouts], "probe")
+    results = builtin_diagnostics(rollouts, train_metrics, valid_history)
+    results += run_evolved_all(diagnostics_files, rollouts)
+    findings = [f for res in results for f in res.findings]
+    sev = {"critical": 0, "warn": 1, "info": 2}
+    findings.sort(key=lambda f: (sev[f.severity], -f.rate))
+    check_examples(findings)
+    by_slice: dict[str, dict[str, float]] = {}
+    for key in ("size", "agents", "wait"):
+        by_slice.update(slice_stats(rollouts, key))
+    overall = overall_stats(rollouts)
+    for res in results:
+        for k, v in res.metrics.items():
+            overall.setdefault(f"{res.name}.{k}" if res.name.startswith("evolved.") else k, v)
+    errors = {res.name: res.error for res in results if res.error}
+    cfg = env_config if isinstance(env_config, BaseModel) else task.config_model.model_validate(env_config)
+    stats_fn: Callable[..., Any] | None = getattr(task, "env_stats", None)  # optional in the Task protocol
+    env_stats = _dump(stats_fn(cfg, env_stats_n)) if stats_fn else {}
+    if errors:
+        env_stats = {**env_stats, "diagnostic_errors": errors}
+    hist = [h for h in history if h.candidate not in ROUND0 and h.verdict not in ROUND0]
+    c = _consecutive_rejections(hist)
+    return Diagnosis(
+        task=task.name, stage=stage, stages_left=stages_left, budget_left_s=budget_left_s, overall=overall,
+        by_slice=by_slice, findings=findings, env_stats=env_stats, env_config=_dump(cfg), recipe=_dump(recipe),
+        history=hist, consecutive_rejections=c, step_scale=1.0 if c < 2 else 0.5 if c < 3 else 0.25,
+    )
+
+
+def _num(x: Any) -> str:
+    if isinstance(x, float):
+        return f"{x:.3g}"
+    return str(x)
+
+
+def _compact(d: dict[str, Any]) -> str:
+    return json.dumps(d, separators=(",", ":"), sort_keys=True, default=str)
+
+
+def diagnosis_text(d: Diagnosis, max_findings: int = 12) -> str:
+    """The diagnosis as a compact text block for an LLM engineer: raw failure evidence, env config and stats, history,
+    bookkeeping. No free-text self-summary (it crowds out raw evidence, per the paper)."""
+    o = d.overall
+    budget = _num(d.budget_left_s) if d.budget_left_s is not None else None
+    lines = [f"task: {d.task}  round: {d.stage}  stages_left: {d.stages_left}  budget_left_s: {budget}",
+             "overall (probe): " + " ".join(f"{k}={_num(o[k])}" for k in ("valid", "optimal", "reward", "n") if k in o)]
+    if d.by_slice:
+        lines.append("by slice:")
+        for k, s in d.by_slice.items():
+            lines.append(f"  {k}: valid={_num(s['valid'])} optimal={_num(s['optimal'])} n={int(s['n'])}")
+    lines.append(f"findings ({len(d.findings)}):" if d.findings else "findings: none")
+    for f in d.findings[:max_findings]:
+        sl = " ".join(f"{k}={v}" for k, v in f.slice.items()) or "all"
+        knobs = f" knobs: {', '.join(f.knobs)}" if f.knobs else ""
+        lines.append(f"- [{f.severity}] {f.code} ({sl}): count={f.count} rate={_num(f.rate)}{knobs}"
+                     + (f"  {f.message}" if f.message else ""))
+        for e in f.examples[:2]:
+            lines.append(f"    e.g. {e}")
+    if len(d.findings) > max_findings:
+        lines.append(f"  (+{len(d.findings) - max_findings} more findings)")
+    extra = {k: v for k, v in o.items() if k not in ("valid", "optimal", "reward", "n")}
+    if extra:
+        lines.append("metrics: " + " ".join(f"{k}={_num(v)}" for k, v in sorted(extra.items())))
+    lines.append("env config: " + _compact(d.env_config))
+    if d.env_stats:
+        lines.append("env stats: " + _compact(d.env_stats))
+    lines.append("recipe: " + _compact(d.recipe))
+    lines.append(f"history ({len(d.history)} past candidates):" if d.history else "history: none yet")
+    for h in d.history:
+        eff = f" effect={h.effect:+.3f}" if h.effect is not None else ""
+        ci = f" ci=[{h.ci[0]:+.3f},{h.ci[1]:+.3f}]" if h.ci else ""
+        lines.append(f"- round {h.stage} {h.candidate}: {h.knob} {h.change} -> {h.verdict}{eff}{ci}"
+                     + (f" ({h.reason})" if h.reason else ""))
+    lines.append(f"bookkeeping: round={d.stage} stages_left={d.stages_left} consecutive_rejections="
+                 f"{d.consecutive_rejections} step_scale={_num(d.step_scale)}")
+    return "\n".join(lines)

@@ -1,0 +1,252 @@
+"""Diagnostics: built-ins on hand-made MAPF rollouts, sandboxed evolved diagnostics and vetoes, the Diagnosis bundle.
+
+    .venv/bin/pytest tests/test_diagnostics.py -q
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness import diagnostics as D
+from harness.records import Diagnosis, HistoryItem, Rollout
+from harness.seeds import SplitError, seed_for
+from sandbox.runner import Limits
+
+FAST = Limits(cpu_s=1, wall_s=3.0, memory_mb=256, processes=4)
+
+# --- hand-made MAPF rollouts ------------------------------------------------------------------------------------------
+
+_i = iter(range(10**6))
+
+
+def mk(size: int = 5, failure: str | None = None, *, optimal: bool | None = None, reward: float | None = None,
+       group: int | None = None, completion: str | None = None, split: str = "probe", agents: int = 2,
+       on_goal: int | None = None, makespan: float = 6, opt_makespan: float = 6, tokens: int = 30) -> Rollout:
+    i = next(_i)
+    valid = failure is None
+    optimal = valid and makespan == opt_makespan if optimal is None else optimal
+    where = {"agent": 1, "step": 3, "cell": [2, 1]} if failure else {}
+    return Rollout(
+        seed=seed_for(split, i), group=i if group is None else group,
+        instance={"task": "mapf", "seed": seed_for(split, i), "size": size},
+        prompt=f"grid {size}x{size}", completion=completion or f"A1: RIGHT DOWN DOWN #{i}\nA2: LEFT UP WAIT",
+        valid=valid, optimal=optimal, reward=(1.0 if valid else 0.0) if reward is None else reward, failure=failure,
+        where=where, slices={"size": str(size), "agents": str(agents), "holes": "0.2", "wait": "0.25"},
+        metrics={"makespan": makespan, "optimal_makespan": opt_makespan, "agents": agents,
+                 "agents_on_goal": agents if valid else (on_goal if on_goal is not None else 0)},
+        tokens=tokens,
+    )
+
+
+def codes(res) -> dict[tuple[str, str], object]:
+    return {(f.code, f.slice.get("size", "")): f for f in res.findings}
+
+
+# --- built-ins --------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("failure,knob", [
+    ("parse_error", "recipe.temperature"), ("wrong_agent_count", "recipe.temperature"),
+    ("off_grid", "env.sizes.6.data_ratio"), ("hole", "env.sizes.6.hole_ratio"),
+    ("vertex_conflict", "env.sizes.6.wait_ratio"), ("edge_conflict", "env.sizes.6.wait_ratio"),
+    ("goal_not_reached", "env.sizes.6.data_ratio"), ("too_long", "recipe.max_completion_length"),
+])
+def test_failure_breakdown_each_type(failure, knob):
+    rs = [mk(6, failure) for _ in range(3)] + [mk(6) for _ in range(5)] + [mk(3) for _ in range(8)]
+    f = codes(D.failure_breakdown(rs))[(f"mapf.{failure}", "6")]
+    assert (f.count, f.rate) == (3, 0.375)
+    assert knob in f.knobs and f.severity == "warn"
+    assert len(f.examples) == 3 and f"failure={failure}" in f.examples[0] and "seed=" in f.examples[0]
+    assert not any(c[1] == "3" for c in codes(D.failure_breakdown(rs)))  # the all-valid size has no finding
+
+
+def test_failure_breakdown_by_slice_and_threshold():
+    rs = [mk(5, "hole") for _ in range(6)] + [mk(5, "vertex_conflict")] + [mk(5) for _ in range(13)]
+    rs += [mk(8, "edge_conflict") for _ in range(9)] + [mk(8)]
+    c = codes(D.failure_breakdown(rs))
+    assert c[("mapf.hole", "5")].rate == 0.3 and c[("mapf.edge_conflict", "8")].severity == "critical"
+    assert ("mapf.vertex_conflict", "5") not in c  # 1/20 = 5% < the 10% threshold, kept as a metric only
+    assert D.failure_breakdown(rs).metrics["failure.vertex_conflict.size=5"] == 0.05
+
+
+def test_near_misses_and_makespan_gap():
+    rs = [mk(5, "goal_not_reached", on_goal=1), mk(5, "goal_not_reached", on_goal=0), mk(5, makespan=8),
+          mk(5, makespan=6), mk(7, makespan=9, opt_makespan=7)]
+    c = codes(D.near_misses(rs))
+    assert c[("mapf.near_miss", "5")].count == 1
+    assert c[("mapf.suboptimal", "5")].count == 1 and c[("mapf.suboptimal", "7")].count == 1
+    m = D.makespan_gap(rs).metrics
+    assert m["makespan_gap.size=5"] == 1.0 and m["makespan_gap.size=7"] == 2.0 and m["makespan_gap"] == pytest.approx(4 / 3, abs=1e-3)
+
+
+def test_competence_frontier():
+    rs = [mk(3) for _ in range(10)]  # mastered
+    rs += [mk(5) for _ in range(5)] + [mk(5, "hole") for _ in range(5)]  # frontier
+    rs += [mk(8, "goal_not_reached") for _ in range(10)]  # too hard
+    rs += [mk(10)]  # too few to judge
+    res = D.competence_frontier(rs)
+    c = codes(res)
+    assert set(c) == {("mapf.mastered", "3"), ("mapf.frontier", "5"), ("mapf.too_hard", "8")}
+    assert c[("mapf.frontier", "5")].knobs == ["env.sizes.5.data_ratio"] and c[("mapf.frontier", "5")].rate == 0.5
+    assert res.metrics["frontier_size"] == 5.0 and res.metrics["valid.size=10"] == 1.0
+
+
+def test_dead_groups_and_duplicates():
+    rs = []
+    for g in range(4):  # 3 dead groups (2 all-invalid, 1 all-valid), 1 alive
+        for j in range(4):
+            ok = g == 2 or (g == 3 and j % 2 == 0)
+            rs.append(mk(5, None if ok else "hole", group=g, completion="A1: RIGHT\nA2: UP" if g < 2 else f"x{g}{j}"))
+    dg = D.dead_groups(rs)
+    f = dg.findings[0]
+    assert f.code == "grpo.dead_groups" and f.count == 3 and f.rate == 0.75 and f.severity == "critical"
+    assert "recipe.temperature" in f.knobs and "recipe.num_generations" in f.knobs
+    assert dg.metrics["dead_all_invalid"] == 0.5 and dg.metrics["dead_all_valid"] == 0.25
+    ec = D.exploration_collapse(rs)
+    assert ec.metrics["duplicate_rate"] == pytest.approx(0.375)  # 2 groups of 4 identical: (0.75 + 0.75) / 4
+    assert ec.findings[0].code == "grpo.exploration_collapse"
+    alive = [mk(5, None if j % 2 else "hole", group=9, completion=f"c{j}") for j in range(4)]
+    assert D.dead_groups(alive).findings == [] and D.exploration_collapse(alive).findings == []
+
+
+def test_dead_groups_from_training_metrics_when_probe_has_no_groups():
+    rs = [mk(5) for _ in range(4)]
+    tm = [{"step": i, "reward_mean": 0.2, "dead_group_share": 0.7} for i in range(5)]
+    f = D.dead_groups(rs, tm).findings[0]
+    assert f.code == "grpo.dead_groups" and f.rate == 0.7
+
+
+def test_reward_hacking_series():
+    rising = [{"step": i, "reward_mean": 0.1 + 0.05 * i} for i in range(9)]
+    hack = D.reward_hacking(rising, valid_history=[0.40, 0.38])
+    assert hack.findings[0].code == "grpo.reward_hacking" and hack.findings[0].severity == "critical"
+    assert hack.metrics["reward_rise"] == pytest.approx(0.3)  # thirds: 0.15 -> 0.45
+    assert D.reward_hacking(rising, valid_history=[0.30, 0.45]).findings == []  # valid rises with reward: fine
+    flat = [{"step": i, "reward_mean": 0.3} for i in range(9)]
+    assert D.reward_hacking(flat, valid_history=[0.4, 0.3]).findings == []
+    assert D.reward_hacking(rising[:2], valid_history=[0.4, 0.3]).findings == []  # too short to judge
+
+
+def test_length_collapse_and_explosion():
+    down = [{"completion_length": v} for v in (60, 58, 55, 30, 20, 18)]
+    up = [{"completion_length": v} for v in (20, 22, 25, 50, 60, 64)]
+    assert [f.code for f in D.length_health([], down).findings] == ["grpo.length_collapse"]
+    assert [f.code for f in D.length_health([], up).findings] == ["grpo.length_explosion"]
+    truncated = [mk(5, "too_long") for _ in range(4)] + [mk(5)]
+    assert [f.code for f in D.length_health(truncated).findings] == ["grpo.length_explosion"]
+    assert D.length_health([mk(5) for _ in range(4)], [{"completion_length": 30}] * 6).findings == []
+
+
+# --- evolved diagnostics in the sandbox --------------------------------------------------------------------------------
+
+GOOD = '''
+def diagnose(rollouts):
+    bad = [r for r in rollouts if r["failure"] == "hole"]
+    return {"findings": [{"code": "holes", "severity": "warn", "count": len(bad), "rate": len(bad) / len(rollouts),
+                          "examples": ["seed=%d" % r["seed"] for r in bad][:3]}],
+            "metrics": {"hole_share": len(bad) / len(rollouts)}}
+
+def veto(control, candidate):
+    if candidate["diagnostic"]["hole_share"] > control["diagnostic"]["hole_share"] + 0.2:
+        return "hole failures up by more than 20 points"
+    return None
+'''
+RAISES = "def diagnose(rollouts):\n    raise RuntimeError('boom')\n"
+LOOPS = "def diagnose(rollouts):\n    while True:\n        pass\n"
+EATS = "def diagnose(rollouts):\n    xs = []\n    while True:\n        xs.append(bytearray(1 << 24))\n"
+BAD_OUTPUT = "def diagnose(rollouts):\n    return [1, 2]\n"
+
+
+def test_evolved_diagnostic_runs_and_is_namespaced():
+    rs = [mk(5, "hole"), mk(5), mk(5), mk(5)]
+    res = D.run_evolved("diagnostics/holes.py", GOOD, rs, FAST)
+    assert res.error is None and res.name == "evolved.holes"
+    assert res.findings[0].code == "evolved.holes.holes" and res.findings[0].count == 1
+    assert res.metrics == {"hole_share": 0.25}
+
+
+@pytest.mark.parametrize("src,status", [(RAISES, "error"), (LOOPS, "timeout"), (EATS, "memory"),
+                                        (BAD_OUTPUT, "bad output")])
+def test_broken_evolved_diagnostic_gives_error_and_caller_goes_on(src, status):
+    rs = [mk(5, "hole"), mk(5)]
+    out = D.run_evolved_all({"diagnostics/broken.py": src, "diagnostics/holes.py": GOOD, "env.yaml": "x: 1"}, rs, FAST)
+    assert [r.name for r in out] == ["evolved.broken", "evolved.holes"]
+    assert out[0].error and out[0].error.startswith(status) and out[0].findings == []
+    assert out[1].error is None and out[1].metrics["hole_share"] == 0.5  # the next one still ran
+
+
+def test_veto_fires_and_is_reported():
+    control = [mk(5, "hole")] + [mk(5) for _ in range(9)]
+    cand = [mk(5, "hole") for _ in range(5)] + [mk(5) for _ in range(5)]
+    files = {"diagnostics/holes.py": GOOD, "diagnostics/no_veto.py": "def diagnose(r):\n    return {}\n"}
+    blocks = D.run_vetoes(files, control, cand, D.arm_metrics(control), D.arm_metrics(cand), FAST)
+    assert blocks == ["holes: hole failures up by more than 20 points"]
+    assert D.run_vetoes(files, control, control, D.arm_metrics(control), D.arm_metrics(control), FAST) == []
+    crash = {"diagnostics/crash.py": "def diagnose(r):\n    return {}\ndef veto(a, b):\n    return 1 / 0\n"}
+    [reason] = D.run_vetoes(crash, control, cand, D.arm_metrics(control), D.arm_metrics(cand), FAST)
+    assert reason.startswith("crash: veto failed: error") and "ZeroDivisionError" in reason
+
+
+def test_arm_metrics_shape():
+    m = D.arm_metrics([mk(5), mk(5, "hole"), mk(7)])
+    assert m["valid"] == pytest.approx(0.6667) and m["by_slice"]["size=5"]["valid"] == 0.5 and m["n"] == 3
+
+
+# --- the Diagnosis bundle ---------------------------------------------------------------------------------------------
+
+
+class FakeTask:
+    """Only what build_diagnosis touches of a Task: name, config_model, env_stats. (The MAPF task is tested in its
+    own file; this keeps the diagnostics tests independent of the generator.)"""
+
+    name = "mapf"
+
+    class config_model:
+        @staticmethod
+        def model_validate(d):
+            return d
+
+    @staticmethod
+    def env_stats(config, n):
+        return {"n": n, "mean_holes": 3.5}
+
+
+HISTORY = [
+    HistoryItem(stage=0, candidate="default", knob="", change="round-0 random config", verdict="default"),
+    HistoryItem(stage=1, candidate="s1.hole", knob="env.sizes.5.hole_ratio", change="0.1 -> 0.2", verdict="rejected",
+                effect=-0.02, ci=(-0.06, 0.01), reason="lower bound below min effect"),
+    HistoryItem(stage=2, candidate="s2.temp", knob="recipe.temperature", change="1.0 -> 1.2", verdict="rejected",
+                effect=0.01, ci=(-0.03, 0.04), reason="no evidence"),
+]
+
+
+def _probe_set():
+    return ([mk(3) for _ in range(8)] + [mk(5, "hole") for _ in range(4)] + [mk(5, "vertex_conflict") for _ in range(2)]
+            + [mk(5) for _ in range(4)])
+
+
+def test_diagnosis_roundtrip_and_text():
+    d = D.build_diagnosis(FakeTask, 3, _probe_set(), {"sizes": [{"size": 5}]}, {"temperature": 1.0}, HISTORY,
+                          stages_left=2, budget_left_s=600.0, diagnostics_files={"diagnostics/holes.py": GOOD})
+    assert Diagnosis.model_validate_json(d.model_dump_json()) == d
+    assert [h.candidate for h in d.history] == ["s1.hole", "s2.temp"]  # no round-0 default
+    assert d.consecutive_rejections == 2 and d.step_scale == 0.5
+    assert d.overall["valid"] == pytest.approx(12 / 18, abs=1e-3) and d.by_slice["size=5"]["n"] == 10
+    assert d.env_stats["mean_holes"] == 3.5 and d.overall["evolved.holes.hole_share"] == pytest.approx(4 / 18, abs=1e-3)
+    text = D.diagnosis_text(d)
+    assert "mapf.hole (size=5): count=4 rate=0.4" in text
+    assert "evolved.holes.holes" in text
+    assert "s1.hole: env.sizes.5.hole_ratio 0.1 -> 0.2 -> rejected" in text and "round-0" not in text
+    assert "default" not in text
+    assert "round=3 stages_left=2" in text and "budget_left_s: 600" in text
+    assert len(text) < 4000
+
+
+def test_hygiene_guard():
+    rs = _probe_set() + [mk(5, "hole", split="backtest")]
+    with pytest.raises(SplitError, match="probe"):
+        D.build_diagnosis(FakeTask, 1, rs, {}, {}, [], stages_left=1, budget_left_s=None)
+    leaky = D.Finding(code="evolved.x.y", examples=[f"seed={seed_for('test', 3)} size=5"])
+    with pytest.raises(SplitError, match="test instance"):
+        D.check_examples([leaky])
+    D.check_examples([D.Finding(code="ok", examples=[f"seed={seed_for('probe', 3)}"])])
