@@ -94,6 +94,8 @@ class HistoryItem(BaseModel):
     effect: float | None = None
     ci: tuple[float, float] | None = None
     reason: str = ""
+    key: str = Field("", description="harness.engineer.proposal.change_key(state, change): the same experiment from "
+                                     "the same harness state has the same key (the engineer never repeats a rejected one)")
 
 
 class Diagnosis(BaseModel):
@@ -102,6 +104,7 @@ class Diagnosis(BaseModel):
     model_config = ConfigDict(extra="forbid")
     task: str
     stage: int = Field(..., description="the round index (bookkeeping helps the engineer, per the paper)")
+    state: str = Field("", description="hash of the harness state (its main commit) the diagnosis was made under")
     stages_left: int | None = None
     budget_left_s: float | None = None
     overall: dict[str, float] = Field(default_factory=dict, description="valid, optimal, reward on probe seeds")

@@ -1,0 +1,127 @@
+"""Who proposes harness changes: `rule` (default, no LLM), `llm` (OpenAI-compatible endpoint or a local checkpoint,
+the current policy included), `scripted` (replies from a file). One entry point for all three:
+
+    from harness.engineer import EngineerConfig, propose
+    res = propose(EngineerConfig(kind="rule"), diagnosis, SkillLibrary.open(), max_candidates=2,
+                  rng=np.random.default_rng(seed))
+    res.candidates, res.engineer_used, res.notes, res.rejected_replies
+
+LLM and scripted replies go through the same validation (`proposal.parse_reply`); an invalid reply is retried with the
+reason appended up to `max_retries` times, then the rule engineer steps in and the reason is recorded in `notes`.
+Tests: tests/test_engineer.py, tests/test_engineer_llm.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from harness.engineer.llm import EndpointError, ReplyFn, build_messages, chat_endpoint, local_model, retry_message
+from harness.engineer.proposal import (
+    Knob,
+    ProposalError,
+    ProposalResult,
+    RejectedReply,
+    change_key,
+    knob_space,
+    parse_reply,
+    rejected_keys_from_history,
+)
+from harness.engineer.rule import propose_rule
+from harness.engineer.scripted import ScriptError, scripted_replies
+from harness.records import Diagnosis
+
+__all__ = ["EngineerConfig", "EngineerError", "ProposalResult", "change_key", "knob_space", "propose"]
+
+
+class EngineerError(ValueError):
+    """An engineer configuration that cannot work (e.g. 'policy' as model_path without a policy checkpoint)."""
+
+
+class EngineerConfig(BaseModel):
+    """Which engineer proposes changes, and how to reach it."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["rule", "llm", "scripted"] = Field("rule", description="rule (no LLM), llm, or scripted (replays)")
+    base_url: str | None = Field(None, description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1 (llm)")
+    model: str | None = Field(None, description="model name at the endpoint (llm with base_url)")
+    api_key_env: str | None = Field(None, description="NAME of the env var holding the API key; None = no auth")
+    model_path: str | None = Field(None, description="local transformers checkpoint dir, or 'policy' for the current "
+                                                     "policy checkpoint (llm without base_url)")
+    script: str | None = Field(None, description="YAML/JSONL file of replies, one per stage (scripted)")
+    max_retries: int = Field(2, ge=0, le=10, description="retries of an invalid reply before the rule engineer steps in")
+    temperature: float = Field(0.7, ge=0, le=2, description="sampling temperature of the engineer")
+    max_tokens: int = Field(1024, ge=16, description="reply budget in tokens")
+    timeout_s: float = Field(120.0, gt=0, description="seconds to wait for one endpoint reply")
+
+    @model_validator(mode="after")
+    def _check(self) -> EngineerConfig:
+        if self.kind == "llm" and not ((self.base_url and self.model) or self.model_path):
+            raise ValueError("engineer kind 'llm' needs base_url + model (an OpenAI-compatible endpoint) or "
+                             "model_path (a local checkpoint, or 'policy')")
+        if self.kind == "llm" and self.base_url and self.model_path:
+            raise ValueError("engineer: give base_url + model OR model_path, not both")
+        if self.kind == "scripted" and not self.script:
+            raise ValueError("engineer kind 'scripted' needs script: a .yaml/.jsonl file of replies")
+        return self
+
+
+def _reply_fn(cfg: EngineerConfig, diagnosis: Diagnosis, policy_ckpt: Path | None, seed: int) -> ReplyFn:
+    if cfg.kind == "scripted":
+        return scripted_replies(Path(cfg.script), diagnosis.stage)
+    if cfg.base_url:
+        return chat_endpoint(cfg.base_url, cfg.model, cfg.api_key_env, cfg.temperature, cfg.max_tokens, cfg.timeout_s)
+    path = policy_ckpt if cfg.model_path == "policy" else Path(cfg.model_path)
+    if path is None:
+        raise EngineerError("engineer model_path 'policy' needs the current policy checkpoint (policy_ckpt)")
+    return local_model(path, cfg.temperature, cfg.max_tokens, seed)
+
+
+def propose(engineer_cfg: EngineerConfig, diagnosis: Diagnosis, skills_library: Any, max_candidates: int,
+            rng: np.random.Generator, rejected_keys: set[str] | None = None, space: dict[str, Knob] | None = None,
+            policy_ckpt: Path | None = None) -> ProposalResult:
+    """Candidates for this diagnosis. `skills_library` is a `skills.library.SkillLibrary` (its `applicable`). Changes
+    rejected from the same harness state (history keys + `rejected_keys`) are never proposed again. Never raises for
+    a bad engineer reply: the rule engineer steps in and `notes` says why."""
+    if max_candidates < 1:
+        raise EngineerError(f"max_candidates must be >= 1, got {max_candidates}")
+    space = space if space is not None else knob_space(diagnosis)
+    rejected = rejected_keys_from_history(diagnosis) | set(rejected_keys or ())
+    notes: list[str] = []
+    bad: list[RejectedReply] = []
+
+    if engineer_cfg.kind != "rule":
+        seed = int(rng.integers(0, 2**31 - 1))
+        try:
+            reply = _reply_fn(engineer_cfg, diagnosis, policy_ckpt, seed)
+        except (EndpointError, ScriptError) as exc:
+            reply = None
+            notes.append(f"{engineer_cfg.kind} engineer unavailable: {exc}")
+        if reply is not None:
+            messages = build_messages(diagnosis, space, max_candidates)
+            for attempt in range(engineer_cfg.max_retries + 1):
+                try:
+                    text = reply(messages, attempt)
+                except EndpointError as exc:
+                    notes.append(f"{engineer_cfg.kind} engineer attempt {attempt}: {exc}")
+                    break
+                try:
+                    cands, more = parse_reply(text, diagnosis, space, max_candidates, engineer_cfg.kind, rejected)
+                except ProposalError as exc:
+                    bad.append(RejectedReply(attempt=attempt, reason=str(exc), reply=text[:2000]))
+                    messages = messages + [{"role": "assistant", "content": text},
+                                           {"role": "user", "content": retry_message(str(exc))}]
+                    continue
+                return ProposalResult(candidates=cands, engineer_used=engineer_cfg.kind, notes=notes + more,
+                                      rejected_replies=bad)
+            if bad:
+                notes.append(f"{engineer_cfg.kind} engineer gave no valid proposal in {len(bad)} attempt(s); last "
+                             f"reason: {bad[-1].reason}")
+        notes.append("rule engineer stepped in")
+
+    hits = skills_library.applicable([f.code for f in diagnosis.findings], diagnosis.task)
+    cands, more = propose_rule(diagnosis, hits.in_family, hits.fallback, max_candidates, rng, space, rejected)
+    return ProposalResult(candidates=cands, engineer_used="rule", notes=notes + more, rejected_replies=bad)

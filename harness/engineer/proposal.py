@@ -1,0 +1,312 @@
+"""What an engineer may propose, and how a reply is checked: the Proposal schema, the knob space, validation.
+
+A Proposal is a list of candidates; each is exactly ONE change (one env knob, one recipe knob, or one diagnostic file)
+with its rationale, expected effect and targeted metric. Replies from an LLM or a script are text: `parse_reply`
+extracts the JSON, checks it against the schema and the knob space, and either returns validated `Candidate`s or
+raises `ProposalError` whose message says what was wrong (malformed JSON, unknown knob, out of range, two factors in
+one candidate, ...) so it can be sent back to the engineer for a retry.
+
+    from harness.engineer.proposal import knob_space, parse_reply
+    space = knob_space(diagnosis)             # {"env.sizes.5.hole_ratio": Knob(lo=0, hi=0.6, current=0.2), ...}
+    cands, notes = parse_reply(text, diagnosis, space, max_candidates=3, engineer="llm")
+
+The ranges here are the engineer's rules, kept outside the sandbox: env knobs take the bounds declared on the task's
+generator config model; recipe knobs take the explicit ranges in `RECIPE_RANGES` (within the Recipe model's own
+constraints).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from harness.records import Candidate, Change, Diagnosis
+
+# --- errors -----------------------------------------------------------------------------------------------------------
+
+
+class ProposalError(ValueError):
+    """A reply that cannot become candidates. The message is the reason recorded and sent back to the engineer."""
+
+
+# --- the schema the engineer answers in -------------------------------------------------------------------------------
+
+
+class ProposedChange(BaseModel):
+    """One candidate as the engineer writes it: one knob and its new value, or one diagnostic file."""
+
+    model_config = ConfigDict(extra="forbid")
+    knob: str = Field(..., description="ONE knob path from the allowed list (e.g. env.sizes.5.hole_ratio, "
+                                       "recipe.temperature) or diagnostics/<name>.py for a diagnostic file")
+    value: float | int | None = Field(None, description="the NEW value (not a delta), within the knob's range; "
+                                                         "omit for a diagnostic")
+    code: str | None = Field(None, description="Python source of the diagnostic file; only for diagnostics/<name>.py")
+    rationale: str = Field(..., min_length=1, description="which finding this addresses and why this change helps")
+    expected: str = Field(..., min_length=1, description="the expected effect, one line")
+    target_metric: str = Field("valid", description="the metric this change should move (valid, optimal, ...)")
+
+
+class Proposal(BaseModel):
+    """An engineer's whole reply: one or more single-factor candidates."""
+
+    model_config = ConfigDict(extra="forbid")
+    candidates: list[ProposedChange] = Field(..., min_length=1, description="single-factor candidates, best first")
+
+
+class RejectedReply(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    attempt: int
+    reason: str
+    reply: str = Field("", description="the reply text, abbreviated")
+
+
+class ProposalResult(BaseModel):
+    """What `propose` returns: validated candidates, who produced them, and why anything was dropped or replaced."""
+
+    model_config = ConfigDict(extra="forbid")
+    candidates: list[Candidate] = Field(default_factory=list)
+    engineer_used: str = Field(..., description="rule | llm | scripted (rule when it stepped in for a failing engineer)")
+    notes: list[str] = Field(default_factory=list)
+    rejected_replies: list[RejectedReply] = Field(default_factory=list)
+
+
+# --- the knob space ---------------------------------------------------------------------------------------------------
+
+# Recipe knobs the engineer may change, and within what range (the Recipe model's own bounds are checked too).
+RECIPE_RANGES: dict[str, tuple[float, float, bool]] = {
+    "recipe.temperature": (0.3, 2.0, False),
+    "recipe.top_p": (0.5, 1.0, False),
+    "recipe.learning_rate": (1e-5, 2e-3, False),
+    "recipe.beta": (0.0, 0.5, False),
+    "recipe.num_generations": (2, 32, True),
+    "recipe.max_completion_length": (16, 1024, True),
+    "recipe.epsilon": (0.05, 0.5, False),
+    "recipe.reward_scale": (0.1, 10.0, False),
+}
+
+
+class Knob(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    path: str
+    kind: Literal["env", "recipe", "reward"]
+    lo: float
+    hi: float
+    integer: bool = False
+    current: float | int
+
+
+def _bounds(field_info: Any) -> tuple[float | None, float | None]:
+    lo = hi = None
+    for m in field_info.metadata:
+        for attr, is_lo in (("ge", True), ("gt", True), ("le", False), ("lt", False)):
+            v = getattr(m, attr, None)
+            if v is not None:
+                if is_lo:
+                    lo = float(v)
+                else:
+                    hi = float(v)
+    return lo, hi
+
+
+def _walk_env(model: BaseModel, prefix: str, out: dict[str, Knob]) -> None:
+    """Bounded numeric fields of the generator config become knobs; a list of entries with a `size` field is keyed
+    by size (`env.sizes.5.hole_ratio`). Fields without both bounds are not offered to the engineer."""
+    for name, info in type(model).model_fields.items():
+        value = getattr(model, name)
+        path = f"{prefix}.{name}"
+        if isinstance(value, BaseModel):
+            _walk_env(value, path, out)
+        elif isinstance(value, list) and value and all(isinstance(v, BaseModel) and hasattr(v, "size") for v in value):
+            for v in value:
+                _walk_env(v, f"{path}.{v.size}", out)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and name != "size":
+            lo, hi = _bounds(info)
+            if lo is not None and hi is not None:
+                out[path] = Knob(path=path, kind="env", lo=lo, hi=hi, integer=isinstance(value, int), current=value)
+
+
+def knob_space(diagnosis: Diagnosis, task: Any = None) -> dict[str, Knob]:
+    """Every knob the engineer may change from this diagnosis' state, with its range and current value."""
+    from harness.tasks import get_task
+
+    task = task if task is not None else get_task(diagnosis.task)
+    out: dict[str, Knob] = {}
+    if diagnosis.env_config:
+        _walk_env(task.config_model.model_validate(diagnosis.env_config), "env", out)
+    for path, (lo, hi, integer) in RECIPE_RANGES.items():
+        field = path.split(".", 1)[1]
+        if field in diagnosis.recipe:
+            out[path] = Knob(path=path, kind="recipe", lo=lo, hi=hi, integer=integer, current=diagnosis.recipe[field])
+    return out
+
+
+def space_text(space: dict[str, Knob]) -> str:
+    """The allowed knobs as prompt lines: `path  current=x  range=[lo, hi]  (integer)`."""
+    return "\n".join(f"- {k.path}  current={k.current:g}  range=[{k.lo:g}, {k.hi:g}]" + ("  integer" if k.integer else "")
+                     for k in space.values())
+
+
+# --- keys, ids, candidates --------------------------------------------------------------------------------------------
+
+DIAGNOSTIC_PATH = re.compile(r"^diagnostics/[a-z_][a-z0-9_]*\.py$")
+
+
+def _canon(value: Any) -> str:
+    if isinstance(value, float):
+        return repr(float(f"{value:.6g}"))
+    return json.dumps(value, sort_keys=True)
+
+
+def change_key(state: str, change: Change) -> str:
+    """Identity of a change from one harness state: the same key twice means the same experiment twice."""
+    what = hashlib.sha1((change.code or "").encode()).hexdigest()[:12] if change.kind == "diagnostic" \
+        else _canon(change.value)
+    return f"{state}|{change.knob}|{what}"
+
+
+def rejected_keys_from_history(diagnosis: Diagnosis) -> set[str]:
+    """Keys of changes already rejected from the diagnosis' harness state (history items carry their `key`)."""
+    prefix = f"{diagnosis.state}|"
+    return {h.key for h in diagnosis.history if h.verdict == "rejected" and h.key.startswith(prefix)}
+
+
+def make_candidate(diagnosis: Diagnosis, change: Change, old_value: Any, rationale: str, expected: str,
+                   target_metric: str, engineer: str, skill: str | None = None) -> Candidate:
+    slug = re.sub(r"[^a-z0-9]+", "-", change.knob.lower()).strip("-")
+    h = hashlib.sha1(change_key(diagnosis.state, change).encode()).hexdigest()[:6]
+    return Candidate(id=f"s{diagnosis.stage}-{slug}-{h}", stage=diagnosis.stage, change=change, old_value=old_value,
+                     rationale=rationale, expected=expected, target_metric=target_metric, skill=skill,
+                     engineer=engineer)
+
+
+# --- parsing a reply --------------------------------------------------------------------------------------------------
+
+MULTI_KEYS = ("changes", "knobs", "values", "patch", "patches")
+
+
+def extract_json(text: str) -> Any:
+    """The first JSON object or array in `text` (code fences and prose around it are ignored)."""
+    dec = json.JSONDecoder()
+    first_error = None
+    for m in re.finditer(r"[\[{]", text):
+        try:
+            obj, _ = dec.raw_decode(text, m.start())
+        except json.JSONDecodeError as exc:
+            first_error = first_error or exc
+            continue
+        if isinstance(obj, dict) or (isinstance(obj, list) and obj and all(isinstance(o, dict) for o in obj)):
+            return obj
+    if first_error is not None:
+        raise ProposalError(f"malformed JSON: {first_error.msg} at char {first_error.pos}; reply with one JSON "
+                            "object {\"candidates\": [...]} and nothing else")
+    raise ProposalError(f"malformed JSON: no JSON object found in the reply ({len(text)} chars); reply with one JSON "
+                        "object {\"candidates\": [...]}")
+
+
+def _shape(obj: Any) -> list[Any]:
+    if isinstance(obj, list):
+        return obj
+    if "candidates" in obj:
+        if not isinstance(obj["candidates"], list):
+            raise ProposalError("schema: 'candidates' must be a list of objects")
+        extra = sorted(set(obj) - {"candidates"})
+        if extra:
+            raise ProposalError(f"schema: unknown top-level key(s) {extra}; only 'candidates' is allowed")
+        return obj["candidates"]
+    return [obj]  # a bare single candidate
+
+
+def _check_single_factor(i: int, raw: Any) -> None:
+    if not isinstance(raw, dict):
+        raise ProposalError(f"schema: candidate #{i} must be an object, got {type(raw).__name__}")
+    multi = [k for k in MULTI_KEYS if k in raw]
+    knob, value = raw.get("knob"), raw.get("value")
+    why = None
+    if multi:
+        why = f"it has {multi}"
+    elif isinstance(knob, list):
+        why = f"'knob' is a list of {len(knob)}"
+    elif isinstance(value, (dict, list)):
+        why = "'value' is a " + type(value).__name__
+    elif isinstance(knob, str) and re.search(r"[,;+&]|\s(and)\s", knob):
+        why = f"'knob' names several knobs: {knob!r}"
+    if why:
+        raise ProposalError(f"two factors in one candidate #{i}: {why}; propose each change as its own candidate "
+                            "(single factor: one knob, one value)")
+
+
+def _validate_change(i: int, pc: ProposedChange, space: dict[str, Knob]) -> tuple[Change, Any]:
+    if pc.knob.startswith("diagnostics/"):
+        if not DIAGNOSTIC_PATH.match(pc.knob):
+            raise ProposalError(f"unknown knob {pc.knob!r} in candidate #{i}: a diagnostic is diagnostics/<name>.py "
+                                "with a lowercase snake_case name")
+        if not pc.code or not pc.code.strip():
+            raise ProposalError(f"candidate #{i} adds {pc.knob} but 'code' is empty: give the file's Python source")
+        if pc.value is not None:
+            raise ProposalError(f"two factors in one candidate #{i}: a diagnostic file with a 'value'; drop 'value'")
+        try:
+            compile(pc.code, pc.knob, "exec")
+        except SyntaxError as exc:
+            raise ProposalError(f"candidate #{i}: {pc.knob} does not compile: {exc.msg} (line {exc.lineno})") from None
+        return Change(kind="diagnostic", knob=pc.knob, code=pc.code), None
+    if pc.knob not in space:
+        near = [k for k in space if k.split(".")[-1] == pc.knob.split(".")[-1]][:4]
+        hint = f" (did you mean {', '.join(near)}?)" if near else ""
+        raise ProposalError(f"unknown knob {pc.knob!r} in candidate #{i}{hint}; allowed knobs: "
+                            f"{', '.join(sorted(space)) or '(none)'}")
+    if pc.code is not None:
+        raise ProposalError(f"two factors in one candidate #{i}: a knob change with 'code'; drop 'code'")
+    k = space[pc.knob]
+    v = pc.value
+    if v is None or isinstance(v, bool):
+        raise ProposalError(f"candidate #{i}: {pc.knob} needs a numeric 'value' in [{k.lo:g}, {k.hi:g}]")
+    if not k.lo <= v <= k.hi:
+        raise ProposalError(f"out of range: {pc.knob} = {v:g} in candidate #{i}; allowed range [{k.lo:g}, {k.hi:g}] "
+                            f"(current {k.current:g})")
+    if k.integer:
+        if float(v) != int(v):
+            raise ProposalError(f"candidate #{i}: {pc.knob} takes an integer, got {v:g}")
+        v = int(v)
+    if v == k.current:
+        raise ProposalError(f"candidate #{i}: {pc.knob} = {v:g} is its current value: no change")
+    return Change(kind=k.kind, knob=pc.knob, value=v), k.current
+
+
+def parse_reply(text: str, diagnosis: Diagnosis, space: dict[str, Knob], max_candidates: int, engineer: str,
+                rejected_keys: set[str] | None = None) -> tuple[list[Candidate], list[str]]:
+    """Validated candidates from a reply, plus notes on anything dropped (over the limit, duplicate knob, already
+    rejected from this state). Raises `ProposalError` when the reply as a whole is unusable."""
+    raws = _shape(extract_json(text))
+    if not raws:
+        raise ProposalError("schema: 'candidates' is empty; propose at least one change")
+    for i, raw in enumerate(raws):
+        _check_single_factor(i, raw)
+    try:
+        proposal = Proposal.model_validate({"candidates": raws})
+    except ValidationError as exc:
+        errs = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:5])
+        raise ProposalError(f"schema: {errs}") from None
+    rejected = rejected_keys or set()
+    out: list[Candidate] = []
+    notes: list[str] = []
+    seen: set[str] = set()
+    for i, pc in enumerate(proposal.candidates):
+        change, old = _validate_change(i, pc, space)
+        if change.knob in seen:
+            notes.append(f"candidate #{i} dropped: {change.knob} already proposed in this reply")
+            continue
+        if change_key(diagnosis.state, change) in rejected:
+            notes.append(f"candidate #{i} dropped: {change.knob} -> {change.value} was already rejected from this state")
+            continue
+        if len(out) >= max_candidates:
+            notes.append(f"candidate #{i} dropped: over max_candidates={max_candidates}")
+            continue
+        seen.add(change.knob)
+        out.append(make_candidate(diagnosis, change, old, pc.rationale, pc.expected, pc.target_metric, engineer))
+    if not out:
+        raise ProposalError("no usable candidate: " + "; ".join(notes) + "; propose a different change")
+    return out, notes

@@ -1,0 +1,143 @@
+"""The rule engineer (the default; no LLM): findings -> applicable skills -> concrete single-factor changes.
+
+For each finding, a skill applies when the finding's code is among its trigger codes and its condition holds. The
+condition is a tiny expression over the finding's `rate`, `count` and `severity` (`rate >= 0.2 and count > 3`,
+`severity == 'critical'`), evaluated by `skills.library.condition_holds`, which walks its syntax tree (comparisons,
+and/or/not, constants); nothing is ever `eval`-ed. The skill's intervention template (`env.sizes.{size}.hole_ratio`, op add/mul/set, value)
+becomes a concrete Change: `{size}` from the finding's slice, the step scaled by the diagnosis' `step_scale`, the new
+value clamped to the knob's range.
+
+Choice: Thompson sampling over each skill's promotion record, Beta(1 + promotions, 1 + tries - promotions), one draw
+per skill from the caller's seeded rng; in-family skills (domains include the task, or no domains) rank before any
+other family's, which only fill slots left when in-family options are exhausted. A change already rejected from the
+same harness state (same state + knob + value) is never proposed again.
+
+    from harness.engineer.rule import propose_rule
+    cands, notes = propose_rule(diagnosis, hits.in_family, hits.fallback, max_candidates=2, rng=np.random.default_rng(0), space=space)
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from typing import Any
+
+import numpy as np
+
+from harness.engineer.proposal import Knob, change_key, make_candidate
+from harness.records import Candidate, Change, Diagnosis, Finding
+from skills.library import SkillError, condition_holds
+from skills.model import Skill
+
+# --- matching ---------------------------------------------------------------------------------------------------------
+
+
+def matches(skill: Skill, finding: Finding, borrowed: bool) -> bool:
+    """The skill's trigger fires on this finding: its code matches a trigger (fnmatch wildcards allowed; a borrowed
+    skill also matches by the failure kind after the family prefix, as `SkillLibrary.applicable` does) and the
+    trigger condition holds on the finding's rate/count/severity (`skills.library.condition_holds`: an AST walk over
+    comparisons, never eval)."""
+    kind = finding.code.split(".", 1)[-1]
+    hit = any(fnmatch.fnmatchcase(finding.code, t) or (borrowed and t.split(".", 1)[-1] == kind)
+              for t in skill.trigger.findings)
+    return hit and condition_holds(skill.trigger.condition,
+                                   {"rate": finding.rate, "count": finding.count, "severity": finding.severity})
+
+
+# --- templates -> concrete changes ------------------------------------------------------------------------------------
+
+
+def instantiate(skill: Skill, finding: Finding, space: dict[str, Knob], step_scale: float
+                ) -> tuple[Change, Any] | str:
+    """The concrete change a skill makes for a finding, with the old value; or a string saying why it cannot."""
+    iv = skill.intervention
+    missing = [k for k in re.findall(r"\{(\w+)\}", iv.knob) if k not in finding.slice]
+    if missing:
+        return f"{skill.name}: knob {iv.knob} needs slice key(s) {missing} the finding {finding.code} lacks"
+    knob = re.sub(r"\{(\w+)\}", lambda m: str(finding.slice[m.group(1)]), iv.knob)
+    if skill.kind == "diagnostic" or iv.op == "code":
+        if not iv.code:
+            return f"{skill.name}: diagnostic skill without code"
+        return Change(kind="diagnostic", knob=knob, code=iv.code), None
+    if knob not in space:
+        return f"{skill.name}: knob {knob} is not in this harness' knob space"
+    k = space[knob]
+    if not isinstance(iv.value, (int, float)):
+        return f"{skill.name}: intervention value {iv.value!r} is not a number"
+    cur = float(k.current)
+    if iv.op == "add":
+        new = cur + float(iv.value) * step_scale
+    elif iv.op == "mul":
+        new = cur * (1.0 + (float(iv.value) - 1.0) * step_scale)
+    else:  # set
+        new = float(iv.value)
+    new = min(max(new, k.lo), k.hi)
+    value: float | int = round(new) if k.integer else round(new, 6)
+    if value == k.current:
+        return f"{skill.name}: {knob} stays {k.current:g} (at its bound or step too small)"
+    return Change(kind=k.kind, knob=knob, value=value), k.current
+
+
+# --- choosing ---------------------------------------------------------------------------------------------------------
+
+_SEV = {"critical": 0, "warn": 1, "info": 2}
+
+
+def thompson_scores(skills: list[Skill], rng: np.random.Generator) -> dict[str, float]:
+    """One Beta(1 + promotions, 1 + tries - promotions) draw per skill."""
+    out = {}
+    for s in skills:
+        p, t = s.evidence.promotions, max(s.evidence.tries, s.evidence.promotions)
+        out[s.name] = float(rng.beta(1 + p, 1 + t - p))
+    return out
+
+
+def propose_rule(diagnosis: Diagnosis, in_family: list[Skill], fallback: list[Skill], max_candidates: int,
+                 rng: np.random.Generator, space: dict[str, Knob], rejected_keys: set[str] | None = None
+                 ) -> tuple[list[Candidate], list[str]]:
+    """Up to `max_candidates` single-factor candidates (distinct knobs) and notes on what was skipped and why.
+    `fallback` skills (other families) are used only for slots the in-family skills cannot fill."""
+    rejected = rejected_keys or set()
+    findings = sorted(diagnosis.findings, key=lambda f: (_SEV.get(f.severity, 3), -f.rate, -f.count, f.code))
+    pools = [sorted(in_family, key=lambda s: s.name), sorted(fallback, key=lambda s: s.name)]
+    theta = thompson_scores(pools[0] + pools[1], rng)  # one draw per skill, in a listing-independent order
+    notes: list[str] = []
+    options: list[tuple[tuple, Skill, Finding, Change, Any]] = []
+    for borrowed, pool in enumerate(pools):
+        for skill in pool:
+            for fi, f in enumerate(findings):
+                try:
+                    if not matches(skill, f, bool(borrowed)):
+                        continue
+                except SkillError as exc:
+                    notes.append(f"skill {skill.name} skipped: {exc}")
+                    break
+                made = instantiate(skill, f, space, diagnosis.step_scale)
+                if isinstance(made, str):
+                    notes.append(made)
+                    continue
+                change, old = made
+                options.append(((borrowed, -theta[skill.name], fi, skill.name), skill, f, change, old))
+    options.sort(key=lambda o: o[0])
+    out: list[Candidate] = []
+    knobs: set[str] = set()
+    for (borrowed, *_), skill, f, change, old in options:
+        if len(out) >= max_candidates:
+            break
+        if change.knob in knobs:
+            continue
+        if change_key(diagnosis.state, change) in rejected:
+            notes.append(f"{skill.name}: {change.knob} -> {change.value} already rejected from this state; skipped")
+            continue
+        knobs.add(change.knob)
+        where = ", ".join(f"{k}={v}" for k, v in f.slice.items()) or "all"
+        fam = f" (borrowed from {', '.join(skill.domains)})" if borrowed else ""
+        new = "new file" if change.kind == "diagnostic" else f"{old} -> {change.value}"
+        rationale = (f"{f.code} on {where}: rate {f.rate:.2f}, count {f.count} ({f.severity}); skill {skill.name}{fam}"
+                     f" [{skill.evidence.promotions}/{skill.evidence.tries} promoted, theta={theta[skill.name]:.2f}]: "
+                     f"{change.knob} {new}")
+        out.append(make_candidate(diagnosis, change, old, rationale, skill.expected, skill.validation, "rule",
+                                  skill=skill.name))
+    if not out:
+        notes.append("rule engineer: no applicable skill yields a new change for these findings")
+    return out, notes
