@@ -183,20 +183,27 @@ def test_keyed_draw_is_stable_on_reentry_and_still_fresh(store: RunStore):
 
 def test_concurrent_draws_from_two_processes_are_disjoint(tmp_path: Path):
     path = tmp_path / "run.db"
-    with RunStore.open(path) as s:
-        s.create_run("r1", config={})
     code = """
         import json, sys
         from harness.store import RunStore
         s = RunStore.open(sys.argv[1])
-        print(json.dumps([x for _ in range(40) for x in s.draw_seeds("r1", "backtest", 3)]))
+        print("ready", flush=True)
+        sys.stdin.readline()
+        print(json.dumps([x for _ in range(60) for x in s.draw_seeds("r1", "backtest", 3)]))
     """
-    procs = [_spawn(code, str(path)) for _ in range(2)]
-    outs = [p.communicate(timeout=60) for p in procs]
-    assert all(p.returncode == 0 for p in procs), outs
-    a, b = (json.loads(o) for o, _ in outs)
-    assert len(a) == len(b) == 120 and not set(a) & set(b)
-    assert sorted(a + b) == seedlib.seeds("backtest", 240)
+    with RunStore.open(path) as s:
+        s.create_run("r1", config={})
+        child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), str(path)], cwd=ROOT, text=True,
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert child.stdout.readline().strip() == "ready"
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        mine = [x for _ in range(60) for x in s.draw_seeds("r1", "backtest", 3)]
+        out, errs = child.communicate(timeout=60)
+    assert child.returncode == 0, errs
+    theirs = json.loads(out)
+    assert len(mine) == len(theirs) == 180 and not set(mine) & set(theirs)
+    assert sorted(mine + theirs) == seedlib.seeds("backtest", 360)
 
 
 # --- concurrency, the lock, durability ----------------------------------------------------------------------------------

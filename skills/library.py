@@ -1,0 +1,521 @@
+"""The skill library: `skills.db` shared by all runs, full-text retrieval ranked by evidence, evidence updates, and
+import/export as one Markdown file per skill (YAML front matter = the Skill fields, body = the description).
+
+The database lives in `$EVOTRAINER_HOME/skills.db` (default `~/.evotrainer/skills.db`). Every open syncs the seed
+skills of `skills/seed/*.md` by name: new seeds are added, a changed seed file updates its skill's definition, and the
+evidence a skill gathered is never wiped. Evidence comes from `record_try`, once per (skill, run, candidate), so a
+resumed run cannot count a try twice; a skill promoted in two or more task families becomes general.
+
+    from skills.library import SkillLibrary
+    lib = SkillLibrary.open()                                  # or SkillLibrary.open(tmp / "skills.db")
+    lib.search("holes on large maps", task="mapf")             # best evidence-weighted match first
+    hits = lib.applicable(["mapf.hole"], task="mapf")          # hits.in_family, then hits.fallback
+    lib.record_try("raise-hole-ratio", promoted=True, effect=0.08, interval=(0.02, 0.14), family="mapf",
+                   run="r1", candidate="s2-c1", commit="ab12cd3")
+
+CLI: `evotrainer skills list|show|export|import`. Tests: `.venv/bin/pytest tests/test_skills_library.py`.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import fnmatch
+import hashlib
+import json
+import os
+import re
+import sqlite3
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Self
+
+import yaml
+from pydantic import ValidationError
+from sqlite_utils import Database
+
+from skills.model import Evidence, Skill
+
+SEED_DIR = Path(__file__).resolve().parent / "seed"
+BUSY_TIMEOUT_S = 30.0
+
+
+class SkillError(ValueError):
+    """Bad use of the skill library; the message says what to do."""
+
+
+class SkillFileError(SkillError):
+    """A skill file that cannot be read: the message names the file and the field."""
+
+
+class UnknownSkillError(SkillError, KeyError):
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+def home() -> Path:
+    """The evotrainer home folder: `$EVOTRAINER_HOME`, else `~/.evotrainer`."""
+    env = os.environ.get("EVOTRAINER_HOME")
+    return Path(env).expanduser() if env else Path.home() / ".evotrainer"
+
+
+def default_path() -> Path:
+    return home() / "skills.db"
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+# --- trigger conditions: a tiny, safe expression language over a finding's fields ---------------------------------------
+
+CONDITION_NAMES = ("rate", "count", "severity")
+_CMP = {ast.Lt: lambda a, b: a < b, ast.LtE: lambda a, b: a <= b, ast.Gt: lambda a, b: a > b,
+        ast.GtE: lambda a, b: a >= b, ast.Eq: lambda a, b: a == b, ast.NotEq: lambda a, b: a != b}
+
+
+def check_condition(expr: str) -> None:
+    """Raise SkillError unless `expr` is '' or comparisons of rate/count/severity with constants, joined by
+    and/or/not (e.g. "rate >= 0.2 and count >= 5")."""
+    if not expr.strip():
+        return
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError as exc:
+        raise SkillError(f"condition {expr!r} is not an expression: {exc.msg}") from None
+    for node in ast.walk(tree):
+        ok = isinstance(node, (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.Compare,
+                               ast.Constant, ast.Load, *_CMP))
+        if isinstance(node, ast.Name):
+            ok = node.id in CONDITION_NAMES
+            if not ok:
+                raise SkillError(f"condition {expr!r} uses {node.id!r}; only {', '.join(CONDITION_NAMES)} are known")
+        if not ok:
+            raise SkillError(f"condition {expr!r} uses {type(node).__name__}; write comparisons joined by and/or/not")
+
+
+def condition_holds(expr: str, fields: Mapping[str, Any]) -> bool:
+    """Evaluate a checked condition against a finding's fields ({'rate': 0.3, 'count': 12, 'severity': 'warn'})."""
+    check_condition(expr)
+    if not expr.strip():
+        return True
+
+    def ev(node: ast.AST) -> Any:
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.BoolOp):
+            vals = (ev(v) for v in node.values)
+            return all(vals) if isinstance(node.op, ast.And) else any(vals)
+        if isinstance(node, ast.UnaryOp):
+            return not ev(node.operand)
+        if isinstance(node, ast.Compare):
+            left = ev(node.left)
+            for op, right_node in zip(node.ops, node.comparators):
+                right = ev(right_node)
+                if not _CMP[type(op)](left, right):
+                    return False
+                left = right
+            return True
+        if isinstance(node, ast.Name):
+            if node.id not in fields:
+                raise SkillError(f"condition {expr!r} needs {node.id!r}, which the finding does not give")
+            return fields[node.id]
+        return node.value  # ast.Constant (check_condition allowed nothing else)
+
+    return bool(ev(ast.parse(expr, mode="eval")))
+
+
+# --- skill files: YAML front matter + Markdown body ---------------------------------------------------------------------
+
+
+def _validation_message(exc: ValidationError) -> str:
+    parts = []
+    for e in exc.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        parts.append(f"field {loc!r}: {e['msg']}")
+    return "; ".join(parts)
+
+
+def parse_skill(text: str, source: str = "<text>") -> tuple[Skill, dict[str, Any]]:
+    """Parse one skill file's text; returns the Skill and the raw front matter. Errors name `source` and the field."""
+    lines = text.splitlines(keepends=True)
+    if not lines or lines[0].rstrip("\r\n") != "---":
+        raise SkillFileError(f"{source}: a skill file starts with a '---' line, then YAML front matter, then '---'")
+    end = next((i for i in range(1, len(lines)) if lines[i].rstrip("\r\n") == "---"), None)
+    if end is None:
+        raise SkillFileError(f"{source}: the front matter is not closed; add a '---' line after it")
+    try:
+        meta = yaml.safe_load("".join(lines[1:end]))
+    except yaml.YAMLError as exc:
+        raise SkillFileError(f"{source}: the front matter is not valid YAML: {exc}") from None
+    if not isinstance(meta, dict):
+        raise SkillFileError(f"{source}: the front matter must be a mapping of Skill fields, got {type(meta).__name__}")
+    if "description" in meta:
+        raise SkillFileError(f"{source}: field 'description' belongs in the body below the front matter, not in it")
+    try:
+        skill = Skill.model_validate({**meta, "description": "".join(lines[end + 1:]).strip()})
+    except ValidationError as exc:
+        raise SkillFileError(f"{source}: {_validation_message(exc)}") from None
+    try:
+        check_condition(skill.trigger.condition)
+    except SkillError as exc:
+        raise SkillFileError(f"{source}: field 'trigger.condition': {exc}") from None
+    return skill, meta
+
+
+def load_skill_file(path: str | Path) -> Skill:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SkillFileError(f"{path}: cannot read it: {exc}") from None
+    return parse_skill(text, str(path))[0]
+
+
+def dump_skill(skill: Skill) -> str:
+    """The file text of a skill: every field but the description as front matter, the description as the body."""
+    meta = skill.model_dump(mode="json", exclude={"description"})
+    front = yaml.safe_dump(meta, sort_keys=False, allow_unicode=True, default_flow_style=None, width=120)
+    body = skill.description.strip()
+    return f"---\n{front}---\n" + (f"{body}\n" if body else "")
+
+
+# --- the database -------------------------------------------------------------------------------------------------------
+
+MIGRATIONS: list[Any] = []
+
+
+def migration(fn: Any) -> Any:
+    MIGRATIONS.append(fn)
+    return fn
+
+
+@migration
+def m001_skills_and_tries(db: Database) -> None:
+    db["skills"].create(
+        {
+            "name": str, "kind": str, "definition": str, "description": str, "expected": str, "triggers": str,
+            "domains": str, "tries": int, "promotions": int, "mean_effect": float, "last_interval": str,
+            "families": str, "seed_hash": str, "created": str, "updated": str,
+        },
+        pk="name", not_null={"name", "kind", "definition"},
+        defaults={"tries": 0, "promotions": 0, "mean_effect": 0.0, "families": "[]"},
+    )
+    db["skills"].enable_fts(["name", "description", "expected", "triggers", "domains"], create_triggers=True,
+                            tokenize="porter unicode61")
+    db["skill_tries"].create(
+        {
+            "skill": str, "run": str, "candidate": str, "promoted": int, "effect": float, "ci_low": float,
+            "ci_high": float, "family": str, "commit_sha": str, "ts": str,
+        },
+        pk=("skill", "run", "candidate"),
+    )
+
+
+@contextlib.contextmanager
+def _immediate(db: Database) -> Iterator[Database]:
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield db
+    except BaseException:
+        db.rollback()
+        raise
+    db.execute("COMMIT")
+
+
+def _migrate(db: Database) -> list[str]:
+    db["_migrations"].create({"name": str, "applied_at": str}, pk="name", if_not_exists=True)
+    applied = []
+    for fn in MIGRATIONS:
+        with _immediate(db):
+            if db.execute("SELECT 1 FROM _migrations WHERE name = ?", [fn.__name__]).fetchone():
+                continue
+            fn(db)
+            db["_migrations"].insert({"name": fn.__name__, "applied_at": _now()})
+            applied.append(fn.__name__)
+    return applied
+
+
+def _trigger_text(skill: Skill) -> str:
+    """Trigger codes for the full-text index: 'mapf.hole' is indexed as written and as its words."""
+    return " ".join(skill.trigger.findings)
+
+
+def _smoothed_rate(promotions: int, tries: int) -> float:
+    """Promotion rate with a uniform prior: an untried skill scores 0.5, 3/3 scores 0.8, 0/3 scores 0.2."""
+    return (promotions + 1) / (tries + 2)
+
+
+@dataclass
+class Applicable:
+    """Skills whose trigger matches: first those of the task's family (or family-free), then, only as a fallback,
+    skills proven elsewhere whose trigger matches the same kind of failure (general ones first)."""
+
+    in_family: list[Skill] = field(default_factory=list)
+    fallback: list[Skill] = field(default_factory=list)
+
+
+class SkillLibrary:
+    def __init__(self, db: Database, path: Path):
+        self.db, self.path = db, path
+
+    @classmethod
+    def open(cls, path: str | Path | None = None, *, seed_dir: Path | None = SEED_DIR) -> SkillLibrary:
+        """Open (creating and migrating) the library at `path` (default `$EVOTRAINER_HOME/skills.db`) and sync the
+        seed skills from `seed_dir` (None: no seeds)."""
+        path = Path(path) if path is not None else default_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        db = Database(sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S))
+        db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        db.enable_wal()
+        _migrate(db)
+        lib = cls(db, path)
+        if seed_dir is not None and Path(seed_dir).is_dir():
+            lib.sync_seeds(Path(seed_dir))
+        return lib
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- rows <-> skills ------------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _definition_row(skill: Skill) -> dict[str, Any]:
+        return {
+            "name": skill.name, "kind": skill.kind,
+            "definition": skill.model_dump_json(exclude={"evidence", "description"}),
+            "description": skill.description.strip(), "expected": skill.expected, "triggers": _trigger_text(skill),
+            "domains": " ".join(skill.domains), "updated": _now(),
+        }
+
+    @staticmethod
+    def _evidence_row(ev: Evidence) -> dict[str, Any]:
+        return {"tries": ev.tries, "promotions": ev.promotions, "mean_effect": ev.mean_effect,
+                "last_interval": json.dumps(list(ev.last_interval)) if ev.last_interval else None,
+                "families": json.dumps(ev.families)}
+
+    @staticmethod
+    def _skill(row: Mapping[str, Any]) -> Skill:
+        ev = Evidence(tries=row["tries"], promotions=row["promotions"], mean_effect=row["mean_effect"],
+                      last_interval=tuple(json.loads(row["last_interval"])) if row["last_interval"] else None,
+                      families=json.loads(row["families"]))
+        return Skill.model_validate({**json.loads(row["definition"]), "description": row["description"] or "",
+                                     "evidence": ev.model_dump()})
+
+    def _row(self, name: str) -> dict[str, Any] | None:
+        rows = list(self.db["skills"].rows_where("name = ?", [name]))
+        return rows[0] if rows else None
+
+    def _insert(self, skill: Skill, seed_hash: str | None = None) -> None:
+        t = _now()
+        self.db["skills"].insert({**self._definition_row(skill), **self._evidence_row(skill.evidence),
+                                  "seed_hash": seed_hash, "created": t, "updated": t})
+
+    # --- reading --------------------------------------------------------------------------------------------------------
+
+    def get(self, name: str) -> Skill:
+        row = self._row(name)
+        if row is None:
+            import difflib
+
+            names = self.names()
+            close = [n for n in names if name in n][:3] or difflib.get_close_matches(name, names, n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else "; list them with `evotrainer skills list`"
+            raise UnknownSkillError(f"no skill named {name!r} in {self.path}{hint}")
+        return self._skill(row)
+
+    def names(self) -> list[str]:
+        return [r[0] for r in self.db.execute("SELECT name FROM skills ORDER BY name").fetchall()]
+
+    def all(self, task: str | None = None) -> list[Skill]:
+        """Every skill (that fits `task`: its domains include it, it has no domains, or it is general), by name."""
+        skills = [self._skill(r) for r in self.db["skills"].rows_where(order_by="name")]
+        return [s for s in skills if _fits(s, task)]
+
+    def tries(self, name: str) -> list[dict[str, Any]]:
+        return list(self.db["skill_tries"].rows_where("skill = ?", [name], order_by="ts"))
+
+    # --- writing --------------------------------------------------------------------------------------------------------
+
+    def add(self, skill: Skill, *, replace: bool = False) -> Skill:
+        """Save a new skill (e.g. one a run distilled). An existing name is an error unless `replace`, which updates
+        the definition and keeps the evidence gathered so far."""
+        try:
+            check_condition(skill.trigger.condition)
+        except SkillError as exc:
+            raise SkillError(f"skill {skill.name!r}: field 'trigger.condition': {exc}") from None
+        with _immediate(self.db):
+            if self._row(skill.name) is None:
+                self._insert(skill)
+            elif replace:
+                self.db["skills"].update(skill.name, {**self._definition_row(skill), "seed_hash": None})
+            else:
+                raise SkillError(f"skill {skill.name!r} already exists; pick another name or pass replace=True")
+        return self.get(skill.name)
+
+    def sync_seeds(self, seed_dir: Path) -> list[str]:
+        """Add new seed skills; update a seed skill's definition when its file changed; never touch evidence, and never
+        overwrite a same-named skill that did not come from a seed file. Returns the names added or updated."""
+        parsed = []
+        for f in sorted(Path(seed_dir).glob("*.md")):
+            text = f.read_text(encoding="utf-8")
+            parsed.append((parse_skill(text, str(f))[0], hashlib.sha256(text.encode()).hexdigest()))
+        changed = []
+        with _immediate(self.db):
+            for skill, digest in parsed:
+                row = self._row(skill.name)
+                if row is None:
+                    self._insert(skill, seed_hash=digest)
+                elif row["seed_hash"] is not None and row["seed_hash"] != digest:
+                    self.db["skills"].update(skill.name, {**self._definition_row(skill), "seed_hash": digest})
+                else:
+                    continue
+                changed.append(skill.name)
+        return changed
+
+    def record_try(self, name: str, *, promoted: bool, effect: float, interval: tuple[float, float] | None,
+                   family: str, run: str, candidate: str, commit: str | None = None) -> bool:
+        """Add one backtested try of a skill to its evidence. Idempotent per (skill, run, candidate): returns False
+        (and changes nothing) when that try was already recorded."""
+        self.get(name)  # a clear error for an unknown skill
+        with _immediate(self.db):
+            cur = self.db.execute(
+                "INSERT OR IGNORE INTO skill_tries (skill, run, candidate, promoted, effect, ci_low, ci_high, family, "
+                "commit_sha, ts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [name, run, candidate, int(promoted), float(effect), interval[0] if interval else None,
+                 interval[1] if interval else None, family, commit, _now()])
+            if cur.rowcount == 0:
+                return False
+            ev = self._skill(self._row(name)).evidence
+            families = ev.families + ([family] if promoted and family not in ev.families else [])
+            new = Evidence(tries=ev.tries + 1, promotions=ev.promotions + int(promoted),
+                           mean_effect=(ev.mean_effect * ev.tries + effect) / (ev.tries + 1),
+                           last_interval=tuple(interval) if interval else ev.last_interval, families=families)
+            self.db["skills"].update(name, {**self._evidence_row(new), "updated": _now()})
+        return True
+
+    # --- retrieval ------------------------------------------------------------------------------------------------------
+
+    def search(self, text: str, task: str | None = None, limit: int = 10) -> list[Skill]:
+        """Full-text search over name, description, expected outcome, trigger findings and domains, ranked by BM25
+        times an evidence weight (0.5 + smoothed promotion rate): of two equally relevant skills, the one that won
+        more often comes first. With `task`, only skills that fit it (see `all`)."""
+        words = re.findall(r"\w+", text.lower())
+        if not words:
+            return sorted(self.all(task), key=lambda s: -_smoothed_rate(s.evidence.promotions, s.evidence.tries))[:limit]
+        query = " OR ".join(f'"{w}"' for w in dict.fromkeys(words))
+        rows = self.db.execute(
+            "SELECT skills.*, bm25(skills_fts, 3.0, 1.0, 1.0, 4.0, 2.0) AS bm25 FROM skills_fts "
+            "JOIN skills ON skills.rowid = skills_fts.rowid WHERE skills_fts MATCH ?", [query])
+        cols = [d[0] for d in rows.description]
+        scored = []
+        for values in rows.fetchall():
+            row = dict(zip(cols, values))
+            skill = self._skill(row)
+            if _fits(skill, task):
+                weight = 0.5 + _smoothed_rate(row["promotions"], row["tries"])
+                scored.append((-row["bm25"] * weight, skill.name, skill))  # bm25 is negative: lower = better
+        scored.sort(key=lambda t: (-t[0], t[1]))
+        return [s for _, _, s in scored[:limit]]
+
+    def applicable(self, finding_codes: Sequence[str], task: str, *,
+                   facts: Mapping[str, Mapping[str, Any]] | None = None) -> Applicable:
+        """Skills triggered by these findings (codes in priority order; a trigger may use fnmatch wildcards, e.g.
+        'grpo.*'). In-family: the skill's domains include `task` or are empty; ordered by the first finding it matches,
+        then by evidence. Fallback: skills of other families that match a code exactly or by its kind (the part after
+        the family prefix: 'math.format' ~ 'mapf.format'), general ones first. `facts` (code -> {rate, count,
+        severity}) lets trigger conditions filter; without facts for a code its conditions are not checked."""
+        codes = list(finding_codes)
+        facts = facts or {}
+        suffixes = {c.split(".", 1)[-1]: i for i, c in reversed(list(enumerate(codes)))}
+        in_family: list[tuple[Any, ...]] = []
+        fallback: list[tuple[Any, ...]] = []
+        for skill in self.all():
+            rate = _smoothed_rate(skill.evidence.promotions, skill.evidence.tries)
+            own = not skill.domains or task in skill.domains
+            first = self._first_match(skill, codes, facts)
+            if own and first is not None:
+                in_family.append((first, -rate, skill.name, skill))
+            elif not own:
+                if first is None:
+                    kinds = [suffixes[t.split(".", 1)[-1]] for t in skill.trigger.findings
+                             if t.split(".", 1)[-1] in suffixes]
+                    first = min(kinds) if kinds else None
+                if first is not None:
+                    fallback.append((not skill.general, first, -rate, skill.name, skill))
+        return Applicable([t[-1] for t in sorted(in_family, key=lambda t: t[:-1])],
+                          [t[-1] for t in sorted(fallback, key=lambda t: t[:-1])])
+
+    @staticmethod
+    def _first_match(skill: Skill, codes: list[str], facts: Mapping[str, Mapping[str, Any]]) -> int | None:
+        for i, code in enumerate(codes):
+            if any(fnmatch.fnmatchcase(code, t) for t in skill.trigger.findings):
+                if code in facts and not condition_holds(skill.trigger.condition, facts[code]):
+                    continue
+                return i
+        return None
+
+    # --- export / import ------------------------------------------------------------------------------------------------
+
+    def export(self, out_dir: str | Path, names: Iterable[str] | None = None) -> list[Path]:
+        """Write `<name>.md` per skill (all, or `names`) into `out_dir`; returns the paths."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        skills = [self.get(n) for n in names] if names is not None else self.all()
+        paths = []
+        for s in skills:
+            p = out / f"{s.name}.md"
+            p.write_text(dump_skill(s), encoding="utf-8")
+            paths.append(p)
+        return paths
+
+    def import_files(self, paths: Iterable[str | Path]) -> list[str]:
+        """Import skill files (a folder means its *.md). All files are checked before anything is written, so a
+        malformed file imports nothing. A new skill comes with the evidence in its file; an existing one gets the
+        file's definition and keeps the library's evidence. Returns the names imported."""
+        files: list[Path] = []
+        for p in map(Path, paths):
+            if p.is_dir():
+                files += sorted(p.glob("*.md"))
+            elif p.exists():
+                files.append(p)
+            else:
+                raise SkillFileError(f"{p}: no such file or folder")
+        parsed = []
+        for f in files:
+            try:
+                text = f.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise SkillFileError(f"{f}: cannot read it: {exc}") from None
+            skill, meta = parse_skill(text, str(f))
+            if "provenance" not in meta:
+                skill = skill.model_copy(update={"provenance": skill.provenance.model_copy(update={"source": "import"})})
+            parsed.append(skill)
+        dupes = {s.name for s in parsed if [x.name for x in parsed].count(s.name) > 1}
+        if dupes:
+            raise SkillFileError(f"two files define skill {min(dupes)!r}; keep one")
+        with _immediate(self.db):
+            for skill in parsed:
+                if self._row(skill.name) is None:
+                    self._insert(skill)
+                else:
+                    self.db["skills"].update(skill.name, {**self._definition_row(skill), "seed_hash": None})
+        return [s.name for s in parsed]
+
+    def import_dir(self, folder: str | Path) -> list[str]:
+        folder = Path(folder)
+        if not folder.is_dir():
+            raise SkillFileError(f"{folder}: not a folder; pass a folder of <name>.md skill files")
+        return self.import_files([folder])
+
+
+def _fits(skill: Skill, task: str | None) -> bool:
+    return task is None or not skill.domains or task in skill.domains or skill.general

@@ -1,0 +1,312 @@
+"""The skill library on a real SQLite file in a tmp EVOTRAINER_HOME: seeds, retrieval, evidence, import/export, CLI.
+
+    .venv/bin/pytest tests/test_skills_library.py
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from skills.library import (
+    SkillError,
+    SkillFileError,
+    SkillLibrary,
+    UnknownSkillError,
+    condition_holds,
+    dump_skill,
+    parse_skill,
+)
+from skills.model import Intervention, Provenance, Skill, Trigger
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SEEDS = {
+    "raise-hole-ratio": """---
+name: raise-hole-ratio
+kind: env
+trigger: {findings: [mapf.hole], condition: "rate >= 0.2"}
+intervention: {knob: "env.sizes.{size}.hole_ratio", op: add, value: 0.1}
+expected: "hole failures on that size drop; valid rate rises"
+domains: [mapf]
+---
+When agents walk into holes on a map size, train on more holes there so the policy learns to route around them.
+""",
+    "more-wait-instances": """---
+name: more-wait-instances
+kind: env
+trigger: {findings: [mapf.collision, mapf.swap]}
+intervention: {knob: "env.sizes.{size}.wait_ratio", op: add, value: 0.1}
+expected: "vertex and swap collisions drop"
+domains: [mapf]
+---
+Agents collide because they never learned to wait a step; generate more instances whose optimal plan needs a wait.
+""",
+    "raise-temperature-on-dead-groups": """---
+name: raise-temperature-on-dead-groups
+kind: recipe
+trigger: {findings: [grpo.dead_groups], condition: "rate >= 0.5"}
+intervention: {knob: recipe.temperature, op: add, value: 0.2}
+expected: "fewer GRPO groups with zero reward variance"
+---
+Sampling temperature too low: every completion in a group gets the same reward and the advantage is zero.
+""",
+    "math-format-hint": """---
+name: math-format-hint
+kind: reward
+trigger: {findings: [math.format]}
+intervention: {knob: reward.format_bonus, op: add, value: 0.1}
+expected: "fewer unparseable answers"
+domains: [math]
+---
+The policy forgets the answer format; a small format bonus brings it back.
+""",
+}
+
+
+def _write_seeds(folder: Path, seeds: dict[str, str] = SEEDS) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in seeds.items():
+        (folder / f"{name}.md").write_text(text)
+    return folder
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("EVOTRAINER_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+@pytest.fixture
+def seed_dir(tmp_path: Path) -> Path:
+    return _write_seeds(tmp_path / "seed")
+
+
+@pytest.fixture
+def lib(home: Path, seed_dir: Path):
+    library = SkillLibrary.open(seed_dir=seed_dir)
+    yield library
+    library.close()
+
+
+def _skill(name: str, text: str, findings: list[str], domains: list[str], kind: str = "env") -> Skill:
+    return Skill(name=name, kind=kind, trigger=Trigger(findings=findings), intervention=Intervention(knob="env.x"),
+                 expected="better", domains=domains, description=text)
+
+
+def _try(lib: SkillLibrary, name: str, promoted: bool, family: str, run: str, candidate: str, effect: float = 0.05):
+    return lib.record_try(name, promoted=promoted, effect=effect, interval=(effect - 0.03, effect + 0.03),
+                          family=family, run=run, candidate=candidate, commit="abc1234")
+
+
+# --- opening, seeds -----------------------------------------------------------------------------------------------------
+
+
+def test_open_in_home_loads_seeds_once(home: Path, seed_dir: Path):
+    with SkillLibrary.open(seed_dir=seed_dir) as lib:
+        assert lib.path == home / "skills.db" and lib.path.exists()
+        assert lib.names() == sorted(SEEDS)
+        assert lib.get("raise-hole-ratio").provenance.source == "seed"
+    with SkillLibrary.open(seed_dir=seed_dir) as lib:  # re-open: no duplicates, nothing re-added
+        assert lib.db["skills"].count == len(SEEDS)
+        assert lib.sync_seeds(seed_dir) == []
+
+
+def test_seed_update_keeps_evidence_and_never_clobbers_a_run_skill(home: Path, seed_dir: Path):
+    with SkillLibrary.open(seed_dir=seed_dir) as lib:
+        assert _try(lib, "raise-hole-ratio", True, "mapf", "r1", "s1-c1")
+        lib.add(_skill("from-a-run", "learned in r1", ["mapf.hole"], ["mapf"]))
+    (seed_dir / "raise-hole-ratio.md").write_text(SEEDS["raise-hole-ratio"].replace("valid rate rises", "valid up"))
+    (seed_dir / "from-a-run.md").write_text(SEEDS["math-format-hint"].replace("math-format-hint", "from-a-run"))
+    with SkillLibrary.open(seed_dir=seed_dir) as lib:
+        s = lib.get("raise-hole-ratio")
+        assert s.expected == "hole failures on that size drop; valid up"
+        assert (s.evidence.tries, s.evidence.promotions, s.evidence.families) == (1, 1, ["mapf"])
+        assert lib.get("from-a-run").description == "learned in r1"  # a same-named seed does not overwrite it
+
+
+def test_add_refuses_a_duplicate_and_unknown_names_get_a_hint(lib: SkillLibrary):
+    with pytest.raises(SkillError, match="already exists; pick another name or pass replace=True"):
+        lib.add(_skill("raise-hole-ratio", "x", ["mapf.hole"], ["mapf"]))
+    with pytest.raises(UnknownSkillError, match="did you mean raise-hole-ratio"):
+        lib.get("raise-hole")
+    with pytest.raises(SkillError, match="trigger.condition.*uses Call; write comparisons"):
+        lib.add(Skill(name="bad-cond", kind="env", trigger=Trigger(findings=["a.b"], condition="__import__('os')"),
+                      intervention=Intervention(knob="env.x"), expected="e"))
+
+
+# --- retrieval ----------------------------------------------------------------------------------------------------------
+
+
+def test_search_ranks_the_relevant_skill_first(lib: SkillLibrary):
+    assert lib.search("agents keep falling into holes on the big maps")[0].name == "raise-hole-ratio"
+    assert lib.search("zero reward variance in every group, sampling too cold")[0].name == \
+        "raise-temperature-on-dead-groups"
+    assert lib.search("agents collided; they should wait")[0].name == "more-wait-instances"
+    assert lib.search("grpo.dead_groups")[0].name == "raise-temperature-on-dead-groups"  # a finding code as query
+    # task filter: a math run sees math skills and family-free (recipe) skills, never mapf-only ones
+    names = {s.name for s in lib.search("holes format temperature", task="math")}
+    assert names == {"math-format-hint", "raise-temperature-on-dead-groups"}
+
+
+def test_search_breaks_relevance_ties_by_evidence(lib: SkillLibrary):
+    lib.add(_skill("twin-a", "shrink the corridor width when agents deadlock", ["mapf.deadlock"], ["mapf"]))
+    lib.add(_skill("twin-b", "shrink the corridor width when agents deadlock", ["mapf.deadlock"], ["mapf"]))
+    for i in range(3):
+        _try(lib, "twin-b", True, "mapf", "r1", f"c{i}")
+        _try(lib, "twin-a", False, "mapf", "r1", f"c{i}")
+    assert [s.name for s in lib.search("corridor deadlock")[:2]] == ["twin-b", "twin-a"]
+    for i in range(3, 9):
+        _try(lib, "twin-a", True, "mapf", "r2", f"c{i}")
+        _try(lib, "twin-b", False, "mapf", "r2", f"c{i}")
+    assert [s.name for s in lib.search("corridor deadlock")[:2]] == ["twin-a", "twin-b"]
+
+
+def test_applicable_in_family_first_then_fallback(lib: SkillLibrary):
+    hits = lib.applicable(["mapf.collision", "grpo.dead_groups", "mapf.hole"], task="mapf")
+    assert [s.name for s in hits.in_family] == ["more-wait-instances", "raise-temperature-on-dead-groups",
+                                                "raise-hole-ratio"]
+    assert hits.fallback == []
+    # a trigger condition filters when the finding's facts are given
+    hits = lib.applicable(["mapf.hole"], task="mapf", facts={"mapf.hole": {"rate": 0.1, "count": 3}})
+    assert hits.in_family == []
+    # a math run with a format failure: the math skill in family; a mapf skill for the same kind of failure only as
+    # fallback, and the general one first
+    lib.add(_skill("mapf-format-retry", "x", ["mapf.format"], ["mapf"]))
+    lib.add(_skill("code-format-fix", "y", ["code.format"], ["code"]))
+    _try(lib, "code-format-fix", True, "code", "r1", "c1")
+    _try(lib, "code-format-fix", True, "mapf", "r2", "c1")
+    hits = lib.applicable(["math.format"], task="math")
+    assert [s.name for s in hits.in_family] == ["math-format-hint"]
+    assert [s.name for s in hits.fallback] == ["code-format-fix", "mapf-format-retry"]
+
+
+def test_conditions_are_a_safe_small_language():
+    assert condition_holds("rate >= 0.2 and count > 3", {"rate": 0.25, "count": 4})
+    assert not condition_holds("rate >= 0.2 and not severity == 'info'", {"rate": 0.5, "severity": "info"})
+    assert condition_holds("", {})
+    for bad in ("open('x')", "rate.__class__", "[rate]", "x > 1"):
+        with pytest.raises(SkillError):
+            condition_holds(bad, {"rate": 1.0})
+
+
+# --- evidence -----------------------------------------------------------------------------------------------------------
+
+
+def test_record_try_is_idempotent_across_reopen(home: Path, seed_dir: Path):
+    with SkillLibrary.open(seed_dir=seed_dir) as lib:
+        assert _try(lib, "raise-hole-ratio", True, "mapf", "r1", "s1-c1", effect=0.10)
+        assert not _try(lib, "raise-hole-ratio", True, "mapf", "r1", "s1-c1", effect=0.10)
+    with SkillLibrary.open(seed_dir=seed_dir) as lib:  # the resumed run records the same try again
+        assert not _try(lib, "raise-hole-ratio", True, "mapf", "r1", "s1-c1", effect=0.10)
+        assert _try(lib, "raise-hole-ratio", False, "mapf", "r1", "s2-c1", effect=-0.02)
+        ev = lib.get("raise-hole-ratio").evidence
+        assert (ev.tries, ev.promotions) == (2, 1)
+        assert ev.mean_effect == pytest.approx(0.04) and ev.last_interval == pytest.approx((-0.05, 0.01))
+        assert len(lib.tries("raise-hole-ratio")) == 2
+        with pytest.raises(UnknownSkillError):
+            _try(lib, "no-such-skill", True, "mapf", "r1", "c")
+
+
+def test_skill_becomes_general_after_promotions_in_two_families(lib: SkillLibrary):
+    name = "raise-temperature-on-dead-groups"
+    _try(lib, name, True, "mapf", "r1", "c1")
+    _try(lib, name, True, "mapf", "r2", "c1")
+    _try(lib, name, False, "math", "r3", "c1")  # a rejection in a second family does not count
+    assert not lib.get(name).general and lib.get(name).evidence.families == ["mapf"]
+    _try(lib, name, True, "math", "r4", "c1")
+    assert lib.get(name).general and lib.get(name).evidence.families == ["mapf", "math"]
+    # a general mapf-only skill shows up for another task family
+    hole = "raise-hole-ratio"
+    assert hole not in {s.name for s in lib.all("code")}
+    _try(lib, hole, True, "mapf", "r1", "c2")
+    _try(lib, hole, True, "math", "r5", "c2")
+    assert hole in {s.name for s in lib.all("code")}
+
+
+# --- import / export ----------------------------------------------------------------------------------------------------
+
+
+def test_export_import_round_trip_is_exact(tmp_path: Path, lib: SkillLibrary):
+    _try(lib, "raise-hole-ratio", True, "mapf", "r1", "c1", effect=0.125)
+    _try(lib, "raise-hole-ratio", True, "math", "r2", "c1", effect=0.0625)
+    lib.add(_skill("diag-from-run", "multi-line\n\nbody with `code` and: colons", ["evolved.x.y"], ["mapf"],
+                   kind="diagnostic").model_copy(update={"provenance": Provenance(source="run", run="r1", commit="abc1234")}))
+    first = lib.export(tmp_path / "out1")
+    assert sorted(p.name for p in first) == sorted([f"{n}.md" for n in SEEDS] + ["diag-from-run.md"])
+    with SkillLibrary.open(tmp_path / "other" / "skills.db", seed_dir=None) as other:
+        assert sorted(other.import_dir(tmp_path / "out1")) == lib.names()
+        assert other.all() == lib.all()
+        second = other.export(tmp_path / "out2")
+    assert {p.name: p.read_bytes() for p in first} == {p.name: p.read_bytes() for p in second}
+    s = lib.get("raise-hole-ratio")
+    assert parse_skill(dump_skill(s))[0] == s and s.general
+
+
+def test_malformed_import_names_the_file_and_the_field(tmp_path: Path, lib: SkillLibrary):
+    good = tmp_path / "in" / "good.md"
+    _write_seeds(tmp_path / "in", {"good": SEEDS["math-format-hint"].replace("math-format-hint", "brand-new")})
+    cases = {
+        "not-a-list.md": ("findings: [mapf.hole]", "findings: mapf.hole",
+                          "field 'trigger.findings': Input should be a valid list"),
+        "typo.md": ("expected:", "expectd:", "field 'expectd': Extra inputs are not permitted"),
+        "bad-kind.md": ("kind: env", "kind: environment", "field 'kind': Input should be"),
+        "bad-cond.md": ('condition: "rate >= 0.2"', 'condition: "rate >= 0.2 or os.system(1)"',
+                        "field 'trigger.condition'"),
+        "bad-yaml.md": ("domains: [mapf]", "domains: [mapf", "front matter is not valid YAML"),
+        "no-front.md": ("---\nname", "name", "starts with a '---' line"),
+    }
+    for fname, (old, new, msg) in cases.items():
+        bad = tmp_path / "in" / fname
+        assert old in SEEDS["raise-hole-ratio"]
+        bad.write_text(SEEDS["raise-hole-ratio"].replace(old, new, 1))
+        with pytest.raises(SkillFileError) as exc:
+            lib.import_files([good, bad])
+        assert str(bad) in str(exc.value) and msg in str(exc.value), str(exc.value)
+        bad.unlink()
+    assert "brand-new" not in lib.names()  # nothing from a batch with a bad file was imported
+    assert lib.import_files([good]) == ["brand-new"] and lib.get("brand-new").provenance.source == "import"
+    with pytest.raises(SkillFileError, match="no such file or folder"):
+        lib.import_files([tmp_path / "missing.md"])
+
+
+# --- CLI ----------------------------------------------------------------------------------------------------------------
+
+
+def test_cli_list_show_export_import(tmp_path: Path, home: Path, seed_dir: Path):
+    from harness.cli import app
+
+    _write_seeds(tmp_path / "in")
+    runner = CliRunner()
+    other = tmp_path / "other-home"
+    r = runner.invoke(app, ["skills", "import", str(tmp_path / "in"), "--home", str(other)])
+    assert r.exit_code == 0 and r.output.startswith(f"imported: {len(SEEDS)} skills"), r.output
+    r = runner.invoke(app, ["skills", "list", "--task", "math", "--json", "--home", str(other)])
+    assert r.exit_code == 0, r.output
+    assert {s["name"] for s in json.loads(r.output)} == {"math-format-hint", "raise-temperature-on-dead-groups"}
+    r = runner.invoke(app, ["skills", "show", "raise-hole-ratio", "--home", str(other)])
+    assert r.exit_code == 0 and "name: raise-hole-ratio\n" in r.output and "route around them" in r.output
+    r = runner.invoke(app, ["skills", "export", str(tmp_path / "out"), "--home", str(other)])
+    assert r.exit_code == 0 and f"exported: {len(SEEDS)} skills" in r.output
+    assert (tmp_path / "out" / "raise-hole-ratio.md").read_text().startswith("---\nname: raise-hole-ratio\n")
+    r = runner.invoke(app, ["skills", "list", "--home", str(other)])
+    assert r.exit_code == 0 and f"skills: {len(SEEDS)}" in r.output
+    for cmd in ("list", "show", "export", "import"):
+        assert runner.invoke(app, ["skills", cmd, "--help"]).exit_code == 0
+
+
+def test_cli_malformed_import_is_a_clear_error_and_exit_2(tmp_path: Path, home: Path, monkeypatch, capsys):
+    from harness.cli import main
+
+    bad = tmp_path / "bad.md"
+    bad.write_text(SEEDS["raise-hole-ratio"].replace("kind: env", "kind: nope"))
+    monkeypatch.setattr(sys, "argv", ["evotrainer", "skills", "import", str(bad), "--home", str(tmp_path / "h")])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert exc.value.code == 2
+    flat = "".join(capsys.readouterr().err.split())  # rich wraps long lines at the console width
+    assert flat.startswith("error:") and f"{bad}:field'kind':Inputshouldbe" in flat, flat
