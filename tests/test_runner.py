@@ -1,0 +1,256 @@
+"""The sandbox runner: one adversarial test per guarantee, under real bubblewrap, plus the process fallback.
+
+    .venv/bin/pytest tests/test_runner.py -q
+
+Every test checks that the attack was contained AND that the parent (this pytest process) is unharmed.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+
+from sandbox import runner
+from sandbox.runner import Job, Limits, SandboxUnavailable, run_code, run_function, run_many, run_program
+
+BW = {"require_bwrap": True}
+FAST = Limits(cpu_s=2, wall_s=5)
+
+
+def _uids_alive(lo: int = 200_000) -> list[int]:
+    """Processes on the host owned by sandbox uids (leftovers would mean a job escaped its kill)."""
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if p.stat().st_uid >= lo:
+                    out.append(int(p.name))
+            except FileNotFoundError:
+                continue
+    return out
+
+
+# --- the happy paths ---------------------------------------------------------------------------------------------
+
+
+def test_snippet_function_and_program_return_results():
+    r = run_code("result = sum(inputs['xs']) * 2", inputs={"xs": [1, 2, 3]}, **BW)
+    assert (r.status, r.value, r.isolation) == ("ok", 12, "bwrap")
+    src = "def diagnose(rollouts):\n    return {'n': len(rollouts), 'valid': sum(r['valid'] for r in rollouts)}\n"
+    r = run_function(src, "diagnose", args=[[{"valid": True}, {"valid": False}]], **BW)
+    assert r.value == {"n": 2, "valid": 1}
+    r = run_program(["python", "p.py", "a"], files={"p.py": "import sys; print('arg', sys.argv[1])"}, **BW)
+    assert (r.status, r.stdout, r.exit_code) == ("ok", "arg a\n", 0)
+    r = run_code("raise ValueError('bad input')", **BW)
+    assert r.status == "error" and "ValueError: bad input" in r.error and "Traceback" in r.stderr
+    r = run_code("result = object()", **BW)
+    assert r.status == "error" and "JSON" in r.error
+    r = run_function("x = 1\n", "missing", **BW)
+    assert r.status == "error" and "missing" in r.error
+
+
+def test_function_from_a_file(tmp_path):
+    f = tmp_path / "diag.py"
+    f.write_text("def go(a, b=1):\n    return [a, b]\n")
+    assert run_function(f, "go", args=[5], kwargs={"b": 7}, **BW).value == [5, 7]
+
+
+# --- adversarial: one per guarantee ------------------------------------------------------------------------------
+
+
+def test_infinite_loop_hits_the_cpu_limit():
+    t = time.perf_counter()
+    r = run_code("while True:\n    pass", limits=Limits(cpu_s=1, wall_s=10), **BW)
+    assert r.status == "timeout" and "CPU" in r.error
+    assert time.perf_counter() - t < 5
+
+
+def test_sleeping_job_hits_the_wall_clock_and_everything_dies():
+    r = run_code("import os, time\nfor _ in range(3):\n    os.fork()\ntime.sleep(60)", limits=Limits(wall_s=1), **BW)
+    assert r.status == "timeout" and 0.9 < r.duration_s < 4
+    time.sleep(0.2)
+    assert _uids_alive() == []
+
+
+def test_memory_bomb_is_stopped():
+    r = run_code("x = []\nwhile True:\n    x.append(bytearray(50 << 20))", limits=Limits(memory_mb=256), **BW)
+    assert r.status == "memory"
+    r = run_program(["python", "m.py"], files={"m.py": "b = bytearray(4 << 30)"}, limits=Limits(memory_mb=256), **BW)
+    assert r.status == "memory"
+
+
+def test_fork_bomb_is_contained():
+    # bounded: count how many processes the job can hold at once -> at most the limit
+    code = ("import os, time\nn = 0\npids = []\nwhile True:\n    try:\n        pid = os.fork()\n    except OSError:\n"
+            "        break\n    if pid == 0:\n        time.sleep(30)\n        os._exit(0)\n    pids.append(pid)\n"
+            "result = len(pids)")
+    r = run_code(code, limits=Limits(processes=8), **BW)
+    assert r.status == "ok" and 1 <= r.value < 8
+    # the classic bomb: contained by the process limit and killed with the pid namespace at the wall clock
+    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
+    r = run_code(bomb, limits=Limits(processes=16, wall_s=2), **BW)
+    assert r.status == "timeout"
+    time.sleep(0.2)
+    assert _uids_alive() == []
+    assert os.fork is not None and len(os.listdir("/proc")) > 0  # parent still works
+
+
+def test_deep_recursion_ends_the_job_not_the_parent():
+    r = run_code("def f(n):\n    return f(n + 1)\nf(0)", **BW)
+    assert r.status == "error" and "RecursionError" in r.error
+    # unbounded: Python 3.11 keeps frames on the heap, so this grows until a limit ends it, within bounded time
+    t = time.perf_counter()
+    r = run_code("import sys\nsys.setrecursionlimit(10**8)\ndef f(n):\n    return f(n + 1)\nf(0)",
+                 limits=Limits(memory_mb=96, cpu_s=5, wall_s=10), **BW)
+    assert r.status in ("error", "memory", "timeout", "killed") and time.perf_counter() - t < 12
+
+
+def test_cannot_write_outside_scratch(tmp_path):
+    target = tmp_path / "escaped.txt"
+    code = ("import os\nres = {}\nfor p in inputs['paths']:\n    try:\n        open(p, 'w').write('x')\n"
+            "        res[p] = 'written'\n    except OSError as e:\n        res[p] = type(e).__name__\n"
+            "open('/scratch/ok.txt', 'w').write('fine')\nres['scratch'] = open('/scratch/ok.txt').read()\nresult = res")
+    paths = [str(target), "/usr/evil", "/evil", "/root/.pyenv/evil", str(Path(runner.__file__))]
+    r = run_code(code, inputs={"paths": paths}, **BW)
+    assert r.status == "ok"
+    assert r.value["scratch"] == "fine"
+    assert all(r.value[p] != "written" for p in paths)
+    assert not target.exists()
+    r = run_code("open('/scratch/big', 'wb').write(b'x' * (3 << 20))", limits=Limits(file_size_mb=1), **BW)
+    assert r.status in ("killed", "error") and r.status != "ok"
+
+
+def test_secrets_in_env_and_home_are_invisible(tmp_path, monkeypatch):
+    monkeypatch.setenv("EVOTRAINER_SECRET", "hunter2")
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".netrc").write_text("password hunter2")
+    monkeypatch.setenv("HOME", str(home))
+    code = ("import os\nseen = dict(os.environ)\nres = {'env': 'hunter2' in str(seen)}\nfor p in inputs['files']:\n"
+            "    try:\n        res[p] = open(p).read()\n    except OSError as e:\n        res[p] = type(e).__name__\n"
+            "res['root'] = sorted(os.listdir('/root'))\nresult = res")
+    files = [str(home / ".netrc"), str(Path.home() / ".netrc"), "/root/.bashrc", "/etc/passwd"]
+    r = run_code(code, inputs={"files": files}, **BW)
+    assert r.status == "ok" and r.value["env"] is False
+    assert "hunter2" not in str(r.value)
+    assert all(r.value[p] in ("FileNotFoundError", "PermissionError") for p in files)
+    assert r.value["root"] == [".pyenv"]
+
+
+def test_no_network_even_to_a_local_listener():
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    srv.settimeout(0.5)
+    port = srv.getsockname()[1]
+    code = ("import socket\ntry:\n    socket.create_connection(('127.0.0.1', inputs['port']), timeout=2)\n"
+            "    result = 'connected'\nexcept OSError as e:\n    result = type(e).__name__")
+    r = run_code(code, inputs={"port": port}, **BW)
+    assert r.status == "ok" and r.value != "connected"
+    with pytest.raises(TimeoutError):
+        srv.accept()
+    srv.close()
+
+
+def test_cannot_signal_the_parent():
+    code = ("import os, signal\nres = []\nfor pid in (inputs['parent'], os.getppid(), 1, -1):\n    try:\n"
+            "        os.kill(pid, signal.SIGKILL)\n        res.append('sent')\n    except OSError as e:\n"
+            "        res.append(type(e).__name__)\nresult = res")
+    r = run_code(code, inputs={"parent": os.getpid()}, **BW)
+    assert r.status in ("ok", "killed")  # kill(-1) may only reach the job itself
+    assert os.getpid() > 0  # we are still here: nothing outside the sandbox was hit
+
+
+def test_stdout_flood_is_capped_and_killed():
+    t = time.perf_counter()
+    r = run_code("while True:\n    print('x' * 1000)", limits=Limits(output_bytes=100_000, wall_s=20), **BW)
+    assert r.status == "killed" and "output exceeded" in r.error
+    assert len(r.stdout) <= 100_000
+    assert time.perf_counter() - t < 5
+
+
+def test_sys_exit_and_os_exit():
+    assert run_code("import sys\nresult = 1\nsys.exit(0)", **BW).status == "ok"
+    r = run_code("import sys\nsys.exit(3)", **BW)
+    assert r.status == "error" and "SystemExit(3)" in r.error
+    r = run_code("import os\nos._exit(5)", **BW)
+    assert r.status == "error" and r.exit_code == 5 and "before returning" in r.error
+    r = run_program(["python", "p.py"], files={"p.py": "import os; os._exit(7)"}, **BW)
+    assert (r.status, r.exit_code) == ("error", 7)
+
+
+def test_cannot_read_the_run_directory(tmp_path):
+    run_dir = tmp_path / "runs" / "r1"
+    run_dir.mkdir(parents=True)
+    (run_dir / "heldout.jsonl").write_text("answer 42")
+    code = ("import os\nres = {}\nfor p in inputs['paths']:\n    try:\n        res[p] = open(p).read()[:20]\n"
+            "    except OSError as e:\n        res[p] = type(e).__name__\nres['cwd'] = os.getcwd()\nresult = res")
+    paths = [str(run_dir / "heldout.jsonl"), str(Path.cwd() / "pyproject.toml"), str(Path(runner.__file__))]
+    r = run_code(code, inputs={"paths": paths}, **BW)
+    assert r.value["cwd"] == "/scratch"
+    assert all(r.value[p] == "FileNotFoundError" for p in paths)
+
+
+# --- the process fallback ----------------------------------------------------------------------------------------
+
+
+def test_process_fallback_applies_the_same_limits(monkeypatch):
+    monkeypatch.setenv("EVOTRAINER_SECRET", "hunter2")
+    P = {"isolation": "process"}
+    r = run_code("import os\nresult = [inputs['a'], 'hunter2' in str(os.environ), os.getcwd()]", inputs={"a": 1}, **P)
+    assert r.isolation == "process" and r.value[:2] == [1, False] and r.value[2].endswith("scratch")
+    assert run_code("while True:\n    pass", limits=Limits(cpu_s=1), **P).status == "timeout"
+    assert run_code("x = bytearray(2 << 30)", limits=Limits(memory_mb=256), **P).status == "memory"
+    r = run_code("while True:\n    print('y' * 1000)", limits=Limits(output_bytes=50_000), **P)
+    assert r.status == "killed" and len(r.stdout) <= 50_000
+    r = run_code("import time\ntime.sleep(30)", limits=Limits(wall_s=1), **P)
+    assert r.status == "timeout" and r.duration_s < 3
+    r = run_code("open('big', 'wb').write(b'x' * (3 << 20))", limits=Limits(file_size_mb=1), **P)
+    assert r.status != "ok"
+    r = run_code("import resource\nresult = resource.getrlimit(resource.RLIMIT_NOFILE)[0]",
+                 limits=Limits(open_files=32), **P)
+    assert r.value == 32
+
+
+def test_missing_bwrap_warns_once_or_refuses(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap here
+    monkeypatch.setattr(runner, "_WARNED", False)
+    with pytest.warns(RuntimeWarning, match="apt-get install bubblewrap"):
+        r = run_code("result = 2")
+    assert (r.status, r.value, r.isolation) == ("ok", 2, "process")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert run_code("result = 3").value == 3  # warned once only
+    with pytest.raises(SandboxUnavailable, match="apt-get install bubblewrap"):
+        run_code("result = 1", require_bwrap=True)
+
+
+# --- batch mode and bad input ------------------------------------------------------------------------------------
+
+
+def test_run_many_keeps_order_and_isolates_failures():
+    jobs = [Job(kind="code", code=f"result = {i} * {i}", limits=FAST) for i in range(6)]
+    jobs.insert(2, Job(kind="code", code="raise RuntimeError('boom')"))
+    jobs.append(Job(kind="program", argv=["python", "t.py"], files={"t.py": "assert 1 + 1 == 3"}))
+    rs = run_many(jobs, workers=2, **BW)
+    assert [r.value for r in rs[:2] + rs[3:7]] == [0, 1, 4, 9, 16, 25]
+    assert rs[2].status == "error" and rs[7].status == "error" and "AssertionError" in rs[7].stderr
+    assert all(r.isolation == "bwrap" for r in rs)
+
+
+def test_bad_jobs_are_clear_errors():
+    with pytest.raises(ValueError, match="relative path"):
+        Job(kind="program", argv=["python", "x.py"], files={"../x.py": ""})
+    with pytest.raises(ValueError, match="needs `function`"):
+        Job(kind="function", code="x = 1")
+    with pytest.raises(ValueError, match="needs `argv`"):
+        Job(kind="program")
+    with pytest.raises(ValueError, match="extra"):
+        Limits(cpu=3)
+    with pytest.raises(ValueError, match="workers"):
+        run_many([], workers=-1)
