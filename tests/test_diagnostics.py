@@ -153,7 +153,7 @@ def veto(control, candidate):
 '''
 RAISES = "def diagnose(rollouts):\n    raise RuntimeError('boom')\n"
 LOOPS = "def diagnose(rollouts):\n    while True:\n        pass\n"
-EATS = "def diagnose(rollouts):\n    xs = []\n    while True:\n        xs.append(bytearray(1 << 24))\n"
+EATS = "def diagnose(rollouts):\n    xs = []\n    while True:\n        xs.append(bytearray(1 << 26))\n"
 BAD_OUTPUT = "def diagnose(rollouts):\n    return [1, 2]\n"
 
 
@@ -169,7 +169,8 @@ def test_evolved_diagnostic_runs_and_is_namespaced():
                                         (BAD_OUTPUT, "bad output")])
 def test_broken_evolved_diagnostic_gives_error_and_caller_goes_on(src, status):
     rs = [mk(5, "hole"), mk(5)]
-    out = D.run_evolved_all({"diagnostics/broken.py": src, "diagnostics/holes.py": GOOD, "env.yaml": "x: 1"}, rs, FAST)
+    limits = FAST.model_copy(update={"cpu_s": 5, "wall_s": 8.0}) if status == "memory" else FAST  # memory, not CPU
+    out = D.run_evolved_all({"diagnostics/broken.py": src, "diagnostics/holes.py": GOOD, "env.yaml": "x: 1"}, rs, limits)
     assert [r.name for r in out] == ["evolved.broken", "evolved.holes"]
     assert out[0].error and out[0].error.startswith(status) and out[0].findings == []
     assert out[1].error is None and out[1].metrics["hole_share"] == 0.5  # the next one still ran
