@@ -1,0 +1,168 @@
+"""Policy models: build a small causal LM with a character-level tokenizer offline, or load any local Hugging Face
+causal-LM checkpoint. Nothing here downloads anything unless a hub id is passed deliberately with `allow_hub=True`.
+
+    from policies.model import build_model, load_policy, format_prompt
+    model, tok = build_model("tiny", alphabet="ab.#\\n")        # ~1M parameters, Llama-style, random init
+    model.save_pretrained("ckpt"); tok.save_pretrained("ckpt")
+    model, tok = load_policy("ckpt")
+    ids = tok(format_prompt(tok, "ab#"))["input_ids"]
+
+A char tokenizer maps each character of the task's alphabet to one token, adds <pad> <bos> <eos> <unk> and a <sep>
+token that ends every prompt (the prompt/completion boundary). Models with a chat template (real HF checkpoints) get
+their prompts rendered through it instead.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+# --- presets ----------------------------------------------------------------------------------------------------------
+
+PAD, BOS, EOS, UNK, SEP = "<pad>", "<bos>", "<eos>", "<unk>", "<sep>"
+SPECIALS = (PAD, BOS, EOS, UNK, SEP)
+
+
+class Preset(BaseModel):
+    """Shape of a from-scratch Llama-style model. Width, depth and heads; the rest is derived."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    hidden: int = Field(..., description="model width (hidden size)")
+    layers: int = Field(..., description="number of transformer blocks")
+    heads: int = Field(..., description="attention heads (head_dim = hidden / heads)")
+    kv_heads: int = Field(..., description="key/value heads (grouped-query attention)")
+    mlp: int = Field(..., description="MLP intermediate size")
+    max_len: int = Field(1024, description="maximum sequence length (prompt + completion) in tokens")
+
+
+PRESETS: dict[str, Preset] = {
+    "tiny": Preset(hidden=128, layers=5, heads=4, kv_heads=4, mlp=384),  # ~1.0M parameters
+    "small": Preset(hidden=256, layers=6, heads=8, kv_heads=8, mlp=1024),  # ~6.3M parameters
+}
+
+
+class PolicyLoadError(FileNotFoundError):
+    """A checkpoint path that does not exist or does not hold a model + tokenizer."""
+
+
+class PresetError(ValueError):
+    pass
+
+
+# --- tokenizer --------------------------------------------------------------------------------------------------------
+
+
+def build_char_tokenizer(alphabet: str):
+    """A `PreTrainedTokenizerFast` with one token per character of `alphabet` plus the special tokens.
+
+    Encoding prepends <bos>; decoding fuses characters without spaces. Unknown characters map to <unk>.
+    """
+    from tokenizers import Tokenizer, decoders, models, processors
+    from transformers import PreTrainedTokenizerFast
+
+    chars = sorted(set(alphabet))
+    if not chars:
+        raise PresetError("alphabet is empty: pass every character prompts and completions can contain (task.alphabet())")
+    vocab = {tok: i for i, tok in enumerate(SPECIALS)}
+    for ch in chars:
+        vocab.setdefault(ch, len(vocab))
+    # BPE without merges = one token per character, whitespace and newlines included (no pre-tokenizer).
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK))
+    core.add_special_tokens(list(SPECIALS))
+    core.decoder = decoders.Fuse()
+    core.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, vocab[BOS])]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=UNK, sep_token=SEP,
+        padding_side="left", model_max_length=max(p.max_len for p in PRESETS.values()),
+    )
+
+
+# --- model ------------------------------------------------------------------------------------------------------------
+
+
+def build_model(preset: str, alphabet: str, seed: int = 0):
+    """A randomly initialised Llama-style causal LM of the given preset and its char tokenizer: `(model, tokenizer)`."""
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    if preset not in PRESETS:
+        raise PresetError(f"unknown preset {preset!r}; choose one of: {', '.join(PRESETS)}")
+    p = PRESETS[preset]
+    tok = build_char_tokenizer(alphabet)
+    cfg = LlamaConfig(
+        vocab_size=len(tok), hidden_size=p.hidden, intermediate_size=p.mlp, num_hidden_layers=p.layers,
+        num_attention_heads=p.heads, num_key_value_heads=p.kv_heads, head_dim=p.hidden // p.heads,
+        max_position_embeddings=p.max_len, tie_word_embeddings=True, rms_norm_eps=1e-5,
+        pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg)
+    model.generation_config = GenerationConfig(
+        pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id
+    )
+    return model, tok
+
+
+def count_parameters(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def load_policy(path_or_hf_id: str | Path, allow_hub: bool = False, dtype: torch.dtype | None = None):
+    """Load `(model, tokenizer)` from a local `save_pretrained` directory (ours or any HF causal LM).
+
+    Hub ids are refused unless `allow_hub=True` (this project never downloads weights by accident).
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(path_or_hf_id).expanduser()
+    if not path.exists():
+        if allow_hub:
+            src, local = str(path_or_hf_id), False
+        else:
+            raise PolicyLoadError(
+                f"policy checkpoint {str(path_or_hf_id)!r} does not exist; pass a directory written by save_pretrained "
+                "(e.g. one from `evotrainer train --out DIR`), or build a fresh model with a preset (--preset tiny)"
+            )
+    else:
+        if not (path / "config.json").exists():
+            raise PolicyLoadError(
+                f"{str(path)!r} has no config.json, so it is not a save_pretrained checkpoint; point at the directory "
+                "that holds config.json, the weights and the tokenizer files"
+            )
+        src, local = str(path), True
+    tok = AutoTokenizer.from_pretrained(src, local_files_only=local)
+    model = AutoModelForCausalLM.from_pretrained(src, local_files_only=local, dtype=dtype or torch.float32)
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return model, tok
+
+
+def save_policy(model, tok, out_dir: str | Path) -> Path:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+# --- prompts ----------------------------------------------------------------------------------------------------------
+
+
+def format_prompt(tok, text: str) -> str:
+    """The string the model sees before its completion.
+
+    A tokenizer with a chat template renders `text` as one user turn plus the generation prompt; a char tokenizer
+    appends its <sep> token; a plain tokenizer without either appends a newline.
+    """
+    if getattr(tok, "chat_template", None):
+        return tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+    return text + (tok.sep_token if tok.sep_token else "\n")
+
+
+def has_chat_template(tok) -> bool:
+    return bool(getattr(tok, "chat_template", None))

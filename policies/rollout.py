@@ -1,0 +1,243 @@
+"""Batched rollouts: sample `n` completions per prompt with temperature / top-p, reproducibly from a seed.
+
+    from policies.model import build_model
+    from policies.rollout import SamplingParams, generate
+    model, tok = build_model("tiny", "ab#")
+    res = generate(model, tok, ["ab#", "ba"], SamplingParams(n=4, max_new_tokens=16, seed=1))
+    res.completions[:4]   # the 4 samples of prompt 0 (prompt-major order), res.tokens, res.seconds
+
+Two backends, chosen by `SamplingParams.backend`:
+- `transformers`: our own decoding loop over a HF causal LM on CPU or GPU. Faster than `model.generate` on small models
+  because it sorts prompts by length (less padding), prefills each prompt once and repeats its KV cache for the n samples,
+  drops finished rows from the batch (so the batch shrinks as sequences hit <eos>), and skips generate()'s per-step
+  machinery. `torch.inference_mode`, KV cache always on.
+- `vllm`: vLLM's offline engine on a checkpoint directory; needs `pip install 'evotrainer[gpu]'` and a CUDA GPU.
+`auto` picks vllm when it is installed and a GPU is present, else transformers.
+
+Prompts are raw task text: they go through `format_prompt` (chat template, or text + <sep> for char models).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from pathlib import Path
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from policies.model import format_prompt, has_chat_template
+
+# --- config and result ------------------------------------------------------------------------------------------------
+
+
+class RolloutBackendError(RuntimeError):
+    """The chosen rollout backend cannot run here (vllm missing, no GPU, model not on disk)."""
+
+
+class SamplingParams(BaseModel):
+    """How to sample completions."""
+
+    model_config = ConfigDict(extra="forbid")
+    temperature: float = Field(1.0, ge=0.0, description="softmax temperature; 0 = greedy")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling mass (1.0 = off)")
+    max_new_tokens: int = Field(128, ge=1, description="completion budget in tokens; longer completions are truncated")
+    n: int = Field(1, ge=1, description="completions per prompt")
+    seed: int = Field(0, description="same seed, same prompts, same model -> same completions")
+    batch_size: int = Field(64, ge=1, description="rows (prompt x sample) decoded together")
+    backend: Literal["auto", "transformers", "vllm"] = Field(
+        "transformers", description="rollout engine: transformers (CPU/GPU), vllm (GPU + vllm installed), auto"
+    )
+
+
+class RolloutResult(BaseModel):
+    """Completions in prompt-major order: completions[i * n + j] is sample j of prompt i."""
+
+    model_config = ConfigDict(extra="forbid")
+    completions: list[str]
+    prompt_index: list[int] = Field(..., description="which prompt each completion answers")
+    tokens: list[int] = Field(..., description="new tokens per completion (eos included)")
+    truncated: list[bool] = Field(..., description="completion hit max_new_tokens before <eos>")
+    seconds: float
+    new_tokens: int
+    completion_ids: list[list[int]] = Field(default_factory=list, repr=False,
+                                            description="generated token ids (eos included when reached)")
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def vllm_available() -> bool:
+    return importlib.util.find_spec("vllm") is not None and torch.cuda.is_available()
+
+
+def resolve_backend(backend: str) -> str:
+    if backend == "auto":
+        return "vllm" if vllm_available() else "transformers"
+    if backend == "vllm" and not vllm_available():
+        why = "vllm is not installed" if importlib.util.find_spec("vllm") is None else "no CUDA GPU is visible"
+        raise RolloutBackendError(
+            f"rollout backend 'vllm' cannot run here: {why}; set backend='transformers' (or 'auto'), "
+            "or install `pip install 'evotrainer[gpu]'` on a machine with a CUDA GPU"
+        )
+    return backend
+
+
+# --- entry point ------------------------------------------------------------------------------------------------------
+
+
+def generate(model, tok, prompts: list[str], params: SamplingParams | None = None) -> RolloutResult:
+    """Sample `params.n` completions for each raw prompt. `model` is a loaded HF causal LM, or (vllm) a checkpoint dir."""
+    params = params or SamplingParams()
+    backend = resolve_backend(params.backend)
+    texts = [format_prompt(tok, p) for p in prompts]
+    if backend == "vllm":
+        return _generate_vllm(model, texts, params)
+    add_special = not has_chat_template(tok)  # a chat template already renders its own BOS
+    ids = [tok(t, add_special_tokens=add_special)["input_ids"] for t in texts]
+    return _generate_loop(model, tok, ids, params)
+
+
+def plain_generate(model, tok, prompts: list[str], params: SamplingParams) -> RolloutResult:
+    """Reference: the same batch through `model.generate` (one left-padded batch, n via num_return_sequences)."""
+    texts = [format_prompt(tok, p) for p in prompts]
+    enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=not has_chat_template(tok)).to(model.device)
+    torch.manual_seed(params.seed)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(
+            **enc, do_sample=params.temperature > 0, temperature=params.temperature or None, top_p=params.top_p,
+            max_new_tokens=params.max_new_tokens, num_return_sequences=params.n,
+            pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+        )
+    seconds = time.perf_counter() - t0
+    new = out[:, enc["input_ids"].shape[1]:].tolist()
+    comps, counts, trunc = [], [], []
+    for row in new:
+        cut = row.index(tok.eos_token_id) + 1 if tok.eos_token_id in row else len(row)
+        counts.append(cut)
+        trunc.append(tok.eos_token_id not in row)
+        comps.append(tok.decode(row[:cut], skip_special_tokens=True))
+    return RolloutResult(completions=comps, prompt_index=[i for i in range(len(prompts)) for _ in range(params.n)],
+                         tokens=counts, truncated=trunc, seconds=seconds, new_tokens=sum(counts))
+
+
+# --- transformers backend: our decoding loop --------------------------------------------------------------------------
+
+
+def _sample(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator) -> torch.Tensor:
+    if temperature == 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_p, idx = probs.sort(dim=-1, descending=True)
+        keep = sorted_p.cumsum(-1) - sorted_p < top_p  # always keeps the top token
+        sorted_p = sorted_p * keep
+        probs = torch.zeros_like(probs).scatter(-1, idx, sorted_p)
+    return torch.multinomial(probs.cpu(), 1, generator=gen).squeeze(-1).to(logits.device)
+
+
+@torch.inference_mode()
+def _generate_loop(model, tok, prompt_ids: list[list[int]], params: SamplingParams) -> RolloutResult:
+    from transformers import DynamicCache
+
+    was_training = model.training
+    model.eval()
+    device = model.device
+    n, eos, pad = params.n, tok.eos_token_id, tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    gen = torch.Generator().manual_seed(params.seed)
+    order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
+    per_chunk = max(1, params.batch_size // n)  # unique prompts per chunk
+    out_ids: dict[int, list[int]] = {}  # row key = prompt_index * n + sample
+    finished: dict[int, bool] = {}
+    t0 = time.perf_counter()
+    for c in range(0, len(order), per_chunk):
+        chunk = order[c:c + per_chunk]
+        width = max(len(prompt_ids[i]) for i in chunk)
+        input_ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+        attn = torch.zeros((len(chunk), width), dtype=torch.long)
+        for r, i in enumerate(chunk):
+            L = len(prompt_ids[i])
+            input_ids[r, width - L:] = torch.tensor(prompt_ids[i])
+            attn[r, width - L:] = 1
+        input_ids, attn = input_ids.to(device), attn.to(device)
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=model.config)
+        logits = model(input_ids=input_ids, attention_mask=attn, position_ids=pos, past_key_values=cache,
+                       use_cache=True, logits_to_keep=1).logits[:, -1]
+        if n > 1:  # prefill once per prompt, then fan the cache out to the n samples
+            cache.batch_repeat_interleave(n)
+            logits, attn, pos = (x.repeat_interleave(n, dim=0) for x in (logits, attn, pos))
+        keys = [i * n + j for i in chunk for j in range(n)]
+        for k in keys:
+            out_ids[k], finished[k] = [], False
+        last_pos = pos[:, -1]
+        for step in range(params.max_new_tokens):
+            nxt = _sample(logits, params.temperature, params.top_p, gen)
+            done = nxt == eos
+            for k, t in zip(keys, nxt.tolist()):
+                out_ids[k].append(t)
+            for k, d in zip(keys, done.tolist()):
+                finished[k] = finished[k] or d
+            if step == params.max_new_tokens - 1:
+                break
+            if done.any():  # shrink the batch: finished rows leave the cache
+                keep = (~done).nonzero().squeeze(-1)
+                if keep.numel() == 0:
+                    break
+                cache.batch_select_indices(keep)
+                keys = [keys[i] for i in keep.tolist()]
+                nxt, attn, last_pos = nxt[keep], attn[keep], last_pos[keep]
+            attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=1)
+            last_pos = last_pos + 1
+            logits = model(input_ids=nxt[:, None], attention_mask=attn, position_ids=last_pos[:, None],
+                           past_key_values=cache, use_cache=True).logits[:, -1]
+    seconds = time.perf_counter() - t0
+    if was_training:
+        model.train()
+    total = len(prompt_ids) * n
+    comps, counts, trunc = [], [], []
+    for k in range(total):
+        ids = out_ids[k]
+        counts.append(len(ids))
+        trunc.append(not finished[k])
+        comps.append(tok.decode(ids[:-1] if finished[k] else ids, skip_special_tokens=True))
+    return RolloutResult(completions=comps, prompt_index=[k // n for k in range(total)], tokens=counts,
+                         truncated=trunc, seconds=seconds, new_tokens=sum(counts),
+                         completion_ids=[out_ids[k] for k in range(total)])
+
+
+# --- vLLM backend -----------------------------------------------------------------------------------------------------
+
+_VLLM_ENGINES: dict[str, object] = {}
+
+
+def _generate_vllm(model, texts: list[str], params: SamplingParams) -> RolloutResult:
+    """vLLM offline engine. `model` must be a checkpoint directory (vLLM loads weights itself). Untested on CPU hosts."""
+    if not isinstance(model, (str, Path)) or not Path(model).exists():
+        raise RolloutBackendError(
+            "rollout backend 'vllm' needs the policy as a checkpoint directory (save_pretrained); "
+            "save the model first or use backend='transformers' for an in-memory model"
+        )
+    import vllm
+
+    key = str(Path(model).resolve())
+    if key not in _VLLM_ENGINES:
+        _VLLM_ENGINES[key] = vllm.LLM(model=key, seed=params.seed, gpu_memory_utilization=0.5)
+    llm = _VLLM_ENGINES[key]
+    sp = vllm.SamplingParams(n=params.n, temperature=params.temperature, top_p=params.top_p,
+                             max_tokens=params.max_new_tokens, seed=params.seed)
+    t0 = time.perf_counter()
+    outs = llm.generate(texts, sp, use_tqdm=False)
+    seconds = time.perf_counter() - t0
+    comps, counts, trunc, index = [], [], [], []
+    for i, o in enumerate(outs):
+        for c in o.outputs:
+            comps.append(c.text)
+            counts.append(len(c.token_ids))
+            trunc.append(c.finish_reason == "length")
+            index.append(i)
+    return RolloutResult(completions=comps, prompt_index=index, tokens=counts, truncated=trunc, seconds=seconds,
+                         new_tokens=sum(counts))

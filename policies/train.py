@@ -1,0 +1,343 @@
+"""Training stages through TRL: an SFT warm start on (prompt, completion) pairs and a GRPO stage with a plain reward
+function. Both return typed metrics and, given `out_dir`, save the model + tokenizer there (save_pretrained).
+
+    from policies.model import build_model
+    from policies.train import Recipe, train_sft, train_grpo
+    model, tok = build_model("tiny", "ab#")
+    recipe = Recipe(sft_steps=50, steps=20)
+    train_sft(model, tok, [{"prompt": "ab", "completion": "#"}] * 64, recipe)
+    def reward(prompts, completions, **cols): return [float(c.startswith("#")) for c in completions]
+    m = train_grpo(model, tok, [{"prompt": "ab", "seed": 1}] * 8, reward, recipe)
+    m.steps[-1].reward_mean, m.dead_group_share, m.wall_s
+
+A reward function is `(prompts, completions, **columns) -> list[float]`: prompts and completions are the raw task text
+(chat formatting is undone), and every extra dataset column (e.g. the instance JSON) arrives as a keyword list aligned
+with the completions. `progress(stage, step, total, logs)` is called after every optimiser step.
+
+CPU defaults: fp32, no gradient checkpointing, no checkpoints mid-stage, no reporting; learning rates raised for models
+trained from scratch. On a CUDA GPU bf16 is used when supported. `import trl` is slow, so it happens inside the stages.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from policies.model import format_prompt, has_chat_template, save_policy
+
+Progress = Callable[[str, int, int, dict], None]
+RewardFn = Callable[..., list[float]]
+
+# --- recipe -----------------------------------------------------------------------------------------------------------
+
+
+class RecipeError(ValueError):
+    """A recipe whose settings cannot work together; raised when the recipe is built, before any training."""
+
+
+class Recipe(BaseModel):
+    """The training recipe: every knob of the SFT warm start and the GRPO stage. Defaults work on CPU and GPU."""
+
+    model_config = ConfigDict(extra="forbid")
+    # SFT warm start
+    sft_learning_rate: float = Field(1e-3, gt=0, description="SFT peak learning rate (1e-3 suits tiny from-scratch models)")
+    sft_steps: int = Field(300, ge=0, description="SFT optimiser steps (0 = skip the warm start)")
+    sft_batch_size: int = Field(32, ge=1, description="SFT sequences per optimiser step")
+    # GRPO
+    learning_rate: float = Field(2e-4, gt=0, description="GRPO learning rate (1e-4..5e-4 for tiny from-scratch models; "
+                                 "1e-6..1e-5 for pretrained LMs)")
+    beta: float = Field(0.01, ge=0, description="KL coefficient against the stage's starting policy (0 = no reference)")
+    num_generations: int = Field(8, ge=2, description="completions sampled per prompt (the GRPO group size)")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature during GRPO rollouts")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass during GRPO rollouts")
+    max_completion_length: int = Field(96, ge=1, description="completion budget in tokens; longer ones are truncated")
+    steps: int = Field(40, ge=1, description="GRPO optimiser steps")
+    batch_size: int = Field(32, ge=2, description="completions per GRPO step (prompts per step = batch_size / "
+                            "num_generations); must be a multiple of num_generations")
+    loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo"] = Field(
+        "dapo", description="TRL loss aggregation (dapo = token-normalised over the batch, no length bias)")
+    scale_rewards: Literal["group", "batch", "none"] = Field(
+        "group", description="advantage normalisation: by group std, batch std, or none (Dr. GRPO)")
+    reward_scale: float = Field(1.0, gt=0, description="multiplier applied to every reward before advantages")
+    epsilon: float = Field(0.2, gt=0, description="PPO clip range")
+    num_iterations: int = Field(1, ge=1, description="optimiser passes per generated batch (mu)")
+    mask_truncated_completions: bool = Field(False, description="drop completions that hit the length cap from the loss")
+    warmup_ratio: float = Field(0.05, ge=0, lt=1, description="linear warm-up share of each stage")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
+    seed: int = Field(0, description="seed for data order, sampling and initialisation")
+    rollout_engine: Literal["policies", "trl"] = Field(
+        "policies", description="GRPO generation: our batched loop (policies.rollout, faster on CPU) or TRL's "
+        "model.generate; models with a chat template always use trl")
+
+    @model_validator(mode="after")
+    def _check(self) -> Recipe:
+        if self.batch_size % self.num_generations:
+            lo = self.batch_size - self.batch_size % self.num_generations
+            hint = f"{lo} or {lo + self.num_generations}" if lo else str(self.num_generations)
+            raise RecipeError(
+                f"batch_size ({self.batch_size}) must be divisible by num_generations ({self.num_generations}): "
+                f"each step holds whole groups; set batch_size to a multiple of num_generations, e.g. {hint}"
+            )
+        return self
+
+
+# --- metrics ----------------------------------------------------------------------------------------------------------
+
+
+class SFTMetrics(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    steps: int
+    examples: int
+    loss: list[float] = Field(..., description="training loss per step")
+    token_accuracy: list[float] = Field(default_factory=list, description="completion-token accuracy per step")
+    wall_s: float
+    out_dir: str | None = None
+
+
+class GRPOStep(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    step: int
+    reward_mean: float
+    reward_std: float
+    dead_group_share: float = Field(..., description="share of groups whose rewards all tie (no learning signal)")
+    completion_length: float
+    kl: float | None = None
+    loss: float | None = None
+    seconds: float = Field(..., description="wall time of this step")
+    tokens_generated: int
+
+
+class GRPOMetrics(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    steps: list[GRPOStep]
+    wall_s: float
+    tokens_generated: int
+    out_dir: str | None = None
+
+    @property
+    def seconds_per_step(self) -> float:
+        return self.wall_s / max(1, len(self.steps))
+
+    @property
+    def dead_group_share(self) -> float:
+        return sum(s.dead_group_share for s in self.steps) / max(1, len(self.steps))
+
+
+# --- shared plumbing --------------------------------------------------------------------------------------------------
+
+
+def quiet() -> None:
+    """Silence the progress bars and advisory warnings of transformers / TRL / datasets (errors still surface)."""
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import datasets
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    datasets.utils.logging.set_verbosity_error()
+    datasets.disable_progress_bars()
+    for name in ("trl", "accelerate", "datasets", "transformers"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"(trl|transformers|accelerate|torch)\.")
+    warnings.filterwarnings("ignore", category=FutureWarning)
+
+
+def _device_args() -> dict[str, Any]:
+    cuda = torch.cuda.is_available()
+    return {"use_cpu": not cuda, "bf16": bool(cuda and torch.cuda.is_bf16_supported()), "fp16": False}
+
+
+def _common_args(out_dir: str, recipe: Recipe) -> dict[str, Any]:
+    return dict(
+        output_dir=out_dir, report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=True,
+        gradient_checkpointing=False, seed=recipe.seed, data_seed=recipe.seed, warmup_steps=recipe.warmup_ratio,
+        weight_decay=recipe.weight_decay, max_grad_norm=recipe.max_grad_norm, lr_scheduler_type="cosine",
+        dataloader_num_workers=0, **_device_args(),
+    )
+
+
+def _callback(stage: str, total: int, progress: Progress | None, sink: list[dict]):
+    from transformers import TrainerCallback
+
+    class _Log(TrainerCallback):
+        def __init__(self) -> None:
+            self.t = time.perf_counter()
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs is None or "train_runtime" in logs:
+                return
+            now = time.perf_counter()
+            sink.append({**logs, "_step": state.global_step, "_seconds": now - self.t})
+            self.t = now
+            if progress is not None:
+                progress(stage, state.global_step, total, logs)
+
+    return _Log()
+
+
+def _drop_printer(trainer) -> None:
+    """With tqdm disabled, transformers prints every log dict; our callback reports progress instead."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+
+
+def _scratch_dir(out_dir: str | Path | None) -> str:
+    import tempfile
+
+    return str(out_dir) if out_dir else tempfile.mkdtemp(prefix="evotrainer-trl-")
+
+
+# --- SFT warm start ---------------------------------------------------------------------------------------------------
+
+
+def train_sft(model, tok, pairs: list[dict[str, str]], recipe: Recipe, out_dir: str | Path | None = None,
+              progress: Progress | None = None) -> SFTMetrics:
+    """Supervised warm start on `{"prompt", "completion"}` pairs (raw task text); loss on completion tokens only."""
+    if not pairs:
+        raise RecipeError("train_sft got no (prompt, completion) pairs; generate expert demonstrations first")
+    bad = [p for p in pairs[:50] if set(p) != {"prompt", "completion"}]
+    if bad:
+        raise RecipeError(f"SFT pairs must be dicts with exactly 'prompt' and 'completion', got keys {sorted(bad[0])}")
+    quiet()
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    if has_chat_template(tok):
+        rows = [{"prompt": [{"role": "user", "content": p["prompt"]}],
+                 "completion": [{"role": "assistant", "content": p["completion"]}]} for p in pairs]
+    else:
+        rows = [{"prompt": format_prompt(tok, p["prompt"]), "completion": p["completion"]} for p in pairs]
+    sink: list[dict] = []
+    args = SFTConfig(
+        **_common_args(_scratch_dir(out_dir), recipe), learning_rate=recipe.sft_learning_rate,
+        max_steps=recipe.sft_steps, per_device_train_batch_size=recipe.sft_batch_size, completion_only_loss=True,
+        packing=False, max_length=None, dataset_num_proc=None,
+    )
+    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok,
+                         callbacks=[_callback("sft", recipe.sft_steps, progress, sink)])
+    _drop_printer(trainer)
+    t0 = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - t0
+    model.eval()
+    if out_dir:
+        save_policy(model, tok, out_dir)
+    return SFTMetrics(steps=recipe.sft_steps, examples=len(pairs), wall_s=wall, out_dir=str(out_dir) if out_dir else None,
+                      loss=[r["loss"] for r in sink if "loss" in r],
+                      token_accuracy=[r["mean_token_accuracy"] for r in sink if "mean_token_accuracy" in r])
+
+
+# --- GRPO -------------------------------------------------------------------------------------------------------------
+
+_TRL_KWARGS = ("completion_ids", "trainer_state", "log_extra", "log_metric", "environments")
+
+
+def _wrap_reward(reward_fn: RewardFn, scale: float, counter: list[int]):
+    """TRL-facing reward: hands the user's function raw prompt/completion text and the dataset's extra columns."""
+
+    def reward(prompts, completions, **kw):
+        ids = kw.get("completion_ids")
+        if ids is not None:
+            counter[0] += sum(len(x) for x in ids)
+        columns = {k: v for k, v in kw.items() if k not in _TRL_KWARGS}
+        raw_prompts = columns.pop("prompt_text")
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        out = reward_fn(raw_prompts, texts, **columns)
+        if len(out) != len(texts):
+            raise ValueError(f"reward function returned {len(out)} rewards for {len(texts)} completions")
+        return [float(r) * scale for r in out]
+
+    reward.__name__ = getattr(reward_fn, "__name__", "reward")
+    return reward
+
+
+def _rollout_func(tok, recipe: Recipe):
+    """TRL `rollout_func` backed by policies.rollout's decoding loop (same sampling, batch shrinks at <eos>)."""
+    from policies.rollout import SamplingParams, _generate_loop
+
+    def rollout(prompts: list[str], trainer) -> dict[str, Any]:
+        ids = [tok(p)["input_ids"] for p in prompts]
+        params = SamplingParams(temperature=recipe.temperature, top_p=recipe.top_p, n=1, batch_size=len(ids),
+                                max_new_tokens=recipe.max_completion_length,
+                                seed=recipe.seed * 1_000_003 + trainer.state.global_step)
+        unwrapped = trainer.accelerator.unwrap_model(trainer.model_wrapped)
+        res = _generate_loop(unwrapped, tok, ids, params)
+        return {"prompt_ids": ids, "completion_ids": res.completion_ids, "logprobs": None}
+
+    return rollout
+
+
+def train_grpo(model, tok, rows: list[dict[str, Any]], reward_fn: RewardFn, recipe: Recipe,
+               out_dir: str | Path | None = None, progress: Progress | None = None) -> GRPOMetrics:
+    """GRPO on `rows` (each a dict with a raw-text "prompt" plus any extra columns for the reward function)."""
+    if not rows:
+        raise RecipeError("train_grpo got no prompts; pass rows like {'prompt': ..., 'instance': ...}")
+    if any("prompt" not in r for r in rows[:50]):
+        raise RecipeError("every GRPO row needs a 'prompt' key (raw task text)")
+    if "prompt_text" in rows[0]:
+        raise RecipeError("'prompt_text' is reserved by train_grpo; rename that column")
+    quiet()
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    chat = has_chat_template(tok)
+    data = [{**r, "prompt_text": r["prompt"],
+             "prompt": [{"role": "user", "content": r["prompt"]}] if chat else format_prompt(tok, r["prompt"])}
+            for r in rows]
+    counter = [0]
+    sink: list[dict] = []
+    args = GRPOConfig(
+        **_common_args(_scratch_dir(out_dir), recipe), learning_rate=recipe.learning_rate, beta=recipe.beta,
+        num_generations=recipe.num_generations, temperature=recipe.temperature, top_p=recipe.top_p,
+        max_completion_length=recipe.max_completion_length, max_steps=recipe.steps,
+        per_device_train_batch_size=recipe.batch_size, loss_type=recipe.loss_type, scale_rewards=recipe.scale_rewards,
+        epsilon=recipe.epsilon, num_iterations=recipe.num_iterations,
+        mask_truncated_completions=recipe.mask_truncated_completions, log_completions=False,
+        remove_unused_columns=False,
+    )
+    steps: list[GRPOStep] = []
+    seen = [0]  # tokens counted up to the previous step
+
+    def _record(stage, step, total, logs):
+        steps.append(GRPOStep(
+            step=step, reward_mean=logs.get("reward", float("nan")), reward_std=logs.get("reward_std", float("nan")),
+            dead_group_share=logs.get("frac_reward_zero_std", float("nan")),
+            completion_length=logs.get("completions/mean_length", float("nan")), kl=logs.get("kl"),
+            loss=logs.get("loss"), seconds=sink[-1]["_seconds"], tokens_generated=counter[0] - seen[0],
+        ))
+        seen[0] = counter[0]
+        if progress is not None:
+            progress(stage, step, total, logs)
+
+    if recipe.beta > 0:  # TRL builds the KL reference from config._name_or_path: point it at this stage's start
+        ref_dir = Path(_scratch_dir(None)) / "reference"
+        save_policy(model, tok, ref_dir)
+        model.config._name_or_path = str(ref_dir)
+    use_ours = recipe.rollout_engine == "policies" and not chat
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=[_wrap_reward(reward_fn, recipe.reward_scale, counter)], args=args,
+        train_dataset=Dataset.from_list(data), processing_class=tok,
+        callbacks=[_callback("grpo", recipe.steps, _record, sink)],
+        rollout_func=_rollout_func(tok, recipe) if use_ours else None,
+    )
+    _drop_printer(trainer)
+    t0 = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - t0
+    model.eval()
+    if out_dir:
+        save_policy(model, tok, out_dir)
+    return GRPOMetrics(steps=steps, wall_s=wall, tokens_generated=counter[0],
+                       out_dir=str(out_dir) if out_dir else None)

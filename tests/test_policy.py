@@ -1,0 +1,136 @@
+"""Policy layer on a real tiny model: tokenizer, rollouts, save/load, SFT and GRPO through TRL, bad-input errors.
+
+    .venv/bin/pytest tests/test_policy.py -q
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from policies.model import build_model, count_parameters, format_prompt, load_policy, save_policy
+from policies.rollout import RolloutBackendError, SamplingParams, generate, plain_generate, vllm_available
+from policies.train import Recipe, train_grpo, train_sft
+
+ALPHABET = "abcd#\n"
+WORDS = ["abc", "bcd", "cab", "dab", "abd", "bca", "cba", "dca", "ab\ncd", "dd#a"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _threads():
+    torch.set_num_threads(2)
+
+
+def _snapshot(model) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _assert_all_changed(before, model) -> None:
+    same = [n for n, p in model.named_parameters() if torch.equal(before[n], p.detach())]
+    assert not same, f"parameters not updated: {same}"
+
+
+# --- model and tokenizer ----------------------------------------------------------------------------------------------
+
+
+def test_presets_sizes_and_char_tokenizer_roundtrip(tmp_path):
+    tiny, tok = build_model("tiny", ALPHABET)
+    small, _ = build_model("small", ALPHABET)
+    assert 0.8e6 < count_parameters(tiny) < 1.3e6
+    assert 5e6 < count_parameters(small) < 7.5e6
+    text = format_prompt(tok, "ab\ncd#") + "dc" + tok.eos_token
+    ids = tok(text)["input_ids"]
+    assert ids[0] == tok.bos_token_id and ids[-1] == tok.eos_token_id
+    assert len(ids) == 1 + 6 + 1 + 2 + 1  # bos, 6 chars, sep, 2 chars, eos: one token per character
+    assert tok.decode(ids, skip_special_tokens=True) == "ab\ncd#dc"
+    assert tok.decode(tok("z")["input_ids"], skip_special_tokens=False) == "<bos><unk>"
+    save_policy(tiny, tok, tmp_path / "ck")
+    _, tok2 = load_policy(tmp_path / "ck")
+    assert tok2(text)["input_ids"] == ids and tok2.padding_side == "left"
+
+
+def test_missing_checkpoint_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist.*save_pretrained"):
+        load_policy(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        load_policy(tmp_path / "empty")
+
+
+# --- rollouts ---------------------------------------------------------------------------------------------------------
+
+
+def test_rollouts_reproducible_and_greedy_matches_generate():
+    model, tok = build_model("tiny", ALPHABET, seed=1)
+    p = SamplingParams(n=3, temperature=1.0, top_p=0.9, max_new_tokens=12, seed=7, batch_size=8)
+    a, b = generate(model, tok, WORDS, p), generate(model, tok, WORDS, p)
+    assert a.completions == b.completions and len(a.completions) == 3 * len(WORDS)
+    assert a.prompt_index == [i for i in range(len(WORDS)) for _ in range(3)]
+    c = generate(model, tok, WORDS, p.model_copy(update={"seed": 8}))
+    assert c.completions != a.completions
+    assert all(0 < t <= 12 for t in a.tokens) and a.new_tokens == sum(a.tokens) and a.seconds > 0
+    # the custom loop (sorted, shrinking batch, shared prefill) is exactly model.generate under greedy decoding
+    g = SamplingParams(temperature=0, max_new_tokens=10, batch_size=4)
+    assert generate(model, tok, WORDS, g).completions == plain_generate(model, tok, WORDS, g).completions
+
+
+def test_vllm_backend_without_vllm_or_gpu_is_a_clear_error():
+    if vllm_available():
+        pytest.fail("this test expects a host without vllm + GPU (the project machine)")
+    model, tok = build_model("tiny", ALPHABET)
+    with pytest.raises(RolloutBackendError, match="backend='transformers'"):
+        generate(model, tok, WORDS[:2], SamplingParams(backend="vllm"))
+    assert generate(model, tok, WORDS[:1], SamplingParams(backend="auto", max_new_tokens=2)).completions
+
+
+# --- training ---------------------------------------------------------------------------------------------------------
+
+
+def test_batch_not_divisible_by_num_generations_fails_at_recipe_time():
+    with pytest.raises(ValidationError, match=r"batch_size \(30\).*num_generations \(8\).*e\.g\. 24 or 32"):
+        Recipe(batch_size=30, num_generations=8)
+    with pytest.raises(ValidationError, match="extra"):
+        Recipe(learning_rte=1e-3)
+
+
+def test_sft_updates_every_parameter_and_saves(tmp_path):
+    model, tok = build_model("tiny", ALPHABET)
+    before = _snapshot(model)
+    pairs = [{"prompt": w, "completion": w[::-1]} for w in WORDS] * 2
+    m = train_sft(model, tok, pairs, Recipe(sft_steps=3, sft_batch_size=8, warmup_ratio=0.0), out_dir=tmp_path / "sft")
+    _assert_all_changed(before, model)
+    assert len(m.loss) == 3 and m.examples == len(pairs) and m.wall_s > 0
+    # save -> load -> generate gives identical outputs
+    p = SamplingParams(n=2, max_new_tokens=8, seed=3)
+    loaded, tok2 = load_policy(tmp_path / "sft")
+    assert generate(model, tok, WORDS, p).completions == generate(loaded, tok2, WORDS, p).completions
+
+
+@pytest.mark.parametrize("engine,beta", [("policies", 0.05), ("trl", 0.0)])
+def test_grpo_updates_every_parameter_and_reward_sees_columns(tmp_path, engine, beta):
+    model, tok = build_model("tiny", ALPHABET, seed=2)
+    before = _snapshot(model)
+    seen: list[tuple[str, str]] = []
+    steps_seen: list[int] = []
+
+    def reward(prompts, completions, instance, **kw):
+        assert len(prompts) == len(completions) == len(instance)
+        seen.extend((p, json.loads(i)["word"]) for p, i in zip(prompts, instance))
+        return [float(c.count("a")) + 0.1 * len(c) for c in completions]
+
+    rows = [{"prompt": w, "instance": json.dumps({"word": w})} for w in WORDS[:4]]
+    recipe = Recipe(steps=2, batch_size=8, num_generations=4, max_completion_length=8, learning_rate=1e-3, beta=beta,
+                    warmup_ratio=0.0, rollout_engine=engine)
+    m = train_grpo(model, tok, rows, reward, recipe, out_dir=tmp_path / "grpo",
+                   progress=lambda stage, step, total, logs: steps_seen.append(step))
+    _assert_all_changed(before, model)
+    assert seen and all(p == w for p, w in seen)  # raw prompt text and its own instance column arrive together
+    assert steps_seen == [1, 2] and [s.step for s in m.steps] == [1, 2]
+    s = m.steps[0]
+    assert 0 <= s.dead_group_share <= 1 and s.completion_length > 0 and s.tokens_generated > 0
+    assert m.tokens_generated == sum(x.tokens_generated for x in m.steps)
+    assert (s.kl is not None) == (beta > 0)
+    assert (tmp_path / "grpo" / "config.json").exists()
