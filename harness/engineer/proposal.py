@@ -17,6 +17,7 @@ constraints).
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import re
@@ -254,7 +255,7 @@ def _validate_change(i: int, pc: ProposedChange, space: dict[str, Knob]) -> tupl
             raise ProposalError(f"candidate #{i}: {pc.knob} does not compile: {exc.msg} (line {exc.lineno})") from None
         return Change(kind="diagnostic", knob=pc.knob, code=pc.code), None
     if pc.knob not in space:
-        near = [k for k in space if k.split(".")[-1] == pc.knob.split(".")[-1]][:4]
+        near = difflib.get_close_matches(pc.knob, list(space), n=3, cutoff=0.6)
         hint = f" (did you mean {', '.join(near)}?)" if near else ""
         raise ProposalError(f"unknown knob {pc.knob!r} in candidate #{i}{hint}; allowed knobs: "
                             f"{', '.join(sorted(space)) or '(none)'}")

@@ -1,0 +1,142 @@
+"""The LLM engineer end to end against a tiny local OpenAI-compatible server (127.0.0.1, scripted chat-completion
+replies, stops itself): the prompt it sends, retries with the validation error appended, the rule fallback, transport
+errors, and the API key read from the named environment variable.
+
+    .venv/bin/pytest tests/test_engineer_llm.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+import pytest
+from test_engineer import SPACE, _diag, _one
+
+from harness.engineer import EngineerConfig, propose
+from skills.library import SkillLibrary
+from skills.model import Intervention, Skill, Trigger
+
+
+class FakeEndpoint:
+    """A bounded chat-completions server: serves `replies` in order (an int = that HTTP error), records requests,
+    refuses anything past the script, and shuts down on exit."""
+
+    def __init__(self, replies: list[str | int]):
+        self.replies, self.requests = list(replies), []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.requests.append({"path": self.path, "body": body, "auth": self.headers.get("Authorization")})
+                reply = outer.replies.pop(0) if outer.replies else 503
+                if isinstance(reply, int):
+                    self.send_response(reply)
+                    self.end_headers()
+                    self.wfile.write(b"scripted error")
+                    return
+                data = json.dumps({"id": "x", "object": "chat.completion", "model": body["model"],
+                                   "choices": [{"index": 0, "finish_reason": "stop",
+                                                "message": {"role": "assistant", "content": reply}}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.timeout = 5
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)
+
+
+@pytest.fixture
+def lib(tmp_path):
+    with SkillLibrary.open(tmp_path / "skills.db", seed_dir=None) as lib:
+        lib.add(Skill(name="raise-holes", kind="env", trigger=Trigger(findings=["mapf.hole"]),
+                      intervention=Intervention(knob="env.sizes.{size}.hole_ratio", op="add", value=0.1),
+                      expected="fewer hole failures", domains=["mapf"]))
+        yield lib
+
+
+def _cfg(url: str, **kw) -> EngineerConfig:
+    return EngineerConfig(**{"kind": "llm", "base_url": url, "model": "qwen-test", "timeout_s": 5, **kw})
+
+
+def test_llm_retry_with_reason_then_valid(lib):
+    good = "Looking at the failures...\n" + json.dumps({"candidates": [_one("recipe.temperature", 1.3)]})
+    with FakeEndpoint([json.dumps(_one(value=0.95)), good]) as ep:
+        res = propose(_cfg(ep.url), _diag(), lib, 2, np.random.default_rng(0), space=SPACE)
+    assert res.engineer_used == "llm" and [c.change.knob for c in res.candidates] == ["recipe.temperature"]
+    assert res.candidates[0].engineer == "llm" and len(res.rejected_replies) == 1
+    assert res.rejected_replies[0].reason.startswith("out of range: env.sizes.5.hole_ratio = 0.95")
+    first, second = ep.requests
+    assert first["path"] == "/v1/chat/completions" and first["body"]["model"] == "qwen-test"
+    prompt = first["body"]["messages"][-1]["content"]
+    for needle in ("mapf.hole (size=5)", "round: 1", "env.sizes.5.hole_ratio  current=0.2  range=[0, 0.6]",
+                   "Single factor", '"candidates"', "ProposedChange"):
+        assert needle in prompt, needle
+    msgs = second["body"]["messages"]
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user"]
+    assert "rejected: out of range" in msgs[-1]["content"] and first["auth"] is None
+
+
+def test_llm_invalid_until_out_of_retries_then_rule(lib):
+    bad = ["{not json", json.dumps(_one("env.sizes.5.holes")), json.dumps(_one(["a", "b"]))]
+    with FakeEndpoint(bad) as ep:
+        res = propose(_cfg(ep.url, max_retries=2), _diag(), lib, 2, np.random.default_rng(0), space=SPACE)
+    assert len(ep.requests) == 3
+    assert res.engineer_used == "rule" and res.candidates[0].skill == "raise-holes"
+    reasons = [r.reason for r in res.rejected_replies]
+    assert reasons[0].startswith("malformed JSON") and reasons[2].startswith("two factors in one candidate #0")
+    assert reasons[1].startswith("unknown knob 'env.sizes.5.holes' in candidate #0 (did you mean env.sizes.5.hole_ratio")
+    assert "rule engineer stepped in" in res.notes
+
+
+def test_llm_http_error_and_unreachable_fall_back(lib):
+    with FakeEndpoint([500]) as ep:
+        res = propose(_cfg(ep.url), _diag(), lib, 1, np.random.default_rng(0), space=SPACE)
+        url = ep.url
+    assert res.engineer_used == "rule" and any("HTTP 500" in n for n in res.notes)
+    res = propose(_cfg(url, timeout_s=2), _diag(), lib, 1, np.random.default_rng(0), space=SPACE)  # server gone
+    assert res.engineer_used == "rule" and any("unreachable" in n for n in res.notes)
+    assert res.candidates[0].change.knob == "env.sizes.5.hole_ratio"
+
+
+def test_llm_api_key_from_named_env_var(lib, monkeypatch):
+    monkeypatch.setenv("EVOTRAINER_TEST_KEY", "sk-test-123")
+    with FakeEndpoint([json.dumps(_one())]) as ep:
+        res = propose(_cfg(ep.url, api_key_env="EVOTRAINER_TEST_KEY"), _diag(), lib, 1, np.random.default_rng(0),
+                      space=SPACE)
+    assert res.engineer_used == "llm" and ep.requests[0]["auth"] == "Bearer sk-test-123"
+    monkeypatch.delenv("EVOTRAINER_TEST_KEY")
+    res = propose(_cfg("http://127.0.0.1:9/v1", api_key_env="EVOTRAINER_TEST_KEY"), _diag(), lib, 1,
+                  np.random.default_rng(0), space=SPACE)
+    assert res.engineer_used == "rule" and any("EVOTRAINER_TEST_KEY is not set" in n for n in res.notes)
+
+
+def test_config_rejects_incomplete_llm_settings():
+    with pytest.raises(ValueError, match="base_url \\+ model"):
+        EngineerConfig(kind="llm", base_url="http://x/v1")
+    with pytest.raises(ValueError, match="not both"):
+        EngineerConfig(kind="llm", base_url="http://x/v1", model="m", model_path="policy")
+    with pytest.raises(ValueError, match="extra"):
+        EngineerConfig.model_validate({"kind": "rule", "temprature": 1})
