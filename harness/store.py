@@ -167,8 +167,9 @@ def migrate(db: Database) -> list[str]:
     """Apply the migrations not yet applied, each in its own transaction; returns the names applied now."""
     if not db["_migrations"].exists():
         db["_migrations"].create({"name": str, "applied_at": str}, pk="name", if_not_exists=True)
+    done = {r[0] for r in db.execute("SELECT name FROM _migrations").fetchall()}
     applied_now = []
-    for fn in MIGRATIONS:
+    for fn in (f for f in MIGRATIONS if f.__name__ not in done):  # an up-to-date db (a status reader) takes no lock
         with _immediate(db):  # re-check inside the lock: two processes opening a fresh db race here
             if db.execute("SELECT 1 FROM _migrations WHERE name = ?", [fn.__name__]).fetchone():
                 continue

@@ -227,8 +227,9 @@ def _immediate(db: Database) -> Iterator[Database]:
 
 def _migrate(db: Database) -> list[str]:
     db["_migrations"].create({"name": str, "applied_at": str}, pk="name", if_not_exists=True)
+    done = {r[0] for r in db.execute("SELECT name FROM _migrations").fetchall()}
     applied = []
-    for fn in MIGRATIONS:
+    for fn in (f for f in MIGRATIONS if f.__name__ not in done):
         with _immediate(db):
             if db.execute("SELECT 1 FROM _migrations WHERE name = ?", [fn.__name__]).fetchone():
                 continue
