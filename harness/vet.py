@@ -1,0 +1,395 @@
+"""The vet step: cheap checks on a candidate BEFORE any training compute, ending in an offline backtest.
+
+    from harness.vet import vet, apply_change
+    res = vet(candidate, harness_files, task, cached_rollouts, shaping)
+    res.ok, res.reason, res.stage, res.details     # res.files: the patched harness files when ok
+
+What it checks, in order (the first failure rejects, with the reason):
+1. schema (stage `vet`): the knob exists and is a leaf, exactly one factor changes, the new value passes the typed
+   model (the task's generator config for `env.*`, `policies.train.Recipe` plus the evolvable-knob ranges below for
+   `recipe.*`, the task's shaping model for `reward.*`), a diagnostic compiles, defines `diagnose`, and keeps any
+   `veto` the old file had (the gate only gets stricter).
+2. offline backtest (stage `offline`) on the probe stage's cached rollouts:
+   - diagnostic: runs in the sandbox runner within limits; must not flag solved trajectories (no warn/critical finding
+     on the all-valid subset) and its veto must not block an unchanged arm nor an arm whose rollouts are all valid;
+   - reward shaping: every cached completion is re-scored under the old and the new shaping; rejected when the
+     correlation between shaped reward and validity drops, or invalid rollouts outrank valid ones in more groups;
+   - env: a few instances are generated from the new config (train seeds), so a config that cannot generate fails here.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import statistics
+from collections import defaultdict
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from harness import diagnostics as D
+from harness.records import Candidate, Change, Rollout
+from harness.seeds import seeds
+from sandbox.runner import Limits
+
+# --- knobs a candidate may change ---------------------------------------------------------------------------------------
+
+# Recipe knobs the loop may evolve, with sane ranges (stricter than policies.train.Recipe, which only says > 0).
+# Anything else in the recipe (seed, SFT settings, engine) is not a factor a candidate may touch.
+RECIPE_KNOBS: dict[str, tuple[float, float]] = {
+    "learning_rate": (1e-7, 1e-2),
+    "beta": (0.0, 1.0),
+    "num_generations": (2, 64),
+    "temperature": (0.1, 2.0),
+    "top_p": (0.5, 1.0),
+    "max_completion_length": (8, 4096),
+    "steps": (1, 10_000),
+    "epsilon": (0.01, 1.0),
+    "num_iterations": (1, 8),
+    "warmup_ratio": (0.0, 0.5),
+    "weight_decay": (0.0, 0.5),
+    "max_grad_norm": (0.01, 100.0),
+    "reward_scale": (0.01, 100.0),
+}
+ENV_FILE, RECIPE_FILE = "env.yaml", "recipe.yaml"
+CORR_DROP = 0.05  # a shaping change may lower corr(reward, valid) by at most this much
+ENV_PROBE_INSTANCES = 4  # instances generated from a new env config to prove it generates
+
+
+class VetError(ValueError):
+    """A change that cannot be applied (unknown knob, bad value, not one factor); `vet` turns it into a rejection."""
+
+
+class VetResult(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    ok: bool
+    reason: str = Field(..., description="why it was rejected, or what it passed")
+    stage: Literal["vet", "offline"] = Field("vet", description="the last stage reached: schema checks or offline")
+    details: dict[str, Any] = Field(default_factory=dict, description="numbers behind the decision")
+    files: dict[str, str] = Field(default_factory=dict, description="the changed harness files (path -> text), when ok")
+
+
+# --- applying a change ---------------------------------------------------------------------------------------------
+
+
+def _load_yaml(files: dict[str, str], path: str) -> dict[str, Any]:
+    if path not in files:
+        raise VetError(f"the harness has no {path}; a run's harness repo starts from sandbox/template")
+    data = yaml.safe_load(files[path]) or {}
+    if not isinstance(data, dict):
+        raise VetError(f"{path} must be a YAML mapping, got {type(data).__name__}")
+    return data
+
+
+def _header(text: str) -> str:
+    """Leading comment lines of a YAML file (kept when the file is rewritten)."""
+    lines = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line)
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def _dump_yaml(original: str, data: dict[str, Any]) -> str:
+    return _header(original) + yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=120)
+
+
+def _is_scalar(v: Any) -> bool:
+    return v is None or isinstance(v, bool | int | float | str)
+
+
+def set_path(data: dict[str, Any], parts: list[str], value: Any, knob: str) -> Any:
+    """Set a leaf in nested dicts/lists; a list is indexed by its entries' `size` (the knob convention:
+    `sizes.5.hole_ratio` is the entry with size 5). Returns the old value; raises VetError naming what is missing."""
+    node: Any = data
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if isinstance(node, list):
+            hits = [e for e in node if isinstance(e, dict) and str(e.get("size")) == part]
+            if not hits:
+                have = ", ".join(str(e.get("size")) for e in node if isinstance(e, dict))
+                raise VetError(f"knob {knob!r}: no entry with size {part} (sizes: {have}); add the size first")
+            if last:
+                raise VetError(f"knob {knob!r} names a whole entry; name one field, e.g. {knob}.data_ratio")
+            node = hits[0]
+            continue
+        if not isinstance(node, dict) or part not in node:
+            keys = ", ".join(map(str, node)) if isinstance(node, dict) else type(node).__name__
+            raise VetError(f"knob {knob!r}: {part!r} does not exist (there: {keys})")
+        if last:
+            old = node[part]
+            if not _is_scalar(old):
+                raise VetError(f"knob {knob!r} is not a single value (it holds a {type(old).__name__}): one knob = "
+                               "one leaf, so a candidate changes exactly one factor")
+            node[part] = value
+            return old
+        node = node[part]
+    raise VetError(f"knob {knob!r} is empty")
+
+
+def _check_value(knob: str, old: Any, value: Any) -> None:
+    if not _is_scalar(value):
+        raise VetError(f"knob {knob!r}: the new value must be one number or string, got {type(value).__name__} "
+                       "(single factor: change one leaf at a time)")
+    if value == old and type(value) is type(old):
+        raise VetError(f"knob {knob!r} already is {old!r}: the change does nothing")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise VetError(f"knob {knob!r}: {value} is not a finite number")
+
+
+def _validation_msg(exc: ValidationError | ValueError) -> str:
+    if isinstance(exc, ValidationError):
+        return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in exc.errors()[:3])
+    return str(exc)
+
+
+def _recipe_model() -> type[BaseModel]:
+    from policies.train import Recipe  # the trainer's own model: recipe.yaml minus `reward` must validate
+
+    return Recipe
+
+
+def apply_change(files: dict[str, str], change: Change, task: Any) -> dict[str, str]:
+    """Apply ONE change to the harness files and validate it; returns only the files it changed ({path: text}).
+    Raises VetError with the reason (unknown knob, out of range, not a single factor, bad diagnostic)."""
+    kind, knob = change.kind, change.knob
+    if kind == "diagnostic":
+        return _apply_diagnostic(files, change)
+    if change.code is not None:
+        raise VetError(f"a {kind} change carries a value, not code; put code only in a diagnostic change")
+    prefix = f"{kind}."
+    if not knob.startswith(prefix) or len(knob) == len(prefix):
+        raise VetError(f"a {kind} change needs a knob `{kind}.<field>`, got {knob!r}")
+    parts = knob[len(prefix):].split(".")
+    if kind == "env":
+        raw = _load_yaml(files, ENV_FILE)
+        try:
+            base = task.config_model.model_validate(raw).model_dump(mode="json")
+        except ValidationError as exc:
+            raise VetError(f"{ENV_FILE} does not validate before the change: {_validation_msg(exc)}") from None
+        old = set_path(base, parts, change.value, knob)
+        _check_value(knob, old, change.value)
+        try:
+            task.config_model.model_validate(base)
+        except (ValidationError, ValueError) as exc:
+            raise VetError(f"{knob} = {change.value!r} is out of the generator's range: {_validation_msg(exc)}") from None
+        return {ENV_FILE: _dump_yaml(files[ENV_FILE], base)}
+    recipe = _load_yaml(files, RECIPE_FILE)
+    if kind == "recipe":
+        if len(parts) != 1 or parts[0] == "reward":
+            raise VetError(f"knob {knob!r}: recipe knobs are flat, `recipe.<field>` (reward knobs are `reward.<field>`)")
+        field = parts[0]
+        model = _recipe_model()
+        if field not in model.model_fields:
+            raise VetError(f"knob {knob!r} does not exist; recipe knobs: {', '.join(sorted(RECIPE_KNOBS))}")
+        if field not in RECIPE_KNOBS:
+            raise VetError(f"knob {knob!r} is not an evolvable recipe knob; choose one of {', '.join(sorted(RECIPE_KNOBS))}")
+        old = recipe.get(field, model.model_fields[field].default)
+        _check_value(knob, old, change.value)
+        lo, hi = RECIPE_KNOBS[field]
+        if isinstance(change.value, bool) or not isinstance(change.value, int | float) or not lo <= change.value <= hi:
+            raise VetError(f"{knob} = {change.value!r} is out of range: allowed {lo:g} .. {hi:g}")
+        new = {**recipe, field: change.value}
+        try:
+            model.model_validate({k: v for k, v in new.items() if k != "reward"})
+        except (ValidationError, ValueError) as exc:
+            raise VetError(f"{knob} = {change.value!r} breaks the recipe: {_validation_msg(exc)}") from None
+        return {RECIPE_FILE: _dump_yaml(files[RECIPE_FILE], new)}
+    if kind == "reward":
+        if len(parts) != 1:
+            raise VetError(f"knob {knob!r}: reward knobs are flat, `reward.<field>`")
+        field = parts[0]
+        shaping = dict(recipe.get("reward") or {})
+        fields = task.shaping_model.model_fields
+        if field not in fields:
+            raise VetError(f"knob {knob!r} does not exist; reward knobs of {task.name}: {', '.join(fields) or 'none'}")
+        old = shaping.get(field, fields[field].default)
+        _check_value(knob, old, change.value)
+        shaping[field] = change.value
+        try:
+            task.shaping_model.model_validate(shaping)
+        except (ValidationError, ValueError) as exc:
+            raise VetError(f"{knob} = {change.value!r} is out of range: {_validation_msg(exc)}") from None
+        return {RECIPE_FILE: _dump_yaml(files[RECIPE_FILE], {**recipe, "reward": shaping})}
+    raise VetError(f"unknown change kind {kind!r}; one of env, recipe, reward, diagnostic")
+
+
+def _top_functions(tree: ast.Module) -> set[str]:
+    return {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+
+
+def _apply_diagnostic(files: dict[str, str], change: Change) -> dict[str, str]:
+    path = change.knob
+    try:
+        D.diagnostic_name(path)
+    except D.DiagnosticError as exc:
+        raise VetError(str(exc)) from None
+    if change.value is not None:
+        raise VetError("a diagnostic change carries its source in `code`, not `value`")
+    if not change.code or not change.code.strip():
+        raise VetError(f"removing or emptying {path} is not allowed: diagnostics only add checks (the gate only gets "
+                       "stricter); give the file's new source in `code`")
+    try:
+        tree = ast.parse(change.code, filename=path)
+        compile(tree, path, "exec")  # compiles only; the code runs nowhere but the sandbox runner
+    except SyntaxError as exc:
+        raise VetError(f"{path} does not compile: line {exc.lineno}: {exc.msg}") from None
+    funcs = _top_functions(tree)
+    if "diagnose" not in funcs:
+        raise VetError(f"{path} must define a top-level `def diagnose(rollouts)` returning findings and metrics")
+    if path in files:
+        if files[path] == change.code:
+            raise VetError(f"{path} is unchanged: the change does nothing")
+        try:
+            old_funcs = _top_functions(ast.parse(files[path]))
+        except SyntaxError:
+            old_funcs = set()
+        if "veto" in old_funcs and "veto" not in funcs:
+            raise VetError(f"{path} drops its `veto`: vetoes may only be added (the gate only gets stricter)")
+    return {path: change.code}
+
+
+# --- the offline backtest ----------------------------------------------------------------------------------------------
+
+
+def _corr(xs: list[float], ys: list[float]) -> float | None:
+    if len(xs) < 2 or statistics.pstdev(xs) == 0 or statistics.pstdev(ys) == 0:
+        return None
+    return statistics.correlation(xs, ys)
+
+
+def _inversions(rollouts: list[Rollout], rewards: list[float]) -> int:
+    """Groups where some invalid rollout earns MORE than some valid one (it would get the higher advantage)."""
+    by: dict[int, list[tuple[bool, float]]] = defaultdict(list)
+    for r, x in zip(rollouts, rewards):
+        by[r.group].append((r.valid, x))
+    n = 0
+    for g in by.values():
+        valid = [x for ok, x in g if ok]
+        invalid = [x for ok, x in g if not ok]
+        if valid and invalid and max(invalid) > min(valid) + 1e-9:
+            n += 1
+    return n
+
+
+def shaping_backtest(task: Any, rollouts: list[Rollout], old: BaseModel, new: BaseModel) -> VetResult:
+    """Re-score every cached completion under the old and the new shaping and compare how reward tracks validity."""
+    instances = [task.instance_model.model_validate(r.instance) for r in rollouts]
+    before = [task.score(i, r.completion, old) for i, r in zip(instances, rollouts)]
+    after = [task.score(i, r.completion, new) for i, r in zip(instances, rollouts)]
+    valid = [float(o.valid) for o in before]
+    r0, r1 = [o.reward for o in before], [o.reward for o in after]
+    c0, c1 = _corr(r0, valid), _corr(r1, valid)
+    inv0, inv1 = _inversions(rollouts, r0), _inversions(rollouts, r1)
+
+    def mean_where(rs: list[float], ok: bool) -> float | None:
+        xs = [x for x, v in zip(rs, valid) if bool(v) == ok]
+        return round(statistics.fmean(xs), 4) if xs else None
+
+    details = {"n": len(rollouts), "valid_rate": round(statistics.fmean(valid), 4) if valid else 0.0,
+               "corr_before": None if c0 is None else round(c0, 4), "corr_after": None if c1 is None else round(c1, 4),
+               "inverted_groups_before": inv0, "inverted_groups_after": inv1,
+               "reward_valid_before": mean_where(r0, True), "reward_valid_after": mean_where(r1, True),
+               "reward_invalid_before": mean_where(r0, False), "reward_invalid_after": mean_where(r1, False),
+               "rescored_mismatch": sum(o.valid != r.valid for o, r in zip(before, rollouts))}
+    if c0 is not None and (c1 is None or c1 < c0 - CORR_DROP):
+        return VetResult(ok=False, stage="offline", details=details, reason=(
+            f"shaped reward tracks validity less: corr(reward, valid) drops from {c0:.3f} to "
+            f"{'undefined (reward constant)' if c1 is None else f'{c1:.3f}'} on {len(rollouts)} cached rollouts "
+            f"(invalid mean reward {details['reward_invalid_before']} -> {details['reward_invalid_after']}): it pays "
+            "for something other than solving"))
+    if inv1 > inv0:
+        return VetResult(ok=False, stage="offline", details=details, reason=(
+            f"invalid rollouts outrank valid ones in {inv1} groups (was {inv0}) under the new shaping: GRPO would "
+            "push the policy toward failing plans"))
+    if c0 is None:
+        return VetResult(ok=True, stage="offline", details=details,
+                         reason="offline backtest inconclusive (no mix of valid and invalid cached rollouts); passed")
+    return VetResult(ok=True, stage="offline", details=details,
+                     reason=f"re-scored {len(rollouts)} cached rollouts: corr(reward, valid) {c0:.3f} -> {c1:.3f}, "
+                            f"inverted groups {inv0} -> {inv1}")
+
+
+def diagnostic_backtest(path: str, source: str, rollouts: list[Rollout], limits: Limits | None = None) -> VetResult:
+    """Run the diagnostic on cached rollouts in the sandbox; reject one that errors, flags solved trajectories, or
+    vetoes an unchanged arm or an all-valid arm."""
+    res = D.run_evolved(path, source, rollouts, limits)
+    details: dict[str, Any] = {"n": len(rollouts), "findings": [f.code for f in res.findings], "metrics": res.metrics}
+    if res.error:
+        return VetResult(ok=False, stage="offline", details=details,
+                         reason=f"{path} does not run on {len(rollouts)} cached rollouts in the sandbox: {res.error}")
+    solved = [r for r in rollouts if r.valid]
+    details["solved"] = len(solved)
+    if solved:
+        on_solved = D.run_evolved(path, source, solved, limits)
+        if on_solved.error:
+            return VetResult(ok=False, stage="offline", details=details,
+                             reason=f"{path} fails on the {len(solved)} solved cached rollouts: {on_solved.error}")
+        flags = [f for f in on_solved.findings if f.severity != "info"]
+        if flags:
+            f = flags[0]
+            return VetResult(ok=False, stage="offline", details=details, reason=(
+                f"{path} flags solved trajectories: {f.code} ({f.severity}, count {f.count}) fires on "
+                f"{len(solved)} cached rollouts that are all valid"))
+    full = D.arm_metrics(rollouts)
+    arms = [("an unchanged arm (candidate = control)", rollouts, rollouts, full, full)]
+    if solved:
+        arms.append(("an arm whose rollouts are all valid", rollouts, solved, full, D.arm_metrics(solved)))
+    for label, ctrl, cand, mc, mk in arms:
+        block = D.veto_one(path, source, ctrl, cand, mc, mk, limits)
+        if block:
+            return VetResult(ok=False, stage="offline", details=details,
+                             reason=f"{path} vetoes {label} on cached rollouts: {block}")
+    return VetResult(ok=True, stage="offline", details=details,
+                     reason=f"{path} runs on {len(rollouts)} cached rollouts; flags no solved trajectory; "
+                            "its veto (if any) lets unchanged and all-valid arms through")
+
+
+def env_backtest(task: Any, env_text: str) -> VetResult:
+    """A new generator config must generate: a few instances from train seeds (never held-out ones)."""
+    cfg = task.config_model.model_validate(yaml.safe_load(env_text))
+    try:
+        for s in seeds("train", ENV_PROBE_INSTANCES):
+            task.generate(cfg, s)
+    except (ValueError, RuntimeError) as exc:
+        return VetResult(ok=False, stage="offline", reason=f"the new env config does not generate instances: {exc}")
+    return VetResult(ok=True, stage="offline", details={"generated": ENV_PROBE_INSTANCES},
+                     reason=f"generated {ENV_PROBE_INSTANCES} instances from the new config")
+
+
+# --- vet ---------------------------------------------------------------------------------------------------------
+
+
+def _shaping_of(files: dict[str, str], task: Any) -> BaseModel:
+    recipe = yaml.safe_load(files.get(RECIPE_FILE, "") or "") or {}
+    return task.shaping_model.model_validate(recipe.get("reward") or {})
+
+
+def vet(candidate: Candidate, harness_files: dict[str, str], task: Any, cached_rollouts: list[Rollout],
+        shaping: BaseModel | dict[str, Any] | None = None, limits: Limits | None = None) -> VetResult:
+    """Schema checks, then the offline backtest on the probe stage's cached rollouts. Never raises for a bad candidate:
+    the result says exactly why it was rejected. `shaping` is the shaping the cached rollouts were scored with
+    (default: recipe.yaml's `reward:` section)."""
+    change = candidate.change
+    try:
+        changed = apply_change(harness_files, change, task)
+    except VetError as exc:
+        return VetResult(ok=False, stage="vet", reason=str(exc), details={"knob": change.knob})
+    if change.kind == "diagnostic":
+        res = diagnostic_backtest(change.knob, change.code or "", cached_rollouts, limits)
+    elif change.kind == "reward":
+        old = shaping if isinstance(shaping, BaseModel) else (
+            task.shaping_model.model_validate(shaping) if shaping is not None else _shaping_of(harness_files, task))
+        new = _shaping_of({**harness_files, **changed}, task)
+        res = shaping_backtest(task, cached_rollouts, old, new)
+    elif change.kind == "env":
+        res = env_backtest(task, changed[ENV_FILE])
+    else:  # recipe: nothing to re-score offline; the schema and ranges were the check
+        res = VetResult(ok=True, stage="vet", reason=f"{change.knob} = {change.value!r} passes the recipe model and "
+                                                     "the evolvable-knob range")
+    res.details.setdefault("knob", change.knob)
+    if res.ok:
+        res.files = changed
+    return res
