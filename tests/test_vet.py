@@ -13,7 +13,6 @@ import yaml
 from harness import vet as V
 from harness.records import Candidate, Change, Rollout
 from harness.seeds import seed_for
-from harness.tasks import get_task
 from sandbox.runner import Limits
 
 FAST = Limits(cpu_s=1, wall_s=3.0, memory_mb=256, processes=4)
