@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from harness.records import Evidence, Verdict
+from harness.records import Evidence, Rollout, Verdict
 from harness.seeds import check_split
 
 # --- the gate's configuration -----------------------------------------------------------------------------------------
@@ -33,8 +34,9 @@ class GateConfig(BaseModel):
     """The promotion rule. Fixed by the run's config; never part of the evolvable harness."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    min_effect: float = Field(0.0, ge=0.0, le=1.0,
-                              description="the one-sided lower bound of the main-metric effect must EXCEED this")
+    min_effect: float = Field(0.02, ge=0.0, le=1.0,
+                              description="the one-sided lower bound of the main-metric effect must EXCEED this "
+                                          "(> 0 also guards the percentile bootstrap when few pairs disagree)")
     slice_tolerance: float = Field(0.05, ge=0.0, le=1.0,
                                    description="no slice's lower bound may fall below minus this (preserve what works)")
     confidence: float = Field(0.95, gt=0.5, lt=1.0, description="one-sided confidence of the lower bounds")
@@ -165,11 +167,10 @@ def choose_winner(verdicts: list[Verdict]) -> tuple[Verdict | None, list[Verdict
 
 
 class ArmBudget(BaseModel):
-    """What one arm may spend. Control and candidate arms get the same budget."""
+    """What one arm may spend. Control and candidate arms get the same budget (and the same training seeds)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    steps: int = Field(4, ge=1, description="GRPO optimizer steps per arm")
-    max_seconds: float | None = Field(None, gt=0, description="wall-clock cap per arm (None: steps only)")
+    steps: int = Field(4, ge=1, description="GRPO optimiser steps per arm (overrides the harness recipe's `steps`)")
 
 
 class ArmResult(BaseModel):
@@ -178,19 +179,20 @@ class ArmResult(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str
     checkpoint: str
-    seconds: float = Field(..., description="wall-clock training seconds")
-    tokens: int = Field(0, description="tokens generated and trained on")
+    seconds: float = Field(..., description="wall-clock seconds (load + train + save)")
+    tokens: int = Field(0, description="completion tokens generated during training")
     steps: int = 0
     metrics: dict[str, float] = Field(default_factory=dict)
 
 
 class ArmEval(BaseModel):
-    """Per-instance outcomes of one arm on the backtest seeds (aligned with `seeds`)."""
+    """Per-instance outcomes of one arm on the backtest seeds (aligned with `seeds`) and the scored rollouts."""
 
     model_config = ConfigDict(extra="forbid")
     seeds: list[int]
     outcomes: list[float] = Field(..., description="per-instance mean of the main metric over samples")
     slices: list[dict[str, str]]
+    rollouts: list[Rollout] = Field(default_factory=list, repr=False)
     seconds: float = 0.0
     tokens: int = 0
 
@@ -219,17 +221,96 @@ class BacktestResult(BaseModel):
                 "steps": float(sum(a.steps for a in arms))}
 
 
-def run_arm(start_ckpt: Path, harness_files: Path, task: Any, budget: ArmBudget, train_seeds: list[int],
-            out_dir: Path, name: str = "arm", sampling_seed: int = 0) -> ArmResult:
-    """Train a short GRPO arm from `start_ckpt` under the harness in `harness_files` (env config + recipe as found
-    there), on `train_seeds` only. `sampling_seed` varies the arm's training randomness (A/A calibration)."""
-    from harness import policy_glue  # the policy layer: lazy (torch, trl)
+def read_harness(files: dict[str, str], task: Any) -> tuple[BaseModel, Any, BaseModel]:
+    """(env config, Recipe, reward shaping) from a harness tree's files (`env.yaml`, `recipe.yaml` with `reward:`)."""
+    from policies.train import Recipe
 
-    check_split(list(train_seeds), "train")
+    missing = [f for f in ("env.yaml", "recipe.yaml") if f not in files]
+    if missing:
+        raise GateError(f"harness files lack {missing}: pass Workspace.files(ref) of a harness repo")
+    env = task.config_model.model_validate(yaml.safe_load(files["env.yaml"]) or {})
+    rec = dict(yaml.safe_load(files["recipe.yaml"]) or {})
+    shaping = task.shaping_model.model_validate(rec.pop("reward", None) or {})
+    return env, Recipe.model_validate(rec), shaping
+
+
+def run_arm(start_ckpt: Path, harness_files: dict[str, str], task: Any, budget: ArmBudget, train_seeds: list[int],
+            out_dir: Path, name: str = "arm", arm_seed: int = 0) -> ArmResult:
+    """Train a short GRPO arm from `start_ckpt` under the harness `harness_files` ({path: text}), on instances of
+    `train_seeds` (train split only) drawn from that harness' env config. `arm_seed` is the arm's training randomness
+    (data order, sampling): equal for control and candidate in a real backtest, different in A/A calibration."""
+    from harness.policy_glue import grpo_rows, reward_fn
+    from policies.model import load_policy
+    from policies.train import Recipe, train_grpo
+
     t0 = time.perf_counter()
-    res = policy_glue.train_arm(Path(start_ckpt), Path(harness_files), task, steps=budget.steps,
-                                train_seeds=list(train_seeds), out_dir=Path(out_dir), seed=sampling_seed,
-                                max_seconds=budget.max_seconds)
-    return ArmResult(name=name, checkpoint=str(res["checkpoint"]), seconds=time.perf_counter() - t0,
-                     tokens=int(res.get("tokens", 0)), steps=int(res.get("steps", budget.steps)),
-                     metrics={k: float(v) for k, v in res.get("metrics", {}).items()})
+    env, recipe, shaping = read_harness(harness_files, task)
+    recipe = Recipe.model_validate({**recipe.model_dump(), "steps": budget.steps, "seed": arm_seed})
+    rows = grpo_rows(task, env, list(train_seeds))  # refuses seeds outside the train split
+    model, tok = load_policy(start_ckpt)
+    m = train_grpo(model, tok, rows, reward_fn(task, shaping), recipe, out_dir=out_dir)
+    metrics = {"dead_group_share": m.dead_group_share, "train_seconds": m.wall_s}
+    if m.steps:
+        metrics.update(reward_mean=m.steps[-1].reward_mean, completion_length=m.steps[-1].completion_length)
+    return ArmResult(name=name, checkpoint=str(out_dir), seconds=time.perf_counter() - t0, tokens=m.tokens_generated,
+                     steps=len(m.steps), metrics=metrics)
+
+
+def evaluate_arm(checkpoint: Path, task: Any, eval_seeds: list[int], eval_config: BaseModel | None = None,
+                 samples: int = 1, temperature: float = 0.0, max_new_tokens: int = 96, sampling_seed: int = 0,
+                 batch_size: int = 64) -> ArmEval:
+    """Score a checkpoint on FRESH backtest instances. The instance distribution (`eval_config`, default the task's
+    default config) is fixed by the caller, never by the harness under test; scoring is the task's own, unshaped."""
+    from harness.policy_glue import evaluate
+    from policies.model import load_policy
+    from policies.rollout import SamplingParams
+
+    check_split(list(eval_seeds), "backtest")
+    t0 = time.perf_counter()
+    cfg = eval_config if eval_config is not None else task.default_config()
+    model, tok = load_policy(checkpoint)
+    instances = [task.generate(cfg, s) for s in eval_seeds]
+    rep = evaluate(model, tok, task, instances, params=SamplingParams(
+        temperature=temperature, n=samples, seed=sampling_seed, max_new_tokens=max_new_tokens, batch_size=batch_size))
+    valid = np.zeros(len(instances))
+    for r in rep.rollouts:
+        valid[r.group] += r.valid
+    return ArmEval(seeds=list(eval_seeds), outcomes=(valid / samples).tolist(),
+                   slices=[task.slices(i) for i in instances], rollouts=rep.rollouts,
+                   seconds=time.perf_counter() - t0, tokens=rep.new_tokens)
+
+
+def arm_vetoes(control_files: dict[str, str], candidate_files: dict[str, str], control: ArmEval,
+               candidate: ArmEval) -> list[str]:
+    """Vetoes of the evolved diagnostics of BOTH trees (the incumbent's and the candidate's versions of every file),
+    so a candidate cannot escape a veto by revising or deleting the diagnostic that would block it."""
+    from harness.diagnostics import arm_metrics, run_vetoes
+
+    cm, km = arm_metrics(control.rollouts), arm_metrics(candidate.rollouts)
+    out: list[str] = []
+    for files in (control_files, candidate_files):
+        for reason in run_vetoes(files, control.rollouts, candidate.rollouts, cm, km):
+            if reason not in out:
+                out.append(reason)
+    return out
+
+
+def backtest(start_ckpt: Path, control_files: dict[str, str], candidate_files: dict[str, str], task: Any,
+             budget: ArmBudget, train_seeds: list[int], eval_seeds: list[int], gate: GateConfig, out_dir: Path,
+             candidate_id: str, eval_config: BaseModel | None = None, eval_samples: int = 1,
+             eval_temperature: float = 0.0, arm_seeds: tuple[int, int] = (0, 0), comparisons: int = 1,
+             max_new_tokens: int = 96, rng: np.random.Generator | None = None) -> BacktestResult:
+    """One online decision: control and candidate arms from the same start checkpoint, same budget, same training
+    seeds; both evaluated on the same fresh `eval_seeds` (backtest split; the caller draws new ones per decision) with
+    the same sampling seed; vetoes from both trees' diagnostics; the gate's verdict."""
+    out_dir = Path(out_dir)
+    arms = {}
+    for name, files, seed in (("control", control_files, arm_seeds[0]), ("candidate", candidate_files, arm_seeds[1])):
+        arms[name] = run_arm(start_ckpt, files, task, budget, train_seeds, out_dir / name, name=name, arm_seed=seed)
+    evals = {name: evaluate_arm(Path(a.checkpoint), task, eval_seeds, eval_config, eval_samples, eval_temperature,
+                                max_new_tokens, sampling_seed=int(eval_seeds[0])) for name, a in arms.items()}
+    vetoes = arm_vetoes(control_files, candidate_files, evals["control"], evals["candidate"])
+    verdict = decide(evals["control"].outcomes, evals["candidate"].outcomes, evals["control"].slices, gate, vetoes,
+                     candidate_id=candidate_id, rng=rng, comparisons=comparisons, seeds=list(eval_seeds))
+    return BacktestResult(verdict=verdict, control=arms["control"], candidate=arms["candidate"],
+                          control_eval=evals["control"], candidate_eval=evals["candidate"])

@@ -145,3 +145,13 @@ def test_choose_winner_best_lower_bound_wins_others_beaten():
     assert out[0].reason.startswith("beaten by strong")
     assert out[1].reason.startswith("not significant")
     assert choose_winner([v_none]) == (None, [v_none])
+
+
+def test_default_min_effect_guards_few_discordant_pairs():
+    """4 of 64 pairs flip the same way (what two near-identical arms give): the percentile bootstrap's 95% lower bound
+    is just above 0 (P(no flip in a resample) ~ e^-4 < 5%), so a zero threshold would promote; the default does not."""
+    control = [0.0] * 64
+    candidate = [1.0] * 4 + [0.0] * 60
+    assert decide(control, candidate, [{}] * 64, GateConfig(min_effect=0.0)).decision == "promoted"
+    v = decide(control, candidate, [{}] * 64, GateConfig())
+    assert v.decision == "rejected" and "<= min effect 0.020" in v.reason

@@ -10,9 +10,8 @@ one candidate, ...) so it can be sent back to the engineer for a retry.
     space = knob_space(diagnosis)             # {"env.sizes.5.hole_ratio": Knob(lo=0, hi=0.6, current=0.2), ...}
     cands, notes = parse_reply(text, diagnosis, space, max_candidates=3, engineer="llm")
 
-The ranges here are the engineer's rules, kept outside the sandbox: env knobs take the bounds declared on the task's
-generator config model; recipe knobs take the explicit ranges in `RECIPE_RANGES` (within the Recipe model's own
-constraints).
+The ranges are rules kept outside the sandbox: env and reward knobs take the bounds declared on the task's models;
+recipe knobs take the vet step's ranges (`harness.vet.RECIPE_KNOBS`).
 """
 
 from __future__ import annotations
@@ -77,17 +76,9 @@ class ProposalResult(BaseModel):
 
 # --- the knob space ---------------------------------------------------------------------------------------------------
 
-# Recipe knobs the engineer may change, and within what range (the Recipe model's own bounds are checked too).
-RECIPE_RANGES: dict[str, tuple[float, float, bool]] = {
-    "recipe.temperature": (0.3, 2.0, False),
-    "recipe.top_p": (0.5, 1.0, False),
-    "recipe.learning_rate": (1e-5, 2e-3, False),
-    "recipe.beta": (0.0, 0.5, False),
-    "recipe.num_generations": (2, 32, True),
-    "recipe.max_completion_length": (16, 1024, True),
-    "recipe.epsilon": (0.05, 0.5, False),
-    "recipe.reward_scale": (0.1, 10.0, False),
-}
+# Recipe knobs NOT offered to the engineer although the vet step accepts them: an arm's length is the backtest budget
+# (the same for both arms), so a change of `steps` could never be judged.
+NOT_BACKTESTABLE = {"steps"}
 
 
 class Knob(BaseModel):
@@ -113,35 +104,44 @@ def _bounds(field_info: Any) -> tuple[float | None, float | None]:
     return lo, hi
 
 
-def _walk_env(model: BaseModel, prefix: str, out: dict[str, Knob]) -> None:
-    """Bounded numeric fields of the generator config become knobs; a list of entries with a `size` field is keyed
-    by size (`env.sizes.5.hole_ratio`). Fields without both bounds are not offered to the engineer."""
+def _walk(model: BaseModel, prefix: str, kind: str, out: dict[str, Knob]) -> None:
+    """Bounded numeric fields of a config model become knobs; a list of entries with a `size` field is keyed by size
+    (`env.sizes.5.hole_ratio`). Fields without both bounds are not offered to the engineer."""
     for name, info in type(model).model_fields.items():
         value = getattr(model, name)
         path = f"{prefix}.{name}"
         if isinstance(value, BaseModel):
-            _walk_env(value, path, out)
+            _walk(value, path, kind, out)
         elif isinstance(value, list) and value and all(isinstance(v, BaseModel) and hasattr(v, "size") for v in value):
             for v in value:
-                _walk_env(v, f"{path}.{v.size}", out)
+                _walk(v, f"{path}.{v.size}", kind, out)
         elif isinstance(value, (int, float)) and not isinstance(value, bool) and name != "size":
             lo, hi = _bounds(info)
             if lo is not None and hi is not None:
-                out[path] = Knob(path=path, kind="env", lo=lo, hi=hi, integer=isinstance(value, int), current=value)
+                out[path] = Knob(path=path, kind=kind, lo=lo, hi=hi, integer=isinstance(value, int), current=value)
 
 
 def knob_space(diagnosis: Diagnosis, task: Any = None) -> dict[str, Knob]:
-    """Every knob the engineer may change from this diagnosis' state, with its range and current value."""
+    """Every knob the engineer may change from this diagnosis' state, with its range and current value: env knobs
+    and reward knobs with the bounds declared on the task's models, recipe knobs with the vet step's ranges
+    (`harness.vet.RECIPE_KNOBS`, one source of truth) minus those a fixed-budget backtest cannot judge."""
     from harness.tasks import get_task
+    from harness.vet import RECIPE_KNOBS
+    from policies.train import Recipe
 
     task = task if task is not None else get_task(diagnosis.task)
     out: dict[str, Knob] = {}
     if diagnosis.env_config:
-        _walk_env(task.config_model.model_validate(diagnosis.env_config), "env", out)
-    for path, (lo, hi, integer) in RECIPE_RANGES.items():
-        field = path.split(".", 1)[1]
-        if field in diagnosis.recipe:
-            out[path] = Knob(path=path, kind="recipe", lo=lo, hi=hi, integer=integer, current=diagnosis.recipe[field])
+        _walk(task.config_model.model_validate(diagnosis.env_config), "env", "env", out)
+    recipe = {k: v for k, v in diagnosis.recipe.items() if k != "reward"}
+    current = Recipe.model_validate(recipe)
+    for field, (lo, hi) in RECIPE_KNOBS.items():
+        if field in NOT_BACKTESTABLE:
+            continue
+        value = getattr(current, field)
+        out[f"recipe.{field}"] = Knob(path=f"recipe.{field}", kind="recipe", lo=lo, hi=hi,
+                                      integer=isinstance(value, int), current=value)
+    _walk(task.shaping_model.model_validate(diagnosis.recipe.get("reward") or {}), "reward", "reward", out)
     return out
 
 

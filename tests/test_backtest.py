@@ -1,0 +1,144 @@
+"""The backtest on real MAPF instances: a planted invalid high-scoring candidate (better on 3x3, worse on 5x5, as a
+config that trains only on 3x3 would be) is rejected by the slice check or, where the slice is too small to check,
+by an evolved veto; the online backtest trains two real tiny GRPO arms and counts their compute; held-out hygiene.
+
+Arm outcomes for the planted candidate are built by scoring real expert plans (solved) and corrupted plans (failed)
+with the task's own scorer, at per-size solve rates typical of a tiny policy, instead of training.
+
+    .venv/bin/pytest tests/test_backtest.py -q
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.backtest import ArmBudget, ArmEval, GateConfig, arm_vetoes, backtest, decide, read_harness
+from harness.records import Rollout
+from harness.seeds import SplitError, seeds
+from harness.tasks import get_task
+
+TEMPLATE = Path(__file__).resolve().parents[1] / "sandbox" / "template"
+GATE = GateConfig(min_effect=0.0, slice_tolerance=0.05, confidence=0.95, n_boot=1000, min_slice_n=20)
+
+VETO = '''
+def diagnose(rollouts):
+    return {"findings": [], "metrics": {}}
+
+
+def veto(control, candidate):
+    for key, c in control["by_slice"].items():
+        k = candidate["by_slice"].get(key)
+        if key.startswith("size=") and k and k["valid"] < c["valid"] - 0.15:
+            return f"{key} valid fell {c['valid']:.2f} -> {k['valid']:.2f}"
+    return None
+'''
+
+
+def template_files() -> dict[str, str]:
+    return {str(p.relative_to(TEMPLATE)): p.read_text() for p in TEMPLATE.rglob("*") if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def mapf():
+    task = get_task("mapf")
+    cfg = task.config_model.model_validate({"sizes": [
+        {"size": 3, "data_ratio": 0.5, "hole_ratio": 0.2, "wait_ratio": 0.1, "agents": 2},
+        {"size": 5, "data_ratio": 0.5, "hole_ratio": 0.2, "wait_ratio": 0.1, "agents": 2}], "min_distance": 1})
+    insts = [task.generate(cfg, s) for s in seeds("backtest", 240)]
+    expert = [task.expert(i) for i in insts]
+    broken = [e[: len(e) // 2] for e in expert]  # a plan cut in half: agents stop short of their goals
+    assert all(task.score(i, e).valid for i, e in zip(insts, expert))
+    assert sum(task.score(i, b).valid for i, b in zip(insts, broken)) < 0.1 * len(insts)
+    return task, insts, expert, broken
+
+
+def _arm(task, insts, expert, broken, solve: dict[str, float], rng) -> ArmEval:
+    """One arm's per-instance outcomes: it produces the expert plan with its per-size solve rate, else a broken one,
+    and every plan is scored by the task's scorer."""
+    outcomes, slices, rollouts = [], [], []
+    for g, (inst, e, b) in enumerate(zip(insts, expert, broken)):
+        sl = task.slices(inst)
+        comp = e if rng.random() < solve[_size(sl)] else b
+        o = task.score(inst, comp)
+        outcomes.append(float(o.valid))
+        slices.append(sl)
+        rollouts.append(Rollout(seed=inst.seed, group=g, instance=inst.model_dump(mode="json"), prompt="",
+                                completion=comp, valid=o.valid, optimal=o.optimal, reward=o.reward,
+                                failure=o.failure, slices=sl))
+    return ArmEval(seeds=[i.seed for i in insts], outcomes=outcomes, slices=slices, rollouts=rollouts)
+
+
+def _size(sl: dict[str, str]) -> str:
+    return "3" if "3" in sl["size"] else "5"
+
+
+def test_planted_3x3_only_candidate_is_rejected_by_the_slice_check(mapf):
+    task, insts, expert, broken = mapf
+    rng = np.random.default_rng(11)
+    control = _arm(task, insts, expert, broken, {"3": 0.55, "5": 0.45}, rng)
+    planted = _arm(task, insts, expert, broken, {"3": 0.97, "5": 0.25}, rng)
+    v = decide(control.outcomes, planted.outcomes, control.slices, GATE, candidate_id="only-3x3", rng=rng)
+    assert v.evidence.effect > 0.05 and v.evidence.ci_low > 0, "it must look like a win overall"
+    size5 = next(f"size={s['size']}" for s in control.slices if _size(s) == "5")
+    assert v.decision == "rejected" and v.reason.startswith(f"slice {size5} regressed")
+
+    honest = _arm(task, insts, expert, broken, {"3": 0.8, "5": 0.6}, rng)
+    ok = decide(control.outcomes, honest.outcomes, control.slices, GATE, candidate_id="honest", rng=rng)
+    assert ok.decision == "promoted", ok.reason
+
+
+def test_small_slice_escapes_the_gate_but_not_an_evolved_veto(mapf):
+    task, insts, expert, broken = mapf
+    keep = [i for i, inst in enumerate(insts) if _size(task.slices(inst)) == "3"]
+    keep += [i for i, inst in enumerate(insts) if _size(task.slices(inst)) == "5"][:12]  # below min_slice_n=20
+    sub = [insts[i] for i in keep], [expert[i] for i in keep], [broken[i] for i in keep]
+    rng = np.random.default_rng(12)
+    control = _arm(task, *sub, {"3": 0.5, "5": 0.6}, rng)
+    planted = _arm(task, *sub, {"3": 0.95, "5": 0.0}, rng)
+    ungated = decide(control.outcomes, planted.outcomes, control.slices, GATE, rng=rng)
+    assert ungated.decision == "promoted", "without the veto the small slice's collapse slips through"
+    files = {**template_files(), "diagnostics/slice_guard.py": VETO}
+    vetoes = arm_vetoes(template_files(), files, control, planted)
+    assert len(vetoes) == 1 and "slice_guard" in vetoes[0] and "valid fell" in vetoes[0]
+    v = decide(control.outcomes, planted.outcomes, control.slices, GATE, vetoes=vetoes, rng=rng)
+    assert v.decision == "rejected" and v.reason.startswith("veto: ") and "slice_guard" in v.reason
+    # deleting the veto file in the candidate tree does not remove the veto: the incumbent's copy still runs
+    assert arm_vetoes(files, template_files(), control, planted) == vetoes
+
+
+def test_read_harness_and_hygiene(tmp_path):
+    task = get_task("mapf")
+    env, recipe, _ = read_harness(template_files(), task)
+    assert recipe.num_generations == 8 and env.sizes[0].size == 3
+    with pytest.raises(SplitError, match="backtest"):
+        backtest(tmp_path, template_files(), template_files(), task, ArmBudget(steps=1), seeds("train", 4),
+                 seeds("test", 4), GATE, tmp_path / "arms", "c")
+
+
+def test_online_backtest_trains_two_real_arms_and_counts_compute(tmp_path):
+    """Two tiny GRPO arms (1 step each) from one start checkpoint; identical harness and arm seeds = identical arms,
+    so the paired outcomes match exactly and nothing is promoted."""
+    from policies.model import build_model, save_policy
+
+    task = get_task("mapf")
+    model, tok = build_model("tiny", task.alphabet())
+    save_policy(model, tok, tmp_path / "start")
+    files = template_files()
+    files["recipe.yaml"] += "\nbatch_size: 16\nnum_generations: 4\n"
+    eval_seeds = seeds("backtest", 12, start=500)
+    res = backtest(tmp_path / "start", files, files, task, ArmBudget(steps=1), seeds("train", 4), eval_seeds, GATE,
+                   tmp_path / "arms", candidate_id="aa", max_new_tokens=48)
+    for arm in (res.control, res.candidate):
+        assert arm.steps == 1 and arm.tokens > 0 and arm.seconds > 0
+        assert (Path(arm.checkpoint) / "config.json").exists()
+    assert res.control.checkpoint != res.candidate.checkpoint
+    assert res.control_eval.seeds == res.candidate_eval.seeds == eval_seeds
+    assert res.control_eval.outcomes == res.candidate_eval.outcomes
+    assert [r.completion for r in res.control_eval.rollouts] == [r.completion for r in res.candidate_eval.rollouts]
+    assert res.verdict.decision == "rejected" and res.verdict.evidence.effect == 0.0
+    assert res.verdict.evidence.seeds == (eval_seeds[0], eval_seeds[-1])
+    c = res.compute
+    assert c["steps"] == 2 and c["tokens"] >= res.control.tokens + res.candidate.tokens and c["seconds"] > 0
