@@ -401,6 +401,15 @@ def reward_hacking(train_metrics: list[dict[str, float]] | None, valid_history: 
     return DiagnosticResult(name="reward_hacking", findings=findings, metrics=metrics)
 
 
+def builtin_codes(task: str, failure_types: Iterable[str]) -> set[str]:
+    """Every finding code the built-ins can emit for a task (seed skills' triggers must use these)."""
+    own = {f"{task}.{f}" for f in failure_types} | {f"{task}.{c}" for c in
+                                                    ("near_miss", "suboptimal", "mastered", "frontier", "too_hard")}
+    grpo = {"grpo.dead_groups", "grpo.exploration_collapse", "grpo.length_collapse", "grpo.length_explosion",
+            "grpo.reward_hacking"}
+    return own | grpo
+
+
 def builtin_diagnostics(rollouts: list[Rollout], train_metrics: list[dict[str, float]] | None = None,
                         valid_history: list[float] | None = None) -> list[DiagnosticResult]:
     """All built-ins on one stage's rollouts. Task-specific ones run on any task with a `size` slice or failures."""

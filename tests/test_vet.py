@@ -121,3 +121,50 @@ def test_diagnostic_may_not_drop_a_veto_or_use_a_bad_path():
     assert not res.ok and "drops its `veto`" in res.reason
     res = V.vet(cand("diagnostic", "../evil.py", code=SANE), files, None, CACHED, limits=FAST)
     assert not res.ok and "diagnostics/<snake_case_name>.py" in res.reason
+
+
+# --- seed skills: triggers use emitted codes, interventions pass vet ------------------------------------------------
+
+MAPF_FAILURES = ("parse_error", "wrong_agent_count", "off_grid", "hole", "vertex_conflict", "edge_conflict",
+                 "goal_not_reached", "too_long")
+
+
+def _seed_skills():
+    from skills.library import load_skill_file
+
+    return [load_skill_file(p) for p in sorted(SEED_SKILLS.glob("*.md"))]
+
+
+def test_seed_skill_triggers_use_emitted_codes():
+    from harness.diagnostics import builtin_codes
+
+    known = builtin_codes("mapf", MAPF_FAILURES)
+    skills = _seed_skills()
+    assert len(skills) >= 8
+    for s in skills:
+        assert s.trigger.findings and set(s.trigger.findings) <= known, (s.name, s.trigger.findings)
+
+
+def _instantiate(skill, files: dict[str, str], size: str = "5") -> Change:
+    iv = skill.intervention
+    if skill.kind == "diagnostic":
+        return Change(kind="diagnostic", knob=iv.knob, code=iv.code)
+    knob = iv.knob.format(size=size)
+    recipe = yaml.safe_load(files["recipe.yaml"])
+    if skill.kind == "recipe":
+        from policies.train import Recipe
+
+        old = recipe.get(knob.split(".")[1], Recipe.model_fields[knob.split(".")[1]].default)
+    else:
+        raise AssertionError(f"{skill.name}: env skills need the task's config; see the MAPF test")
+    new = {"add": old + iv.value, "mul": old * iv.value, "set": iv.value}[iv.op]
+    return Change(kind=skill.kind, knob=knob, value=type(old)(round(new, 6)))
+
+
+def test_seed_recipe_and_diagnostic_skills_pass_vet():
+    files = harness_files()
+    for s in _seed_skills():
+        if s.kind in ("recipe", "diagnostic"):
+            res = V.vet(Candidate(id=s.name, stage=1, change=_instantiate(s, files), rationale=s.expected), files,
+                        None, CACHED, limits=FAST)
+            assert res.ok, (s.name, res.reason)
