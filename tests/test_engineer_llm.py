@@ -140,3 +140,19 @@ def test_config_rejects_incomplete_llm_settings():
         EngineerConfig(kind="llm", base_url="http://x/v1", model="m", model_path="policy")
     with pytest.raises(ValueError, match="extra"):
         EngineerConfig.model_validate({"kind": "rule", "temprature": 1})
+
+
+def test_policy_as_engineer_runs_the_local_checkpoint(lib, tmp_path):
+    """The current policy checkpoint as engineer (a tiny untrained model here): its replies go through the same
+    validation; garbage is rejected with a reason and the rule engineer steps in."""
+    from policies.model import build_model, save_policy
+
+    model, tok = build_model("tiny", "abcdefghijklmnopqrstuvwxyz{}[]\":,. 0123456789_\n")
+    save_policy(model, tok, tmp_path / "policy")
+    cfg = EngineerConfig(kind="llm", model_path="policy", max_tokens=32, max_retries=1)
+    res = propose(cfg, _diag(), lib, 1, np.random.default_rng(0), space=SPACE, policy_ckpt=tmp_path / "policy")
+    assert len(res.rejected_replies) == 2 and res.engineer_used == "rule"
+    assert all(r.reason.startswith(("malformed JSON", "schema", "unknown knob", "two factors"))
+               for r in res.rejected_replies)
+    with pytest.raises(ValueError, match="policy checkpoint"):
+        propose(cfg, _diag(), lib, 1, np.random.default_rng(0), space=SPACE)

@@ -118,11 +118,12 @@ def local_model(path: Path, temperature: float, max_tokens: int, seed: int = 0) 
         text = "\n\n".join(m["content"] for m in messages)
         prompt = format_prompt(tok, text)
         ids = tok(prompt, return_tensors="pt", add_special_tokens=False)
-        limit = getattr(model.config, "max_position_embeddings", 4096) - max_tokens
-        ids = {k: v[:, -limit:] for k, v in ids.items()}  # keep the end (schema + rules) when the prompt is too long
+        max_pos = getattr(model.config, "max_position_embeddings", 4096)
+        new = min(max_tokens, max_pos // 2)
+        ids = {k: v[:, -(max_pos - new):] for k, v in ids.items()}  # too long: keep the end (schema, rules, ask)
         torch.manual_seed(seed + attempt)
         with torch.no_grad():
-            out = model.generate(**ids, max_new_tokens=max_tokens, do_sample=temperature > 0,
+            out = model.generate(**ids, max_new_tokens=new, do_sample=temperature > 0,
                                  temperature=max(temperature, 1e-5), pad_token_id=tok.pad_token_id)
         return tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
 
