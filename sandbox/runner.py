@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import marshal
 import os
 import selectors
 import shutil
@@ -121,10 +122,15 @@ class RunResult(BaseModel):
 
 # --- the boot script (runs inside the sandbox, before the untrusted code) ------------------------------------------
 
-# argv: job.json result.json scratch_dir. It applies the limits, drops privileges when asked, then runs the job.
+# argv: job result scratch_dir. It applies the limits, drops privileges when asked, then runs the job. It imports only
+# builtin modules for programs (marshal for the trusted job file; json, whose import costs tens of ms, only to write a
+# value back; the parent reads results as JSON, never marshal, since the job could forge the file) and runs "python prog.py" programs in
+# this same interpreter, so a job pays for one interpreter start, not two.
 _BOOT = r"""
-import json, os, resource, sys, traceback
-job = json.load(open(sys.argv[1])); result_path = sys.argv[2]; os.chdir(sys.argv[3])
+import marshal, os, resource, sys
+with open(sys.argv[1], "rb") as fh:
+    job = marshal.load(fh)
+result_path = sys.argv[2]; os.chdir(sys.argv[3])
 L = job["limits"]; MB = 1 << 20
 for lim, v in ((resource.RLIMIT_CPU, (L["cpu_s"], L["cpu_s"] + 1)), (resource.RLIMIT_AS, (L["memory_mb"] * MB,) * 2),
                (resource.RLIMIT_FSIZE, (L["file_size_mb"] * MB,) * 2), (resource.RLIMIT_NOFILE, (L["open_files"],) * 2),
@@ -132,10 +138,19 @@ for lim, v in ((resource.RLIMIT_CPU, (L["cpu_s"], L["cpu_s"] + 1)), (resource.RL
     resource.setrlimit(lim, v)
 if job["uid"] is not None:
     os.setgroups([]); os.setgid(job["uid"]); os.setuid(job["uid"])
+del lim, v, L, MB
 if job["kind"] == "program":
-    argv = [sys.executable if a == "python" and i == 0 else a for i, a in enumerate(job["argv"])]
-    if argv[0] == sys.executable:
-        argv[1:1] = ["-I", "-S"] if job["isolated_python"] else []
+    argv = job["argv"]
+    if argv[0] == "python" and len(argv) > 1 and not argv[1].startswith("-"):
+        # `python prog.py args`: run it here, as the interpreter would (uncaught exceptions and SystemExit included)
+        sys.argv = argv[1:]
+        with open(argv[1], "rb") as fh:
+            code = compile(fh.read(), argv[1], "exec")
+        del fh, job, result_path, argv, marshal, resource
+        g = {"__name__": "__main__", "__file__": sys.argv[0], "__builtins__": __builtins__}
+        exec(code, g)
+        sys.exit(0)
+    argv = [sys.executable if i == 0 and a == "python" else a for i, a in enumerate(argv)]
     try:
         os.execv(argv[0], argv)
     except OSError as exc:
@@ -152,6 +167,7 @@ try:
         if not callable(g.get(job["function"])):
             raise NameError(f"no function {job['function']!r} defined by the code")
         value = g[job["function"]](*job["args"], **job["kwargs"])
+    import json  # only here: jobs that return values pay for it, programs do not
     try:
         json.dumps(value)
         out["value"] = value
@@ -163,12 +179,14 @@ except SystemExit as exc:
     if exc.code not in (None, 0):
         out = {"status": "error", "value": None, "error": f"SystemExit({exc.code!r})"}
 except BaseException as exc:
+    import traceback
     traceback.print_exc()
     out = {"status": "error", "value": None, "error": f"{type(exc).__name__}: {exc}"[:2000]}
 try:
+    import json
     with open(result_path, "w") as fh:
         json.dump(out, fh)
-except OSError as exc:
+except (OSError, ValueError) as exc:
     print(f"sandbox: cannot write the result: {exc}", file=sys.stderr); os._exit(70)
 os._exit(0)
 """
@@ -327,19 +345,19 @@ def run(job: Job, *, require_bwrap: bool = False, isolation: str = "auto") -> Ru
             for dirpath, dirnames, filenames in os.walk(scratch):
                 for n in [dirpath, *(os.path.join(dirpath, x) for x in dirnames + filenames)]:
                     os.chown(n, uid, uid)
-        payload = {**job.model_dump(mode="json"), "uid": uid, "isolated_python": True}
+        payload = marshal.dumps({**job.model_dump(mode="json"), "uid": uid})
         python = str(interpreter())
         if mode == "bwrap":
-            (scratch / ".job.json").write_text(json.dumps(payload))
+            (scratch / ".job").write_bytes(payload)
             if uid is not None:
-                os.chown(scratch / ".job.json", uid, uid)
-            argv = _bwrap_argv(exe, scratch, uid) + [python, "-I", "-S", "-c", _BOOT, "/scratch/.job.json",
-                                                      "/scratch/.result.json", "/scratch"]
-            result_file, env, cwd = scratch / ".result.json", None, None
+                os.chown(scratch / ".job", uid, uid)
+            argv = _bwrap_argv(exe, scratch, uid) + [python, "-I", "-S", "-c", _BOOT, "/scratch/.job",
+                                                      "/scratch/.result", "/scratch"]
+            result_file, env, cwd = scratch / ".result", None, None
         else:
-            (meta / "job.json").write_text(json.dumps(payload))
-            argv = [python, "-I", "-S", "-c", _BOOT, str(meta / "job.json"), str(meta / "result.json"), str(scratch)]
-            result_file, cwd = meta / "result.json", str(scratch)
+            (meta / "job").write_bytes(payload)
+            argv = [python, "-I", "-S", "-c", _BOOT, str(meta / "job"), str(meta / "result"), str(scratch)]
+            result_file, cwd = meta / "result", str(scratch)
             env = {**_ENV, "HOME": str(scratch), "TMPDIR": str(scratch)}
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 env=env if env is not None else {}, cwd=cwd, start_new_session=True, close_fds=True)
@@ -380,9 +398,10 @@ def _result(job: Job, mode: Isolation, code: int, out: bytes, err: bytes, reason
         return RunResult(status="error", error=f"exit code {code}", **base)
     if result_file.exists() and code == 0:
         try:
-            data = json.loads(result_file.read_text())
-        except (OSError, ValueError) as exc:
-            return RunResult(status="error", error=f"unreadable result: {exc}", **base)
+            data = json.loads(result_file.read_text())  # JSON, never marshal/pickle: the job could have forged it
+            data = {"status": data["status"], "value": data["value"], "error": data["error"]}
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            return RunResult(status="error", error=f"unreadable or non-JSON result: {exc}", **base)
         return RunResult(status=data["status"], value=data["value"], error=data["error"], **base)
     if sig is not None:
         return RunResult(status="killed", error=f"killed by signal {signal.Signals(sig).name}", **base)
@@ -420,8 +439,9 @@ def run_program(argv: list[str], *, files: dict[str, str] | None = None, limits:
 
 def run_many(jobs: list[Job], workers: int | None = None, *, require_bwrap: bool = False,
              isolation: str = "auto") -> list[RunResult]:
-    """Run jobs on a pool of `workers` threads (default: CPU count), each job in its own sandbox; results in order."""
-    workers = workers or os.cpu_count() or 1
+    """Run jobs on a pool of `workers` threads, each job in its own sandbox; results in input order. The default,
+    2 x CPU count, keeps the cores busy while jobs start up (short jobs are bound by interpreter start latency)."""
+    workers = workers or 2 * (os.cpu_count() or 1)
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     _isolation(require_bwrap, isolation)  # fail or warn once, up front

@@ -54,6 +54,24 @@ def test_snippet_function_and_program_return_results():
     assert r.status == "error" and "missing" in r.error
 
 
+def test_programs_behave_like_the_interpreter():
+    r = run_program(["python", "t.py"], files={"t.py": "def f():\n    raise KeyError('k')\nf()"}, **BW)
+    assert (r.status, r.exit_code) == ("error", 1) and "KeyError: 'k'" in r.stderr
+    r = run_program(["python", "t.py"], files={"t.py": "import sys\nsys.exit('bye')"}, **BW)
+    assert (r.status, r.exit_code, r.stderr) == ("error", 1, "bye\n")
+    r = run_program(["python", "-c", "import sys; print(sys.argv[1:])", "x"], **BW)  # exec'd interpreter path
+    assert (r.status, r.stdout) == ("ok", "['x']\n")
+    r = run_program(["/bin/sh", "-c", "echo $HOME; exit 4"], **BW)
+    assert (r.status, r.stdout, r.exit_code) == ("error", "/scratch\n", 4)
+    r = run_program(["/no/such/tool"], **BW)
+    assert r.status == "error" and r.exit_code == 127 and "cannot run" in r.stderr
+
+
+def test_a_forged_result_file_is_only_json(tmp_path):
+    r = run_code("import os, sys\nopen(sys.argv[2], 'w').write('{not json')\nos._exit(0)", **BW)
+    assert r.status == "error" and "non-JSON" in r.error
+
+
 def test_function_from_a_file(tmp_path):
     f = tmp_path / "diag.py"
     f.write_text("def go(a, b=1):\n    return [a, b]\n")
