@@ -562,12 +562,13 @@ def build_diagnosis(task: Any, stage: int, rollouts: list[Rollout], env_config: 
                     history: list[HistoryItem], stages_left: int | None, budget_left_s: float | None,
                     train_metrics: list[dict[str, float]] | None = None,
                     diagnostics_files: dict[str, str] | None = None, valid_history: list[float] | None = None,
-                    env_stats_n: int = 64) -> Diagnosis:
+                    shaping: Any = None, state: str = "", env_stats_n: int = 64) -> Diagnosis:
     """Everything the engineer sees, built from PROBE rollouts only (raises `SplitError` otherwise).
 
     `task` is the Task object (its `env_stats(config, n)` is used when the task has one); `env_config` and `recipe`
-    are models or dicts; `history` is past candidates (round-0 default entries are dropped); `valid_history` is the
-    past stages' held-out valid rates (aggregate only) for the reward-hacking check."""
+    are models or dicts (recipe.yaml's `reward:` section, or `shaping`, becomes `recipe["reward"]`); `history` is past
+    candidates (round-0 default entries are dropped); `valid_history` is the past stages' held-out valid rates
+    (aggregate only) for the reward-hacking check; `state` is the harness state hash (Diagnosis.state)."""
     if not rollouts:
         raise DiagnosticError("build_diagnosis needs probe rollouts; got none (run the probe node first)")
     check_split([r.seed for r in rollouts], "probe")
@@ -580,21 +581,22 @@ def build_diagnosis(task: Any, stage: int, rollouts: list[Rollout], env_config: 
     by_slice: dict[str, dict[str, float]] = {}
     for key in ("size", "agents", "wait"):
         by_slice.update(slice_stats(rollouts, key))
-    overall = overall_stats(rollouts)
+    metrics: dict[str, float] = {}
     for res in results:
         for k, v in res.metrics.items():
-            overall.setdefault(f"{res.name}.{k}" if res.name.startswith("evolved.") else k, v)
-    errors = {res.name: res.error for res in results if res.error}
+            metrics.setdefault(f"{res.name}.{k}" if res.name.startswith("evolved.") else k, v)
     cfg = env_config if isinstance(env_config, BaseModel) else task.config_model.model_validate(env_config)
     stats_fn: Callable[..., Any] | None = getattr(task, "env_stats", None)  # optional in the Task protocol
-    env_stats = _dump(stats_fn(cfg, env_stats_n)) if stats_fn else {}
-    if errors:
-        env_stats = {**env_stats, "diagnostic_errors": errors}
+    rec = _dump(recipe)
+    if shaping is not None:
+        rec["reward"] = _dump(shaping)
     hist = [h for h in history if h.candidate not in ROUND0 and h.verdict not in ROUND0]
     c = _consecutive_rejections(hist)
     return Diagnosis(
-        task=task.name, stage=stage, stages_left=stages_left, budget_left_s=budget_left_s, overall=overall,
-        by_slice=by_slice, findings=findings, env_stats=env_stats, env_config=_dump(cfg), recipe=_dump(recipe),
+        task=task.name, stage=stage, state=state, stages_left=stages_left, budget_left_s=budget_left_s,
+        overall=overall_stats(rollouts), by_slice=by_slice, findings=findings, metrics=metrics,
+        diagnostic_errors={res.name: res.error for res in results if res.error},
+        env_stats=_dump(stats_fn(cfg, env_stats_n)) if stats_fn else {}, env_config=_dump(cfg), recipe=rec,
         history=hist, consecutive_rejections=c, step_scale=1.0 if c < 2 else 0.5 if c < 3 else 0.25,
     )
 
@@ -630,9 +632,11 @@ def diagnosis_text(d: Diagnosis, max_findings: int = 12) -> str:
             lines.append(f"    e.g. {e}")
     if len(d.findings) > max_findings:
         lines.append(f"  (+{len(d.findings) - max_findings} more findings)")
-    extra = {k: v for k, v in o.items() if k not in ("valid", "optimal", "reward", "n")}
-    if extra:
-        lines.append("metrics: " + " ".join(f"{k}={_num(v)}" for k, v in sorted(extra.items())))
+    overall_metrics = {k: v for k, v in d.metrics.items() if "=" not in k}  # per-slice ones are in the findings
+    if overall_metrics:
+        lines.append("metrics: " + " ".join(f"{k}={_num(v)}" for k, v in sorted(overall_metrics.items())))
+    for name, why in d.diagnostic_errors.items():
+        lines.append(f"diagnostic error: {name}: {why}")
     lines.append("env config: " + _compact(d.env_config))
     if d.env_stats:
         lines.append("env stats: " + _compact(d.env_stats))

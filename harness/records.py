@@ -110,6 +110,9 @@ class Diagnosis(BaseModel):
     overall: dict[str, float] = Field(default_factory=dict, description="valid, optimal, reward on probe seeds")
     by_slice: dict[str, dict[str, float]] = Field(default_factory=dict, description="'size=5' -> {valid, n, ...}")
     findings: list[Finding] = Field(default_factory=list)
+    metrics: dict[str, float] = Field(default_factory=dict, description="diagnostics' metrics (failure rates by slice, "
+                                      "dead groups, makespan gap, evolved.<name>.<metric>, ...)")
+    diagnostic_errors: dict[str, str] = Field(default_factory=dict, description="diagnostic name -> why it failed")
     env_stats: dict[str, Any] = Field(default_factory=dict)
     env_config: dict[str, Any] = Field(default_factory=dict)
     recipe: dict[str, Any] = Field(default_factory=dict)

@@ -36,7 +36,8 @@ from sandbox.runner import Limits
 # --- knobs a candidate may change ---------------------------------------------------------------------------------------
 
 # Recipe knobs the loop may evolve, with sane ranges (stricter than policies.train.Recipe, which only says > 0).
-# Anything else in the recipe (seed, SFT settings, engine) is not a factor a candidate may touch.
+# Anything else in the recipe (seed, SFT settings, engine) is not a factor a candidate may touch; nor is `steps`:
+# an arm's length is the backtest budget, the same for both arms.
 RECIPE_KNOBS: dict[str, tuple[float, float]] = {
     "learning_rate": (1e-7, 1e-2),
     "beta": (0.0, 1.0),
@@ -44,7 +45,6 @@ RECIPE_KNOBS: dict[str, tuple[float, float]] = {
     "temperature": (0.1, 2.0),
     "top_p": (0.5, 1.0),
     "max_completion_length": (8, 4096),
-    "steps": (1, 10_000),
     "epsilon": (0.01, 1.0),
     "num_iterations": (1, 8),
     "warmup_ratio": (0.0, 0.5),

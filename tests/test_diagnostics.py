@@ -233,7 +233,8 @@ def test_diagnosis_roundtrip_and_text():
     assert [h.candidate for h in d.history] == ["s1.hole", "s2.temp"]  # no round-0 default
     assert d.consecutive_rejections == 2 and d.step_scale == 0.5
     assert d.overall["valid"] == pytest.approx(12 / 18, abs=1e-3) and d.by_slice["size=5"]["n"] == 10
-    assert d.env_stats["mean_holes"] == 3.5 and d.overall["evolved.holes.hole_share"] == pytest.approx(4 / 18, abs=1e-3)
+    assert d.env_stats["mean_holes"] == 3.5 and d.metrics["evolved.holes.hole_share"] == pytest.approx(4 / 18, abs=1e-3)
+    assert d.metrics["failure.hole.size=5"] == 0.4 and d.diagnostic_errors == {}
     text = D.diagnosis_text(d)
     assert "mapf.hole (size=5): count=4 rate=0.4" in text
     assert "evolved.holes.holes" in text

@@ -56,6 +56,7 @@ def test_recipe_accepts_a_sane_change_and_rewrites_one_line():
     ("recipe.temperature", -1.0, "out of range"),
     ("recipe.num_generations", 6, "divisible"),           # the Recipe model's own cross-field check
     ("recipe.seed", 3, "not an evolvable recipe knob"),
+    ("recipe.steps", 80, "not an evolvable recipe knob"),
     ("recipe.temprature", 1.0, "does not exist"),
     ("recipe.temperature", 1.0, "does nothing"),
     ("recipe.temperature", [1.0, 1.2], "one number"),
