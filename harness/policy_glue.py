@@ -1,0 +1,183 @@
+"""Glue between a Task and the policy layer: expert SFT pairs, GRPO rows, the reward function, and evaluation of a
+policy on instances (scored rollouts + a per-slice table). `policies/` knows nothing of tasks; this file does both.
+
+    from harness.tasks import get_task
+    from harness.policy_glue import sft_pairs, grpo_rows, reward_fn, suite_instances, evaluate
+    task = get_task("mapf")
+    pairs = sft_pairs(task, task.default_config(), seeds("train", 500))
+    report = evaluate(model, tok, task, suite_instances(task, "small"))
+    print(report.valid, report.optimal); report.by_slice["size"]["3x3"].valid
+
+Held-out hygiene: `sft_pairs` and `grpo_rows` refuse seeds outside the `train` split.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from harness.records import Rollout
+from harness.seeds import check_split, seeds
+from harness.tasks.base import Instance, Task
+
+# --- training data ----------------------------------------------------------------------------------------------------
+
+
+def _style(task: Task, style: str | None) -> str:
+    return style or task.styles[0]
+
+
+def sft_pairs(task: Task, config: BaseModel, seed_list: list[int], style: str | None = None) -> list[dict[str, str]]:
+    """Expert demonstrations `{"prompt", "completion"}` on train-split seeds."""
+    check_split(seed_list, "train")
+    style = _style(task, style)
+    out = []
+    for s in seed_list:
+        inst = task.generate(config, s)
+        out.append({"prompt": task.prompt(inst, style), "completion": task.expert(inst, style)})
+    return out
+
+
+def grpo_rows(task: Task, config: BaseModel, seed_list: list[int], style: str | None = None) -> list[dict[str, Any]]:
+    """GRPO prompts on train-split seeds; the instance travels as JSON in the `instance` column to the reward."""
+    check_split(seed_list, "train")
+    style = _style(task, style)
+    rows = []
+    for s in seed_list:
+        inst = task.generate(config, s)
+        rows.append({"prompt": task.prompt(inst, style), "instance": inst.model_dump_json()})
+    return rows
+
+
+def reward_fn(task: Task, shaping: BaseModel | None = None):
+    """A TRL-style reward `(prompts, completions, instance, **kw) -> list[float]`: the task's shaped reward."""
+
+    def reward(prompts: list[str], completions: list[str], instance: list[str], **kw) -> list[float]:
+        cache: dict[str, Instance] = {}
+        out = []
+        for comp, raw in zip(completions, instance):
+            inst = cache.get(raw) or cache.setdefault(raw, task.instance_model.model_validate_json(raw))
+            out.append(task.score(inst, comp, shaping).reward)
+        return out
+
+    reward.__name__ = f"{task.name}_reward"
+    return reward
+
+
+# --- evaluation -------------------------------------------------------------------------------------------------------
+
+
+def suite_instances(task: Task, name: str, split: str = "test") -> list[Instance]:
+    """The instances of a named benchmark suite: each block draws its own seeds of `split` (disjoint across blocks)."""
+    out: list[Instance] = []
+    start = 0
+    for entry in task.suite(name):
+        out.extend(task.generate(entry.config, s) for s in seeds(split, entry.n, start=start))
+        start += entry.n
+    return out
+
+
+class SliceStat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    n: int
+    valid: float
+    optimal: float
+
+
+class EvalReport(BaseModel):
+    """Scored rollouts of one policy on a list of instances, with overall and per-slice valid / optimal rates."""
+
+    model_config = ConfigDict(extra="forbid")
+    n: int
+    valid: float
+    optimal: float
+    by_slice: dict[str, dict[str, SliceStat]] = Field(..., description="slice key -> slice value -> rates")
+    failures: dict[str, int] = Field(default_factory=dict, description="failure code -> count")
+    seconds: float
+    new_tokens: int
+    rollouts: list[Rollout] = Field(default_factory=list, repr=False)
+
+
+def _stat(rs: list[Rollout]) -> SliceStat:
+    n = len(rs)
+    return SliceStat(n=n, valid=sum(r.valid for r in rs) / max(1, n), optimal=sum(r.optimal for r in rs) / max(1, n))
+
+
+def summarize(rollouts: list[Rollout], seconds: float = 0.0, new_tokens: int = 0) -> EvalReport:
+    by: dict[str, dict[str, list[Rollout]]] = {}
+    fails: dict[str, int] = {}
+    for r in rollouts:
+        for k, v in r.slices.items():
+            by.setdefault(k, {}).setdefault(v, []).append(r)
+        if r.failure:
+            fails[r.failure] = fails.get(r.failure, 0) + 1
+    overall = _stat(rollouts)
+    table = {k: {v: _stat(rs) for v, rs in sorted(vals.items())} for k, vals in sorted(by.items())}
+    return EvalReport(n=overall.n, valid=overall.valid, optimal=overall.optimal, by_slice=table, failures=fails,
+                      seconds=seconds, new_tokens=new_tokens, rollouts=rollouts)
+
+
+def evaluate(model, tok, task: Task, instances: list[Instance], style: str | None = None, params=None,
+             shaping: BaseModel | None = None) -> EvalReport:
+    """Roll the policy out on `instances` (greedy by default) and score every completion with the task's scorer."""
+    from policies.rollout import SamplingParams, generate
+
+    style = _style(task, style)
+    params = params or SamplingParams(temperature=0.0, max_new_tokens=256, batch_size=64)
+    prompts = [task.prompt(inst, style) for inst in instances]
+    res = generate(model, tok, prompts, params)
+    rollouts = []
+    for k, comp in enumerate(res.completions):
+        i = res.prompt_index[k]
+        inst = instances[i]
+        o = task.score(inst, comp, shaping)
+        rollouts.append(Rollout(
+            seed=inst.seed, group=i, instance=json.loads(inst.model_dump_json()), prompt=prompts[i], completion=comp,
+            valid=o.valid, optimal=o.optimal, reward=o.reward, failure=o.failure, where=o.where, metrics=o.metrics,
+            slices=task.slices(inst), tokens=res.tokens[k],
+        ))
+    return summarize(rollouts, seconds=res.seconds, new_tokens=res.new_tokens)
+
+
+# --- a full policy stage: SFT warm start then GRPO ------------------------------------------------------------------
+
+
+class TrainReport(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    sft: Any = None  # policies.train.SFTMetrics
+    grpo: Any = None  # policies.train.GRPOMetrics
+    out_dir: str
+    sft_seeds: int
+    grpo_seeds: int
+
+
+def train_policy(task: Task, out_dir: str, preset: str = "tiny", init: str | None = None,
+                 config: BaseModel | None = None, sft_examples: int = 2000, grpo_steps: int = 40,
+                 recipe=None, style: str | None = None, shaping: BaseModel | None = None,
+                 progress=None) -> tuple[Any, Any, TrainReport]:
+    """Build (or load `init`), SFT on expert demos of `sft_examples` train seeds, then GRPO for `grpo_steps` on fresh
+    train seeds of `config`. Saves the final checkpoint to `out_dir`; returns `(model, tok, report)`."""
+    from policies.model import build_model, load_policy
+    from policies.train import Recipe, train_grpo, train_sft
+
+    recipe = recipe or Recipe()
+    config = config or task.default_config()
+    style = _style(task, style)
+    recipe = recipe.model_copy(update={"steps": grpo_steps}) if grpo_steps else recipe
+    model, tok = load_policy(init) if init else build_model(preset, task.alphabet(), seed=recipe.seed)
+    sft = grpo = None
+    if sft_examples > 0 and recipe.sft_steps > 0:
+        pairs = sft_pairs(task, config, seeds("train", sft_examples), style)
+        sft = train_sft(model, tok, pairs, recipe, progress=progress)
+    n_rows = 0
+    if grpo_steps > 0:
+        n_rows = grpo_steps * recipe.batch_size // recipe.num_generations
+        # GRPO prompts start after the SFT seeds: fresh train-split instances, never held-out ones
+        rows = grpo_rows(task, config, seeds("train", n_rows, start=sft_examples), style)
+        grpo = train_grpo(model, tok, rows, reward_fn(task, shaping), recipe, progress=progress)
+    from policies.model import save_policy
+
+    save_policy(model, tok, out_dir)
+    return model, tok, TrainReport(sft=sft, grpo=grpo, out_dir=str(out_dir), sft_seeds=sft_examples, grpo_seeds=n_rows)
