@@ -71,6 +71,112 @@ def bench_sandbox(
 
 # --- train / eval (issue: policy layer) --------------------------------------------------------------------------
 
+
+def _load_yaml_model(path: Path | None, model_cls, what: str):
+    """A typed config from YAML (unknown keys are errors), or None when no path is given."""
+    if path is None:
+        return None
+    import yaml
+
+    if not path.exists():
+        raise UserError(f"{what} file {str(path)!r} does not exist; pass an existing YAML file or leave the option out")
+    data = yaml.safe_load(path.read_text()) or {}
+    return model_cls.model_validate(data)
+
+
+def _progress_printer():
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("{task.fields[info]}"), console=err, transient=True)
+    ids: dict[str, int] = {}
+
+    def hook(stage: str, step: int, total: int, logs: dict) -> None:
+        if stage not in ids:
+            ids[stage] = bar.add_task(stage, total=total, info="")
+        key = "reward" if "reward" in logs else "loss"
+        bar.update(ids[stage], completed=step, info=f"{key} {logs.get(key, float('nan')):.3f}")
+
+    return bar, hook
+
+
+@app.command()
+def train(
+    out: Annotated[Path, typer.Option("--out", help="directory for the final checkpoint (save_pretrained)")],
+    task: Annotated[str, typer.Option(help="task family")] = "mapf",
+    preset: Annotated[str, typer.Option(help="model preset built from scratch: tiny (~1M) or small (~6M)")] = "tiny",
+    init: Annotated[str | None, typer.Option(help="start from this local checkpoint instead of a preset")] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="env generator config YAML (default: the task's)")] = None,
+    recipe: Annotated[Path | None, typer.Option(help="training recipe YAML (policies.train.Recipe fields)")] = None,
+    sft_examples: Annotated[int, typer.Option(min=0, help="expert demos (train-split seeds) for the SFT warm start")] = 2000,
+    grpo_steps: Annotated[int, typer.Option(min=0, help="GRPO optimiser steps after the warm start (0 = SFT only)")] = 40,
+    threads: Annotated[int, typer.Option(min=1, help="torch CPU threads")] = 2,
+) -> None:
+    """Train a policy: expert SFT warm start on train-split seeds, then GRPO on the env config."""
+    import torch
+
+    from harness.policy_glue import train_policy
+    from harness.tasks import get_task
+    from policies.train import Recipe
+
+    torch.set_num_threads(threads)
+    t = get_task(task)
+    env = _load_yaml_model(config, t.config_model, "env config")
+    rec = _load_yaml_model(recipe, Recipe, "recipe") or Recipe()
+    if init is not None and not Path(init).exists():
+        raise UserError(f"--init checkpoint {init!r} does not exist; pass a save_pretrained directory or drop --init")
+    bar, hook = _progress_printer()
+    with bar:
+        _, _, rep = train_policy(t, str(out), preset=preset, init=init, config=env, sft_examples=sft_examples,
+                                 grpo_steps=grpo_steps, recipe=rec, progress=hook)
+    if rep.sft:
+        console.print(f"sft_loss: {rep.sft.loss[-1]:.4f}\nsft_s: {rep.sft.wall_s:.1f}")
+    if rep.grpo:
+        last = rep.grpo.steps[-5:]
+        console.print(f"grpo_reward: {sum(s.reward_mean for s in last) / len(last):.4f}\n"
+                      f"grpo_dead_groups: {rep.grpo.dead_group_share:.3f}\ngrpo_s: {rep.grpo.wall_s:.1f}")
+    console.print(f"checkpoint: {rep.out_dir}")
+
+
+def print_eval(report, title: str = "held-out") -> None:
+    """Per-slice valid/optimal table, then grep-able `valid:` and `optimal:` lines."""
+    from rich.table import Table
+
+    table = Table(title=f"{title}: {report.n} instances")
+    for col in ("slice", "value", "n", "valid", "optimal"):
+        table.add_column(col, justify="right" if col in ("n", "valid", "optimal") else "left")
+    for key, vals in report.by_slice.items():
+        for val, st in vals.items():
+            table.add_row(key, val, str(st.n), f"{st.valid:.1%}", f"{st.optimal:.1%}")
+    console.print(table)
+    if report.failures:
+        console.print("failures: " + ", ".join(f"{k}={v}" for k, v in sorted(report.failures.items())))
+    console.print(f"valid: {report.valid:.4f}\noptimal: {report.optimal:.4f}\neval_s: {report.seconds:.1f}")
+
+
+@app.command("eval")
+def eval_cmd(
+    ckpt: Annotated[Path, typer.Argument(help="checkpoint directory (save_pretrained)")],
+    task: Annotated[str, typer.Option(help="task family")] = "mapf",
+    suite: Annotated[str, typer.Option(help="benchmark suite name (test-split seeds)")] = "small",
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="completion budget in tokens")] = 256,
+    threads: Annotated[int, typer.Option(min=1, help="torch CPU threads")] = 2,
+) -> None:
+    """Evaluate a checkpoint on a held-out suite: valid and optimal rates per slice."""
+    import torch
+
+    from harness.policy_glue import evaluate, suite_instances
+    from harness.tasks import get_task
+    from policies.model import load_policy
+    from policies.rollout import SamplingParams
+
+    torch.set_num_threads(threads)
+    model, tok = load_policy(ckpt)  # a missing checkpoint is the first error the user sees
+    t = get_task(task)
+    report = evaluate(model, tok, t, suite_instances(t, suite),
+                      params=SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens))
+    print_eval(report, f"{task} suite {suite!r}")
+
 # --- skills (issue: autonomous run) ------------------------------------------------------------------------------
 
 _HOME_HELP = "folder holding skills.db (default: $EVOTRAINER_HOME, else ~/.evotrainer)"
