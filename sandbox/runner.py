@@ -24,6 +24,10 @@ these functions raise (`ValueError`, `SandboxUnavailable`).
 - setrlimit: CPU seconds, address space, file size, open files, processes; a wall-clock timeout that kills the whole
   sandbox (the pid namespace dies with bwrap); scrubbed environment; stdin is /dev/null; stdout/stderr capped (a job
   that floods past the cap is killed).
+- One interpreter start per job: a small boot script applies the limits, drops privileges, then runs the snippet, the
+  function, or a `python prog.py` program in that same interpreter (other argv are exec'd). The boot imports only
+  builtin modules, and results come back as JSON (never pickle/marshal: the job could forge its result file, which
+  only ever lies about its own result).
 
 ## What it does NOT protect against
 - Kernel exploits (no seccomp filter), side channels, CPU/disk contention with other jobs (no cgroups: a job can use

@@ -16,6 +16,8 @@ rationale, trailers Factor/Candidate/Stage/Parent/Skill/Engineer). Promote = no-
 the merge commit message and in the tag. Candidate commits are built with plumbing (a temporary index, commit-tree,
 update-ref with "must not exist"), so the main worktree is never switched and a crash never leaves a half commit.
 The author identity lives in the repo's own config: no global git configuration is needed.
+One writer at a time: opening repairs (it removes a stale index.lock), so do not open a workspace while another
+process is writing to it; the loop's nodes run one after another and own the repo.
 """
 
 from __future__ import annotations
