@@ -135,12 +135,22 @@ def _one_line(text: str, what: str) -> str:
     return text
 
 
+def _reason(reason: str) -> str:
+    """A verdict's reason on one line (it is a trailer): whitespace, newlines included, collapses to single spaces."""
+    text = " ".join((reason or "").split())
+    if not text:
+        raise ValueError("a verdict needs a non-empty reason: say why the candidate was promoted or rejected")
+    return text
+
+
 def _verdict_block(verdict: str, reason: str, evidence: dict[str, Any]) -> str:
     lines = [f"Verdict: {verdict}", f"Reason: {reason}"]
-    if "effect" in evidence:
+    num = (int, float)
+    if isinstance(evidence.get("effect"), num):
         ci = evidence.get("ci") or (evidence.get("ci_low"), evidence.get("ci_high"))
-        ci_txt = f" (CI {ci[0]:+.4f}..{ci[1]:+.4f})" if None not in tuple(ci) else ""
-        n_txt = f", n={evidence['n']}" if "n" in evidence else ""
+        ok = isinstance(ci, (list, tuple)) and len(ci) == 2 and all(isinstance(x, num) for x in ci)
+        ci_txt = f" (CI {ci[0]:+.4f}..{ci[1]:+.4f})" if ok else ""
+        n_txt = f", n={evidence['n']}" if evidence.get("n") is not None else ""
         lines.append(f"Effect: {evidence['effect']:+.4f}{ci_txt}{n_txt}")
     lines.append(f"Evidence: {json.dumps(evidence, sort_keys=True)}")
     return "\n".join(lines)
@@ -292,7 +302,7 @@ class Workspace:
     def promote(self, cand_id: str, evidence: Any, reason: str) -> Decision:
         """Merge cand/<id> into main (no-ff), tag promoted/<stage>-<id>; evidence + reason in both messages.
         Promoting twice returns the same Decision; a rejected or unknown id raises."""
-        reason = _one_line(reason, "reason")
+        reason = _reason(reason)
         done = self._decision(cand_id)
         if done is not None:
             if done.verdict == "promoted":
@@ -327,7 +337,7 @@ class Workspace:
     def reject(self, cand_id: str, reason: str, evidence: Any = None) -> Decision:
         """Tag rejected/<id> (annotated: reason + evidence) on the candidate commit and delete its branch.
         Rejecting twice returns the same Decision; a promoted or unknown id raises."""
-        reason = _one_line(reason, "reason")
+        reason = _reason(reason)
         done = self._decision(cand_id)
         if done is not None:
             if done.verdict == "rejected":

@@ -200,6 +200,26 @@ def test_promote_and_reject_record_evidence(ws):
     assert fsck_clean(ws.path)
 
 
+def test_verdict_inputs(ws):
+    ws.propose("a", temp_change(ws, "0.7"), "a", "r", "recipe.temperature", 1)
+    with pytest.raises(ValueError, match="non-empty reason"):
+        ws.reject("a", "  \n ")
+    with pytest.raises(TypeError, match="mapping or a pydantic model"):
+        ws.reject("a", "x", evidence=[1, 2])
+    d = ws.reject("a", "slice size=5\nregressed", {"effect": None, "ci_low": None, "n": None})
+    assert d.reason == "slice size=5 regressed" and ws.history()[0].reason == "slice size=5 regressed"
+
+
+def test_promote_accepts_the_loops_evidence_model(ws):
+    from harness.records import Evidence
+
+    ws.propose("e", temp_change(ws, "0.7"), "e", "r", "recipe.temperature", 1)
+    ev = Evidence(n=64, control=0.5, candidate=0.62, effect=0.12, ci_low=0.04, ci_high=0.2, seeds=(10, 73))
+    d = ws.promote("e", ev, "LCB above minimum")
+    assert d.evidence["seeds"] == [10, 73] and "Effect: +0.1200 (CI +0.0400..+0.2000), n=64" in \
+        ws.repo.commit(d.sha).message
+
+
 def test_history_in_order_with_verdicts(ws):
     ws.propose("s1-a", temp_change(ws, "0.7"), "Lower temperature", "because", "recipe.temperature", 1)
     won = ws.promote("s1-a", EV, "won")
