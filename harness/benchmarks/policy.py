@@ -1,0 +1,133 @@
+"""Policy-layer benchmark on CPU: SFT warm start then GRPO on MAPF-FrozenLake, held-out valid / optimal per slice after
+each stage with wall times, rollout throughput of our engine vs plain `model.generate`, and GRPO seconds per step for
+each preset. Prints grep-able `key: value` lines and writes `summary.json` to the output folder.
+
+    evotrainer bench policy                       # full run (about 15 minutes on the 2-core machine)
+    evotrainer bench policy --sft-steps 100 --grpo-steps 4 --skip-small    # quick smoke run
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+console = Console()
+
+# --- pieces -----------------------------------------------------------------------------------------------------------
+
+
+def rollout_throughput(model, tok, prompts: list[str], n: int, max_new_tokens: int, repeats: int = 2) -> dict:
+    """New tokens/s of `policies.rollout.generate` vs one `model.generate` call on the same batch (best of repeats)."""
+    from policies.rollout import SamplingParams, generate, plain_generate
+
+    p = SamplingParams(temperature=1.0, n=n, max_new_tokens=max_new_tokens, seed=0, batch_size=len(prompts) * n)
+    ours = max((generate(model, tok, prompts, p) for _ in range(repeats)), key=lambda r: r.tokens_per_s)
+    ref = max((plain_generate(model, tok, prompts, p) for _ in range(repeats)), key=lambda r: r.tokens_per_s)
+    return {"rows": len(prompts) * n, "ours_tok_s": ours.tokens_per_s, "generate_tok_s": ref.tokens_per_s,
+            "ours_new_tokens": ours.new_tokens, "generate_new_tokens": ref.new_tokens,
+            "speedup": ours.tokens_per_s / max(ref.tokens_per_s, 1e-9)}
+
+
+def grpo_seconds_per_step(task, config, preset: str, sft_steps: int, steps: int, recipe_kw: dict) -> dict:
+    """Short SFT (so completions end at <eos> as in real use) then `steps` GRPO steps; returns seconds per step."""
+    from harness.policy_glue import grpo_rows, reward_fn, sft_pairs
+    from harness.seeds import seeds
+    from policies.model import build_model, count_parameters
+    from policies.train import Recipe, train_grpo, train_sft
+
+    recipe = Recipe(**{**recipe_kw, "sft_steps": sft_steps, "steps": steps})
+    model, tok = build_model(preset, task.alphabet())
+    if sft_steps:
+        train_sft(model, tok, sft_pairs(task, config, seeds("train", 500)), recipe)
+    rows = grpo_rows(task, config, seeds("train", steps * recipe.batch_size // recipe.num_generations, start=500))
+    m = train_grpo(model, tok, rows, reward_fn(task), recipe)
+    per = [s.seconds for s in m.steps[1:]] or [m.steps[0].seconds]  # first step pays one-off setup
+    return {"preset": preset, "params": count_parameters(model), "steps": steps, "batch": recipe.batch_size,
+            "s_per_step": sum(per) / len(per), "completion_length": sum(s.completion_length for s in m.steps) / steps}
+
+
+def _rates(report) -> dict:
+    return {"valid": report.valid, "optimal": report.optimal, "n": report.n, "eval_s": report.seconds,
+            "by_slice": {k: {v: s.model_dump() for v, s in vals.items()} for k, vals in report.by_slice.items()},
+            "failures": report.failures}
+
+
+# --- the benchmark ----------------------------------------------------------------------------------------------------
+
+
+def run(out: Path, preset: str = "tiny", sft_examples: int = 4000, sft_steps: int = 1500, grpo_steps: int = 30,
+        suite: str = "small", threads: int = 2, skip_small: bool = False, config_path: Path | None = None,
+        max_new_tokens: int = 160) -> dict:
+    import torch
+
+    from harness.policy_glue import evaluate, grpo_rows, print_eval, reward_fn, sft_pairs, suite_instances
+    from harness.seeds import seeds
+    from harness.tasks import get_task
+    from policies.model import build_model, count_parameters, save_policy
+    from policies.rollout import SamplingParams
+    from policies.train import Recipe, train_grpo, train_sft
+
+    torch.set_num_threads(threads)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    task = get_task("mapf")
+    if config_path:
+        import yaml
+
+        config = task.config_model.model_validate(yaml.safe_load(Path(config_path).read_text()))
+    else:
+        config = task.default_config()
+    recipe = Recipe(sft_steps=sft_steps, steps=grpo_steps, max_completion_length=max_new_tokens)
+    held_out = suite_instances(task, suite)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, batch_size=64)
+    summary: dict = {"preset": preset, "suite": suite, "threads": threads, "recipe": recipe.model_dump(),
+                     "config": json.loads(config.model_dump_json())}
+
+    t0 = time.perf_counter()
+    model, tok = build_model(preset, task.alphabet(), seed=recipe.seed)
+    summary["params"] = count_parameters(model)
+    pairs = sft_pairs(task, config, seeds("train", sft_examples))
+    summary["prompt_chars"] = sum(len(p["prompt"]) for p in pairs) / len(pairs)
+    summary["completion_chars"] = sum(len(p["completion"]) for p in pairs) / len(pairs)
+    sft = train_sft(model, tok, pairs, recipe)
+    save_policy(model, tok, out / "sft")
+    rep_sft = evaluate(model, tok, task, held_out, params=greedy)
+    t_sft = time.perf_counter() - t0
+    print_eval(rep_sft, f"after SFT ({sft_steps} steps, {sft_examples} demos)", console)
+    summary["sft"] = {"wall_s": sft.wall_s, "loss_first": sft.loss[0], "loss_last": sft.loss[-1],
+                      "total_s_incl_eval": t_sft, **_rates(rep_sft)}
+
+    rows = grpo_rows(task, config, seeds("train", grpo_steps * recipe.batch_size // recipe.num_generations,
+                                         start=sft_examples))
+    grpo = train_grpo(model, tok, rows, reward_fn(task), recipe)
+    save_policy(model, tok, out / "grpo")
+    rep_grpo = evaluate(model, tok, task, held_out, params=greedy)
+    t_all = time.perf_counter() - t0
+    print_eval(rep_grpo, f"after GRPO ({grpo_steps} steps)", console)
+    summary["grpo"] = {"wall_s": grpo.wall_s, "s_per_step": grpo.seconds_per_step,
+                       "dead_group_share": grpo.dead_group_share, "tokens_generated": grpo.tokens_generated,
+                       "reward_first": grpo.steps[0].reward_mean, "reward_last": grpo.steps[-1].reward_mean,
+                       "total_s_incl_evals": t_all, **_rates(rep_grpo)}
+
+    prompts = [task.prompt(i) for i in held_out[:32]]
+    summary["rollout"] = rollout_throughput(model, tok, prompts, n=8, max_new_tokens=max_new_tokens)
+    speeds = [{"preset": preset, "params": summary["params"], "s_per_step": grpo.seconds_per_step,
+               "batch": recipe.batch_size, "completion_length": sum(s.completion_length for s in grpo.steps)
+               / len(grpo.steps)}]
+    if not skip_small and preset != "small":
+        speeds.append(grpo_seconds_per_step(task, config, "small", sft_steps=min(sft_steps, 200), steps=4,
+                                            recipe_kw={"max_completion_length": max_new_tokens}))
+    summary["grpo_speed"] = speeds
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+
+    r = summary["rollout"]
+    console.print(f"sft_s: {sft.wall_s:.1f}\nsft_valid: {rep_sft.valid:.4f}\nsft_optimal: {rep_sft.optimal:.4f}\n"
+                  f"grpo_s: {grpo.wall_s:.1f}\ngrpo_valid: {rep_grpo.valid:.4f}\ngrpo_optimal: {rep_grpo.optimal:.4f}\n"
+                  f"total_s: {t_all:.1f}\nrollout_tok_s: {r['ours_tok_s']:.0f}\ngenerate_tok_s: {r['generate_tok_s']:.0f}"
+                  f"\nrollout_speedup: {r['speedup']:.2f}", highlight=False)
+    for s in speeds:
+        console.print(f"grpo_s_per_step_{s['preset']}: {s['s_per_step']:.2f}", highlight=False)
+    return summary
