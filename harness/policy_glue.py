@@ -70,13 +70,10 @@ def reward_fn(task: Task, shaping: BaseModel | None = None):
 
 
 def suite_instances(task: Task, name: str, split: str = "test") -> list[Instance]:
-    """The instances of a named benchmark suite: each block draws its own seeds of `split` (disjoint across blocks)."""
-    out: list[Instance] = []
-    start = 0
-    for entry in task.suite(name):
-        out.extend(task.generate(entry.config, s) for s in seeds(split, entry.n, start=start))
-        start += entry.n
-    return out
+    """The instances of a named benchmark suite (held-out `split` seeds, see `harness.tasks.suites.draw_suite`)."""
+    from harness.tasks.suites import draw_suite
+
+    return [inst for _, inst in draw_suite(task, name, split)]
 
 
 class SliceStat(BaseModel):
