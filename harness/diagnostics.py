@@ -226,13 +226,13 @@ def near_misses(rollouts: list[Rollout], slice_key: str = "size") -> DiagnosticR
 
 def makespan_gap(rollouts: list[Rollout], slice_key: str = "size") -> DiagnosticResult:
     """Mean makespan gap to optimal over valid plans (needs `metrics.makespan` and `metrics.optimal_makespan`, or
-    `metrics.gap`), overall and per slice. Metrics only: the gap is what `optimal` rate measures in aggregate."""
+    `metrics.makespan_gap`), overall and per slice. Metrics only: the gap is what `optimal` rate measures in aggregate."""
     gaps: dict[str, list[float]] = defaultdict(list)
     for r in rollouts:
         if not r.valid:
             continue
-        if "gap" in r.metrics:
-            g = r.metrics["gap"]
+        if "makespan_gap" in r.metrics:
+            g = r.metrics["makespan_gap"]
         elif "makespan" in r.metrics and "optimal_makespan" in r.metrics:
             g = r.metrics["makespan"] - r.metrics["optimal_makespan"]
         else:

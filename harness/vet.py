@@ -347,16 +347,31 @@ def diagnostic_backtest(path: str, source: str, rollouts: list[Rollout], limits:
                             "its veto (if any) lets unchanged and all-valid arms through")
 
 
-def env_backtest(task: Any, env_text: str) -> VetResult:
-    """A new generator config must generate: a few instances from train seeds (never held-out ones)."""
-    cfg = task.config_model.model_validate(yaml.safe_load(env_text))
-    try:
-        for s in seeds("train", ENV_PROBE_INSTANCES):
-            task.generate(cfg, s)
-    except (ValueError, RuntimeError) as exc:
-        return VetResult(ok=False, stage="offline", reason=f"the new env config does not generate instances: {exc}")
-    return VetResult(ok=True, stage="offline", details={"generated": ENV_PROBE_INSTANCES},
-                     reason=f"generated {ENV_PROBE_INSTANCES} instances from the new config")
+def env_backtest(task: Any, env_text: str, knob: str) -> VetResult:
+    """A new generator config must generate: a few instances (train seeds, never held-out ones) of each size it
+    touches, one size at a time (a per-size knob touches its size; a global knob every size with data)."""
+    data = task.config_model.model_validate(yaml.safe_load(env_text)).model_dump(mode="json")
+    entries = data.get("sizes") if isinstance(data.get("sizes"), list) else None
+    configs: list[tuple[str, Any]] = []
+    if entries and all(isinstance(e, dict) and "size" in e for e in entries):
+        parts = knob.split(".")
+        only = parts[2] if len(parts) == 4 and parts[1] == "sizes" else None
+        for e in entries:
+            if (only is None and e.get("data_ratio", 1) > 0) or str(e["size"]) == only:
+                one = {**data, "sizes": [{**e, "data_ratio": 1.0}]}
+                configs.append((f"size {e['size']}", task.config_model.model_validate(one)))
+    else:
+        configs.append(("config", task.config_model.model_validate(data)))
+    for label, cfg in configs:
+        try:
+            for s in seeds("train", ENV_PROBE_INSTANCES):
+                task.generate(cfg, s)
+        except (ValueError, RuntimeError) as exc:
+            return VetResult(ok=False, stage="offline", details={"where": label},
+                             reason=f"the new env config does not generate {label} instances: {exc}")
+    n = ENV_PROBE_INSTANCES * len(configs)
+    return VetResult(ok=True, stage="offline", details={"generated": n},
+                     reason=f"generated {n} instances from the new config ({', '.join(c[0] for c in configs)})")
 
 
 # --- vet ---------------------------------------------------------------------------------------------------------
@@ -385,7 +400,7 @@ def vet(candidate: Candidate, harness_files: dict[str, str], task: Any, cached_r
         new = _shaping_of({**harness_files, **changed}, task)
         res = shaping_backtest(task, cached_rollouts, old, new)
     elif change.kind == "env":
-        res = env_backtest(task, changed[ENV_FILE])
+        res = env_backtest(task, changed[ENV_FILE], change.knob)
     else:  # recipe: nothing to re-score offline; the schema and ranges were the check
         res = VetResult(ok=True, stage="vet", reason=f"{change.knob} = {change.value!r} passes the recipe model and "
                                                      "the evolvable-knob range")

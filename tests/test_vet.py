@@ -13,6 +13,7 @@ import yaml
 from harness import vet as V
 from harness.records import Candidate, Change, Rollout
 from harness.seeds import seed_for
+from harness.tasks import get_task
 from sandbox.runner import Limits
 
 FAST = Limits(cpu_s=1, wall_s=3.0, memory_mb=256, processes=4)
@@ -126,10 +127,6 @@ def test_diagnostic_may_not_drop_a_veto_or_use_a_bad_path():
 
 # --- seed skills: triggers use emitted codes, interventions pass vet ------------------------------------------------
 
-MAPF_FAILURES = ("parse_error", "wrong_agent_count", "off_grid", "hole", "vertex_conflict", "edge_conflict",
-                 "goal_not_reached", "too_long")
-
-
 def _seed_skills():
     from skills.library import load_skill_file
 
@@ -139,7 +136,7 @@ def _seed_skills():
 def test_seed_skill_triggers_use_emitted_codes():
     from harness.diagnostics import builtin_codes
 
-    known = builtin_codes("mapf", MAPF_FAILURES)
+    known = builtin_codes("mapf", get_task("mapf").failure_types)
     skills = _seed_skills()
     assert len(skills) >= 8
     for s in skills:
@@ -151,21 +148,130 @@ def _instantiate(skill, files: dict[str, str], size: str = "5") -> Change:
     if skill.kind == "diagnostic":
         return Change(kind="diagnostic", knob=iv.knob, code=iv.code)
     knob = iv.knob.format(size=size)
-    recipe = yaml.safe_load(files["recipe.yaml"])
     if skill.kind == "recipe":
         from policies.train import Recipe
 
-        old = recipe.get(knob.split(".")[1], Recipe.model_fields[knob.split(".")[1]].default)
+        field = knob.split(".")[1]
+        old = yaml.safe_load(files["recipe.yaml"]).get(field, Recipe.model_fields[field].default)
     else:
-        raise AssertionError(f"{skill.name}: env skills need the task's config; see the MAPF test")
+        from harness.tasks.mapf import get_knob
+
+        old = get_knob(get_task("mapf").config_model.model_validate(yaml.safe_load(files["env.yaml"])), knob)
     new = {"add": old + iv.value, "mul": old * iv.value, "set": iv.value}[iv.op]
     return Change(kind=skill.kind, knob=knob, value=type(old)(round(new, 6)))
 
 
-def test_seed_recipe_and_diagnostic_skills_pass_vet():
+def test_seed_skills_pass_vet():
     files = harness_files()
+    kinds = set()
     for s in _seed_skills():
-        if s.kind in ("recipe", "diagnostic"):
-            res = V.vet(Candidate(id=s.name, stage=1, change=_instantiate(s, files), rationale=s.expected), files,
-                        None, CACHED, limits=FAST)
-            assert res.ok, (s.name, res.reason)
+        res = V.vet(Candidate(id=s.name, stage=1, change=_instantiate(s, files), rationale=s.expected), files,
+                    get_task("mapf"), CACHED, limits=FAST)
+        assert res.ok, (s.name, res.reason)
+        kinds.add(s.kind)
+    assert kinds == {"env", "recipe", "diagnostic"}
+
+
+# --- env and reward knobs on the real MAPF task ---------------------------------------------------------------------
+
+MAPF = get_task("mapf")
+
+
+def mapf_rollouts(n_groups: int = 8) -> list[Rollout]:
+    """Real MAPF instances (probe seeds) and completions scored by the real scorer: per group, the expert plan (valid),
+    the expert plan with agent A stopping one move short (goal_not_reached, 1 of 2 agents home: partial credit),
+    a padded plan far over the step cap (too_long: long text), and garbage (parse_error)."""
+    cfg = MAPF.config_model.model_validate(yaml.safe_load(harness_files()["env.yaml"]))
+    out = []
+    for g in range(n_groups):
+        inst = MAPF.generate(cfg, seed_for("probe", g))
+        expert = MAPF.expert(inst).splitlines()
+        short = [expert[0][:-1]] + expert[1:]
+        padded = [expert[0] + "UD" * (2 * inst.size ** 2)] + expert[1:]
+        for text in ("\n".join(expert), "\n".join(short), "\n".join(padded), "no plan here"):
+            o = MAPF.score(inst, text)
+            out.append(Rollout(seed=inst.seed, group=g, instance=inst.model_dump(mode="json"), prompt=MAPF.prompt(inst),
+                               completion=text, valid=o.valid, optimal=o.optimal, reward=o.reward, failure=o.failure,
+                               where=o.where, metrics=o.metrics, slices=MAPF.slices(inst), tokens=len(text)))
+    return out
+
+
+ROLLOUTS = mapf_rollouts()
+
+
+def test_mapf_rollouts_cover_what_the_backtest_needs():
+    kinds = {r.failure for r in ROLLOUTS}
+    assert {None, "parse_error", "too_long"} <= kinds and len(kinds) >= 4, kinds
+
+
+@pytest.mark.parametrize("knob,value", [("env.sizes.5.hole_ratio", 0.3), ("env.sizes.3.wait_ratio", 0.5),
+                                        ("env.sizes.4.data_ratio", 0.5), ("env.min_distance", 2)])
+def test_env_accepts_sane_changes(knob, value):
+    files = harness_files()
+    res = V.vet(cand("env", knob, value), files, MAPF, ROLLOUTS)
+    assert res.ok and res.stage == "offline" and res.details["generated"] >= 4, res.reason
+    new = MAPF.config_model.model_validate(yaml.safe_load(res.files["env.yaml"]))
+    old = MAPF.config_model.model_validate(yaml.safe_load(files["env.yaml"]))
+    from harness.tasks.mapf import apply_knob
+
+    assert new == apply_knob(old, knob, value)  # exactly the one knob moved, as the task's own helper would
+    assert res.files["env.yaml"].startswith("# Environment generator config")
+
+
+@pytest.mark.parametrize("knob,value,why", [
+    ("env.sizes.5.hole_ratio", 0.9, "out of the generator's range"),      # the model says 0.0..0.6
+    ("env.sizes.5.hole_ratio", -0.1, "out of the generator's range"),
+    ("env.sizes.5.hole_rate", 0.3, "'hole_rate' does not exist"),
+    ("env.sizes.12.hole_ratio", 0.3, "no entry with size 12"),
+    ("env.holes", 0.3, "'holes' does not exist"),
+    ("env.sizes.5", 0.3, "names a whole entry"),
+    ("env.sizes", 0.3, "not a single value"),
+    ("env.sizes.5.hole_ratio", 0.2, "does nothing"),
+    ("recipe.sizes.5.hole_ratio", 0.3, "needs a knob `env.<field>`"),
+])
+def test_env_rejections(knob, value, why):
+    kind = "env"
+    res = V.vet(cand(kind, knob, value), harness_files(), MAPF, ROLLOUTS)
+    assert not res.ok and res.stage == "vet" and why in res.reason, res.reason
+
+
+def test_two_factor_changes_are_rejected():
+    two = {"hole_ratio": 0.3, "wait_ratio": 0.5}
+    res = V.vet(cand("env", "env.sizes.5", two), harness_files(), MAPF, ROLLOUTS)
+    assert not res.ok and ("whole entry" in res.reason or "one leaf" in res.reason), res.reason
+    res = V.vet(cand("env", "env.sizes.5.hole_ratio", [0.3, 0.4]), harness_files(), MAPF, ROLLOUTS)
+    assert not res.ok and "single factor" in res.reason, res.reason
+    res = V.vet(cand("recipe", "recipe.temperature", 1.2, code="x = 1"), harness_files(), MAPF, ROLLOUTS)
+    assert not res.ok and "carries a value, not code" in res.reason
+
+
+def test_env_that_cannot_generate_is_rejected_offline():
+    files = harness_files()
+    env = yaml.safe_load(files["env.yaml"])
+    env["sizes"][0]["hole_ratio"] = 0.6  # size 3 with 5 holes: a start-goal distance of 4 no longer fits
+    files["env.yaml"] = yaml.safe_dump(env)
+    res = V.vet(cand("env", "env.min_distance", 4), files, MAPF, ROLLOUTS)
+    assert not res.ok and res.stage == "offline" and "does not generate size 3" in res.reason, res.reason
+
+
+def test_reward_sane_change_passes_offline_backtest():
+    for knob, value in (("reward.optimal_bonus", 1.0), ("reward.partial_credit", 0.3)):
+        res = V.vet(cand("reward", knob, value), harness_files(), MAPF, ROLLOUTS)
+        assert res.ok and res.stage == "offline", res.reason
+        assert res.details["corr_after"] >= res.details["corr_before"] - V.CORR_DROP
+        assert yaml.safe_load(res.files["recipe.yaml"])["reward"] == {knob.split(".")[1]: value}
+
+
+def test_reward_that_pays_for_length_is_rejected():
+    # format_penalty is what too_long (and unparseable) completions earn: making it positive pays for padding plans
+    res = V.vet(cand("reward", "reward.format_penalty", 2.0), harness_files(), MAPF, ROLLOUTS)
+    assert not res.ok and res.stage == "offline", res.reason
+    assert "corr(reward, valid) drops" in res.reason and res.details["reward_invalid_after"] > 1.0
+
+
+def test_reward_that_pays_for_partial_moves_inverts_groups():
+    res = V.vet(cand("reward", "reward.partial_credit", 4.0), harness_files(), MAPF, ROLLOUTS)
+    assert not res.ok and res.stage == "offline", res.reason
+    assert res.details["inverted_groups_after"] > res.details["inverted_groups_before"] == 0
+    res = V.vet(cand("reward", "reward.length_bonus", 0.1), harness_files(), MAPF, ROLLOUTS)
+    assert not res.ok and res.stage == "vet" and "does not exist" in res.reason and "partial_credit" in res.reason
