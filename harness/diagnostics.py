@@ -42,6 +42,7 @@ MASTERED = 0.9  # valid rate at or above which a size slice counts as mastered
 TOO_HARD = 0.05  # valid rate at or below which a size slice counts as out of reach for now
 MIN_SLICE_N = 4  # fewer rollouts than this in a slice: no frontier verdict on it
 MIN_FAILURE_RATE = 0.1  # a failure type below this share of its slice is not reported
+MIN_FAILURE_COUNT = 2  # nor one seen fewer times than this (a single failure in a small slice is noise)
 EXAMPLE_CHARS = 220  # abbreviated trajectory length
 
 # Failure type -> knob templates it suggests ({size} is filled from the slice). Order = preference.
@@ -160,7 +161,8 @@ def arm_metrics(rollouts: list[Rollout], slice_keys: Iterable[str] = ("size", "a
 # --- built-ins: task failures -----------------------------------------------------------------------------------------
 
 
-def failure_breakdown(rollouts: list[Rollout], slice_key: str = "size", min_rate: float = MIN_FAILURE_RATE) -> DiagnosticResult:
+def failure_breakdown(rollouts: list[Rollout], slice_key: str = "size", min_rate: float = MIN_FAILURE_RATE,
+                      min_count: int = MIN_FAILURE_COUNT) -> DiagnosticResult:
     """Failures by type within each slice: finding `<task>.<failure>` per slice with its rate, examples and knobs."""
     task = _task_of(rollouts)
     table = FAILURE_KNOBS.get(task, {})
@@ -180,7 +182,7 @@ def failure_breakdown(rollouts: list[Rollout], slice_key: str = "size", min_rate
         for f, bad in sorted(fails.items(), key=lambda kv: -len(kv[1])):
             rate = _rate(len(bad), len(rs))
             metrics[f"failure.{f}.{slice_key}={v}"] = rate
-            if rate < min_rate:
+            if rate < min_rate or len(bad) < min_count:
                 continue
             sl = {slice_key: v} if v != "all" else {}
             findings.append(Finding(
@@ -536,7 +538,8 @@ _SEED_RE = re.compile(r"seed=(\d+)")
 
 
 def _dump(x: Any) -> dict[str, Any]:
-    return x.model_dump(mode="json") if isinstance(x, BaseModel) else dict(x or {})
+    """A model or dict as plain JSON data (int dict keys become strings), so the Diagnosis round-trips exactly."""
+    return json.loads(x.model_dump_json() if isinstance(x, BaseModel) else json.dumps(dict(x or {}), default=str))
 
 
 def check_examples(findings: list[Finding]) -> None:
@@ -637,7 +640,13 @@ def diagnosis_text(d: Diagnosis, max_findings: int = 12) -> str:
         lines.append("metrics: " + " ".join(f"{k}={_num(v)}" for k, v in sorted(overall_metrics.items())))
     for name, why in d.diagnostic_errors.items():
         lines.append(f"diagnostic error: {name}: {why}")
-    lines.append("env config: " + _compact(d.env_config))
+    lines.append("env config:")
+    for k, v in d.env_config.items():
+        if isinstance(v, list) and all(isinstance(e, dict) for e in v):  # e.g. one line per size entry
+            lines += [f"  {k}: " + " ".join(f"{a}={_compact(b) if isinstance(b, list | dict) else b}"
+                                              for a, b in e.items()) for e in v]
+        else:
+            lines.append(f"  {k}: {_compact(v) if isinstance(v, list | dict) else v}")
     if d.env_stats:
         lines.append("env stats: " + _compact(d.env_stats))
     lines.append("recipe: " + _compact(d.recipe))

@@ -10,6 +10,7 @@ import pytest
 from harness import diagnostics as D
 from harness.records import Diagnosis, HistoryItem, Rollout
 from harness.seeds import SplitError, seed_for
+from harness.tasks import get_task
 from sandbox.runner import Limits
 
 FAST = Limits(cpu_s=1, wall_s=3.0, memory_mb=256, processes=4)
@@ -31,7 +32,7 @@ def mk(size: int = 5, failure: str | None = None, *, optimal: bool | None = None
         instance={"task": "mapf", "seed": seed_for(split, i), "size": size},
         prompt=f"grid {size}x{size}", completion=completion or f"A1: RIGHT DOWN DOWN #{i}\nA2: LEFT UP WAIT",
         valid=valid, optimal=optimal, reward=(1.0 if valid else 0.0) if reward is None else reward, failure=failure,
-        where=where, slices={"size": str(size), "agents": str(agents), "holes": "0.2", "wait": "0.25"},
+        where=where, slices={"size": str(size), "agents": str(agents), "holes": "0.2-0.3", "wait": "no"},
         metrics={"makespan": makespan, "optimal_makespan": opt_makespan, "agents": agents,
                  "agents_on_goal": agents if valid else (on_goal if on_goal is not None else 0)},
         tokens=tokens,
@@ -196,20 +197,32 @@ def test_arm_metrics_shape():
 # --- the Diagnosis bundle ---------------------------------------------------------------------------------------------
 
 
-class FakeTask:
-    """Only what build_diagnosis touches of a Task: name, config_model, env_stats. (The MAPF task is tested in its
-    own file; this keeps the diagnostics tests independent of the generator.)"""
+MAPF = get_task("mapf")
+ENV = MAPF.default_config()
 
-    name = "mapf"
 
-    class config_model:
-        @staticmethod
-        def model_validate(d):
-            return d
+def scored(n_groups: int = 6) -> list[Rollout]:
+    """Real MAPF instances on probe seeds, completions scored by the real scorer: expert (valid), agent A one move
+    short (goal_not_reached, a near miss), garbage (parse_error)."""
+    out = []
+    for g in range(n_groups):
+        inst = MAPF.generate(ENV, seed_for("probe", 100 + g))
+        expert = MAPF.expert(inst).splitlines()
+        for text in ("\n".join(expert), "\n".join([expert[0][:-1]] + expert[1:]), "nothing"):
+            o = MAPF.score(inst, text)
+            out.append(Rollout(seed=inst.seed, group=g, instance=inst.model_dump(mode="json"), prompt=MAPF.prompt(inst),
+                               completion=text, valid=o.valid, optimal=o.optimal, reward=o.reward, failure=o.failure,
+                               where=o.where, metrics=o.metrics, slices=MAPF.slices(inst), tokens=len(text)))
+    return out
 
-    @staticmethod
-    def env_stats(config, n):
-        return {"n": n, "mean_holes": 3.5}
+
+def test_builtins_on_scored_mapf_rollouts():
+    rs = scored()
+    codes_seen = {f.code for res in D.builtin_diagnostics(rs) for f in res.findings}
+    assert "mapf.parse_error" in codes_seen and "mapf.near_miss" in codes_seen, codes_seen
+    assert codes_seen <= D.builtin_codes("mapf", MAPF.failure_types)
+    assert D.makespan_gap(rs).metrics["makespan_gap"] == 0.0  # expert plans are optimal
+    assert D.dead_groups(rs).metrics["dead_groups"] == 0.0  # every group mixes valid and failing plans
 
 
 HISTORY = [
@@ -227,13 +240,15 @@ def _probe_set():
 
 
 def test_diagnosis_roundtrip_and_text():
-    d = D.build_diagnosis(FakeTask, 3, _probe_set(), {"sizes": [{"size": 5}]}, {"temperature": 1.0}, HISTORY,
-                          stages_left=2, budget_left_s=600.0, diagnostics_files={"diagnostics/holes.py": GOOD})
+    d = D.build_diagnosis(MAPF, 3, _probe_set(), ENV, {"temperature": 1.0}, HISTORY, stages_left=2,
+                          budget_left_s=600.0, diagnostics_files={"diagnostics/holes.py": GOOD},
+                          shaping=MAPF.shaping_model(), state="abc123", env_stats_n=8)
     assert Diagnosis.model_validate_json(d.model_dump_json()) == d
     assert [h.candidate for h in d.history] == ["s1.hole", "s2.temp"]  # no round-0 default
     assert d.consecutive_rejections == 2 and d.step_scale == 0.5
     assert d.overall["valid"] == pytest.approx(12 / 18, abs=1e-3) and d.by_slice["size=5"]["n"] == 10
-    assert d.env_stats["mean_holes"] == 3.5 and d.metrics["evolved.holes.hole_share"] == pytest.approx(4 / 18, abs=1e-3)
+    assert d.env_stats["n"] == 8 and d.recipe["reward"]["partial_credit"] == 0.5 and d.state == "abc123"
+    assert d.env_config["sizes"][0]["size"] == 3 and d.metrics["evolved.holes.hole_share"] == pytest.approx(4 / 18, abs=1e-3)
     assert d.metrics["failure.hole.size=5"] == 0.4 and d.diagnostic_errors == {}
     text = D.diagnosis_text(d)
     assert "mapf.hole (size=5): count=4 rate=0.4" in text
@@ -241,13 +256,14 @@ def test_diagnosis_roundtrip_and_text():
     assert "s1.hole: env.sizes.5.hole_ratio 0.1 -> 0.2 -> rejected" in text and "round-0" not in text
     assert "default" not in text
     assert "round=3 stages_left=2" in text and "budget_left_s: 600" in text
+    assert "  sizes: size=5 data_ratio=1.0 hole_ratio=0.2 wait_ratio=0.25 agents=2" in text
     assert len(text) < 4000
 
 
 def test_hygiene_guard():
     rs = _probe_set() + [mk(5, "hole", split="backtest")]
     with pytest.raises(SplitError, match="probe"):
-        D.build_diagnosis(FakeTask, 1, rs, {}, {}, [], stages_left=1, budget_left_s=None)
+        D.build_diagnosis(MAPF, 1, rs, ENV, {}, [], stages_left=1, budget_left_s=None)
     leaky = D.Finding(code="evolved.x.y", examples=[f"seed={seed_for('test', 3)} size=5"])
     with pytest.raises(SplitError, match="test instance"):
         D.check_examples([leaky])
