@@ -303,6 +303,8 @@ def backtest(start_ckpt: Path, control_files: dict[str, str], candidate_files: d
     """One online decision: control and candidate arms from the same start checkpoint, same budget, same training
     seeds; both evaluated on the same fresh `eval_seeds` (backtest split; the caller draws new ones per decision) with
     the same sampling seed; vetoes from both trees' diagnostics; the gate's verdict."""
+    check_split(list(train_seeds), "train")  # before any compute is spent
+    check_split(list(eval_seeds), "backtest")
     out_dir = Path(out_dir)
     arms = {}
     for name, files, seed in (("control", control_files, arm_seeds[0]), ("candidate", candidate_files, arm_seeds[1])):

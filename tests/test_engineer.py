@@ -215,3 +215,59 @@ def test_borrowed_skills_only_when_in_family_are_exhausted(lib):
     two = propose(EngineerConfig(), _diag(), lib, 2, np.random.default_rng(0), space=SPACE)
     assert [c.skill for c in two.candidates] == ["mapf-holes", "math-temp"]
     assert "borrowed from math" in two.candidates[1].rationale
+
+
+def test_knob_space_of_the_template_harness_agrees_with_the_vet_step():
+    """Every knob offered to the engineer, moved to the middle of its range, is a change `harness.vet.apply_change`
+    accepts on the template harness (one source of truth for ranges)."""
+    from pathlib import Path
+
+    from harness.engineer.proposal import knob_space, vet_error
+    from harness.tasks import get_task
+    from harness.vet import apply_change
+
+    template = Path(__file__).resolve().parents[1] / "sandbox" / "template"
+    files = {str(p.relative_to(template)): p.read_text() for p in template.rglob("*") if p.is_file()}
+    d = Diagnosis(task="mapf", stage=1, env_config=yaml.safe_load(files["env.yaml"]),
+                  recipe=yaml.safe_load(files["recipe.yaml"]))
+    task = get_task("mapf")
+    space = knob_space(d, task)
+    assert {"env.sizes.5.hole_ratio", "env.sizes.3.data_ratio", "recipe.temperature"} <= set(space)
+    assert "recipe.steps" not in space  # a fixed-budget backtest cannot judge it
+    assert space["env.sizes.5.hole_ratio"].current == 0.2 and space["recipe.num_generations"].integer
+    for k in space.values():  # one step inside the range from the current value
+        step = 1 if k.integer else round((k.hi - k.lo) / 10, 4)
+        value = k.current + step if k.current + step <= k.hi else k.current - step
+        if k.path == "recipe.num_generations":
+            value = 16  # the Recipe model's own cross-field rule: batch_size (32) divisible by num_generations
+        assert vet_error(d, Change(kind=k.kind, knob=k.path, value=value), task) is None, k.path
+        apply_change(files, Change(kind=k.kind, knob=k.path, value=value), task)
+    # a value inside the box but against a cross-field rule is refused early, with the vet step's reason
+    text = json.dumps(_one("env.sizes.3.agents", 8))
+    with pytest.raises(ProposalError, match="refused by the vet step: .*free cells"):
+        parse_reply(text, d, space, 1, "llm")
+
+
+def test_rule_with_the_seed_skills_on_the_template_harness(tmp_path):
+    """The shipped seed skills on a realistic diagnosis of the template harness: concrete changes the vet step
+    accepts; the parse-error skill stays out (its condition, rate >= 0.2, does not hold)."""
+    from pathlib import Path
+
+    from harness.tasks import get_task
+    from harness.vet import apply_change
+
+    template = Path(__file__).resolve().parents[1] / "sandbox" / "template"
+    files = {str(p.relative_to(template)): p.read_text() for p in template.rglob("*") if p.is_file()}
+    d = _diag(env_config=yaml.safe_load(files["env.yaml"]), recipe=yaml.safe_load(files["recipe.yaml"]),
+              findings=[Finding(code="mapf.hole", severity="critical", count=20, rate=0.55, slice={"size": "5"}),
+                        Finding(code="grpo.dead_groups", severity="warn", count=10, rate=0.4),
+                        Finding(code="mapf.parse_error", severity="info", count=2, rate=0.05, slice={"size": "3"})])
+    with SkillLibrary.open(tmp_path / "skills.db") as lib:
+        res = propose(EngineerConfig(), d, lib, 3, np.random.default_rng(0))
+    got = {c.change.knob: c.change.value for c in res.candidates}
+    assert len(got) == 3 and got.pop("env.sizes.5.hole_ratio") == pytest.approx(0.3)
+    assert set(got) <= {"recipe.temperature", "recipe.num_generations"}  # dead groups: two seed skills
+    assert got.get("recipe.num_generations", 16) == 16 and got.get("recipe.temperature", 1.2) > 1.0
+    assert all(c.engineer == "rule" and c.skill for c in res.candidates)
+    for c in res.candidates:
+        apply_change(files, c.change, get_task("mapf"))

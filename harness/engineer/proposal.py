@@ -80,6 +80,16 @@ class ProposalResult(BaseModel):
 # (the same for both arms), so a change of `steps` could never be judged.
 NOT_BACKTESTABLE = {"steps"}
 
+# Ranges of config fields whose model checks bounds in a validator instead of declaring them (ge/le): the engineer's
+# rule for them; the vet step still validates every change with the task's own model.
+FIELD_RANGES: dict[str, tuple[float, float]] = {
+    "data_ratio": (0.0, 1.0),  # mixture weight (normalised over sizes)
+    "hole_ratio": (0.0, 0.6),
+    "wait_ratio": (0.0, 1.0),
+    "agents": (1, 16),
+    "min_distance": (1, 30),
+}
+
 
 class Knob(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -106,7 +116,8 @@ def _bounds(field_info: Any) -> tuple[float | None, float | None]:
 
 def _walk(model: BaseModel, prefix: str, kind: str, out: dict[str, Knob]) -> None:
     """Bounded numeric fields of a config model become knobs; a list of entries with a `size` field is keyed by size
-    (`env.sizes.5.hole_ratio`). Fields without both bounds are not offered to the engineer."""
+    (`env.sizes.5.hole_ratio`). Bounds: declared ones (ge/le/gt/lt), else `FIELD_RANGES`; fields with neither are
+    not offered to the engineer."""
     for name, info in type(model).model_fields.items():
         value = getattr(model, name)
         path = f"{prefix}.{name}"
@@ -117,6 +128,8 @@ def _walk(model: BaseModel, prefix: str, kind: str, out: dict[str, Knob]) -> Non
                 _walk(v, f"{path}.{v.size}", kind, out)
         elif isinstance(value, (int, float)) and not isinstance(value, bool) and name != "size":
             lo, hi = _bounds(info)
+            if (lo is None or hi is None) and name in FIELD_RANGES:
+                lo, hi = FIELD_RANGES[name]
             if lo is not None and hi is not None:
                 out[path] = Knob(path=path, kind=kind, lo=lo, hi=hi, integer=isinstance(value, int), current=value)
 
@@ -182,6 +195,28 @@ def make_candidate(diagnosis: Diagnosis, change: Change, old_value: Any, rationa
     return Candidate(id=f"s{diagnosis.stage}-{slug}-{h}", stage=diagnosis.stage, change=change, old_value=old_value,
                      rationale=rationale, expected=expected, target_metric=target_metric, skill=skill,
                      engineer=engineer)
+
+
+# --- the vet step's own check, early ---------------------------------------------------------------------------------
+
+
+def vet_error(diagnosis: Diagnosis, change: Change, task: Any = None) -> str | None:
+    """Why `harness.vet.apply_change` would refuse this change on the diagnosis' harness (cross-field rules of the
+    task's config model and the Recipe, e.g. agents vs free cells, batch_size vs num_generations), or None. Checked
+    here so an engineer gets the reason while it can still retry. Needs the diagnosis' env config and recipe."""
+    if not diagnosis.env_config:
+        return None
+    import yaml
+
+    from harness.tasks import get_task
+    from harness.vet import VetError, apply_change
+
+    files = {"env.yaml": yaml.safe_dump(diagnosis.env_config), "recipe.yaml": yaml.safe_dump(diagnosis.recipe)}
+    try:
+        apply_change(files, change, task if task is not None else get_task(diagnosis.task))
+    except VetError as exc:
+        return str(exc)
+    return None
 
 
 # --- parsing a reply --------------------------------------------------------------------------------------------------
@@ -297,6 +332,9 @@ def parse_reply(text: str, diagnosis: Diagnosis, space: dict[str, Knob], max_can
     seen: set[str] = set()
     for i, pc in enumerate(proposal.candidates):
         change, old = _validate_change(i, pc, space)
+        why = vet_error(diagnosis, change)
+        if why:
+            raise ProposalError(f"candidate #{i} is refused by the vet step: {why}")
         if change.knob in seen:
             notes.append(f"candidate #{i} dropped: {change.knob} already proposed in this reply")
             continue

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.engineer.proposal import Knob, change_key, make_candidate
+from harness.engineer.proposal import Knob, change_key, make_candidate, vet_error
 from harness.records import Candidate, Change, Diagnosis, Finding
 from skills.library import SkillError, condition_holds
 from skills.model import Skill
@@ -117,6 +117,10 @@ def propose_rule(diagnosis: Diagnosis, in_family: list[Skill], fallback: list[Sk
                     notes.append(made)
                     continue
                 change, old = made
+                why = vet_error(diagnosis, change)
+                if why:
+                    notes.append(f"{skill.name}: {change.knob} -> {change.value} refused by the vet step: {why}")
+                    continue
                 options.append(((borrowed, -theta[skill.name], fi, skill.name), skill, f, change, old))
     options.sort(key=lambda o: o[0])
     out: list[Candidate] = []
