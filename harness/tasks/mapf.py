@@ -542,9 +542,8 @@ def validate_batch(instances: list[MAPFInstance], completions: list[str]) -> lis
 
 
 def slices(inst: MAPFInstance) -> dict[str, str]:
-    cells = inst.size * inst.size
-    b = (10 * inst.holes) // cells
-    return {"size": str(inst.size), "agents": str(inst.agents), "holes": f"{b / 10:.1f}-{(b + 1) / 10:.1f}",
+    tenths = int(10 * inst.holes / (inst.size * inst.size) + 0.5)  # the hole ratio to the nearest tenth
+    return {"size": str(inst.size), "agents": str(inst.agents), "holes": f"{tenths / 10:.1f}",
             "wait": "yes" if inst.needs_wait else "no"}
 
 

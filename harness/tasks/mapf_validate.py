@@ -124,9 +124,11 @@ def validate_arrays(free: np.ndarray, starts: np.ndarray, goals: np.ndarray, mov
     lengths: (B,) each plan's own length (step of goal_not_reached), default L.
     Returns arrays (B,): valid, failure (index into FAILURES, -1 when valid), agent, step, other, row, col, makespan."""
     B, k, L = moves.shape
+    lengths = np.full(B, L) if lengths is None else np.asarray(lengths)
+    if L == 0:  # all plans empty: one padded wait changes nothing
+        moves, L = np.full((B, k, 1), 4, dtype=np.int8), 1
     n = free.shape[1]
     N = n * n
-    lengths = np.full(B, L) if lengths is None else np.asarray(lengths)
     mv = moves.astype(np.int64)
     R = np.concatenate([starts[:, :, :1], starts[:, :, :1] + np.cumsum(DR[mv], axis=2)], axis=2)  # (B, k, L+1)
     C = np.concatenate([starts[:, :, 1:], starts[:, :, 1:] + np.cumsum(DC[mv], axis=2)], axis=2)
