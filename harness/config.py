@@ -1,0 +1,170 @@
+"""RunConfig: one typed object for a whole autonomous run, loaded from YAML with unknown keys rejected.
+
+    from harness.config import load_config
+    cfg = load_config("examples/mapf_quick.yaml")
+
+A typo is an error that names the field and the file; every field has help text (`evotrainer run --help` points here).
+The gate lives here, not in the harness repo: nothing a run evolves can relax it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from harness.backtest import GateConfig
+from harness.engineer import EngineerConfig
+
+
+class ConfigError(ValueError):
+    """A run config that cannot be used; the message names the field and the fix."""
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|hr|d)?\s*$")
+_UNIT_S = {None: 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600, "d": 86400}
+
+
+def parse_duration(value: str | float | None) -> float | None:
+    """'90s', '15m', '8h', '1.5h' or a number of seconds -> seconds."""
+    if value is None or isinstance(value, (int, float)):
+        return None if value is None else float(value)
+    m = _DURATION.match(str(value))
+    if not m:
+        raise ValueError(f"cannot read duration {value!r}; write e.g. '90s', '15m' or '8h'")
+    return float(m.group(1)) * _UNIT_S[m.group(2)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PolicyConfig(_Strict):
+    preset: Literal["tiny", "small"] | None = Field("tiny", description="build a small model offline from a preset")
+    checkpoint: str | None = Field(None, description="start from a local Hugging Face checkpoint dir instead of a preset")
+    style: str | None = Field(None, description="prompt style (mapf: compact for char models, chat for chat LLMs); "
+                                                "default: compact for presets, chat for checkpoints")
+    backend: Literal["transformers", "vllm", "auto"] = Field("transformers", description="rollout engine")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> PolicyConfig:
+        if self.checkpoint and self.preset:
+            self.preset = None  # an explicit checkpoint wins over the default preset
+        if not self.checkpoint and not self.preset:
+            raise ValueError("policy: set preset (tiny|small) or checkpoint (a local Hugging Face model dir)")
+        return self
+
+    @property
+    def resolved_style(self) -> str:
+        return self.style or ("compact" if self.preset else "chat")
+
+
+class WarmStartConfig(_Strict):
+    sft_examples: int = Field(2000, ge=0, description="expert demonstrations (train split) for the SFT warm start; 0 = skip")
+    sft_steps: int | None = Field(None, ge=0, description="override recipe.sft_steps for the warm start")
+
+
+class BudgetConfig(_Strict):
+    stages: int = Field(3, ge=1, le=10_000, description="stop after this many stages")
+    wall_clock: str | float | None = Field(None, description="stop starting new stages after this long ('15m', '8h')")
+    compute_s: float | None = Field(None, gt=0, description="stop when the compute ledger exceeds this many seconds")
+    plateau: int = Field(0, ge=0, description="stop after this many stages in a row without a promotion (0 = never)")
+
+    @field_validator("wall_clock")
+    @classmethod
+    def _duration(cls, v: Any) -> Any:
+        parse_duration(v)
+        return v
+
+    @property
+    def wall_clock_s(self) -> float | None:
+        return parse_duration(self.wall_clock)
+
+
+class StageConfig(_Strict):
+    train_instances: int = Field(256, ge=8, description="fresh train-split instances drawn for each stage's GRPO")
+    probe_n: int = Field(48, ge=4, description="probe-split instances rolled out for the diagnosis")
+    probe_samples: int = Field(4, ge=1, description="samples per probe instance (groups for GRPO-health diagnostics)")
+    candidates: int = Field(1, ge=1, le=8, description="candidates the engineer may propose per stage")
+    rejections_before_fallback: int = Field(3, ge=1, description="consecutive rejections before rolling back to the "
+                                            "last promoted harness and shrinking the change step size")
+    step_shrink: float = Field(0.5, gt=0, lt=1, description="multiplier on the change step size at each fallback")
+
+
+class BacktestConfig(_Strict):
+    arm_steps: int = Field(8, ge=1, description="GRPO steps per arm (candidate and control get the same budget)")
+    n: int = Field(96, ge=8, description="fresh backtest-split instances per decision (both arms, paired)")
+    samples: int = Field(1, ge=1, description="greedy-or-sampled completions per backtest instance")
+
+
+class EvalConfig(_Strict):
+    suite: str = Field("small", description="benchmark suite on the test split, reported per stage (never decides)")
+    limit: int | None = Field(None, ge=1, description="evaluate only the first N suite instances (faster reports)")
+
+
+class RunConfig(_Strict):
+    task: str = Field("mapf", description="task family: mapf")
+    name: str = Field("run", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="run id prefix")
+    seed: int = Field(0, description="seed for the engineer's choices and model initialisation")
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    env: dict[str, Any] | None = Field(None, description="round-0 generator config (the task's config model); "
+                                                         "default: the harness template's env.yaml")
+    recipe: dict[str, Any] = Field(default_factory=dict, description="round-0 recipe overrides (policies.train.Recipe)")
+    reward: dict[str, Any] = Field(default_factory=dict, description="round-0 reward shaping (the task's shaping model)")
+    warm_start: WarmStartConfig = Field(default_factory=WarmStartConfig)
+    budget: BudgetConfig = Field(default_factory=BudgetConfig)
+    stage: StageConfig = Field(default_factory=StageConfig)
+    backtest: BacktestConfig = Field(default_factory=BacktestConfig)
+    gate: GateConfig = Field(default_factory=GateConfig)
+    engineer: EngineerConfig = Field(default_factory=EngineerConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+
+    @model_validator(mode="after")
+    def _check(self) -> RunConfig:
+        from harness.tasks import TASKS, get_task
+        from policies.train import Recipe
+
+        if self.task not in TASKS:
+            raise ValueError(f"task: unknown task {self.task!r}; choose one of {', '.join(sorted(TASKS))}")
+        task = get_task(self.task)
+        if self.env is not None:
+            task.config_model.model_validate(self.env)
+        task.shaping_model.model_validate(self.reward)
+        Recipe.model_validate(self.recipe)
+        if self.eval.suite:
+            task.suite(self.eval.suite)  # raises with the list of suites
+        return self
+
+
+def _format_error(exc: ValidationError, source: str) -> str:
+    lines = []
+    for e in exc.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"{loc}: unknown key (typo?); see `evotrainer run --help` and examples/*.yaml")
+        else:
+            lines.append(f"{loc}: {e['msg']}")
+    return f"{source}: invalid run config:\n  " + "\n  ".join(lines)
+
+
+def parse_config(data: dict[str, Any], source: str = "<config>") -> RunConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: a run config is a YAML mapping, got {type(data).__name__}")
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_error(exc, source)) from None
+
+
+def load_config(path: str | Path) -> RunConfig:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"run config {path} not found; pass a YAML file such as examples/mapf_quick.yaml")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    return parse_config(data, str(path))

@@ -1,0 +1,773 @@
+"""The autonomous run: a LangGraph StateGraph that trains in stages and evolves the harness between them.
+
+    setup -> train -> probe -> diagnose -> propose -> vet -> backtest -> decide -> remember -> (train | END)
+
+    from harness.graph import start_run, resume_run
+    run_dir = start_run(load_config("examples/mapf_quick.yaml"), runs_dir="runs")
+    resume_run(run_dir)            # after a crash: re-enters the interrupted node
+
+Every node is idempotent: it first asks the run store whether it already finished (then it returns the stored
+result), and every write it makes is keyed (candidate ids, git branches and tags, seed draws, compute rows, skill
+tries), so a node re-entered after SIGKILL never duplicates a commit, a row or a skill update. The LangGraph state
+holds ids, paths and small summaries only; rollouts, checkpoints and evidence live on disk and in run.db.
+
+Held-out hygiene: training draws only `train` seeds, the diagnosis sees only `probe` rollouts, every decision draws
+fresh `backtest` seeds (a forward-only cursor in run.db), and the `test` split is only used for per-stage reports.
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+import sqlite3
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from itertools import pairwise
+from pathlib import Path
+from typing import Annotated, Any, TypedDict
+
+import numpy as np
+import yaml
+
+from harness.config import RunConfig, parse_config
+from harness.records import Candidate, HistoryItem, Rollout, Verdict, read_rollouts, write_rollouts
+from harness.store import RunStore, acquire_lock
+from harness.tasks import get_task
+
+NODES = ("setup", "train", "probe", "diagnose", "propose", "vet", "backtest", "decide", "remember")
+
+
+class RunError(ValueError):
+    """A run that cannot be started or resumed; the message says why and what to do."""
+
+
+# --- state -------------------------------------------------------------------------------------------------------------
+
+
+class State(TypedDict, total=False):
+    run_id: str
+    stage: int
+    policy: str  # checkpoint the next train node starts from
+    train_ckpt: str  # this stage's trained checkpoint (start of both arms)
+    candidates: list[str]  # ids proposed this stage
+    vetted: list[str]  # ids that passed vet
+    winner: str | None
+    next_policy: str
+    consecutive_rejections: int
+    stages_without_promotion: int
+    done: bool
+    stop_reason: str
+    log: Annotated[list[str], operator.add]  # one line per node, for the summary
+
+
+# --- the run context: everything a node needs that is not state --------------------------------------------------------
+
+
+@dataclass
+class Run:
+    run_dir: Path
+    config: RunConfig
+    store: RunStore
+    progress: Callable[[str, dict[str, Any]], None] = lambda event, data: None
+    started: float = field(default_factory=time.time)
+
+    @property
+    def id(self) -> str:
+        return self.run_dir.name
+
+    @property
+    def task(self):
+        return get_task(self.config.task)
+
+    @property
+    def style(self) -> str:
+        return self.config.policy.resolved_style
+
+    def workspace(self):
+        from sandbox.workspace import Workspace
+
+        return Workspace(self.run_dir / "harness")
+
+    def skills(self):
+        from skills.library import SkillLibrary
+
+        return SkillLibrary.open()
+
+    def path(self, *parts: str) -> Path:
+        p = self.run_dir.joinpath(*parts)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        return p
+
+    def event(self, stage: int | None, node: str, kind: str, message: str, key: str | None = None, **data: Any):
+        self.store.add_event(self.id, kind, message, stage=stage, node=node, data=data or None, key=key)
+        self.progress(kind, {"stage": stage, "node": node, "message": message, **data})
+
+
+# --- harness files: env config, recipe, reward shaping -------------------------------------------------------------------
+
+
+def harness_models(files: dict[str, str], task) -> tuple[Any, Any, Any]:
+    """(env config, Recipe, shaping) from the harness repo's env.yaml and recipe.yaml (its `reward:` section)."""
+    from policies.train import Recipe
+
+    env = task.config_model.model_validate(yaml.safe_load(files["env.yaml"]) or {})
+    rec = dict(yaml.safe_load(files["recipe.yaml"]) or {})
+    reward = rec.pop("reward", None) or {}
+    return env, Recipe.model_validate(rec), task.shaping_model.model_validate(reward)
+
+
+def initial_files(config: RunConfig) -> dict[str, str]:
+    """The round-0 harness: the template, with the run config's env / recipe / reward overrides written in."""
+    from sandbox.workspace import TEMPLATE_DIR
+
+    files: dict[str, str] = {}
+    tmpl_recipe = yaml.safe_load((TEMPLATE_DIR / "recipe.yaml").read_text()) or {}
+    if config.env is not None:
+        files["env.yaml"] = "# Round-0 generator config (from the run config).\n" + yaml.safe_dump(
+            config.env, sort_keys=False)
+    if config.recipe or config.reward:
+        rec = {**tmpl_recipe, **config.recipe, "reward": {**(tmpl_recipe.get("reward") or {}), **config.reward}}
+        files["recipe.yaml"] = "# Round-0 training recipe (template + run config overrides).\n" + yaml.safe_dump(
+            rec, sort_keys=False)
+    return files
+
+
+# --- nodes ---------------------------------------------------------------------------------------------------------------
+
+
+def _done(run: Run, stage: int, node: str) -> dict[str, Any] | None:
+    return run.store.node_result(run.id, stage, node)
+
+
+def _finish(run: Run, stage: int, node: str, result: dict[str, Any], t0: float, message: str) -> dict[str, Any]:
+    result = {**result, "_wall_s": time.time() - t0}
+    run.store.mark_node_done(run.id, stage, node, result)
+    run.event(stage, node, "node", message, key=f"{stage}/{node}/done", wall_s=result["_wall_s"])
+    return result
+
+
+def _load(path: str):
+    from policies.model import load_policy
+
+    return load_policy(path)
+
+
+def node_setup(run: Run, state: State) -> State:
+    """Build (or load) the policy and run the SFT warm start on expert demonstrations from the train split."""
+    if (r := _done(run, 0, "setup")) is not None:
+        return {"policy": r["policy"], "stage": 1, "consecutive_rejections": 0, "stages_without_promotion": 0}
+    t0 = time.time()
+    from policies.model import build_model, save_policy
+    from policies.train import train_sft
+
+    cfg, task = run.config, run.task
+    run.event(0, "setup", "node_start", "building the policy and warm-starting it on expert demonstrations")
+    env, recipe, _ = harness_models(run.workspace().files("main"), task)
+    out = run.path("checkpoints", "warmstart")
+    if cfg.policy.checkpoint:
+        model, tok = _load(cfg.policy.checkpoint)
+    else:
+        model, tok = build_model(cfg.policy.preset, task.alphabet(), seed=cfg.seed)
+    n = cfg.warm_start.sft_examples
+    if n > 0:
+        from harness.policy_glue import sft_pairs
+
+        if cfg.warm_start.sft_steps is not None:
+            recipe = recipe.model_copy(update={"sft_steps": cfg.warm_start.sft_steps})
+        pairs = sft_pairs(task, env, run.store.draw_seeds(run.id, "train", n, key="warmstart"), run.style)
+        m = train_sft(model, tok, pairs, recipe, progress=_progress_cb(run, 0, "setup"))
+        run.store.charge(run.id, 0, "policy", "sft", seconds=m.wall_s, steps=m.steps)
+    save_policy(model, tok, out)
+    _finish(run, 0, "setup", {"policy": str(out)}, t0, f"warm start done: {out.name}")
+    return {"policy": str(out), "stage": 1, "consecutive_rejections": 0, "stages_without_promotion": 0,
+            "log": [f"setup: warm start on {n} expert demonstrations"]}
+
+
+def _progress_cb(run: Run, stage: int, node: str):
+    def cb(what: str, step: int, total: int, logs: dict[str, Any]) -> None:
+        run.progress("step", {"stage": stage, "node": node, "what": what, "step": step, "total": total,
+                              "reward": logs.get("reward")})
+
+    return cb
+
+
+def _grpo(run: Run, stage: int, arm: str, start: str, files: dict[str, str], steps: int, seed_key: str,
+          out: Path, seed: int) -> dict[str, Any]:
+    """One GRPO run from `start` under the harness `files`; saves to `out`; charges the ledger."""
+    from harness.policy_glue import grpo_rows, reward_fn
+    from policies.model import save_policy
+    from policies.train import train_grpo
+
+    task = run.task
+    env, recipe, shaping = harness_models(files, task)
+    recipe = recipe.model_copy(update={"steps": steps, "seed": seed})
+    # a fixed prompt pool per key: both arms of a decision train on exactly the same instances, whatever their recipe
+    seeds = run.store.draw_seeds(run.id, "train", run.config.stage.train_instances, key=seed_key)
+    rows = grpo_rows(task, env, seeds, run.style)
+    model, tok = _load(start)
+    m = train_grpo(model, tok, rows, reward_fn(task, shaping), recipe, progress=_progress_cb(run, stage, arm))
+    save_policy(model, tok, out)
+    run.store.charge(run.id, stage, arm, "grpo", seconds=m.wall_s, tokens=m.tokens_generated, steps=len(m.steps))
+    steps_out = [s.model_dump() for s in m.steps]
+    return {"checkpoint": str(out), "steps": steps_out, "seconds": m.wall_s, "tokens": m.tokens_generated}
+
+
+def node_train(run: Run, state: State) -> State:
+    k = state["stage"]
+    if (r := _done(run, k, "train")) is not None:
+        return {"train_ckpt": r["checkpoint"]}
+    t0 = time.time()
+    run.store.start_stage(run.id, k)
+    files = run.workspace().files("main")
+    steps = harness_models(files, run.task)[1].steps
+    run.event(k, "train", "node_start", f"GRPO {steps} steps under harness@main")
+    r = _grpo(run, k, "policy", state["policy"], files, steps, f"s{k}/train", run.path("checkpoints", f"s{k}-train"),
+              seed=run.config.seed + k)
+    _finish(run, k, "train", r, t0, f"trained {steps} steps")
+    return {"train_ckpt": r["checkpoint"], "log": [f"stage {k} train: {steps} GRPO steps"]}
+
+
+def _rollouts(run: Run, ckpt: str, seeds: list[int], env, samples: int, temperature: float,
+              shaping=None) -> tuple[list[Rollout], float, int]:
+    from harness.policy_glue import evaluate
+    from policies.rollout import SamplingParams
+
+    task = run.task
+    instances = [task.generate(env, s) for s in seeds]
+    model, tok = _load(ckpt)
+    params = SamplingParams(temperature=temperature, n=samples, max_new_tokens=_max_new(run), seed=run.config.seed)
+    rep = evaluate(model, tok, task, instances, run.style, params=params, shaping=shaping)
+    return rep.rollouts, rep.seconds, rep.new_tokens
+
+
+def _max_new(run: Run) -> int:
+    return int(harness_models(run.workspace().files("main"), run.task)[1].max_completion_length)
+
+
+def node_probe(run: Run, state: State) -> State:
+    """Roll the trained policy out on fresh probe seeds (several samples each) and cache the rollouts."""
+    k = state["stage"]
+    if _done(run, k, "probe") is not None:
+        return {}
+    t0 = time.time()
+    cfg = run.config
+    env, recipe, shaping = harness_models(run.workspace().files("main"), run.task)
+    seeds = run.store.draw_seeds(run.id, "probe", cfg.stage.probe_n, key=f"s{k}/probe")
+    rollouts, secs, toks = _rollouts(run, state["train_ckpt"], seeds, env, cfg.stage.probe_samples,
+                                     recipe.temperature, shaping)
+    path = write_rollouts(run.path("rollouts", f"s{k}-probe.jsonl.gz"), rollouts)
+    run.store.charge(run.id, k, "policy", "rollout", seconds=secs, tokens=toks, label="probe")
+    valid = float(np.mean([r.valid for r in rollouts]))
+    run.store.record_eval(run.id, k, "policy", "probe", n=len(rollouts), valid=valid,
+                          optimal=float(np.mean([r.optimal for r in rollouts])))
+    _finish(run, k, "probe", {"rollouts": str(path), "valid": valid}, t0, f"probe valid {valid:.3f}")
+    return {"log": [f"stage {k} probe: valid {valid:.3f} on {len(rollouts)} rollouts"]}
+
+
+def _history(run: Run) -> list[HistoryItem]:
+    out = []
+    for c in run.store.candidates(run.id):
+        if c["status"] not in ("promoted", "rejected", "rejected_vet"):
+            continue
+        lo, hi = c.get("ci_low"), c.get("ci_high")
+        out.append(HistoryItem(stage=c["stage"], candidate=c["id"], knob=c["knob"],
+                               change=f"{c['knob']} -> {(c['patch'] or {}).get('value')}",
+                               verdict="promoted" if c["status"] == "promoted" else "rejected",
+                               effect=c.get("effect"), ci=(lo, hi) if lo is not None and hi is not None else None,
+                               reason=c.get("reason") or ""))
+    return out
+
+
+def _budget_left(run: Run, stage: int) -> tuple[int, float | None]:
+    b = run.config.budget
+    wall = b.wall_clock_s
+    left = None if wall is None else max(0.0, wall - (time.time() - run.store_started()))
+    return b.stages - stage, left
+
+
+def node_diagnose(run: Run, state: State) -> State:
+    k = state["stage"]
+    if _done(run, k, "diagnose") is not None:
+        return {}
+    t0 = time.time()
+    from harness.diagnostics import build_diagnosis
+
+    files = run.workspace().files("main")
+    env, recipe, _ = harness_models(files, run.task)
+    rollouts = read_rollouts(Path(run.store.node_result(run.id, k, "probe")["rollouts"]))
+    train = run.store.node_result(run.id, k, "train") or {}
+    valid_hist = [e["valid"] for e in run.store.evaluations(run.id, arm="policy")
+                  if e["split"] == "test" and not e["slice_key"]]
+    stages_left, budget_left = _budget_left(run, k)
+    diag = build_diagnosis(run.task, k, rollouts, env, recipe, _history(run), stages_left, budget_left,
+                           train_metrics=train.get("steps"), valid_history=valid_hist,
+                           diagnostics_files={p: s for p, s in files.items() if p.startswith("diagnostics/")})
+    run.store.record_findings(run.id, k, diag.findings)
+    path = run.path("stages", f"s{k}", "diagnosis.json")
+    path.write_text(diag.model_dump_json(indent=1))
+    top = ", ".join(f"{f.code}{'@' + ','.join(f'{a}={b}' for a, b in f.slice.items()) if f.slice else ''}"
+                    for f in diag.findings[:3]) or "none"
+    _finish(run, k, "diagnose", {"diagnosis": str(path), "findings": len(diag.findings)}, t0,
+            f"{len(diag.findings)} findings; top: {top}")
+    return {"log": [f"stage {k} diagnose: {len(diag.findings)} findings (top: {top})"]}
+
+
+def node_propose(run: Run, state: State) -> State:
+    """Ask the engineer for candidates; commit each (one change) on its own branch cand/<id>."""
+    k = state["stage"]
+    if (r := _done(run, k, "propose")) is not None:
+        return {"candidates": r["candidates"]}
+    t0 = time.time()
+    from harness.engineer import propose
+    from harness.records import Diagnosis
+    from harness.vet import apply_change
+
+    cfg = run.config
+    diag = Diagnosis.model_validate_json(Path(run.store.node_result(run.id, k, "diagnose")["diagnosis"]).read_text())
+    rng = np.random.default_rng([cfg.seed, k])
+    skills = run.skills()
+    try:
+        res = propose(cfg.engineer, diag, skills, cfg.stage.candidates, rng, policy_ckpt=Path(state["train_ckpt"]))
+    finally:
+        skills.close()
+    for note in res.notes:
+        run.event(k, "propose", "engineer_note", note, key=f"{k}/note/{note[:80]}")
+    for bad in res.rejected_replies:
+        run.event(k, "propose", "reply_rejected", bad.reason, key=f"{k}/bad/{bad.attempt}")
+    ws = run.workspace()
+    main_files = ws.files("main")
+    ids = []
+    for i, cand in enumerate(res.candidates):
+        cand = cand.model_copy(update={"id": f"s{k}c{i + 1}", "stage": k})
+        ids.append(cand.id)
+        run.store.upsert_candidate(run.id, cand)
+        try:
+            new_files = apply_change(main_files, cand.change, run.task)
+        except ValueError as exc:  # a patch that does not apply is a vet rejection, recorded without a commit
+            run.store.set_candidate_verdict(Verdict(candidate=cand.id, decision="rejected", stage_reached="vet",
+                                                    reason=f"patch does not apply: {exc}"))
+            continue
+        changed = {p: s for p, s in new_files.items() if main_files.get(p) != s}
+        sha = ws.propose(cand.id, changed, summary=_summary(cand), rationale=cand.rationale,
+                         factor=cand.change.knob, stage=k, skill=cand.skill, engineer=cand.engineer)
+        run.store.upsert_candidate(run.id, cand, commit=sha)
+    msg = ", ".join(f"{i}: {c.change.knob}" for i, c in zip(ids, res.candidates)) or "no candidate"
+    _finish(run, k, "propose", {"candidates": ids, "engineer": res.engineer_used}, t0, msg)
+    return {"candidates": ids, "log": [f"stage {k} propose ({res.engineer_used}): {msg}"]}
+
+
+def _summary(c: Candidate) -> str:
+    if c.change.kind == "diagnostic":
+        return f"{c.change.knob}: add/revise diagnostic"
+    return f"{c.change.knob}: {c.old_value} -> {c.change.value}"
+
+
+def node_vet(run: Run, state: State) -> State:
+    k = state["stage"]
+    if (r := _done(run, k, "vet")) is not None:
+        return {"vetted": r["vetted"]}
+    t0 = time.time()
+    from harness.vet import vet
+
+    ws = run.workspace()
+    rollouts = read_rollouts(Path(run.store.node_result(run.id, k, "probe")["rollouts"]))
+    main_files = ws.files("main")
+    vetted = []
+    for cid in state.get("candidates", []):
+        row = run.store.candidate(cid)
+        if row["status"] in ("rejected_vet", "rejected", "promoted"):
+            continue
+        cand = _candidate(row)
+        res = vet(cand, main_files, run.task, rollouts)
+        if res.ok:
+            run.store.set_candidate_status(cid, "vetted")
+            vetted.append(cid)
+        else:
+            _reject(run, cid, Verdict(candidate=cid, decision="rejected", reason=f"vet: {res.reason}",
+                                      stage_reached="vet"))
+    _finish(run, k, "vet", {"vetted": vetted}, t0, f"{len(vetted)} of {len(state.get('candidates', []))} vetted")
+    return {"vetted": vetted}
+
+
+def _candidate(row: dict[str, Any]) -> Candidate:
+    from harness.records import Change
+
+    return Candidate(id=row["id"], stage=row["stage"], change=Change.model_validate(row["patch"]),
+                     old_value=row["old_value"], rationale=row["rationale"] or "", expected=row["expected"] or "",
+                     skill=row["skill"], engineer=row["engineer"] or "rule")
+
+
+def _reject(run: Run, cid: str, verdict: Verdict) -> None:
+    ws = run.workspace()
+    tag = None
+    if cid in ws.pending() or _has_branch(ws, cid):
+        tag = ws.reject(cid, verdict.reason, evidence=verdict.evidence).tag
+    run.store.set_candidate_verdict(verdict, tag=tag)
+
+
+def _has_branch(ws, cid: str) -> bool:
+    try:
+        ws.candidate_sha(cid)
+        return True
+    except Exception:  # noqa: BLE001 - UnknownCandidate: never committed (patch did not apply)
+        return False
+
+
+def _arm(run: Run, k: int, name: str, files: dict[str, str], start: str, steps: int) -> dict[str, Any]:
+    """Train one arm (idempotent: a finished arm is not retrained) and evaluate it on this stage's backtest seeds."""
+    node = f"arm:{name}"
+    if (r := run.store.node_result(run.id, k, node)) is not None:
+        return r
+    cfg = run.config
+    # both arms train on the same train seeds; arm randomness is shared too (paired design)
+    r = _grpo(run, k, name, start, files, steps, f"s{k}/arms", run.path("checkpoints", f"s{k}-{name}"),
+              seed=cfg.seed + 1000 + k)
+    env_main = harness_models(run.workspace().files("main"), run.task)[0]
+    seeds = run.store.draw_seeds(run.id, "backtest", cfg.backtest.n, key=f"s{k}/backtest")
+    # backtest instances come from the INCUMBENT env config for both arms: the same fresh held-out instances
+    rollouts, secs, toks = _rollouts(run, r["checkpoint"], seeds, env_main, cfg.backtest.samples, 0.0
+                                     if cfg.backtest.samples == 1 else 1.0)
+    path = write_rollouts(run.path("rollouts", f"s{k}-{name}-backtest.jsonl.gz"), rollouts)
+    run.store.charge(run.id, k, name, "eval", seconds=secs, tokens=toks, label="backtest")
+    valid = float(np.mean([x.valid for x in rollouts]))
+    run.store.record_eval(run.id, k, name, "backtest", n=len(rollouts), valid=valid,
+                          optimal=float(np.mean([x.optimal for x in rollouts])))
+    r = {**r, "rollouts": str(path), "valid": valid, "steps": len(r["steps"])}
+    run.store.mark_node_done(run.id, k, node, r)
+    return r
+
+
+def _per_instance(rollouts: list[Rollout]) -> tuple[list[int], list[float], list[dict[str, str]]]:
+    by: dict[int, list[Rollout]] = {}
+    for x in rollouts:
+        by.setdefault(x.seed, []).append(x)
+    seeds = sorted(by)
+    return seeds, [float(np.mean([x.valid for x in by[s]])) for s in seeds], [by[s][0].slices for s in seeds]
+
+
+def node_backtest(run: Run, state: State) -> State:
+    """Control arm (incumbent harness) vs each vetted candidate arm, same start, budget and seeds; the gate."""
+    k = state["stage"]
+    if _done(run, k, "backtest") is not None:
+        return {}
+    t0 = time.time()
+    from harness.backtest import decide
+    from harness.diagnostics import arm_metrics, run_vetoes
+
+    cfg, ws = run.config, run.workspace()
+    vetted = state.get("vetted", [])
+    if not vetted:
+        _finish(run, k, "backtest", {"verdicts": []}, t0, "nothing to backtest")
+        return {}
+    steps = cfg.backtest.arm_steps
+    control = _arm(run, k, "control", ws.files("main"), state["train_ckpt"], steps)
+    c_roll = read_rollouts(Path(control["rollouts"]))
+    c_seeds, c_out, c_slices = _per_instance(c_roll)
+    verdicts = []
+    for cid in vetted:
+        files = ws.files(f"cand/{cid}")
+        arm = _arm(run, k, cid, files, state["train_ckpt"], steps)
+        x_roll = read_rollouts(Path(arm["rollouts"]))
+        x_seeds, x_out, _ = _per_instance(x_roll)
+        assert x_seeds == c_seeds, "arms must be evaluated on the same backtest instances"
+        vetoes = run_vetoes({p: s for p, s in files.items() if p.startswith("diagnostics/")}, c_roll, x_roll,
+                            arm_metrics(c_roll), arm_metrics(x_roll))
+        v = decide(c_out, x_out, c_slices, cfg.gate, vetoes, candidate_id=cid, comparisons=len(vetted),
+                   rng=np.random.default_rng([cfg.seed, k, len(verdicts)]), seeds=c_seeds)
+        verdicts.append(v)
+        run.store.set_candidate_status(cid, "backtested")
+        run.event(k, "backtest", "verdict", f"{cid}: {v.decision}: {v.reason}", key=f"{k}/verdict/{cid}")
+    _finish(run, k, "backtest", {"verdicts": [json.loads(v.model_dump_json()) for v in verdicts],
+                                 "control": control["checkpoint"]}, t0, f"{len(verdicts)} decision(s)")
+    return {}
+
+
+def node_decide(run: Run, state: State) -> State:
+    """Promote the best significant candidate (merge + tag; its arm's checkpoint continues); reject the rest."""
+    k = state["stage"]
+    if (r := _done(run, k, "decide")) is not None:
+        return _decide_state(run, state, r)
+    t0 = time.time()
+    from harness.backtest import choose_winner
+
+    ws = run.workspace()
+    bt = run.store.node_result(run.id, k, "backtest") or {"verdicts": []}
+    verdicts = [Verdict.model_validate(v) for v in bt["verdicts"]]
+    winner, others = choose_winner(verdicts)
+    next_policy = bt.get("control") or state["train_ckpt"]
+    if winner is not None:
+        d = ws.promote(winner.candidate, evidence=winner.evidence, reason=winner.reason)
+        run.store.set_candidate_verdict(winner, tag=d.tag)
+        next_policy = run.store.node_result(run.id, k, f"arm:{winner.candidate}")["checkpoint"]
+    for v in others:
+        if winner is None or v.candidate != winner.candidate:
+            _reject(run, v.candidate, v)
+    result = {"winner": winner.candidate if winner else None, "next_policy": next_policy,
+              "decided": len(verdicts)}
+    msg = f"promoted {winner.candidate}" if winner else "no promotion"
+    _finish(run, k, "decide", result, t0, msg)
+    return {**_decide_state(run, state, result), "log": [f"stage {k} decide: {msg}"]}
+
+
+def _decide_state(run: Run, state: State, r: dict[str, Any]) -> State:
+    k = state["stage"]
+    cfg = run.config.stage
+    tried = bool(state.get("candidates"))
+    rej = 0 if r["winner"] else state.get("consecutive_rejections", 0) + (1 if tried else 0)
+    if rej >= cfg.rejections_before_fallback:
+        run.event(k, "decide", "fallback",
+                  f"{rej} rejections in a row: back to the last promoted harness (main), smaller changes next",
+                  key=f"{k}/fallback")
+        rej = 0
+    nwp = 0 if r["winner"] else state.get("stages_without_promotion", 0) + 1
+    return {"winner": r["winner"], "next_policy": r["next_policy"], "consecutive_rejections": rej,
+            "stages_without_promotion": nwp}
+
+
+def node_remember(run: Run, state: State) -> State:
+    """Skill evidence, a new skill for a promoted change that had none, the stage's held-out report, budget check."""
+    k = state["stage"]
+    if _done(run, k, "remember") is None:
+        t0 = time.time()
+        _remember_skills(run, k)
+        policy = state["next_policy"]
+        _report_eval(run, k, policy)
+        run.store.end_stage(run.id, k, checkpoint=policy, metrics=_stage_metrics(run, k, time.time() - t0))
+        _finish(run, k, "remember", {}, t0, "stage recorded")
+    stop = _stop_reason(run, state)
+    out: State = {"policy": state["next_policy"], "stage": k + 1, "candidates": [], "vetted": [], "winner": None}
+    if stop:
+        run.store.set_run_status(run.id, "finished")
+        run.event(k, "remember", "finished", stop, key="finished")
+        out.update(done=True, stop_reason=stop)
+    return out
+
+
+def _remember_skills(run: Run, k: int) -> None:
+    from skills.model import Evidence as SkillEvidence
+    from skills.model import Intervention, Provenance, Skill, Trigger
+
+    lib = run.skills()
+    try:
+        for c in run.store.candidates(run.id, stage=k):
+            if c["status"] not in ("promoted", "rejected"):
+                continue
+            cand = _candidate(c)
+            promoted = c["status"] == "promoted"
+            interval = (c["ci_low"], c["ci_high"]) if c.get("ci_low") is not None else None
+            if cand.skill:
+                lib.record_try(cand.skill, promoted=promoted, effect=c.get("effect") or 0.0, interval=interval,
+                               family=run.config.task, run=run.id, candidate=cand.id, commit=c.get("commit_sha"))
+            elif promoted:  # an engineer-invented change that worked becomes a skill
+                codes = [f.code for f in run.store.findings(run.id, stage=k)][:3]
+                name = f"{run.config.task}-{cand.change.knob.replace('/', '-').replace('_', '-')}-{run.id}-{cand.id}"
+                name = "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in name.lower())
+                lib.add(Skill(
+                    name=name, kind=cand.change.kind, trigger=Trigger(findings=codes),
+                    intervention=Intervention(knob=cand.change.knob, op="code" if cand.change.code else "set",
+                                              value=cand.change.value, code=cand.change.code),
+                    expected=cand.expected or f"raises {cand.target_metric}", validation=cand.target_metric,
+                    domains=[run.config.task],
+                    evidence=SkillEvidence(tries=1, promotions=1, mean_effect=c.get("effect") or 0.0,
+                                           last_interval=interval, families=[run.config.task]),
+                    provenance=Provenance(source="run", run=run.id, commit=c.get("commit_sha")),
+                    description=cand.rationale), replace=True)
+    finally:
+        lib.close()
+
+
+def _report_eval(run: Run, k: int, ckpt: str) -> None:
+    """Held-out (test split) valid/optimal per slice of the stage's policy: reported, never used to decide."""
+    if not run.config.eval.suite:
+        return
+    from harness.policy_glue import evaluate, suite_instances
+    from policies.rollout import SamplingParams
+
+    task = run.task
+    insts = suite_instances(task, run.config.eval.suite, "test")
+    if run.config.eval.limit:
+        insts = insts[: run.config.eval.limit]
+    model, tok = _load(ckpt)
+    rep = evaluate(model, tok, task, insts, run.style,
+                   params=SamplingParams(temperature=0.0, max_new_tokens=_max_new(run), batch_size=64))
+    run.store.charge(run.id, k, "policy", "eval", seconds=rep.seconds, tokens=rep.new_tokens, label="test")
+    run.store.record_eval(run.id, k, "policy", "test", n=rep.n, valid=rep.valid, optimal=rep.optimal)
+    for key, vals in rep.by_slice.items():
+        for val, st in vals.items():
+            run.store.record_eval(run.id, k, "policy", "test", n=st.n, valid=st.valid, optimal=st.optimal,
+                                  slice_key=key, slice_value=val)
+
+
+def _stage_metrics(run: Run, k: int, remember_s: float) -> dict[str, Any]:
+    """Held-out metrics plus the framework overhead: stage wall time not spent in training/eval compute."""
+    wall = remember_s + sum((run.store.node_result(run.id, k, n) or {}).get("_wall_s", 0.0) for n in NODES[1:8])
+    compute = float(run.store.db.execute("SELECT COALESCE(SUM(seconds), 0) FROM compute WHERE run = ? AND stage = ?",
+                                         [run.id, k]).fetchone()[0])
+    test = [e for e in run.store.evaluations(run.id, stage=k, arm="policy") if e["split"] == "test"
+            and not e["slice_key"]]
+    out = {"wall_s": wall, "compute_s": compute, "overhead_share": max(0.0, wall - compute) / wall if wall else 0.0}
+    if test:
+        out.update(valid=test[0]["valid"], optimal=test[0]["optimal"])
+    return out
+
+
+def _stop_reason(run: Run, state: State) -> str | None:
+    b, k = run.config.budget, state["stage"]
+    if k >= b.stages:
+        return f"stage budget reached ({b.stages} stages)"
+    wall = b.wall_clock_s
+    if wall is not None and time.time() - run.store_started() >= wall:
+        return f"wall-clock budget reached ({b.wall_clock})"
+    if b.compute_s is not None and run.store.seconds_spent(run.id) >= b.compute_s:
+        return f"compute budget reached ({b.compute_s:.0f} s)"
+    if b.plateau and state.get("stages_without_promotion", 0) >= b.plateau:
+        return f"plateau: {b.plateau} stages without a promotion"
+    return None
+
+
+# --- the graph -----------------------------------------------------------------------------------------------------------
+
+
+def build_graph(run: Run, checkpointer):
+    from langgraph.graph import END, START, StateGraph
+
+    g = StateGraph(State)
+    for name in NODES:
+        fn = globals()[f"node_{name}"]
+        g.add_node(name, _wrap(run, name, fn))
+    g.add_edge(START, "setup")
+    g.add_edge("setup", "train")
+    for a, b in pairwise(NODES[1:]):
+        g.add_edge(a, b)
+    g.add_conditional_edges("remember", lambda s: END if s.get("done") else "train", {END: END, "train": "train"})
+    return g.compile(checkpointer=checkpointer)
+
+
+def _wrap(run: Run, name: str, fn):
+    def node(state: State) -> State:
+        run.progress("node", {"stage": state.get("stage", 0), "node": name})
+        return fn(run, state)
+
+    node.__name__ = name
+    return node
+
+
+def _drive(run: Run, first_input: dict[str, Any] | None) -> dict[str, Any]:
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    conn = sqlite3.connect(run.run_dir / "graph.db", check_same_thread=False)
+    try:
+        graph = build_graph(run, SqliteSaver(conn))
+        cfg = {"configurable": {"thread_id": run.id}, "recursion_limit": 10_000}
+        return graph.invoke(first_input, cfg, durability="sync")
+    finally:
+        conn.close()
+
+
+def _open(run_dir: Path, config: RunConfig, progress) -> Run:
+    store = RunStore.open(run_dir / "run.db")
+    run = Run(run_dir=run_dir, config=config, store=store, progress=progress or (lambda e, d: None))
+    return run
+
+
+def _store_started(self: Run) -> float:
+    from datetime import datetime
+
+    row = self.store.get_run(self.id)
+    return datetime.fromisoformat(row["created"]).timestamp()
+
+
+Run.store_started = _store_started  # type: ignore[attr-defined]
+
+
+def new_run_id(config: RunConfig) -> str:
+    return f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def start_run(config: RunConfig, runs_dir: str | Path = "runs", run_id: str | None = None,
+              progress: Callable[[str, dict[str, Any]], None] | None = None) -> Path:
+    """Create runs/<id>/ (run.db, harness repo, graph.db) and drive the graph to the end of the budget."""
+    run_id = run_id or new_run_id(config)
+    ckpt = config.policy.checkpoint
+    if ckpt and not Path(ckpt).is_dir():
+        raise RunError(f"policy.checkpoint {ckpt} does not exist; point it at a local Hugging Face model directory "
+                       "(with config.json and tokenizer files) or use policy.preset: tiny|small")
+    run_dir = Path(runs_dir) / run_id
+    if (run_dir / "run.db").exists():
+        raise RunError(f"run {run_id} already exists in {runs_dir}; resume it with `evotrainer resume {run_dir}`")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = acquire_lock(run_dir, run_id)
+    try:
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+        run = _open(run_dir, config, progress)
+        from sandbox.workspace import Workspace
+
+        Workspace.create(run_dir / "harness", files_override=initial_files(config) or None)
+        run.store.create_run(run_id, config.model_dump(mode="json"), budget=config.budget.model_dump(mode="json"))
+        run.store.set_run_status(run_id, "running")
+        try:
+            _drive(run, {"run_id": run_id, "stage": 0, "log": []})
+        except BaseException:
+            run.store.set_run_status(run_id, "interrupted")
+            raise
+        finally:
+            run.store.close()
+    finally:
+        lock.release()
+    return run_dir
+
+
+def find_run(ref: str | Path, runs_dir: str | Path = "runs") -> Path:
+    """A run directory from a path or a run id (looked up in runs_dir)."""
+    p = Path(ref)
+    for cand in (p, Path(runs_dir) / str(ref)):
+        if (cand / "run.db").is_file():
+            return cand
+    raise RunError(f"no run {ref!r}: neither {p} nor {Path(runs_dir) / str(ref)} holds a run.db; "
+                   "`ls runs/` lists runs, or pass --runs-dir")
+
+
+def load_run_config(run_dir: Path) -> RunConfig:
+    return parse_config(yaml.safe_load((run_dir / "config.yaml").read_text()), str(run_dir / "config.yaml"))
+
+
+def resume_run(ref: str | Path, runs_dir: str | Path = "runs",
+               progress: Callable[[str, dict[str, Any]], None] | None = None) -> Path:
+    """Continue an interrupted run from its last LangGraph checkpoint (the interrupted node runs again)."""
+    run_dir = find_run(ref, runs_dir)
+    run_id = run_dir.name
+    lock = acquire_lock(run_dir, run_id)
+    try:
+        config = load_run_config(run_dir)
+        run = _open(run_dir, config, progress)
+        try:
+            if run.store.get_run(run_id)["status"] == "finished":
+                raise RunError(f"run {run_id} already finished; start a new one with `evotrainer run CONFIG` "
+                               f"or review it with `evotrainer review {run_dir}`")
+            from sandbox.workspace import Workspace
+
+            for r in Workspace(run_dir / "harness").repairs:
+                run.event(None, "resume", "repair", r)
+            run.store.set_run_status(run_id, "running")
+            run.event(None, "resume", "resumed", f"resumed {run_id}")
+            try:
+                _drive(run, None if _has_checkpoint(run_dir, run_id) else {"run_id": run_id, "stage": 0, "log": []})
+            except BaseException:
+                run.store.set_run_status(run_id, "interrupted")
+                raise
+        finally:
+            run.store.close()
+    finally:
+        lock.release()
+    return run_dir
+
+
+def _has_checkpoint(run_dir: Path, run_id: str) -> bool:
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    conn = sqlite3.connect(run_dir / "graph.db", check_same_thread=False)
+    try:
+        return SqliteSaver(conn).get_tuple({"configurable": {"thread_id": run_id}}) is not None
+    finally:
+        conn.close()

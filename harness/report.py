@@ -1,0 +1,134 @@
+"""The review of a run: a JSON status, a terminal summary, a candidate timeline, and a static HTML page.
+
+    evotrainer status runs/<id> --json      # read-only, safe while the run is going
+    evotrainer review runs/<id> [CANDIDATE]
+    evotrainer report runs/<id>             # writes runs/<id>/report.html
+
+Everything here only reads run.db and the harness repo; nothing is recomputed.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any
+
+from harness.store import RunStore
+
+
+def status(run_dir: Path) -> dict[str, Any]:
+    """Stages (held-out metrics) and candidates (id, factor, verdict, reason, effect, interval, commit, tag)."""
+    store = RunStore.open(run_dir / "run.db")
+    try:
+        run_id = run_dir.name
+        run = store.get_run(run_id)
+        stages = []
+        for s in store.stages(run_id):
+            m = s.get("metrics") or {}
+            stages.append({"stage": s["stage"], "status": s["status"], "checkpoint": s.get("checkpoint"),
+                           "valid": m.get("valid"), "optimal": m.get("optimal"), "wall_s": m.get("wall_s"),
+                           "overhead_share": m.get("overhead_share")})
+        cands = [{"id": c["id"], "stage": c["stage"], "kind": c["kind"], "factor": c["knob"],
+                  "value": (c["patch"] or {}).get("value"), "old_value": c["old_value"], "status": c["status"],
+                  "verdict": {"promoted": "promoted", "rejected": "rejected", "rejected_vet": "rejected"}.get(
+                      c["status"]), "reason": c["reason"], "effect": c["effect"],
+                  "interval": [c["ci_low"], c["ci_high"]] if c["ci_low"] is not None else None, "n": c["n"],
+                  "engineer": c["engineer"], "skill": c["skill"], "commit": c["commit_sha"], "tag": c["tag"],
+                  "rationale": c["rationale"]}
+                 for c in store.candidates(run_id)]
+        return {"run": run_id, "status": run["status"], "created": run.get("created"),
+                "updated": run.get("updated"), "task": (run.get("config") or {}).get("task"),
+                "stages": stages, "candidates": cands, "compute": store.compute(run_id),
+                "harness": str(run_dir / "harness"), "report": str(run_dir / "report.html")}
+    finally:
+        store.close()
+
+
+def _f(x: Any, pct: bool = True) -> str:
+    if x is None:
+        return "-"
+    return f"{100 * x:.1f}%" if pct else f"{x:+.3f}"
+
+
+def print_summary(run_dir: Path, console) -> dict[str, Any]:
+    from rich.table import Table
+
+    st = status(run_dir)
+    t = Table(title=f"run {st['run']} ({st['status']}): held-out test suite per stage")
+    for col in ("stage", "valid", "optimal", "wall s", "overhead"):
+        t.add_column(col, justify="right")
+    for s in st["stages"]:
+        t.add_row(str(s["stage"]), _f(s["valid"]), _f(s["optimal"]),
+                  f"{s['wall_s']:.0f}" if s["wall_s"] else "-", _f(s["overhead_share"]))
+    console.print(t)
+    c = Table(title="candidates")
+    for col in ("id", "factor", "change", "verdict", "effect [CI]", "reason"):
+        c.add_column(col, overflow="fold")
+    for x in st["candidates"]:
+        ci = f"{_f(x['effect'], False)} [{_f(x['interval'][0], False)}, {_f(x['interval'][1], False)}]" \
+            if x["interval"] else "-"
+        c.add_row(x["id"], x["factor"], f"{x['old_value']} -> {x['value']}", x["verdict"] or x["status"], ci,
+                  (x["reason"] or "")[:70])
+    console.print(c)
+    for s in st["stages"]:
+        console.print(f"stage_{s['stage']}_valid: {s['valid'] if s['valid'] is not None else 'nan'}", highlight=False)
+    promoted = sum(1 for x in st["candidates"] if x["verdict"] == "promoted")
+    console.print(f"candidates: {len(st['candidates'])}\npromoted: {promoted}\nharness: {st['harness']}\n"
+                  f"report: {st['report']}", highlight=False)
+    return st
+
+
+def timeline(run_dir: Path) -> list[dict[str, Any]]:
+    from sandbox.workspace import Workspace
+
+    st = {c["id"]: c for c in status(run_dir)["candidates"]}
+    out = []
+    for rec in Workspace(run_dir / "harness").history():
+        row = st.get(rec.id, {})
+        out.append({"id": rec.id, "stage": rec.stage, "factor": rec.factor, "summary": rec.summary,
+                    "rationale": rec.rationale, "verdict": rec.verdict, "reason": rec.reason,
+                    "evidence": rec.evidence, "sha": rec.sha, "tag": rec.tag, "skill": rec.skill,
+                    "engineer": rec.engineer, "effect": row.get("effect"), "interval": row.get("interval")})
+    # candidates rejected before a commit existed (a patch that did not apply) are in run.db only
+    seen = {r["id"] for r in out}
+    out += [{"id": c["id"], "stage": c["stage"], "factor": c["factor"], "summary": f"{c['factor']} -> {c['value']}",
+             "rationale": c["rationale"], "verdict": c["verdict"] or c["status"], "reason": c["reason"],
+             "evidence": None, "sha": None, "tag": None, "skill": c["skill"], "engineer": c["engineer"],
+             "effect": None, "interval": None} for c in st.values() if c["id"] not in seen]
+    return sorted(out, key=lambda r: (r["stage"], r["id"]))
+
+
+def write_html(run_dir: Path) -> Path:
+    st = status(run_dir)
+    tl = timeline(run_dir)
+    e = html.escape
+    rows = "".join(f"<tr><td>{s['stage']}</td><td>{_f(s['valid'])}</td><td>{_f(s['optimal'])}</td>"
+                   f"<td>{_f(s['overhead_share'])}</td></tr>" for s in st["stages"])
+    bars = "".join(f"<div class=bar style='height:{max(2, int(200 * (s['valid'] or 0)))}px' "
+                   f"title='stage {s['stage']}: {_f(s['valid'])}'></div>" for s in st["stages"])
+    def ci(c: dict[str, Any]) -> str:
+        iv = c["interval"]
+        return f"{_f(c['effect'], False)} [{_f(iv[0], False)}, {_f(iv[1], False)}]" if iv else _f(c["effect"], False)
+
+    cands = "".join(
+        f"<tr class={e(str(c['verdict']))}><td>{e(c['id'])}</td><td>{c['stage']}</td><td><code>{e(c['factor'])}"
+        f"</code></td><td>{e(c['summary'] or '')}</td><td>{e(str(c['verdict']))}</td>"
+        f"<td>{ci(c)}</td>"
+        f"<td>{e(c['reason'] or '')}</td><td>{e(c['rationale'] or '')}</td><td><code>{e((c['sha'] or '')[:10])}"
+        f"</code> {e(c['tag'] or '')}</td></tr>" for c in tl)
+    page = f"""<!doctype html><meta charset=utf-8><title>evotrainer run {e(st['run'])}</title>
+<style>body{{font:14px system-ui;margin:2em;max-width:1200px}}table{{border-collapse:collapse;margin:1em 0}}
+td,th{{border:1px solid #ccc;padding:4px 8px;vertical-align:top}}.promoted{{background:#e8f7e8}}
+.rejected{{background:#fbeaea}}.bars{{display:flex;align-items:flex-end;gap:6px;height:210px}}
+.bar{{width:28px;background:#4a7}}</style>
+<h1>Run {e(st['run'])}</h1><p>status: {e(st['status'])} &middot; task: {e(str(st['task']))} &middot;
+harness repo: <code>{e(st['harness'])}</code> (<code>git log --all --decorate</code>)</p>
+<h2>Held-out valid rate per stage (test suite)</h2><div class=bars>{bars}</div>
+<table><tr><th>stage</th><th>valid</th><th>optimal</th><th>framework overhead</th></tr>{rows}</table>
+<h2>Candidate timeline</h2>
+<table><tr><th>id</th><th>stage</th><th>factor</th><th>change</th><th>verdict</th><th>effect [CI]</th><th>reason</th>
+<th>rationale</th><th>commit / tag</th></tr>{cands}</table>
+"""
+    out = run_dir / "report.html"
+    out.write_text(page, encoding="utf-8")
+    return out

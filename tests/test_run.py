@@ -1,0 +1,222 @@
+"""The autonomous run end to end, at tiny scale: a real tiny model, real TRL steps, a real git harness repo, real
+SQLite, the rule engineer. Then SIGKILL in the middle of a run and resume it; then the bad inputs of the CLI.
+
+    pytest tests/test_run.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.config import ConfigError, load_config, parse_config
+from harness.graph import RunError, find_run, resume_run, start_run
+from harness.store import RunStore
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TINY = {
+    "task": "mapf",
+    "name": "t",
+    "seed": 0,
+    "policy": {"preset": "tiny"},
+    "warm_start": {"sft_examples": 64, "sft_steps": 8},
+    "recipe": {"steps": 2, "batch_size": 8, "num_generations": 4, "max_completion_length": 48},
+    "budget": {"stages": 2},
+    "stage": {"train_instances": 16, "probe_n": 8, "probe_samples": 2, "candidates": 1},
+    "backtest": {"arm_steps": 1, "n": 16},
+    "engineer": {"kind": "rule"},
+    "eval": {"suite": "small", "limit": 12},
+}
+
+
+@pytest.fixture(autouse=True)
+def _home(tmp_path, monkeypatch):
+    monkeypatch.setenv("EVOTRAINER_HOME", str(tmp_path / "home"))
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout
+
+
+def _check_consistent(run_dir: Path) -> dict:
+    """run.db agrees with the harness repo's tags, nothing is duplicated, git fsck is clean."""
+    repo = run_dir / "harness"
+    fsck = subprocess.run(["git", "-C", str(repo), "fsck", "--strict"], capture_output=True, text=True)
+    assert fsck.returncode == 0, fsck.stderr
+    tags = set(_git(repo, "tag", "--list").split())
+    store = RunStore.open(run_dir / "run.db")
+    try:
+        cands = store.candidates(run_dir.name)
+        ids = [c["id"] for c in cands]
+        assert len(ids) == len(set(ids))
+        for c in cands:
+            if c["status"] == "promoted":
+                assert c["tag"] in tags, (c["id"], c["tag"], tags)
+            if c["status"] in ("rejected", "rejected_vet") and c["commit_sha"]:
+                assert f"rejected/{c['id']}" in tags
+        promoted_tags = {t for t in tags if t.startswith("promoted/")}
+        assert promoted_tags == {c["tag"] for c in cands if c["status"] == "promoted"}
+        rejected_tags = {t for t in tags if t.startswith("rejected/")}
+        assert rejected_tags == {f"rejected/{c['id']}" for c in cands
+                                 if c["status"] in ("rejected", "rejected_vet") and c["commit_sha"]}
+        # one commit per candidate on its branch: no duplicate candidate commits in the whole history
+        subjects = _git(repo, "log", "--all", "--format=%H %(trailers:key=Candidate,valueonly,separator=)").split("\n")
+        per_cand: dict[str, int] = {}
+        for line in subjects:
+            parts = line.split()
+            if len(parts) == 2:
+                per_cand[parts[1]] = per_cand.get(parts[1], 0) + 1
+        assert all(v == 1 for v in per_cand.values()), per_cand
+        stages = store.stages(run_dir.name)
+        return {"candidates": cands, "stages": stages, "tags": tags,
+                "events": store.events(run_dir.name), "compute": store.compute(run_dir.name)}
+    finally:
+        store.close()
+
+
+# --- a whole run ------------------------------------------------------------------------------------------------------
+
+
+def test_tiny_run_end_to_end(tmp_path):
+    cfg = parse_config(TINY, "test")
+    run_dir = start_run(cfg, tmp_path / "runs", run_id="e2e")
+    st = _check_consistent(run_dir)
+    assert [s["stage"] for s in st["stages"]] == [1, 2]
+    assert all(s["status"] == "done" for s in st["stages"])
+    assert all("valid" in s["metrics"] for s in st["stages"])
+    # the engineer proposed, every candidate got a verdict with a reason, and git tells the story
+    assert st["candidates"], "the rule engineer proposed nothing on a fresh policy"
+    for c in st["candidates"]:
+        assert c["status"] in ("promoted", "rejected", "rejected_vet"), c
+        assert c["reason"]
+    log = _git(run_dir / "harness", "log", "--all", "--format=%s%n%b")
+    assert "Candidate: " + st["candidates"][0]["id"] in log
+    # every arm's compute is in the ledger
+    assert {"sft", "grpo", "rollout", "eval"} <= set(st["compute"])
+    store = RunStore.open(run_dir / "run.db")
+    assert store.get_run("e2e")["status"] == "finished"
+    # held-out hygiene: train seeds only from `train`, probe from `probe`, backtest from `backtest`
+    assert set(store.seed_cursors("e2e")) <= {"train", "probe", "backtest"}
+    store.close()
+    # a finished run cannot be resumed
+    with pytest.raises(RunError, match="already finished"):
+        resume_run(run_dir)
+
+
+# --- crash safety ------------------------------------------------------------------------------------------------------
+
+
+def _spawn(cfg_path: Path, runs: Path, run_id: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "harness.cli", "run", str(cfg_path), "--runs-dir", str(runs),
+                             "--run-id", run_id], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _wait_for_node(run_dir: Path, node: str, proc: subprocess.Popen, timeout: float = 300) -> None:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        db = run_dir / "run.db"
+        if db.exists():
+            try:
+                import sqlite3
+
+                con = sqlite3.connect(db, timeout=5)
+                n = con.execute("SELECT COUNT(*) FROM nodes WHERE node = ?", [node]).fetchone()[0]
+                con.close()
+                if n:
+                    return
+            except sqlite3.OperationalError:
+                pass
+        time.sleep(0.2)
+    raise AssertionError(f"node {node} never finished")
+
+
+def test_sigkill_then_resume_duplicates_nothing(tmp_path):
+    cfg = dict(TINY, budget={"stages": 1})
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    runs = tmp_path / "runs"
+    proc = _spawn(cfg_path, runs, "crash")
+    _wait_for_node(runs / "crash", "propose", proc)
+    time.sleep(0.5)  # inside vet / backtest now
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    # a second driver on the same run is refused while... the first is dead: the stale lock is taken over
+    run_dir = resume_run(runs / "crash")
+    st = _check_consistent(run_dir)
+    assert [s["stage"] for s in st["stages"]] == [1]
+    kinds = [e["kind"] for e in st["events"]]
+    assert "resumed" in kinds and kinds.count("finished") == 1
+
+
+# --- bad input ---------------------------------------------------------------------------------------------------------
+
+
+def test_config_typo_names_the_field(tmp_path):
+    bad = dict(TINY, backtest={"arm_step": 1})
+    with pytest.raises(ConfigError, match=r"backtest\.arm_step: unknown key"):
+        parse_config(bad, "x.yaml")
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_cli_bad_inputs_one_clear_line(tmp_path):
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True,
+                              env={**os.environ, "EVOTRAINER_HOME": str(tmp_path / "home")}, cwd=tmp_path)
+
+    p = tmp_path / "typo.yaml"
+    p.write_text(yaml.safe_dump(dict(TINY, stage={"probe": 3})))
+    r = cli("run", str(p))
+    assert r.returncode == 2 and "stage.probe: unknown key" in r.stderr
+    r = cli("status", "no-such-run")
+    assert r.returncode == 2 and "no run 'no-such-run'" in r.stderr
+    p.write_text(yaml.safe_dump(dict(TINY, policy={"checkpoint": str(tmp_path / "missing-ckpt")})))
+    r = cli("run", str(p), "--runs-dir", str(tmp_path / "runs"))
+    assert r.returncode == 2 and "missing-ckpt" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_second_process_on_same_run_is_locked(tmp_path):
+    from harness.store import RunLockedError, acquire_lock
+
+    run_dir = tmp_path / "runs" / "locked"
+    run_dir.mkdir(parents=True)
+    (run_dir / "run.db").touch()
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; sys.path.insert(0, %r); "
+                               "from harness.store import acquire_lock; from pathlib import Path; "
+                               "l = acquire_lock(Path(%r), 'locked'); print('held', flush=True); time.sleep(30)"
+                               % (str(ROOT), str(run_dir))], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(RunLockedError, match="already being driven by pid"):
+            acquire_lock(run_dir, "locked")
+        assert find_run(run_dir) == run_dir
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_status_json_lists_candidates(tmp_path):
+    cfg = parse_config(dict(TINY, budget={"stages": 1}), "test")
+    run_dir = start_run(cfg, tmp_path / "runs", run_id="st")
+    r = subprocess.run([sys.executable, "-m", "harness.cli", "status", str(run_dir), "--json"], capture_output=True,
+                       text=True, env={**os.environ, "EVOTRAINER_HOME": str(tmp_path / "home")})
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["status"] == "finished" and data["stages"][0]["stage"] == 1
+    for c in data["candidates"]:
+        assert {"id", "factor", "verdict", "reason", "effect", "interval", "commit", "tag"} <= set(c)
+    html = (run_dir / "report.html").exists() or subprocess.run(
+        [sys.executable, "-m", "harness.cli", "report", str(run_dir)], capture_output=True).returncode == 0
+    assert html and (run_dir / "report.html").read_text().count("<tr") >= 2
