@@ -30,7 +30,7 @@ app.add_typer(bench_app, name="bench")
 app.add_typer(skills_app, name="skills")
 
 console = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 
 
 class UserError(Exception):
@@ -46,10 +46,12 @@ def main() -> None:
     """Console-script entry point: user errors become one line on stderr and exit code 2."""
     from pydantic import ValidationError
 
+    from sandbox.workspace import WorkspaceError
+
     try:
         app()
-    except (UserError, ValidationError, ValueError, FileNotFoundError) as exc:  # library errors carry their fix
-        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+    except (UserError, ValidationError, ValueError, FileNotFoundError, WorkspaceError) as exc:  # they carry their fix
+        err.print(f"[bold red]error:[/] {' '.join(str(exc).split())}", highlight=False)
         sys.exit(2)
 
 
@@ -275,6 +277,138 @@ def skills_import(
 
 
 # --- run / resume / status / review / report (issue: autonomous run) ---------------------------------------------
+
+
+def _run_progress():
+    """Live progress fed by the graph: node entries, training steps with an ETA, verdicts and notes."""
+    import time as _time
+
+    t0 = _time.time()
+    steps: dict[str, float] = {}
+
+    def on_event(kind: str, data: dict) -> None:
+        el = f"[dim]{_time.time() - t0:7.0f}s[/]"
+        if kind == "node" and "message" not in data:  # a node starts
+            console.print(f"{el} stage {data.get('stage')} · [bold]{data.get('node')}[/]", highlight=False)
+        elif kind == "step":
+            step, total, key = data["step"], data["total"], f"{data['stage']}/{data['node']}/{data['what']}"
+            start = steps.setdefault(key, _time.time())
+            if total and (step == total or step % max(1, total // 4) == 0):
+                eta = (_time.time() - start) / max(1, step) * (total - step)
+                console.print(f"{el}   {data['node']} {data['what']} step {step}/{total}, eta {eta:.0f}s"
+                              + (f", reward {data['reward']:.3f}" if data.get("reward") is not None else ""),
+                              highlight=False)
+        elif "message" in data:
+            console.print(f"{el}   {data['message']}", highlight=False)
+
+    return on_event
+
+
+def _finish_run(run_dir: Path) -> None:
+    from harness.report import print_summary, write_html
+
+    write_html(run_dir)
+    print_summary(run_dir, console)
+
+
+@app.command()
+def run(
+    config: Annotated[Path, typer.Argument(help="run config YAML (see examples/mapf_quick.yaml)")],
+    budget: Annotated[str | None, typer.Option(help="wall-clock budget, e.g. 15m or 8h (overrides the config)")] = None,
+    stages: Annotated[int | None, typer.Option(help="stage budget (overrides the config)")] = None,
+    engineer: Annotated[str | None, typer.Option(help="rule | llm | scripted (overrides the config)")] = None,
+    runs_dir: Annotated[str, typer.Option(help="where runs/<id>/ folders go")] = "runs",
+    run_id: Annotated[str | None, typer.Option(help="run id (default: <name>-<timestamp>)")] = None,
+) -> None:
+    """Start an autonomous run: warm start, then stages of train -> probe -> diagnose -> propose -> vet ->
+    backtest -> decide -> remember until the budget runs out. Ends with a summary and the report path."""
+    import yaml
+
+    from harness.config import load_config, parse_config
+    from harness.graph import start_run
+
+    cfg = load_config(config)
+    if budget or stages or engineer:
+        data = cfg.model_dump(mode="json", exclude_unset=False)
+        if budget:
+            data["budget"]["wall_clock"] = budget
+        if stages:
+            data["budget"]["stages"] = stages
+        if engineer:
+            data["engineer"]["kind"] = engineer
+        cfg = parse_config(yaml.safe_load(yaml.safe_dump(data)), f"{config} (+ command-line overrides)")
+    run_dir = start_run(cfg, runs_dir, run_id, progress=_run_progress())
+    _finish_run(run_dir)
+
+
+@app.command()
+def resume(
+    run_ref: Annotated[str, typer.Argument(help="run directory or run id")],
+    runs_dir: Annotated[str, typer.Option(help="where runs/<id>/ folders are")] = "runs",
+) -> None:
+    """Continue an interrupted run from its last checkpoint; the interrupted node runs again, nothing is duplicated."""
+    from harness.graph import resume_run
+
+    run_dir = resume_run(run_ref, runs_dir, progress=_run_progress())
+    _finish_run(run_dir)
+
+
+@app.command()
+def status(
+    run_ref: Annotated[str, typer.Argument(help="run directory or run id")],
+    runs_dir: Annotated[str, typer.Option(help="where runs/<id>/ folders are")] = "runs",
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable: stages and candidates")] = False,
+) -> None:
+    """Read-only view of a run (safe while it is running): stages, candidates, verdicts, evidence."""
+    import json as _json
+
+    from harness.graph import find_run
+    from harness.report import print_summary
+    from harness.report import status as run_status
+
+    run_dir = find_run(run_ref, runs_dir)
+    if as_json:
+        print(_json.dumps(run_status(run_dir), indent=1, default=str))
+    else:
+        print_summary(run_dir, console)
+
+
+@app.command()
+def review(
+    run_ref: Annotated[str, typer.Argument(help="run directory or run id")],
+    candidate: Annotated[str | None, typer.Argument(help="a candidate id: show its commit diff")] = None,
+    runs_dir: Annotated[str, typer.Option(help="where runs/<id>/ folders are")] = "runs",
+) -> None:
+    """The timeline of candidates (factor, rationale, evidence, verdict), or the diff of one candidate."""
+    from harness.graph import find_run
+    from harness.report import timeline
+
+    run_dir = find_run(run_ref, runs_dir)
+    if candidate:
+        from sandbox.workspace import Workspace
+
+        print(Workspace(run_dir / "harness").diff(candidate))
+        return
+    for c in timeline(run_dir):
+        iv = c.get("interval")
+        ev = f" effect {c['effect']:+.3f} [{iv[0]:+.3f}, {iv[1]:+.3f}]" if iv else ""
+        console.print(f"[bold]{c['id']}[/] stage {c['stage']} · {c['factor']} · [bold]{c['verdict']}[/]{ev}",
+                      highlight=False)
+        console.print(f"  change: {c['summary']}\n  why: {c['rationale']}\n  verdict: {c['reason']}"
+                      + (f"\n  commit: {c['sha'][:10]} {c['tag'] or ''}" if c.get("sha") else ""), highlight=False)
+
+
+@app.command()
+def report(
+    run_ref: Annotated[str, typer.Argument(help="run directory or run id")],
+    runs_dir: Annotated[str, typer.Option(help="where runs/<id>/ folders are")] = "runs",
+) -> None:
+    """Write a static HTML page: held-out metrics per stage and the candidate timeline."""
+    from harness.graph import find_run
+    from harness.report import write_html
+
+    out = write_html(find_run(run_ref, runs_dir))
+    console.print(f"report: {out}", highlight=False)
 
 
 if __name__ == "__main__":
