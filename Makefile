@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/evotrainer demo
+	$(BIN)/evotrainer run examples/mapf_quick.yaml
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

@@ -107,6 +107,33 @@ def bench_sandbox(
 
     bench(workers=workers, calls=calls, limit=limit)
 
+@bench_app.command("run")
+def bench_run(
+    trials: Annotated[int, typer.Option(min=1, help="SIGKILL-and-resume trials")] = 10,
+    max_kill_s: Annotated[float, typer.Option(help="latest first kill, seconds after start")] = 90.0,
+    kill_resumes: Annotated[bool, typer.Option(help="also kill some resumes (up to 3 kills per trial)")] = True,
+    seed: Annotated[int, typer.Option(help="seed for the kill times")] = 0,
+) -> None:
+    """Crash safety (SIGKILL at random points, resume, check) and framework overhead of the autonomous run."""
+    from harness.benchmarks.run import main as bench
+
+    res = bench(trials=trials, max_kill_s=max_kill_s, kill_resumes=kill_resumes, seed=seed)
+    if res["passed"] != trials:
+        raise typer.Exit(1)
+
+
+@bench_app.command("all")
+def bench_all(ctx: typer.Context) -> None:
+    """Every benchmark with its defaults, in turn (long: the policy and calibration benches train models)."""
+    for name in ("mapf", "sandbox", "run", "policy", "calibration"):
+        cmd = next((c for c in bench_app.registered_commands if c.name == name), None)
+        if cmd is None:
+            console.print(f"bench {name}: not available", highlight=False)
+            continue
+        console.rule(f"bench {name}")
+        ctx.invoke(cmd.callback)
+
+
 # --- train / eval (issue: policy layer) --------------------------------------------------------------------------
 
 

@@ -1,0 +1,183 @@
+"""Crash safety and framework overhead of the autonomous run (`evotrainer bench run`).
+
+    evotrainer bench run --trials 10
+
+Each trial starts `evotrainer run` on a tiny config in a subprocess, SIGKILLs it at a random moment, resumes it (again
+and again if a resume is killed too, when `--kill-resumes`), and checks the finished run: it completed, no duplicate
+candidates, commits, rows or skill updates, `git fsck` clean, run.db consistent with the harness repo's tags.
+Then one uninterrupted run reports the framework overhead: stage wall time spent outside training and evaluation
+compute, as a share of stage wall time. Prints grep-able `crash_trials_passed:` and `overhead_share:` lines.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+TINY: dict[str, Any] = {
+    "task": "mapf",
+    "name": "bench",
+    "seed": 0,
+    "policy": {"preset": "tiny"},
+    "warm_start": {"sft_examples": 64, "sft_steps": 8},
+    "recipe": {"steps": 2, "batch_size": 8, "num_generations": 4, "max_completion_length": 48},
+    "budget": {"stages": 2},
+    "stage": {"train_instances": 16, "probe_n": 8, "probe_samples": 2, "candidates": 2},
+    "backtest": {"arm_steps": 1, "n": 16},
+    "engineer": {"kind": "rule"},
+    "eval": {"suite": "small", "limit": 12},
+}
+
+
+def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=False)
+
+
+def check_run(run_dir: Path, skills_db: Path | None = None) -> list[str]:
+    """Problems with a run on disk (empty list = consistent). Used by the tests and by this benchmark."""
+    from harness.store import RunStore
+
+    problems: list[str] = []
+    repo = run_dir / "harness"
+    fsck = _git(repo, "fsck", "--strict")
+    if fsck.returncode != 0:
+        problems.append(f"git fsck: {fsck.stderr.strip()[:300]}")
+    tags = set(_git(repo, "tag", "--list").stdout.split())
+    store = RunStore.open(run_dir / "run.db")
+    try:
+        run = run_dir.name
+        cands = store.candidates(run)
+        decided = {"promoted", "rejected", "rejected_vet"}
+        for c in cands:
+            if c["status"] not in decided:
+                problems.append(f"candidate {c['id']} left undecided ({c['status']})")
+        want_promoted = {c["tag"] for c in cands if c["status"] == "promoted"}
+        if want_promoted != {t for t in tags if t.startswith("promoted/")}:
+            problems.append(f"promoted tags {sorted(t for t in tags if t.startswith('promoted/'))} != run.db "
+                            f"{sorted(want_promoted)}")
+        want_rejected = {f"rejected/{c['id']}" for c in cands if c["status"] in ("rejected", "rejected_vet")
+                         and c["commit_sha"]}
+        if want_rejected != {t for t in tags if t.startswith("rejected/")}:
+            problems.append(f"rejected tags {sorted(t for t in tags if t.startswith('rejected/'))} != run.db "
+                            f"{sorted(want_rejected)}")
+        per_cand: dict[str, int] = {}
+        log = _git(repo, "log", "--all", "--format=%(trailers:key=Candidate,valueonly,separator=)").stdout
+        for line in log.splitlines():
+            if line.strip():
+                per_cand[line.strip()] = per_cand.get(line.strip(), 0) + 1
+        dups = {k: v for k, v in per_cand.items() if v > 1}
+        if dups:
+            problems.append(f"duplicate candidate commits: {dups}")
+        if set(per_cand) != {c["id"] for c in cands if c["commit_sha"]}:
+            problems.append(f"commits {sorted(per_cand)} != committed candidates in run.db")
+        stages = [s["stage"] for s in store.stages(run)]
+        if stages != sorted(set(stages)):
+            problems.append(f"duplicate stages {stages}")
+        if store.get_run(run)["status"] != "finished":
+            problems.append(f"run status {store.get_run(run)['status']!r}, not finished")
+        finished = [e for e in store.events(run) if e["kind"] == "finished"]
+        if len(finished) != 1:
+            problems.append(f"{len(finished)} 'finished' events")
+    finally:
+        store.close()
+    if skills_db is not None and skills_db.exists():
+        con = sqlite3.connect(skills_db)
+        try:
+            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            if "tries" in tables:
+                rows = con.execute("SELECT skill, run, candidate, COUNT(*) FROM tries GROUP BY skill, run, candidate "
+                                   "HAVING COUNT(*) > 1").fetchall()
+                if rows:
+                    problems.append(f"duplicate skill updates: {rows}")
+        finally:
+            con.close()
+    return problems
+
+
+def _cli(args: list[str], home: Path) -> subprocess.Popen:
+    env = {**os.environ, "EVOTRAINER_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "harness.cli", *args], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+
+
+def crash_trial(workdir: Path, trial: int, kill_after: float, kill_resumes: bool, rng: random.Random,
+                config: dict[str, Any] | None = None) -> dict[str, Any]:
+    home = workdir / f"home{trial}"
+    cfg = workdir / "tiny.yaml"
+    cfg.write_text(yaml.safe_dump(config or TINY))
+    runs = workdir / "runs"
+    run_id = f"trial{trial}"
+    p = _cli(["run", str(cfg), "--runs-dir", str(runs), "--run-id", run_id], home)
+    kills = 0
+    deadline = kill_after
+    while True:
+        try:
+            p.wait(timeout=deadline)
+            break
+        except subprocess.TimeoutExpired:
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+            kills += 1
+        if not (runs / run_id / "run.db").exists():  # killed before the run existed: start again
+            import shutil
+
+            shutil.rmtree(runs / run_id, ignore_errors=True)
+            p = _cli(["run", str(cfg), "--runs-dir", str(runs), "--run-id", run_id], home)
+        else:
+            p = _cli(["resume", str(runs / run_id)], home)
+        deadline = rng.uniform(3, kill_after) if kill_resumes and kills < 3 else None
+    err = p.stderr.read().decode()[-1500:] if p.returncode else ""
+    problems = [f"exit {p.returncode}: {err}"] if p.returncode else []
+    problems += check_run(runs / run_id, home / "skills.db")
+    return {"trial": trial, "kill_after_s": round(kill_after, 1), "kills": kills, "problems": problems}
+
+
+def overhead(workdir: Path, config: dict[str, Any] | None = None) -> dict[str, Any]:
+    from harness.config import parse_config
+    from harness.graph import start_run
+    from harness.store import RunStore
+
+    os.environ["EVOTRAINER_HOME"] = str(workdir / "home-overhead")
+    run_dir = start_run(parse_config(config or TINY, "bench"), workdir / "runs", run_id="overhead")
+    store = RunStore.open(run_dir / "run.db")
+    try:
+        ms = [s["metrics"] for s in store.stages("overhead")]
+    finally:
+        store.close()
+    wall = sum(m["wall_s"] for m in ms)
+    compute = sum(m["compute_s"] for m in ms)
+    return {"stages": len(ms), "wall_s": wall, "compute_s": compute,
+            "overhead_share": max(0.0, wall - compute) / wall if wall else 0.0}
+
+
+def main(trials: int = 10, max_kill_s: float = 90.0, kill_resumes: bool = True, seed: int = 0) -> dict[str, Any]:
+    rng = random.Random(seed)
+    with tempfile.TemporaryDirectory(prefix="evotrainer-bench-run-") as d:
+        work = Path(d)
+        t0 = time.time()
+        ov = overhead(work)
+        full = time.time() - t0
+        print(f"uninterrupted run: {full:.0f} s, {ov['stages']} stages", flush=True)
+        print(f"overhead_share: {ov['overhead_share']:.4f}   (stage wall {ov['wall_s']:.1f} s, compute "
+              f"{ov['compute_s']:.1f} s)", flush=True)
+        results = []
+        for i in range(trials):
+            kill_after = rng.uniform(5, min(max_kill_s, full))
+            r = crash_trial(work, i, kill_after, kill_resumes, rng)
+            results.append(r)
+            print(f"trial {i}: killed {r['kills']}x (first at {r['kill_after_s']} s) -> "
+                  f"{'ok' if not r['problems'] else 'FAIL: ' + '; '.join(r['problems'])}", flush=True)
+        passed = sum(1 for r in results if not r["problems"])
+        print(f"crash_trials: {trials}\ncrash_trials_passed: {passed}\n"
+              f"kills_total: {sum(r['kills'] for r in results)}", flush=True)
+        return {"overhead": ov, "trials": results, "passed": passed}
