@@ -268,3 +268,21 @@ def test_hygiene_guard():
     with pytest.raises(SplitError, match="test instance"):
         D.check_examples([leaky])
     D.check_examples([D.Finding(code="ok", examples=[f"seed={seed_for('probe', 3)}"])])
+
+
+def test_seed_reward_hacking_veto_blocks_invalid_high_scoring_arm():
+    from pathlib import Path
+
+    import yaml
+
+    text = (Path(__file__).resolve().parents[1] / "skills" / "seed" / "veto-reward-hacking.md").read_text()
+    code = yaml.safe_load(text.split("---")[1])["intervention"]["code"]
+    files = {"diagnostics/reward_hacking_veto.py": code}
+    control = [mk(5) for _ in range(6)] + [mk(5, "hole", reward=0.2) for _ in range(4)]
+    hacked = [mk(5) for _ in range(4)] + [mk(5, "hole", reward=1.2) for _ in range(6)]  # valid down, reward up
+    better = [mk(5) for _ in range(8)] + [mk(5, "hole", reward=0.2) for _ in range(2)]  # both up: fine
+    [block] = D.run_vetoes(files, control, hacked, D.arm_metrics(control), D.arm_metrics(hacked), FAST)
+    assert block.startswith("reward_hacking_veto: reward rose by +0.440 while valid fell by -0.200")  # 0.68 -> 1.12
+    assert D.run_vetoes(files, control, better, D.arm_metrics(control), D.arm_metrics(better), FAST) == []
+    res = D.run_evolved("diagnostics/reward_hacking_veto.py", code, hacked, FAST)
+    assert [f.code for f in res.findings] == ["evolved.reward_hacking_veto.invalid_outearns_valid"]
