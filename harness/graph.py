@@ -293,15 +293,18 @@ def node_diagnose(run: Run, state: State) -> State:
     t0 = time.time()
     from harness.diagnostics import build_diagnosis
 
-    files = run.workspace().files("main")
-    env, recipe, _ = harness_models(files, run.task)
+    ws = run.workspace()
+    files = ws.files("main")
+    env, recipe, shaping = harness_models(files, run.task)
     rollouts = read_rollouts(Path(run.store.node_result(run.id, k, "probe")["rollouts"]))
     train = run.store.node_result(run.id, k, "train") or {}
+    # the reward-hacking check compares training reward with the PROBE valid rate of past stages (never test)
     valid_hist = [e["valid"] for e in run.store.evaluations(run.id, arm="policy")
-                  if e["split"] == "test" and not e["slice_key"]]
+                  if e["split"] == "probe" and not e["slice_key"]]
     stages_left, budget_left = _budget_left(run, k)
     diag = build_diagnosis(run.task, k, rollouts, env, recipe, _history(run), stages_left, budget_left,
-                           train_metrics=train.get("steps"), valid_history=valid_hist,
+                           train_metrics=train.get("steps"), valid_history=valid_hist, shaping=shaping,
+                           state=ws.head(),
                            diagnostics_files={p: s for p, s in files.items() if p.startswith("diagnostics/")})
     run.store.record_findings(run.id, k, diag.findings)
     path = run.path("stages", f"s{k}", "diagnosis.json")
@@ -384,8 +387,8 @@ def node_vet(run: Run, state: State) -> State:
             run.store.set_candidate_status(cid, "vetted")
             vetted.append(cid)
         else:
-            _reject(run, cid, Verdict(candidate=cid, decision="rejected", reason=f"vet: {res.reason}",
-                                      stage_reached="vet"))
+            _reject(run, cid, Verdict(candidate=cid, decision="rejected", reason=f"{res.stage}: {res.reason}",
+                                      stage_reached=res.stage))
     _finish(run, k, "vet", {"vetted": vetted}, t0, f"{len(vetted)} of {len(state.get('candidates', []))} vetted")
     return {"vetted": vetted}
 

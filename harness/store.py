@@ -385,7 +385,7 @@ class RunStore:
         """Record the decision, its reason and the paired evidence (effect, CI, n) on the candidate's row."""
         self._need_candidate(verdict.candidate)
         status = verdict.decision
-        if verdict.decision == "rejected" and verdict.stage_reached == "vet":
+        if verdict.decision == "rejected" and verdict.stage_reached in ("vet", "offline"):  # before any training
             status = "rejected_vet"
         row: dict[str, Any] = {"status": status, "reason": verdict.reason, "updated": now()}
         if verdict.evidence is not None:
