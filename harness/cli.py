@@ -57,7 +57,139 @@ def main() -> None:
 
 # --- env (issue: foundation / MAPF) ------------------------------------------------------------------------------
 
+
+def _task(name: str):
+    from harness.tasks import UnknownTaskError, get_task
+
+    try:
+        return get_task(name)
+    except UnknownTaskError as exc:
+        fail(str(exc))
+
+
+def _env_config(task, path: Path | None):
+    """The task's generator config from YAML (its fields; unknown keys are errors), or the task's default."""
+    if path is None:
+        return task.default_config()
+    import yaml
+    from pydantic import ValidationError
+
+    if not path.exists():
+        fail(f"config file {str(path)!r} does not exist; pass an existing YAML file or leave --config out")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        fail(f"config {path}: not valid YAML ({str(exc).splitlines()[0]})")
+    try:
+        return task.config_model.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(top level)'}: {e['msg']}" for e in exc.errors())
+        fail(f"config {path}: {problems}")
+
+
+@env_app.command("sample")
+def env_sample(
+    task: Annotated[str, typer.Option(help="task family")] = "mapf",
+    config: Annotated[Path | None, typer.Option(help="generator config YAML (default: the task's default)")] = None,
+    n: Annotated[int, typer.Option(min=1, help="instances to print")] = 3,
+    style: Annotated[str, typer.Option(help="prompt style: compact or chat")] = "compact",
+    seed_start: Annotated[int, typer.Option(min=0, help="first seed")] = 0,
+) -> None:
+    """Print instances (prompt), the expert's plan and its score."""
+    t = _task(task)
+    cfg = _env_config(t, config)
+    if style not in t.styles:
+        fail(f"unknown style {style!r}; choose one of: {', '.join(t.styles)}")
+    for seed in range(seed_start, seed_start + n):
+        try:
+            inst = t.generate(cfg, seed)
+        except ValueError as exc:
+            fail(str(exc))
+        slices = " ".join(f"{k}={v}" for k, v in t.slices(inst).items())
+        typer.echo(f"=== seed {seed}  {slices}  optimal_makespan={getattr(inst, 'optimal_makespan', '-')}")
+        typer.echo(t.prompt(inst, style).rstrip("\n"))
+        expert = t.expert(inst, style)
+        typer.echo("--- expert")
+        typer.echo(expert)
+        out = t.score(inst, expert)
+        typer.echo(f"--- valid: {out.valid}  optimal: {out.optimal}  reward: {out.reward:g}  failure: {out.failure}")
+
+
+@env_app.command("stats")
+def env_stats(
+    task: Annotated[str, typer.Option(help="task family")] = "mapf",
+    config: Annotated[Path | None, typer.Option(help="generator config YAML (default: the task's default)")] = None,
+    n: Annotated[int, typer.Option(min=1, help="instances to draw")] = 200,
+    seed_start: Annotated[int, typer.Option(min=0, help="first seed")] = 0,
+) -> None:
+    """Print a config's distribution: sizes, agents, holes, needs-wait share, optimal makespan histogram."""
+    t = _task(task)
+    cfg = _env_config(t, config)
+    try:
+        stats = t.env_stats(cfg, n, seed_start)
+    except ValueError as exc:
+        fail(str(exc))
+    for key, value in stats.items():
+        if isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
+            for sub, row in value.items():
+                typer.echo(f"{key}.{sub}: " + " ".join(f"{k}={v}" for k, v in row.items()))
+        else:
+            typer.echo(f"{key}: {value}")
+
+
+@app.command()
+def demo(
+    n: Annotated[int, typer.Option(min=1, help="instances from the `small` suite (test seeds)")] = 8,
+) -> None:
+    """The main job (for now: sample, solve and score instances of the MAPF `small` suite; prints valid:/optimal:)."""
+    import statistics
+    import time
+
+    import numpy as np
+
+    from harness.tasks.mapf_cbs import solve
+    from harness.tasks.suites import draw_suite
+
+    t = _task("mapf")
+    entries = t.suite("small")
+    picked = []
+    for entry_name, inst in draw_suite(t, "small"):
+        if len(picked) < n and all(e != entry_name for e, _ in picked[-(len(entries) - 1) or None:]):
+            picked.append((entry_name, inst))
+    valid = optimal = 0
+    times = []
+    for entry_name, inst in picked:
+        free = np.array([ch != "#" for row in inst.grid for ch in row])
+        s = [r * inst.size + c for r, c in inst.starts]
+        g = [r * inst.size + c for r, c in inst.goals]
+        t0 = time.perf_counter()
+        sol = solve(inst.size, free, s, g)
+        times.append(1000 * (time.perf_counter() - t0))
+        out = t.score(inst, t.expert(inst, "compact"))
+        valid += out.valid
+        optimal += out.optimal
+        typer.echo(f"{entry_name} seed={inst.seed} makespan={sol.makespan} needs_wait={sol.needs_wait} "
+                   f"valid={out.valid} optimal={out.optimal}")
+        typer.echo(t.prompt(inst, "compact") + t.expert(inst, "compact"))
+    typer.echo(f"instances: {len(picked)}")
+    typer.echo(f"cbs_median_ms: {statistics.median(times):.2f}")
+    typer.echo(f"valid: {valid / len(picked):.3f}")
+    typer.echo(f"optimal: {optimal / len(picked):.3f}")
+
+
 # --- bench -------------------------------------------------------------------------------------------------------
+
+
+@bench_app.command("mapf")
+def bench_mapf(
+    plans: Annotated[int, typer.Option(min=1, help="plans checked by the batched validator (16x16, 16 agents)")] = 2000,
+    reference_plans: Annotated[int, typer.Option(min=1, help="of those, re-checked by the per-step Python reference")] = 200,
+    cbs: Annotated[int, typer.Option(min=1, help="generator draws solved by CBS (10x10, 5 agents, 50% holes)")] = 60,
+) -> None:
+    """MAPF testbed: batched validator vs Python reference, CBS on the hardest setting, generator instances/s."""
+    from harness.benchmarks.mapf import run
+
+    run(plans=plans, reference_plans=min(reference_plans, plans), cbs_draws=cbs)
 
 
 @bench_app.command("policy")
@@ -178,13 +310,13 @@ def train(
     threads: Annotated[int, typer.Option(min=1, help="torch CPU threads")] = 2,
 ) -> None:
     """Train a policy: expert SFT warm start on train-split seeds, then GRPO on the env config."""
-    import torch
+    from policies import cpu_threads
 
+    cpu_threads(threads)
     from harness.policy_glue import train_policy
     from harness.tasks import get_task
     from policies.train import Recipe
 
-    torch.set_num_threads(threads)
     t = get_task(task)
     env = _load_yaml_model(config, t.config_model, "env config")
     rec = _load_yaml_model(recipe, Recipe, "recipe") or Recipe()
@@ -212,14 +344,14 @@ def eval_cmd(
     threads: Annotated[int, typer.Option(min=1, help="torch CPU threads")] = 2,
 ) -> None:
     """Evaluate a checkpoint on a held-out suite: valid and optimal rates per slice."""
-    import torch
+    from policies import cpu_threads
 
+    cpu_threads(threads)
     from harness.policy_glue import evaluate, print_eval, suite_instances
     from harness.tasks import get_task
     from policies.model import load_policy
     from policies.rollout import SamplingParams
 
-    torch.set_num_threads(threads)
     model, tok = load_policy(ckpt)  # a missing checkpoint is the first error the user sees
     t = get_task(task)
     report = evaluate(model, tok, t, suite_instances(t, suite),

@@ -1,0 +1,17 @@
+"""The policy side: small causal LMs (model.py), batched rollouts (rollout.py), SFT and GRPO stages (train.py).
+Never imports `harness/`."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def cpu_threads(n: int) -> None:
+    """Use `n` torch CPU threads. Before torch is first imported, also make idle OpenMP threads sleep instead of spin
+    (OMP_WAIT_POLICY=PASSIVE): on a shared 2-core machine spinning threads made a training step 10-20x slower."""
+    if "torch" not in sys.modules:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    import torch
+
+    torch.set_num_threads(n)

@@ -14,6 +14,8 @@ from pathlib import Path
 
 from rich.console import Console
 
+from policies import cpu_threads
+
 console = Console()
 
 # --- pieces -----------------------------------------------------------------------------------------------------------
@@ -60,9 +62,7 @@ def _rates(report) -> dict:
 
 def run(out: Path, preset: str = "tiny", sft_examples: int = 4000, sft_steps: int = 1500, grpo_steps: int = 30,
         suite: str = "small", threads: int = 2, skip_small: bool = False, config_path: Path | None = None,
-        max_new_tokens: int = 160) -> dict:
-    import torch
-
+        max_new_tokens: int = 96, grpo_max_tokens: int = 48) -> dict:
     from harness.policy_glue import evaluate, grpo_rows, print_eval, reward_fn, sft_pairs, suite_instances
     from harness.seeds import seeds
     from harness.tasks import get_task
@@ -70,7 +70,7 @@ def run(out: Path, preset: str = "tiny", sft_examples: int = 4000, sft_steps: in
     from policies.rollout import SamplingParams
     from policies.train import Recipe, train_grpo, train_sft
 
-    torch.set_num_threads(threads)
+    cpu_threads(threads)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     task = get_task("mapf")
@@ -78,9 +78,10 @@ def run(out: Path, preset: str = "tiny", sft_examples: int = 4000, sft_steps: in
         import yaml
 
         config = task.config_model.model_validate(yaml.safe_load(Path(config_path).read_text()))
-    else:
-        config = task.default_config()
-    recipe = Recipe(sft_steps=sft_steps, steps=grpo_steps, max_completion_length=max_new_tokens)
+    else:  # the brief's setting: 2-agent boards of sizes 3-5, the suite's holes and wait ratio
+        config = task.config_model.model_validate(
+            {"sizes": [{"size": s, "agents": 2, "hole_ratio": 0.2, "wait_ratio": 0.5} for s in (3, 4, 5)]})
+    recipe = Recipe(sft_steps=sft_steps, steps=grpo_steps, max_completion_length=grpo_max_tokens)
     held_out = suite_instances(task, suite)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, batch_size=64)
     summary: dict = {"preset": preset, "suite": suite, "threads": threads, "recipe": recipe.model_dump(),
@@ -119,7 +120,7 @@ def run(out: Path, preset: str = "tiny", sft_examples: int = 4000, sft_steps: in
                / len(grpo.steps)}]
     if not skip_small and preset != "small":
         speeds.append(grpo_seconds_per_step(task, config, "small", sft_steps=min(sft_steps, 200), steps=4,
-                                            recipe_kw={"max_completion_length": max_new_tokens}))
+                                            recipe_kw={"max_completion_length": grpo_max_tokens}))
     summary["grpo_speed"] = speeds
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
 
