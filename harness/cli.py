@@ -151,11 +151,11 @@ def demo(
     from harness.tasks.suites import draw_suite
 
     t = _task("mapf")
-    entries = t.suite("small")
-    picked = []
+    by_entry: dict[str, list] = {}
     for entry_name, inst in draw_suite(t, "small"):
-        if len(picked) < n and all(e != entry_name for e, _ in picked[-(len(entries) - 1) or None:]):
-            picked.append((entry_name, inst))
+        by_entry.setdefault(entry_name, []).append(inst)
+    rounds = zip(*by_entry.values())  # round robin over the suite's blocks
+    picked = [(name, inst) for row in rounds for name, inst in zip(by_entry, row)][:n]
     valid = optimal = 0
     times = []
     for entry_name, inst in picked:

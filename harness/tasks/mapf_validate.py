@@ -20,6 +20,7 @@ DELTA = {"U": (-1, 0), "D": (1, 0), "L": (0, -1), "R": (0, 1), "W": (0, 0)}
 CODES = "UDLRW"  # move code = CODES.index(letter); W (4) pads
 DR = np.array([-1, 1, 0, 0, 0], dtype=np.int64)
 DC = np.array([0, 0, -1, 1, 0], dtype=np.int64)
+CHUNK = 1 << 26  # occupancy-table cells per validate_arrays call (int8): larger batches are split
 FAILURES = ("off_grid", "hole", "vertex_conflict", "edge_conflict", "goal_not_reached")
 
 
@@ -129,33 +130,52 @@ def validate_arrays(free: np.ndarray, starts: np.ndarray, goals: np.ndarray, mov
         moves, L = np.full((B, k, 1), 4, dtype=np.int8), 1
     n = free.shape[1]
     N = n * n
-    mv = moves.astype(np.int64)
-    R = np.concatenate([starts[:, :, :1], starts[:, :, :1] + np.cumsum(DR[mv], axis=2)], axis=2)  # (B, k, L+1)
-    C = np.concatenate([starts[:, :, 1:], starts[:, :, 1:] + np.cumsum(DC[mv], axis=2)], axis=2)
+    if B > 1 and B * (L + 1) * N > CHUNK:  # bound the occupancy table's memory
+        half = B // 2
+        parts = [validate_arrays(free[sl], starts[sl], goals[sl], moves[sl], lengths[sl])
+                 for sl in (slice(0, half), slice(half, B))]
+        return {key: np.concatenate([parts[0][key], parts[1][key]]) for key in parts[0]}
+    # positions by cumulative sums (exact up to the first violation, which is all that is reported), small dtypes
+    R = np.empty((B, k, L + 1), dtype=np.int16)
+    C = np.empty((B, k, L + 1), dtype=np.int16)
+    R[:, :, 0], C[:, :, 0] = starts[:, :, 0], starts[:, :, 1]
+    np.cumsum((moves == 1).astype(np.int16) - (moves == 0), axis=2, out=R[:, :, 1:])
+    np.cumsum((moves == 3).astype(np.int16) - (moves == 2), axis=2, out=C[:, :, 1:])
+    R[:, :, 1:] += R[:, :, :1]
+    C[:, :, 1:] += C[:, :, :1]
     off = (R < 0) | (R >= n) | (C < 0) | (C >= n)
-    cell = np.clip(R, 0, n - 1) * n + np.clip(C, 0, n - 1)
-    flat = free.reshape(B, N)
-    hole = ~np.take_along_axis(flat, cell.reshape(B, -1), axis=1).reshape(B, k, L + 1) & ~off
+    cell = np.clip(R, 0, n - 1) * np.int16(n) + np.clip(C, 0, n - 1)  # (B, k, L+1)
+    hole = ~free.reshape(-1)[np.arange(B)[:, None, None] * N + cell] & ~off
     bad_move = off | hole
-    not_self = ~np.eye(k, dtype=bool)[None, :, :, None]
-    same = (cell[:, :, None, :] == cell[:, None, :, :]) & not_self  # (B, k, k, L+1)
-    vert = same.any(axis=2)
+    # Per (plan, t): is any cell held by two agents (vertex), is any undirected edge used by two agents (without an
+    # earlier or same-step vertex conflict that can only be a swap)? Sorting the k ids of each (plan, t) and comparing
+    # neighbours answers both; which agents, only at the first violating step, comes from a pairwise check below.
+    def duplicated(ids: np.ndarray) -> np.ndarray:  # (B, k, T) -> (B, T)
+        ordered = np.sort(ids.transpose(0, 2, 1), axis=2)
+        return (ordered[:, :, 1:] == ordered[:, :, :-1]).any(axis=2)
+
     moved = cell[:, :, 1:] != cell[:, :, :-1]
-    swap = ((cell[:, :, None, 1:] == cell[:, None, :, :-1]) & (cell[:, None, :, 1:] == cell[:, :, None, :-1])
-            & moved[:, :, None, :] & not_self)  # (B, k, k, L)
-    edge = np.zeros((B, k, L + 1), dtype=bool)
-    edge[:, :, 1:] = swap.any(axis=2)
-    any_t = (bad_move | vert | edge).any(axis=1)  # (B, L+1)
+    lo = np.minimum(cell[:, :, 1:], cell[:, :, :-1])
+    vertical = np.abs(cell[:, :, 1:] - cell[:, :, :-1]) == n
+    edge_id = np.where(moved, 2 * lo + vertical, -1 - np.arange(k, dtype=np.int16)[None, :, None])
+    vert_t = duplicated(cell)  # (B, L+1)
+    edge_t = np.zeros((B, L + 1), dtype=bool)
+    edge_t[:, 1:] = duplicated(edge_id.astype(np.int16))
+    any_t = bad_move.any(axis=1) | vert_t | edge_t  # (B, L+1)
     has = any_t.any(axis=1)
     t = any_t.argmax(axis=1)
     bi = np.arange(B)
-    bm, vt, ed = bad_move[bi, :, t], vert[bi, :, t], edge[bi, :, t]  # (B, k) at the first violating step
+    # details at the first violating step only: pairwise over agents there
+    not_self = ~np.eye(k, dtype=bool)[None]
+    now, before = cell[bi, :, t], cell[bi, :, np.maximum(t - 1, 0)]  # (B, k)
+    same = (now[:, :, None] == now[:, None, :]) & not_self
+    swap = (now[:, :, None] == before[:, None, :]) & (now[:, None, :] == before[:, :, None]) & not_self
+    swap &= (now != before)[:, :, None] & (t > 0)[:, None, None]
+    bm, vt, ed = bad_move[bi, :, t], same.any(2), swap.any(2)
     kind = np.where(bm.any(1), 0, np.where(vt.any(1), 2, 3))
     agent = np.where(kind == 0, bm.argmax(1), np.where(kind == 2, vt.argmax(1), ed.argmax(1)))
     kind = np.where((kind == 0) & ~off[bi, agent, t], 1, kind)
-    other_v = same[bi, agent, :, t].argmax(1)
-    other_e = swap[bi, agent, :, np.maximum(t - 1, 0)].argmax(1)
-    other = np.where(kind == 2, other_v, np.where(kind == 3, other_e, -1))
+    other = np.where(kind == 2, same[bi, agent].argmax(1), np.where(kind == 3, swap[bi, agent].argmax(1), -1))
     goal_cell = goals[:, :, 0] * n + goals[:, :, 1]
     off_goal = cell != goal_cell[:, :, None]
     final_off = off_goal[:, :, -1]
@@ -164,7 +184,7 @@ def validate_arrays(free: np.ndarray, starts: np.ndarray, goals: np.ndarray, mov
     failure = np.where(has, kind, np.where(missing, 4, -1))
     agent = np.where(has, agent, np.where(missing, final_off.argmax(1), -1))
     step = np.where(has, t, np.where(missing, lengths, -1))
-    row = np.where(has, R[bi, agent, t], np.where(missing, R[bi, agent, -1], -1))
-    col = np.where(has, C[bi, agent, t], np.where(missing, C[bi, agent, -1], -1))
+    row = np.where(has, R[bi, agent, t], np.where(missing, R[bi, agent, -1], -1)).astype(np.int64)
+    col = np.where(has, C[bi, agent, t], np.where(missing, C[bi, agent, -1], -1)).astype(np.int64)
     return {"valid": failure < 0, "failure": failure, "agent": agent, "step": step, "other": other,
             "row": row, "col": col, "makespan": arrival.max(axis=1) if k else np.zeros(B, dtype=np.int64)}
