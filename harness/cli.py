@@ -151,8 +151,9 @@ def demo(
     from harness.tasks.suites import draw_suite
 
     t = _task("mapf")
+    blocks = len(t.suite("small"))
     by_entry: dict[str, list] = {}
-    for entry_name, inst in draw_suite(t, "small"):
+    for entry_name, inst in draw_suite(t, "small", per_entry=-(-n // blocks)):
         by_entry.setdefault(entry_name, []).append(inst)
     rounds = zip(*by_entry.values())  # round robin over the suite's blocks
     picked = [(name, inst) for row in rounds for name, inst in zip(by_entry, row)][:n]
@@ -185,11 +186,12 @@ def bench_mapf(
     plans: Annotated[int, typer.Option(min=1, help="plans checked by the batched validator (16x16, 16 agents)")] = 2000,
     reference_plans: Annotated[int, typer.Option(min=1, help="of those, re-checked by the per-step Python reference")] = 200,
     cbs: Annotated[int, typer.Option(min=1, help="generator draws solved by CBS (10x10, 5 agents, 50% holes)")] = 60,
+    generator_n: Annotated[int, typer.Option(min=1, help="instances drawn from each generator config timed")] = 200,
 ) -> None:
     """MAPF testbed: batched validator vs Python reference, CBS on the hardest setting, generator instances/s."""
     from harness.benchmarks.mapf import run
 
-    run(plans=plans, reference_plans=min(reference_plans, plans), cbs_draws=cbs)
+    run(plans=plans, reference_plans=min(reference_plans, plans), cbs_draws=cbs, generator_n=generator_n)
 
 
 @bench_app.command("policy")

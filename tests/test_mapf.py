@@ -377,6 +377,8 @@ def test_suites_come_from_the_test_split():
     first = small[0]
     assert [i for _, i in drawn[:5]] == [TASK.generate(first.config, i.seed) for _, i in drawn[:5]]
     assert all(name == first.name for name, _ in drawn[:first.n])
-    assert all(split_of(i.seed) == "probe" for _, i in draw_suite(TASK, "small", split="probe", start=7))
+    probe = draw_suite(TASK, "small", split="probe", start=7, per_entry=2)
+    assert len(probe) == 2 * len(small) and all(split_of(i.seed) == "probe" for _, i in probe)
+    assert draw_suite(TASK, "small", per_entry=2)[2:4] == drawn[first.n:first.n + 2]
     with pytest.raises(ValueError, match="small"):
         TASK.suite("huge")

@@ -14,12 +14,14 @@ from harness.seeds import seeds
 from harness.tasks.base import Instance, Task
 
 
-def draw_suite(task: Task, name: str, split: str = "test", start: int = 0) -> list[tuple[str, Instance]]:
-    """[(entry name, instance)] for every block of `task.suite(name)`, seeds from `split` starting at index `start`."""
+def draw_suite(task: Task, name: str, split: str = "test", start: int = 0,
+               per_entry: int | None = None) -> list[tuple[str, Instance]]:
+    """[(entry name, instance)] for every block of `task.suite(name)`, seeds from `split` starting at index `start`.
+    per_entry: only the first that many instances of each block (the same seeds as in the full draw)."""
     out: list[tuple[str, Instance]] = []
     offset = start
     for entry in task.suite(name):
-        for seed in seeds(split, entry.n, offset):
+        for seed in seeds(split, min(entry.n, per_entry if per_entry is not None else entry.n), offset):
             out.append((entry.name, task.generate(entry.config, seed)))
         offset += entry.n
     return out

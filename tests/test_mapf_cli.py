@@ -1,0 +1,60 @@
+"""The MAPF parts of the CLI: env sample / env stats (config YAML errors name the field), demo, bench mapf.
+
+    .venv/bin/pytest tests/test_mapf_cli.py -q
+"""
+
+from __future__ import annotations
+
+import re
+
+from typer.testing import CliRunner
+
+from harness.cli import app
+
+runner = CliRunner()
+
+
+def test_env_sample_prints_instances_expert_and_score(tmp_path):
+    cfg = tmp_path / "env.yaml"
+    cfg.write_text("sizes:\n  - {size: 4, agents: 3, hole_ratio: 0.25, wait_ratio: 1.0}\nmin_distance: 2\n")
+    res = runner.invoke(app, ["env", "sample", "--config", str(cfg), "--n", "2", "--style", "chat", "--seed-start", "8"])
+    assert res.exit_code == 0, res.output
+    assert res.output.count("=== seed") == 2 and "seed 8" in res.output and "seed 9" in res.output
+    assert res.output.count("Agent C: start") == 2 and "wait=yes" in res.output
+    assert res.output.count("--- valid: True  optimal: True") == 2
+
+
+def test_env_config_errors_name_the_field(tmp_path):
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("sizes:\n  - {size: 4, hole_ration: 0.2}\n")
+    res = runner.invoke(app, ["env", "sample", "--config", str(typo)])
+    assert res.exit_code == 2 and "sizes.0.hole_ration" in res.output and "Extra inputs" in res.output
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("sizes:\n  - {size: 4, hole_ratio: 0.9}\n")
+    res = runner.invoke(app, ["env", "stats", "--config", str(bad)])
+    assert res.exit_code == 2 and "hole_ratio must be in 0.0..0.6" in res.output
+    res = runner.invoke(app, ["env", "sample", "--config", str(tmp_path / "missing.yaml")])
+    assert res.exit_code == 2 and "does not exist" in res.output
+    res = runner.invoke(app, ["env", "sample", "--task", "chess"])
+    assert res.exit_code == 2 and "unknown task" in res.output
+
+
+def test_env_stats_prints_the_distribution():
+    res = runner.invoke(app, ["env", "stats", "--n", "24"])
+    assert res.exit_code == 0, res.output
+    for key in ("n: 24", "needs_wait:", "makespan_hist:", "agents: {'2': 24}", "sizes.3:"):
+        assert key in res.output
+
+
+def test_demo_prints_valid_and_optimal():
+    res = runner.invoke(app, ["demo", "--n", "3"])
+    assert res.exit_code == 0, res.output
+    assert "instances: 3" in res.output and "valid: 1.000" in res.output and "optimal: 1.000" in res.output
+
+
+def test_bench_mapf_prints_grepable_lines():
+    res = runner.invoke(app, ["bench", "mapf", "--plans", "40", "--reference-plans", "20", "--cbs", "3", "--generator-n", "16"])
+    assert res.exit_code == 0, res.output
+    for key in ("agent_steps_per_s", "speedup_vs_reference", "cbs_median_ms_hardest", "generator_instances_per_s_demo"):
+        assert re.search(rf"^{key}: [0-9.]+$", res.output, re.MULTILINE), key
+    assert "validator_agreement: 1.0" in res.output
