@@ -205,7 +205,7 @@ def test_crafted_plans_produce_each_failure(completion, failure, where):
 
 
 def test_scorer_rewards_and_formats():
-    ok = TASK.score(LAKE, "Agent A: right RIGHT\n**Agent B:** down, down")
+    ok = TASK.score(LAKE, "Sure.\nAgent A: right RIGHT\n**Agent B:** [down, 'down'].")
     assert ok.valid and ok.optimal and ok.reward == 1.5 and ok.failure is None
     slow = TASK.score(LAKE, "a: w r r\nb: dd")  # valid, makespan 3 > 2
     assert slow.valid and not slow.optimal and slow.reward == 1.0 and slow.metrics["makespan"] == 3

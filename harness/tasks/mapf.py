@@ -12,7 +12,7 @@ Coordinates are (row, col), row 0 at the top. Agents are labelled A, B, C, ... i
 Plan format (what `expert` writes and `score` parses): one line per agent, `<label>: <moves>`.
 - compact style: `A:RRDW` (single letters U/D/L/R/W, no spaces)
 - chat style:    `Agent A: RIGHT RIGHT DOWN WAIT`
-The parser takes either in any case and spacing (`a: r, r d`, `**Agent B:** up up`), ignores lines that do not start
+The parser takes either in any case and spacing (`a: r, r d`, `**Agent B:** [up, up]`), ignores lines that do not start
 with a label, and is strict about identity: every agent exactly once (else wrong_agent_count); no label lines or an
 unknown move word is a parse_error. A plan longer than `max_steps(instance)` (2 n^2, or twice the optimum) is too_long.
 
@@ -404,7 +404,7 @@ def expert(inst: MAPFInstance, style: str = "compact") -> str:
     return format_plan(inst.plan, style)
 
 
-_LINE = re.compile(r"^(?:agent\s*)?([a-z])\s*[:=]\s*(.*)$", re.IGNORECASE)
+_LINE = re.compile(r"^(?:agent\s*)?([a-z])\s*[:=]\s*(.*)$", re.IGNORECASE | re.ASCII)
 _WORD = {"UP": "U", "DOWN": "D", "LEFT": "L", "RIGHT": "R", "WAIT": "W", "STAY": "W"}
 
 
@@ -419,7 +419,7 @@ def parse_plan(text: str, k: int) -> tuple[list[str] | None, str | None, str]:
         label, rest = m.group(1).upper(), m.group(2)
         moves = []
         for tok in re.split(r"[\s,;]+", rest.strip()):
-            tok = tok.strip(".").upper()
+            tok = tok.strip(".[](){}'\"").upper()
             if not tok:
                 continue
             if tok in _WORD:
