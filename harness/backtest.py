@@ -7,9 +7,12 @@ held-out instances are scored. Evolved diagnostics may only add vetoes (`decide(
     effect, lo, hi = paired_bootstrap(control, candidate, n_boot=2000, alpha=0.05, rng=np.random.default_rng(0))
     verdict = decide(control, candidate, slices, GateConfig(), vetoes=[], candidate_id="s1.env-sizes-5-hole_ratio.ab12cd")
 
-Online backtest (needs the policy layer): `backtest(...)` trains a short control arm and a short candidate arm from the
-same start checkpoint with the same budget and the same training seeds, evaluates both on the same FRESH backtest seeds
-(drawn by the caller for every decision), and returns the verdict plus each arm's compute. Tests: tests/test_gate.py,
+Online backtest: `backtest(start_ckpt, control_files, candidate_files, task, ArmBudget(steps=4), train_seeds,
+eval_seeds, gate, out_dir, candidate_id)` trains a short control arm and a short candidate arm (`run_arm`, GRPO through
+`harness.policy_glue`) from the same start checkpoint with the same budget and the same training seeds, evaluates both
+(`evaluate_arm`) on the same FRESH backtest seeds (drawn by the caller for every decision) from an instance distribution
+the caller fixes, runs the vetoes of both trees' evolved diagnostics, and returns the verdict plus each arm's compute
+(`BacktestResult.compute`). A/A calibration: `harness/benchmarks/calibration.py`. Tests: tests/test_gate.py,
 tests/test_backtest.py.
 """
 

@@ -6,9 +6,9 @@ IDENTICAL to the control?
 
 Each decision is a full online backtest (`harness.backtest.backtest`): from one start checkpoint (a tiny policy after
 an expert SFT warm start, built once and cached in `--out`), a control arm and a candidate arm train a few GRPO steps
-under the SAME harness (the sandbox template) on the same training seeds, but with different arm seeds (different
+under the SAME harness (the sandbox template: sizes 3-5, 2 agents) on the same training seeds, but with different arm seeds (different
 data order and sampling: training randomness is the only difference); both are evaluated on the same fresh backtest
-seeds (new ones for every decision) and judged by the default `GateConfig`. Every promotion is a false promotion.
+seeds (new ones for every decision, drawn from the template's env config) and judged by the default `GateConfig`. Every promotion is a false promotion.
 Prints grep-able `key: value` lines (`false_promotion_rate:`), one `decision:` line per decision, and writes
 `calibration.json` in `--out`.
 """
@@ -16,6 +16,7 @@ Prints grep-able `key: value` lines (`false_promotion_rate:`), one `decision:` l
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -32,16 +33,20 @@ def template_files() -> dict[str, str]:
             if p.is_file() and "__pycache__" not in p.parts}
 
 
-def start_checkpoint(task: Any, out: Path, sft_examples: int, sft_steps: int) -> Path:
-    """A tiny policy after an expert SFT warm start (cached: reused when `out/start` exists)."""
+def start_checkpoint(task: Any, out: Path, config: Any, sft_examples: int, sft_steps: int) -> Path:
+    """A tiny policy after an expert SFT warm start on `config` (cached: reused when `out/start` exists)."""
     from harness.policy_glue import train_policy
     from policies.train import Recipe
 
     ckpt = out / "start"
     if (ckpt / "config.json").exists():
         return ckpt
-    train_policy(task, str(ckpt), preset="tiny", sft_examples=sft_examples, grpo_steps=0,
-                 recipe=Recipe(sft_steps=sft_steps))
+    def progress(stage: str, step: int, total: int, logs: dict) -> None:
+        if step % 25 == 0 or step == total:
+            print(f"start_sft_step: {step}/{total}  loss: {logs.get('loss', float('nan')):.3f}", flush=True)
+
+    train_policy(task, str(ckpt), preset="tiny", config=config, sft_examples=sft_examples, grpo_steps=0,
+                 recipe=Recipe(sft_steps=sft_steps), progress=progress)
     return ckpt
 
 
@@ -60,10 +65,12 @@ def run(decisions: int = 40, steps: int = 2, eval_n: int = 64, out: str | Path =
     gate = gate or GateConfig()
     files = template_files()
     t0 = time.perf_counter()
-    start = start_checkpoint(task, out, sft_examples, sft_steps)
+    import yaml
+
+    env = task.config_model.model_validate(yaml.safe_load(files["env.yaml"]))  # the run's starting distribution
+    start = start_checkpoint(task, out, env, sft_examples, sft_steps)
     setup_s = time.perf_counter() - t0
     print(f"start_checkpoint: {start}  setup_seconds: {setup_s:.1f}", flush=True)
-    import yaml
 
     rec = {k: v for k, v in (yaml.safe_load(files["recipe.yaml"]) or {}).items() if k != "reward"}
     recipe = Recipe.model_validate(rec)
@@ -74,7 +81,9 @@ def run(decisions: int = 40, steps: int = 2, eval_n: int = 64, out: str | Path =
         train_seeds = seeds("train", rows_per_arm, start=sft_examples + d * rows_per_arm)
         eval_seeds = seeds("backtest", eval_n, start=d * eval_n)  # fresh held-out seeds for every decision
         res = backtest(start, files, files, task, ArmBudget(steps=steps), train_seeds, eval_seeds, gate,
-                       out / "arms" / f"d{d:03d}", candidate_id=f"aa-{d:03d}", arm_seeds=(2 * d, 2 * d + 1))
+                       out / "arms" / f"d{d:03d}", candidate_id=f"aa-{d:03d}", eval_config=env,
+                       arm_seeds=(2 * d, 2 * d + 1))
+        shutil.rmtree(out / "arms" / f"d{d:03d}")  # arm checkpoints are not needed after the verdict
         v = res.verdict
         ev = v.evidence
         promoted += v.decision == "promoted"
