@@ -8,7 +8,6 @@ engineer reads. Big data (rollouts) lives in `runs/<id>/rollouts/*.jsonl.gz`, on
 from __future__ import annotations
 
 import gzip
-import json
 from pathlib import Path
 from typing import Any, Literal
 

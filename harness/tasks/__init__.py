@@ -19,4 +19,4 @@ def get_task(name: str) -> Task:
     return importlib.import_module(TASKS[name]).TASK
 
 
-__all__ = ["Instance", "Outcome", "SuiteEntry", "Task", "get_task", "TASKS", "UnknownTaskError"]
+__all__ = ["TASKS", "Instance", "Outcome", "SuiteEntry", "Task", "UnknownTaskError", "get_task"]
