@@ -22,7 +22,7 @@ import operator
 import sqlite3
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
@@ -70,7 +70,6 @@ class Run:
     config: RunConfig
     store: RunStore
     progress: Callable[[str, dict[str, Any]], None] = lambda event, data: None
-    started: float = field(default_factory=time.time)
 
     @property
     def id(self) -> str:
@@ -93,6 +92,12 @@ class Run:
         from skills.library import SkillLibrary
 
         return SkillLibrary.open()
+
+    def store_started(self) -> float:
+        """When the run was created (the wall-clock budget counts from here, across resumes)."""
+        from datetime import datetime
+
+        return datetime.fromisoformat(self.store.get_run(self.id)["created"]).timestamp()
 
     def path(self, *parts: str) -> Path:
         p = self.run_dir.joinpath(*parts)
@@ -402,19 +407,15 @@ def _candidate(row: dict[str, Any]) -> Candidate:
 
 
 def _reject(run: Run, cid: str, verdict: Verdict) -> None:
+    """Tag rejected/<id> (idempotent: a re-entered node gets the same tag back) and record the verdict."""
+    from sandbox.workspace import UnknownCandidate
+
     ws = run.workspace()
-    tag = None
-    if cid in ws.pending() or _has_branch(ws, cid):
-        tag = ws.reject(cid, verdict.reason, evidence=verdict.evidence).tag
-    run.store.set_candidate_verdict(verdict, tag=tag)
-
-
-def _has_branch(ws, cid: str) -> bool:
     try:
-        ws.candidate_sha(cid)
-        return True
-    except Exception:  # noqa: BLE001 - UnknownCandidate: never committed (patch did not apply)
-        return False
+        tag = ws.reject(cid, verdict.reason, evidence=verdict.evidence).tag
+    except UnknownCandidate:  # never committed: its patch did not apply
+        tag = None
+    run.store.set_candidate_verdict(verdict, tag=tag)
 
 
 def _arm(run: Run, k: int, name: str, files: dict[str, str], start: str, steps: int) -> dict[str, Any]:
@@ -672,16 +673,6 @@ def _open(run_dir: Path, config: RunConfig, progress) -> Run:
     store = RunStore.open(run_dir / "run.db")
     run = Run(run_dir=run_dir, config=config, store=store, progress=progress or (lambda e, d: None))
     return run
-
-
-def _store_started(self: Run) -> float:
-    from datetime import datetime
-
-    row = self.store.get_run(self.id)
-    return datetime.fromisoformat(row["created"]).timestamp()
-
-
-Run.store_started = _store_started  # type: ignore[attr-defined]
 
 
 def new_run_id(config: RunConfig) -> str:
