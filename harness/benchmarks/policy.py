@@ -18,6 +18,18 @@ from policies import cpu_threads
 
 console = Console()
 
+def _ticker(t0: float):
+    """Progress hook: one line every 100 SFT steps / 5 GRPO steps, with elapsed seconds."""
+
+    def hook(stage: str, step: int, total: int, logs: dict) -> None:
+        if step % (100 if stage == "sft" else 5) == 0 or step == total:
+            key = "reward" if stage == "grpo" else "loss"
+            console.print(f"  {stage} {step}/{total} {key}={logs.get(key, float('nan')):.3f} "
+                          f"t={time.perf_counter() - t0:.0f}s", highlight=False)
+
+    return hook
+
+
 # --- pieces -----------------------------------------------------------------------------------------------------------
 
 
@@ -62,7 +74,7 @@ def _rates(report) -> dict:
 
 def run(out: Path, preset: str = "tiny", sft_examples: int = 4000, sft_steps: int = 1500, grpo_steps: int = 30,
         suite: str = "small", threads: int = 2, skip_small: bool = False, config_path: Path | None = None,
-        max_new_tokens: int = 96, grpo_max_tokens: int = 48) -> dict:
+        max_new_tokens: int = 96, grpo_max_tokens: int = 48, small_sft_steps: int = 100) -> dict:
     from harness.policy_glue import evaluate, grpo_rows, print_eval, reward_fn, sft_pairs, suite_instances
     from harness.seeds import seeds
     from harness.tasks import get_task
@@ -93,7 +105,7 @@ def run(out: Path, preset: str = "tiny", sft_examples: int = 4000, sft_steps: in
     pairs = sft_pairs(task, config, seeds("train", sft_examples))
     summary["prompt_chars"] = sum(len(p["prompt"]) for p in pairs) / len(pairs)
     summary["completion_chars"] = sum(len(p["completion"]) for p in pairs) / len(pairs)
-    sft = train_sft(model, tok, pairs, recipe)
+    sft = train_sft(model, tok, pairs, recipe, progress=_ticker(t0))
     save_policy(model, tok, out / "sft")
     rep_sft = evaluate(model, tok, task, held_out, params=greedy)
     t_sft = time.perf_counter() - t0
@@ -103,7 +115,7 @@ def run(out: Path, preset: str = "tiny", sft_examples: int = 4000, sft_steps: in
 
     rows = grpo_rows(task, config, seeds("train", grpo_steps * recipe.batch_size // recipe.num_generations,
                                          start=sft_examples))
-    grpo = train_grpo(model, tok, rows, reward_fn(task), recipe)
+    grpo = train_grpo(model, tok, rows, reward_fn(task), recipe, progress=_ticker(t0))
     save_policy(model, tok, out / "grpo")
     rep_grpo = evaluate(model, tok, task, held_out, params=greedy)
     t_all = time.perf_counter() - t0
@@ -119,7 +131,7 @@ def run(out: Path, preset: str = "tiny", sft_examples: int = 4000, sft_steps: in
                "batch": recipe.batch_size, "completion_length": sum(s.completion_length for s in grpo.steps)
                / len(grpo.steps)}]
     if not skip_small and preset != "small":
-        speeds.append(grpo_seconds_per_step(task, config, "small", sft_steps=min(sft_steps, 200), steps=4,
+        speeds.append(grpo_seconds_per_step(task, config, "small", sft_steps=small_sft_steps, steps=4,
                                             recipe_kw={"max_completion_length": grpo_max_tokens}))
     summary["grpo_speed"] = speeds
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
