@@ -349,14 +349,14 @@ def eval_cmd(
     from policies import cpu_threads
 
     cpu_threads(threads)
-    from harness.policy_glue import evaluate, print_eval, suite_instances
+    from harness.policy_glue import evaluate, print_eval, suite_blocks, suite_instances
     from harness.tasks import get_task
     from policies.model import load_policy
     from policies.rollout import SamplingParams
 
     model, tok = load_policy(ckpt)  # a missing checkpoint is the first error the user sees
     t = get_task(task)
-    report = evaluate(model, tok, t, suite_instances(t, suite),
+    report = evaluate(model, tok, t, suite_instances(t, suite), blocks=suite_blocks(t, suite),
                       params=SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens))
     print_eval(report, f"{task} suite {suite!r}", console)
 

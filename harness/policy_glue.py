@@ -76,6 +76,13 @@ def suite_instances(task: Task, name: str, split: str = "test") -> list[Instance
     return [inst for _, inst in draw_suite(task, name, split)]
 
 
+def suite_blocks(task: Task, name: str, split: str = "test") -> list[str]:
+    """The suite block name of each instance of `suite_instances` (same order), for a per-block slice."""
+    from harness.tasks.suites import draw_suite
+
+    return [block for block, _ in draw_suite(task, name, split)]
+
+
 class SliceStat(BaseModel):
     model_config = ConfigDict(extra="forbid")
     n: int
@@ -117,8 +124,9 @@ def summarize(rollouts: list[Rollout], seconds: float = 0.0, new_tokens: int = 0
 
 
 def evaluate(model, tok, task: Task, instances: list[Instance], style: str | None = None, params=None,
-             shaping: BaseModel | None = None) -> EvalReport:
-    """Roll the policy out on `instances` (greedy by default) and score every completion with the task's scorer."""
+             shaping: BaseModel | None = None, blocks: list[str] | None = None) -> EvalReport:
+    """Roll the policy out on `instances` (greedy by default) and score every completion with the task's scorer.
+    `blocks` (one name per instance, e.g. `suite_blocks`) adds a `block` slice to the table."""
     from policies.rollout import SamplingParams, generate
 
     style = _style(task, style)
@@ -133,7 +141,7 @@ def evaluate(model, tok, task: Task, instances: list[Instance], style: str | Non
         rollouts.append(Rollout(
             seed=inst.seed, group=i, instance=json.loads(inst.model_dump_json()), prompt=prompts[i], completion=comp,
             valid=o.valid, optimal=o.optimal, reward=o.reward, failure=o.failure, where=o.where, metrics=o.metrics,
-            slices=task.slices(inst), tokens=res.tokens[k],
+            slices={**task.slices(inst), **({"block": blocks[i]} if blocks else {})}, tokens=res.tokens[k],
         ))
     return summarize(rollouts, seconds=res.seconds, new_tokens=res.new_tokens)
 

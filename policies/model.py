@@ -117,7 +117,9 @@ def load_policy(path_or_hf_id: str | Path, allow_hub: bool = False, dtype: torch
     Hub ids are refused unless `allow_hub=True` (this project never downloads weights by accident).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()
     path = Path(path_or_hf_id).expanduser()
     if not path.exists():
         if allow_hub:
@@ -143,6 +145,9 @@ def load_policy(path_or_hf_id: str | Path, allow_hub: bool = False, dtype: torch
 
 
 def save_policy(model, tok, out_dir: str | Path) -> Path:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)

@@ -75,7 +75,7 @@ def _rates(report) -> dict:
 def run(out: Path, preset: str = "tiny", sft_examples: int = 4000, sft_steps: int = 1500, grpo_steps: int = 30,
         suite: str = "small", threads: int = 2, skip_small: bool = False, config_path: Path | None = None,
         max_new_tokens: int = 96, grpo_max_tokens: int = 48, small_sft_steps: int = 100) -> dict:
-    from harness.policy_glue import evaluate, grpo_rows, print_eval, reward_fn, sft_pairs, suite_instances
+    from harness.policy_glue import evaluate, grpo_rows, print_eval, reward_fn, sft_pairs, suite_blocks, suite_instances
     from harness.seeds import seeds
     from harness.tasks import get_task
     from policies.model import build_model, count_parameters, save_policy
@@ -94,7 +94,7 @@ def run(out: Path, preset: str = "tiny", sft_examples: int = 4000, sft_steps: in
         config = task.config_model.model_validate(
             {"sizes": [{"size": s, "agents": 2, "hole_ratio": 0.2, "wait_ratio": 0.5} for s in (3, 4, 5)]})
     recipe = Recipe(sft_steps=sft_steps, steps=grpo_steps, max_completion_length=grpo_max_tokens)
-    held_out = suite_instances(task, suite)
+    held_out, blocks = suite_instances(task, suite), suite_blocks(task, suite)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, batch_size=64)
     summary: dict = {"preset": preset, "suite": suite, "threads": threads, "recipe": recipe.model_dump(),
                      "config": json.loads(config.model_dump_json())}
@@ -107,7 +107,7 @@ def run(out: Path, preset: str = "tiny", sft_examples: int = 4000, sft_steps: in
     summary["completion_chars"] = sum(len(p["completion"]) for p in pairs) / len(pairs)
     sft = train_sft(model, tok, pairs, recipe, progress=_ticker(t0))
     save_policy(model, tok, out / "sft")
-    rep_sft = evaluate(model, tok, task, held_out, params=greedy)
+    rep_sft = evaluate(model, tok, task, held_out, params=greedy, blocks=blocks)
     t_sft = time.perf_counter() - t0
     print_eval(rep_sft, f"after SFT ({sft_steps} steps, {sft_examples} demos)", console)
     summary["sft"] = {"wall_s": sft.wall_s, "loss_first": sft.loss[0], "loss_last": sft.loss[-1],
@@ -117,7 +117,7 @@ def run(out: Path, preset: str = "tiny", sft_examples: int = 4000, sft_steps: in
                                          start=sft_examples))
     grpo = train_grpo(model, tok, rows, reward_fn(task), recipe, progress=_ticker(t0))
     save_policy(model, tok, out / "grpo")
-    rep_grpo = evaluate(model, tok, task, held_out, params=greedy)
+    rep_grpo = evaluate(model, tok, task, held_out, params=greedy, blocks=blocks)
     t_all = time.perf_counter() - t0
     print_eval(rep_grpo, f"after GRPO ({grpo_steps} steps)", console)
     summary["grpo"] = {"wall_s": grpo.wall_s, "s_per_step": grpo.seconds_per_step,
