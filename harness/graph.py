@@ -22,7 +22,7 @@ import operator
 import sqlite3
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
@@ -70,6 +70,8 @@ class Run:
     config: RunConfig
     store: RunStore
     progress: Callable[[str, dict[str, Any]], None] = lambda event, data: None
+    _ws: Any = None
+    _instances: dict[Any, list] = field(default_factory=dict)
 
     @property
     def id(self) -> str:
@@ -84,9 +86,19 @@ class Run:
         return self.config.policy.resolved_style
 
     def workspace(self):
-        from sandbox.workspace import Workspace
+        """The harness repo, opened (and repaired) once per process."""
+        if self._ws is None:
+            from sandbox.workspace import Workspace
 
-        return Workspace(self.run_dir / "harness")
+            self._ws = Workspace(self.run_dir / "harness")
+        return self._ws
+
+    def instances(self, config, seeds: list[int], key: str | None = None) -> list:
+        """Task instances, memoised per process: the backtest arms and the per-stage suite reuse them (CBS solves)."""
+        k = key or (config.model_dump_json(), tuple(seeds))
+        if k not in self._instances:
+            self._instances[k] = [self.task.generate(config, s) for s in seeds]
+        return self._instances[k]
 
     def skills(self):
         from skills.library import SkillLibrary
@@ -211,9 +223,11 @@ def _grpo(run: Run, stage: int, arm: str, start: str, files: dict[str, str], ste
     seeds = run.store.draw_seeds(run.id, "train", run.config.stage.train_instances, key=seed_key)
     rows = grpo_rows(task, env, seeds, run.style)
     model, tok = _load(start)
+    t0 = time.perf_counter()  # training compute = the whole TRL call (trainer setup + steps), not just train()
     m = train_grpo(model, tok, rows, reward_fn(task, shaping), recipe, progress=_progress_cb(run, stage, arm))
+    secs = time.perf_counter() - t0
     save_policy(model, tok, out)
-    run.store.charge(run.id, stage, arm, "grpo", seconds=m.wall_s, tokens=m.tokens_generated, steps=len(m.steps))
+    run.store.charge(run.id, stage, arm, "grpo", seconds=secs, tokens=m.tokens_generated, steps=len(m.steps))
     steps_out = [s.model_dump() for s in m.steps]
     return {"checkpoint": str(out), "steps": steps_out, "seconds": m.wall_s, "tokens": m.tokens_generated}
 
@@ -239,11 +253,12 @@ def _rollouts(run: Run, ckpt: str, seeds: list[int], env, samples: int, temperat
     from policies.rollout import SamplingParams
 
     task = run.task
-    instances = [task.generate(env, s) for s in seeds]
+    instances = run.instances(env, seeds)
     model, tok = _load(ckpt)
     params = SamplingParams(temperature=temperature, n=samples, max_new_tokens=_max_new(run), seed=run.config.seed)
+    t0 = time.perf_counter()  # evaluation compute = generation + scoring
     rep = evaluate(model, tok, task, instances, run.style, params=params, shaping=shaping)
-    return rep.rollouts, rep.seconds, rep.new_tokens
+    return rep.rollouts, time.perf_counter() - t0, rep.new_tokens
 
 
 def _max_new(run: Run) -> int:
@@ -271,16 +286,21 @@ def node_probe(run: Run, state: State) -> State:
 
 
 def _history(run: Run) -> list[HistoryItem]:
+    from harness.engineer.proposal import change_key
+    from harness.records import Change
+
+    parents = {r.id: r.parent for r in run.workspace().history()}  # the harness state each candidate started from
     out = []
     for c in run.store.candidates(run.id):
         if c["status"] not in ("promoted", "rejected", "rejected_vet"):
             continue
         lo, hi = c.get("ci_low"), c.get("ci_high")
+        key = change_key(parents[c["id"]], Change.model_validate(c["patch"])) if c["id"] in parents else ""
         out.append(HistoryItem(stage=c["stage"], candidate=c["id"], knob=c["knob"],
                                change=f"{c['knob']} -> {(c['patch'] or {}).get('value')}",
                                verdict="promoted" if c["status"] == "promoted" else "rejected",
                                effect=c.get("effect"), ci=(lo, hi) if lo is not None and hi is not None else None,
-                               reason=c.get("reason") or ""))
+                               reason=c.get("reason") or "", key=key))
     return out
 
 
@@ -465,7 +485,8 @@ def node_backtest(run: Run, state: State) -> State:
         _finish(run, k, "backtest", {"verdicts": []}, t0, "nothing to backtest")
         return {}
     steps = cfg.backtest.arm_steps
-    control = _arm(run, k, "control", ws.files("main"), state["train_ckpt"], steps)
+    main_files = ws.files("main")
+    control = _arm(run, k, "control", main_files, state["train_ckpt"], steps)
     c_roll = read_rollouts(Path(control["rollouts"]))
     c_seeds, c_out, c_slices = _per_instance(c_roll)
     verdicts = []
@@ -475,8 +496,13 @@ def node_backtest(run: Run, state: State) -> State:
         x_roll = read_rollouts(Path(arm["rollouts"]))
         x_seeds, x_out, _ = _per_instance(x_roll)
         assert x_seeds == c_seeds, "arms must be evaluated on the same backtest instances"
-        vetoes = run_vetoes({p: s for p, s in files.items() if p.startswith("diagnostics/")}, c_roll, x_roll,
-                            arm_metrics(c_roll), arm_metrics(x_roll))
+        # vetoes from BOTH trees: a candidate cannot escape a veto by deleting or rewriting its file
+        vetoes: list[str] = []
+        for tree in (main_files, files):
+            diag = {p: s for p, s in tree.items() if p.startswith("diagnostics/")}
+            for v in run_vetoes(diag, c_roll, x_roll, arm_metrics(c_roll), arm_metrics(x_roll)):
+                if v not in vetoes:
+                    vetoes.append(v)
         v = decide(c_out, x_out, c_slices, cfg.gate, vetoes, candidate_id=cid, comparisons=len(vetted),
                    rng=np.random.default_rng([cfg.seed, k, len(verdicts)]), seeds=c_seeds)
         verdicts.append(v)
@@ -589,13 +615,18 @@ def _report_eval(run: Run, k: int, ckpt: str) -> None:
     from policies.rollout import SamplingParams
 
     task = run.task
-    insts = suite_instances(task, run.config.eval.suite, "test")
+    key = ("suite", run.config.eval.suite)
+    if key not in run._instances:
+        run._instances[key] = suite_instances(task, run.config.eval.suite, "test")
+    insts = run._instances[key]
     if run.config.eval.limit:
         insts = insts[: run.config.eval.limit]
     model, tok = _load(ckpt)
+    t0 = time.perf_counter()
     rep = evaluate(model, tok, task, insts, run.style,
                    params=SamplingParams(temperature=0.0, max_new_tokens=_max_new(run), batch_size=64))
-    run.store.charge(run.id, k, "policy", "eval", seconds=rep.seconds, tokens=rep.new_tokens, label="test")
+    run.store.charge(run.id, k, "policy", "eval", seconds=time.perf_counter() - t0, tokens=rep.new_tokens,
+                     label="test")
     run.store.record_eval(run.id, k, "policy", "test", n=rep.n, valid=rep.valid, optimal=rep.optimal)
     for key, vals in rep.by_slice.items():
         for val, st in vals.items():
