@@ -497,10 +497,12 @@ def node_backtest(run: Run, state: State) -> State:
         x_seeds, x_out, _ = _per_instance(x_roll)
         assert x_seeds == c_seeds, "arms must be evaluated on the same backtest instances"
         # vetoes from BOTH trees: a candidate cannot escape a veto by deleting or rewriting its file
+        # (each distinct file once: the incumbent's, plus the candidate's where it differs)
+        diag = [{p: s for p, s in main_files.items() if p.startswith("diagnostics/")},
+                {p: s for p, s in files.items() if p.startswith("diagnostics/") and main_files.get(p) != s}]
         vetoes: list[str] = []
-        for tree in (main_files, files):
-            diag = {p: s for p, s in tree.items() if p.startswith("diagnostics/")}
-            for v in run_vetoes(diag, c_roll, x_roll, arm_metrics(c_roll), arm_metrics(x_roll)):
+        for tree in diag:
+            for v in run_vetoes(tree, c_roll, x_roll, arm_metrics(c_roll), arm_metrics(x_roll)):
                 if v not in vetoes:
                     vetoes.append(v)
         v = decide(c_out, x_out, c_slices, cfg.gate, vetoes, candidate_id=cid, comparisons=len(vetted),
