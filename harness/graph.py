@@ -727,31 +727,61 @@ def start_run(config: RunConfig, runs_dir: str | Path = "runs", run_id: str | No
     lock = acquire_lock(run_dir, run_id)
     try:
         (run_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
-        run = _open(run_dir, config, progress)
-        from sandbox.workspace import Workspace
-
-        Workspace.create(run_dir / "harness", files_override=initial_files(config) or None)
-        run.store.create_run(run_id, config.model_dump(mode="json"), budget=config.budget.model_dump(mode="json"))
-        run.store.set_run_status(run_id, "running")
-        try:
-            _drive(run, {"run_id": run_id, "stage": 0, "log": []})
-        except BaseException:
-            run.store.set_run_status(run_id, "interrupted")
-            raise
-        finally:
-            run.store.close()
+        _drive_prepared(run_dir, config, progress, {"run_id": run_id, "stage": 0, "log": []})
     finally:
         lock.release()
     return run_dir
+
+
+def _prepare(run_dir: Path, config: RunConfig, progress) -> Run:
+    """Open run.db, make the harness repo and the run row if they are missing. Idempotent, so a run killed while it
+    was being created resumes like any other (a harness dir without its first commit holds nothing to lose)."""
+    import shutil
+
+    from sandbox.workspace import NotAHarnessRepo, Workspace
+
+    run = _open(run_dir, config, progress)
+    harness = run_dir / "harness"
+    if harness.exists():
+        try:
+            Workspace(harness)
+        except NotAHarnessRepo:
+            shutil.rmtree(harness)
+    if not harness.exists():
+        Workspace.create(harness, files_override=initial_files(config) or None)
+    run.store.create_run(run.id, config.model_dump(mode="json"), budget=config.budget.model_dump(mode="json"))
+    return run
+
+
+def _drive_prepared(run_dir: Path, config: RunConfig, progress, first_input: dict[str, Any] | None) -> None:
+    run = _prepare(run_dir, config, progress)
+    try:
+        if run.store.get_run(run.id)["status"] == "finished":
+            raise RunError(f"run {run.id} already finished; start a new one with `evotrainer run CONFIG` "
+                           f"or review it with `evotrainer review {run_dir}`")
+        if first_input is None:  # a resume
+            for r in run.workspace().repairs:
+                run.event(None, "resume", "repair", r)
+            run.event(None, "resume", "resumed", f"resumed {run.id}")
+            if not _has_checkpoint(run_dir, run.id):  # killed before the graph's first checkpoint
+                first_input = {"run_id": run.id, "stage": 0, "log": []}
+        run.store.set_run_status(run.id, "running")
+        try:
+            _drive(run, first_input)
+        except BaseException:
+            run.store.set_run_status(run.id, "interrupted")
+            raise
+    finally:
+        run.store.close()
 
 
 def find_run(ref: str | Path, runs_dir: str | Path = "runs") -> Path:
     """A run directory from a path or a run id (looked up in runs_dir)."""
     p = Path(ref)
     for cand in (p, Path(runs_dir) / str(ref)):
-        if (cand / "run.db").is_file():
+        if (cand / "run.db").is_file() or (cand / "config.yaml").is_file():  # config.yaml is written first
             return cand
-    raise RunError(f"no run {ref!r}: neither {p} nor {Path(runs_dir) / str(ref)} holds a run.db; "
+    raise RunError(f"no run {ref!r}: neither {p} nor {Path(runs_dir) / str(ref)} holds a run (run.db); "
                    "`ls runs/` lists runs, or pass --runs-dir")
 
 
@@ -763,28 +793,9 @@ def resume_run(ref: str | Path, runs_dir: str | Path = "runs",
                progress: Callable[[str, dict[str, Any]], None] | None = None) -> Path:
     """Continue an interrupted run from its last LangGraph checkpoint (the interrupted node runs again)."""
     run_dir = find_run(ref, runs_dir)
-    run_id = run_dir.name
-    lock = acquire_lock(run_dir, run_id)
+    lock = acquire_lock(run_dir, run_dir.name)
     try:
-        config = load_run_config(run_dir)
-        run = _open(run_dir, config, progress)
-        try:
-            if run.store.get_run(run_id)["status"] == "finished":
-                raise RunError(f"run {run_id} already finished; start a new one with `evotrainer run CONFIG` "
-                               f"or review it with `evotrainer review {run_dir}`")
-            from sandbox.workspace import Workspace
-
-            for r in Workspace(run_dir / "harness").repairs:
-                run.event(None, "resume", "repair", r)
-            run.store.set_run_status(run_id, "running")
-            run.event(None, "resume", "resumed", f"resumed {run_id}")
-            try:
-                _drive(run, None if _has_checkpoint(run_dir, run_id) else {"run_id": run_id, "stage": 0, "log": []})
-            except BaseException:
-                run.store.set_run_status(run_id, "interrupted")
-                raise
-        finally:
-            run.store.close()
+        _drive_prepared(run_dir, load_run_config(run_dir), progress, None)
     finally:
         lock.release()
     return run_dir

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from harness.benchmarks.run import TINY as BENCH_TINY
 from harness.benchmarks.run import check_run
 from harness.config import ConfigError, load_config, parse_config
 from harness.graph import RunError, find_run, resume_run, start_run
@@ -24,19 +25,8 @@ from harness.store import RunStore
 
 ROOT = Path(__file__).resolve().parents[1]
 
-TINY = {
-    "task": "mapf",
-    "name": "t",
-    "seed": 0,
-    "policy": {"preset": "tiny"},
-    "warm_start": {"sft_examples": 64, "sft_steps": 8},
-    "recipe": {"steps": 2, "batch_size": 8, "num_generations": 4, "max_completion_length": 48},
-    "budget": {"stages": 2},
-    "stage": {"train_instances": 16, "probe_n": 8, "probe_samples": 2, "candidates": 1},
-    "backtest": {"arm_steps": 1, "n": 16},
-    "engineer": {"kind": "rule"},
-    "eval": {"suite": "small", "limit": 12},
-}
+# the crash benchmark's tiny config, one candidate per stage
+TINY = {**BENCH_TINY, "name": "t", "stage": {**BENCH_TINY["stage"], "candidates": 1}}
 
 
 @pytest.fixture(autouse=True)
@@ -197,3 +187,14 @@ def test_status_json_lists_candidates(tmp_path):
     html = (run_dir / "report.html").exists() or subprocess.run(
         [sys.executable, "-m", "harness.cli", "report", str(run_dir)], capture_output=True, check=False).returncode == 0
     assert html and (run_dir / "report.html").read_text().count("<tr") >= 2
+
+
+def test_resume_of_a_run_killed_while_being_created(tmp_path):
+    """Killed after config.yaml and a `git init` but before the harness' first commit and any graph checkpoint."""
+    run_dir = tmp_path / "runs" / "born"
+    (run_dir / "harness").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(run_dir / "harness")], check=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(dict(TINY, budget={"stages": 1})))
+    resume_run(run_dir)
+    st = _check_consistent(run_dir)
+    assert [s["stage"] for s in st["stages"]] == [1]
