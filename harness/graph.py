@@ -221,7 +221,7 @@ def _grpo(run: Run, stage: int, arm: str, start: str, files: dict[str, str], ste
     recipe = recipe.model_copy(update={"steps": steps, "seed": seed})
     # a fixed prompt pool per key: both arms of a decision train on exactly the same instances, whatever their recipe
     seeds = run.store.draw_seeds(run.id, "train", run.config.stage.train_instances, key=seed_key)
-    rows = grpo_rows(task, env, seeds, run.style)
+    rows = grpo_rows(task, env, seeds, run.style, instances=run.instances(env, seeds))
     model, tok = _load(start)
     t0 = time.perf_counter()  # training compute = the whole TRL call (trainer setup + steps), not just train()
     m = train_grpo(model, tok, rows, reward_fn(task, shaping), recipe, progress=_progress_cb(run, stage, arm))
@@ -238,6 +238,8 @@ def node_train(run: Run, state: State) -> State:
         return {"train_ckpt": r["checkpoint"]}
     t0 = time.time()
     run.store.start_stage(run.id, k)
+    # instances are cached within a stage (arms share them); only the report suite outlives the stage
+    run._instances = {key: v for key, v in run._instances.items() if key[0] == "suite"}
     files = run.workspace().files("main")
     steps = harness_models(files, run.task)[1].steps
     run.event(k, "train", "node_start", f"GRPO {steps} steps under harness@main")

@@ -40,15 +40,17 @@ def sft_pairs(task: Task, config: BaseModel, seed_list: list[int], style: str | 
     return out
 
 
-def grpo_rows(task: Task, config: BaseModel, seed_list: list[int], style: str | None = None) -> list[dict[str, Any]]:
-    """GRPO prompts on train-split seeds; the instance travels as JSON in the `instance` column to the reward."""
+def grpo_rows(task: Task, config: BaseModel, seed_list: list[int], style: str | None = None,
+              instances: list[Instance] | None = None) -> list[dict[str, Any]]:
+    """GRPO prompts on train-split seeds; the instance travels as JSON in the `instance` column to the reward.
+    `instances` (already generated from `config` and `seed_list`, e.g. from a cache) skips the generation."""
     check_split(seed_list, "train")
     style = _style(task, style)
-    rows = []
-    for s in seed_list:
-        inst = task.generate(config, s)
-        rows.append({"prompt": task.prompt(inst, style), "instance": inst.model_dump_json()})
-    return rows
+    if instances is None:
+        instances = [task.generate(config, s) for s in seed_list]
+    elif [i.seed for i in instances] != list(seed_list):
+        raise ValueError("grpo_rows: instances do not match seed_list")
+    return [{"prompt": task.prompt(inst, style), "instance": inst.model_dump_json()} for inst in instances]
 
 
 def reward_fn(task: Task, shaping: BaseModel | None = None):
