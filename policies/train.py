@@ -185,6 +185,19 @@ def _callback(stage: str, total: int, progress: Progress | None, sink: list[dict
     return _Log()
 
 
+def _train(trainer, model, tok, out_dir: str | Path | None) -> float:
+    """Run a trainer with our progress callback only, leave the model in eval mode, save it when asked; returns the
+    wall seconds of `trainer.train()`."""
+    _drop_printer(trainer)
+    t0 = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - t0
+    model.eval()
+    if out_dir:
+        save_policy(model, tok, out_dir)
+    return wall
+
+
 def _drop_printer(trainer) -> None:
     """With tqdm disabled, transformers prints every log dict; our callback reports progress instead."""
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
@@ -227,13 +240,7 @@ def train_sft(model, tok, pairs: list[dict[str, str]], recipe: Recipe, out_dir: 
     )
     trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok,
                          callbacks=[_callback("sft", recipe.sft_steps, progress, sink)])
-    _drop_printer(trainer)
-    t0 = time.perf_counter()
-    trainer.train()
-    wall = time.perf_counter() - t0
-    model.eval()
-    if out_dir:
-        save_policy(model, tok, out_dir)
+    wall = _train(trainer, model, tok, out_dir)
     return SFTMetrics(steps=recipe.sft_steps, examples=len(pairs), wall_s=wall, out_dir=str(out_dir) if out_dir else None,
                       loss=[r["loss"] for r in sink if "loss" in r],
                       token_accuracy=[r["mean_token_accuracy"] for r in sink if "mean_token_accuracy" in r])
@@ -332,12 +339,6 @@ def train_grpo(model, tok, rows: list[dict[str, Any]], reward_fn: RewardFn, reci
         callbacks=[_callback("grpo", recipe.steps, _record, sink)],
         rollout_func=_rollout_func(tok, recipe) if use_ours else None,
     )
-    _drop_printer(trainer)
-    t0 = time.perf_counter()
-    trainer.train()
-    wall = time.perf_counter() - t0
-    model.eval()
-    if out_dir:
-        save_policy(model, tok, out_dir)
+    wall = _train(trainer, model, tok, out_dir)
     return GRPOMetrics(steps=steps, wall_s=wall, tokens_generated=counter[0],
                        out_dir=str(out_dir) if out_dir else None)
