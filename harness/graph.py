@@ -257,7 +257,8 @@ def _rollouts(run: Run, ckpt: str, seeds: list[int], env, samples: int, temperat
     task = run.task
     instances = run.instances(env, seeds)
     model, tok = _load(ckpt)
-    params = SamplingParams(temperature=temperature, n=samples, max_new_tokens=_max_new(run), seed=run.config.seed)
+    params = SamplingParams(temperature=temperature, n=samples, max_new_tokens=_max_new(run), seed=run.config.seed,
+                            backend=run.config.policy.backend)
     t0 = time.perf_counter()  # evaluation compute = generation + scoring
     rep = evaluate(model, tok, task, instances, run.style, params=params, shaping=shaping)
     return rep.rollouts, time.perf_counter() - t0, rep.new_tokens
@@ -628,7 +629,8 @@ def _report_eval(run: Run, k: int, ckpt: str) -> None:
     model, tok = _load(ckpt)
     t0 = time.perf_counter()
     rep = evaluate(model, tok, task, insts, run.style,
-                   params=SamplingParams(temperature=0.0, max_new_tokens=_max_new(run), batch_size=64))
+                   params=SamplingParams(temperature=0.0, max_new_tokens=_max_new(run), batch_size=64,
+                                         backend=run.config.policy.backend))
     run.store.charge(run.id, k, "policy", "eval", seconds=time.perf_counter() - t0, tokens=rep.new_tokens,
                      label="test")
     run.store.record_eval(run.id, k, "policy", "test", n=rep.n, valid=rep.valid, optimal=rep.optimal)
@@ -722,6 +724,13 @@ def start_run(config: RunConfig, runs_dir: str | Path = "runs", run_id: str | No
     if ckpt and not Path(ckpt).is_dir():
         raise RunError(f"policy.checkpoint {ckpt} does not exist; point it at a local Hugging Face model directory "
                        "(with config.json and tokenizer files) or use policy.preset: tiny|small")
+    if config.policy.backend == "vllm":  # fail before any training, naming the setting and the fix
+        from policies.rollout import RolloutBackendError, resolve_backend
+
+        try:
+            resolve_backend("vllm")
+        except RolloutBackendError as exc:
+            raise RunError(f"policy.backend: {exc}") from None
     run_dir = Path(runs_dir) / run_id
     if (run_dir / "run.db").exists():
         raise RunError(f"run {run_id} already exists in {runs_dir}; resume it with `evotrainer resume {run_dir}`")

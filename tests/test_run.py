@@ -152,6 +152,10 @@ def test_cli_bad_inputs_one_clear_line(tmp_path):
     r = cli("run", str(p), "--runs-dir", str(tmp_path / "runs"))
     assert r.returncode == 2 and "missing-ckpt" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    p.write_text(yaml.safe_dump(dict(TINY, policy={"preset": "tiny", "backend": "vllm"})))
+    r = cli("run", str(p), "--runs-dir", str(tmp_path / "runs"))
+    assert r.returncode == 2 and "policy.backend" in r.stderr and "transformers" in r.stderr, r.stderr
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())  # nothing started
 
 
 def test_second_process_on_same_run_is_locked(tmp_path):
