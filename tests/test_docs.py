@@ -35,3 +35,14 @@ def test_every_command_has_help_and_is_in_readme():
 
 def test_readme_front_door():
     assert "make demo" in README and "make test" in README
+
+
+def test_every_example_config_loads():
+    from harness.config import load_config
+
+    examples = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.yaml"))
+    assert {p.name for p in examples} >= {"mapf_quick.yaml", "mapf_overnight.yaml", "mapf_gpu.yaml"}
+    for p in examples:
+        cfg = load_config(p)
+        assert p.name in README, f"{p.name} is not mentioned in README.md"
+        assert cfg.task == "mapf"
