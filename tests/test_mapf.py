@@ -355,12 +355,41 @@ def test_prompts_alphabet_and_slices():
             text = TASK.prompt(inst, style) + TASK.expert(inst, style)
             assert set(text) <= alphabet, set(text) - alphabet
         compact = TASK.prompt(inst, "compact").splitlines()
-        assert len(compact) == inst.size + 1 and all(len(r) == 2 * inst.size for r in compact[:-1])
+        assert len(compact) == inst.size + inst.agents + 1 and compact[-1] == "plan:"
+        assert all(len(r) == 2 * inst.size for r in compact[:inst.size])
+        # the agent lines give back every start and goal, and agree with the marks in the grid
+        for i, line in enumerate(compact[inst.size:-1]):
+            label, coords = line.split(" ")
+            start, goal = (tuple(int(x) for x in half.split(",")) for half in coords.split(">"))
+            assert label == "ABCDEFGH"[i] and start == tuple(inst.starts[i]) and goal == tuple(inst.goals[i])
+            assert compact[start[0]][2 * start[1]] == label and compact[goal[0]][2 * goal[1] + 1] == label.lower()
         s = TASK.slices(inst)
         assert s["size"] == str(inst.size) and s["agents"] == str(inst.agents)
         assert s["wait"] == ("yes" if inst.needs_wait else "no") and s["holes"] == "0.2"
     with pytest.raises(ValueError, match="style"):
         TASK.prompt(inst, "verbose")
+
+
+def test_compact_prompt_exact_text_and_plan_round_trip():
+    inst = MAPFInstance(seed=0, size=3, grid=["...", "...", ".##"], starts=[(0, 0), (1, 1)], goals=[(1, 0), (0, 1)],
+                        optimal_makespan=1, sum_of_costs=2, needs_wait=False, plan=["D", "U"])
+    assert TASK.prompt(inst, "compact") == "A..b..\n.aB...\n..####\nA 0,0>1,0\nB 1,1>0,1\nplan:\n"
+    assert TASK.expert(inst, "compact") == "A:D\nB:U"
+    out = TASK.score(inst, TASK.expert(inst, "compact"))
+    assert out.valid and out.optimal
+    # echoing the agent lines before the plan does not confuse the parser (they carry no ':' after the label)
+    assert TASK.score(inst, "A 0,0>1,0\nB 1,1>0,1\nA:D\nB:U").valid
+
+
+@given(size=st.integers(3, 12), agents=st.integers(1, 4), seed=st.integers(0, 10**6))
+@FAST
+def test_alphabet_covers_every_prompt_and_completion_character(size, agents, seed):
+    alphabet = set(TASK.alphabet())
+    wait = 0.0 if agents == 1 else 0.5
+    inst = TASK.generate(cfg(size=size, agents=agents, hole_ratio=0.2, wait_ratio=wait), seed)
+    for style in TASK.styles:
+        text = TASK.prompt(inst, style) + TASK.expert(inst, style)
+        assert set(text) <= alphabet, (style, set(text) - alphabet)
 
 
 def test_suites_come_from_the_test_split():

@@ -9,6 +9,23 @@ the last agent arrives for good) equals the optimum that makespan-optimal CBS (`
 
 Coordinates are (row, col), row 0 at the top. Agents are labelled A, B, C, ... in order.
 
+Prompt styles (`prompt(inst, style)`):
+- compact (char models): the grid, two characters per cell ('##' hole, else the start mark: label or '.', then the
+  goal mark: lowercase label or '.'), one line per row; then one line per agent with its start and goal as
+  `row,col`, `A 0,2>2,1` (A starts at (0, 2), its goal is (2, 1)), so a small model reads positions instead of
+  counting characters; then `plan:`. A 3x3, 2-agent prompt and its expert completion:
+
+      A..b..
+      .aB...
+      ..####
+      A 0,0>1,0
+      B 1,1>0,1
+      plan:
+      A:D
+      B:U
+
+- chat (chat LLMs): the map as '.'/'#' rows, the agents' coordinates and the rules in English.
+
 Plan format (what `expert` writes and `score` parses): one line per agent, `<label>: <moves>`.
 - compact style: `A:RRDW` (single letters U/D/L/R/W, no spaces)
 - chat style:    `Agent A: RIGHT RIGHT DOWN WAIT`
@@ -366,7 +383,8 @@ Agent A: RIGHT DOWN WAIT DOWN
 
 def render_compact(inst: MAPFInstance) -> str:
     """Two characters per cell: '##' hole; otherwise the start mark (label or '.') then the goal mark (lowercase
-    label or '.'). One row per line, then `plan:`."""
+    label or '.'). One row per line, then one line per agent `A 0,2>2,1` (start row,col > goal row,col), then
+    `plan:`."""
     n = inst.size
     start_at = {tuple(s): LABELS[i] for i, s in enumerate(inst.starts)}
     goal_at = {tuple(g): LABELS[i].lower() for i, g in enumerate(inst.goals)}
@@ -379,6 +397,7 @@ def render_compact(inst: MAPFInstance) -> str:
             else:
                 row.append(start_at.get((r, c), ".") + goal_at.get((r, c), "."))
         rows.append("".join(row))
+    rows += [f"{LABELS[i]} {s[0]},{s[1]}>{g[0]},{g[1]}" for i, (s, g) in enumerate(zip(inst.starts, inst.goals))]
     return "\n".join(rows) + "\nplan:\n"
 
 
@@ -449,7 +468,7 @@ def max_steps(inst: MAPFInstance) -> int:
 
 def alphabet() -> str:
     """Every character the compact and chat prompts and completions can contain."""
-    chars = set(CHAT_TEMPLATE) | set(string.ascii_letters) | set(string.digits) | set(".#:,()- \n")
+    chars = set(CHAT_TEMPLATE) | set(string.ascii_letters) | set(string.digits) | set(".#:,()-> \n")
     chars -= set("{}")
     return "".join(sorted(chars))
 
