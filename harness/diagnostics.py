@@ -22,6 +22,7 @@ their seed (`seed=N`) and are re-checked before the bundle is returned.
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import re
@@ -498,6 +499,28 @@ def run_evolved_all(files: dict[str, str] | None, rollouts: list[Rollout],
             if p.startswith("diagnostics/") and p.endswith(".py")]
 
 
+def _defines(source: str, fn: str) -> bool:
+    """Whether `source` defines a top-level function `fn`. Unparseable source counts as defining it, so it still goes
+    to the sandbox, fails there and blocks."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return True
+    for n in tree.body:
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == fn:
+            return True
+        if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+            if any(isinstance(t, ast.Name) and t.id == fn for tg in targets for t in ast.walk(tg)):
+                return True
+        if isinstance(n, (ast.Import, ast.ImportFrom)) and any((a.asname or a.name) == fn for a in n.names):
+            return True
+        if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign,
+                              ast.AugAssign, ast.Import, ast.ImportFrom, ast.Expr)):
+            return True  # top-level control flow (if/try/for/...) could bind it: run it to find out
+    return False
+
+
 def veto_one(path: str, source: str, control_rollouts: list[Rollout], candidate_rollouts: list[Rollout],
              control_metrics: dict[str, Any], candidate_metrics: dict[str, Any],
              limits: Limits | None = None) -> str | None:
@@ -505,6 +528,8 @@ def veto_one(path: str, source: str, control_rollouts: list[Rollout], candidate_
     A veto that fails to run BLOCKS (`<name>: veto failed: ...`): a check that cannot run cannot vouch for a
     candidate; the vet step already ran it on cached rollouts, so this only happens on new trouble."""
     name = diagnostic_name(path)
+    if not _defines(source, "veto"):  # nothing to run (parsing does not execute the code)
+        return None
     res = run_function(source + _DRIVER, "__evotrainer_veto__",
                        args=[_rollout_json(control_rollouts), _rollout_json(candidate_rollouts),
                              control_metrics, candidate_metrics], limits=limits or DIAGNOSTIC_LIMITS)

@@ -72,6 +72,7 @@ class Run:
     progress: Callable[[str, dict[str, Any]], None] = lambda event, data: None
     _ws: Any = None
     _instances: dict[Any, list] = field(default_factory=dict)
+    _models: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # checkpoint path -> in-memory copy
 
     @property
     def id(self) -> str:
@@ -164,10 +165,35 @@ def _finish(run: Run, stage: int, node: str, result: dict[str, Any], t0: float, 
     return result
 
 
-def _load(path: str):
+MEMO_MAX_PARAMS = 100_000_000  # checkpoints of smaller models are also kept in memory (deep-copied on load)
+
+
+def _load(run: Run, path: str):
+    """A fresh (model, tokenizer) for `path`: from the in-process copy when the run saved it, else from disk."""
+    import copy
+
     from policies.model import load_policy
 
+    if path in run._models:
+        model, tok = run._models[path]
+        return copy.deepcopy(model), tok
     return load_policy(path)
+
+
+def _save(run: Run, model, tok, path: Path) -> None:
+    """save_pretrained to disk (the record, and what a resume reads) and, for small models, keep a copy in memory:
+    the probe, both arms and the report load this checkpoint next, and a deep copy is much cheaper than a reload."""
+    import copy
+
+    from policies.model import save_policy
+
+    save_policy(model, tok, path)
+    if sum(p.numel() for p in model.parameters()) < MEMO_MAX_PARAMS:
+        if len(run._models) >= 4:
+            run._models.pop(next(iter(run._models)))
+        tok = copy.deepcopy(tok)
+        tok.padding_side = "left"  # as load_policy leaves it (trainers may have changed it)
+        run._models[str(path)] = (copy.deepcopy(model).eval(), tok)
 
 
 def node_setup(run: Run, state: State) -> State:
@@ -175,7 +201,7 @@ def node_setup(run: Run, state: State) -> State:
     if (r := _done(run, 0, "setup")) is not None:
         return {"policy": r["policy"], "stage": 1, "consecutive_rejections": 0, "stages_without_promotion": 0}
     t0 = time.time()
-    from policies.model import build_model, save_policy
+    from policies.model import build_model
     from policies.train import train_sft
 
     cfg, task = run.config, run.task
@@ -183,7 +209,7 @@ def node_setup(run: Run, state: State) -> State:
     env, recipe, _ = harness_models(run.workspace().files("main"), task)
     out = run.path("checkpoints", "warmstart")
     if cfg.policy.checkpoint:
-        model, tok = _load(cfg.policy.checkpoint)
+        model, tok = _load(run, cfg.policy.checkpoint)
     else:
         model, tok = build_model(cfg.policy.preset, task.alphabet(), seed=cfg.seed)
     n = cfg.warm_start.sft_examples
@@ -195,7 +221,7 @@ def node_setup(run: Run, state: State) -> State:
         pairs = sft_pairs(task, env, run.store.draw_seeds(run.id, "train", n, key="warmstart"), run.style)
         m = train_sft(model, tok, pairs, recipe, progress=_progress_cb(run, 0, "setup"))
         run.store.charge(run.id, 0, "policy", "sft", seconds=m.wall_s, steps=m.steps)
-    save_policy(model, tok, out)
+    _save(run, model, tok, out)
     _finish(run, 0, "setup", {"policy": str(out)}, t0, f"warm start done: {out.name}")
     return {"policy": str(out), "stage": 1, "consecutive_rejections": 0, "stages_without_promotion": 0,
             "log": [f"setup: warm start on {n} expert demonstrations"]}
@@ -213,7 +239,6 @@ def _grpo(run: Run, stage: int, arm: str, start: str, files: dict[str, str], ste
           out: Path, seed: int) -> dict[str, Any]:
     """One GRPO run from `start` under the harness `files`; saves to `out`; charges the ledger."""
     from harness.policy_glue import grpo_rows, reward_fn
-    from policies.model import save_policy
     from policies.train import train_grpo
 
     task = run.task
@@ -222,11 +247,11 @@ def _grpo(run: Run, stage: int, arm: str, start: str, files: dict[str, str], ste
     # a fixed prompt pool per key: both arms of a decision train on exactly the same instances, whatever their recipe
     seeds = run.store.draw_seeds(run.id, "train", run.config.stage.train_instances, key=seed_key)
     rows = grpo_rows(task, env, seeds, run.style, instances=run.instances(env, seeds))
-    model, tok = _load(start)
+    model, tok = _load(run, start)
     t0 = time.perf_counter()  # training compute = the whole TRL call (trainer setup + steps), not just train()
     m = train_grpo(model, tok, rows, reward_fn(task, shaping), recipe, progress=_progress_cb(run, stage, arm))
     secs = time.perf_counter() - t0
-    save_policy(model, tok, out)
+    _save(run, model, tok, out)
     run.store.charge(run.id, stage, arm, "grpo", seconds=secs, tokens=m.tokens_generated, steps=len(m.steps))
     steps_out = [s.model_dump() for s in m.steps]
     return {"checkpoint": str(out), "steps": steps_out, "seconds": m.wall_s, "tokens": m.tokens_generated}
@@ -256,7 +281,7 @@ def _rollouts(run: Run, ckpt: str, seeds: list[int], env, samples: int, temperat
 
     task = run.task
     instances = run.instances(env, seeds)
-    model, tok = _load(ckpt)
+    model, tok = _load(run, ckpt)
     params = SamplingParams(temperature=temperature, n=samples, max_new_tokens=_max_new(run), seed=run.config.seed,
                             backend=run.config.policy.backend)
     t0 = time.perf_counter()  # evaluation compute = generation + scoring
@@ -626,7 +651,7 @@ def _report_eval(run: Run, k: int, ckpt: str) -> None:
     insts = run._instances[key]
     if run.config.eval.limit:
         insts = insts[: run.config.eval.limit]
-    model, tok = _load(ckpt)
+    model, tok = _load(run, ckpt)
     t0 = time.perf_counter()
     rep = evaluate(model, tok, task, insts, run.style,
                    params=SamplingParams(temperature=0.0, max_new_tokens=_max_new(run), batch_size=64,

@@ -286,3 +286,22 @@ def test_seed_reward_hacking_veto_blocks_invalid_high_scoring_arm():
     assert D.run_vetoes(files, control, better, D.arm_metrics(control), D.arm_metrics(better), FAST) == []
     res = D.run_evolved("diagnostics/reward_hacking_veto.py", code, hacked, FAST)
     assert [f.code for f in res.findings] == ["evolved.reward_hacking_veto.invalid_outearns_valid"]
+
+
+def test_veto_runs_only_for_files_that_can_define_one(monkeypatch):
+    """A diagnostic without `veto` costs no sandbox run at gate time; any way of binding `veto` still runs (and
+    blocks when it says so); unparseable source still goes to the sandbox, fails there and blocks."""
+    calls = []
+    real = D.run_function
+
+    def spy(*a, **kw):
+        calls.append(a[1])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(D, "run_function", spy)
+    no_veto = "def diagnose(rollouts):\n    return {'findings': [], 'metrics': {}}\n"
+    assert D.veto_one("diagnostics/a.py", no_veto, [], [], {}, {}) is None and calls == []
+    bound = no_veto + "veto = lambda control, candidate: 'always blocks'\n"
+    assert D.veto_one("diagnostics/b.py", bound, [], [], {}, {}) == "b: always blocks" and len(calls) == 1
+    broken = D.veto_one("diagnostics/c.py", "def veto(:\n", [], [], {}, {})
+    assert broken is not None and "veto failed" in broken and len(calls) == 2
