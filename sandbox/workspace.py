@@ -299,20 +299,28 @@ class Workspace:
 
     # --- deciding ---
 
+    def _pending_or_done(self, cand_id: str, verdict: str, hint: str) -> tuple[Decision | None, git.Commit | None]:
+        """(the earlier Decision, None) when `cand_id` already got `verdict` (idempotent), else (None, its commit).
+        Raises when it got the other verdict or is not a pending candidate."""
+        done = self._decision(cand_id)
+        if done is not None:
+            if done.verdict == verdict:
+                return done, None
+            raise AlreadyDecided(f"candidate {cand_id!r} was {done.verdict} ({done.tag}): expected a pending "
+                                 f"candidate; {hint}")
+        if f"cand/{cand_id}" not in [h.name for h in self.repo.heads]:
+            raise UnknownCandidate(f"no pending candidate {cand_id!r} (no branch cand/{cand_id}); "
+                                   f"pending: {self.pending()}")
+        return None, self.repo.heads[f"cand/{cand_id}"].commit
+
     def promote(self, cand_id: str, evidence: Any, reason: str) -> Decision:
         """Merge cand/<id> into main (no-ff), tag promoted/<stage>-<id>; evidence + reason in both messages.
         Promoting twice returns the same Decision; a rejected or unknown id raises."""
         reason = _reason(reason)
-        done = self._decision(cand_id)
+        done, cand = self._pending_or_done(cand_id, "promoted",
+                                           "a rejected change cannot be promoted, propose it again under a new id")
         if done is not None:
-            if done.verdict == "promoted":
-                return done
-            raise AlreadyDecided(f"candidate {cand_id!r} was rejected ({done.tag}): expected a pending candidate; "
-                                 "a rejected change cannot be promoted, propose it again under a new id")
-        if f"cand/{cand_id}" not in [h.name for h in self.repo.heads]:
-            raise UnknownCandidate(f"no pending candidate {cand_id!r} (no branch cand/{cand_id}); "
-                                   f"pending: {self.pending()}")
-        cand = self.repo.heads[f"cand/{cand_id}"].commit
+            return done
         info = _trailers(cand.message)
         ev = _evidence_dict(evidence)
         block = _verdict_block("promoted", reason, ev)
@@ -338,16 +346,9 @@ class Workspace:
         """Tag rejected/<id> (annotated: reason + evidence) on the candidate commit and delete its branch.
         Rejecting twice returns the same Decision; a promoted or unknown id raises."""
         reason = _reason(reason)
-        done = self._decision(cand_id)
+        done, cand = self._pending_or_done(cand_id, "rejected", "undo a promotion by proposing the reverse change")
         if done is not None:
-            if done.verdict == "rejected":
-                return done
-            raise AlreadyDecided(f"candidate {cand_id!r} was promoted ({done.tag}): expected a pending candidate; "
-                                 "undo a promotion by proposing the reverse change")
-        if f"cand/{cand_id}" not in [h.name for h in self.repo.heads]:
-            raise UnknownCandidate(f"no pending candidate {cand_id!r} (no branch cand/{cand_id}); "
-                                   f"pending: {self.pending()}")
-        cand = self.repo.heads[f"cand/{cand_id}"].commit
+            return done
         ev = _evidence_dict(evidence)
         block = _verdict_block("rejected", reason, ev)
         tag = f"rejected/{cand_id}"
