@@ -92,7 +92,7 @@ def env_sample(
     task: Annotated[str, typer.Option(help="task family")] = "mapf",
     config: Annotated[Path | None, typer.Option(help="generator config YAML (default: the task's default)")] = None,
     n: Annotated[int, typer.Option(min=1, help="instances to print")] = 3,
-    style: Annotated[str, typer.Option(help="prompt style: compact or chat")] = "compact",
+    style: Annotated[str, typer.Option(help="prompt style (mapf: trace, compact or chat)")] = "trace",
     seed_start: Annotated[int, typer.Option(min=0, help="first seed")] = 0,
 ) -> None:
     """Print instances (prompt), the expert's plan and its score."""
@@ -166,12 +166,12 @@ def demo(
         t0 = time.perf_counter()
         sol = solve(inst.size, free, s, g)
         times.append(1000 * (time.perf_counter() - t0))
-        out = t.score(inst, t.expert(inst, "compact"))
+        out = t.score(inst, t.expert(inst, t.styles[0]))
         valid += out.valid
         optimal += out.optimal
         typer.echo(f"{entry_name} seed={inst.seed} makespan={sol.makespan} needs_wait={sol.needs_wait} "
                    f"valid={out.valid} optimal={out.optimal}")
-        typer.echo(t.prompt(inst, "compact") + t.expert(inst, "compact"))
+        typer.echo(t.prompt(inst, t.styles[0]) + t.expert(inst, t.styles[0]))
     typer.echo(f"instances: {len(picked)}")
     typer.echo(f"cbs_median_ms: {statistics.median(times):.2f}")
     typer.echo(f"valid: {valid / len(picked):.3f}")
@@ -205,12 +205,18 @@ def bench_policy(
     config: Annotated[Path | None, typer.Option(help="env config YAML for SFT and GRPO (default: the task's)")] = None,
     skip_small: Annotated[bool, typer.Option(help="skip the GRPO s/step measurement of the small preset")] = False,
     threads: Annotated[int, typer.Option(min=1, help="torch CPU threads")] = 2,
+    style: Annotated[str, typer.Option(help="prompt style: trace, compact or chat")] = "trace",
+    max_new_tokens: Annotated[int, typer.Option(min=8, help="completion budget of the held-out evaluation")] = 160,
+    grpo_max_tokens: Annotated[int, typer.Option(min=8, help="completion budget of GRPO rollouts")] = 96,
+    grpo_lr: Annotated[float, typer.Option(min=0, help="GRPO learning rate")] = 1e-4,
+    grpo_temperature: Annotated[float, typer.Option(min=0.01, help="GRPO sampling temperature")] = 0.6,
 ) -> None:
     """SFT then GRPO on MAPF (CPU): held-out valid/optimal per slice, rollout throughput, GRPO s/step per preset."""
     from harness.benchmarks.policy import run
 
     run(out=out, preset=preset, sft_examples=sft_examples, sft_steps=sft_steps, grpo_steps=grpo_steps, suite=suite,
-        threads=threads, skip_small=skip_small, config_path=config)
+        threads=threads, skip_small=skip_small, config_path=config, style=style, max_new_tokens=max_new_tokens,
+        grpo_max_tokens=grpo_max_tokens, grpo_learning_rate=grpo_lr, grpo_temperature=grpo_temperature)
 
 
 @bench_app.command("calibration")
@@ -309,6 +315,8 @@ def train(
     recipe: Annotated[Path | None, typer.Option(help="training recipe YAML (policies.train.Recipe fields)")] = None,
     sft_examples: Annotated[int, typer.Option(min=0, help="expert demos (train-split seeds) for the SFT warm start")] = 2000,
     grpo_steps: Annotated[int, typer.Option(min=0, help="GRPO optimiser steps after the warm start (0 = SFT only)")] = 40,
+    style: Annotated[str | None, typer.Option(help="prompt style (mapf: trace, compact, chat); default: trace for a "
+                                              "preset, the checkpoint's own (or chat) for --init")] = None,
     threads: Annotated[int, typer.Option(min=1, help="torch CPU threads")] = 2,
 ) -> None:
     """Train a policy: expert SFT warm start on train-split seeds, then GRPO on the env config."""
@@ -324,10 +332,12 @@ def train(
     rec = _load_yaml_model(recipe, Recipe, "recipe") or Recipe()
     if init is not None and not Path(init).exists():
         raise UserError(f"--init checkpoint {init!r} does not exist; pass a save_pretrained directory or drop --init")
+    if style is not None and style not in t.styles:
+        raise UserError(f"unknown --style {style!r}; choose one of: {', '.join(t.styles)}")
     bar, hook = _progress_printer()
     with bar:
         _, _, rep = train_policy(t, str(out), preset=preset, init=init, config=env, sft_examples=sft_examples,
-                                 grpo_steps=grpo_steps, recipe=rec, progress=hook)
+                                 grpo_steps=grpo_steps, recipe=rec, style=style, progress=hook)
     if rep.sft:
         console.print(f"sft_loss: {rep.sft.loss[-1]:.4f}\nsft_s: {rep.sft.wall_s:.1f}")
     if rep.grpo:
@@ -343,6 +353,8 @@ def eval_cmd(
     task: Annotated[str, typer.Option(help="task family")] = "mapf",
     suite: Annotated[str, typer.Option(help="benchmark suite name (test-split seeds)")] = "small",
     max_new_tokens: Annotated[int, typer.Option(min=1, help="completion budget in tokens")] = 256,
+    style: Annotated[str | None, typer.Option(help="prompt style; default: the one the checkpoint was trained on "
+                                              "(its evotrainer.json), else chat for chat models, else trace")] = None,
     threads: Annotated[int, typer.Option(min=1, help="torch CPU threads")] = 2,
 ) -> None:
     """Evaluate a checkpoint on a held-out suite: valid and optimal rates per slice."""
@@ -354,11 +366,16 @@ def eval_cmd(
     from policies.model import load_policy
     from policies.rollout import SamplingParams
 
+    from harness.policy_glue import checkpoint_style
+
     model, tok = load_policy(ckpt)  # a missing checkpoint is the first error the user sees
     t = get_task(task)
-    report = evaluate(model, tok, t, suite_instances(t, suite), blocks=suite_blocks(t, suite),
+    if style is not None and style not in t.styles:
+        raise UserError(f"unknown --style {style!r}; choose one of: {', '.join(t.styles)}")
+    style = style or checkpoint_style(t, ckpt, tok)
+    report = evaluate(model, tok, t, suite_instances(t, suite), style, blocks=suite_blocks(t, suite),
                       params=SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens))
-    print_eval(report, f"{task} suite {suite!r}", console)
+    print_eval(report, f"{task} suite {suite!r} ({style} prompts)", console)
 
 # --- skills (issue: autonomous run) ------------------------------------------------------------------------------
 

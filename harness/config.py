@@ -45,8 +45,9 @@ class _Strict(BaseModel):
 class PolicyConfig(_Strict):
     preset: Literal["tiny", "small"] | None = Field("tiny", description="build a small model offline from a preset")
     checkpoint: str | None = Field(None, description="start from a local Hugging Face checkpoint dir instead of a preset")
-    style: str | None = Field(None, description="prompt style (mapf: compact for char models, chat for chat LLMs); "
-                                                "default: compact for presets, chat for checkpoints")
+    style: str | None = Field(None, description="prompt style (mapf: trace or compact for char models, chat for chat "
+                                                "LLMs); default: the task's first style (trace) for presets, chat for "
+                                                "checkpoints")
     backend: Literal["transformers", "vllm", "auto"] = Field("transformers", description="rollout engine")
 
     @model_validator(mode="after")
@@ -56,10 +57,6 @@ class PolicyConfig(_Strict):
         if not self.checkpoint and not self.preset:
             raise ValueError("policy: set preset (tiny|small) or checkpoint (a local Hugging Face model dir)")
         return self
-
-    @property
-    def resolved_style(self) -> str:
-        return self.style or ("compact" if self.preset else "chat")
 
 
 class WarmStartConfig(_Strict):
@@ -136,7 +133,17 @@ class RunConfig(_Strict):
         Recipe.model_validate(self.recipe)
         if self.eval.suite:
             task.suite(self.eval.suite)  # raises with the list of suites
+        if self.policy.style is not None and self.policy.style not in task.styles:
+            raise ValueError(f"policy.style: unknown style {self.policy.style!r} for task {self.task}; choose one of "
+                             f"{', '.join(task.styles)}")
         return self
+
+    @property
+    def style(self) -> str:
+        """The prompt style: policy.style, else the task's first style for presets and chat for checkpoints."""
+        from harness.tasks import get_task
+
+        return self.policy.style or (get_task(self.task).styles[0] if self.policy.preset else "chat")
 
 
 def _format_error(exc: ValidationError, source: str) -> str:

@@ -84,7 +84,7 @@ class Run:
 
     @property
     def style(self) -> str:
-        return self.config.policy.resolved_style
+        return self.config.style
 
     def workspace(self):
         """The harness repo, opened (and repaired) once per process."""
@@ -187,7 +187,10 @@ def _save(run: Run, model, tok, path: Path) -> None:
 
     from policies.model import save_policy
 
+    from harness.policy_glue import write_policy_meta
+
     save_policy(model, tok, path)
+    write_policy_meta(path, run.task.name, run.style)
     if sum(p.numel() for p in model.parameters()) < MEMO_MAX_PARAMS:
         if len(run._models) >= 4:
             run._models.pop(next(iter(run._models)))
@@ -211,7 +214,7 @@ def node_setup(run: Run, state: State) -> State:
     if cfg.policy.checkpoint:
         model, tok = _load(run, cfg.policy.checkpoint)
     else:
-        model, tok = build_model(cfg.policy.preset, task.alphabet(), seed=cfg.seed)
+        model, tok = build_model(cfg.policy.preset, task.alphabet(), words=task.words(), seed=cfg.seed)
     n = cfg.warm_start.sft_examples
     if n > 0:
         from harness.policy_glue import sft_pairs

@@ -14,6 +14,7 @@ Held-out hygiene: `sft_pairs` and `grpo_rows` refuse seeds outside the `train` s
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -27,6 +28,32 @@ from harness.tasks.base import Instance, Task
 
 def _style(task: Task, style: str | None) -> str:
     return style or task.styles[0]
+
+
+POLICY_META = "evotrainer.json"  # written next to a checkpoint: which task and prompt style it was trained on
+
+
+def write_policy_meta(path: str | Path, task: str, style: str) -> None:
+    Path(path, POLICY_META).write_text(json.dumps({"task": task, "style": style}) + "\n")
+
+
+def read_policy_meta(path: str | Path) -> dict[str, Any]:
+    f = Path(path, POLICY_META)
+    try:
+        return json.loads(f.read_text()) if f.is_file() else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def checkpoint_style(task: Task, path: str | Path, tok) -> str:
+    """The prompt style to use with a checkpoint: the one it was trained on (its evotrainer.json), else chat for a
+    model with a chat template, else the task's default char-model style."""
+    from policies.model import has_chat_template
+
+    meta = read_policy_meta(path)
+    if meta.get("task") == task.name and meta.get("style") in task.styles:
+        return meta["style"]
+    return "chat" if has_chat_template(tok) and "chat" in task.styles else task.styles[0]
 
 
 def sft_pairs(task: Task, config: BaseModel, seed_list: list[int], style: str | None = None) -> list[dict[str, str]]:
@@ -187,9 +214,13 @@ def train_policy(task: Task, out_dir: str, preset: str = "tiny", init: str | Non
 
     recipe = recipe or Recipe()
     config = config or task.default_config()
-    style = _style(task, style)
     recipe = recipe.model_copy(update={"steps": grpo_steps}) if grpo_steps else recipe
-    model, tok = load_policy(init) if init else build_model(preset, task.alphabet(), seed=recipe.seed)
+    if init:
+        model, tok = load_policy(init)
+        style = style or checkpoint_style(task, init, tok)
+    else:
+        model, tok = build_model(preset, task.alphabet(), words=task.words(), seed=recipe.seed)
+        style = _style(task, style)
     sft = grpo = None
     if sft_examples > 0 and recipe.sft_steps > 0:
         pairs = sft_pairs(task, config, seeds("train", sft_examples), style)
@@ -203,4 +234,5 @@ def train_policy(task: Task, out_dir: str, preset: str = "tiny", init: str | Non
     from policies.model import save_policy
 
     save_policy(model, tok, out_dir)
+    write_policy_meta(out_dir, task.name, style)
     return model, tok, TrainReport(sft=sft, grpo=grpo, out_dir=str(out_dir), sft_seeds=sft_examples, grpo_seeds=n_rows)

@@ -14,6 +14,7 @@ their prompts rendered through it instead.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -54,12 +55,13 @@ class PresetError(ValueError):
 # --- tokenizer --------------------------------------------------------------------------------------------------------
 
 
-def build_char_tokenizer(alphabet: str):
-    """A `PreTrainedTokenizerFast` with one token per character of `alphabet` plus the special tokens.
+def build_char_tokenizer(alphabet: str, words: Sequence[str] = ()):
+    """A `PreTrainedTokenizerFast` with one token per character of `alphabet` plus the special tokens, plus one token
+    per entry of `words` (multi-character units such as grid coordinates `3,4`, matched leftmost-longest first).
 
     Encoding prepends <bos>; decoding fuses characters without spaces. Unknown characters map to <unk>.
     """
-    from tokenizers import Tokenizer, decoders, models, processors
+    from tokenizers import AddedToken, Tokenizer, decoders, models, processors
     from transformers import PreTrainedTokenizerFast
 
     chars = sorted(set(alphabet))
@@ -71,6 +73,13 @@ def build_char_tokenizer(alphabet: str):
     # BPE without merges = one token per character, whitespace and newlines included (no pre-tokenizer).
     core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK))
     core.add_special_tokens(list(SPECIALS))
+    multi = [w for w in dict.fromkeys(words) if len(w) > 1]
+    bad = [w for w in multi if set(w) - set(chars)]
+    if bad:
+        raise PresetError(f"words {bad[:3]} use characters outside the alphabet; add them to the alphabet")
+    if multi:
+        core.add_tokens([AddedToken(w, single_word=False, lstrip=False, rstrip=False, normalized=False)
+                         for w in multi])
     core.decoder = decoders.Fuse()
     core.post_processor = processors.TemplateProcessing(
         single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, vocab[BOS])]
@@ -84,14 +93,15 @@ def build_char_tokenizer(alphabet: str):
 # --- model ------------------------------------------------------------------------------------------------------------
 
 
-def build_model(preset: str, alphabet: str, seed: int = 0):
-    """A randomly initialised Llama-style causal LM of the given preset and its char tokenizer: `(model, tokenizer)`."""
+def build_model(preset: str, alphabet: str, seed: int = 0, words: Sequence[str] = ()):
+    """A randomly initialised Llama-style causal LM of the given preset and its char tokenizer: `(model, tokenizer)`.
+    `words`: multi-character units that get one token each (see `build_char_tokenizer`)."""
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     if preset not in PRESETS:
         raise PresetError(f"unknown preset {preset!r}; choose one of: {', '.join(PRESETS)}")
     p = PRESETS[preset]
-    tok = build_char_tokenizer(alphabet)
+    tok = build_char_tokenizer(alphabet, words)
     cfg = LlamaConfig(
         vocab_size=len(tok), hidden_size=p.hidden, intermediate_size=p.mlp, num_hidden_layers=p.layers,
         num_attention_heads=p.heads, num_key_value_heads=p.kv_heads, head_dim=p.hidden // p.heads,

@@ -27,6 +27,7 @@ from harness.tasks.mapf import (
     SizeEntry,
     UnsatisfiableConfigError,
     apply_knob,
+    format_plan,
     get_knob,
     hole_count,
 )
@@ -94,7 +95,7 @@ def test_task_protocol_and_failure_codes():
     assert isinstance(TASK, Task)
     assert set(TASK.failure_types) == {"parse_error", "wrong_agent_count", "off_grid", "hole", "vertex_conflict",
                                        "edge_conflict", "goal_not_reached", "too_long"}
-    assert TASK.styles[0] == "compact"
+    assert TASK.styles[0] == "trace" and set(TASK.styles) == {"trace", "compact", "chat"}
 
 
 def test_cbs_makespan_and_wait_need_match_brute_force():
@@ -379,6 +380,36 @@ def test_compact_prompt_exact_text_and_plan_round_trip():
     assert out.valid and out.optimal
     # echoing the agent lines before the plan does not confuse the parser (they carry no ':' after the label)
     assert TASK.score(inst, "A 0,0>1,0\nB 1,1>0,1\nA:D\nB:U").valid
+
+
+def test_trace_prompt_exact_text_and_cells_are_not_scored():
+    inst = MAPFInstance(seed=0, size=3, grid=["...", "...", ".##"], starts=[(0, 0), (1, 1)], goals=[(1, 0), (0, 1)],
+                        optimal_makespan=1, sum_of_costs=2, needs_wait=False, plan=["D", "U"])
+    assert TASK.prompt(inst, "trace") == "size 3\nholes 2,1 2,2\nA 0,0>1,0\nB 1,1>0,1\nplan:\n"
+    assert TASK.expert(inst, "trace") == "A:D1,0\nB:U0,1"
+    assert TASK.score(inst, TASK.expert(inst, "trace")).optimal
+    assert format_plan(["DW", "UR"], "trace", inst.starts) == "A:D1,0W1,0\nB:U0,1R0,2"
+    # the cells are scratchpad: only the moves count, so a wrong cell does not change the verdict
+    assert TASK.score(inst, "A:D9,9\nB:U0,1").valid
+    assert TASK.score(inst, "A:D1,0W1,0\nB:U0,1R0,2").failure == "goal_not_reached"  # B ends on (0,2)
+    assert TASK.score(inst, "A:D(1, 0)\nB:U 0,1").valid
+    assert TASK.score(inst, "A:D1,0\nB:L1,0").failure == "vertex_conflict"
+    assert TASK.score(inst, "A:U-1,0\nB:U0,1").failure == "off_grid"
+    assert TASK.score(inst, "A:D1\nB:U0,1").failure == "parse_error"  # a bare number is not a cell
+    no_holes = inst.model_copy(update={"grid": ["...", "...", "..."]})
+    assert "holes -\n" in TASK.prompt(no_holes, "trace")
+
+
+def test_words_are_single_tokens_and_round_trip():
+    from policies.model import build_char_tokenizer
+
+    tok = build_char_tokenizer(TASK.alphabet(), TASK.words())
+    text = "size 12\nholes 11,12 1,10\nA:R0,1R10,1"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    pieces = tok.convert_ids_to_tokens(ids)
+    assert "11,12" in pieces and "1,10" in pieces and "10,1" in pieces and "0,1" in pieces
+    assert tok.decode(ids) == text
+    assert len(tok) == len(set(TASK.alphabet())) + 5 + 256
 
 
 @given(size=st.integers(3, 12), agents=st.integers(1, 4), seed=st.integers(0, 10**6))

@@ -12,7 +12,16 @@ import pytest
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from harness.policy_glue import evaluate, grpo_rows, reward_fn, sft_pairs, suite_instances, train_policy
+from harness.policy_glue import (
+    checkpoint_style,
+    evaluate,
+    grpo_rows,
+    read_policy_meta,
+    reward_fn,
+    sft_pairs,
+    suite_instances,
+    train_policy,
+)
 from harness.seeds import SplitError, seeds, split_of
 from harness.tasks.base import Instance, Outcome, SuiteEntry
 from policies.model import load_policy
@@ -71,6 +80,9 @@ class ReverseTask:
     def alphabet(self):
         return "abcd"
 
+    def words(self):
+        return []
+
 
 TASK = ReverseTask()
 
@@ -102,6 +114,9 @@ def test_train_policy_then_evaluate_per_slice(tmp_path):
     _, _, rep = train_policy(TASK, str(tmp_path / "ck"), preset="tiny", sft_examples=100, grpo_steps=2, recipe=recipe)
     assert rep.sft.loss[-1] < rep.sft.loss[0] and len(rep.grpo.steps) == 2 and rep.grpo_seeds == 4
     model, tok = load_policy(tmp_path / "ck")
+    # the checkpoint records the task and style it was trained on; eval and --init pick the style up from there
+    assert read_policy_meta(tmp_path / "ck") == {"task": "rev", "style": "plain"}
+    assert checkpoint_style(TASK, tmp_path / "ck", tok) == "plain"
     report = evaluate(model, tok, TASK, suite_instances(TASK, "small"), params=SamplingParams(temperature=0,
                                                                                              max_new_tokens=6))
     assert report.n == 12 and set(report.by_slice) == {"length", "first"}

@@ -135,6 +135,10 @@ def test_config_typo_names_the_field(tmp_path):
         parse_config(bad, "x.yaml")
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match=r"policy\.style.*'trac'.*trace, compact, chat"):
+        parse_config(dict(TINY, policy={"preset": "tiny", "style": "trac"}), "x.yaml")
+    assert parse_config(dict(TINY, policy={"preset": "tiny"})).style == "trace"  # char models: the task's first style
+    assert parse_config(dict(TINY, policy={"checkpoint": str(tmp_path)})).style == "chat"
 
 
 def test_cli_bad_inputs_one_clear_line(tmp_path):

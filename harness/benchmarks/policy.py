@@ -45,7 +45,8 @@ def rollout_throughput(model, tok, prompts: list[str], n: int, max_new_tokens: i
             "speedup": ours.tokens_per_s / max(ref.tokens_per_s, 1e-9)}
 
 
-def grpo_seconds_per_step(task, config, preset: str, sft_steps: int, steps: int, recipe_kw: dict) -> dict:
+def grpo_seconds_per_step(task, config, preset: str, sft_steps: int, steps: int, recipe_kw: dict,
+                          style: str = "trace") -> dict:
     """Short SFT (so completions end at <eos> as in real use) then `steps` GRPO steps; returns seconds per step."""
     from harness.policy_glue import grpo_rows, reward_fn, sft_pairs
     from harness.seeds import seeds
@@ -53,14 +54,36 @@ def grpo_seconds_per_step(task, config, preset: str, sft_steps: int, steps: int,
     from policies.train import Recipe, train_grpo, train_sft
 
     recipe = Recipe(**{**recipe_kw, "sft_steps": sft_steps, "steps": steps})
-    model, tok = build_model(preset, task.alphabet())
+    model, tok = build_model(preset, task.alphabet(), words=task.words())
     if sft_steps:
-        train_sft(model, tok, sft_pairs(task, config, seeds("train", 500)), recipe)
-    rows = grpo_rows(task, config, seeds("train", steps * recipe.batch_size // recipe.num_generations, start=500))
+        train_sft(model, tok, sft_pairs(task, config, seeds("train", 500), style), recipe)
+    rows = grpo_rows(task, config, seeds("train", steps * recipe.batch_size // recipe.num_generations, start=500),
+                     style)
     m = train_grpo(model, tok, rows, reward_fn(task), recipe)
     per = [s.seconds for s in m.steps[1:]] or [m.steps[0].seconds]  # first step pays one-off setup
     return {"preset": preset, "params": count_parameters(model), "steps": steps, "batch": recipe.batch_size,
             "s_per_step": sum(per) / len(per), "completion_length": sum(s.completion_length for s in m.steps) / steps}
+
+
+WIDE_PER_SIZE = 100  # held-out 2-agent boards per size (3, 4, 5) for tight per-size rates (the suite has 16 per block)
+
+
+def wide_held_out(task, sizes=(3, 4, 5)) -> list:
+    """2-agent boards, `WIDE_PER_SIZE` per size, 20% holes, wait ratio 0.5, from test seeds no suite uses."""
+    from harness.seeds import seeds
+
+    out = []
+    for i, size in enumerate(sizes):
+        cfg = task.config_model.model_validate(
+            {"sizes": [{"size": size, "agents": 2, "hole_ratio": 0.2, "wait_ratio": 0.5}]})
+        out += [task.generate(cfg, s) for s in seeds("test", WIDE_PER_SIZE, start=10_000 + 1_000 * i)]
+    return out
+
+
+def _wide(report) -> dict:
+    return {"valid": report.valid, "optimal": report.optimal, "n": report.n,
+            "by_size": {k: {"valid": v.valid, "optimal": v.optimal, "n": v.n}
+                        for k, v in report.by_slice["size"].items()}}
 
 
 def _rates(report) -> dict:
@@ -69,12 +92,19 @@ def _rates(report) -> dict:
             "failures": report.failures}
 
 
+def _print_wide(report, label: str) -> None:
+    sizes = "  ".join(f"{k}x{k} {v.valid:.1%} valid / {v.optimal:.1%} optimal"
+                      for k, v in sorted(report.by_slice["size"].items()))
+    console.print(f" {label}, 2-agent held-out ({WIDE_PER_SIZE} per size): {sizes}", highlight=False)
+
+
 # --- the benchmark ----------------------------------------------------------------------------------------------------
 
 
 def run(out: Path, preset: str = "tiny", sft_examples: int = 4000, sft_steps: int = 1500, grpo_steps: int = 30,
         suite: str = "small", threads: int = 2, skip_small: bool = False, config_path: Path | None = None,
-        max_new_tokens: int = 96, grpo_max_tokens: int = 48, small_sft_steps: int = 100) -> dict:
+        max_new_tokens: int = 160, grpo_max_tokens: int = 96, small_sft_steps: int = 100, style: str = "trace",
+        grpo_learning_rate: float = 1e-4, grpo_temperature: float = 0.6) -> dict:
     from harness.policy_glue import evaluate, grpo_rows, print_eval, reward_fn, sft_pairs, suite_blocks, suite_instances
     from harness.seeds import seeds
     from harness.tasks import get_task
@@ -93,50 +123,62 @@ def run(out: Path, preset: str = "tiny", sft_examples: int = 4000, sft_steps: in
     else:  # the brief's setting: 2-agent boards of sizes 3-5, the suite's holes and wait ratio
         config = task.config_model.model_validate(
             {"sizes": [{"size": s, "agents": 2, "hole_ratio": 0.2, "wait_ratio": 0.5} for s in (3, 4, 5)]})
-    recipe = Recipe(sft_steps=sft_steps, steps=grpo_steps, max_completion_length=grpo_max_tokens)
+    recipe = Recipe(sft_steps=sft_steps, steps=grpo_steps, max_completion_length=grpo_max_tokens,
+                    learning_rate=grpo_learning_rate, temperature=grpo_temperature)
     held_out, blocks = suite_instances(task, suite), suite_blocks(task, suite)
+    wide = wide_held_out(task)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, batch_size=64)
     summary: dict = {"preset": preset, "suite": suite, "threads": threads, "recipe": recipe.model_dump(),
                      "config": json.loads(config.model_dump_json())}
 
     t0 = time.perf_counter()
-    model, tok = build_model(preset, task.alphabet(), seed=recipe.seed)
+    model, tok = build_model(preset, task.alphabet(), words=task.words(), seed=recipe.seed)
     summary["params"] = count_parameters(model)
-    pairs = sft_pairs(task, config, seeds("train", sft_examples))
+    if style not in task.styles:
+        raise ValueError(f"unknown style {style!r}; choose one of: {', '.join(task.styles)}")
+    summary["style"] = style
+    pairs = sft_pairs(task, config, seeds("train", sft_examples), style)
     summary["prompt_chars"] = sum(len(p["prompt"]) for p in pairs) / len(pairs)
     summary["completion_chars"] = sum(len(p["completion"]) for p in pairs) / len(pairs)
     sft = train_sft(model, tok, pairs, recipe, progress=_ticker(t0))
     save_policy(model, tok, out / "sft")
-    rep_sft = evaluate(model, tok, task, held_out, params=greedy, blocks=blocks)
+    rep_sft = evaluate(model, tok, task, held_out, style, params=greedy, blocks=blocks)
     t_sft = time.perf_counter() - t0
     print_eval(rep_sft, f"after SFT ({sft_steps} steps, {sft_examples} demos)", console)
-    summary["sft"] = {"wall_s": sft.wall_s, "loss_first": sft.loss[0], "loss_last": sft.loss[-1],
+    wide_sft = evaluate(model, tok, task, wide, style, params=greedy)
+    _print_wide(wide_sft, "after SFT")
+    summary["sft"] = {"wide": _wide(wide_sft), "wall_s": sft.wall_s, "loss_first": sft.loss[0], "loss_last": sft.loss[-1],
                       "total_s_incl_eval": t_sft, **_rates(rep_sft)}
 
     rows = grpo_rows(task, config, seeds("train", grpo_steps * recipe.batch_size // recipe.num_generations,
-                                         start=sft_examples))
+                                         start=sft_examples), style)
     grpo = train_grpo(model, tok, rows, reward_fn(task), recipe, progress=_ticker(t0))
     save_policy(model, tok, out / "grpo")
-    rep_grpo = evaluate(model, tok, task, held_out, params=greedy, blocks=blocks)
+    rep_grpo = evaluate(model, tok, task, held_out, style, params=greedy, blocks=blocks)
     t_all = time.perf_counter() - t0
     print_eval(rep_grpo, f"after GRPO ({grpo_steps} steps)", console)
-    summary["grpo"] = {"wall_s": grpo.wall_s, "s_per_step": grpo.seconds_per_step,
+    wide_grpo = evaluate(model, tok, task, wide, style, params=greedy)
+    _print_wide(wide_grpo, "after GRPO")
+    summary["grpo"] = {"wide": _wide(wide_grpo), "wall_s": grpo.wall_s, "s_per_step": grpo.seconds_per_step,
                        "dead_group_share": grpo.dead_group_share, "tokens_generated": grpo.tokens_generated,
                        "reward_first": grpo.steps[0].reward_mean, "reward_last": grpo.steps[-1].reward_mean,
                        "total_s_incl_evals": t_all, **_rates(rep_grpo)}
 
-    prompts = [task.prompt(i) for i in held_out[:32]]
+    prompts = [task.prompt(i, style) for i in held_out[:32]]
     summary["rollout"] = rollout_throughput(model, tok, prompts, n=8, max_new_tokens=max_new_tokens)
     speeds = [{"preset": preset, "params": summary["params"], "s_per_step": grpo.seconds_per_step,
                "batch": recipe.batch_size, "completion_length": sum(s.completion_length for s in grpo.steps)
                / len(grpo.steps)}]
     if not skip_small and preset != "small":
         speeds.append(grpo_seconds_per_step(task, config, "small", sft_steps=small_sft_steps, steps=4,
-                                            recipe_kw={"max_completion_length": grpo_max_tokens}))
+                                            recipe_kw={"max_completion_length": grpo_max_tokens}, style=style))
     summary["grpo_speed"] = speeds
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
 
     r = summary["rollout"]
+    for stage, rep in (("sft", wide_sft), ("grpo", wide_grpo)):
+        for k, v in sorted(rep.by_slice["size"].items()):
+            console.print(f"{stage}_valid_2agent_{k}x{k}: {v.valid:.4f}", highlight=False)
     console.print(f"sft_s: {sft.wall_s:.1f}\nsft_valid: {rep_sft.valid:.4f}\nsft_optimal: {rep_sft.optimal:.4f}\n"
                   f"grpo_s: {grpo.wall_s:.1f}\ngrpo_valid: {rep_grpo.valid:.4f}\ngrpo_optimal: {rep_grpo.optimal:.4f}\n"
                   f"total_s: {t_all:.1f}\nrollout_tok_s: {r['ours_tok_s']:.0f}\ngenerate_tok_s: {r['generate_tok_s']:.0f}"

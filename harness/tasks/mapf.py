@@ -9,7 +9,7 @@ the last agent arrives for good) equals the optimum that makespan-optimal CBS (`
 
 Coordinates are (row, col), row 0 at the top. Agents are labelled A, B, C, ... in order.
 
-Prompt styles (`prompt(inst, style)`):
+Prompt styles (`prompt(inst, style)`; trace is the default for char models, chat for chat LLMs):
 - compact (char models): the grid, two characters per cell ('##' hole, else the start mark: label or '.', then the
   goal mark: lowercase label or '.'), one line per row; then one line per agent with its start and goal as
   `row,col`, `A 0,2>2,1` (A starts at (0, 2), its goal is (2, 1)), so a small model reads positions instead of
@@ -25,11 +25,25 @@ Prompt styles (`prompt(inst, style)`):
       B:U
 
 - chat (chat LLMs): the map as '.'/'#' rows, the agents' coordinates and the rules in English.
+- trace (char models, the strongest for tiny ones): no picture, only coordinates: the size, the holes, each agent's
+  start>goal; the completion writes after each move the cell the agent lands on (a position trace, so the model reads
+  where it is instead of summing moves). With the coordinate words of `words()` as single tokens, each cell is one
+  token. The 3x3 instance above:
+
+      size 3
+      holes 2,1 2,2
+      A 0,0>1,0
+      B 1,1>0,1
+      plan:
+      A:D1,0
+      B:U0,1
 
 Plan format (what `expert` writes and `score` parses): one line per agent, `<label>: <moves>`.
 - compact style: `A:RRDW` (single letters U/D/L/R/W, no spaces)
 - chat style:    `Agent A: RIGHT RIGHT DOWN WAIT`
-The parser takes either in any case and spacing (`a: r, r d`, `**Agent B:** [up, up]`), ignores lines that do not start
+- trace style:   `A:R0,1R0,2D1,2W1,2` (each move, then the cell it lands on)
+The parser takes any of them in any case and spacing; the cells of a trace are the model's scratchpad and are not
+scored, only its moves are. It takes any case and spacing (`a: r, r d`, `**Agent B:** [up, up]`), ignores lines that do not start
 with a label, and is strict about identity: every agent exactly once (else wrong_agent_count); no label lines or an
 unknown move word is a parse_error. A plan longer than `max_steps(instance)` (2 n^2, or twice the optimum) is too_long.
 
@@ -61,7 +75,7 @@ log = logging.getLogger(__name__)
 
 FAILURE_TYPES = ("parse_error", "wrong_agent_count", "off_grid", "hole", "vertex_conflict", "edge_conflict",
                  "goal_not_reached", "too_long")
-STYLES = ("compact", "chat")
+STYLES = ("trace", "compact", "chat")  # the first is the default for char-level models
 LABELS = string.ascii_uppercase[:16]
 WORDS = {"U": "UP", "D": "DOWN", "L": "LEFT", "R": "RIGHT", "W": "WAIT"}
 MAX_ATTEMPTS = 300  # draws per instance before the generator gives up and names the knob
@@ -401,9 +415,35 @@ def render_compact(inst: MAPFInstance) -> str:
     return "\n".join(rows) + "\nplan:\n"
 
 
+def render_trace(inst: MAPFInstance) -> str:
+    """Coordinates only: `size n`, `holes r,c r,c ...` ('-' when none), one `A r,c>r,c` line per agent, `plan:`."""
+    holes = [f"{r},{c}" for r, row in enumerate(inst.grid) for c, ch in enumerate(row) if ch == "#"]
+    lines = [f"size {inst.size}", "holes " + (" ".join(holes) if holes else "-")]
+    lines += [f"{LABELS[i]} {s[0]},{s[1]}>{g[0]},{g[1]}" for i, (s, g) in enumerate(zip(inst.starts, inst.goals))]
+    return "\n".join(lines) + "\nplan:\n"
+
+
+_STEP = {"U": (-1, 0), "D": (1, 0), "L": (0, -1), "R": (0, 1), "W": (0, 0)}
+
+
+def format_trace(moves: list[str], starts: list[tuple[int, int]]) -> str:
+    """`A:R0,1R0,2`: each move followed by the cell it lands on (off-grid cells are written as they are)."""
+    lines = []
+    for i, (m, (r, c)) in enumerate(zip(moves, starts)):
+        out = []
+        for ch in m:
+            dr, dc = _STEP[ch]
+            r, c = r + dr, c + dc
+            out.append(f"{ch}{r},{c}")
+        lines.append(f"{LABELS[i]}:{''.join(out)}")
+    return "\n".join(lines)
+
+
 def prompt(inst: MAPFInstance, style: str = "compact") -> str:
     if style == "compact":
         return render_compact(inst)
+    if style == "trace":
+        return render_trace(inst)
     if style == "chat":
         agents = "\n".join(f"Agent {LABELS[i]}: start ({s[0]}, {s[1]}), goal ({g[0]}, {g[1]})"
                            for i, (s, g) in enumerate(zip(inst.starts, inst.goals)))
@@ -411,19 +451,25 @@ def prompt(inst: MAPFInstance, style: str = "compact") -> str:
     raise ValueError(f"unknown prompt style {style!r}; choose one of {', '.join(STYLES)}")
 
 
-def format_plan(moves: list[str], style: str = "compact") -> str:
+def format_plan(moves: list[str], style: str = "compact", starts: list[tuple[int, int]] | None = None) -> str:
+    """The plan text in a style; the trace style needs the agents' `starts`."""
     if style == "compact":
         return "\n".join(f"{LABELS[i]}:{m}" for i, m in enumerate(moves))
+    if style == "trace":
+        if starts is None:
+            raise ValueError("format_plan: the trace style needs the agents' starts")
+        return format_trace(moves, starts)
     if style == "chat":
         return "\n".join(f"Agent {LABELS[i]}: {' '.join(WORDS[ch] for ch in m)}" for i, m in enumerate(moves))
     raise ValueError(f"unknown prompt style {style!r}; choose one of {', '.join(STYLES)}")
 
 
 def expert(inst: MAPFInstance, style: str = "compact") -> str:
-    return format_plan(inst.plan, style)
+    return format_plan(inst.plan, style, inst.starts)
 
 
 _LINE = re.compile(r"^(?:agent\s*)?([a-z])\s*[:=]\s*(.*)$", re.IGNORECASE | re.ASCII)
+_TRACE_CELL = re.compile(r"(?<=[UDLRW])\s*\(?\s*-?\d+\s*,\s*-?\d+\s*\)?", re.IGNORECASE)
 _WORD = {"UP": "U", "DOWN": "D", "LEFT": "L", "RIGHT": "R", "WAIT": "W", "STAY": "W"}
 
 
@@ -435,7 +481,7 @@ def parse_plan(text: str, k: int) -> tuple[list[str] | None, str | None, str]:
         m = _LINE.match(line)
         if not m:
             continue
-        label, rest = m.group(1).upper(), m.group(2)
+        label, rest = m.group(1).upper(), _TRACE_CELL.sub(" ", m.group(2))
         moves = []
         for tok in re.split(r"[\s,;]+", rest.strip()):
             tok = tok.strip(".[](){}'\"").upper()
@@ -466,8 +512,14 @@ def max_steps(inst: MAPFInstance) -> int:
     return max(2 * inst.size * inst.size, 2 * inst.optimal_makespan)
 
 
+def words() -> list[str]:
+    """Multi-character units a char tokenizer should keep as one token: every cell `r,c` of the largest grid (16x16),
+    so a coordinate is one token in compact and trace prompts and in trace plans."""
+    return [f"{r},{c}" for r in range(16) for c in range(16)]
+
+
 def alphabet() -> str:
-    """Every character the compact and chat prompts and completions can contain."""
+    """Every character the compact, chat and trace prompts and completions can contain."""
     chars = set(CHAT_TEMPLATE) | set(string.ascii_letters) | set(string.digits) | set(".#:,()-> \n")
     chars -= set("{}")
     return "".join(sorted(chars))
@@ -639,6 +691,9 @@ class MAPFTask:
 
     def alphabet(self) -> str:
         return alphabet()
+
+    def words(self) -> list[str]:
+        return words()
 
     def env_stats(self, config: MAPFConfig, n: int, seed_start: int = 0) -> dict[str, Any]:
         return env_stats(config, n, seed_start)
