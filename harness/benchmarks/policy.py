@@ -2,7 +2,7 @@
 each stage with wall times, rollout throughput of our engine vs plain `model.generate`, and GRPO seconds per step for
 each preset. Prints grep-able `key: value` lines and writes `summary.json` to the output folder.
 
-    evotrainer bench policy                       # full run (about 15 minutes on the 2-core machine)
+    evotrainer bench policy                       # full run (about 13 minutes on the 2-core machine)
     evotrainer bench policy --sft-steps 100 --grpo-steps 4 --skip-small    # quick smoke run
 """
 
@@ -101,7 +101,7 @@ def _print_wide(report, label: str) -> None:
 # --- the benchmark ----------------------------------------------------------------------------------------------------
 
 
-def run(out: Path, preset: str = "tiny", sft_examples: int = 4000, sft_steps: int = 1500, grpo_steps: int = 30,
+def run(out: Path, preset: str = "tiny", sft_examples: int = 8000, sft_steps: int = 2400, grpo_steps: int = 30,
         suite: str = "small", threads: int = 2, skip_small: bool = False, config_path: Path | None = None,
         max_new_tokens: int = 160, grpo_max_tokens: int = 96, small_sft_steps: int = 100, style: str = "trace",
         grpo_learning_rate: float = 1e-4, grpo_temperature: float = 0.6) -> dict:
