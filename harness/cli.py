@@ -198,8 +198,8 @@ def bench_mapf(
 def bench_policy(
     out: Annotated[Path, typer.Option(help="work dir (checkpoints, summary.json)")] = Path("runs/bench-policy"),
     preset: Annotated[str, typer.Option(help="model preset trained end to end")] = "tiny",
-    sft_examples: Annotated[int, typer.Option(min=1, help="expert demos (train seeds) for the warm start")] = 4000,
-    sft_steps: Annotated[int, typer.Option(min=1, help="SFT optimiser steps")] = 1500,
+    sft_examples: Annotated[int, typer.Option(min=1, help="expert demos (train seeds) for the warm start")] = 8000,
+    sft_steps: Annotated[int, typer.Option(min=1, help="SFT optimiser steps")] = 2400,
     grpo_steps: Annotated[int, typer.Option(min=1, help="GRPO optimiser steps")] = 30,
     suite: Annotated[str, typer.Option(help="held-out suite (test seeds)")] = "small",
     config: Annotated[Path | None, typer.Option(help="env config YAML for SFT and GRPO (default: the task's)")] = None,
@@ -249,15 +249,17 @@ def bench_sandbox(
 
 @bench_app.command("run")
 def bench_run(
-    trials: Annotated[int, typer.Option(min=1, help="SIGKILL-and-resume trials")] = 10,
+    trials: Annotated[int, typer.Option(min=0, help="SIGKILL-and-resume trials (0: only the overhead)")] = 10,
     max_kill_s: Annotated[float, typer.Option(help="latest first kill, seconds after start")] = 90.0,
     kill_resumes: Annotated[bool, typer.Option(help="also kill some resumes (up to 3 kills per trial)")] = True,
     seed: Annotated[int, typer.Option(help="seed for the kill times")] = 0,
+    overhead_stages: Annotated[int, typer.Option(min=0, help="demo-config stages timed for the overhead (0: skip)")] = 3,
 ) -> None:
     """Crash safety (SIGKILL at random points, resume, check) and framework overhead of the autonomous run."""
     from harness.benchmarks.run import main as bench
 
-    res = bench(trials=trials, max_kill_s=max_kill_s, kill_resumes=kill_resumes, seed=seed)
+    res = bench(trials=trials, max_kill_s=max_kill_s, kill_resumes=kill_resumes, seed=seed,
+                overhead_stages=overhead_stages)
     if res["passed"] != trials:
         raise typer.Exit(1)
 
@@ -361,12 +363,10 @@ def eval_cmd(
     from policies import cpu_threads
 
     cpu_threads(threads)
-    from harness.policy_glue import evaluate, print_eval, suite_blocks, suite_instances
+    from harness.policy_glue import checkpoint_style, evaluate, print_eval, suite_blocks, suite_instances
     from harness.tasks import get_task
     from policies.model import load_policy
     from policies.rollout import SamplingParams
-
-    from harness.policy_glue import checkpoint_style
 
     model, tok = load_policy(ckpt)  # a missing checkpoint is the first error the user sees
     t = get_task(task)

@@ -89,6 +89,8 @@ class StageConfig(_Strict):
     rejections_before_fallback: int = Field(3, ge=1, description="consecutive rejections before rolling back to the "
                                             "last promoted harness and shrinking the change step size")
     step_shrink: float = Field(0.5, gt=0, lt=1, description="multiplier on the change step size at each fallback")
+    prefetch: bool = Field(True, description="generate the stage's probe, backtest and next train instances in a "
+                                             "background process while the policy trains")
 
 
 class BacktestConfig(_Strict):

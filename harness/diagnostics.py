@@ -590,7 +590,8 @@ def build_diagnosis(task: Any, stage: int, rollouts: list[Rollout], env_config: 
                     history: list[HistoryItem], stages_left: int | None, budget_left_s: float | None,
                     train_metrics: list[dict[str, float]] | None = None,
                     diagnostics_files: dict[str, str] | None = None, valid_history: list[float] | None = None,
-                    shaping: Any = None, state: str = "", env_stats_n: int = 64) -> Diagnosis:
+                    shaping: Any = None, state: str = "", env_stats_n: int = 64,
+                    env_stats: dict[str, Any] | None = None) -> Diagnosis:
     """Everything the engineer sees, built from PROBE rollouts only (raises `SplitError` otherwise).
 
     `task` is the Task object (its `env_stats(config, n)` is used when the task has one); `env_config` and `recipe`
@@ -624,7 +625,8 @@ def build_diagnosis(task: Any, stage: int, rollouts: list[Rollout], env_config: 
         task=task.name, stage=stage, state=state, stages_left=stages_left, budget_left_s=budget_left_s,
         overall=overall_stats(rollouts), by_slice=by_slice, findings=findings, metrics=metrics,
         diagnostic_errors={res.name: res.error for res in results if res.error},
-        env_stats=_dump(stats_fn(cfg, env_stats_n)) if stats_fn else {}, env_config=_dump(cfg), recipe=rec,
+        env_stats=env_stats if env_stats is not None else _dump(stats_fn(cfg, env_stats_n)) if stats_fn else {},
+        env_config=_dump(cfg), recipe=rec,
         history=hist, consecutive_rejections=c, step_scale=1.0 if c < 2 else 0.5 if c < 3 else 0.25,
     )
 

@@ -18,7 +18,9 @@ fresh `backtest` seeds (a forward-only cursor in run.db), and the `test` split i
 from __future__ import annotations
 
 import json
+import logging
 import operator
+import os
 import sqlite3
 import time
 from collections.abc import Callable
@@ -61,6 +63,8 @@ class State(TypedDict, total=False):
     log: Annotated[list[str], operator.add]  # one line per node, for the summary
 
 
+log = logging.getLogger(__name__)
+
 # --- the run context: everything a node needs that is not state --------------------------------------------------------
 
 
@@ -71,7 +75,12 @@ class Run:
     store: RunStore
     progress: Callable[[str, dict[str, Any]], None] = lambda event, data: None
     _ws: Any = None
-    _instances: dict[Any, list] = field(default_factory=dict)
+    _instances: dict[str, dict[int, Any]] = field(default_factory=dict)  # env config JSON -> seed -> instance
+    _suite: dict[str, list] = field(default_factory=dict)  # report suite name -> instances (lives for the process)
+    _env_stats: dict[str, dict] = field(default_factory=dict)  # env config JSON -> task.env_stats (per process)
+    _seeds_synced: bool = False
+    _pool: Any = None  # the prefetch worker process (harness.tasks.worker.InstanceWorker), started on first use
+    _pending: dict[tuple[str, tuple[int, ...]], Any] = field(default_factory=dict)  # (config JSON, seeds) -> Future
     _models: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # checkpoint path -> in-memory copy
 
     @property
@@ -94,17 +103,70 @@ class Run:
             self._ws = Workspace(self.run_dir / "harness")
         return self._ws
 
-    def instances(self, config, seeds: list[int], key: str | None = None) -> list:
-        """Task instances, memoised per process: the backtest arms and the per-stage suite reuse them (CBS solves)."""
-        k = key or (config.model_dump_json(), tuple(seeds))
-        if k not in self._instances:
-            self._instances[k] = [self.task.generate(config, s) for s in seeds]
-        return self._instances[k]
+    def instances(self, config, seeds: list[int]) -> list:
+        """Task instances, memoised per (config, seed) within a stage: both backtest arms, and a recipe candidate's
+        longer prompt prefix, reuse what is already generated (each one is a CBS solve). Instances `prefetch`ed in
+        the background are collected here; anything missing is generated in this process."""
+        cj = config.model_dump_json()
+        memo = self._instances.setdefault(cj, {})
+        want = set(seeds) - set(memo)
+        for key in [k for k in self._pending if k[0] == cj and want & set(k[1])]:
+            try:
+                for inst in self._pending.pop(key).result():
+                    memo.setdefault(inst.seed, inst)
+            except Exception as exc:  # noqa: BLE001  # a broken worker costs only the time: generate here instead
+                log.warning("instance prefetch failed (%s); generating in the run process", exc)
+        for s in seeds:
+            if s not in memo:
+                memo[s] = self.task.generate(config, s)
+        return [memo[s] for s in seeds]
+
+    def prefetch(self, config, seeds: list[int]) -> None:
+        """Start generating instances in a background worker process (CBS solves while this process trains), so the
+        next nodes find them ready. Off with `stage.prefetch: false`; the instances are the same either way."""
+        if not self.config.stage.prefetch or not seeds:
+            return
+        cj = config.model_dump_json()
+        missing = [s for s in seeds if s not in self._instances.get(cj, {})]
+        if not missing or any(k[0] == cj and set(missing) <= set(k[1]) for k in self._pending):
+            return
+        if self._pool is None:
+            from harness.tasks.worker import InstanceWorker
+
+            self._pool = InstanceWorker()
+        self._pending[(cj, tuple(missing))] = self._pool.submit(self.config.task, cj, missing)
+
+    def close(self) -> None:
+        """Stop the prefetch worker (pending work is dropped; nothing it makes is ever recorded)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+        self._pending.clear()
+
+    def suite(self) -> list:
+        """The report suite (test split), generated once per process (in setup, so no stage pays for it)."""
+        name = self.config.eval.suite
+        if name not in self._suite:
+            from harness.policy_glue import suite_instances
+
+            self._suite[name] = suite_instances(self.task, name, "test")
+        return self._suite[name]
+
+    def env_stats(self, config) -> dict:
+        """`task.env_stats` of an env config, once per config per process (the config changes only on promotion)."""
+        key = config.model_dump_json()
+        if key not in self._env_stats:
+            fn = getattr(self.task, "env_stats", None)
+            self._env_stats[key] = fn(config, 64) if fn else {}
+        return self._env_stats[key]
 
     def skills(self):
-        from skills.library import SkillLibrary
+        """The skill library; the seed skills are synced on the first open of the process only."""
+        from skills.library import SEED_DIR, SkillLibrary
 
-        return SkillLibrary.open()
+        lib = SkillLibrary.open(seed_dir=None if self._seeds_synced else SEED_DIR)
+        self._seeds_synced = True
+        return lib
 
     def store_started(self) -> float:
         """When the run was created (the wall-clock budget counts from here, across resumes)."""
@@ -159,7 +221,8 @@ def _done(run: Run, stage: int, node: str) -> dict[str, Any] | None:
 
 
 def _finish(run: Run, stage: int, node: str, result: dict[str, Any], t0: float, message: str) -> dict[str, Any]:
-    result = {**result, "_wall_s": time.time() - t0}
+    now = time.time()
+    result = {**result, "_wall_s": now - t0, "_started": t0, "_ended": now, "_pid": os.getpid()}
     run.store.mark_node_done(run.id, stage, node, result)
     run.event(stage, node, "node", message, key=f"{stage}/{node}/done", wall_s=result["_wall_s"])
     return result
@@ -185,9 +248,8 @@ def _save(run: Run, model, tok, path: Path) -> None:
     the probe, both arms and the report load this checkpoint next, and a deep copy is much cheaper than a reload."""
     import copy
 
-    from policies.model import save_policy
-
     from harness.policy_glue import write_policy_meta
+    from policies.model import save_policy
 
     save_policy(model, tok, path)
     write_policy_meta(path, run.task.name, run.style)
@@ -225,6 +287,10 @@ def node_setup(run: Run, state: State) -> State:
         m = train_sft(model, tok, pairs, recipe, progress=_progress_cb(run, 0, "setup"))
         run.store.charge(run.id, 0, "policy", "sft", seconds=m.wall_s, steps=m.steps)
     _save(run, model, tok, out)
+    # per-run fixed costs paid once here, not by stage 1: the report suite and the round-0 env statistics
+    if cfg.eval.suite:
+        run.suite()
+    run.env_stats(env)
     _finish(run, 0, "setup", {"policy": str(out)}, t0, f"warm start done: {out.name}")
     return {"policy": str(out), "stage": 1, "consecutive_rejections": 0, "stages_without_promotion": 0,
             "log": [f"setup: warm start on {n} expert demonstrations"]}
@@ -238,6 +304,21 @@ def _progress_cb(run: Run, stage: int, node: str):
     return cb
 
 
+def _pool_seeds(run: Run, seed_key: str, recipe, steps: int) -> list[int]:
+    """The prefix of the keyed train pool that `steps` GRPO steps of `recipe` consume (prompts = batch / group)."""
+    seeds = run.store.draw_seeds(run.id, "train", run.config.stage.train_instances, key=seed_key)
+    return seeds[: max(1, -(-steps * recipe.batch_size // recipe.num_generations))]
+
+
+def _prefetch_stage(run: Run, k: int) -> None:
+    """While stage k's policy trains: start the probe, backtest and control-arm instances of stage k."""
+    cfg = run.config
+    env, recipe, _ = harness_models(run.workspace().files("main"), run.task)
+    run.prefetch(env, run.store.draw_seeds(run.id, "probe", cfg.stage.probe_n, key=f"s{k}/probe"))
+    run.prefetch(env, run.store.draw_seeds(run.id, "backtest", cfg.backtest.n, key=f"s{k}/backtest"))
+    run.prefetch(env, _pool_seeds(run, f"s{k}/arms", recipe, cfg.backtest.arm_steps))
+
+
 def _grpo(run: Run, stage: int, arm: str, start: str, files: dict[str, str], steps: int, seed_key: str,
           out: Path, seed: int) -> dict[str, Any]:
     """One GRPO run from `start` under the harness `files`; saves to `out`; charges the ledger."""
@@ -247,8 +328,10 @@ def _grpo(run: Run, stage: int, arm: str, start: str, files: dict[str, str], ste
     task = run.task
     env, recipe, shaping = harness_models(files, task)
     recipe = recipe.model_copy(update={"steps": steps, "seed": seed})
-    # a fixed prompt pool per key: both arms of a decision train on exactly the same instances, whatever their recipe
-    seeds = run.store.draw_seeds(run.id, "train", run.config.stage.train_instances, key=seed_key)
+    # a fixed prompt pool per key: both arms of a decision train on the same instances, whatever their recipe; only
+    # the prefix GRPO consumes (steps x prompts per step) is generated, so a recipe that needs more prompts trains on a
+    # superset of the other arm's; past the pool size, TRL cycles over the pool
+    seeds = _pool_seeds(run, seed_key, recipe, steps)
     rows = grpo_rows(task, env, seeds, run.style, instances=run.instances(env, seeds))
     model, tok = _load(run, start)
     t0 = time.perf_counter()  # training compute = the whole TRL call (trainer setup + steps), not just train()
@@ -267,9 +350,10 @@ def node_train(run: Run, state: State) -> State:
     t0 = time.time()
     run.store.start_stage(run.id, k)
     # instances are cached within a stage (arms share them); only the report suite outlives the stage
-    run._instances = {key: v for key, v in run._instances.items() if key[0] == "suite"}
+    run._instances = {}
     files = run.workspace().files("main")
     steps = harness_models(files, run.task)[1].steps
+    _prefetch_stage(run, k)
     run.event(k, "train", "node_start", f"GRPO {steps} steps under harness@main")
     r = _grpo(run, k, "policy", state["policy"], files, steps, f"s{k}/train", run.path("checkpoints", f"s{k}-train"),
               seed=run.config.seed + k)
@@ -360,7 +444,7 @@ def node_diagnose(run: Run, state: State) -> State:
     stages_left, budget_left = _budget_left(run, k)
     diag = build_diagnosis(run.task, k, rollouts, env, recipe, _history(run), stages_left, budget_left,
                            train_metrics=train.get("steps"), valid_history=valid_hist, shaping=shaping,
-                           state=ws.head(),
+                           state=ws.head(), env_stats=run.env_stats(env),
                            diagnostics_files={p: s for p, s in files.items() if p.startswith("diagnostics/")})
     run.store.record_findings(run.id, k, diag.findings)
     path = run.path("stages", f"s{k}", "diagnosis.json")
@@ -517,6 +601,14 @@ def node_backtest(run: Run, state: State) -> State:
         return {}
     steps = cfg.backtest.arm_steps
     main_files = ws.files("main")
+    # while the control arm trains: the candidates' own arm pools (an env candidate draws other instances) and the
+    # next stage's train pool (under the current env; wasted only if a promotion changes the env)
+    for cid in vetted:
+        c_env, c_rec, _ = harness_models(ws.files(f"cand/{cid}"), run.task)
+        run.prefetch(c_env, _pool_seeds(run, f"s{k}/arms", c_rec, steps))
+    if k < cfg.budget.stages:
+        env, rec, _ = harness_models(main_files, run.task)
+        run.prefetch(env, _pool_seeds(run, f"s{k + 1}/train", rec, rec.steps))
     control = _arm(run, k, "control", main_files, state["train_ckpt"], steps)
     c_roll = read_rollouts(Path(control["rollouts"]))
     c_seeds, c_out, c_slices = _per_instance(c_roll)
@@ -644,14 +736,11 @@ def _report_eval(run: Run, k: int, ckpt: str) -> None:
     """Held-out (test split) valid/optimal per slice of the stage's policy: reported, never used to decide."""
     if not run.config.eval.suite:
         return
-    from harness.policy_glue import evaluate, suite_instances
+    from harness.policy_glue import evaluate
     from policies.rollout import SamplingParams
 
     task = run.task
-    key = ("suite", run.config.eval.suite)
-    if key not in run._instances:
-        run._instances[key] = suite_instances(task, run.config.eval.suite, "test")
-    insts = run._instances[key]
+    insts = run.suite()
     if run.config.eval.limit:
         insts = insts[: run.config.eval.limit]
     model, tok = _load(run, ckpt)
@@ -668,9 +757,22 @@ def _report_eval(run: Run, k: int, ckpt: str) -> None:
                                   slice_key=key, slice_value=val)
 
 
+def _stage_wall(run: Run, k: int, remember_s: float) -> float:
+    """Wall seconds of stage k: from the end of the previous stage (or of setup) to now, everything included (nodes,
+    LangGraph checkpoints, routing). A stage that a crash interrupted (its nodes ran in different processes) reports
+    the sum of its node times instead, so the downtime is not counted."""
+    nodes = [run.store.node_result(run.id, k, n) or {} for n in NODES[1:8]]
+    prev = run.store.node_result(run.id, k - 1, "remember") if k > 1 else run.store.node_result(run.id, 0, "setup")
+    summed = remember_s + sum(r.get("_wall_s", 0.0) for r in nodes)
+    pids = {r.get("_pid") for r in [*nodes, prev or {}]}
+    if prev and "_ended" in prev and pids == {os.getpid()}:
+        return time.time() - prev["_ended"]
+    return summed
+
+
 def _stage_metrics(run: Run, k: int, remember_s: float) -> dict[str, Any]:
     """Held-out metrics plus the framework overhead: stage wall time not spent in training/eval compute."""
-    wall = remember_s + sum((run.store.node_result(run.id, k, n) or {}).get("_wall_s", 0.0) for n in NODES[1:8])
+    wall = _stage_wall(run, k, remember_s)
     compute = float(run.store.db.execute("SELECT COALESCE(SUM(seconds), 0) FROM compute WHERE run = ? AND stage = ?",
                                          [run.id, k]).fetchone()[0])
     test = [e for e in run.store.evaluations(run.id, stage=k, arm="policy") if e["split"] == "test"
@@ -731,6 +833,7 @@ def _drive(run: Run, first_input: dict[str, Any] | None) -> dict[str, Any]:
         cfg = {"configurable": {"thread_id": run.id}, "recursion_limit": 10_000}
         return graph.invoke(first_input, cfg, durability="sync")
     finally:
+        run.close()
         conn.close()
 
 

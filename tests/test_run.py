@@ -60,6 +60,15 @@ def test_tiny_run_end_to_end(tmp_path):
     assert [s["stage"] for s in st["stages"]] == [1, 2]
     assert all(s["status"] == "done" for s in st["stages"])
     assert all("valid" in s["metrics"] for s in st["stages"])
+    # stage wall time spans the whole stage (every node plus the LangGraph steps between them) and holds the compute
+    store = RunStore.open(run_dir / "run.db")
+    for s in st["stages"]:
+        m, k = s["metrics"], s["stage"]
+        nodes = sum((store.node_result("e2e", k, n) or {}).get("_wall_s", 0.0)
+                    for n in ("train", "probe", "diagnose", "propose", "vet", "backtest", "decide"))
+        assert 0 < m["compute_s"] <= m["wall_s"] and m["wall_s"] >= nodes, (k, m, nodes)
+        assert m["overhead_share"] == pytest.approx((m["wall_s"] - m["compute_s"]) / m["wall_s"])
+    store.close()
     # the engineer proposed, every candidate got a verdict with a reason, and git tells the story
     assert st["candidates"], "the rule engineer proposed nothing on a fresh policy"
     for c in st["candidates"]:

@@ -19,4 +19,12 @@ def get_task(name: str) -> Task:
     return importlib.import_module(TASKS[name]).TASK
 
 
-__all__ = ["TASKS", "Instance", "Outcome", "SuiteEntry", "Task", "UnknownTaskError", "get_task"]
+def generate_many(task_name: str, config_json: str, seeds: list[int]) -> list[Instance]:
+    """The task's instances for `seeds` under a config given as JSON: the body of the run's background prefetch
+    worker (a spawned process that imports only this package, not torch)."""
+    task = get_task(task_name)
+    config = task.config_model.model_validate_json(config_json)
+    return [task.generate(config, s) for s in seeds]
+
+
+__all__ = ["TASKS", "Instance", "Outcome", "SuiteEntry", "Task", "UnknownTaskError", "generate_many", "get_task"]
