@@ -116,6 +116,19 @@ def _cli(args: list[str], home: Path) -> subprocess.Popen:
                             stderr=subprocess.PIPE)
 
 
+def _run_status(db: Path, run_id: str) -> str | None:
+    if not db.exists():
+        return None
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
+    try:
+        row = con.execute("SELECT status FROM runs WHERE id = ?", [run_id]).fetchone()
+    except sqlite3.Error:
+        return None
+    finally:
+        con.close()
+    return row[0] if row else None
+
+
 def crash_trial(workdir: Path, trial: int, kill_after: float, kill_resumes: bool, rng: random.Random,
                 config: dict[str, Any] | None = None) -> dict[str, Any]:
     home = workdir / f"home{trial}"
@@ -139,11 +152,16 @@ def crash_trial(workdir: Path, trial: int, kill_after: float, kill_resumes: bool
 
             shutil.rmtree(runs / run_id, ignore_errors=True)
             p = _cli(["run", str(cfg), "--runs-dir", str(runs), "--run-id", run_id], home)
+        elif _run_status(runs / run_id / "run.db", run_id) == "finished":
+            break  # killed on its way out, after the run was recorded as finished: nothing to resume
         else:
             p = _cli(["resume", str(runs / run_id)], home)
         deadline = rng.uniform(3, kill_after) if kill_resumes and kills < 3 else None
-    err = p.stderr.read().decode()[-1500:] if p.returncode else ""
-    problems = [f"exit {p.returncode}: {err}"] if p.returncode else []
+    failed = p.returncode not in (0, -signal.SIGKILL)  # -SIGKILL: the last kill landed after "finished"
+    err = p.stderr.read().decode()[-1500:] if failed else ""
+    problems = [f"exit {p.returncode}: {err}"] if failed else []
+    if _run_status(runs / run_id / "run.db", run_id) != "finished":
+        problems.append("the run is not recorded as finished")
     problems += check_run(runs / run_id, home / "skills.db")
     return {"trial": trial, "kill_after_s": round(kill_after, 1), "kills": kills, "problems": problems}
 
