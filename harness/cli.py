@@ -307,6 +307,10 @@ def _progress_printer():
     return bar, hook
 
 
+# `evotrainer train` without --recipe: the settings `bench policy` measured on CPU (BENCHMARKS.md, policy layer)
+CPU_TRAIN_RECIPE = {"sft_steps": 2400, "learning_rate": 1e-4, "temperature": 0.6, "max_completion_length": 96}
+
+
 @app.command()
 def train(
     out: Annotated[Path, typer.Option("--out", help="directory for the final checkpoint (save_pretrained)")],
@@ -315,13 +319,17 @@ def train(
     init: Annotated[str | None, typer.Option(help="start from this local checkpoint instead of a preset")] = None,
     config: Annotated[Path | None, typer.Option("--config", help="env generator config YAML (default: the task's)")] = None,
     recipe: Annotated[Path | None, typer.Option(help="training recipe YAML (policies.train.Recipe fields)")] = None,
-    sft_examples: Annotated[int, typer.Option(min=0, help="expert demos (train-split seeds) for the SFT warm start")] = 2000,
-    grpo_steps: Annotated[int, typer.Option(min=0, help="GRPO optimiser steps after the warm start (0 = SFT only)")] = 40,
+    sft_examples: Annotated[int, typer.Option(min=0, help="expert demos (train-split seeds) for the SFT warm start")] = 8000,
+    sft_steps: Annotated[int | None, typer.Option(min=0, help="SFT optimiser steps (default: the --recipe's, else "
+                                                  "2400)")] = None,
+    grpo_steps: Annotated[int, typer.Option(min=0, help="GRPO optimiser steps after the warm start (0 = SFT only)")] = 30,
     style: Annotated[str | None, typer.Option(help="prompt style (mapf: trace, compact, chat); default: trace for a "
                                               "preset, the checkpoint's own (or chat) for --init")] = None,
     threads: Annotated[int, typer.Option(min=1, help="torch CPU threads")] = 2,
 ) -> None:
-    """Train a policy: expert SFT warm start on train-split seeds, then GRPO on the env config."""
+    """Train a policy: expert SFT warm start on train-split seeds, then GRPO on the env config.
+
+    The defaults are the CPU settings `evotrainer bench policy` measured (see BENCHMARKS.md)."""
     from policies import cpu_threads
 
     cpu_threads(threads)
@@ -331,7 +339,9 @@ def train(
 
     t = get_task(task)
     env = _load_yaml_model(config, t.config_model, "env config")
-    rec = _load_yaml_model(recipe, Recipe, "recipe") or Recipe()
+    rec = _load_yaml_model(recipe, Recipe, "recipe") or Recipe(**CPU_TRAIN_RECIPE)
+    if sft_steps is not None:
+        rec = rec.model_copy(update={"sft_steps": sft_steps})
     if init is not None and not Path(init).exists():
         raise UserError(f"--init checkpoint {init!r} does not exist; pass a save_pretrained directory or drop --init")
     if style is not None and style not in t.styles:
