@@ -113,9 +113,11 @@ def run(out: Path, preset: str = "tiny", sft_examples: int = 8000, sft_steps: in
     from policies.train import Recipe, train_grpo, train_sft
 
     cpu_threads(threads)
+    task = get_task("mapf")
+    if style not in task.styles:
+        raise ValueError(f"unknown style {style!r}; choose one of: {', '.join(task.styles)}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    task = get_task("mapf")
     if config_path:
         import yaml
 
@@ -134,35 +136,35 @@ def run(out: Path, preset: str = "tiny", sft_examples: int = 8000, sft_steps: in
     t0 = time.perf_counter()
     model, tok = build_model(preset, task.alphabet(), words=task.words(), seed=recipe.seed)
     summary["params"] = count_parameters(model)
-    if style not in task.styles:
-        raise ValueError(f"unknown style {style!r}; choose one of: {', '.join(task.styles)}")
     summary["style"] = style
     pairs = sft_pairs(task, config, seeds("train", sft_examples), style)
     summary["prompt_chars"] = sum(len(p["prompt"]) for p in pairs) / len(pairs)
     summary["completion_chars"] = sum(len(p["completion"]) for p in pairs) / len(pairs)
+    def checkpoint(name: str, title: str) -> tuple[dict, float]:
+        """Save the policy as out/<name>, evaluate it on the suite and the wide 2-agent set, print both."""
+        save_policy(model, tok, out / name)
+        rep = evaluate(model, tok, task, held_out, style, params=greedy, blocks=blocks)
+        t = time.perf_counter() - t0
+        print_eval(rep, title, console)
+        wide_rep = evaluate(model, tok, task, wide, style, params=greedy)
+        _print_wide(wide_rep, f"after {name.upper()}")
+        wide_reps[name] = wide_rep
+        return {"wide": _wide(wide_rep), **_rates(rep)}, t
+
+    wide_reps: dict = {}
     sft = train_sft(model, tok, pairs, recipe, progress=_ticker(t0))
-    save_policy(model, tok, out / "sft")
-    rep_sft = evaluate(model, tok, task, held_out, style, params=greedy, blocks=blocks)
-    t_sft = time.perf_counter() - t0
-    print_eval(rep_sft, f"after SFT ({sft_steps} steps, {sft_examples} demos)", console)
-    wide_sft = evaluate(model, tok, task, wide, style, params=greedy)
-    _print_wide(wide_sft, "after SFT")
-    summary["sft"] = {"wide": _wide(wide_sft), "wall_s": sft.wall_s, "loss_first": sft.loss[0], "loss_last": sft.loss[-1],
-                      "total_s_incl_eval": t_sft, **_rates(rep_sft)}
+    rates, t_sft = checkpoint("sft", f"after SFT ({sft_steps} steps, {sft_examples} demos)")
+    summary["sft"] = {"wall_s": sft.wall_s, "loss_first": sft.loss[0], "loss_last": sft.loss[-1],
+                      "total_s_incl_eval": t_sft, **rates}
 
     rows = grpo_rows(task, config, seeds("train", grpo_steps * recipe.batch_size // recipe.num_generations,
                                          start=sft_examples), style)
     grpo = train_grpo(model, tok, rows, reward_fn(task), recipe, progress=_ticker(t0))
-    save_policy(model, tok, out / "grpo")
-    rep_grpo = evaluate(model, tok, task, held_out, style, params=greedy, blocks=blocks)
-    t_all = time.perf_counter() - t0
-    print_eval(rep_grpo, f"after GRPO ({grpo_steps} steps)", console)
-    wide_grpo = evaluate(model, tok, task, wide, style, params=greedy)
-    _print_wide(wide_grpo, "after GRPO")
-    summary["grpo"] = {"wide": _wide(wide_grpo), "wall_s": grpo.wall_s, "s_per_step": grpo.seconds_per_step,
+    rates, t_all = checkpoint("grpo", f"after GRPO ({grpo_steps} steps)")
+    summary["grpo"] = {"wall_s": grpo.wall_s, "s_per_step": grpo.seconds_per_step,
                        "dead_group_share": grpo.dead_group_share, "tokens_generated": grpo.tokens_generated,
                        "reward_first": grpo.steps[0].reward_mean, "reward_last": grpo.steps[-1].reward_mean,
-                       "total_s_incl_evals": t_all, **_rates(rep_grpo)}
+                       "total_s_incl_evals": t_all, **rates}
 
     prompts = [task.prompt(i, style) for i in held_out[:32]]
     summary["rollout"] = rollout_throughput(model, tok, prompts, n=8, max_new_tokens=max_new_tokens)
@@ -176,11 +178,12 @@ def run(out: Path, preset: str = "tiny", sft_examples: int = 8000, sft_steps: in
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
 
     r = summary["rollout"]
-    for stage, rep in (("sft", wide_sft), ("grpo", wide_grpo)):
+    for stage, rep in wide_reps.items():
         for k, v in sorted(rep.by_slice["size"].items()):
             console.print(f"{stage}_valid_2agent_{k}x{k}: {v.valid:.4f}", highlight=False)
-    console.print(f"sft_s: {sft.wall_s:.1f}\nsft_valid: {rep_sft.valid:.4f}\nsft_optimal: {rep_sft.optimal:.4f}\n"
-                  f"grpo_s: {grpo.wall_s:.1f}\ngrpo_valid: {rep_grpo.valid:.4f}\ngrpo_optimal: {rep_grpo.optimal:.4f}\n"
+    console.print(f"sft_s: {sft.wall_s:.1f}\nsft_valid: {summary['sft']['valid']:.4f}\n"
+                  f"sft_optimal: {summary['sft']['optimal']:.4f}\ngrpo_s: {grpo.wall_s:.1f}\n"
+                  f"grpo_valid: {summary['grpo']['valid']:.4f}\ngrpo_optimal: {summary['grpo']['optimal']:.4f}\n"
                   f"total_s: {t_all:.1f}\nrollout_tok_s: {r['ours_tok_s']:.0f}\ngenerate_tok_s: {r['generate_tok_s']:.0f}"
                   f"\nrollout_speedup: {r['speedup']:.2f}", highlight=False)
     for s in speeds:
