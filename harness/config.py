@@ -46,8 +46,8 @@ class PolicyConfig(_Strict):
     preset: Literal["tiny", "small"] | None = Field("tiny", description="build a small model offline from a preset")
     checkpoint: str | None = Field(None, description="start from a local Hugging Face checkpoint dir instead of a preset")
     style: str | None = Field(None, description="prompt style (mapf: trace or compact for char models, chat for chat "
-                                                "LLMs); default: the task's first style (trace) for presets, chat for "
-                                                "checkpoints")
+                                                "LLMs); default: the task's first style (trace) for presets; for a "
+                                                "checkpoint, the style it was trained on, else chat")
     backend: Literal["transformers", "vllm", "auto"] = Field("transformers", description="rollout engine")
 
     @model_validator(mode="after")
@@ -142,10 +142,19 @@ class RunConfig(_Strict):
 
     @property
     def style(self) -> str:
-        """The prompt style: policy.style, else the task's first style for presets and chat for checkpoints."""
+        """The prompt style: policy.style; else for a preset the task's first style; for a checkpoint the style it was
+        trained on (its evotrainer.json, written by `evotrainer train` and by runs), else chat."""
         from harness.tasks import get_task
 
-        return self.policy.style or (get_task(self.task).styles[0] if self.policy.preset else "chat")
+        if self.policy.style:
+            return self.policy.style
+        styles = get_task(self.task).styles
+        if self.policy.preset:
+            return styles[0]
+        from harness.policy_glue import read_policy_meta
+
+        meta = read_policy_meta(self.policy.checkpoint or "")
+        return meta["style"] if meta.get("task") == self.task and meta.get("style") in styles else "chat"
 
 
 def _format_error(exc: ValidationError, source: str) -> str:

@@ -148,6 +148,8 @@ def test_config_typo_names_the_field(tmp_path):
         parse_config(dict(TINY, policy={"preset": "tiny", "style": "trac"}), "x.yaml")
     assert parse_config(dict(TINY, policy={"preset": "tiny"})).style == "trace"  # char models: the task's first style
     assert parse_config(dict(TINY, policy={"checkpoint": str(tmp_path)})).style == "chat"
+    (tmp_path / "evotrainer.json").write_text('{"task": "mapf", "style": "trace"}')  # one of ours: its own style
+    assert parse_config(dict(TINY, policy={"checkpoint": str(tmp_path)})).style == "trace"
 
 
 def test_cli_bad_inputs_one_clear_line(tmp_path):
