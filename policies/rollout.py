@@ -63,6 +63,9 @@ class RolloutResult(BaseModel):
     new_tokens: int
     completion_ids: list[list[int]] = Field(default_factory=list, repr=False,
                                             description="generated token ids (eos included when reached)")
+    logprobs: list[list[float]] = Field(default_factory=list, repr=False,
+                                        description="log-probability of each generated token under the sampling "
+                                                    "distribution (temperature and top-p applied); 0.0 when greedy")
 
     @property
     def tokens_per_s(self) -> float:
@@ -127,16 +130,22 @@ def plain_generate(model, tok, prompts: list[str], params: SamplingParams) -> Ro
 # --- transformers backend: our decoding loop --------------------------------------------------------------------------
 
 
-def _sample(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator) -> torch.Tensor:
+def _sample(logits: torch.Tensor, temperature: float, top_p: float,
+            gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """(next tokens, their log-probabilities under the distribution they were drawn from). Greedy reports 0.0 (the
+    argmax has probability 1 there); with top-p the kept mass is renormalised, as the draw itself does."""
     if temperature == 0:
-        return logits.argmax(-1)
+        nxt = logits.argmax(-1)
+        return nxt, torch.zeros(nxt.shape, dtype=torch.float32, device=logits.device)
     probs = torch.softmax(logits.float() / temperature, dim=-1)
     if top_p < 1.0:
         sorted_p, idx = probs.sort(dim=-1, descending=True)
         keep = sorted_p.cumsum(-1) - sorted_p < top_p  # always keeps the top token
         sorted_p = sorted_p * keep
         probs = torch.zeros_like(probs).scatter(-1, idx, sorted_p)
-    return torch.multinomial(probs.cpu(), 1, generator=gen).squeeze(-1).to(logits.device)
+        probs = probs / probs.sum(-1, keepdim=True)
+    nxt = torch.multinomial(probs.cpu(), 1, generator=gen).squeeze(-1).to(logits.device)
+    return nxt, probs.gather(-1, nxt[:, None]).squeeze(-1).log()
 
 
 @torch.inference_mode()
@@ -151,6 +160,7 @@ def _generate_loop(model, tok, prompt_ids: list[list[int]], params: SamplingPara
     order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
     per_chunk = max(1, params.batch_size // n)  # unique prompts per chunk
     out_ids: dict[int, list[int]] = {}  # row key = prompt_index * n + sample
+    out_lp: dict[int, list[float]] = {}  # the sampling log-probability of each generated token
     finished: dict[int, bool] = {}
     t0 = time.perf_counter()
     for c in range(0, len(order), per_chunk):
@@ -172,13 +182,14 @@ def _generate_loop(model, tok, prompt_ids: list[list[int]], params: SamplingPara
             logits, attn, pos = (x.repeat_interleave(n, dim=0) for x in (logits, attn, pos))
         keys = [i * n + j for i in chunk for j in range(n)]
         for k in keys:
-            out_ids[k], finished[k] = [], False
+            out_ids[k], out_lp[k], finished[k] = [], [], False
         last_pos = pos[:, -1]
         for step in range(params.max_new_tokens):
-            nxt = _sample(logits, params.temperature, params.top_p, gen)
+            nxt, lp = _sample(logits, params.temperature, params.top_p, gen)
             done = nxt == eos
-            for k, t in zip(keys, nxt.tolist()):
+            for k, t, x in zip(keys, nxt.tolist(), lp.tolist()):
                 out_ids[k].append(t)
+                out_lp[k].append(x)
             for k, d in zip(keys, done.tolist()):
                 finished[k] = finished[k] or d
             if step == params.max_new_tokens - 1:
@@ -206,7 +217,8 @@ def _generate_loop(model, tok, prompt_ids: list[list[int]], params: SamplingPara
         comps.append(tok.decode(ids[:-1] if finished[k] else ids, skip_special_tokens=True))
     return RolloutResult(completions=comps, prompt_index=[k // n for k in range(total)], tokens=counts,
                          truncated=trunc, seconds=seconds, new_tokens=sum(counts),
-                         completion_ids=[out_ids[k] for k in range(total)])
+                         completion_ids=[out_ids[k] for k in range(total)],
+                         logprobs=[out_lp[k] for k in range(total)])
 
 
 # --- vLLM backend -----------------------------------------------------------------------------------------------------

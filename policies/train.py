@@ -190,12 +190,29 @@ def _train(trainer, model, tok, out_dir: str | Path | None) -> float:
     wall seconds of `trainer.train()`."""
     _drop_printer(trainer)
     t0 = time.perf_counter()
-    trainer.train()
+    try:
+        trainer.train()
+    finally:
+        unpatch_forward(model)
     wall = time.perf_counter() - t0
     model.eval()
     if out_dir:
         save_policy(model, tok, out_dir)
     return wall
+
+
+def unpatch_forward(model) -> bool:
+    """Remove the fused LM head TRL's trainers install on the model instance (`trl.trainer.utils.add_fused_lm_head`
+    sets `model.forward` to a closure over the forward it replaced, i.e. over THIS object). Left in place, a
+    `copy.deepcopy` of the model keeps calling the original object's forward: the copy generates and evaluates with
+    the weights of the model it was copied from, whatever training does to the copy afterwards. Returns whether a
+    patch was removed."""
+    fwd = model.__dict__.get("forward")
+    if fwd is not None and getattr(getattr(fwd, "__func__", None), "__code__", None) is not None \
+            and fwd.__func__.__code__.co_name == "_fused_forward":
+        del model.__dict__["forward"]
+        return True
+    return False
 
 
 def _drop_printer(trainer) -> None:
@@ -271,31 +288,41 @@ def _wrap_reward(reward_fn: RewardFn, scale: float, counter: list[int]):
 
 
 def _rollout_func(tok, recipe: Recipe):
-    """TRL `rollout_func` backed by policies.rollout's decoding loop (same sampling, batch shrinks at <eos>)."""
+    """TRL `rollout_func` backed by policies.rollout's decoding loop (same sampling, batch shrinks at <eos>). TRL hands
+    over each prompt `num_generations` times in a row: each distinct prompt is prefilled once and its KV cache fanned
+    out to the group. Returns the sampling log-probabilities too (TRL keeps them as `sampling_per_token_logps`)."""
     from policies.rollout import SamplingParams, _generate_loop
 
+    g = recipe.num_generations
+
     def rollout(prompts: list[str], trainer) -> dict[str, Any]:
-        ids = [tok(p)["input_ids"] for p in prompts]
-        params = SamplingParams(temperature=recipe.temperature, top_p=recipe.top_p, n=1, batch_size=len(ids),
-                                max_new_tokens=recipe.max_completion_length,
+        grouped = len(prompts) % g == 0 and all(prompts[i] == prompts[i - i % g] for i in range(len(prompts)))
+        unique = prompts[::g] if grouped else prompts
+        ids = [tok(p)["input_ids"] for p in unique]
+        params = SamplingParams(temperature=recipe.temperature, top_p=recipe.top_p, n=g if grouped else 1,
+                                batch_size=len(prompts), max_new_tokens=recipe.max_completion_length,
                                 seed=recipe.seed * 1_000_003 + trainer.state.global_step)
         unwrapped = trainer.accelerator.unwrap_model(trainer.model_wrapped)
         res = _generate_loop(unwrapped, tok, ids, params)
-        return {"prompt_ids": ids, "completion_ids": res.completion_ids, "logprobs": None}
+        prompt_ids = [ids[i] for i in res.prompt_index]
+        return {"prompt_ids": prompt_ids, "completion_ids": res.completion_ids, "logprobs": res.logprobs}
 
     return rollout
 
 
-def train_grpo(model, tok, rows: list[dict[str, Any]], reward_fn: RewardFn, recipe: Recipe,
-               out_dir: str | Path | None = None, progress: Progress | None = None) -> GRPOMetrics:
-    """GRPO on `rows` (each a dict with a raw-text "prompt" plus any extra columns for the reward function)."""
+def _check_rows(rows: list[dict[str, Any]]) -> None:
     if not rows:
         raise RecipeError("train_grpo got no prompts; pass rows like {'prompt': ..., 'instance': ...}")
     if any("prompt" not in r for r in rows[:50]):
         raise RecipeError("every GRPO row needs a 'prompt' key (raw task text)")
     if "prompt_text" in rows[0]:
         raise RecipeError("'prompt_text' is reserved by train_grpo; rename that column")
-    quiet()
+
+
+def _grpo_trainer(model, tok, rows: list[dict[str, Any]], reward, recipe: Recipe, out_dir: str | Path | None,
+                  callbacks: list) -> Any:
+    """The GRPOTrainer of a stage: our recipe mapped onto GRPOConfig, the KL reference pointed at the stage's start,
+    and our rollout engine plugged in (unless the recipe or a chat template asks for TRL's own generation)."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -303,8 +330,6 @@ def train_grpo(model, tok, rows: list[dict[str, Any]], reward_fn: RewardFn, reci
     data = [{**r, "prompt_text": r["prompt"],
              "prompt": [{"role": "user", "content": r["prompt"]}] if chat else format_prompt(tok, r["prompt"])}
             for r in rows]
-    counter = [0]
-    sink: list[dict] = []
     args = GRPOConfig(
         **_common_args(_scratch_dir(out_dir), recipe), learning_rate=recipe.learning_rate, beta=recipe.beta,
         num_generations=recipe.num_generations, temperature=recipe.temperature, top_p=recipe.top_p,
@@ -314,6 +339,23 @@ def train_grpo(model, tok, rows: list[dict[str, Any]], reward_fn: RewardFn, reci
         mask_truncated_completions=recipe.mask_truncated_completions, log_completions=False,
         remove_unused_columns=False,
     )
+    if recipe.beta > 0:  # TRL builds the KL reference from config._name_or_path: point it at this stage's start
+        ref_dir = Path(_scratch_dir(None)) / "reference"
+        save_policy(model, tok, ref_dir)
+        model.config._name_or_path = str(ref_dir)
+    use_ours = recipe.rollout_engine == "policies" and not chat
+    return GRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=Dataset.from_list(data),
+                       processing_class=tok, callbacks=callbacks,
+                       rollout_func=_rollout_func(tok, recipe) if use_ours else None)
+
+
+def train_grpo(model, tok, rows: list[dict[str, Any]], reward_fn: RewardFn, recipe: Recipe,
+               out_dir: str | Path | None = None, progress: Progress | None = None) -> GRPOMetrics:
+    """GRPO on `rows` (each a dict with a raw-text "prompt" plus any extra columns for the reward function)."""
+    _check_rows(rows)
+    quiet()
+    counter = [0]
+    sink: list[dict] = []
     steps: list[GRPOStep] = []
     seen = [0]  # tokens counted up to the previous step
 
@@ -328,17 +370,88 @@ def train_grpo(model, tok, rows: list[dict[str, Any]], reward_fn: RewardFn, reci
         if progress is not None:
             progress(stage, step, total, logs)
 
-    if recipe.beta > 0:  # TRL builds the KL reference from config._name_or_path: point it at this stage's start
-        ref_dir = Path(_scratch_dir(None)) / "reference"
-        save_policy(model, tok, ref_dir)
-        model.config._name_or_path = str(ref_dir)
-    use_ours = recipe.rollout_engine == "policies" and not chat
-    trainer = GRPOTrainer(
-        model=model, reward_funcs=[_wrap_reward(reward_fn, recipe.reward_scale, counter)], args=args,
-        train_dataset=Dataset.from_list(data), processing_class=tok,
-        callbacks=[_callback("grpo", recipe.steps, _record, sink)],
-        rollout_func=_rollout_func(tok, recipe) if use_ours else None,
-    )
+    trainer = _grpo_trainer(model, tok, rows, _wrap_reward(reward_fn, recipe.reward_scale, counter), recipe, out_dir,
+                            [_callback("grpo", recipe.steps, _record, sink)])
     wall = _train(trainer, model, tok, out_dir)
     return GRPOMetrics(steps=steps, wall_s=wall, tokens_generated=counter[0],
                        out_dir=str(out_dir) if out_dir else None)
+
+
+# --- plumbing check: does the trainer score what the sampler drew? ----------------------------------------------------
+
+
+class LogprobCheck(BaseModel):
+    """Agreement of one GRPO batch's sampling distribution with the trainer's log-probabilities of the same tokens."""
+
+    model_config = ConfigDict(extra="forbid")
+    engine: str = Field(..., description="the rollout engine that sampled the batch (policies or trl)")
+    completions: int
+    tokens: int = Field(..., description="completion tokens compared (eos included, padding excluded)")
+    max_abs_diff: float = Field(..., description="max over tokens of |log p_sampler - log p_trainer|")
+    mean_abs_diff: float
+    max_ratio_dev: float = Field(..., description="max |importance ratio - 1| at the first optimiser iteration")
+
+
+def check_logprobs(model, tok, prompts: list[str], recipe: Recipe) -> LogprobCheck:
+    """Sample one GRPO batch inside a real GRPOTrainer built exactly as `train_grpo` builds it, then compare, token by
+    token, the log-probability under the distribution the rollout engine sampled from (temperature and top-p applied)
+    with the one the trainer computes for the loss, and the importance ratio of the first optimiser iteration.
+
+    Catches prompt formatting, BOS/EOS, padding, mask and temperature disagreements between sampler and trainer (any
+    of them makes GRPO optimise a different distribution from the one it samples). `recipe.rollout_engine` picks the
+    engine; for TRL's own `model.generate` the processed scores of the draw are captured. Nothing is trained."""
+    quiet()
+    g = recipe.num_generations
+    n_prompts = recipe.batch_size // g
+    if len(prompts) < n_prompts:
+        raise RecipeError(f"check_logprobs needs {n_prompts} prompts (batch_size / num_generations), got {len(prompts)}")
+    rows = [{"prompt": p} for p in prompts[:n_prompts]]
+    trainer = _grpo_trainer(model, tok, rows, _wrap_reward(lambda p, c, **kw: [0.0] * len(c), 1.0, [0]),
+                            recipe.model_copy(update={"steps": 1}), None, [])
+    engine = "policies" if trainer.rollout_func is not None else "trl"
+    captured: list[torch.Tensor] = []
+    if engine == "trl":  # record the processed scores (the sampling distribution) of TRL's own generate call
+        plain = model.generate
+
+        def generate(*args, generation_config, **kw):
+            cfg = copy_config(generation_config, output_scores=True, return_dict_in_generate=True)
+            out = plain(*args, generation_config=cfg, **kw)
+            captured.append(torch.stack(out.scores, dim=1).float().log_softmax(-1))
+            return out.sequences
+
+        model.generate = generate
+    try:
+        trainer.model.train()
+        inputs = [dict(trainer.train_dataset[i]) for i in range(n_prompts) for _ in range(g)]
+        out = trainer._generate_and_score_completions(inputs)
+        ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
+        attn = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
+        keep = out["completion_ids"].size(1)
+        with torch.no_grad():
+            old = trainer._get_per_token_logps_and_entropies(trainer.model, ids, attn, keep)[0]
+        new = trainer._get_per_token_logps_and_entropies(trainer.model, ids, attn, keep)[0].detach()
+    finally:
+        model.__dict__.pop("generate", None)
+        unpatch_forward(model)
+        model.eval()
+    old = out.get("old_per_token_logps", old)
+    mask = out["completion_mask"].bool()
+    if engine == "policies":
+        sampled = out["sampling_per_token_logps"]
+    else:
+        scores = captured[0][:, :keep]
+        sampled = scores.gather(-1, out["completion_ids"][:, : scores.size(1), None]).squeeze(-1)
+    diff = (sampled - old).abs()[mask]
+    ratio_dev = ((new - old).exp() - 1).abs()[mask]
+    return LogprobCheck(engine=engine, completions=int(mask.size(0)), tokens=int(mask.sum()),
+                        max_abs_diff=float(diff.max()), mean_abs_diff=float(diff.mean()),
+                        max_ratio_dev=float(ratio_dev.max()))
+
+
+def copy_config(config, **update):
+    import copy
+
+    out = copy.deepcopy(config)
+    for k, v in update.items():
+        setattr(out, k, v)
+    return out

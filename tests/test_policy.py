@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from pydantic import ValidationError
 
 from policies.model import build_model, count_parameters, format_prompt, load_policy, save_policy
 from policies.rollout import RolloutBackendError, SamplingParams, generate, plain_generate, vllm_available
-from policies.train import Recipe, train_grpo, train_sft
+from policies.train import Recipe, check_logprobs, train_grpo, train_sft
 
 ALPHABET = "abcd#\n"
 WORDS = ["abc", "bcd", "cab", "dab", "abd", "bca", "cba", "dca", "ab\ncd", "dd#a"]
@@ -134,3 +135,64 @@ def test_grpo_updates_every_parameter_and_reward_sees_columns(tmp_path, engine, 
     assert m.tokens_generated == sum(x.tokens_generated for x in m.steps)
     assert (s.kl is not None) == (beta > 0)
     assert (tmp_path / "grpo" / "config.json").exists()
+
+
+# --- plumbing: the trainer scores what the sampler drew ---------------------------------------------------------------
+
+
+def _warm(seed: int = 4):
+    """A tiny model after a few SFT steps, so completions end at <eos> as in real use."""
+    model, tok = build_model("tiny", ALPHABET, seed=seed)
+    pairs = [{"prompt": w, "completion": w[::-1]} for w in WORDS] * 3
+    train_sft(model, tok, pairs, Recipe(sft_steps=20, sft_batch_size=8, warmup_ratio=0.0))
+    return model, tok
+
+
+@pytest.mark.parametrize("engine,temperature,top_p", [("policies", 0.6, 1.0), ("policies", 1.0, 0.95),
+                                                      ("trl", 0.6, 1.0)])
+def test_sampler_and_trainer_log_probs_agree(engine, temperature, top_p):
+    """Rung 1 of the learning ladder: per-token log-probs of the sampling distribution equal the trainer's to 1e-3
+    (prompt formatting, BOS/EOS, padding, masks and temperature all agree), and the first iteration's ratio is 1.
+    With top-p < 1 TRL's loss scores the untruncated distribution while the draw renormalised the kept mass, so the
+    two differ by the log of the kept mass, at most -log(top_p): a known, bounded off-policy gap."""
+    model, tok = _warm()
+    recipe = Recipe(batch_size=16, num_generations=4, max_completion_length=10, temperature=temperature, top_p=top_p,
+                    rollout_engine=engine)
+    r = check_logprobs(model, tok, WORDS, recipe)
+    assert r.engine == engine and r.completions == 16 and r.tokens > 16
+    assert r.max_ratio_dev < 1e-5
+    if top_p == 1.0:
+        assert r.max_abs_diff < 1e-3, r
+    else:  # the sampler renormalises the kept mass (>= top_p), TRL's loss does not: off by at most -log(top_p)
+        assert r.max_abs_diff <= -math.log(top_p) + 1e-3, r
+
+
+def test_a_copy_of_a_trained_model_runs_its_own_weights():
+    """TRL installs a fused LM head as an instance attribute whose closure holds the ORIGINAL object's forward; the
+    run's in-memory checkpoint cache deep-copies models, so without `unpatch_forward` every copy generated and was
+    evaluated with the weights of the model it was copied from (the loop's arms tied at +0.000 for that reason).
+    The check_logprobs negative control: reintroduce the stale patch and the sampler/trainer mismatch is caught."""
+    import copy
+
+    model, tok = _warm()
+    assert "forward" not in model.__dict__, "training must leave no patched forward behind"
+    x = torch.tensor([tok(format_prompt(tok, "abc"))["input_ids"]])
+
+    def perturbed(m):
+        c = copy.deepcopy(m)
+        with torch.no_grad():
+            for p in c.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        return c
+
+    with torch.no_grad():
+        assert not torch.allclose(model(input_ids=x).logits, perturbed(model)(input_ids=x).logits)
+    # the bug, reintroduced by hand: a copy of a still-patched model generates with the original's weights
+    from trl.trainer.utils import add_fused_lm_head
+
+    add_fused_lm_head(model)
+    stale = perturbed(model)
+    with torch.no_grad():
+        assert torch.allclose(model(input_ids=x).logits, stale(input_ids=x).logits)
+    bad = check_logprobs(stale, tok, WORDS, Recipe(batch_size=16, num_generations=4, max_completion_length=10))
+    assert bad.max_abs_diff > 1e-2, bad
