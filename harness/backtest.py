@@ -92,7 +92,8 @@ def slice_keys(slices: dict[str, str]) -> list[str]:
 def decide(control_outcomes: list[float], candidate_outcomes: list[float], slices: list[dict[str, str]],
            gate: GateConfig, vetoes: list[str] | None = None, candidate_id: str = "candidate",
            rng: np.random.Generator | None = None, comparisons: int = 1,
-           seeds: list[int] | None = None) -> Verdict:
+           seeds: list[int] | None = None, greedy: tuple[list[float], list[float]] | None = None,
+           samples: int = 1) -> Verdict:
     """Promote only if (1) the overall lower bound exceeds `gate.min_effect`, (2) no checked slice's lower bound is
     below `-gate.slice_tolerance`, (3) no veto fires. `comparisons` > 1 (several candidates judged in one stage)
     divides alpha (Bonferroni) so picking the best of many does not inflate false promotions. The reason names the
@@ -109,6 +110,7 @@ def decide(control_outcomes: list[float], candidate_outcomes: list[float], slice
     c = np.asarray(control_outcomes, dtype=np.float64)
     k = np.asarray(candidate_outcomes, dtype=np.float64)
     effect, lo, hi = paired_bootstrap(c, k, gate.n_boot, alpha, rng)
+    mde = min_detectable_effect(k - c, gate, comparisons)
 
     groups: dict[str, list[int]] = defaultdict(list)
     for i, s in enumerate(slices):
@@ -129,7 +131,9 @@ def decide(control_outcomes: list[float], candidate_outcomes: list[float], slice
     vetoes = list(vetoes or [])
     evidence = Evidence(metric=gate.metric, n=int(c.size), control=float(c.mean()), candidate=float(k.mean()),
                         effect=effect, ci_low=lo, ci_high=hi, by_slice=by_slice, vetoes=vetoes,
-                        seeds=(min(seeds), max(seeds)) if seeds else None)
+                        seeds=(min(seeds), max(seeds)) if seeds else None, samples=samples, mde=mde,
+                        greedy_control=float(np.mean(greedy[0])) if greedy and len(greedy[0]) else None,
+                        greedy_candidate=float(np.mean(greedy[1])) if greedy and len(greedy[1]) else None)
     conf = f"{100 * (1 - alpha):.1f}%"
     if vetoes:
         return Verdict(candidate=candidate_id, decision="rejected", evidence=evidence,
@@ -137,12 +141,42 @@ def decide(control_outcomes: list[float], candidate_outcomes: list[float], slice
     if not lo > gate.min_effect:
         return Verdict(candidate=candidate_id, decision="rejected", evidence=evidence,
                        reason=(f"not significant: effect {effect:+.3f}, {conf} lower bound {lo:+.3f} <= min effect "
-                               f"{gate.min_effect:.3f} (n={c.size}, control {c.mean():.3f} -> candidate {k.mean():.3f})"))
+                               f"{gate.min_effect:.3f} (n={c.size}, control {c.mean():.3f} -> candidate {k.mean():.3f}; "
+                               f"detectable effect at this n: {mde:+.3f})"))
     if regressions:
         return Verdict(candidate=candidate_id, decision="rejected", evidence=evidence, reason="; ".join(regressions))
     return Verdict(candidate=candidate_id, decision="promoted", evidence=evidence,
                    reason=(f"promoted: effect {effect:+.3f}, {conf} lower bound {lo:+.3f} > min effect "
                            f"{gate.min_effect:.3f} (n={c.size}); no slice below -{gate.slice_tolerance:.3f}; no veto"))
+
+
+POWER = 0.8  # the power the minimum detectable effect is quoted at
+
+
+def min_detectable_effect(diffs: np.ndarray | list[float], gate: GateConfig, comparisons: int = 1) -> float:
+    """The smallest true mean effect that the gate promotes with 80% power, given the paired differences' spread:
+    min_effect + (z_{1-alpha} + z_{0.8}) * sd(d) / sqrt(n) (normal approximation of the bootstrap lower bound).
+    Its noise part, `mde - min_effect`, is what more instances (n) or more samples per instance (k) shrink."""
+    from statistics import NormalDist
+
+    d = np.asarray(diffs, dtype=np.float64)
+    if d.size < 2:
+        return float("inf")
+    z = NormalDist().inv_cdf(1.0 - gate.alpha / comparisons) + NormalDist().inv_cdf(POWER)
+    return float(gate.min_effect + z * d.std(ddof=1) / np.sqrt(d.size))
+
+
+def detectability_warning(mde: float, n: int, samples: int, gate: GateConfig) -> str | None:
+    """A one-time warning when the backtests' noise alone exceeds the configured min_effect (an effect of twice
+    min_effect is then promoted less than 80% of the time), naming the n that would fix it."""
+    noise = mde - gate.min_effect
+    if not np.isfinite(noise) or noise <= gate.min_effect or gate.min_effect <= 0:
+        return None
+    need = int(np.ceil(n * (noise / gate.min_effect) ** 2))
+    return (f"backtests cannot see effects of the configured size: at n={n} instances x {samples} samples the "
+            f"minimum detectable effect is {mde:+.3f}, but gate.min_effect is {gate.min_effect:.3f}. Fix: raise "
+            f"backtest.n to about {need} (or backtest.samples, or lengthen backtest.arm_steps so effects grow), or "
+            f"raise gate.min_effect to the effect size you care about.")
 
 
 def choose_winner(verdicts: list[Verdict]) -> tuple[Verdict | None, list[Verdict]]:
@@ -176,6 +210,23 @@ class ArmBudget(BaseModel):
     steps: int = Field(4, ge=1, description="GRPO optimiser steps per arm (overrides the harness recipe's `steps`)")
 
 
+class Judge(BaseModel):
+    """How backtest arms are scored. Fixed once at run start from the run config (the user's target), stored outside
+    the sandbox (`runs/<id>/judge.json`): nothing a run evolves (env.yaml, the recipe's temperature) can move it, so a
+    promotion that drops 5x5 boards from training cannot also drop them from every later backtest."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    env: dict[str, Any] = Field(..., description="instance distribution of the backtest seeds (the task's config)")
+    samples: int = Field(4, ge=1, description="completions sampled per backtest instance: the per-instance outcome is "
+                                              "a success probability, so small policy shifts are visible")
+    temperature: float = Field(0.5, gt=0.0, description="sampling temperature of those completions")
+    greedy: bool = Field(True, description="also decode greedily once per instance (reported, never decides)")
+    max_new_tokens: int = Field(96, ge=1)
+
+    def config(self, task: Any) -> BaseModel:
+        return task.config_model.model_validate(self.env)
+
+
 class ArmResult(BaseModel):
     """One trained arm and what it cost."""
 
@@ -195,6 +246,9 @@ class ArmEval(BaseModel):
     seeds: list[int]
     outcomes: list[float] = Field(..., description="per-instance mean of the main metric over samples")
     slices: list[dict[str, str]]
+    greedy: list[float] = Field(default_factory=list, description="per-instance greedy outcome (reported only)")
+    samples: int = 1
+    temperature: float = 0.0
     rollouts: list[Rollout] = Field(default_factory=list, repr=False)
     seconds: float = 0.0
     tokens: int = 0
@@ -203,7 +257,17 @@ class ArmEval(BaseModel):
     def _aligned(self) -> ArmEval:
         if not len(self.seeds) == len(self.outcomes) == len(self.slices):
             raise ValueError("seeds, outcomes and slices must have the same length")
+        if self.greedy and len(self.greedy) != len(self.seeds):
+            raise ValueError("greedy outcomes must align with seeds")
         return self
+
+    @property
+    def valid(self) -> float:
+        return float(np.mean(self.outcomes)) if self.outcomes else 0.0
+
+    @property
+    def greedy_valid(self) -> float | None:
+        return float(np.mean(self.greedy)) if self.greedy else None
 
 
 class BacktestResult(BaseModel):
@@ -237,21 +301,73 @@ def read_harness(files: dict[str, str], task: Any) -> tuple[BaseModel, Any, Base
     return env, Recipe.model_validate(rec), shaping
 
 
+# --- the one code path of an arm: train_arm + judge_arm (the live loop and the calibration benchmark both call them) ---
+
+
+def arm_prompts(recipe: Any, steps: int) -> int:
+    """Prompts that `steps` GRPO steps of `recipe` consume (batch / group size per step)."""
+    return max(1, -(-steps * recipe.batch_size // recipe.num_generations))
+
+
+def train_arm(model, tok, task: Any, files: dict[str, str], steps: int, train_seeds: list[int], seed: int,
+              style: str | None = None, instances: list | None = None, progress=None):
+    """GRPO `steps` steps on `model` (in place) under the harness `files`: its env draws the training instances of
+    `train_seeds` (train split only; the prefix the steps consume), its recipe and reward shaping train. `seed` is the
+    arm's training randomness (equal for both arms of a real decision). `instances` (already generated from that env
+    and those seeds) skips generation. Returns `policies.train.GRPOMetrics`."""
+    from harness.policy_glue import grpo_rows, reward_fn
+    from policies.train import train_grpo
+
+    env, recipe, shaping = read_harness(files, task)
+    recipe = recipe.model_copy(update={"steps": steps, "seed": seed})
+    seeds_used = list(train_seeds)[: arm_prompts(recipe, steps)]
+    if instances is not None:
+        instances = instances[: len(seeds_used)]
+    rows = grpo_rows(task, env, seeds_used, style, instances=instances)  # refuses seeds outside the train split
+    return train_grpo(model, tok, rows, reward_fn(task, shaping), recipe, progress=progress)
+
+
+def judge_arm(model, tok, task: Any, instances: list, judge: Judge, sampling_seed: int, style: str | None = None,
+              backend: str = "transformers", batch_size: int = 64) -> ArmEval:
+    """Score a trained arm on the backtest instances: `judge.samples` completions per instance at the judge's fixed
+    temperature (the outcome is the per-instance success rate: what decides) and, if `judge.greedy`, one greedy
+    completion (reported). Unshaped: the task's own scorer."""
+    from harness.policy_glue import evaluate
+    from policies.rollout import SamplingParams
+
+    seeds_ = [i.seed for i in instances]
+    check_split(seeds_, "backtest")
+    t0 = time.perf_counter()
+    rep = evaluate(model, tok, task, instances, style, params=SamplingParams(
+        temperature=judge.temperature, n=judge.samples, seed=sampling_seed, max_new_tokens=judge.max_new_tokens,
+        batch_size=batch_size, backend=backend))
+    valid = np.zeros(len(instances))
+    for r in rep.rollouts:
+        valid[r.group] += r.valid
+    tokens = rep.new_tokens
+    greedy: list[float] = []
+    if judge.greedy:
+        g = evaluate(model, tok, task, instances, style, params=SamplingParams(
+            temperature=0.0, max_new_tokens=judge.max_new_tokens, batch_size=batch_size, backend=backend))
+        gv = np.zeros(len(instances))
+        for r in g.rollouts:
+            gv[r.group] = r.valid
+        greedy = gv.tolist()
+        tokens += g.new_tokens
+    return ArmEval(seeds=seeds_, outcomes=(valid / judge.samples).tolist(), slices=[task.slices(i) for i in instances],
+                   greedy=greedy, samples=judge.samples, temperature=judge.temperature, rollouts=rep.rollouts,
+                   seconds=time.perf_counter() - t0, tokens=tokens)
+
+
 def run_arm(start_ckpt: Path, harness_files: dict[str, str], task: Any, budget: ArmBudget, train_seeds: list[int],
             out_dir: Path, name: str = "arm", arm_seed: int = 0) -> ArmResult:
-    """Train a short GRPO arm from `start_ckpt` under the harness `harness_files` ({path: text}), on instances of
-    `train_seeds` (train split only) drawn from that harness' env config. `arm_seed` is the arm's training randomness
-    (data order, sampling): equal for control and candidate in a real backtest, different in A/A calibration."""
-    from harness.policy_glue import grpo_rows, reward_fn
-    from policies.model import load_policy
-    from policies.train import Recipe, train_grpo
+    """Load `start_ckpt`, `train_arm` it and save it to `out_dir` (the standalone form of a live-loop arm)."""
+    from policies.model import load_policy, save_policy
 
     t0 = time.perf_counter()
-    env, recipe, shaping = read_harness(harness_files, task)
-    recipe = Recipe.model_validate({**recipe.model_dump(), "steps": budget.steps, "seed": arm_seed})
-    rows = grpo_rows(task, env, list(train_seeds))  # refuses seeds outside the train split
     model, tok = load_policy(start_ckpt)
-    m = train_grpo(model, tok, rows, reward_fn(task, shaping), recipe, out_dir=out_dir)
+    m = train_arm(model, tok, task, harness_files, budget.steps, train_seeds, arm_seed)
+    save_policy(model, tok, out_dir)
     metrics = {"dead_group_share": m.dead_group_share, "train_seconds": m.wall_s}
     if m.steps:
         metrics.update(reward_mean=m.steps[-1].reward_mean, completion_length=m.steps[-1].completion_length)
@@ -259,28 +375,14 @@ def run_arm(start_ckpt: Path, harness_files: dict[str, str], task: Any, budget: 
                      steps=len(m.steps), metrics=metrics)
 
 
-def evaluate_arm(checkpoint: Path, task: Any, eval_seeds: list[int], eval_config: BaseModel | None = None,
-                 samples: int = 1, temperature: float = 0.0, max_new_tokens: int = 96, sampling_seed: int = 0,
-                 batch_size: int = 64) -> ArmEval:
-    """Score a checkpoint on FRESH backtest instances. The instance distribution (`eval_config`, default the task's
-    default config) is fixed by the caller, never by the harness under test; scoring is the task's own, unshaped."""
-    from harness.policy_glue import evaluate
+def evaluate_arm(checkpoint: Path, task: Any, eval_seeds: list[int], judge: Judge, sampling_seed: int = 0) -> ArmEval:
+    """Load `checkpoint` and `judge_arm` it on FRESH backtest instances of the judge's (fixed) distribution."""
     from policies.model import load_policy
-    from policies.rollout import SamplingParams
 
     check_split(list(eval_seeds), "backtest")
-    t0 = time.perf_counter()
-    cfg = eval_config if eval_config is not None else task.default_config()
+    cfg = judge.config(task)
     model, tok = load_policy(checkpoint)
-    instances = [task.generate(cfg, s) for s in eval_seeds]
-    rep = evaluate(model, tok, task, instances, params=SamplingParams(
-        temperature=temperature, n=samples, seed=sampling_seed, max_new_tokens=max_new_tokens, batch_size=batch_size))
-    valid = np.zeros(len(instances))
-    for r in rep.rollouts:
-        valid[r.group] += r.valid
-    return ArmEval(seeds=list(eval_seeds), outcomes=(valid / samples).tolist(),
-                   slices=[task.slices(i) for i in instances], rollouts=rep.rollouts,
-                   seconds=time.perf_counter() - t0, tokens=rep.new_tokens)
+    return judge_arm(model, tok, task, [task.generate(cfg, s) for s in eval_seeds], judge, sampling_seed)
 
 
 def arm_vetoes(control_files: dict[str, str], candidate_files: dict[str, str], control: ArmEval,
@@ -300,22 +402,22 @@ def arm_vetoes(control_files: dict[str, str], candidate_files: dict[str, str], c
 
 def backtest(start_ckpt: Path, control_files: dict[str, str], candidate_files: dict[str, str], task: Any,
              budget: ArmBudget, train_seeds: list[int], eval_seeds: list[int], gate: GateConfig, out_dir: Path,
-             candidate_id: str, eval_config: BaseModel | None = None, eval_samples: int = 1,
-             eval_temperature: float = 0.0, arm_seeds: tuple[int, int] = (0, 0), comparisons: int = 1,
-             max_new_tokens: int = 96, rng: np.random.Generator | None = None) -> BacktestResult:
+             candidate_id: str, judge: Judge, arm_seeds: tuple[int, int] = (0, 0), comparisons: int = 1,
+             rng: np.random.Generator | None = None) -> BacktestResult:
     """One online decision: control and candidate arms from the same start checkpoint, same budget, same training
-    seeds; both evaluated on the same fresh `eval_seeds` (backtest split; the caller draws new ones per decision) with
-    the same sampling seed; vetoes from both trees' diagnostics; the gate's verdict."""
+    seeds; both judged (`judge_arm`) on the same fresh `eval_seeds` (backtest split; the caller draws new ones per
+    decision) with the same sampling seed; vetoes from both trees' diagnostics; the gate's verdict."""
     check_split(list(train_seeds), "train")  # before any compute is spent
     check_split(list(eval_seeds), "backtest")
     out_dir = Path(out_dir)
     arms = {}
     for name, files, seed in (("control", control_files, arm_seeds[0]), ("candidate", candidate_files, arm_seeds[1])):
         arms[name] = run_arm(start_ckpt, files, task, budget, train_seeds, out_dir / name, name=name, arm_seed=seed)
-    evals = {name: evaluate_arm(Path(a.checkpoint), task, eval_seeds, eval_config, eval_samples, eval_temperature,
-                                max_new_tokens, sampling_seed=int(eval_seeds[0])) for name, a in arms.items()}
+    evals = {name: evaluate_arm(Path(a.checkpoint), task, eval_seeds, judge, sampling_seed=int(eval_seeds[0]))
+             for name, a in arms.items()}
     vetoes = arm_vetoes(control_files, candidate_files, evals["control"], evals["candidate"])
     verdict = decide(evals["control"].outcomes, evals["candidate"].outcomes, evals["control"].slices, gate, vetoes,
-                     candidate_id=candidate_id, rng=rng, comparisons=comparisons, seeds=list(eval_seeds))
+                     candidate_id=candidate_id, rng=rng, comparisons=comparisons, seeds=list(eval_seeds),
+                     greedy=(evals["control"].greedy, evals["candidate"].greedy), samples=judge.samples)
     return BacktestResult(verdict=verdict, control=arms["control"], candidate=arms["candidate"],
                           control_eval=evals["control"], candidate_eval=evals["candidate"])

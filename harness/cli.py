@@ -28,6 +28,9 @@ skills_app = typer.Typer(help="The skill library shared by runs: list, show, exp
 app.add_typer(env_app, name="env")
 app.add_typer(bench_app, name="bench")
 app.add_typer(skills_app, name="skills")
+cache_app = typer.Typer(help="The warm-start cache ($EVOTRAINER_HOME/warmstart): where it is, what it holds, clear it.",
+                        no_args_is_help=True)
+app.add_typer(cache_app, name="cache")
 
 console = Console()
 err = Console(stderr=True, soft_wrap=True)
@@ -221,19 +224,24 @@ def bench_policy(
 
 @bench_app.command("calibration")
 def bench_calibration(
-    decisions: Annotated[int, typer.Option(min=1, help="A/A decisions (each: two short GRPO arms + evaluation)")] = 40,
-    steps: Annotated[int, typer.Option(min=1, help="GRPO steps per arm")] = 2,
-    eval_n: Annotated[int, typer.Option(min=4, help="fresh backtest instances per decision")] = 64,
-    out: Annotated[Path, typer.Option(help="work dir (start checkpoint cached here)")] = Path("runs/bench-calibration"),
-    sft_examples: Annotated[int, typer.Option(min=1, help="expert demos for the start checkpoint's SFT")] = 1000,
-    sft_steps: Annotated[int, typer.Option(min=1, help="SFT steps for the start checkpoint")] = 200,
+    mode: Annotated[str, typer.Option(help="aa: candidate = control (false promotions); power: a planted change "
+                                           "with a real benefit (misses)")] = "aa",
+    decisions: Annotated[int, typer.Option(min=1, help="decisions (each: two GRPO arms + their judging)")] = 40,
+    config: Annotated[Path, typer.Option(help="run config whose recipe, arms, judge and gate are measured")] = Path(
+        "examples/mapf_quick.yaml"),
+    arm_steps: Annotated[int | None, typer.Option(min=1, help="override backtest.arm_steps")] = None,
+    n: Annotated[int | None, typer.Option(min=8, help="override backtest.n")] = None,
+    out: Annotated[Path, typer.Option(help="work dir")] = Path("runs/bench-calibration"),
     threads: Annotated[int, typer.Option(min=1, help="torch CPU threads")] = 2,
 ) -> None:
-    """A/A calibration of the backtest + gate: candidate = control harness; prints false_promotion_rate."""
+    """Backtest + gate on the live loop's code path: A/A false promotion rate or power, and seconds per decision."""
     from harness.benchmarks.calibration import run
 
-    run(decisions=decisions, steps=steps, eval_n=eval_n, out=out, sft_examples=sft_examples, sft_steps=sft_steps,
-        threads=threads)
+    if mode not in ("aa", "power"):
+        fail(f"--mode {mode!r}: choose aa or power")
+    if not config.is_file():
+        fail(f"--config {config}: no such file; pass a run config such as examples/mapf_quick.yaml")
+    run(config=config, decisions=decisions, mode=mode, out=out, threads=threads, arm_steps=arm_steps, n=n)
 
 
 @bench_app.command("sandbox")
@@ -264,10 +272,58 @@ def bench_run(
         raise typer.Exit(1)
 
 
+@bench_app.command("ladder")
+def bench_ladder(
+    rungs: Annotated[str, typer.Option(help="comma-separated rungs: 1 plumbing, 2 copy toy, 3 MAPF")] = "1,2,3",
+    budget: Annotated[float, typer.Option(min=10, help="rung 3: GRPO training seconds")] = 600.0,
+    out: Annotated[Path, typer.Option(help="work dir (rung-3 warm start cached here, ladder.json)")] = Path(
+        "runs/bench-ladder"),
+    threads: Annotated[int, typer.Option(min=1, help="torch CPU threads")] = 2,
+) -> None:
+    """The learning ladder: sampler/trainer log-prob agreement, a toy GRPO must learn, MAPF held-out gain."""
+    from harness.benchmarks.ladder import run as ladder
+
+    try:
+        want = tuple(sorted({int(r) for r in rungs.split(",") if r.strip()}))
+    except ValueError:
+        fail(f"--rungs {rungs!r}: write rung numbers separated by commas, e.g. 1,2")
+    if not want or not set(want) <= {1, 2, 3}:
+        fail(f"--rungs {rungs!r}: rungs are 1, 2 and 3")
+    res = ladder(out=out, rungs=want, budget_s=budget, threads=threads)
+    if not all(r.get("passed") for r in res.values()):
+        raise typer.Exit(1)
+
+
+@cache_app.command("show")
+def cache_show() -> None:
+    """Where the warm-start cache is and what it holds."""
+    import json as _json
+
+    from harness import warmstart
+
+    root = warmstart.cache_root()
+    entries = sorted(p for p in root.iterdir() if p.is_dir() and (p / "DONE").exists()) if root.is_dir() else []
+    console.print(f"cache: {root}  ({len(entries)} warm start(s); clear with `evotrainer cache clear`)",
+                  highlight=False)
+    for p in entries:
+        meta = _json.loads((p / "warmstart.json").read_text()) if (p / "warmstart.json").exists() else {}
+        size = sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+        console.print(f"  {p.name}  {size / 1e6:.1f} MB  {meta}", highlight=False)
+
+
+@cache_app.command("clear")
+def cache_clear() -> None:
+    """Delete every cached warm start (the next run retrains its own)."""
+    from harness import warmstart
+
+    root, n = warmstart.clear()
+    console.print(f"removed {n} cached warm start(s) from {root}", highlight=False)
+
+
 @bench_app.command("all")
 def bench_all(ctx: typer.Context) -> None:
     """Every benchmark with its defaults, in turn (long: the policy and calibration benches train models)."""
-    for name in ("mapf", "sandbox", "run", "policy", "calibration"):
+    for name in ("mapf", "sandbox", "run", "policy", "ladder", "calibration"):
         cmd = next((c for c in bench_app.registered_commands if c.name == name), None)
         if cmd is None:
             console.print(f"bench {name}: not available", highlight=False)

@@ -96,7 +96,14 @@ class StageConfig(_Strict):
 class BacktestConfig(_Strict):
     arm_steps: int = Field(8, ge=1, description="GRPO steps per arm (candidate and control get the same budget)")
     n: int = Field(96, ge=8, description="fresh backtest-split instances per decision (both arms, paired)")
-    samples: int = Field(1, ge=1, description="greedy-or-sampled completions per backtest instance")
+    samples: int = Field(4, ge=1, description="completions sampled per backtest instance at `temperature`: the "
+                                              "per-instance outcome is a success rate (greedy is also reported)")
+    temperature: float | None = Field(None, gt=0, description="sampling temperature of the backtest judge; default: "
+                                      "the round-0 recipe's temperature. Fixed at run start (later recipe changes "
+                                      "do not move it)")
+    env: dict[str, Any] | None = Field(None, description="instance distribution the backtests evaluate on (the "
+                                       "target); default: the round-0 env. Fixed at run start, outside the sandbox: "
+                                       "promotions that change env.yaml do not change it")
 
 
 class EvalConfig(_Strict):
@@ -131,6 +138,11 @@ class RunConfig(_Strict):
         task = get_task(self.task)
         if self.env is not None:
             task.config_model.model_validate(self.env)
+        if self.backtest.env is not None:
+            try:
+                task.config_model.model_validate(self.backtest.env)
+            except ValueError as exc:
+                raise ValueError(f"backtest.env: not a valid {self.task} generator config: {exc}") from None
         task.shaping_model.model_validate(self.reward)
         Recipe.model_validate(self.recipe)
         if self.eval.suite:

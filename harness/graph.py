@@ -37,6 +37,7 @@ from harness.records import Candidate, HistoryItem, Rollout, Verdict, read_rollo
 from harness.store import RunStore, acquire_lock
 from harness.tasks import get_task
 
+JUDGE_FILE = "judge.json"  # the backtest judge, fixed at run start (outside the harness repo)
 NODES = ("setup", "train", "probe", "diagnose", "propose", "vet", "backtest", "decide", "remember")
 
 
@@ -82,6 +83,7 @@ class Run:
     _pool: Any = None  # the prefetch worker process (harness.tasks.worker.InstanceWorker), started on first use
     _pending: dict[tuple[str, tuple[int, ...]], Any] = field(default_factory=dict)  # (config JSON, seeds) -> Future
     _models: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # checkpoint path -> in-memory copy
+    _judge: Any = None
 
     @property
     def id(self) -> str:
@@ -94,6 +96,15 @@ class Run:
     @property
     def style(self) -> str:
         return self.config.style
+
+    @property
+    def judge(self):
+        """The backtest judge (instance distribution, samples, temperature), fixed at run start in judge.json."""
+        from harness.backtest import Judge
+
+        if self._judge is None:
+            self._judge = Judge.model_validate_json((self.run_dir / JUDGE_FILE).read_text())
+        return self._judge
 
     def workspace(self):
         """The harness repo, opened (and repaired) once per process."""
@@ -180,8 +191,9 @@ class Run:
         return p
 
     def event(self, stage: int | None, node: str, kind: str, message: str, key: str | None = None, **data: Any):
-        self.store.add_event(self.id, kind, message, stage=stage, node=node, data=data or None, key=key)
-        self.progress(kind, {"stage": stage, "node": node, "message": message, **data})
+        new = self.store.add_event(self.id, kind, message, stage=stage, node=node, data=data or None, key=key)
+        if new or kind != "warning":  # a keyed warning is shown once per run, not at every re-entry
+            self.progress(kind, {"stage": stage, "node": node, "message": message, **data})
 
 
 # --- harness files: env config, recipe, reward shaping -------------------------------------------------------------------
@@ -195,6 +207,17 @@ def harness_models(files: dict[str, str], task) -> tuple[Any, Any, Any]:
     rec = dict(yaml.safe_load(files["recipe.yaml"]) or {})
     reward = rec.pop("reward", None) or {}
     return env, Recipe.model_validate(rec), task.shaping_model.model_validate(reward)
+
+
+def make_judge(config: RunConfig, files: dict[str, str]):
+    """The backtest judge of a run from its config and its round-0 harness `files`: backtest.env (default the round-0
+    env), backtest.samples, backtest.temperature (default the round-0 recipe's)."""
+    from harness.backtest import Judge
+
+    env, recipe, _ = harness_models(files, get_task(config.task))
+    return Judge(env=config.backtest.env or env.model_dump(mode="json"), samples=config.backtest.samples,
+                 temperature=config.backtest.temperature or recipe.temperature,
+                 max_new_tokens=recipe.max_completion_length)
 
 
 def initial_files(config: RunConfig) -> dict[str, str]:
@@ -267,7 +290,6 @@ def node_setup(run: Run, state: State) -> State:
         return {"policy": r["policy"], "stage": 1, "consecutive_rejections": 0, "stages_without_promotion": 0}
     t0 = time.time()
     from policies.model import build_model
-    from policies.train import train_sft
 
     cfg, task = run.config, run.task
     run.event(0, "setup", "node_start", "building the policy and warm-starting it on expert demonstrations")
@@ -275,18 +297,31 @@ def node_setup(run: Run, state: State) -> State:
     out = run.path("checkpoints", "warmstart")
     if cfg.policy.checkpoint:
         model, tok = _load(run, cfg.policy.checkpoint)
-    else:
+    elif cfg.warm_start.sft_examples == 0:
         model, tok = build_model(cfg.policy.preset, task.alphabet(), words=task.words(), seed=cfg.seed)
     n = cfg.warm_start.sft_examples
+    hit = key = None
     if n > 0:
-        from harness.policy_glue import sft_pairs
+        from harness import warmstart
 
         if cfg.warm_start.sft_steps is not None:
             recipe = recipe.model_copy(update={"sft_steps": cfg.warm_start.sft_steps})
-        pairs = sft_pairs(task, env, run.store.draw_seeds(run.id, "train", n, key="warmstart"), run.style)
-        m = train_sft(model, tok, pairs, recipe, progress=_progress_cb(run, 0, "setup"))
-        run.store.charge(run.id, 0, "policy", "sft", seconds=m.wall_s, steps=m.steps)
+        seeds = run.store.draw_seeds(run.id, "train", n, key="warmstart")
+        # a preset trained by us is cached (keyed by settings + code version); a user's checkpoint is not ours to key
+        model, tok, hit, key, m = warmstart.warm_start(
+            task, cfg.policy.preset or "", run.style, env, seeds, recipe, seed=cfg.seed,
+            progress=_progress_cb(run, 0, "setup"), model_tok=(model, tok) if cfg.policy.checkpoint else None)
+        if hit is not None:
+            run.event(0, "setup", "cache", f"warm start loaded from the cache: {hit} (same settings and code version; "
+                      "`evotrainer cache clear` or EVOTRAINER_WARMSTART_CACHE=0 retrains)", path=str(hit))
+        if m is not None:
+            run.store.charge(run.id, 0, "policy", "sft", seconds=m.wall_s, steps=m.steps)
     _save(run, model, tok, out)
+    if key and hit is None:
+        entry = warmstart.store(key, out, {"run": run.id, "sft_examples": n, "sft_steps": recipe.sft_steps})
+        if entry:
+            run.event(0, "setup", "cache", f"warm start cached at {entry} (a later run with the same settings loads "
+                      "it; clear with `evotrainer cache clear`)", path=str(entry))
     # per-run fixed costs paid once here, not by stage 1: the report suite and the round-0 env statistics
     if cfg.eval.suite:
         run.suite()
@@ -306,8 +341,10 @@ def _progress_cb(run: Run, stage: int, node: str):
 
 def _pool_seeds(run: Run, seed_key: str, recipe, steps: int) -> list[int]:
     """The prefix of the keyed train pool that `steps` GRPO steps of `recipe` consume (prompts = batch / group)."""
+    from harness.backtest import arm_prompts
+
     seeds = run.store.draw_seeds(run.id, "train", run.config.stage.train_instances, key=seed_key)
-    return seeds[: max(1, -(-steps * recipe.batch_size // recipe.num_generations))]
+    return seeds[: arm_prompts(recipe, steps)]
 
 
 def _prefetch_stage(run: Run, k: int) -> None:
@@ -315,27 +352,26 @@ def _prefetch_stage(run: Run, k: int) -> None:
     cfg = run.config
     env, recipe, _ = harness_models(run.workspace().files("main"), run.task)
     run.prefetch(env, run.store.draw_seeds(run.id, "probe", cfg.stage.probe_n, key=f"s{k}/probe"))
-    run.prefetch(env, run.store.draw_seeds(run.id, "backtest", cfg.backtest.n, key=f"s{k}/backtest"))
+    run.prefetch(run.judge.config(run.task), run.store.draw_seeds(run.id, "backtest", cfg.backtest.n,
+                                                                  key=f"s{k}/backtest"))
     run.prefetch(env, _pool_seeds(run, f"s{k}/arms", recipe, cfg.backtest.arm_steps))
 
 
 def _grpo(run: Run, stage: int, arm: str, start: str, files: dict[str, str], steps: int, seed_key: str,
           out: Path, seed: int) -> dict[str, Any]:
-    """One GRPO run from `start` under the harness `files`; saves to `out`; charges the ledger."""
-    from harness.policy_glue import grpo_rows, reward_fn
-    from policies.train import train_grpo
+    """One GRPO run from `start` under the harness `files` (`harness.backtest.train_arm`, the same function the
+    calibration benchmark's arms run); saves to `out`; charges the ledger."""
+    from harness.backtest import train_arm
 
-    task = run.task
-    env, recipe, shaping = harness_models(files, task)
-    recipe = recipe.model_copy(update={"steps": steps, "seed": seed})
+    env, recipe, _ = harness_models(files, run.task)
     # a fixed prompt pool per key: both arms of a decision train on the same instances, whatever their recipe; only
     # the prefix GRPO consumes (steps x prompts per step) is generated, so a recipe that needs more prompts trains on a
     # superset of the other arm's; past the pool size, TRL cycles over the pool
     seeds = _pool_seeds(run, seed_key, recipe, steps)
-    rows = grpo_rows(task, env, seeds, run.style, instances=run.instances(env, seeds))
     model, tok = _load(run, start)
     t0 = time.perf_counter()  # training compute = the whole TRL call (trainer setup + steps), not just train()
-    m = train_grpo(model, tok, rows, reward_fn(task, shaping), recipe, progress=_progress_cb(run, stage, arm))
+    m = train_arm(model, tok, run.task, files, steps, seeds, seed, style=run.style,
+                  instances=run.instances(env, seeds), progress=_progress_cb(run, stage, arm))
     secs = time.perf_counter() - t0
     _save(run, model, tok, out)
     run.store.charge(run.id, stage, arm, "grpo", seconds=secs, tokens=m.tokens_generated, steps=len(m.steps))
@@ -381,11 +417,16 @@ def _max_new(run: Run) -> int:
 
 
 def node_probe(run: Run, state: State) -> State:
-    """Roll the trained policy out on fresh probe seeds (several samples each) and cache the rollouts."""
+    """Roll the trained policy out on fresh probe seeds (several samples each) and cache the rollouts. The stage's
+    START policy is rolled out on the same seeds too: if training lowered the probe valid rate by more than noise
+    (paired bootstrap, the gate's confidence), that is a finding (`grpo.policy_regressed`) and the trained checkpoint
+    is not carried forward: the arms (and the next stage) start from the stage's start policy instead."""
     k = state["stage"]
-    if _done(run, k, "probe") is not None:
-        return {}
+    if (r := _done(run, k, "probe")) is not None:
+        return {"train_ckpt": r.get("carried", state["train_ckpt"])}
     t0 = time.time()
+    from harness.backtest import paired_bootstrap
+
     cfg = run.config
     env, recipe, shaping = harness_models(run.workspace().files("main"), run.task)
     seeds = run.store.draw_seeds(run.id, "probe", cfg.stage.probe_n, key=f"s{k}/probe")
@@ -396,8 +437,29 @@ def node_probe(run: Run, state: State) -> State:
     valid = float(np.mean([r.valid for r in rollouts]))
     run.store.record_eval(run.id, k, "policy", "probe", n=len(rollouts), valid=valid,
                           optimal=float(np.mean([r.optimal for r in rollouts])))
-    _finish(run, k, "probe", {"rollouts": str(path), "valid": valid}, t0, f"probe valid {valid:.3f}")
-    return {"log": [f"stage {k} probe: valid {valid:.3f} on {len(rollouts)} rollouts"]}
+    before, secs, toks = _rollouts(run, state["policy"], seeds, env, cfg.stage.probe_samples, recipe.temperature,
+                                   shaping)
+    run.store.charge(run.id, k, "policy", "rollout", seconds=secs, tokens=toks, label="probe-start")
+    _, b_out, _ = _per_instance(before)
+    _, a_out, _ = _per_instance(rollouts)
+    eff, lo, hi = paired_bootstrap(b_out, a_out, cfg.gate.n_boot, cfg.gate.alpha, np.random.default_rng([cfg.seed, k]))
+    carried, regressed = state["train_ckpt"], hi < 0
+    result = {"rollouts": str(path), "valid": valid, "start_valid": float(np.mean(b_out)), "change": eff,
+              "change_ci": [lo, hi], "regressed": regressed}
+    msg = f"probe valid {valid:.3f} (start of stage {np.mean(b_out):.3f}, change {eff:+.3f} [{lo:+.3f}, {hi:+.3f}])"
+    if regressed:
+        carried = state["policy"]
+        run.event(k, "probe", "regression",
+                  f"stage {k} training LOWERED probe valid by more than noise: {np.mean(b_out):.3f} -> {valid:.3f} "
+                  f"(effect {eff:+.3f}, {100 * cfg.gate.confidence:.0f}% upper bound {hi:+.3f} < 0, n={len(seeds)} x "
+                  f"{cfg.stage.probe_samples}); its checkpoint is NOT carried forward: the arms and the next stage "
+                  f"start from {Path(state['policy']).name}. A recipe that collapses the policy (e.g. a learning rate "
+                  "too high) shows up here; the finding grpo.policy_regressed goes to the engineer",
+                  key=f"{k}/regression")
+    result["carried"] = carried
+    _finish(run, k, "probe", result, t0, msg)
+    return {"train_ckpt": carried, "log": [f"stage {k} probe: {msg}" + (" REGRESSED: not carried" if regressed
+                                                                         else "")]}
 
 
 def _history(run: Run) -> list[HistoryItem]:
@@ -446,6 +508,15 @@ def node_diagnose(run: Run, state: State) -> State:
                            train_metrics=train.get("steps"), valid_history=valid_hist, shaping=shaping,
                            state=ws.head(), env_stats=run.env_stats(env),
                            diagnostics_files={p: s for p, s in files.items() if p.startswith("diagnostics/")})
+    probe = run.store.node_result(run.id, k, "probe") or {}
+    if probe.get("regressed"):
+        from harness.records import Finding
+
+        diag.findings.insert(0, Finding(
+            code="grpo.policy_regressed", severity="critical", count=run.config.stage.probe_n,
+            rate=round(-probe["change"], 4), knobs=["recipe.learning_rate"],
+            message=(f"this stage's GRPO lowered probe valid {probe['start_valid']:.3f} -> {probe['valid']:.3f} "
+                     f"(upper bound {probe['change_ci'][1]:+.3f}); the trained checkpoint was discarded")))
     run.store.record_findings(run.id, k, diag.findings)
     path = run.path("stages", f"s{k}", "diagnosis.json")
     path.write_text(diag.model_dump_json(indent=1))
@@ -554,7 +625,9 @@ def _reject(run: Run, cid: str, verdict: Verdict) -> None:
 
 
 def _arm(run: Run, k: int, name: str, files: dict[str, str], start: str, steps: int) -> dict[str, Any]:
-    """Train one arm (idempotent: a finished arm is not retrained) and evaluate it on this stage's backtest seeds."""
+    """Train one arm (idempotent: a finished arm is not retrained) and judge it on this stage's backtest seeds."""
+    from harness.backtest import judge_arm
+
     node = f"arm:{name}"
     if (r := run.store.node_result(run.id, k, node)) is not None:
         return r
@@ -562,17 +635,18 @@ def _arm(run: Run, k: int, name: str, files: dict[str, str], start: str, steps: 
     # both arms train on the same train seeds; arm randomness is shared too (paired design)
     r = _grpo(run, k, name, start, files, steps, f"s{k}/arms", run.path("checkpoints", f"s{k}-{name}"),
               seed=cfg.seed + 1000 + k)
-    env_main = harness_models(run.workspace().files("main"), run.task)[0]
     seeds = run.store.draw_seeds(run.id, "backtest", cfg.backtest.n, key=f"s{k}/backtest")
-    # backtest instances come from the INCUMBENT env config for both arms: the same fresh held-out instances
-    rollouts, secs, toks = _rollouts(run, r["checkpoint"], seeds, env_main, cfg.backtest.samples, 0.0
-                                     if cfg.backtest.samples == 1 else 1.0)
-    path = write_rollouts(run.path("rollouts", f"s{k}-{name}-backtest.jsonl.gz"), rollouts)
-    run.store.charge(run.id, k, name, "eval", seconds=secs, tokens=toks, label="backtest")
-    valid = float(np.mean([x.valid for x in rollouts]))
-    run.store.record_eval(run.id, k, name, "backtest", n=len(rollouts), valid=valid,
-                          optimal=float(np.mean([x.optimal for x in rollouts])))
-    r = {**r, "rollouts": str(path), "valid": valid, "steps": len(r["steps"])}
+    # both arms are judged on the same fresh held-out instances of the run's FIXED judge distribution (judge.json),
+    # never of the incumbent's env.yaml, which promotions rewrite
+    judge = run.judge
+    model, tok = _load(run, r["checkpoint"])
+    ev = judge_arm(model, tok, run.task, run.instances(judge.config(run.task), seeds), judge,
+                   sampling_seed=cfg.seed + k, style=run.style, backend=cfg.policy.backend)
+    path = write_rollouts(run.path("rollouts", f"s{k}-{name}-backtest.jsonl.gz"), ev.rollouts)
+    run.store.charge(run.id, k, name, "eval", seconds=ev.seconds, tokens=ev.tokens, label="backtest")
+    run.store.record_eval(run.id, k, name, "backtest", n=len(ev.rollouts), valid=ev.valid,
+                          optimal=float(np.mean([x.optimal for x in ev.rollouts])))
+    r = {**r, "rollouts": str(path), "valid": ev.valid, "greedy": ev.greedy, "steps": len(r["steps"])}
     run.store.mark_node_done(run.id, k, node, r)
     return r
 
@@ -591,7 +665,7 @@ def node_backtest(run: Run, state: State) -> State:
     if _done(run, k, "backtest") is not None:
         return {}
     t0 = time.time()
-    from harness.backtest import decide
+    from harness.backtest import decide, detectability_warning
     from harness.diagnostics import arm_metrics, run_vetoes
 
     cfg, ws = run.config, run.workspace()
@@ -629,8 +703,12 @@ def node_backtest(run: Run, state: State) -> State:
                 if v not in vetoes:
                     vetoes.append(v)
         v = decide(c_out, x_out, c_slices, cfg.gate, vetoes, candidate_id=cid, comparisons=len(vetted),
-                   rng=np.random.default_rng([cfg.seed, k, len(verdicts)]), seeds=c_seeds)
+                   rng=np.random.default_rng([cfg.seed, k, len(verdicts)]), seeds=c_seeds,
+                   greedy=(control.get("greedy") or [], arm.get("greedy") or []), samples=run.judge.samples)
         verdicts.append(v)
+        warn = detectability_warning(v.evidence.mde, v.evidence.n, run.judge.samples, cfg.gate) if v.evidence else None
+        if warn:  # said once per run (keyed event), with the fix
+            run.event(k, "backtest", "warning", warn, key="detectability")
         run.store.set_candidate_status(cid, "backtested")
         run.event(k, "backtest", "verdict", f"{cid}: {v.decision}: {v.reason}", key=f"{k}/verdict/{cid}")
     _finish(run, k, "backtest", {"verdicts": [json.loads(v.model_dump_json()) for v in verdicts],
@@ -891,6 +969,11 @@ def _prepare(run_dir: Path, config: RunConfig, progress) -> Run:
             shutil.rmtree(harness)
     if not harness.exists():
         Workspace.create(harness, files_override=initial_files(config) or None)
+    if not (run_dir / JUDGE_FILE).exists():  # fixed once, from the round-0 harness, before any stage can change it
+        judge = make_judge(config, Workspace(harness).files("main"))
+        tmp = run_dir / (JUDGE_FILE + ".tmp")
+        tmp.write_text(judge.model_dump_json(indent=1))
+        tmp.replace(run_dir / JUDGE_FILE)
     run.store.create_run(run.id, config.model_dump(mode="json"), budget=config.budget.model_dump(mode="json"))
     return run
 

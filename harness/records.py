@@ -162,6 +162,11 @@ class Evidence(BaseModel):
     by_slice: dict[str, dict[str, float]] = Field(default_factory=dict, description="slice -> effect, ci_low, ci_high, n")
     vetoes: list[str] = Field(default_factory=list)
     seeds: tuple[int, int] | None = Field(None, description="first and last backtest seed used (aggregate only)")
+    samples: int = Field(1, description="completions per instance behind each outcome (k)")
+    mde: float | None = Field(None, description="minimum detectable effect: the smallest true effect this decision "
+                                                "promotes with 80% power at its n, variance and confidence")
+    greedy_control: float | None = Field(None, description="greedy valid rate of the control arm (reported only)")
+    greedy_candidate: float | None = Field(None, description="greedy valid rate of the candidate arm (reported only)")
 
 
 class Verdict(BaseModel):

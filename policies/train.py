@@ -71,6 +71,9 @@ class Recipe(BaseModel):
     num_iterations: int = Field(1, ge=1, description="optimiser passes per generated batch (mu)")
     mask_truncated_completions: bool = Field(False, description="drop completions that hit the length cap from the loss")
     warmup_ratio: float = Field(0.05, ge=0, lt=1, description="linear warm-up share of each stage")
+    lr_schedule: Literal["cosine", "constant", "linear"] = Field(
+        "cosine", description="GRPO learning-rate schedule after warm-up (SFT is always cosine): cosine/linear decay "
+                              "to 0 at the end of each stage; constant keeps the peak (short stages and arms)")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
     seed: int = Field(0, description="seed for data order, sampling and initialisation")
@@ -157,11 +160,12 @@ def _device_args() -> dict[str, Any]:
     return {"use_cpu": not cuda, "bf16": bool(cuda and torch.cuda.is_bf16_supported()), "fp16": False}
 
 
-def _common_args(out_dir: str, recipe: Recipe) -> dict[str, Any]:
+def _common_args(out_dir: str, recipe: Recipe, schedule: str = "cosine") -> dict[str, Any]:
     return dict(
         output_dir=out_dir, report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=True,
         gradient_checkpointing=False, seed=recipe.seed, data_seed=recipe.seed, warmup_steps=recipe.warmup_ratio,
-        weight_decay=recipe.weight_decay, max_grad_norm=recipe.max_grad_norm, lr_scheduler_type="cosine",
+        weight_decay=recipe.weight_decay, max_grad_norm=recipe.max_grad_norm,
+        lr_scheduler_type="constant_with_warmup" if schedule == "constant" else schedule,
         dataloader_num_workers=0, **_device_args(),
     )
 
@@ -331,7 +335,8 @@ def _grpo_trainer(model, tok, rows: list[dict[str, Any]], reward, recipe: Recipe
              "prompt": [{"role": "user", "content": r["prompt"]}] if chat else format_prompt(tok, r["prompt"])}
             for r in rows]
     args = GRPOConfig(
-        **_common_args(_scratch_dir(out_dir), recipe), learning_rate=recipe.learning_rate, beta=recipe.beta,
+        **_common_args(_scratch_dir(out_dir), recipe, recipe.lr_schedule), learning_rate=recipe.learning_rate,
+        beta=recipe.beta,
         num_generations=recipe.num_generations, temperature=recipe.temperature, top_p=recipe.top_p,
         max_completion_length=recipe.max_completion_length, max_steps=recipe.steps,
         per_device_train_batch_size=recipe.batch_size, loss_type=recipe.loss_type, scale_rewards=recipe.scale_rewards,
@@ -350,8 +355,10 @@ def _grpo_trainer(model, tok, rows: list[dict[str, Any]], reward, recipe: Recipe
 
 
 def train_grpo(model, tok, rows: list[dict[str, Any]], reward_fn: RewardFn, recipe: Recipe,
-               out_dir: str | Path | None = None, progress: Progress | None = None) -> GRPOMetrics:
-    """GRPO on `rows` (each a dict with a raw-text "prompt" plus any extra columns for the reward function)."""
+               out_dir: str | Path | None = None, progress: Progress | None = None,
+               callbacks: list | None = None) -> GRPOMetrics:
+    """GRPO on `rows` (each a dict with a raw-text "prompt" plus any extra columns for the reward function).
+    `callbacks`: extra transformers TrainerCallbacks (e.g. one that stops at a time budget)."""
     _check_rows(rows)
     quiet()
     counter = [0]
@@ -371,7 +378,7 @@ def train_grpo(model, tok, rows: list[dict[str, Any]], reward_fn: RewardFn, reci
             progress(stage, step, total, logs)
 
     trainer = _grpo_trainer(model, tok, rows, _wrap_reward(reward_fn, recipe.reward_scale, counter), recipe, out_dir,
-                            [_callback("grpo", recipe.steps, _record, sink)])
+                            [_callback("grpo", recipe.steps, _record, sink), *(callbacks or [])])
     wall = _train(trainer, model, tok, out_dir)
     return GRPOMetrics(steps=steps, wall_s=wall, tokens_generated=counter[0],
                        out_dir=str(out_dir) if out_dir else None)

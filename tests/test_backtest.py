@@ -15,7 +15,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.backtest import ArmBudget, ArmEval, GateConfig, arm_vetoes, backtest, decide, read_harness
+from harness.backtest import (
+    ArmBudget,
+    ArmEval,
+    GateConfig,
+    Judge,
+    arm_vetoes,
+    backtest,
+    decide,
+    detectability_warning,
+    min_detectable_effect,
+    read_harness,
+)
 from harness.records import Rollout
 from harness.seeds import SplitError, seeds
 from harness.tasks import get_task
@@ -115,7 +126,7 @@ def test_read_harness_and_hygiene(tmp_path):
     assert recipe.num_generations == 8 and env.sizes[0].size == 3
     with pytest.raises(SplitError, match="backtest"):
         backtest(tmp_path, template_files(), template_files(), task, ArmBudget(steps=1), seeds("train", 4),
-                 seeds("test", 4), GATE, tmp_path / "arms", "c")
+                 seeds("test", 4), GATE, tmp_path / "arms", "c", judge=Judge(env=env.model_dump()))
 
 
 def test_online_backtest_trains_two_real_arms_and_counts_compute(tmp_path):
@@ -129,8 +140,9 @@ def test_online_backtest_trains_two_real_arms_and_counts_compute(tmp_path):
     files = template_files()
     files["recipe.yaml"] += "\nbatch_size: 16\nnum_generations: 4\n"
     eval_seeds = seeds("backtest", 12, start=500)
+    judge = Judge(env=read_harness(files, task)[0].model_dump(), samples=3, temperature=0.7, max_new_tokens=48)
     res = backtest(tmp_path / "start", files, files, task, ArmBudget(steps=1), seeds("train", 4), eval_seeds, GATE,
-                   tmp_path / "arms", candidate_id="aa", max_new_tokens=48)
+                   tmp_path / "arms", candidate_id="aa", judge=judge)
     for arm in (res.control, res.candidate):
         assert arm.steps == 1 and arm.tokens > 0 and arm.seconds > 0
         assert (Path(arm.checkpoint) / "config.json").exists()
@@ -140,5 +152,28 @@ def test_online_backtest_trains_two_real_arms_and_counts_compute(tmp_path):
     assert [r.completion for r in res.control_eval.rollouts] == [r.completion for r in res.candidate_eval.rollouts]
     assert res.verdict.decision == "rejected" and res.verdict.evidence.effect == 0.0
     assert res.verdict.evidence.seeds == (eval_seeds[0], eval_seeds[-1])
+    # the judge samples k=3 completions per instance (outcomes in thirds) and decodes greedily once (reported)
+    assert len(res.control_eval.rollouts) == 3 * len(eval_seeds) and res.verdict.evidence.samples == 3
+    assert all(abs(3 * o - round(3 * o)) < 1e-9 for o in res.control_eval.outcomes)
+    assert len(res.control_eval.greedy) == len(eval_seeds) and res.verdict.evidence.greedy_control is not None
     c = res.compute
     assert c["steps"] == 2 and c["tokens"] >= res.control.tokens + res.candidate.tokens and c["seconds"] > 0
+
+
+def test_minimum_detectable_effect_shrinks_with_n_and_warns_with_the_fix():
+    """MDE = min_effect + (z_.95 + z_.8) sd / sqrt(n): quadrupling n halves its noise part; a noise part above
+    min_effect yields one warning naming the n that would fix it, a small one none."""
+    gate = GateConfig(min_effect=0.02, confidence=0.95)
+    rng = np.random.default_rng(0)
+    d = rng.normal(0.0, 0.3, size=400)
+    small, big = min_detectable_effect(d[:100], gate), min_detectable_effect(d, gate)
+    assert small - 0.02 == pytest.approx(2 * (big - 0.02), rel=0.15)
+    assert small - 0.02 == pytest.approx(2.486 * d[:100].std(ddof=1) / 10, rel=1e-3)
+    warn = detectability_warning(small, 100, 4, gate)
+    assert warn and "backtest.n" in warn and f"{small:+.3f}" in warn
+    need = int(warn.split("backtest.n to about ")[1].split(" ")[0])
+    assert need > 100 and min_detectable_effect(rng.normal(0, 0.3, size=need), gate) - 0.02 < 0.022
+    assert detectability_warning(min_detectable_effect(d * 0.01, gate), 400, 4, gate) is None
+    v = decide(list(np.clip(0.5 + d[:100] / 2, 0, 1)), [0.5] * 100, [{}] * 100, gate, samples=4)
+    assert v.evidence.mde == pytest.approx(min_detectable_effect(np.array([0.5] * 100) - np.clip(0.5 + d[:100] / 2, 0, 1),
+                                                                 gate)) and v.evidence.samples == 4

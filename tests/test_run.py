@@ -88,6 +88,29 @@ def test_tiny_run_end_to_end(tmp_path):
         resume_run(run_dir)
 
 
+def test_backtests_judge_the_run_config_target_not_the_incumbent_env(tmp_path):
+    """The judge (judge.json) is fixed at run start from backtest.env; arms train on the harness' env.yaml (3x3 here)
+    but every backtest instance is a 4x4 board, in every stage, sampled k=2 times per instance at the judge's fixed
+    temperature. Had the arms been judged on the incumbent's env.yaml (the old behaviour), they would be 3x3."""
+    from harness.records import read_rollouts
+
+    env = {"sizes": [{"size": 3, "agents": 2, "hole_ratio": 0.2}]}
+    target = {"sizes": [{"size": 4, "agents": 2, "hole_ratio": 0.2}]}
+    cfg = parse_config({**TINY, "env": env, "recipe": {**TINY["recipe"], "temperature": 0.9},
+                        "backtest": {**TINY["backtest"], "env": target, "samples": 2}}, "test")
+    run_dir = start_run(cfg, tmp_path / "runs", run_id="judge")
+    judge = json.loads((run_dir / "judge.json").read_text())
+    assert judge["samples"] == 2 and judge["temperature"] == 0.9 and judge["env"]["sizes"][0]["size"] == 4
+    files = sorted((run_dir / "rollouts").glob("*-backtest.jsonl.gz"))
+    assert files, "no backtest ran"
+    for f in files:
+        rs = read_rollouts(f)
+        assert {r.slices["size"] for r in rs} == {"4"}, f
+        assert len(rs) == 2 * TINY["backtest"]["n"]
+    train = read_rollouts(next((run_dir / "rollouts").glob("s1-probe.jsonl.gz")))
+    assert {r.slices["size"] for r in train} == {"3"}  # the probe follows the harness, as before
+
+
 # --- crash safety ------------------------------------------------------------------------------------------------------
 
 

@@ -1,16 +1,23 @@
-"""A/A calibration of the online backtest and the promotion gate: how often does the gate promote a candidate that is
-IDENTICAL to the control?
+"""Calibration of the backtest + gate on the live loop's own code path: A/A false promotions, power on a planted
+change, and the CPU cost of one decision.
 
-    evotrainer bench calibration                         # or: .venv/bin/python -m harness.benchmarks.calibration
-    evotrainer bench calibration --decisions 40 --steps 2 --eval-n 64
+    evotrainer bench calibration --mode aa --decisions 40          # every promotion is a false promotion
+    evotrainer bench calibration --mode power --decisions 10       # every rejection is a miss
+    python -m harness.benchmarks.calibration
 
-Each decision is a full online backtest (`harness.backtest.backtest`): from one start checkpoint (a tiny policy after
-an expert SFT warm start, built once and cached in `--out`), a control arm and a candidate arm train a few GRPO steps
-under the SAME harness (the sandbox template: sizes 3-5, 2 agents) on the same training seeds, but with different arm seeds (different
-data order and sampling: training randomness is the only difference); both are evaluated on the same fresh backtest
-seeds (new ones for every decision, drawn from the template's env config) and judged by the default `GateConfig`. Every promotion is a false promotion.
-Prints grep-able `key: value` lines (`false_promotion_rate:`), one `decision:` line per decision, and writes
-`calibration.json` in `--out`.
+Each decision is one `harness.backtest.backtest()`: two arms trained by `train_arm` and judged by `judge_arm`, the
+same two functions the live loop's `node_backtest` runs (`harness.graph._arm`), with the run config's arm length,
+recipe, reward, judge (backtest.env / samples / temperature, fixed as a run fixes it) and gate. The start checkpoint
+is the config's own SFT warm start (the warm-start cache: the same checkpoint `make demo` trains or loads).
+
+- `aa`: control and candidate are the SAME harness (the config's round 0); only training randomness differs (arm
+  seeds 2d and 2d+1), and both are judged on the same fresh backtest seeds. Every promotion is a false one.
+- `power`: a planted change with a real benefit. The control harness trains only on boards the evaluation does not
+  contain (`PLANTED_ENV`: 7x7 boards, which the warm start almost never solves, so its groups give no gradient);
+  the candidate is the config's round-0 harness, which trains on the target boards. Paired design as in the loop
+  (same arm seed). Every rejection is a miss.
+
+Prints grep-able `key: value` lines and one `decision:` line per decision; writes `calibration-<mode>.json` in `--out`.
 """
 
 from __future__ import annotations
@@ -21,10 +28,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.backtest import ArmBudget, GateConfig, backtest
+import yaml
+
+from harness.backtest import ArmBudget, backtest, read_harness
 from harness.seeds import seeds
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "sandbox" / "template"
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_CONFIG = ROOT / "examples" / "mapf_quick.yaml"
+PLANTED_ENV = {"sizes": [{"size": 7, "agents": 2, "hole_ratio": 0.2, "wait_ratio": 0.5}]}
 
 
 def template_files() -> dict[str, str]:
@@ -33,76 +45,107 @@ def template_files() -> dict[str, str]:
             if p.is_file() and "__pycache__" not in p.parts}
 
 
-def start_checkpoint(task: Any, out: Path, config: Any, sft_examples: int, sft_steps: int) -> Path:
-    """A tiny policy after an expert SFT warm start on `config` (cached: reused when `out/start` exists)."""
-    from harness.policy_glue import train_policy
-    from policies.train import Recipe
+def round0_files(config) -> dict[str, str]:
+    from harness.graph import initial_files
 
-    ckpt = out / "start"
-    if (ckpt / "config.json").exists():
-        return ckpt
+    return {**template_files(), **initial_files(config)}
+
+
+def start_checkpoint(config, out: Path, files: dict[str, str]) -> tuple[Path, bool]:
+    """The config's SFT warm start (cached under $EVOTRAINER_HOME/warmstart, shared with runs of the same config);
+    saved to `out/start`. Returns (path, loaded_from_cache)."""
+    from harness import warmstart
+    from harness.tasks import get_task
+    from policies.model import save_policy
+
+    task = get_task(config.task)
+    env, recipe, _ = read_harness(files, task)
+    if config.warm_start.sft_steps is not None:
+        recipe = recipe.model_copy(update={"sft_steps": config.warm_start.sft_steps})
+
     def progress(stage: str, step: int, total: int, logs: dict) -> None:
-        if step % 25 == 0 or step == total:
+        if step % 100 == 0 or step == total:
             print(f"start_sft_step: {step}/{total}  loss: {logs.get('loss', float('nan')):.3f}", flush=True)
 
-    train_policy(task, str(ckpt), preset="tiny", config=config, sft_examples=sft_examples, grpo_steps=0,
-                 recipe=Recipe(sft_steps=sft_steps), progress=progress)
-    return ckpt
+    model, tok, hit, key, _ = warmstart.warm_start(task, config.policy.preset, config.style, env,
+                                                   seeds("train", config.warm_start.sft_examples), recipe,
+                                                   seed=config.seed, progress=progress)
+    ckpt = out / "start"
+    save_policy(model, tok, ckpt)
+    if key and hit is None:
+        warmstart.store(key, ckpt, {"bench": "calibration", "sft_steps": recipe.sft_steps})
+    return ckpt, hit is not None
 
 
-def run(decisions: int = 40, steps: int = 2, eval_n: int = 64, out: str | Path = "runs/bench-calibration",
-        sft_examples: int = 1000, sft_steps: int = 200, task_name: str = "mapf", threads: int = 2,
-        gate: GateConfig | None = None) -> dict[str, Any]:
-    import torch
-
+def run(config: str | Path = DEFAULT_CONFIG, decisions: int = 40, mode: str = "aa",
+        out: str | Path = "runs/bench-calibration", threads: int = 2, arm_steps: int | None = None,
+        n: int | None = None) -> dict[str, Any]:
+    from harness.config import load_config
+    from harness.graph import make_judge
     from harness.tasks import get_task
-    from policies.train import Recipe
+    from policies import cpu_threads
 
-    torch.set_num_threads(threads)
+    if mode not in ("aa", "power"):
+        raise ValueError(f"mode {mode!r}: choose aa or power")
+    cpu_threads(threads)
+    cfg = load_config(config)
+    if arm_steps or n:
+        cfg = cfg.model_copy(update={"backtest": cfg.backtest.model_copy(update={
+            **({"arm_steps": arm_steps} if arm_steps else {}), **({"n": n} if n else {})})})
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    task = get_task(task_name)
-    gate = gate or GateConfig()
-    files = template_files()
+    task = get_task(cfg.task)
+    files = round0_files(cfg)
+    judge = make_judge(cfg, files)
     t0 = time.perf_counter()
-    import yaml
-
-    env = task.config_model.model_validate(yaml.safe_load(files["env.yaml"]))  # the run's starting distribution
-    start = start_checkpoint(task, out, env, sft_examples, sft_steps)
-    setup_s = time.perf_counter() - t0
-    print(f"start_checkpoint: {start}  setup_seconds: {setup_s:.1f}", flush=True)
-
-    rec = {k: v for k, v in (yaml.safe_load(files["recipe.yaml"]) or {}).items() if k != "reward"}
-    recipe = Recipe.model_validate(rec)
-    rows_per_arm = steps * recipe.batch_size // recipe.num_generations
+    start, cached = start_checkpoint(cfg, out, files)
+    print(f"start_checkpoint: {start}  from_cache: {cached}  setup_seconds: {time.perf_counter() - t0:.1f}",
+          flush=True)
+    control_files = files
+    if mode == "power":
+        control_files = {**files, "env.yaml": "# planted: boards the evaluation does not contain\n"
+                                              + yaml.safe_dump(PLANTED_ENV, sort_keys=False)}
+    _, recipe, _ = read_harness(files, task)
+    steps = cfg.backtest.arm_steps
+    rows_per_arm = -(-steps * recipe.batch_size // recipe.num_generations)
+    first_train = cfg.warm_start.sft_examples + 100_000  # beyond any warm-start demonstration
     rows: list[dict[str, Any]] = []
-    promoted = 0
+    hits = 0
     for d in range(decisions):
-        train_seeds = seeds("train", rows_per_arm, start=sft_examples + d * rows_per_arm)
-        eval_seeds = seeds("backtest", eval_n, start=d * eval_n)  # fresh held-out seeds for every decision
-        res = backtest(start, files, files, task, ArmBudget(steps=steps), train_seeds, eval_seeds, gate,
-                       out / "arms" / f"d{d:03d}", candidate_id=f"aa-{d:03d}", eval_config=env,
-                       arm_seeds=(2 * d, 2 * d + 1))
+        train_seeds = seeds("train", rows_per_arm, start=first_train + d * rows_per_arm)
+        eval_seeds = seeds("backtest", cfg.backtest.n, start=d * cfg.backtest.n)  # fresh held-out seeds per decision
+        arm_seeds = (2 * d, 2 * d + 1) if mode == "aa" else (d, d)
+        res = backtest(start, control_files, files, task, ArmBudget(steps=steps), train_seeds, eval_seeds, cfg.gate,
+                       out / "arms" / f"d{d:03d}", candidate_id=f"{mode}-{d:03d}", judge=judge, arm_seeds=arm_seeds)
         shutil.rmtree(out / "arms" / f"d{d:03d}")  # arm checkpoints are not needed after the verdict
-        v = res.verdict
-        ev = v.evidence
-        promoted += v.decision == "promoted"
+        v, ev = res.verdict, res.verdict.evidence
+        hits += v.decision == "promoted"
         row = {"decision": d, "promoted": v.decision == "promoted", "control": ev.control, "candidate": ev.candidate,
-               "effect": ev.effect, "ci_low": ev.ci_low, "ci_high": ev.ci_high, "n": ev.n,
+               "greedy_control": ev.greedy_control, "greedy_candidate": ev.greedy_candidate, "effect": ev.effect,
+               "ci_low": ev.ci_low, "ci_high": ev.ci_high, "mde": ev.mde, "n": ev.n,
                "seconds": res.compute["seconds"], "tokens": res.compute["tokens"], "reason": v.reason}
         rows.append(row)
         print(f"decision: {d}  promoted: {row['promoted']}  control: {ev.control:.3f}  candidate: {ev.candidate:.3f}  "
-              f"effect: {ev.effect:+.3f}  ci_low: {ev.ci_low:+.3f}  seconds: {row['seconds']:.1f}", flush=True)
-    total = time.perf_counter() - t0
-    summary = {"decisions": decisions, "false_promotions": promoted,
-               "false_promotion_rate": promoted / max(1, decisions), "steps_per_arm": steps, "eval_n": eval_n,
-               "confidence": gate.confidence, "min_effect": gate.min_effect, "slice_tolerance": gate.slice_tolerance,
-               "mean_valid": sum(r["control"] for r in rows) / max(1, len(rows)),
-               "mean_abs_effect": sum(abs(r["effect"]) for r in rows) / max(1, len(rows)),
-               "seconds_per_decision": sum(r["seconds"] for r in rows) / max(1, len(rows)), "seconds_total": total}
-    (out / "calibration.json").write_text(json.dumps({"summary": summary, "decisions": rows}, indent=1))
-    for k, v in summary.items():
-        print(f"{k}: {v:.4f}" if isinstance(v, float) else f"{k}: {v}")
+              f"effect: {ev.effect:+.3f}  ci_low: {ev.ci_low:+.3f}  mde: {ev.mde:+.3f}  "
+              f"greedy: {ev.greedy_control:.3f}->{ev.greedy_candidate:.3f}  seconds: {row['seconds']:.1f}", flush=True)
+    from harness.benchmarks.ladder import wilson
+
+    lo, hi = wilson(hits, decisions)
+    k = len(rows) or 1
+    summary = {"mode": mode, "config": str(config), "decisions": decisions, "promotions": hits,
+               "promotion_rate": hits / max(1, decisions), "promotion_rate_ci95": f"[{lo:.3f}, {hi:.3f}]",
+               "arm_steps": steps, "eval_n": cfg.backtest.n, "samples": judge.samples,
+               "judge_temperature": judge.temperature, "confidence": cfg.gate.confidence,
+               "min_effect": cfg.gate.min_effect, "slice_tolerance": cfg.gate.slice_tolerance,
+               "mean_control": sum(r["control"] for r in rows) / k,
+               "mean_effect": sum(r["effect"] for r in rows) / k,
+               "mean_abs_effect": sum(abs(r["effect"]) for r in rows) / k,
+               "mean_mde": sum(r["mde"] for r in rows) / k,
+               "seconds_per_decision": sum(r["seconds"] for r in rows) / k,
+               "seconds_total": time.perf_counter() - t0, "threads": threads}
+    (out / f"calibration-{mode}.json").write_text(json.dumps({"summary": summary, "decisions": rows}, indent=1))
+    for key, val in summary.items():
+        print(f"{key}: {val:.4f}" if isinstance(val, float) else f"{key}: {val}", flush=True)
     return summary
 
 

@@ -1,0 +1,281 @@
+"""The learning ladder: three checks, climbed in order, that GRPO on CPU learns. Each rung that fails points at a
+different layer (plumbing, trainer wiring, task/recipe), so a learning failure is hunted, not tuned around.
+
+    evotrainer bench ladder                   # all three rungs (about 15 minutes on 2 cores)
+    evotrainer bench ladder --rungs 1,2       # plumbing and toy only (about 2 minutes)
+
+1. **Plumbing** (`rung1`): the log-probability of every sampled completion token under the distribution the rollout
+   engine sampled from equals the one the GRPO trainer computes for its loss (|diff| <= 1e-3) and the importance
+   ratio at the first optimiser iteration is 1, for both rollout engines (`policies.train.check_logprobs`).
+2. **A toy that must be learnt** (`rung2`): copy a 3-4 letter string. The warm start is SFT on noisy demonstrations
+   (40% copies, 60% reversals), so it copies 30-50% of the time when sampled; GRPO with a 0/1 reward must reach >= 90%
+   within 100 steps. A negative control (the same run with the reward flipped) must move the other way, so a pass
+   cannot come from SFT momentum or evaluation noise.
+3. **MAPF** (`rung3`): from a deliberately partial warm start (20-40% valid on its 2-agent training distribution),
+   GRPO for a fixed CPU-time budget; held-out valid on 300 boards (100 each of sizes 3, 4, 5) before and after, paired
+   per board, with a bootstrap confidence interval, per-size slices and the optimal rate.
+
+Prints grep-able `key: value` lines and writes `ladder.json` to `--out`. A fast version of rungs 1 and 2 runs in
+`make test` (tests/test_ladder.py).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from policies import cpu_threads
+
+TOY_ALPHABET = "abcd"
+
+# rung-3 settings from the measurements in BENCHMARKS.md ("The learning ladder"): binary reward, low temperature
+RUNG3_RECIPE: dict[str, Any] = {"learning_rate": 1e-4, "temperature": 0.5, "beta": 0.0, "batch_size": 64,
+                                "num_generations": 8, "warmup_ratio": 0.05, "max_completion_length": 96,
+                                "scale_rewards": "group", "loss_type": "dapo"}
+RUNG3_SHAPING: dict[str, float] = {"partial_credit": 0.0, "format_penalty": 0.0, "optimal_bonus": 0.0}
+RUNG3_ENV = {"sizes": [{"size": s, "agents": 2, "hole_ratio": 0.2, "wait_ratio": 0.5} for s in (3, 4, 5)]}
+
+
+def _say(key: str, value: Any) -> None:
+    print(f"{key}: {value:.4f}" if isinstance(value, float) else f"{key}: {value}", flush=True)
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson interval of a rate k/n."""
+    if n == 0:
+        return 0.0, 1.0
+    p = k / n
+    d = 1 + z * z / n
+    c = (p + z * z / (2 * n)) / d
+    h = z * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5 / d
+    return max(0.0, c - h), min(1.0, c + h)
+
+
+# --- the toy task (rungs 1 and 2) -------------------------------------------------------------------------------------
+
+
+def toy_strings(n: int, seed: int) -> list[str]:
+    r = random.Random(seed)
+    return ["".join(r.choice(TOY_ALPHABET) for _ in range(r.randint(3, 4))) for _ in range(n)]
+
+
+def toy_reward(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
+    """1 for an exact copy of the prompt, else 0."""
+    return [float(c == p) for p, c in zip(prompts, completions)]
+
+
+def flipped_toy_reward(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
+    """The negative control: rewards everything but a copy."""
+    return [1.0 - r for r in toy_reward(prompts, completions)]
+
+
+def toy_warm_start(sft_steps: int = 600, copy_share: float = 0.4, seed: int = 0):
+    """A tiny char model SFT'd on noisy demonstrations: `copy_share` copies, the rest reversals."""
+    from policies.model import build_model
+    from policies.train import Recipe, train_sft
+
+    model, tok = build_model("tiny", TOY_ALPHABET, seed=seed)
+    r = random.Random(seed + 1)
+    demos = [{"prompt": p, "completion": p if r.random() < copy_share else p[::-1]}
+             for p in toy_strings(5000, seed=seed + 2)]
+    train_sft(model, tok, demos, Recipe(sft_steps=sft_steps))
+    return model, tok
+
+
+def toy_success(model, tok, held: list[str], temperature: float, n: int = 4) -> float:
+    """Share of exact copies among `n` samples per held-out string (temperature 0: greedy, n = 1)."""
+    from policies.rollout import SamplingParams, generate
+
+    n = 1 if temperature == 0 else n
+    res = generate(model, tok, held, SamplingParams(temperature=temperature, n=n, max_new_tokens=12, batch_size=512,
+                                                    seed=1))
+    return sum(c == held[i] for c, i in zip(res.completions, res.prompt_index)) / len(res.completions)
+
+
+def toy_recipe(steps: int = 100, **kw: Any):
+    from policies.train import Recipe
+
+    return Recipe(**{"learning_rate": 1e-4, "temperature": 1.0, "beta": 0.0, "batch_size": 32, "num_generations": 8,
+                     "max_completion_length": 12, "steps": steps, "warmup_ratio": 0.05, **kw})
+
+
+def rung1(model=None, tok=None, prompts: list[str] | None = None) -> dict[str, Any]:
+    """Sampler vs trainer log-probs, both engines, on the toy warm start (or the given model and prompts)."""
+    from policies.train import check_logprobs
+
+    if model is None:
+        model, tok = toy_warm_start(sft_steps=200)
+    prompts = prompts or toy_strings(8, seed=99)
+    out: dict[str, Any] = {}
+    for engine in ("policies", "trl"):
+        for temp in (1.0, 0.5):
+            chk = check_logprobs(model, tok, prompts, toy_recipe(steps=1, temperature=temp, rollout_engine=engine))
+            key = f"{engine}_T{temp}"
+            out[key] = chk.model_dump()
+            _say(f"rung1_{key}_max_abs_logp_diff", chk.max_abs_diff)
+            _say(f"rung1_{key}_max_ratio_dev", chk.max_ratio_dev)
+    out["passed"] = all(v["max_abs_diff"] <= 1e-3 and v["max_ratio_dev"] <= 1e-3 for v in out.values())
+    _say("rung1_passed", out["passed"])
+    return out
+
+
+def rung2(sft_steps: int = 600, steps: int = 100, negative_control: bool = True, seed: int = 0) -> dict[str, Any]:
+    """Copy toy: warm start sampled success, then GRPO `steps` steps; and the flipped-reward control."""
+    import copy
+
+    from policies.train import train_grpo
+
+    t0 = time.perf_counter()
+    model, tok = toy_warm_start(sft_steps=sft_steps, seed=seed)
+    held = toy_strings(300, seed=10_000)
+    train = [{"prompt": p} for p in toy_strings(4 * steps * 4, seed=20_000)]
+    start = {"sampled": toy_success(model, tok, held, 1.0), "greedy": toy_success(model, tok, held, 0.0)}
+    sft_s = time.perf_counter() - t0
+    _say("rung2_warm_start_sampled", start["sampled"])
+    _say("rung2_warm_start_greedy", start["greedy"])
+    out: dict[str, Any] = {"start": start, "sft_seconds": sft_s, "steps": steps, "held_out": len(held)}
+    runs = [("grpo", toy_reward)] + ([("flipped", flipped_toy_reward)] if negative_control else [])
+    base = copy.deepcopy(model)
+    for name, reward in runs:
+        m = copy.deepcopy(base)
+        t1 = time.perf_counter()
+        met = train_grpo(m, tok, train, reward, toy_recipe(steps=steps, seed=seed))
+        res = {"sampled": toy_success(m, tok, held, 1.0), "greedy": toy_success(m, tok, held, 0.0),
+               "seconds": time.perf_counter() - t1, "dead_group_share": met.dead_group_share}
+        k = round(res["sampled"] * 4 * len(held))
+        res["sampled_ci"] = wilson(k, 4 * len(held))
+        out[name] = res
+        _say(f"rung2_{name}_sampled", res["sampled"])
+        _say(f"rung2_{name}_greedy", res["greedy"])
+        _say(f"rung2_{name}_seconds", res["seconds"])
+    out["passed"] = (0.3 <= start["sampled"] <= 0.5 and out["grpo"]["sampled"] >= 0.9
+                     and (not negative_control or out["flipped"]["sampled"] < start["sampled"]))
+    _say("rung2_passed", out["passed"])
+    return out
+
+
+# --- rung 3: MAPF -----------------------------------------------------------------------------------------------------
+
+
+def mapf_partial_warm_start(out: Path, sft_examples: int = 3000, sft_steps: int = 700):
+    """The deliberately partial warm start (about 28% greedy valid on the held-out boards), cached in `out`."""
+    from harness.policy_glue import sft_pairs
+    from harness.seeds import seeds
+    from harness.tasks import get_task
+    from policies.model import build_model, load_policy, save_policy
+    from policies.train import Recipe, train_sft
+
+    ck = out / f"warmstart-{sft_examples}-{sft_steps}"
+    if (ck / "config.json").exists():
+        return load_policy(ck)
+    task = get_task("mapf")
+    cfg = task.config_model.model_validate(RUNG3_ENV)
+    model, tok = build_model("tiny", task.alphabet(), words=task.words())
+    train_sft(model, tok, sft_pairs(task, cfg, seeds("train", sft_examples), "trace"), Recipe(sft_steps=sft_steps))
+    save_policy(model, tok, ck)
+    return load_policy(ck)
+
+
+def _mapf_eval(model, tok, task, held) -> dict[str, Any]:
+    from harness.policy_glue import evaluate
+    from policies.rollout import SamplingParams
+
+    rep = evaluate(model, tok, task, held, "trace", params=SamplingParams(temperature=0.0, max_new_tokens=128,
+                                                                          batch_size=64))
+    per = np.zeros(len(held))
+    opt = np.zeros(len(held))
+    for r in rep.rollouts:
+        per[r.group] = r.valid
+        opt[r.group] = r.optimal
+    return {"valid": float(per.mean()), "optimal": float(opt.mean()), "per_board": per, "optimal_per_board": opt,
+            "slices": [task.slices(i) for i in held]}
+
+
+def rung3(out: Path, budget_s: float = 600.0, max_steps: int = 2000, sft_examples: int = 3000,
+          sft_steps: int = 700, recipe_kw: dict[str, Any] | None = None, seed: int = 0) -> dict[str, Any]:
+    """Partial warm start, then GRPO until `budget_s` seconds of training (or `max_steps`); paired held-out figures."""
+    import torch
+    from transformers import TrainerCallback
+
+    from harness.backtest import paired_bootstrap
+    from harness.benchmarks.policy import wide_held_out
+    from harness.policy_glue import grpo_rows, reward_fn
+    from harness.seeds import seeds
+    from harness.tasks import get_task
+    from policies.train import Recipe, train_grpo
+
+    task = get_task("mapf")
+    out.mkdir(parents=True, exist_ok=True)
+    model, tok = mapf_partial_warm_start(out, sft_examples, sft_steps)
+    held = wide_held_out(task)
+    before = _mapf_eval(model, tok, task, held)
+    _say("rung3_boards", len(held))
+    _say("rung3_valid_before", before["valid"])
+    cfg = task.config_model.model_validate(RUNG3_ENV)
+    recipe = Recipe(**{**RUNG3_RECIPE, **(recipe_kw or {}), "steps": max_steps, "seed": seed})
+    prompts = max_steps * recipe.batch_size // recipe.num_generations
+    rows = grpo_rows(task, cfg, seeds("train", min(prompts, 40_000), start=100_000), "trace")
+    t0 = time.perf_counter()
+
+    class Budget(TrainerCallback):  # stop at the CPU-time budget (the schedule is laid out for max_steps)
+        def on_step_end(self, args, state, control, **kw):
+            if time.perf_counter() - t0 >= budget_s:
+                control.should_training_stop = True
+
+    def ticker(stage: str, step: int, total: int, logs: dict) -> None:
+        if step % 25 == 0:
+            print(f"  grpo {step} reward={logs.get('reward', float('nan')):.3f} "
+                  f"t={time.perf_counter() - t0:.0f}s", flush=True)
+
+    recipe = recipe.model_copy(update={"steps": max_steps})
+    m = train_grpo(model, tok, rows, reward_fn(task, task.shaping_model.model_validate(RUNG3_SHAPING)), recipe,
+                   progress=ticker, callbacks=[Budget()])
+    secs = time.perf_counter() - t0
+    after = _mapf_eval(model, tok, task, held)
+    eff, lo, hi = paired_bootstrap(before["per_board"], after["per_board"], 4000, 0.025, np.random.default_rng(0))
+    oeff, olo, ohi = paired_bootstrap(before["optimal_per_board"], after["optimal_per_board"], 4000, 0.025,
+                                      np.random.default_rng(1))
+    slices = {}
+    for size in ("3", "4", "5"):
+        ix = np.array([i for i, s in enumerate(before["slices"]) if s.get("size") == size])
+        se, sl, sh = paired_bootstrap(before["per_board"][ix], after["per_board"][ix], 4000, 0.025,
+                                      np.random.default_rng(2))
+        slices[size] = {"before": float(before["per_board"][ix].mean()), "after": float(after["per_board"][ix].mean()),
+                        "effect": se, "ci95": (sl, sh), "n": int(ix.size)}
+        _say(f"rung3_size{size}", f"{slices[size]['before']:.3f} -> {slices[size]['after']:.3f} "
+                                  f"[{sl:+.3f}, {sh:+.3f}]")
+    res = {"boards": len(held), "valid_before": before["valid"], "valid_after": after["valid"], "effect": eff,
+           "ci95": (lo, hi), "optimal_before": before["optimal"], "optimal_after": after["optimal"],
+           "optimal_effect": oeff, "optimal_ci95": (olo, ohi), "slices": slices, "steps": len(m.steps),
+           "train_seconds": secs, "threads": torch.get_num_threads(), "dead_group_share": m.dead_group_share,
+           "recipe": recipe.model_dump(), "shaping": RUNG3_SHAPING}
+    _say("rung3_valid_after", after["valid"])
+    _say("rung3_effect", f"{eff:+.4f} [{lo:+.4f}, {hi:+.4f}] (95% paired bootstrap)")
+    _say("rung3_optimal", f"{before['optimal']:.3f} -> {after['optimal']:.3f} [{olo:+.4f}, {ohi:+.4f}]")
+    _say("rung3_steps", len(m.steps))
+    _say("rung3_train_seconds", secs)
+    res["passed"] = bool(eff >= 0.15 and lo > 0 and secs <= budget_s + 60
+                         and all(s["ci95"][0] > -0.05 or s["effect"] >= 0 for s in slices.values()))
+    _say("rung3_passed", res["passed"])
+    return res
+
+
+def run(out: str | Path = "runs/bench-ladder", rungs: tuple[int, ...] = (1, 2, 3), budget_s: float = 600.0,
+        threads: int = 2) -> dict[str, Any]:
+    cpu_threads(threads)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    res: dict[str, Any] = {}
+    if 1 in rungs:
+        res["rung1"] = rung1()
+    if 2 in rungs:
+        res["rung2"] = rung2()
+    if 3 in rungs:
+        res["rung3"] = rung3(out, budget_s=budget_s)
+    (out / "ladder.json").write_text(json.dumps(res, indent=1, default=float))
+    return res

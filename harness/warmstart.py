@@ -1,0 +1,124 @@
+"""The SFT warm-start cache: a run (or a benchmark) whose warm start has the same settings and the same code version as
+an earlier one loads that checkpoint instead of retraining it (a second `make demo` spends its time on the loop).
+
+    from harness.warmstart import cache_key, cache_dir, lookup, store
+    key = cache_key(task="mapf", preset="tiny", style="trace", env=env.model_dump(mode="json"), sft_examples=3000,
+                    sft_steps=700, sft_learning_rate=1e-3, sft_batch_size=32, seed=0, seeds=[...])
+    hit = lookup(key)            # a checkpoint dir, or None
+    store(key, checkpoint_dir, meta)
+
+Location: `$EVOTRAINER_HOME/warmstart/<key>/` (default `~/.evotrainer/warmstart`). Clear it with
+`evotrainer cache clear` or `rm -rf ~/.evotrainer/warmstart`; `EVOTRAINER_WARMSTART_CACHE=0` turns it off.
+
+The key hashes every setting that changes the trained weights (task, model preset, prompt style, generator config,
+the demonstrations' seeds, SFT steps / learning rate / batch size, seed) and the code version: the source of the
+policy layer and of the task (tokeniser, model presets, trainer, generator, expert), plus the torch, transformers and
+trl versions. Editing any of those files makes a new key, so a stale checkpoint is never reused. A checkpoint from a
+local model (`policy.checkpoint`) is not cached: its bytes are the user's, not ours to key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+CODE = ("policies", "harness/tasks", "harness/policy_glue.py", "harness/seeds.py")
+
+
+def cache_root() -> Path:
+    from skills.library import home
+
+    return home() / "warmstart"
+
+
+def enabled() -> bool:
+    return os.environ.get("EVOTRAINER_WARMSTART_CACHE", "1") not in ("0", "false", "no", "off")
+
+
+def code_version() -> str:
+    """Hash of the source files that shape a warm start, and of the versions of the libraries that train it."""
+    import torch
+    import transformers
+
+    try:
+        from importlib.metadata import version
+
+        trl = version("trl")
+    except Exception:  # noqa: BLE001
+        trl = "?"
+    h = hashlib.sha256(f"{torch.__version__}|{transformers.__version__}|{trl}".encode())
+    for rel in CODE:
+        p = ROOT / rel
+        for f in sorted(p.rglob("*.py")) if p.is_dir() else [p]:
+            h.update(str(f.relative_to(ROOT)).encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def cache_key(**settings: Any) -> str:
+    blob = json.dumps({"settings": settings, "code": code_version()}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def lookup(key: str) -> Path | None:
+    """The cached checkpoint dir for `key`, or None (also when the cache is off or the entry is incomplete)."""
+    if not enabled():
+        return None
+    d = cache_root() / key
+    return d if (d / "DONE").is_file() and (d / "config.json").is_file() else None
+
+
+def store(key: str, checkpoint: Path, meta: dict[str, Any]) -> Path | None:
+    """Copy `checkpoint` into the cache (atomically: a half-written entry is never found). Returns the entry."""
+    if not enabled():
+        return None
+    root = cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / key
+    if (final / "DONE").is_file():
+        return final
+    tmp = root / f".{key}.{os.getpid()}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(checkpoint, tmp)
+    (tmp / "warmstart.json").write_text(json.dumps(meta, indent=1, default=str))
+    (tmp / "DONE").write_text("ok\n")
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    return final
+
+
+def clear() -> tuple[Path, int]:
+    """Delete every cached warm start; returns (the cache folder, entries removed)."""
+    root = cache_root()
+    n = sum(1 for p in root.iterdir() if p.is_dir()) if root.is_dir() else 0
+    shutil.rmtree(root, ignore_errors=True)
+    return root, n
+
+
+def warm_start(task: Any, preset: str, style: str, env: Any, seeds: list[int], recipe: Any, seed: int = 0,
+               progress=None, cacheable: bool = True, model_tok: tuple[Any, Any] | None = None):
+    """The SFT warm start of a preset model on expert demonstrations of `seeds` (train split) under `env`: loaded from
+    the cache when an entry with the same key exists, else trained. Returns (model, tok, cache_hit_dir or None,
+    key or None, SFTMetrics or None). `model_tok` (a model already built or loaded) is trained instead of a fresh
+    preset; it is never cached (its starting weights are not part of the key)."""
+    from harness.policy_glue import sft_pairs
+    from policies.model import build_model, load_policy
+    from policies.train import train_sft
+
+    key = None
+    if cacheable and model_tok is None:
+        key = cache_key(task=task.name, preset=preset, style=style, seed=seed, env=env.model_dump(mode="json"),
+                        seeds=list(seeds), sft_steps=recipe.sft_steps, sft_learning_rate=recipe.sft_learning_rate,
+                        sft_batch_size=recipe.sft_batch_size)
+        hit = lookup(key)
+        if hit is not None:
+            model, tok = load_policy(hit)
+            return model, tok, hit, key, None
+    model, tok = model_tok or build_model(preset, task.alphabet(), words=task.words(), seed=seed)
+    m = train_sft(model, tok, sft_pairs(task, env, list(seeds), style), recipe, progress=progress)
+    return model, tok, None, key, m
