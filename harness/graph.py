@@ -322,9 +322,11 @@ def node_setup(run: Run, state: State) -> State:
         if entry:
             run.event(0, "setup", "cache", f"warm start cached at {entry} (a later run with the same settings loads "
                       "it; clear with `evotrainer cache clear`)", path=str(entry))
-    # per-run fixed costs paid once here, not by stage 1: the report suite and the round-0 env statistics
+    # per-run fixed costs paid once here, not by stage 1: the report suite (and the warm start's score on it, the
+    # curve's starting point) and the round-0 env statistics
     if cfg.eval.suite:
         run.suite()
+        _report_eval(run, 0, str(out))
     run.env_stats(env)
     _finish(run, 0, "setup", {"policy": str(out)}, t0, f"warm start done: {out.name}")
     return {"policy": str(out), "stage": 1, "consecutive_rejections": 0, "stages_without_promotion": 0,
@@ -829,6 +831,12 @@ def _report_eval(run: Run, k: int, ckpt: str) -> None:
     run.store.charge(run.id, k, "policy", "eval", seconds=time.perf_counter() - t0, tokens=rep.new_tokens,
                      label="test")
     run.store.record_eval(run.id, k, "policy", "test", n=rep.n, valid=rep.valid, optimal=rep.optimal)
+    per = [0.0] * len(insts)
+    for r in rep.rollouts:
+        per[r.group] = float(r.valid)
+    # per-instance outcomes (same suite instances every stage): the report's paired stage-to-stage comparison
+    out = run.path("stages", f"s{k}", "test.json")
+    out.write_text(json.dumps({"checkpoint": ckpt, "seeds": [i.seed for i in insts], "valid": per}))
     for key, vals in rep.by_slice.items():
         for val, st in vals.items():
             run.store.record_eval(run.id, k, "policy", "test", n=st.n, valid=st.valid, optimal=st.optimal,

@@ -44,6 +44,50 @@ def status(run_dir: Path) -> dict[str, Any]:
         store.close()
 
 
+def curve(run_dir: Path) -> dict[str, Any] | None:
+    """The held-out test-suite curve from the per-instance outcomes each stage wrote (stages/s<k>/test.json; s0 is the
+    warm start): per-stage valid rates, and the paired change from the first stage (and from the warm start) to the
+    last, with a 95% paired-bootstrap interval. None when fewer than two stages were evaluated."""
+    import json
+
+    import numpy as np
+
+    from harness.backtest import paired_bootstrap
+
+    points = {}
+    for f in sorted((run_dir / "stages").glob("s*/test.json")):
+        try:
+            points[int(f.parent.name[1:])] = json.loads(f.read_text())["valid"]
+        except (ValueError, KeyError, json.JSONDecodeError):
+            continue
+    stages = sorted(k for k in points if k > 0)
+    if not stages:
+        return None
+    out: dict[str, Any] = {"valid": {k: float(np.mean(v)) for k, v in sorted(points.items())},
+                           "n": len(points[stages[-1]])}
+    last = stages[-1]
+    for name, first in (("first_to_last", stages[0]), ("warm_start_to_last", 0)):
+        if first not in points or first == last or len(points[first]) != len(points[last]):
+            continue
+        eff, lo, hi = paired_bootstrap(points[first], points[last], 4000, 0.025, np.random.default_rng(0))
+        out[name] = {"from": first, "to": last, "effect": eff, "ci95": [lo, hi], "above_noise": lo > 0}
+    return out
+
+
+def curve_text(c: dict[str, Any] | None) -> str:
+    if not c:
+        return "test-suite curve: fewer than two evaluated points"
+    pts = " -> ".join(("warm start" if k == 0 else f"s{k}") + f" {100 * v:.1f}%" for k, v in c["valid"].items())
+    lines = [f"test-suite valid (n={c['n']}): {pts}"]
+    for name, label in (("first_to_last", "first stage -> last stage"), ("warm_start_to_last", "warm start -> last")):
+        if name in c:
+            x = c[name]
+            verdict = "above noise" if x["above_noise"] else ("below noise" if x["ci95"][1] < 0 else "within noise")
+            lines.append(f"{label}: {100 * x['effect']:+.1f} points [{100 * x['ci95'][0]:+.1f}, "
+                         f"{100 * x['ci95'][1]:+.1f}] (95% paired bootstrap): {verdict}")
+    return "\n".join(lines)
+
+
 def _f(x: Any, pct: bool = True) -> str:
     if x is None:
         return "-"
@@ -72,6 +116,10 @@ def print_summary(run_dir: Path, console) -> dict[str, Any]:
     console.print(c)
     for s in st["stages"]:
         console.print(f"stage_{s['stage']}_valid: {s['valid'] if s['valid'] is not None else 'nan'}", highlight=False)
+    cv = curve(run_dir)
+    console.print(curve_text(cv), highlight=False)
+    if cv and "first_to_last" in cv:
+        console.print(f"test_change_first_to_last: {cv['first_to_last']['effect']:+.4f}", highlight=False)
     promoted = sum(1 for x in st["candidates"] if x["verdict"] == "promoted")
     console.print(f"candidates: {len(st['candidates'])}\npromoted: {promoted}\nharness: {st['harness']}\n"
                   f"report: {st['report']}", highlight=False)
@@ -124,6 +172,7 @@ td,th{{border:1px solid #ccc;padding:4px 8px;vertical-align:top}}.promoted{{back
 <h1>Run {e(st['run'])}</h1><p>status: {e(st['status'])} &middot; task: {e(str(st['task']))} &middot;
 harness repo: <code>{e(st['harness'])}</code> (<code>git log --all --decorate</code>)</p>
 <h2>Held-out valid rate per stage (test suite)</h2><div class=bars>{bars}</div>
+<pre>{e(curve_text(curve(run_dir)))}</pre>
 <table><tr><th>stage</th><th>valid</th><th>optimal</th><th>framework overhead</th></tr>{rows}</table>
 <h2>Candidate timeline</h2>
 <table><tr><th>id</th><th>stage</th><th>factor</th><th>change</th><th>verdict</th><th>effect [CI]</th><th>reason</th>

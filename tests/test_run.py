@@ -240,3 +240,29 @@ def test_resume_of_a_run_killed_while_being_created(tmp_path):
     resume_run(run_dir)
     st = _check_consistent(run_dir)
     assert [s["stage"] for s in st["stages"]] == [1]
+
+
+def test_a_recipe_that_collapses_the_policy_is_caught_and_not_carried_forward(tmp_path):
+    """Bad input: a learning rate that destroys the policy. The warm start solves easy 3x3 boards; one stage of GRPO
+    at lr 0.05 wrecks it. The probe sees the fall (paired, beyond noise), records grpo.policy_regressed, the arms and
+    the next stage start from the warm start (the wrecked checkpoint is not carried), and the rule engineer proposes
+    halving the learning rate. Nothing already recorded is lost: the stage still finishes with its verdicts."""
+    easy = {"sizes": [{"size": 3, "agents": 1, "hole_ratio": 0.0, "wait_ratio": 0.0}], "min_distance": 1}
+    cfg = parse_config({**TINY, "env": easy, "warm_start": {"sft_examples": 400, "sft_steps": 150},
+                        "recipe": {**TINY["recipe"], "learning_rate": 0.05, "steps": 4, "temperature": 0.7},
+                        "budget": {"stages": 1}, "stage": {**TINY["stage"], "probe_n": 24, "probe_samples": 2},
+                        "eval": {"suite": "small", "limit": 8}}, "test")
+    run_dir = start_run(cfg, tmp_path / "runs", run_id="collapse")
+    store = RunStore.open(run_dir / "run.db")
+    try:
+        probe = store.node_result("collapse", 1, "probe")
+        assert probe["start_valid"] > 0.5, probe  # the warm start works ...
+        assert probe["regressed"] and probe["change_ci"][1] < 0, probe  # ... and the stage wrecked it
+        assert probe["carried"].endswith("warmstart"), probe
+        assert any(e["kind"] == "regression" and "NOT carried" in e["message"] for e in store.events("collapse"))
+        assert "grpo.policy_regressed" in [f.code for f in store.findings("collapse", stage=1)]
+        cands = store.candidates("collapse")
+        assert any(c["knob"] == "recipe.learning_rate" and (c["patch"] or {}).get("value") < 0.05 for c in cands)
+        assert store.stages("collapse")[0]["status"] == "done"
+    finally:
+        store.close()

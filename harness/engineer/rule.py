@@ -92,6 +92,9 @@ def thompson_scores(skills: list[Skill], rng: np.random.Generator) -> dict[str, 
     return out
 
 
+ROOT_CAUSES = ("grpo.policy_regressed",)
+
+
 def propose_rule(diagnosis: Diagnosis, in_family: list[Skill], fallback: list[Skill], max_candidates: int,
                  rng: np.random.Generator, space: dict[str, Knob], rejected_keys: set[str] | None = None
                  ) -> tuple[list[Candidate], list[str]]:
@@ -121,7 +124,11 @@ def propose_rule(diagnosis: Diagnosis, in_family: list[Skill], fallback: list[Sk
                 if why:
                     notes.append(f"{skill.name}: {change.knob} -> {change.value} refused by the vet step: {why}")
                     continue
-                options.append(((borrowed, -theta[skill.name], fi, skill.name), skill, f, change, old))
+                # a root cause (the stage's own training lowered the probe: the other findings are then its
+                # symptoms) comes first, then critical findings, then the rest; among skills for findings of one
+                # rank, Thompson sampling explores
+                crit = 0 if f.code in ROOT_CAUSES else 1 if f.severity == "critical" else 2
+                options.append(((borrowed, crit, -theta[skill.name], fi, skill.name), skill, f, change, old))
     options.sort(key=lambda o: o[0])
     out: list[Candidate] = []
     knobs: set[str] = set()

@@ -624,7 +624,9 @@ def slices(inst: MAPFInstance) -> dict[str, str]:
 def suite(name: str) -> list[SuiteEntry]:
     """Benchmark suites, defined here and never by a run.
     paper: sizes 3..10 x 3/4/5 agents x wait-ratio subsets 0.25/0.50/0.75, 20% holes, 5 instances per cell (360).
-    small: sizes 3..6 x 2/3 agents, 20% holes, wait ratio 0.5, 16 per cell (128): CPU scale, used by the demo."""
+    small: sizes 3..6 x 2/3 agents, 20% holes, wait ratio 0.5, 16 per cell (128): CPU scale.
+    duo: sizes 3..5 x 2 agents, 20% holes, wait ratio 0.5, 100 per size (300): the demo's target distribution, large
+    enough that a stage-to-stage change of about 6 points is outside the paired noise."""
     if name == "paper":
         return [SuiteEntry(name=f"wait{w:.2f}/agents{k}/size{s}", n=5,
                            config=MAPFConfig(sizes=[SizeEntry(size=s, hole_ratio=0.2, wait_ratio=w, agents=k)]))
@@ -633,7 +635,11 @@ def suite(name: str) -> list[SuiteEntry]:
         return [SuiteEntry(name=f"agents{k}/size{s}", n=16,
                            config=MAPFConfig(sizes=[SizeEntry(size=s, hole_ratio=0.2, wait_ratio=0.5, agents=k)]))
                 for k in (2, 3) for s in range(3, 7)]
-    raise ValueError(f"unknown mapf suite {name!r}; choose one of: paper, small")
+    if name == "duo":
+        return [SuiteEntry(name=f"agents2/size{s}", n=100,
+                           config=MAPFConfig(sizes=[SizeEntry(size=s, hole_ratio=0.2, wait_ratio=0.5, agents=2)]))
+                for s in (3, 4, 5)]
+    raise ValueError(f"unknown mapf suite {name!r}; choose one of: paper, small, duo")
 
 
 def env_stats(config: MAPFConfig, n: int, seed_start: int = 0) -> dict[str, Any]:
