@@ -46,6 +46,11 @@ class GateConfig(BaseModel):
     n_boot: int = Field(2000, ge=100, le=200_000, description="bootstrap resamples per comparison")
     min_slice_n: int = Field(20, ge=1, description="slices with fewer paired instances are reported but not checked")
     metric: str = Field("valid", description="the main metric the outcomes measure (for the record)")
+    arm_noise_sd: float = Field(0.0, ge=0.0, le=1.0,
+                                description="standard deviation of the effect between two arms that differ only in "
+                                            "training randomness (measured by `evotrainer bench calibration --mode "
+                                            "aa`); added in quadrature to the bootstrap's instance noise in every "
+                                            "bound, since resampling instances cannot see it")
 
     @property
     def alpha(self) -> float:
@@ -110,6 +115,7 @@ def decide(control_outcomes: list[float], candidate_outcomes: list[float], slice
     c = np.asarray(control_outcomes, dtype=np.float64)
     k = np.asarray(candidate_outcomes, dtype=np.float64)
     effect, lo, hi = paired_bootstrap(c, k, gate.n_boot, alpha, rng)
+    lo, hi = widen(effect, lo, hi, gate, alpha)
     mde = min_detectable_effect(k - c, gate, comparisons)
 
     groups: dict[str, list[int]] = defaultdict(list)
@@ -121,6 +127,7 @@ def decide(control_outcomes: list[float], candidate_outcomes: list[float], slice
     for key in sorted(groups):
         ix = np.asarray(groups[key])
         s_eff, s_lo, s_hi = paired_bootstrap(c[ix], k[ix], gate.n_boot, alpha, rng)
+        s_lo, s_hi = widen(s_eff, s_lo, s_hi, gate, alpha)
         checked = ix.size >= gate.min_slice_n
         by_slice[key] = {"effect": s_eff, "ci_low": s_lo, "ci_high": s_hi, "n": float(ix.size),
                          "control": float(c[ix].mean()), "candidate": float(k[ix].mean()), "checked": float(checked)}
@@ -153,9 +160,19 @@ def decide(control_outcomes: list[float], candidate_outcomes: list[float], slice
 POWER = 0.8  # the power the minimum detectable effect is quoted at
 
 
+def widen(effect: float, lo: float, hi: float, gate: GateConfig, alpha: float) -> tuple[float, float]:
+    """Bounds widened by the arms' training noise (`gate.arm_noise_sd`), in quadrature with the instance noise."""
+    if gate.arm_noise_sd <= 0:
+        return lo, hi
+    from statistics import NormalDist
+
+    extra = NormalDist().inv_cdf(1.0 - alpha) * gate.arm_noise_sd
+    return (effect - float(np.hypot(effect - lo, extra)), effect + float(np.hypot(hi - effect, extra)))
+
+
 def min_detectable_effect(diffs: np.ndarray | list[float], gate: GateConfig, comparisons: int = 1) -> float:
     """The smallest true mean effect that the gate promotes with 80% power, given the paired differences' spread:
-    min_effect + (z_{1-alpha} + z_{0.8}) * sd(d) / sqrt(n) (normal approximation of the bootstrap lower bound).
+    min_effect + (z_{1-alpha} + z_{0.8}) * sqrt(sd(d)^2 / n + arm_noise_sd^2) (normal approximation of the bound).
     Its noise part, `mde - min_effect`, is what more instances (n) or more samples per instance (k) shrink."""
     from statistics import NormalDist
 
@@ -163,20 +180,32 @@ def min_detectable_effect(diffs: np.ndarray | list[float], gate: GateConfig, com
     if d.size < 2:
         return float("inf")
     z = NormalDist().inv_cdf(1.0 - gate.alpha / comparisons) + NormalDist().inv_cdf(POWER)
-    return float(gate.min_effect + z * d.std(ddof=1) / np.sqrt(d.size))
+    se = float(np.hypot(d.std(ddof=1) / np.sqrt(d.size), gate.arm_noise_sd))
+    return float(gate.min_effect + z * se)
 
 
-def detectability_warning(mde: float, n: int, samples: int, gate: GateConfig) -> str | None:
+def detectability_warning(mde: float, n: int, samples: int, gate: GateConfig, comparisons: int = 1) -> str | None:
     """A one-time warning when the backtests' noise alone exceeds the configured min_effect (an effect of twice
-    min_effect is then promoted less than 80% of the time), naming the n that would fix it."""
+    min_effect is then promoted less than 80% of the time), naming the fix: the n that would do, or, when the arms'
+    training noise alone is too large, that no n will."""
+    from statistics import NormalDist
+
+    z = NormalDist().inv_cdf(1.0 - gate.alpha / comparisons) + NormalDist().inv_cdf(POWER)
     noise = mde - gate.min_effect
     if not np.isfinite(noise) or noise <= gate.min_effect or gate.min_effect <= 0:
         return None
-    need = int(np.ceil(n * (noise / gate.min_effect) ** 2))
-    return (f"backtests cannot see effects of the configured size: at n={n} instances x {samples} samples the "
-            f"minimum detectable effect is {mde:+.3f}, but gate.min_effect is {gate.min_effect:.3f}. Fix: raise "
-            f"backtest.n to about {need} (or backtest.samples, or lengthen backtest.arm_steps so effects grow), or "
-            f"raise gate.min_effect to the effect size you care about.")
+    head = (f"backtests cannot see effects of the configured size: at n={n} instances x {samples} samples the "
+            f"minimum detectable effect is {mde:+.3f}, but gate.min_effect is {gate.min_effect:.3f}. Fix: ")
+    arm = gate.arm_noise_sd
+    if z * arm >= gate.min_effect:
+        return head + (f"the arms' training noise alone (gate.arm_noise_sd {arm:.3f}) keeps the detectable effect above "
+                       f"{gate.min_effect + z * arm:+.3f} at any n: lengthen backtest.arm_steps so effects grow, or "
+                       f"raise gate.min_effect to the effect size you care about.")
+    se_inst = np.sqrt(max(0.0, (noise / z) ** 2 - arm**2))
+    target = np.sqrt((gate.min_effect / z) ** 2 - arm**2)
+    need = int(np.ceil(n * (se_inst / target) ** 2))
+    return head + (f"raise backtest.n to about {need} (or backtest.samples, or lengthen backtest.arm_steps so effects "
+                   f"grow), or raise gate.min_effect to the effect size you care about.")
 
 
 def choose_winner(verdicts: list[Verdict]) -> tuple[Verdict | None, list[Verdict]]:

@@ -228,7 +228,10 @@ def bench_calibration(
                                            "with a real benefit (misses)")] = "aa",
     decisions: Annotated[int, typer.Option(min=1, help="decisions (each: two GRPO arms + their judging)")] = 40,
     config: Annotated[Path, typer.Option(help="run config whose recipe, arms, judge and gate are measured")] = Path(
-        "examples/mapf_quick.yaml"),
+        "examples/mapf_backtest.yaml"),
+    planted: Annotated[str, typer.Option(help="power mode: the control's defect, lr (doubled learning rate) or env "
+                                              "(trains on 7x7 boards only)")] = "lr",
+    first: Annotated[int, typer.Option(min=0, help="index of the first decision (split a long run over processes)")] = 0,
     arm_steps: Annotated[int | None, typer.Option(min=1, help="override backtest.arm_steps")] = None,
     n: Annotated[int | None, typer.Option(min=8, help="override backtest.n")] = None,
     out: Annotated[Path, typer.Option(help="work dir")] = Path("runs/bench-calibration"),
@@ -239,9 +242,12 @@ def bench_calibration(
 
     if mode not in ("aa", "power"):
         fail(f"--mode {mode!r}: choose aa or power")
+    if planted not in ("lr", "env"):
+        fail(f"--planted {planted!r}: choose lr or env")
     if not config.is_file():
         fail(f"--config {config}: no such file; pass a run config such as examples/mapf_quick.yaml")
-    run(config=config, decisions=decisions, mode=mode, out=out, threads=threads, arm_steps=arm_steps, n=n)
+    run(config=config, decisions=decisions, mode=mode, out=out, threads=threads, arm_steps=arm_steps, n=n,
+        first=first, planted=planted)
 
 
 @bench_app.command("sandbox")

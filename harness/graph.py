@@ -731,6 +731,9 @@ def node_decide(run: Run, state: State) -> State:
     verdicts = [Verdict.model_validate(v) for v in bt["verdicts"]]
     winner, others = choose_winner(verdicts)
     next_policy = bt.get("control") or state["train_ckpt"]
+    if (run.store.node_result(run.id, k, "probe") or {}).get("regressed"):
+        # the stage's recipe lowered the probe: the control arm trained under that same recipe is not carried either
+        next_policy = state["train_ckpt"]  # = the stage's start policy (node_probe swapped it in)
     if winner is not None:
         d = ws.promote(winner.candidate, evidence=winner.evidence, reason=winner.reason)
         run.store.set_candidate_verdict(winner, tag=d.tag)

@@ -33,6 +33,9 @@ def status(run_dir: Path) -> dict[str, Any]:
                   "verdict": {"promoted": "promoted", "rejected": "rejected", "rejected_vet": "rejected"}.get(
                       c["status"]), "reason": c["reason"], "effect": c["effect"],
                   "interval": [c["ci_low"], c["ci_high"]] if c["ci_low"] is not None else None, "n": c["n"],
+                  "mde": (c.get("evidence") or {}).get("mde"), "samples": (c.get("evidence") or {}).get("samples"),
+                  "greedy": [(c.get("evidence") or {}).get("greedy_control"),
+                             (c.get("evidence") or {}).get("greedy_candidate")],
                   "engineer": c["engineer"], "skill": c["skill"], "commit": c["commit_sha"], "tag": c["tag"],
                   "rationale": c["rationale"]}
                  for c in store.candidates(run_id)]
@@ -106,13 +109,13 @@ def print_summary(run_dir: Path, console) -> dict[str, Any]:
                   f"{s['wall_s']:.0f}" if s["wall_s"] else "-", _f(s["overhead_share"]))
     console.print(t)
     c = Table(title="candidates")
-    for col in ("id", "factor", "change", "verdict", "effect [CI]", "reason"):
+    for col in ("id", "factor", "change", "verdict", "effect [CI]", "MDE", "reason"):
         c.add_column(col, overflow="fold")
     for x in st["candidates"]:
         ci = f"{_f(x['effect'], False)} [{_f(x['interval'][0], False)}, {_f(x['interval'][1], False)}]" \
             if x["interval"] else "-"
         c.add_row(x["id"], x["factor"], f"{x['old_value']} -> {x['value']}", x["verdict"] or x["status"], ci,
-                  (x["reason"] or "")[:70])
+                  _f(x["mde"], False) if x["mde"] is not None else "-", (x["reason"] or "").split(":")[0][:60])
     console.print(c)
     for s in st["stages"]:
         console.print(f"stage_{s['stage']}_valid: {s['valid'] if s['valid'] is not None else 'nan'}", highlight=False)

@@ -177,3 +177,20 @@ def test_minimum_detectable_effect_shrinks_with_n_and_warns_with_the_fix():
     v = decide(list(np.clip(0.5 + d[:100] / 2, 0, 1)), [0.5] * 100, [{}] * 100, gate, samples=4)
     assert v.evidence.mde == pytest.approx(min_detectable_effect(np.array([0.5] * 100) - np.clip(0.5 + d[:100] / 2, 0, 1),
                                                                  gate)) and v.evidence.samples == 4
+
+
+def test_arm_noise_widens_the_bounds_and_the_detectable_effect():
+    """Training randomness between arms is invisible to a bootstrap over instances: gate.arm_noise_sd adds it in
+    quadrature. A decision that the instance noise alone would promote is not promoted once arm noise of its size is
+    declared, and the warning then says no n will fix it."""
+    rng = np.random.default_rng(3)
+    control = rng.uniform(0.2, 0.4, size=400)
+    candidate = np.clip(control + 0.06 + rng.normal(0, 0.05, size=400), 0, 1)
+    slices = [{}] * 400
+    plain = decide(list(control), list(candidate), slices, GateConfig(n_boot=1000), rng=np.random.default_rng(0))
+    noisy = decide(list(control), list(candidate), slices, GateConfig(n_boot=1000, arm_noise_sd=0.04),
+                   rng=np.random.default_rng(0))
+    assert plain.decision == "promoted" and noisy.decision == "rejected"
+    assert noisy.evidence.ci_low < plain.evidence.ci_low - 0.03 and noisy.evidence.mde > plain.evidence.mde + 0.05
+    warn = detectability_warning(noisy.evidence.mde, 400, 1, GateConfig(arm_noise_sd=0.04))
+    assert warn and "at any n" in warn

@@ -264,5 +264,9 @@ def test_a_recipe_that_collapses_the_policy_is_caught_and_not_carried_forward(tm
         cands = store.candidates("collapse")
         assert any(c["knob"] == "recipe.learning_rate" and (c["patch"] or {}).get("value") < 0.05 for c in cands)
         assert store.stages("collapse")[0]["status"] == "done"
+        # the control arm trained under the same collapsing recipe is not carried either: the next stage starts from
+        # the warm start unless a candidate won
+        dec = store.node_result("collapse", 1, "decide")
+        assert dec["winner"] or dec["next_policy"].endswith("warmstart"), dec
     finally:
         store.close()

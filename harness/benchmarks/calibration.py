@@ -12,10 +12,12 @@ is the config's own SFT warm start (the warm-start cache: the same checkpoint `m
 
 - `aa`: control and candidate are the SAME harness (the config's round 0); only training randomness differs (arm
   seeds 2d and 2d+1), and both are judged on the same fresh backtest seeds. Every promotion is a false one.
-- `power`: a planted change with a real benefit. The control harness trains only on boards the evaluation does not
-  contain (`PLANTED_ENV`: 7x7 boards, which the warm start almost never solves, so its groups give no gradient);
-  the candidate is the config's round-0 harness, which trains on the target boards. Paired design as in the loop
-  (same arm seed). Every rejection is a miss.
+- `power`: a planted change with a known real benefit; the candidate is the config's round-0 harness, the control is
+  a broken copy of it (paired design as in the loop: same arm seed). Every rejection is a miss. `--planted`:
+  - `lr` (default): the control's learning rate is doubled (`PLANTED_LR_FACTOR`), the setting measured to collapse
+    the tiny MAPF policy (BENCHMARKS.md): the fix the demo's loop finds.
+  - `env`: the control trains only on boards the evaluation does not contain (`PLANTED_ENV`: 7x7 boards, which the
+    warm start almost never solves, so its groups give no gradient and it stays at the start).
 
 Prints grep-able `key: value` lines and one `decision:` line per decision; writes `calibration-<mode>.json` in `--out`.
 """
@@ -35,8 +37,9 @@ from harness.seeds import seeds
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "sandbox" / "template"
 ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_CONFIG = ROOT / "examples" / "mapf_quick.yaml"
 PLANTED_ENV = {"sizes": [{"size": 7, "agents": 2, "hole_ratio": 0.2, "wait_ratio": 0.5}]}
+PLANTED_LR_FACTOR = 2.0
+DEFAULT_CONFIG = ROOT / "examples" / "mapf_backtest.yaml"
 
 
 def template_files() -> dict[str, str]:
@@ -79,7 +82,7 @@ def start_checkpoint(config, out: Path, files: dict[str, str]) -> tuple[Path, bo
 
 def run(config: str | Path = DEFAULT_CONFIG, decisions: int = 40, mode: str = "aa",
         out: str | Path = "runs/bench-calibration", threads: int = 2, arm_steps: int | None = None,
-        n: int | None = None) -> dict[str, Any]:
+        n: int | None = None, first: int = 0, planted: str = "lr") -> dict[str, Any]:
     from harness.config import load_config
     from harness.graph import make_judge
     from harness.tasks import get_task
@@ -87,6 +90,8 @@ def run(config: str | Path = DEFAULT_CONFIG, decisions: int = 40, mode: str = "a
 
     if mode not in ("aa", "power"):
         raise ValueError(f"mode {mode!r}: choose aa or power")
+    if planted not in ("lr", "env"):
+        raise ValueError(f"planted {planted!r}: choose lr or env")
     cpu_threads(threads)
     cfg = load_config(config)
     if arm_steps or n:
@@ -102,16 +107,21 @@ def run(config: str | Path = DEFAULT_CONFIG, decisions: int = 40, mode: str = "a
     print(f"start_checkpoint: {start}  from_cache: {cached}  setup_seconds: {time.perf_counter() - t0:.1f}",
           flush=True)
     control_files = files
-    if mode == "power":
+    if mode == "power" and planted == "env":
         control_files = {**files, "env.yaml": "# planted: boards the evaluation does not contain\n"
                                               + yaml.safe_dump(PLANTED_ENV, sort_keys=False)}
+    elif mode == "power":
+        rec = yaml.safe_load(files["recipe.yaml"]) or {}
+        rec["learning_rate"] = float(rec.get("learning_rate", 1e-4)) * PLANTED_LR_FACTOR
+        control_files = {**files, "recipe.yaml": "# planted: a learning rate that collapses the policy\n"
+                                                 + yaml.safe_dump(rec, sort_keys=False)}
     _, recipe, _ = read_harness(files, task)
     steps = cfg.backtest.arm_steps
     rows_per_arm = -(-steps * recipe.batch_size // recipe.num_generations)
     first_train = cfg.warm_start.sft_examples + 100_000  # beyond any warm-start demonstration
     rows: list[dict[str, Any]] = []
     hits = 0
-    for d in range(decisions):
+    for d in range(first, first + decisions):
         train_seeds = seeds("train", rows_per_arm, start=first_train + d * rows_per_arm)
         eval_seeds = seeds("backtest", cfg.backtest.n, start=d * cfg.backtest.n)  # fresh held-out seeds per decision
         arm_seeds = (2 * d, 2 * d + 1) if mode == "aa" else (d, d)
@@ -132,7 +142,7 @@ def run(config: str | Path = DEFAULT_CONFIG, decisions: int = 40, mode: str = "a
 
     lo, hi = wilson(hits, decisions)
     k = len(rows) or 1
-    summary = {"mode": mode, "config": str(config), "decisions": decisions, "promotions": hits,
+    summary = {"mode": mode, "planted": planted if mode == "power" else None, "first": first, "config": str(config), "decisions": decisions, "promotions": hits,
                "promotion_rate": hits / max(1, decisions), "promotion_rate_ci95": f"[{lo:.3f}, {hi:.3f}]",
                "arm_steps": steps, "eval_n": cfg.backtest.n, "samples": judge.samples,
                "judge_temperature": judge.temperature, "confidence": cfg.gate.confidence,
@@ -143,7 +153,7 @@ def run(config: str | Path = DEFAULT_CONFIG, decisions: int = 40, mode: str = "a
                "mean_mde": sum(r["mde"] for r in rows) / k,
                "seconds_per_decision": sum(r["seconds"] for r in rows) / k,
                "seconds_total": time.perf_counter() - t0, "threads": threads}
-    (out / f"calibration-{mode}.json").write_text(json.dumps({"summary": summary, "decisions": rows}, indent=1))
+    (out / f"calibration-{mode}-{first}.json").write_text(json.dumps({"summary": summary, "decisions": rows}, indent=1))
     for key, val in summary.items():
         print(f"{key}: {val:.4f}" if isinstance(val, float) else f"{key}: {val}", flush=True)
     return summary
