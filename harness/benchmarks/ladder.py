@@ -42,7 +42,7 @@ RUNG3_ENV = {"sizes": [{"size": s, "agents": 2, "hole_ratio": 0.2, "wait_ratio":
 
 
 def _say(key: str, value: Any) -> None:
-    print(f"{key}: {value:.4f}" if isinstance(value, float) else f"{key}: {value}", flush=True)
+    print(f"{key}: {value:.4g}" if isinstance(value, float) else f"{key}: {value}", flush=True)
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
