@@ -282,6 +282,7 @@ def bench_run(
 def bench_ladder(
     rungs: Annotated[str, typer.Option(help="comma-separated rungs: 1 plumbing, 2 copy toy, 3 MAPF")] = "1,2,3",
     budget: Annotated[float, typer.Option(min=10, help="rung 3: GRPO training seconds")] = 600.0,
+    max_steps: Annotated[int, typer.Option(min=1, help="rung 3: steps the lr schedule is laid out for")] = 800,
     out: Annotated[Path, typer.Option(help="work dir (rung-3 warm start cached here, ladder.json)")] = Path(
         "runs/bench-ladder"),
     threads: Annotated[int, typer.Option(min=1, help="torch CPU threads")] = 2,
@@ -295,7 +296,7 @@ def bench_ladder(
         fail(f"--rungs {rungs!r}: write rung numbers separated by commas, e.g. 1,2")
     if not want or not set(want) <= {1, 2, 3}:
         fail(f"--rungs {rungs!r}: rungs are 1, 2 and 3")
-    res = ladder(out=out, rungs=want, budget_s=budget, threads=threads)
+    res = ladder(out=out, rungs=want, budget_s=budget, threads=threads, max_steps=max_steps)
     if not all(r.get("passed") for r in res.values()):
         raise typer.Exit(1)
 

@@ -270,3 +270,40 @@ def test_a_recipe_that_collapses_the_policy_is_caught_and_not_carried_forward(tm
         assert dec["winner"] or dec["next_policy"].endswith("warmstart"), dec
     finally:
         store.close()
+
+
+def test_a_second_run_loads_the_warm_start_from_the_cache(tmp_path):
+    """Run 1 trains the SFT warm start and stores it under $EVOTRAINER_HOME/warmstart; run 2 with the same settings and
+    code loads it (no SFT charged, same weights, the path printed as an event); other settings or other code make
+    another key, and EVOTRAINER_WARMSTART_CACHE=0 turns the cache off."""
+    from harness import warmstart
+
+    cfg = parse_config({**TINY, "budget": {"stages": 1}, "stage": {**TINY["stage"], "candidates": 1}}, "test")
+    first = start_run(cfg, tmp_path / "runs", run_id="ws1")
+    second = start_run(cfg, tmp_path / "runs", run_id="ws2")
+    entries = list(warmstart.cache_root().iterdir())
+    assert len(entries) == 1 and (entries[0] / "DONE").exists()
+    for run_dir, hit in ((first, False), (second, True)):
+        store = RunStore.open(run_dir / "run.db")
+        try:
+            msgs = [e["message"] for e in store.events(run_dir.name) if e["kind"] == "cache"]
+            assert any(("loaded from the cache" if hit else "cached at") in m and str(entries[0]) in m for m in msgs)
+            assert ("sft" in store.compute(run_dir.name)) is not hit
+        finally:
+            store.close()
+    a, b = (d / "checkpoints" / "warmstart" / "model.safetensors" for d in (first, second))
+    assert a.read_bytes() == b.read_bytes()
+    base = {"task": "mapf", "preset": "tiny", "seeds": [1, 2], "sft_steps": 8}
+    assert warmstart.cache_key(**base) == warmstart.cache_key(**base)
+    assert warmstart.cache_key(**base) != warmstart.cache_key(**{**base, "sft_steps": 9})
+    old = warmstart.code_version()
+    warmstart.CODE = (*warmstart.CODE, "harness/config.py")  # as if another file were part of the code version
+    try:
+        assert warmstart.code_version() != old
+    finally:
+        warmstart.CODE = warmstart.CODE[:-1]
+    os.environ["EVOTRAINER_WARMSTART_CACHE"] = "0"
+    try:
+        assert warmstart.lookup(entries[0].name) is None
+    finally:
+        del os.environ["EVOTRAINER_WARMSTART_CACHE"]
