@@ -409,7 +409,8 @@ def builtin_codes(task: str, failure_types: Iterable[str]) -> set[str]:
     own = {f"{task}.{f}" for f in failure_types} | {f"{task}.{c}" for c in
                                                     ("near_miss", "suboptimal", "mastered", "frontier", "too_hard")}
     grpo = {"grpo.dead_groups", "grpo.exploration_collapse", "grpo.length_collapse", "grpo.length_explosion",
-            "grpo.reward_hacking"}
+            "grpo.reward_hacking",
+            "grpo.policy_regressed"}  # emitted by the loop's probe (harness/graph.py::node_probe), not a built-in
     return own | grpo
 
 
