@@ -294,10 +294,6 @@ class ArmEval(BaseModel):
     def valid(self) -> float:
         return float(np.mean(self.outcomes)) if self.outcomes else 0.0
 
-    @property
-    def greedy_valid(self) -> float | None:
-        return float(np.mean(self.greedy)) if self.greedy else None
-
 
 class BacktestResult(BaseModel):
     model_config = ConfigDict(extra="forbid")

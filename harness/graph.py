@@ -201,12 +201,9 @@ class Run:
 
 def harness_models(files: dict[str, str], task) -> tuple[Any, Any, Any]:
     """(env config, Recipe, shaping) from the harness repo's env.yaml and recipe.yaml (its `reward:` section)."""
-    from policies.train import Recipe
+    from harness.backtest import read_harness
 
-    env = task.config_model.model_validate(yaml.safe_load(files["env.yaml"]) or {})
-    rec = dict(yaml.safe_load(files["recipe.yaml"]) or {})
-    reward = rec.pop("reward", None) or {}
-    return env, Recipe.model_validate(rec), task.shaping_model.model_validate(reward)
+    return read_harness(files, task)
 
 
 def make_judge(config: RunConfig, files: dict[str, str]):

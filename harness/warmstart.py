@@ -1,7 +1,7 @@
 """The SFT warm-start cache: a run (or a benchmark) whose warm start has the same settings and the same code version as
 an earlier one loads that checkpoint instead of retraining it (a second `make demo` spends its time on the loop).
 
-    from harness.warmstart import cache_key, cache_dir, lookup, store
+    from harness.warmstart import cache_key, lookup, store, warm_start
     key = cache_key(task="mapf", preset="tiny", style="trace", env=env.model_dump(mode="json"), sft_examples=3000,
                     sft_steps=700, sft_learning_rate=1e-3, sft_batch_size=32, seed=0, seeds=[...])
     hit = lookup(key)            # a checkpoint dir, or None

@@ -235,7 +235,6 @@ def rung3(out: Path, budget_s: float = 600.0, max_steps: int = 800, sft_examples
             print(f"  grpo {step} reward={logs.get('reward', float('nan')):.3f} "
                   f"t={time.perf_counter() - t0:.0f}s", flush=True)
 
-    recipe = recipe.model_copy(update={"steps": max_steps})
     m = train_grpo(model, tok, rows, reward_fn(task, task.shaping_model.model_validate(RUNG3_SHAPING)), recipe,
                    progress=ticker, callbacks=[Budget()])
     secs = time.perf_counter() - t0
