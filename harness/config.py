@@ -106,6 +106,13 @@ class BacktestConfig(_Strict):
                                        "promotions that change env.yaml do not change it")
 
 
+class SandboxConfig(_Strict):
+    allow_unisolated_diagnostics: bool = Field(
+        False, description="run evolved diagnostics as a plain subprocess when bubblewrap is missing. They then see "
+        "the host's files and network as the run's user: leave false unless you trust every engineer reply. With "
+        "false and no bubblewrap, candidates that add or change a diagnostic are rejected, and the run says so at start")
+
+
 class EvalConfig(_Strict):
     suite: str = Field("small", description="benchmark suite on the test split, reported per stage (never decides)")
     limit: int | None = Field(None, ge=1, description="evaluate only the first N suite instances (faster reports)")
@@ -127,6 +134,7 @@ class RunConfig(_Strict):
     gate: GateConfig = Field(default_factory=GateConfig)
     engineer: EngineerConfig = Field(default_factory=EngineerConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:

@@ -35,7 +35,7 @@ from pydantic import BaseModel
 
 from harness.records import Diagnosis, DiagnosticResult, Finding, HistoryItem, Rollout
 from harness.seeds import SplitError, check_split, split_of
-from sandbox.runner import Limits, run_function
+from sandbox.runner import Limits, RunResult, SandboxUnavailable, run_function
 
 # --- thresholds -------------------------------------------------------------------------------------------------------
 
@@ -425,6 +425,24 @@ def builtin_diagnostics(rollouts: list[Rollout], train_metrics: list[dict[str, f
 
 # --- evolved diagnostics (sandboxed) ----------------------------------------------------------------------------------
 
+# Evolved code runs under bubblewrap only, unless the run config says otherwise in so many words
+# (`sandbox.allow_unisolated_diagnostics`, applied by the loop at run start with `allow_unisolated`).
+_REQUIRE_BWRAP = [True]
+
+
+def allow_unisolated(allowed: bool) -> None:
+    """Let evolved diagnostics fall back to a plain subprocess when bubblewrap is missing (default: refuse)."""
+    _REQUIRE_BWRAP[0] = not allowed
+
+
+def _sandboxed(source: str, function: str, args: list[Any], limits: Limits):
+    """run_function under the loop's isolation policy; a missing bubblewrap is a failed run of the code, not a crash."""
+    try:
+        return run_function(source, function, args=args, limits=limits, require_bwrap=_REQUIRE_BWRAP[0])
+    except SandboxUnavailable as exc:
+        return RunResult(status="error", isolation="process", error=f"refused: {exc}")
+
+
 DIAGNOSTIC_LIMITS = Limits(cpu_s=5, wall_s=10.0, memory_mb=512, processes=4, output_bytes=200_000)
 
 # Appended to an evolved file's source and called in the same sandbox job (one process per file and use). It only
@@ -483,8 +501,8 @@ def run_evolved(path: str, source: str, rollouts: list[Rollout], limits: Limits 
     """Run one evolved diagnostic in the sandbox runner on `rollouts`. Never raises for the diagnostic's own faults
     (exception, loop, memory, bad output): those come back as `DiagnosticResult(error=...)`."""
     name = diagnostic_name(path)
-    res = run_function(source + _DRIVER, "__evotrainer_diagnose__", args=[_rollout_json(rollouts)],
-                       limits=limits or DIAGNOSTIC_LIMITS)
+    res = _sandboxed(source + _DRIVER, "__evotrainer_diagnose__", [_rollout_json(rollouts)],
+                     limits or DIAGNOSTIC_LIMITS)
     if res.status != "ok":
         return DiagnosticResult(name=f"evolved.{name}", error=f"{res.status}: {res.error} ({res.isolation})")
     try:
@@ -531,9 +549,9 @@ def veto_one(path: str, source: str, control_rollouts: list[Rollout], candidate_
     name = diagnostic_name(path)
     if not _defines(source, "veto"):  # nothing to run (parsing does not execute the code)
         return None
-    res = run_function(source + _DRIVER, "__evotrainer_veto__",
-                       args=[_rollout_json(control_rollouts), _rollout_json(candidate_rollouts),
-                             control_metrics, candidate_metrics], limits=limits or DIAGNOSTIC_LIMITS)
+    res = _sandboxed(source + _DRIVER, "__evotrainer_veto__",
+                     [_rollout_json(control_rollouts), _rollout_json(candidate_rollouts), control_metrics,
+                      candidate_metrics], limits or DIAGNOSTIC_LIMITS)
     if res.status != "ok":
         return f"{name}: veto failed: {res.status}: {res.error}"
     reason = (res.value or {}).get("reason")

@@ -986,6 +986,28 @@ def _prepare(run_dir: Path, config: RunConfig, progress) -> Run:
     return run
 
 
+def _announce_sandbox(run: Run) -> None:
+    """Apply the run's isolation policy for evolved code and say, once per start, what confines it on this machine."""
+    from harness.diagnostics import allow_unisolated
+    from sandbox.runner import protections
+
+    allowed = run.config.sandbox.allow_unisolated_diagnostics
+    allow_unisolated(allowed)
+    p = protections()
+    if p["isolation"] == "bwrap":
+        msg = (f"evolved diagnostics run under bubblewrap; seccomp: {p['seccomp']}; whole-job memory and processes: "
+               f"{p['total_memory_and_processes']}; disk: {p['disk']}")
+    elif allowed:
+        msg = ("WARNING: bubblewrap not found and sandbox.allow_unisolated_diagnostics is true: evolved diagnostics run "
+               "as a plain subprocess and can read host files as this user; install bubblewrap (apt-get install "
+               "bubblewrap)")
+    else:
+        msg = ("bubblewrap not found: evolved diagnostics are refused, so candidates that add or change one are "
+               "rejected; install bubblewrap (apt-get install bubblewrap), or set "
+               "sandbox.allow_unisolated_diagnostics: true to run them unisolated")
+    run.event(None, "setup", "sandbox" if p["isolation"] == "bwrap" else "warning", msg)
+
+
 def _drive_prepared(run_dir: Path, config: RunConfig, progress, first_input: dict[str, Any] | None) -> None:
     run = _prepare(run_dir, config, progress)
     try:
@@ -999,6 +1021,7 @@ def _drive_prepared(run_dir: Path, config: RunConfig, progress, first_input: dic
             if not _has_checkpoint(run_dir, run.id):  # killed before the graph's first checkpoint
                 first_input = {"run_id": run.id, "stage": 0, "log": []}
         run.store.set_run_status(run.id, "running")
+        _announce_sandbox(run)
         try:
             _drive(run, first_input)
         except BaseException:

@@ -13,29 +13,41 @@ these functions raise (`ValueError`, `SandboxUnavailable`).
 
 ## What it does (bubblewrap, `isolation: bwrap`)
 - A fresh mount namespace holding only /usr (+ the /bin, /lib, /lib64 links), the Python interpreter's own prefix
-  (read-only), minimal /dev and /proc, a small tmpfs /tmp, and one writable scratch directory at /scratch (a fresh host
-  temp dir, deleted afterwards). Not visible: the run directory, the project, home, held-out data, /etc, the rest of /root.
+  (read-only), minimal /dev and /proc, a 16 MiB tmpfs /tmp, the job spec read-only at /.job, and /scratch: a tmpfs of
+  `scratch_mb` (nothing the job writes touches the host disk, and all its files together are capped). Not visible:
+  the run directory, the project, home, held-out data, /etc, the rest of /root.
 - New network (only a private loopback: no network at all), pid, ipc, uts and cgroup namespaces; `--die-with-parent`,
   `--new-session` (no terminal injection), no_new_privs (setuid binaries do not elevate).
+- A seccomp filter (`sandbox.kernel`, x86_64 and aarch64): no new namespaces of any kind (so no nested user
+  namespace), no mounts, ptrace, bpf, perf, userfaultfd, io_uring, keyring, modules, kexec, reboot; foreign ABIs kill.
 - The code runs as a fresh unprivileged uid per job with no capabilities. This is why, when the caller is root, the
   user namespace is deliberately NOT unshared: a root-made user namespace maps the sandbox back to real uid 0, which the
   kernel exempts from RLIMIT_NPROC, so a fork bomb would not be stopped. Dropping to a unique real uid makes the process
   limit hold (and is per job, so concurrent jobs do not share it). A non-root caller gets `--unshare-all --uid 65534`.
+- Whole-job limits through a cgroup per job where a writable hierarchy exists (v2, or v1 memory + pids): the resident
+  memory of the job's whole process tree (tmpfs files included) is capped at `memory_mb`, its tasks at `processes`
+  + 4, and every process of the job is killed at the end, whatever session or process group it moved to.
 - setrlimit: CPU seconds, address space, file size, open files, processes; a wall-clock timeout that kills the whole
   sandbox (the pid namespace dies with bwrap); scrubbed environment; stdin is /dev/null; stdout/stderr capped (a job
-  that floods past the cap is killed).
-- One interpreter start per job: a small boot script applies the limits, drops privileges, then runs the snippet, the
-  function, or a `python prog.py` program in that same interpreter (other argv are exec'd). The boot imports only
-  builtin modules, and results come back as JSON (never pickle/marshal: the job could forge its result file, which
-  only ever lies about its own result).
+  that floods past the cap is killed) and flushed before the job exits.
+- One interpreter start per job: a small boot script applies the limits, drops privileges, writes the job's files,
+  then runs the snippet, the function, or a `python prog.py` program in that same interpreter (other argv are exec'd).
+  The boot imports only builtin modules. The value comes back as JSON on an inherited pipe, read with a cap
+  (`result_bytes`) and parsed inside the error handling (never pickle/marshal; bad UTF-8, deep nesting, a wrong shape
+  or status are an `error` result): the parent never opens a path inside the sandbox, so a symlink, FIFO or device put
+  where a result file used to be is never read. A job can forge only its own result.
+- `run()` never raises for anything a job does. `protections()` says which of the above hold on this machine.
 
 ## What it does NOT protect against
-- Kernel exploits (no seccomp filter), side channels, CPU/disk contention with other jobs (no cgroups: a job can use
-  its CPU seconds and fill /scratch up to `file_size_mb` per file), reading world-readable files under /usr.
+- Kernel exploits through the syscalls the filter allows, side channels, CPU contention with other jobs (no CPU
+  shares: a job uses up to its CPU seconds), reading world-readable files under /usr.
+- Without a writable cgroup (an unprivileged container), memory and processes are capped per process only (RLIMIT_AS,
+  RLIMIT_NPROC): N processes may use N x `memory_mb`. `protections()` and `kernel.cgroup_support()` say so.
 - The fallback (`isolation: process`, used when bwrap is missing, with a one-time warning) is a plain subprocess with
-  the same rlimits, scrubbed environment and temp working directory, but it sees the whole filesystem and network as
-  the caller's user, and, when the caller is root, RLIMIT_NPROC is ignored by the kernel (no fork-bomb protection) and
-  children that call setsid() can escape the timeout's process-group kill. Use `require_bwrap=True` wherever it matters.
+  the same rlimits, scrubbed environment and temp working directory (and the cgroup where available), but no seccomp
+  and no disk cap (it writes to a host temp dir), and it sees the whole filesystem and network as the caller's user;
+  when the caller is root, RLIMIT_NPROC is ignored by the kernel (no fork-bomb protection without a cgroup). Use
+  `require_bwrap=True` wherever it matters: the loop's evolved diagnostics do.
 """
 
 from __future__ import annotations
@@ -58,6 +70,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from sandbox.kernel import JobCgroup, cgroup_support, seccomp_program
+
 # --- public records -----------------------------------------------------------------------------------------------
 
 Status = Literal["ok", "error", "timeout", "memory", "killed"]
@@ -74,8 +88,13 @@ class Limits(BaseModel):
     model_config = ConfigDict(extra="forbid")
     cpu_s: int = Field(10, ge=1, description="CPU seconds (RLIMIT_CPU); exceeding it ends the job with status timeout")
     wall_s: float = Field(20.0, gt=0, description="wall-clock seconds before the whole sandbox is killed (timeout)")
-    memory_mb: int = Field(1024, ge=64, description="address space in MiB (RLIMIT_AS); exceeding it gives status memory")
+    memory_mb: int = Field(1024, ge=64, description="address space of each process in MiB (RLIMIT_AS) and resident "
+                           "memory of the job's whole process tree (its cgroup, where one can be made); exceeding "
+                           "either gives status memory")
     file_size_mb: int = Field(16, ge=1, description="largest file the job may write, MiB (RLIMIT_FSIZE)")
+    scratch_mb: int = Field(64, ge=1, description="size of the /scratch filesystem under bubblewrap (a tmpfs; /tmp is "
+                            "another 16 MiB): all the job's files together")
+    result_bytes: int = Field(4_000_000, ge=1024, description="cap on the JSON result a code/function job returns")
     open_files: int = Field(64, ge=16, description="open file descriptors (RLIMIT_NOFILE)")
     processes: int = Field(16, ge=1, description="processes/threads of the job's uid (RLIMIT_NPROC; bwrap only as root)")
     output_bytes: int = Field(1_000_000, ge=1024, description="cap on stdout and on stderr each; beyond it: killed")
@@ -126,7 +145,9 @@ class RunResult(BaseModel):
 
 # --- the boot script (runs inside the sandbox, before the untrusted code) ------------------------------------------
 
-# argv: job result scratch_dir. It applies the limits, drops privileges when asked, then runs the job. It imports only
+# argv: job_file result_fd scratch_dir. It applies the limits, drops privileges when asked, writes the job's files (as
+# the job's uid, under its limits), then runs the job. The value goes back as JSON on the inherited pipe `result_fd`, so
+# the parent never opens a path the job could have replaced. It imports only
 # builtin modules for programs (marshal for the trusted job file; json, whose import costs tens of ms, only to write a
 # value back; the parent reads results as JSON, never marshal, since the job could forge the file) and runs "python prog.py" programs in
 # this same interpreter, so a job pays for one interpreter start, not two.
@@ -134,7 +155,7 @@ _BOOT = r"""
 import marshal, os, resource, sys
 with open(sys.argv[1], "rb") as fh:
     job = marshal.load(fh)
-result_path = sys.argv[2]; os.chdir(sys.argv[3])
+result_fd = int(sys.argv[2]); os.chdir(sys.argv[3])
 L = job["limits"]; MB = 1 << 20
 for lim, v in ((resource.RLIMIT_CPU, (L["cpu_s"], L["cpu_s"] + 1)), (resource.RLIMIT_AS, (L["memory_mb"] * MB,) * 2),
                (resource.RLIMIT_FSIZE, (L["file_size_mb"] * MB,) * 2), (resource.RLIMIT_NOFILE, (L["open_files"],) * 2),
@@ -143,14 +164,20 @@ for lim, v in ((resource.RLIMIT_CPU, (L["cpu_s"], L["cpu_s"] + 1)), (resource.RL
 if job["uid"] is not None:
     os.setgroups([]); os.setgid(job["uid"]); os.setuid(job["uid"])
 del lim, v, L, MB
+for rel, text in job["files"].items():
+    if os.path.dirname(rel):
+        os.makedirs(os.path.dirname(rel), exist_ok=True)
+    with open(rel, "w", encoding="utf-8") as fh:
+        fh.write(text)
 if job["kind"] == "program":
+    os.close(result_fd)
     argv = job["argv"]
     if argv[0] == "python" and len(argv) > 1 and not argv[1].startswith("-"):
         # `python prog.py args`: run it here, as the interpreter would (uncaught exceptions and SystemExit included)
         sys.argv = argv[1:]
         with open(argv[1], "rb") as fh:
             code = compile(fh.read(), argv[1], "exec")
-        del fh, job, result_path, argv, marshal, resource
+        del fh, job, result_fd, argv, marshal, resource
         g = {"__name__": "__main__", "__file__": sys.argv[0], "__builtins__": __builtins__}
         exec(code, g)
         sys.exit(0)
@@ -206,11 +233,17 @@ except BaseException as exc:
     import traceback
     traceback.print_exc()
     out = {"status": "error", "value": None, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+for stream in (sys.stdout, sys.stderr):  # os._exit skips the interpreter's flush: the job's prints come back
+    try:
+        stream.flush()
+    except BaseException:
+        pass
 try:
-    text = '{"status": %s, "error": %s, "value": %s}' % (_dumps(out["status"]), _dumps(out["error"]),
-                                                          out["value"] if out["status"] == "ok" else "null")
-    with open(result_path, "w") as fh:
-        fh.write(text)
+    data = ('{"status": %s, "error": %s, "value": %s}' % (_dumps(out["status"]), _dumps(out["error"]),
+                                                        out["value"] if out["status"] == "ok" else "null")).encode()
+    view = memoryview(data)
+    while view:
+        view = view[os.write(result_fd, view):]
 except (OSError, ValueError) as exc:
     print(f"sandbox: cannot write the result: {exc}", file=sys.stderr); os._exit(70)
 os._exit(0)
@@ -279,16 +312,19 @@ def _job_uid() -> int:
 _ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8"}
 
 
-def _bwrap_argv(exe: str, scratch: Path, uid: int | None) -> list[str]:
+def _bwrap_argv(exe: str, limits: Limits, uid: int | None, job_file: Path, seccomp_fd: int | None) -> list[str]:
     prefix = python_prefix()
     argv = [exe, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
             "--die-with-parent", "--new-session", "--clearenv",
             "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
             "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/sbin", "/sbin",
             "--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(16 << 20), "--tmpfs", "/tmp",
-            "--bind", str(scratch), "/scratch", "--chdir", "/scratch"]
+            "--perms", "1777", "--size", str(limits.scratch_mb << 20), "--tmpfs", "/scratch",
+            "--ro-bind", str(job_file), "/.job", "--chdir", "/scratch"]
     if uid is None:  # not root: a user namespace maps us to an unprivileged id, NPROC counts per namespace
         argv[1:1] = ["--unshare-user", "--uid", "65534", "--gid", "65534"]
+    if seccomp_fd is not None:
+        argv[1:1] = ["--seccomp", str(seccomp_fd)]
     if not prefix.is_relative_to("/usr"):
         for parent in reversed(prefix.parents[:-1]):  # bwrap would make missing parents 0700: unreadable once we drop
             argv += ["--perms", "0755", "--dir", str(parent)]
@@ -298,42 +334,87 @@ def _bwrap_argv(exe: str, scratch: Path, uid: int | None) -> list[str]:
     return argv + ["--"]
 
 
-def _capture(proc: subprocess.Popen, limits: Limits) -> tuple[bytes, bytes, str | None]:
-    """Read stdout/stderr until EOF or the deadline; kill the sandbox on timeout or output flood."""
+_SECCOMP: dict[str, bytes | None] = {}
+
+
+def _seccomp(exe: str) -> bytes | None:
+    """The seccomp program when this bwrap can load it (probed once), else None."""
+    if exe not in _SECCOMP:
+        prog = seccomp_program()
+        if prog is not None:
+            r, w = os.pipe()
+            os.write(w, prog)
+            os.close(w)
+            try:
+                probe = subprocess.run([exe, "--seccomp", str(r), "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib",
+                                        "/lib", "--symlink", "usr/lib64", "/lib64", "--dev", "/dev", "/usr/bin/true"],
+                                       check=False, capture_output=True, timeout=20, pass_fds=(r,))
+                prog = prog if probe.returncode == 0 else None
+            finally:
+                os.close(r)
+        _SECCOMP[exe] = prog
+    return _SECCOMP[exe]
+
+
+def protections(isolation: str = "auto") -> dict[str, Any]:
+    """What a job run here is confined by, in words: isolation, seccomp, whole-job memory/process caps, disk cap."""
+    mode = "process" if isolation == "process" else ("bwrap" if find_bwrap() else "process")
+    cg = cgroup_support()
+    seccomp = mode == "bwrap" and _seccomp(find_bwrap() or "") is not None
+    return {
+        "isolation": mode,
+        "seccomp": seccomp if seccomp else ("no: the process fallback cannot load one" if mode == "process"
+                                            else "no: this bwrap/kernel cannot load the filter"),
+        "total_memory_and_processes": f"capped (cgroup {cg})" if cg in ("v1", "v2")
+        else f"NOT capped: {cg}; per-process RLIMIT_AS and RLIMIT_NPROC only",
+        "disk": "capped (/scratch tmpfs of scratch_mb, /tmp 16 MiB)" if mode == "bwrap"
+        else "NOT capped: the process fallback writes to a host temp dir (RLIMIT_FSIZE per file only)",
+    }
+
+
+def _capture(proc: subprocess.Popen, limits: Limits, result_r: int) -> tuple[bytes, bytes, bytes, str | None]:
+    """Read stdout, stderr and the result pipe until EOF or the deadline; kill the sandbox on timeout, on an output
+    flood, or on a result beyond its cap. Reads are bounded: nothing the job sends can grow a buffer past its cap."""
     sel = selectors.DefaultSelector()
-    bufs = {proc.stdout: bytearray(), proc.stderr: bytearray()}
+    res_f = os.fdopen(result_r, "rb", buffering=0)
+    caps = {proc.stdout: ("flood", limits.output_bytes), proc.stderr: ("flood", limits.output_bytes),
+            res_f: ("result", limits.result_bytes)}
+    bufs: dict[Any, bytearray] = {f: bytearray() for f in caps}
     for f in bufs:
         os.set_blocking(f.fileno(), False)
         sel.register(f, selectors.EVENT_READ)
     deadline = time.monotonic() + limits.wall_s
     reason = None
     grace = None  # once the main process is gone, stragglers holding the pipes get 0.5 s
-    while sel.get_map() and reason is None:
-        now = time.monotonic()
-        if now >= deadline:
-            reason = "timeout"
-            break
-        if grace is None and proc.poll() is not None:
-            grace = min(deadline, now + 0.5)
-        if grace is not None and now >= grace:
-            break
-        for key, _ in sel.select(timeout=min((grace or deadline) - now, 0.2)):
-            chunk = key.fileobj.read(65536)
-            if not chunk:
-                sel.unregister(key.fileobj)
-                continue
-            bufs[key.fileobj] += chunk
-            if len(bufs[key.fileobj]) > limits.output_bytes:
-                reason = "flood"
+    try:
+        while sel.get_map() and reason is None:
+            now = time.monotonic()
+            if now >= deadline:
+                reason = "timeout"
                 break
-    sel.close()
-    if reason or proc.poll() is None:
-        _kill(proc)
-    _kill(proc)  # stragglers of a finished job (fallback mode: the same process group)
-    proc.wait()
-    for f in bufs:
-        f.close()
-    return bytes(bufs[proc.stdout]), bytes(bufs[proc.stderr]), reason
+            if grace is None and proc.poll() is not None:
+                grace = min(deadline, now + 0.5)
+            if grace is not None and now >= grace:
+                break
+            for key, _ in sel.select(timeout=min((grace or deadline) - now, 0.2)):
+                chunk = key.fileobj.read(65536)
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                    continue
+                kind, cap = caps[key.fileobj]
+                bufs[key.fileobj] += chunk[: cap + 1 - len(bufs[key.fileobj])]
+                if len(bufs[key.fileobj]) > cap:
+                    reason = kind
+                    break
+    finally:
+        sel.close()
+        if reason or proc.poll() is None:
+            _kill(proc)
+        _kill(proc)  # stragglers of a finished job (fallback mode: the same process group)
+        proc.wait()
+        for f in bufs:
+            f.close()
+    return bytes(bufs[proc.stdout]), bytes(bufs[proc.stderr]), bytes(bufs[res_f]), reason
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -348,49 +429,65 @@ def _decode(b: bytes, cap: int) -> str:
 
 
 def run(job: Job, *, require_bwrap: bool = False, isolation: str = "auto") -> RunResult:
-    """Run one job under the best isolation available (see the module docstring). Never raises for the job's failures.
+    """Run one job under the best isolation available (see the module docstring). Never raises for anything the job
+    does (its failures, its output, a forged or hostile result): those are results.
 
     isolation="process" forces the plain-subprocess fallback (tests, benchmarks); require_bwrap=True refuses to run
     without bubblewrap (raises SandboxUnavailable saying how to install it)."""
     mode, exe = _isolation(require_bwrap, isolation)
     t0 = time.perf_counter()
     root = Path(tempfile.mkdtemp(prefix="evotrainer-sbx-"))
+    cg = None
+    fds: list[int] = []
     try:
-        scratch = root / "scratch"
+        scratch = root / "scratch"  # the working directory of the process fallback (bwrap mounts a tmpfs instead)
         scratch.mkdir()
-        meta = root / "meta"  # job + result live outside scratch in the fallback; inside /scratch is ok under bwrap
-        meta.mkdir()
-        for rel, text in job.files.items():
-            p = scratch / rel
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_text(text, encoding="utf-8")
-        uid = None
-        if mode == "bwrap" and os.geteuid() == 0:
-            uid = _job_uid()
-            for dirpath, dirnames, filenames in os.walk(scratch):
-                for n in [dirpath, *(os.path.join(dirpath, x) for x in dirnames + filenames)]:
-                    os.chown(n, uid, uid)
-        payload = marshal.dumps({**job.model_dump(mode="json"), "uid": uid})
+        uid = _job_uid() if mode == "bwrap" and os.geteuid() == 0 else None
+        job_file = root / "job"
+        job_file.write_bytes(marshal.dumps({**job.model_dump(mode="json"), "uid": uid}))
+        result_r, result_w = os.pipe()
+        fds += [result_r, result_w]
         python = str(interpreter())
+        pass_fds = [result_w]
         if mode == "bwrap":
-            (scratch / ".job").write_bytes(payload)
-            if uid is not None:
-                os.chown(scratch / ".job", uid, uid)
-            argv = _bwrap_argv(exe, scratch, uid) + [python, "-I", "-S", "-c", _BOOT, "/scratch/.job",
-                                                      "/scratch/.result", "/scratch"]
-            result_file, env, cwd = scratch / ".result", None, None
+            prog = _seccomp(exe)
+            seccomp_fd = None
+            if prog is not None:
+                seccomp_path = root / "seccomp.bpf"
+                seccomp_path.write_bytes(prog)
+                seccomp_fd = os.open(seccomp_path, os.O_RDONLY)
+                fds.append(seccomp_fd)
+                pass_fds.append(seccomp_fd)
+            argv = _bwrap_argv(exe, job.limits, uid, job_file, seccomp_fd) + [
+                python, "-I", "-S", "-c", _BOOT, "/.job", str(result_w), "/scratch"]
+            env, cwd = {}, None
         else:
-            (meta / "job").write_bytes(payload)
-            argv = [python, "-I", "-S", "-c", _BOOT, str(meta / "job"), str(meta / "result"), str(scratch)]
-            result_file, cwd = meta / "result", str(scratch)
-            env = {**_ENV, "HOME": str(scratch), "TMPDIR": str(scratch)}
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=env if env is not None else {}, cwd=cwd, start_new_session=True, close_fds=True)
-        out, err, reason = _capture(proc, job.limits)
-        res = _result(job, mode, proc.returncode, out, err, reason, result_file)
+            argv = [python, "-I", "-S", "-c", _BOOT, str(job_file), str(result_w), str(scratch)]
+            env, cwd = {**_ENV, "HOME": str(scratch), "TMPDIR": str(scratch)}, str(scratch)
+        cg = JobCgroup.create(job.limits.memory_mb, job.limits.processes + 4)  # + bwrap's own processes
+        proc = subprocess.Popen(cg.wrap(argv) if cg else argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=env, cwd=cwd, start_new_session=True, close_fds=True,
+                                pass_fds=pass_fds)
+        for fd in fds[1:]:  # the parent keeps only the read end of the result pipe
+            os.close(fd)
+        fds = fds[:1]
+        try:
+            out, err, raw, reason = _capture(proc, job.limits, result_r)
+        finally:
+            fds = []  # _capture closed the read end
+        oom = False
+        if cg is not None:
+            cg.kill_all()
+            oom = cg.oom_killed()
+        res = _result(job, mode, proc.returncode, out, err, reason, raw, oom)
         res.duration_s = round(time.perf_counter() - t0, 4)
         return res
     finally:
+        for fd in fds:
+            os.close(fd)
+        if cg is not None:
+            cg.kill_all()
+            cg.remove()
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -402,17 +499,42 @@ def _signal_of(code: int, mode: str) -> int | None:
     return None
 
 
-def _result(job: Job, mode: Isolation, code: int, out: bytes, err: bytes, reason: str | None,
-            result_file: Path) -> RunResult:
+_STATUSES = ("ok", "error", "timeout", "memory", "killed")
+
+
+def parse_result(raw: bytes) -> dict[str, Any]:
+    """The boot's result object from the bytes the job side sent. Raises ValueError for anything else (bad UTF-8, bad
+    or deeply nested JSON, a wrong shape): the job can forge this channel, so nothing in it is trusted."""
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"not UTF-8 JSON: {str(exc)[:200]}") from None
+    if not isinstance(data, dict) or set(data) != {"status", "error", "value"}:
+        raise ValueError("not a result object {status, error, value}")
+    if data["status"] not in _STATUSES or not (data["error"] is None or isinstance(data["error"], str)):
+        raise ValueError(f"bad status or error field: {str(data['status'])[:50]!r}")
+    return {"status": data["status"], "value": data["value"],
+            "error": None if data["error"] is None else data["error"][:2000]}
+
+
+def _result(job: Job, mode: Isolation, code: int, out: bytes, err: bytes, reason: str | None, raw: bytes,
+            oom: bool) -> RunResult:
     cap = job.limits.output_bytes
     base = {"stdout": _decode(out, cap), "stderr": _decode(err, cap), "isolation": mode, "exit_code": code}
     if reason == "timeout":
         return RunResult(status="timeout", error=f"wall-clock limit of {job.limits.wall_s}s reached: killed", **base)
     if reason == "flood":
         return RunResult(status="killed", error=f"output exceeded {cap} bytes: killed", **base)
+    if reason == "result":
+        return RunResult(status="error", error=f"result exceeded {job.limits.result_bytes} bytes: killed", **base)
     sig = _signal_of(code, mode)
     if sig == signal.SIGXCPU:
         return RunResult(status="timeout", error=f"CPU limit of {job.limits.cpu_s}s reached (SIGXCPU)", **base)
+    if oom and (code != 0 or job.kind == "program" or not raw):
+        return RunResult(status="memory", error=f"the job's processes together exceeded {job.limits.memory_mb} MiB "
+                         "(cgroup): killed", **base)
     if job.kind == "program":
         if code == 0:
             return RunResult(status="ok", **base)
@@ -421,11 +543,10 @@ def _result(job: Job, mode: Isolation, code: int, out: bytes, err: bytes, reason
         if sig is not None:
             return RunResult(status="killed", error=f"killed by signal {signal.Signals(sig).name}", **base)
         return RunResult(status="error", error=f"exit code {code}", **base)
-    if result_file.exists() and code == 0:
+    if raw and code == 0:
         try:
-            data = json.loads(result_file.read_text())  # JSON, never marshal/pickle: the job could have forged it
-            data = {"status": data["status"], "value": data["value"], "error": data["error"]}
-        except (OSError, ValueError, TypeError, KeyError) as exc:
+            data = parse_result(raw)
+        except ValueError as exc:
             return RunResult(status="error", error=f"unreadable or non-JSON result: {exc}", **base)
         return RunResult(status=data["status"], value=data["value"], error=data["error"], **base)
     if sig is not None:

@@ -177,6 +177,26 @@ def test_broken_evolved_diagnostic_gives_error_and_caller_goes_on(src, status):
     assert out[1].error is None and out[1].metrics["hole_share"] == 0.5  # the next one still ran
 
 
+def test_without_bubblewrap_evolved_code_is_refused_unless_the_config_says_so(monkeypatch):
+    from sandbox import runner
+
+    monkeypatch.setattr(runner, "find_bwrap", lambda: None)
+    rs = [mk(5, "hole"), mk(5)]
+    res = D.run_evolved("diagnostics/holes.py", GOOD, rs, FAST)
+    assert res.error and "refused" in res.error and "bubblewrap" in res.error and res.findings == []
+    control = [mk(5)] * 4
+    [block] = D.run_vetoes({"diagnostics/holes.py": GOOD}, control, rs, D.arm_metrics(control), D.arm_metrics(rs), FAST)
+    assert "veto failed" in block and "refused" in block  # a check that cannot run blocks
+    try:
+        D.allow_unisolated(True)  # `sandbox: {allow_unisolated_diagnostics: true}` in the run config
+        monkeypatch.setattr(runner, "_WARNED", False)
+        with pytest.warns(RuntimeWarning):
+            res = D.run_evolved("diagnostics/holes.py", GOOD, rs, FAST)
+        assert res.error is None and res.metrics == {"hole_share": 0.5}
+    finally:
+        D.allow_unisolated(False)
+
+
 def test_veto_fires_and_is_reported():
     control = [mk(5, "hole")] + [mk(5) for _ in range(9)]
     cand = [mk(5, "hole") for _ in range(5)] + [mk(5) for _ in range(5)]
