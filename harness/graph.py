@@ -33,6 +33,7 @@ import numpy as np
 import yaml
 
 from harness.config import RunConfig, parse_config
+from harness.engineer.proposal import cut
 from harness.records import Candidate, HistoryItem, Rollout, Verdict, read_rollouts, write_rollouts
 from harness.store import RunStore, acquire_lock
 from harness.tasks import get_task
@@ -562,8 +563,14 @@ def node_propose(run: Run, state: State) -> State:
                                                     reason=f"patch does not apply: {exc}"))
             continue
         changed = {p: s for p, s in new_files.items() if main_files.get(p) != s}
-        sha = ws.propose(cand.id, changed, summary=_summary(cand), rationale=cand.rationale,
-                         factor=cand.change.knob, stage=k, skill=cand.skill, engineer=cand.engineer)
+        try:
+            sha = ws.propose(cand.id, changed, summary=_summary(cand), rationale=cand.rationale,
+                             factor=cand.change.knob, stage=k, skill=cand.skill, engineer=cand.engineer)
+        except Exception as exc:  # noqa: BLE001 - one bad candidate costs itself, never the stage
+            run.store.set_candidate_verdict(Verdict(candidate=cand.id, decision="rejected", stage_reached="vet",
+                                                    reason=cut(f"could not be committed: {type(exc).__name__}: "
+                                                                f"{exc}")))
+            continue
         run.store.upsert_candidate(run.id, cand, commit=sha)
     msg = ", ".join(f"{i}: {c.change.knob}" for i, c in zip(ids, res.candidates)) or "no candidate"
     _finish(run, k, "propose", {"candidates": ids, "engineer": res.engineer_used}, t0, msg)
@@ -592,7 +599,13 @@ def node_vet(run: Run, state: State) -> State:
         if row["status"] in ("rejected_vet", "rejected", "promoted"):
             continue
         cand = _candidate(row)
-        res = vet(cand, main_files, run.task, rollouts)
+        try:
+            res = vet(cand, main_files, run.task, rollouts)
+        except Exception as exc:  # noqa: BLE001 - vet promises not to raise; if it does, the candidate pays
+            from harness.vet import VetResult
+
+            res = VetResult(ok=False, stage="vet", reason=cut(f"the vet step failed on it: {type(exc).__name__}: "
+                                                               f"{exc}"))
         if res.ok:
             run.store.set_candidate_status(cid, "vetted")
             vetted.append(cid)
@@ -688,7 +701,14 @@ def node_backtest(run: Run, state: State) -> State:
     verdicts = []
     for cid in vetted:
         files = ws.files(f"cand/{cid}")
-        arm = _arm(run, k, cid, files, state["train_ckpt"], steps)
+        try:
+            arm = _arm(run, k, cid, files, state["train_ckpt"], steps)
+        except Exception as exc:  # noqa: BLE001 - a candidate whose arm cannot train or be judged is rejected
+            v = Verdict(candidate=cid, decision="rejected", stage_reached="backtest",
+                        reason=cut(f"its backtest arm failed: {type(exc).__name__}: {exc}"))
+            verdicts.append(v)
+            run.event(k, "backtest", "verdict", f"{cid}: rejected: {v.reason}", key=f"{k}/verdict/{cid}")
+            continue
         x_roll = read_rollouts(Path(arm["rollouts"]))
         x_seeds, x_out, _ = _per_instance(x_roll)
         assert x_seeds == c_seeds, "arms must be evaluated on the same backtest instances"

@@ -312,9 +312,12 @@ def shaping_backtest(task: Any, rollouts: list[Rollout], old: BaseModel, new: Ba
                             f"inverted groups {inv0} -> {inv1}")
 
 
-def diagnostic_backtest(path: str, source: str, rollouts: list[Rollout], limits: Limits | None = None) -> VetResult:
+def diagnostic_backtest(path: str, source: str, rollouts: list[Rollout], limits: Limits | None = None,
+                        old_source: str | None = None) -> VetResult:
     """Run the diagnostic on cached rollouts in the sandbox; reject one that errors, flags solved trajectories, or
-    vetoes an unchanged arm or an all-valid arm."""
+    vetoes an unchanged arm or an all-valid arm. A revision of an existing diagnostic (`old_source`) must still report
+    what the old one reports on the same rollouts (every finding code and metric name): existing checks are protected
+    like vetoes, so a revision cannot silently remove one (e.g. replace it with a no-op)."""
     res = D.run_evolved(path, source, rollouts, limits)
     details: dict[str, Any] = {"n": len(rollouts), "findings": [f.code for f in res.findings], "metrics": res.metrics}
     if res.error:
@@ -342,6 +345,20 @@ def diagnostic_backtest(path: str, source: str, rollouts: list[Rollout], limits:
         if block:
             return VetResult(ok=False, stage="offline", details=details,
                              reason=f"{path} vetoes {label} on cached rollouts: {block}")
+    if old_source is not None:
+        old = D.run_evolved(path, old_source, rollouts, limits)
+        if old.error is None:  # a broken old version reports nothing to keep
+            lost = sorted({f.code for f in old.findings} - {f.code for f in res.findings})
+            lost_metrics = sorted(set(old.metrics) - set(res.metrics))
+            details["kept_from_old"] = {"findings": sorted({f.code for f in old.findings}),
+                                        "metrics": sorted(old.metrics)}
+            if lost or lost_metrics:
+                what = "; ".join(x for x in (f"findings {lost}" if lost else "",
+                                              f"metrics {lost_metrics}" if lost_metrics else "") if x)
+                return VetResult(ok=False, stage="offline", details=details, reason=(
+                    f"{path} revises an existing diagnostic but no longer reports {what} that the current version "
+                    f"reports on the same {len(rollouts)} cached rollouts: existing checks may be extended, not "
+                    "removed; keep them and add yours (or add a new diagnostics/<name>.py)"))
     return VetResult(ok=True, stage="offline", details=details,
                      reason=f"{path} runs on {len(rollouts)} cached rollouts; flags no solved trajectory; "
                             "its veto (if any) lets unchanged and all-valid arms through")
@@ -393,7 +410,8 @@ def vet(candidate: Candidate, harness_files: dict[str, str], task: Any, cached_r
     except VetError as exc:
         return VetResult(ok=False, stage="vet", reason=str(exc), details={"knob": change.knob})
     if change.kind == "diagnostic":
-        res = diagnostic_backtest(change.knob, change.code or "", cached_rollouts, limits)
+        res = diagnostic_backtest(change.knob, change.code or "", cached_rollouts, limits,
+                                  old_source=harness_files.get(change.knob))
     elif change.kind == "reward":
         old = shaping if isinstance(shaping, BaseModel) else (
             task.shaping_model.model_validate(shaping) if shaping is not None else _shaping_of(harness_files, task))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
@@ -156,3 +157,150 @@ def test_policy_as_engineer_runs_the_local_checkpoint(lib, tmp_path):
                for r in res.rejected_replies)
     with pytest.raises(ValueError, match="policy checkpoint"):
         propose(cfg, _diag(), lib, 1, np.random.default_rng(0), space=SPACE)
+
+
+# --- hostile endpoints and replies (issue #15): each costs the proposal, never the run, and is recorded ----------------
+
+
+class RawEndpoint:
+    """A server whose every POST runs `behave(handler)`: drip bytes, redirect, flood, send bad bytes."""
+
+    def __init__(self, behave):
+        self.requests = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers["Content-Length"]))
+                outer.requests.append({"path": self.path, "auth": self.headers.get("Authorization")})
+                try:
+                    behave(self)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    url = FakeEndpoint.url
+    __enter__ = FakeEndpoint.__enter__
+    __exit__ = FakeEndpoint.__exit__
+
+
+def _completion(content: str) -> bytes:
+    return json.dumps({"choices": [{"message": {"role": "assistant", "content": content}}]}).encode()
+
+
+def test_a_dripping_endpoint_cannot_hold_the_run_past_its_deadline(lib):
+    def drip(h):
+        body = _completion(json.dumps(_one()))
+        h.send_response(200)
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        for b in body:  # one byte every 0.3 s: each read is well inside any per-read timeout
+            h.wfile.write(bytes([b]))
+            h.wfile.flush()
+            time.sleep(0.3)
+
+    with RawEndpoint(drip) as ep:
+        t = time.perf_counter()
+        res = propose(_cfg(ep.url, timeout_s=1.5, max_retries=0), _diag(), lib, 1, np.random.default_rng(0),
+                      space=SPACE)
+        took = time.perf_counter() - t
+    assert took < 4, took  # the old client waited over 45 s against a 5 s timeout
+    assert res.engineer_used == "rule" and any("no complete reply within 1.5s" in n for n in res.notes)
+
+
+def test_a_redirect_is_not_followed_and_the_key_goes_nowhere_else(lib, monkeypatch):
+    monkeypatch.setenv("EVOTRAINER_TEST_KEY", "sk-secret")
+    with FakeEndpoint([json.dumps(_one())]) as elsewhere:
+        def redirect(h):
+            h.send_response(307)
+            h.send_header("Location", elsewhere.url + "/chat/completions")
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+
+        with RawEndpoint(redirect) as ep:
+            res = propose(_cfg(ep.url, api_key_env="EVOTRAINER_TEST_KEY", max_retries=0), _diag(), lib, 1,
+                          np.random.default_rng(0), space=SPACE)
+        assert ep.requests[0]["auth"] == "Bearer sk-secret"  # the configured endpoint got it
+        assert elsewhere.requests == []  # the redirect target got nothing, let alone the key
+    assert res.engineer_used == "rule" and any("redirected (HTTP 307)" in n and "not followed" in n for n in res.notes)
+
+
+@pytest.mark.parametrize("behave,why", [
+    ("flood", "more than"), ("not_utf8", "did not return UTF-8 JSON"), ("deep", "did not return UTF-8 JSON"),
+])
+def test_oversized_or_undecodable_bodies_are_refused(lib, behave, why):
+    def serve(h):
+        if behave == "flood":
+            h.send_response(200)
+            h.send_header("Content-Length", str(64 << 20))
+            h.end_headers()
+            chunk = b"a" * (1 << 20)
+            for _ in range(64):
+                h.wfile.write(chunk)
+            return
+        body = b"\xff\xfe\xfa not utf-8" if behave == "not_utf8" else b"[" * 100_000
+        h.send_response(200)
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body)
+
+    with RawEndpoint(serve) as ep:
+        res = propose(_cfg(ep.url, timeout_s=10, max_retries=0), _diag(), lib, 1, np.random.default_rng(0),
+                      space=SPACE)
+    assert res.engineer_used == "rule" and any(why in n for n in res.notes), res.notes
+
+
+HOSTILE_REPLIES = {
+    "deep nesting": "[" * 50_000,
+    "5000-digit integer": '{"candidates": [{"knob": "env.sizes.5.hole_ratio", "value": ' + "9" * 5000
+                          + ', "rationale": "r", "expected": "e"}]}',
+    "400-digit integer": json.dumps({"candidates": [_one(value=10 ** 400)]}),
+    "blank rationale": json.dumps({"candidates": [_one(rationale="   ")]}),
+    "huge knob name": json.dumps({"candidates": [_one(knob="x" * 300_000)]}),
+    "non-text reply": None,
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE_REPLIES))
+def test_hostile_replies_are_recorded_rejections_and_the_rule_engineer_steps_in(lib, name):
+    reply = HOSTILE_REPLIES[name]
+    with FakeEndpoint([reply if reply is not None else "x"]) as ep:
+        if reply is None:  # content that is not a string
+            ep.replies = []
+            ep.server.RequestHandlerClass.do_POST = _non_text_content
+        res = propose(_cfg(ep.url, max_retries=0), _diag(), lib, 1, np.random.default_rng(0), space=SPACE)
+    assert res.engineer_used == "rule" and res.candidates  # the stage still gets a candidate
+    reasons = [r.reason for r in res.rejected_replies] + res.notes
+    assert all(len(r) <= 500 for r in reasons), [len(r) for r in reasons]
+    assert all(len(r.reply) <= 2000 for r in res.rejected_replies)
+
+
+def _non_text_content(self):
+    self.rfile.read(int(self.headers["Content-Length"]))
+    data = json.dumps({"choices": [{"message": {"content": {"knob": 1}}}]}).encode()
+    self.send_response(200)
+    self.send_header("Content-Length", str(len(data)))
+    self.end_headers()
+    self.wfile.write(data)
+
+
+def test_work_does_not_grow_with_the_number_of_candidates_in_a_reply(lib, monkeypatch):
+    from harness.engineer import proposal
+
+    calls = []
+    real = proposal.vet_error
+    monkeypatch.setattr(proposal, "vet_error", lambda *a, **k: calls.append(1) or real(*a, **k))
+    many = {"candidates": [_one()] * 1500 + [_one(value=round(0.01 * i, 2)) for i in range(30, 60)]}
+    with FakeEndpoint([json.dumps(many), json.dumps({"candidates": [_one()] * 10_000})]) as ep:
+        res = propose(_cfg(ep.url, max_retries=0), _diag(), lib, 2, np.random.default_rng(0), space=SPACE)
+        assert res.engineer_used == "llm" and len(res.candidates) == 1  # one knob: later values of it are dropped
+        assert len(calls) <= 6  # 3 x max_candidates vetted at most, not 1530
+        assert any("1500 duplicate candidate(s) dropped" in n for n in res.notes)
+        res = propose(_cfg(ep.url, max_retries=0), _diag(), lib, 2, np.random.default_rng(0), space=SPACE)
+    assert res.engineer_used == "rule" and res.rejected_replies[0].reason.startswith("reply too long")

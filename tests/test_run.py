@@ -158,6 +158,37 @@ def test_sigkill_then_resume_duplicates_nothing(tmp_path):
     assert "resumed" in kinds and kinds.count("finished") == 1
 
 
+def test_a_node_that_fails_on_one_candidate_rejects_it_and_the_stage_goes_on(tmp_path, monkeypatch):
+    import harness.graph as G
+    import harness.vet as V
+
+    real_arm, real_vet = G._arm, V.vet
+
+    def arm(run, k, name, *a, **kw):
+        if name != "control":
+            raise RuntimeError("arm exploded")
+        return real_arm(run, k, name, *a, **kw)
+
+    def vet(cand, *a, **kw):
+        if cand.id.endswith("c2"):
+            raise MemoryError("vet exploded")
+        return real_vet(cand, *a, **kw)
+
+    monkeypatch.setattr(G, "_arm", arm)
+    monkeypatch.setattr(V, "vet", vet)
+    cfg = parse_config(dict(TINY, budget={"stages": 1}, stage={**TINY["stage"], "candidates": 2}), "test")
+    run_dir = start_run(cfg, tmp_path / "runs", run_id="hurt")
+    st = _check_consistent(run_dir)
+    by = {c["id"]: c for c in st["candidates"]}
+    assert set(by) == {"s1c1", "s1c2"}, by
+    assert by["s1c1"]["status"] == "rejected" and "its backtest arm failed: RuntimeError: arm exploded" in \
+        by["s1c1"]["reason"]
+    assert by["s1c2"]["status"] == "rejected_vet" and "the vet step failed on it: MemoryError" in by["s1c2"]["reason"]
+    store = RunStore.open(run_dir / "run.db")
+    assert store.get_run("hurt")["status"] == "finished"
+    store.close()
+
+
 # --- bad input ---------------------------------------------------------------------------------------------------------
 
 

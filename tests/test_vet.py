@@ -125,6 +125,26 @@ def test_diagnostic_may_not_drop_a_veto_or_use_a_bad_path():
     assert not res.ok and "diagnostics/<snake_case_name>.py" in res.reason
 
 
+def test_an_existing_diagnostic_may_be_extended_not_silenced():
+    files = {**harness_files(), "diagnostics/fails.py": SANE}
+    noop = "def diagnose(rollouts):\n    return {'findings': [], 'metrics': {}}\n"
+    res = V.vet(cand("diagnostic", "diagnostics/fails.py", code=noop), files, None, CACHED, limits=FAST)
+    assert not res.ok and "no longer reports findings ['evolved.fails.fails']; metrics ['fail_share']" in res.reason
+    # the template's own diagnostic is protected the same way
+    template = files["diagnostics/failure_mix.py"]
+    res = V.vet(cand("diagnostic", "diagnostics/failure_mix.py", code=noop), files, None, CACHED, limits=FAST)
+    assert not res.ok and "no longer reports" in res.reason
+    # a revision that keeps everything and adds a metric passes
+    extended = SANE.replace('"metrics": {"fail_share": len(bad) / len(rollouts)}',
+                            '"metrics": {"fail_share": len(bad) / len(rollouts), "n": len(rollouts)}')
+    assert extended != SANE
+    res = V.vet(cand("diagnostic", "diagnostics/fails.py", code=extended), files, None, CACHED, limits=FAST)
+    assert res.ok, res.reason
+    assert template  # and deleting one (empty source) stays refused
+    res = V.vet(cand("diagnostic", "diagnostics/failure_mix.py", code="  \n"), files, None, CACHED, limits=FAST)
+    assert not res.ok and "removing or emptying" in res.reason
+
+
 # --- seed skills: triggers use emitted codes, interventions pass vet ------------------------------------------------
 
 def _seed_skills():

@@ -26,6 +26,7 @@ from harness.engineer.proposal import (
     ProposalResult,
     RejectedReply,
     change_key,
+    cut,
     knob_space,
     parse_reply,
     rejected_keys_from_history,
@@ -99,24 +100,26 @@ def propose(engineer_cfg: EngineerConfig, diagnosis: Diagnosis, skills_library: 
             reply = _reply_fn(engineer_cfg, diagnosis, policy_ckpt, seed)
         except (EndpointError, ScriptError) as exc:
             reply = None
-            notes.append(f"{engineer_cfg.kind} engineer unavailable: {exc}")
+            notes.append(cut(f"{engineer_cfg.kind} engineer unavailable: {exc}"))
         if reply is not None:
             messages = build_messages(diagnosis, space, max_candidates)
             for attempt in range(engineer_cfg.max_retries + 1):
                 try:
                     text = reply(messages, attempt)
-                except EndpointError as exc:
-                    notes.append(f"{engineer_cfg.kind} engineer attempt {attempt}: {exc}")
+                except Exception as exc:  # noqa: BLE001 - any failure of the engineer costs its proposal, not the run
+                    notes.append(cut(f"{engineer_cfg.kind} engineer attempt {attempt}: {type(exc).__name__}: {exc}"))
                     break
                 try:
                     cands, more = parse_reply(text, diagnosis, space, max_candidates, engineer_cfg.kind, rejected)
-                except ProposalError as exc:
-                    bad.append(RejectedReply(attempt=attempt, reason=str(exc), reply=text[:2000]))
-                    messages = messages + [{"role": "assistant", "content": text},
-                                           {"role": "user", "content": retry_message(str(exc))}]
+                except Exception as exc:  # noqa: BLE001 - ProposalError, or a reply that broke a check unexpectedly
+                    reason = cut(exc if isinstance(exc, ProposalError) else f"{type(exc).__name__}: {exc}")
+                    shown = cut(text, 2000) if isinstance(text, str) else cut(repr(text), 2000)
+                    bad.append(RejectedReply(attempt=attempt, reason=reason, reply=shown))
+                    messages = messages + [{"role": "assistant", "content": shown},
+                                           {"role": "user", "content": retry_message(reason)}]
                     continue
-                return ProposalResult(candidates=cands, engineer_used=engineer_cfg.kind, notes=notes + more,
-                                      rejected_replies=bad)
+                return ProposalResult(candidates=cands, engineer_used=engineer_cfg.kind,
+                                      notes=notes + [cut(n) for n in more], rejected_replies=bad)
             if bad:
                 notes.append(f"{engineer_cfg.kind} engineer gave no valid proposal in {len(bad)} attempt(s); last "
                              f"reason: {bad[-1].reason}")

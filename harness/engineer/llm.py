@@ -8,18 +8,19 @@ appended and retried up to `max_retries` times; after that the rule engineer ste
     vllm serve Qwen/Qwen3-4B --port 8000      # elsewhere; then in the run config:
     engineer: {kind: llm, base_url: "http://127.0.0.1:8000/v1", model: "Qwen/Qwen3-4B"}
 
-Only the standard library is used for HTTP (urllib). The API key, when needed, is read from the environment variable
-named by `api_key_env`, never from a config file.
+HTTP goes through httpx (`post_json`: a deadline per request, a bounded read, redirects refused so the key never
+reaches another host). The API key, when needed, is read from the environment variable named by `api_key_env`, never
+from a config file.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import urllib.error
-import urllib.request
+import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from harness.engineer.proposal import Knob, Proposal, space_text
 from harness.records import Diagnosis
@@ -65,9 +66,72 @@ def retry_message(reason: str) -> str:
 # --- an OpenAI-compatible endpoint ------------------------------------------------------------------------------------
 
 
+MAX_RESPONSE_BYTES = 4_000_000  # a chat completion larger than this is refused (read stops there)
+
+
+def post_json(url: str, payload: dict, headers: dict[str, str], timeout_s: float,
+              max_bytes: int = MAX_RESPONSE_BYTES) -> tuple[int, bytes]:
+    """POST `payload` as JSON; (HTTP status, body). Raises EndpointError when no complete reply arrives within
+    `timeout_s` for the WHOLE request (connect, headers and body: a server that drips one byte at a time cannot hold
+    the run), when the body exceeds `max_bytes`, on a redirect (never followed: the API key must not reach another
+    address) and on transport errors.
+
+    httpx rather than urllib: urllib follows redirects and re-sends the Authorization header to wherever they point,
+    and neither applies a deadline to a whole request; httpx does not follow redirects unless asked, and the request
+    runs in a worker thread the caller stops waiting for at the deadline (the client is then closed, and each of its
+    reads is bounded by the same timeout, so the thread ends too)."""
+    import httpx
+
+    box: dict[str, Any] = {}
+    stop = threading.Event()
+    client = httpx.Client(follow_redirects=False, trust_env=False,
+                          timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0)))
+
+    def work() -> None:
+        try:
+            with client.stream("POST", url, json=payload, headers={**headers, "Accept-Encoding": "identity"}) as resp:
+                box["status"], box["location"] = resp.status_code, resp.headers.get("location")
+                if resp.is_redirect:
+                    return
+                buf = bytearray()
+                for chunk in resp.iter_raw():
+                    buf += chunk
+                    if len(buf) > max_bytes:
+                        box["too_big"] = True
+                        return
+                    if stop.is_set():
+                        return
+                box["body"] = bytes(buf)
+        except Exception as exc:  # noqa: BLE001 - reported to the caller below
+            box["error"] = exc
+
+    t = threading.Thread(target=work, name="engineer-http", daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if t.is_alive():
+        stop.set()
+        client.close()
+        raise EndpointError(f"engineer endpoint {url} sent no complete reply within {timeout_s:g}s (engineer.timeout_s)")
+    client.close()
+    if "error" in box:
+        exc = box["error"]
+        if isinstance(exc, httpx.TimeoutException):
+            raise EndpointError(f"engineer endpoint {url} timed out after {timeout_s:g}s (engineer.timeout_s)")
+        raise EndpointError(f"engineer endpoint {url} unreachable: {type(exc).__name__}: {str(exc)[:200]}; is the "
+                            "server running?")
+    if box.get("location") is not None and 300 <= box.get("status", 0) < 400:
+        raise EndpointError(f"engineer endpoint {url} redirected (HTTP {box['status']}) to "
+                            f"{str(box['location'])[:200]}; redirects are not followed (the API key is never sent to "
+                            "another address): set engineer.base_url to the final address")
+    if box.get("too_big"):
+        raise EndpointError(f"engineer endpoint {url} sent more than {max_bytes} bytes: refused")
+    return box["status"], box["body"]
+
+
 def chat_endpoint(base_url: str, model: str, api_key_env: str | None, temperature: float, max_tokens: int,
                   timeout_s: float) -> ReplyFn:
-    """A reply function that POSTs to `{base_url}/chat/completions`."""
+    """A reply function that POSTs to `{base_url}/chat/completions` (`post_json`: one deadline per request, a bounded
+    read, no redirects)."""
     headers = {"Content-Type": "application/json"}
     if api_key_env:
         key = os.environ.get(api_key_env)
@@ -78,19 +142,15 @@ def chat_endpoint(base_url: str, model: str, api_key_env: str | None, temperatur
     url = base_url.rstrip("/") + "/chat/completions"
 
     def reply(messages: Messages, attempt: int) -> str:
-        body = json.dumps({"model": model, "messages": messages, "temperature": temperature,
-                           "max_tokens": max_tokens}).encode()
-        req = urllib.request.Request(url, data=body, headers=headers, method="POST")
+        status, raw = post_json(url, {"model": model, "messages": messages, "temperature": temperature,
+                                      "max_tokens": max_tokens}, headers, timeout_s)
+        if status >= 400:
+            raise EndpointError(f"engineer endpoint {url} answered HTTP {status}: "
+                                f"{raw[:200].decode('utf-8', 'replace')}")
         try:
-            with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-                payload = json.loads(resp.read().decode("utf-8"))
-        except urllib.error.HTTPError as exc:
-            raise EndpointError(f"engineer endpoint {url} answered HTTP {exc.code}: "
-                                f"{exc.read()[:200].decode('utf-8', 'replace')}") from None
-        except (urllib.error.URLError, TimeoutError, OSError) as exc:
-            raise EndpointError(f"engineer endpoint {url} unreachable: {exc}; is the server running?") from None
-        except json.JSONDecodeError:
-            raise EndpointError(f"engineer endpoint {url} did not return JSON") from None
+            payload = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            raise EndpointError(f"engineer endpoint {url} did not return UTF-8 JSON") from None
         try:
             content = payload["choices"][0]["message"]["content"]
         except (KeyError, IndexError, TypeError):

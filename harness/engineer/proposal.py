@@ -22,7 +22,7 @@ import json
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from harness.records import Candidate, Change, Diagnosis
 
@@ -33,6 +33,18 @@ class ProposalError(ValueError):
     """A reply that cannot become candidates. The message is the reason recorded and sent back to the engineer."""
 
 
+# Bounds on what a reply may cost: work grows with reply size, and reasons are stored and sent back.
+MAX_REPLY_CHARS = 200_000  # a longer reply is refused before any parsing
+MAX_JSON_STARTS = 64  # '{' / '[' positions tried when looking for the JSON object in prose
+REASON_CHARS = 500  # rejection reasons and notes are cut to this length
+
+
+def cut(text: Any, n: int = REASON_CHARS) -> str:
+    """`text` as one string of at most `n` characters (longer ones end with '...')."""
+    text = str(text)
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
 # --- the schema the engineer answers in -------------------------------------------------------------------------------
 
 
@@ -40,14 +52,37 @@ class ProposedChange(BaseModel):
     """One candidate as the engineer writes it: one knob and its new value, or one diagnostic file."""
 
     model_config = ConfigDict(extra="forbid")
-    knob: str = Field(..., description="ONE knob path from the allowed list (e.g. env.sizes.5.hole_ratio, "
-                                       "recipe.temperature) or diagnostics/<name>.py for a diagnostic file")
+    knob: str = Field(..., max_length=200, description="ONE knob path from the allowed list (e.g. "
+                      "env.sizes.5.hole_ratio, recipe.temperature) or diagnostics/<name>.py for a diagnostic file")
     value: float | int | None = Field(None, description="the NEW value (not a delta), within the knob's range; "
                                                          "omit for a diagnostic")
-    code: str | None = Field(None, description="Python source of the diagnostic file; only for diagnostics/<name>.py")
-    rationale: str = Field(..., min_length=1, description="which finding this addresses and why this change helps")
-    expected: str = Field(..., min_length=1, description="the expected effect, one line")
-    target_metric: str = Field("valid", description="the metric this change should move (valid, optimal, ...)")
+    code: str | None = Field(None, max_length=100_000, description="Python source of the diagnostic file; only for "
+                             "diagnostics/<name>.py")
+    rationale: str = Field(..., min_length=1, max_length=4000, description="which finding this addresses and why "
+                           "this change helps")
+    expected: str = Field(..., min_length=1, max_length=1000, description="the expected effect, one line")
+    target_metric: str = Field("valid", max_length=100, description="the metric this change should move (valid, "
+                               "optimal, ...)")
+
+    @field_validator("rationale", "expected")
+    @classmethod
+    def _not_blank(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must say something (blank text)")
+        return v.strip()
+
+    @field_validator("value")
+    @classmethod
+    def _finite(cls, v: float | None) -> float | None:
+        if v is None or isinstance(v, bool):
+            return v
+        try:
+            ok = abs(float(v)) < 1e15
+        except OverflowError:
+            ok = False
+        if not ok:
+            raise ValueError("must be a finite number below 1e15 in magnitude")
+        return v
 
 
 class Proposal(BaseModel):
@@ -225,15 +260,27 @@ MULTI_KEYS = ("changes", "knobs", "values", "patch", "patches")
 
 
 def extract_json(text: str) -> Any:
-    """The first JSON object or array in `text` (code fences and prose around it are ignored)."""
+    """The first JSON object or array in `text` (code fences and prose around it are ignored). Bounded: a reply over
+    MAX_REPLY_CHARS, JSON nested too deeply or numbers too long to convert are ProposalErrors, never other exceptions."""
+    if not isinstance(text, str):
+        raise ProposalError(f"the reply is not text ({type(text).__name__})")
+    if len(text) > MAX_REPLY_CHARS:
+        raise ProposalError(f"reply too long ({len(text)} chars > {MAX_REPLY_CHARS}): reply with one short JSON object")
     dec = json.JSONDecoder()
     first_error = None
-    for m in re.finditer(r"[\[{]", text):
+    for n, m in enumerate(re.finditer(r"[\[{]", text)):
+        if n >= MAX_JSON_STARTS:
+            break
         try:
             obj, _ = dec.raw_decode(text, m.start())
         except json.JSONDecodeError as exc:
             first_error = first_error or exc
             continue
+        except RecursionError:
+            raise ProposalError("malformed JSON: nested too deeply; reply with one flat JSON object "
+                                "{\"candidates\": [...]}") from None
+        except (ValueError, OverflowError) as exc:  # e.g. an integer literal over Python's digit limit
+            raise ProposalError(f"malformed JSON: {cut(exc, 200)}") from None
         if isinstance(obj, dict) or (isinstance(obj, list) and obj and all(isinstance(o, dict) for o in obj)):
             return obj
     if first_error is not None:
@@ -269,7 +316,7 @@ def _check_single_factor(i: int, raw: Any) -> None:
     elif isinstance(value, (dict, list)):
         why = "'value' is a " + type(value).__name__
     elif isinstance(knob, str) and re.search(r"[,;+&]|\s(and)\s", knob):
-        why = f"'knob' names several knobs: {knob!r}"
+        why = f"'knob' names several knobs: {cut(repr(knob), 80)}"
     if why:
         raise ProposalError(f"two factors in one candidate #{i}: {why}; propose each change as its own candidate "
                             "(single factor: one knob, one value)")
@@ -292,7 +339,7 @@ def _validate_change(i: int, pc: ProposedChange, space: dict[str, Knob]) -> tupl
     if pc.knob not in space:
         near = difflib.get_close_matches(pc.knob, list(space), n=3, cutoff=0.6)
         hint = f" (did you mean {', '.join(near)}?)" if near else ""
-        raise ProposalError(f"unknown knob {pc.knob!r} in candidate #{i}{hint}; allowed knobs: "
+        raise ProposalError(f"unknown knob {cut(repr(pc.knob), 80)} in candidate #{i}{hint}; allowed knobs: "
                             f"{', '.join(sorted(space)) or '(none)'}")
     if pc.code is not None:
         raise ProposalError(f"two factors in one candidate #{i}: a knob change with 'code'; drop 'code'")
@@ -312,6 +359,29 @@ def _validate_change(i: int, pc: ProposedChange, space: dict[str, Knob]) -> tupl
     return Change(kind=k.kind, knob=pc.knob, value=v), k.current
 
 
+def _dedupe_and_cap(raws: list[Any], max_candidates: int) -> tuple[list[Any], list[str]]:
+    """Exact duplicates dropped and at most 3 x max_candidates kept, BEFORE any validation or vetting: work (and the
+    vet step's offline checks) must not grow with the size of a reply."""
+    keep, seen, dups = [], set(), 0
+    limit = 3 * max_candidates
+    for raw in raws:
+        try:
+            key = json.dumps(raw, sort_keys=True)
+        except (TypeError, ValueError):
+            key = repr(raw)
+        if key in seen:
+            dups += 1
+            continue
+        seen.add(key)
+        keep.append(raw)
+    notes = [f"{dups} duplicate candidate(s) dropped"] if dups else []
+    if len(keep) > limit:
+        notes.append(f"{len(keep) - limit} candidate(s) beyond the first {limit} ignored (max_candidates="
+                     f"{max_candidates})")
+        keep = keep[:limit]
+    return keep, notes
+
+
 def parse_reply(text: str, diagnosis: Diagnosis, space: dict[str, Knob], max_candidates: int, engineer: str,
                 rejected_keys: set[str] | None = None) -> tuple[list[Candidate], list[str]]:
     """Validated candidates from a reply, plus notes on anything dropped (over the limit, duplicate knob, already
@@ -319,6 +389,7 @@ def parse_reply(text: str, diagnosis: Diagnosis, space: dict[str, Knob], max_can
     raws = _shape(extract_json(text))
     if not raws:
         raise ProposalError("schema: 'candidates' is empty; propose at least one change")
+    raws, notes = _dedupe_and_cap(raws, max_candidates)
     for i, raw in enumerate(raws):
         _check_single_factor(i, raw)
     try:
@@ -328,7 +399,6 @@ def parse_reply(text: str, diagnosis: Diagnosis, space: dict[str, Knob], max_can
         raise ProposalError(f"schema: {errs}") from None
     rejected = rejected_keys or set()
     out: list[Candidate] = []
-    notes: list[str] = []
     seen: set[str] = set()
     for i, pc in enumerate(proposal.candidates):
         change, old = _validate_change(i, pc, space)
@@ -347,5 +417,5 @@ def parse_reply(text: str, diagnosis: Diagnosis, space: dict[str, Knob], max_can
         seen.add(change.knob)
         out.append(make_candidate(diagnosis, change, old, pc.rationale, pc.expected, pc.target_metric, engineer))
     if not out:
-        raise ProposalError("no usable candidate: " + "; ".join(notes) + "; propose a different change")
+        raise ProposalError(cut("no usable candidate: " + "; ".join(notes)) + "; propose a different change")
     return out, notes
