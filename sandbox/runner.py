@@ -475,10 +475,7 @@ def run(job: Job, *, require_bwrap: bool = False, isolation: str = "auto") -> Ru
             out, err, raw, reason = _capture(proc, job.limits, result_r)
         finally:
             fds = []  # _capture closed the read end
-        oom = False
-        if cg is not None:
-            cg.kill_all()
-            oom = cg.oom_killed()
+        oom = cg.oom_killed() if cg is not None else False
         res = _result(job, mode, proc.returncode, out, err, reason, raw, oom)
         res.duration_s = round(time.perf_counter() - t0, 4)
         return res

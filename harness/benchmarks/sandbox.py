@@ -17,6 +17,7 @@ Prints grep-able `key: value` lines; returns them as a dict.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import subprocess
 import time
@@ -43,7 +44,28 @@ def overhead(calls: int = 30) -> dict[str, float]:
            "overhead_process_ms": _median_ms(lambda: run_code("result = 1", isolation="process"), calls)}
     if find_bwrap():
         out["overhead_bwrap_ms"] = _median_ms(lambda: run_code("result = 1", require_bwrap=True), calls)
+        with _without_kernel_limits():  # the runner as it was before issue #15's whole-job limits, same run
+            out["overhead_bwrap_no_kernel_limits_ms"] = _median_ms(lambda: run_code("result = 1", require_bwrap=True),
+                                                                   calls)
+        out["overhead_kernel_limits_ratio"] = round(out["overhead_bwrap_ms"]
+                                                    / max(out["overhead_bwrap_no_kernel_limits_ms"], 1e-9), 2)
     return out
+
+
+@contextlib.contextmanager
+def _without_kernel_limits():
+    """Jobs without the per-job cgroup and seccomp filter (benchmark reference only; never used by the loop)."""
+    from sandbox import runner
+
+    create, seccomp = runner.JobCgroup.create, dict(runner._SECCOMP)
+    runner.JobCgroup.create = classmethod(lambda cls, *a, **k: None)
+    runner._SECCOMP.update({exe: None for exe in [find_bwrap()] if exe})
+    try:
+        yield
+    finally:
+        runner.JobCgroup.create = create
+        runner._SECCOMP.clear()
+        runner._SECCOMP.update(seccomp)
 
 
 # --- HumanEval -----------------------------------------------------------------------------------------------------
