@@ -282,7 +282,7 @@ def bench_run(
 def bench_ladder(
     rungs: Annotated[str, typer.Option(help="comma-separated rungs: 1 plumbing, 2 copy toy, 3 MAPF")] = "1,2,3",
     budget: Annotated[float, typer.Option(min=10, help="rung 3: GRPO training seconds")] = 600.0,
-    max_steps: Annotated[int, typer.Option(min=1, help="rung 3: steps the lr schedule is laid out for")] = 800,
+    max_steps: Annotated[int, typer.Option(min=1, help="rung 3: steps the lr schedule is laid out for")] = 950,
     out: Annotated[Path, typer.Option(help="work dir (rung-3 warm start cached here, ladder.json)")] = Path(
         "runs/bench-ladder"),
     threads: Annotated[int, typer.Option(min=1, help="torch CPU threads")] = 2,

@@ -69,6 +69,14 @@ class Recipe(BaseModel):
     reward_scale: float = Field(1.0, gt=0, description="multiplier applied to every reward before advantages")
     epsilon: float = Field(0.2, gt=0, description="PPO clip range")
     num_iterations: int = Field(1, ge=1, description="optimiser passes per generated batch (mu)")
+    drop_dead_groups: bool = Field(False, description="drop groups whose rewards all tie (zero advantage, no policy "
+                                   "gradient with beta 0) before the backward pass: the same gradient direction for "
+                                   "about half the compute when most groups are dead; the token-normalised loss is "
+                                   "then averaged over informative tokens only, and beta's KL term over those only")
+    oversample: int = Field(1, ge=1, description="dynamic sampling (DAPO): sample this many times batch_size "
+                            "completions per step and train on the first batch_size / num_generations groups whose "
+                            "rewards differ; needs drop_dead_groups. Use when most groups are dead (all fail or all "
+                            "succeed)")
     mask_truncated_completions: bool = Field(False, description="drop completions that hit the length cap from the loss")
     warmup_ratio: float = Field(0.05, ge=0, lt=1, description="linear warm-up share of each stage")
     lr_schedule: Literal["cosine", "constant", "linear"] = Field(
@@ -90,7 +98,15 @@ class Recipe(BaseModel):
                 f"batch_size ({self.batch_size}) must be divisible by num_generations ({self.num_generations}): "
                 f"each step holds whole groups; set batch_size to a multiple of num_generations, e.g. {hint}"
             )
+        if self.oversample > 1 and not self.drop_dead_groups:
+            raise RecipeError(f"oversample={self.oversample} samples extra groups to replace dead ones, which needs "
+                              "drop_dead_groups: true; set drop_dead_groups: true or oversample: 1")
         return self
+
+    @property
+    def prompts_per_step(self) -> int:
+        """Distinct prompts consumed by one GRPO optimiser step (oversampling included)."""
+        return self.batch_size // self.num_generations * self.oversample
 
 
 # --- metrics ----------------------------------------------------------------------------------------------------------
@@ -117,6 +133,7 @@ class GRPOStep(BaseModel):
     loss: float | None = None
     seconds: float = Field(..., description="wall time of this step")
     tokens_generated: int
+    live_groups: float | None = Field(None, description="groups trained on this step (drop_dead_groups)")
 
 
 class GRPOMetrics(BaseModel):
@@ -339,7 +356,7 @@ def _grpo_trainer(model, tok, rows: list[dict[str, Any]], reward, recipe: Recipe
         beta=recipe.beta,
         num_generations=recipe.num_generations, temperature=recipe.temperature, top_p=recipe.top_p,
         max_completion_length=recipe.max_completion_length, max_steps=recipe.steps,
-        per_device_train_batch_size=recipe.batch_size, loss_type=recipe.loss_type, scale_rewards=recipe.scale_rewards,
+        per_device_train_batch_size=recipe.batch_size * recipe.oversample, loss_type=recipe.loss_type, scale_rewards=recipe.scale_rewards,
         epsilon=recipe.epsilon, num_iterations=recipe.num_iterations,
         mask_truncated_completions=recipe.mask_truncated_completions, log_completions=False,
         remove_unused_columns=False,
@@ -349,9 +366,53 @@ def _grpo_trainer(model, tok, rows: list[dict[str, Any]], reward, recipe: Recipe
         save_policy(model, tok, ref_dir)
         model.config._name_or_path = str(ref_dir)
     use_ours = recipe.rollout_engine == "policies" and not chat
-    return GRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=Dataset.from_list(data),
-                       processing_class=tok, callbacks=callbacks,
-                       rollout_func=_rollout_func(tok, recipe) if use_ours else None)
+    cls = _live_groups_trainer(GRPOTrainer, recipe) if recipe.drop_dead_groups else GRPOTrainer
+    return cls(model=model, reward_funcs=[reward], args=args, train_dataset=Dataset.from_list(data),
+               processing_class=tok, callbacks=callbacks,
+               rollout_func=_rollout_func(tok, recipe) if use_ours else None)
+
+
+def keep_live_groups(batch: dict[str, Any], group: int, keep: int) -> tuple[dict[str, Any], int]:
+    """Rows of the first `keep` groups of `batch` (a scored GRPO generation batch, groups contiguous) whose advantages
+    are not all zero; a group whose rewards tie has zero advantage for every member, so it adds nothing to the policy
+    gradient. Every per-row tensor or list is sliced, the token count behind the loss normaliser recomputed. When no
+    group is live one group is kept, so the step still runs (with a zero policy gradient). Returns (batch, live)."""
+    adv = batch["advantages"]
+    n = adv.shape[0]
+    live = (adv.view(-1, group).abs() > 0).any(dim=1).nonzero().flatten()[:keep]
+    chosen = live if live.numel() else torch.zeros(1, dtype=torch.long)
+    rows = (chosen[:, None] * group + torch.arange(group)).flatten()
+    out: dict[str, Any] = {}
+    for k, v in batch.items():
+        if isinstance(v, torch.Tensor) and v.ndim > 0 and v.shape[0] == n:
+            out[k] = v[rows]
+        elif isinstance(v, list) and len(v) == n:
+            out[k] = [v[i] for i in rows.tolist()]
+        else:
+            out[k] = v
+    mask = out["completion_mask"] if out.get("tool_mask") is None else out["completion_mask"] * out["tool_mask"]
+    width = int(mask.sum(0).nonzero().max()) + 1 if mask.any() else 1  # drop all-padding columns
+    for k in ("completion_ids", "completion_mask", "old_per_token_logps", "sampling_per_token_logps",
+              "ref_per_token_logps", "tool_mask", "importance_sampling_ratio"):
+        v = out.get(k)
+        if isinstance(v, torch.Tensor) and v.ndim == 2 and v.shape[1] > width:
+            out[k] = v[:, :width]
+    out["num_items_in_batch"] = mask[:, :width].sum().to(batch["num_items_in_batch"].dtype) \
+        if isinstance(batch.get("num_items_in_batch"), torch.Tensor) else mask.sum()
+    return out, int(live.numel())
+
+
+def _live_groups_trainer(base, recipe: Recipe):
+    """GRPOTrainer that trains on informative groups only (`keep_live_groups`), logging `live_groups` per step."""
+    group, keep = recipe.num_generations, recipe.batch_size // recipe.num_generations
+
+    class LiveGroupsGRPOTrainer(base):
+        def _generate_and_score_completions(self, inputs):
+            out, live = keep_live_groups(super()._generate_and_score_completions(inputs), group, keep)
+            self._metrics["train" if self.model.training else "eval"]["live_groups"].append(float(live))
+            return out
+
+    return LiveGroupsGRPOTrainer
 
 
 def train_grpo(model, tok, rows: list[dict[str, Any]], reward_fn: RewardFn, recipe: Recipe,
@@ -372,6 +433,7 @@ def train_grpo(model, tok, rows: list[dict[str, Any]], reward_fn: RewardFn, reci
             dead_group_share=logs.get("frac_reward_zero_std", float("nan")),
             completion_length=logs.get("completions/mean_length", float("nan")), kl=logs.get("kl"),
             loss=logs.get("loss"), seconds=sink[-1]["_seconds"], tokens_generated=counter[0] - seen[0],
+            live_groups=logs.get("live_groups"),
         ))
         seen[0] = counter[0]
         if progress is not None:
@@ -414,7 +476,7 @@ def check_logprobs(model, tok, prompts: list[str], recipe: Recipe) -> LogprobChe
         raise RecipeError(f"check_logprobs needs {n_prompts} prompts (batch_size / num_generations), got {len(prompts)}")
     rows = [{"prompt": p} for p in prompts[:n_prompts]]
     trainer = _grpo_trainer(model, tok, rows, _wrap_reward(lambda p, c, **kw: [0.0] * len(c), 1.0, [0]),
-                            recipe.model_copy(update={"steps": 1}), None, [])
+                            recipe.model_copy(update={"steps": 1, "drop_dead_groups": False, "oversample": 1}), None, [])
     engine = "policies" if trainer.rollout_func is not None else "trl"
     captured: list[torch.Tensor] = []
     if engine == "trl":  # record the processed scores (the sampling distribution) of TRL's own generate call

@@ -137,6 +137,76 @@ def test_grpo_updates_every_parameter_and_reward_sees_columns(tmp_path, engine, 
     assert (tmp_path / "grpo" / "config.json").exists()
 
 
+# --- dynamic sampling: dead groups dropped, extra groups sampled ------------------------------------------------------
+
+
+def test_keep_live_groups_slices_rows_and_recounts_tokens():
+    from policies.train import keep_live_groups
+
+    adv = torch.tensor([0, 0, 0, 0, 1.0, -1, 0, 0, 0, 0, 0, 0, 0.5, -0.5, 0, 0])
+    mask = torch.zeros(16, 6, dtype=torch.long)
+    mask[:, :3] = 1
+    mask[13, :5] = 1  # one long completion in the last live group
+    batch = {"advantages": adv, "completion_mask": mask, "completion_ids": torch.arange(96).view(16, 6),
+             "prompt_ids": torch.arange(16)[:, None].repeat(1, 2), "num_items_in_batch": mask.sum(),
+             "sampling_per_token_logps": torch.randn(16, 6), "extra": [f"r{i}" for i in range(16)], "scalar": 7}
+    out, live = keep_live_groups(batch, group=4, keep=1)
+    assert live == 1 and out["advantages"].tolist() == [1.0, -1, 0, 0] and out["extra"] == ["r4", "r5", "r6", "r7"]
+    assert out["completion_ids"].shape == (4, 3) and out["num_items_in_batch"] == 12 and out["scalar"] == 7
+    out, live = keep_live_groups(batch, group=4, keep=8)
+    assert live == 2 and out["prompt_ids"][:, 0].tolist() == [4, 5, 6, 7, 12, 13, 14, 15]
+    assert out["completion_ids"].shape == (8, 5) and out["num_items_in_batch"] == 3 * 7 + 5
+    dead = {**batch, "advantages": torch.zeros(16)}
+    out, live = keep_live_groups(dead, group=4, keep=2)
+    assert live == 0 and out["advantages"].shape == (4,)  # one (zero-gradient) group keeps the step running
+
+
+def test_dropping_dead_groups_leaves_the_gradient_direction_unchanged():
+    """Dead groups have zero advantage, so with beta 0 they add nothing to the policy gradient: the gradient over the
+    live rows has the same direction (only the token normaliser differs). A mis-sliced batch (advantages paired with
+    other rows' completions) would turn it."""
+    from policies.train import _grpo_trainer, _wrap_reward, keep_live_groups
+
+    model, tok = _warm()
+
+    def reward(prompts, completions, **kw):  # prompts starting with 'a' always tie (dead), others vary
+        return [0.0 if p.startswith("a") else float(c.count("a")) for p, c in zip(prompts, completions)]
+
+    recipe = Recipe(steps=1, batch_size=32, num_generations=4, max_completion_length=8, beta=0.0, warmup_ratio=0.0,
+                    drop_dead_groups=False, temperature=1.0)
+    trainer = _grpo_trainer(model, tok, [{"prompt": w} for w in WORDS[:8]], _wrap_reward(reward, 1.0, [0]), recipe,
+                            None, [])
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1  # set by Trainer.train(), which this test does not run
+    inputs = [dict(trainer.train_dataset[i]) for i in range(8) for _ in range(4)]
+    batch = trainer._generate_and_score_completions(inputs)
+    grads = []
+    for b in (batch, keep_live_groups(batch, 4, 8)[0]):
+        model.zero_grad()
+        trainer.compute_loss(trainer.model, b).backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+    live = keep_live_groups(batch, 4, 8)[1]
+    assert 0 < live < 8
+    cos = torch.nn.functional.cosine_similarity(grads[0], grads[1], dim=0)
+    assert cos > 0.9999, float(cos)
+    ratio = float(grads[1].norm() / grads[0].norm())
+    assert ratio == pytest.approx(float(batch["num_items_in_batch"]) /
+                                  float(keep_live_groups(batch, 4, 8)[0]["num_items_in_batch"]), rel=1e-3)
+
+
+def test_oversampling_trains_on_live_groups_and_needs_dropping():
+    with pytest.raises(ValidationError, match="oversample=2 samples extra groups"):
+        Recipe(oversample=2, drop_dead_groups=False)
+    assert Recipe(batch_size=32, num_generations=8, oversample=3).prompts_per_step == 12
+    model, tok = _warm()
+    rows = [{"prompt": w} for w in WORDS]
+    recipe = Recipe(steps=2, batch_size=8, num_generations=4, max_completion_length=8, oversample=2, beta=0.0,
+                    warmup_ratio=0.0, temperature=1.0)
+    m = train_grpo(model, tok, rows, lambda p, c, **kw: [float(x.count("a")) for x in c], recipe)
+    assert [s.step for s in m.steps] == [1, 2]
+    assert all(s.live_groups is not None and 0 <= s.live_groups <= 2 for s in m.steps)
+
+
 # --- plumbing: the trainer scores what the sampler drew ---------------------------------------------------------------
 
 

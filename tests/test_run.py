@@ -78,6 +78,8 @@ def test_tiny_run_end_to_end(tmp_path):
     assert "Candidate: " + st["candidates"][0]["id"] in log
     # every arm's compute is in the ledger
     assert {"sft", "grpo", "rollout", "eval"} <= set(st["compute"])
+    # the run said at start what confines evolved code on this machine
+    assert any(e["kind"] == "sandbox" and "bubblewrap" in e["message"] for e in st["events"])
     store = RunStore.open(run_dir / "run.db")
     assert store.get_run("e2e")["status"] == "finished"
     # held-out hygiene: train seeds only from `train`, probe from `probe`, backtest from `backtest`
