@@ -227,10 +227,21 @@ def initial_files(config: RunConfig) -> dict[str, str]:
     if config.env is not None:
         files["env.yaml"] = "# Round-0 generator config (from the run config).\n" + yaml.safe_dump(
             config.env, sort_keys=False)
-    if config.recipe or config.reward:
+    if config.recipe or config.reward:  # edited into the template in place: its comments stay next to each knob
+        from harness.yamledit import set_leaf_text
+
         rec = {**tmpl_recipe, **config.recipe, "reward": {**(tmpl_recipe.get("reward") or {}), **config.reward}}
-        files["recipe.yaml"] = "# Round-0 training recipe (template + run config overrides).\n" + yaml.safe_dump(
-            rec, sort_keys=False)
+        text = (TEMPLATE_DIR / "recipe.yaml").read_text()
+        try:
+            for key, value in config.recipe.items():
+                text = set_leaf_text(text, [key], value)
+            for key, value in config.reward.items():
+                text = set_leaf_text(text, ["reward", key], value)
+        except (KeyError, ValueError):
+            text = ""
+        if yaml.safe_load(text or "{}") != rec:  # a template the round-trip edit cannot express: write it whole
+            text = "# Round-0 training recipe (template + run config overrides).\n" + yaml.safe_dump(rec, sort_keys=False)
+        files["recipe.yaml"] = text
     return files
 
 

@@ -23,6 +23,7 @@ import ast
 import math
 import statistics
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any, Literal
 
 import yaml
@@ -31,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from harness import diagnostics as D
 from harness.records import Candidate, Change, Rollout
 from harness.seeds import seeds
+from harness.yamledit import set_leaf_text
 from sandbox.runner import Limits
 
 # --- knobs a candidate may change ---------------------------------------------------------------------------------------
@@ -94,6 +96,20 @@ def _header(text: str) -> str:
 
 def _dump_yaml(original: str, data: dict[str, Any]) -> str:
     return _header(original) + yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=120)
+
+
+def _edit_yaml(original: str, parts: list[str], value: Any, expect: dict[str, Any],
+               same: Callable[[dict[str, Any]], bool] | None = None) -> str:
+    """`original` with one leaf changed in place (`harness.yamledit`: a one-line diff, comments kept), checked to load
+    as `expect` (or to satisfy `same`); a file the round-trip edit cannot express is rewritten whole instead."""
+    try:
+        text = set_leaf_text(original, parts, value)
+        loaded = yaml.safe_load(text)
+        if (same(loaded) if same is not None else loaded == expect):
+            return text
+    except (KeyError, ValueError, yaml.YAMLError):
+        pass
+    return _dump_yaml(original, expect)
 
 
 def _is_scalar(v: Any) -> bool:
@@ -175,7 +191,9 @@ def apply_change(files: dict[str, str], change: Change, task: Any) -> dict[str, 
             task.config_model.model_validate(base)
         except (ValidationError, ValueError) as exc:
             raise VetError(f"{knob} = {change.value!r} is out of the generator's range: {_validation_msg(exc)}") from None
-        return {ENV_FILE: _dump_yaml(files[ENV_FILE], base)}
+        want = task.config_model.model_validate(base).model_dump(mode="json")
+        return {ENV_FILE: _edit_yaml(files[ENV_FILE], parts, change.value, base, same=lambda d: isinstance(d, dict) and
+                                     task.config_model.model_validate(d).model_dump(mode="json") == want)}
     recipe = _load_yaml(files, RECIPE_FILE)
     if kind == "recipe":
         if len(parts) != 1 or parts[0] == "reward":
@@ -196,7 +214,7 @@ def apply_change(files: dict[str, str], change: Change, task: Any) -> dict[str, 
             model.model_validate({k: v for k, v in new.items() if k != "reward"})
         except (ValidationError, ValueError) as exc:
             raise VetError(f"{knob} = {change.value!r} breaks the recipe: {_validation_msg(exc)}") from None
-        return {RECIPE_FILE: _dump_yaml(files[RECIPE_FILE], new)}
+        return {RECIPE_FILE: _edit_yaml(files[RECIPE_FILE], [field], change.value, new)}
     if kind == "reward":
         if len(parts) != 1:
             raise VetError(f"knob {knob!r}: reward knobs are flat, `reward.<field>`")
@@ -212,7 +230,8 @@ def apply_change(files: dict[str, str], change: Change, task: Any) -> dict[str, 
             task.shaping_model.model_validate(shaping)
         except (ValidationError, ValueError) as exc:
             raise VetError(f"{knob} = {change.value!r} is out of range: {_validation_msg(exc)}") from None
-        return {RECIPE_FILE: _dump_yaml(files[RECIPE_FILE], {**recipe, "reward": shaping})}
+        return {RECIPE_FILE: _edit_yaml(files[RECIPE_FILE], ["reward", field], change.value,
+                                        {**recipe, "reward": shaping})}
     raise VetError(f"unknown change kind {kind!r}; one of env, recipe, reward, diagnostic")
 
 

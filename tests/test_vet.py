@@ -52,6 +52,42 @@ def test_recipe_accepts_a_sane_change_and_rewrites_one_line():
     assert res.files["recipe.yaml"].startswith("# Training recipe")  # the header comment survives
 
 
+@pytest.mark.parametrize("kind,knob,value,path", [
+    ("env", "env.sizes.5.hole_ratio", 0.3, "env.yaml"),
+    ("env", "env.min_distance", 2, "env.yaml"),
+    ("recipe", "recipe.temperature", 1.2, "recipe.yaml"),
+    ("recipe", "recipe.learning_rate", 1e-4, "recipe.yaml"),
+])
+def test_a_one_knob_candidate_is_a_one_line_commit_and_comments_survive(tmp_path, kind, knob, value, path):
+    import subprocess
+
+    from sandbox.workspace import Workspace
+
+    files = harness_files()
+    res = V.vet(cand(kind, knob, value), files, get_task("mapf") if kind == "env" else None, CACHED)
+    assert res.ok, res.reason
+    old_lines, new_lines = files[path].splitlines(), res.files[path].splitlines()
+    assert len(old_lines) == len(new_lines)
+    changed = [(a, b) for a, b in zip(old_lines, new_lines) if a != b]
+    assert len(changed) == 1, changed  # PyYAML re-dumped every line of env.yaml for one knob
+    assert [x for x in old_lines if x.lstrip().startswith("#")] == [x for x in new_lines if x.lstrip().startswith("#")]
+    if kind == "recipe":
+        assert "#" in changed[0][1]  # the comment on the changed line itself stays
+    ws = Workspace.create(tmp_path / "h")
+    ws.propose("c1", res.files, summary=f"{knob}: change", rationale="test", factor=knob, stage=1)
+    numstat = subprocess.run(["git", "-C", str(tmp_path / "h"), "show", "--numstat", "--format=", "cand/c1"],
+                             capture_output=True, text=True, check=True).stdout.split()
+    assert numstat == ["1", "1", path]
+
+
+def test_a_reward_knob_edits_only_the_reward_block():
+    files = harness_files()
+    changed = V.apply_change(files, Change(kind="reward", knob="reward.partial_credit", value=0.25), get_task("mapf"))
+    old, new = files["recipe.yaml"], changed["recipe.yaml"]
+    assert old.split("reward:")[0] == new.split("reward:")[0]  # everything above the block byte for byte
+    assert yaml.safe_load(new)["reward"] == {"partial_credit": 0.25}
+
+
 @pytest.mark.parametrize("knob,value,why", [
     ("recipe.temperature", 9.0, "out of range"),
     ("recipe.temperature", -1.0, "out of range"),

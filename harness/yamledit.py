@@ -1,0 +1,61 @@
+"""Round-trip edits of harness YAML files (ruamel.yaml): change one leaf, keep every other byte.
+
+    from harness.yamledit import set_leaf_text
+    new_text = set_leaf_text(old_text, ["sizes", "5", "hole_ratio"], 0.3)   # a one-line diff; comments survive
+
+A candidate changes one knob, so its commit should change one line: `git show` of a promotion is then the change and
+nothing else, and the comments a person wrote in env.yaml or recipe.yaml survive every promotion. PyYAML cannot do
+this (it drops comments and re-flows the file); ruamel.yaml's round-trip mode keeps comments, key order, flow or
+block style and quoting. The file's own indentation is detected and reused.
+
+Lists of mappings are addressed by their entries' `size` (the knob convention: `sizes.5.hole_ratio` is the entry with
+size 5). A missing last key is added to its mapping (one added line, or one added `key: value` inside a flow
+mapping); a missing intermediate raises KeyError, and callers fall back to rewriting the file.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+from ruamel.yaml import YAML
+from ruamel.yaml.util import load_yaml_guess_indent
+
+
+def _yaml(text: str) -> tuple[YAML, Any]:
+    _, indent, block_seq_indent = load_yaml_guess_indent(text)
+    y = YAML()  # round-trip
+    y.preserve_quotes = True
+    y.width = 4096  # never re-wrap long lines
+    indent = indent or 2
+    offset = block_seq_indent or 0
+    y.indent(mapping=indent, sequence=max(indent, offset + 2), offset=offset)
+    return y, y.load(text)
+
+
+def set_leaf_text(text: str, parts: list[str], value: Any) -> str:
+    """`text` with the leaf at `parts` set to `value` (added when only the last key is missing). KeyError when the path
+    does not exist in the file; ValueError when the text is not a YAML mapping."""
+    y, doc = _yaml(text)
+    if not hasattr(doc, "keys"):
+        raise ValueError("not a YAML mapping")
+    node: Any = doc
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if isinstance(node, list):
+            hits = [e for e in node if hasattr(e, "get") and str(e.get("size")) == part]
+            if not hits or last:
+                raise KeyError(".".join(parts[: i + 1]))
+            node = hits[0]
+            continue
+        if not hasattr(node, "keys"):
+            raise KeyError(".".join(parts[: i + 1]))
+        if last:
+            node[part] = value
+            break
+        if part not in node:
+            raise KeyError(".".join(parts[: i + 1]))
+        node = node[part]
+    out = io.StringIO()
+    y.dump(doc, out)
+    return out.getvalue()
