@@ -236,6 +236,53 @@ def unpatch_forward(model) -> bool:
     return False
 
 
+def tensorboard_callbacks(log_dir: str | Path | None) -> list:
+    """transformers' own TensorBoardCallback writing to `log_dir` (every logged metric, prefixed train/), or nothing.
+    Passed explicitly rather than through report_to, whose directory comes from a process-wide environment variable
+    in transformers 5."""
+    if log_dir is None:
+        return []
+    from torch.utils.tensorboard import SummaryWriter
+    from transformers.integrations import TensorBoardCallback
+
+    Path(log_dir).mkdir(parents=True, exist_ok=True)
+    return [TensorBoardCallback(tb_writer=SummaryWriter(log_dir=str(log_dir)))]
+
+
+def time_budget(seconds: float, anneal: bool = True, start: float | None = None):
+    """A TrainerCallback for training bounded by wall time instead of steps: stops after `seconds` (counted from
+    `start`, a `time.perf_counter()` value, default the start of training) and, with `anneal`, scales the learning
+    rate by a cosine of the elapsed share of the budget (1 at the start, 0 at the end) on top of the recipe's own
+    schedule, which should then be `lr_schedule: constant` (its warm-up still applies). A step-based schedule laid out
+    for a guessed number of steps anneals too early or never when seconds per step vary (0.6 to 0.9 s for the same
+    rung-3 recipe on the same machine). Logged `learning_rate` values are the recipe schedule's, before the factor."""
+    import math
+
+    from transformers import TrainerCallback
+
+    class TimeBudget(TrainerCallback):
+        t0 = start
+
+        def on_train_begin(self, args, state, control, **kw):
+            if self.t0 is None:
+                self.t0 = time.perf_counter()
+
+        def share(self) -> float:
+            return min(1.0, (time.perf_counter() - self.t0) / seconds) if self.t0 is not None else 0.0
+
+        def on_pre_optimizer_step(self, args, state, control, optimizer=None, lr_scheduler=None, **kw):
+            if anneal and optimizer is not None and lr_scheduler is not None:
+                factor = 0.5 * (1 + math.cos(math.pi * self.share()))
+                for group, base in zip(optimizer.param_groups, lr_scheduler.get_last_lr()):
+                    group["lr"] = base * factor
+
+        def on_step_end(self, args, state, control, **kw):
+            if self.share() >= 1.0:
+                control.should_training_stop = True
+
+    return TimeBudget()
+
+
 def _drop_printer(trainer) -> None:
     """With tqdm disabled, transformers prints every log dict; our callback reports progress instead."""
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
@@ -254,8 +301,9 @@ def _scratch_dir(out_dir: str | Path | None) -> str:
 
 
 def train_sft(model, tok, pairs: list[dict[str, str]], recipe: Recipe, out_dir: str | Path | None = None,
-              progress: Progress | None = None) -> SFTMetrics:
-    """Supervised warm start on `{"prompt", "completion"}` pairs (raw task text); loss on completion tokens only."""
+              progress: Progress | None = None, tensorboard_dir: str | Path | None = None) -> SFTMetrics:
+    """Supervised warm start on `{"prompt", "completion"}` pairs (raw task text); loss on completion tokens only.
+    `tensorboard_dir`: write TensorBoard event files there (loss, token accuracy, learning rate per step)."""
     if not pairs:
         raise RecipeError("train_sft got no (prompt, completion) pairs; generate expert demonstrations first")
     bad = [p for p in pairs[:50] if set(p) != {"prompt", "completion"}]
@@ -277,7 +325,8 @@ def train_sft(model, tok, pairs: list[dict[str, str]], recipe: Recipe, out_dir: 
         packing=False, max_length=None, dataset_num_proc=None,
     )
     trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok,
-                         callbacks=[_callback("sft", recipe.sft_steps, progress, sink)])
+                         callbacks=[_callback("sft", recipe.sft_steps, progress, sink),
+                                    *tensorboard_callbacks(tensorboard_dir)])
     wall = _train(trainer, model, tok, out_dir)
     return SFTMetrics(steps=recipe.sft_steps, examples=len(pairs), wall_s=wall, out_dir=str(out_dir) if out_dir else None,
                       loss=[r["loss"] for r in sink if "loss" in r],
@@ -417,9 +466,10 @@ def _live_groups_trainer(base, recipe: Recipe):
 
 def train_grpo(model, tok, rows: list[dict[str, Any]], reward_fn: RewardFn, recipe: Recipe,
                out_dir: str | Path | None = None, progress: Progress | None = None,
-               callbacks: list | None = None) -> GRPOMetrics:
+               callbacks: list | None = None, tensorboard_dir: str | Path | None = None) -> GRPOMetrics:
     """GRPO on `rows` (each a dict with a raw-text "prompt" plus any extra columns for the reward function).
-    `callbacks`: extra transformers TrainerCallbacks (e.g. one that stops at a time budget)."""
+    `callbacks`: extra transformers TrainerCallbacks (e.g. one that stops at a time budget). `tensorboard_dir`: write
+    TensorBoard event files there (reward, dead-group share, KL, completion length, loss, learning rate per step)."""
     _check_rows(rows)
     quiet()
     counter = [0]
@@ -440,7 +490,8 @@ def train_grpo(model, tok, rows: list[dict[str, Any]], reward_fn: RewardFn, reci
             progress(stage, step, total, logs)
 
     trainer = _grpo_trainer(model, tok, rows, _wrap_reward(reward_fn, recipe.reward_scale, counter), recipe, out_dir,
-                            [_callback("grpo", recipe.steps, _record, sink), *(callbacks or [])])
+                            [_callback("grpo", recipe.steps, _record, sink), *(callbacks or []),
+                             *tensorboard_callbacks(tensorboard_dir)])
     wall = _train(trainer, model, tok, out_dir)
     return GRPOMetrics(steps=steps, wall_s=wall, tokens_generated=counter[0],
                        out_dir=str(out_dir) if out_dir else None)

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
@@ -197,14 +198,36 @@ def test_dropping_dead_groups_leaves_the_gradient_direction_unchanged():
 def test_oversampling_trains_on_live_groups_and_needs_dropping():
     with pytest.raises(ValidationError, match="oversample=2 samples extra groups"):
         Recipe(oversample=2, drop_dead_groups=False)
-    assert Recipe(batch_size=32, num_generations=8, oversample=3).prompts_per_step == 12
+    assert Recipe(batch_size=32, num_generations=8, oversample=3, drop_dead_groups=True).prompts_per_step == 12
+    assert Recipe().drop_dead_groups is False  # off by default: TRL's exact objective unless asked
     model, tok = _warm()
     rows = [{"prompt": w} for w in WORDS]
     recipe = Recipe(steps=2, batch_size=8, num_generations=4, max_completion_length=8, oversample=2, beta=0.0,
-                    warmup_ratio=0.0, temperature=1.0)
+                    warmup_ratio=0.0, temperature=1.0, drop_dead_groups=True)
     m = train_grpo(model, tok, rows, lambda p, c, **kw: [float(x.count("a")) for x in c], recipe)
     assert [s.step for s in m.steps] == [1, 2]
     assert all(s.live_groups is not None and 0 <= s.live_groups <= 2 for s in m.steps)
+
+
+def test_time_budget_stops_training_and_anneals_the_rate_to_zero():
+    from transformers import TrainerCallback
+
+    from policies.train import time_budget
+
+    model, tok = _warm()
+    seen: list[float] = []
+
+    class Spy(TrainerCallback):
+        def on_optimizer_step(self, args, state, control, optimizer=None, **kw):
+            seen.append(optimizer.param_groups[0]["lr"])
+
+    recipe = Recipe(steps=10_000, batch_size=8, num_generations=4, max_completion_length=8, beta=0.0,
+                    warmup_ratio=0.0, lr_schedule="constant", learning_rate=1e-3, temperature=1.0)
+    m = train_grpo(model, tok, [{"prompt": w} for w in WORDS], lambda p, c, **kw: [float(x.count("a")) for x in c],
+                   recipe, callbacks=[time_budget(3.0), Spy()])
+    assert 3 <= len(m.steps) < 10_000  # stopped by the clock, not by the step count
+    assert seen[0] > 0.9e-3 and seen[-1] < 0.25e-3  # cosine over the seconds: from the peak to near zero
+    assert all(a >= b for a, b in itertools.pairwise(seen))
 
 
 # --- plumbing: the trainer scores what the sampler drew ---------------------------------------------------------------

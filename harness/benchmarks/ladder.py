@@ -37,7 +37,7 @@ TOY_ALPHABET = "abcd"
 RUNG3_RECIPE: dict[str, Any] = {"learning_rate": 1e-4, "temperature": 0.5, "beta": 0.0, "batch_size": 64,
                                 "num_generations": 8, "warmup_ratio": 0.05, "max_completion_length": 96,
                                 "scale_rewards": "group", "loss_type": "dapo", "drop_dead_groups": True,
-                                "oversample": 3}
+                                "oversample": 3, "lr_schedule": "constant"}  # annealed by time (time_budget)
 RUNG3_SHAPING: dict[str, float] = {"partial_credit": 0.0, "format_penalty": 0.0, "optimal_bonus": 0.0}
 RUNG3_ENV = {"sizes": [{"size": s, "agents": 2, "hole_ratio": 0.2, "wait_ratio": 0.5} for s in (3, 4, 5)]}
 
@@ -208,22 +208,20 @@ def _mapf_eval(model, tok, task, held) -> dict[str, Any]:
             "sampled": float(sampled.mean()), "sampled_per_board": sampled, "slices": [task.slices(i) for i in held]}
 
 
-def rung3(out: Path, budget_s: float = 600.0, max_steps: int = 950, sft_examples: int = 3000,
+def rung3(out: Path, budget_s: float = 600.0, max_steps: int = 1500, sft_examples: int = 3000,
           sft_steps: int = 700, recipe_kw: dict[str, Any] | None = None, seed: int = 0) -> dict[str, Any]:
-    """Partial warm start, then GRPO until `budget_s` seconds of training (or `max_steps`); paired held-out figures.
-    The learning-rate schedule is laid out for `max_steps` (default 950: about what 10 minutes allow on 2 cores at
-    0.62 s/step with dynamic sampling, 3 x oversampled), so it anneals by the end of the budget: with a schedule
-    laid out far past the budget the rate stayed near its peak and the same 10 minutes ended at -1.0 points
-    (BENCHMARKS.md)."""
+    """Partial warm start, then GRPO until `budget_s` seconds of training (or `max_steps`, a cap); paired held-out
+    figures. The learning rate anneals by elapsed time (`policies.train.time_budget`: cosine over the budget), so it
+    reaches zero at the end of the budget whatever the seconds per step: a step schedule laid out past the budget
+    kept the rate near its peak and the same 10 minutes ended at -1.0 points (BENCHMARKS.md)."""
     import torch
-    from transformers import TrainerCallback
 
     from harness.backtest import paired_bootstrap
     from harness.benchmarks.policy import wide_held_out
     from harness.policy_glue import grpo_rows, reward_fn
     from harness.seeds import seeds
     from harness.tasks import get_task
-    from policies.train import Recipe, train_grpo
+    from policies.train import Recipe, time_budget, train_grpo
 
     task = get_task("mapf")
     out.mkdir(parents=True, exist_ok=True)
@@ -235,13 +233,8 @@ def rung3(out: Path, budget_s: float = 600.0, max_steps: int = 950, sft_examples
     cfg = task.config_model.model_validate(RUNG3_ENV)
     recipe = Recipe(**{**RUNG3_RECIPE, **(recipe_kw or {}), "steps": max_steps, "seed": seed})
     prompts = max_steps * recipe.prompts_per_step
-    rows = grpo_rows(task, cfg, seeds("train", min(prompts, 40_000), start=100_000), "trace")
+    rows = grpo_rows(task, cfg, seeds("train", min(prompts, 30_000), start=100_000), "trace")
     t0 = time.perf_counter()
-
-    class Budget(TrainerCallback):  # stop at the CPU-time budget (the schedule is laid out for max_steps)
-        def on_step_end(self, args, state, control, **kw):
-            if time.perf_counter() - t0 >= budget_s:
-                control.should_training_stop = True
 
     def ticker(stage: str, step: int, total: int, logs: dict) -> None:
         if step % 25 == 0:
@@ -249,7 +242,7 @@ def rung3(out: Path, budget_s: float = 600.0, max_steps: int = 950, sft_examples
                   f"t={time.perf_counter() - t0:.0f}s", flush=True)
 
     m = train_grpo(model, tok, rows, reward_fn(task, task.shaping_model.model_validate(RUNG3_SHAPING)), recipe,
-                   progress=ticker, callbacks=[Budget()])
+                   progress=ticker, callbacks=[time_budget(budget_s, start=t0)])
     secs = time.perf_counter() - t0
     after = _mapf_eval(model, tok, task, held)
     eff, lo, hi = paired_bootstrap(before["per_board"], after["per_board"], 4000, 0.025, np.random.default_rng(0))
@@ -286,7 +279,7 @@ def rung3(out: Path, budget_s: float = 600.0, max_steps: int = 950, sft_examples
 
 
 def run(out: str | Path = "runs/bench-ladder", rungs: tuple[int, ...] = (1, 2, 3), budget_s: float = 600.0,
-        threads: int = 2, max_steps: int = 950) -> dict[str, Any]:
+        threads: int = 2, max_steps: int = 1500) -> dict[str, Any]:
     cpu_threads(threads)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
