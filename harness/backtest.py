@@ -335,7 +335,7 @@ def arm_prompts(recipe: Any, steps: int) -> int:
 
 
 def train_arm(model, tok, task: Any, files: dict[str, str], steps: int, train_seeds: list[int], seed: int,
-              style: str | None = None, instances: list | None = None, progress=None):
+              style: str | None = None, instances: list | None = None, progress=None, tensorboard_dir=None):
     """GRPO `steps` steps on `model` (in place) under the harness `files`: its env draws the training instances of
     `train_seeds` (train split only; the prefix the steps consume), its recipe and reward shaping train. `seed` is the
     arm's training randomness (equal for both arms of a real decision). `instances` (already generated from that env
@@ -349,7 +349,8 @@ def train_arm(model, tok, task: Any, files: dict[str, str], steps: int, train_se
     if instances is not None:
         instances = instances[: len(seeds_used)]
     rows = grpo_rows(task, env, seeds_used, style, instances=instances)  # refuses seeds outside the train split
-    return train_grpo(model, tok, rows, reward_fn(task, shaping), recipe, progress=progress)
+    return train_grpo(model, tok, rows, reward_fn(task, shaping), recipe, progress=progress,
+                      tensorboard_dir=tensorboard_dir)
 
 
 def judge_arm(model, tok, task: Any, instances: list, judge: Judge, sampling_seed: int, style: str | None = None,

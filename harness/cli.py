@@ -282,7 +282,8 @@ def bench_run(
 def bench_ladder(
     rungs: Annotated[str, typer.Option(help="comma-separated rungs: 1 plumbing, 2 copy toy, 3 MAPF")] = "1,2,3",
     budget: Annotated[float, typer.Option(min=10, help="rung 3: GRPO training seconds")] = 600.0,
-    max_steps: Annotated[int, typer.Option(min=1, help="rung 3: steps the lr schedule is laid out for")] = 950,
+    max_steps: Annotated[int, typer.Option(min=1, help="rung 3: a cap on GRPO steps (the budget stops it first; the "
+                                                    "learning rate anneals over the budget's seconds)")] = 1500,
     out: Annotated[Path, typer.Option(help="work dir (rung-3 warm start cached here, ladder.json)")] = Path(
         "runs/bench-ladder"),
     threads: Annotated[int, typer.Option(min=1, help="torch CPU threads")] = 2,
@@ -622,6 +623,35 @@ def status(
         print(_json.dumps(run_status(run_dir), indent=1, default=str))
     else:
         print_summary(run_dir, console)
+
+
+@app.command("runs")
+def runs_cmd(
+    runs_dir: Annotated[str, typer.Option(help="where runs/<id>/ folders are")] = "runs",
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable rows")] = False,
+) -> None:
+    """The runs in a folder: status, stages done, best held-out valid, promotions, and whether one waits at a gate."""
+    import json as _json
+
+    from rich.table import Table
+
+    from harness.report import list_runs
+
+    rows = list_runs(Path(runs_dir))
+    if as_json:
+        print(_json.dumps(rows, indent=1, default=str))
+        return
+    if not rows:
+        console.print(f"no runs under {runs_dir}/ (start one with `evotrainer run CONFIG`)", highlight=False)
+        return
+    table = Table(title=f"runs in {runs_dir}/")
+    for col in ("run", "task", "status", "stages", "best valid", "promoted", "waiting"):
+        table.add_column(col)
+    for r in rows:
+        best = f"{r['best_valid']:.3f} (s{r['best_stage']})" if r["best_valid"] is not None else "-"
+        table.add_row(r["run"], r["task"] or "-", r["status"], f"{r['stages_done']}/{r['stages'] or '?'}", best,
+                      str(r["promoted"]), r["waiting"] or "-")
+    console.print(table)
 
 
 @app.command()

@@ -38,6 +38,7 @@ from harness.records import Candidate, HistoryItem, Rollout, Verdict, read_rollo
 from harness.store import RunStore, acquire_lock
 from harness.tasks import get_task
 
+TENSORBOARD_DIR = "tensorboard"  # event files per phase: tensorboard/s<k>/<sft|policy|control|candidate id>
 JUDGE_FILE = "judge.json"  # the backtest judge, fixed at run start (outside the harness repo)
 NODES = ("setup", "train", "probe", "diagnose", "propose", "vet", "backtest", "decide", "remember")
 
@@ -319,7 +320,8 @@ def node_setup(run: Run, state: State) -> State:
         # a preset trained by us is cached (keyed by settings + code version); a user's checkpoint is not ours to key
         model, tok, hit, key, m = warmstart.warm_start(
             task, cfg.policy.preset or "", run.style, env, seeds, recipe, seed=cfg.seed,
-            progress=_progress_cb(run, 0, "setup"), model_tok=(model, tok) if cfg.policy.checkpoint else None)
+            progress=_progress_cb(run, 0, "setup"), model_tok=(model, tok) if cfg.policy.checkpoint else None,
+            tensorboard_dir=run.run_dir / TENSORBOARD_DIR / "s0" / "sft")
         if hit is not None:
             run.event(0, "setup", "cache", f"warm start loaded from the cache: {hit} (same settings and code version; "
                       "`evotrainer cache clear` or EVOTRAINER_WARMSTART_CACHE=0 retrains)", path=str(hit))
@@ -382,7 +384,8 @@ def _grpo(run: Run, stage: int, arm: str, start: str, files: dict[str, str], ste
     model, tok = _load(run, start)
     t0 = time.perf_counter()  # training compute = the whole TRL call (trainer setup + steps), not just train()
     m = train_arm(model, tok, run.task, files, steps, seeds, seed, style=run.style,
-                  instances=run.instances(env, seeds), progress=_progress_cb(run, stage, arm))
+                  instances=run.instances(env, seeds), progress=_progress_cb(run, stage, arm),
+                  tensorboard_dir=run.run_dir / TENSORBOARD_DIR / f"s{stage}" / arm)
     secs = time.perf_counter() - t0
     _save(run, model, tok, out)
     run.store.charge(run.id, stage, arm, "grpo", seconds=secs, tokens=m.tokens_generated, steps=len(m.steps))
@@ -669,7 +672,8 @@ def _arm(run: Run, k: int, name: str, files: dict[str, str], start: str, steps: 
     run.store.charge(run.id, k, name, "eval", seconds=ev.seconds, tokens=ev.tokens, label="backtest")
     run.store.record_eval(run.id, k, name, "backtest", n=len(ev.rollouts), valid=ev.valid,
                           optimal=float(np.mean([x.optimal for x in ev.rollouts])))
-    r = {**r, "rollouts": str(path), "valid": ev.valid, "greedy": ev.greedy, "steps": len(r["steps"])}
+    r = {**r, "rollouts": str(path), "valid": ev.valid, "greedy": ev.greedy, "steps": len(r["steps"]),
+         "curve": r["steps"]}  # per-step training metrics (the report draws them)
     run.store.mark_node_done(run.id, k, node, r)
     return r
 
@@ -1014,6 +1018,9 @@ def _prepare(run_dir: Path, config: RunConfig, progress) -> Run:
         tmp.write_text(judge.model_dump_json(indent=1))
         tmp.replace(run_dir / JUDGE_FILE)
     run.store.create_run(run.id, config.model_dump(mode="json"), budget=config.budget.model_dump(mode="json"))
+    from harness.datasette import write_metadata
+
+    write_metadata(run_dir)  # `datasette runs/<id>/run.db --metadata runs/<id>/datasette.json`
     return run
 
 

@@ -9,7 +9,6 @@ Everything here only reads run.db and the harness repo; nothing is recomputed.
 
 from __future__ import annotations
 
-import html
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +44,45 @@ def status(run_dir: Path) -> dict[str, Any]:
                 "harness": str(run_dir / "harness"), "report": str(run_dir / "report.html")}
     finally:
         store.close()
+
+
+def list_runs(runs_dir: Path) -> list[dict[str, Any]]:
+    """One row per run under `runs_dir` (newest first): id, task, status, stages done of budget, best held-out valid
+    and at which stage, promotions, and whether the run waits at a human gate. Read-only; safe while runs are going. A
+    folder whose run.db cannot be read is listed with the reason instead of failing the listing."""
+    rows = []
+    for d in sorted((p for p in Path(runs_dir).iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime,
+                    reverse=True) if Path(runs_dir).is_dir() else []:
+        if not (d / "run.db").is_file():
+            if (d / "config.yaml").is_file():
+                rows.append({"run": d.name, "status": "creating", "task": None, "stages_done": 0, "stages": None,
+                             "best_valid": None, "best_stage": None, "promoted": 0, "waiting": None})
+            continue
+        try:
+            st = status(d)
+        except Exception as exc:  # noqa: BLE001 - one unreadable run must not hide the others
+            rows.append({"run": d.name, "status": f"unreadable: {type(exc).__name__}", "task": None,
+                         "stages_done": 0, "stages": None, "best_valid": None, "best_stage": None, "promoted": 0,
+                         "waiting": None})
+            continue
+        done = [s for s in st["stages"] if s["status"] == "done" and s["valid"] is not None]
+        best = max(done, key=lambda s: s["valid"], default=None)
+        try:
+            budget = ((yaml_load(d / "config.yaml") or {}).get("budget") or {}).get("stages")
+        except Exception:  # noqa: BLE001
+            budget = None
+        rows.append({"run": st["run"], "status": st["status"], "task": st["task"], "stages_done": len(done),
+                     "stages": budget, "best_valid": best["valid"] if best else None,
+                     "best_stage": best["stage"] if best else None,
+                     "promoted": sum(c["verdict"] == "promoted" for c in st["candidates"]),
+                     "waiting": st.get("waiting")})
+    return rows
+
+
+def yaml_load(path: Path) -> Any:
+    import yaml
+
+    return yaml.safe_load(path.read_text())
 
 
 def curve(run_dir: Path) -> dict[str, Any] | None:
@@ -150,37 +188,11 @@ def timeline(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def write_html(run_dir: Path) -> Path:
-    st = status(run_dir)
-    tl = timeline(run_dir)
-    e = html.escape
-    rows = "".join(f"<tr><td>{s['stage']}</td><td>{_f(s['valid'])}</td><td>{_f(s['optimal'])}</td>"
-                   f"<td>{_f(s['overhead_share'])}</td></tr>" for s in st["stages"])
-    bars = "".join(f"<div class=bar style='height:{max(2, int(200 * (s['valid'] or 0)))}px' "
-                   f"title='stage {s['stage']}: {_f(s['valid'])}'></div>" for s in st["stages"])
-    def ci(c: dict[str, Any]) -> str:
-        iv = c["interval"]
-        return f"{_f(c['effect'], False)} [{_f(iv[0], False)}, {_f(iv[1], False)}]" if iv else _f(c["effect"], False)
+    """runs/<id>/report.html: the morning review (`harness.report_page`), self-contained and offline."""
+    from harness.report_page import build
 
-    cands = "".join(
-        f"<tr class={e(str(c['verdict']))}><td>{e(c['id'])}</td><td>{c['stage']}</td><td><code>{e(c['factor'])}"
-        f"</code></td><td>{e(c['summary'] or '')}</td><td>{e(str(c['verdict']))}</td>"
-        f"<td>{ci(c)}</td>"
-        f"<td>{e(c['reason'] or '')}</td><td>{e(c['rationale'] or '')}</td><td><code>{e((c['sha'] or '')[:10])}"
-        f"</code> {e(c['tag'] or '')}</td></tr>" for c in tl)
-    page = f"""<!doctype html><meta charset=utf-8><title>evotrainer run {e(st['run'])}</title>
-<style>body{{font:14px system-ui;margin:2em;max-width:1200px}}table{{border-collapse:collapse;margin:1em 0}}
-td,th{{border:1px solid #ccc;padding:4px 8px;vertical-align:top}}.promoted{{background:#e8f7e8}}
-.rejected{{background:#fbeaea}}.bars{{display:flex;align-items:flex-end;gap:6px;height:210px}}
-.bar{{width:28px;background:#4a7}}</style>
-<h1>Run {e(st['run'])}</h1><p>status: {e(st['status'])} &middot; task: {e(str(st['task']))} &middot;
-harness repo: <code>{e(st['harness'])}</code> (<code>git log --all --decorate</code>)</p>
-<h2>Held-out valid rate per stage (test suite)</h2><div class=bars>{bars}</div>
-<pre>{e(curve_text(curve(run_dir)))}</pre>
-<table><tr><th>stage</th><th>valid</th><th>optimal</th><th>framework overhead</th></tr>{rows}</table>
-<h2>Candidate timeline</h2>
-<table><tr><th>id</th><th>stage</th><th>factor</th><th>change</th><th>verdict</th><th>effect [CI]</th><th>reason</th>
-<th>rationale</th><th>commit / tag</th></tr>{cands}</table>
-"""
     out = run_dir / "report.html"
-    out.write_text(page, encoding="utf-8")
+    tmp = out.with_suffix(".html.tmp")
+    tmp.write_text(build(run_dir), encoding="utf-8")
+    tmp.replace(out)
     return out

@@ -101,7 +101,8 @@ def clear() -> tuple[Path, int]:
 
 
 def warm_start(task: Any, preset: str, style: str, env: Any, seeds: list[int], recipe: Any, seed: int = 0,
-               progress=None, cacheable: bool = True, model_tok: tuple[Any, Any] | None = None):
+               progress=None, cacheable: bool = True, model_tok: tuple[Any, Any] | None = None,
+               tensorboard_dir=None):
     """The SFT warm start of a preset model on expert demonstrations of `seeds` (train split) under `env`: loaded from
     the cache when an entry with the same key exists, else trained. Returns (model, tok, cache_hit_dir or None,
     key or None, SFTMetrics or None). `model_tok` (a model already built or loaded) is trained instead of a fresh
@@ -120,5 +121,6 @@ def warm_start(task: Any, preset: str, style: str, env: Any, seeds: list[int], r
             model, tok = load_policy(hit)
             return model, tok, hit, key, None
     model, tok = model_tok or build_model(preset, task.alphabet(), words=task.words(), seed=seed)
-    m = train_sft(model, tok, sft_pairs(task, env, list(seeds), style), recipe, progress=progress)
+    m = train_sft(model, tok, sft_pairs(task, env, list(seeds), style), recipe, progress=progress,
+                  tensorboard_dir=tensorboard_dir)
     return model, tok, None, key, m

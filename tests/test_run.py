@@ -78,6 +78,41 @@ def test_tiny_run_end_to_end(tmp_path):
     assert "Candidate: " + st["candidates"][0]["id"] in log
     # every arm's compute is in the ledger
     assert {"sft", "grpo", "rollout", "eval"} <= set(st["compute"])
+    # TensorBoard event files for every training phase, by stage and arm (`tensorboard --logdir runs/<id>`)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tb = run_dir / "tensorboard"
+    phases = sorted(str(p.relative_to(tb)) for p in tb.glob("s*/*") if p.is_dir())
+    assert {"s0/sft", "s1/policy", "s1/control", "s2/policy"} <= set(phases), phases
+    for ph in phases:
+        acc = EventAccumulator(str(tb / ph))
+        acc.Reload()
+        tags = set(acc.Tags()["scalars"])
+        want = {"train/loss"} if ph.endswith("sft") else {"train/reward", "train/frac_reward_zero_std",
+                                                         "train/completions/mean_length", "train/learning_rate"}
+        assert want <= tags, (ph, sorted(tags))
+        assert all(len(acc.Scalars(t)) >= 1 for t in want)
+    # run.db for Datasette: every table and column described; every canned query runs on this real run.db
+    import sqlite3
+
+    meta = json.loads((run_dir / "datasette.json").read_text())["databases"]["run"]
+    con = sqlite3.connect(run_dir / "run.db")
+    for (table,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"):
+        cols = {r[1] for r in con.execute(f"PRAGMA table_info({table})")}
+        assert table in meta["tables"] and cols == set(meta["tables"][table]["columns"]), table
+    rows = {name: con.execute(q["sql"]).fetchall() for name, q in meta["queries"].items()}
+    con.close()
+    assert len(rows["decision_timeline"]) == len(st["candidates"]) and rows["heldout_by_stage"]
+    # `evotrainer runs` lists it with its status, stages and best held-out valid
+    from harness.report import list_runs
+
+    (tmp_path / "runs" / "half-made").mkdir()
+    (tmp_path / "runs" / "half-made" / "config.yaml").write_text("task: mapf\n")
+    rows = {r["run"]: r for r in list_runs(tmp_path / "runs")}
+    assert rows["half-made"]["status"] == "creating"
+    r = rows["e2e"]
+    assert (r["status"], r["stages_done"], r["stages"]) == ("finished", 2, 2) and r["best_valid"] is not None
+    assert r["promoted"] == sum(c["status"] == "promoted" for c in st["candidates"])
     # the run said at start what confines evolved code on this machine
     assert any(e["kind"] == "sandbox" and "bubblewrap" in e["message"] for e in st["events"])
     store = RunStore.open(run_dir / "run.db")

@@ -1,0 +1,311 @@
+"""The morning review as one self-contained HTML file: `evotrainer report RUN` -> runs/<id>/report.html.
+
+Read top to bottom: what the run achieved (start vs end, overall and per slice, the net change with its interval,
+promotions, compute, why it stopped), held-out curves per slice across stages, training curves per stage and arm,
+every decision (paired effect overall and per slice as a forest plot, minimum detectable effect, verdict and reason,
+rationale, the findings of its stage, the skill, its diff), the whole evolved harness against round 0, and the skills
+used. Charts are matplotlib figures inlined as SVG (a well-kept plotting library; no JavaScript, no CDN, nothing
+fetched), so the file works offline and in any browser. A run that is still going or was killed renders what exists
+and says it is partial. Tested in headless Chromium (tests/test_report.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import io
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+E = html.escape
+SLICE_ORDER = ("", "size", "agents", "holes", "wait", "block")
+
+
+# --- data -------------------------------------------------------------------------------------------------------------
+
+
+def gather(run_dir: Path) -> dict[str, Any]:
+    """Everything the page shows, read from run.db, the stage files and the harness repo (read-only)."""
+    from harness.report import curve, status
+    from harness.store import RunStore
+
+    st = status(run_dir)
+    run_id = st["run"]
+    store = RunStore.open(run_dir / "run.db")
+    try:
+        evals = [e for e in store.evaluations(run_id) if e["split"] == "test" and e["arm"] == "policy"]
+        training: dict[int, dict[str, list[dict]]] = defaultdict(dict)
+        stages = sorted({s["stage"] for s in st["stages"]})
+        for k in stages:
+            for arm, node in [("policy (stage)", "train"), ("control", "arm:control"),
+                              *[(c["id"], f"arm:{c['id']}") for c in st["candidates"] if c["stage"] == k]]:
+                r = store.node_result(run_id, k, node) or {}
+                curve_ = r.get("curve") if isinstance(r.get("curve"), list) else r.get("steps")
+                if isinstance(curve_, list) and curve_:
+                    training[k][arm] = curve_
+        findings = {k: [f.model_dump() for f in store.findings(run_id, k)] for k in stages}
+        events = store.events(run_id)
+        cand_rows = {c["id"]: c for c in store.candidates(run_id)}
+    finally:
+        store.close()
+    stop = next((e["message"] for e in reversed(events) if e["kind"] == "finished"), None)
+    warnings = [e for e in events if e["kind"] in ("warning", "regression")]
+    diffs, evolved = {}, ""
+    try:
+        from sandbox.workspace import Workspace
+
+        ws = Workspace(run_dir / "harness")
+        for c in st["candidates"]:
+            if c["commit"]:
+                with contextlib.suppress(Exception):  # a candidate without a readable commit shows no diff
+                    diffs[c["id"]] = ws.diff(c["id"])
+        root = ws.repo.git.rev_list("--max-parents=0", "main").split()[0]
+        evolved = ws.repo.git.diff(root, "main")
+    except Exception:  # noqa: BLE001 - a harness repo that cannot be read: the page says so
+        evolved = None
+    return {"status": st, "curve": curve(run_dir), "evals": evals, "training": dict(training), "findings": findings,
+            "stop": stop, "warnings": warnings, "diffs": diffs, "evolved": evolved, "rows": cand_rows}
+
+
+# --- charts (matplotlib -> inline SVG) -------------------------------------------------------------------------------
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({"svg.fonttype": "none", "font.size": 9, "axes.spines.top": False,
+                         "axes.spines.right": False, "svg.hashsalt": "evotrainer"})
+    return plt
+
+
+def _svg(fig, label: str) -> str:
+    plt = _plt()
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight")
+    plt.close(fig)
+    svg = buf.getvalue()
+    svg = svg[svg.index("<svg"):]
+    return f'<figure class=chart data-chart="{E(label)}">{svg}</figure>'
+
+
+def heldout_chart(evals: list[dict]) -> str | None:
+    """Valid rate on the test suite per stage: one panel per slice key (overall first), one line per slice value."""
+    by_key: dict[str, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
+    for e in evals:
+        by_key[e["slice_key"]][e["slice_value"]][e["stage"]] = e["valid"]
+    keys = [k for k in SLICE_ORDER if k in by_key] + sorted(k for k in by_key if k not in SLICE_ORDER)
+    if not keys:
+        return None
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(keys), figsize=(3.2 * len(keys), 2.8), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        for val, pts in sorted(by_key[key].items()):
+            xs = sorted(pts)
+            ys = [100 * pts[x] for x in xs]
+            ax.plot(xs, ys, marker="o", label=val or "all")
+            for x, y in zip(xs, ys):
+                ax.annotate(f"{y:.0f}", (x, y), textcoords="offset points", xytext=(0, 4), ha="center", fontsize=7)
+        ax.set_title("overall" if key == "" else f"by {key}")
+        ax.set_xlabel("stage (0 = warm start)")
+        ax.set_ylabel("held-out valid (%)")
+        ax.set_ylim(0, 105)
+        ax.set_xticks(sorted({s for v in by_key[key].values() for s in v}))
+        if key:
+            ax.legend(fontsize=7, title=key, title_fontsize=7)
+    fig.tight_layout()
+    return _svg(fig, "heldout")
+
+
+TRAIN_METRICS = (("reward_mean", "reward"), ("dead_group_share", "dead-group share"), ("kl", "KL"),
+                 ("completion_length", "completion length (tokens)"))
+
+
+def training_chart(stage: int, arms: dict[str, list[dict]]) -> str | None:
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(TRAIN_METRICS), figsize=(12, 2.6))
+    drawn = False
+    for ax, (key, label) in zip(axes, TRAIN_METRICS):
+        for arm, steps in arms.items():
+            pts = [(s["step"], s[key]) for s in steps if s.get(key) is not None and s[key] == s[key]]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="." if len(pts) < 30 else None, label=arm)
+                drawn = True
+        ax.set_title(label)
+        ax.set_xlabel("GRPO step")
+    if not drawn:
+        plt.close(fig)
+        return None
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"stage {stage}: training curves per arm", fontsize=9)
+    fig.tight_layout()
+    return _svg(fig, f"training-s{stage}")
+
+
+def forest_chart(cid: str, ev: dict[str, Any], min_effect: float | None) -> str | None:
+    rows = [("overall", ev["effect"], ev["ci_low"], ev["ci_high"], ev.get("n"))]
+    for sl, v in sorted((ev.get("by_slice") or {}).items()):
+        if {"effect", "ci_low", "ci_high"} <= set(v):
+            rows.append((sl, v["effect"], v["ci_low"], v["ci_high"], v.get("n")))
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 0.35 * len(rows) + 0.9))
+    ys = list(range(len(rows)))[::-1]
+    for y, (name, eff, lo, hi, n) in zip(ys, rows):
+        color = "#2a7" if lo > 0 else ("#c33" if hi < 0 else "#555")
+        ax.errorbar([100 * eff], [y], xerr=[[100 * (eff - lo)], [100 * (hi - eff)]], fmt="o", color=color,
+                    capsize=3)
+        ax.annotate(f"{100 * eff:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]" + (f" n={int(n)}" if n else ""),
+                    (100 * hi, y), textcoords="offset points", xytext=(6, -3), fontsize=7)
+    ax.axvline(0, color="#999", lw=1)
+    if min_effect:
+        ax.axvline(100 * min_effect, color="#2a7", lw=1, ls="--", label=f"min effect {100 * min_effect:.0f}")
+        ax.legend(fontsize=7, loc="lower left")
+    ax.set_yticks(ys)
+    ax.set_yticklabels([r[0] for r in rows])
+    ax.set_xlabel("paired effect on backtest valid (points, candidate - control, 95% interval)")
+    ax.set_title(f"{cid}: effect overall and per slice")
+    fig.tight_layout()
+    return _svg(fig, f"forest-{cid}")
+
+
+# --- the page ---------------------------------------------------------------------------------------------------------
+
+
+def _pct(x: Any) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _pts(x: Any) -> str:
+    return "-" if x is None else f"{100 * x:+.1f}"
+
+
+def _summary(d: dict[str, Any], gate_min: float | None) -> str:
+    st, cv = d["status"], d["curve"]
+    first = {(e["slice_key"], e["slice_value"]): e for e in d["evals"] if e["stage"] == min(
+        (x["stage"] for x in d["evals"]), default=0)}
+    last_stage = max((x["stage"] for x in d["evals"]), default=None)
+    last = {(e["slice_key"], e["slice_value"]): e for e in d["evals"] if e["stage"] == last_stage}
+    rows = "".join(
+        f"<tr><td>{E(k or 'overall')}</td><td>{E(v)}</td><td>{_pct(first[(k, v)]['valid'])}</td>"
+        f"<td>{_pct(last.get((k, v), {}).get('valid'))}</td><td>{_pct(first[(k, v)]['optimal'])}</td>"
+        f"<td>{_pct(last.get((k, v), {}).get('optimal'))}</td><td>{first[(k, v)]['n']}</td></tr>"
+        for k, v in sorted(first, key=lambda kv: (SLICE_ORDER.index(kv[0]) if kv[0] in SLICE_ORDER else 99, kv[1])))
+    cands = st["candidates"]
+    promoted = [c for c in cands if c["verdict"] == "promoted"]
+    rejected = [c for c in cands if c["verdict"] == "rejected"]
+    compute = st["compute"]
+    secs = sum((v.get("seconds") or 0) for v in compute.values())
+    comp = ", ".join(f"{k} {v.get('seconds') or 0:.0f} s" for k, v in compute.items())
+    net = ""
+    if cv:
+        for name, label in (("warm_start_to_last", "warm start to last stage"),
+                            ("first_to_last", "first stage to last stage")):
+            if name in cv:
+                x = cv[name]
+                word = "above noise" if x["above_noise"] else ("below noise" if x["ci95"][1] < 0 else "within noise")
+                net += (f"<li>held-out valid, {label}: <b>{_pts(x['effect'])} points</b> [{_pts(x['ci95'][0])}, "
+                        f"{_pts(x['ci95'][1])}] (95% paired bootstrap on {cv['n']} suite instances): {word}</li>")
+    stop = f" &middot; stop reason: {E(d['stop'])}" if d["stop"] else ""
+    net = net or "<li>held-out change: fewer than two evaluated points</li>"
+    names = E(", ".join(f"{c['id']} {c['factor']}" for c in promoted) or "none")
+    return f"""<section id=summary><h2>Summary</h2><ul>
+<li>status: <b>{E(st['status'])}</b>{stop}</li>
+{net}
+<li>candidates: {len(cands)} &middot; <b>{len(promoted)} promoted</b> ({names})
+&middot; {len(rejected)} rejected</li>
+<li>compute: {secs:.0f} s in all ({E(comp) or 'none recorded'})</li></ul>
+<table><caption>held-out test suite: start (first evaluated stage) and end (last stage {last_stage})</caption>
+<tr><th>slice</th><th>value</th><th>valid start</th><th>valid end</th><th>optimal start</th><th>optimal end</th>
+<th>n</th></tr>{rows}</table></section>"""
+
+
+def _decision(c: dict[str, Any], d: dict[str, Any], gate_min: float | None) -> str:
+    row = d["rows"].get(c["id"], {})
+    ev = row.get("evidence") or {}
+    chart = forest_chart(c["id"], ev, gate_min) if {"effect", "ci_low", "ci_high"} <= set(ev) else None
+    fnd = d["findings"].get(c["stage"], [])
+    flist = "".join(f"<li><code>{E(f['code'])}</code> {E(json.dumps(f.get('slice') or {}))} "
+                    f"{E(f.get('severity') or '')} rate {f.get('rate') or 0:.2f}</li>" for f in fnd[:8])
+    diff = d["diffs"].get(c["id"])
+    return f"""<article class="decision {E(str(c['verdict'] or c['status']))}" id="{E(c['id'])}">
+<h3>{E(c['id'])} &middot; stage {c['stage']} &middot; <code>{E(c['factor'])}</code>: {E(str(c['old_value']))} &rarr;
+{E(str(c['value']))} &middot; <b>{E(str(c['verdict'] or c['status']))}</b></h3>
+<p>effect {_pts(c['effect'])} points [{_pts((c['interval'] or [None, None])[0])},
+{_pts((c['interval'] or [None, None])[1])}] &middot; minimum detectable effect {_pts(c['mde'])} &middot;
+n {c['n'] or '-'} &middot; engineer {E(str(c['engineer']))} &middot; skill {E(str(c['skill'] or 'none'))}</p>
+<p><b>reason:</b> {E(c['reason'] or '')}</p><p><b>rationale:</b> {E(c['rationale'] or '')}</p>
+{chart or '<p class=note>no backtest evidence (rejected before the backtest)</p>'}
+<details><summary>findings of stage {c['stage']} ({len(fnd)})</summary><ul>{flist}</ul></details>
+<details><summary>diff</summary><pre class=diff>{E(diff) if diff else 'no commit (the change never applied)'}</pre>
+</details></article>"""
+
+
+CSS = """body{font:14px system-ui,sans-serif;margin:2em auto;max-width:1250px;padding:0 1em;color:#222}
+h1{margin-bottom:.2em}table{border-collapse:collapse;margin:.6em 0}caption{text-align:left;color:#555}
+td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td:first-child,th:first-child{text-align:left}
+.partial{background:#fff3cd;border:1px solid #e0c060;padding:.6em 1em}figure.chart{margin:.5em 0;overflow-x:auto}
+figure.chart svg{max-width:100%;height:auto}article.decision{border-left:4px solid #999;padding:.2em 1em;margin:1em 0}
+article.promoted{border-color:#2a7}article.rejected{border-color:#c33}pre.diff{background:#f6f6f6;padding:.6em;
+overflow-x:auto;font-size:12px}.note{color:#777}nav a{margin-right:1em}"""
+
+
+def build(run_dir: Path) -> str:
+    d = gather(run_dir)
+    st = d["status"]
+    try:
+        from harness.graph import load_run_config
+
+        gate_min = load_run_config(run_dir).gate.min_effect
+    except Exception:  # noqa: BLE001 - a run dir without a readable config still renders
+        gate_min = None
+    partial = "" if st["status"] == "finished" else (
+        f"<p class=partial>Partial report: the run is <b>{E(st['status'])}</b> (still going, interrupted or "
+        "killed); this page renders what exists so far. Run <code>evotrainer report</code> again later.</p>")
+    heldout = heldout_chart(d["evals"]) or "<p class=note>no held-out evaluation yet</p>"
+    training = "".join(training_chart(k, arms) or "" for k, arms in sorted(d["training"].items())) or \
+        "<p class=note>no training steps recorded yet</p>"
+    decisions = "".join(_decision(c, d, gate_min) for c in sorted(st["candidates"],
+                                                                  key=lambda c: (c["stage"], c["id"])))
+    decisions = decisions or "<p class=note>none yet</p>"
+    skills = defaultdict(list)
+    for c in st["candidates"]:
+        if c["skill"]:
+            skills[c["skill"]].append(f"{c['id']}: {c['verdict'] or c['status']}")
+    skill_rows = "".join(f"<tr><td>{E(s)}</td><td>{E(', '.join(v))}</td></tr>" for s, v in sorted(skills.items()))
+    warn = "".join(f"<li>stage {w['stage']}: {E(w['message'])}</li>" for w in d["warnings"])
+    evolved = d["evolved"]
+    warnings = f"<section id=warnings><h2>Warnings</h2><ul>{warn}</ul></section>" if warn else ""
+    skills_html = ("<table><tr><th>skill</th><th>candidates and verdicts</th></tr>" + skill_rows + "</table>"
+                   "<p class=note>the remember step records each verdict as evidence in the skill library "
+                   "(<code>evotrainer skills show NAME</code>)</p>") if skill_rows else \
+        "<p class=note>no skill was used</p>"
+    evolved_html = (f"<pre class=diff>{E(evolved)}</pre>" if evolved else
+                    "<p class=note>main is still the round-0 harness: nothing was promoted</p>" if evolved == "" else
+                    "<p class=note>the harness repo could not be read</p>")
+    return f"""<!doctype html><html lang=en><meta charset=utf-8>
+<meta name=viewport content="width=device-width, initial-scale=1"><title>evotrainer run {E(st['run'])}</title>
+<style>{CSS}</style><body>
+<h1>Run {E(st['run'])}</h1><p>task {E(str(st['task']))} &middot; harness repo <code>{E(st['harness'])}</code>
+(<code>git log --all --decorate</code>) &middot; created {E(str(st['created']))}</p>
+<nav><a href=#summary>summary</a><a href=#heldout>held-out</a><a href=#training>training</a>
+<a href=#decisions>decisions</a><a href=#evolved>evolved harness</a><a href=#skills>skills</a></nav>
+{partial}{_summary(d, gate_min)}
+{warnings}
+<section id=heldout><h2>Held-out valid per stage and slice (test suite)</h2>{heldout}
+<pre>{E(_curve_text(d['curve']))}</pre></section>
+<section id=training><h2>Training curves per stage and arm</h2>{training}</section>
+<section id=decisions><h2>Decisions ({len(st['candidates'])})</h2>{decisions}</section>
+<section id=evolved><h2>The evolved harness against round 0</h2>{evolved_html}</section>
+<section id=skills><h2>Skills used</h2>{skills_html}</section>
+</body></html>
+"""
+
+
+def _curve_text(c: dict[str, Any] | None) -> str:
+    from harness.report import curve_text
+
+    return curve_text(c)

@@ -1,0 +1,117 @@
+"""The run report in a real browser: a tiny real run, its report.html opened in headless Chromium (Debian's
+`chromium`; `.ci/run` installs it).
+
+    .venv/bin/pytest tests/test_report.py -q
+
+Checks: every section is there with real data; nothing is fetched (the page is self-contained and works offline); no
+console errors; every chart is laid out with data (its SVG paths have a non-empty bounding box in the browser); a
+report of an unfinished run says it is partial. The screenshot is saved as report.png next to the report (and to
+$EVOTRAINER_REPORT_SCREENSHOT when set) for a person to look at.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from harness.benchmarks.run import TINY
+from harness.config import parse_config
+from harness.graph import start_run
+from harness.report import write_html
+from harness.store import RunStore
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+needs_browser = pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (apt-get install chromium)")
+
+# Appended to a COPY of the report (the report itself has no script): measures each chart in the laid-out page,
+# records console errors and any resource the page fetched, and writes the result into the DOM for --dump-dom.
+PROBE = """<script>
+const errors = [];
+const orig = console.error;
+console.error = (...a) => { errors.push(a.join(' ')); orig(...a); };
+window.addEventListener('error', e => errors.push(String(e.message)));
+window.addEventListener('load', () => {
+  const charts = [...document.querySelectorAll('figure.chart')].map(f => {
+    const svg = f.querySelector('svg');
+    const paths = svg ? [...svg.querySelectorAll('path')] : [];
+    const drawn = paths.filter(p => { const b = p.getBBox(); return b.width > 0 || b.height > 0; });
+    const r = svg ? svg.getBoundingClientRect() : {width: 0, height: 0};
+    return {label: f.dataset.chart, width: r.width, height: r.height, paths: paths.length, drawn: drawn.length,
+            texts: svg ? svg.querySelectorAll('text').length : 0};
+  });
+  const fetched = performance.getEntriesByType('resource').map(e => e.name);
+  const pre = document.createElement('pre');
+  pre.id = 'probe';
+  pre.textContent = JSON.stringify({charts, errors, fetched});
+  document.body.appendChild(pre);
+});
+</script>"""
+
+
+def _chromium(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                           "--no-first-run", "--disable-extensions", "--virtual-time-budget=5000", *args],
+                          check=False, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("report")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EVOTRAINER_HOME", str(tmp / "home"))
+        cfg = parse_config(dict(TINY, name="r", budget={"stages": 2}), "test")
+        yield start_run(cfg, tmp / "runs", run_id="rep")
+
+
+def test_report_sections_hold_real_data(run_dir):
+    page = write_html(run_dir).read_text()
+    for section in ("summary", "heldout", "training", "decisions", "evolved", "skills"):
+        assert f"<section id={section}>" in page, section
+    store = RunStore.open(run_dir / "run.db")
+    cands = store.candidates("rep")
+    store.close()
+    assert cands and all(f'id="{c["id"]}"' in page for c in cands)  # every decision has its article
+    assert 'data-chart="heldout"' in page and 'data-chart="training-s1"' in page
+    assert any(f'data-chart="forest-{c["id"]}"' in page for c in cands if c["evidence"])
+    assert "diff --git" in page  # candidate diffs (and the evolved harness, when something was promoted)
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page), "the report must not fetch anything"
+    assert "<script" not in page
+
+
+@needs_browser
+def test_report_renders_in_headless_chromium(run_dir, tmp_path):
+    report = write_html(run_dir)
+    probe_page = tmp_path / "probe.html"
+    probe_page.write_text(report.read_text().replace("</body>", PROBE + "</body>"))
+    dom = _chromium("--dump-dom", probe_page.as_uri())
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    m = re.search(r'<pre id="probe">(.*?)</pre>', dom.stdout, re.DOTALL)
+    assert m, dom.stdout[-2000:]
+    probe = json.loads(m.group(1).replace("&quot;", '"').replace("&amp;", "&").replace("&lt;", "<")
+                       .replace("&gt;", ">"))
+    assert probe["errors"] == [] and probe["fetched"] == []
+    charts = probe["charts"]
+    assert {"heldout", "training-s1", "training-s2"} <= {c["label"] for c in charts}, charts
+    for c in charts:  # laid out, with drawn data and labelled axes
+        assert c["width"] > 100 and c["height"] > 50 and c["drawn"] >= 3 and c["texts"] >= 4, c
+    shot = report.with_name("report.png")
+    res = _chromium(f"--screenshot={shot}", "--window-size=1300,3000", report.as_uri())
+    assert res.returncode == 0 and shot.stat().st_size > 20_000, res.stderr[-1000:]
+    if os.environ.get("EVOTRAINER_REPORT_SCREENSHOT"):
+        shutil.copy(shot, os.environ["EVOTRAINER_REPORT_SCREENSHOT"])
+
+
+def test_a_report_of_an_unfinished_run_says_it_is_partial(run_dir, tmp_path):
+    copy = tmp_path / "rep"
+    shutil.copytree(run_dir, copy)
+    store = RunStore.open(copy / "run.db")
+    store.set_run_status("rep", "interrupted")
+    store.close()
+    page = write_html(copy).read_text()
+    assert "Partial report" in page and "interrupted" in page
+    assert "<section id=decisions>" in page  # what exists still renders
