@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import yaml
@@ -31,6 +31,13 @@ from harness.records import Evidence, Rollout, Verdict
 from harness.seeds import check_split
 
 # --- the gate's configuration -----------------------------------------------------------------------------------------
+
+
+class HumanAfterFailures(BaseModel):
+    """Turn the human gate on once this many stages in a row ended without a promotion."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    after_failures: int = Field(..., ge=1, description="consecutive stages without a promotion before a human decides")
 
 
 class GateConfig(BaseModel):
@@ -52,9 +59,19 @@ class GateConfig(BaseModel):
                                             "aa`); added in quadrature to the bootstrap's instance noise in every "
                                             "bound, since resampling instances cannot see it")
 
+    human: Literal["never", "always"] | HumanAfterFailures = Field(
+        "never", description="a person at the gate after each backtest: never (autonomous), always, or "
+        "{after_failures: N} (once N stages in a row ended without a promotion). The run pauses (the pause survives "
+        "a restart) until `evotrainer approve|revise|abort RUN`")
+
     @property
     def alpha(self) -> float:
         return 1.0 - self.confidence
+
+    def human_needed(self, stages_without_promotion: int) -> bool:
+        if isinstance(self.human, HumanAfterFailures):
+            return stages_without_promotion >= self.human.after_failures
+        return self.human == "always"
 
 
 class GateError(ValueError):

@@ -625,6 +625,45 @@ def status(
         print_summary(run_dir, console)
 
 
+def _answer_gate(run_ref: str, runs_dir: str, action: str, feedback: str = "") -> None:
+    from harness.graph import RunError, answer_gate
+
+    try:
+        run_dir = answer_gate(run_ref, action, feedback, runs_dir, progress=_run_progress())
+    except RunError as exc:
+        fail(str(exc))
+    _finish_run(run_dir)
+
+
+@app.command()
+def approve(
+    run_ref: Annotated[str, typer.Argument(help="run directory or run id")],
+    runs_dir: Annotated[str, typer.Option(help="where runs/<id>/ folders are")] = "runs",
+) -> None:
+    """Answer a run waiting at the human gate: the gate's decision stands; the run continues here."""
+    _answer_gate(run_ref, runs_dir, "approve")
+
+
+@app.command()
+def revise(
+    run_ref: Annotated[str, typer.Argument(help="run directory or run id")],
+    feedback: Annotated[str, typer.Argument(help="what the engineer should change and why (goes into its next "
+                                                 "prompt and into run.db)")],
+    runs_dir: Annotated[str, typer.Option(help="where runs/<id>/ folders are")] = "runs",
+) -> None:
+    """Answer a run waiting at the human gate: promote nothing this stage, pass FEEDBACK to the engineer, continue."""
+    _answer_gate(run_ref, runs_dir, "revise", feedback)
+
+
+@app.command()
+def abort(
+    run_ref: Annotated[str, typer.Argument(help="run directory or run id")],
+    runs_dir: Annotated[str, typer.Option(help="where runs/<id>/ folders are")] = "runs",
+) -> None:
+    """Answer a run waiting at the human gate: promote nothing and stop the run after this stage."""
+    _answer_gate(run_ref, runs_dir, "abort")
+
+
 @app.command("runs")
 def runs_cmd(
     runs_dir: Annotated[str, typer.Option(help="where runs/<id>/ folders are")] = "runs",

@@ -702,6 +702,8 @@ def diagnosis_text(d: Diagnosis, max_findings: int = 12) -> str:
         ci = f" ci=[{h.ci[0]:+.3f},{h.ci[1]:+.3f}]" if h.ci else ""
         lines.append(f"- round {h.stage} {h.candidate}: {h.knob} {h.change} -> {h.verdict}{eff}{ci}"
                      + (f" ({h.reason})" if h.reason else ""))
+    for fb in d.feedback:
+        lines.append(f"human reviewer feedback ({fb.split(':', 1)[0]}): {fb.split(':', 1)[-1].strip()}")
     lines.append(f"bookkeeping: round={d.stage} stages_left={d.stages_left} consecutive_rejections="
                  f"{d.consecutive_rejections} step_scale={_num(d.step_scale)}")
     return "\n".join(lines)

@@ -40,7 +40,7 @@ from harness.tasks import get_task
 
 TENSORBOARD_DIR = "tensorboard"  # event files per phase: tensorboard/s<k>/<sft|policy|control|candidate id>
 JUDGE_FILE = "judge.json"  # the backtest judge, fixed at run start (outside the harness repo)
-NODES = ("setup", "train", "probe", "diagnose", "propose", "vet", "backtest", "decide", "remember")
+NODES = ("setup", "train", "probe", "diagnose", "propose", "vet", "backtest", "gate", "decide", "remember")
 
 
 class RunError(ValueError):
@@ -63,6 +63,7 @@ class State(TypedDict, total=False):
     stages_without_promotion: int
     done: bool
     stop_reason: str
+    human: str  # what the human gate said this stage: auto (no gate), approve, revise, abort
     log: Annotated[list[str], operator.add]  # one line per node, for the summary
 
 
@@ -531,6 +532,7 @@ def node_diagnose(run: Run, state: State) -> State:
             rate=round(-probe["change"], 4), knobs=["recipe.learning_rate"],
             message=(f"this stage's GRPO lowered probe valid {probe['start_valid']:.3f} -> {probe['valid']:.3f} "
                      f"(upper bound {probe['change_ci'][1]:+.3f}); the trained checkpoint was discarded")))
+    diag.feedback = human_feedback(run, k)  # a person's `revise` feedback reaches the engineer's prompt
     run.store.record_findings(run.id, k, diag.findings)
     path = run.path("stages", f"s{k}", "diagnosis.json")
     path.write_text(diag.model_dump_json(indent=1))
@@ -750,6 +752,54 @@ def node_backtest(run: Run, state: State) -> State:
     return {}
 
 
+GATE_ACTIONS = ("approve", "revise", "abort")
+
+
+def node_gate(run: Run, state: State) -> State:
+    """The human gate (config `gate.human`): after the backtest, before anything is promoted, the run pauses (a
+    LangGraph interrupt, persisted in graph.db, so the pause survives a restart or a kill) until a person answers
+    `evotrainer approve|revise|abort RUN`. approve: the gate's own decision stands; revise: this stage promotes
+    nothing and the feedback goes into the next diagnosis (the engineer's prompt) and run.db; abort: nothing is
+    promoted and the run stops after this stage. Without a gate it passes straight through."""
+    from langgraph.types import interrupt
+
+    k = state["stage"]
+    if (r := _done(run, k, "gate")) is not None:
+        return {"human": r["action"]}
+    t0 = time.time()
+    if not run.config.gate.human_needed(state.get("stages_without_promotion", 0)):
+        _finish(run, k, "gate", {"action": "auto"}, t0, "no human gate")
+        return {"human": "auto"}
+    bt = run.store.node_result(run.id, k, "backtest") or {"verdicts": []}
+    lines = [f"{v['candidate']}: {v['decision']}: {cut(v['reason'], 200)}" for v in bt["verdicts"]] or \
+        ["no candidate reached the backtest"]
+    msg = (f"stage {k} waits at the human gate; the gate's verdicts: " + "; ".join(lines)
+           + f". Answer with `evotrainer approve {run.id}`, `evotrainer revise {run.id} \"feedback\"` or "
+           f"`evotrainer abort {run.id}`")
+    run.store.set_run_status(run.id, "paused")
+    run.event(k, "gate", "gate_waiting", msg, key=f"{k}/gate/waiting")
+    answer = interrupt({"stage": k, "message": msg})  # returns the answer when the run is continued
+    action = answer.get("action") if isinstance(answer, dict) else None
+    if action not in GATE_ACTIONS:
+        raise RunError(f"the human gate got {answer!r}; answer with one of {', '.join(GATE_ACTIONS)}")
+    feedback = str(answer.get("feedback") or "").strip()
+    run.store.set_run_status(run.id, "running")
+    run.event(k, "gate", "gate_decision", f"{action}" + (f": {feedback}" if feedback else ""),
+              key=f"{k}/gate/decision", action=action, feedback=feedback)
+    _finish(run, k, "gate", {"action": action, "feedback": feedback}, t0, f"human: {action}")
+    return {"human": action, "log": [f"stage {k} gate: {action}"]}
+
+
+def human_feedback(run: Run, before: int) -> list[str]:
+    """Feedback a person gave at the gate (`revise`) in stages before `before`, oldest first."""
+    out = []
+    for j in range(1, before):
+        r = run.store.node_result(run.id, j, "gate") or {}
+        if r.get("action") == "revise" and r.get("feedback"):
+            out.append(f"stage {j}: {r['feedback']}")
+    return out
+
+
 def node_decide(run: Run, state: State) -> State:
     """Promote the best significant candidate (merge + tag; its arm's checkpoint continues); reject the rest."""
     k = state["stage"]
@@ -761,6 +811,12 @@ def node_decide(run: Run, state: State) -> State:
     ws = run.workspace()
     bt = run.store.node_result(run.id, k, "backtest") or {"verdicts": []}
     verdicts = [Verdict.model_validate(v) for v in bt["verdicts"]]
+    human = run.store.node_result(run.id, k, "gate") or {}
+    if human.get("action") in ("revise", "abort"):  # a person overrode the gate: nothing is promoted this stage
+        said = {"revise": "revised", "abort": "aborted"}[human["action"]] + " by a human at the gate" + (
+            f": {human['feedback']}" if human.get("feedback") else "")
+        verdicts = [v.model_copy(update={"decision": "rejected", "reason": cut(f"{said} (the gate said: {v.reason})")})
+                    for v in verdicts]
     winner, others = choose_winner(verdicts)
     next_policy = bt.get("control") or state["train_ckpt"]
     if (run.store.node_result(run.id, k, "probe") or {}).get("regressed"):
@@ -882,7 +938,7 @@ def _stage_wall(run: Run, k: int, remember_s: float) -> float:
     """Wall seconds of stage k: from the end of the previous stage (or of setup) to now, everything included (nodes,
     LangGraph checkpoints, routing). A stage that a crash interrupted (its nodes ran in different processes) reports
     the sum of its node times instead, so the downtime is not counted."""
-    nodes = [run.store.node_result(run.id, k, n) or {} for n in NODES[1:8]]
+    nodes = [run.store.node_result(run.id, k, n) or {} for n in NODES[1:-1]]
     prev = run.store.node_result(run.id, k - 1, "remember") if k > 1 else run.store.node_result(run.id, 0, "setup")
     summed = remember_s + sum(r.get("_wall_s", 0.0) for r in nodes)
     pids = {r.get("_pid") for r in [*nodes, prev or {}]}
@@ -906,6 +962,8 @@ def _stage_metrics(run: Run, k: int, remember_s: float) -> dict[str, Any]:
 
 def _stop_reason(run: Run, state: State) -> str | None:
     b, k = run.config.budget, state["stage"]
+    if (run.store.node_result(run.id, k, "gate") or {}).get("action") == "abort":
+        return f"aborted by a human at the gate (stage {k})"
     if k >= b.stages:
         return f"stage budget reached ({b.stages} stages)"
     wall = b.wall_clock_s
@@ -1052,6 +1110,9 @@ def _drive_prepared(run_dir: Path, config: RunConfig, progress, first_input: dic
         if run.store.get_run(run.id)["status"] == "finished":
             raise RunError(f"run {run.id} already finished; start a new one with `evotrainer run CONFIG` "
                            f"or review it with `evotrainer review {run_dir}`")
+        if first_input is None and run.store.get_run(run.id)["status"] == "paused":
+            raise RunError(f"run {run.id} waits at the human gate: answer with `evotrainer approve {run.id}`, "
+                           f"`evotrainer revise {run.id} \"feedback\"` or `evotrainer abort {run.id}`")
         if first_input is None:  # a resume
             for r in run.workspace().repairs:
                 run.event(None, "resume", "repair", r)
@@ -1061,10 +1122,12 @@ def _drive_prepared(run_dir: Path, config: RunConfig, progress, first_input: dic
         run.store.set_run_status(run.id, "running")
         _announce_sandbox(run)
         try:
-            _drive(run, first_input)
+            out = _drive(run, first_input)
         except BaseException:
             run.store.set_run_status(run.id, "interrupted")
             raise
+        if out and out.get("__interrupt__"):  # paused at the human gate: the pause is in graph.db
+            run.store.set_run_status(run.id, "paused")
     finally:
         run.store.close()
 
@@ -1090,6 +1153,33 @@ def resume_run(ref: str | Path, runs_dir: str | Path = "runs",
     lock = acquire_lock(run_dir, run_dir.name)
     try:
         _drive_prepared(run_dir, load_run_config(run_dir), progress, None)
+    finally:
+        lock.release()
+    return run_dir
+
+
+def answer_gate(ref: str | Path, action: str, feedback: str = "", runs_dir: str | Path = "runs",
+                progress: Callable[[str, dict[str, Any]], None] | None = None) -> Path:
+    """Answer a run waiting at the human gate (approve | revise | abort) and continue it in this process. A run that
+    is not waiting (running, finished, already answered) is a RunError saying so; nothing changes."""
+    from langgraph.types import Command
+
+    if action not in GATE_ACTIONS:
+        raise RunError(f"unknown gate answer {action!r}; choose one of {', '.join(GATE_ACTIONS)}")
+    if action == "revise" and not feedback.strip():
+        raise RunError("revise needs feedback: evotrainer revise RUN \"what to change and why\"")
+    run_dir = find_run(ref, runs_dir)
+    lock = acquire_lock(run_dir, run_dir.name)
+    try:
+        store = RunStore.open(run_dir / "run.db")
+        try:
+            status = store.get_run(run_dir.name)["status"]
+        finally:
+            store.close()
+        if status != "paused":
+            raise RunError(f"run {run_dir.name} is not waiting at a gate (status: {status}); nothing changed")
+        _drive_prepared(run_dir, load_run_config(run_dir), progress,
+                        Command(resume={"action": action, "feedback": feedback}))
     finally:
         lock.release()
     return run_dir

@@ -118,6 +118,8 @@ class Diagnosis(BaseModel):
     history: list[HistoryItem] = Field(default_factory=list)
     consecutive_rejections: int = 0
     step_scale: float = Field(1.0, description="multiplier on change sizes; shrinks after repeated rejections")
+    feedback: list[str] = Field(default_factory=list, description="what a person said at the human gate (revise) in "
+                                "earlier stages, oldest first")
 
 
 # --- candidates, evidence, verdicts -----------------------------------------------------------------------------------

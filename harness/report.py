@@ -38,7 +38,11 @@ def status(run_dir: Path) -> dict[str, Any]:
                   "engineer": c["engineer"], "skill": c["skill"], "commit": c["commit_sha"], "tag": c["tag"],
                   "rationale": c["rationale"]}
                  for c in store.candidates(run_id)]
-        return {"run": run_id, "status": run["status"], "created": run.get("created"),
+        waiting = None
+        if run["status"] == "paused":
+            ev = store.events(run_id, kind="gate_waiting")
+            waiting = f"human gate, stage {ev[-1]['stage']}" if ev else "human gate"
+        return {"run": run_id, "status": run["status"], "waiting": waiting, "created": run.get("created"),
                 "updated": run.get("updated"), "task": (run.get("config") or {}).get("task"),
                 "stages": stages, "candidates": cands, "compute": store.compute(run_id),
                 "harness": str(run_dir / "harness"), "report": str(run_dir / "report.html")}
@@ -161,6 +165,9 @@ def print_summary(run_dir: Path, console) -> dict[str, Any]:
     console.print(curve_text(cv), highlight=False)
     if cv and "first_to_last" in cv:
         console.print(f"test_change_first_to_last: {cv['first_to_last']['effect']:+.4f}", highlight=False)
+    if st["waiting"]:
+        console.print(f"paused: waits at the {st['waiting']}: evotrainer approve {st['run']} | evotrainer revise "
+                      f"{st['run']} \"feedback\" | evotrainer abort {st['run']}", highlight=False)
     promoted = sum(1 for x in st["candidates"] if x["verdict"] == "promoted")
     console.print(f"candidates: {len(st['candidates'])}\npromoted: {promoted}\nharness: {st['harness']}\n"
                   f"report: {st['report']}", highlight=False)

@@ -226,6 +226,88 @@ def test_a_node_that_fails_on_one_candidate_rejects_it_and_the_stage_goes_on(tmp
     store.close()
 
 
+# --- the human gate ----------------------------------------------------------------------------------------------------
+
+
+def _run_status(run_dir: Path, run_id: str) -> str:
+    store = RunStore.open(run_dir / "run.db")
+    try:
+        return store.get_run(run_id)["status"]
+    finally:
+        store.close()
+
+
+def test_human_gate_revise_reaches_the_engineer_and_abort_stops_the_run(tmp_path):
+    from harness.diagnostics import diagnosis_text
+    from harness.graph import answer_gate
+    from harness.records import Diagnosis
+
+    cfg = parse_config(dict(TINY, budget={"stages": 3}, gate={"human": "always"}), "test")
+    run_dir = start_run(cfg, tmp_path / "runs", run_id="gated")  # returns when it pauses at stage 1's gate
+    assert _run_status(run_dir, "gated") == "paused"
+    with pytest.raises(RunError, match="waits at the human gate"):
+        resume_run(run_dir)
+    answer_gate(run_dir, "revise", "fewer holes on 5x5, please")
+    assert _run_status(run_dir, "gated") == "paused"  # at stage 2's gate now
+    store = RunStore.open(run_dir / "run.db")
+    s1 = store.candidates("gated", stage=1)
+    decisions = [e for e in store.events("gated") if e["kind"] == "gate_decision"]
+    store.close()
+    assert s1 and all(c["status"] in ("rejected", "rejected_vet") for c in s1)
+    assert any("revised by a human at the gate: fewer holes on 5x5, please" in c["reason"] for c in s1), s1
+    assert decisions[0]["data"] == {"action": "revise", "feedback": "fewer holes on 5x5, please"}
+    diag = Diagnosis.model_validate_json((run_dir / "stages" / "s2" / "diagnosis.json").read_text())
+    assert "human reviewer feedback (stage 1): fewer holes on 5x5, please" in diagnosis_text(diag)  # the prompt
+    answer_gate(run_dir, "abort")
+    st = _check_consistent(run_dir)
+    assert _run_status(run_dir, "gated") == "finished" and [s["stage"] for s in st["stages"]] == [1, 2]
+    assert any(e["kind"] == "finished" and "aborted by a human at the gate (stage 2)" in e["message"]
+               for e in st["events"])
+    with pytest.raises(RunError, match="not waiting at a gate"):  # twice, or on a finished run: nothing changes
+        answer_gate(run_dir, "approve")
+
+
+def test_a_paused_run_survives_sigkill_and_approve_continues_it(tmp_path):
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump(dict(TINY, budget={"stages": 1}, gate={"human": "always"})))
+    runs = tmp_path / "runs"
+    proc = _spawn(cfg_path, runs, "pz")
+    t0 = time.time()
+    while time.time() - t0 < 300:
+        db = runs / "pz" / "run.db"
+        if db.exists():  # read-only: opening it through RunStore would create it under the starting run
+            import sqlite3
+
+            try:
+                con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+                row = con.execute("SELECT status FROM runs WHERE id = 'pz'").fetchone()
+                con.close()
+            except sqlite3.Error:
+                row = None
+            if row and row[0] == "paused":
+                break
+        assert proc.poll() in (None, 0), proc.stderr.read().decode()[-2000:]
+        time.sleep(0.5)
+    time.sleep(1.0)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    cli = [sys.executable, "-m", "harness.cli"]
+    out = subprocess.run([*cli, "runs", "--runs-dir", str(runs), "--json"], capture_output=True, text=True, check=True)
+    [row] = json.loads(out.stdout)
+    assert (row["status"], row["waiting"]) == ("paused", "human gate, stage 1")
+    done = subprocess.run([*cli, "approve", "pz", "--runs-dir", str(runs)], check=False, capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert _run_status(runs / "pz", "pz") == "finished"
+    before = _check_consistent(runs / "pz")["candidates"]
+    again = subprocess.run([*cli, "approve", "pz", "--runs-dir", str(runs)], check=False, capture_output=True,
+                           text=True)
+    assert again.returncode == 2 and "not waiting at a gate (status: finished); nothing changed" in again.stderr
+    assert len(again.stderr.strip().splitlines()) == 1
+    assert _check_consistent(runs / "pz")["candidates"] == before
+
+
 # --- bad input ---------------------------------------------------------------------------------------------------------
 
 
