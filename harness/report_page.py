@@ -130,11 +130,17 @@ def training_chart(stage: int, arms: dict[str, list[dict]]) -> str | None:
     fig, axes = plt.subplots(1, len(TRAIN_METRICS), figsize=(12, 2.6))
     drawn = False
     for ax, (key, label) in zip(axes, TRAIN_METRICS):
+        here = False
         for arm, steps in arms.items():
             pts = [(s["step"], s[key]) for s in steps if s.get(key) is not None and s[key] == s[key]]
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="." if len(pts) < 30 else None, label=arm)
-                drawn = True
+                drawn = here = True
+        if not here:  # e.g. KL with beta 0: say so instead of an empty frame
+            ax.text(0.5, 0.5, "not recorded" + (" (beta = 0: no KL term)" if key == "kl" else ""),
+                    ha="center", va="center", transform=ax.transAxes, color="#777")
+            ax.set_xticks([])
+            ax.set_yticks([])
         ax.set_title(label)
         ax.set_xlabel("GRPO step")
     if not drawn:

@@ -163,7 +163,7 @@ def rung2(sft_steps: int = 600, steps: int = 100, negative_control: bool = True,
 # --- rung 3: MAPF -----------------------------------------------------------------------------------------------------
 
 
-def mapf_partial_warm_start(out: Path, sft_examples: int = 3000, sft_steps: int = 700):
+def mapf_partial_warm_start(out: Path, sft_examples: int = 3000, sft_steps: int = 700, preset: str = "tiny"):
     """The deliberately partial warm start (about 28% greedy valid on the held-out boards), cached in `out`."""
     from harness.policy_glue import sft_pairs
     from harness.seeds import seeds
@@ -171,12 +171,12 @@ def mapf_partial_warm_start(out: Path, sft_examples: int = 3000, sft_steps: int 
     from policies.model import build_model, load_policy, save_policy
     from policies.train import Recipe, train_sft
 
-    ck = out / f"warmstart-{sft_examples}-{sft_steps}"
+    ck = out / (f"warmstart-{sft_examples}-{sft_steps}" + ("" if preset == "tiny" else f"-{preset}"))
     if (ck / "config.json").exists():
         return load_policy(ck)
     task = get_task("mapf")
     cfg = task.config_model.model_validate(RUNG3_ENV)
-    model, tok = build_model("tiny", task.alphabet(), words=task.words())
+    model, tok = build_model(preset, task.alphabet(), words=task.words())
     train_sft(model, tok, sft_pairs(task, cfg, seeds("train", sft_examples), "trace"), Recipe(sft_steps=sft_steps))
     save_policy(model, tok, ck)
     return load_policy(ck)
@@ -209,7 +209,8 @@ def _mapf_eval(model, tok, task, held) -> dict[str, Any]:
 
 
 def rung3(out: Path, budget_s: float = 600.0, max_steps: int = 1500, sft_examples: int = 3000,
-          sft_steps: int = 700, recipe_kw: dict[str, Any] | None = None, seed: int = 0) -> dict[str, Any]:
+          sft_steps: int = 700, recipe_kw: dict[str, Any] | None = None, seed: int = 0,
+          preset: str = "tiny") -> dict[str, Any]:
     """Partial warm start, then GRPO until `budget_s` seconds of training (or `max_steps`, a cap); paired held-out
     figures. The learning rate anneals by elapsed time (`policies.train.time_budget`: cosine over the budget), so it
     reaches zero at the end of the budget whatever the seconds per step: a step schedule laid out past the budget
@@ -225,7 +226,7 @@ def rung3(out: Path, budget_s: float = 600.0, max_steps: int = 1500, sft_example
 
     task = get_task("mapf")
     out.mkdir(parents=True, exist_ok=True)
-    model, tok = mapf_partial_warm_start(out, sft_examples, sft_steps)
+    model, tok = mapf_partial_warm_start(out, sft_examples, sft_steps, preset)
     held = wide_held_out(task)
     before = _mapf_eval(model, tok, task, held)
     _say("rung3_boards", len(held))
