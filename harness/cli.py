@@ -287,6 +287,7 @@ def bench_ladder(
     out: Annotated[Path, typer.Option(help="work dir (rung-3 warm start cached here, ladder.json)")] = Path(
         "runs/bench-ladder"),
     threads: Annotated[int, typer.Option(min=1, help="torch CPU threads")] = 2,
+    preset: Annotated[str, typer.Option(help="rung 3: model preset, tiny (1.1M) or small (6.4M)")] = "tiny",
 ) -> None:
     """The learning ladder: sampler/trainer log-prob agreement, a toy GRPO must learn, MAPF held-out gain."""
     from harness.benchmarks.ladder import run as ladder
@@ -297,7 +298,9 @@ def bench_ladder(
         fail(f"--rungs {rungs!r}: write rung numbers separated by commas, e.g. 1,2")
     if not want or not set(want) <= {1, 2, 3}:
         fail(f"--rungs {rungs!r}: rungs are 1, 2 and 3")
-    res = ladder(out=out, rungs=want, budget_s=budget, threads=threads, max_steps=max_steps)
+    if preset not in ("tiny", "small"):
+        fail(f"--preset {preset!r}: choose tiny or small")
+    res = ladder(out=out, rungs=want, budget_s=budget, threads=threads, max_steps=max_steps, preset=preset)
     if not all(r.get("passed") for r in res.values()):
         raise typer.Exit(1)
 
