@@ -145,14 +145,11 @@ class RunConfig(_Strict):
             raise ValueError(f"task: unknown task {self.task!r}; choose one of {', '.join(sorted(TASKS))}")
         task = get_task(self.task)
         if self.env is not None:
-            task.config_model.model_validate(self.env)
+            _nested("env", task.config_model, self.env)
         if self.backtest.env is not None:
-            try:
-                task.config_model.model_validate(self.backtest.env)
-            except ValueError as exc:
-                raise ValueError(f"backtest.env: not a valid {self.task} generator config: {exc}") from None
-        task.shaping_model.model_validate(self.reward)
-        Recipe.model_validate(self.recipe)
+            _nested("backtest.env", task.config_model, self.backtest.env)
+        _nested("reward", task.shaping_model, self.reward)
+        _nested("recipe", Recipe, self.recipe)
         if self.eval.suite:
             task.suite(self.eval.suite)  # raises with the list of suites
         if self.policy.style is not None and self.policy.style not in task.styles:
@@ -177,10 +174,28 @@ class RunConfig(_Strict):
         return meta["style"] if meta.get("task") == self.task and meta.get("style") in styles else "chat"
 
 
+def _nested(prefix: str, model: type[BaseModel], data: Any) -> None:
+    """Validate a section checked by another model (the task's generator config, its shaping, the Recipe); errors name
+    the full path in the run config (`env.sizes.0.hole_ratio`, not `sizes.0.hole_ratio`)."""
+    try:
+        model.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for e in exc.errors():
+            loc = ".".join([prefix, *(str(p) for p in e["loc"])])
+            msg = e["msg"].removeprefix("Value error, ")
+            lines.append(f"{loc}: unknown key (typo?)" if e["type"] == "extra_forbidden" else f"{loc}: {msg}")
+        raise ValueError("; ".join(lines)) from None
+
+
 def _format_error(exc: ValidationError, source: str) -> str:
     lines = []
     for e in exc.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        loc = ".".join(str(p) for p in e["loc"])
+        if not loc and e["type"] == "value_error":  # a whole-config check: its message names the field
+            lines.append(e["msg"].removeprefix("Value error, "))
+            continue
+        loc = loc or "(top level)"
         if e["type"] == "extra_forbidden":
             lines.append(f"{loc}: unknown key (typo?); see `evotrainer run --help` and examples/*.yaml")
         else:

@@ -317,6 +317,14 @@ def test_config_typo_names_the_field(tmp_path):
         parse_config(bad, "x.yaml")
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "nope.yaml")
+    # sections validated by other models name their full path in the run config
+    bad_env = dict(TINY, env={"sizes": [{"size": 3, "hole_ratio": 0.9, "agents": 2}]})
+    with pytest.raises(ConfigError, match=r"invalid run config:\s+env\.sizes\.0\.hole_ratio: hole_ratio must be"):
+        parse_config(bad_env, "x.yaml")
+    with pytest.raises(ConfigError, match=r"recipe\.learning_rte: unknown key"):
+        parse_config(dict(TINY, recipe={"learning_rte": 1e-4}), "x.yaml")
+    with pytest.raises(ConfigError, match=r"backtest\.env\.sizes\.0\.hole_ratio"):
+        parse_config(dict(TINY, backtest={"env": bad_env["env"]}), "x.yaml")
     with pytest.raises(ConfigError, match=r"policy\.style.*'trac'.*trace, compact, chat"):
         parse_config(dict(TINY, policy={"preset": "tiny", "style": "trac"}), "x.yaml")
     assert parse_config(dict(TINY, policy={"preset": "tiny"})).style == "trace"  # char models: the task's first style
