@@ -113,6 +113,22 @@ class SandboxConfig(_Strict):
         "false and no bubblewrap, candidates that add or change a diagnostic are rejected, and the run says so at start")
 
 
+class ArmResources(_Strict):
+    num_cpus: float = Field(1, gt=0, description="CPUs one arm reserves on the Ray cluster (its torch threads too)")
+    num_gpus: float = Field(0, ge=0, description="GPUs one arm reserves (0: CPU training; 1 for vLLM / CUDA arms)")
+
+
+class ScaleConfig(_Strict):
+    backend: Literal["local", "ray"] = Field("local", description="where backtest arms run: local (one after another "
+                                             "in the run process) or ray (as Ray tasks, side by side)")
+    address: str | None = Field(None, description="Ray cluster to join: 'auto' (the one `ray start` runs here), "
+                                "'host:port', 'ray://host:10001'; none: start a local cluster inside the run process")
+    num_cpus: int | None = Field(None, ge=1, description="CPUs of the local cluster the run starts (default: all)")
+    arm_resources: ArmResources = Field(default_factory=ArmResources)
+    max_retries: int = Field(2, ge=0, le=10, description="times an arm is started again when its worker dies "
+                             "(killed, out of memory); an arm that raises is not retried: its decision fails")
+
+
 class EvalConfig(_Strict):
     suite: str = Field("small", description="benchmark suite on the test split, reported per stage (never decides)")
     limit: int | None = Field(None, ge=1, description="evaluate only the first N suite instances (faster reports)")
@@ -135,6 +151,7 @@ class RunConfig(_Strict):
     engineer: EngineerConfig = Field(default_factory=EngineerConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    scale: ScaleConfig = Field(default_factory=ScaleConfig)
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:

@@ -87,6 +87,7 @@ class Run:
     _pending: dict[tuple[str, tuple[int, ...]], Any] = field(default_factory=dict)  # (config JSON, seeds) -> Future
     _models: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # checkpoint path -> in-memory copy
     _judge: Any = None
+    _ray: Any = None  # harness.scale.RayArms, connected on the first arm (scale.backend: ray)
 
     @property
     def id(self) -> str:
@@ -150,12 +151,24 @@ class Run:
             self._pool = InstanceWorker()
         self._pending[(cj, tuple(missing))] = self._pool.submit(self.config.task, cj, missing)
 
+    def ray(self):
+        """The Ray arm runner (scale.backend: ray): joins the cluster, or starts a local one, on first use."""
+        if self._ray is None:
+            from harness.scale import RayArms
+
+            self._ray = RayArms(self.config.scale)
+        return self._ray
+
     def close(self) -> None:
-        """Stop the prefetch worker (pending work is dropped; nothing it makes is ever recorded)."""
+        """Stop the prefetch worker (pending work is dropped; nothing it makes is ever recorded) and leave Ray (a
+        local cluster the run started stops with it)."""
         if self._pool is not None:
             self._pool.close()
             self._pool = None
         self._pending.clear()
+        if self._ray is not None:
+            self._ray.close()
+            self._ray = None
 
     def suite(self) -> list:
         """The report suite (test split), generated once per process (in setup, so no stage pays for it)."""
@@ -652,32 +665,96 @@ def _reject(run: Run, cid: str, verdict: Verdict) -> None:
     run.store.set_candidate_verdict(verdict, tag=tag)
 
 
-def _arm(run: Run, k: int, name: str, files: dict[str, str], start: str, steps: int) -> dict[str, Any]:
-    """Train one arm (idempotent: a finished arm is not retrained) and judge it on this stage's backtest seeds."""
-    from harness.backtest import judge_arm
+def _arm_job(run: Run, k: int, name: str, files: dict[str, str], start: str, steps: int):
+    """Everything one arm needs (`harness.scale.ArmJob`): its harness, its train instances (the stage's shared arm pool
+    under its own env), the judge and this stage's backtest instances of the run's FIXED judge distribution
+    (judge.json, never the incumbent's env.yaml, which promotions rewrite)."""
+    from harness.scale import ArmJob
 
-    node = f"arm:{name}"
-    if (r := run.store.node_result(run.id, k, node)) is not None:
-        return r
     cfg = run.config
+    env, recipe, _ = harness_models(files, run.task)
     # both arms train on the same train seeds; arm randomness is shared too (paired design)
-    r = _grpo(run, k, name, start, files, steps, f"s{k}/arms", run.path("checkpoints", f"s{k}-{name}"),
-              seed=cfg.seed + 1000 + k)
-    seeds = run.store.draw_seeds(run.id, "backtest", cfg.backtest.n, key=f"s{k}/backtest")
-    # both arms are judged on the same fresh held-out instances of the run's FIXED judge distribution (judge.json),
-    # never of the incumbent's env.yaml, which promotions rewrite
+    train_seeds = _pool_seeds(run, f"s{k}/arms", recipe, steps)
+    eval_seeds = run.store.draw_seeds(run.id, "backtest", cfg.backtest.n, key=f"s{k}/backtest")
     judge = run.judge
-    model, tok = _load(run, r["checkpoint"])
-    ev = judge_arm(model, tok, run.task, run.instances(judge.config(run.task), seeds), judge,
-                   sampling_seed=cfg.seed + k, style=run.style, backend=cfg.policy.backend)
+    return ArmJob(name=name, task=run.task.name, style=run.style, files=files, start=start, steps=steps,
+                  train_seeds=train_seeds, train_instances=run.instances(env, train_seeds), seed=cfg.seed + 1000 + k,
+                  judge=judge, eval_instances=run.instances(judge.config(run.task), eval_seeds),
+                  sampling_seed=cfg.seed + k, backend=cfg.policy.backend)
+
+
+def _record_arm(run: Run, k: int, name: str, out) -> dict[str, Any]:
+    """What the run process writes for a finished arm (from either backend): ledger, rollouts, eval, node result."""
+    m, ev = out.metrics, out.eval
+    run.store.charge(run.id, k, name, "grpo", seconds=out.train_s, tokens=m.tokens_generated, steps=len(m.steps))
     path = write_rollouts(run.path("rollouts", f"s{k}-{name}-backtest.jsonl.gz"), ev.rollouts)
     run.store.charge(run.id, k, name, "eval", seconds=ev.seconds, tokens=ev.tokens, label="backtest")
     run.store.record_eval(run.id, k, name, "backtest", n=len(ev.rollouts), valid=ev.valid,
                           optimal=float(np.mean([x.optimal for x in ev.rollouts])))
-    r = {**r, "rollouts": str(path), "valid": ev.valid, "greedy": ev.greedy, "steps": len(r["steps"]),
-         "curve": r["steps"]}  # per-step training metrics (the report draws them)
-    run.store.mark_node_done(run.id, k, node, r)
+    steps_out = [s.model_dump() for s in m.steps]
+    r = {"checkpoint": str(run.path("checkpoints", f"s{k}-{name}")), "seconds": m.wall_s,
+         "tokens": m.tokens_generated, "rollouts": str(path), "valid": ev.valid, "greedy": ev.greedy,
+         "steps": len(steps_out), "curve": steps_out}  # per-step training metrics (the report draws them)
+    run.store.mark_node_done(run.id, k, f"arm:{name}", r)
     return r
+
+
+def _arms(run: Run, k: int, arms: list[tuple[str, dict[str, str]]], start: str, steps: int) -> dict[str, Any]:
+    """Train and judge every arm of stage k (control first), each with `harness.scale.execute_arm`: one after another
+    in this process (scale.backend local), or side by side as Ray tasks (ray). Finished arms are not run again (a
+    resumed stage runs only the missing ones). Returns name -> node result, or the exception of an arm that failed."""
+    from harness.scale import execute_arm, write_tree
+
+    out: dict[str, Any] = {}
+    todo = []
+    for name, files in arms:
+        if (r := run.store.node_result(run.id, k, f"arm:{name}")) is not None:
+            out[name] = r
+        else:
+            todo.append((name, files))
+    if not todo:
+        return out
+    if run.config.scale.backend == "ray":
+        jobs = []
+        for name, files in todo:
+            try:
+                jobs.append(_arm_job(run, k, name, files, start, steps))
+            except Exception as exc:  # noqa: BLE001 - an arm whose instances cannot be made fails its decision
+                out[name] = exc
+        run.event(k, "backtest", "scale", f"{len(jobs)} arm(s) submitted to Ray: {', '.join(j.name for j in jobs)}")
+        for name, res, ckpt, tb in run.ray().run(jobs):
+            if isinstance(res, Exception):
+                out[name] = res
+                run.event(k, "backtest", "scale", f"arm {name} failed on Ray: {cut(str(res), 300)}")
+                continue
+            write_tree(ckpt, run.path("checkpoints", f"s{k}-{name}", "x").parent)
+            write_tree(tb, run.path(TENSORBOARD_DIR, f"s{k}", name, "x").parent)
+            out[name] = _record_arm(run, k, name, res)
+            run.event(k, "backtest", "scale", f"arm {name} came back from Ray (valid {res.eval.valid:.3f})")
+        run.ray().forget_starts()
+        return out
+    for name, files in todo:
+        try:
+            job = _arm_job(run, k, name, files, start, steps)
+            ckpt = run.path("checkpoints", f"s{k}-{name}")
+            model, tok = _load(run, start)
+            res = execute_arm(job, model, tok, lambda m, t, ckpt=ckpt: _save(run, m, t, ckpt),
+                              _memo_loader(run, ckpt, job.backend), progress=_progress_cb(run, k, name),
+                              tensorboard_dir=run.run_dir / TENSORBOARD_DIR / f"s{k}" / name)
+            out[name] = _record_arm(run, k, name, res)
+        except Exception as exc:  # noqa: BLE001 - one arm's failure is its decision's, not the run's
+            log.warning("arm %s of stage %d failed: %s", name, k, exc)
+            out[name] = exc
+    return out
+
+
+def _memo_loader(run: Run, ckpt: Path, backend: str):
+    from harness.scale import policy_loader
+    from policies.rollout import resolve_backend
+
+    if resolve_backend(backend) == "vllm":
+        return policy_loader(ckpt, backend)
+    return lambda: _load(run, str(ckpt))
 
 
 def _per_instance(rollouts: list[Rollout]) -> tuple[list[int], list[float], list[dict[str, str]]]:
@@ -712,17 +789,27 @@ def node_backtest(run: Run, state: State) -> State:
     if k < cfg.budget.stages:
         env, rec, _ = harness_models(main_files, run.task)
         run.prefetch(env, _pool_seeds(run, f"s{k + 1}/train", rec, rec.steps))
-    control = _arm(run, k, "control", main_files, state["train_ckpt"], steps)
+    results = _arms(run, k, [("control", main_files)] + [(cid, ws.files(f"cand/{cid}")) for cid in vetted],
+                    state["train_ckpt"], steps)
+    control = results["control"]
+    if isinstance(control, Exception):  # without a control there is no decision: every candidate fails with the reason
+        verdicts = [Verdict(candidate=cid, decision="rejected", stage_reached="backtest",
+                            reason=cut(f"the control arm failed, so nothing could be compared: "
+                                       f"{type(control).__name__}: {control}")) for cid in vetted]
+        for v in verdicts:
+            run.event(k, "backtest", "verdict", f"{v.candidate}: rejected: {v.reason}", key=f"{k}/verdict/{v.candidate}")
+        _finish(run, k, "backtest", {"verdicts": [json.loads(v.model_dump_json()) for v in verdicts]}, t0,
+                f"{len(verdicts)} decision(s): the control arm failed")
+        return {}
     c_roll = read_rollouts(Path(control["rollouts"]))
     c_seeds, c_out, c_slices = _per_instance(c_roll)
     verdicts = []
     for cid in vetted:
         files = ws.files(f"cand/{cid}")
-        try:
-            arm = _arm(run, k, cid, files, state["train_ckpt"], steps)
-        except Exception as exc:  # noqa: BLE001 - a candidate whose arm cannot train or be judged is rejected
+        arm = results[cid]
+        if isinstance(arm, Exception):  # a candidate whose arm cannot train or be judged is rejected
             v = Verdict(candidate=cid, decision="rejected", stage_reached="backtest",
-                        reason=cut(f"its backtest arm failed: {type(exc).__name__}: {exc}"))
+                        reason=cut(f"its backtest arm failed: {type(arm).__name__}: {arm}"))
             verdicts.append(v)
             run.event(k, "backtest", "verdict", f"{cid}: rejected: {v.reason}", key=f"{k}/verdict/{cid}")
             continue
@@ -1041,6 +1128,7 @@ def start_run(config: RunConfig, runs_dir: str | Path = "runs", run_id: str | No
             resolve_backend("vllm")
         except RolloutBackendError as exc:
             raise RunError(f"policy.backend: {exc}") from None
+    _check_scale(config)
     run_dir = Path(runs_dir) / run_id
     if (run_dir / "run.db").exists():
         raise RunError(f"run {run_id} already exists in {runs_dir}; resume it with `evotrainer resume {run_dir}`")
@@ -1052,6 +1140,16 @@ def start_run(config: RunConfig, runs_dir: str | Path = "runs", run_id: str | No
     finally:
         lock.release()
     return run_dir
+
+
+def _check_scale(config: RunConfig) -> None:
+    """scale.backend ray without Ray, or an unreachable address: one line with the fix, before anything trains."""
+    from harness.scale import ScaleError, check
+
+    try:
+        check(config.scale)
+    except ScaleError as exc:
+        raise RunError(str(exc)) from None
 
 
 def _prepare(run_dir: Path, config: RunConfig, progress) -> Run:
@@ -1105,6 +1203,7 @@ def _announce_sandbox(run: Run) -> None:
 
 
 def _drive_prepared(run_dir: Path, config: RunConfig, progress, first_input: dict[str, Any] | None) -> None:
+    _check_scale(config)
     run = _prepare(run_dir, config, progress)
     try:
         if run.store.get_run(run.id)["status"] == "finished":

@@ -154,6 +154,17 @@ def load_policy(path_or_hf_id: str | Path, allow_hub: bool = False, dtype: torch
     return model, tok
 
 
+def load_tokenizer(path: str | Path):
+    """The tokenizer of a local checkpoint alone (what a vLLM rollout needs: vLLM loads the weights itself)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
 def save_policy(model, tok, out_dir: str | Path) -> Path:
     from transformers.utils import logging as hf_logging
 

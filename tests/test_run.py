@@ -199,7 +199,7 @@ def test_a_node_that_fails_on_one_candidate_rejects_it_and_the_stage_goes_on(tmp
     import harness.graph as G
     import harness.vet as V
 
-    real_arm, real_vet = G._arm, V.vet
+    real_arm, real_vet = G._arm_job, V.vet
 
     def arm(run, k, name, *a, **kw):
         if name != "control":
@@ -211,7 +211,7 @@ def test_a_node_that_fails_on_one_candidate_rejects_it_and_the_stage_goes_on(tmp
             raise MemoryError("vet exploded")
         return real_vet(cand, *a, **kw)
 
-    monkeypatch.setattr(G, "_arm", arm)
+    monkeypatch.setattr(G, "_arm_job", arm)
     monkeypatch.setattr(V, "vet", vet)
     cfg = parse_config(dict(TINY, budget={"stages": 1}, stage={**TINY["stage"], "candidates": 2}), "test")
     run_dir = start_run(cfg, tmp_path / "runs", run_id="hurt")

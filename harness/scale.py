@@ -1,0 +1,264 @@
+"""Where backtest arms run: in the run process (`scale.backend: local`, the default) or as Ray tasks (`ray`).
+
+An arm is one `ArmJob`: everything it needs travels with it (the harness files, the training and backtest instances,
+the judge, the seeds), so it runs the same anywhere. `execute_arm` is the one function that trains and judges an arm;
+the local backend calls it in the run process, the Ray backend calls it inside a Ray task. Only the run process writes
+run.db, the harness repo and the run directory: a Ray task gets the start checkpoint as bytes and sends back the
+trained checkpoint, its TensorBoard files and its scored rollouts, which the run process then records. So a worker
+that dies mid-arm leaves nothing behind; Ray starts the arm again (`scale.max_retries`), and nothing is recorded twice.
+
+    scale: {backend: ray}                                  # a local cluster, started by the run, all CPUs
+    scale: {backend: ray, address: auto}                   # join the cluster `ray start --head` runs on this machine
+    scale: {backend: ray, arm_resources: {num_cpus: 1, num_gpus: 1}}
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class ScaleError(RuntimeError):
+    """The configured scale-out backend cannot run (Ray missing, cluster unreachable). One line, with the fix."""
+
+
+class ArmCannotRun(RuntimeError):
+    """One arm could not be run or finished without a result (no worker can host it, its worker kept dying)."""
+
+
+# --- the job ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ArmJob:
+    """One backtest arm: train `steps` GRPO steps from `start` under the harness `files`, then judge the result on
+    `eval_instances`. Picklable, and free of the run: it names the task and carries its instances."""
+
+    name: str
+    task: str
+    style: str
+    files: dict[str, str]
+    start: str  # the start checkpoint, as the run process knows it
+    steps: int
+    train_seeds: list[int]
+    train_instances: list
+    seed: int  # training randomness (equal for every arm of a decision: paired design)
+    judge: Any  # harness.backtest.Judge
+    eval_instances: list
+    sampling_seed: int
+    backend: str = "transformers"  # rollout engine of the judge
+
+
+@dataclass
+class ArmOutput:
+    metrics: Any  # policies.train.GRPOMetrics
+    train_s: float  # the whole TRL call (trainer setup + steps)
+    eval: Any  # harness.backtest.ArmEval
+
+
+def execute_arm(job: ArmJob, model, tok, save: Callable[[Any, Any], None], reload: Callable[[], tuple[Any, Any]],
+                progress=None, tensorboard_dir: Path | None = None) -> ArmOutput:
+    """Train `model` (the start checkpoint, loaded) under the job's harness, `save` it, `reload` it (a fresh copy, as
+    every later reader of the checkpoint sees it; for vLLM the checkpoint path) and judge it. The one arm function of
+    both backends."""
+    from harness.backtest import judge_arm, train_arm
+    from harness.tasks import get_task
+
+    task = get_task(job.task)
+    t0 = time.perf_counter()
+    metrics = train_arm(model, tok, task, job.files, job.steps, job.train_seeds, job.seed, style=job.style,
+                        instances=job.train_instances, progress=progress, tensorboard_dir=tensorboard_dir)
+    train_s = time.perf_counter() - t0
+    save(model, tok)
+    del model
+    model, tok = reload()
+    ev = judge_arm(model, tok, task, job.eval_instances, job.judge, sampling_seed=job.sampling_seed, style=job.style,
+                   backend=job.backend)
+    return ArmOutput(metrics=metrics, train_s=train_s, eval=ev)
+
+
+# --- directories as bytes (checkpoints and TensorBoard files cross the cluster this way) -------------------------------
+
+
+def read_tree(root: Path) -> dict[str, bytes]:
+    root = Path(root)
+    if not root.is_dir():
+        return {}
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def write_tree(files: dict[str, bytes], root: Path) -> Path:
+    root = Path(root)
+    for rel, data in files.items():
+        p = (root / rel).resolve()
+        if root.resolve() not in p.parents:  # a relative path that climbs out is never written
+            raise ValueError(f"refusing to write {rel!r} outside {root}")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+    return root
+
+
+def policy_loader(path: Path, backend: str) -> Callable[[], tuple[Any, Any]]:
+    """What `execute_arm` reloads: the model (transformers) or, for vLLM, the checkpoint path with its tokenizer."""
+    from policies.model import load_policy, load_tokenizer
+    from policies.rollout import resolve_backend
+
+    if resolve_backend(backend) == "vllm":
+        return lambda: (str(path), load_tokenizer(path))
+    return lambda: load_policy(path)
+
+
+def _ray_arm(job: ArmJob, start: dict[str, bytes], threads: int) -> tuple[ArmOutput, dict[str, bytes], dict[str, bytes]]:
+    """The body of a Ray arm task: materialise the start checkpoint, `execute_arm`, send back the trained checkpoint
+    and the TensorBoard files as bytes (the run process writes them)."""
+    import torch
+
+    from harness.policy_glue import write_policy_meta
+    from policies.model import load_policy, save_policy
+
+    torch.set_num_threads(max(1, threads))
+    with tempfile.TemporaryDirectory(prefix=f"evotrainer-arm-{job.name}-") as d:
+        model, tok = load_policy(write_tree(start, Path(d) / "start"))
+        out, tb = Path(d) / "out", Path(d) / "tb"
+
+        def save(m, t) -> None:
+            save_policy(m, t, out)
+            write_policy_meta(out, job.task, job.style)
+
+        result = execute_arm(job, model, tok, save, policy_loader(out, job.backend), tensorboard_dir=tb)
+        return result, read_tree(out), read_tree(tb)
+
+
+# --- backends --------------------------------------------------------------------------------------------------------
+
+
+def ray_installed() -> bool:
+    return importlib.util.find_spec("ray") is not None
+
+
+def check(cfg) -> None:
+    """Refuse a scale config that cannot run, in one line with the fix, before anything trains."""
+    if cfg.backend != "ray":
+        return
+    if not ray_installed():
+        raise ScaleError("scale.backend is 'ray' but Ray is not installed: pip install 'evotrainer[ray]' "
+                         "(`make venv` installs it), or set scale.backend: local")
+    addr = cfg.address
+    if addr and addr != "auto":
+        hostport = addr.removeprefix("ray://").removeprefix("http://").split("/")[0]
+        host, _, port = hostport.rpartition(":")
+        if not host or not port.isdigit():
+            raise ScaleError(f"scale.address {addr!r} is not 'auto', 'host:port' or 'ray://host:port'")
+        try:
+            socket.create_connection((host, int(port)), timeout=5).close()
+        except OSError as exc:
+            raise ScaleError(f"scale.address {addr!r} cannot be reached ({exc.strerror or exc}): start the cluster "
+                             f"there (`ray start --head --port={port}`), fix the address, or leave scale.address out "
+                             "to start a local cluster") from None
+
+
+class RayArms:
+    """Arms as Ray tasks. Connects on first use (or starts a local cluster, which lives as long as the run process)."""
+
+    def __init__(self, cfg) -> None:
+        self.cfg = cfg
+        self._started = False
+        self._fn = None
+        self._starts: dict[str, Any] = {}  # start checkpoint path -> ObjectRef of its bytes (put once per stage)
+
+    def _connect(self):
+        import ray
+
+        if self._fn is not None:
+            return ray
+        check(self.cfg)
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage report: nothing leaves the machine
+        if not ray.is_initialized():
+            kw: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.ERROR,
+                                  "log_to_driver": True, "namespace": "evotrainer"}
+            if self.cfg.address:
+                kw["address"] = self.cfg.address
+            else:
+                kw.update(num_cpus=self.cfg.num_cpus or os.cpu_count(), object_store_memory=512 * 2**20)
+            try:
+                ray.init(**kw)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                raise ScaleError(f"could not join the Ray cluster {self.cfg.address or '(local)'}: "
+                                 f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}; check "
+                                 "scale.address (or leave it out to start a local cluster)") from None
+            self._started = not self.cfg.address
+        res = self.cfg.arm_resources
+        self._fn = ray.remote(num_cpus=res.num_cpus, num_gpus=res.num_gpus, max_retries=self.cfg.max_retries,
+                              retry_exceptions=False)(_ray_arm)
+        return ray
+
+    def fits(self) -> str | None:
+        """Why an arm cannot be scheduled on this cluster at all (asks more CPUs / GPUs than it has), else None."""
+        import ray
+
+        have = ray.cluster_resources()
+        res = self.cfg.arm_resources
+        for key, want in (("CPU", res.num_cpus), ("GPU", res.num_gpus)):
+            if want > have.get(key, 0):
+                return (f"scale.arm_resources asks {want:g} {key} per arm but the Ray cluster has "
+                        f"{have.get(key, 0):g}: lower scale.arm_resources.num_{key.lower()}s or add nodes with {key}s")
+        return None
+
+    def run(self, jobs: list[ArmJob]) -> Iterator[tuple[str, ArmOutput | Exception, dict[str, bytes],
+                                                        dict[str, bytes]]]:
+        """Submit every job at once; yield (name, output or the exception, checkpoint files, TensorBoard files) as
+        each finishes. Never raises for one arm: a failed arm is yielded with its exception."""
+        ray = self._connect()
+        if (why := self.fits()) is not None:
+            for job in jobs:
+                yield job.name, ArmCannotRun(why), {}, {}
+            return
+        threads = max(1, int(self.cfg.arm_resources.num_cpus))
+        refs = {}
+        for job in jobs:
+            if job.start not in self._starts:
+                self._starts[job.start] = ray.put(read_tree(Path(job.start)))
+            refs[self._fn.options(name=f"arm:{job.name}").remote(job, self._starts[job.start], threads)] = job.name
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            for ref in done:
+                try:
+                    out, ckpt, tb = ray.get(ref)
+                    yield refs[ref], out, ckpt, tb
+                except Exception as exc:  # noqa: BLE001 - one arm's failure is that decision's, not the run's
+                    yield refs[ref], ArmCannotRun(ray_reason(exc, self.cfg.max_retries)), {}, {}
+
+    def forget_starts(self) -> None:
+        self._starts.clear()
+
+    def close(self) -> None:
+        self._starts.clear()
+        if self._started:
+            import ray
+
+            ray.shutdown()
+            self._started = False
+        self._fn = None
+
+
+def ray_reason(exc: BaseException, retries: int) -> str:
+    """A short, readable reason for a failed Ray arm (the arm's own exception, or why its worker is gone)."""
+    cause = getattr(exc, "cause", None)
+    if cause is not None and not isinstance(cause, type(exc)):
+        return f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}".rstrip(": ")
+    name = type(exc).__name__
+    first = next((ln for ln in str(exc).splitlines() if ln.strip()), "")
+    if name in ("WorkerCrashedError", "OutOfMemoryError", "NodeDiedError"):
+        return f"{name} (its Ray worker died {retries + 1} time(s); out of memory or killed): {first}"[:500]
+    return f"{name}: {first}"[:500]

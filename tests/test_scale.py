@@ -1,0 +1,241 @@
+"""Backtest arms on Ray (`scale.backend: ray`), against a real local Ray cluster the run starts (num_cpus=2).
+
+- the same seeds give the same arms under `local` and under Ray: identical training curves and identical backtest
+  completions, arm by arm (and the candidate arms differ from the control arm, so the comparison can see a difference);
+- a Ray worker SIGKILLed in the middle of an arm: Ray starts the arm again, it is recorded once, the run finishes;
+- the driver SIGKILLed while arms are in flight: `evotrainer resume` finishes the run, nothing is recorded twice;
+- bad input: Ray missing or an unreachable address is one line before anything trains; an arm no worker can host
+  (it asks for a GPU the cluster lacks) fails its decision with the reason, and the run goes on.
+
+    pytest tests/test_scale.py -q
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytest.importorskip("ray", reason="Ray is the optional extra evotrainer[ray]; `make venv` installs it")
+
+from harness.benchmarks.run import TINY, check_run
+from harness.config import parse_config
+from harness.graph import RunError, resume_run, start_run
+from harness.records import read_rollouts
+from harness.store import RunStore
+
+# easy 3x3 boards and a warm start that solves some of them: rewards vary inside groups, so GRPO moves the arms
+EASY = {"sizes": [{"size": 3, "agents": 1, "hole_ratio": 0.0, "wait_ratio": 0.0}], "min_distance": 1}
+BASE = {**TINY, "name": "sc", "env": EASY, "warm_start": {"sft_examples": 400, "sft_steps": 150},
+        "recipe": {**TINY["recipe"], "learning_rate": 1e-3, "temperature": 1.0},
+        "budget": {"stages": 1}, "stage": {**TINY["stage"], "candidates": 2},
+        "backtest": {"arm_steps": 2, "n": 16}, "eval": {"suite": "small", "limit": 4}}
+# arms take both CPUs, one at a time, with 2 torch threads: the same arithmetic as the local backend
+RAY = {"backend": "ray", "num_cpus": 2, "arm_resources": {"num_cpus": 2}}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _home(tmp_path_factory):
+    """One EVOTRAINER_HOME for the module: the warm start is trained once and loaded from the cache after that."""
+    old = os.environ.get("EVOTRAINER_HOME")
+    os.environ["EVOTRAINER_HOME"] = str(tmp_path_factory.mktemp("home"))
+    yield
+    if old is None:
+        os.environ.pop("EVOTRAINER_HOME", None)
+    else:
+        os.environ["EVOTRAINER_HOME"] = old
+
+
+def _arms(run_dir: Path) -> dict[str, tuple[list[dict], list[str]]]:
+    """arm -> (training curve without timings, backtest completions in order)."""
+    store = RunStore.open(run_dir / "run.db")
+    try:
+        out = {}
+        for row in store.db.execute("SELECT node FROM nodes WHERE run = ? AND node LIKE 'arm:%'", [run_dir.name]):
+            r = store.node_result(run_dir.name, 1, row[0])
+            curve = [{k: v for k, v in s.items() if k != "seconds"} for s in r["curve"]]
+            out[row[0].removeprefix("arm:")] = (curve, [x.completion for x in read_rollouts(Path(r["rollouts"]))])
+        return out
+    finally:
+        store.close()
+
+
+def _state(run_dir: Path) -> dict:
+    problems = check_run(run_dir, Path(os.environ["EVOTRAINER_HOME"]) / "skills.db")
+    assert not problems, problems
+    store = RunStore.open(run_dir / "run.db")
+    try:
+        return {"candidates": store.candidates(run_dir.name), "events": store.events(run_dir.name),
+                "status": store.get_run(run_dir.name)["status"],
+                "arms": [r[0].removeprefix("arm:") for r in store.db.execute(
+                    "SELECT node FROM nodes WHERE run = ? AND node LIKE 'arm:%' ORDER BY node", [run_dir.name])]}
+    finally:
+        store.close()
+
+
+def _recorded_once(run_dir: Path, st: dict) -> None:
+    """Every arm came back once (one 'came back' event) and left one TensorBoard file: a worker that died mid-arm
+    left nothing in the run directory or run.db."""
+    assert sorted(st["arms"]) == ["control", "s1c1", "s1c2"], st["arms"]
+    back = [e["message"].split()[1] for e in st["events"] if e["kind"] == "scale" and "came back" in e["message"]]
+    assert sorted(back) == sorted(st["arms"]), back
+    for name in st["arms"]:
+        assert len(list((run_dir / "tensorboard" / "s1" / name).glob("events.out.tfevents.*"))) == 1, name
+
+
+def _ray_arm_pids() -> list[int]:
+    """Processes of Ray workers running an arm right now (Ray titles them `ray::arm:<name>`)."""
+    pids = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if (p / "cmdline").read_bytes().startswith(b"ray::arm:"):
+                    pids.append(int(p.name))
+            except OSError:
+                pass
+    return pids
+
+
+def test_ray_arms_match_local_arms(tmp_path):
+    local = start_run(parse_config(BASE, "test"), tmp_path / "runs", run_id="local")
+    ray = start_run(parse_config({**BASE, "scale": RAY}, "test"), tmp_path / "runs", run_id="ray")
+    a, b = _arms(local), _arms(ray)
+    assert set(a) == set(b) == {"control", "s1c1", "s1c2"}
+    for name in a:
+        assert a[name][0] == b[name][0], (name, a[name][0], b[name][0])  # same losses, rewards, tokens
+        assert a[name][1] == b[name][1], name  # same backtest completions, sample by sample
+    # the arms did learn something different, so equality above is not that of untouched copies
+    assert any(a[c][1] != a["control"][1] for c in ("s1c1", "s1c2"))
+    assert any(s["loss"] != 0 for s in a["control"][0])
+    va, vb = _state(local), _state(ray)
+    assert [(c["id"], c["status"], c["reason"]) for c in va["candidates"]] == \
+        [(c["id"], c["status"], c["reason"]) for c in vb["candidates"]]
+    assert any("submitted to Ray" in e["message"] for e in vb["events"] if e["kind"] == "scale")
+    # the trained checkpoints and TensorBoard files came back into the run directory
+    for name in ("control", "s1c1", "s1c2"):
+        assert (ray / "checkpoints" / f"s1-{name}" / "model.safetensors").is_file()
+        assert list((ray / "tensorboard" / "s1" / name).glob("events.out.tfevents.*"))
+    assert not _ray_arm_pids(), "the local cluster outlived the run"
+
+
+def test_a_ray_worker_killed_mid_arm_is_retried_and_recorded_once(tmp_path):
+    killed: list[int] = []
+    stop = threading.Event()
+
+    def killer() -> None:
+        while not stop.is_set() and not killed:
+            for pid in _ray_arm_pids():
+                time.sleep(1.0)  # inside the arm (loading, training), not at its first instruction
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                except ProcessLookupError:
+                    continue
+                break
+            time.sleep(0.05)
+
+    t = threading.Thread(target=killer, daemon=True)
+    t.start()
+    try:
+        run_dir = start_run(parse_config({**BASE, "scale": RAY}, "test"), tmp_path / "runs", run_id="kill")
+    finally:
+        stop.set()
+        t.join(5)
+    assert killed, "no Ray arm worker was ever seen to kill"
+    st = _state(run_dir)
+    assert st["status"] == "finished"
+    _recorded_once(run_dir, st)
+    # every candidate got a real decision: its arm (or the control) was run again, not failed
+    for c in st["candidates"]:
+        assert c["status"] in ("promoted", "rejected") and "arm failed" not in c["reason"], c
+
+
+def _wait_for_event(run_dir: Path, text: str, proc: subprocess.Popen, timeout: float = 400) -> None:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        if (run_dir / "run.db").exists():
+            try:
+                con = sqlite3.connect(run_dir / "run.db", timeout=5)
+                n = con.execute("SELECT COUNT(*) FROM events WHERE message LIKE ?", [f"%{text}%"]).fetchone()[0]
+                con.close()
+                if n:
+                    return
+            except sqlite3.OperationalError:
+                pass
+        time.sleep(0.2)
+    raise AssertionError(f"no event {text!r}")
+
+
+def test_driver_sigkill_with_arms_in_flight_then_resume(tmp_path):
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump({**BASE, "scale": RAY}))
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", str(cfg_path), "--runs-dir", str(runs),
+                             "--run-id", "driver"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    _wait_for_event(runs / "driver", "submitted to Ray", proc)
+    deadline = time.time() + 60
+    while not _ray_arm_pids() and time.time() < deadline:  # an arm is running on a worker
+        time.sleep(0.1)
+    assert _ray_arm_pids(), "no arm ever ran on a Ray worker"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    run_dir = resume_run(runs / "driver")
+    st = _state(run_dir)
+    assert st["status"] == "finished"
+    _recorded_once(run_dir, st)
+    kinds = [e["kind"] for e in st["events"]]
+    assert "resumed" in kinds and kinds.count("finished") == 1
+    deadline = time.time() + 30  # the killed driver's cluster went with it
+    while _ray_arm_pids() and time.time() < deadline:
+        time.sleep(0.5)
+    assert not _ray_arm_pids()
+
+
+def test_an_arm_no_worker_can_host_fails_its_decision_and_the_run_goes_on(tmp_path):
+    cfg = parse_config({**BASE, "scale": {**RAY, "arm_resources": {"num_cpus": 1, "num_gpus": 1}}}, "test")
+    run_dir = start_run(cfg, tmp_path / "runs", run_id="nogpu")
+    st = _state(run_dir)
+    assert st["status"] == "finished" and st["candidates"]
+    for c in st["candidates"]:
+        assert c["status"] == "rejected", c
+        assert "the control arm failed" in c["reason"] and "asks 1 GPU per arm but the Ray cluster has 0" in \
+            c["reason"], c["reason"]
+
+
+def test_ray_missing_or_unreachable_is_one_line_before_anything_trains(tmp_path, monkeypatch):
+    import harness.scale as S
+
+    t0 = time.time()
+    with pytest.raises(RunError, match=r"127\.0\.0\.1:1' cannot be reached .*ray start --head --port=1"):
+        start_run(parse_config({**BASE, "scale": {"backend": "ray", "address": "127.0.0.1:1"}}, "test"),
+                  tmp_path / "runs", run_id="far")
+    assert time.time() - t0 < 10 and not (tmp_path / "runs" / "far").exists()
+    monkeypatch.setattr(S, "ray_installed", lambda: False)
+    with pytest.raises(RunError, match=r"Ray is not installed: pip install 'evotrainer\[ray\]'.*scale.backend: local"):
+        start_run(parse_config({**BASE, "scale": {"backend": "ray"}}, "test"), tmp_path / "runs", run_id="none")
+    assert not (tmp_path / "runs" / "none").exists()
+    # the CLI prints it as one line and exits 2
+    cfg_path = tmp_path / "far.yaml"
+    cfg_path.write_text(yaml.safe_dump({**BASE, "scale": {"backend": "ray", "address": "127.0.0.1:1"}}))
+    p = subprocess.run([sys.executable, "-m", "harness.cli", "run", str(cfg_path), "--runs-dir", str(tmp_path / "r")],
+                       check=False, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "cannot be reached" in lines[0], p.stderr
+    # config typos in the scale section name the key
+    from harness.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"scale.arm_resources.num_gpu: unknown key"):
+        parse_config({**BASE, "scale": {"backend": "ray", "arm_resources": {"num_gpu": 1}}}, "test")
+    with pytest.raises(ConfigError, match=r"scale.backend"):
+        parse_config({**BASE, "scale": {"backend": "dask"}}, "test")
