@@ -278,6 +278,24 @@ def bench_run(
         raise typer.Exit(1)
 
 
+@bench_app.command("scale")
+def bench_scale(
+    candidates: Annotated[int, typer.Option(min=1, max=8, help="candidates per stage (arms = control + vetted)")] = 3,
+    arm_steps: Annotated[int | None, typer.Option(min=1, help="override backtest.arm_steps (default: the config's)")] = None,
+    workers: Annotated[int, typer.Option(min=1, help="CPUs of the local Ray cluster (1 per arm)")] = 2,
+    config: Annotated[Path, typer.Option(help="run config (one stage of it is timed)")] = Path("examples/mapf_quick.yaml"),
+) -> None:
+    """Stage wall time with backtest arms local (one after another) vs on a local Ray cluster, in one process."""
+    from harness.benchmarks.scale import run
+    from harness.scale import ray_installed
+
+    if not ray_installed():
+        fail("bench scale needs Ray: pip install 'evotrainer[ray]' (`make venv` installs it)")
+    if not config.is_file():
+        fail(f"--config {config}: no such file; pass a run config such as examples/mapf_quick.yaml")
+    run(config=config, candidates=candidates, arm_steps=arm_steps, workers=workers)
+
+
 @bench_app.command("ladder")
 def bench_ladder(
     rungs: Annotated[str, typer.Option(help="comma-separated rungs: 1 plumbing, 2 copy toy, 3 MAPF")] = "1,2,3",
