@@ -40,8 +40,13 @@ class UserError(Exception):
     """Base for errors that are the user's input, not a bug: the CLI prints them as one line and exits 2."""
 
 
-def fail(msg: str, code: int = 2) -> None:
-    err.print(f"[bold red]error:[/] {msg}", highlight=False)
+def fail(msg: str, code: int = 2, exit_with=None) -> None:
+    """One line on stderr, then exit `code`. The message is text, never markup (`pip install 'evotrainer[gpu]'`)."""
+    from rich.markup import escape
+
+    err.print(f"[bold red]error:[/] {escape(msg)}", highlight=False)
+    if exit_with is not None:
+        exit_with(code)
     raise typer.Exit(code)
 
 
@@ -54,8 +59,7 @@ def main() -> None:
     try:
         app()
     except (UserError, ValidationError, ValueError, FileNotFoundError, WorkspaceError) as exc:  # they carry their fix
-        err.print(f"[bold red]error:[/] {' '.join(str(exc).split())}", highlight=False)
-        sys.exit(2)
+        fail(" ".join(str(exc).split()), exit_with=sys.exit)
 
 
 # --- env (issue: foundation / MAPF) ------------------------------------------------------------------------------

@@ -43,7 +43,8 @@ class _Strict(BaseModel):
 
 
 class PolicyConfig(_Strict):
-    preset: Literal["tiny", "small"] | None = Field("tiny", description="build a small model offline from a preset")
+    preset: Literal["tiny", "small", "base"] | None = Field(
+        "tiny", description="build a model offline from a preset: tiny (~1M), small (~6M), base (~86M, for a GPU)")
     checkpoint: str | None = Field(None, description="start from a local Hugging Face checkpoint dir instead of a preset")
     style: str | None = Field(None, description="prompt style (mapf: trace or compact for char models, chat for chat "
                                                 "LLMs); default: the task's first style (trace) for presets; for a "
@@ -55,7 +56,7 @@ class PolicyConfig(_Strict):
         if self.checkpoint and self.preset:
             self.preset = None  # an explicit checkpoint wins over the default preset
         if not self.checkpoint and not self.preset:
-            raise ValueError("policy: set preset (tiny|small) or checkpoint (a local Hugging Face model dir)")
+            raise ValueError("policy: set preset (tiny|small|base) or checkpoint (a local Hugging Face model dir)")
         return self
 
 

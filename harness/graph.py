@@ -290,6 +290,26 @@ def _load(run: Run, path: str):
     return load_policy(path)
 
 
+def _policy(run: Run, path: str):
+    """What the rollout layer gets for a checkpoint: a fresh (model, tokenizer) for transformers, or for vLLM the
+    checkpoint path with its tokenizer (vLLM loads weights itself; its engine for the path is cached until the
+    checkpoint is superseded, see `_release_engines`)."""
+    from policies.rollout import resolve_backend
+
+    if resolve_backend(run.config.policy.backend) == "vllm":
+        from policies.model import load_tokenizer
+
+        return str(path), load_tokenizer(path)
+    return _load(run, path)
+
+
+def _release_engines(run: Run, keep: list[str]) -> None:
+    """Free the vLLM engines of checkpoints no later node reads (GPU memory); nothing to do without vLLM."""
+    from policies.rollout import release_vllm_engines
+
+    release_vllm_engines(keep=[k for k in keep if k])
+
+
 def _save(run: Run, model, tok, path: Path) -> None:
     """save_pretrained to disk (the record, and what a resume reads) and, for small models, keep a copy in memory:
     the probe, both arms and the report load this checkpoint next, and a deep copy is much cheaper than a reload."""
@@ -432,7 +452,7 @@ def _rollouts(run: Run, ckpt: str, seeds: list[int], env, samples: int, temperat
 
     task = run.task
     instances = run.instances(env, seeds)
-    model, tok = _load(run, ckpt)
+    model, tok = _policy(run, ckpt)
     params = SamplingParams(temperature=temperature, n=samples, max_new_tokens=_max_new(run), seed=run.config.seed,
                             backend=run.config.policy.backend)
     t0 = time.perf_counter()  # evaluation compute = generation + scoring
@@ -946,6 +966,7 @@ def node_remember(run: Run, state: State) -> State:
         _remember_skills(run, k)
         policy = state["next_policy"]
         _report_eval(run, k, policy)
+        _release_engines(run, keep=[policy])  # every other checkpoint of this stage is superseded
         run.store.end_stage(run.id, k, checkpoint=policy, metrics=_stage_metrics(run, k, time.time() - t0))
         _finish(run, k, "remember", {}, t0, "stage recorded")
     stop = _stop_reason(run, state)
@@ -1001,7 +1022,7 @@ def _report_eval(run: Run, k: int, ckpt: str) -> None:
     insts = run.suite()
     if run.config.eval.limit:
         insts = insts[: run.config.eval.limit]
-    model, tok = _load(run, ckpt)
+    model, tok = _policy(run, ckpt)
     t0 = time.perf_counter()
     rep = evaluate(model, tok, task, insts, run.style,
                    params=SamplingParams(temperature=0.0, max_new_tokens=_max_new(run), batch_size=64,

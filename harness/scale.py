@@ -125,6 +125,7 @@ def _ray_arm(job: ArmJob, start: dict[str, bytes], threads: int) -> tuple[ArmOut
 
     from harness.policy_glue import write_policy_meta
     from policies.model import load_policy, save_policy
+    from policies.rollout import release_vllm_engines
 
     torch.set_num_threads(max(1, threads))
     with tempfile.TemporaryDirectory(prefix=f"evotrainer-arm-{job.name}-") as d:
@@ -135,7 +136,10 @@ def _ray_arm(job: ArmJob, start: dict[str, bytes], threads: int) -> tuple[ArmOut
             save_policy(m, t, out)
             write_policy_meta(out, job.task, job.style)
 
-        result = execute_arm(job, model, tok, save, policy_loader(out, job.backend), tensorboard_dir=tb)
+        try:
+            result = execute_arm(job, model, tok, save, policy_loader(out, job.backend), tensorboard_dir=tb)
+        finally:
+            release_vllm_engines()  # this worker runs other arms next: its GPU memory goes back
         return result, read_tree(out), read_tree(tb)
 
 

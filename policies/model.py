@@ -41,6 +41,8 @@ class Preset(BaseModel):
 PRESETS: dict[str, Preset] = {
     "tiny": Preset(hidden=128, layers=5, heads=4, kv_heads=4, mlp=384),  # ~1.0M parameters
     "small": Preset(hidden=256, layers=6, heads=8, kv_heads=8, mlp=1024),  # ~6.3M parameters
+    # ~86M parameters: the GPU example's model (built offline like the others; a GPU for training, vLLM for rollouts)
+    "base": Preset(hidden=768, layers=12, heads=12, kv_heads=12, mlp=2304),
 }
 
 

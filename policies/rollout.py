@@ -20,6 +20,8 @@ Prompts are raw task text: they go through `format_prompt` (chat template, or te
 from __future__ import annotations
 
 import importlib.util
+import logging
+import os
 import time
 from pathlib import Path
 from typing import Literal
@@ -28,6 +30,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from policies.model import format_prompt, has_chat_template
+
+log = logging.getLogger(__name__)
 
 # --- config and result ------------------------------------------------------------------------------------------------
 
@@ -223,11 +227,59 @@ def _generate_loop(model, tok, prompt_ids: list[list[int]], params: SamplingPara
 
 # --- vLLM backend -----------------------------------------------------------------------------------------------------
 
-_VLLM_ENGINES: dict[str, object] = {}
+_VLLM_ENGINES: dict[str, object] = {}  # checkpoint dir -> vllm.LLM, least recently used first
+VLLM_MAX_ENGINES = int(os.environ.get("EVOTRAINER_VLLM_ENGINES", "2"))  # a stage alternates two checkpoints at most
+VLLM_GPU_MEMORY = float(os.environ.get("EVOTRAINER_VLLM_GPU_MEMORY", "0.3"))  # per engine; training needs the rest
+
+
+def _vllm_engine(path: str, seed: int, factory=None):
+    """The engine of checkpoint `path` (created on first use). Past `VLLM_MAX_ENGINES` the least recently used one is
+    released first: a run writes a new checkpoint every stage and per arm, and engines never freed exhaust the GPU."""
+    if path in _VLLM_ENGINES:
+        _VLLM_ENGINES[path] = _VLLM_ENGINES.pop(path)  # most recently used last
+        return _VLLM_ENGINES[path]
+    while len(_VLLM_ENGINES) >= max(1, VLLM_MAX_ENGINES):
+        _release(next(iter(_VLLM_ENGINES)))
+    if factory is None:
+        import vllm
+
+        def factory(p: str, s: int):
+            return vllm.LLM(model=p, seed=s, gpu_memory_utilization=VLLM_GPU_MEMORY)
+    _VLLM_ENGINES[path] = factory(path, seed)
+    return _VLLM_ENGINES[path]
+
+
+def _release(path: str) -> None:
+    llm = _VLLM_ENGINES.pop(path, None)
+    if llm is None:
+        return
+    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    for obj in (core, llm):  # vLLM's V1 engine runs a core process: stop it (older engines have no shutdown)
+        fn = getattr(obj, "shutdown", None)
+        if callable(fn):
+            try:
+                fn()
+            except Exception as exc:  # noqa: BLE001 - freeing is best effort; the memory check below tells
+                log.warning("vLLM engine of %s did not shut down cleanly: %s", path, exc)
+    del llm
+    import gc
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def release_vllm_engines(keep: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """Release every cached vLLM engine except those of the checkpoints in `keep`; returns the released paths."""
+    keep_keys = {str(Path(k).resolve()) for k in keep}
+    gone = [p for p in list(_VLLM_ENGINES) if p not in keep_keys]
+    for p in gone:
+        _release(p)
+    return gone
 
 
 def _generate_vllm(model, texts: list[str], params: SamplingParams) -> RolloutResult:
-    """vLLM offline engine. `model` must be a checkpoint directory (vLLM loads weights itself). Untested on CPU hosts."""
+    """vLLM offline engine. `model` must be a checkpoint directory (vLLM loads weights itself)."""
     if not isinstance(model, (str, Path)) or not Path(model).exists():
         raise RolloutBackendError(
             "rollout backend 'vllm' needs the policy as a checkpoint directory (save_pretrained); "
@@ -235,10 +287,7 @@ def _generate_vllm(model, texts: list[str], params: SamplingParams) -> RolloutRe
         )
     import vllm
 
-    key = str(Path(model).resolve())
-    if key not in _VLLM_ENGINES:
-        _VLLM_ENGINES[key] = vllm.LLM(model=key, seed=params.seed, gpu_memory_utilization=0.5)
-    llm = _VLLM_ENGINES[key]
+    llm = _vllm_engine(str(Path(model).resolve()), params.seed)
     sp = vllm.SamplingParams(n=params.n, temperature=params.temperature, top_p=params.top_p,
                              max_tokens=params.max_new_tokens, seed=params.seed)
     t0 = time.perf_counter()

@@ -79,13 +79,42 @@ def test_rollouts_reproducible_and_greedy_matches_generate():
     assert generate(model, tok, WORDS, g).completions == plain_generate(model, tok, WORDS, g).completions
 
 
+@pytest.mark.skipif(vllm_available(), reason="vllm and a GPU are here: this test is about hosts without them "
+                    "(tests/test_gpu.py runs the vLLM path instead)")
 def test_vllm_backend_without_vllm_or_gpu_is_a_clear_error():
-    if vllm_available():
-        pytest.fail("this test expects a host without vllm + GPU (the project machine)")
     model, tok = build_model("tiny", ALPHABET)
     with pytest.raises(RolloutBackendError, match="backend='transformers'"):
         generate(model, tok, WORDS[:2], SamplingParams(backend="vllm"))
     assert generate(model, tok, WORDS[:1], SamplingParams(backend="auto", max_new_tokens=2)).completions
+
+
+def test_vllm_engines_are_released_when_superseded(tmp_path, monkeypatch):
+    """The engine cache's bookkeeping, with a recording factory in place of vllm.LLM (vLLM itself needs a GPU: its
+    real engines are exercised by tests/test_gpu.py). At most VLLM_MAX_ENGINES live; the least recently used one is
+    shut down first; release_vllm_engines(keep=...) frees everything else. A cache that never released (the old
+    behaviour) fails the first assertion on `closed`."""
+    import policies.rollout as R
+
+    closed: list[str] = []
+
+    class Engine:
+        def __init__(self, path: str, seed: int) -> None:
+            self.path = path
+
+        def shutdown(self) -> None:
+            closed.append(self.path)
+
+    monkeypatch.setattr(R, "_VLLM_ENGINES", {})
+    monkeypatch.setattr(R, "VLLM_MAX_ENGINES", 2)
+    a, b, c = (str((tmp_path / n).resolve()) for n in "abc")
+    ea = R._vllm_engine(a, 0, Engine)
+    R._vllm_engine(b, 0, Engine)
+    assert R._vllm_engine(a, 0, Engine) is ea and not closed  # cached, and now the most recently used
+    R._vllm_engine(c, 0, Engine)  # a third checkpoint: b (least recently used) goes
+    assert closed == [b] and list(R._VLLM_ENGINES) == [a, c]
+    assert R.release_vllm_engines(keep=[tmp_path / "c"]) == [a]
+    assert closed == [b, a] and list(R._VLLM_ENGINES) == [c]
+    assert R.release_vllm_engines() == [c] and not R._VLLM_ENGINES
 
 
 # --- training ---------------------------------------------------------------------------------------------------------
