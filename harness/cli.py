@@ -300,6 +300,26 @@ def bench_scale(
     run(config=config, candidates=candidates, arm_steps=arm_steps, workers=workers)
 
 
+@bench_app.command("rollout")
+def bench_rollout(
+    preset: Annotated[str, typer.Option(help="model preset built offline: tiny, small or base (~86M)")] = "base",
+    prompts: Annotated[int, typer.Option(min=1, help="prompts (MAPF suite boards, trace style)")] = 128,
+    n: Annotated[int, typer.Option(min=1, help="samples per prompt")] = 8,
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="completion budget")] = 256,
+    backends: Annotated[str, typer.Option(help="comma-separated: transformers, vllm")] = "transformers,vllm",
+) -> None:
+    """vLLM rollout throughput against transformers' generate on the same batch (vLLM: CUDA GPU + the gpu extra)."""
+    from harness.benchmarks.rollout import run
+    from policies.model import PRESETS
+
+    want = tuple(b.strip() for b in backends.split(",") if b.strip())
+    if not want or not set(want) <= {"transformers", "vllm"}:
+        fail(f"--backends {backends!r}: choose from transformers, vllm (comma-separated)")
+    if preset not in PRESETS:
+        fail(f"--preset {preset!r}: choose one of {', '.join(PRESETS)}")
+    run(preset=preset, prompts=prompts, n=n, max_new_tokens=max_new_tokens, backends=want)
+
+
 @bench_app.command("ladder")
 def bench_ladder(
     rungs: Annotated[str, typer.Option(help="comma-separated rungs: 1 plumbing, 2 copy toy, 3 MAPF")] = "1,2,3",
@@ -356,7 +376,7 @@ def cache_clear() -> None:
 @bench_app.command("all")
 def bench_all(ctx: typer.Context) -> None:
     """Every benchmark with its defaults, in turn (long: the policy and calibration benches train models)."""
-    for name in ("mapf", "sandbox", "run", "policy", "ladder", "calibration"):
+    for name in ("mapf", "sandbox", "run", "policy", "ladder", "calibration", "scale"):
         cmd = next((c for c in bench_app.registered_commands if c.name == name), None)
         if cmd is None:
             console.print(f"bench {name}: not available", highlight=False)
