@@ -317,7 +317,12 @@ def bench_rollout(
         fail(f"--backends {backends!r}: choose from transformers, vllm (comma-separated)")
     if preset not in PRESETS:
         fail(f"--preset {preset!r}: choose one of {', '.join(PRESETS)}")
-    run(preset=preset, prompts=prompts, n=n, max_new_tokens=max_new_tokens, backends=want)
+    from policies.rollout import RolloutBackendError
+
+    try:
+        run(preset=preset, prompts=prompts, n=n, max_new_tokens=max_new_tokens, backends=want)
+    except RolloutBackendError as exc:
+        fail(f"{exc} (or measure only the reference: --backends transformers)")
 
 
 @bench_app.command("ladder")
