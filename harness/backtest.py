@@ -5,7 +5,7 @@ held-out instances are scored. Evolved diagnostics may only add vetoes (`decide(
 
     from harness.backtest import GateConfig, decide, paired_bootstrap
     effect, lo, hi = paired_bootstrap(control, candidate, n_boot=2000, alpha=0.05, rng=np.random.default_rng(0))
-    verdict = decide(control, candidate, slices, GateConfig(), vetoes=[], candidate_id="s1.env-sizes-5-hole_ratio.ab12cd")
+    verdict = decide(control, candidate, slices, GateConfig(), vetoes=[], candidate_id="s1c1")
 
 Online backtest: `backtest(start_ckpt, control_files, candidate_files, task, ArmBudget(steps=4), train_seeds,
 eval_seeds, gate, out_dir, candidate_id)` trains a short control arm and a short candidate arm (`run_arm`, GRPO through
@@ -89,7 +89,7 @@ def paired_bootstrap(control: list[float] | np.ndarray, candidate: list[float] |
     k = np.asarray(candidate, dtype=np.float64)
     if c.shape != k.shape or c.ndim != 1:
         raise GateError(f"paired outcomes must be two equal-length lists, got {c.shape} and {k.shape}")
-    if c.size == 0:
+    if len(c) == 0:
         raise GateError("no paired outcomes: evaluate both arms on at least one backtest instance")
     if not 0.0 < alpha < 0.5:
         raise GateError(f"alpha must be in (0, 0.5), got {alpha}")
@@ -97,14 +97,14 @@ def paired_bootstrap(control: list[float] | np.ndarray, candidate: list[float] |
     effect = float(d.mean())
     if np.all(d == d[0]):  # no variation: the bootstrap distribution is a point
         return effect, effect, effect
-    idx = rng.integers(0, d.size, size=(n_boot, d.size))
+    idx = rng.integers(0, len(d), (n_boot, len(d)))
     means = d[idx].mean(axis=1)
     lo, hi = np.quantile(means, [alpha, 1.0 - alpha])
     return effect, float(lo), float(hi)
 
 
 def slice_keys(slices: dict[str, str]) -> list[str]:
-    """'size=5' style keys of one instance's slices, each dimension separately."""
+    """'<key>=<value>' keys of one instance's slices, each dimension separately."""
     return [f"{k}={v}" for k, v in sorted(slices.items())]
 
 
@@ -145,15 +145,15 @@ def decide(control_outcomes: list[float], candidate_outcomes: list[float], slice
         ix = np.asarray(groups[key])
         s_eff, s_lo, s_hi = paired_bootstrap(c[ix], k[ix], gate.n_boot, alpha, rng)
         s_lo, s_hi = widen(s_eff, s_lo, s_hi, gate, alpha)
-        checked = ix.size >= gate.min_slice_n
-        by_slice[key] = {"effect": s_eff, "ci_low": s_lo, "ci_high": s_hi, "n": float(ix.size),
+        checked = len(ix) >= gate.min_slice_n
+        by_slice[key] = {"effect": s_eff, "ci_low": s_lo, "ci_high": s_hi, "n": float(len(ix)),
                          "control": float(c[ix].mean()), "candidate": float(k[ix].mean()), "checked": float(checked)}
         if checked and s_lo < -gate.slice_tolerance:
             regressions.append(f"slice {key} regressed: effect {s_eff:+.3f}, lower bound {s_lo:+.3f} < "
-                               f"-{gate.slice_tolerance:.3f} (n={ix.size}, control {c[ix].mean():.3f} -> candidate "
+                               f"-{gate.slice_tolerance:.3f} (n={len(ix)}, control {c[ix].mean():.3f} -> candidate "
                                f"{k[ix].mean():.3f})")
     vetoes = list(vetoes or [])
-    evidence = Evidence(metric=gate.metric, n=int(c.size), control=float(c.mean()), candidate=float(k.mean()),
+    evidence = Evidence(metric=gate.metric, n=len(c), control=float(c.mean()), candidate=float(k.mean()),
                         effect=effect, ci_low=lo, ci_high=hi, by_slice=by_slice, vetoes=vetoes,
                         seeds=(min(seeds), max(seeds)) if seeds else None, samples=samples, mde=mde,
                         greedy_control=float(np.mean(greedy[0])) if greedy and len(greedy[0]) else None,
@@ -165,13 +165,13 @@ def decide(control_outcomes: list[float], candidate_outcomes: list[float], slice
     if not lo > gate.min_effect:
         return Verdict(candidate=candidate_id, decision="rejected", evidence=evidence,
                        reason=(f"not significant: effect {effect:+.3f}, {conf} lower bound {lo:+.3f} <= min effect "
-                               f"{gate.min_effect:.3f} (n={c.size}, control {c.mean():.3f} -> candidate {k.mean():.3f}; "
+                               f"{gate.min_effect:.3f} (n={len(c)}, control {c.mean():.3f} -> candidate {k.mean():.3f}; "
                                f"detectable effect at this n: {mde:+.3f})"))
     if regressions:
         return Verdict(candidate=candidate_id, decision="rejected", evidence=evidence, reason="; ".join(regressions))
     return Verdict(candidate=candidate_id, decision="promoted", evidence=evidence,
                    reason=(f"promoted: effect {effect:+.3f}, {conf} lower bound {lo:+.3f} > min effect "
-                           f"{gate.min_effect:.3f} (n={c.size}); no slice below -{gate.slice_tolerance:.3f}; no veto"))
+                           f"{gate.min_effect:.3f} (n={len(c)}); no slice below -{gate.slice_tolerance:.3f}; no veto"))
 
 
 POWER = 0.8  # the power the minimum detectable effect is quoted at
@@ -194,10 +194,10 @@ def min_detectable_effect(diffs: np.ndarray | list[float], gate: GateConfig, com
     from statistics import NormalDist
 
     d = np.asarray(diffs, dtype=np.float64)
-    if d.size < 2:
+    if len(d) < 2:
         return float("inf")
     z = NormalDist().inv_cdf(1.0 - gate.alpha / comparisons) + NormalDist().inv_cdf(POWER)
-    se = float(np.hypot(d.std(ddof=1) / np.sqrt(d.size), gate.arm_noise_sd))
+    se = float(np.hypot(d.std(ddof=1) / np.sqrt(len(d)), gate.arm_noise_sd))
     return float(gate.min_effect + z * se)
 
 
@@ -211,18 +211,18 @@ def detectability_warning(mde: float, n: int, samples: int, gate: GateConfig, co
     noise = mde - gate.min_effect
     if not np.isfinite(noise) or noise <= gate.min_effect or gate.min_effect <= 0:
         return None
-    head = (f"backtests cannot see effects of the configured size: at n={n} instances x {samples} samples the "
+    head = (f"backtests cannot see effects as small as configured: at n={n} instances x {samples} samples the "
             f"minimum detectable effect is {mde:+.3f}, but gate.min_effect is {gate.min_effect:.3f}. Fix: ")
     arm = gate.arm_noise_sd
     if z * arm >= gate.min_effect:
         return head + (f"the arms' training noise alone (gate.arm_noise_sd {arm:.3f}) keeps the detectable effect above "
                        f"{gate.min_effect + z * arm:+.3f} at any n: lengthen backtest.arm_steps so effects grow, or "
-                       f"raise gate.min_effect to the effect size you care about.")
+                       f"raise gate.min_effect to the smallest effect you care about.")
     se_inst = np.sqrt(max(0.0, (noise / z) ** 2 - arm**2))
     target = np.sqrt((gate.min_effect / z) ** 2 - arm**2)
     need = int(np.ceil(n * (se_inst / target) ** 2))
     return head + (f"raise backtest.n to about {need} (or backtest.samples, or lengthen backtest.arm_steps so effects "
-                   f"grow), or raise gate.min_effect to the effect size you care about.")
+                   f"grow), or raise gate.min_effect to the smallest effect you care about.")
 
 
 def choose_winner(verdicts: list[Verdict]) -> tuple[Verdict | None, list[Verdict]]:
@@ -347,7 +347,7 @@ def read_harness(files: dict[str, str], task: Any) -> tuple[BaseModel, Any, Base
 
 
 def arm_prompts(recipe: Any, steps: int) -> int:
-    """Prompts that `steps` GRPO steps of `recipe` consume (batch / group size per step)."""
+    """Prompts that `steps` GRPO steps of `recipe` consume (batch / completions per group, per step)."""
     return max(1, -(-steps * recipe.batch_size // recipe.num_generations))
 
 

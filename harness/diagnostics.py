@@ -1,7 +1,8 @@
 """Diagnostics: plain functions over a stage's rollouts that return findings and metrics, and the Diagnosis bundle.
 
-A diagnostic is `fn(rollouts: list[Rollout], ...) -> DiagnosticResult`. Built-ins cover MAPF-FrozenLake (failure
-breakdown by type and size, near misses, makespan gap, the competence frontier) and GRPO health (dead groups,
+A diagnostic is `fn(rollouts: list[Rollout], ...) -> DiagnosticResult`. Built-ins cover any task family through what
+its Task declares (failure breakdown by type along its difficulty slice with its failure -> knob hints, near misses,
+the gap to optimal, the competence frontier) and GRPO health (dead groups,
 exploration collapse, length collapse/explosion, reward hacking). Evolved diagnostics are files of the run's harness
 repo (`diagnostics/<name>.py`, passed as a {path: source} dict); they run only in the sandbox runner, on rollouts as
 JSON, and a broken one yields a `DiagnosticResult` with `error` instead of raising. An evolved file may define
@@ -29,7 +30,7 @@ import re
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel
 
@@ -39,27 +40,13 @@ from sandbox.runner import Limits, RunResult, SandboxUnavailable, run_function
 
 # --- thresholds -------------------------------------------------------------------------------------------------------
 
-MASTERED = 0.9  # valid rate at or above which a size slice counts as mastered
-TOO_HARD = 0.05  # valid rate at or below which a size slice counts as out of reach for now
+MASTERED = 0.9  # valid rate at or above which a difficulty slice counts as mastered
+TOO_HARD = 0.05  # valid rate at or below which a difficulty slice counts as out of reach for now
 MIN_SLICE_N = 4  # fewer rollouts than this in a slice: no frontier verdict on it
 MIN_FAILURE_RATE = 0.1  # a failure type below this share of its slice is not reported
 MIN_FAILURE_COUNT = 2  # nor one seen fewer times than this (a single failure in a small slice is noise)
 EXAMPLE_CHARS = 220  # abbreviated trajectory length
 
-# Failure type -> knob templates it suggests ({size} is filled from the slice). Order = preference.
-FAILURE_KNOBS: dict[str, dict[str, list[str]]] = {
-    "mapf": {
-        "parse_error": ["recipe.temperature"],
-        "wrong_agent_count": ["recipe.temperature"],
-        "off_grid": ["env.sizes.{size}.data_ratio"],
-        "hole": ["env.sizes.{size}.hole_ratio"],
-        "vertex_conflict": ["env.sizes.{size}.wait_ratio"],
-        "edge_conflict": ["env.sizes.{size}.wait_ratio"],
-        "goal_not_reached": ["env.sizes.{size}.data_ratio"],
-        "too_long": ["recipe.max_completion_length", "recipe.temperature"],
-    },
-}
-FRONTIER_KNOB = "env.sizes.{size}.data_ratio"
 DEAD_GROUP_KNOBS = ["recipe.temperature", "recipe.num_generations"]
 COLLAPSE_KNOBS = ["recipe.temperature"]
 LENGTH_KNOBS = ["recipe.max_completion_length", "recipe.temperature"]
@@ -77,12 +64,47 @@ def _task_of(rollouts: list[Rollout]) -> str:
     return names.pop() if len(names) == 1 else "task"
 
 
+class _NoTask:
+    """What the diagnostics know of a task that is not registered (evolved tests, foreign rollouts): nothing."""
+
+    entry_key = None
+    slice_keys: tuple[str, ...] = ()
+    difficulty_slice = ""
+    failure_knobs: ClassVar[dict[str, list[str]]] = {}
+    frontier_knob = None
+    gap_metric = None
+    near_miss_text = "one step short of a valid answer"
+    suboptimal_text = "valid, but not optimal"
+
+    def near_miss(self, metrics: dict[str, float]) -> bool:
+        return False
+
+
+def _task(rollouts: list[Rollout]):
+    """The registered task of these rollouts (its slices, failure -> knob hints, near-miss rule), else `_NoTask`."""
+    from harness.tasks import TASKS, get_task
+
+    name = _task_of(rollouts)
+    return get_task(name) if name in TASKS else _NoTask()
+
+
+def slice_keys_of(rollouts: list[Rollout]) -> tuple[str, ...]:
+    """The task's slice keys, else every slice key the rollouts carry."""
+    keys = tuple(_task(rollouts).slice_keys)
+    return keys or tuple(dict.fromkeys(k for r in rollouts for k in r.slices))
+
+
 def _knobs(templates: Iterable[str], sl: dict[str, str]) -> list[str]:
+    """Knob templates filled from a slice (`env.<list>.{<slice>}.<field>` + {<slice>: 5}); a template that needs a slice
+    key the finding does not have is skipped."""
+    import string
+
     out = []
     for t in templates:
-        if "{size}" in t and "size" not in sl:
+        names = {f for _, f, _, _ in string.Formatter().parse(t) if f}
+        if not names <= set(sl):
             continue
-        out.append(t.format(**sl) if "{" in t else t)
+        out.append(t.format(**sl) if names else t)
     return out
 
 
@@ -94,7 +116,8 @@ def _severity(rate: float, warn: float = 0.2, critical: float = 0.5) -> str:
     return "critical" if rate >= critical else "warn" if rate >= warn else "info"
 
 
-def _size_key(value: str) -> tuple[int, str]:
+def _order_key(value: str) -> tuple[int, str]:
+    """Slice values in numeric order where they are numbers (3 < 10), else after them by name."""
     return (int(value), value) if value.isdigit() else (10**9, value)
 
 
@@ -120,13 +143,13 @@ def groups(rollouts: list[Rollout]) -> dict[int, list[Rollout]]:
 
 
 def slice_stats(rollouts: list[Rollout], key: str) -> dict[str, dict[str, float]]:
-    """'size=5' -> {n, valid, optimal, reward} for each value of slice `key`."""
+    """'<key>=<value>' -> {n, valid, optimal, reward} for each value of slice `key`."""
     by: dict[str, list[Rollout]] = defaultdict(list)
     for r in rollouts:
         if key in r.slices:
             by[r.slices[key]].append(r)
     out = {}
-    for v in sorted(by, key=_size_key):
+    for v in sorted(by, key=_order_key):
         rs = by[v]
         out[f"{key}={v}"] = {
             "n": float(len(rs)),
@@ -149,11 +172,12 @@ def overall_stats(rollouts: list[Rollout]) -> dict[str, float]:
     }
 
 
-def arm_metrics(rollouts: list[Rollout], slice_keys: Iterable[str] = ("size", "agents", "wait")) -> dict[str, Any]:
-    """Aggregate metrics of one arm (what vetoes see): overall valid/optimal/reward/n and `by_slice`."""
+def arm_metrics(rollouts: list[Rollout], slice_keys: Iterable[str] | None = None) -> dict[str, Any]:
+    """Aggregate metrics of one arm (what vetoes see): overall valid/optimal/reward/n and `by_slice` (the task's
+    slice keys by default)."""
     out: dict[str, Any] = overall_stats(rollouts)
     by: dict[str, dict[str, float]] = {}
-    for k in slice_keys:
+    for k in (slice_keys if slice_keys is not None else slice_keys_of(rollouts)):
         by.update(slice_stats(rollouts, k))
     out["by_slice"] = by
     return out
@@ -162,11 +186,13 @@ def arm_metrics(rollouts: list[Rollout], slice_keys: Iterable[str] = ("size", "a
 # --- built-ins: task failures -----------------------------------------------------------------------------------------
 
 
-def failure_breakdown(rollouts: list[Rollout], slice_key: str = "size", min_rate: float = MIN_FAILURE_RATE,
+def failure_breakdown(rollouts: list[Rollout], slice_key: str | None = None, min_rate: float = MIN_FAILURE_RATE,
                       min_count: int = MIN_FAILURE_COUNT) -> DiagnosticResult:
-    """Failures by type within each slice: finding `<task>.<failure>` per slice with its rate, examples and knobs."""
+    """Failures by type within each slice of the difficulty slice (the task's): finding `<task>.<failure>` per slice
+    with its rate, examples and the knobs the task's `failure_knobs` suggest."""
     task = _task_of(rollouts)
-    table = FAILURE_KNOBS.get(task, {})
+    table = _task(rollouts).failure_knobs
+    slice_key = slice_key or _task(rollouts).difficulty_slice or "all"
     by: dict[str, list[Rollout]] = defaultdict(list)
     for r in rollouts:
         by[r.slices.get(slice_key, "all")].append(r)
@@ -174,7 +200,7 @@ def failure_breakdown(rollouts: list[Rollout], slice_key: str = "size", min_rate
     total = Counter(r.failure for r in rollouts if r.failure)
     for f, c in total.items():
         metrics[f"failure.{f}"] = _rate(c, len(rollouts))
-    for v in sorted(by, key=_size_key):
+    for v in sorted(by, key=_order_key):
         rs = by[v]
         fails: dict[str, list[Rollout]] = defaultdict(list)
         for r in rs:
@@ -194,31 +220,31 @@ def failure_breakdown(rollouts: list[Rollout], slice_key: str = "size", min_rate
     return DiagnosticResult(name="failure_breakdown", findings=findings, metrics=metrics)
 
 
-def near_misses(rollouts: list[Rollout], slice_key: str = "size") -> DiagnosticResult:
-    """Almost solved: all but one agent on its goal (`metrics.agents_on_goal` vs `metrics.agents`), or valid but not
-    optimal. Findings `<task>.near_miss` and `<task>.suboptimal` (info) per slice: signal that is close to reward."""
+def near_misses(rollouts: list[Rollout], slice_key: str | None = None) -> DiagnosticResult:
+    """Almost solved (the task's `near_miss` rule on an invalid answer's metrics), or valid but not optimal. Findings
+    `<task>.near_miss` and `<task>.suboptimal` (info) per slice: signal that is close to reward."""
     task = _task_of(rollouts)
+    t = _task(rollouts)
+    slice_key = slice_key or t.difficulty_slice or "all"
     miss: dict[str, list[Rollout]] = defaultdict(list)
     subopt: dict[str, list[Rollout]] = defaultdict(list)
     n_by: Counter[str] = Counter()
     for r in rollouts:
         v = r.slices.get(slice_key, "all")
         n_by[v] += 1
-        on, agents = r.metrics.get("agents_on_goal"), r.metrics.get("agents")
-        if not r.valid and on is not None and agents is not None and agents >= 2 and on == agents - 1:
+        if not r.valid and t.near_miss(r.metrics):
             miss[v].append(r)
         if r.valid and not r.optimal:
             subopt[v].append(r)
     findings = []
     for code, table in (("near_miss", miss), ("suboptimal", subopt)):
-        for v in sorted(table, key=_size_key):
+        for v in sorted(table, key=_order_key):
             bad = table[v]
             sl = {slice_key: v} if v != "all" else {}
             findings.append(Finding(
                 code=f"{task}.{code}", severity="info", count=len(bad), rate=_rate(len(bad), n_by[v]), slice=sl,
                 examples=_examples(bad), knobs=[],
-                message=("all but one agent reached its goal" if code == "near_miss"
-                         else "valid plan, makespan above optimal"),
+                message=t.near_miss_text if code == "near_miss" else t.suboptimal_text,
             ))
     metrics = {
         "near_miss": _rate(sum(map(len, miss.values())), len(rollouts)),
@@ -227,54 +253,59 @@ def near_misses(rollouts: list[Rollout], slice_key: str = "size") -> DiagnosticR
     return DiagnosticResult(name="near_misses", findings=findings, metrics=metrics)
 
 
-def makespan_gap(rollouts: list[Rollout], slice_key: str = "size") -> DiagnosticResult:
-    """Mean makespan gap to optimal over valid plans (needs `metrics.makespan` and `metrics.optimal_makespan`, or
-    `metrics.makespan_gap`), overall and per slice. Metrics only: the gap is what `optimal` rate measures in aggregate."""
+def quality_gap(rollouts: list[Rollout], slice_key: str | None = None) -> DiagnosticResult:
+    """Mean gap to optimal over valid answers (the task's `gap_metric` in `Outcome.metrics`, e.g. a plan's length
+    gap), overall and per slice. Metrics only: the gap is what the `optimal` rate measures in aggregate. A task
+    without a gap metric gets an empty result."""
+    t = _task(rollouts)
+    name = t.gap_metric
+    if not name:
+        return DiagnosticResult(name="quality_gap")
+    slice_key = slice_key or t.difficulty_slice or "all"
     gaps: dict[str, list[float]] = defaultdict(list)
     for r in rollouts:
-        if not r.valid:
-            continue
-        if "makespan_gap" in r.metrics:
-            g = r.metrics["makespan_gap"]
-        elif "makespan" in r.metrics and "optimal_makespan" in r.metrics:
-            g = r.metrics["makespan"] - r.metrics["optimal_makespan"]
-        else:
-            continue
-        gaps[r.slices.get(slice_key, "all")].append(float(g))
-    metrics = {f"makespan_gap.{slice_key}={v}": round(statistics.fmean(g), 4) for v, g in gaps.items()}
+        if r.valid and name in r.metrics:
+            gaps[r.slices.get(slice_key, "all")].append(float(r.metrics[name]))
+    metrics = {f"{name}.{slice_key}={v}": round(statistics.fmean(g), 4) for v, g in gaps.items()}
     allg = [g for gs in gaps.values() for g in gs]
     if allg:
-        metrics["makespan_gap"] = round(statistics.fmean(allg), 4)
-    return DiagnosticResult(name="makespan_gap", metrics=metrics)
+        metrics[name] = round(statistics.fmean(allg), 4)
+    return DiagnosticResult(name=name, metrics=metrics)
 
 
-def competence_frontier(rollouts: list[Rollout], slice_key: str = "size", mastered: float = MASTERED,
+def competence_frontier(rollouts: list[Rollout], slice_key: str | None = None, mastered: float = MASTERED,
                         too_hard: float = TOO_HARD, min_n: int = MIN_SLICE_N) -> DiagnosticResult:
-    """Valid rate per size: `<task>.mastered` (>= mastered), `<task>.too_hard` (<= too_hard) and `<task>.frontier`
-    (between). The frontier finding is the size to train on next (just below the competence frontier)."""
+    """Valid rate per value of the difficulty slice: `<task>.mastered` (>= mastered), `<task>.too_hard` (<= too_hard)
+    and `<task>.frontier` (between), with the task's `frontier_knob`. The first frontier value is the difficulty to
+    train on next (metric `frontier_<slice>`)."""
     task = _task_of(rollouts)
+    t = _task(rollouts)
+    slice_key = slice_key or t.difficulty_slice
+    if not slice_key:
+        return DiagnosticResult(name="competence_frontier")
     stats = slice_stats(rollouts, slice_key)
     findings, metrics = [], {}
-    frontier_sizes = []
+    frontier_values = []
     for key, s in stats.items():
         v = key.split("=", 1)[1]
         metrics[f"valid.{key}"] = s["valid"]
         if s["n"] < min_n:
             continue
         if s["valid"] >= mastered:
-            code, sev, msg = "mastered", "info", "mastered: lower its data ratio, keep it above zero"
+            code, sev, msg = "mastered", "info", "mastered: lower its share of the training mix, keep it above zero"
         elif s["valid"] <= too_hard:
             code, sev, msg = "too_hard", "info", "out of reach for now: little learning signal"
         else:
             code, sev, msg = "frontier", "warn", "at the competence frontier: most learning signal"
-            frontier_sizes.append(v)
+            frontier_values.append(v)
         sl = {slice_key: v}
         findings.append(Finding(code=f"{task}.{code}", severity=sev, count=int(s["n"]), rate=s["valid"], slice=sl,
-                                knobs=_knobs([FRONTIER_KNOB], sl), message=f"valid {s['valid']:.2f}: {msg}"))
-    if frontier_sizes:
-        first = min(frontier_sizes, key=_size_key)
+                                knobs=_knobs([t.frontier_knob] if t.frontier_knob else [], sl),
+                                message=f"valid {s['valid']:.2f}: {msg}"))
+    if frontier_values:
+        first = min(frontier_values, key=_order_key)
         if first.isdigit():
-            metrics["frontier_size"] = float(first)
+            metrics[f"frontier_{slice_key}"] = float(first)
     return DiagnosticResult(name="competence_frontier", findings=findings, metrics=metrics)
 
 
@@ -313,7 +344,7 @@ def dead_groups(rollouts: list[Rollout], train_metrics: list[dict[str, float]] |
 
 
 def exploration_collapse(rollouts: list[Rollout], min_rate: float = 0.3) -> DiagnosticResult:
-    """Duplicate completions within a group (1 - unique/size, averaged over groups): `grpo.exploration_collapse`."""
+    """Duplicate completions within a group (1 - unique/count, averaged over groups): `grpo.exploration_collapse`."""
     gs = [g for g in groups(rollouts).values() if len(g) >= 2]
     dup = [1 - len({" ".join(r.completion.split()) for r in g}) / len(g) for g in gs]
     rate = round(statistics.fmean(dup), 4) if dup else 0.0
@@ -416,8 +447,8 @@ def builtin_codes(task: str, failure_types: Iterable[str]) -> set[str]:
 
 def builtin_diagnostics(rollouts: list[Rollout], train_metrics: list[dict[str, float]] | None = None,
                         valid_history: list[float] | None = None) -> list[DiagnosticResult]:
-    """All built-ins on one stage's rollouts. Task-specific ones run on any task with a `size` slice or failures."""
-    out = [failure_breakdown(rollouts), near_misses(rollouts), makespan_gap(rollouts), competence_frontier(rollouts),
+    """All built-ins on one stage's rollouts; the task-aware ones read what the rollouts' Task declares."""
+    out = [failure_breakdown(rollouts), near_misses(rollouts), quality_gap(rollouts), competence_frontier(rollouts),
            dead_groups(rollouts, train_metrics), exploration_collapse(rollouts), length_health(rollouts, train_metrics)]
     out.append(reward_hacking(train_metrics, valid_history))
     return out
@@ -627,7 +658,7 @@ def build_diagnosis(task: Any, stage: int, rollouts: list[Rollout], env_config: 
     findings.sort(key=lambda f: (sev[f.severity], -f.rate))
     check_examples(findings)
     by_slice: dict[str, dict[str, float]] = {}
-    for key in ("size", "agents", "wait"):
+    for key in slice_keys_of(rollouts):
         by_slice.update(slice_stats(rollouts, key))
     metrics: dict[str, float] = {}
     for res in results:
@@ -688,7 +719,7 @@ def diagnosis_text(d: Diagnosis, max_findings: int = 12) -> str:
         lines.append(f"diagnostic error: {name}: {why}")
     lines.append("env config:")
     for k, v in d.env_config.items():
-        if isinstance(v, list) and all(isinstance(e, dict) for e in v):  # e.g. one line per size entry
+        if isinstance(v, list) and all(isinstance(e, dict) for e in v):  # e.g. one line per keyed entry
             lines += [f"  {k}: " + " ".join(f"{a}={_compact(b) if isinstance(b, list | dict) else b}"
                                               for a, b in e.items()) for e in v]
         else:

@@ -120,7 +120,7 @@ class Run:
 
     def instances(self, config, seeds: list[int]) -> list:
         """Task instances, memoised per (config, seed) within a stage: both backtest arms, and a recipe candidate's
-        longer prompt prefix, reuse what is already generated (each one is a CBS solve). Instances `prefetch`ed in
+        longer prompt prefix, reuse what is already generated (each may cost an expert solve). Instances `prefetch`ed in
         the background are collected here; anything missing is generated in this process."""
         cj = config.model_dump_json()
         memo = self._instances.setdefault(cj, {})
@@ -137,7 +137,7 @@ class Run:
         return [memo[s] for s in seeds]
 
     def prefetch(self, config, seeds: list[int]) -> None:
-        """Start generating instances in a background worker process (CBS solves while this process trains), so the
+        """Start generating instances in a background worker process (expert solves while this process trains), so the
         next nodes find them ready. Off with `stage.prefetch: false`; the instances are the same either way."""
         if not self.config.stage.prefetch or not seeds:
             return
@@ -242,6 +242,8 @@ def initial_files(config: RunConfig) -> dict[str, str]:
     if config.env is not None:
         files["env.yaml"] = "# Round-0 generator config (from the run config).\n" + yaml.safe_dump(
             config.env, sort_keys=False)
+    elif (own := get_task(config.task).round0_env()) is not None:  # the family's own round-0 env.yaml
+        files["env.yaml"] = own
     if config.recipe or config.reward:  # edited into the template in place: its comments stay next to each knob
         from harness.yamledit import set_leaf_text
 
@@ -413,7 +415,7 @@ def _grpo(run: Run, stage: int, arm: str, start: str, files: dict[str, str], ste
     env, recipe, _ = harness_models(files, run.task)
     # a fixed prompt pool per key: both arms of a decision train on the same instances, whatever their recipe; only
     # the prefix GRPO consumes (steps x prompts per step) is generated, so a recipe that needs more prompts trains on a
-    # superset of the other arm's; past the pool size, TRL cycles over the pool
+    # superset of the other arm's; past the end of the pool, TRL cycles over it
     seeds = _pool_seeds(run, seed_key, recipe, steps)
     model, tok = _load(run, start)
     t0 = time.perf_counter()  # training compute = the whole TRL call (trainer setup + steps), not just train()

@@ -99,11 +99,11 @@ def _dump_yaml(original: str, data: dict[str, Any]) -> str:
 
 
 def _edit_yaml(original: str, parts: list[str], value: Any, expect: dict[str, Any],
-               same: Callable[[dict[str, Any]], bool] | None = None) -> str:
+               same: Callable[[dict[str, Any]], bool] | None = None, entry_key: str | None = None) -> str:
     """`original` with one leaf changed in place (`harness.yamledit`: a one-line diff, comments kept), checked to load
     as `expect` (or to satisfy `same`); a file the round-trip edit cannot express is rewritten whole instead."""
     try:
-        text = set_leaf_text(original, parts, value)
+        text = set_leaf_text(original, parts, value, entry_key)
         loaded = yaml.safe_load(text)
         if (same(loaded) if same is not None else loaded == expect):
             return text
@@ -116,33 +116,16 @@ def _is_scalar(v: Any) -> bool:
     return v is None or isinstance(v, bool | int | float | str)
 
 
-def set_path(data: dict[str, Any], parts: list[str], value: Any, knob: str) -> Any:
-    """Set a leaf in nested dicts/lists; a list is indexed by its entries' `size` (the knob convention:
-    `sizes.5.hole_ratio` is the entry with size 5). Returns the old value; raises VetError naming what is missing."""
-    node: Any = data
-    for i, part in enumerate(parts):
-        last = i == len(parts) - 1
-        if isinstance(node, list):
-            hits = [e for e in node if isinstance(e, dict) and str(e.get("size")) == part]
-            if not hits:
-                have = ", ".join(str(e.get("size")) for e in node if isinstance(e, dict))
-                raise VetError(f"knob {knob!r}: no entry with size {part} (sizes: {have}); add the size first")
-            if last:
-                raise VetError(f"knob {knob!r} names a whole entry; name one field, e.g. {knob}.data_ratio")
-            node = hits[0]
-            continue
-        if not isinstance(node, dict) or part not in node:
-            keys = ", ".join(map(str, node)) if isinstance(node, dict) else type(node).__name__
-            raise VetError(f"knob {knob!r}: {part!r} does not exist (there: {keys})")
-        if last:
-            old = node[part]
-            if not _is_scalar(old):
-                raise VetError(f"knob {knob!r} is not a single value (it holds a {type(old).__name__}): one knob = "
-                               "one leaf, so a candidate changes exactly one factor")
-            node[part] = value
-            return old
-        node = node[part]
-    raise VetError(f"knob {knob!r} is empty")
+def set_path(data: dict[str, Any], parts: list[str], value: Any, knob: str, entry_key: str | None = None) -> Any:
+    """Set a leaf in nested dicts/lists with the one knob grammar (`harness.tasks.knobs`; lists are indexed by the
+    task's `entry_key`). Returns the old value; raises VetError naming what is missing."""
+    from harness.tasks.knobs import KnobError, set_value
+
+    try:
+        return set_value(data, parts, value, entry_key, knob=knob)
+    except KnobError as exc:
+        raise VetError(str(exc).replace("one knob = one value", "one knob = one leaf, so a candidate changes exactly "
+                                        "one factor")) from None
 
 
 def _check_value(knob: str, old: Any, value: Any) -> None:
@@ -185,7 +168,7 @@ def apply_change(files: dict[str, str], change: Change, task: Any) -> dict[str, 
             base = task.config_model.model_validate(raw).model_dump(mode="json")
         except ValidationError as exc:
             raise VetError(f"{ENV_FILE} does not validate before the change: {_validation_msg(exc)}") from None
-        old = set_path(base, parts, change.value, knob)
+        old = set_path(base, parts, change.value, knob, task.entry_key)
         _check_value(knob, old, change.value)
         try:
             task.config_model.model_validate(base)
@@ -193,7 +176,8 @@ def apply_change(files: dict[str, str], change: Change, task: Any) -> dict[str, 
             raise VetError(f"{knob} = {change.value!r} is out of the generator's range: {_validation_msg(exc)}") from None
         want = task.config_model.model_validate(base).model_dump(mode="json")
         return {ENV_FILE: _edit_yaml(files[ENV_FILE], parts, change.value, base, same=lambda d: isinstance(d, dict) and
-                                     task.config_model.model_validate(d).model_dump(mode="json") == want)}
+                                     task.config_model.model_validate(d).model_dump(mode="json") == want,
+                                     entry_key=task.entry_key)}
     recipe = _load_yaml(files, RECIPE_FILE)
     if kind == "recipe":
         if len(parts) != 1 or parts[0] == "reward":
@@ -384,20 +368,11 @@ def diagnostic_backtest(path: str, source: str, rollouts: list[Rollout], limits:
 
 
 def env_backtest(task: Any, env_text: str, knob: str) -> VetResult:
-    """A new generator config must generate: a few instances (train seeds, never held-out ones) of each size it
-    touches, one size at a time (a per-size knob touches its size; a global knob every size with data)."""
-    data = task.config_model.model_validate(yaml.safe_load(env_text)).model_dump(mode="json")
-    entries = data.get("sizes") if isinstance(data.get("sizes"), list) else None
-    configs: list[tuple[str, Any]] = []
-    if entries and all(isinstance(e, dict) and "size" in e for e in entries):
-        parts = knob.split(".")
-        only = parts[2] if len(parts) == 4 and parts[1] == "sizes" else None
-        for e in entries:
-            if (only is None and e.get("data_ratio", 1) > 0) or str(e["size"]) == only:
-                one = {**data, "sizes": [{**e, "data_ratio": 1.0}]}
-                configs.append((f"size {e['size']}", task.config_model.model_validate(one)))
-    else:
-        configs.append(("config", task.config_model.model_validate(data)))
+    """A new generator config must generate: a few instances (train seeds, never held-out ones) from each config the
+    task says the knob touches (`Task.vet_configs`; e.g. one per touched entry, alone), else from the whole config."""
+    cfg_all = task.config_model.model_validate(yaml.safe_load(env_text))
+    fn = getattr(task, "vet_configs", None)
+    configs: list[tuple[str, Any]] = (fn(cfg_all, knob) if fn else []) or [("config", cfg_all)]
     for label, cfg in configs:
         try:
             for s in seeds("train", ENV_PROBE_INSTANCES):

@@ -1,15 +1,15 @@
 """Round-trip edits of harness YAML files (ruamel.yaml): change one leaf, keep every other byte.
 
     from harness.yamledit import set_leaf_text
-    new_text = set_leaf_text(old_text, ["sizes", "5", "hole_ratio"], 0.3)   # a one-line diff; comments survive
+    new_text = set_leaf_text(old_text, ["sizes", "5", "hole_ratio"], 0.3, entry_key="size")   # a one-line diff
 
 A candidate changes one knob, so its commit should change one line: `git show` of a promotion is then the change and
 nothing else, and the comments a person wrote in env.yaml or recipe.yaml survive every promotion. PyYAML cannot do
 this (it drops comments and re-flows the file); ruamel.yaml's round-trip mode keeps comments, key order, flow or
 block style and quoting. The file's own indentation is detected and reused.
 
-Lists of mappings are addressed by their entries' `size` (the knob convention: `sizes.5.hole_ratio` is the entry with
-size 5). A missing last key is added to its mapping (one added line, or one added `key: value` inside a flow
+Lists of mappings are addressed by their entries' key field, which the task names (`Task.entry_key`, the knob grammar
+of `harness.tasks.knobs`: with key `size`, `sizes.5.hole_ratio` is the entry whose size is 5). A missing last key is added to its mapping (one added line, or one added `key: value` inside a flow
 mapping); a missing intermediate raises KeyError, and callers fall back to rewriting the file.
 """
 
@@ -33,7 +33,7 @@ def _yaml(text: str) -> tuple[YAML, Any]:
     return y, y.load(text)
 
 
-def set_leaf_text(text: str, parts: list[str], value: Any) -> str:
+def set_leaf_text(text: str, parts: list[str], value: Any, entry_key: str | None = None) -> str:
     """`text` with the leaf at `parts` set to `value` (added when only the last key is missing). KeyError when the path
     does not exist in the file; ValueError when the text is not a YAML mapping."""
     y, doc = _yaml(text)
@@ -43,7 +43,7 @@ def set_leaf_text(text: str, parts: list[str], value: Any) -> str:
     for i, part in enumerate(parts):
         last = i == len(parts) - 1
         if isinstance(node, list):
-            hits = [e for e in node if hasattr(e, "get") and str(e.get("size")) == part]
+            hits = [e for e in node if entry_key and hasattr(e, "get") and str(e.get(entry_key)) == part]
             if not hits or last:
                 raise KeyError(".".join(parts[: i + 1]))
             node = hits[0]

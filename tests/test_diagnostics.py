@@ -34,7 +34,8 @@ def mk(size: int = 5, failure: str | None = None, *, optimal: bool | None = None
         valid=valid, optimal=optimal, reward=(1.0 if valid else 0.0) if reward is None else reward, failure=failure,
         where=where, slices={"size": str(size), "agents": str(agents), "holes": "0.2-0.3", "wait": "no"},
         metrics={"makespan": makespan, "optimal_makespan": opt_makespan, "agents": agents,
-                 "agents_on_goal": agents if valid else (on_goal if on_goal is not None else 0)},
+                 "agents_on_goal": agents if valid else (on_goal if on_goal is not None else 0),
+                 **({"makespan_gap": makespan - opt_makespan} if valid else {})},  # as the MAPF scorer writes it
         tokens=tokens,
     )
 
@@ -70,13 +71,13 @@ def test_failure_breakdown_by_slice_and_threshold():
     assert D.failure_breakdown(rs).metrics["failure.vertex_conflict.size=5"] == 0.05
 
 
-def test_near_misses_and_makespan_gap():
+def test_near_misses_and_quality_gap():
     rs = [mk(5, "goal_not_reached", on_goal=1), mk(5, "goal_not_reached", on_goal=0), mk(5, makespan=8),
           mk(5, makespan=6), mk(7, makespan=9, opt_makespan=7)]
     c = codes(D.near_misses(rs))
     assert c[("mapf.near_miss", "5")].count == 1
     assert c[("mapf.suboptimal", "5")].count == 1 and c[("mapf.suboptimal", "7")].count == 1
-    m = D.makespan_gap(rs).metrics
+    m = D.quality_gap(rs).metrics  # MAPF's gap metric is the makespan gap
     assert m["makespan_gap.size=5"] == 1.0 and m["makespan_gap.size=7"] == 2.0 and m["makespan_gap"] == pytest.approx(4 / 3, abs=1e-3)
 
 
@@ -241,7 +242,7 @@ def test_builtins_on_scored_mapf_rollouts():
     codes_seen = {f.code for res in D.builtin_diagnostics(rs) for f in res.findings}
     assert "mapf.parse_error" in codes_seen and "mapf.near_miss" in codes_seen, codes_seen
     assert codes_seen <= D.builtin_codes("mapf", MAPF.failure_types)
-    assert D.makespan_gap(rs).metrics["makespan_gap"] == 0.0  # expert plans are optimal
+    assert D.quality_gap(rs).metrics["makespan_gap"] == 0.0  # expert plans are optimal
     assert D.dead_groups(rs).metrics["dead_groups"] == 0.0  # every group mixes valid and failing plans
 
 

@@ -56,7 +56,7 @@ class EngineerConfig(BaseModel):
     max_retries: int = Field(2, ge=0, le=10, description="retries of an invalid reply before the rule engineer steps in")
     temperature: float = Field(0.7, ge=0, le=2, description="sampling temperature of the engineer")
     max_tokens: int = Field(1024, ge=16, description="reply budget in tokens")
-    timeout_s: float = Field(120.0, gt=0, description="seconds to wait for one endpoint reply")
+    timeout_s: float = Field(120.0, gt=0, description="seconds allowed for one endpoint reply")
 
     @model_validator(mode="after")
     def _check(self) -> EngineerConfig:

@@ -7,7 +7,7 @@ raises `ProposalError` whose message says what was wrong (malformed JSON, unknow
 one candidate, ...) so it can be sent back to the engineer for a retry.
 
     from harness.engineer.proposal import knob_space, parse_reply
-    space = knob_space(diagnosis)             # {"env.sizes.5.hole_ratio": Knob(lo=0, hi=0.6, current=0.2), ...}
+    space = knob_space(diagnosis)             # {"env.<field>": Knob(lo=0, hi=0.6, current=0.2), ...}
     cands, notes = parse_reply(text, diagnosis, space, max_candidates=3, engineer="llm")
 
 The ranges are rules kept outside the sandbox: env and reward knobs take the bounds declared on the task's models;
@@ -33,7 +33,7 @@ class ProposalError(ValueError):
     """A reply that cannot become candidates. The message is the reason recorded and sent back to the engineer."""
 
 
-# Bounds on what a reply may cost: work grows with reply size, and reasons are stored and sent back.
+# Bounds on what a reply may cost: work grows with a reply's length, and reasons are stored and sent back.
 MAX_REPLY_CHARS = 200_000  # a longer reply is refused before any parsing
 MAX_JSON_STARTS = 64  # '{' / '[' positions tried when looking for the JSON object in prose
 REASON_CHARS = 500  # rejection reasons and notes are cut to this length
@@ -53,7 +53,7 @@ class ProposedChange(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     knob: str = Field(..., max_length=200, description="ONE knob path from the allowed list (e.g. "
-                      "env.sizes.5.hole_ratio, recipe.temperature) or diagnostics/<name>.py for a diagnostic file")
+                      "env.<list>.<key>.<field>, recipe.temperature) or diagnostics/<name>.py for a diagnostic file")
     value: float | int | None = Field(None, description="the NEW value (not a delta), within the knob's range; "
                                                          "omit for a diagnostic")
     code: str | None = Field(None, max_length=100_000, description="Python source of the diagnostic file; only for "
@@ -115,17 +115,6 @@ class ProposalResult(BaseModel):
 # (the same for both arms), so a change of `steps` could never be judged.
 NOT_BACKTESTABLE = {"steps"}
 
-# Ranges of config fields whose model checks bounds in a validator instead of declaring them (ge/le): the engineer's
-# rule for them; the vet step still validates every change with the task's own model.
-FIELD_RANGES: dict[str, tuple[float, float]] = {
-    "data_ratio": (0.0, 1.0),  # mixture weight (normalised over sizes)
-    "hole_ratio": (0.0, 0.6),
-    "wait_ratio": (0.0, 1.0),
-    "agents": (1, 16),
-    "min_distance": (1, 30),
-}
-
-
 class Knob(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     path: str
@@ -136,37 +125,13 @@ class Knob(BaseModel):
     current: float | int
 
 
-def _bounds(field_info: Any) -> tuple[float | None, float | None]:
-    lo = hi = None
-    for m in field_info.metadata:
-        for attr, is_lo in (("ge", True), ("gt", True), ("le", False), ("lt", False)):
-            v = getattr(m, attr, None)
-            if v is not None:
-                if is_lo:
-                    lo = float(v)
-                else:
-                    hi = float(v)
-    return lo, hi
+def _walk(model: BaseModel, prefix: str, kind: str, out: dict[str, Knob], entry_key: str | None = None) -> None:
+    """Bounded numeric fields of a config model become knobs (`harness.tasks.knobs.walk`: the one grammar; keyed lists
+    by the task's `entry_key`; ranges declared on the fields). Fields without a range are not offered."""
+    from harness.tasks.knobs import walk
 
-
-def _walk(model: BaseModel, prefix: str, kind: str, out: dict[str, Knob]) -> None:
-    """Bounded numeric fields of a config model become knobs; a list of entries with a `size` field is keyed by size
-    (`env.sizes.5.hole_ratio`). Bounds: declared ones (ge/le/gt/lt), else `FIELD_RANGES`; fields with neither are
-    not offered to the engineer."""
-    for name, info in type(model).model_fields.items():
-        value = getattr(model, name)
-        path = f"{prefix}.{name}"
-        if isinstance(value, BaseModel):
-            _walk(value, path, kind, out)
-        elif isinstance(value, list) and value and all(isinstance(v, BaseModel) and hasattr(v, "size") for v in value):
-            for v in value:
-                _walk(v, f"{path}.{v.size}", kind, out)
-        elif isinstance(value, (int, float)) and not isinstance(value, bool) and name != "size":
-            lo, hi = _bounds(info)
-            if (lo is None or hi is None) and name in FIELD_RANGES:
-                lo, hi = FIELD_RANGES[name]
-            if lo is not None and hi is not None:
-                out[path] = Knob(path=path, kind=kind, lo=lo, hi=hi, integer=isinstance(value, int), current=value)
+    for k in walk(model, prefix, entry_key):
+        out[k.path] = Knob(path=k.path, kind=kind, lo=k.lo, hi=k.hi, integer=k.integer, current=k.current)
 
 
 def knob_space(diagnosis: Diagnosis, task: Any = None) -> dict[str, Knob]:
@@ -180,7 +145,7 @@ def knob_space(diagnosis: Diagnosis, task: Any = None) -> dict[str, Knob]:
     task = task if task is not None else get_task(diagnosis.task)
     out: dict[str, Knob] = {}
     if diagnosis.env_config:
-        _walk(task.config_model.model_validate(diagnosis.env_config), "env", "env", out)
+        _walk(task.config_model.model_validate(diagnosis.env_config), "env", "env", out, task.entry_key)
     recipe = {k: v for k, v in diagnosis.recipe.items() if k != "reward"}
     current = Recipe.model_validate(recipe)
     for field, (lo, hi) in RECIPE_KNOBS.items():
@@ -237,7 +202,7 @@ def make_candidate(diagnosis: Diagnosis, change: Change, old_value: Any, rationa
 
 def vet_error(diagnosis: Diagnosis, change: Change, task: Any = None) -> str | None:
     """Why `harness.vet.apply_change` would refuse this change on the diagnosis' harness (cross-field rules of the
-    task's config model and the Recipe, e.g. agents vs free cells, batch_size vs num_generations), or None. Checked
+    task's config model and the Recipe, e.g. batch_size vs num_generations), or None. Checked
     here so an engineer gets the reason while it can still retry. Needs the diagnosis' env config and recipe."""
     if not diagnosis.env_config:
         return None
@@ -361,7 +326,7 @@ def _validate_change(i: int, pc: ProposedChange, space: dict[str, Knob]) -> tupl
 
 def _dedupe_and_cap(raws: list[Any], max_candidates: int) -> tuple[list[Any], list[str]]:
     """Exact duplicates dropped and at most 3 x max_candidates kept, BEFORE any validation or vetting: work (and the
-    vet step's offline checks) must not grow with the size of a reply."""
+    vet step's offline checks) must not grow with the length of a reply."""
     keep, seen, dups = [], set(), 0
     limit = 3 * max_candidates
     for raw in raws:

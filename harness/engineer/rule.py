@@ -3,8 +3,8 @@
 For each finding, a skill applies when the finding's code is among its trigger codes and its condition holds. The
 condition is a tiny expression over the finding's `rate`, `count` and `severity` (`rate >= 0.2 and count > 3`,
 `severity == 'critical'`), evaluated by `skills.library.condition_holds`, which walks its syntax tree (comparisons,
-and/or/not, constants); nothing is ever `eval`-ed. The skill's intervention template (`env.sizes.{size}.hole_ratio`, op add/mul/set, value)
-becomes a concrete Change: `{size}` from the finding's slice, the step scaled by the diagnosis' `step_scale`, the new
+and/or/not, constants); nothing is ever `eval`-ed. The skill's intervention template (`env.<list>.{<slice>}.<field>`, op add/mul/set, value)
+becomes a concrete Change: `{<slice>}` from the finding's slice, the step scaled by the diagnosis' `step_scale`, the new
 value clamped to the knob's range.
 
 Choice: Thompson sampling over each skill's promotion record, Beta(1 + promotions, 1 + tries - promotions), one draw

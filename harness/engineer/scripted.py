@@ -6,7 +6,7 @@ or a list of those: successive attempts, the later ones used as retries after a 
 beyond the end of the script) has no reply: the rule engineer steps in.
 
     # replay.yaml
-    - {candidates: [{knob: env.sizes.5.hole_ratio, value: 0.3, rationale: "hole failures on 5x5", expected: "fewer"}]}
+    - {candidates: [{knob: recipe.temperature, value: 0.7, rationale: "parse errors", expected: "fewer"}]}
     - ["not json", {candidates: [{knob: recipe.temperature, value: 1.2, rationale: r, expected: e}]}]
 """
 

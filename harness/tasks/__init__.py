@@ -6,7 +6,7 @@ import importlib
 
 from harness.tasks.base import Instance, Outcome, SuiteEntry, Task
 
-TASKS = {"mapf": "harness.tasks.mapf"}
+TASKS = {"mapf": "harness.tasks.mapf", "math": "harness.tasks.arith"}
 
 
 class UnknownTaskError(ValueError):

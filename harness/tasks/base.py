@@ -55,6 +55,15 @@ class Task(Protocol):
     instance_model: type[Instance]
     failure_types: tuple[str, ...]
     styles: tuple[str, ...]  # prompt styles, first is the default
+    # --- what the loop needs to know about the family, so that it names none (diagnostics, vet, engineers) ---
+    entry_key: str | None  # knob paths index lists of config entries by this field (harness.tasks.knobs)
+    slice_keys: tuple[str, ...]  # the slices instances are grouped by (reports, vetoes, the gate's slice check)
+    difficulty_slice: str  # the slice that orders difficulty (the competence frontier is found along it)
+    failure_knobs: dict[str, list[str]]  # failure type -> knob templates ({<slice>} filled from a finding's slice)
+    frontier_knob: str | None  # the knob template that moves the training mix along the difficulty slice
+    gap_metric: str | None  # Outcome.metrics key: distance of a valid answer from optimal (None: no such notion)
+    near_miss_text: str  # what a near miss is, in one line (finding messages)
+    suboptimal_text: str  # what valid-but-not-optimal means, in one line
 
     def default_config(self) -> BaseModel: ...
     def generate(self, config: BaseModel, seed: int) -> Instance: ...
@@ -65,3 +74,7 @@ class Task(Protocol):
     def suite(self, name: str) -> list[SuiteEntry]: ...
     def alphabet(self) -> str: ...  # every character prompts and completions can contain (char tokenizer)
     def words(self) -> list[str]: ...  # multi-character units a char tokenizer keeps as one token ([] for none)
+    def near_miss(self, metrics: dict[str, float]) -> bool: ...  # an invalid answer one step short of valid
+    def env_stats(self, config: BaseModel, n: int, seed_start: int = 0) -> dict[str, Any]: ...
+    def vet_configs(self, config: BaseModel, knob: str) -> list[tuple[str, BaseModel]]: ...  # what the vet generates
+    def round0_env(self) -> str | None: ...  # the family's round-0 env.yaml text (None: sandbox/template/env.yaml)

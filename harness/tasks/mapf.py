@@ -62,12 +62,14 @@ import re
 import string
 import time
 from collections import Counter
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from harness.tasks import knobs
 from harness.tasks.base import Instance, Outcome, SuiteEntry
+from harness.tasks.knobs import KnobError
 from harness.tasks.mapf_cbs import SolverBudgetExceeded, bfs_distances, solve
 from harness.tasks.mapf_validate import FAILURES, encode_moves, simulate, validate_arrays
 
@@ -88,10 +90,6 @@ class UnsatisfiableConfigError(ValueError):
     """The generator could not draw an instance the config asks for; the message names the knob to change."""
 
 
-class KnobError(ValueError):
-    """A knob path that does not exist in MAPFConfig."""
-
-
 def _in_range(name: str, value: float, lo: float, hi: float | None) -> float:
     if value < lo or (hi is not None and value > hi):
         rng = f"{lo}..{hi}" if hi is not None else f">= {lo}"
@@ -109,11 +107,15 @@ class SizeEntry(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     size: int = Field(..., description="side of the square lake, 3..16 (the paper uses 3..10)")
-    data_ratio: float = Field(1.0, description="mixture weight of this size (>= 0; normalised over sizes)")
-    hole_ratio: float = Field(0.2, description="share of cells that are holes, 0.0..0.6")
+    data_ratio: float = Field(1.0, description="mixture weight of this size (>= 0; normalised over sizes; the "
+                              "engineer moves it within 0..1)", json_schema_extra={"knob_range": [0.0, 1.0]})
+    hole_ratio: float = Field(0.2, description="share of cells that are holes, 0.0..0.6",
+                              json_schema_extra={"knob_range": [0.0, 0.6]})
     wait_ratio: float = Field(0.25, description="probability that a drawn instance must need a wait, 0.0..1.0 "
-                              "(otherwise it must be solvable optimally without waits)")
-    agents: int | tuple[int, int] = Field(2, description="agent count, or [min, max] drawn uniformly; 1..16")
+                              "(otherwise it must be solvable optimally without waits)",
+                              json_schema_extra={"knob_range": [0.0, 1.0]})
+    agents: int | tuple[int, int] = Field(2, description="agent count, or [min, max] drawn uniformly; 1..16",
+                                          json_schema_extra={"knob_range": [1, 16]})
 
     @field_validator("size")
     @classmethod
@@ -173,7 +175,8 @@ class MAPFConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     sizes: list[SizeEntry] = Field(..., description="per-size entries of the mixture; sizes unique")
-    min_distance: int = Field(1, description="minimum shortest-path distance from an agent's start to its goal, >= 1")
+    min_distance: int = Field(1, description="minimum shortest-path distance from an agent's start to its goal, >= 1",
+                              json_schema_extra={"knob_range": [1, 30]})
 
     @field_validator("min_distance")
     @classmethod
@@ -203,47 +206,27 @@ class MAPFConfig(BaseModel):
         raise KnobError(f"size {size} is not in the mixture (sizes: {', '.join(str(e.size) for e in self.sizes)})")
 
 
-def _split_knob(path: str) -> list[str]:
-    parts = path.split(".")
-    if parts and parts[0] == "env":
-        parts = parts[1:]
-    return parts
-
-
 def get_knob(config: MAPFConfig, path: str) -> Any:
-    """Value at `sizes.<n>.<field>` or `min_distance` (an `env.` prefix is accepted)."""
-    parts = _split_knob(path)
-    if parts == ["min_distance"]:
-        return config.min_distance
-    if len(parts) == 3 and parts[0] == "sizes" and parts[1].isdigit():
-        entry = config.entry(int(parts[1]))
-        if parts[2] not in SizeEntry.model_fields or parts[2] == "size":
-            raise KnobError(f"unknown knob {path!r}: the field must be one of data_ratio, hole_ratio, wait_ratio, agents")
-        return getattr(entry, parts[2])
-    raise KnobError(f"unknown knob {path!r}: use sizes.<n>.<field> or min_distance")
+    """Value at `sizes.<n>.<field>` or `min_distance` (an `env.` prefix is accepted); the grammar of
+    `harness.tasks.knobs`, lists keyed by `size`."""
+    parts = knobs.split(path, "env")
+    if parts and parts[-1] == "size":
+        raise KnobError(f"unknown knob {path!r}: a size entry's `size` is its key, not a knob")
+    return knobs.get_value(config.model_dump(mode="json"), parts, ENTRY_KEY, knob=path)
 
 
 def apply_knob(config: MAPFConfig, path: str, value: Any) -> MAPFConfig:
     """A new, validated config with one knob changed. `sizes.<n>.<field>` for a size not in the mixture adds that size
     (other fields at their defaults). Raises KnobError for a bad path, pydantic ValidationError for a bad value."""
-    parts = _split_knob(path)
-    data = config.model_dump()
-    if parts == ["min_distance"]:
-        data["min_distance"] = value
-        return MAPFConfig.model_validate(data)
-    if len(parts) == 3 and parts[0] == "sizes" and parts[1].isdigit():
-        size, fname = int(parts[1]), parts[2]
-        if fname not in SizeEntry.model_fields or fname == "size":
-            raise KnobError(f"unknown knob {path!r}: the field must be one of data_ratio, hole_ratio, wait_ratio, agents")
-        for e in data["sizes"]:
-            if e["size"] == size:
-                e[fname] = value
-                break
-        else:
-            data["sizes"].append({"size": size, fname: value})
-            data["sizes"].sort(key=lambda e: e["size"])
-        return MAPFConfig.model_validate(data)
-    raise KnobError(f"unknown knob {path!r}: use sizes.<n>.<field> or min_distance")
+    parts = knobs.split(path, "env")
+    if parts and parts[-1] == "size":
+        raise KnobError(f"unknown knob {path!r}: a size entry's `size` is its key, not a knob")
+    data = config.model_dump(mode="json")
+    knobs.set_value(data, parts, value, ENTRY_KEY, knob=path, add_entry=True, new_fields=len(parts) == 3)
+    if len(parts) == 3 and parts[2] not in SizeEntry.model_fields:
+        raise KnobError(f"unknown knob {path!r}: the field must be one of data_ratio, hole_ratio, wait_ratio, agents")
+    data["sizes"].sort(key=lambda e: e["size"])
+    return MAPFConfig.model_validate(data)
 
 
 def default_config() -> MAPFConfig:
@@ -664,8 +647,11 @@ def env_stats(config: MAPFConfig, n: int, seed_start: int = 0) -> dict[str, Any]
 # --- the task object -------------------------------------------------------------------------------------------------
 
 
+ENTRY_KEY = "size"  # knob paths index the `sizes` list by size: env.sizes.5.hole_ratio
+
+
 class MAPFTask:
-    """The `Task` protocol for MAPF-FrozenLake (see harness/tasks/base.py); plus env_stats and validate_batch."""
+    """The `Task` protocol for MAPF-FrozenLake (see harness/tasks/base.py); plus validate_batch."""
 
     name = "mapf"
     config_model = MAPFConfig
@@ -673,6 +659,44 @@ class MAPFTask:
     instance_model = MAPFInstance
     failure_types = FAILURE_TYPES
     styles = STYLES
+    entry_key = ENTRY_KEY
+    slice_keys = ("size", "agents", "wait")
+    difficulty_slice = "size"
+    # failure type -> knob templates it suggests, most preferred first ({size} is filled from the finding's slice)
+    failure_knobs: ClassVar[dict[str, list[str]]] = {
+        "parse_error": ["recipe.temperature"],
+        "wrong_agent_count": ["recipe.temperature"],
+        "off_grid": ["env.sizes.{size}.data_ratio"],
+        "hole": ["env.sizes.{size}.hole_ratio"],
+        "vertex_conflict": ["env.sizes.{size}.wait_ratio"],
+        "edge_conflict": ["env.sizes.{size}.wait_ratio"],
+        "goal_not_reached": ["env.sizes.{size}.data_ratio"],
+        "too_long": ["recipe.max_completion_length", "recipe.temperature"],
+    }
+    frontier_knob = "env.sizes.{size}.data_ratio"  # the difficulty slice's share of the training mix
+    gap_metric = "makespan_gap"  # Outcome.metrics key: how far a valid answer is from optimal
+    near_miss_text = "all but one agent reached its goal"
+    suboptimal_text = "valid plan, makespan above optimal"
+
+    def near_miss(self, metrics: dict[str, float]) -> bool:
+        """An invalid plan that was one agent short of solving (2+ agents, all but one on its goal)."""
+        on, agents = metrics.get("agents_on_goal"), metrics.get("agents")
+        return on is not None and agents is not None and agents >= 2 and on == agents - 1
+
+    def round0_env(self) -> str | None:
+        return None  # the workspace template's env.yaml is MAPF's round 0 (sandbox/template/env.yaml)
+
+    def vet_configs(self, config: MAPFConfig, knob: str) -> list[tuple[str, MAPFConfig]]:
+        """Configs the vet step generates from to check a changed env: each size the knob touches alone (a per-size
+        knob its size; a global knob every size with data)."""
+        parts = knobs.split(knob, "env")
+        only = parts[1] if len(parts) == 3 and parts[0] == "sizes" else None
+        out = []
+        for e in config.sizes:
+            if (only is None and e.data_ratio > 0) or str(e.size) == only:
+                one = config.model_copy(update={"sizes": [e.model_copy(update={"data_ratio": 1.0})]})
+                out.append((f"size {e.size}", MAPFConfig.model_validate(one.model_dump())))
+        return out
 
     def default_config(self) -> MAPFConfig:
         return default_config()

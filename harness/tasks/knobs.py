@@ -1,0 +1,144 @@
+"""The one knob grammar: how a dotted knob path names one value of a harness config, read, set and enumerated.
+
+A knob is `<section>.<field>[.<field>...]` (`env.min_distance`, `recipe.temperature`, `reward.partial_credit`). A list
+of entries is indexed by the value of its entries' key field, which the task names (`Task.entry_key`): with
+`entry_key = "size"`, `env.sizes.5.hole_ratio` is the `hole_ratio` of the entry whose `size` is 5. The vet step, the
+engineers and the tasks all use these functions, so the grammar exists once.
+
+Ranges offered to the engineer come from the config models' fields: declared bounds (`ge`/`le`/`gt`/`lt`), else a
+`knob_range` in the field's `json_schema_extra` (for fields whose model checks bounds in a validator). A numeric
+field with neither is not a knob.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+
+class KnobError(ValueError):
+    """A knob path that does not name one value of the config (names the missing part and what exists there)."""
+
+
+def split(path: str, section: str | None = None) -> list[str]:
+    """Parts of a knob path; a leading `section.` (e.g. `env.`) is dropped when given."""
+    parts = [p for p in str(path).split(".") if p != ""]
+    if section and parts and parts[0] == section:
+        parts = parts[1:]
+    return parts
+
+
+def _is_scalar(v: Any) -> bool:
+    return v is None or isinstance(v, bool | int | float | str)
+
+
+def _entry(node: list, part: str, entry_key: str | None, knob: str, add: bool) -> dict:
+    if not entry_key:
+        raise KnobError(f"knob {knob!r}: {part!r} indexes a list, but this task's config has no keyed lists")
+    hits = [e for e in node if isinstance(e, dict) and str(e.get(entry_key)) == part]
+    if hits:
+        return hits[0]
+    if add:
+        new: dict[str, Any] = {entry_key: int(part) if part.lstrip("-").isdigit() else part}
+        node.append(new)
+        return new
+    have = ", ".join(str(e.get(entry_key)) for e in node if isinstance(e, dict))
+    raise KnobError(f"knob {knob!r}: no entry with {entry_key} {part} (the entries have {entry_key} {have}); add an "
+                    f"entry with {entry_key} {part} first")
+
+
+def get_value(data: dict[str, Any], parts: list[str], entry_key: str | None = None, knob: str = "") -> Any:
+    """The value a knob names in plain (JSON-like) config data."""
+    knob = knob or ".".join(parts)
+    node: Any = data
+    for part in parts:
+        if isinstance(node, list):
+            node = _entry(node, part, entry_key, knob, add=False)
+        elif isinstance(node, dict) and part in node:
+            node = node[part]
+        else:
+            keys = ", ".join(map(str, node)) if isinstance(node, dict) else type(node).__name__
+            raise KnobError(f"knob {knob!r}: {part!r} does not exist (there: {keys})")
+    if isinstance(node, dict) or (isinstance(node, list) and node and isinstance(node[0], dict)):
+        raise KnobError(f"knob {knob!r} names a whole entry; name one field of it")
+    return node
+
+
+def set_value(data: dict[str, Any], parts: list[str], value: Any, entry_key: str | None = None, knob: str = "",
+              add_entry: bool = False, new_fields: bool = False) -> Any:
+    """Set the leaf a knob names in plain config data (in place); returns the old value (None for a new field).
+    `add_entry`: a missing keyed entry is added (its other fields at the model's defaults); `new_fields`: a field the
+    data does not spell out yet may be set (the model's default applies until then)."""
+    knob = knob or ".".join(parts)
+    if not parts:
+        raise KnobError("an empty knob path names nothing")
+    node: Any = data
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if isinstance(node, list):
+            if last:
+                raise KnobError(f"knob {knob!r} names a whole entry; name one field, e.g. {knob}.<field>")
+            node = _entry(node, part, entry_key, knob, add=add_entry)
+            continue
+        if not isinstance(node, dict) or (part not in node and not (last and new_fields)):
+            keys = ", ".join(map(str, node)) if isinstance(node, dict) else type(node).__name__
+            raise KnobError(f"knob {knob!r}: {part!r} does not exist (there: {keys})")
+        if last:
+            old = node.get(part)
+            if not _is_scalar(old) and not (isinstance(old, list) and all(_is_scalar(x) for x in old)):
+                raise KnobError(f"knob {knob!r} is not a single value (it holds a {type(old).__name__}): one knob = "
+                                "one value")
+            node[part] = value
+            return old
+        node = node[part]
+    return None  # unreachable
+
+
+@dataclass(frozen=True)
+class KnobSpec:
+    path: str
+    lo: float
+    hi: float
+    integer: bool
+    current: float | int
+    help: str = ""
+
+
+def field_range(info: Any) -> tuple[float | None, float | None]:
+    """A field's knob range: its declared bounds, else `json_schema_extra['knob_range']`."""
+    lo = hi = None
+    for m in info.metadata:
+        for attr, is_lo in (("ge", True), ("gt", True), ("le", False), ("lt", False)):
+            v = getattr(m, attr, None)
+            if v is not None:
+                if is_lo:
+                    lo = float(v)
+                else:
+                    hi = float(v)
+    extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+    if (lo is None or hi is None) and "knob_range" in extra:
+        lo, hi = (float(x) for x in extra["knob_range"])
+    return lo, hi
+
+
+def walk(model: BaseModel, prefix: str, entry_key: str | None = None) -> list[KnobSpec]:
+    """Every knob of a config model instance: bounded numeric fields, nested models, and lists of entries keyed by
+    `entry_key` (the key field itself is not a knob)."""
+    out: list[KnobSpec] = []
+    for name, info in type(model).model_fields.items():
+        value = getattr(model, name)
+        path = f"{prefix}.{name}"
+        if isinstance(value, BaseModel):
+            out += walk(value, path, entry_key)
+        elif (entry_key and isinstance(value, list) and value
+              and all(isinstance(v, BaseModel) and hasattr(v, entry_key) for v in value)):
+            for v in value:
+                out += walk(v, f"{path}.{getattr(v, entry_key)}", entry_key)
+        elif isinstance(value, int | float) and not isinstance(value, bool) and name != entry_key:
+            lo, hi = field_range(info)
+            if lo is not None and hi is not None:
+                out.append(KnobSpec(path=path, lo=lo, hi=hi, integer=isinstance(value, int), current=value,
+                                    help=info.description or ""))
+    return out
