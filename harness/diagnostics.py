@@ -641,7 +641,8 @@ def build_diagnosis(task: Any, stage: int, rollouts: list[Rollout], env_config: 
                     train_metrics: list[dict[str, float]] | None = None,
                     diagnostics_files: dict[str, str] | None = None, valid_history: list[float] | None = None,
                     shaping: Any = None, state: str = "", env_stats_n: int = 64,
-                    env_stats: dict[str, Any] | None = None) -> Diagnosis:
+                    env_stats: dict[str, Any] | None = None, rejections_before_fallback: int = 3,
+                    step_shrink: float = 0.5) -> Diagnosis:
     """Everything the engineer sees, built from PROBE rollouts only (raises `SplitError` otherwise).
 
     `task` is the Task object (its `env_stats(config, n)` is used when the task has one); `env_config` and `recipe`
@@ -677,7 +678,8 @@ def build_diagnosis(task: Any, stage: int, rollouts: list[Rollout], env_config: 
         diagnostic_errors={res.name: res.error for res in results if res.error},
         env_stats=env_stats if env_stats is not None else _dump(stats_fn(cfg, env_stats_n)) if stats_fn else {},
         env_config=_dump(cfg), recipe=rec,
-        history=hist, consecutive_rejections=c, step_scale=1.0 if c < 2 else 0.5 if c < 3 else 0.25,
+        # each fallback (every `rejections_before_fallback` rejections in a row) shrinks the change step size
+        history=hist, consecutive_rejections=c, step_scale=step_shrink ** (c // max(1, rejections_before_fallback)),
     )
 
 

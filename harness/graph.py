@@ -557,7 +557,9 @@ def node_diagnose(run: Run, state: State) -> State:
     diag = build_diagnosis(run.task, k, rollouts, env, recipe, _history(run), stages_left, budget_left,
                            train_metrics=train.get("steps"), valid_history=valid_hist, shaping=shaping,
                            state=ws.head(), env_stats=run.env_stats(env),
-                           diagnostics_files={p: s for p, s in files.items() if p.startswith("diagnostics/")})
+                           diagnostics_files={p: s for p, s in files.items() if p.startswith("diagnostics/")},
+                           rejections_before_fallback=run.config.stage.rejections_before_fallback,
+                           step_shrink=run.config.stage.step_shrink)
     probe = run.store.node_result(run.id, k, "probe") or {}
     if probe.get("regressed"):
         from harness.records import Finding

@@ -266,7 +266,12 @@ def test_diagnosis_roundtrip_and_text():
                           shaping=MAPF.shaping_model(), state="abc123", env_stats_n=8)
     assert Diagnosis.model_validate_json(d.model_dump_json()) == d
     assert [h.candidate for h in d.history] == ["s1.hole", "s2.temp"]  # no round-0 default
-    assert d.consecutive_rejections == 2 and d.step_scale == 0.5
+    assert d.consecutive_rejections == 2 and d.step_scale == 1.0  # no fallback yet (3 rejections in a row make one)
+    # stage.rejections_before_fallback and stage.step_shrink set when and by how much the step shrinks
+    for before, shrink, want in ((2, 0.5, 0.5), (1, 0.5, 0.25), (1, 0.8, 0.64), (3, 0.5, 1.0)):
+        d2 = D.build_diagnosis(MAPF, 3, _probe_set(), ENV, {}, HISTORY, 2, 600.0, env_stats={},
+                               rejections_before_fallback=before, step_shrink=shrink)
+        assert d2.step_scale == pytest.approx(want), (before, shrink, d2.step_scale)
     assert d.overall["valid"] == pytest.approx(12 / 18, abs=1e-3) and d.by_slice["size=5"]["n"] == 10
     assert d.env_stats["n"] == 8 and d.recipe["reward"]["partial_credit"] == 0.5 and d.state == "abc123"
     assert d.env_config["sizes"][0]["size"] == 3 and d.metrics["evolved.holes.hole_share"] == pytest.approx(4 / 18, abs=1e-3)
