@@ -100,6 +100,28 @@ def test_llm_retry_with_reason_then_valid(lib):
     assert "rejected: out of range" in msgs[-1]["content"] and first["auth"] is None
 
 
+def test_the_llm_prompt_holds_the_skills_the_library_retrieves(lib):
+    """In-family skills first, then other families' (matched by failure kind), with their evidence; a library
+    without a matching skill adds no section. Before, the LLM engineer's prompt held no skills at all."""
+    lib.add(Skill(name="math-hole-trick", kind="recipe", trigger=Trigger(findings=["math.hole"]),
+                  intervention=Intervention(knob="recipe.temperature", op="mul", value=0.9),
+                  expected="fewer failures of that kind", domains=["math"]))
+    good = json.dumps({"candidates": [_one("recipe.temperature", 1.3)]})
+    with FakeEndpoint([good]) as ep:
+        res = propose(_cfg(ep.url), _diag(), lib, 2, np.random.default_rng(0), space=SPACE)
+    prompt = ep.requests[0]["body"]["messages"][-1]["content"]
+    own, borrowed = prompt.find("- raise-holes [env]: when mapf.hole"), prompt.find("- math-hole-trick [recipe]")
+    assert 0 < own < borrowed, prompt
+    assert "env.sizes.{size}.hole_ratio add 0.1" in prompt and "0/0 promoted" in prompt
+    assert "borrowed from math" in prompt[borrowed:]
+    assert any("skills in the prompt: raise-holes, math-hole-trick (borrowed)" in n for n in res.notes), res.notes
+    empty = SkillLibrary.open(lib.path.parent / "empty.db", seed_dir=None)
+    with FakeEndpoint([good]) as ep:
+        propose(_cfg(ep.url), _diag(), empty, 2, np.random.default_rng(0), space=SPACE)
+    empty.close()
+    assert "Skills from the library" not in ep.requests[0]["body"]["messages"][-1]["content"]
+
+
 def test_llm_invalid_until_out_of_retries_then_rule(lib):
     bad = ["{not json", json.dumps(_one("env.sizes.5.holes")), json.dumps(_one(["a", "b"]))]
     with FakeEndpoint(bad) as ep:

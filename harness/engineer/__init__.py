@@ -35,6 +35,8 @@ from harness.engineer.rule import propose_rule
 from harness.engineer.scripted import ScriptError, scripted_replies
 from harness.records import Diagnosis
 
+MAX_PROMPT_SKILLS = 8  # skills shown to an LLM engineer (in-family first, then other families')
+
 __all__ = ["EngineerConfig", "EngineerError", "ProposalResult", "change_key", "knob_space", "propose"]
 
 
@@ -102,7 +104,11 @@ def propose(engineer_cfg: EngineerConfig, diagnosis: Diagnosis, skills_library: 
             reply = None
             notes.append(cut(f"{engineer_cfg.kind} engineer unavailable: {exc}"))
         if reply is not None:
-            messages = build_messages(diagnosis, space, max_candidates)
+            hits = skills_library.applicable([f.code for f in diagnosis.findings], diagnosis.task)
+            retrieved = [(sk, False) for sk in hits.in_family] + [(sk, True) for sk in hits.fallback]
+            messages = build_messages(diagnosis, space, max_candidates, retrieved[:MAX_PROMPT_SKILLS])
+            if retrieved:
+                notes.append(cut(f"skills in the prompt: {', '.join(sk.name + (' (borrowed)' if b else '') for sk, b in retrieved[:MAX_PROMPT_SKILLS])}"))
             for attempt in range(engineer_cfg.max_retries + 1):
                 try:
                     text = reply(messages, attempt)

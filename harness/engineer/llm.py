@@ -48,12 +48,33 @@ RULES = """Rules:
    and optionally veto(control, candidate) -> str | None; put its source in "code" and leave "value" out."""
 
 
-def build_messages(diagnosis: Diagnosis, space: dict[str, Knob], max_candidates: int) -> Messages:
+def skills_text(skills: list[tuple[Any, bool]]) -> str:
+    """The skills the library retrieved for this diagnosis, as prompt lines: trigger, change, expected outcome and
+    the evidence behind it (promotions / tries, mean effect), marked when borrowed from another task family."""
+    lines = []
+    for sk, borrowed in skills:
+        ev = sk.evidence
+        iv = sk.intervention
+        change = iv.knob if sk.kind == "diagnostic" else f"{iv.knob} {iv.op} {iv.value:g}"
+        fam = f"; borrowed from {', '.join(sk.domains)} (not yet tried on this family)" if borrowed else ""
+        lines.append(f"- {sk.name} [{sk.kind}]: when {', '.join(sk.trigger.findings)}"
+                     f"{' and ' + sk.trigger.condition if sk.trigger.condition else ''}: {change}. Expected: "
+                     f"{sk.expected}. Evidence: {ev.promotions}/{ev.tries} promoted, mean effect {ev.mean_effect:+.3f}"
+                     f"{'; general' if sk.general else ''}{fam}")
+    return "\n".join(lines)
+
+
+def build_messages(diagnosis: Diagnosis, space: dict[str, Knob], max_candidates: int,
+                   skills: list[tuple[Any, bool]] | None = None) -> Messages:
+    """The engineer's prompt: the diagnosis, the allowed knobs, the skills the library retrieved for these findings
+    ((skill, borrowed) pairs: in-family first, then other families'), the rules and the reply schema."""
     from harness.diagnostics import diagnosis_text
 
     schema = json.dumps(Proposal.model_json_schema(), indent=1)
+    known = (f"Skills from the library that match these findings (what worked before; adapt a template's "
+             f"{{slice}} to this diagnosis, or propose something else):\n{skills_text(skills)}\n\n") if skills else ""
     user = (f"{diagnosis_text(diagnosis)}\n\nAllowed knobs (path, current value, range):\n{space_text(space)}\n\n"
-            f"{RULES}\n\nPropose at most {max_candidates} candidate(s), best first. Reply with a JSON object matching "
+            f"{known}{RULES}\n\nPropose at most {max_candidates} candidate(s), best first. Reply with a JSON object matching "
             f"this schema:\n{schema}")
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
 
