@@ -35,7 +35,8 @@ def test_exact_match_only_and_the_failure_taxonomy():
     ans = str(inst.answer)
     assert TASK.score(inst, ans).valid and TASK.score(inst, f" {ans}\n").valid and TASK.score(inst, f"= {ans}").valid
     # an answer that merely contains the right number is wrong (reasoning-gym's partial scorer would pay for it)
-    assert TASK.score(inst, f"the answer is {ans} or so").failure == "malformed"
+    assert TASK.score(inst, f"the answer is {ans} or so").failure == "parse_error"
+    assert TASK.score(inst, TASK.expert(inst, "trace")).valid and TASK.expert(inst, "trace").startswith(ans[::-1])
     assert TASK.score(inst, f"{ans}0").failure == "wrong_length"
     assert TASK.score(inst, "").failure == "no_answer"
     wrong = ans[:-1] + str((int(ans[-1]) + 1) % 10)
@@ -103,3 +104,48 @@ def test_the_tiny_loop_runs_on_math(tmp_path, monkeypatch):
             assert c["knob"].startswith(("env.levels.", "recipe.", "reward.", "diagnostics/")), c["knob"]
     finally:
         store.close()
+
+
+def test_a_skill_promoted_on_mapf_is_borrowed_tried_and_recorded_on_math(tmp_path, monkeypatch):
+    """Skills cross families. A MAPF skill with a MAPF promotion in its evidence (recorded the way a MAPF run's
+    remember node records one) triggers on math's parse errors (same failure kind, `parse_error`), is proposed by the
+    rule engineer as a borrowed skill (after the in-family ones, and said so), backtested, and its math try lands in
+    the library's evidence with family `math`. A promotion there too would make it general (two families)."""
+    monkeypatch.setenv("EVOTRAINER_HOME", str(tmp_path / "home"))
+    from harness.config import parse_config
+    from harness.graph import start_run
+    from harness.store import RunStore
+    from skills.library import SEED_DIR, SkillLibrary
+    from skills.model import Intervention, Skill, Trigger
+
+    with SkillLibrary.open(seed_dir=SEED_DIR) as lib:
+        lib.add(Skill(name="mapf-shorter-completions-on-parse-errors", kind="recipe",
+                      trigger=Trigger(findings=["mapf.parse_error"]),
+                      intervention=Intervention(knob="recipe.max_completion_length", op="mul", value=0.75),
+                      expected="fewer unparseable completions", domains=["mapf"]))
+        lib.record_try("mapf-shorter-completions-on-parse-errors", promoted=True, effect=0.06,
+                       interval=(0.02, 0.1), family="mapf", run="mapf-run", candidate="s2c1")
+        assert not lib.get("mapf-shorter-completions-on-parse-errors").general
+    cfg = parse_config({
+        "task": "math", "name": "m", "policy": {"preset": "tiny", "style": "plain"},
+        "warm_start": {"sft_examples": 64, "sft_steps": 10},  # barely trained: many answers do not parse
+        "recipe": {"steps": 1, "batch_size": 8, "num_generations": 4, "max_completion_length": 12,
+                   "temperature": 1.2},
+        "budget": {"stages": 1}, "stage": {"train_instances": 16, "probe_n": 16, "probe_samples": 2, "candidates": 8},
+        "backtest": {"arm_steps": 1, "n": 16}, "engineer": {"kind": "rule"}, "eval": {"suite": "small", "limit": 4},
+    }, "test")
+    run_dir = start_run(cfg, tmp_path / "runs", run_id="borrow")
+    store = RunStore.open(run_dir / "run.db")
+    try:
+        assert "math.parse_error" in {f.code for f in store.findings("borrow", stage=1)}
+        cands = {c["skill"]: c for c in store.candidates("borrow")}
+        c = cands.get("mapf-shorter-completions-on-parse-errors")
+        assert c is not None, sorted(cands)
+        assert "borrowed from mapf" in c["rationale"] and c["knob"] == "recipe.max_completion_length"
+        assert c["status"] in ("promoted", "rejected") and c["reason"]
+    finally:
+        store.close()
+    with SkillLibrary.open(seed_dir=None) as lib:
+        tries = lib.tries("mapf-shorter-completions-on-parse-errors")
+        assert [t["family"] for t in tries] == ["mapf", "math"], tries
+        assert lib.get("mapf-shorter-completions-on-parse-errors").general == bool(tries[1]["promoted"])

@@ -6,7 +6,8 @@ The generator's knobs, per difficulty level (one entry per digit count, knob pat
 is - or *; the rest are +). Scoring is EXACT match of the final answer, the integer after the last `=` or, without
 one, the whole completion stripped: an answer that merely contains the right number is wrong.
 
-Failure taxonomy (what the diagnostics act on): `no_answer` (empty), `malformed` (not an integer), `wrong_length`
+Failure taxonomy (what the diagnostics act on): `no_answer` (empty), `parse_error` (not an integer; the name MAPF
+uses too, so skills about format errors carry across families), `wrong_length`
 (an integer with the wrong number of digits or sign: usually a lost carry or term), `wrong` (right length, wrong
 digits). Slices: `digits` (the difficulty), `terms`, `op` (add, sub, mul, mixed), `carries` (0, 1, 2+ carries in the
 column sums of an addition-only expression; `-` otherwise).
@@ -30,8 +31,11 @@ from harness.tasks import knobs
 from harness.tasks.base import Instance, Outcome, SuiteEntry
 from harness.tasks.knobs import KnobError
 
-FAILURE_TYPES = ("no_answer", "malformed", "wrong_length", "wrong")
-STYLES = ("plain", "chat")
+FAILURE_TYPES = ("no_answer", "parse_error", "wrong_length", "wrong")
+# trace: the completion first writes the answer's digits least significant first (the order a carry flows, so each
+# digit depends only on digits already written), then `=` and the answer: `16-78=` -> `26-=-62`. A scratchpad the
+# scorer ignores, like MAPF's trace style. plain: the answer alone. chat: English, for chat LLMs.
+STYLES = ("trace", "plain", "chat")
 ENTRY_KEY = "digits"
 OPS = ("+", "-", "*")
 
@@ -84,7 +88,7 @@ class MathShaping(BaseModel):
     valid_reward: float = Field(1.0, ge=0.0, le=2.0, description="reward of an exactly right answer")
     partial_credit: float = Field(0.0, ge=0.0, le=1.0, description="for a wrong integer of the right length: this "
                                   "times the share of right digits (0: binary reward)")
-    format_penalty: float = Field(-0.5, ge=-1.0, le=0.0, description="reward for no_answer and malformed")
+    format_penalty: float = Field(-0.5, ge=-1.0, le=0.0, description="reward for no_answer and parse_error")
 
 
 class MathInstance(Instance):
@@ -140,15 +144,17 @@ def generate(config: MathConfig, seed: int) -> MathInstance:
                         carries=_carries(nums) if kinds == {"+"} else -1)
 
 
-def prompt(inst: MathInstance, style: str = "plain") -> str:
-    if style == "plain":
+def prompt(inst: MathInstance, style: str = "trace") -> str:
+    if style in ("plain", "trace"):
         return f"{inst.expr}="
     if style == "chat":
         return f"What is {inst.expr}? Reply with the final answer only, as `= <integer>`."
     raise ValueError(f"unknown style {style!r}; choose one of {', '.join(STYLES)}")
 
 
-def expert(inst: MathInstance, style: str = "plain") -> str:
+def expert(inst: MathInstance, style: str = "trace") -> str:
+    if style == "trace":
+        return f"{str(inst.answer)[::-1]}={inst.answer}"
     return str(inst.answer) if style == "plain" else f"= {inst.answer}"
 
 
@@ -171,7 +177,7 @@ def score(inst: MathInstance, completion: str, shaping: MathShaping | None = Non
     if not got:
         return Outcome(failure="no_answer", reward=sh.format_penalty, detail="no answer", metrics=metrics)
     if not _INT.match(got):
-        return Outcome(failure="malformed", reward=sh.format_penalty, detail=f"not an integer: {got[:40]!r}",
+        return Outcome(failure="parse_error", reward=sh.format_penalty, detail=f"not an integer: {got[:40]!r}",
                        metrics=metrics)
     g = str(int(got))
     if g == want:
@@ -252,7 +258,7 @@ class MathTask:
     difficulty_slice = "digits"
     failure_knobs: ClassVar[dict[str, list[str]]] = {
         "no_answer": ["recipe.max_completion_length", "recipe.temperature"],
-        "malformed": ["recipe.temperature"],
+        "parse_error": ["recipe.temperature"],
         "wrong_length": ["env.levels.{digits}.data_ratio", "env.levels.{digits}.terms"],
         "wrong": ["env.levels.{digits}.data_ratio"],
     }
@@ -270,10 +276,10 @@ class MathTask:
     def generate(self, config: MathConfig, seed: int) -> MathInstance:
         return generate(config, seed)
 
-    def prompt(self, instance: MathInstance, style: str = "plain") -> str:
+    def prompt(self, instance: MathInstance, style: str = "trace") -> str:
         return prompt(instance, style)
 
-    def expert(self, instance: MathInstance, style: str = "plain") -> str:
+    def expert(self, instance: MathInstance, style: str = "trace") -> str:
         return expert(instance, style)
 
     def score(self, instance: MathInstance, completion: str, shaping: MathShaping | None = None) -> Outcome:
