@@ -41,8 +41,8 @@ def test_every_example_config_loads():
     from harness.config import load_config
 
     examples = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.yaml"))
-    assert {p.name for p in examples} >= {"mapf_quick.yaml", "mapf_overnight.yaml", "mapf_gpu.yaml"}
+    assert {p.name for p in examples} >= {"mapf_quick.yaml", "mapf_overnight.yaml", "mapf_gpu.yaml", "math_quick.yaml"}
     for p in examples:
         cfg = load_config(p)
         assert p.name in README, f"{p.name} is not mentioned in README.md"
-        assert cfg.task == "mapf"
+        assert cfg.task == p.name.split("_")[0], (p.name, cfg.task)  # <family>_<what>.yaml

@@ -149,3 +149,31 @@ def test_a_skill_promoted_on_mapf_is_borrowed_tried_and_recorded_on_math(tmp_pat
         tries = lib.tries("mapf-shorter-completions-on-parse-errors")
         assert [t["family"] for t in tries] == ["mapf", "math"], tries
         assert lib.get("mapf-shorter-completions-on-parse-errors").general == bool(tries[1]["promoted"])
+
+
+def test_levels_can_come_from_reasoning_gym(monkeypatch):
+    """A level whose `source` is a reasoning-gym generator: its items, with this level's digits and terms, scored by
+    the same exact match; the chat style keeps reasoning-gym's own wording. Without the package: one line naming the
+    extra to install."""
+    pytest.importorskip("reasoning_gym", reason="the evotrainer[math] extra; `make venv` installs it")
+    cfg = MathConfig(levels=[LevelEntry(digits=2, terms=3, source="chain_sum"),
+                             LevelEntry(digits=1, data_ratio=0.0, source="basic_arithmetic", mul_ratio=0.5)])
+    insts = [TASK.generate(cfg, s) for s in range(12)]
+    assert insts == [TASK.generate(cfg, s) for s in range(12)]  # deterministic in the seed
+    for i in insts:
+        assert i.terms == 3 and len([t for t in i.expr.replace("-", "+").split("+") if t]) == 3, i.expr
+        assert i.question and i.expr == "".join(i.question.rstrip(" =.").split(": ")[-1].split()[-5:])
+        assert TASK.score(i, TASK.expert(i)).valid and not TASK.score(i, str(i.answer + 1)).valid
+        assert TASK.prompt(i, "chat").startswith(i.question)
+    import builtins
+
+    real = builtins.__import__
+
+    def no_rg(name, *a, **kw):
+        if name == "reasoning_gym":
+            raise ImportError(name)
+        return real(name, *a, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", no_rg)
+    with pytest.raises(ValueError, match=r"env.levels.2.source is 'chain_sum'.*pip install 'evotrainer\[math\]'"):
+        TASK.generate(cfg, 0)

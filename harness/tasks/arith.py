@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 import string
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -51,6 +51,10 @@ class LevelEntry(BaseModel):
     sub_ratio: float = Field(0.0, ge=0.0, le=1.0, description="chance that an operator is '-'")
     mul_ratio: float = Field(0.0, ge=0.0, le=1.0, description="chance that an operator is '*' (its right operand has "
                              "one digit, so products stay learnable)")
+    source: Literal["builtin", "chain_sum", "basic_arithmetic"] = Field(
+        "builtin", description="who writes the expressions: this module (builtin), or reasoning-gym's chain_sum / "
+        "basic_arithmetic generator with this level's digits and terms (needs `pip install 'evotrainer[math]'`; "
+        "its operators: + and - for chain_sum; for basic_arithmetic +, and - / * where sub_ratio / mul_ratio > 0)")
 
     @model_validator(mode="after")
     def _ops(self) -> LevelEntry:
@@ -98,6 +102,24 @@ class MathInstance(Instance):
     answer: int
     op: str  # add | sub | mul | mixed
     carries: int  # column carries of an addition-only expression, else -1
+    question: str | None = None  # the source's own wording (reasoning-gym), used by the chat style
+
+
+def _reasoning_gym(lv: LevelEntry, seed: int) -> tuple[str, int, str]:
+    """(expression without spaces, answer, question) of one reasoning-gym item with this level's digits and terms."""
+    try:
+        import reasoning_gym
+    except ImportError:
+        raise ValueError(f"env.levels.{lv.digits}.source is {lv.source!r}, but reasoning-gym is not installed: pip "
+                         "install 'evotrainer[math]' (`make venv` installs it), or set source: builtin") from None
+    kw: dict[str, Any] = {"min_terms": lv.terms, "max_terms": lv.terms, "min_digits": lv.digits,
+                          "max_digits": lv.digits, "allow_negation": False}
+    if lv.source == "basic_arithmetic":
+        kw.update(allow_parentheses=False, whitespace="single",
+                  operators=["+"] + (["-"] if lv.sub_ratio > 0 else []) + (["*"] if lv.mul_ratio > 0 else []))
+    item = reasoning_gym.create_dataset(lv.source, size=1, seed=seed, **kw)[0]
+    expr = str(item["metadata"]["expression"]).replace(" ", "")
+    return expr, int(item["answer"]), str(item["question"])
 
 
 def _carries(nums: list[int]) -> int:
@@ -128,6 +150,13 @@ def generate(config: MathConfig, seed: int) -> MathInstance:
     rng = np.random.default_rng([seed, 0x3A7])
     w = np.array([e.data_ratio for e in config.levels], dtype=float)
     lv = config.levels[int(rng.choice(len(w), p=w / w.sum()))]
+    if lv.source != "builtin":
+        expr, answer, question = _reasoning_gym(lv, seed)
+        kinds = set(re.findall(r"(?<=\d)[-+*]", expr))
+        op = "mixed" if len(kinds) > 1 else {"+": "add", "-": "sub", "*": "mul"}.get(next(iter(kinds), "+"), "add")
+        nums = [int(x) for x in re.split(r"(?<=\d)[-+*]", expr)]
+        return MathInstance(task="math", seed=seed, digits=lv.digits, terms=lv.terms, expr=expr, answer=answer,
+                            op=op, carries=_carries(nums) if kinds <= {"+"} else -1, question=question)
     lo, hi = (0 if lv.digits == 1 else 10 ** (lv.digits - 1)), 10**lv.digits - 1
     nums = [int(rng.integers(lo, hi + 1))]
     ops: list[str] = []
@@ -148,7 +177,7 @@ def prompt(inst: MathInstance, style: str = "trace") -> str:
     if style in ("plain", "trace"):
         return f"{inst.expr}="
     if style == "chat":
-        return f"What is {inst.expr}? Reply with the final answer only, as `= <integer>`."
+        return (inst.question or f"What is {inst.expr}?") + " Reply with the final answer only, as `= <integer>`."
     raise ValueError(f"unknown style {style!r}; choose one of {', '.join(STYLES)}")
 
 
