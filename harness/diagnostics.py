@@ -678,7 +678,7 @@ def build_diagnosis(task: Any, stage: int, rollouts: list[Rollout], env_config: 
         diagnostic_errors={res.name: res.error for res in results if res.error},
         env_stats=env_stats if env_stats is not None else _dump(stats_fn(cfg, env_stats_n)) if stats_fn else {},
         env_config=_dump(cfg), recipe=rec,
-        # each fallback (every `rejections_before_fallback` rejections in a row) shrinks the change step size
+        # each fallback (every `rejections_before_fallback` rejections in a row) shrinks the engineer's steps
         history=hist, consecutive_rejections=c, step_scale=step_shrink ** (c // max(1, rejections_before_fallback)),
     )
 

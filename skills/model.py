@@ -19,6 +19,9 @@ Knob paths (shared by skills, engineers and the vet step):
 - `recipe.<field>`          one training-recipe knob, e.g. `recipe.temperature`, `recipe.num_generations`.
 - `reward.<field>`          one reward-shaping knob of the task, e.g. `reward.partial_credit`.
 - `diagnostics/<name>.py`   one diagnostic file (kind: diagnostic; `intervention.code` holds its source).
+- `@frontier`               family-neutral: the task's own knob for the training share of a difficulty level (its
+  `frontier_knob`, e.g. `env.sizes.{size}.data_ratio` for MAPF, `env.levels.{digits}.data_ratio` for math), so one
+  skill can carry across families; the engineer resolves it for the run's task.
 """
 
 from __future__ import annotations

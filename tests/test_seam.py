@@ -52,3 +52,27 @@ def test_the_knob_grammar_is_the_tasks():
             new = int(new) if k.integer else new
             set_path(data, split(path, "env"), new, path, task.entry_key)
             assert get_value(data, split(path, "env"), task.entry_key) == new
+
+
+def test_one_frontier_skill_speaks_every_familys_knob():
+    """`@frontier` in a skill resolves to the run's task's own frontier knob, so the seed skill
+    data-ratio-toward-frontier moves MAPF's board-size mix and math's digit mix alike (before, its MAPF-only template
+    could not be instantiated on math: 'needs slice key(s) [size]')."""
+    from harness.engineer.proposal import knob_space
+    from harness.engineer.rule import instantiate
+    from harness.records import Diagnosis, Finding
+    from harness.tasks import get_task
+    from harness.tasks.knobs import set_value, split
+    from skills.library import SEED_DIR, load_skill_file
+
+    skill = load_skill_file(SEED_DIR / "data-ratio-toward-frontier.md")
+    for name, level, knob in (("mapf", "5", "env.sizes.5.data_ratio"), ("math", "2", "env.levels.2.data_ratio")):
+        task = get_task(name)
+        env = task.default_config().model_dump(mode="json")
+        set_value(env, split(knob, "env"), 0.5, task.entry_key)  # room to move (MAPF's default is at the bound 1.0)
+        d = Diagnosis(task=name, stage=1, env_config=env, recipe={})
+        f = Finding(code=f"{name}.frontier", severity="warn", count=20, rate=0.4, slice={task.difficulty_slice: level},
+                    message="frontier")
+        change, old = instantiate(skill, f, knob_space(d, task), 1.0, name)
+        assert change.knob == knob and change.value == pytest.approx(old + 0.1), (name, change, old)
+    assert "has no knob" in instantiate(skill, f, {}, 1.0, "no-such-task")

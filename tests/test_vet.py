@@ -215,8 +215,10 @@ def _instantiate(skill, files: dict[str, str], task: str) -> Change:
     iv = skill.intervention
     if skill.kind == "diagnostic":
         return Change(kind="diagnostic", knob=iv.knob, code=iv.code)
+    from harness.engineer.rule import resolve_knob
+
     t = get_task(task)
-    knob = iv.knob.format(**{t.difficulty_slice: {"mapf": "5", "math": "2"}[task]})
+    knob = resolve_knob(iv.knob, task).format(**{t.difficulty_slice: {"mapf": "5", "math": "2"}[task]})
     if skill.kind == "recipe":
         from policies.train import Recipe
 

@@ -47,14 +47,33 @@ def matches(skill: Skill, finding: Finding, borrowed: bool) -> bool:
 # --- templates -> concrete changes ------------------------------------------------------------------------------------
 
 
-def instantiate(skill: Skill, finding: Finding, space: dict[str, Knob], step_scale: float
+# Family-neutral knobs a skill may name (skills.model): resolved through the run's Task.
+SYMBOLIC_KNOBS = {"@frontier": "frontier_knob"}
+
+
+def resolve_knob(template: str, task: str | None) -> str | None:
+    """A skill's knob template for this task: `@frontier` becomes the task's frontier knob template (None when the
+    task has none); any other template is returned as it is."""
+    if template not in SYMBOLIC_KNOBS:
+        return template
+    from harness.tasks import TASKS, get_task
+
+    if task not in TASKS:
+        return None
+    return getattr(get_task(task), SYMBOLIC_KNOBS[template], None)
+
+
+def instantiate(skill: Skill, finding: Finding, space: dict[str, Knob], step_scale: float, task: str | None = None
                 ) -> tuple[Change, Any] | str:
     """The concrete change a skill makes for a finding, with the old value; or a string saying why it cannot."""
     iv = skill.intervention
-    missing = [k for k in re.findall(r"\{(\w+)\}", iv.knob) if k not in finding.slice]
+    template = resolve_knob(iv.knob, task)
+    if template is None:
+        return f"{skill.name}: task {task} has no knob for {iv.knob}"
+    missing = [k for k in re.findall(r"\{(\w+)\}", template) if k not in finding.slice]
     if missing:
-        return f"{skill.name}: knob {iv.knob} needs slice key(s) {missing} the finding {finding.code} lacks"
-    knob = re.sub(r"\{(\w+)\}", lambda m: str(finding.slice[m.group(1)]), iv.knob)
+        return f"{skill.name}: knob {template} needs slice key(s) {missing} the finding {finding.code} lacks"
+    knob = re.sub(r"\{(\w+)\}", lambda m: str(finding.slice[m.group(1)]), template)
     if skill.kind == "diagnostic" or iv.op == "code":
         if not iv.code:
             return f"{skill.name}: diagnostic skill without code"
@@ -115,7 +134,7 @@ def propose_rule(diagnosis: Diagnosis, in_family: list[Skill], fallback: list[Sk
                 except SkillError as exc:
                     notes.append(f"skill {skill.name} skipped: {exc}")
                     break
-                made = instantiate(skill, f, space, diagnosis.step_scale)
+                made = instantiate(skill, f, space, diagnosis.step_scale, diagnosis.task)
                 if isinstance(made, str):
                     notes.append(made)
                     continue
