@@ -93,6 +93,14 @@ def _svg(fig, label: str) -> str:
     return f'<figure class=chart data-chart="{E(label)}">{svg}</figure>'
 
 
+def _slice_row_order(kv: tuple[str, str]) -> tuple:
+    """Summary rows: overall, the known slice keys in their order, then other keys by name; values numerically where
+    they are numbers (3 before 10), each key's rows together."""
+    k, v = kv
+    num = v.rstrip("+")
+    return (SLICE_ORDER.index(k) if k in SLICE_ORDER else 99, k, (0, int(num), v) if num.isdigit() else (1, 0, v))
+
+
 def heldout_chart(evals: list[dict]) -> str | None:
     """Valid rate on the test suite per stage: one panel per slice key (overall first), one line per slice value."""
     by_key: dict[str, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
@@ -199,7 +207,7 @@ def _summary(d: dict[str, Any], gate_min: float | None) -> str:
         f"<tr><td>{E(k or 'overall')}</td><td>{E(v)}</td><td>{_pct(first[(k, v)]['valid'])}</td>"
         f"<td>{_pct(last.get((k, v), {}).get('valid'))}</td><td>{_pct(first[(k, v)]['optimal'])}</td>"
         f"<td>{_pct(last.get((k, v), {}).get('optimal'))}</td><td>{first[(k, v)]['n']}</td></tr>"
-        for k, v in sorted(first, key=lambda kv: (SLICE_ORDER.index(kv[0]) if kv[0] in SLICE_ORDER else 99, kv[1])))
+        for k, v in sorted(first, key=_slice_row_order))
     cands = st["candidates"]
     promoted = [c for c in cands if c["verdict"] == "promoted"]
     rejected = [c for c in cands if c["verdict"] == "rejected"]
