@@ -114,6 +114,12 @@ def test_the_llm_prompt_holds_the_skills_the_library_retrieves(lib):
     assert 0 < own < borrowed, prompt
     assert "env.sizes.{size}.hole_ratio add 0.1" in prompt and "0/0 promoted" in prompt
     assert "borrowed from math" in prompt[borrowed:]
+    from harness.engineer.llm import skills_text
+    from skills.library import SEED_DIR, load_skill_file
+
+    frontier = load_skill_file(SEED_DIR / "data-ratio-toward-frontier.md")  # knob @frontier, shown as the task's own
+    assert "env.levels.{digits}.data_ratio add 0.1" in skills_text([(frontier, False)], "math")
+    assert "env.sizes.{size}.data_ratio add 0.1" in skills_text([(frontier, False)], "mapf")
     assert any("skills in the prompt: raise-holes, math-hole-trick (borrowed)" in n for n in res.notes), res.notes
     empty = SkillLibrary.open(lib.path.parent / "empty.db", seed_dir=None)
     with FakeEndpoint([good]) as ep:

@@ -48,14 +48,18 @@ RULES = """Rules:
    and optionally veto(control, candidate) -> str | None; put its source in "code" and leave "value" out."""
 
 
-def skills_text(skills: list[tuple[Any, bool]]) -> str:
+def skills_text(skills: list[tuple[Any, bool]], task: str | None = None) -> str:
     """The skills the library retrieved for this diagnosis, as prompt lines: trigger, change, expected outcome and
-    the evidence behind it (promotions / tries, mean effect), marked when borrowed from another task family."""
+    the evidence behind it (promotions / tries, mean effect), marked when borrowed from another task family. A
+    family-neutral knob (`@frontier`) is shown as this task's own knob template."""
+    from harness.engineer.rule import resolve_knob
+
     lines = []
     for sk, borrowed in skills:
         ev = sk.evidence
         iv = sk.intervention
-        change = iv.knob if sk.kind == "diagnostic" else f"{iv.knob} {iv.op} {iv.value:g}"
+        knob = resolve_knob(iv.knob, task) or iv.knob
+        change = knob if sk.kind == "diagnostic" else f"{knob} {iv.op} {iv.value:g}"
         fam = f"; borrowed from {', '.join(sk.domains)} (not yet tried on this family)" if borrowed else ""
         lines.append(f"- {sk.name} [{sk.kind}]: when {', '.join(sk.trigger.findings)}"
                      f"{' and ' + sk.trigger.condition if sk.trigger.condition else ''}: {change}. Expected: "
@@ -72,7 +76,7 @@ def build_messages(diagnosis: Diagnosis, space: dict[str, Knob], max_candidates:
 
     schema = json.dumps(Proposal.model_json_schema(), indent=1)
     known = (f"Skills from the library that match these findings (what worked before; adapt a template's "
-             f"{{slice}} to this diagnosis, or propose something else):\n{skills_text(skills)}\n\n") if skills else ""
+             f"{{slice}} to this diagnosis, or propose something else):\n{skills_text(skills, diagnosis.task)}\n\n") if skills else ""
     user = (f"{diagnosis_text(diagnosis)}\n\nAllowed knobs (path, current value, range):\n{space_text(space)}\n\n"
             f"{known}{RULES}\n\nPropose at most {max_candidates} candidate(s), best first. Reply with a JSON object matching "
             f"this schema:\n{schema}")
