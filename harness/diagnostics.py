@@ -95,17 +95,11 @@ def slice_keys_of(rollouts: list[Rollout]) -> tuple[str, ...]:
 
 
 def _knobs(templates: Iterable[str], sl: dict[str, str]) -> list[str]:
-    """Knob templates filled from a slice (`env.<list>.{<slice>}.<field>` + {<slice>: 5}); a template that needs a slice
-    key the finding does not have is skipped."""
-    import string
+    """Knob templates filled from a slice (`harness.tasks.knobs.fill`); a template that needs a slice key the finding
+    does not have is skipped."""
+    from harness.tasks.knobs import fill
 
-    out = []
-    for t in templates:
-        names = {f for _, f, _, _ in string.Formatter().parse(t) if f}
-        if not names <= set(sl):
-            continue
-        out.append(t.format(**sl) if names else t)
-    return out
+    return [k for k in (fill(t, sl)[0] for t in templates) if k is not None]
 
 
 def _rate(k: int, n: int) -> float:
@@ -190,9 +184,9 @@ def failure_breakdown(rollouts: list[Rollout], slice_key: str | None = None, min
                       min_count: int = MIN_FAILURE_COUNT) -> DiagnosticResult:
     """Failures by type within each slice of the difficulty slice (the task's): finding `<task>.<failure>` per slice
     with its rate, examples and the knobs the task's `failure_knobs` suggest."""
-    task = _task_of(rollouts)
-    table = _task(rollouts).failure_knobs
-    slice_key = slice_key or _task(rollouts).difficulty_slice or "all"
+    task, t = _task_of(rollouts), _task(rollouts)
+    table = t.failure_knobs
+    slice_key = slice_key or t.difficulty_slice or "all"
     by: dict[str, list[Rollout]] = defaultdict(list)
     for r in rollouts:
         by[r.slices.get(slice_key, "all")].append(r)

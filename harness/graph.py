@@ -763,22 +763,13 @@ def _arms(run: Run, k: int, arms: list[tuple[str, dict[str, str]]], start: str, 
             ckpt = run.path("checkpoints", f"s{k}-{name}")
             model, tok = _load(run, start)
             res = execute_arm(job, model, tok, lambda m, t, ckpt=ckpt: _save(run, m, t, ckpt),
-                              _memo_loader(run, ckpt, job.backend), progress=_progress_cb(run, k, name),
+                              lambda ckpt=ckpt: _policy(run, str(ckpt)), progress=_progress_cb(run, k, name),
                               tensorboard_dir=run.run_dir / TENSORBOARD_DIR / f"s{k}" / name)
             out[name] = _record_arm(run, k, name, res)
         except Exception as exc:  # noqa: BLE001 - one arm's failure is its decision's, not the run's
             log.warning("arm %s of stage %d failed: %s", name, k, exc)
             out[name] = exc
     return out
-
-
-def _memo_loader(run: Run, ckpt: Path, backend: str):
-    from harness.scale import policy_loader
-    from policies.rollout import resolve_backend
-
-    if resolve_backend(backend) == "vllm":
-        return policy_loader(ckpt, backend)
-    return lambda: _load(run, str(ckpt))
 
 
 def _per_instance(rollouts: list[Rollout]) -> tuple[list[int], list[float], list[dict[str, str]]]:

@@ -124,8 +124,7 @@ def set_path(data: dict[str, Any], parts: list[str], value: Any, knob: str, entr
     try:
         return set_value(data, parts, value, entry_key, knob=knob)
     except KnobError as exc:
-        raise VetError(str(exc).replace("one knob = one value", "one knob = one leaf, so a candidate changes exactly "
-                                        "one factor")) from None
+        raise VetError(str(exc)) from None
 
 
 def _check_value(knob: str, old: Any, value: Any) -> None:

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import os
+import sqlite3
+import subprocess
 import tempfile
+import time
+from pathlib import Path
 
 import pytest
 
@@ -20,3 +24,23 @@ def _isolated_home():
         os.environ.pop("EVOTRAINER_HOME", None)
     else:
         os.environ["EVOTRAINER_HOME"] = old
+
+
+def wait_for_row(run_dir: Path, sql: str, params: list, proc: subprocess.Popen, what: str,
+                 timeout: float = 300) -> None:
+    """Poll a running run's run.db until `sql` (a COUNT query) is non-zero; fail with the run's stderr if the process
+    dies first, or naming `what` at the timeout. For tests that kill a run at a chosen point."""
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        if (run_dir / "run.db").exists():
+            try:
+                con = sqlite3.connect(run_dir / "run.db", timeout=5)
+                n = con.execute(sql, params).fetchone()[0]
+                con.close()
+                if n:
+                    return
+            except sqlite3.OperationalError:
+                pass
+        time.sleep(0.2)
+    raise AssertionError(f"{what} never happened")

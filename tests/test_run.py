@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import wait_for_row
 
 from harness.benchmarks.run import TINY as BENCH_TINY
 from harness.benchmarks.run import check_run
@@ -158,23 +159,7 @@ def _spawn(cfg_path: Path, runs: Path, run_id: str) -> subprocess.Popen:
 
 
 def _wait_for_node(run_dir: Path, node: str, proc: subprocess.Popen, timeout: float = 300) -> None:
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-        db = run_dir / "run.db"
-        if db.exists():
-            try:
-                import sqlite3
-
-                con = sqlite3.connect(db, timeout=5)
-                n = con.execute("SELECT COUNT(*) FROM nodes WHERE node = ?", [node]).fetchone()[0]
-                con.close()
-                if n:
-                    return
-            except sqlite3.OperationalError:
-                pass
-        time.sleep(0.2)
-    raise AssertionError(f"node {node} never finished")
+    wait_for_row(run_dir, "SELECT COUNT(*) FROM nodes WHERE node = ?", [node], proc, f"node {node} finishing", timeout)
 
 
 def test_sigkill_then_resume_duplicates_nothing(tmp_path):

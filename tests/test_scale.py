@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -25,6 +24,8 @@ import pytest
 import yaml
 
 pytest.importorskip("ray", reason="Ray is the optional extra evotrainer[ray]; `make venv` installs it")
+
+from conftest import wait_for_row
 
 from harness.benchmarks.run import TINY, check_run
 from harness.config import parse_config
@@ -159,20 +160,8 @@ def test_a_ray_worker_killed_mid_arm_is_retried_and_recorded_once(tmp_path):
 
 
 def _wait_for_event(run_dir: Path, text: str, proc: subprocess.Popen, timeout: float = 400) -> None:
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-        if (run_dir / "run.db").exists():
-            try:
-                con = sqlite3.connect(run_dir / "run.db", timeout=5)
-                n = con.execute("SELECT COUNT(*) FROM events WHERE message LIKE ?", [f"%{text}%"]).fetchone()[0]
-                con.close()
-                if n:
-                    return
-            except sqlite3.OperationalError:
-                pass
-        time.sleep(0.2)
-    raise AssertionError(f"no event {text!r}")
+    wait_for_row(run_dir, "SELECT COUNT(*) FROM events WHERE message LIKE ?", [f"%{text}%"], proc, f"event {text!r}",
+                 timeout)
 
 
 def test_driver_sigkill_with_arms_in_flight_then_resume(tmp_path):

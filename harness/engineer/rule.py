@@ -19,13 +19,13 @@ same harness state (same state + knob + value) is never proposed again.
 from __future__ import annotations
 
 import fnmatch
-import re
 from typing import Any
 
 import numpy as np
 
 from harness.engineer.proposal import Knob, change_key, make_candidate, vet_error
 from harness.records import Candidate, Change, Diagnosis, Finding
+from harness.tasks.knobs import fill
 from skills.library import SkillError, condition_holds
 from skills.model import Skill
 
@@ -70,10 +70,9 @@ def instantiate(skill: Skill, finding: Finding, space: dict[str, Knob], step_sca
     template = resolve_knob(iv.knob, task)
     if template is None:
         return f"{skill.name}: task {task} has no knob for {iv.knob}"
-    missing = [k for k in re.findall(r"\{(\w+)\}", template) if k not in finding.slice]
-    if missing:
+    knob, missing = fill(template, finding.slice)
+    if knob is None:
         return f"{skill.name}: knob {template} needs slice key(s) {missing} the finding {finding.code} lacks"
-    knob = re.sub(r"\{(\w+)\}", lambda m: str(finding.slice[m.group(1)]), template)
     if skill.kind == "diagnostic" or iv.op == "code":
         if not iv.code:
             return f"{skill.name}: diagnostic skill without code"

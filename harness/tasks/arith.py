@@ -29,7 +29,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from harness.tasks import knobs
 from harness.tasks.base import Instance, Outcome, SuiteEntry
-from harness.tasks.knobs import KnobError
 
 FAILURE_TYPES = ("no_answer", "parse_error", "wrong_length", "wrong")
 # trace: the completion first writes the answer's digits least significant first (the order a carry flows, so each
@@ -333,17 +332,11 @@ class MathTask:
         return ROUND0_ENV
 
     def vet_configs(self, config: MathConfig, knob: str) -> list[tuple[str, MathConfig]]:
-        parts = knobs.split(knob, "env")
-        only = parts[1] if len(parts) == 3 and parts[0] == "levels" else None
-        return [(f"digits {e.digits}", MathConfig(levels=[e.model_copy(update={"data_ratio": 1.0})]))
-                for e in config.levels if (only is None and e.data_ratio > 0) or str(e.digits) == only]
+        return knobs.entry_configs(config, "levels", ENTRY_KEY, knob)
 
 
 def get_knob(config: MathConfig, path: str) -> Any:
-    parts = knobs.split(path, "env")
-    if parts and parts[-1] == ENTRY_KEY:
-        raise KnobError(f"unknown knob {path!r}: a level's `digits` is its key, not a knob")
-    return knobs.get_value(config.model_dump(mode="json"), parts, ENTRY_KEY, knob=path)
+    return knobs.read(config, path, ENTRY_KEY)
 
 
 TASK = MathTask()

@@ -89,11 +89,47 @@ def set_value(data: dict[str, Any], parts: list[str], value: Any, entry_key: str
             old = node.get(part)
             if not _is_scalar(old) and not (isinstance(old, list) and all(_is_scalar(x) for x in old)):
                 raise KnobError(f"knob {knob!r} is not a single value (it holds a {type(old).__name__}): one knob = "
-                                "one value")
+                                "one leaf, so a candidate changes exactly one factor")
             node[part] = value
             return old
         node = node[part]
     return None  # unreachable
+
+
+def read(config: BaseModel, path: str, entry_key: str | None, section: str = "env") -> Any:
+    """The value a knob path (`env.` prefix optional) names in a config model; an entry's key field is not a knob."""
+    parts = split(path, section)
+    if entry_key and parts and parts[-1] == entry_key:
+        raise KnobError(f"unknown knob {path!r}: an entry's `{entry_key}` is its key, not a knob")
+    return get_value(config.model_dump(mode="json"), parts, entry_key, knob=path)
+
+
+def entry_configs(config: BaseModel, list_field: str, entry_key: str, knob: str,
+                  weight: str = "data_ratio") -> list[tuple[str, BaseModel]]:
+    """One config per keyed entry a knob touches, that entry alone at full weight: a per-entry knob
+    (`env.<list_field>.<key>.<field>`) its entry; any other knob every entry with weight > 0. What a task's
+    `vet_configs` generates from when its config is a weighted mixture of keyed entries."""
+    parts = split(knob, "env")
+    only = parts[1] if len(parts) == 3 and parts[0] == list_field else None
+    out = []
+    for e in getattr(config, list_field):
+        key = getattr(e, entry_key)
+        if (only is None and getattr(e, weight) > 0) or str(key) == only:
+            one = {**config.model_dump(mode="json"), list_field: [{**e.model_dump(mode="json"), weight: 1.0}]}
+            out.append((f"{entry_key} {key}", type(config).model_validate(one)))
+    return out
+
+
+def fill(template: str, values: dict[str, Any]) -> tuple[str | None, list[str]]:
+    """A knob template with its `{<slice>}` fields filled from `values` (a finding's slice): (knob, []), or
+    (None, the missing field names)."""
+    import string
+
+    names = [f for _, f, _, _ in string.Formatter().parse(template) if f]
+    missing = [n for n in names if n not in values]
+    if missing:
+        return None, missing
+    return (template.format(**{n: values[n] for n in names}) if names else template), []
 
 
 @dataclass(frozen=True)

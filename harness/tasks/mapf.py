@@ -209,10 +209,7 @@ class MAPFConfig(BaseModel):
 def get_knob(config: MAPFConfig, path: str) -> Any:
     """Value at `sizes.<n>.<field>` or `min_distance` (an `env.` prefix is accepted); the grammar of
     `harness.tasks.knobs`, lists keyed by `size`."""
-    parts = knobs.split(path, "env")
-    if parts and parts[-1] == "size":
-        raise KnobError(f"unknown knob {path!r}: a size entry's `size` is its key, not a knob")
-    return knobs.get_value(config.model_dump(mode="json"), parts, ENTRY_KEY, knob=path)
+    return knobs.read(config, path, ENTRY_KEY)
 
 
 def apply_knob(config: MAPFConfig, path: str, value: Any) -> MAPFConfig:
@@ -689,14 +686,7 @@ class MAPFTask:
     def vet_configs(self, config: MAPFConfig, knob: str) -> list[tuple[str, MAPFConfig]]:
         """Configs the vet step generates from to check a changed env: each size the knob touches alone (a per-size
         knob its size; a global knob every size with data)."""
-        parts = knobs.split(knob, "env")
-        only = parts[1] if len(parts) == 3 and parts[0] == "sizes" else None
-        out = []
-        for e in config.sizes:
-            if (only is None and e.data_ratio > 0) or str(e.size) == only:
-                one = config.model_copy(update={"sizes": [e.model_copy(update={"data_ratio": 1.0})]})
-                out.append((f"size {e.size}", MAPFConfig.model_validate(one.model_dump())))
-        return out
+        return knobs.entry_configs(config, "sizes", ENTRY_KEY, knob)
 
     def default_config(self) -> MAPFConfig:
         return default_config()
