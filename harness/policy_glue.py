@@ -84,12 +84,12 @@ def reward_fn(task: Task, shaping: BaseModel | None = None):
     """A TRL-style reward `(prompts, completions, instance, **kw) -> list[float]`: the task's shaped reward."""
 
     def reward(prompts: list[str], completions: list[str], instance: list[str], **kw) -> list[float]:
+        from harness.tasks import score_all
+
         cache: dict[str, Instance] = {}
-        out = []
-        for comp, raw in zip(completions, instance):
-            inst = cache.get(raw) or cache.setdefault(raw, task.instance_model.model_validate_json(raw))
-            out.append(task.score(inst, comp, shaping).reward)
-        return out
+        insts = [cache.get(raw) or cache.setdefault(raw, task.instance_model.model_validate_json(raw))
+                 for raw in instance]
+        return [o.reward for o in score_all(task, list(zip(insts, completions, strict=True)), shaping)]
 
     reward.__name__ = f"{task.name}_reward"
     return reward
@@ -161,12 +161,16 @@ def evaluate(model, tok, task: Task, instances: list[Instance], style: str | Non
     style = _style(task, style)
     params = params or SamplingParams(temperature=0.0, max_new_tokens=256, batch_size=64)
     prompts = [task.prompt(inst, style) for inst in instances]
+    from harness.tasks import score_all
+
     res = generate(model, tok, prompts, params)
+    outcomes = score_all(task, [(instances[i], c) for i, c in zip(res.prompt_index, res.completions, strict=True)],
+                         shaping)
     rollouts = []
     for k, comp in enumerate(res.completions):
         i = res.prompt_index[k]
         inst = instances[i]
-        o = task.score(inst, comp, shaping)
+        o = outcomes[k]
         rollouts.append(Rollout(
             seed=inst.seed, group=i, instance=json.loads(inst.model_dump_json()), prompt=prompts[i], completion=comp,
             valid=o.valid, optimal=o.optimal, reward=o.reward, failure=o.failure, where=o.where, metrics=o.metrics,

@@ -279,8 +279,10 @@ def _inversions(rollouts: list[Rollout], rewards: list[float]) -> int:
 def shaping_backtest(task: Any, rollouts: list[Rollout], old: BaseModel, new: BaseModel) -> VetResult:
     """Re-score every cached completion under the old and the new shaping and compare how reward tracks validity."""
     instances = [task.instance_model.model_validate(r.instance) for r in rollouts]
-    before = [task.score(i, r.completion, old) for i, r in zip(instances, rollouts)]
-    after = [task.score(i, r.completion, new) for i, r in zip(instances, rollouts)]
+    from harness.tasks import score_all
+
+    pairs = [(i, r.completion) for i, r in zip(instances, rollouts, strict=True)]
+    before, after = score_all(task, pairs, old), score_all(task, pairs, new)
     valid = [float(o.valid) for o in before]
     r0, r1 = [o.reward for o in before], [o.reward for o in after]
     c0, c1 = _corr(r0, valid), _corr(r1, valid)

@@ -1,6 +1,5 @@
 """The math family (integer arithmetic): generator, exact-match scorer and failure taxonomy, knobs through the one
-grammar, bad input; and the tiny end-to-end loop on it (a real tiny model, real TRL, real git), which is what shows
-that the loop names no family: it runs, diagnoses with math's own hints and proposes math knobs.
+grammar, bad input; a MAPF skill borrowed on math. The tiny end-to-end loop on every family is in tests/test_seam.py.
 
     pytest tests/test_math.py -q
 """
@@ -59,7 +58,7 @@ def test_bad_configs_and_knobs_name_the_field():
 
     with pytest.raises(ConfigError, match=r"env.levels.0.terms"):
         parse_config({"task": "math", "env": {"levels": [{"digits": 1, "terms": 7}]}}, "test")
-    with pytest.raises(ConfigError, match="unknown task 'maths'; choose one of mapf, math"):
+    with pytest.raises(ConfigError, match="unknown task 'maths'; choose one of code, mapf, math"):
         parse_config({"task": "maths"}, "test")
     from harness.tasks.arith import get_knob
     from harness.tasks.knobs import KnobError
@@ -67,43 +66,6 @@ def test_bad_configs_and_knobs_name_the_field():
     assert get_knob(TASK.default_config(), "env.levels.2.sub_ratio") == 0.5
     with pytest.raises(KnobError, match=r"no entry with digits 5 \(the entries have digits 1, 2\)"):
         get_knob(TASK.default_config(), "env.levels.5.terms")
-
-
-def test_the_tiny_loop_runs_on_math(tmp_path, monkeypatch):
-    """One stage of the whole loop on math, round-0 harness from the family (its env.yaml), the rule engineer. What a
-    MAPF-shaped loop would get wrong: the env.yaml would be MAPF's, the diagnosis would carry no math findings or
-    slices, and the engineer could not offer a math knob."""
-    monkeypatch.setenv("EVOTRAINER_HOME", str(tmp_path / "home"))
-    import yaml
-
-    from harness.config import parse_config
-    from harness.graph import start_run
-    from harness.records import Diagnosis
-    from harness.store import RunStore
-
-    cfg = parse_config({
-        "task": "math", "name": "m", "policy": {"preset": "tiny"},
-        "warm_start": {"sft_examples": 256, "sft_steps": 60},
-        "recipe": {"steps": 2, "batch_size": 8, "num_generations": 4, "max_completion_length": 8, "temperature": 1.0},
-        "budget": {"stages": 1}, "stage": {"train_instances": 16, "probe_n": 16, "probe_samples": 2, "candidates": 2},
-        "backtest": {"arm_steps": 1, "n": 16}, "engineer": {"kind": "rule"}, "eval": {"suite": "small", "limit": 12},
-    }, "test")
-    run_dir = start_run(cfg, tmp_path / "runs", run_id="math")
-    env = yaml.safe_load((run_dir / "harness" / "env.yaml").read_text())
-    assert "levels" in env and "sizes" not in env
-    store = RunStore.open(run_dir / "run.db")
-    try:
-        assert store.get_run("math")["status"] == "finished"
-        d = Diagnosis.model_validate_json((run_dir / "stages" / "s1" / "diagnosis.json").read_text())
-        assert any(k.startswith("digits=") for k in d.by_slice), d.by_slice
-        codes = {f.code for f in d.findings}
-        assert any(c.startswith("math.") for c in codes), codes
-        cands = store.candidates("math")
-        assert cands and all(c["reason"] for c in cands)
-        for c in cands:  # every knob the engineer proposed exists in math's grammar
-            assert c["knob"].startswith(("env.levels.", "recipe.", "reward.", "diagnostics/")), c["knob"]
-    finally:
-        store.close()
 
 
 def test_a_skill_promoted_on_mapf_is_borrowed_tried_and_recorded_on_math(tmp_path, monkeypatch):

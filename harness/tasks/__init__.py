@@ -6,7 +6,7 @@ import importlib
 
 from harness.tasks.base import Instance, Outcome, SuiteEntry, Task
 
-TASKS = {"mapf": "harness.tasks.mapf", "math": "harness.tasks.arith"}
+TASKS = {"mapf": "harness.tasks.mapf", "math": "harness.tasks.arith", "code": "harness.tasks.code"}
 
 
 class UnknownTaskError(ValueError):
@@ -19,6 +19,15 @@ def get_task(name: str) -> Task:
     return importlib.import_module(TASKS[name]).TASK
 
 
+def score_all(task: Task, pairs: list[tuple[Instance, str]], shaping=None) -> list[Outcome]:
+    """Score (instance, completion) pairs: the task's batch scorer where it has one (code runs a batch of programs in
+    parallel sandboxes), else its `score` one by one."""
+    many = getattr(task, "score_many", None)
+    if many is not None:
+        return many(pairs, shaping)
+    return [task.score(inst, comp, shaping) for inst, comp in pairs]
+
+
 def generate_many(task_name: str, config_json: str, seeds: list[int]) -> list[Instance]:
     """The task's instances for `seeds` under a config given as JSON: the body of the run's background prefetch
     worker (a spawned process that imports only this package, not torch)."""
@@ -27,4 +36,4 @@ def generate_many(task_name: str, config_json: str, seeds: list[int]) -> list[In
     return [task.generate(config, s) for s in seeds]
 
 
-__all__ = ["TASKS", "Instance", "Outcome", "SuiteEntry", "Task", "UnknownTaskError", "generate_many", "get_task"]
+__all__ = ["TASKS", "Instance", "Outcome", "SuiteEntry", "Task", "UnknownTaskError", "generate_many", "get_task", "score_all"]

