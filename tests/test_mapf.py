@@ -258,6 +258,11 @@ def test_batched_validator_agrees_with_scorer(cases):
         assert got["optimal"] == want.optimal
         if want.failure and want.where:
             assert got["agent"] == want.where["agent"] and got["step"] == want.where["step"], (text, got, want)
+    # the batch scorer (reward, evaluation, vet) runs the batched validator and equals the one-by-one scorer exactly
+    pairs = list(zip(insts, texts))
+    assert TASK.score_many(pairs) == [TASK.score(i, t) for i, t in pairs]
+    capped = TASK.shaping_model(length_cap=12, optimal_bonus=0.25)
+    assert TASK.score_many(pairs, capped) == [TASK.score(i, t, capped) for i, t in pairs]
 
 
 # --- the generator -----------------------------------------------------------------------------------------------------

@@ -592,6 +592,32 @@ def validate_batch(instances: list[MAPFInstance], completions: list[str]) -> lis
     return out
 
 
+def score_many(pairs: list[tuple[MAPFInstance, str]], shaping: MAPFShaping | None = None) -> list[Outcome]:
+    """Score a batch (the reward, the evaluation and the vet step score through this, `harness.tasks.score_all`): the
+    plans that parse are checked all at once by the batched numpy validator (`validate_batch`); a valid plan's Outcome
+    is built from its result, an invalid one is re-run by the per-step reference (`score`) for where it failed and its
+    partial credit. Equal to `[score(i, c, shaping) for i, c in pairs]` (tests/test_mapf.py)."""
+    sh = shaping or MAPFShaping()
+    if not pairs:
+        return []
+    checked = validate_batch([i for i, _ in pairs], [c for _, c in pairs])
+    out = []
+    for (inst, completion), res in zip(pairs, checked, strict=True):
+        if not res["valid"]:
+            out.append(score(inst, completion, sh))
+            continue
+        moves, _, _ = parse_plan(str(completion), inst.agents)
+        optimal = bool(res["optimal"])
+        reward = sh.valid_reward + (sh.optimal_bonus if optimal else 0.0)
+        out.append(Outcome(valid=True, optimal=optimal,
+                           reward=sh.format_penalty if len(completion) > sh.length_cap else reward,
+                           metrics={"optimal_makespan": float(inst.optimal_makespan), "agents": float(inst.agents),
+                                    "parsed": 1.0, "plan_steps": float(max(len(m) for m in moves or [""])),
+                                    "makespan": float(res["makespan"]), "agents_on_goal": float(inst.agents),
+                                    "makespan_gap": float(res["makespan"] - inst.optimal_makespan)}))
+    return out
+
+
 def slices(inst: MAPFInstance) -> dict[str, str]:
     tenths = int(10 * inst.holes / (inst.size * inst.size) + 0.5)  # the hole ratio to the nearest tenth
     return {"size": str(inst.size), "agents": str(inst.agents), "holes": f"{tenths / 10:.1f}",
@@ -717,6 +743,9 @@ class MAPFTask:
 
     def env_stats(self, config: MAPFConfig, n: int, seed_start: int = 0) -> dict[str, Any]:
         return env_stats(config, n, seed_start)
+
+    def score_many(self, pairs: list[tuple[MAPFInstance, str]], shaping: MAPFShaping | None = None) -> list[Outcome]:
+        return score_many(pairs, shaping)
 
     def validate_batch(self, instances: list[MAPFInstance], completions: list[str]) -> list[dict[str, Any]]:
         return validate_batch(instances, completions)
