@@ -646,7 +646,7 @@ def run(
     import yaml
 
     from harness.config import load_config, parse_config
-    from harness.graph import start_run
+    from harness.lifecycle import start_run
 
     cfg = load_config(config)
     if budget or stages or engineer:
@@ -668,7 +668,7 @@ def resume(
     runs_dir: Annotated[str, typer.Option(help="where runs/<id>/ folders are")] = "runs",
 ) -> None:
     """Continue an interrupted run from its last checkpoint; the interrupted node runs again, nothing is duplicated."""
-    from harness.graph import resume_run
+    from harness.lifecycle import resume_run
 
     run_dir = resume_run(run_ref, runs_dir, progress=_run_progress())
     _finish_run(run_dir)
@@ -683,7 +683,7 @@ def status(
     """Read-only view of a run (safe while it is running): stages, candidates, verdicts, evidence."""
     import json as _json
 
-    from harness.graph import find_run
+    from harness.lifecycle import find_run
     from harness.report import print_summary
     from harness.report import status as run_status
 
@@ -695,7 +695,7 @@ def status(
 
 
 def _answer_gate(run_ref: str, runs_dir: str, action: str, feedback: str = "") -> None:
-    from harness.graph import RunError, answer_gate
+    from harness.lifecycle import RunError, answer_gate
 
     try:
         run_dir = answer_gate(run_ref, action, feedback, runs_dir, progress=_run_progress())
@@ -769,7 +769,7 @@ def review(
     runs_dir: Annotated[str, typer.Option(help="where runs/<id>/ folders are")] = "runs",
 ) -> None:
     """The timeline of candidates (factor, rationale, evidence, verdict), or the diff of one candidate."""
-    from harness.graph import find_run
+    from harness.lifecycle import find_run
     from harness.report import timeline
 
     run_dir = find_run(run_ref, runs_dir)
@@ -793,7 +793,7 @@ def report(
     runs_dir: Annotated[str, typer.Option(help="where runs/<id>/ folders are")] = "runs",
 ) -> None:
     """Write a static HTML page: held-out metrics per stage and the candidate timeline."""
-    from harness.graph import find_run
+    from harness.lifecycle import find_run
     from harness.report import write_html
 
     out = write_html(find_run(run_ref, runs_dir))

@@ -2,7 +2,11 @@
 
     setup -> train -> probe -> diagnose -> propose -> vet -> backtest -> decide -> remember -> (train | END)
 
-    from harness.graph import start_run, resume_run
+This file is the stage: its nodes, top to bottom in the order they run, and the graph that wires them. The rooms
+around it: `harness.run` (the `Run` context the nodes share: config, store, workspace, instance and policy caches),
+`harness.lifecycle` (create, drive, resume and answer a run: `start_run`, `resume_run`, `answer_gate`).
+
+    from harness.lifecycle import start_run, resume_run
     run_dir = start_run(load_config("examples/mapf_quick.yaml"), runs_dir="runs")
     resume_run(run_dir)            # after a crash: re-enters the interrupted node
 
@@ -21,10 +25,7 @@ import json
 import logging
 import operator
 import os
-import sqlite3
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
@@ -32,19 +33,14 @@ from typing import Annotated, Any, TypedDict
 import numpy as np
 import yaml
 
-from harness.config import RunConfig, parse_config
+from harness.config import RunConfig
 from harness.engineer.proposal import cut
 from harness.records import Candidate, HistoryItem, Rollout, Verdict, read_rollouts, write_rollouts
-from harness.store import RunStore, acquire_lock
+from harness.run import Run, RunError
 from harness.tasks import get_task
 
 TENSORBOARD_DIR = "tensorboard"  # event files per phase: tensorboard/s<k>/<sft|policy|control|candidate id>
-JUDGE_FILE = "judge.json"  # the backtest judge, fixed at run start (outside the harness repo)
 NODES = ("setup", "train", "probe", "diagnose", "propose", "vet", "backtest", "gate", "decide", "remember")
-
-
-class RunError(ValueError):
-    """A run that cannot be started or resumed; the message says why and what to do."""
 
 
 # --- state -------------------------------------------------------------------------------------------------------------
@@ -68,149 +64,6 @@ class State(TypedDict, total=False):
 
 
 log = logging.getLogger(__name__)
-
-# --- the run context: everything a node needs that is not state --------------------------------------------------------
-
-
-@dataclass
-class Run:
-    run_dir: Path
-    config: RunConfig
-    store: RunStore
-    progress: Callable[[str, dict[str, Any]], None] = lambda event, data: None
-    _ws: Any = None
-    _instances: dict[str, dict[int, Any]] = field(default_factory=dict)  # env config JSON -> seed -> instance
-    _suite: dict[str, list] = field(default_factory=dict)  # report suite name -> instances (lives for the process)
-    _env_stats: dict[str, dict] = field(default_factory=dict)  # env config JSON -> task.env_stats (per process)
-    _seeds_synced: bool = False
-    _pool: Any = None  # the prefetch worker process (harness.tasks.worker.InstanceWorker), started on first use
-    _pending: dict[tuple[str, tuple[int, ...]], Any] = field(default_factory=dict)  # (config JSON, seeds) -> Future
-    _models: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # checkpoint path -> in-memory copy
-    _judge: Any = None
-    _ray: Any = None  # harness.scale.RayArms, connected on the first arm (scale.backend: ray)
-
-    @property
-    def id(self) -> str:
-        return self.run_dir.name
-
-    @property
-    def task(self):
-        return get_task(self.config.task)
-
-    @property
-    def style(self) -> str:
-        return self.config.style
-
-    @property
-    def judge(self):
-        """The backtest judge (instance distribution, samples, temperature), fixed at run start in judge.json."""
-        from harness.backtest import Judge
-
-        if self._judge is None:
-            self._judge = Judge.model_validate_json((self.run_dir / JUDGE_FILE).read_text())
-        return self._judge
-
-    def workspace(self):
-        """The harness repo, opened (and repaired) once per process."""
-        if self._ws is None:
-            from sandbox.workspace import Workspace
-
-            self._ws = Workspace(self.run_dir / "harness")
-        return self._ws
-
-    def instances(self, config, seeds: list[int]) -> list:
-        """Task instances, memoised per (config, seed) within a stage: both backtest arms, and a recipe candidate's
-        longer prompt prefix, reuse what is already generated (each may cost an expert solve). Instances `prefetch`ed in
-        the background are collected here; anything missing is generated in this process."""
-        cj = config.model_dump_json()
-        memo = self._instances.setdefault(cj, {})
-        want = set(seeds) - set(memo)
-        for key in [k for k in self._pending if k[0] == cj and want & set(k[1])]:
-            try:
-                for inst in self._pending.pop(key).result():
-                    memo.setdefault(inst.seed, inst)
-            except Exception as exc:  # noqa: BLE001  # a broken worker costs only the time: generate here instead
-                log.warning("instance prefetch failed (%s); generating in the run process", exc)
-        for s in seeds:
-            if s not in memo:
-                memo[s] = self.task.generate(config, s)
-        return [memo[s] for s in seeds]
-
-    def prefetch(self, config, seeds: list[int]) -> None:
-        """Start generating instances in a background worker process (expert solves while this process trains), so the
-        next nodes find them ready. Off with `stage.prefetch: false`; the instances are the same either way."""
-        if not self.config.stage.prefetch or not seeds:
-            return
-        cj = config.model_dump_json()
-        missing = [s for s in seeds if s not in self._instances.get(cj, {})]
-        if not missing or any(k[0] == cj and set(missing) <= set(k[1]) for k in self._pending):
-            return
-        if self._pool is None:
-            from harness.tasks.worker import InstanceWorker
-
-            self._pool = InstanceWorker()
-        self._pending[(cj, tuple(missing))] = self._pool.submit(self.config.task, cj, missing)
-
-    def ray(self):
-        """The Ray arm runner (scale.backend: ray): joins the cluster, or starts a local one, on first use."""
-        if self._ray is None:
-            from harness.scale import RayArms
-
-            self._ray = RayArms(self.config.scale)
-        return self._ray
-
-    def close(self) -> None:
-        """Stop the prefetch worker (pending work is dropped; nothing it makes is ever recorded) and leave Ray (a
-        local cluster the run started stops with it)."""
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
-        self._pending.clear()
-        if self._ray is not None:
-            self._ray.close()
-            self._ray = None
-
-    def suite(self) -> list:
-        """The report suite (test split), generated once per process (in setup, so no stage pays for it)."""
-        name = self.config.eval.suite
-        if name not in self._suite:
-            from harness.policy_glue import suite_instances
-
-            self._suite[name] = suite_instances(self.task, name, "test")
-        return self._suite[name]
-
-    def env_stats(self, config) -> dict:
-        """`task.env_stats` of an env config, once per config per process (the config changes only on promotion)."""
-        key = config.model_dump_json()
-        if key not in self._env_stats:
-            fn = getattr(self.task, "env_stats", None)
-            self._env_stats[key] = fn(config, 64) if fn else {}
-        return self._env_stats[key]
-
-    def skills(self):
-        """The skill library; the seed skills are synced on the first open of the process only."""
-        from skills.library import SEED_DIR, SkillLibrary
-
-        lib = SkillLibrary.open(seed_dir=None if self._seeds_synced else SEED_DIR)
-        self._seeds_synced = True
-        return lib
-
-    def store_started(self) -> float:
-        """When the run was created (the wall-clock budget counts from here, across resumes)."""
-        from datetime import datetime
-
-        return datetime.fromisoformat(self.store.get_run(self.id)["created"]).timestamp()
-
-    def path(self, *parts: str) -> Path:
-        p = self.run_dir.joinpath(*parts)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        return p
-
-    def event(self, stage: int | None, node: str, kind: str, message: str, key: str | None = None, **data: Any):
-        new = self.store.add_event(self.id, kind, message, stage=stage, node=node, data=data or None, key=key)
-        if new or kind != "warning":  # a keyed warning is shown once per run, not at every re-entry
-            self.progress(kind, {"stage": stage, "node": node, "message": message, **data})
-
 
 # --- harness files: env config, recipe, reward shaping -------------------------------------------------------------------
 
@@ -277,59 +130,6 @@ def _finish(run: Run, stage: int, node: str, result: dict[str, Any], t0: float, 
     return result
 
 
-MEMO_MAX_PARAMS = 100_000_000  # checkpoints of smaller models are also kept in memory (deep-copied on load)
-
-
-def _load(run: Run, path: str):
-    """A fresh (model, tokenizer) for `path`: from the in-process copy when the run saved it, else from disk."""
-    import copy
-
-    from policies.model import load_policy
-
-    if path in run._models:
-        model, tok = run._models[path]
-        return copy.deepcopy(model), tok
-    return load_policy(path)
-
-
-def _policy(run: Run, path: str):
-    """What the rollout layer gets for a checkpoint: a fresh (model, tokenizer) for transformers, or for vLLM the
-    checkpoint path with its tokenizer (vLLM loads weights itself; its engine for the path is cached until the
-    checkpoint is superseded, see `_release_engines`)."""
-    from policies.rollout import resolve_backend
-
-    if resolve_backend(run.config.policy.backend) == "vllm":
-        from policies.model import load_tokenizer
-
-        return str(path), load_tokenizer(path)
-    return _load(run, path)
-
-
-def _release_engines(run: Run, keep: list[str]) -> None:
-    """Free the vLLM engines of checkpoints no later node reads (GPU memory); nothing to do without vLLM."""
-    from policies.rollout import release_vllm_engines
-
-    release_vllm_engines(keep=[k for k in keep if k])
-
-
-def _save(run: Run, model, tok, path: Path) -> None:
-    """save_pretrained to disk (the record, and what a resume reads) and, for small models, keep a copy in memory:
-    the probe, both arms and the report load this checkpoint next, and a deep copy is much cheaper than a reload."""
-    import copy
-
-    from harness.policy_glue import write_policy_meta
-    from policies.model import save_policy
-
-    save_policy(model, tok, path)
-    write_policy_meta(path, run.task.name, run.style)
-    if sum(p.numel() for p in model.parameters()) < MEMO_MAX_PARAMS:
-        if len(run._models) >= 4:
-            run._models.pop(next(iter(run._models)))
-        tok = copy.deepcopy(tok)
-        tok.padding_side = "left"  # as load_policy leaves it (trainers may have changed it)
-        run._models[str(path)] = (copy.deepcopy(model).eval(), tok)
-
-
 def node_setup(run: Run, state: State) -> State:
     """Build (or load) the policy and run the SFT warm start on expert demonstrations from the train split."""
     if (r := _done(run, 0, "setup")) is not None:
@@ -342,7 +142,7 @@ def node_setup(run: Run, state: State) -> State:
     env, recipe, _ = harness_models(run.workspace().files("main"), task)
     out = run.path("checkpoints", "warmstart")
     if cfg.policy.checkpoint:
-        model, tok = _load(run, cfg.policy.checkpoint)
+        model, tok = run.load(cfg.policy.checkpoint)
     elif cfg.warm_start.sft_examples == 0:
         model, tok = build_model(cfg.policy.preset, task.alphabet(), words=task.words(), seed=cfg.seed)
     n = cfg.warm_start.sft_examples
@@ -363,7 +163,7 @@ def node_setup(run: Run, state: State) -> State:
                       "`evotrainer cache clear` or EVOTRAINER_WARMSTART_CACHE=0 retrains)", path=str(hit))
         if m is not None:
             run.store.charge(run.id, 0, "policy", "sft", seconds=m.wall_s, steps=m.steps)
-    _save(run, model, tok, out)
+    run.save(model, tok, out)
     if key and hit is None:
         entry = warmstart.store(key, out, {"run": run.id, "sft_examples": n, "sft_steps": recipe.sft_steps})
         if entry:
@@ -417,13 +217,13 @@ def _grpo(run: Run, stage: int, arm: str, start: str, files: dict[str, str], ste
     # the prefix GRPO consumes (steps x prompts per step) is generated, so a recipe that needs more prompts trains on a
     # superset of the other arm's; past the end of the pool, TRL cycles over it
     seeds = _pool_seeds(run, seed_key, recipe, steps)
-    model, tok = _load(run, start)
+    model, tok = run.load(start)
     t0 = time.perf_counter()  # training compute = the whole TRL call (trainer setup + steps), not just train()
     m = train_arm(model, tok, run.task, files, steps, seeds, seed, style=run.style,
                   instances=run.instances(env, seeds), progress=_progress_cb(run, stage, arm),
                   tensorboard_dir=run.run_dir / TENSORBOARD_DIR / f"s{stage}" / arm)
     secs = time.perf_counter() - t0
-    _save(run, model, tok, out)
+    run.save(model, tok, out)
     run.store.charge(run.id, stage, arm, "grpo", seconds=secs, tokens=m.tokens_generated, steps=len(m.steps))
     steps_out = [s.model_dump() for s in m.steps]
     return {"checkpoint": str(out), "steps": steps_out, "seconds": m.wall_s, "tokens": m.tokens_generated}
@@ -436,7 +236,7 @@ def node_train(run: Run, state: State) -> State:
     t0 = time.time()
     run.store.start_stage(run.id, k)
     # instances are cached within a stage (arms share them); only the report suite outlives the stage
-    run._instances = {}
+    run.new_stage_instances()
     files = run.workspace().files("main")
     steps = harness_models(files, run.task)[1].steps
     _prefetch_stage(run, k)
@@ -454,7 +254,7 @@ def _rollouts(run: Run, ckpt: str, seeds: list[int], env, samples: int, temperat
 
     task = run.task
     instances = run.instances(env, seeds)
-    model, tok = _policy(run, ckpt)
+    model, tok = run.policy(ckpt)
     params = SamplingParams(temperature=temperature, n=samples, max_new_tokens=_max_new(run), seed=run.config.seed,
                             backend=run.config.policy.backend)
     t0 = time.perf_counter()  # evaluation compute = generation + scoring
@@ -761,9 +561,9 @@ def _arms(run: Run, k: int, arms: list[tuple[str, dict[str, str]]], start: str, 
         try:
             job = _arm_job(run, k, name, files, start, steps)
             ckpt = run.path("checkpoints", f"s{k}-{name}")
-            model, tok = _load(run, start)
-            res = execute_arm(job, model, tok, lambda m, t, ckpt=ckpt: _save(run, m, t, ckpt),
-                              lambda ckpt=ckpt: _policy(run, str(ckpt)), progress=_progress_cb(run, k, name),
+            model, tok = run.load(start)
+            res = execute_arm(job, model, tok, lambda m, t, ckpt=ckpt: run.save(m, t, ckpt),
+                              lambda ckpt=ckpt: run.policy(str(ckpt)), progress=_progress_cb(run, k, name),
                               tensorboard_dir=run.run_dir / TENSORBOARD_DIR / f"s{k}" / name)
             out[name] = _record_arm(run, k, name, res)
         except Exception as exc:  # noqa: BLE001 - one arm's failure is its decision's, not the run's
@@ -961,7 +761,7 @@ def node_remember(run: Run, state: State) -> State:
         _remember_skills(run, k)
         policy = state["next_policy"]
         _report_eval(run, k, policy)
-        _release_engines(run, keep=[policy])  # every other checkpoint of this stage is superseded
+        run.release_engines(keep=[policy])  # every other checkpoint of this stage is superseded
         run.store.end_stage(run.id, k, checkpoint=policy, metrics=_stage_metrics(run, k, time.time() - t0))
         _finish(run, k, "remember", {}, t0, "stage recorded")
     stop = _stop_reason(run, state)
@@ -1017,7 +817,7 @@ def _report_eval(run: Run, k: int, ckpt: str) -> None:
     insts = run.suite()
     if run.config.eval.limit:
         insts = insts[: run.config.eval.limit]
-    model, tok = _policy(run, ckpt)
+    model, tok = run.policy(ckpt)
     t0 = time.perf_counter()
     rep = evaluate(model, tok, task, insts, run.style,
                    params=SamplingParams(temperature=0.0, max_new_tokens=_max_new(run), batch_size=64,
@@ -1104,207 +904,3 @@ def _wrap(run: Run, name: str, fn):
 
     node.__name__ = name
     return node
-
-
-def _drive(run: Run, first_input: dict[str, Any] | None) -> dict[str, Any]:
-    from langgraph.checkpoint.sqlite import SqliteSaver
-
-    conn = sqlite3.connect(run.run_dir / "graph.db", check_same_thread=False)
-    try:
-        graph = build_graph(run, SqliteSaver(conn))
-        cfg = {"configurable": {"thread_id": run.id}, "recursion_limit": 10_000}
-        return graph.invoke(first_input, cfg, durability="sync")
-    finally:
-        run.close()
-        conn.close()
-
-
-def _open(run_dir: Path, config: RunConfig, progress) -> Run:
-    store = RunStore.open(run_dir / "run.db")
-    run = Run(run_dir=run_dir, config=config, store=store, progress=progress or (lambda e, d: None))
-    return run
-
-
-def new_run_id(config: RunConfig) -> str:
-    return f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
-def start_run(config: RunConfig, runs_dir: str | Path = "runs", run_id: str | None = None,
-              progress: Callable[[str, dict[str, Any]], None] | None = None) -> Path:
-    """Create runs/<id>/ (run.db, harness repo, graph.db) and drive the graph to the end of the budget."""
-    run_id = run_id or new_run_id(config)
-    ckpt = config.policy.checkpoint
-    if ckpt and not Path(ckpt).is_dir():
-        raise RunError(f"policy.checkpoint {ckpt} does not exist; point it at a local Hugging Face model directory "
-                       "(with config.json and tokenizer files) or use policy.preset: tiny|small")
-    if config.policy.backend == "vllm":  # fail before any training, naming the setting and the fix
-        from policies.rollout import RolloutBackendError, resolve_backend
-
-        try:
-            resolve_backend("vllm")
-        except RolloutBackendError as exc:
-            raise RunError(f"policy.backend: {exc}") from None
-    _check_scale(config)
-    run_dir = Path(runs_dir) / run_id
-    if (run_dir / "run.db").exists():
-        raise RunError(f"run {run_id} already exists in {runs_dir}; resume it with `evotrainer resume {run_dir}`")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    lock = acquire_lock(run_dir, run_id)
-    try:
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
-        _drive_prepared(run_dir, config, progress, {"run_id": run_id, "stage": 0, "log": []})
-    finally:
-        lock.release()
-    return run_dir
-
-
-def _check_scale(config: RunConfig) -> None:
-    """scale.backend ray without Ray, or an unreachable address: one line with the fix, before anything trains."""
-    from harness.scale import ScaleError, check
-
-    try:
-        check(config.scale)
-    except ScaleError as exc:
-        raise RunError(str(exc)) from None
-
-
-def _prepare(run_dir: Path, config: RunConfig, progress) -> Run:
-    """Open run.db, make the harness repo and the run row if they are missing. Idempotent, so a run killed while it
-    was being created resumes like any other (a harness dir without its first commit holds nothing to lose)."""
-    import shutil
-
-    from sandbox.workspace import NotAHarnessRepo, Workspace
-
-    run = _open(run_dir, config, progress)
-    harness = run_dir / "harness"
-    if harness.exists():
-        try:
-            Workspace(harness)
-        except NotAHarnessRepo:
-            shutil.rmtree(harness)
-    if not harness.exists():
-        Workspace.create(harness, files_override=initial_files(config) or None)
-    if not (run_dir / JUDGE_FILE).exists():  # fixed once, from the round-0 harness, before any stage can change it
-        judge = make_judge(config, Workspace(harness).files("main"))
-        tmp = run_dir / (JUDGE_FILE + ".tmp")
-        tmp.write_text(judge.model_dump_json(indent=1))
-        tmp.replace(run_dir / JUDGE_FILE)
-    run.store.create_run(run.id, config.model_dump(mode="json"), budget=config.budget.model_dump(mode="json"))
-    from harness.datasette import write_metadata
-
-    write_metadata(run_dir)  # `datasette runs/<id>/run.db --metadata runs/<id>/datasette.json`
-    return run
-
-
-def _announce_sandbox(run: Run) -> None:
-    """Apply the run's isolation policy for evolved code and say, once per start, what confines it on this machine."""
-    from harness.diagnostics import allow_unisolated
-    from sandbox.runner import protections
-
-    allowed = run.config.sandbox.allow_unisolated_diagnostics
-    allow_unisolated(allowed)
-    p = protections()
-    if p["isolation"] == "bwrap":
-        msg = (f"evolved diagnostics run under bubblewrap; seccomp: {p['seccomp']}; whole-job memory and processes: "
-               f"{p['total_memory_and_processes']}; disk: {p['disk']}")
-    elif allowed:
-        msg = ("WARNING: bubblewrap not found and sandbox.allow_unisolated_diagnostics is true: evolved diagnostics run "
-               "as a plain subprocess and can read host files as this user; install bubblewrap (apt-get install "
-               "bubblewrap)")
-    else:
-        msg = ("bubblewrap not found: evolved diagnostics are refused, so candidates that add or change one are "
-               "rejected; install bubblewrap (apt-get install bubblewrap), or set "
-               "sandbox.allow_unisolated_diagnostics: true to run them unisolated")
-    run.event(None, "setup", "sandbox" if p["isolation"] == "bwrap" else "warning", msg)
-
-
-def _drive_prepared(run_dir: Path, config: RunConfig, progress, first_input: dict[str, Any] | None) -> None:
-    _check_scale(config)
-    run = _prepare(run_dir, config, progress)
-    try:
-        if run.store.get_run(run.id)["status"] == "finished":
-            raise RunError(f"run {run.id} already finished; start a new one with `evotrainer run CONFIG` "
-                           f"or review it with `evotrainer review {run_dir}`")
-        if first_input is None and run.store.get_run(run.id)["status"] == "paused":
-            raise RunError(f"run {run.id} waits at the human gate: answer with `evotrainer approve {run.id}`, "
-                           f"`evotrainer revise {run.id} \"feedback\"` or `evotrainer abort {run.id}`")
-        if first_input is None:  # a resume
-            for r in run.workspace().repairs:
-                run.event(None, "resume", "repair", r)
-            run.event(None, "resume", "resumed", f"resumed {run.id}")
-            if not _has_checkpoint(run_dir, run.id):  # killed before the graph's first checkpoint
-                first_input = {"run_id": run.id, "stage": 0, "log": []}
-        run.store.set_run_status(run.id, "running")
-        _announce_sandbox(run)
-        try:
-            out = _drive(run, first_input)
-        except BaseException:
-            run.store.set_run_status(run.id, "interrupted")
-            raise
-        if out and out.get("__interrupt__"):  # paused at the human gate: the pause is in graph.db
-            run.store.set_run_status(run.id, "paused")
-    finally:
-        run.store.close()
-
-
-def find_run(ref: str | Path, runs_dir: str | Path = "runs") -> Path:
-    """A run directory from a path or a run id (looked up in runs_dir)."""
-    p = Path(ref)
-    for cand in (p, Path(runs_dir) / str(ref)):
-        if (cand / "run.db").is_file() or (cand / "config.yaml").is_file():  # config.yaml is written first
-            return cand
-    raise RunError(f"no run {ref!r}: neither {p} nor {Path(runs_dir) / str(ref)} holds a run (run.db); "
-                   "`ls runs/` lists runs, or pass --runs-dir")
-
-
-def load_run_config(run_dir: Path) -> RunConfig:
-    return parse_config(yaml.safe_load((run_dir / "config.yaml").read_text()), str(run_dir / "config.yaml"))
-
-
-def resume_run(ref: str | Path, runs_dir: str | Path = "runs",
-               progress: Callable[[str, dict[str, Any]], None] | None = None) -> Path:
-    """Continue an interrupted run from its last LangGraph checkpoint (the interrupted node runs again)."""
-    run_dir = find_run(ref, runs_dir)
-    lock = acquire_lock(run_dir, run_dir.name)
-    try:
-        _drive_prepared(run_dir, load_run_config(run_dir), progress, None)
-    finally:
-        lock.release()
-    return run_dir
-
-
-def answer_gate(ref: str | Path, action: str, feedback: str = "", runs_dir: str | Path = "runs",
-                progress: Callable[[str, dict[str, Any]], None] | None = None) -> Path:
-    """Answer a run waiting at the human gate (approve | revise | abort) and continue it in this process. A run that
-    is not waiting (running, finished, already answered) is a RunError saying so; nothing changes."""
-    from langgraph.types import Command
-
-    if action not in GATE_ACTIONS:
-        raise RunError(f"unknown gate answer {action!r}; choose one of {', '.join(GATE_ACTIONS)}")
-    if action == "revise" and not feedback.strip():
-        raise RunError("revise needs feedback: evotrainer revise RUN \"what to change and why\"")
-    run_dir = find_run(ref, runs_dir)
-    lock = acquire_lock(run_dir, run_dir.name)
-    try:
-        store = RunStore.open(run_dir / "run.db")
-        try:
-            status = store.get_run(run_dir.name)["status"]
-        finally:
-            store.close()
-        if status != "paused":
-            raise RunError(f"run {run_dir.name} is not waiting at a gate (status: {status}); nothing changed")
-        _drive_prepared(run_dir, load_run_config(run_dir), progress,
-                        Command(resume={"action": action, "feedback": feedback}))
-    finally:
-        lock.release()
-    return run_dir
-
-
-def _has_checkpoint(run_dir: Path, run_id: str) -> bool:
-    from langgraph.checkpoint.sqlite import SqliteSaver
-
-    conn = sqlite3.connect(run_dir / "graph.db", check_same_thread=False)
-    try:
-        return SqliteSaver(conn).get_tuple({"configurable": {"thread_id": run_id}}) is not None
-    finally:
-        conn.close()

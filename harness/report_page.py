@@ -271,7 +271,7 @@ def build(run_dir: Path) -> str:
     d = gather(run_dir)
     st = d["status"]
     try:
-        from harness.graph import load_run_config
+        from harness.lifecycle import load_run_config
 
         gate_min = load_run_config(run_dir).gate.min_effect
     except Exception:  # noqa: BLE001 - a run dir without a readable config still renders

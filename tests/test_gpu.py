@@ -75,7 +75,7 @@ def test_the_loop_runs_with_vllm_rollouts(tmp_path):
     """Two stages with vLLM rollouts for the probe, the arms and the report, on checkpoints the loop wrote; at the
     end, only the final policy's engine may still be alive (every superseded checkpoint's engine was released)."""
     import policies.rollout as R
-    from harness.graph import start_run
+    from harness.lifecycle import start_run
     from harness.store import RunStore
 
     cfg = parse_config({**TINY, "name": "gpu", "policy": {"preset": "tiny", "backend": "vllm"},

@@ -75,7 +75,7 @@ def test_a_skill_promoted_on_mapf_is_borrowed_tried_and_recorded_on_math(tmp_pat
     the library's evidence with family `math`. A promotion there too would make it general (two families)."""
     monkeypatch.setenv("EVOTRAINER_HOME", str(tmp_path / "home"))
     from harness.config import parse_config
-    from harness.graph import start_run
+    from harness.lifecycle import start_run
     from harness.store import RunStore
     from skills.library import SEED_DIR, SkillLibrary
     from skills.model import Intervention, Skill, Trigger

@@ -21,7 +21,7 @@ import pytest
 
 from harness.benchmarks.run import TINY
 from harness.config import parse_config
-from harness.graph import start_run
+from harness.lifecycle import start_run
 from harness.report import write_html
 from harness.store import RunStore
 

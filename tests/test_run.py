@@ -21,7 +21,7 @@ from conftest import wait_for_row
 from harness.benchmarks.run import TINY as BENCH_TINY
 from harness.benchmarks.run import check_run
 from harness.config import ConfigError, load_config, parse_config
-from harness.graph import RunError, find_run, resume_run, start_run
+from harness.lifecycle import RunError, find_run, resume_run, start_run
 from harness.store import RunStore
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -224,7 +224,7 @@ def _run_status(run_dir: Path, run_id: str) -> str:
 
 def test_human_gate_revise_reaches_the_engineer_and_abort_stops_the_run(tmp_path):
     from harness.diagnostics import diagnosis_text
-    from harness.graph import answer_gate
+    from harness.lifecycle import answer_gate
     from harness.records import Diagnosis
 
     cfg = parse_config(dict(TINY, budget={"stages": 3}, gate={"human": "always"}), "test")

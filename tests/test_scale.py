@@ -29,7 +29,7 @@ from conftest import wait_for_row
 
 from harness.benchmarks.run import TINY, check_run
 from harness.config import parse_config
-from harness.graph import RunError, resume_run, start_run
+from harness.lifecycle import RunError, resume_run, start_run
 from harness.records import read_rollouts
 from harness.store import RunStore
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LOOP = ["harness/graph.py", "harness/diagnostics.py", "harness/vet.py", "harness/backtest.py",
+LOOP = ["harness/graph.py", "harness/run.py", "harness/lifecycle.py", "harness/diagnostics.py", "harness/vet.py", "harness/backtest.py",
         *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "harness" / "engineer").glob("*.py"))]
 FAMILY_WORDS = re.compile(r"\b(mapf|sizes?|agents?|holes?|hole_ratio|wait_ratio|data_ratio|wait|makespan\w*|cbs"
                           r"|arith|digits|sub_ratio|mul_ratio"  # math
@@ -101,7 +101,7 @@ def test_the_tiny_loop_runs_on_every_family(family, tmp_path, monkeypatch):
 
     from harness.config import parse_config
     from harness.engineer.proposal import knob_space
-    from harness.graph import start_run
+    from harness.lifecycle import start_run
     from harness.records import Diagnosis
     from harness.store import RunStore
     from sandbox.runner import find_bwrap

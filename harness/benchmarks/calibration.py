@@ -6,7 +6,7 @@ change, and the CPU cost of one decision.
     python -m harness.benchmarks.calibration
 
 Each decision is one `harness.backtest.backtest()`: two arms trained by `train_arm` and judged by `judge_arm`, the
-same two functions the live loop's `node_backtest` runs (`harness.graph._arm`), with the run config's arm length,
+same two functions the live loop's `node_backtest` runs (`harness.graph._arm_job` and `harness.scale.execute_arm`), with the run config's arm length,
 recipe, reward, judge (backtest.env / samples / temperature, fixed as a run fixes it) and gate. The start checkpoint
 is the config's own SFT warm start (the warm-start cache: the same checkpoint `make demo` trains or loads).
 

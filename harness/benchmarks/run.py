@@ -168,7 +168,7 @@ def crash_trial(workdir: Path, trial: int, kill_after: float, kill_resumes: bool
 
 def overhead(workdir: Path, config: dict[str, Any] | None = None) -> dict[str, Any]:
     from harness.config import parse_config
-    from harness.graph import start_run
+    from harness.lifecycle import start_run
     from harness.store import RunStore
 
     os.environ["EVOTRAINER_HOME"] = str(workdir / "home-overhead")
@@ -191,7 +191,7 @@ def overhead_demo_stages(workdir: Path, stages: int = 3, config_path: Path = DEM
                          sft_examples: int = 500, sft_steps: int = 100) -> list[dict[str, Any]]:
     """Per-stage framework overhead of the demo config's stages (a short warm start, so it takes minutes)."""
     from harness.config import parse_config
-    from harness.graph import start_run
+    from harness.lifecycle import start_run
     from harness.store import RunStore
 
     cfg = yaml.safe_load(Path(config_path).read_text())

@@ -27,7 +27,7 @@ DEMO_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "mapf_quick.yam
 
 def _one(work: Path, cfg: dict[str, Any], backend: str, workers: int, run_id: str | None = None) -> dict[str, Any]:
     from harness.config import parse_config
-    from harness.graph import start_run
+    from harness.lifecycle import start_run
     from harness.store import RunStore
 
     scale = {"backend": backend}

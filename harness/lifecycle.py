@@ -1,0 +1,230 @@
+"""The run's lifecycle: create a run directory and drive the graph, resume an interrupted run, answer a paused one.
+
+    from harness.lifecycle import start_run, resume_run
+    run_dir = start_run(load_config("examples/mapf_quick.yaml"), runs_dir="runs")
+    resume_run(run_dir)            # after a crash: re-enters the interrupted node
+
+One driver per run (a lock file); the LangGraph checkpoints live in graph.db, everything else in run.db and on disk.
+Errors a user can fix are `RunError`s naming the fix.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from harness.config import RunConfig, parse_config
+from harness.graph import GATE_ACTIONS, build_graph, initial_files, make_judge
+from harness.run import JUDGE_FILE, Run, RunError
+from harness.store import RunStore, acquire_lock
+
+__all__ = ["RunError", "answer_gate", "find_run", "load_run_config", "new_run_id", "resume_run", "start_run"]
+
+
+def _drive(run: Run, first_input: dict[str, Any] | None) -> dict[str, Any]:
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    conn = sqlite3.connect(run.run_dir / "graph.db", check_same_thread=False)
+    try:
+        graph = build_graph(run, SqliteSaver(conn))
+        cfg = {"configurable": {"thread_id": run.id}, "recursion_limit": 10_000}
+        return graph.invoke(first_input, cfg, durability="sync")
+    finally:
+        run.close()
+        conn.close()
+
+
+def _open(run_dir: Path, config: RunConfig, progress) -> Run:
+    store = RunStore.open(run_dir / "run.db")
+    run = Run(run_dir=run_dir, config=config, store=store, progress=progress or (lambda e, d: None))
+    return run
+
+
+def new_run_id(config: RunConfig) -> str:
+    return f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def start_run(config: RunConfig, runs_dir: str | Path = "runs", run_id: str | None = None,
+              progress: Callable[[str, dict[str, Any]], None] | None = None) -> Path:
+    """Create runs/<id>/ (run.db, harness repo, graph.db) and drive the graph to the end of the budget."""
+    run_id = run_id or new_run_id(config)
+    ckpt = config.policy.checkpoint
+    if ckpt and not Path(ckpt).is_dir():
+        raise RunError(f"policy.checkpoint {ckpt} does not exist; point it at a local Hugging Face model directory "
+                       "(with config.json and tokenizer files) or use policy.preset: tiny|small")
+    if config.policy.backend == "vllm":  # fail before any training, naming the setting and the fix
+        from policies.rollout import RolloutBackendError, resolve_backend
+
+        try:
+            resolve_backend("vllm")
+        except RolloutBackendError as exc:
+            raise RunError(f"policy.backend: {exc}") from None
+    _check_scale(config)
+    run_dir = Path(runs_dir) / run_id
+    if (run_dir / "run.db").exists():
+        raise RunError(f"run {run_id} already exists in {runs_dir}; resume it with `evotrainer resume {run_dir}`")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = acquire_lock(run_dir, run_id)
+    try:
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+        _drive_prepared(run_dir, config, progress, {"run_id": run_id, "stage": 0, "log": []})
+    finally:
+        lock.release()
+    return run_dir
+
+
+def _check_scale(config: RunConfig) -> None:
+    """scale.backend ray without Ray, or an unreachable address: one line with the fix, before anything trains."""
+    from harness.scale import ScaleError, check
+
+    try:
+        check(config.scale)
+    except ScaleError as exc:
+        raise RunError(str(exc)) from None
+
+
+def _prepare(run_dir: Path, config: RunConfig, progress) -> Run:
+    """Open run.db, make the harness repo and the run row if they are missing. Idempotent, so a run killed while it
+    was being created resumes like any other (a harness dir without its first commit holds nothing to lose)."""
+    import shutil
+
+    from sandbox.workspace import NotAHarnessRepo, Workspace
+
+    run = _open(run_dir, config, progress)
+    harness = run_dir / "harness"
+    if harness.exists():
+        try:
+            Workspace(harness)
+        except NotAHarnessRepo:
+            shutil.rmtree(harness)
+    if not harness.exists():
+        Workspace.create(harness, files_override=initial_files(config) or None)
+    if not (run_dir / JUDGE_FILE).exists():  # fixed once, from the round-0 harness, before any stage can change it
+        judge = make_judge(config, Workspace(harness).files("main"))
+        tmp = run_dir / (JUDGE_FILE + ".tmp")
+        tmp.write_text(judge.model_dump_json(indent=1))
+        tmp.replace(run_dir / JUDGE_FILE)
+    run.store.create_run(run.id, config.model_dump(mode="json"), budget=config.budget.model_dump(mode="json"))
+    from harness.datasette import write_metadata
+
+    write_metadata(run_dir)  # `datasette runs/<id>/run.db --metadata runs/<id>/datasette.json`
+    return run
+
+
+def _announce_sandbox(run: Run) -> None:
+    """Apply the run's isolation policy for evolved code and say, once per start, what confines it on this machine."""
+    from harness.diagnostics import allow_unisolated
+    from sandbox.runner import protections
+
+    allowed = run.config.sandbox.allow_unisolated_diagnostics
+    allow_unisolated(allowed)
+    p = protections()
+    if p["isolation"] == "bwrap":
+        msg = (f"evolved diagnostics run under bubblewrap; seccomp: {p['seccomp']}; whole-job memory and processes: "
+               f"{p['total_memory_and_processes']}; disk: {p['disk']}")
+    elif allowed:
+        msg = ("WARNING: bubblewrap not found and sandbox.allow_unisolated_diagnostics is true: evolved diagnostics run "
+               "as a plain subprocess and can read host files as this user; install bubblewrap (apt-get install "
+               "bubblewrap)")
+    else:
+        msg = ("bubblewrap not found: evolved diagnostics are refused, so candidates that add or change one are "
+               "rejected; install bubblewrap (apt-get install bubblewrap), or set "
+               "sandbox.allow_unisolated_diagnostics: true to run them unisolated")
+    run.event(None, "setup", "sandbox" if p["isolation"] == "bwrap" else "warning", msg)
+
+
+def _drive_prepared(run_dir: Path, config: RunConfig, progress, first_input: dict[str, Any] | None) -> None:
+    _check_scale(config)
+    run = _prepare(run_dir, config, progress)
+    try:
+        if run.store.get_run(run.id)["status"] == "finished":
+            raise RunError(f"run {run.id} already finished; start a new one with `evotrainer run CONFIG` "
+                           f"or review it with `evotrainer review {run_dir}`")
+        if first_input is None and run.store.get_run(run.id)["status"] == "paused":
+            raise RunError(f"run {run.id} waits at the human gate: answer with `evotrainer approve {run.id}`, "
+                           f"`evotrainer revise {run.id} \"feedback\"` or `evotrainer abort {run.id}`")
+        if first_input is None:  # a resume
+            for r in run.workspace().repairs:
+                run.event(None, "resume", "repair", r)
+            run.event(None, "resume", "resumed", f"resumed {run.id}")
+            if not _has_checkpoint(run_dir, run.id):  # killed before the graph's first checkpoint
+                first_input = {"run_id": run.id, "stage": 0, "log": []}
+        run.store.set_run_status(run.id, "running")
+        _announce_sandbox(run)
+        try:
+            out = _drive(run, first_input)
+        except BaseException:
+            run.store.set_run_status(run.id, "interrupted")
+            raise
+        if out and out.get("__interrupt__"):  # paused at the human gate: the pause is in graph.db
+            run.store.set_run_status(run.id, "paused")
+    finally:
+        run.store.close()
+
+
+def find_run(ref: str | Path, runs_dir: str | Path = "runs") -> Path:
+    """A run directory from a path or a run id (looked up in runs_dir)."""
+    p = Path(ref)
+    for cand in (p, Path(runs_dir) / str(ref)):
+        if (cand / "run.db").is_file() or (cand / "config.yaml").is_file():  # config.yaml is written first
+            return cand
+    raise RunError(f"no run {ref!r}: neither {p} nor {Path(runs_dir) / str(ref)} holds a run (run.db); "
+                   "`ls runs/` lists runs, or pass --runs-dir")
+
+
+def load_run_config(run_dir: Path) -> RunConfig:
+    return parse_config(yaml.safe_load((run_dir / "config.yaml").read_text()), str(run_dir / "config.yaml"))
+
+
+def resume_run(ref: str | Path, runs_dir: str | Path = "runs",
+               progress: Callable[[str, dict[str, Any]], None] | None = None) -> Path:
+    """Continue an interrupted run from its last LangGraph checkpoint (the interrupted node runs again)."""
+    run_dir = find_run(ref, runs_dir)
+    lock = acquire_lock(run_dir, run_dir.name)
+    try:
+        _drive_prepared(run_dir, load_run_config(run_dir), progress, None)
+    finally:
+        lock.release()
+    return run_dir
+
+
+def answer_gate(ref: str | Path, action: str, feedback: str = "", runs_dir: str | Path = "runs",
+                progress: Callable[[str, dict[str, Any]], None] | None = None) -> Path:
+    """Answer a run waiting at the human gate (approve | revise | abort) and continue it in this process. A run that
+    is not waiting (running, finished, already answered) is a RunError saying so; nothing changes."""
+    from langgraph.types import Command
+
+    if action not in GATE_ACTIONS:
+        raise RunError(f"unknown gate answer {action!r}; choose one of {', '.join(GATE_ACTIONS)}")
+    if action == "revise" and not feedback.strip():
+        raise RunError("revise needs feedback: evotrainer revise RUN \"what to change and why\"")
+    run_dir = find_run(ref, runs_dir)
+    lock = acquire_lock(run_dir, run_dir.name)
+    try:
+        store = RunStore.open(run_dir / "run.db")
+        try:
+            status = store.get_run(run_dir.name)["status"]
+        finally:
+            store.close()
+        if status != "paused":
+            raise RunError(f"run {run_dir.name} is not waiting at a gate (status: {status}); nothing changed")
+        _drive_prepared(run_dir, load_run_config(run_dir), progress,
+                        Command(resume={"action": action, "feedback": feedback}))
+    finally:
+        lock.release()
+    return run_dir
+
+
+def _has_checkpoint(run_dir: Path, run_id: str) -> bool:
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    conn = sqlite3.connect(run_dir / "graph.db", check_same_thread=False)
+    try:
+        return SqliteSaver(conn).get_tuple({"configurable": {"thread_id": run_id}}) is not None
+    finally:
+        conn.close()
