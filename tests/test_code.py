@@ -157,7 +157,7 @@ def test_bad_configs_and_knobs_name_the_field():
 
     with pytest.raises(ConfigError, match=r"env.levels.0.vocab"):
         parse_config({"task": "code", "env": {"levels": [{"depth": 1, "vocab": 99}]}}, "test")
-    with pytest.raises(ConfigError, match="unknown task 'kode'; choose one of code, mapf, math"):
+    with pytest.raises(ConfigError, match="unknown task 'kode'; choose one of code, mapf, math, reasoning"):
         parse_config({"task": "kode"}, "test")
     from harness.tasks.knobs import KnobError
 

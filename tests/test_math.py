@@ -58,7 +58,7 @@ def test_bad_configs_and_knobs_name_the_field():
 
     with pytest.raises(ConfigError, match=r"env.levels.0.terms"):
         parse_config({"task": "math", "env": {"levels": [{"digits": 1, "terms": 7}]}}, "test")
-    with pytest.raises(ConfigError, match="unknown task 'maths'; choose one of code, mapf, math"):
+    with pytest.raises(ConfigError, match="unknown task 'maths'; choose one of code, mapf, math, reasoning"):
         parse_config({"task": "maths"}, "test")
     from harness.tasks.arith import get_knob
     from harness.tasks.knobs import KnobError

@@ -86,10 +86,11 @@ LOOP_SETTINGS = {
     "mapf": {"warm_start": {"sft_examples": 64, "sft_steps": 8}, "max_completion_length": 48},
     "math": {"warm_start": {"sft_examples": 256, "sft_steps": 60}, "max_completion_length": 8},
     "code": {"warm_start": {"sft_examples": 256, "sft_steps": 60}, "max_completion_length": 24},
+    "reasoning": {"warm_start": {"sft_examples": 64, "sft_steps": 10}, "max_completion_length": 8},
 }
 
 
-@pytest.mark.parametrize("family", ["mapf", "math", "code"])
+@pytest.mark.parametrize("family", ["mapf", "math", "code", "reasoning"])
 def test_the_tiny_loop_runs_on_every_family(family, tmp_path, monkeypatch):
     """What a loop shaped for one family would get wrong on another: the env.yaml would be the other family's, the
     diagnosis would carry none of this family's findings or slices, and the engineer could not offer its knobs."""

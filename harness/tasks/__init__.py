@@ -6,7 +6,8 @@ import importlib
 
 from harness.tasks.base import Instance, Outcome, SuiteEntry, Task
 
-TASKS = {"mapf": "harness.tasks.mapf", "math": "harness.tasks.arith", "code": "harness.tasks.code"}
+TASKS = {"mapf": "harness.tasks.mapf", "math": "harness.tasks.arith", "code": "harness.tasks.code",
+         "reasoning": "harness.tasks.reasoning"}
 
 
 class UnknownTaskError(ValueError):
