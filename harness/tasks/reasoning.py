@@ -122,7 +122,7 @@ def generate(config: ReasoningConfig, seed: int) -> ReasoningInstance:
     params = json.dumps(ds.params, sort_keys=True)
     try:
         entry = _rg().create_dataset(ds.name, size=1, seed=seed, **ds.params)[0]
-    except Exception as exc:  # a bad param or a dataset that needs what is not installed: name both
+    except Exception as exc:  # noqa: BLE001 -- a bad param, or a dataset needing what is not installed: name both
         raise ValueError(f"reasoning-gym dataset {ds.name!r} with params {ds.params} failed: "
                          f"{type(exc).__name__}: {exc}; fix env.datasets.{ds.name}.params") from None
     return ReasoningInstance(task="reasoning", seed=seed, dataset=ds.name, params_json=params,
