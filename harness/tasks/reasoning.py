@@ -84,15 +84,7 @@ class ReasoningConfig(BaseModel):
     @field_validator("datasets")
     @classmethod
     def _datasets(cls, v: list[DatasetEntry]) -> list[DatasetEntry]:
-        if not v:
-            raise ValueError("datasets is empty; add at least one entry like {name: leg_counting}")
-        seen = [e.name for e in v]
-        dup = sorted({n for n in seen if seen.count(n) > 1})
-        if dup:
-            raise ValueError(f"datasets must have unique names; {dup[0]} appears {seen.count(dup[0])} times")
-        if not any(e.data_ratio > 0 for e in v):
-            raise ValueError("at least one dataset needs data_ratio > 0 (all have weight 0)")
-        return v
+        return knobs.check_mixture(v, "datasets", "name", "names", "{name: leg_counting}")
 
 
 class ReasoningShaping(BaseModel):
@@ -117,8 +109,7 @@ def _dataset(name: str, params_json: str):
 
 def generate(config: ReasoningConfig, seed: int) -> ReasoningInstance:
     rng = np.random.default_rng([seed, 0x46])
-    w = np.array([e.data_ratio for e in config.datasets], dtype=float)
-    ds = config.datasets[int(rng.choice(len(w), p=w / w.sum()))]
+    ds = knobs.pick(config.datasets, rng)
     params = json.dumps(ds.params, sort_keys=True)
     try:
         entry = _rg().create_dataset(ds.name, size=1, seed=seed, **ds.params)[0]
