@@ -354,6 +354,9 @@ def bench_ladder(
         "runs/bench-ladder"),
     threads: Annotated[int, typer.Option(min=1, help="torch CPU threads")] = 2,
     preset: Annotated[str, typer.Option(help="rung 3: model preset, tiny (1.1M) or small (6.4M)")] = "tiny",
+    warm: Annotated[str, typer.Option(help="rung 3's partial warm start: undertrained (few SFT steps on expert "
+                                           "plans) or noisy (trained to convergence on a teacher whose plans ignore "
+                                           "holes 80% of the time)")] = "undertrained",
 ) -> None:
     """The learning ladder: sampler/trainer log-prob agreement, a toy GRPO must learn, MAPF held-out gain."""
     from harness.benchmarks.ladder import run as ladder
@@ -366,7 +369,11 @@ def bench_ladder(
         fail(f"--rungs {rungs!r}: rungs are 1, 2 and 3")
     if preset not in ("tiny", "small"):
         fail(f"--preset {preset!r}: choose tiny or small")
-    res = ladder(out=out, rungs=want, budget_s=budget, threads=threads, max_steps=max_steps, preset=preset)
+    if warm not in ("undertrained", "noisy"):
+        fail(f"--warm {warm!r}: choose undertrained or noisy")
+    if warm == "noisy" and preset != "tiny":
+        fail("--warm noisy is measured for --preset tiny only; drop --preset")
+    res = ladder(out=out, rungs=want, budget_s=budget, threads=threads, max_steps=max_steps, preset=preset, warm=warm)
     if not all(r.get("passed") for r in res.values()):
         raise typer.Exit(1)
 
@@ -660,6 +667,43 @@ def run(
         cfg = parse_config(yaml.safe_load(yaml.safe_dump(data)), f"{config} (+ command-line overrides)")
     run_dir = start_run(cfg, runs_dir, run_id, progress=_run_progress())
     _finish_run(run_dir)
+
+
+@app.command()
+def experiment(
+    config: Annotated[Path, typer.Argument(help="experiment YAML (see examples/experiment_mapf.yaml)")],
+    arms: Annotated[str | None, typer.Option(help="comma-separated arms (default: the config's): fixed-random, "
+                                            "fixed-template, plr, evolved-rule, evolved-llm")] = None,
+    seeds: Annotated[int | None, typer.Option(min=1, help="seeds per arm (default: the config's)")] = None,
+    out: Annotated[Path, typer.Option(help="where arms, results.json, summary.md, curve.png and experiment.html "
+                                           "go; an existing out resumes (finished arms are not re-run)")] = Path(
+        "runs/experiment"),
+    quick: Annotated[bool, typer.Option("--quick", help="apply the config's quick: overrides (smaller stages)")] = False,
+) -> None:
+    """The headline experiment: fixed-random, fixed-template, an automatic curriculum (PLR) and the evolved harness
+    from the same warm start, at equal compute (GRPO step-equivalents; the loop pays for its own probes and
+    backtests), judged on the same held-out test suite after every stage."""
+    from harness.experiment import ExperimentError, key_values, load_experiment, run_experiment, table
+
+    try:
+        cfg = load_experiment(config, quick=quick)
+        update: dict = {}
+        if arms:
+            update["arms"] = [a.strip() for a in arms.split(",") if a.strip()]
+        if seeds:
+            update["seeds"] = seeds
+        if update:
+            from harness.experiment import ExperimentConfig
+
+            cfg = ExperimentConfig.model_validate({**cfg.model_dump(), **update})
+        s = run_experiment(cfg, out, say=lambda m: console.print(m, highlight=False, markup=False))
+    except ExperimentError as exc:
+        fail(str(exc))
+    console.print(table(s), highlight=False, markup=False)
+    for line in key_values(s):
+        typer.echo(line)
+    typer.echo(f"results: {out / 'results.json'}")
+    typer.echo(f"plot: {out / 'curve.png'} and {out / 'experiment.html'}")
 
 
 @app.command()

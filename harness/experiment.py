@@ -1,0 +1,728 @@
+"""The headline experiment: does an evolving harness train a better policy than the alternatives, at equal compute?
+
+    evotrainer experiment examples/experiment_mapf.yaml --seeds 3 --out runs/experiment
+
+Every arm starts from the same warm start (per seed), trains the same number of stages with the same recipe, and is
+judged on the same held-out test suite, greedy, after every stage. Arms:
+
+- **fixed-random**: one generator config drawn at random at round 0 (each knob of the round-0 env moved uniformly
+  within `random.spread` of its range, integers by at most one) and kept: the papers' baseline.
+- **fixed-template**: the round-0 harness, unchanged.
+- **plr**: prioritised level replay over the round-0 mixture's entries (its levels): before each stage the policy is
+  probed on `plr.probe_n` instances of every level (`plr.samples` samples at the training temperature), each level is
+  scored by its learnability p(1 - p), and the stage trains on the mixture `(1 - rho) * rank-prioritised + rho *
+  uniform` (Jiang et al. 2021's rank prioritisation with temperature `beta`). Its probes are charged.
+- **evolved-rule**: the full loop (`harness.lifecycle.start_run`) with the rule engineer.
+- **evolved-llm**: the full loop with the LLM engineer, when the run config names an endpoint; skipped otherwise.
+
+**Compute** is counted in GRPO step-equivalents: optimiser steps, plus every token the arm generated to judge or
+steer itself (the loop's probes and backtest arms' evaluations, PLR's level probes) converted at the arm's own
+generated tokens per training step. The evolved arm runs its configured stages; its measured compute is then the
+budget of every other arm of that seed, split evenly over the same number of stages (PLR pays its probes out of each
+stage's share). So the loop pays for its own judging. The held-out suite evaluation after every stage is reporting,
+the same for every arm, and is not charged. Without an evolved arm, `budget_steps` sets the budget.
+
+The **harder half** of the suite is fixed before any arm trains: the half of the suite's blocks on which the warm
+start is weakest (mean over seeds), so it names no task family.
+
+Interrupted experiments resume: finished arms (`<out>/<arm>/seed<s>/result.json`) are not re-run, a baseline restarts
+at its last finished stage, and an evolved arm's run is resumed by the loop's own resume.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+ARMS: tuple[str, ...] = ("fixed-random", "fixed-template", "plr", "evolved-rule", "evolved-llm")
+EVOLVED = ("evolved-rule", "evolved-llm")
+# recipe knobs that change what one GRPO step costs: an arm override of one of them would make "equal steps" unequal
+COMPUTE_KNOBS = ("batch_size", "num_generations", "oversample", "max_completion_length", "num_iterations", "steps")
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+
+
+class ExperimentError(ValueError):
+    """An experiment that cannot run as configured; the message names the arm or field and the fix."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PLRConfig(_Strict):
+    probe_n: int = Field(16, ge=2, description="instances per level probed before each stage")
+    samples: int = Field(4, ge=2, description="samples per probed instance (at the recipe's temperature)")
+    beta: float = Field(0.3, gt=0, description="rank-prioritisation temperature: weight ~ (1 / rank) ** (1 / beta)")
+    rho: float = Field(0.3, ge=0, le=1, description="share of the mixture spread uniformly over the levels")
+
+
+class RandomConfig(_Strict):
+    spread: float = Field(0.25, gt=0, le=1, description="a float knob moves uniformly within +-spread x its range; "
+                                                         "an integer knob by -1, 0 or +1")
+    tries: int = Field(200, ge=1, description="draws before giving up on a random config the generator accepts")
+
+
+class ExperimentConfig(_Strict):
+    run: dict[str, Any] = Field(..., description="the run config every arm shares (warm start, recipe, stages, "
+                                                 "suite); the evolved arms run it as is")
+    arms: list[str] = Field(list(ARMS), description=f"arms to run, from {', '.join(ARMS)}")
+    seeds: int = Field(3, ge=1, le=50, description="seeds per arm (each seed: its own warm start, shared by its arms)")
+    budget_steps: int | None = Field(None, ge=1, description="GRPO step-equivalents per arm when no evolved arm runs "
+                                                             "(with one, its measured compute is the budget)")
+    overrides: dict[str, dict[str, Any]] = Field(default_factory=dict, description="per-arm recipe overrides, "
+                                                 "e.g. {plr: {learning_rate: 1e-4}}; never a knob that changes "
+                                                 "what a step costs")
+    plr: PLRConfig = Field(default_factory=PLRConfig)
+    random: RandomConfig = Field(default_factory=RandomConfig)
+    quick: dict[str, Any] = Field(default_factory=dict, description="run-config overrides (deep-merged) for --quick")
+
+    @field_validator("arms")
+    @classmethod
+    def _known(cls, v: list[str]) -> list[str]:
+        bad = [a for a in v if a not in ARMS]
+        if bad:
+            raise ValueError(f"unknown arm {bad[0]!r}; choose from {', '.join(ARMS)}")
+        if len(set(v)) != len(v):
+            raise ValueError("an arm is listed twice")
+        return v
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def load_experiment(path: str | Path, quick: bool = False) -> ExperimentConfig:
+    """The experiment YAML: `run:` a run config (inline, or a path relative to this file), plus the experiment's own
+    fields. `quick` deep-merges the `quick:` overrides into the run config."""
+    path = Path(path)
+    if not path.is_file():
+        raise ExperimentError(f"experiment config {path} not found; see examples/experiment_mapf.yaml")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ExperimentError(f"{path}: not valid YAML: {exc}") from None
+    if isinstance(data.get("run"), str):
+        rp = (path.parent / data["run"]).resolve()
+        if not rp.is_file():
+            raise ExperimentError(f"{path}: run: {data['run']} not found (paths are relative to the experiment file)")
+        data["run"] = yaml.safe_load(rp.read_text()) or {}
+    try:
+        cfg = ExperimentConfig.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ExperimentError(f"{path}: {where}: {first['msg']}") from None
+    if quick and cfg.quick:
+        cfg = cfg.model_copy(update={"run": _merge(cfg.run, cfg.quick)})
+    return cfg
+
+
+def run_config(cfg: ExperimentConfig, seed: int, arm: str, warm: Path | None = None):
+    """The run config of one arm and seed (validated; the seed offsets the run config's own). With `warm` (the
+    experiment's shared warm start), the arm starts from that checkpoint instead of training its own."""
+    from harness.config import parse_config
+
+    data = _merge(cfg.run, {"seed": int(cfg.run.get("seed", 0)) + seed,
+                            "name": f"{cfg.run.get('name', 'exp')}-{arm}-s{seed}"})
+    if warm is not None:
+        data = _merge(data, {"policy": {"checkpoint": str(warm), "preset": None},
+                             "warm_start": {"sft_examples": 0}})
+    if arm in EVOLVED:
+        data = _merge(data, {"engineer": {"kind": "rule" if arm == "evolved-rule" else "llm"}})
+    if arm in cfg.overrides:
+        data = _merge(data, {"recipe": cfg.overrides[arm]})
+    return parse_config(data, f"experiment run config ({arm}, seed {seed})")
+
+
+def plan(cfg: ExperimentConfig) -> dict[str, Any]:
+    """Checks made before anything trains: every arm's compute per step is the same, the budget is defined, the
+    LLM arm has an endpoint. Returns {"arms": runnable arms, "skipped": {arm: why}}."""
+    skipped: dict[str, str] = {}
+    arms = list(cfg.arms)
+    for arm, over in cfg.overrides.items():
+        if arm not in ARMS:
+            raise ExperimentError(f"overrides: unknown arm {arm!r}; choose from {', '.join(ARMS)}")
+        bad = [k for k in over if k in COMPUTE_KNOBS]
+        if bad:
+            base = (cfg.run.get("recipe") or {}).get(bad[0], "the template's")
+            raise ExperimentError(
+                f"arm {arm}: overrides.{arm}.{bad[0]} = {over[bad[0]]} changes what one GRPO step costs (the other "
+                f"arms use {base}), so its compute budget would differ from theirs; arms must have equal compute. "
+                f"Remove it, or set recipe.{bad[0]} in run: for every arm")
+    if "evolved-llm" in arms:
+        eng = (cfg.run.get("engineer") or {})
+        if not (eng.get("base_url") or eng.get("model_path")):
+            arms.remove("evolved-llm")
+            skipped["evolved-llm"] = ("no LLM endpoint configured: set run.engineer.base_url (an OpenAI-compatible "
+                                      "endpoint, e.g. vllm serve) or run.engineer.model_path to run this arm")
+    if not any(a in EVOLVED for a in arms) and cfg.budget_steps is None:
+        raise ExperimentError("no evolved arm to measure the budget from: set budget_steps (GRPO step-equivalents "
+                              "per arm) or add evolved-rule to arms")
+    for seed in range(cfg.seeds):
+        for arm in arms:
+            run_config(cfg, seed, arm)  # a typo in the run config or an override fails here, before training
+    return {"arms": arms, "skipped": skipped}
+
+
+# --- shared pieces ---------------------------------------------------------------------------------------------------
+
+
+def _files(rc) -> dict[str, str]:
+    """The round-0 harness files (template + run-config overrides) as the loop's setup writes them."""
+    from harness.graph import initial_files
+    from sandbox.workspace import TEMPLATE_DIR
+
+    files = {n: (TEMPLATE_DIR / n).read_text() for n in ("env.yaml", "recipe.yaml")}
+    files.update(initial_files(rc))
+    return files
+
+
+class Suite:
+    """The held-out test suite of the run config, and one greedy evaluation of a policy on it (the loop's report
+    evaluation: same instances, greedy, the recipe's max completion length)."""
+
+    def __init__(self, rc):
+        from harness.policy_glue import suite_blocks, suite_instances
+        from harness.tasks import get_task
+
+        self.task = get_task(rc.task)
+        self.insts = suite_instances(self.task, rc.eval.suite, "test")
+        self.blocks = suite_blocks(self.task, rc.eval.suite, "test")
+        if rc.eval.limit:
+            self.insts, self.blocks = self.insts[: rc.eval.limit], self.blocks[: rc.eval.limit]
+        self.style = rc.style
+
+    def evaluate(self, model, tok, max_new: int) -> dict[str, Any]:
+        from harness.policy_glue import evaluate
+        from policies.rollout import SamplingParams
+
+        rep = evaluate(model, tok, self.task, self.insts, self.style,
+                       params=SamplingParams(temperature=0.0, max_new_tokens=max_new, batch_size=64))
+        valid = [0.0] * len(self.insts)
+        optimal = [0.0] * len(self.insts)
+        for r in rep.rollouts:
+            valid[r.group], optimal[r.group] = float(r.valid), float(r.optimal)
+        return {"valid": float(np.mean(valid)), "optimal": float(np.mean(optimal)), "per_instance": valid,
+                "optimal_per_instance": optimal}
+
+
+def _warm_start(rc, task):
+    """(model, tok): the run config's warm start, exactly as the loop's setup builds it (same seeds, same cache key),
+    so every arm of a seed starts from the same weights; loaded from the warm-start cache when present."""
+    from harness import warmstart
+    from harness.backtest import read_harness
+    from harness.seeds import seeds
+
+    if rc.policy.checkpoint:
+        from policies.model import load_policy
+
+        model, tok = load_policy(rc.policy.checkpoint)
+    else:
+        model = tok = None
+    n = rc.warm_start.sft_examples
+    if n == 0:
+        if model is None:
+            from policies.model import build_model
+
+            model, tok = build_model(rc.policy.preset, task.alphabet(), words=task.words(), seed=rc.seed)
+        return model, tok
+    env, recipe, _ = read_harness(_files(rc), task)
+    if rc.warm_start.sft_steps is not None:
+        recipe = recipe.model_copy(update={"sft_steps": rc.warm_start.sft_steps})
+    model, tok, hit, key, _ = warmstart.warm_start(task, rc.policy.preset or "", rc.style, env, seeds("train", n),
+                                                   recipe, seed=rc.seed,
+                                                   model_tok=(model, tok) if rc.policy.checkpoint else None)
+    if key and hit is None:
+        import tempfile
+
+        from policies.model import save_policy
+
+        with tempfile.TemporaryDirectory() as d:
+            save_policy(model, tok, Path(d) / "ws")
+            warmstart.store(key, Path(d) / "ws", {"experiment": True, "sft_examples": n})
+    return model, tok
+
+
+def _stage_split(total: int, stages: int) -> list[int]:
+    base, extra = divmod(max(total, stages), stages)
+    return [base + (1 if k < extra else 0) for k in range(stages)]
+
+
+# --- the arms ----------------------------------------------------------------------------------------------------------
+
+
+def random_env(task, env, spread: float, tries: int, rng: np.random.Generator):
+    """A random generator config near `env`: every knob of the task's grammar moved uniformly (floats within
+    +-spread x range, integers by -1/0/+1), redrawn until the generator accepts it on a few seeds."""
+    from harness.seeds import seeds
+    from harness.tasks import knobs
+
+    specs = knobs.walk(env, "env", task.entry_key)
+    last = ""
+    for _ in range(tries):
+        data = env.model_dump(mode="json")
+        for s in specs:
+            if s.integer:
+                v = int(min(s.hi, max(s.lo, int(s.current) + int(rng.integers(-1, 2)))))
+            else:
+                w = spread * (s.hi - s.lo)
+                v = float(min(s.hi, max(s.lo, float(s.current) + rng.uniform(-w, w))))
+                v = round(v, 3)
+            knobs.set_value(data, knobs.split(s.path, "env"), v, task.entry_key, knob=s.path)
+        try:
+            cand = task.config_model.model_validate(data)
+            for sd in seeds("train", 4, start=10_000_000):
+                task.generate(cand, sd)
+            return cand
+        except Exception as exc:  # noqa: BLE001 - any refusal of the generator means: draw again
+            last = str(exc).splitlines()[0][:200]
+    raise ExperimentError(f"random: no config the generator accepts in {tries} draws (last: {last}); lower "
+                          "random.spread or raise random.tries")
+
+
+def _levels(task, env) -> tuple[str, list[BaseModel]]:
+    """The round-0 mixture's entries (PLR's levels): the config's list of entries keyed by the task's entry key."""
+    key = task.entry_key
+    for name in type(env).model_fields:
+        value = getattr(env, name)
+        if key and isinstance(value, list) and value and all(hasattr(e, key) and hasattr(e, "data_ratio")
+                                                             for e in value):
+            return name, value
+    raise ExperimentError(f"plr: task {task.name}'s generator config has no weighted mixture of keyed entries "
+                          "(levels) to prioritise; drop plr from arms")
+
+
+def plr_weights(scores: list[float], beta: float, rho: float) -> list[float]:
+    """Rank prioritisation (Jiang et al. 2021): h_i = (1 / rank_i) ** (1 / beta), mixed with `rho` uniform."""
+    order = np.argsort(-np.asarray(scores), kind="stable")
+    rank = np.empty(len(scores))
+    rank[order] = np.arange(1, len(scores) + 1)
+    h = (1.0 / rank) ** (1.0 / beta)
+    p = (1 - rho) * h / h.sum() + rho / len(scores)
+    return [float(x) for x in p]
+
+
+def _probe_levels(model, tok, task, env, list_field: str, levels: list, cfg: PLRConfig, recipe, style: str,
+                  stage: int, seed: int) -> tuple[list[float], int]:
+    """Success rate per level on fresh probe-split instances; (rates, tokens generated)."""
+    from harness.policy_glue import evaluate
+    from harness.seeds import seeds
+    from policies.rollout import SamplingParams
+
+    rates, tokens = [], 0
+    for i, lv in enumerate(levels):
+        one = task.config_model.model_validate({**env.model_dump(mode="json"),
+                                                list_field: [{**lv.model_dump(mode="json"), "data_ratio": 1.0}]})
+        start = 5_000_000 + (seed * 1000 + stage * 10 + i) * cfg.probe_n
+        insts = [task.generate(one, s) for s in seeds("probe", cfg.probe_n, start=start)]
+        rep = evaluate(model, tok, task, insts, style,
+                       params=SamplingParams(temperature=recipe.temperature, n=cfg.samples,
+                                             max_new_tokens=recipe.max_completion_length, seed=seed + stage))
+        rates.append(rep.valid)
+        tokens += rep.new_tokens
+    return rates, tokens
+
+
+def run_baseline(arm: str, cfg: ExperimentConfig, seed: int, budget: int, out: Path, suite: Suite, warm: Path,
+                 say: Callable[[str], None] = print) -> dict[str, Any]:
+    """fixed-random, fixed-template or plr for one seed: `budget` step-equivalents over the run config's stages,
+    the held-out suite after each stage. Resumes at its last finished stage."""
+    from harness.backtest import arm_prompts, read_harness, train_arm
+    from harness.seeds import seeds
+    from policies.model import load_policy, save_policy
+
+    rc = run_config(cfg, seed, arm, warm)
+    task = suite.task
+    files = _files(rc)
+    env, recipe, _ = read_harness(files, task)
+    stages = rc.budget.stages
+    out.mkdir(parents=True, exist_ok=True)
+    state_file = out / "env.json"
+    if state_file.exists():
+        env = task.config_model.model_validate(json.loads(state_file.read_text()))
+    elif arm == "fixed-random":
+        env = random_env(task, env, cfg.random.spread, cfg.random.tries, np.random.default_rng([7, rc.seed]))
+        state_file.write_text(env.model_dump_json())
+        say(f"{arm} seed {seed}: random env {env.model_dump(mode='json')}")
+    else:
+        state_file.write_text(env.model_dump_json())
+    shares = _stage_split(budget, stages)
+    curve, done_k = [], 0
+    for k in range(1, stages + 1):
+        f = out / f"stage{k}.json"
+        if f.exists() and (out / f"s{k}" / "config.json").exists():
+            curve.append(json.loads(f.read_text()))
+            done_k = k
+    if done_k:
+        model, tok = load_policy(out / f"s{done_k}")
+        say(f"{arm} seed {seed}: resuming after stage {done_k}")
+    else:
+        model, tok = load_policy(warm)
+    spent = curve[-1]["compute"] if curve else 0.0
+    tps = curve[-1]["tokens_per_step"] if curve else None
+    for k in range(done_k + 1, stages + 1):
+        t0 = time.perf_counter()
+        stage_env, weights, probe_tokens, probe_cost = env, None, 0, 0.0
+        if arm == "plr":
+            list_field, levels = _levels(task, env)
+            rates, probe_tokens = _probe_levels(model, tok, task, env, list_field, levels, cfg.plr, recipe, rc.style,
+                                                k, rc.seed)
+            weights = plr_weights([r * (1 - r) for r in rates], cfg.plr.beta, cfg.plr.rho)
+            stage_env = task.config_model.model_validate(
+                {**env.model_dump(mode="json"),
+                 list_field: [{**lv.model_dump(mode="json"), "data_ratio": round(w, 4)}
+                              for lv, w in zip(levels, weights, strict=True)]})
+            probe_cost = probe_tokens / tps if tps else 0.0  # stage 1: charged after training, repaid in stage 2
+        # cumulative targeting: a stage trains what keeps the arm on its budget line (PLR's probes come out of it)
+        steps = max(1, round(sum(shares[:k]) - spent - probe_cost))
+        files_k = {**files, "env.yaml": yaml.safe_dump(stage_env.model_dump(mode="json"), sort_keys=False)}
+        start = 50_000_000 + rc.seed * 10_000_000 + k * 1_000_000  # fresh train instances per seed and stage
+        train_seeds = seeds("train", arm_prompts(recipe, steps), start=start)
+        m = train_arm(model, tok, task, files_k, steps, train_seeds, seed=rc.seed + k, style=rc.style)
+        tps = m.tokens_generated / max(1, len(m.steps))
+        cost = len(m.steps) + probe_tokens / tps
+        spent += cost
+        ev = suite.evaluate(model, tok, recipe.max_completion_length)
+        row = {"stage": k, "steps": len(m.steps), "train_tokens": m.tokens_generated, "probe_tokens": probe_tokens,
+               "tokens_per_step": tps, "compute": spent, "valid": ev["valid"], "optimal": ev["optimal"],
+               "per_instance": ev["per_instance"], "optimal_per_instance": ev["optimal_per_instance"],
+               "weights": weights, "seconds": time.perf_counter() - t0}
+        save_policy(model, tok, out / f"s{k}")
+        (out / f"stage{k}.json").write_text(json.dumps(row))
+        if k > 1 and (out / f"s{k - 1}").exists():
+            shutil.rmtree(out / f"s{k - 1}")
+        curve.append(row)
+        say(f"{arm} seed {seed} stage {k}/{stages}: {len(m.steps)} steps"
+            + (f" (PLR weights {', '.join(f'{w:.2f}' for w in weights)})" if weights else "")
+            + f", held-out valid {ev['valid']:.3f}, compute {spent:.0f}/{budget} step-eq, {row['seconds']:.0f}s")
+    return {"arm": arm, "seed": seed, "budget": budget, "compute": spent, "env": env.model_dump(mode="json"),
+            "curve": [{k: v for k, v in r.items() if not k.endswith("per_instance")} for r in curve],
+            "final": curve[-1]}
+
+
+def evolved_compute(run_dir: Path) -> dict[str, Any]:
+    """The loop's compute from its ledger, in step-equivalents: every GRPO step (the policy's and every backtest
+    arm's) plus every token generated to judge (probes, backtest evaluations) at its training tokens per step. The
+    SFT warm start (shared by all arms) and the report's test-suite evaluation (done for every arm) are excluded."""
+    import sqlite3
+
+    db = sqlite3.connect(run_dir / "run.db")
+    rows = db.execute("SELECT stage, kind, label, tokens, steps FROM compute").fetchall()
+    db.close()
+    steps = sum(r[4] for r in rows if r[1] == "grpo")
+    train_tok = sum(r[3] for r in rows if r[1] == "grpo")
+    tps = train_tok / max(1, steps)
+    by_stage: dict[int, float] = {}
+    judge_tok = 0
+    for stage, kind, label, tokens, st in rows:
+        if kind == "sft" or label == "test":
+            continue
+        c = st if kind == "grpo" else tokens / tps
+        judge_tok += 0 if kind == "grpo" else tokens
+        by_stage[stage] = by_stage.get(stage, 0.0) + c
+    return {"steps": steps, "train_tokens": train_tok, "judge_tokens": judge_tok, "tokens_per_step": tps,
+            "compute": steps + judge_tok / tps, "by_stage": by_stage}
+
+
+def run_evolved(arm: str, cfg: ExperimentConfig, seed: int, out: Path, suite: Suite, warm: Path,
+                say: Callable[[str], None] = print) -> dict[str, Any]:
+    """The full loop for one seed (resumed when interrupted), then its stage policies judged on the suite."""
+    from harness.lifecycle import resume_run, start_run
+    from harness.store import RunStore
+    from policies.model import load_policy
+
+    rc = run_config(cfg, seed, arm, warm)
+    out.mkdir(parents=True, exist_ok=True)
+    run_dir = out / "run"
+    if (run_dir / "run.db").exists():
+        say(f"{arm} seed {seed}: resuming its run {run_dir}")
+        resume_run(run_dir, out)
+    else:
+        start_run(rc, out, "run")
+    comp = evolved_compute(run_dir)
+    store = RunStore.open(run_dir / "run.db")
+    run_id = store.runs()[0]
+    stages = sorted(r[0] for r in store.db.execute("SELECT DISTINCT stage FROM nodes WHERE run = ? AND node = "
+                                                   "'decide'", [run_id]).fetchall())
+    curve, spent = [], 0.0
+    recipe_max = run_max_new(rc, suite.task)
+    for k in stages:
+        res = store.node_result(run_id, k, "decide") or {}
+        ckpt = res.get("next_policy")
+        spent += comp["by_stage"].get(k, 0.0)
+        if not ckpt or not Path(ckpt).exists():
+            continue
+        model, tok = load_policy(ckpt)
+        ev = suite.evaluate(model, tok, recipe_max)
+        curve.append({"stage": k, "compute": spent, "valid": ev["valid"], "optimal": ev["optimal"],
+                      "per_instance": ev["per_instance"], "optimal_per_instance": ev["optimal_per_instance"],
+                      "winner": res.get("winner")})
+        say(f"{arm} seed {seed} stage {k}: {'promoted ' + res['winner'] if res.get('winner') else 'no promotion'}, "
+            f"held-out valid {ev['valid']:.3f}, compute {spent:.0f} step-eq")
+    promoted = [c["winner"] for c in curve if c.get("winner")]
+    store.close()
+    if not curve:
+        raise ExperimentError(f"{arm} seed {seed}: the run {run_dir} finished no stage; see its report")
+    return {"arm": arm, "seed": seed, "budget": comp["compute"], "compute": comp["compute"], "ledger": comp,
+            "promoted": promoted, "run_dir": str(run_dir),
+            "curve": [{k: v for k, v in r.items() if not k.endswith("per_instance")} for r in curve],
+            "final": curve[-1]}
+
+
+def run_max_new(rc, task) -> int:
+    from harness.backtest import read_harness
+
+    return int(read_harness(_files(rc), task)[1].max_completion_length)
+
+
+# --- the whole experiment -------------------------------------------------------------------------------------------
+
+
+def mean_ci(xs: list[float]) -> tuple[float, float, float]:
+    """Mean and 95% t-interval over seeds (the interval is the mean itself for one seed)."""
+    a = np.asarray(xs, dtype=float)
+    if a.size < 2:
+        return float(a.mean()), float(a.mean()), float(a.mean())
+    half = T95.get(a.size - 1, 1.96) * a.std(ddof=1) / math.sqrt(a.size)
+    return float(a.mean()), float(a.mean() - half), float(a.mean() + half)
+
+
+def harder_half(blocks: list[str], warm: list[list[float]]) -> list[str]:
+    """The half of the suite's blocks (rounded up) where the warm start is weakest, mean over seeds; ties go to the
+    later block (suites list their harder blocks last)."""
+    names = list(dict.fromkeys(blocks))
+    score = {b: float(np.mean([np.mean([v for v, bb in zip(w, blocks, strict=True) if bb == b]) for w in warm]))
+             for b in names}
+    order = sorted(names, key=lambda b: (score[b], -names.index(b)))
+    return sorted(order[: (len(names) + 1) // 2], key=names.index)
+
+
+def _part(per: list[float], blocks: list[str], keep: set[str]) -> float:
+    vals = [v for v, b in zip(per, blocks, strict=True) if b in keep]
+    return float(np.mean(vals)) if vals else float("nan")
+
+
+def summarize(results: dict[str, list[dict[str, Any]]], blocks: list[str], warm: list[dict[str, Any]],
+              hard: list[str]) -> dict[str, Any]:
+    """Per arm: final held-out valid (overall, harder half, easier half, per block), optimal, compute; and paired
+    per-seed differences of the evolved arms against each baseline."""
+    from harness.backtest import paired_bootstrap
+
+    hard_set, easy_set = set(hard), set(blocks) - set(hard)
+    names = list(dict.fromkeys(blocks))
+    arms: dict[str, Any] = {}
+    for arm, rows in results.items():
+        rows = sorted(rows, key=lambda r: r["seed"])
+        fin = [r["final_per_instance"] for r in rows]
+        arms[arm] = {
+            "seeds": len(rows),
+            "valid": mean_ci([float(np.mean(f)) for f in fin]),
+            "hard": mean_ci([_part(f, blocks, hard_set) for f in fin]),
+            "easy": mean_ci([_part(f, blocks, easy_set) for f in fin]),
+            "optimal": mean_ci([r["final"]["optimal"] for r in rows]),
+            "compute": mean_ci([r["compute"] for r in rows]),
+            "budget": mean_ci([r["budget"] for r in rows]),
+            "blocks": {b: float(np.mean([_part(f, blocks, {b}) for f in fin])) for b in names},
+            "promoted": sum(len(r.get("promoted", [])) for r in rows) if arm in EVOLVED else None,
+        }
+    ws = [w["per_instance"] for w in warm]
+    arms_ws = {"valid": mean_ci([float(np.mean(f)) for f in ws]), "hard": mean_ci([_part(f, blocks, hard_set)
+                                                                                   for f in ws]),
+               "easy": mean_ci([_part(f, blocks, easy_set) for f in ws]),
+               "blocks": {b: float(np.mean([_part(f, blocks, {b}) for f in ws])) for b in names}}
+    comparisons = {}
+    for evo in [a for a in results if a in EVOLVED]:
+        for base in [a for a in results if a not in EVOLVED]:
+            by_seed = {r["seed"]: r for r in results[base]}
+            pairs = [(r, by_seed[r["seed"]]) for r in results[evo] if r["seed"] in by_seed]
+            if not pairs:
+                continue
+            out = {}
+            for part, keep in (("valid", set(blocks)), ("hard", hard_set), ("easy", easy_set)):
+                diffs = [_part(e["final_per_instance"], blocks, keep) - _part(b["final_per_instance"], blocks, keep)
+                         for e, b in pairs]
+                if not keep:
+                    continue
+                ctrl = np.concatenate([[v for v, bb in zip(b["final_per_instance"], blocks, strict=True) if bb in keep]
+                                       for _, b in pairs])
+                cand = np.concatenate([[v for v, bb in zip(e["final_per_instance"], blocks, strict=True) if bb in keep]
+                                       for e, _ in pairs])
+                eff, lo, hi = paired_bootstrap(ctrl, cand, 2000, 0.025, np.random.default_rng(0))
+                out[part] = {"seeds": mean_ci(diffs), "instances": (eff, lo, hi), "n_instances": int(ctrl.size)}
+            comparisons[f"{evo} vs {base}"] = out
+    return {"arms": arms, "warm_start": arms_ws, "hard_blocks": hard, "comparisons": comparisons}
+
+
+def run_experiment(cfg: ExperimentConfig, out: str | Path, say: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run (or resume) every arm x seed, then write results.json, summary.md, curve.png and experiment.html."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    p = plan(cfg)
+    for arm, why in p["skipped"].items():
+        say(f"{arm}: skipped: {why}")
+    arms = p["arms"]
+    (out / "experiment.json").write_text(json.dumps(cfg.model_dump(mode="json"), indent=1))
+    rc0 = run_config(cfg, 0, arms[0])
+    suite = Suite(rc0)
+    say(f"experiment: arms {', '.join(arms)}; {cfg.seeds} seed(s); {rc0.budget.stages} stages each; held-out suite "
+        f"{rc0.eval.suite} ({len(suite.insts)} instances); out {out}")
+    t_start = time.time()
+    results: dict[str, list[dict[str, Any]]] = {a: [] for a in arms}
+    max_new = run_max_new(rc0, suite.task)
+    ws_dir, wf = out / "warmstart" / "policy", out / "warmstart" / "heldout.json"
+    if not (wf.exists() and (ws_dir / "config.json").exists()):
+        from harness.policy_glue import write_policy_meta
+        from policies.model import save_policy
+
+        t0 = time.time()
+        model, tok = _warm_start(rc0, suite.task)  # the run config's warm start (from the cache when present)
+        save_policy(model, tok, ws_dir)
+        write_policy_meta(ws_dir, suite.task.name, rc0.style)
+        wf.write_text(json.dumps(suite.evaluate(model, tok, max_new)))
+        say(f"warm start: {ws_dir} ({time.time() - t0:.0f}s), shared by every arm and seed")
+    warm_ev = json.loads(wf.read_text())
+    say(f"warm start held-out valid {warm_ev['valid']:.3f}")
+    warm = [warm_ev]
+    for seed in range(cfg.seeds):
+        budget = cfg.budget_steps
+        for arm in sorted(arms, key=lambda a: a not in EVOLVED):  # evolved first: its compute is the budget
+            rf = out / arm / f"seed{seed}" / "result.json"
+            if rf.exists():
+                r = json.loads(rf.read_text())
+                say(f"{arm} seed {seed}: done earlier (held-out valid {r['final']['valid']:.3f}), not re-run")
+            else:
+                t0 = time.time()
+                if arm in EVOLVED:
+                    r = run_evolved(arm, cfg, seed, out / arm / f"seed{seed}", suite, ws_dir, say)
+                else:
+                    if budget is None:
+                        raise ExperimentError("no budget: the evolved arm recorded no compute")
+                    r = run_baseline(arm, cfg, seed, int(budget), out / arm / f"seed{seed}", suite, ws_dir, say)
+                r["final_per_instance"] = r["final"].pop("per_instance", None) or _final_per_instance(out, arm, seed)
+                r["wall_s"] = time.time() - t0
+                rf.write_text(json.dumps(r))
+            if arm in EVOLVED and cfg.budget_steps is None:
+                budget = round(r["compute"]) if budget is None else budget
+            results[arm].append(r)
+    blocks = suite.blocks
+    hard = harder_half(blocks, [w["per_instance"] for w in warm])
+    summary = summarize(results, blocks, warm, hard)
+    summary.update({"wall_s": time.time() - t_start, "suite": rc0.eval.suite, "n_instances": len(blocks),
+                    "stages": rc0.budget.stages, "seeds": cfg.seeds, "skipped": p["skipped"],
+                    "curves": {a: [[r["curve"] for r in rows]][0] for a, rows in results.items()},
+                    "warm_valid": [w["valid"] for w in warm]})
+    (out / "results.json").write_text(json.dumps(summary, indent=1, default=float))
+    (out / "summary.md").write_text(table(summary))
+    write_plot(summary, out)
+    return summary
+
+
+def _final_per_instance(out: Path, arm: str, seed: int) -> list[float]:
+    raise ExperimentError(f"{arm} seed {seed}: no per-instance outcomes recorded; delete {out / arm / f'seed{seed}'} "
+                          "and run the experiment again")
+
+
+def _pct(m: tuple[float, float, float]) -> str:
+    return f"{100 * m[0]:.1f} [{100 * m[1]:.1f}, {100 * m[2]:.1f}]"
+
+
+def table(s: dict[str, Any]) -> str:
+    """The summary as Markdown: one row per arm, then the paired comparisons, then per block."""
+    hard = ", ".join(s["hard_blocks"])
+    lines = [(f"Held-out suite `{s['suite']}` ({s['n_instances']} instances, greedy), {s['seeds']} seed(s), "
+             f"{s['stages']} stages; mean over seeds [95% t-interval]. Harder half: {hard}."), "",
+             "| arm | valid % | harder half % | easier half % | optimal % | compute (GRPO step-eq) | promotions |",
+             "|---|---|---|---|---|---|---|"]
+    w = s["warm_start"]
+    lines.append(f"| warm start | {_pct(w['valid'])} | {_pct(w['hard'])} | {_pct(w['easy'])} | | 0 | |")
+    for arm, a in s["arms"].items():
+        lines.append(f"| {arm} | {_pct(a['valid'])} | {_pct(a['hard'])} | {_pct(a['easy'])} | {_pct(a['optimal'])} "
+                     f"| {a['compute'][0]:.0f} | {'' if a['promoted'] is None else a['promoted']} |")
+    for arm, why in s.get("skipped", {}).items():
+        lines.append(f"| {arm} | skipped: {why} | | | | | |")
+    if s["comparisons"]:
+        lines += ["", ("| comparison | valid, points (seeds) | harder half (seeds) | valid (instances, paired bootstrap) "
+                  "| harder half (instances) |"), "|---|---|---|---|---|"]
+        for name, c in s["comparisons"].items():
+            lines.append(f"| {name} | {_pct(c['valid']['seeds'])} | {_pct(c['hard']['seeds'])} | "
+                         f"{_pct(c['valid']['instances'])} | {_pct(c['hard']['instances'])} |")
+    blocks = list(w["blocks"])
+    lines += ["", "| block | warm start | " + " | ".join(s["arms"]) + " |", "|---" * (len(s["arms"]) + 2) + "|"]
+    for b in blocks:
+        mark = " (harder)" if b in s["hard_blocks"] else ""
+        lines.append(f"| {b}{mark} | {100 * w['blocks'][b]:.1f} | "
+                     + " | ".join(f"{100 * a['blocks'][b]:.1f}" for a in s["arms"].values()) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def key_values(s: dict[str, Any]) -> list[str]:
+    """`key: value` lines for scripts."""
+    out = [f"experiment_warm_valid: {s['warm_start']['valid'][0]:.4f}"]
+    for arm, a in s["arms"].items():
+        k = arm.replace("-", "_")
+        out += [f"experiment_{k}_valid: {a['valid'][0]:.4f} [{a['valid'][1]:.4f}, {a['valid'][2]:.4f}]",
+                f"experiment_{k}_hard: {a['hard'][0]:.4f} [{a['hard'][1]:.4f}, {a['hard'][2]:.4f}]",
+                f"experiment_{k}_compute: {a['compute'][0]:.1f}"]
+    for name, c in s["comparisons"].items():
+        k = name.replace(" vs ", "_vs_").replace("-", "_")
+        for part in ("valid", "hard"):
+            m = c[part]["seeds"]
+            out.append(f"experiment_{k}_{part}: {m[0]:+.4f} [{m[1]:+.4f}, {m[2]:+.4f}]")
+    out.append(f"experiment_wall_s: {s['wall_s']:.0f}")
+    return out
+
+
+def write_plot(s: dict[str, Any], out: Path) -> None:
+    """Held-out valid against compute, one line per arm (mean over seeds at each stage): curve.png and a
+    self-contained experiment.html (inline SVG + the summary table)."""
+    import html
+    import io
+
+    from harness.report_page import _plt
+
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    w0 = float(np.mean(s["warm_valid"]))
+    for arm, curves in s["curves"].items():
+        n = min(len(c) for c in curves)
+        xs = [0.0] + [float(np.mean([c[i]["compute"] for c in curves])) for i in range(n)]
+        ys = [100 * w0] + [100 * float(np.mean([c[i]["valid"] for c in curves])) for i in range(n)]
+        ax.plot(xs, ys, marker="o", label=arm)
+    ax.set_xlabel("compute (GRPO step-equivalents, mean over seeds)")
+    ax.set_ylabel(f"held-out valid % ({s['suite']})")
+    ax.legend(fontsize=8, frameon=False)
+    fig.savefig(out / "curve.png", dpi=120, bbox_inches="tight")
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight")
+    plt.close(fig)
+    svg = buf.getvalue()
+    svg = svg[svg.index("<svg"):]
+    rows = []
+    for line in table(s).splitlines():
+        if line.startswith("|---"):
+            continue
+        if line.startswith("|"):
+            rows.append("<tr>" + "".join(f"<td>{html.escape(c.strip())}</td>" for c in line.strip("|").split("|"))
+                        + "</tr>")
+        elif line.strip():
+            rows.append(f"</table><p>{html.escape(line)}</p><table>")
+        else:
+            rows.append("</table><table>")
+    page = ("<!doctype html><meta charset=utf-8><title>evotrainer experiment</title><style>body{font:14px "
+            "system-ui,sans-serif;max-width:960px;margin:2em auto}table{border-collapse:collapse;margin:1em 0}"
+            "td{border:1px solid #ccc;padding:3px 8px}tr:first-child td{font-weight:600;background:#f3f3f3}</style>"
+            "<h1>Evolved harness vs fixed and automatic curricula, equal compute</h1>"
+            f"<figure>{svg}</figure><table>{''.join(rows)}</table>")
+    (out / "experiment.html").write_text(page)

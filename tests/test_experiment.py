@@ -1,0 +1,137 @@
+"""The headline experiment (`harness.experiment`, `evotrainer experiment`) at a tiny size: real warm start, real GRPO
+stages for every arm, the real loop for the evolved arm, a real held-out suite evaluation, and the outputs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from harness.experiment import (
+    ExperimentError,
+    harder_half,
+    load_experiment,
+    plan,
+    plr_weights,
+    random_env,
+    run_experiment,
+)
+
+TINY_RUN = {
+    "task": "mapf", "name": "t", "seed": 0, "policy": {"preset": "tiny"},
+    "env": {"min_distance": 1, "sizes": [{"size": s, "data_ratio": 0.5, "hole_ratio": 0.2, "wait_ratio": 0.5,
+                                         "agents": 2} for s in (3, 4)]},
+    "warm_start": {"sft_examples": 64, "sft_steps": 20},
+    "recipe": {"steps": 1, "batch_size": 8, "num_generations": 4, "learning_rate": 1e-4, "temperature": 0.7,
+               "beta": 0.0, "max_completion_length": 48},
+    "budget": {"stages": 2}, "stage": {"train_instances": 16, "probe_n": 4, "probe_samples": 2},
+    "backtest": {"arm_steps": 1, "n": 8, "samples": 2}, "engineer": {"kind": "rule"},
+    "eval": {"suite": "small", "limit": 32},
+}
+
+
+def _cfg(tmp_path: Path, **kw) -> Path:
+    data = {"run": TINY_RUN, "seeds": 1, "plr": {"probe_n": 2, "samples": 2}, **kw}
+    p = tmp_path / "exp.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def test_plr_weights_follow_learnability_with_a_uniform_floor():
+    w = plr_weights([0.0, 0.25, 0.09], beta=0.3, rho=0.3)
+    assert abs(sum(w) - 1) < 1e-9
+    assert w[1] > w[2] > w[0]  # p(1-p) = 0.25 (p = 0.5) is the most learnable level
+    assert min(w) >= 0.3 / 3 - 1e-12  # rho spreads 30% uniformly: no level starves
+    assert plr_weights([0.1, 0.1], beta=0.3, rho=1.0) == [0.5, 0.5]
+
+
+def test_mean_ci_is_a_t_interval_over_seeds():
+    from harness.experiment import mean_ci
+
+    m, lo, hi = mean_ci([0.2, 0.3, 0.4])
+    assert abs(m - 0.3) < 1e-12 and abs((hi - m) - 4.303 * 0.1 / 3 ** 0.5) < 1e-9 and abs((m - lo) - (hi - m)) < 1e-12
+    assert mean_ci([0.5]) == (0.5, 0.5, 0.5)
+
+
+def test_harder_half_is_where_the_warm_start_is_weakest():
+    blocks = ["a", "a", "b", "b", "c", "c", "d", "d"]
+    warm = [[1, 1, 0, 0, 1, 0, 0, 0]]  # a 1.0, b 0.0, c 0.5, d 0.0
+    assert harder_half(blocks, warm) == ["b", "d"]
+    assert harder_half(["x", "y", "z"], [[0.0, 0.0, 1.0]]) == ["x", "y"]  # rounded up
+
+
+def test_random_env_is_a_reproducible_draw_the_generator_accepts():
+    from harness.tasks import get_task
+
+    task = get_task("mapf")
+    env = task.config_model.model_validate(TINY_RUN["env"])
+    a = random_env(task, env, 0.25, 50, np.random.default_rng(3))
+    b = random_env(task, env, 0.25, 50, np.random.default_rng(3))
+    assert a == b and a != env
+    task.generate(a, 0)
+    for ea, e0 in zip(a.sizes, env.sizes, strict=True):  # integers move by at most one, floats within the spread
+        assert abs(ea.agents - e0.agents) <= 1
+        assert abs(ea.hole_ratio - e0.hole_ratio) <= 0.25 * 0.6 + 1e-9
+
+
+def test_unequal_compute_and_bad_arms_are_refused_before_training(tmp_path):
+    with pytest.raises(ExperimentError, match=r"arm plr: overrides\.plr\.batch_size = 16 changes what one GRPO step "
+                                              r"costs.*equal compute"):
+        plan(load_experiment(_cfg(tmp_path, overrides={"plr": {"batch_size": 16}})))
+    with pytest.raises(ExperimentError, match="arms.*unknown arm 'evolved'"):
+        load_experiment(_cfg(tmp_path, arms=["evolved"]))
+    with pytest.raises(ExperimentError, match="set budget_steps"):
+        plan(load_experiment(_cfg(tmp_path, arms=["plr", "fixed-template"])))
+    with pytest.raises(Exception, match="learning_rat"):  # a typo in an override is the run config's error
+        plan(load_experiment(_cfg(tmp_path, overrides={"plr": {"learning_rat": 1e-4}})))
+    p = plan(load_experiment(_cfg(tmp_path)))
+    assert "evolved-llm" not in p["arms"] and "base_url" in p["skipped"]["evolved-llm"]
+    r = subprocess.run([sys.executable, "-m", "harness.cli", "experiment", str(_cfg(tmp_path, arms=["nope"])),
+                        "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 2 and "unknown arm 'nope'" in r.stderr and not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow
+def test_tiny_experiment_runs_every_arm_at_equal_compute_and_resumes(tmp_path, monkeypatch):
+    monkeypatch.setenv("EVOTRAINER_HOME", str(tmp_path / "home"))
+    out = tmp_path / "out"
+    said: list[str] = []
+    cfg = load_experiment(_cfg(tmp_path))
+    s = run_experiment(cfg, out, say=said.append)
+    assert set(s["arms"]) == {"fixed-random", "fixed-template", "plr", "evolved-rule"}
+    assert "evolved-llm" in s["skipped"]
+    for seed in range(1):
+        evo = json.loads((out / "evolved-rule" / f"seed{seed}" / "result.json").read_text())
+        assert evo["ledger"]["steps"] >= 2 * TINY_RUN["recipe"]["steps"]  # its own steps are counted...
+        assert evo["compute"] > evo["ledger"]["steps"]  # ...and so are its probes' and backtests' tokens
+        for arm in ("fixed-random", "fixed-template", "plr"):
+            r = json.loads((out / arm / f"seed{seed}" / "result.json").read_text())
+            assert r["budget"] == round(evo["compute"])
+            # equal compute: within one step-equivalent per stage of the evolved arm's (PLR pays its probes)
+            assert abs(r["compute"] - evo["compute"]) <= 2 + 1e-9, (arm, r["compute"], evo["compute"])
+            assert len(r["curve"]) == 2 and len(r["final_per_instance"]) == 32
+    plr = json.loads((out / "plr" / "seed0" / "result.json").read_text())  # read before the resume check below
+    assert all(c["probe_tokens"] > 0 and abs(sum(c["weights"]) - 1) < 1e-3 for c in plr["curve"])
+    assert plr["curve"][0]["steps"] > plr["curve"][1]["steps"] or plr["curve"][1]["probe_tokens"] > 0
+    assert s["hard_blocks"] and "evolved-rule vs fixed-random" in s["comparisons"]
+    assert (out / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = (out / "experiment.html").read_text()
+    assert "<svg" in page and "fixed-random" in page and "plr" in page
+    assert "| evolved-rule |" in (out / "summary.md").read_text()
+
+    # resume: nothing finished is re-run; an interrupted baseline restarts at its last finished stage
+    d = out / "plr" / "seed0"  # as a crash inside stage 2 leaves it: stage 1's record and checkpoint, no stage 2
+    (d / "result.json").unlink()
+    (d / "stage2.json").unlink()
+    (d / "s2").rename(d / "s1")
+    said.clear()
+    s2 = run_experiment(cfg, out, say=said.append)
+    assert any("evolved-rule seed 0: done earlier" in m for m in said)
+    assert any("plr seed 0: resuming after stage 1" in m for m in said)
+    assert sum("stage 2/2" in m for m in said) == 1 and not any("stage 1/2" in m for m in said)
+    assert s2["arms"]["fixed-template"] == s["arms"]["fixed-template"]
