@@ -696,10 +696,11 @@ def experiment(
             from harness.experiment import ExperimentConfig
 
             cfg = ExperimentConfig.model_validate({**cfg.model_dump(), **update})
-        s = run_experiment(cfg, out, say=lambda m: console.print(m, highlight=False, markup=False))
+        s = run_experiment(cfg, out, say=lambda m: console.print(m, highlight=False, markup=False, soft_wrap=True),
+                           progress=_run_progress())
     except ExperimentError as exc:
         fail(str(exc))
-    console.print(table(s), highlight=False, markup=False)
+    console.print(table(s), highlight=False, markup=False, soft_wrap=True)
     for line in key_values(s):
         typer.echo(line)
     typer.echo(f"results: {out / 'results.json'}")

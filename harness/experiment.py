@@ -2,8 +2,10 @@
 
     evotrainer experiment examples/experiment_mapf.yaml --seeds 3 --out runs/experiment
 
-Every arm starts from the same warm start (per seed), trains the same number of stages with the same recipe, and is
-judged on the same held-out test suite, greedy, after every stage. Arms:
+Every arm and seed starts from one warm start (the run config's SFT warm start, trained once, cached, and saved as
+`<out>/warmstart/policy`), trains the same number of stages with the same recipe, and is judged on the same held-out
+test suite, greedy, after every stage. Seeds vary the RL randomness, the training instances and the random arm's
+draw, not the warm start, so the intervals across seeds measure RL variance. Arms:
 
 - **fixed-random**: one generator config drawn at random at round 0 (each knob of the round-0 env moved uniformly
   within `random.spread` of its range, integers by at most one) and kept: the papers' baseline.
@@ -75,7 +77,8 @@ class ExperimentConfig(_Strict):
     run: dict[str, Any] = Field(..., description="the run config every arm shares (warm start, recipe, stages, "
                                                  "suite); the evolved arms run it as is")
     arms: list[str] = Field(list(ARMS), description=f"arms to run, from {', '.join(ARMS)}")
-    seeds: int = Field(3, ge=1, le=50, description="seeds per arm (each seed: its own warm start, shared by its arms)")
+    seeds: int = Field(3, ge=1, le=50, description="seeds per arm (RL randomness, training instances, the random "
+                                                   "draw; the warm start is shared)")
     budget_steps: int | None = Field(None, ge=1, description="GRPO step-equivalents per arm when no evolved arm runs "
                                                              "(with one, its measured compute is the budget)")
     overrides: dict[str, dict[str, Any]] = Field(default_factory=dict, description="per-arm recipe overrides, "
@@ -437,7 +440,7 @@ def evolved_compute(run_dir: Path) -> dict[str, Any]:
 
 
 def run_evolved(arm: str, cfg: ExperimentConfig, seed: int, out: Path, suite: Suite, warm: Path,
-                say: Callable[[str], None] = print) -> dict[str, Any]:
+                say: Callable[[str], None] = print, progress=None) -> dict[str, Any]:
     """The full loop for one seed (resumed when interrupted), then its stage policies judged on the suite."""
     from harness.lifecycle import resume_run, start_run
     from harness.store import RunStore
@@ -448,9 +451,10 @@ def run_evolved(arm: str, cfg: ExperimentConfig, seed: int, out: Path, suite: Su
     run_dir = out / "run"
     if (run_dir / "run.db").exists():
         say(f"{arm} seed {seed}: resuming its run {run_dir}")
-        resume_run(run_dir, out)
+        resume_run(run_dir, out, progress=progress)
     else:
-        start_run(rc, out, "run")
+        say(f"{arm} seed {seed}: the loop runs in {run_dir} (`evotrainer status {run_dir}` shows it live)")
+        start_run(rc, out, "run", progress=progress)
     comp = evolved_compute(run_dir)
     store = RunStore.open(run_dir / "run.db")
     run_id = store.runs()[0]
@@ -565,8 +569,10 @@ def summarize(results: dict[str, list[dict[str, Any]]], blocks: list[str], warm:
     return {"arms": arms, "warm_start": arms_ws, "hard_blocks": hard, "comparisons": comparisons}
 
 
-def run_experiment(cfg: ExperimentConfig, out: str | Path, say: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run (or resume) every arm x seed, then write results.json, summary.md, curve.png and experiment.html."""
+def run_experiment(cfg: ExperimentConfig, out: str | Path, say: Callable[[str], None] = print,
+                   progress=None) -> dict[str, Any]:
+    """Run (or resume) every arm x seed, then write results.json, summary.md, curve.png and experiment.html.
+    `progress` is the loop's live-progress callback for the evolved arms (`evotrainer run`'s printer in the CLI)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     p = plan(cfg)
@@ -605,7 +611,7 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, say: Callable[[str], 
             else:
                 t0 = time.time()
                 if arm in EVOLVED:
-                    r = run_evolved(arm, cfg, seed, out / arm / f"seed{seed}", suite, ws_dir, say)
+                    r = run_evolved(arm, cfg, seed, out / arm / f"seed{seed}", suite, ws_dir, say, progress)
                 else:
                     if budget is None:
                         raise ExperimentError("no budget: the evolved arm recorded no compute")
