@@ -43,6 +43,13 @@ def test_every_example_config_loads():
     examples = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.yaml"))
     assert {p.name for p in examples} >= {"mapf_quick.yaml", "mapf_overnight.yaml", "mapf_gpu.yaml", "math_quick.yaml"}
     for p in examples:
-        cfg = load_config(p)
         assert p.name in README, f"{p.name} is not mentioned in README.md"
+        if p.name.startswith("experiment_"):  # an experiment wraps a run config: experiment_<family>.yaml
+            from harness.experiment import load_experiment, plan
+
+            exp = load_experiment(p)
+            plan(exp)  # every arm's run config validates
+            assert exp.run["task"] == p.stem.split("_")[1], (p.name, exp.run["task"])
+            continue
+        cfg = load_config(p)
         assert cfg.task == p.name.split("_")[0], (p.name, cfg.task)  # <family>_<what>.yaml
