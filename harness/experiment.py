@@ -362,12 +362,10 @@ def run_baseline(arm: str, cfg: ExperimentConfig, seed: int, budget: int, out: P
     else:
         state_file.write_text(env.model_dump_json())
     shares = _stage_split(budget, stages)
-    curve, done_k = [], 0
-    for k in range(1, stages + 1):
-        f = out / f"stage{k}.json"
-        if f.exists() and (out / f"s{k}" / "config.json").exists():
-            curve.append(json.loads(f.read_text()))
-            done_k = k
+    # the last stage with its record and checkpoint (earlier checkpoints are deleted as later ones are saved)
+    done_k = max([k for k in range(1, stages + 1)
+                  if (out / f"stage{k}.json").exists() and (out / f"s{k}" / "config.json").exists()], default=0)
+    curve = [json.loads((out / f"stage{k}.json").read_text()) for k in range(1, done_k + 1)]
     if done_k:
         model, tok = load_policy(out / f"s{done_k}")
         say(f"{arm} seed {seed}: resuming after stage {done_k}")

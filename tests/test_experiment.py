@@ -135,3 +135,11 @@ def test_tiny_experiment_runs_every_arm_at_equal_compute_and_resumes(tmp_path, m
     assert any("plr seed 0: resuming after stage 1" in m for m in said)
     assert sum("stage 2/2" in m for m in said) == 1 and not any("stage 1/2" in m for m in said)
     assert s2["arms"]["fixed-template"] == s["arms"]["fixed-template"]
+    r = json.loads((d / "result.json").read_text())
+    assert [c["stage"] for c in r["curve"]] == [1, 2]  # the resumed arm's curve keeps its first stage
+    (d / "result.json").unlink()  # a crash after the last stage, before the result: nothing is trained again
+    said.clear()
+    run_experiment(cfg, out, say=said.append)
+    assert not any("/2:" in m for m in said) and not (d / "s1").exists()
+    r = json.loads((d / "result.json").read_text())
+    assert [c["stage"] for c in r["curve"]] == [1, 2]  # its stage 1 record is kept though its checkpoint is gone
