@@ -625,7 +625,7 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, say: Callable[[str], 
     summary = summarize(results, blocks, warm, hard)
     summary.update({"wall_s": time.time() - t_start, "suite": rc0.eval.suite, "n_instances": len(blocks),
                     "stages": rc0.budget.stages, "seeds": cfg.seeds, "skipped": p["skipped"],
-                    "curves": {a: [[r["curve"] for r in rows]][0] for a, rows in results.items()},
+                    "curves": {a: [r["curve"] for r in rows] for a, rows in results.items()},
                     "warm_valid": [w["valid"] for w in warm]})
     (out / "results.json").write_text(json.dumps(summary, indent=1, default=float))
     (out / "summary.md").write_text(table(summary))

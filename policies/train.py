@@ -215,6 +215,7 @@ def _train(trainer, model, tok, out_dir: str | Path | None) -> float:
         trainer.train()
     finally:
         unpatch_forward(model)
+        _drop_scratch()
     wall = time.perf_counter() - t0
     model.eval()
     if out_dir:
@@ -291,10 +292,26 @@ def _drop_printer(trainer) -> None:
     trainer.remove_callback(ProgressCallback)
 
 
+_SCRATCH: list[str] = []  # temporary folders of the training call in progress, removed when it ends
+
+
 def _scratch_dir(out_dir: str | Path | None) -> str:
+    """`out_dir`, or a fresh temporary folder (TRL's output_dir, the KL reference's weights) that `_drop_scratch`
+    removes when the call that made it ends: one is made per stage, so keeping them would fill /tmp on a long run."""
     import tempfile
 
-    return str(out_dir) if out_dir else tempfile.mkdtemp(prefix="evotrainer-trl-")
+    if out_dir:
+        return str(out_dir)
+    path = tempfile.mkdtemp(prefix="evotrainer-trl-")
+    _SCRATCH.append(path)
+    return path
+
+
+def _drop_scratch() -> None:
+    import shutil
+
+    while _SCRATCH:
+        shutil.rmtree(_SCRATCH.pop(), ignore_errors=True)
 
 
 # --- SFT warm start ---------------------------------------------------------------------------------------------------
@@ -553,6 +570,7 @@ def check_logprobs(model, tok, prompts: list[str], recipe: Recipe) -> LogprobChe
     finally:
         model.__dict__.pop("generate", None)
         unpatch_forward(model)
+        _drop_scratch()
         model.eval()
     old = out.get("old_per_token_logps", old)
     mask = out["completion_mask"].bool()

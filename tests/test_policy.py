@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -141,7 +142,15 @@ def test_sft_updates_every_parameter_and_saves(tmp_path):
 
 
 @pytest.mark.parametrize("engine,beta", [("policies", 0.05), ("trl", 0.0)])
-def test_grpo_updates_every_parameter_and_reward_sees_columns(tmp_path, engine, beta):
+def test_grpo_updates_every_parameter_and_reward_sees_columns(tmp_path, engine, beta, monkeypatch):
+    import tempfile
+
+    scratch = tmp_path / "scratch"  # TRL's output dir and the KL reference's weights go to temporary folders
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    made: list[str] = []
+    real_mkdtemp = tempfile.mkdtemp
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda *a, **k: made.append(real_mkdtemp(*a, **k)) or made[-1])
     model, tok = build_model("tiny", ALPHABET, seed=2)
     before = _snapshot(model)
     seen: list[tuple[str, str]] = []
@@ -165,6 +174,8 @@ def test_grpo_updates_every_parameter_and_reward_sees_columns(tmp_path, engine, 
     assert m.tokens_generated == sum(x.tokens_generated for x in m.steps)
     assert (s.kl is not None) == (beta > 0)
     assert (tmp_path / "grpo" / "config.json").exists()
+    assert bool(made) == (beta > 0)  # the KL reference was saved to a temporary folder...
+    assert not [d for d in made if os.path.exists(d)]  # ...that does not outlive the call (one per stage filled /tmp)
 
 
 # --- dynamic sampling: dead groups dropped, extra groups sampled ------------------------------------------------------
