@@ -356,7 +356,9 @@ def bench_ladder(
     preset: Annotated[str, typer.Option(help="rung 3: model preset, tiny (1.1M) or small (6.4M)")] = "tiny",
     warm: Annotated[str, typer.Option(help="rung 3's partial warm start: undertrained (few SFT steps on expert "
                                            "plans) or noisy (trained to convergence on a teacher whose plans ignore "
-                                           "holes 80% of the time)")] = "undertrained",
+                                           "holes 60% of the time)")] = "undertrained",
+    blind_share: Annotated[float | None, typer.Option(min=0.01, max=0.99, help="--warm noisy: the share of the "
+                                                         "teacher's plans that ignore holes (default 0.6)")] = None,
 ) -> None:
     """The learning ladder: sampler/trainer log-prob agreement, a toy GRPO must learn, MAPF held-out gain."""
     from harness.benchmarks.ladder import run as ladder
@@ -373,7 +375,10 @@ def bench_ladder(
         fail(f"--warm {warm!r}: choose undertrained or noisy")
     if warm == "noisy" and preset != "tiny":
         fail("--warm noisy is measured for --preset tiny only; drop --preset")
-    res = ladder(out=out, rungs=want, budget_s=budget, threads=threads, max_steps=max_steps, preset=preset, warm=warm)
+    if blind_share is not None and warm != "noisy":
+        fail("--blind-share sets the noisy teacher; add --warm noisy or drop --blind-share")
+    res = ladder(out=out, rungs=want, budget_s=budget, threads=threads, max_steps=max_steps, preset=preset, warm=warm,
+                 blind_share=blind_share)
     if not all(r.get("passed") for r in res.values()):
         raise typer.Exit(1)
 
