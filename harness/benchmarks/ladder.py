@@ -224,15 +224,16 @@ SAMPLED_EVAL = (0.5, 4)  # temperature, samples per board: the backtest judge's 
 HEADROOM = (1.0, 16)  # temperature, samples per board of the reach measurement (pass@16 at T 1)
 
 
-def reach(model, tok, task, held, temperature: float = HEADROOM[0], n: int = HEADROOM[1]) -> np.ndarray:
+def reach(model, tok, task, held, temperature: float = HEADROOM[0], n: int = HEADROOM[1], seed: int = 11,
+          max_new_tokens: int = 96) -> np.ndarray:
     """Per board, the share of `n` samples at `temperature` that are valid. Boards at 0 are ones the policy never
     samples a valid plan for: GRPO gets no signal there (every group is dead), so sharpening alone can lift greedy
     valid at most to the share of boards above 0 (pass@n), the ceiling a short RL budget works under."""
     from harness.policy_glue import evaluate
     from policies.rollout import SamplingParams
 
-    rep = evaluate(model, tok, task, held, "trace", params=SamplingParams(temperature=temperature, n=n,
-                                                                          max_new_tokens=96, batch_size=256, seed=11))
+    rep = evaluate(model, tok, task, held, "trace", params=SamplingParams(
+        temperature=temperature, n=n, max_new_tokens=max_new_tokens, batch_size=256, seed=seed))
     p = np.zeros(len(held))
     for r in rep.rollouts:
         p[r.group] += r.valid / n
@@ -252,12 +253,7 @@ def _mapf_eval(model, tok, task, held) -> dict[str, Any]:
     for r in rep.rollouts:
         per[r.group] = r.valid
         opt[r.group] = r.optimal
-    temp, n = SAMPLED_EVAL
-    rep = evaluate(model, tok, task, held, "trace", params=SamplingParams(temperature=temp, n=n, max_new_tokens=128,
-                                                                          batch_size=256, seed=7))
-    sampled = np.zeros(len(held))
-    for r in rep.rollouts:
-        sampled[r.group] += r.valid / n
+    sampled = reach(model, tok, task, held, *SAMPLED_EVAL, seed=7, max_new_tokens=128)
     return {"valid": float(per.mean()), "optimal": float(opt.mean()), "per_board": per, "optimal_per_board": opt,
             "sampled": float(sampled.mean()), "sampled_per_board": sampled, "slices": [task.slices(i) for i in held]}
 
