@@ -61,7 +61,7 @@ TABLES: dict[str, tuple[str, dict[str, str]]] = {
         "run": "run id", "split": "split", "key": "what the draw was for", "start": "first index", "n": "count",
         "ts": "UTC timestamp"}),
     "nodes": ("Results of finished graph nodes (what resume replays instead of recomputing).", {
-        "run": "run id", "stage": "stage", "node": "node name (or arm:<id>)", "result": "JSON result",
+        "run": "run id", "stage": "stage", "node": "node name (or arm:<id>, judge:start)", "result": "JSON result",
         "ts": "UTC timestamp"}),
     "_migrations": ("Schema migrations applied to this file.", {"name": "migration", "applied_at": "UTC timestamp"}),
 }

@@ -35,7 +35,7 @@ import yaml
 
 from harness.config import RunConfig
 from harness.engineer.proposal import cut
-from harness.records import Candidate, HistoryItem, Rollout, Verdict, read_rollouts, write_rollouts
+from harness.records import Candidate, Finding, HistoryItem, Rollout, Verdict, read_rollouts, write_rollouts
 from harness.run import Run, RunError
 from harness.tasks import get_task
 
@@ -361,9 +361,12 @@ def node_diagnose(run: Run, state: State) -> State:
                            rejections_before_fallback=run.config.stage.rejections_before_fallback,
                            step_shrink=run.config.stage.step_shrink)
     probe = run.store.node_result(run.id, k, "probe") or {}
+    if k > 1 and not probe.get("regressed"):
+        found = carried_regression(k, run.store.node_result(run.id, k - 1, "backtest"),
+                                   run.store.node_result(run.id, k - 1, "decide"), run.config.backtest.arm_steps)
+        if found:
+            diag.findings.insert(0, found)
     if probe.get("regressed"):
-        from harness.records import Finding
-
         diag.findings.insert(0, Finding(
             code="grpo.policy_regressed", severity="critical", count=run.config.stage.probe_n,
             rate=round(-probe["change"], 4), knobs=["recipe.learning_rate"],
@@ -378,6 +381,21 @@ def node_diagnose(run: Run, state: State) -> State:
     _finish(run, k, "diagnose", {"diagnosis": str(path), "findings": len(diag.findings)}, t0,
             f"{len(diag.findings)} findings; top: {top}")
     return {"log": [f"stage {k} diagnose: {len(diag.findings)} findings (top: {top})"]}
+
+
+def carried_regression(k: int, prev_backtest: dict[str, Any] | None, prev_decide: dict[str, Any] | None,
+                       arm_steps: int) -> Finding | None:
+    """`grpo.policy_regressed` for stage k when stage k-1's control arm fell below its start on the backtest
+    (`_judge_start`) and nothing was promoted there, so the harness that lowered the policy is still the incumbent."""
+    start = (prev_backtest or {}).get("start") or {}
+    if not start.get("control_regressed") or (prev_decide or {}).get("winner"):
+        return None
+    return Finding(
+        code="grpo.policy_regressed", severity="critical", count=int(start["n"]), rate=round(-start["change"], 4),
+        knobs=["recipe.learning_rate"],
+        message=(f"stage {k - 1}'s control arm ({arm_steps} more GRPO steps under this harness) lowered backtest "
+                 f"valid {start['valid']:.3f} -> {start['control_valid']:.3f} (upper bound "
+                 f"{start['change_ci'][1]:+.3f}); it was not carried forward"))
 
 
 def node_propose(run: Run, state: State) -> State:
@@ -618,6 +636,7 @@ def node_backtest(run: Run, state: State) -> State:
         return {}
     c_roll = read_rollouts(Path(control["rollouts"]))
     c_seeds, c_out, c_slices = _per_instance(c_roll)
+    start = _judge_start(run, k, state["train_ckpt"], c_seeds, c_out)
     verdicts = []
     for cid in vetted:
         files = ws.files(f"cand/{cid}")
@@ -650,8 +669,42 @@ def node_backtest(run: Run, state: State) -> State:
         run.store.set_candidate_status(cid, "backtested")
         run.event(k, "backtest", "verdict", f"{cid}: {v.decision}: {v.reason}", key=f"{k}/verdict/{cid}")
     _finish(run, k, "backtest", {"verdicts": [json.loads(v.model_dump_json()) for v in verdicts],
-                                 "control": control["checkpoint"]}, t0, f"{len(verdicts)} decision(s)")
+                                 "control": control["checkpoint"], "start": start}, t0, f"{len(verdicts)} decision(s)")
     return {}
+
+
+def _judge_start(run: Run, k: int, ckpt: str, seeds: list[int], control_out: list[float]) -> dict[str, Any]:
+    """Judge the arms' START policy on the backtest instances (same judge, sampling seed and instances as the arms)
+    and compare the control arm with it: the control arm is the incumbent harness trained `arm_steps` further, so a
+    control arm below its start by more than noise (paired bootstrap, the gate's confidence) means the incumbent
+    recipe lowers the policy over that horizon. Then the control arm is not carried into the next stage (the start
+    is) and the next stage's diagnosis gets `grpo.policy_regressed`. Catches what the probe misses when a recipe
+    collapses the policy only after more steps than one stage trains."""
+    from harness.backtest import judge_arm, paired_bootstrap
+
+    if (r := run.store.node_result(run.id, k, "judge:start")) is not None:
+        return r
+    cfg = run.config
+    judge = run.judge
+    model, tok = run.policy(ckpt)
+    ev = judge_arm(model, tok, run.task, run.instances(judge.config(run.task), seeds), judge,
+                   sampling_seed=cfg.seed + k, style=run.style, backend=cfg.policy.backend)
+    run.store.charge(run.id, k, "start", "eval", seconds=ev.seconds, tokens=ev.tokens, label="backtest")
+    run.store.record_eval(run.id, k, "start", "backtest", n=len(ev.rollouts), valid=ev.valid,
+                          optimal=float(np.mean([x.optimal for x in ev.rollouts])))
+    eff, lo, hi = paired_bootstrap(ev.outcomes, control_out, cfg.gate.n_boot, cfg.gate.alpha,
+                                   np.random.default_rng([cfg.seed, k, 7]))
+    r = {"checkpoint": ckpt, "n": len(seeds), "valid": float(np.mean(ev.outcomes)),
+         "control_valid": float(np.mean(control_out)), "change": eff, "change_ci": [lo, hi], "control_regressed": hi < 0}
+    if hi < 0:
+        run.event(k, "backtest", "regression",
+                  f"the control arm ({cfg.backtest.arm_steps} more steps under the incumbent harness) LOWERED "
+                  f"backtest valid by more than noise: {r['valid']:.3f} -> {r['control_valid']:.3f} (effect "
+                  f"{eff:+.3f}, {100 * cfg.gate.confidence:.0f}% upper bound {hi:+.3f} < 0, n={len(seeds)}); unless a "
+                  f"candidate is promoted the next stage starts from {Path(ckpt).name}, not from the control arm, "
+                  "and its engineer gets the finding grpo.policy_regressed", key=f"{k}/control-regression")
+    run.store.mark_node_done(run.id, k, "judge:start", r)
+    return r
 
 
 GATE_ACTIONS = ("approve", "revise", "abort")
@@ -721,9 +774,11 @@ def node_decide(run: Run, state: State) -> State:
                     for v in verdicts]
     winner, others = choose_winner(verdicts)
     next_policy = bt.get("control") or state["train_ckpt"]
-    if (run.store.node_result(run.id, k, "probe") or {}).get("regressed"):
-        # the stage's recipe lowered the probe: the control arm trained under that same recipe is not carried either
-        next_policy = state["train_ckpt"]  # = the stage's start policy (node_probe swapped it in)
+    if (run.store.node_result(run.id, k, "probe") or {}).get("regressed") or \
+            (bt.get("start") or {}).get("control_regressed"):
+        # the stage's recipe lowered the probe, or the control arm fell below its start on the backtest: the control
+        # arm (trained under that same recipe) is not carried
+        next_policy = state["train_ckpt"]  # = the arms' start (after a probe regression: the stage's start policy)
     if winner is not None:
         d = ws.promote(winner.candidate, evidence=winner.evidence, reason=winner.reason)
         run.store.set_candidate_verdict(winner, tag=d.tag)

@@ -26,8 +26,10 @@ from harness.store import RunStore
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# the crash benchmark's tiny config, one candidate per stage
-TINY = {**BENCH_TINY, "name": "t", "stage": {**BENCH_TINY["stage"], "candidates": 1}}
+# the crash benchmark's tiny config, one candidate per stage, completions capped at 24 tokens (an 8-step warm start
+# rambles to the cap, and generation is most of these tests' time; the collapse test, which needs valid plans, keeps 48)
+TINY = {**BENCH_TINY, "name": "t", "stage": {**BENCH_TINY["stage"], "candidates": 1},
+        "recipe": {**BENCH_TINY["recipe"], "max_completion_length": 24}}
 
 
 @pytest.fixture(autouse=True)
@@ -392,7 +394,9 @@ def test_a_recipe_that_collapses_the_policy_is_caught_and_not_carried_forward(tm
     halving the learning rate. Nothing already recorded is lost: the stage still finishes with its verdicts."""
     easy = {"sizes": [{"size": 3, "agents": 1, "hole_ratio": 0.0, "wait_ratio": 0.0}], "min_distance": 1}
     cfg = parse_config({**TINY, "env": easy, "warm_start": {"sft_examples": 400, "sft_steps": 150},
-                        "recipe": {**TINY["recipe"], "learning_rate": 0.05, "steps": 4, "temperature": 0.7},
+                        "recipe": {**TINY["recipe"], "learning_rate": 0.05, "steps": 4, "temperature": 0.7,
+                                   "max_completion_length": 48},
+                        "backtest": {**TINY["backtest"], "arm_steps": 4},  # 1 step is all warmup: lr 0, no change
                         "budget": {"stages": 1}, "stage": {**TINY["stage"], "probe_n": 24, "probe_samples": 2},
                         "eval": {"suite": "small", "limit": 8}}, "test")
     run_dir = start_run(cfg, tmp_path / "runs", run_id="collapse")
@@ -411,8 +415,32 @@ def test_a_recipe_that_collapses_the_policy_is_caught_and_not_carried_forward(tm
         # the warm start unless a candidate won
         dec = store.node_result("collapse", 1, "decide")
         assert dec["winner"] or dec["next_policy"].endswith("warmstart"), dec
+        # the arms' start is judged too, on the arms' backtest instances: the control arm (4 more steps at lr 0.05
+        # from the warm start) is below it by more than noise, which is said once as a regression event
+        start = store.node_result("collapse", 1, "backtest")["start"]
+        assert start["checkpoint"].endswith("warmstart") and start["n"] == cfg.backtest.n, start
+        assert start["valid"] > start["control_valid"] and start["control_regressed"], start
+        assert start["valid"] == pytest.approx(store.node_result("collapse", 1, "judge:start")["valid"])
+        assert any(e["kind"] == "regression" and "control arm" in e["message"] for e in store.events("collapse"))
     finally:
         store.close()
+
+
+def test_a_control_arm_below_its_start_is_the_next_stage_finding_unless_something_won():
+    """Stage k-1's control arm fell below its start on the backtest (the recipe lowers the policy over more steps
+    than a stage trains, which the probe cannot see): stage k's engineer gets grpo.policy_regressed with the
+    figures, and so proposes a lower learning rate; not when stage k-1 promoted a candidate (the incumbent changed)
+    or when the control arm held."""
+    from harness.graph import carried_regression
+
+    start = {"checkpoint": "s1-train", "n": 160, "valid": 0.25, "control_valid": 0.09, "change": -0.16,
+             "change_ci": [-0.2, -0.12], "control_regressed": True}
+    f = carried_regression(2, {"start": start}, {"winner": None}, arm_steps=50)
+    assert f is not None and f.code == "grpo.policy_regressed" and f.rate == 0.16 and f.count == 160
+    assert "0.250 -> 0.090" in f.message and "50 more GRPO steps" in f.message
+    assert carried_regression(2, {"start": start}, {"winner": "s1c1"}, arm_steps=50) is None
+    assert carried_regression(2, {"start": {**start, "control_regressed": False}}, {}, arm_steps=50) is None
+    assert carried_regression(2, {"verdicts": []}, None, arm_steps=50) is None  # nothing was backtested
 
 
 def test_a_second_run_loads_the_warm_start_from_the_cache(tmp_path):
