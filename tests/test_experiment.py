@@ -28,7 +28,7 @@ TINY_RUN = {
                                          "agents": 2} for s in (3, 4)]},
     "warm_start": {"sft_examples": 64, "sft_steps": 20},
     "recipe": {"steps": 1, "batch_size": 8, "num_generations": 4, "learning_rate": 1e-4, "temperature": 0.7,
-               "beta": 0.0, "max_completion_length": 48},
+               "beta": 0.0, "max_completion_length": 24},  # short: an untrained policy rambles to the cap
     "budget": {"stages": 2}, "stage": {"train_instances": 16, "probe_n": 4, "probe_samples": 2},
     "backtest": {"arm_steps": 1, "n": 8, "samples": 2}, "engineer": {"kind": "rule"},
     "eval": {"suite": "small", "limit": 32},

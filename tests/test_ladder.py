@@ -10,7 +10,9 @@ from harness.benchmarks.ladder import rung2
 
 
 def test_grpo_learns_the_copy_toy_and_unlearns_it_with_the_reward_flipped():
-    res = rung2(sft_steps=600, steps=100)
+    # the bench's warm start and GRPO run, a shorter flipped control (unlearning is fast: 49% -> 20% in 30 steps). A
+    # shorter warm start was tried and fails: from 300 SFT steps (37% or 47% sampled) 100 GRPO steps reach only 88%
+    res = rung2(sft_steps=600, steps=100, flipped_steps=30)
     assert 0.3 <= res["start"]["sampled"] <= 0.5, res["start"]  # a partial warm start: room to learn
     assert res["grpo"]["sampled"] >= 0.9, res["grpo"]
     assert res["flipped"]["sampled"] < res["start"]["sampled"] - 0.1, res["flipped"]

@@ -64,7 +64,8 @@ def run_dir(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("report")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("EVOTRAINER_HOME", str(tmp / "home"))
-        cfg = parse_config(dict(TINY, name="r", budget={"stages": 2}), "test")
+        cfg = parse_config(dict(TINY, name="r", budget={"stages": 2},  # 24 tokens: the untrained policy rambles
+                                recipe={**TINY["recipe"], "max_completion_length": 24}), "test")
         yield start_run(cfg, tmp / "runs", run_id="rep")
 
 

@@ -83,7 +83,7 @@ def test_one_frontier_skill_speaks_every_familys_knob():
 
 # one stage of the whole loop per family: its round-0 harness, a barely trained tiny model, the rule engineer
 LOOP_SETTINGS = {
-    "mapf": {"warm_start": {"sft_examples": 64, "sft_steps": 8}, "max_completion_length": 48},
+    "mapf": {"warm_start": {"sft_examples": 64, "sft_steps": 8}, "max_completion_length": 24},
     "math": {"warm_start": {"sft_examples": 256, "sft_steps": 60}, "max_completion_length": 8},
     "code": {"warm_start": {"sft_examples": 256, "sft_steps": 60}, "max_completion_length": 24},
     "reasoning": {"warm_start": {"sft_examples": 64, "sft_steps": 10}, "max_completion_length": 8},

@@ -125,8 +125,10 @@ def rung1(model=None, tok=None, prompts: list[str] | None = None) -> dict[str, A
     return out
 
 
-def rung2(sft_steps: int = 600, steps: int = 100, negative_control: bool = True, seed: int = 0) -> dict[str, Any]:
-    """Copy toy: warm start sampled success, then GRPO `steps` steps; and the flipped-reward control."""
+def rung2(sft_steps: int = 600, steps: int = 100, negative_control: bool = True, seed: int = 0,
+          flipped_steps: int | None = None) -> dict[str, Any]:
+    """Copy toy: warm start sampled success, then GRPO `steps` steps; and the flipped-reward control (`flipped_steps`
+    steps, default `steps`: unlearning is faster than learning, so the test runs a shorter control)."""
     import copy
 
     from policies.train import train_grpo
@@ -145,7 +147,8 @@ def rung2(sft_steps: int = 600, steps: int = 100, negative_control: bool = True,
     for name, reward in runs:
         m = copy.deepcopy(base)
         t1 = time.perf_counter()
-        met = train_grpo(m, tok, train, reward, toy_recipe(steps=steps, seed=seed))
+        n_steps = steps if name == "grpo" or flipped_steps is None else flipped_steps
+        met = train_grpo(m, tok, train, reward, toy_recipe(steps=n_steps, seed=seed))
         res = {"sampled": toy_success(m, tok, held, 1.0), "greedy": toy_success(m, tok, held, 0.0),
                "seconds": time.perf_counter() - t1, "dead_group_share": met.dead_group_share}
         k = round(res["sampled"] * 4 * len(held))
