@@ -26,6 +26,20 @@ def _isolated_home():
         os.environ["EVOTRAINER_HOME"] = old
 
 
+@pytest.fixture
+def one_torch_thread():
+    """One torch thread for the test's in-process training (modules opt in with `pytestmark`): the tests' tiny models
+    and short sequences run 1.5x faster on one thread than on two on the 2-core CI machine (rung-2 test 82 s vs 126 s,
+    experiment test 76 s vs 121 s), where two threads mostly contend. Not for tests that compare in-process arithmetic
+    with workers that use two threads (tests/test_scale.py)."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
 def wait_for_row(run_dir: Path, sql: str, params: list, proc: subprocess.Popen, what: str,
                  timeout: float = 300) -> None:
     """Poll a running run's run.db until `sql` (a COUNT query) is non-zero; fail with the run's stderr if the process

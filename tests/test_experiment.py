@@ -22,6 +22,8 @@ from harness.experiment import (
     run_experiment,
 )
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest: faster for tiny models
+
 TINY_RUN = {
     "task": "mapf", "name": "t", "seed": 0, "policy": {"preset": "tiny"},
     "env": {"min_distance": 1, "sizes": [{"size": s, "data_ratio": 0.5, "hole_ratio": 0.2, "wait_ratio": 0.5,

@@ -6,7 +6,11 @@ copy rate near the warm start's 30-50%; the flipped-reward control catches a "pa
 from the evaluation instead of from the reward.
 """
 
+import pytest
+
 from harness.benchmarks.ladder import rung2
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest: faster for tiny models
 
 
 def test_grpo_learns_the_copy_toy_and_unlearns_it_with_the_reward_flipped():

@@ -24,6 +24,8 @@ from harness.config import ConfigError, load_config, parse_config
 from harness.lifecycle import RunError, find_run, resume_run, start_run
 from harness.store import RunStore
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest: faster for tiny models
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # the crash benchmark's tiny config, one candidate per stage, completions capped at 24 tokens (an 8-step warm start

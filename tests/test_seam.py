@@ -90,6 +90,7 @@ LOOP_SETTINGS = {
 }
 
 
+@pytest.mark.usefixtures("one_torch_thread")  # conftest: faster for tiny models
 @pytest.mark.parametrize("family", ["mapf", "math", "code", "reasoning"])
 def test_the_tiny_loop_runs_on_every_family(family, tmp_path, monkeypatch):
     """What a loop shaped for one family would get wrong on another: the env.yaml would be the other family's, the
