@@ -318,9 +318,11 @@ def _drop_scratch() -> None:
 
 
 def train_sft(model, tok, pairs: list[dict[str, str]], recipe: Recipe, out_dir: str | Path | None = None,
-              progress: Progress | None = None, tensorboard_dir: str | Path | None = None) -> SFTMetrics:
+              progress: Progress | None = None, tensorboard_dir: str | Path | None = None,
+              callbacks: list | None = None, schedule: str = "cosine") -> SFTMetrics:
     """Supervised warm start on `{"prompt", "completion"}` pairs (raw task text); loss on completion tokens only.
-    `tensorboard_dir`: write TensorBoard event files there (loss, token accuracy, learning rate per step)."""
+    `tensorboard_dir`: write TensorBoard event files there (loss, token accuracy, learning rate per step).
+    `callbacks`: extra transformers TrainerCallbacks (e.g. `time_budget`, then with `schedule="constant"`)."""
     if not pairs:
         raise RecipeError("train_sft got no (prompt, completion) pairs; generate expert demonstrations first")
     bad = [p for p in pairs[:50] if set(p) != {"prompt", "completion"}]
@@ -337,15 +339,15 @@ def train_sft(model, tok, pairs: list[dict[str, str]], recipe: Recipe, out_dir: 
         rows = [{"prompt": format_prompt(tok, p["prompt"]), "completion": p["completion"]} for p in pairs]
     sink: list[dict] = []
     args = SFTConfig(
-        **_common_args(_scratch_dir(out_dir), recipe), learning_rate=recipe.sft_learning_rate,
+        **_common_args(_scratch_dir(out_dir), recipe, schedule), learning_rate=recipe.sft_learning_rate,
         max_steps=recipe.sft_steps, per_device_train_batch_size=recipe.sft_batch_size, completion_only_loss=True,
         packing=False, max_length=None, dataset_num_proc=None,
     )
     trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok,
-                         callbacks=[_callback("sft", recipe.sft_steps, progress, sink),
+                         callbacks=[_callback("sft", recipe.sft_steps, progress, sink), *(callbacks or []),
                                     *tensorboard_callbacks(tensorboard_dir)])
     wall = _train(trainer, model, tok, out_dir)
-    return SFTMetrics(steps=recipe.sft_steps, examples=len(pairs), wall_s=wall, out_dir=str(out_dir) if out_dir else None,
+    return SFTMetrics(steps=trainer.state.global_step, examples=len(pairs), wall_s=wall, out_dir=str(out_dir) if out_dir else None,
                       loss=[r["loss"] for r in sink if "loss" in r],
                       token_accuracy=[r["mean_token_accuracy"] for r in sink if "mean_token_accuracy" in r])
 

@@ -58,3 +58,12 @@ def test_bench_mapf_prints_grepable_lines():
     for key in ("agent_steps_per_s", "speedup_vs_reference", "cbs_median_ms_hardest", "generator_instances_per_s_demo"):
         assert re.search(rf"^{key}: [0-9.]+$", res.output, re.MULTILINE), key
     assert "validator_agreement: 1.0" in res.output
+
+
+def test_bench_ladder_rejects_option_mixes_before_any_work():
+    """Each bad mix names the option and the fix, and exits before building a model (seconds, not minutes)."""
+    for args, says in [(["--learner", "bogus"], "choose grpo (the rung) or sft"),
+                       (["--learner", "sft", "--rungs", "1"], "add 3 to --rungs or drop --learner"),
+                       (["--blind-share", "0.5"], "add --warm noisy or drop --blind-share")]:
+        res = runner.invoke(app, ["bench", "ladder", *args])
+        assert res.exit_code != 0 and says in res.output, (args, res.output)

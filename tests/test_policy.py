@@ -270,6 +270,30 @@ def test_time_budget_stops_training_and_anneals_the_rate_to_zero():
     assert all(a >= b for a, b in itertools.pairwise(seen))
 
 
+def test_sft_under_a_time_budget_reports_the_steps_it_took():
+    """The supervised reference of ladder rung 3 trains by the clock: a constant schedule with `time_budget` on top
+    stops long before the nominal step count, anneals to near zero, and `SFTMetrics.steps` is what ran, not the
+    recipe's nominal count (it was `recipe.sft_steps` before, which would report 10,000 here)."""
+    from transformers import TrainerCallback
+
+    from policies.train import time_budget
+
+    model, tok = build_model("tiny", ALPHABET)
+    seen: list[float] = []
+
+    class Spy(TrainerCallback):
+        def on_optimizer_step(self, args, state, control, optimizer=None, **kw):
+            seen.append(optimizer.param_groups[0]["lr"])
+
+    pairs = [{"prompt": w, "completion": w[::-1]} for w in WORDS] * 50
+    m = train_sft(model, tok, pairs, Recipe(sft_steps=10_000, sft_batch_size=8, warmup_ratio=0.0,
+                                            sft_learning_rate=1e-3),
+                  callbacks=[time_budget(2.0), Spy()], schedule="constant")
+    assert 2 <= m.steps < 10_000 and m.steps == len(seen) == len(m.loss)
+    assert seen[0] > 0.9e-3 and seen[-1] < 0.25e-3
+    assert all(a >= b for a, b in itertools.pairwise(seen))
+
+
 # --- plumbing: the trainer scores what the sampler drew ---------------------------------------------------------------
 
 

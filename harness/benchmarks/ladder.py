@@ -261,21 +261,32 @@ def _mapf_eval(model, tok, task, held) -> dict[str, Any]:
             "sampled": float(sampled.mean()), "sampled_per_board": sampled, "slices": [task.slices(i) for i in held]}
 
 
+# expert demonstrations the supervised reference of rung 3 trains on (about 2 epochs of 10 minutes at batch 32)
+SFT_REFERENCE_BOARDS = 10_000
+
+
 def rung3(out: Path, budget_s: float = 600.0, max_steps: int = 1500, sft_examples: int = 3000,
           sft_steps: int = 700, recipe_kw: dict[str, Any] | None = None, seed: int = 0,
-          preset: str = "tiny", blind_share: float = 0.0) -> dict[str, Any]:
+          preset: str = "tiny", blind_share: float = 0.0, learner: str = "grpo") -> dict[str, Any]:
     """Partial warm start, then GRPO until `budget_s` seconds of training (or `max_steps`, a cap); paired held-out
     figures. The learning rate anneals by elapsed time (`policies.train.time_budget`: cosine over the budget), so it
     reaches zero at the end of the budget whatever the seconds per step: a step schedule laid out past the budget
-    kept the rate near its peak and the same 10 minutes ended at -1.0 points (BENCHMARKS.md)."""
+    kept the rate near its peak and the same 10 minutes ended at -1.0 points (BENCHMARKS.md).
+
+    `learner="sft"` is the rung's reference, not the rung: the same warm start, boards and budget, trained by supervised
+    learning on the expert's plans for those boards (every token labelled, no sampling), at the warm start's own SFT
+    rate annealed the same way. What 10 CPU-minutes of perfect labels buy bounds what a 0/1 reward can be expected to
+    buy, and the ratio of the two says how far GRPO is from the most a learner could get out of this compute."""
+    if learner not in ("grpo", "sft"):
+        raise ValueError(f"learner {learner!r}: choose grpo (the rung) or sft (its supervised reference)")
     import torch
 
     from harness.backtest import paired_bootstrap
     from harness.benchmarks.policy import wide_held_out
-    from harness.policy_glue import grpo_rows, reward_fn
+    from harness.policy_glue import grpo_rows, reward_fn, sft_pairs
     from harness.seeds import seeds
     from harness.tasks import get_task
-    from policies.train import Recipe, time_budget, train_grpo
+    from policies.train import Recipe, time_budget, train_grpo, train_sft
 
     task = get_task("mapf")
     out.mkdir(parents=True, exist_ok=True)
@@ -290,16 +301,27 @@ def rung3(out: Path, budget_s: float = 600.0, max_steps: int = 1500, sft_example
     cfg = task.config_model.model_validate(RUNG3_ENV)
     recipe = Recipe(**{**RUNG3_RECIPE, **(recipe_kw or {}), "steps": max_steps, "seed": seed})
     prompts = max_steps * recipe.prompts_per_step
-    rows = grpo_rows(task, cfg, seeds("train", min(prompts, 30_000), start=100_000), "trace")
+    if learner == "sft":  # the expert's plans for fresh training boards (made before the clock starts, like GRPO's rows)
+        pairs = sft_pairs(task, cfg, seeds("train", SFT_REFERENCE_BOARDS, start=100_000), "trace")
+    else:
+        rows = grpo_rows(task, cfg, seeds("train", min(prompts, 30_000), start=100_000), "trace")
     t0 = time.perf_counter()
 
     def ticker(stage: str, step: int, total: int, logs: dict) -> None:
         if step % 25 == 0:
-            print(f"  grpo {step} reward={logs.get('reward', float('nan')):.3f} "
-                  f"t={time.perf_counter() - t0:.0f}s", flush=True)
+            what = f"reward={logs.get('reward', float('nan')):.3f}" if stage == "grpo" else \
+                f"loss={logs.get('loss', float('nan')):.3f}"
+            print(f"  {stage} {step} {what} t={time.perf_counter() - t0:.0f}s", flush=True)
 
-    m = train_grpo(model, tok, rows, reward_fn(task, task.shaping_model.model_validate(RUNG3_SHAPING)), recipe,
-                   progress=ticker, callbacks=[time_budget(budget_s, start=t0)])
+    if learner == "sft":
+        # warm-up 40 of a nominal 4000 steps (more than 600 s holds at ~0.3 s/step); the clock stops and anneals it
+        sm = train_sft(model, tok, pairs, Recipe(sft_steps=4000, warmup_ratio=0.01, seed=seed),
+                       progress=ticker, callbacks=[time_budget(budget_s, start=t0)], schedule="constant")
+        steps, dead = sm.steps, float("nan")
+    else:
+        m = train_grpo(model, tok, rows, reward_fn(task, task.shaping_model.model_validate(RUNG3_SHAPING)), recipe,
+                       progress=ticker, callbacks=[time_budget(budget_s, start=t0)])
+        steps, dead = len(m.steps), m.dead_group_share
     secs = time.perf_counter() - t0
     after = _mapf_eval(model, tok, task, held)
     reach_after = reach(model, tok, task, held)
@@ -320,13 +342,14 @@ def rung3(out: Path, budget_s: float = 600.0, max_steps: int = 1500, sft_example
     res = {"boards": len(held), "valid_before": before["valid"], "valid_after": after["valid"], "effect": eff,
            "ci95": (lo, hi), "optimal_before": before["optimal"], "optimal_after": after["optimal"],
            "optimal_effect": oeff, "optimal_ci95": (olo, ohi), "sampled_before": before["sampled"],
-           "sampled_after": after["sampled"], "sampled_effect": seff, "sampled_ci95": (slo, shi), "slices": slices, "steps": len(m.steps),
+           "sampled_after": after["sampled"], "sampled_effect": seff, "sampled_ci95": (slo, shi), "slices": slices, "steps": steps, "learner": learner,
            f"pass@{HEADROOM[1]}_before": float((reach_before > 0).mean()),
            f"pass@{HEADROOM[1]}_after": float((reach_after > 0).mean()),
            "greedy_valid_where_never_sampled_before": float(after["per_board"][reach_before == 0].mean()
                                                            if (reach_before == 0).any() else float("nan")),
-           "train_seconds": secs, "threads": torch.get_num_threads(), "dead_group_share": m.dead_group_share,
-           "recipe": recipe.model_dump(), "shaping": RUNG3_SHAPING,
+           "train_seconds": secs, "threads": torch.get_num_threads(), "dead_group_share": dead,
+           "recipe": recipe.model_dump() if learner == "grpo" else {"sft_learning_rate": Recipe().sft_learning_rate,
+                                                                   "boards": SFT_REFERENCE_BOARDS}, "shaping": RUNG3_SHAPING,
            "warm_start": {"sft_examples": sft_examples, "sft_steps": sft_steps, "preset": preset,
                           "blind_share": blind_share}}
     _say("rung3_valid_after", after["valid"])
@@ -337,8 +360,11 @@ def rung3(out: Path, budget_s: float = 600.0, max_steps: int = 1500, sft_example
     _say(f"rung3_pass@{HEADROOM[1]}", f"{(reach_before > 0).mean():.3f} -> {(reach_after > 0).mean():.3f}")
     _say("rung3_gain_outside_reach", f"{res['greedy_valid_where_never_sampled_before']:.3f} greedy valid after, on "
                                      f"the {int((reach_before == 0).sum())} boards never sampled valid before")
-    _say("rung3_steps", len(m.steps))
+    _say("rung3_steps", steps)
     _say("rung3_train_seconds", secs)
+    if learner == "sft":  # a reference, not the rung: it passes or fails nothing
+        _say("rung3_reference", f"supervised learning on expert plans, {secs:.0f} s: {eff:+.3f}")
+        return res
     res["passed"] = bool(eff >= 0.15 and lo > 0 and secs <= budget_s + 60
                          and all(s["ci95"][0] > -0.05 or s["effect"] >= 0 for s in slices.values()))
     _say("rung3_passed", res["passed"])
@@ -351,7 +377,7 @@ PARTIAL_SFT_STEPS = {"tiny": 700, "small": 450}
 
 def run(out: str | Path = "runs/bench-ladder", rungs: tuple[int, ...] = (1, 2, 3), budget_s: float = 600.0,
         threads: int = 2, max_steps: int = 1500, preset: str = "tiny", warm: str = "undertrained",
-        blind_share: float | None = None) -> dict[str, Any]:
+        blind_share: float | None = None, learner: str = "grpo") -> dict[str, Any]:
     cpu_threads(threads)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -363,9 +389,10 @@ def run(out: str | Path = "runs/bench-ladder", rungs: tuple[int, ...] = (1, 2, 3
     if 3 in rungs:
         if warm == "noisy":
             teacher = {**NOISY_TEACHER, **({} if blind_share is None else {"blind_share": blind_share})}
-            res["rung3"] = rung3(out, budget_s=budget_s, max_steps=max_steps, preset=preset, **teacher)
+            res["rung3"] = rung3(out, budget_s=budget_s, max_steps=max_steps, preset=preset, learner=learner,
+                                 **teacher)
         else:
-            res["rung3"] = rung3(out, budget_s=budget_s, max_steps=max_steps, preset=preset,
+            res["rung3"] = rung3(out, budget_s=budget_s, max_steps=max_steps, preset=preset, learner=learner,
                                  sft_steps=PARTIAL_SFT_STEPS[preset])
     (out / "ladder.json").write_text(json.dumps(res, indent=1, default=float))
     return res
