@@ -8,9 +8,10 @@ typed errors into one clear line and an exit code. Heavy imports (torch, trl, la
 
 from __future__ import annotations
 
+import difflib
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -362,6 +363,9 @@ def bench_ladder(
     learner: Annotated[str, typer.Option(help="rung 3's learner: grpo (the rung) or sft (its reference: supervised "
                                               "learning on the expert's plans, same warm start, boards and budget; "
                                               "passes or fails nothing)")] = "grpo",
+    recipe: Annotated[list[str] | None, typer.Option(help="rung 3: override one of the rung's GRPO recipe settings, "
+                                                         "KEY=VALUE (repeatable), e.g. --recipe replay=0.5 --recipe "
+                                                         "oversample=2")] = None,
 ) -> None:
     """The learning ladder: sampler/trainer log-prob agreement, a toy GRPO must learn, MAPF held-out gain."""
     from harness.benchmarks.ladder import run as ladder
@@ -384,10 +388,40 @@ def bench_ladder(
         fail(f"--learner {learner!r}: choose grpo (the rung) or sft (its supervised reference)")
     if learner != "grpo" and 3 not in want:
         fail("--learner applies to rung 3; add 3 to --rungs or drop --learner")
+    recipe_kw = _rung3_recipe(recipe or [])
+    if recipe_kw and (learner != "grpo" or 3 not in want):
+        fail("--recipe changes rung 3's GRPO recipe; use it with --rungs 3 and --learner grpo, or drop it")
     res = ladder(out=out, rungs=want, budget_s=budget, threads=threads, max_steps=max_steps, preset=preset, warm=warm,
-                 blind_share=blind_share, learner=learner)
+                 blind_share=blind_share, learner=learner, recipe_kw=recipe_kw)
     if not all(r["passed"] for r in res.values() if "passed" in r):  # the sft reference passes or fails nothing
         raise typer.Exit(1)
+
+
+def _rung3_recipe(items: list[str]) -> dict[str, Any]:
+    """`--recipe KEY=VALUE` items as recipe overrides, checked against the rung's recipe before any work."""
+    import yaml
+    from pydantic import ValidationError
+
+    from harness.benchmarks.ladder import RUNG3_RECIPE
+    from policies.train import Recipe
+
+    kw: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            fail(f"--recipe {item!r}: write KEY=VALUE, e.g. --recipe replay=0.5")
+        key = key.strip()
+        if key not in Recipe.model_fields:
+            near = difflib.get_close_matches(key, list(Recipe.model_fields), n=1)
+            fail(f"--recipe {item!r}: no recipe setting {key!r}" + (f"; did you mean {near[0]!r}?" if near else ""))
+        if key in ("steps", "seed"):
+            fail(f"--recipe {item!r}: rung 3 sets {key} itself (use --max-steps for a step cap)")
+        kw[key] = yaml.safe_load(value)
+    try:
+        Recipe(**{**RUNG3_RECIPE, **kw})
+    except (ValidationError, ValueError) as exc:
+        fail(f"--recipe: the rung's recipe with {kw} is not valid: {exc}")
+    return kw
 
 
 @cache_app.command("show")

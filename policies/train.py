@@ -77,6 +77,11 @@ class Recipe(BaseModel):
                             "completions per step and train on the first batch_size / num_generations groups whose "
                             "rewards differ; needs drop_dead_groups. Use when most groups are dead (all fail or all "
                             "succeed)")
+    replay: float = Field(0.0, ge=0, lt=1, description="share of each step's sampled groups drawn from a pool of "
+                          "prompts whose groups were live (rewards differ) in recent steps instead of fresh prompts: "
+                          "more live groups per sampled group, at the cost of revisiting boards; needs "
+                          "drop_dead_groups. 0 = off")
+    replay_pool: int = Field(64, ge=1, description="prompts the replay pool holds (most recently live first)")
     mask_truncated_completions: bool = Field(False, description="drop completions that hit the length cap from the loss")
     warmup_ratio: float = Field(0.05, ge=0, lt=1, description="linear warm-up share of each stage")
     lr_schedule: Literal["cosine", "constant", "linear"] = Field(
@@ -101,6 +106,10 @@ class Recipe(BaseModel):
         if self.oversample > 1 and not self.drop_dead_groups:
             raise RecipeError(f"oversample={self.oversample} samples extra groups to replace dead ones, which needs "
                               "drop_dead_groups: true; set drop_dead_groups: true or oversample: 1")
+        if self.replay > 0 and not self.drop_dead_groups:
+            raise RecipeError(f"replay={self.replay} replaces fresh prompts with recently live ones, which needs "
+                              "drop_dead_groups: true (it is how a group is known to be live); set drop_dead_groups: "
+                              "true or replay: 0")
         return self
 
     @property
@@ -134,6 +143,7 @@ class GRPOStep(BaseModel):
     seconds: float = Field(..., description="wall time of this step")
     tokens_generated: int
     live_groups: float | None = Field(None, description="groups trained on this step (drop_dead_groups)")
+    replayed_groups: float | None = Field(None, description="groups of this step drawn from the replay pool (replay)")
 
 
 class GRPOMetrics(BaseModel):
@@ -470,14 +480,59 @@ def keep_live_groups(batch: dict[str, Any], group: int, keep: int) -> tuple[dict
     return out, int(live.numel())
 
 
+class ReplayPool:
+    """Prompts whose GRPO groups were live (rewards differ) in recent steps, most recent first, at most `size`.
+    `mix` replaces the last groups of a step's sampled inputs (groups contiguous, `group` rows each) with pool
+    prompts, drawn without replacement by a seeded generator; `add` records the live groups of a scored batch (a
+    prompt live again moves to the front; the oldest fall off)."""
+
+    def __init__(self, size: int, share: float, group: int, seed: int) -> None:
+        import random
+
+        self.size, self.share, self.group = size, share, group
+        self.rng = random.Random(seed)
+        self.items: list[dict[str, Any]] = []
+
+    @staticmethod
+    def _key(row: dict[str, Any]) -> str:
+        return str(row.get("prompt_text", row.get("prompt")))
+
+    def mix(self, inputs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+        groups = len(inputs) // self.group
+        fresh = {self._key(inputs[g * self.group]) for g in range(groups)}
+        pool = [r for r in self.items if self._key(r) not in fresh]
+        k = min(int(round(self.share * groups)), len(pool))
+        if k == 0:
+            return inputs, 0
+        picked = self.rng.sample(pool, k)
+        head = inputs[: (groups - k) * self.group]
+        return head + [dict(r) for r in picked for _ in range(self.group)], k
+
+    def add(self, inputs: list[dict[str, Any]], live: list[int]) -> None:
+        rows = [inputs[g * self.group] for g in live]
+        keys = {self._key(r) for r in rows}
+        self.items = (rows + [r for r in self.items if self._key(r) not in keys])[: self.size]
+
+
 def _live_groups_trainer(base, recipe: Recipe):
-    """GRPOTrainer that trains on informative groups only (`keep_live_groups`), logging `live_groups` per step."""
+    """GRPOTrainer that trains on informative groups only (`keep_live_groups`), logging `live_groups` per step; with
+    `recipe.replay` a share of each step's groups are prompts that were live recently (`ReplayPool`)."""
     group, keep = recipe.num_generations, recipe.batch_size // recipe.num_generations
+    pool = ReplayPool(recipe.replay_pool, recipe.replay, group, recipe.seed) if recipe.replay > 0 else None
 
     class LiveGroupsGRPOTrainer(base):
         def _generate_and_score_completions(self, inputs):
-            out, live = keep_live_groups(super()._generate_and_score_completions(inputs), group, keep)
-            self._metrics["train" if self.model.training else "eval"]["live_groups"].append(float(live))
+            split = "train" if self.model.training else "eval"
+            replayed = 0
+            if pool is not None and self.model.training:
+                inputs, replayed = pool.mix(list(inputs))
+            batch = super()._generate_and_score_completions(inputs)
+            if pool is not None and self.model.training:
+                adv = batch["advantages"]
+                pool.add(inputs, (adv.view(-1, group).abs() > 0).any(dim=1).nonzero().flatten().tolist())
+                self._metrics[split]["replayed_groups"].append(float(replayed))
+            out, live = keep_live_groups(batch, group, keep)
+            self._metrics[split]["live_groups"].append(float(live))
             return out
 
     return LiveGroupsGRPOTrainer
@@ -502,7 +557,7 @@ def train_grpo(model, tok, rows: list[dict[str, Any]], reward_fn: RewardFn, reci
             dead_group_share=logs.get("frac_reward_zero_std", float("nan")),
             completion_length=logs.get("completions/mean_length", float("nan")), kl=logs.get("kl"),
             loss=logs.get("loss"), seconds=sink[-1]["_seconds"], tokens_generated=counter[0] - seen[0],
-            live_groups=logs.get("live_groups"),
+            live_groups=logs.get("live_groups"), replayed_groups=logs.get("replayed_groups"),
         ))
         seen[0] = counter[0]
         if progress is not None:

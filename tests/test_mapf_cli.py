@@ -64,6 +64,16 @@ def test_bench_ladder_rejects_option_mixes_before_any_work():
     """Each bad mix names the option and the fix, and exits before building a model (seconds, not minutes)."""
     for args, says in [(["--learner", "bogus"], "choose grpo (the rung) or sft"),
                        (["--learner", "sft", "--rungs", "1"], "add 3 to --rungs or drop --learner"),
-                       (["--blind-share", "0.5"], "add --warm noisy or drop --blind-share")]:
+                       (["--blind-share", "0.5"], "add --warm noisy or drop --blind-share"),
+                       (["--rungs", "3", "--recipe", "replya=0.5"], "did you mean 'replay'?"),
+                       (["--rungs", "3", "--recipe", "replay"], "write KEY=VALUE"),
+                       (["--rungs", "3", "--recipe", "replay=0.5", "--recipe", "drop_dead_groups=false"],
+                        "needs drop_dead_groups: true"),
+                       (["--rungs", "3", "--recipe", "steps=5"], "use --max-steps"),
+                       (["--rungs", "1", "--recipe", "replay=0.5"], "use it with --rungs 3")]:
         res = runner.invoke(app, ["bench", "ladder", *args])
         assert res.exit_code != 0 and says in res.output, (args, res.output)
+    from harness.cli import _rung3_recipe
+
+    assert _rung3_recipe(["replay=0.5", "oversample= 2", "temperature=1"]) == {
+        "replay": 0.5, "oversample": 2, "temperature": 1}  # values typed as YAML reads them

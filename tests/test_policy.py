@@ -249,6 +249,66 @@ def test_oversampling_trains_on_live_groups_and_needs_dropping():
     assert all(s.live_groups is not None and 0 <= s.live_groups <= 2 for s in m.steps)
 
 
+def test_replay_pool_swaps_the_last_groups_for_recently_live_prompts():
+    from policies.train import ReplayPool
+
+    def step(names):
+        return [{"prompt_text": n, "prompt": "<" + n, "i": j} for n in names for j in range(2)]
+
+    pool = ReplayPool(size=3, share=0.5, group=2, seed=0)
+    first = step(["p0", "p1", "p2", "p3"])
+    assert pool.mix(first) == (first, 0)  # nothing live yet
+    pool.add(first, [1, 3])
+    mixed, k = pool.mix(step(["q0", "q1", "q2", "q3"]))
+    assert k == 2
+    names = [r["prompt_text"] for r in mixed]
+    assert names[:4] == ["q0", "q0", "q1", "q1"]  # fresh groups first, whole
+    assert sorted(names[4:]) == ["p1", "p1", "p3", "p3"] and names[4] == names[5] and names[6] == names[7]
+    # a prompt already sampled fresh this step is not drawn again
+    mixed, k = pool.mix(step(["p1", "q1", "q2", "q3"]))
+    assert k == 1 and [r["prompt_text"] for r in mixed][6:] == ["p3", "p3"]
+    # live again moves to the front; the oldest falls off
+    pool.add(step(["p4", "p5", "p3"]), [0, 1, 2])
+    assert [r["prompt_text"] for r in pool.items] == ["p4", "p5", "p3"]
+    with pytest.raises(ValidationError, match="replay=0.5 replaces fresh prompts"):
+        Recipe(replay=0.5)
+
+
+def test_grpo_replays_only_prompts_whose_groups_were_live():
+    """With `replay`, prompts come back only after a step in which their group's rewards differed. Every prompt of the
+    data is distinct and the run is shorter than one pass, so a prompt seen twice is a replay: a pool that replayed
+    dead groups, or none, or broke a group apart, fails here."""
+    model, tok = _warm()
+    words = ["".join(p) for p in itertools.product("abcd", repeat=4)]  # 256 distinct prompts
+    calls: list[list[tuple[str, float]]] = []
+
+    def reward(prompts, completions, **kw):  # prompts starting with 'b' always score 0: their groups are dead
+        out = [0.0 if p.startswith("b") else float(c.count("a")) for p, c in zip(prompts, completions)]
+        calls.append(list(zip(prompts, out)))
+        return out
+
+    recipe = Recipe(steps=6, batch_size=8, num_generations=4, max_completion_length=8, oversample=2, beta=0.0,
+                    warmup_ratio=0.0, temperature=1.0, drop_dead_groups=True, replay=0.5)
+    m = train_grpo(model, tok, [{"prompt": w} for w in words], reward, recipe)
+    assert [s.step for s in m.steps] == list(range(1, 7)) and len(calls) == 6
+    assert m.steps[0].replayed_groups == 0 and sum(s.replayed_groups for s in m.steps) > 0
+    seen: set[str] = set()
+    live: set[str] = set()
+    replays = 0
+    for call in calls:
+        groups = [call[i:i + 4] for i in range(0, len(call), 4)]
+        assert all(len({p for p, _ in g}) == 1 for g in groups)  # groups stay whole
+        for g in groups:
+            word = g[0][0]
+            if word in seen:
+                replays += 1
+                assert word in live, f"{word} replayed without ever being live"
+        seen |= {g[0][0] for g in groups}
+        live |= {g[0][0] for g in groups if len({r for _, r in g}) > 1}
+    assert replays == sum(s.replayed_groups for s in m.steps)
+    assert not any(w.startswith("b") for w in live)
+
+
 def test_time_budget_stops_training_and_anneals_the_rate_to_zero():
     from transformers import TrainerCallback
 

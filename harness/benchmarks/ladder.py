@@ -377,7 +377,8 @@ PARTIAL_SFT_STEPS = {"tiny": 700, "small": 450}
 
 def run(out: str | Path = "runs/bench-ladder", rungs: tuple[int, ...] = (1, 2, 3), budget_s: float = 600.0,
         threads: int = 2, max_steps: int = 1500, preset: str = "tiny", warm: str = "undertrained",
-        blind_share: float | None = None, learner: str = "grpo") -> dict[str, Any]:
+        blind_share: float | None = None, learner: str = "grpo",
+        recipe_kw: dict[str, Any] | None = None) -> dict[str, Any]:
     cpu_threads(threads)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -390,9 +391,9 @@ def run(out: str | Path = "runs/bench-ladder", rungs: tuple[int, ...] = (1, 2, 3
         if warm == "noisy":
             teacher = {**NOISY_TEACHER, **({} if blind_share is None else {"blind_share": blind_share})}
             res["rung3"] = rung3(out, budget_s=budget_s, max_steps=max_steps, preset=preset, learner=learner,
-                                 **teacher)
+                                 recipe_kw=recipe_kw, **teacher)
         else:
             res["rung3"] = rung3(out, budget_s=budget_s, max_steps=max_steps, preset=preset, learner=learner,
-                                 sft_steps=PARTIAL_SFT_STEPS[preset])
+                                 recipe_kw=recipe_kw, sft_steps=PARTIAL_SFT_STEPS[preset])
     (out / "ladder.json").write_text(json.dumps(res, indent=1, default=float))
     return res
