@@ -366,6 +366,10 @@ def bench_ladder(
     recipe: Annotated[list[str] | None, typer.Option(help="rung 3: override one of the rung's GRPO recipe settings, "
                                                          "KEY=VALUE (repeatable), e.g. --recipe replay=0.5 --recipe "
                                                          "oversample=2")] = None,
+    curve_every: Annotated[float | None, typer.Option(min=5, help="rung 3: also read the held-out boards every that "
+                                                                  "many seconds of training (the clock pauses while "
+                                                                  "it does), printing rung3_curve lines: did the "
+                                                                  "budget end on a plateau or mid-climb?")] = None,
 ) -> None:
     """The learning ladder: sampler/trainer log-prob agreement, a toy GRPO must learn, MAPF held-out gain."""
     from harness.benchmarks.ladder import run as ladder
@@ -391,8 +395,10 @@ def bench_ladder(
     recipe_kw = _rung3_recipe(recipe or [])
     if recipe_kw and (learner != "grpo" or 3 not in want):
         fail("--recipe changes rung 3's GRPO recipe; use it with --rungs 3 and --learner grpo, or drop it")
+    if curve_every is not None and 3 not in want:
+        fail("--curve-every reads rung 3's learning curve; add 3 to --rungs or drop --curve-every")
     res = ladder(out=out, rungs=want, budget_s=budget, threads=threads, max_steps=max_steps, preset=preset, warm=warm,
-                 blind_share=blind_share, learner=learner, recipe_kw=recipe_kw)
+                 blind_share=blind_share, learner=learner, recipe_kw=recipe_kw, curve_every=curve_every)
     if not all(r["passed"] for r in res.values() if "passed" in r):  # the sft reference passes or fails nothing
         raise typer.Exit(1)
 

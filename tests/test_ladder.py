@@ -45,3 +45,38 @@ def test_the_noisy_teacher_ignores_holes_and_nothing_else():
     differ = sum(hole_blind_plan(i) != task.expert(i, "trace") for i in insts)
     assert 0.4 < blind / differ < 0.8  # about 60% of the demonstrations where the two teachers disagree
     assert pairs == noisy_teacher_pairs(task, cfg, seeds("train", 120), blind_share=0.6)  # reproducible
+
+
+def test_the_learning_curve_reads_held_out_boards_with_the_clock_paused():
+    """Rung 3's curve callback: nothing before `every_s` seconds of training, then one held-out reading whose seconds
+    are added to the clock's start (so the budget and its annealing count training only), the model handed back in
+    training mode, and the global RNG that training samples from left as it was. Caught: a reading that eats the
+    training budget, leaves dropout-style eval mode on, or reseeds torch (the curve would change what it measures)."""
+    import time
+
+    import torch
+
+    from harness.benchmarks.ladder import RUNG3_ENV, _mapf_eval, curve_callback
+    from harness.seeds import seeds
+    from harness.tasks import get_task
+    from policies.model import build_model
+
+    task = get_task("mapf")
+    cfg = task.config_model.model_validate(RUNG3_ENV)
+    held = [task.generate(cfg, s) for s in seeds("test", 6)]
+    model, tok = build_model("tiny", task.alphabet(), words=task.words())
+    before = _mapf_eval(model, tok, task, held)
+    clock = type("Clock", (), {})()
+    clock.t0 = time.perf_counter()
+    curve = curve_callback(tok, task, held, before, every_s=30.0, clock=clock)
+    state = type("State", (), {"global_step": 7})()
+    model.train()
+    curve.on_step_end(None, state, None, model=model)
+    assert curve.points == [] and curve.paused == 0.0  # under 30 s of training: no reading
+    clock.t0 -= 31.0  # 31 s of training have passed
+    start, rng = clock.t0, torch.get_rng_state()
+    curve.on_step_end(None, state, None, model=model)
+    assert len(curve.points) == 1 and curve.points[0]["step"] == 7 and curve.points[0]["seconds"] >= 31.0
+    assert curve.paused > 0 and clock.t0 == pytest.approx(start + curve.paused)
+    assert model.training and torch.equal(torch.get_rng_state(), rng)
+    assert curve.points[0]["valid"] == before["valid"] and curve.points[0]["effect"] == 0.0  # same weights, same read

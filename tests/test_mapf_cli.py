@@ -70,7 +70,8 @@ def test_bench_ladder_rejects_option_mixes_before_any_work():
                        (["--rungs", "3", "--recipe", "replay=0.5", "--recipe", "drop_dead_groups=false"],
                         "needs drop_dead_groups: true"),
                        (["--rungs", "3", "--recipe", "steps=5"], "use --max-steps"),
-                       (["--rungs", "1", "--recipe", "replay=0.5"], "use it with --rungs 3")]:
+                       (["--rungs", "1", "--recipe", "replay=0.5"], "use it with --rungs 3"),
+                       (["--rungs", "1,2", "--curve-every", "60"], "add 3 to --rungs or drop --curve-every")]:
         res = runner.invoke(app, ["bench", "ladder", *args])
         assert res.exit_code != 0 and says in res.output, (args, res.output)
     from harness.cli import _rung3_recipe

@@ -261,13 +261,56 @@ def _mapf_eval(model, tok, task, held) -> dict[str, Any]:
             "sampled": float(sampled.mean()), "sampled_per_board": sampled, "slices": [task.slices(i) for i in held]}
 
 
+def curve_callback(tok, task, held, before: dict[str, Any], every_s: float, clock):
+    """A TrainerCallback for rung 3's learning curve: every `every_s` seconds of training it reads the model on the
+    held-out boards the way the rung does before and after (`_mapf_eval`), prints a `rung3_curve:` line with the
+    paired greedy effect so far, and keeps the point in `.points`. The clock (`clock`, the run's `time_budget`) is
+    paused while it evaluates, so the budget and its annealing count training only; `.paused` holds the seconds spent.
+    Evaluation samples from its own seeded generator, so the curve does not change what training draws. The curve
+    says whether a budget ends on a plateau (more seconds would buy nothing) or mid-climb (the gain is rate-bound)."""
+    from transformers import TrainerCallback
+
+    from harness.backtest import paired_bootstrap
+
+    class Curve(TrainerCallback):
+        def __init__(self) -> None:
+            self.points: list[dict[str, Any]] = []
+            self.paused = 0.0
+            self.last = 0.0
+
+        def on_step_end(self, args, state, control, model=None, **kw):
+            elapsed = time.perf_counter() - clock.t0
+            if elapsed - self.last < every_s or model is None:
+                return
+            self.last = elapsed
+            t = time.perf_counter()
+            model.eval()
+            try:
+                now = _mapf_eval(model, tok, task, held)
+            finally:
+                model.train()
+            eff, lo, hi = paired_bootstrap(before["per_board"], now["per_board"], 2000, 0.025,
+                                           np.random.default_rng(0))
+            self.points.append({"seconds": round(elapsed, 1), "step": state.global_step, "valid": now["valid"],
+                                "effect": eff, "ci95": (lo, hi), "sampled": now["sampled"],
+                                "optimal": now["optimal"]})
+            _say("rung3_curve", f"t={elapsed:.0f}s step={state.global_step} greedy {now['valid']:.3f} "
+                                f"{eff:+.3f} [{lo:+.3f}, {hi:+.3f}] sampled {now['sampled']:.3f}")
+            spent = time.perf_counter() - t
+            clock.t0 += spent
+            self.paused += spent
+
+    return Curve()
+
+
 # expert demonstrations the supervised reference of rung 3 trains on (about 2 epochs of 10 minutes at batch 32)
 SFT_REFERENCE_BOARDS = 10_000
 
 
 def rung3(out: Path, budget_s: float = 600.0, max_steps: int = 1500, sft_examples: int = 3000,
           sft_steps: int = 700, recipe_kw: dict[str, Any] | None = None, seed: int = 0,
-          preset: str = "tiny", blind_share: float = 0.0, learner: str = "grpo") -> dict[str, Any]:
+          preset: str = "tiny", blind_share: float = 0.0, learner: str = "grpo",
+          curve_every: float | None = None) -> dict[str, Any]:
     """Partial warm start, then GRPO until `budget_s` seconds of training (or `max_steps`, a cap); paired held-out
     figures. The learning rate anneals by elapsed time (`policies.train.time_budget`: cosine over the budget), so it
     reaches zero at the end of the budget whatever the seconds per step: a step schedule laid out past the budget
@@ -276,7 +319,10 @@ def rung3(out: Path, budget_s: float = 600.0, max_steps: int = 1500, sft_example
     `learner="sft"` is the rung's reference, not the rung: the same warm start, boards and budget, trained by supervised
     learning on the expert's plans for those boards (every token labelled, no sampling), at the warm start's own SFT
     rate annealed the same way. What 10 CPU-minutes of perfect labels buy bounds what a 0/1 reward can be expected to
-    buy, and the ratio of the two says how far GRPO is from the most a learner could get out of this compute."""
+    buy, and the ratio of the two says how far GRPO is from the most a learner could get out of this compute.
+
+    `curve_every`: also read the held-out boards every that many seconds of training (`curve_callback`; the clock
+    pauses while it evaluates), so the result says whether the budget ended on a plateau or mid-climb."""
     if learner not in ("grpo", "sft"):
         raise ValueError(f"learner {learner!r}: choose grpo (the rung) or sft (its supervised reference)")
     import torch
@@ -313,16 +359,19 @@ def rung3(out: Path, budget_s: float = 600.0, max_steps: int = 1500, sft_example
                 f"loss={logs.get('loss', float('nan')):.3f}"
             print(f"  {stage} {step} {what} t={time.perf_counter() - t0:.0f}s", flush=True)
 
+    clock = time_budget(budget_s, start=t0)
+    curve = curve_callback(tok, task, held, before, curve_every, clock) if curve_every else None
+    extra = [clock] + ([curve] if curve else [])
     if learner == "sft":
         # warm-up 40 of a nominal 4000 steps (more than 600 s holds at ~0.3 s/step); the clock stops and anneals it
         sm = train_sft(model, tok, pairs, Recipe(sft_steps=4000, warmup_ratio=0.01, seed=seed),
-                       progress=ticker, callbacks=[time_budget(budget_s, start=t0)], schedule="constant")
+                       progress=ticker, callbacks=extra, schedule="constant")
         steps, dead = sm.steps, float("nan")
     else:
         m = train_grpo(model, tok, rows, reward_fn(task, task.shaping_model.model_validate(RUNG3_SHAPING)), recipe,
-                       progress=ticker, callbacks=[time_budget(budget_s, start=t0)])
+                       progress=ticker, callbacks=extra)
         steps, dead = len(m.steps), m.dead_group_share
-    secs = time.perf_counter() - t0
+    secs = time.perf_counter() - t0 - (curve.paused if curve else 0.0)  # training seconds, the curve's reads excluded
     after = _mapf_eval(model, tok, task, held)
     reach_after = reach(model, tok, task, held)
     eff, lo, hi = paired_bootstrap(before["per_board"], after["per_board"], 4000, 0.025, np.random.default_rng(0))
@@ -347,7 +396,7 @@ def rung3(out: Path, budget_s: float = 600.0, max_steps: int = 1500, sft_example
            f"pass@{HEADROOM[1]}_after": float((reach_after > 0).mean()),
            "greedy_valid_where_never_sampled_before": float(after["per_board"][reach_before == 0].mean()
                                                            if (reach_before == 0).any() else float("nan")),
-           "train_seconds": secs, "threads": torch.get_num_threads(), "dead_group_share": dead,
+           "curve": curve.points if curve else [], "train_seconds": secs, "threads": torch.get_num_threads(), "dead_group_share": dead,
            "recipe": recipe.model_dump() if learner == "grpo" else {"sft_learning_rate": Recipe().sft_learning_rate,
                                                                    "boards": SFT_REFERENCE_BOARDS}, "shaping": RUNG3_SHAPING,
            "warm_start": {"sft_examples": sft_examples, "sft_steps": sft_steps, "preset": preset,
@@ -378,7 +427,7 @@ PARTIAL_SFT_STEPS = {"tiny": 700, "small": 450}
 def run(out: str | Path = "runs/bench-ladder", rungs: tuple[int, ...] = (1, 2, 3), budget_s: float = 600.0,
         threads: int = 2, max_steps: int = 1500, preset: str = "tiny", warm: str = "undertrained",
         blind_share: float | None = None, learner: str = "grpo",
-        recipe_kw: dict[str, Any] | None = None) -> dict[str, Any]:
+        recipe_kw: dict[str, Any] | None = None, curve_every: float | None = None) -> dict[str, Any]:
     cpu_threads(threads)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -391,9 +440,9 @@ def run(out: str | Path = "runs/bench-ladder", rungs: tuple[int, ...] = (1, 2, 3
         if warm == "noisy":
             teacher = {**NOISY_TEACHER, **({} if blind_share is None else {"blind_share": blind_share})}
             res["rung3"] = rung3(out, budget_s=budget_s, max_steps=max_steps, preset=preset, learner=learner,
-                                 recipe_kw=recipe_kw, **teacher)
+                                 recipe_kw=recipe_kw, curve_every=curve_every, **teacher)
         else:
             res["rung3"] = rung3(out, budget_s=budget_s, max_steps=max_steps, preset=preset, learner=learner,
-                                 recipe_kw=recipe_kw, sft_steps=PARTIAL_SFT_STEPS[preset])
+                                 recipe_kw=recipe_kw, curve_every=curve_every, sft_steps=PARTIAL_SFT_STEPS[preset])
     (out / "ladder.json").write_text(json.dumps(res, indent=1, default=float))
     return res
