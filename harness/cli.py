@@ -370,6 +370,9 @@ def bench_ladder(
                                                                   "many seconds of training (the clock pauses while "
                                                                   "it does), printing rung3_curve lines: did the "
                                                                   "budget end on a plateau or mid-climb?")] = None,
+    seed: Annotated[int, typer.Option(min=0, help="rung 3: the training run's seed (what GRPO samples, the order of "
+                                                  "its boards); the warm start and held-out boards stay fixed, so "
+                                                  "seeds are replicates of one rung")] = 0,
 ) -> None:
     """The learning ladder: sampler/trainer log-prob agreement, a toy GRPO must learn, MAPF held-out gain."""
     from harness.benchmarks.ladder import run as ladder
@@ -397,8 +400,10 @@ def bench_ladder(
         fail("--recipe changes rung 3's GRPO recipe; use it with --rungs 3 and --learner grpo, or drop it")
     if curve_every is not None and 3 not in want:
         fail("--curve-every reads rung 3's learning curve; add 3 to --rungs or drop --curve-every")
+    if seed and 3 not in want:
+        fail("--seed picks rung 3's training seed; add 3 to --rungs or drop --seed")
     res = ladder(out=out, rungs=want, budget_s=budget, threads=threads, max_steps=max_steps, preset=preset, warm=warm,
-                 blind_share=blind_share, learner=learner, recipe_kw=recipe_kw, curve_every=curve_every)
+                 blind_share=blind_share, learner=learner, recipe_kw=recipe_kw, curve_every=curve_every, seed=seed)
     if not all(r["passed"] for r in res.values() if "passed" in r):  # the sft reference passes or fails nothing
         raise typer.Exit(1)
 
@@ -421,7 +426,8 @@ def _rung3_recipe(items: list[str]) -> dict[str, Any]:
             near = difflib.get_close_matches(key, list(Recipe.model_fields), n=1)
             fail(f"--recipe {item!r}: no recipe setting {key!r}" + (f"; did you mean {near[0]!r}?" if near else ""))
         if key in ("steps", "seed"):
-            fail(f"--recipe {item!r}: rung 3 sets {key} itself (use --max-steps for a step cap)")
+            fail(f"--recipe {item!r}: rung 3 sets {key} itself (use --max-steps for a step cap, "
+                 "--seed for a replicate)")
         kw[key] = yaml.safe_load(value)
     try:
         Recipe(**{**RUNG3_RECIPE, **kw})

@@ -501,7 +501,7 @@ class ReplayPool:
         groups = len(inputs) // self.group
         fresh = {self._key(inputs[g * self.group]) for g in range(groups)}
         pool = [r for r in self.items if self._key(r) not in fresh]
-        k = min(int(round(self.share * groups)), len(pool))
+        k = min(round(self.share * groups), len(pool))
         if k == 0:
             return inputs, 0
         picked = self.rng.sample(pool, k)

@@ -71,7 +71,9 @@ def test_bench_ladder_rejects_option_mixes_before_any_work():
                         "needs drop_dead_groups: true"),
                        (["--rungs", "3", "--recipe", "steps=5"], "use --max-steps"),
                        (["--rungs", "1", "--recipe", "replay=0.5"], "use it with --rungs 3"),
-                       (["--rungs", "1,2", "--curve-every", "60"], "add 3 to --rungs or drop --curve-every")]:
+                       (["--rungs", "1,2", "--curve-every", "60"], "add 3 to --rungs or drop --curve-every"),
+                       (["--rungs", "3", "--recipe", "seed=3"], "--seed for a replicate"),
+                       (["--rungs", "2", "--seed", "1"], "add 3 to --rungs or drop --seed")]:
         res = runner.invoke(app, ["bench", "ladder", *args])
         assert res.exit_code != 0 and says in res.output, (args, res.output)
     from harness.cli import _rung3_recipe

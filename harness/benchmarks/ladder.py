@@ -391,12 +391,14 @@ def rung3(out: Path, budget_s: float = 600.0, max_steps: int = 1500, sft_example
     res = {"boards": len(held), "valid_before": before["valid"], "valid_after": after["valid"], "effect": eff,
            "ci95": (lo, hi), "optimal_before": before["optimal"], "optimal_after": after["optimal"],
            "optimal_effect": oeff, "optimal_ci95": (olo, ohi), "sampled_before": before["sampled"],
-           "sampled_after": after["sampled"], "sampled_effect": seff, "sampled_ci95": (slo, shi), "slices": slices, "steps": steps, "learner": learner,
+           "sampled_after": after["sampled"], "sampled_effect": seff, "sampled_ci95": (slo, shi), "slices": slices,
+           "steps": steps, "learner": learner,
            f"pass@{HEADROOM[1]}_before": float((reach_before > 0).mean()),
            f"pass@{HEADROOM[1]}_after": float((reach_after > 0).mean()),
            "greedy_valid_where_never_sampled_before": float(after["per_board"][reach_before == 0].mean()
                                                            if (reach_before == 0).any() else float("nan")),
-           "curve": curve.points if curve else [], "train_seconds": secs, "threads": torch.get_num_threads(), "dead_group_share": dead,
+           "curve": curve.points if curve else [], "train_seconds": secs, "threads": torch.get_num_threads(),
+           "dead_group_share": dead,
            "recipe": recipe.model_dump() if learner == "grpo" else {"sft_learning_rate": Recipe().sft_learning_rate,
                                                                    "boards": SFT_REFERENCE_BOARDS}, "shaping": RUNG3_SHAPING,
            "warm_start": {"sft_examples": sft_examples, "sft_steps": sft_steps, "preset": preset,
@@ -427,7 +429,7 @@ PARTIAL_SFT_STEPS = {"tiny": 700, "small": 450}
 def run(out: str | Path = "runs/bench-ladder", rungs: tuple[int, ...] = (1, 2, 3), budget_s: float = 600.0,
         threads: int = 2, max_steps: int = 1500, preset: str = "tiny", warm: str = "undertrained",
         blind_share: float | None = None, learner: str = "grpo",
-        recipe_kw: dict[str, Any] | None = None, curve_every: float | None = None) -> dict[str, Any]:
+        recipe_kw: dict[str, Any] | None = None, curve_every: float | None = None, seed: int = 0) -> dict[str, Any]:
     cpu_threads(threads)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -440,9 +442,10 @@ def run(out: str | Path = "runs/bench-ladder", rungs: tuple[int, ...] = (1, 2, 3
         if warm == "noisy":
             teacher = {**NOISY_TEACHER, **({} if blind_share is None else {"blind_share": blind_share})}
             res["rung3"] = rung3(out, budget_s=budget_s, max_steps=max_steps, preset=preset, learner=learner,
-                                 recipe_kw=recipe_kw, curve_every=curve_every, **teacher)
+                                 recipe_kw=recipe_kw, curve_every=curve_every, seed=seed, **teacher)
         else:
             res["rung3"] = rung3(out, budget_s=budget_s, max_steps=max_steps, preset=preset, learner=learner,
-                                 recipe_kw=recipe_kw, curve_every=curve_every, sft_steps=PARTIAL_SFT_STEPS[preset])
+                                 recipe_kw=recipe_kw, curve_every=curve_every, seed=seed,
+                                 sft_steps=PARTIAL_SFT_STEPS[preset])
     (out / "ladder.json").write_text(json.dumps(res, indent=1, default=float))
     return res
