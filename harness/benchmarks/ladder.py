@@ -357,7 +357,8 @@ def rung3(out: Path, budget_s: float = 600.0, max_steps: int = 1500, sft_example
         if step % 25 == 0:
             what = f"reward={logs.get('reward', float('nan')):.3f}" if stage == "grpo" else \
                 f"loss={logs.get('loss', float('nan')):.3f}"
-            print(f"  {stage} {step} {what} t={time.perf_counter() - t0:.0f}s", flush=True)
+            # the budget clock's seconds: training only (a curve reading pushes clock.t0 forward by its own time)
+            print(f"  {stage} {step} {what} t={time.perf_counter() - clock.t0:.0f}s", flush=True)
 
     clock = time_budget(budget_s, start=t0)
     curve = curve_callback(tok, task, held, before, curve_every, clock) if curve_every else None
