@@ -33,8 +33,8 @@ cache_app = typer.Typer(help="The warm-start cache ($EVOTRAINER_HOME/warmstart):
                         no_args_is_help=True)
 app.add_typer(cache_app, name="cache")
 
-console = Console()
-err = Console(stderr=True, soft_wrap=True)
+console = Console(emoji=False)  # text from outside goes through harness.terminal (never markup, never raw escapes)
+err = Console(stderr=True, soft_wrap=True, emoji=False)
 
 
 class UserError(Exception):
@@ -42,10 +42,11 @@ class UserError(Exception):
 
 
 def fail(msg: str, code: int = 2, exit_with=None) -> None:
-    """One line on stderr, then exit `code`. The message is text, never markup (`pip install 'evotrainer[gpu]'`)."""
-    from rich.markup import escape
+    """One line on stderr, then exit `code`. The message is text, never markup (`pip install 'evotrainer[gpu]'`) and
+    never raw terminal escapes (it may quote a run id or a reply)."""
+    from harness.terminal import shown
 
-    err.print(f"[bold red]error:[/] {escape(msg)}", highlight=False)
+    err.print(f"[bold red]error:[/] {shown(msg)}", highlight=False)
     if exit_with is not None:
         exit_with(code)
     raise typer.Exit(code)
@@ -59,8 +60,17 @@ def main() -> None:
 
     try:
         app()
-    except (UserError, ValidationError, ValueError, FileNotFoundError, WorkspaceError) as exc:  # they carry their fix
+    except ValidationError as exc:  # its str() repeats the input, which may be huge: fields and reasons only
+        fail(_problems(exc), exit_with=sys.exit)
+    except (UserError, ValueError, FileNotFoundError, WorkspaceError) as exc:  # they carry their fix
         fail(" ".join(str(exc).split()), exit_with=sys.exit)
+
+
+def _problems(exc) -> str:
+    """A pydantic ValidationError as one line of `field: reason`, without the input values (at most 5 problems)."""
+    errs = exc.errors(include_input=False, include_url=False)
+    out = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(top level)'}: {e['msg']}" for e in errs[:5])
+    return out + (f"; and {len(errs) - 5} more" if len(errs) > 5 else "")
 
 
 # --- env (issue: foundation / MAPF) ------------------------------------------------------------------------------
@@ -79,20 +89,20 @@ def _env_config(task, path: Path | None):
     """The task's generator config from YAML (its fields; unknown keys are errors), or the task's default."""
     if path is None:
         return task.default_config()
-    import yaml
     from pydantic import ValidationError
+
+    from harness.yamlload import YamlError, load_yaml
 
     if not path.exists():
         fail(f"config file {str(path)!r} does not exist; pass an existing YAML file or leave --config out")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        fail(f"config {path}: not valid YAML ({str(exc).splitlines()[0]})")
+        data = load_yaml(path) or {}
+    except YamlError as exc:
+        fail(f"config {exc}")
     try:
         return task.config_model.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(top level)'}: {e['msg']}" for e in exc.errors())
-        fail(f"config {path}: {problems}")
+        fail(f"config {path}: {_problems(exc)}")
 
 
 @env_app.command("sample")
@@ -410,10 +420,10 @@ def bench_ladder(
 
 def _rung3_recipe(items: list[str]) -> dict[str, Any]:
     """`--recipe KEY=VALUE` items as recipe overrides, checked against the rung's recipe before any work."""
-    import yaml
     from pydantic import ValidationError
 
     from harness.benchmarks.ladder import RUNG3_RECIPE
+    from harness.yamlload import load_yaml_text
     from policies.train import Recipe
 
     kw: dict[str, Any] = {}
@@ -428,7 +438,7 @@ def _rung3_recipe(items: list[str]) -> dict[str, Any]:
         if key in ("steps", "seed"):
             fail(f"--recipe {item!r}: rung 3 sets {key} itself (use --max-steps for a step cap, "
                  "--seed for a replicate)")
-        kw[key] = yaml.safe_load(value)
+        kw[key] = load_yaml_text(value, f"--recipe {key}")
     try:
         Recipe(**{**RUNG3_RECIPE, **kw})
     except (ValidationError, ValueError) as exc:
@@ -442,24 +452,27 @@ def cache_show() -> None:
     import json as _json
 
     from harness import warmstart
+    from harness.terminal import shown
 
     root = warmstart.cache_root()
     entries = sorted(p for p in root.iterdir() if p.is_dir() and (p / "DONE").exists()) if root.is_dir() else []
-    console.print(f"cache: {root}  ({len(entries)} warm start(s); clear with `evotrainer cache clear`)",
+
+    console.print(f"cache: {shown(root)}  ({len(entries)} warm start(s); clear with `evotrainer cache clear`)",
                   highlight=False)
     for p in entries:
         meta = _json.loads((p / "warmstart.json").read_text()) if (p / "warmstart.json").exists() else {}
         size = sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
-        console.print(f"  {p.name}  {size / 1e6:.1f} MB  {meta}", highlight=False)
+        console.print(f"  {shown(p.name)}  {size / 1e6:.1f} MB  {shown(meta)}", highlight=False)
 
 
 @cache_app.command("clear")
 def cache_clear() -> None:
     """Delete every cached warm start (the next run retrains its own)."""
     from harness import warmstart
+    from harness.terminal import shown
 
     root, n = warmstart.clear()
-    console.print(f"removed {n} cached warm start(s) from {root}", highlight=False)
+    console.print(f"removed {n} cached warm start(s) from {shown(root)}", highlight=False)
 
 
 @bench_app.command("all")
@@ -481,12 +494,17 @@ def _load_yaml_model(path: Path | None, model_cls, what: str):
     """A typed config from YAML (unknown keys are errors), or None when no path is given."""
     if path is None:
         return None
-    import yaml
+    from pydantic import ValidationError
+
+    from harness.yamlload import load_yaml
 
     if not path.exists():
         raise UserError(f"{what} file {str(path)!r} does not exist; pass an existing YAML file or leave the option out")
-    data = yaml.safe_load(path.read_text()) or {}
-    return model_cls.model_validate(data)
+    data = load_yaml(path) or {}
+    try:
+        return model_cls.model_validate(data)
+    except ValidationError as exc:
+        raise UserError(f"{what} {path}: {_problems(exc)}") from None
 
 
 def _progress_printer():
@@ -554,7 +572,9 @@ def train(
         last = rep.grpo.steps[-5:]
         console.print(f"grpo_reward: {sum(s.reward_mean for s in last) / len(last):.4f}\n"
                       f"grpo_dead_groups: {rep.grpo.dead_group_share:.3f}\ngrpo_s: {rep.grpo.wall_s:.1f}")
-    console.print(f"checkpoint: {rep.out_dir}")
+    from harness.terminal import shown
+
+    console.print(f"checkpoint: {shown(rep.out_dir)}", highlight=False)
 
 
 @app.command("eval")
@@ -608,6 +628,8 @@ def skills_list(
 
     from rich.table import Column, Table
 
+    from harness.terminal import shown
+
     with _skill_library(home) as lib:
         skills = lib.all(task)
     if as_json:
@@ -617,9 +639,9 @@ def skills_list(
                   "promoted", "mean effect", "families")
     for s in skills:
         ev = s.evidence
-        table.add_row(s.name, s.kind, ",".join(s.domains) or "any", ",".join(s.trigger.findings), str(ev.tries),
-                      str(ev.promotions), f"{ev.mean_effect:+.3f}",
-                      ",".join(ev.families) + (" (general)" if s.general else ""))
+        table.add_row(*map(shown, (s.name, s.kind, ",".join(s.domains) or "any", ",".join(s.trigger.findings),
+                                   ev.tries, ev.promotions, f"{ev.mean_effect:+.3f}",
+                                   ",".join(ev.families) + (" (general)" if s.general else ""))))
     console.print(table)
     console.print(f"skills: {len(skills)}", highlight=False)
 
@@ -630,14 +652,15 @@ def skills_show(
     home: SkillsHome = None,
 ) -> None:
     """Print one skill as its file (front matter + description), then every recorded try."""
+    from harness.terminal import plain
     from skills.library import dump_skill
 
     with _skill_library(home) as lib:
         skill, tries = lib.get(name), lib.tries(name)
-    print(dump_skill(skill), end="")
+    print(plain(dump_skill(skill)), end="")
     for t in tries:
-        print(f"try: run={t['run']} candidate={t['candidate']} family={t['family']} promoted={bool(t['promoted'])} "
-              f"effect={t['effect']:+.4f} ci=[{t['ci_low']}, {t['ci_high']}] commit={t['commit_sha']}")
+        print(plain(f"try: run={t['run']} candidate={t['candidate']} family={t['family']} promoted={bool(t['promoted'])} "
+              f"effect={t['effect']:+.4f} ci=[{t['ci_low']}, {t['ci_high']}] commit={t['commit_sha']}"))
 
 
 @skills_app.command("export")
@@ -659,7 +682,9 @@ def skills_import(
     """Import skill files; all are checked first, so one malformed file imports nothing (the error names it)."""
     with _skill_library(home) as lib:
         names = lib.import_files(paths)
-    print(f"imported: {len(names)} skills: {', '.join(names)}")
+    from harness.terminal import plain
+
+    print(plain(f"imported: {len(names)} skills: {', '.join(names)}"))
 
 
 # --- run / resume / status / review / report (issue: autonomous run) ---------------------------------------------
@@ -669,23 +694,26 @@ def _run_progress():
     """Live progress fed by the graph: node entries, training steps with an ETA, verdicts and notes."""
     import time as _time
 
+    from harness.terminal import shown
+
     t0 = _time.time()
     steps: dict[str, float] = {}
 
     def on_event(kind: str, data: dict) -> None:
         el = f"[dim]{_time.time() - t0:7.0f}s[/]"
         if kind == "node" and "message" not in data:  # a node starts
-            console.print(f"{el} stage {data.get('stage')} · [bold]{data.get('node')}[/]", highlight=False)
+            console.print(f"{el} stage {shown(data.get('stage'))} · [bold]{shown(data.get('node'))}[/]",
+                          highlight=False)
         elif kind == "step":
             step, total, key = data["step"], data["total"], f"{data['stage']}/{data['node']}/{data['what']}"
             start = steps.setdefault(key, _time.time())
             if total and (step == total or step % max(1, total // 4) == 0):
                 eta = (_time.time() - start) / max(1, step) * (total - step)
-                console.print(f"{el}   {data['node']} {data['what']} step {step}/{total}, eta {eta:.0f}s"
+                console.print(f"{el}   {shown(data['node'])} {shown(data['what'])} step {step}/{total}, eta {eta:.0f}s"
                               + (f", reward {data['reward']:.3f}" if data.get("reward") is not None else ""),
                               highlight=False)
         elif "message" in data:
-            console.print(f"{el}   {data['message']}", highlight=False)
+            console.print(f"{el}   {shown(data['message'])}", highlight=False)
 
     return on_event
 
@@ -742,6 +770,7 @@ def experiment(
     from the same warm start, at equal compute (GRPO step-equivalents; the loop pays for its own probes and
     backtests), judged on the same held-out test suite after every stage."""
     from harness.experiment import ExperimentError, key_values, load_experiment, run_experiment, table
+    from harness.terminal import plain
 
     try:
         cfg = load_experiment(config, quick=quick)
@@ -754,11 +783,12 @@ def experiment(
             from harness.experiment import ExperimentConfig
 
             cfg = ExperimentConfig.model_validate({**cfg.model_dump(), **update})
-        s = run_experiment(cfg, out, say=lambda m: console.print(m, highlight=False, markup=False, soft_wrap=True),
+        s = run_experiment(cfg, out, say=lambda m: console.print(plain(m), highlight=False, markup=False,
+                                                                 soft_wrap=True),
                            progress=_run_progress())
     except ExperimentError as exc:
         fail(str(exc))
-    console.print(table(s), highlight=False, markup=False, soft_wrap=True)
+    console.print(plain(table(s)), highlight=False, markup=False, soft_wrap=True)
     for line in key_values(s):
         typer.echo(line)
     typer.echo(f"results: {out / 'results.json'}")
@@ -847,21 +877,22 @@ def runs_cmd(
     from rich.table import Table
 
     from harness.report import list_runs
+    from harness.terminal import shown
 
     rows = list_runs(Path(runs_dir))
     if as_json:
         print(_json.dumps(rows, indent=1, default=str))
         return
     if not rows:
-        console.print(f"no runs under {runs_dir}/ (start one with `evotrainer run CONFIG`)", highlight=False)
+        console.print(f"no runs under {shown(runs_dir)}/ (start one with `evotrainer run CONFIG`)", highlight=False)
         return
-    table = Table(title=f"runs in {runs_dir}/")
+    table = Table(title=f"runs in {shown(runs_dir)}/")
     for col in ("run", "task", "status", "stages", "best valid", "promoted", "waiting"):
         table.add_column(col)
     for r in rows:
         best = f"{r['best_valid']:.3f} (s{r['best_stage']})" if r["best_valid"] is not None else "-"
-        table.add_row(r["run"], r["task"] or "-", r["status"], f"{r['stages_done']}/{r['stages'] or '?'}", best,
-                      str(r["promoted"]), r["waiting"] or "-")
+        table.add_row(*map(shown, (r["run"], r["task"] or "-", r["status"], f"{r['stages_done']}/{r['stages'] or '?'}",
+                                   best, r["promoted"], r["waiting"] or "-")))
     console.print(table)
 
 
@@ -874,20 +905,22 @@ def review(
     """The timeline of candidates (factor, rationale, evidence, verdict), or the diff of one candidate."""
     from harness.lifecycle import find_run
     from harness.report import timeline
+    from harness.terminal import plain, shown
 
     run_dir = find_run(run_ref, runs_dir)
     if candidate:
         from sandbox.workspace import Workspace
 
-        print(Workspace(run_dir / "harness").diff(candidate))
+        print(plain(Workspace(run_dir / "harness", read_only=True).diff(candidate)))
         return
     for c in timeline(run_dir):
         iv = c.get("interval")
         ev = f" effect {c['effect']:+.3f} [{iv[0]:+.3f}, {iv[1]:+.3f}]" if iv else ""
-        console.print(f"[bold]{c['id']}[/] stage {c['stage']} · {c['factor']} · [bold]{c['verdict']}[/]{ev}",
+        console.print(f"[bold]{shown(c['id'])}[/] stage {shown(c['stage'])} · {shown(c['factor'])} · "
+                      f"[bold]{shown(c['verdict'])}[/]{ev}", highlight=False)
+        console.print(f"  change: {shown(c['summary'])}\n  why: {shown(c['rationale'])}\n  verdict: {shown(c['reason'])}"
+                      + (f"\n  commit: {shown(c['sha'][:10])} {shown(c['tag'] or '')}" if c.get("sha") else ""),
                       highlight=False)
-        console.print(f"  change: {c['summary']}\n  why: {c['rationale']}\n  verdict: {c['reason']}"
-                      + (f"\n  commit: {c['sha'][:10]} {c['tag'] or ''}" if c.get("sha") else ""), highlight=False)
 
 
 @app.command()
@@ -898,9 +931,10 @@ def report(
     """Write a static HTML page: held-out metrics per stage and the candidate timeline."""
     from harness.lifecycle import find_run
     from harness.report import write_html
+    from harness.terminal import shown
 
     out = write_html(find_run(run_ref, runs_dir))
-    console.print(f"report: {out}", highlight=False)
+    console.print(f"report: {shown(out)}", highlight=False)
 
 
 if __name__ == "__main__":

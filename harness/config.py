@@ -13,7 +13,6 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from harness.backtest import GateConfig
@@ -137,7 +136,8 @@ class EvalConfig(_Strict):
 
 class RunConfig(_Strict):
     task: str = Field("mapf", description="task family: mapf")
-    name: str = Field("run", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="run id prefix")
+    name: str = Field("run", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=80,
+                      description="run id prefix (the id adds -YYYYmmdd-HHMMSS)")
     seed: int = Field(0, description="seed for the engineer's choices and model initialisation")
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     env: dict[str, Any] | None = Field(None, description="round-0 generator config (the task's config model); "
@@ -234,8 +234,10 @@ def load_config(path: str | Path) -> RunConfig:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"run config {path} not found; pass a YAML file such as examples/mapf_quick.yaml")
+    from harness.yamlload import YamlError, load_yaml
+
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        data = load_yaml(path) or {}
+    except YamlError as exc:
+        raise ConfigError(str(exc)) from None
     return parse_config(data, str(path))

@@ -112,15 +112,21 @@ def load_experiment(path: str | Path, quick: bool = False) -> ExperimentConfig:
     path = Path(path)
     if not path.is_file():
         raise ExperimentError(f"experiment config {path} not found; see examples/experiment_mapf.yaml")
+    from harness.yamlload import YamlError, load_yaml
+
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ExperimentError(f"{path}: not valid YAML: {exc}") from None
-    if isinstance(data.get("run"), str):
-        rp = (path.parent / data["run"]).resolve()
-        if not rp.is_file():
-            raise ExperimentError(f"{path}: run: {data['run']} not found (paths are relative to the experiment file)")
-        data["run"] = yaml.safe_load(rp.read_text()) or {}
+        data = load_yaml(path) or {}
+        if not isinstance(data, dict):
+            raise ExperimentError(f"{path}: an experiment config is a YAML mapping (run:, arms:, seeds:, ...), got a "
+                                  f"{type(data).__name__}; see examples/experiment_mapf.yaml")
+        if isinstance(data.get("run"), str):
+            rp = (path.parent / data["run"]).resolve()
+            if not rp.is_file():
+                raise ExperimentError(f"{path}: run: {data['run']} not found (paths are relative to the experiment "
+                                      "file)")
+            data["run"] = load_yaml(rp) or {}
+    except YamlError as exc:
+        raise ExperimentError(str(exc)) from None
     try:
         cfg = ExperimentConfig.model_validate(data)
     except ValidationError as exc:

@@ -6,10 +6,15 @@
 
 One driver per run (a lock file); the LangGraph checkpoints live in graph.db, everything else in run.db and on disk.
 Errors a user can fix are `RunError`s naming the fix.
+
+Nothing the tool did not create is deleted or overwritten: a run id is a plain name (`check_run_id`), a new run goes
+into an absent or empty folder, a run folder is recognised by the marker `start_run` writes first plus its config or
+database (`is_run_dir`), and a `harness/` folder is removed only when it is a half-made repo of that run.
 """
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import time
 from collections.abc import Callable
@@ -23,7 +28,22 @@ from harness.graph import GATE_ACTIONS, build_graph, initial_files, make_judge
 from harness.run import JUDGE_FILE, Run, RunError
 from harness.store import RunStore, acquire_lock
 
-__all__ = ["RunError", "answer_gate", "find_run", "load_run_config", "new_run_id", "resume_run", "start_run"]
+__all__ = ["RUN_MARKER", "RunError", "answer_gate", "check_run_id", "find_run", "is_run_dir", "load_run_config",
+           "new_run_id", "resume_run", "start_run"]
+
+RUN_MARKER = ".evotrainer-run"  # written first into a new run folder: what makes a folder one of ours
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+def check_run_id(run_id: str) -> str:
+    """`run_id` when it is a plain folder name (1-100 letters, digits, '.', '_', '-', starting with a letter or digit,
+    no '..'), else RunError: an id is joined to --runs-dir, so '..', '/x' or control characters would name another
+    folder."""
+    if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id) or ".." in run_id:
+        shown = repr(run_id[:60]) + ("..." if len(run_id) > 60 else "") if isinstance(run_id, str) else repr(run_id)
+        raise RunError(f"run id {shown} is not a plain name: use 1-100 letters, digits, '.', '_' or '-', starting "
+                       "with a letter or digit (no '/', no '..')")
+    return run_id
 
 
 def _drive(run: Run, first_input: dict[str, Any] | None) -> dict[str, Any]:
@@ -51,8 +71,9 @@ def new_run_id(config: RunConfig) -> str:
 
 def start_run(config: RunConfig, runs_dir: str | Path = "runs", run_id: str | None = None,
               progress: Callable[[str, dict[str, Any]], None] | None = None) -> Path:
-    """Create runs/<id>/ (run.db, harness repo, graph.db) and drive the graph to the end of the budget."""
-    run_id = run_id or new_run_id(config)
+    """Create runs/<id>/ (run.db, harness repo, graph.db) and drive the graph to the end of the budget. The folder
+    must be absent or empty: a new run never writes into a folder it did not make."""
+    run_id = check_run_id(run_id if run_id is not None else new_run_id(config))
     ckpt = config.policy.checkpoint
     if ckpt and not Path(ckpt).is_dir():
         raise RunError(f"policy.checkpoint {ckpt} does not exist; point it at a local Hugging Face model directory "
@@ -65,12 +86,22 @@ def start_run(config: RunConfig, runs_dir: str | Path = "runs", run_id: str | No
         except RolloutBackendError as exc:
             raise RunError(f"policy.backend: {exc}") from None
     _check_scale(config)
+    if Path(runs_dir).exists() and not Path(runs_dir).is_dir():
+        raise RunError(f"--runs-dir {runs_dir} is not a folder; pass a folder for runs/<id>/ (created if missing)")
     run_dir = Path(runs_dir) / run_id
     if (run_dir / "run.db").exists():
         raise RunError(f"run {run_id} already exists in {runs_dir}; resume it with `evotrainer resume {run_dir}`")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if run_dir.is_dir() and any(run_dir.iterdir()):
+        raise RunError(f"{run_dir} already exists and is not empty; nothing was written: pick another --run-id or "
+                       f"--runs-dir" + (f" (or `evotrainer resume {run_dir}`: it is a run killed while being created)"
+                                        if is_run_dir(run_dir) else ""))
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RunError(f"cannot create the run folder {run_dir}: {exc.strerror}; pass a writable --runs-dir") from None
     lock = acquire_lock(run_dir, run_id)
     try:
+        (run_dir / RUN_MARKER).write_text(f"{run_id}\n")
         (run_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
         _drive_prepared(run_dir, config, progress, {"run_id": run_id, "stage": 0, "log": []})
     finally:
@@ -88,20 +119,45 @@ def _check_scale(config: RunConfig) -> None:
         raise RunError(str(exc)) from None
 
 
+def _half_made_harness(harness: Path, config: RunConfig) -> bool:
+    """True when `harness` is what a run killed inside `Workspace.create` leaves: a git repo without a single ref or
+    commit whose worktree holds only the harness' own files (so it holds nothing to lose)."""
+    import git
+
+    from sandbox.workspace import TEMPLATE_DIR
+
+    ours = {p.relative_to(TEMPLATE_DIR).as_posix() for p in TEMPLATE_DIR.rglob("*") if p.is_file()}
+    ours |= set(initial_files(config) or {})
+    try:
+        repo = git.Repo(harness)
+        empty = not repo.head.is_valid() and not list(repo.refs)
+        repo.close()
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError, ValueError):
+        return False
+    files = {p.relative_to(harness).as_posix() for p in harness.rglob("*")
+             if p.is_file() and ".git" not in p.relative_to(harness).parts[:1]}
+    return empty and files <= ours
+
+
 def _prepare(run_dir: Path, config: RunConfig, progress) -> Run:
     """Open run.db, make the harness repo and the run row if they are missing. Idempotent, so a run killed while it
-    was being created resumes like any other (a harness dir without its first commit holds nothing to lose)."""
+    was being created resumes like any other. A `harness/` that is not a harness repo is removed only when it is this
+    run's own half-made one (`_half_made_harness`); anything else is refused, never deleted."""
     import shutil
 
     from sandbox.workspace import NotAHarnessRepo, Workspace
 
-    run = _open(run_dir, config, progress)
     harness = run_dir / "harness"
     if harness.exists():
         try:
             Workspace(harness)
         except NotAHarnessRepo:
+            if not (is_run_dir(run_dir) and harness.is_dir() and not harness.is_symlink()
+                    and (not any(harness.iterdir()) or _half_made_harness(harness, config))):
+                raise RunError(f"{harness} exists and is not a harness repo this tool made; nothing was deleted: "
+                               "move it away, or point evotrainer at a run folder it created") from None
             shutil.rmtree(harness)
+    run = _open(run_dir, config, progress)
     if not harness.exists():
         Workspace.create(harness, files_override=initial_files(config) or None)
     if not (run_dir / JUDGE_FILE).exists():  # fixed once, from the round-0 harness, before any stage can change it
@@ -167,18 +223,46 @@ def _drive_prepared(run_dir: Path, config: RunConfig, progress, first_input: dic
         run.store.close()
 
 
+def is_run_dir(d: Path) -> bool:
+    """A folder `start_run` made: its marker (written first) next to config.yaml or run.db; or, for runs made before the
+    marker existed, a config.yaml next to a run.db whose runs table holds this folder's id. One stray config.yaml or
+    run.db is not enough."""
+    d = Path(d)
+    try:
+        if not d.is_dir():
+            return False
+        if (d / RUN_MARKER).is_file() and ((d / "config.yaml").is_file() or (d / "run.db").is_file()):
+            return True
+        if not ((d / "config.yaml").is_file() and (d / "run.db").is_file()):
+            return False
+    except OSError:  # a name too long for the file system, a folder we may not read
+        return False
+    try:
+        con = sqlite3.connect(f"{(d / 'run.db').resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            return con.execute("SELECT 1 FROM runs WHERE id = ?", [d.name]).fetchone() is not None
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return False
+
+
 def find_run(ref: str | Path, runs_dir: str | Path = "runs") -> Path:
-    """A run directory from a path or a run id (looked up in runs_dir)."""
-    p = Path(ref)
-    for cand in (p, Path(runs_dir) / str(ref)):
-        if (cand / "run.db").is_file() or (cand / "config.yaml").is_file():  # config.yaml is written first
+    """A run directory from a path or a run id (looked up in runs_dir); see `is_run_dir`."""
+    cands = list(dict.fromkeys((Path(ref), Path(runs_dir) / str(ref))))
+    for cand in cands:
+        if is_run_dir(cand):
             return cand
-    raise RunError(f"no run {ref!r}: neither {p} nor {Path(runs_dir) / str(ref)} holds a run (run.db); "
-                   "`ls runs/` lists runs, or pass --runs-dir")
+    where = f"{cands[0]} is not" if len(cands) == 1 else f"neither {cands[0]} nor {cands[1]} is"
+    raise RunError(f"no run {str(ref)!r}: {where} a run folder (one made by "
+                   f"`evotrainer run` holds its {RUN_MARKER} marker with config.yaml or run.db); `evotrainer runs` "
+                   "lists runs, or pass --runs-dir")
 
 
 def load_run_config(run_dir: Path) -> RunConfig:
-    return parse_config(yaml.safe_load((run_dir / "config.yaml").read_text()), str(run_dir / "config.yaml"))
+    from harness.yamlload import load_yaml
+
+    return parse_config(load_yaml(run_dir / "config.yaml"), str(run_dir / "config.yaml"))
 
 
 def resume_run(ref: str | Path, runs_dir: str | Path = "runs",

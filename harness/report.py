@@ -84,9 +84,9 @@ def list_runs(runs_dir: Path) -> list[dict[str, Any]]:
 
 
 def yaml_load(path: Path) -> Any:
-    import yaml
+    from harness.yamlload import load_yaml
 
-    return yaml.safe_load(path.read_text())
+    return load_yaml(path)
 
 
 def curve(run_dir: Path) -> dict[str, Any] | None:
@@ -140,10 +140,14 @@ def _f(x: Any, pct: bool = True) -> str:
 
 
 def print_summary(run_dir: Path, console) -> dict[str, Any]:
+    """The run's tables and grep-able lines on a rich console; text from outside (ids, values, reasons) is shown, never
+    rendered as markup or raw escapes (`harness.terminal`)."""
     from rich.table import Table
 
+    from harness.terminal import shown
+
     st = status(run_dir)
-    t = Table(title=f"run {st['run']} ({st['status']}): held-out test suite per stage")
+    t = Table(title=f"run {shown(st['run'])} ({shown(st['status'])}): held-out test suite per stage")
     for col in ("stage", "valid", "optimal", "wall s", "overhead"):
         t.add_column(col, justify="right")
     for s in st["stages"]:
@@ -156,8 +160,9 @@ def print_summary(run_dir: Path, console) -> dict[str, Any]:
     for x in st["candidates"]:
         ci = f"{_f(x['effect'], False)} [{_f(x['interval'][0], False)}, {_f(x['interval'][1], False)}]" \
             if x["interval"] else "-"
-        c.add_row(x["id"], x["factor"], f"{x['old_value']} -> {x['value']}", x["verdict"] or x["status"], ci,
-                  _f(x["mde"], False) if x["mde"] is not None else "-", (x["reason"] or "").split(":")[0][:60])
+        c.add_row(*map(shown, (x["id"], x["factor"], f"{x['old_value']} -> {x['value']}", x["verdict"] or x["status"],
+                               ci, _f(x["mde"], False) if x["mde"] is not None else "-",
+                               (x["reason"] or "").split(":")[0][:60])))
     console.print(c)
     for s in st["stages"]:
         console.print(f"stage_{s['stage']}_valid: {s['valid'] if s['valid'] is not None else 'nan'}", highlight=False)
@@ -166,11 +171,12 @@ def print_summary(run_dir: Path, console) -> dict[str, Any]:
     if cv and "first_to_last" in cv:
         console.print(f"test_change_first_to_last: {cv['first_to_last']['effect']:+.4f}", highlight=False)
     if st["waiting"]:
-        console.print(f"paused: waits at the {st['waiting']}: evotrainer approve {st['run']} | evotrainer revise "
-                      f"{st['run']} \"feedback\" | evotrainer abort {st['run']}", highlight=False)
+        run = shown(st["run"])
+        console.print(f"paused: waits at the {shown(st['waiting'])}: evotrainer approve {run} | evotrainer revise "
+                      f"{run} \"feedback\" | evotrainer abort {run}", highlight=False)
     promoted = sum(1 for x in st["candidates"] if x["verdict"] == "promoted")
-    console.print(f"candidates: {len(st['candidates'])}\npromoted: {promoted}\nharness: {st['harness']}\n"
-                  f"report: {st['report']}", highlight=False)
+    console.print(f"candidates: {len(st['candidates'])}\npromoted: {promoted}\nharness: {shown(st['harness'])}\n"
+                  f"report: {shown(st['report'])}", highlight=False)
     return st
 
 
@@ -179,7 +185,7 @@ def timeline(run_dir: Path) -> list[dict[str, Any]]:
 
     st = {c["id"]: c for c in status(run_dir)["candidates"]}
     out = []
-    for rec in Workspace(run_dir / "harness").history():
+    for rec in Workspace(run_dir / "harness", read_only=True).history():
         row = st.get(rec.id, {})
         out.append({"id": rec.id, "stage": rec.stage, "factor": rec.factor, "summary": rec.summary,
                     "rationale": rec.rationale, "verdict": rec.verdict, "reason": rec.reason,

@@ -56,7 +56,7 @@ def gather(run_dir: Path) -> dict[str, Any]:
     try:
         from sandbox.workspace import Workspace
 
-        ws = Workspace(run_dir / "harness")
+        ws = Workspace(run_dir / "harness", read_only=True)
         for c in st["candidates"]:
             if c["commit"]:
                 with contextlib.suppress(Exception):  # a candidate without a readable commit shows no diff

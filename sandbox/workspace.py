@@ -9,6 +9,7 @@
     ws.reject("s1-c2", reason="slice size=5 regressed", evidence={...})
     ws.history(); ws.diff("s1-c1")
     ws = Workspace("runs/r1/harness")                       # reopen: repairs a crash left mid-operation
+    ws = Workspace("runs/r1/harness", read_only=True)       # a reader (report, review): never repairs, never writes
 
 Layout of the repo (see template/README.md): a candidate is a branch `cand/<id>` off `main` with ONE commit (summary,
 rationale, trailers Factor/Candidate/Stage/Parent/Skill/Engineer). Promote = no-ff merge into main + annotated tag
@@ -16,8 +17,10 @@ rationale, trailers Factor/Candidate/Stage/Parent/Skill/Engineer). Promote = no-
 the merge commit message and in the tag. Candidate commits are built with plumbing (a temporary index, commit-tree,
 update-ref with "must not exist"), so the main worktree is never switched and a crash never leaves a half commit.
 The author identity lives in the repo's own config: no global git configuration is needed.
-One writer at a time: opening repairs (it removes a stale index.lock), so do not open a workspace while another
-process is writing to it; the loop's nodes run one after another and own the repo.
+One writer at a time: opening repairs (it removes a stale index.lock, tags an untagged promotion), so a writer must not
+open a workspace while another process is writing to it; the loop's nodes run one after another and own the repo.
+Readers (report, review, status) open it with `read_only=True`: no repair, and every writing method refuses, so a
+reader opened between a promotion's merge and its tag sees a pending candidate and leaves the repo as it was.
 """
 
 from __future__ import annotations
@@ -160,9 +163,10 @@ def _verdict_block(verdict: str, reason: str, evidence: dict[str, Any]) -> str:
 
 
 class Workspace:
-    """One run's harness repo. Opening it repairs what a crash left behind (see `repair`); `repairs` lists what was done."""
+    """One run's harness repo. Opening it repairs what a crash left behind (see `repair`); `repairs` lists what was done.
+    `read_only=True` opens it for reading only: nothing is repaired and the writing methods raise WorkspaceError."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, read_only: bool = False):
         self.path = Path(path)
         if not (self.path / ".git").is_dir():
             raise NotAHarnessRepo(f"{self.path} is not a harness repo (no .git): create one with Workspace.create(path)")
@@ -172,7 +176,13 @@ class Workspace:
         if not marked or "main" not in [h.name for h in self.repo.heads]:
             raise NotAHarnessRepo(f"{self.path} is a git repo but not a harness repo (expected branch main and config "
                                   "evotrainer.harness=true, written by Workspace.create)")
-        self.repairs: list[str] = self.repair()
+        self.read_only = read_only
+        self.repairs: list[str] = [] if read_only else self.repair()
+
+    def _writer(self, what: str) -> None:
+        if self.read_only:
+            raise WorkspaceError(f"{what} on {self.path} opened read-only (a reader must not write): open it with "
+                                 "Workspace(path) in the process that drives the run")
 
     # --- creation ---
 
@@ -269,6 +279,7 @@ class Workspace:
         """Commit ONE change on a new branch cand/<id> off main; returns the commit sha. None as content deletes a
         file. Proposing the same id again returns the existing commit when the content matches, else
         CandidateConflict."""
+        self._writer("propose")
         _check_id(cand_id)
         summary = _one_line(summary, "summary")
         factor = _one_line(factor, "factor")
@@ -316,6 +327,7 @@ class Workspace:
     def promote(self, cand_id: str, evidence: Any, reason: str) -> Decision:
         """Merge cand/<id> into main (no-ff), tag promoted/<stage>-<id>; evidence + reason in both messages.
         Promoting twice returns the same Decision; a rejected or unknown id raises."""
+        self._writer("promote")
         reason = _reason(reason)
         done, cand = self._pending_or_done(cand_id, "promoted",
                                            "a rejected change cannot be promoted, propose it again under a new id")
@@ -345,6 +357,7 @@ class Workspace:
     def reject(self, cand_id: str, reason: str, evidence: Any = None) -> Decision:
         """Tag rejected/<id> (annotated: reason + evidence) on the candidate commit and delete its branch.
         Rejecting twice returns the same Decision; a promoted or unknown id raises."""
+        self._writer("reject")
         reason = _reason(reason)
         done, cand = self._pending_or_done(cand_id, "rejected", "undo a promotion by proposing the reverse change")
         if done is not None:
@@ -387,6 +400,7 @@ class Workspace:
     def repair(self) -> list[str]:
         """Bring the repo back to a consistent state after a crash; return what was done. Nothing committed is lost:
         uncommitted worktree changes are saved on a branch recovered/<time> before the worktree is reset."""
+        self._writer("repair")
         done: list[str] = []
         gd = Path(self.repo.git_dir)
         lock = gd / "index.lock"

@@ -349,6 +349,7 @@ def test_second_process_on_same_run_is_locked(tmp_path):
     run_dir = tmp_path / "runs" / "locked"
     run_dir.mkdir(parents=True)
     (run_dir / "run.db").touch()
+    (run_dir / ".evotrainer-run").write_text("locked\n")  # start_run's marker: a run folder is more than one file
     code = (f"import sys, time; sys.path.insert(0, {str(ROOT)!r}); from harness.store import acquire_lock; "
             f"from pathlib import Path; l = acquire_lock(Path({str(run_dir)!r}), 'locked'); print('held', flush=True); "
             "time.sleep(30)")
@@ -383,6 +384,7 @@ def test_resume_of_a_run_killed_while_being_created(tmp_path):
     run_dir = tmp_path / "runs" / "born"
     (run_dir / "harness").mkdir(parents=True)
     subprocess.run(["git", "init", "-q", str(run_dir / "harness")], check=True)
+    (run_dir / ".evotrainer-run").write_text("born\n")  # start_run writes its marker first
     (run_dir / "config.yaml").write_text(yaml.safe_dump(dict(TINY, budget={"stages": 1})))
     resume_run(run_dir)
     st = _check_consistent(run_dir)

@@ -16,9 +16,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from harness.engineer.llm import EndpointError, Messages, ReplyFn
+from harness.yamlload import YamlError, load_yaml_text
 
 
 class ScriptError(ValueError):
@@ -31,7 +30,10 @@ def load_script(path: Path) -> list[Any]:
         raise ScriptError(f"engineer script {path} not found: give a .yaml/.yml or .jsonl file of replies")
     text = path.read_text(encoding="utf-8")
     if path.suffix in (".yaml", ".yml"):
-        data = yaml.safe_load(text)
+        try:
+            data = load_yaml_text(text, f"engineer script {path}")
+        except YamlError as exc:
+            raise ScriptError(str(exc)) from None
         if not isinstance(data, list):
             raise ScriptError(f"engineer script {path}: the YAML must be a list (one reply per stage)")
         return data

@@ -1,0 +1,368 @@
+"""Hostile input at the command line (issue 36): text from outside is never markup and never raw terminal escapes; a run
+id or a stray folder never deletes user files; a YAML alias bomb is refused quickly; bad inputs are one line, exit 2.
+
+    .venv/bin/pytest tests/test_hostile_cli.py -q
+
+Every command goes through `python -m harness.cli` (the console script's `main`, which turns errors into one line).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.benchmarks.run import TINY as BENCH_TINY
+from harness.lifecycle import RUN_MARKER, RunError, resume_run
+from harness.store import RunStore
+from sandbox.workspace import Workspace
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = {**BENCH_TINY, "name": "t", "stage": {**BENCH_TINY["stage"], "candidates": 1},
+        "recipe": {**BENCH_TINY["recipe"], "max_completion_length": 24}}
+# markup that raises MarkupError, markup that would restyle, OSC (retitle), CSI (clear screen), BEL, C1 CSI, bidi
+HOSTILE = "[/x] [/INST] [bold red]red[/] \x1b]0;pwned\x07 \x1b[2J \x9b31m \u202e"
+RAW = ("\x1b", "\x07", "\x9b", "\u202e")
+
+
+def cli(*args: str, home: Path, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True, check=False,
+                          timeout=timeout, cwd=cwd or ROOT,
+                          env={**os.environ, "EVOTRAINER_HOME": str(home), "PYTHONPATH": str(ROOT), "COLUMNS": "200"})
+
+
+@pytest.fixture
+def main(tmp_path, monkeypatch, capsys):
+    """`evotrainer ARGS` in this process, through the console script's `main` (for the quick error paths)."""
+    import harness.cli as C
+
+    monkeypatch.setenv("EVOTRAINER_HOME", str(tmp_path / "home"))
+
+    def call(*args: str) -> subprocess.CompletedProcess:
+        capsys.readouterr()
+        monkeypatch.setattr(sys, "argv", ["evotrainer", *args])
+        with pytest.raises(SystemExit) as exc:
+            C.main()
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(args, exc.value.code, out, err)
+
+    return call
+
+
+def one_line_error(r: subprocess.CompletedProcess, *needles: str) -> None:
+    assert r.returncode == 2, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    for n in needles:
+        assert n in r.stderr, r.stderr
+
+
+def shown_safely(out: str) -> None:
+    """The hostile text came through as text: literal brackets, control characters as visible escapes, none raw."""
+    assert "[/x]" in out and "[/INST]" in out and "[bold red]red[/]" in out, out[-3000:]
+    assert "\\x1b]0;pwned\\x07" in out and "\\x9b31m" in out and "\\u202e" in out, out[-3000:]
+    assert not any(c in out for c in RAW), [c for c in RAW if c in out]
+
+
+# --- text from outside through the CLI's printers -----------------------------------------------------------------------
+
+
+def test_the_progress_printer_prints_hostile_event_messages_as_text(monkeypatch):
+    """Catches: event messages rendered as rich markup (MarkupError on `[/x]`) or with raw escapes."""
+    import io
+
+    from rich.console import Console
+
+    import harness.cli as C
+
+    buf = io.StringIO()
+    monkeypatch.setattr(C, "console", Console(file=buf, width=300, emoji=False))
+    on_event = C._run_progress()
+    on_event("reply_rejected", {"stage": 1, "node": "propose", "message": HOSTILE})
+    on_event("node", {"stage": 1, "node": HOSTILE})
+    on_event("step", {"stage": 1, "node": "train", "what": HOSTILE, "step": 1, "total": 1})
+    shown_safely(buf.getvalue())
+
+
+def _harness_snapshot(repo: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(repo)): p.read_bytes() for p in sorted(repo.rglob("*")) if p.is_file()}
+
+
+def _fake_run(runs: Path, run_id: str = "r1") -> Path:
+    """A run folder as `evotrainer run` leaves it, without training: marker, config, run.db, and a harness repo with one
+    rejected candidate whose summary, rationale and reason are hostile, and one promotion merged but not yet tagged
+    (the state between a promotion's merge and its tag)."""
+    run_dir = runs / run_id
+    run_dir.mkdir(parents=True)
+    (run_dir / RUN_MARKER).write_text(run_id)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(TINY))
+    store = RunStore.open(run_dir / "run.db")
+    store.create_run(run_id, TINY)
+    store.set_run_status(run_id, "running")
+    store.close()
+    ws = Workspace.create(run_dir / "harness")
+    recipe = ws.read("recipe.yaml")
+    ws.propose("s1-c1", {"recipe.yaml": recipe.replace("temperature: 1.0", "temperature: 0.7")},
+               summary="[/x] lower \x1b[2J temperature", rationale=HOSTILE, factor="recipe.temperature", stage=1)
+    ws.reject("s1-c1", reason="lost: " + HOSTILE)
+    ws.propose("s1-c2", {"recipe.yaml": recipe.replace("steps: 50", "steps: 9")}, summary="fewer steps",
+               rationale="r", factor="recipe.steps", stage=1)
+    d = ws.promote("s1-c2", {"effect": 0.1}, "won")
+    for args in (["tag", "-d", d.tag], ["branch", "cand/s1-c2", d.candidate_sha]):  # the merge, before its tag
+        subprocess.run(["git", *args], cwd=ws.path, check=True, capture_output=True)
+    return run_dir
+
+
+def test_review_report_and_status_show_hostile_text_and_never_repair_the_repo(tmp_path):
+    """Catches: `review` crashing on a `[/x]` rationale or passing escapes through; the readers (review, report, status,
+    runs) running the workspace's crash repair, which would tag a promotion mid-flight under the live run."""
+    runs = tmp_path / "runs"
+    run_dir = _fake_run(runs)
+    before = _harness_snapshot(run_dir / "harness")
+    r = cli("review", str(run_dir), home=tmp_path / "home")
+    assert r.returncode == 0, r.stderr[-3000:]
+    shown_safely(r.stdout)
+    assert "lower \\x1b[2J temperature" in r.stdout
+    r = cli("review", str(run_dir), "s1-c1", home=tmp_path / "home")  # the candidate's diff
+    assert r.returncode == 0 and "temperature: 0.7" in r.stdout, r.stderr[-3000:]
+    for args in (["report", str(run_dir)], ["status", str(run_dir)], ["runs", "--runs-dir", str(runs)]):
+        r = cli(*args, home=tmp_path / "home")
+        assert r.returncode == 0, (args, r.stderr[-3000:])
+        assert not any(c in r.stdout for c in RAW), args
+    assert _harness_snapshot(run_dir / "harness") == before  # refs, HEAD, index, objects: byte for byte
+    assert Workspace(run_dir / "harness").repairs  # the writer still repairs it (tags the promotion)
+
+
+def test_skills_list_and_show_print_a_hostile_trigger_as_text(tmp_path):
+    """Catches: `skills list` rendering a trigger code as markup (MarkupError) or a skill's text with raw escapes."""
+    from skills.library import SkillLibrary
+    from skills.model import Intervention, Skill, Trigger
+
+    home = tmp_path / "home"
+    with SkillLibrary.open(home / "skills.db") as lib:
+        lib.add(Skill(name="hostile-trigger", kind="env", trigger=Trigger(findings=[HOSTILE]),
+                      intervention=Intervention(knob="env.sizes.{size}.hole_ratio", op="add", value=0.1),
+                      expected="[/x] \x1b]0;pwned\x07", domains=["mapf"]))
+    r = cli("skills", "list", "--home", str(home), home=home)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "[/x]" in r.stdout and "[/INST]" in r.stdout and not any(c in r.stdout for c in RAW), r.stdout
+    r = cli("skills", "show", "hostile-trigger", "--home", str(home), home=home)
+    assert r.returncode == 0 and "hostile-trigger" in r.stdout and not any(c in r.stdout for c in RAW), r.stdout
+
+
+def test_an_error_quoting_hostile_text_is_one_line_without_raw_escapes(main):
+    """Catches: a run id with escapes or markup reaching the terminal through the one-line error."""
+    r = main("status", "[/x]\x1b]0;pwned\x07")
+    one_line_error(r, "[/x]")
+    assert not any(c in r.stderr for c in RAW), r.stderr
+
+
+# --- a run id or a stray folder never deletes user files -------------------------------------------------------------
+
+
+def _project(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
+    """A user's project folder: their own config.yaml and a harness/ folder (a git repo with work in it)."""
+    proj = tmp_path / "proj"
+    (proj / "harness").mkdir(parents=True)
+    (proj / "config.yaml").write_text("my: settings\n")
+    (proj / "harness" / "notes.md").write_text("my work\n")
+    subprocess.run(["git", "init", "-q", str(proj / "harness")], check=True)
+    return proj, _harness_snapshot(proj)
+
+
+def test_run_id_dotdot_or_absolute_or_control_is_refused_and_nothing_is_touched(tmp_path, main):
+    """Catches: `--run-id ..` making PROJ the run folder (its harness/ deleted, its config.yaml overwritten)."""
+    proj, before = _project(tmp_path)
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump(TINY))
+    for rid in ("..", ".", "../proj", str(proj), "a/b", "a\x1bb", "x" * 300, ""):
+        r = main("run", str(cfg), "--runs-dir", str(proj / "runs"), "--run-id", rid)
+        one_line_error(r, "is not a plain name")
+        assert not any(c in r.stderr for c in RAW)
+    assert _harness_snapshot(proj) == before and not (proj / "runs").exists()
+
+
+def test_a_new_run_never_writes_into_a_folder_it_did_not_make(tmp_path, main):
+    """Catches: a run id naming an existing user folder: config.yaml overwritten, harness/ deleted."""
+    proj, before = _project(tmp_path)
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump(TINY))
+    r = main("run", str(cfg), "--runs-dir", str(tmp_path), "--run-id", "proj")
+    one_line_error(r, "already exists and is not empty")
+    assert _harness_snapshot(proj) == before
+
+
+def test_resume_of_a_foreign_folder_is_refused_and_nothing_is_touched(tmp_path, main):
+    """Catches: `find_run` accepting any folder with a config.yaml, then `_prepare` deleting its harness/."""
+    proj, before = _project(tmp_path)
+    (proj / "config.yaml").write_text(yaml.safe_dump(TINY))  # even a valid run config is not enough
+    before = _harness_snapshot(proj)
+    for cmd in (["resume", str(proj)], ["approve", str(proj)], ["review", str(proj)]):
+        r = main(*cmd)
+        one_line_error(r, "is not a run folder")
+        assert "neither" not in r.stderr  # a path is named once
+    assert _harness_snapshot(proj) == before and not (proj / "run.db").exists()
+
+
+def test_a_run_folder_whose_harness_is_not_ours_is_refused_not_deleted(tmp_path):
+    """Catches: `_prepare` deleting any harness/ that is not a harness repo, even inside a real run folder."""
+    run_dir = tmp_path / "runs" / "mine"
+    (run_dir / "harness").mkdir(parents=True)
+    (run_dir / RUN_MARKER).write_text("mine")
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(dict(TINY, budget={"stages": 1})))
+    (run_dir / "harness" / "precious.txt").write_text("not the tool's\n")
+    subprocess.run(["git", "init", "-q", str(run_dir / "harness")], check=True)
+    with pytest.raises(RunError, match="not a harness repo this tool made; nothing was deleted"):
+        resume_run(run_dir)
+    assert (run_dir / "harness" / "precious.txt").read_text() == "not the tool's\n"
+
+
+# --- YAML alias bombs -------------------------------------------------------------------------------------------------
+
+# the billion laughs as one flow mapping (~400 bytes): key i holds 9^9 "lol"s once its aliases are expanded; placed
+# inside a free-form field (reasoning params, quick:) it passes validation and hangs whatever walks it next
+BOMB = "{a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol], " + ", ".join(
+    f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]" for p, c in zip("abcdefgh", "bcdefghi")) + "}"
+
+
+@pytest.mark.parametrize("name,doc,args", [
+    ("env stats --config (reasoning params)", "datasets:\n  - {name: leg_counting, params: BOMB}",
+     ["env", "stats", "--task", "reasoning", "--config", "{f}"]),
+    ("train --config (its validation error)", "sizes: BOMB", ["train", "--out", "{tmp}/ckpt", "--config", "{f}"]),
+    ("run (reasoning params)", "task: reasoning\nenv:\n  datasets:\n    - {name: leg_counting, params: BOMB}",
+     ["run", "{f}", "--runs-dir", "{tmp}/runs"]),
+    ("experiment --quick (quick: block)", ("run: {task: reasoning, env: {datasets: [{name: leg_counting}]}}\n"
+     "quick: {env: {datasets: [{name: leg_counting, params: BOMB}]}}"), ["experiment", "{f}", "--quick", "--out",
+                                                                       "{tmp}/exp"]),
+], ids=["env-stats", "train", "run", "experiment-quick"])
+def test_an_alias_bomb_is_refused_in_one_line_quickly(tmp_path, name, doc, args):
+    """Catches: a ~500-byte billion-laughs document hanging the CLI (pydantic walking 9^9 nodes, or an error message
+    printing the expanded input). On the unfixed code each of these runs until memory or the timeout runs out."""
+    f = tmp_path / "bomb.yaml"
+    text = doc.replace("BOMB", BOMB) + "\n"
+    f.write_text(text)
+    assert len(text) < 1000
+    t0 = time.time()
+    r = cli(*[a.format(f=f, tmp=tmp_path) for a in args], home=tmp_path / "home", timeout=60)
+    one_line_error(r, "alias")
+    assert time.time() - t0 < 30 and len(r.stderr) < 600, (time.time() - t0, len(r.stderr))
+
+
+def test_a_validation_error_does_not_print_the_input(tmp_path, main):
+    """Catches: a pydantic error message repeating a huge input value (`train --config` printed the whole input)."""
+    f = tmp_path / "big.yaml"
+    f.write_text(yaml.safe_dump({"sizes": [{"size": "x" * 2000, "hole_ration": "y" * 2000}] * 100}))
+    r = main("train", "--out", str(tmp_path / "ckpt"), "--config", str(f))
+    one_line_error(r, "sizes.0.size", "sizes.0.hole_ration", "and 195 more")
+    assert len(r.stderr) < 1000 and "xxxx" not in r.stderr, len(r.stderr)  # 50 KB of repeated input before
+
+
+# --- tracebacks instead of one line -----------------------------------------------------------------------------------
+
+
+def test_bad_names_and_folders_are_one_line(tmp_path, main):
+    """Catches: a 300-character run name (file name too long), --runs-dir /dev/null (not a folder) and an experiment
+    YAML that is a list each ending in a traceback."""
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump(dict(TINY, name="n" * 300)))
+    one_line_error(main("run", str(cfg), "--runs-dir", str(tmp_path / "runs")), "name")
+    cfg.write_text(yaml.safe_dump(TINY))
+    one_line_error(main("run", str(cfg), "--runs-dir", "/dev/null"), "/dev/null")
+    one_line_error(main("run", str(cfg), "--runs-dir", "/dev/null/runs"), "/dev/null")
+    exp = tmp_path / "exp.yaml"
+    exp.write_text("- run: {task: mapf}\n- arms: [fixed-random]\n")
+    one_line_error(main("experiment", str(exp), "--out", str(tmp_path / "exp")), "mapping")
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "exp").exists()
+
+
+# --- end to end: a hostile engineer endpoint through `run` and `resume` ----------------------------------------------
+
+
+class _Endpoint:
+    """An OpenAI-compatible endpoint on 127.0.0.1 answering request i with replies[i]: (status, body) or "hold"
+    (keeps the request open until released: the run is killed while waiting on it)."""
+
+    def __init__(self, replies: list):
+        self.replies, self.requests, self.release = list(replies), [], threading.Event()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers["Content-Length"]))
+                outer.requests.append(self.path)
+                reply = outer.replies.pop(0) if outer.replies else (503, "no more replies")
+                if reply == "hold":
+                    outer.release.wait(300)
+                    reply = (503, "released")
+                status, body = reply
+                data = body.encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _chat(content: str) -> tuple[int, str]:
+    return 200, json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]})
+
+
+def test_run_and_resume_survive_hostile_replies_and_print_them_as_text(tmp_path):
+    """Catches: the live progress printer dying on an engineer reply whose knob is `[/x]` (the run stops as
+    interrupted) and on an HTTP 500 whose body holds `[/INST]` and escapes (every resume dies the same way).
+    Stage 1's reply is rejected (its reason quotes the knob); stage 2's request is held open and the run SIGKILLed
+    there; the resume re-enters stage 2's propose, gets the 500, and finishes."""
+    bad_knob = json.dumps({"candidates": [{"knob": "[/x]", "value": 1, "rationale": HOSTILE, "expected": "e"}]})
+    with _Endpoint([_chat(bad_knob), "hold", (500, "<s>[INST] hi [/INST] " + HOSTILE)]) as ep:
+        url = f"http://127.0.0.1:{ep.server.server_address[1]}/v1"
+        cfg = tmp_path / "cfg.yaml"
+        cfg.write_text(yaml.safe_dump(dict(TINY, engineer={"kind": "llm", "base_url": url, "model": "m",
+                                                           "max_retries": 0, "timeout_s": 120})))
+        home, runs, out = tmp_path / "home", tmp_path / "runs", tmp_path / "run.out"
+        env = {**os.environ, "EVOTRAINER_HOME": str(home), "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+        with out.open("w") as fh:
+            proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", str(cfg), "--runs-dir", str(runs),
+                                     "--run-id", "h"], env=env, stdout=fh, stderr=subprocess.STDOUT)
+            try:
+                t0 = time.time()
+                while len(ep.requests) < 2:  # stage 2's propose is waiting on the endpoint
+                    assert proc.poll() is None, out.read_text()[-3000:]
+                    assert time.time() - t0 < 600, "stage 2 never asked the engineer"
+                    time.sleep(0.2)
+            finally:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+        first = out.read_text()
+        assert "'[/x]'" in first and "Traceback" not in first and "MarkupError" not in first, first[-3000:]
+        assert not any(c in first for c in RAW)
+        ep.release.set()
+        r = cli("resume", str(runs / "h"), home=home, timeout=600)
+        assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+        assert "[/INST]" in r.stdout and "\\x1b]0;pwned\\x07" in r.stdout, r.stdout[-3000:]
+        assert not any(c in r.stdout + r.stderr for c in RAW)
+        store = RunStore.open(runs / "h" / "run.db")
+        assert store.get_run("h")["status"] == "finished"
+        store.close()
