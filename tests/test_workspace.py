@@ -301,3 +301,28 @@ def test_damage_that_cannot_be_repaired_is_named(ws):
     sh(ws.path, "update-ref", "refs/heads/cand/x", other)
     with pytest.raises(WorkspaceDamaged, match="cand/x"):
         Workspace(ws.path)
+
+
+def _snapshot(repo: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(repo)): p.read_bytes() for p in sorted(repo.rglob("*")) if p.is_file()}
+
+
+def test_a_reader_between_a_promotions_merge_and_its_tag_changes_nothing(ws):
+    """Catches: report/review opening the repo with the crash repair while the run promotes: the reader would tag the
+    merge itself, and the run's own promote then fails on the existing tag. A read-only open never repairs; writing
+    through it is refused; the writer's repair still tags the merge."""
+    ws.propose("p", temp_change(ws, "0.7"), "s", "r", "recipe.temperature", 1)
+    d = ws.promote("p", EV, "won")
+    sh(ws.path, "tag", "-d", d.tag)  # the live state between the merge and the tag
+    sh(ws.path, "branch", "cand/p", d.candidate_sha)
+    before = _snapshot(ws.path)  # HEAD, refs, index, objects, worktree
+    reader = Workspace(ws.path, read_only=True)
+    assert reader.repairs == [] and reader.pending() == ["p"]
+    assert [(r.id, r.verdict) for r in reader.history()] == [("p", "pending")] and "0.7" in reader.diff("p")
+    for write in (lambda: reader.promote("p", EV, "x"), lambda: reader.reject("p", "x"), reader.repair,
+                  lambda: reader.propose("q", temp_change(ws, "0.3"), "s", "r", "recipe.temperature", 1)):
+        with pytest.raises(WorkspaceError, match="read-only"):
+            write()
+    assert _snapshot(ws.path) == before
+    writer = Workspace(ws.path)
+    assert any("untagged promotion of p" in r for r in writer.repairs) and writer.pending() == []
