@@ -446,14 +446,14 @@ def evolved_compute(run_dir: Path) -> dict[str, Any]:
 def run_evolved(arm: str, cfg: ExperimentConfig, seed: int, out: Path, suite: Suite, warm: Path,
                 say: Callable[[str], None] = print, progress=None) -> dict[str, Any]:
     """The full loop for one seed (resumed when interrupted), then its stage policies judged on the suite."""
-    from harness.lifecycle import resume_run, start_run
+    from harness.lifecycle import is_run_dir, resume_run, start_run
     from harness.store import RunStore
     from policies.model import load_policy
 
     rc = run_config(cfg, seed, arm, warm)
     out.mkdir(parents=True, exist_ok=True)
     run_dir = out / "run"
-    if (run_dir / "run.db").exists():
+    if (run_dir / "run.db").exists() or is_run_dir(run_dir):  # is_run_dir: killed while start_run was creating it
         say(f"{arm} seed {seed}: resuming its run {run_dir}")
         resume_run(run_dir, out, progress=progress)
     else:
