@@ -36,7 +36,8 @@ SkillKind = Literal["env", "recipe", "reward", "diagnostic"]
 class Trigger(BaseModel):
     model_config = ConfigDict(extra="forbid")
     findings: list[str] = Field(default_factory=list, description="finding codes that make the skill applicable")
-    condition: str = Field("", description="a boolean expression over the finding's fields (rate, count, severity)")
+    condition: str = Field("", description="a boolean expression over the finding's fields (rate, count, severity); "
+                                           "typed and bounded, see skills.library.check_condition")
 
 
 class Intervention(BaseModel):
