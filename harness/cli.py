@@ -656,10 +656,14 @@ def skills_import(
     paths: Annotated[list[Path], typer.Argument(help="skill files or folders of *.md skill files")],
     home: SkillsHome = None,
 ) -> None:
-    """Import skill files; all are checked first, so one malformed file imports nothing (the error names it)."""
+    """Import skill files; all are checked first, so one malformed file imports nothing (the error names it).
+    Definitions are trusted once checked; the evidence a file claims is shown as `imported`, never ranked."""
+    from skills.library import IMPORT_TRUST
+
     with _skill_library(home) as lib:
         names = lib.import_files(paths)
     print(f"imported: {len(names)} skills: {', '.join(names)}")
+    print(f"trust: {IMPORT_TRUST}")
 
 
 # --- run / resume / status / review / report (issue: autonomous run) ---------------------------------------------
