@@ -201,6 +201,25 @@ def test_humaneval_replay_is_faithful_to_the_shipped_tests():
     assert not any(o.valid for o in bad), bad
 
 
+def test_the_completion_parser_is_linear_in_blank_lines():
+    """Catches the parser going quadratic in blank lines again (`^\\s*def` with MULTILINE: 80,000 blank lines took 5.9 s,
+    20,000 take ~2.7 s on a shared CI core, so 200,000 would take minutes). A generous wall-clock bound, not a
+    benchmark: 3 s for 200,000 lines of each shape, where the quadratic needs over 150x that; linear takes ~0.1 s."""
+    import time
+
+    inst = TASK.generate(TASK.default_config(), 1)
+    n = 200_000
+    shapes = {"blank lines, then the function": "```python\n" + "\n" * n + "def f(x):\n    return x\n```",
+              "an unclosed fence of blank lines": "```python\n" + "\n" * n,
+              "whitespace-only lines": "```python\n" + " \n" * n + "    return x\n```"}
+    for name, completion in shapes.items():
+        t = time.perf_counter()
+        prog = code_mod.program(inst, completion)
+        took = time.perf_counter() - t
+        assert took < 3.0, f"{name}: {took:.1f} s"
+        assert prog.count("def f(x)") == 1, name  # the whole function is still recognised after the blank lines
+
+
 def test_bad_configs_and_knobs_name_the_field():
     with pytest.raises(ValidationError, match="unique depths"):
         CodeConfig(levels=[LevelEntry(depth=2), LevelEntry(depth=2)])

@@ -310,7 +310,8 @@ def program(inst: CodeInstance, completion: str) -> str:
     m = _FENCE.search(completion)
     if m:
         code = m.group(1)
-        if re.search(rf"^\s*def {re.escape(inst.entry_point)}\b", code, re.MULTILINE):
+        # [ \t\f]*, not \s*: from each line start \s* ran over every blank line after it, quadratic in blank lines
+        if re.search(rf"^[ \t\f]*def {re.escape(inst.entry_point)}\b", code, re.MULTILINE):
             imports = "".join(ln + "\n" for ln in inst.header.splitlines() if ln.startswith(("import ", "from ")))
             return imports + code
         return inst.header + code
