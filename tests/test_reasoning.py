@@ -103,3 +103,24 @@ def test_an_answer_that_attacks_its_verifier_job_costs_only_itself():
              " __import__('os').kill(__import__('os').getppid(), 9)]")
     outs = score_all(TASK, [(cd, forge), (cd, alt), (cd, "Answer: 1 + 1"), (cd, HOSTILE)])
     assert [o.valid for o in outs] == [False, True, False, False], outs
+
+
+def test_a_batch_is_one_verifier_job_and_exact_matches_need_none(monkeypatch):
+    """Catches a job per answer (training would pay a reasoning-gym import per answer), a chunk that silently falls
+    back to one job per answer (the job could not make itself non-dumpable), lost caching, and base-scorer datasets
+    sent to the runner for nothing."""
+    from harness.tasks import reasoning
+    from sandbox import runner
+
+    calls = []
+    real = runner.run_many
+    monkeypatch.setattr(runner, "run_many", lambda jobs, *a, **k: calls.append(len(jobs)) or real(jobs, *a, **k))
+    reasoning._CACHE.clear()
+    cd = _one("countdown", 3)
+    pairs = [(cd, f"Answer: ({cd.answer})"), (cd, "Answer: 1 + 1"), (cd, f"Answer: {cd.answer}"),
+             (cd, "Answer: 2 + 2"), (cd, "Answer: 1 + 1")]
+    assert [o.valid for o in score_all(TASK, pairs)] == [True, False, True, False, False]
+    assert calls == [1]  # one job for the three distinct answers exact match could not decide
+    assert [o.valid for o in score_all(TASK, pairs)] == [True, False, True, False, False] and calls == [1]
+    leg = _one("leg_counting")
+    assert not TASK.score(leg, "Answer: 99999").valid and calls == [1]
