@@ -675,6 +675,9 @@ def _humaneval_outcome(ran: dict[str, Any], sh: CodeShaping) -> Outcome:
     if v.get("failure") == "diverged" and detail.startswith("raised "):
         exc = detail.removeprefix("raised ")
         return Outcome(failure="exception", reward=0.0, where={"exception": exc}, detail=detail, metrics=zero)
+    if v.get("failure") == "exception":  # the test itself raised on the returned values (a value JSON cannot carry)
+        return Outcome(failure="exception", reward=0.0, where={"exception": detail}, metrics=zero,
+                       detail=f"the test raised {detail} on the returned values")
     return Outcome(failure="exception", reward=0.0, where={"exception": "incomplete"}, metrics=zero,
                    detail=f"the tests did not run to their end ({detail}): an exit, or calls that differ from the "
                    "test's")
