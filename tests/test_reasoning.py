@@ -124,3 +124,18 @@ def test_a_batch_is_one_verifier_job_and_exact_matches_need_none(monkeypatch):
     assert [o.valid for o in score_all(TASK, pairs)] == [True, False, True, False, False] and calls == [1]
     leg = _one("leg_counting")
     assert not TASK.score(leg, "Answer: 99999").valid and calls == [1]
+
+
+def test_a_verifier_that_cannot_start_is_one_clear_error(monkeypatch, tmp_path):
+    """Catches a sandbox that cannot import reasoning-gym silently scoring every answer that needs a verifier as
+    wrong: its setup failure (before any answer runs) is one line naming it."""
+    from types import SimpleNamespace
+
+    from harness.tasks import reasoning
+
+    cd = _one("countdown", 3)
+    (tmp_path / "pkg").mkdir()
+    monkeypatch.setattr(reasoning, "_rg", lambda: SimpleNamespace(__file__=str(tmp_path / "pkg" / "__init__.py")))
+    reasoning._CACHE.clear()
+    with pytest.raises(RuntimeError, match="cannot start in the sandbox: ModuleNotFoundError.*reasoning_gym"):
+        TASK.score(cd, f"Answer: ({cd.answer})")

@@ -175,19 +175,20 @@ import json, os, select, signal, time
 
 
 def verify_many(items, per_answer_s):
-    os.environ.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    import ctypes
-    import reasoning_gym
+    try:  # the setup, before any answer is touched: its failure is the environment's, said as such
+        os.environ.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        import ctypes
+        import reasoning_gym
 
-    if len(items) > 1 and ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE, 0
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed: the answers cannot be kept apart")
-    made = {}
-    out = []
-    for name, params_json, answer, entry_json in items:
-        if (name, params_json) not in made:
-            made[name, params_json] = reasoning_gym.create_dataset(name, size=1, seed=0, **json.loads(params_json))
-        out.append(_one(made[name, params_json], answer, json.loads(entry_json), per_answer_s))
-    return out
+        if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE, 0
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed: the answers cannot be kept apart")
+        made = {}
+        for name, params_json, _, _ in items:
+            if (name, params_json) not in made:
+                made[name, params_json] = reasoning_gym.create_dataset(name, size=1, seed=0, **json.loads(params_json))
+    except Exception as e:
+        return {"setup_error": f"{type(e).__name__}: {e}"[:300]}
+    return [_one(made[n, p], answer, json.loads(entry), per_answer_s) for n, p, answer, entry in items]
 
 
 def _one(ds, answer, entry, limit):
@@ -257,6 +258,11 @@ def _verify(items: list[list[str]]) -> list[bool]:
             raise SandboxUnavailable(f"reasoning-gym verifiers run the policy's answers under bubblewrap only, and it "
                                      f"is not usable here ({exc}); or set EVOTRAINER_CODE_ISOLATION=process to run "
                                      "them as plain subprocesses (much weaker isolation)") from None
+        for r in results:  # only the job's own setup (no answer has run yet) returns this: not the answers' fault
+            if r.status == "ok" and isinstance(r.value, dict) and "setup_error" in r.value:
+                raise RuntimeError(f"reasoning-gym's verifiers cannot start in the sandbox: "
+                                   f"{str(r.value['setup_error'])[:300]}; check that reasoning-gym and its "
+                                   "dependencies are installed in one site-packages folder")
         return [r.value if r.status == "ok" and isinstance(r.value, list) and len(r.value) == len(c)
                 and all(isinstance(v, bool) for v in r.value) else None for c, r in zip(chunks, results, strict=True)]
 
