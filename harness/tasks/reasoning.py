@@ -21,12 +21,14 @@ datasets: the host only compares strings (the exact match above); a dataset whos
 `score_answer` (read: `==` and `in` on strings, full marks only for an exact match, so it adds nothing to ours) is
 never verified further; every dataset with its own `score_answer` is verified in `sandbox.runner` by `score_many`:
 the non-matching answers of a batch in chunks, one job per chunk (one reasoning-gym import), each answer in a fresh
-forked child of that job (its own time limit; made non-dumpable, stdio to /dev/null, every other descriptor closed),
-so an answer cannot write on the host, patch the verifier for the answers after it, or forge another answer's verdict.
-A chunk whose job fails (an answer killed its parent) is re-run one answer per job. Isolation follows the code
-family's switch (EVOTRAINER_CODE_ISOLATION; bubblewrap by default, required).
+forked child of the job, which made itself non-dumpable (its own time limit; stdio to /dev/null, every other
+descriptor closed), so an answer cannot write on the host, patch the verifier for the answers after it, or forge
+another answer's verdict. A chunk whose job fails (an answer killed its parent) is re-run one answer per job; a job
+that cannot set itself up (reasoning-gym not importable there, bad params) is one clear error, never "all wrong".
+Isolation follows the code family's switch (EVOTRAINER_CODE_ISOLATION; bubblewrap by default, required).
 This is NOT a proof of right answers: an answer that a dataset's verifier executes as code can still make ITS OWN
-verdict say right (it runs in the process that reports it); it cannot reach the host or another answer's verdict.
+verdict say right (it runs in the process that reports it); it cannot reach the host or another answer's verdict. It
+can also cost time: its chunk re-run one answer per job, or its own time limit (PER_ANSWER_S) spent.
 
     from harness.tasks import get_task
     task = get_task("reasoning")
