@@ -95,6 +95,23 @@ def reward_fn(task: Task, shaping: BaseModel | None = None):
     return reward
 
 
+def task_texts(task_names: list[str] | None = None, n: int = 100, style: str = "chat") -> list[str]:
+    """Prompts and expert completions of `n` train-split instances of each task family (default: all) in `style`
+    (families without it use their first style): a corpus to train a tokenizer on, e.g. for
+    `policies.chat_fixture.build_chat_fixture`."""
+    from harness.tasks import TASKS, get_task
+
+    out: list[str] = []
+    for name in task_names or sorted(TASKS):
+        task = get_task(name)
+        st = style if style in task.styles else task.styles[0]
+        cfg = task.default_config()
+        for s in seeds("train", n):
+            inst = task.generate(cfg, s)
+            out += [task.prompt(inst, st), task.expert(inst, st)]
+    return out
+
+
 # --- evaluation -------------------------------------------------------------------------------------------------------
 
 
