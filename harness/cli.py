@@ -103,13 +103,39 @@ def env_sample(
     style: Annotated[str | None, typer.Option(help="prompt style (mapf: trace, compact, chat; math: trace, plain, "
                                                     "chat; code: plain, chat); default: the task's first")] = None,
     seed_start: Annotated[int, typer.Option(min=0, help="first seed")] = 0,
+    checkpoint: Annotated[Path | None, typer.Option(help="render each prompt exactly as this checkpoint sees it: "
+                                                    "through its chat template with the generation prompt (or its "
+                                                    "prompt separator); only the tokenizer is loaded")] = None,
 ) -> None:
-    """Print instances (prompt), the expert's plan and its score."""
+    """Print instances (prompt), the expert's plan and its score. With --checkpoint, the prompt is shown as that
+    checkpoint's model sees it (chat template applied)."""
     t = _task(task)
     cfg = _env_config(t, config)
     style = style or t.styles[0]
     if style not in t.styles:
         fail(f"unknown style {style!r}; choose one of: {', '.join(t.styles)}")
+    render = None
+    if checkpoint is not None:
+        from policies.model import (
+            PolicyLoadError,
+            check_architecture,
+            format_prompt,
+            load_tokenizer,
+            require_chat_template,
+        )
+
+        try:
+            if not (checkpoint / "config.json").is_file():
+                raise PolicyLoadError(f"--checkpoint {str(checkpoint)!r} has no config.json; pass a save_pretrained "
+                                      "directory")
+            check_architecture(checkpoint)
+            tok = load_tokenizer(checkpoint)
+            require_chat_template(tok, str(checkpoint), style)
+        except PolicyLoadError as exc:
+            fail(str(exc))
+
+        def render(text: str) -> str:
+            return format_prompt(tok, text)
     for seed in range(seed_start, seed_start + n):
         try:
             inst = t.generate(cfg, seed)
@@ -118,7 +144,8 @@ def env_sample(
         slices = " ".join(f"{k}={v}" for k, v in t.slices(inst).items())
         opt = getattr(inst, "optimal_makespan", None)
         typer.echo(f"=== seed {seed}  {slices}" + (f"  optimal_makespan={opt}" if opt is not None else ""))
-        typer.echo(t.prompt(inst, style).rstrip("\n"))
+        text = t.prompt(inst, style)
+        typer.echo(render(text) if render else text.rstrip("\n"))
         expert = t.expert(inst, style)
         typer.echo("--- expert")
         typer.echo(expert)
