@@ -116,21 +116,10 @@ def env_sample(
         fail(f"unknown style {style!r}; choose one of: {', '.join(t.styles)}")
     render = None
     if checkpoint is not None:
-        from policies.model import (
-            PolicyLoadError,
-            check_architecture,
-            format_prompt,
-            load_tokenizer,
-            require_chat_template,
-        )
+        from policies.model import PolicyLoadError, check_checkpoint, format_prompt
 
         try:
-            if not (checkpoint / "config.json").is_file():
-                raise PolicyLoadError(f"--checkpoint {str(checkpoint)!r} has no config.json; pass a save_pretrained "
-                                      "directory")
-            check_architecture(checkpoint)
-            tok = load_tokenizer(checkpoint)
-            require_chat_template(tok, str(checkpoint), style)
+            tok = check_checkpoint(checkpoint, style)
         except PolicyLoadError as exc:
             fail(str(exc))
 
@@ -600,7 +589,7 @@ def eval_cmd(
     cpu_threads(threads)
     from harness.policy_glue import checkpoint_style, evaluate, print_eval, suite_blocks, suite_instances
     from harness.tasks import get_task
-    from policies.model import load_policy
+    from policies.model import load_policy, require_chat_template
     from policies.rollout import SamplingParams
 
     model, tok = load_policy(ckpt)  # a missing checkpoint is the first error the user sees
@@ -608,6 +597,7 @@ def eval_cmd(
     if style is not None and style not in t.styles:
         raise UserError(f"unknown --style {style!r}; choose one of: {', '.join(t.styles)}")
     style = style or checkpoint_style(t, ckpt, tok)
+    require_chat_template(tok, str(ckpt), style)
     report = evaluate(model, tok, t, suite_instances(t, suite), style, blocks=suite_blocks(t, suite),
                       params=SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens))
     print_eval(report, f"{task} suite {suite!r} ({style} prompts)", console)

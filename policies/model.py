@@ -251,6 +251,26 @@ def require_chat_template(tok, source: str, style: str) -> None:
             "policy.style)")
 
 
+def check_checkpoint(path: str | Path, style: str | None = None):
+    """Everything about a local checkpoint that can be wrong before any training, cheaply (the tokenizer and config are
+    read, not the weights): a save_pretrained folder, an architecture transformers can build as a causal LM, a pad
+    token (`ensure_pad_token`), and a chat template when `style` is `chat`. Raises `PolicyLoadError` with one line;
+    returns the tokenizer."""
+    path = Path(path).expanduser()
+    if not (path / "config.json").is_file():
+        raise PolicyLoadError(f"checkpoint {str(path)!r} has no config.json, so it is not a save_pretrained checkpoint; "
+                              "point at the directory that holds config.json, the weights and the tokenizer files")
+    check_architecture(path)
+    try:
+        tok = load_tokenizer(path)
+    except (OSError, ValueError) as exc:
+        raise PolicyLoadError(f"checkpoint {str(path)!r}: its tokenizer does not load ({' '.join(str(exc).split())[:160]}"
+                              "); save the tokenizer next to the model (tokenizer.save_pretrained(DIR))") from None
+    if style is not None:
+        require_chat_template(tok, str(path), style)
+    return tok
+
+
 def load_tokenizer(path: str | Path):
     """The tokenizer of a local checkpoint alone (what a vLLM rollout needs: vLLM loads the weights itself)."""
     from transformers import AutoTokenizer

@@ -11,6 +11,9 @@ end of turn `<|im_end|>` (not the EOS, and not in the generation config), pad `<
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +26,7 @@ from harness.policy_glue import task_texts
 from harness.tasks import get_task, score_all, split_think
 from policies.chat_fixture import END_THINK, EOS, IM_END, PAD, QWEN_CHAT_TEMPLATE, THINK, build_chat_fixture
 from policies.model import (
+    PolicyLoadError,
     end_of_turn_token,
     format_prompt,
     load_policy,
@@ -191,3 +195,80 @@ def test_train_eval_and_run_on_the_chat_checkpoint(chat_ckpt, tmp_path):
 
     con = sqlite3.connect(run_dir / "run.db")
     assert con.execute("SELECT status FROM runs").fetchone()[0] == "finished"
+
+
+# --- bad input: one line, before anything trains ----------------------------------------------------------------------
+
+
+def _variant(src: Path, dst: Path, drop: tuple[str, ...] = (), tok_cfg: dict | None = None,
+             cfg: dict | None = None) -> Path:
+    """A copy of the checkpoint with files dropped or JSON keys changed (None deletes the key)."""
+    import shutil
+
+    shutil.copytree(src, dst)
+    for name in drop:
+        (dst / name).unlink()
+    for name, update in (("tokenizer_config.json", tok_cfg), ("config.json", cfg)):
+        if update:
+            data = json.loads((dst / name).read_text())
+            for k, v in update.items():
+                data.pop(k, None) if v is None else data.__setitem__(k, v)
+            (dst / name).write_text(json.dumps(data))
+    return dst
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-c", "from harness.cli import main; main()", *args], capture_output=True,
+                          text=True, env=env, timeout=300, check=False)
+
+
+def test_a_checkpoint_without_a_chat_template_is_refused_for_the_chat_style(chat_ckpt, tmp_path):
+    """`train --init`, `run` and `env sample` with style chat on a checkpoint that has no chat template stop with one
+    line naming the problem and the fixes, before loading weights or creating a run. Before, the prompt silently fell
+    back to raw text plus a newline: a chat model trained on prompts it was never formatted for."""
+    from harness.config import parse_config
+    from harness.lifecycle import RunError, start_run
+
+    bare = _variant(chat_ckpt, tmp_path / "bare", drop=("chat_template.jinja",))
+    r = _cli("train", "--init", str(bare), "--out", str(tmp_path / "out"), "--task", "math", "--style", "chat")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "has no chat template" in lines[0], r.stderr
+    assert "chat_template" in lines[0] and not (tmp_path / "out").exists()
+    cfg = parse_config({"task": "math", "policy": {"checkpoint": str(bare), "style": "chat"}}, "t")
+    with pytest.raises(RunError, match="policy.checkpoint: .*has no chat template"):
+        start_run(cfg, tmp_path / "runs", run_id="bare")
+    assert not (tmp_path / "runs" / "bare").exists()
+    res = runner.invoke(app, ["env", "sample", "--task", "math", "--style", "chat", "--checkpoint", str(bare)])
+    assert res.exit_code == 2 and "has no chat template" in res.output
+    # the same checkpoint with a plain style is fine: the template is needed only for chat prompts
+    res = runner.invoke(app, ["env", "sample", "--task", "math", "--style", "plain", "--checkpoint", str(bare)])
+    assert res.exit_code == 0, res.output
+
+
+def test_a_tokenizer_without_a_pad_token_pads_with_eos_and_says_so(chat_ckpt, tmp_path):
+    """Chosen behaviour (as TRL and most trainers): pad = EOS, with a warning naming the fix. Generation still works
+    and still stops at the end of turn."""
+    nopad = _variant(chat_ckpt, tmp_path / "nopad", tok_cfg={"pad_token": None})
+    with pytest.warns(UserWarning, match="has no pad token: using its EOS '<\\|endoftext\\|>' as pad; set pad_token"):
+        model, tok = load_policy(nopad)
+    assert tok.pad_token_id == tok.eos_token_id
+    _always(model, tok.convert_tokens_to_ids(IM_END))
+    res = generate(model, tok, ["What is 2+3?", "Hi"], SamplingParams(temperature=0.0, max_new_tokens=6))
+    assert res.tokens == [1, 1]
+
+
+def test_a_checkpoint_transformers_cannot_load_fails_in_one_line(chat_ckpt, tmp_path):
+    """An unknown model_type (a newer architecture than this transformers) and a model that is not a causal LM each
+    raise PolicyLoadError naming the checkpoint and the fix; the CLI prints one line and exits 2 (before: a multi-line
+    transformers traceback from deep inside from_pretrained, or a model loaded with the wrong head)."""
+    future = _variant(chat_ckpt, tmp_path / "future", cfg={"model_type": "qwen99",
+                                                           "architectures": ["Qwen99ForCausalLM"]})
+    with pytest.raises(PolicyLoadError, match="cannot load its architecture \\(model_type 'qwen99'.*upgrade"):
+        load_policy(future)
+    encoder = _variant(chat_ckpt, tmp_path / "encoder", cfg={"model_type": "t5", "architectures": ["T5Model"]})
+    with pytest.raises(PolicyLoadError, match="'t5' model, which transformers cannot load as a causal language model"):
+        load_policy(encoder)
+    r = _cli("eval", str(future), "--task", "math")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "qwen99" in lines[0], r.stderr
