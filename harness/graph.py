@@ -818,6 +818,8 @@ def node_remember(run: Run, state: State) -> State:
         policy = state["next_policy"]
         _report_eval(run, k, policy)
         run.release_engines(keep=[policy])  # every other checkpoint of this stage is superseded
+        from harness.retention import apply_retention  # the decision is recorded: delete what retention lets go
+        apply_retention(run, k)
         run.store.end_stage(run.id, k, checkpoint=policy, metrics=_stage_metrics(run, k, time.time() - t0))
         _finish(run, k, "remember", {}, t0, "stage recorded")
     stop = _stop_reason(run, state)

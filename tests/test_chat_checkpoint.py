@@ -161,7 +161,8 @@ def test_env_sample_shows_the_templated_prompt_the_checkpoint_sees(chat_ckpt):
 
 def test_train_eval_and_run_on_the_chat_checkpoint(chat_ckpt, tmp_path):
     """`train --init` (SFT + GRPO on chat prompts), `eval`, and a one-stage `run` with `policy.checkpoint` all go
-    through on the chat checkpoint, and the run's warm start keeps the chat style and the template."""
+    through on the chat checkpoint, and the run's warm start keeps the chat style and the template. The run also
+    checks retention in the loop (what is left in checkpoints/) and `status` showing the disk use."""
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump({"batch_size": 8, "num_generations": 4, "max_completion_length": 12,
                                       "sft_batch_size": 8, "sft_learning_rate": 3e-3}))
@@ -191,10 +192,19 @@ def test_train_eval_and_run_on_the_chat_checkpoint(chat_ckpt, tmp_path):
     run_dir = tmp_path / "runs" / "chat"
     ws = run_dir / "checkpoints" / "warmstart"
     assert load_tokenizer(ws).chat_template == QWEN_CHAT_TEMPLATE
-    import sqlite3
+    from harness.store import RunStore
 
-    con = sqlite3.connect(run_dir / "run.db")
-    assert con.execute("SELECT status FROM runs").fetchone()[0] == "finished"
+    store = RunStore.open(run_dir / "run.db")
+    assert store.get_run("chat")["status"] == "finished"
+    decide = store.node_result("chat", 1, "decide")
+    store.close()
+    # retention after the decision: the warm start, the incumbent and a promoted arm stay; the losing arms, the
+    # stage's training checkpoint and the SFT's resumable checkpoints are gone
+    kept = {p.name for p in (run_dir / "checkpoints").iterdir()}
+    want = {"warmstart", Path(decide["next_policy"]).name} | ({f"s1-{decide['winner']}"} if decide["winner"] else set())
+    assert kept == want, (kept, decide)
+    res = runner.invoke(app, ["status", "chat", "--runs-dir", str(tmp_path / "runs")])
+    assert res.exit_code == 0 and f"checkpoints: {len(want)} (" in res.output and "disk_mb: " in res.output
 
 
 # --- bad input: one line, before anything trains ----------------------------------------------------------------------
