@@ -145,6 +145,19 @@ def test_rung1_sampler_and_trainer_log_probs_agree_on_the_bpe_chat_tokenizer(cha
     assert r.max_abs_diff < 1e-3 and r.max_ratio_dev < 1e-5, r
 
 
+def test_grpo_generation_stops_at_the_end_of_turn_token_too(chat_ckpt):
+    """The GRPO trainer's own generation (TRL's, which chat models use) ends each completion at `<|im_end|>`: one
+    token per completion in the loss mask, not max_completion_length. It reads the stop tokens from the generation
+    config, which `load_policy` extends with the template's end of turn (Qwen3-Base's lists only its EOS)."""
+    from policies.train import Recipe, check_logprobs
+
+    model, tok = load_policy(chat_ckpt)
+    _always(model, tok.convert_tokens_to_ids(IM_END))
+    r = check_logprobs(model, tok, ["What is 2+3?", "Hi"], Recipe(batch_size=8, num_generations=4,
+                                                                  max_completion_length=8))
+    assert r.engine == "trl" and r.completions == 8 and r.tokens == 8, r
+
+
 # --- the CLI and the loop ---------------------------------------------------------------------------------------------
 
 
