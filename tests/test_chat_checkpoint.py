@@ -295,3 +295,24 @@ def test_a_checkpoint_transformers_cannot_load_fails_in_one_line(chat_ckpt, tmp_
     r = _cli("eval", str(future), "--task", "math")
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "qwen99" in lines[0], r.stderr
+
+
+def test_the_gpu_example_with_a_chat_checkpoint_fails_on_nothing_but_the_hardware(chat_ckpt, tmp_path):
+    """examples/mapf_gpu.yaml with this chat checkpoint in place of its preset (as its comments suggest for a real
+    one): the config loads, the checkpoint passes every check (architecture, tokenizer, pad, chat template), and on a
+    machine without vLLM or a GPU the only error is the hardware's, in one line, before a run folder exists."""
+    from harness.config import parse_config
+    from harness.lifecycle import RunError, start_run
+    from policies.rollout import vllm_available
+
+    if vllm_available():
+        pytest.skip("vLLM and a GPU are here: this test checks the CPU-side refusal (tests/test_gpu.py runs the GPU)")
+    data = yaml.safe_load((ROOT / "examples" / "mapf_gpu.yaml").read_text())
+    data["policy"] = {"checkpoint": str(chat_ckpt), "style": "chat", "backend": "vllm"}
+    data["warm_start"] = {"sft_examples": 0}
+    cfg = parse_config(data, "examples/mapf_gpu.yaml (chat checkpoint)")
+    with pytest.raises(RunError) as err:
+        start_run(cfg, tmp_path / "runs", run_id="gpu")
+    msg = str(err.value)
+    assert msg.startswith("policy.backend: rollout backend 'vllm' cannot run here") and "\n" not in msg, msg
+    assert not (tmp_path / "runs" / "gpu").exists()
