@@ -91,7 +91,7 @@ def _env_config(task, path: Path | None):
         return task.default_config()
     from pydantic import ValidationError
 
-    from harness.yamlload import YamlError, load_yaml
+    from sandbox.yamlload import YamlError, load_yaml
 
     if not path.exists():
         fail(f"config file {str(path)!r} does not exist; pass an existing YAML file or leave --config out")
@@ -439,7 +439,7 @@ def _rung3_recipe(items: list[str]) -> dict[str, Any]:
     from pydantic import ValidationError
 
     from harness.benchmarks.ladder import RUNG3_RECIPE
-    from harness.yamlload import load_yaml_text
+    from sandbox.yamlload import load_yaml_text
     from policies.train import Recipe
 
     kw: dict[str, Any] = {}
@@ -512,7 +512,7 @@ def _load_yaml_model(path: Path | None, model_cls, what: str):
         return None
     from pydantic import ValidationError
 
-    from harness.yamlload import load_yaml
+    from sandbox.yamlload import load_yaml
 
     if not path.exists():
         raise UserError(f"{what} file {str(path)!r} does not exist; pass an existing YAML file or leave the option out")

@@ -256,7 +256,7 @@ def load_config(path: str | Path) -> RunConfig:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"run config {path} not found; pass a YAML file such as examples/mapf_quick.yaml")
-    from harness.yamlload import YamlError, load_yaml
+    from sandbox.yamlload import YamlError, load_yaml
 
     try:
         data = load_yaml(path) or {}

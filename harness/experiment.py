@@ -112,7 +112,7 @@ def load_experiment(path: str | Path, quick: bool = False) -> ExperimentConfig:
     path = Path(path)
     if not path.is_file():
         raise ExperimentError(f"experiment config {path} not found; see examples/experiment_mapf.yaml")
-    from harness.yamlload import YamlError, load_yaml
+    from sandbox.yamlload import YamlError, load_yaml
 
     try:
         data = load_yaml(path) or {}

@@ -267,7 +267,7 @@ def find_run(ref: str | Path, runs_dir: str | Path = "runs") -> Path:
 
 
 def load_run_config(run_dir: Path) -> RunConfig:
-    from harness.yamlload import load_yaml
+    from sandbox.yamlload import load_yaml
 
     return parse_config(load_yaml(run_dir / "config.yaml"), str(run_dir / "config.yaml"))
 

@@ -88,7 +88,7 @@ def list_runs(runs_dir: Path) -> list[dict[str, Any]]:
 
 
 def yaml_load(path: Path) -> Any:
-    from harness.yamlload import load_yaml
+    from sandbox.yamlload import load_yaml
 
     return load_yaml(path)
 

@@ -41,6 +41,7 @@ import yaml
 from pydantic import ValidationError
 from sqlite_utils import Database
 
+from sandbox.yamlload import YamlError, load_yaml_text
 from skills.model import Evidence, Skill
 
 SEED_DIR = Path(__file__).resolve().parent / "seed"
@@ -214,10 +215,12 @@ def parse_skill(text: str, source: str = "<text>") -> tuple[Skill, dict[str, Any
     end = next((i for i in range(1, len(lines)) if lines[i].rstrip("\r\n") == "---"), None)
     if end is None:
         raise SkillFileError(f"{source}: the front matter is not closed; add a '---' line after it")
-    try:
-        meta = yaml.safe_load("".join(lines[1:end]))
-    except yaml.YAMLError as exc:
-        raise SkillFileError(f"{source}: the front matter is not valid YAML: {exc}") from None
+    try:  # bounded: an imported file's front matter may be an alias bomb
+        meta = load_yaml_text("".join(lines[1:end]), source)
+    except YamlError as exc:
+        why = str(exc).removeprefix(f"{source}: ")
+        raise SkillFileError(f"{source}: the front matter is {why}" if why.startswith("not valid YAML")
+                             else f"{source}: the front matter: {why}") from None
     if not isinstance(meta, dict):
         raise SkillFileError(f"{source}: the front matter must be a mapping of Skill fields, got {type(meta).__name__}")
     if "description" in meta:

@@ -269,6 +269,10 @@ def test_malformed_import_names_the_file_and_the_field(tmp_path: Path, lib: Skil
                         "field 'trigger.condition'"),
         "bad-yaml.md": ("domains: [mapf]", "domains: [mapf", "front matter is not valid YAML"),
         "no-front.md": ("---\nname", "name", "starts with a '---' line"),
+        "bomb.md": ("domains: [mapf]", "domains: [mapf]\nx0: &a [z, z, z, z, z, z, z, z, z, z]\n" + "".join(
+            f"x{i}: &{chr(97 + i)} [*{chr(96 + i)}, *{chr(96 + i)}, *{chr(96 + i)}, *{chr(96 + i)}, *{chr(96 + i)}, "
+            f"*{chr(96 + i)}, *{chr(96 + i)}, *{chr(96 + i)}, *{chr(96 + i)}, *{chr(96 + i)}]\n" for i in range(1, 9)),
+                    "expands to more than"),  # an alias bomb (10^9 values) in an imported file: bounded, one line
     }
     for fname, (old, new, msg) in cases.items():
         bad = tmp_path / "in" / fname

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.engineer.llm import EndpointError, Messages, ReplyFn
-from harness.yamlload import YamlError, load_yaml_text
+from sandbox.yamlload import YamlError, load_yaml_text
 
 
 class ScriptError(ValueError):

@@ -1,7 +1,7 @@
 """The one loader for YAML a user (or anyone) hands the CLI: run configs, experiment configs, generator configs, recipes,
 engineer scripts, a run folder's config.yaml. Safe (PyYAML's SafeLoader) and bounded.
 
-    from harness.yamlload import load_yaml, load_yaml_text
+    from sandbox.yamlload import load_yaml, load_yaml_text
     data = load_yaml(Path("examples/mapf_quick.yaml"))     # YamlError (a ValueError) names the file on any problem
 
 Why bounded: YAML aliases repeat an anchored node without copying it, so ~700 bytes of nested `*a` references (the
