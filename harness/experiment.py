@@ -184,7 +184,7 @@ def plan(cfg: ExperimentConfig) -> dict[str, Any]:
 
 def _files(rc) -> dict[str, str]:
     """The round-0 harness files (template + run-config overrides) as the loop's setup writes them."""
-    from harness.graph import initial_files
+    from harness.round0 import initial_files
     from sandbox.workspace import TEMPLATE_DIR
 
     files = {n: (TEMPLATE_DIR / n).read_text() for n in ("env.yaml", "recipe.yaml")}

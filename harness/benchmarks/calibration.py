@@ -49,7 +49,7 @@ def template_files() -> dict[str, str]:
 
 
 def round0_files(config) -> dict[str, str]:
-    from harness.graph import initial_files
+    from harness.round0 import initial_files
 
     return {**template_files(), **initial_files(config)}
 
@@ -84,7 +84,7 @@ def run(config: str | Path = DEFAULT_CONFIG, decisions: int = 40, mode: str = "a
         out: str | Path = "runs/bench-calibration", threads: int = 2, arm_steps: int | None = None,
         n: int | None = None, first: int = 0, planted: str = "lr") -> dict[str, Any]:
     from harness.config import load_config
-    from harness.graph import make_judge
+    from harness.round0 import make_judge
     from harness.tasks import get_task
     from policies import cpu_threads
 
