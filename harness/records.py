@@ -149,6 +149,13 @@ class Candidate(BaseModel):
     skill: str | None = None
     engineer: str = "rule"
 
+    @property
+    def summary(self) -> str:
+        """The one-line subject of its commit."""
+        if self.change.kind == "diagnostic":
+            return f"{self.change.knob}: add/revise diagnostic"
+        return f"{self.change.knob}: {self.old_value} -> {self.change.value}"
+
 
 class Evidence(BaseModel):
     """Paired comparison of candidate vs control on the same fresh backtest instances."""
