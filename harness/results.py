@@ -58,7 +58,7 @@ class Probed(NodeResult):
     change: float
     change_ci: list[float]
     regressed: bool
-    carried: str = Field(..., description="the checkpoint the arms start from (`continues_from`)")
+    carried: str | None = Field(None, description="the checkpoint the arms start from (`continues_from`)")
 
 
 class Diagnosed(NodeResult):
