@@ -25,8 +25,7 @@ from typing import Any
 import numpy as np
 
 from harness.backtest import ArmEval, judge_arm, regression, train_arm
-from harness.engineer.proposal import cut
-from harness.records import read_rollouts, write_rollouts
+from harness.records import cut, read_rollouts, write_rollouts
 from harness.results import ArmRecord, StartJudged, Trained
 from harness.round0 import harness_models
 from harness.run import Run

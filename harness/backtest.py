@@ -26,7 +26,7 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from harness.records import Evidence, Rollout, Verdict
+from harness.records import Evidence, Rollout, Verdict, cut
 from harness.seeds import check_split
 
 # --- the gate's configuration -----------------------------------------------------------------------------------------
@@ -399,8 +399,6 @@ def verdicts(control: ArmEval | Exception, control_files: dict[str, str],
     per-instance outcomes (Bonferroni over all the decision's candidates), with the vetoes of both trees
     (`arm_vetoes`). `rng(i)` is the bootstrap generator of the i-th candidate. The live loop (`harness.graph`
     node_backtest) and the calibration benchmark both decide here."""
-    from harness.engineer.proposal import cut
-
     if isinstance(control, Exception):  # without a control there is no decision: every candidate fails with the reason
         return [Verdict(candidate=cid, decision="rejected", stage_reached="backtest",
                         reason=cut(f"the control arm failed, so nothing could be compared: "

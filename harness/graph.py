@@ -36,10 +36,9 @@ import numpy as np
 
 from harness.arms import arm_eval, judge_start, prefetch_arms, prefetch_stage, run_arms, train_policy, warm_start
 from harness.backtest import ArmEval, choose_winner, detectability_warning, regression, verdicts
-from harness.engineer.proposal import cut
 from harness.evaluation import report_eval, rollouts
 from harness.memory import candidate_from_row, history, human_feedback, regression_findings, remember_skills
-from harness.records import Verdict, read_rollouts, write_rollouts
+from harness.records import Verdict, cut, read_rollouts, write_rollouts
 from harness.results import (
     ArmRecord,
     Backtested,
