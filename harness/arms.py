@@ -67,7 +67,8 @@ def warm_start(run: Run) -> tuple[Path, int]:
         model, tok, hit, key, m = warmstart.warm_start(
             task, cfg.policy.preset or "", run.style, env, seeds, recipe, seed=cfg.seed,
             progress=progress_cb(run, 0, "setup"), model_tok=(model, tok) if cfg.policy.checkpoint else None,
-            tensorboard_dir=run.run_dir / TENSORBOARD_DIR / "s0" / "sft")
+            tensorboard_dir=run.run_dir / TENSORBOARD_DIR / "s0" / "sft",
+            resume_dir=run.path("checkpoints", warmstart.RESUME_DIR))
         if hit is not None:
             run.event(0, "setup", "cache", f"warm start loaded from the cache: {hit} (same settings and code version; "
                       "`evotrainer cache clear` or EVOTRAINER_WARMSTART_CACHE=0 retrains)", path=str(hit))

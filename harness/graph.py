@@ -54,6 +54,7 @@ from harness.results import (
     Vetted,
     continues_from,
 )
+from harness.retention import apply_retention
 from harness.round0 import harness_models
 from harness.run import Run, RunError
 from harness.stagebook import stage_metrics, stop_reason
@@ -413,6 +414,7 @@ def node_remember(run: Run, state: State) -> State:
         policy = state["next_policy"]
         report_eval(run, k, policy)
         run.release_engines(keep=[policy])  # every other checkpoint of this stage is superseded
+        apply_retention(run, k)  # the decision is recorded: delete what retention lets go
         run.store.end_stage(run.id, k, checkpoint=policy, metrics=stage_metrics(run, k, time.time() - t0))
         _finish(run, k, Remembered(), t0, "stage recorded")
     stop = stop_reason(run, k, state.get("stages_without_promotion", 0))
