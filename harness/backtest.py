@@ -7,27 +7,26 @@ held-out instances are scored. Evolved diagnostics may only add vetoes (`decide(
     effect, lo, hi = paired_bootstrap(control, candidate, n_boot=2000, alpha=0.05, rng=np.random.default_rng(0))
     verdict = decide(control, candidate, slices, GateConfig(), vetoes=[], candidate_id="s1c1")
 
-Online backtest: `backtest(start_ckpt, control_files, candidate_files, task, ArmBudget(steps=4), train_seeds,
-eval_seeds, gate, out_dir, candidate_id)` trains a short control arm and a short candidate arm (`run_arm`, GRPO through
-`harness.policy_glue`) from the same start checkpoint with the same budget and the same training seeds, evaluates both
-(`evaluate_arm`) on the same FRESH backtest seeds (drawn by the caller for every decision) from an instance distribution
-the caller fixes, runs the vetoes of both trees' evolved diagnostics, and returns the verdict plus each arm's compute
-(`BacktestResult.compute`). A/A calibration: `harness/benchmarks/calibration.py`. Tests: tests/test_gate.py,
-tests/test_backtest.py.
+One judge, one path: `verdicts` is the one function that turns arms' per-instance outcomes into verdicts (vetoes of
+both trees' evolved diagnostics, `decide`'s gate and slice checks, the minimum detectable effect); `regression` is the
+one check that a policy fell below its start (the probe, the start judge). An arm is trained by `train_arm` and judged
+by `judge_arm`, both called only through `harness.scale.execute_arm` on a `harness.scale.ArmJob`: the live loop
+(`harness.arms`) and the calibration benchmark (`harness/benchmarks/calibration.py`) submit the same job and call the
+same `verdicts`. Tests: tests/test_gate.py, tests/test_backtest.py.
 """
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any, Literal
 
 import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from harness.records import Evidence, Rollout, Verdict
+from harness.records import Evidence, Rollout, Verdict, cut
 from harness.seeds import check_split
 
 # --- the gate's configuration -----------------------------------------------------------------------------------------
@@ -249,13 +248,6 @@ def choose_winner(verdicts: list[Verdict]) -> tuple[Verdict | None, list[Verdict
 # --- online backtest: arms -------------------------------------------------------------------------------------------
 
 
-class ArmBudget(BaseModel):
-    """What one arm may spend. Control and candidate arms get the same budget (and the same training seeds)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    steps: int = Field(4, ge=1, description="GRPO optimiser steps per arm (overrides the harness recipe's `steps`)")
-
-
 class Judge(BaseModel):
     """How backtest arms are scored. Fixed once at run start from the run config (the user's target), stored outside
     the sandbox (`runs/<id>/judge.json`): nothing a run evolves (env.yaml, the recipe's temperature) can move it, so a
@@ -271,18 +263,6 @@ class Judge(BaseModel):
 
     def config(self, task: Any) -> BaseModel:
         return task.config_model.model_validate(self.env)
-
-
-class ArmResult(BaseModel):
-    """One trained arm and what it cost."""
-
-    model_config = ConfigDict(extra="forbid")
-    name: str
-    checkpoint: str
-    seconds: float = Field(..., description="wall-clock seconds (load + train + save)")
-    tokens: int = Field(0, description="completion tokens generated during training")
-    steps: int = 0
-    metrics: dict[str, float] = Field(default_factory=dict)
 
 
 class ArmEval(BaseModel):
@@ -311,23 +291,17 @@ class ArmEval(BaseModel):
     def valid(self) -> float:
         return float(np.mean(self.outcomes)) if self.outcomes else 0.0
 
-
-class BacktestResult(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    verdict: Verdict
-    control: ArmResult
-    candidate: ArmResult
-    control_eval: ArmEval
-    candidate_eval: ArmEval
-
-    @property
-    def compute(self) -> dict[str, float]:
-        """Everything this decision spent (both arms' training and evaluation), for the run's totals."""
-        arms = (self.control, self.candidate)
-        evals = (self.control_eval, self.candidate_eval)
-        return {"seconds": sum(a.seconds for a in arms) + sum(e.seconds for e in evals),
-                "tokens": float(sum(a.tokens for a in arms) + sum(e.tokens for e in evals)),
-                "steps": float(sum(a.steps for a in arms))}
+    @classmethod
+    def from_rollouts(cls, rollouts: list[Rollout], greedy: list[float] | None = None, samples: int = 1) -> ArmEval:
+        """An arm's per-instance outcomes rebuilt from its stored backtest rollouts (the mean over an instance's
+        samples, instances in seed order), as the loop reads a recorded arm back."""
+        by: dict[int, list[Rollout]] = {}
+        for x in rollouts:
+            by.setdefault(x.seed, []).append(x)
+        seeds_ = sorted(by)
+        return cls(seeds=seeds_, outcomes=[float(np.mean([x.valid for x in by[s]])) for s in seeds_],
+                   slices=[by[s][0].slices for s in seeds_], greedy=list(greedy or []), samples=samples,
+                   rollouts=rollouts)
 
 
 def read_harness(files: dict[str, str], task: Any) -> tuple[BaseModel, Any, BaseModel]:
@@ -346,11 +320,6 @@ def read_harness(files: dict[str, str], task: Any) -> tuple[BaseModel, Any, Base
 # --- the one code path of an arm: train_arm + judge_arm (the live loop and the calibration benchmark both call them) ---
 
 
-def arm_prompts(recipe: Any, steps: int) -> int:
-    """Prompts that `steps` GRPO steps of `recipe` consume (batch / completions per group, per step)."""
-    return max(1, -(-steps * recipe.batch_size // recipe.num_generations))
-
-
 def train_arm(model, tok, task: Any, files: dict[str, str], steps: int, train_seeds: list[int], seed: int,
               style: str | None = None, instances: list | None = None, progress=None, tensorboard_dir=None):
     """GRPO `steps` steps on `model` (in place) under the harness `files`: its env draws the training instances of
@@ -362,7 +331,7 @@ def train_arm(model, tok, task: Any, files: dict[str, str], steps: int, train_se
 
     env, recipe, shaping = read_harness(files, task)
     recipe = recipe.model_copy(update={"steps": steps, "seed": seed})
-    seeds_used = list(train_seeds)[: arm_prompts(recipe, steps)]
+    seeds_used = list(train_seeds)[: steps * recipe.prompts_per_step]
     if instances is not None:
         instances = instances[: len(seeds_used)]
     rows = grpo_rows(task, env, seeds_used, style, instances=instances)  # refuses seeds outside the train split
@@ -402,65 +371,72 @@ def judge_arm(model, tok, task: Any, instances: list, judge: Judge, sampling_see
                    seconds=time.perf_counter() - t0, tokens=tokens)
 
 
-def run_arm(start_ckpt: Path, harness_files: dict[str, str], task: Any, budget: ArmBudget, train_seeds: list[int],
-            out_dir: Path, name: str = "arm", arm_seed: int = 0) -> ArmResult:
-    """Load `start_ckpt`, `train_arm` it and save it to `out_dir` (the standalone form of a live-loop arm)."""
-    from policies.model import load_policy, save_policy
-
-    t0 = time.perf_counter()
-    model, tok = load_policy(start_ckpt)
-    m = train_arm(model, tok, task, harness_files, budget.steps, train_seeds, arm_seed)
-    save_policy(model, tok, out_dir)
-    metrics = {"dead_group_share": m.dead_group_share, "train_seconds": m.wall_s}
-    if m.steps:
-        metrics.update(reward_mean=m.steps[-1].reward_mean, completion_length=m.steps[-1].completion_length)
-    return ArmResult(name=name, checkpoint=str(out_dir), seconds=time.perf_counter() - t0, tokens=m.tokens_generated,
-                     steps=len(m.steps), metrics=metrics)
-
-
-def evaluate_arm(checkpoint: Path, task: Any, eval_seeds: list[int], judge: Judge, sampling_seed: int = 0) -> ArmEval:
-    """Load `checkpoint` and `judge_arm` it on FRESH backtest instances of the judge's (fixed) distribution."""
-    from policies.model import load_policy
-
-    check_split(list(eval_seeds), "backtest")
-    cfg = judge.config(task)
-    model, tok = load_policy(checkpoint)
-    return judge_arm(model, tok, task, [task.generate(cfg, s) for s in eval_seeds], judge, sampling_seed)
-
-
 def arm_vetoes(control_files: dict[str, str], candidate_files: dict[str, str], control: ArmEval,
                candidate: ArmEval) -> list[str]:
-    """Vetoes of the evolved diagnostics of BOTH trees (the incumbent's and the candidate's versions of every file),
-    so a candidate cannot escape a veto by revising or deleting the diagnostic that would block it."""
+    """Vetoes of the evolved diagnostics of BOTH trees (the incumbent's files, then the candidate's where they
+    differ), so a candidate cannot escape a veto by revising or deleting the diagnostic that would block it."""
     from harness.diagnostics import arm_metrics, run_vetoes
 
     cm, km = arm_metrics(control.rollouts), arm_metrics(candidate.rollouts)
+    trees = [{p: s for p, s in control_files.items() if p.startswith("diagnostics/")},
+             {p: s for p, s in candidate_files.items() if p.startswith("diagnostics/") and control_files.get(p) != s}]
     out: list[str] = []
-    for files in (control_files, candidate_files):
+    for files in trees:
         for reason in run_vetoes(files, control.rollouts, candidate.rollouts, cm, km):
             if reason not in out:
                 out.append(reason)
     return out
 
 
-def backtest(start_ckpt: Path, control_files: dict[str, str], candidate_files: dict[str, str], task: Any,
-             budget: ArmBudget, train_seeds: list[int], eval_seeds: list[int], gate: GateConfig, out_dir: Path,
-             candidate_id: str, judge: Judge, arm_seeds: tuple[int, int] = (0, 0), comparisons: int = 1,
-             rng: np.random.Generator | None = None) -> BacktestResult:
-    """One online decision: control and candidate arms from the same start checkpoint, same budget, same training
-    seeds; both judged (`judge_arm`) on the same fresh `eval_seeds` (backtest split; the caller draws new ones per
-    decision) with the same sampling seed; vetoes from both trees' diagnostics; the gate's verdict."""
-    check_split(list(train_seeds), "train")  # before any compute is spent
-    check_split(list(eval_seeds), "backtest")
-    out_dir = Path(out_dir)
-    arms = {}
-    for name, files, seed in (("control", control_files, arm_seeds[0]), ("candidate", candidate_files, arm_seeds[1])):
-        arms[name] = run_arm(start_ckpt, files, task, budget, train_seeds, out_dir / name, name=name, arm_seed=seed)
-    evals = {name: evaluate_arm(Path(a.checkpoint), task, eval_seeds, judge, sampling_seed=int(eval_seeds[0]))
-             for name, a in arms.items()}
-    vetoes = arm_vetoes(control_files, candidate_files, evals["control"], evals["candidate"])
-    verdict = decide(evals["control"].outcomes, evals["candidate"].outcomes, evals["control"].slices, gate, vetoes,
-                     candidate_id=candidate_id, rng=rng, comparisons=comparisons, seeds=list(eval_seeds),
-                     greedy=(evals["control"].greedy, evals["candidate"].greedy), samples=judge.samples)
-    return BacktestResult(verdict=verdict, control=arms["control"], candidate=arms["candidate"],
-                          control_eval=evals["control"], candidate_eval=evals["candidate"])
+# --- the one judge: arms' outcomes -> verdicts, and the one regression check ------------------------------------------
+
+
+def verdicts(control: ArmEval | Exception, control_files: dict[str, str],
+             candidates: list[tuple[str, dict[str, str], ArmEval | Exception]], gate: GateConfig, *,
+             rng: Callable[[int], np.random.Generator], samples: int = 1) -> list[Verdict]:
+    """The verdict of every candidate arm against the control arm of one decision, in order: an arm that failed
+    (an exception instead of its outcomes) is rejected with the reason (every arm, when the control arm failed); every other one is `decide`d on the paired
+    per-instance outcomes (Bonferroni over all the decision's candidates), with the vetoes of both trees
+    (`arm_vetoes`). `rng(i)` is the bootstrap generator of the i-th candidate. The live loop (`harness.graph`
+    node_backtest) and the calibration benchmark both decide here."""
+    if isinstance(control, Exception):  # without a control there is no decision: every candidate fails with the reason
+        return [Verdict(candidate=cid, decision="rejected", stage_reached="backtest",
+                        reason=cut(f"the control arm failed, so nothing could be compared: "
+                                   f"{type(control).__name__}: {control}")) for cid, _, _ in candidates]
+    out: list[Verdict] = []
+    for i, (cid, files, arm) in enumerate(candidates):
+        if isinstance(arm, Exception):  # a candidate whose arm cannot train or be judged is rejected
+            out.append(Verdict(candidate=cid, decision="rejected", stage_reached="backtest",
+                               reason=cut(f"its backtest arm failed: {type(arm).__name__}: {arm}")))
+            continue
+        if arm.seeds != control.seeds:
+            raise GateError(f"arm {cid} was judged on other instances than the control arm: judge every arm of a "
+                            "decision on the same backtest instances")
+        out.append(decide(control.outcomes, arm.outcomes, control.slices, gate,
+                          arm_vetoes(control_files, files, control, arm), candidate_id=cid,
+                          comparisons=len(candidates), rng=rng(i), seeds=control.seeds,
+                          greedy=(control.greedy, arm.greedy), samples=samples))
+    return out
+
+
+class Regression(BaseModel):
+    """A policy after training compared with its start on the same instances: `regressed` when the upper bound of the
+    paired change is below zero (training lowered it by more than noise)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    before: float
+    after: float
+    change: float
+    ci_low: float
+    ci_high: float
+
+    @property
+    def regressed(self) -> bool:
+        return self.ci_high < 0
+
+
+def regression(before: list[float], after: list[float], gate: GateConfig, rng: np.random.Generator) -> Regression:
+    """The one regression check (the probe: the stage's training; the start judge: the control arm): a paired
+    bootstrap of `after - before` at the gate's confidence, per instance."""
+    change, lo, hi = paired_bootstrap(before, after, gate.n_boot, gate.alpha, rng)
+    return Regression(before=float(np.mean(before)), after=float(np.mean(after)), change=change, ci_low=lo, ci_high=hi)

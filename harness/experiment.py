@@ -190,7 +190,7 @@ def plan(cfg: ExperimentConfig) -> dict[str, Any]:
 
 def _files(rc) -> dict[str, str]:
     """The round-0 harness files (template + run-config overrides) as the loop's setup writes them."""
-    from harness.graph import initial_files
+    from harness.round0 import initial_files
     from sandbox.workspace import TEMPLATE_DIR
 
     files = {n: (TEMPLATE_DIR / n).read_text() for n in ("env.yaml", "recipe.yaml")}
@@ -348,7 +348,7 @@ def run_baseline(arm: str, cfg: ExperimentConfig, seed: int, budget: int, out: P
                  say: Callable[[str], None] = print) -> dict[str, Any]:
     """fixed-random, fixed-template or plr for one seed: `budget` step-equivalents over the run config's stages,
     the held-out suite after each stage. Resumes at its last finished stage."""
-    from harness.backtest import arm_prompts, read_harness, train_arm
+    from harness.backtest import read_harness, train_arm
     from harness.seeds import seeds
     from policies.model import load_policy, save_policy
 
@@ -396,7 +396,7 @@ def run_baseline(arm: str, cfg: ExperimentConfig, seed: int, budget: int, out: P
         steps = max(1, round(sum(shares[:k]) - spent - probe_cost))
         files_k = {**files, "env.yaml": yaml.safe_dump(stage_env.model_dump(mode="json"), sort_keys=False)}
         start = 50_000_000 + rc.seed * 10_000_000 + k * 1_000_000  # fresh train instances per seed and stage
-        train_seeds = seeds("train", arm_prompts(recipe, steps), start=start)
+        train_seeds = seeds("train", steps * recipe.prompts_per_step, start=start)
         m = train_arm(model, tok, task, files_k, steps, train_seeds, seed=rc.seed + k, style=rc.style)
         tps = m.tokens_generated / max(1, len(m.steps))
         cost = len(m.steps) + probe_tokens / tps

@@ -24,7 +24,8 @@ from typing import Any
 import yaml
 
 from harness.config import RunConfig, parse_config
-from harness.graph import GATE_ACTIONS, build_graph, initial_files, make_judge
+from harness.graph import GATE_ACTIONS, build_graph
+from harness.round0 import initial_files, make_judge
 from harness.run import JUDGE_FILE, Run, RunError
 from harness.store import RunStore, acquire_lock
 

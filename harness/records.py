@@ -16,6 +16,15 @@ from pydantic import BaseModel, ConfigDict, Field
 # --- rollouts ---------------------------------------------------------------------------------------------------------
 
 
+REASON_CHARS = 500  # rejection reasons and notes are cut to this length
+
+
+def cut(text: Any, n: int = REASON_CHARS) -> str:
+    """`text` as one string of at most `n` characters (longer ones end with '...')."""
+    text = str(text)
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
 class Rollout(BaseModel):
     """One completion of the policy on one instance, scored. Completions of the same prompt share `group`."""
 
@@ -148,6 +157,13 @@ class Candidate(BaseModel):
     target_metric: str = "valid"
     skill: str | None = None
     engineer: str = "rule"
+
+    @property
+    def summary(self) -> str:
+        """The one-line subject of its commit."""
+        if self.change.kind == "diagnostic":
+            return f"{self.change.knob}: add/revise diagnostic"
+        return f"{self.change.knob}: {self.old_value} -> {self.change.value}"
 
 
 class Evidence(BaseModel):

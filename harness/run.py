@@ -17,11 +17,14 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from harness.config import RunConfig
+from harness.results import NodeResult
 from harness.store import RunStore
 from harness.tasks import get_task
+
+R = TypeVar("R", bound=NodeResult)
 
 JUDGE_FILE = "judge.json"  # the backtest judge, fixed at run start (outside the harness repo)
 MEMO_MAX_PARAMS = 100_000_000  # checkpoints of smaller models are also kept in memory (deep-copied on load)
@@ -169,6 +172,25 @@ class Run:
         p = self.run_dir.joinpath(*parts)
         p.parent.mkdir(parents=True, exist_ok=True)
         return p
+
+    def result(self, stage: int, model: type[R], node: str | None = None) -> R | None:
+        """A node's typed result of this run (`harness.results`), None until the node finished."""
+        return self.store.result(self.id, stage, model, node=node)
+
+    def save_result(self, stage: int, result: NodeResult, node: str | None = None,
+                    timing: dict[str, Any] | None = None) -> None:
+        self.store.save_result(self.id, stage, result, node=node, timing=timing)
+
+    def charge(self, stage: int, arm: str, kind: str, **cost: Any) -> None:
+        """One row of the compute ledger (`RunStore.charge`)."""
+        self.store.charge(self.id, stage, arm, kind, **cost)
+
+    def record_eval(self, stage: int, arm: str, split: str, **metrics: Any) -> None:
+        self.store.record_eval(self.id, stage, arm, split, **metrics)
+
+    def draw_seeds(self, split: str, n: int, key: str) -> list[int]:
+        """`n` keyed seeds of `split` (the same ones again for the same key: `RunStore.draw_seeds`)."""
+        return self.store.draw_seeds(self.id, split, n, key=key)
 
     def event(self, stage: int | None, node: str, kind: str, message: str, key: str | None = None, **data: Any):
         new = self.store.add_event(self.id, kind, message, stage=stage, node=node, data=data or None, key=key)

@@ -243,6 +243,18 @@ class RayArms:
                 except Exception as exc:  # noqa: BLE001 - one arm's failure is that decision's, not the run's
                     yield refs[ref], ArmCannotRun(ray_reason(exc, self.cfg.max_retries)), {}, {}
 
+    def run_into(self, jobs: list[ArmJob], checkpoint_dir: Callable[[str], Path],
+                 tensorboard_dir: Callable[[str], Path]) -> Iterator[tuple[str, ArmOutput | Exception]]:
+        """`run`, writing each arm that came back into the run's directories (`checkpoint_dir(name)`,
+        `tensorboard_dir(name)`) before yielding (name, output or exception); the stage's start checkpoints are
+        forgotten once every job is back."""
+        for name, res, ckpt, tb in self.run(jobs):
+            if not isinstance(res, Exception):
+                write_tree(ckpt, checkpoint_dir(name))
+                write_tree(tb, tensorboard_dir(name))
+            yield name, res
+        self.forget_starts()
+
     def forget_starts(self) -> None:
         self._starts.clear()
 

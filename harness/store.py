@@ -27,12 +27,15 @@ import sqlite3
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Any, Literal, Self, TypeVar
 
 from sqlite_utils import Database
 
 from harness import seeds as seedlib
 from harness.records import Candidate, Finding, Verdict
+from harness.results import NodeResult
+
+R = TypeVar("R", bound=NodeResult)
 
 BUSY_TIMEOUT_S = 30.0
 
@@ -516,8 +519,11 @@ class RunStore:
             [run]).fetchall()
         return {k: {"seconds": s, "tokens": t, "steps": n} for k, s, t, n in rows}
 
-    def seconds_spent(self, run: str) -> float:
-        return float(self.db.execute("SELECT COALESCE(SUM(seconds), 0) FROM compute WHERE run = ?", [run]).fetchone()[0])
+    def seconds_spent(self, run: str, stage: int | None = None) -> float:
+        """Compute seconds charged to the run (or to one of its stages)."""
+        where, args = ("AND stage = ?", [run, stage]) if stage is not None else ("", [run])
+        return float(self.db.execute(f"SELECT COALESCE(SUM(seconds), 0) FROM compute WHERE run = ? {where}",
+                                     args).fetchone()[0])
 
     # --- seeds: a forward-only cursor per split -------------------------------------------------------------------------
 
@@ -562,6 +568,23 @@ class RunStore:
         row = self.db.execute("SELECT result FROM nodes WHERE run = ? AND stage = ? AND node = ?",
                               [run, stage, node]).fetchone()
         return None if row is None else json.loads(row[0] or "{}")
+
+    def save_result(self, run: str, stage: int, result: NodeResult, *, node: str | None = None,
+                    timing: dict[str, Any] | None = None) -> None:
+        """Write a node's typed result (`harness.results`) as its row (`node` defaults to the model's NODE), with the
+        node's timing keys (`_wall_s`, ...) alongside."""
+        self.mark_node_done(run, stage, node or result.NODE, {**result.model_dump(mode="json"), **(timing or {})})
+
+    def result(self, run: str, stage: int, model: type[R], *, node: str | None = None) -> R | None:
+        """A node's result read back as `model` (None until the node finished)."""
+        raw = self.node_result(run, stage, node or model.NODE)
+        return None if raw is None else model.model_validate(raw)
+
+    def arm_nodes(self, run: str, stage: int | None = None) -> list[str]:
+        """Names of the finished backtest arms (`arm:<name>` rows), in name order."""
+        where, args = ("AND stage = ?", [run, stage]) if stage is not None else ("", [run])
+        return [r[0].removeprefix("arm:") for r in self.db.execute(
+            f"SELECT node FROM nodes WHERE run = ? {where} AND node LIKE 'arm:%' ORDER BY node", args)]
 
     # --- summary (`evotrainer status --json`) ---------------------------------------------------------------------------
 

@@ -16,17 +16,16 @@ import numpy as np
 import pytest
 
 from harness.backtest import (
-    ArmBudget,
     ArmEval,
     GateConfig,
     Judge,
     arm_vetoes,
-    backtest,
     decide,
     detectability_warning,
     min_detectable_effect,
     read_harness,
 )
+from harness.benchmarks.calibration import decision
 from harness.records import Rollout
 from harness.seeds import SplitError, seeds
 from harness.tasks import get_task
@@ -125,13 +124,14 @@ def test_read_harness_and_hygiene(tmp_path):
     env, recipe, _ = read_harness(template_files(), task)
     assert recipe.num_generations == 8 and env.sizes[0].size == 3
     with pytest.raises(SplitError, match="backtest"):
-        backtest(tmp_path, template_files(), template_files(), task, ArmBudget(steps=1), seeds("train", 4),
-                 seeds("test", 4), GATE, tmp_path / "arms", "c", judge=Judge(env=env.model_dump()))
+        decision(tmp_path, template_files(), template_files(), task, task.styles[0], 1, seeds("train", 4),
+                 seeds("test", 4), GATE, Judge(env=env.model_dump()), tmp_path / "arms", "c")
 
 
 def test_online_backtest_trains_two_real_arms_and_counts_compute(tmp_path):
-    """Two tiny GRPO arms (1 step each) from one start checkpoint; identical harness and arm seeds = identical arms,
-    so the paired outcomes match exactly and nothing is promoted."""
+    """Two tiny GRPO arms (1 step each) from one start checkpoint, run as the calibration benchmark runs them (the
+    loop's ArmJob and execute_arm, then `verdicts`); identical harness and arm seeds = identical arms, so the paired
+    outcomes match exactly and nothing is promoted."""
     from policies.model import build_model, save_policy
 
     task = get_task("mapf")
@@ -141,23 +141,26 @@ def test_online_backtest_trains_two_real_arms_and_counts_compute(tmp_path):
     files["recipe.yaml"] += "\nbatch_size: 16\nnum_generations: 4\n"
     eval_seeds = seeds("backtest", 12, start=500)
     judge = Judge(env=read_harness(files, task)[0].model_dump(), samples=3, temperature=0.7, max_new_tokens=48)
-    res = backtest(tmp_path / "start", files, files, task, ArmBudget(steps=1), seeds("train", 4), eval_seeds, GATE,
-                   tmp_path / "arms", candidate_id="aa", judge=judge)
-    for arm in (res.control, res.candidate):
-        assert arm.steps == 1 and arm.tokens > 0 and arm.seconds > 0
-        assert (Path(arm.checkpoint) / "config.json").exists()
-    assert res.control.checkpoint != res.candidate.checkpoint
-    assert res.control_eval.seeds == res.candidate_eval.seeds == eval_seeds
-    assert res.control_eval.outcomes == res.candidate_eval.outcomes
-    assert [r.completion for r in res.control_eval.rollouts] == [r.completion for r in res.candidate_eval.rollouts]
+    res = decision(tmp_path / "start", files, files, task, task.styles[0], 1, seeds("train", 4), eval_seeds, GATE,
+                   judge, tmp_path / "arms", candidate_id="aa")
+    control, candidate = res.arms["control"], res.arms["candidate"]
+    for arm in (control, candidate):
+        assert len(arm.metrics.steps) == 1 and arm.metrics.tokens_generated > 0 and arm.train_s > 0
+    for path in res.checkpoints.values():
+        assert (path / "config.json").exists()
+    assert res.checkpoints["control"] != res.checkpoints["candidate"]
+    assert control.eval.seeds == candidate.eval.seeds == eval_seeds
+    assert control.eval.outcomes == candidate.eval.outcomes
+    assert [r.completion for r in control.eval.rollouts] == [r.completion for r in candidate.eval.rollouts]
     assert res.verdict.decision == "rejected" and res.verdict.evidence.effect == 0.0
     assert res.verdict.evidence.seeds == (eval_seeds[0], eval_seeds[-1])
     # the judge samples k=3 completions per instance (outcomes in thirds) and decodes greedily once (reported)
-    assert len(res.control_eval.rollouts) == 3 * len(eval_seeds) and res.verdict.evidence.samples == 3
-    assert all(abs(3 * o - round(3 * o)) < 1e-9 for o in res.control_eval.outcomes)
-    assert len(res.control_eval.greedy) == len(eval_seeds) and res.verdict.evidence.greedy_control is not None
+    assert len(control.eval.rollouts) == 3 * len(eval_seeds) and res.verdict.evidence.samples == 3
+    assert all(abs(3 * o - round(3 * o)) < 1e-9 for o in control.eval.outcomes)
+    assert len(control.eval.greedy) == len(eval_seeds) and res.verdict.evidence.greedy_control is not None
     c = res.compute
-    assert c["steps"] == 2 and c["tokens"] >= res.control.tokens + res.candidate.tokens and c["seconds"] > 0
+    assert c["steps"] == 2 and c["seconds"] > 0
+    assert c["tokens"] >= control.metrics.tokens_generated + candidate.metrics.tokens_generated
 
 
 def test_minimum_detectable_effect_shrinks_with_n_and_warns_with_the_fix():

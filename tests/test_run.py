@@ -185,10 +185,10 @@ def test_sigkill_then_resume_duplicates_nothing(tmp_path):
 
 
 def test_a_node_that_fails_on_one_candidate_rejects_it_and_the_stage_goes_on(tmp_path, monkeypatch):
-    import harness.graph as G
+    import harness.arms as A
     import harness.vet as V
 
-    real_arm, real_vet = G._arm_job, V.vet
+    real_arm, real_vet = A.arm_job, V.vet
 
     def arm(run, k, name, *a, **kw):
         if name != "control":
@@ -200,7 +200,7 @@ def test_a_node_that_fails_on_one_candidate_rejects_it_and_the_stage_goes_on(tmp
             raise MemoryError("vet exploded")
         return real_vet(cand, *a, **kw)
 
-    monkeypatch.setattr(G, "_arm_job", arm)
+    monkeypatch.setattr(A, "arm_job", arm)
     monkeypatch.setattr(V, "vet", vet)
     cfg = parse_config(dict(TINY, budget={"stages": 1}, stage={**TINY["stage"], "candidates": 2}), "test")
     run_dir = start_run(cfg, tmp_path / "runs", run_id="hurt")
@@ -435,16 +435,18 @@ def test_a_control_arm_below_its_start_is_the_next_stage_finding_unless_somethin
     than a stage trains, which the probe cannot see): stage k's engineer gets grpo.policy_regressed with the
     figures, and so proposes a lower learning rate; not when stage k-1 promoted a candidate (the incumbent changed)
     or when the control arm held."""
-    from harness.graph import carried_regression
+    from harness.memory import carried_regression
+    from harness.results import Backtested, Decided, StartJudged
 
-    start = {"checkpoint": "s1-train", "n": 160, "valid": 0.25, "control_valid": 0.09, "change": -0.16,
-             "change_ci": [-0.2, -0.12], "control_regressed": True}
-    f = carried_regression(2, {"start": start}, {"winner": None}, arm_steps=50)
+    start = StartJudged(checkpoint="s1-train", n=160, valid=0.25, control_valid=0.09, change=-0.16,
+                        change_ci=[-0.2, -0.12], control_regressed=True)
+    f = carried_regression(2, Backtested(start=start), Decided(winner=None, next_policy="s1-train"), arm_steps=50)
     assert f is not None and f.code == "grpo.policy_regressed" and f.rate == 0.16 and f.count == 160
     assert "0.250 -> 0.090" in f.message and "50 more GRPO steps" in f.message
-    assert carried_regression(2, {"start": start}, {"winner": "s1c1"}, arm_steps=50) is None
-    assert carried_regression(2, {"start": {**start, "control_regressed": False}}, {}, arm_steps=50) is None
-    assert carried_regression(2, {"verdicts": []}, None, arm_steps=50) is None  # nothing was backtested
+    assert carried_regression(2, Backtested(start=start), Decided(winner="s1c1", next_policy="x"), arm_steps=50) is None
+    held = start.model_copy(update={"control_regressed": False})
+    assert carried_regression(2, Backtested(start=held), None, arm_steps=50) is None
+    assert carried_regression(2, Backtested(verdicts=[]), None, arm_steps=50) is None  # nothing was backtested
 
 
 def test_a_second_run_loads_the_warm_start_from_the_cache(tmp_path):

@@ -16,6 +16,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LOOP = ["harness/graph.py", "harness/run.py", "harness/lifecycle.py", "harness/diagnostics.py", "harness/vet.py", "harness/backtest.py",
+        "harness/arms.py", "harness/results.py", "harness/round0.py", "harness/evaluation.py", "harness/memory.py",
+        "harness/stagebook.py",
         *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "harness" / "engineer").glob("*.py"))]
 FAMILY_WORDS = re.compile(r"\b(mapf|sizes?|agents?|holes?|hole_ratio|wait_ratio|data_ratio|wait|makespan\w*|cbs"
                           r"|arith|digits|sub_ratio|mul_ratio"  # math

@@ -5,10 +5,11 @@ change, and the CPU cost of one decision.
     evotrainer bench calibration --mode power --decisions 10       # every rejection is a miss
     python -m harness.benchmarks.calibration
 
-Each decision is one `harness.backtest.backtest()`: two arms trained by `train_arm` and judged by `judge_arm`, the
-same two functions the live loop's `node_backtest` runs (`harness.graph._arm_job` and `harness.scale.execute_arm`), with the run config's arm length,
-recipe, reward, judge (backtest.env / samples / temperature, fixed as a run fixes it) and gate. The start checkpoint
-is the config's own SFT warm start (the warm-start cache: the same checkpoint `make demo` trains or loads).
+Each decision is one `decision()`: two `harness.scale.ArmJob`s run by `harness.scale.execute_arm` (train, save,
+reload, judge), the job and the function the live loop submits for its arms (`harness.arms`), and one call of
+`harness.backtest.verdicts`, the loop's verdict function. The run config fixes the arm length, recipe, reward, judge
+(backtest.env / samples / temperature, fixed as a run fixes it) and gate. The start checkpoint is the config's own SFT
+warm start (the warm-start cache: the same checkpoint `make demo` trains or loads).
 
 - `aa`: control and candidate are the SAME harness (the config's round 0); only training randomness differs (arm
   seeds 2d and 2d+1), and both are judged on the same fresh backtest seeds. Every promotion is a false one.
@@ -28,12 +29,15 @@ import json
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+import numpy as np
 import yaml
 
-from harness.backtest import ArmBudget, backtest, read_harness
-from harness.seeds import seeds
+from harness.backtest import read_harness, verdicts
+from harness.records import Verdict
+from harness.scale import ArmJob, ArmOutput, execute_arm, policy_loader
+from harness.seeds import check_split, seeds
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "sandbox" / "template"
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,7 +53,7 @@ def template_files() -> dict[str, str]:
 
 
 def round0_files(config) -> dict[str, str]:
-    from harness.graph import initial_files
+    from harness.round0 import initial_files
 
     return {**template_files(), **initial_files(config)}
 
@@ -80,11 +84,57 @@ def start_checkpoint(config, out: Path, files: dict[str, str]) -> tuple[Path, bo
     return ckpt, hit is not None
 
 
+class Decision(NamedTuple):
+    verdict: Verdict
+    arms: dict[str, ArmOutput]  # control, candidate
+    checkpoints: dict[str, Path]
+    compute: dict[str, float]  # both arms: seconds (load + train + save + judging), tokens, steps
+
+
+def decision(start: Path, control_files: dict[str, str], candidate_files: dict[str, str], task: Any, style: str,
+             steps: int, train_seeds: list[int], eval_seeds: list[int], gate, judge, out: Path, candidate_id: str,
+             arm_seeds: tuple[int, int] = (0, 0), backend: str = "transformers") -> Decision:
+    """One decision as the loop makes it: a control and a candidate `ArmJob` from the same start checkpoint, the same
+    training seeds and the same fresh backtest seeds (`eval_seeds`, drawn by the caller per decision), each run by
+    `execute_arm` in this process, then `verdicts`."""
+    from policies.model import load_policy, save_policy
+
+    check_split(list(train_seeds), "train")  # before any compute is spent
+    check_split(list(eval_seeds), "backtest")
+    eval_instances = [task.generate(judge.config(task), s) for s in eval_seeds]
+    arms: dict[str, ArmOutput] = {}
+    ckpts: dict[str, Path] = {}
+    evals, seconds = {}, 0.0
+    for name, files, seed in (("control", control_files, arm_seeds[0]), ("candidate", candidate_files, arm_seeds[1])):
+        env, recipe, _ = read_harness(files, task)
+        used = list(train_seeds)[: steps * recipe.prompts_per_step]
+        job = ArmJob(name=name, task=task.name, style=style, files=files, start=str(start), steps=steps,
+                     train_seeds=used, train_instances=[task.generate(env, s) for s in used], seed=seed, judge=judge,
+                     eval_instances=eval_instances, sampling_seed=int(eval_seeds[0]), backend=backend)
+        ckpts[name] = Path(out) / name
+        t0, saved = time.perf_counter(), [0.0]
+
+        def save(m, t, path=ckpts[name], saved=saved) -> None:
+            save_policy(m, t, path)
+            saved[0] = time.perf_counter()
+
+        model, tok = load_policy(start)
+        arms[name] = execute_arm(job, model, tok, save, policy_loader(ckpts[name], backend))
+        evals[name] = arms[name].eval
+        seconds += saved[0] - t0 + arms[name].eval.seconds
+    [verdict] = verdicts(evals["control"], control_files, [(candidate_id, candidate_files, evals["candidate"])], gate,
+                         rng=lambda i: np.random.default_rng(0), samples=judge.samples)
+    compute = {"seconds": seconds,
+               "tokens": float(sum(a.metrics.tokens_generated + a.eval.tokens for a in arms.values())),
+               "steps": float(sum(len(a.metrics.steps) for a in arms.values()))}
+    return Decision(verdict, arms, ckpts, compute)
+
+
 def run(config: str | Path = DEFAULT_CONFIG, decisions: int = 40, mode: str = "aa",
         out: str | Path = "runs/bench-calibration", threads: int = 2, arm_steps: int | None = None,
         n: int | None = None, first: int = 0, planted: str = "lr") -> dict[str, Any]:
     from harness.config import load_config
-    from harness.graph import make_judge
+    from harness.round0 import make_judge
     from harness.tasks import get_task
     from policies import cpu_threads
 
@@ -117,7 +167,7 @@ def run(config: str | Path = DEFAULT_CONFIG, decisions: int = 40, mode: str = "a
                                                  + yaml.safe_dump(rec, sort_keys=False)}
     _, recipe, _ = read_harness(files, task)
     steps = cfg.backtest.arm_steps
-    rows_per_arm = -(-steps * recipe.batch_size // recipe.num_generations)
+    rows_per_arm = steps * recipe.prompts_per_step
     first_train = cfg.warm_start.sft_examples + 100_000  # beyond any warm-start demonstration
     rows: list[dict[str, Any]] = []
     hits = 0
@@ -125,8 +175,9 @@ def run(config: str | Path = DEFAULT_CONFIG, decisions: int = 40, mode: str = "a
         train_seeds = seeds("train", rows_per_arm, start=first_train + d * rows_per_arm)
         eval_seeds = seeds("backtest", cfg.backtest.n, start=d * cfg.backtest.n)  # fresh held-out seeds per decision
         arm_seeds = (2 * d, 2 * d + 1) if mode == "aa" else (d, d)
-        res = backtest(start, control_files, files, task, ArmBudget(steps=steps), train_seeds, eval_seeds, cfg.gate,
-                       out / "arms" / f"d{d:03d}", candidate_id=f"{mode}-{d:03d}", judge=judge, arm_seeds=arm_seeds)
+        res = decision(start, control_files, files, task, cfg.style, steps, train_seeds, eval_seeds, cfg.gate, judge,
+                       out / "arms" / f"d{d:03d}", candidate_id=f"{mode}-{d:03d}", arm_seeds=arm_seeds,
+                       backend=cfg.policy.backend)
         shutil.rmtree(out / "arms" / f"d{d:03d}")  # arm checkpoints are not needed after the verdict
         v, ev = res.verdict, res.verdict.evidence
         hits += v.decision == "promoted"

@@ -40,7 +40,7 @@ def _one(work: Path, cfg: dict[str, Any], backend: str, workers: int, run_id: st
     try:
         stage = store.stages(rid)[0]
         bt = store.node_result(rid, 1, "backtest") or {}
-        arms = [r[0] for r in store.db.execute("SELECT node FROM nodes WHERE run = ? AND node LIKE 'arm:%'", [rid])]
+        arms = store.arm_nodes(rid)
         return {"backend": backend, "run_s": time.time() - t0, "stage_wall_s": stage["metrics"]["wall_s"],
                 "backtest_s": bt.get("_wall_s", 0.0), "arms": len(arms),
                 "decisions": [(v["candidate"], v["decision"]) for v in bt.get("verdicts", [])],

@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from harness.records import Candidate, Change, Diagnosis
+from harness.records import Candidate, Change, Diagnosis, cut
 
 # --- errors -----------------------------------------------------------------------------------------------------------
 
@@ -36,13 +36,6 @@ class ProposalError(ValueError):
 # Bounds on what a reply may cost: work grows with a reply's length, and reasons are stored and sent back.
 MAX_REPLY_CHARS = 200_000  # a longer reply is refused before any parsing
 MAX_JSON_STARTS = 64  # '{' / '[' positions tried when looking for the JSON object in prose
-REASON_CHARS = 500  # rejection reasons and notes are cut to this length
-
-
-def cut(text: Any, n: int = REASON_CHARS) -> str:
-    """`text` as one string of at most `n` characters (longer ones end with '...')."""
-    text = str(text)
-    return text if len(text) <= n else text[: n - 3] + "..."
 
 
 # --- the schema the engineer answers in -------------------------------------------------------------------------------

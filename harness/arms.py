@@ -1,0 +1,258 @@
+"""The stage's training runs: the warm start, the policy's GRPO stage and the backtest arms (on the configured
+backend).
+
+    out, n = warm_start(run)                                                   # checkpoints/warmstart (SFT, cached)
+    trained = train_policy(run, k, "policy", start, files, steps, f"s{k}/train", out, seed)
+    arms = run_arms(run, k, [("control", main_files), ("s1c1", cand_files)], start, steps)  # name -> ArmRecord | exc
+    control = arm_eval(arms["control"], run.judge.samples)                                    # per-instance outcomes
+    start = judge_start(run, k, start_ckpt, control)                                          # did the control fall?
+
+An arm is one `harness.scale.ArmJob` (`arm_job`): its harness, its train instances (the stage's shared arm pool under
+its own env), the judge and this stage's backtest instances of the run's FIXED judge distribution (judge.json, never
+the incumbent's env.yaml, which promotions rewrite). `harness.scale.execute_arm` runs it, in this process (scale.backend
+local, one arm after another) or as a Ray task (`harness.scale.RayArms`); only this process records what came back
+(`record_arm`: ledger, rollouts, eval row, the `arm:<name>` node result). Finished arms are not run again, so a resumed
+stage runs only the missing ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.backtest import ArmEval, judge_arm, regression, train_arm
+from harness.records import cut, read_rollouts, write_rollouts
+from harness.results import ArmRecord, StartJudged, Trained
+from harness.round0 import harness_models
+from harness.run import Run
+
+TENSORBOARD_DIR = "tensorboard"  # event files per phase: tensorboard/s<k>/<sft|policy|control|candidate id>
+
+log = logging.getLogger(__name__)
+
+
+def progress_cb(run: Run, stage: int, node: str):
+    def cb(what: str, step: int, total: int, logs: dict[str, Any]) -> None:
+        run.progress("step", {"stage": stage, "node": node, "what": what, "step": step, "total": total,
+                              "reward": logs.get("reward")})
+
+    return cb
+
+
+def warm_start(run: Run) -> tuple[Path, int]:
+    """The run's starting policy (`checkpoints/warmstart`): the config's checkpoint or a fresh preset, SFT on
+    `warm_start.sft_examples` expert demonstrations of the train split (a preset's is cached across runs by settings
+    and code version: `harness.warmstart`). Returns (its path, demonstrations used)."""
+    from harness import warmstart
+    from policies.model import build_model
+
+    cfg, task = run.config, run.task
+    env, recipe, _ = harness_models(run.workspace().files("main"), task)
+    out = run.path("checkpoints", "warmstart")
+    if cfg.policy.checkpoint:
+        model, tok = run.load(cfg.policy.checkpoint)
+    elif cfg.warm_start.sft_examples == 0:
+        model, tok = build_model(cfg.policy.preset, task.alphabet(), words=task.words(), seed=cfg.seed)
+    n = cfg.warm_start.sft_examples
+    hit = key = None
+    if n > 0:
+        if cfg.warm_start.sft_steps is not None:
+            recipe = recipe.model_copy(update={"sft_steps": cfg.warm_start.sft_steps})
+        seeds = run.draw_seeds("train", n, key="warmstart")
+        # a preset trained by us is cached (keyed by settings + code version); a user's checkpoint is not ours to key
+        model, tok, hit, key, m = warmstart.warm_start(
+            task, cfg.policy.preset or "", run.style, env, seeds, recipe, seed=cfg.seed,
+            progress=progress_cb(run, 0, "setup"), model_tok=(model, tok) if cfg.policy.checkpoint else None,
+            tensorboard_dir=run.run_dir / TENSORBOARD_DIR / "s0" / "sft",
+            resume_dir=run.path("checkpoints", warmstart.RESUME_DIR))
+        if hit is not None:
+            run.event(0, "setup", "cache", f"warm start loaded from the cache: {hit} (same settings and code version; "
+                      "`evotrainer cache clear` or EVOTRAINER_WARMSTART_CACHE=0 retrains)", path=str(hit))
+        if m is not None:
+            run.charge(0, "policy", "sft", seconds=m.wall_s, steps=m.steps)
+    run.save(model, tok, out)
+    if key and hit is None:
+        entry = warmstart.store(key, out, {"run": run.id, "sft_examples": n, "sft_steps": recipe.sft_steps})
+        if entry:
+            run.event(0, "setup", "cache", f"warm start cached at {entry} (a later run with the same settings loads "
+                      "it; clear with `evotrainer cache clear`)", path=str(entry))
+    return out, n
+
+
+def pool_seeds(run: Run, seed_key: str, recipe, steps: int) -> list[int]:
+    """The prefix of the keyed train pool that `steps` GRPO steps of `recipe` consume (`Recipe.prompts_per_step`)."""
+    seeds = run.draw_seeds("train", run.config.stage.train_instances, key=seed_key)
+    return seeds[: steps * recipe.prompts_per_step]
+
+
+def prefetch_stage(run: Run, k: int, env, recipe) -> None:
+    """While stage k's policy trains: start making the probe, backtest and control-arm instances of stage k."""
+    cfg = run.config
+    run.prefetch(env, run.draw_seeds("probe", cfg.stage.probe_n, key=f"s{k}/probe"))
+    run.prefetch(run.judge.config(run.task), run.draw_seeds("backtest", cfg.backtest.n, key=f"s{k}/backtest"))
+    run.prefetch(env, pool_seeds(run, f"s{k}/arms", recipe, cfg.backtest.arm_steps))
+
+
+def prefetch_arms(run: Run, k: int, main_files: dict[str, str], candidates: list[dict[str, str]]) -> None:
+    """While the control arm trains: the candidates' own arm pools (an env candidate draws other instances) and the
+    next stage's train pool (under the current env; wasted only if a promotion changes the env)."""
+    for files in candidates:
+        env, recipe, _ = harness_models(files, run.task)
+        run.prefetch(env, pool_seeds(run, f"s{k}/arms", recipe, run.config.backtest.arm_steps))
+    if k < run.config.budget.stages:
+        env, recipe, _ = harness_models(main_files, run.task)
+        run.prefetch(env, pool_seeds(run, f"s{k + 1}/train", recipe, recipe.steps))
+
+
+def train_policy(run: Run, stage: int, arm: str, start: str, files: dict[str, str], steps: int, seed_key: str,
+                 out: Path, seed: int) -> Trained:
+    """One GRPO run from `start` under the harness `files` (`harness.backtest.train_arm`, the function every arm
+    runs); saves to `out`; charges the ledger."""
+    env, recipe, _ = harness_models(files, run.task)
+    # a fixed prompt pool per key: both arms of a decision train on the same instances, whatever their recipe; only
+    # the prefix GRPO consumes (steps x prompts per step) is generated, so a recipe that needs more prompts trains on a
+    # superset of the other arm's; past the end of the pool, TRL cycles over it
+    seeds = pool_seeds(run, seed_key, recipe, steps)
+    model, tok = run.load(start)
+    t0 = time.perf_counter()  # training compute = the whole TRL call (trainer setup + steps), not just train()
+    m = train_arm(model, tok, run.task, files, steps, seeds, seed, style=run.style,
+                  instances=run.instances(env, seeds), progress=progress_cb(run, stage, arm),
+                  tensorboard_dir=run.run_dir / TENSORBOARD_DIR / f"s{stage}" / arm)
+    secs = time.perf_counter() - t0
+    run.save(model, tok, out)
+    run.charge(stage, arm, "grpo", seconds=secs, tokens=m.tokens_generated, steps=len(m.steps))
+    return Trained(checkpoint=str(out), steps=[s.model_dump() for s in m.steps], seconds=m.wall_s,
+                   tokens=m.tokens_generated)
+
+
+# --- backtest arms -----------------------------------------------------------------------------------------------------
+
+
+def arm_job(run: Run, k: int, name: str, files: dict[str, str], start: str, steps: int):
+    """Everything one arm needs (`harness.scale.ArmJob`)."""
+    from harness.scale import ArmJob
+
+    cfg = run.config
+    env, recipe, _ = harness_models(files, run.task)
+    # both arms train on the same train seeds; arm randomness is shared too (paired design)
+    train_seeds = pool_seeds(run, f"s{k}/arms", recipe, steps)
+    eval_seeds = run.draw_seeds("backtest", cfg.backtest.n, key=f"s{k}/backtest")
+    judge = run.judge
+    return ArmJob(name=name, task=run.task.name, style=run.style, files=files, start=start, steps=steps,
+                  train_seeds=train_seeds, train_instances=run.instances(env, train_seeds), seed=cfg.seed + 1000 + k,
+                  judge=judge, eval_instances=run.instances(judge.config(run.task), eval_seeds),
+                  sampling_seed=cfg.seed + k, backend=cfg.policy.backend)
+
+
+def record_arm(run: Run, k: int, name: str, out) -> ArmRecord:
+    """What the run process writes for a finished arm (from either backend): ledger, rollouts, eval, node result."""
+    m, ev = out.metrics, out.eval
+    run.charge(k, name, "grpo", seconds=out.train_s, tokens=m.tokens_generated, steps=len(m.steps))
+    path = write_rollouts(run.path("rollouts", f"s{k}-{name}-backtest.jsonl.gz"), ev.rollouts)
+    run.charge(k, name, "eval", seconds=ev.seconds, tokens=ev.tokens, label="backtest")
+    run.record_eval(k, name, "backtest", n=len(ev.rollouts), valid=ev.valid,
+                    optimal=float(np.mean([x.optimal for x in ev.rollouts])))
+    steps = [s.model_dump() for s in m.steps]
+    r = ArmRecord(checkpoint=str(run.path("checkpoints", f"s{k}-{name}")), seconds=m.wall_s,
+                  tokens=m.tokens_generated, rollouts=str(path), valid=ev.valid, greedy=ev.greedy, steps=len(steps),
+                  curve=steps)
+    run.save_result(k, r, node=f"arm:{name}")
+    return r
+
+
+def run_arms(run: Run, k: int, arms: list[tuple[str, dict[str, str]]], start: str,
+             steps: int) -> dict[str, ArmRecord | Exception]:
+    """Train and judge every arm of stage k (control first) on the configured backend. Returns name -> its record,
+    or the exception of an arm that failed (one arm's failure is its decision's, not the run's)."""
+    out: dict[str, ArmRecord | Exception] = {}
+    todo = []
+    for name, files in arms:
+        if (r := run.result(k, ArmRecord, node=f"arm:{name}")) is not None:
+            out[name] = r
+        else:
+            todo.append((name, files))
+    if todo and run.config.scale.backend == "ray":
+        out.update(_ray_arms(run, k, todo, start, steps))
+    elif todo:
+        out.update(_local_arms(run, k, todo, start, steps))
+    return out
+
+
+def _local_arms(run: Run, k: int, todo: list[tuple[str, dict[str, str]]], start: str,
+                steps: int) -> dict[str, ArmRecord | Exception]:
+    from harness.scale import execute_arm
+
+    out: dict[str, ArmRecord | Exception] = {}
+    for name, files in todo:
+        try:
+            job = arm_job(run, k, name, files, start, steps)
+            ckpt = run.path("checkpoints", f"s{k}-{name}")
+            model, tok = run.load(start)
+            res = execute_arm(job, model, tok, lambda m, t, ckpt=ckpt: run.save(m, t, ckpt),
+                              lambda ckpt=ckpt: run.policy(str(ckpt)), progress=progress_cb(run, k, name),
+                              tensorboard_dir=run.run_dir / TENSORBOARD_DIR / f"s{k}" / name)
+            out[name] = record_arm(run, k, name, res)
+        except Exception as exc:  # noqa: BLE001 - one arm's failure is its decision's, not the run's
+            log.warning("arm %s of stage %d failed: %s", name, k, exc)
+            out[name] = exc
+    return out
+
+
+def _ray_arms(run: Run, k: int, todo: list[tuple[str, dict[str, str]]], start: str,
+              steps: int) -> dict[str, ArmRecord | Exception]:
+    out: dict[str, ArmRecord | Exception] = {}
+    jobs = []
+    for name, files in todo:
+        try:
+            jobs.append(arm_job(run, k, name, files, start, steps))
+        except Exception as exc:  # noqa: BLE001 - an arm whose instances cannot be made fails its decision
+            out[name] = exc
+    run.event(k, "backtest", "scale", f"{len(jobs)} arm(s) submitted to Ray: {', '.join(j.name for j in jobs)}")
+    for name, res in run.ray().run_into(jobs, lambda n: run.path("checkpoints", f"s{k}-{n}", "x").parent,
+                                        lambda n: run.path(TENSORBOARD_DIR, f"s{k}", n, "x").parent):
+        if isinstance(res, Exception):
+            out[name] = res
+            run.event(k, "backtest", "scale", f"arm {name} failed on Ray: {cut(str(res), 300)}")
+            continue
+        out[name] = record_arm(run, k, name, res)
+        run.event(k, "backtest", "scale", f"arm {name} came back from Ray (valid {res.eval.valid:.3f})")
+    return out
+
+
+def arm_eval(record: ArmRecord, samples: int) -> ArmEval:
+    """A recorded arm's per-instance outcomes, read back from its backtest rollouts (the same after a resume)."""
+    return ArmEval.from_rollouts(read_rollouts(Path(record.rollouts)), record.greedy, samples)
+
+
+def judge_start(run: Run, k: int, ckpt: str, control: ArmEval) -> StartJudged:
+    """Judge the arms' START policy on the backtest instances (same judge, sampling seed and instances as the arms)
+    and compare the control arm with it (`harness.backtest.regression`): the control arm is the incumbent harness
+    trained `arm_steps` further, so a control arm below its start by more than noise means the incumbent recipe
+    lowers the policy over that horizon. Then the control arm is not carried into the next stage (the start is:
+    `harness.results.continues_from`) and the next stage's diagnosis gets `grpo.policy_regressed`. Catches what the
+    probe misses when a recipe collapses the policy only after more steps than one stage trains."""
+    if (r := run.result(k, StartJudged)) is not None:
+        return r
+    cfg, judge = run.config, run.judge
+    model, tok = run.policy(ckpt)
+    ev = judge_arm(model, tok, run.task, run.instances(judge.config(run.task), control.seeds), judge,
+                   sampling_seed=cfg.seed + k, style=run.style, backend=cfg.policy.backend)
+    run.charge(k, "start", "eval", seconds=ev.seconds, tokens=ev.tokens, label="backtest")
+    run.record_eval(k, "start", "backtest", n=len(ev.rollouts), valid=ev.valid,
+                    optimal=float(np.mean([x.optimal for x in ev.rollouts])))
+    reg = regression(ev.outcomes, control.outcomes, cfg.gate, np.random.default_rng([cfg.seed, k, 7]))
+    r = StartJudged(checkpoint=ckpt, n=len(control.seeds), valid=reg.before, control_valid=reg.after,
+                    change=reg.change, change_ci=[reg.ci_low, reg.ci_high], control_regressed=reg.regressed)
+    if reg.regressed:
+        run.event(k, "backtest", "regression",
+                  f"the control arm ({cfg.backtest.arm_steps} more steps under the incumbent harness) LOWERED "
+                  f"backtest valid by more than noise: {r.valid:.3f} -> {r.control_valid:.3f} (effect "
+                  f"{reg.change:+.3f}, {100 * cfg.gate.confidence:.0f}% upper bound {reg.ci_high:+.3f} < 0, "
+                  f"n={r.n}); unless a candidate is promoted the next stage starts from {Path(ckpt).name}, not from "
+                  "the control arm, and its engineer gets the finding grpo.policy_regressed", key=f"{k}/control-regression")
+    run.save_result(k, r)
+    return r

@@ -1,0 +1,117 @@
+"""What a stage reads from earlier stages and leaves for later ones: the engineer's history of decided candidates,
+a person's feedback at the gate, a regression carried over from the previous stage, and the skills written from
+this stage's verdicts.
+
+    history(run)                        # HistoryItem per decided candidate (the engineer never repeats a refuted one)
+    human_feedback(run, before=k)       # `revise` feedback of stages before k
+    regression_findings(run, k, probe)  # grpo.policy_regressed: this stage's training or the last control arm fell
+    remember_skills(run, k)             # skill evidence for tried skills; a new skill for an invented change that won
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.records import Candidate, Change, Finding, HistoryItem
+from harness.results import Backtested, Decided, GateAnswer, Probed
+from harness.run import Run
+
+
+def candidate_from_row(row: dict[str, Any]) -> Candidate:
+    """A candidate as the store's `candidates` row holds it."""
+    return Candidate(id=row["id"], stage=row["stage"], change=Change.model_validate(row["patch"]),
+                     old_value=row["old_value"], rationale=row["rationale"] or "", expected=row["expected"] or "",
+                     skill=row["skill"], engineer=row["engineer"] or "rule")
+
+
+def history(run: Run) -> list[HistoryItem]:
+    """Every decided candidate of the run, keyed by the harness state it started from (`change_key`)."""
+    from harness.engineer.proposal import change_key
+
+    parents = {r.id: r.parent for r in run.workspace().history()}  # the harness state each candidate started from
+    out = []
+    for c in run.store.candidates(run.id):
+        if c["status"] not in ("promoted", "rejected", "rejected_vet"):
+            continue
+        lo, hi = c.get("ci_low"), c.get("ci_high")
+        key = change_key(parents[c["id"]], Change.model_validate(c["patch"])) if c["id"] in parents else ""
+        out.append(HistoryItem(stage=c["stage"], candidate=c["id"], knob=c["knob"],
+                               change=f"{c['knob']} -> {(c['patch'] or {}).get('value')}",
+                               verdict="promoted" if c["status"] == "promoted" else "rejected",
+                               effect=c.get("effect"), ci=(lo, hi) if lo is not None and hi is not None else None,
+                               reason=c.get("reason") or "", key=key))
+    return out
+
+
+def human_feedback(run: Run, before: int) -> list[str]:
+    """Feedback a person gave at the gate (`revise`) in stages before `before`, oldest first."""
+    out = []
+    for j in range(1, before):
+        r = run.result(j, GateAnswer)
+        if r is not None and r.action == "revise" and r.feedback:
+            out.append(f"stage {j}: {r.feedback}")
+    return out
+
+
+def carried_regression(k: int, prev_backtest: Backtested | None, prev_decide: Decided | None,
+                       arm_steps: int) -> Finding | None:
+    """`grpo.policy_regressed` for stage k when stage k-1's control arm fell below its start on the backtest
+    (`harness.arms.judge_start`) and nothing was promoted there, so the harness that lowered the policy is still the
+    incumbent."""
+    start = prev_backtest.start if prev_backtest is not None else None
+    if start is None or not start.control_regressed or (prev_decide is not None and prev_decide.winner):
+        return None
+    return Finding(
+        code="grpo.policy_regressed", severity="critical", count=start.n, rate=round(-start.change, 4),
+        knobs=["recipe.learning_rate"],
+        message=(f"stage {k - 1}'s control arm ({arm_steps} more GRPO steps under this harness) lowered backtest "
+                 f"valid {start.valid:.3f} -> {start.control_valid:.3f} (upper bound "
+                 f"{start.change_ci[1]:+.3f}); it was not carried forward"))
+
+
+def regression_findings(run: Run, k: int, probe: Probed) -> list[Finding]:
+    """`grpo.policy_regressed` when this stage's training lowered the probe (the checkpoint was discarded), else when
+    the previous stage's control arm fell below its start and nothing was promoted (`carried_regression`)."""
+    if probe.regressed:
+        return [Finding(
+            code="grpo.policy_regressed", severity="critical", count=run.config.stage.probe_n,
+            rate=round(-probe.change, 4), knobs=["recipe.learning_rate"],
+            message=(f"this stage's GRPO lowered probe valid {probe.start_valid:.3f} -> {probe.valid:.3f} "
+                     f"(upper bound {probe.change_ci[1]:+.3f}); the trained checkpoint was discarded"))]
+    found = carried_regression(k, run.result(k - 1, Backtested), run.result(k - 1, Decided),
+                               run.config.backtest.arm_steps) if k > 1 else None
+    return [found] if found else []
+
+
+def remember_skills(run: Run, k: int) -> None:
+    """Record each decided candidate's try on its skill; file an engineer-invented change that won as a new skill."""
+    from skills.model import Evidence as SkillEvidence
+    from skills.model import Intervention, Provenance, Skill, Trigger
+
+    lib = run.skills()
+    try:
+        for c in run.store.candidates(run.id, stage=k):
+            if c["status"] not in ("promoted", "rejected"):
+                continue
+            cand = candidate_from_row(c)
+            promoted = c["status"] == "promoted"
+            interval = (c["ci_low"], c["ci_high"]) if c.get("ci_low") is not None else None
+            if cand.skill:
+                lib.record_try(cand.skill, promoted=promoted, effect=c.get("effect") or 0.0, interval=interval,
+                               family=run.config.task, run=run.id, candidate=cand.id, commit=c.get("commit_sha"))
+            elif promoted:  # an engineer-invented change that worked becomes a skill
+                codes = [f.code for f in run.store.findings(run.id, stage=k)][:3]
+                name = f"{run.config.task}-{cand.change.knob.replace('/', '-').replace('_', '-')}-{run.id}-{cand.id}"
+                name = "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in name.lower())
+                lib.add(Skill(
+                    name=name, kind=cand.change.kind, trigger=Trigger(findings=codes),
+                    intervention=Intervention(knob=cand.change.knob, op="code" if cand.change.code else "set",
+                                              value=cand.change.value, code=cand.change.code),
+                    expected=cand.expected or f"raises {cand.target_metric}", validation=cand.target_metric,
+                    domains=[run.config.task],
+                    evidence=SkillEvidence(tries=1, promotions=1, mean_effect=c.get("effect") or 0.0,
+                                           last_interval=interval, families=[run.config.task]),
+                    provenance=Provenance(source="run", run=run.id, commit=c.get("commit_sha")),
+                    description=cand.rationale), replace=True)
+    finally:
+        lib.close()

@@ -1,0 +1,149 @@
+"""What each node of the stage hands the next: one small pydantic model per node result, stored in run.db's `nodes`
+table (as JSON, the same keys the stage always wrote, so a run interrupted before this module existed still resumes)
+and read back typed through `RunStore.result` / `Run.result`.
+
+    run.save_result(k, Probed(rollouts=..., valid=0.4, ...))     # the node's row: its result + timing
+    probe = run.result(k, Probed)                                # None until the probe node finished
+    arm = run.result(k, ArmRecord, node="arm:control")           # node names that carry an id
+
+`continues_from` is the one place that decides which checkpoint the next stage (and this stage's arms) start from.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from harness.records import Verdict
+
+
+class NodeResult(BaseModel):
+    """A node's stored result. `NODE` is its row name in run.db's `nodes` table; unknown keys (the timing fields
+    `_wall_s`, `_started`, `_ended`, `_pid` that every row carries) are ignored on reading."""
+
+    model_config = ConfigDict(extra="ignore")
+    NODE: ClassVar[str] = ""
+
+
+class NodeTiming(NodeResult):
+    """When a node ran and in which process (every node row has these; `graph._finish` writes them)."""
+
+    wall_s: float = Field(0.0, alias="_wall_s")
+    started: float | None = Field(None, alias="_started")
+    ended: float | None = Field(None, alias="_ended")
+    pid: int | None = Field(None, alias="_pid")
+
+
+class SetUp(NodeResult):
+    NODE: ClassVar[str] = "setup"
+    policy: str = Field(..., description="the warm-started checkpoint stage 1 trains from")
+
+
+class Trained(NodeResult):
+    NODE: ClassVar[str] = "train"
+    checkpoint: str
+    steps: list[dict[str, Any]] = Field(default_factory=list, description="per-step GRPO metrics")
+    seconds: float = 0.0
+    tokens: int = 0
+
+
+class Probed(NodeResult):
+    """What the probe found: the trained policy's probe rollouts, and its change from the stage's start policy."""
+
+    NODE: ClassVar[str] = "probe"
+    rollouts: str = Field(..., description="the cached probe rollouts (the diagnosis and vet read them)")
+    valid: float
+    start_valid: float
+    change: float
+    change_ci: list[float]
+    regressed: bool
+    carried: str | None = Field(None, description="the checkpoint the arms start from (`continues_from`)")
+
+
+class Diagnosed(NodeResult):
+    NODE: ClassVar[str] = "diagnose"
+    diagnosis: str = Field(..., description="path of the stage's Diagnosis JSON")
+    findings: int = 0
+
+
+class Proposed(NodeResult):
+    NODE: ClassVar[str] = "propose"
+    candidates: list[str] = Field(default_factory=list)
+    engineer: str = ""
+
+
+class Vetted(NodeResult):
+    NODE: ClassVar[str] = "vet"
+    vetted: list[str] = Field(default_factory=list)
+
+
+class ArmRecord(NodeResult):
+    """One finished backtest arm (row `arm:<name>`): its checkpoint, cost, backtest rollouts and training curve."""
+
+    NODE: ClassVar[str] = "arm"
+    checkpoint: str
+    seconds: float = 0.0
+    tokens: int = 0
+    rollouts: str
+    valid: float
+    greedy: list[float] = Field(default_factory=list)
+    steps: int = 0
+    curve: list[dict[str, Any]] = Field(default_factory=list, description="per-step training metrics (the report)")
+
+
+class StartJudged(NodeResult):
+    """The arms' start policy judged on the backtest instances, and the control arm compared with it."""
+
+    NODE: ClassVar[str] = "judge:start"
+    checkpoint: str
+    n: int
+    valid: float
+    control_valid: float
+    change: float
+    change_ci: list[float]
+    control_regressed: bool
+
+
+class Backtested(NodeResult):
+    """What the backtest decided: one verdict per vetted candidate, the control arm's checkpoint, the start judged."""
+
+    NODE: ClassVar[str] = "backtest"
+    verdicts: list[Verdict] = Field(default_factory=list)
+    control: str | None = None
+    start: StartJudged | None = None
+
+
+class GateAnswer(NodeResult):
+    NODE: ClassVar[str] = "gate"
+    action: str = Field(..., description="auto (no gate), approve, revise or abort")
+    feedback: str = ""
+
+
+class Decided(NodeResult):
+    """Which candidate won (if any) and which checkpoint continues."""
+
+    NODE: ClassVar[str] = "decide"
+    winner: str | None = None
+    next_policy: str
+    decided: int = 0
+
+
+class Remembered(NodeResult):
+    NODE: ClassVar[str] = "remember"
+
+
+def continues_from(start: str, trained: str, probe_regressed: bool, backtest: Backtested | None = None,
+                   winner: ArmRecord | None = None) -> str:
+    """The checkpoint the next step starts from. Without a backtest (the arms' start): the stage's trained checkpoint,
+    unless the probe saw training lower the policy (then the stage's `start`). After the backtest (the next stage):
+    the winner's arm; else the control arm, unless the probe regressed or the control arm fell below its start on the
+    backtest (the incumbent recipe lowers the policy), in which case the arms' start."""
+    arms_start = start if probe_regressed else trained
+    if winner is not None:
+        return winner.checkpoint
+    if backtest is None or backtest.control is None:
+        return arms_start
+    if probe_regressed or (backtest.start is not None and backtest.start.control_regressed):
+        return arms_start
+    return backtest.control

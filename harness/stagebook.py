@@ -1,0 +1,49 @@
+"""A stage's bookkeeping: its wall time and compute at the end (`stage_metrics`, stored with the stage row) and
+whether the run stops after it (`stop_reason`: a person's abort, the stage / wall-clock / compute budgets, a plateau).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from harness.results import GateAnswer, NodeTiming
+from harness.run import Run
+
+STAGE_NODES = ("train", "probe", "diagnose", "propose", "vet", "backtest", "gate", "decide")
+
+
+def stage_metrics(run: Run, k: int, remember_s: float) -> dict[str, float]:
+    """Held-out metrics plus the framework overhead: stage wall time not spent in training/eval compute. Wall time
+    runs from the end of the previous stage (or of setup) to now, everything included (nodes, LangGraph checkpoints,
+    routing); a stage that a crash interrupted (its nodes ran in different processes) reports the sum of its node
+    times instead, so the downtime is not counted."""
+    nodes = [run.result(k, NodeTiming, node=n) or NodeTiming() for n in STAGE_NODES]
+    prev = run.result(k - 1, NodeTiming, node="remember") if k > 1 else run.result(0, NodeTiming, node="setup")
+    wall = remember_s + sum(r.wall_s for r in nodes)
+    if prev is not None and prev.ended is not None and {r.pid for r in [*nodes, prev]} == {os.getpid()}:
+        wall = time.time() - prev.ended
+    compute = run.store.seconds_spent(run.id, stage=k)
+    test = [e for e in run.store.evaluations(run.id, stage=k, arm="policy") if e["split"] == "test"
+            and not e["slice_key"]]
+    out = {"wall_s": wall, "compute_s": compute, "overhead_share": max(0.0, wall - compute) / wall if wall else 0.0}
+    if test:
+        out.update(valid=test[0]["valid"], optimal=test[0]["optimal"])
+    return out
+
+
+def stop_reason(run: Run, k: int, stages_without_promotion: int) -> str | None:
+    """Why the run stops after stage k, or None to go on."""
+    b = run.config.budget
+    if (g := run.result(k, GateAnswer)) is not None and g.action == "abort":
+        return f"aborted by a human at the gate (stage {k})"
+    if k >= b.stages:
+        return f"stage budget reached ({b.stages} stages)"
+    wall = b.wall_clock_s
+    if wall is not None and time.time() - run.store_started() >= wall:
+        return f"wall-clock budget reached ({b.wall_clock})"
+    if b.compute_s is not None and run.store.seconds_spent(run.id) >= b.compute_s:
+        return f"compute budget reached ({b.compute_s:.0f} s)"
+    if b.plateau and stages_without_promotion >= b.plateau:
+        return f"plateau: {b.plateau} stages without a promotion"
+    return None
