@@ -691,7 +691,8 @@ def _run_progress():
 
 
 def _finish_run(run_dir: Path) -> None:
-    from harness.report import print_summary, write_html
+    from harness.report import print_summary
+    from harness.report_page import write_html
 
     write_html(run_dir)
     print_summary(run_dir, console)
@@ -897,7 +898,7 @@ def report(
 ) -> None:
     """Write a static HTML page: held-out metrics per stage and the candidate timeline."""
     from harness.lifecycle import find_run
-    from harness.report import write_html
+    from harness.report_page import write_html
 
     out = write_html(find_run(run_ref, runs_dir))
     console.print(f"report: {out}", highlight=False)

@@ -16,9 +16,6 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from harness.backtest import GateConfig
-from harness.engineer import EngineerConfig
-
 
 class ConfigError(ValueError):
     """A run config that cannot be used; the message names the field and the fix."""
@@ -133,6 +130,75 @@ class ScaleConfig(_Strict):
 class EvalConfig(_Strict):
     suite: str = Field("small", description="benchmark suite on the test split, reported per stage (never decides)")
     limit: int | None = Field(None, ge=1, description="evaluate only the first N suite instances (faster reports)")
+
+
+class HumanAfterFailures(BaseModel):
+    """Turn the human gate on once this many stages in a row ended without a promotion."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    after_failures: int = Field(..., ge=1, description="consecutive stages without a promotion before a human decides")
+
+
+class GateConfig(BaseModel):
+    """The promotion rule. Fixed by the run's config; never part of the evolvable harness."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    min_effect: float = Field(0.02, ge=0.0, le=1.0,
+                              description="the one-sided lower bound of the main-metric effect must EXCEED this "
+                                          "(> 0 also guards the percentile bootstrap when few pairs disagree)")
+    slice_tolerance: float = Field(0.05, ge=0.0, le=1.0,
+                                   description="no slice's lower bound may fall below minus this (preserve what works)")
+    confidence: float = Field(0.95, gt=0.5, lt=1.0, description="one-sided confidence of the lower bounds")
+    n_boot: int = Field(2000, ge=100, le=200_000, description="bootstrap resamples per comparison")
+    min_slice_n: int = Field(20, ge=1, description="slices with fewer paired instances are reported but not checked")
+    metric: str = Field("valid", description="the main metric the outcomes measure (for the record)")
+    arm_noise_sd: float = Field(0.0, ge=0.0, le=1.0,
+                                description="standard deviation of the effect between two arms that differ only in "
+                                            "training randomness (measured by `evotrainer bench calibration --mode "
+                                            "aa`); added in quadrature to the bootstrap's instance noise in every "
+                                            "bound, since resampling instances cannot see it")
+
+    human: Literal["never", "always"] | HumanAfterFailures = Field(
+        "never", description="a person at the gate after each backtest: never (autonomous), always, or "
+        "{after_failures: N} (once N stages in a row ended without a promotion). The run pauses (the pause survives "
+        "a restart) until `evotrainer approve|revise|abort RUN`")
+
+    @property
+    def alpha(self) -> float:
+        return 1.0 - self.confidence
+
+    def human_needed(self, stages_without_promotion: int) -> bool:
+        if isinstance(self.human, HumanAfterFailures):
+            return stages_without_promotion >= self.human.after_failures
+        return self.human == "always"
+
+
+class EngineerConfig(BaseModel):
+    """Which engineer proposes changes, and how to reach it."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["rule", "llm", "scripted"] = Field("rule", description="rule (no LLM), llm, or scripted (replays)")
+    base_url: str | None = Field(None, description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1 (llm)")
+    model: str | None = Field(None, description="model name at the endpoint (llm with base_url)")
+    api_key_env: str | None = Field(None, description="NAME of the env var holding the API key; None = no auth")
+    model_path: str | None = Field(None, description="local transformers checkpoint dir, or 'policy' for the current "
+                                                     "policy checkpoint (llm without base_url)")
+    script: str | None = Field(None, description="YAML/JSONL file of replies, one per stage (scripted)")
+    max_retries: int = Field(2, ge=0, le=10, description="retries of an invalid reply before the rule engineer steps in")
+    temperature: float = Field(0.7, ge=0, le=2, description="sampling temperature of the engineer")
+    max_tokens: int = Field(1024, ge=16, description="reply budget in tokens")
+    timeout_s: float = Field(120.0, gt=0, description="seconds allowed for one endpoint reply")
+
+    @model_validator(mode="after")
+    def _check(self) -> EngineerConfig:
+        if self.kind == "llm" and not ((self.base_url and self.model) or self.model_path):
+            raise ValueError("engineer kind 'llm' needs base_url + model (an OpenAI-compatible endpoint) or "
+                             "model_path (a local checkpoint, or 'policy')")
+        if self.kind == "llm" and self.base_url and self.model_path:
+            raise ValueError("engineer: give base_url + model OR model_path, not both")
+        if self.kind == "scripted" and not self.script:
+            raise ValueError("engineer kind 'scripted' needs script: a .yaml/.jsonl file of replies")
+        return self
 
 
 class RunConfig(_Strict):

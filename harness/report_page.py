@@ -19,6 +19,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from harness.config import load_config
+from harness.report import curve, curve_text, status
+from harness.store import RunStore
+
 E = html.escape
 SLICE_ORDER = ("", "size", "agents", "holes", "wait", "block")
 
@@ -28,9 +32,6 @@ SLICE_ORDER = ("", "size", "agents", "holes", "wait", "block")
 
 def gather(run_dir: Path) -> dict[str, Any]:
     """Everything the page shows, read from run.db, the stage files and the harness repo (read-only)."""
-    from harness.report import curve, status
-    from harness.store import RunStore
-
     st = status(run_dir)
     run_id = st["run"]
     store = RunStore.open(run_dir / "run.db")
@@ -271,9 +272,7 @@ def build(run_dir: Path) -> str:
     d = gather(run_dir)
     st = d["status"]
     try:
-        from harness.lifecycle import load_run_config
-
-        gate_min = load_run_config(run_dir).gate.min_effect
+        gate_min = load_config(run_dir / "config.yaml").gate.min_effect
     except Exception:  # noqa: BLE001 - a run dir without a readable config still renders
         gate_min = None
     partial = "" if st["status"] == "finished" else (
@@ -310,7 +309,7 @@ def build(run_dir: Path) -> str:
 {partial}{_summary(d, gate_min)}
 {warnings}
 <section id=heldout><h2>Held-out valid per stage and slice (test suite)</h2>{heldout}
-<pre>{E(_curve_text(d['curve']))}</pre></section>
+<pre>{E(curve_text(d['curve']))}</pre></section>
 <section id=training><h2>Training curves per stage and arm</h2>{training}</section>
 <section id=decisions><h2>Decisions ({len(st['candidates'])})</h2>{decisions}</section>
 <section id=evolved><h2>The evolved harness against round 0</h2>{evolved_html}</section>
@@ -319,7 +318,10 @@ def build(run_dir: Path) -> str:
 """
 
 
-def _curve_text(c: dict[str, Any] | None) -> str:
-    from harness.report import curve_text
-
-    return curve_text(c)
+def write_html(run_dir: Path) -> Path:
+    """runs/<id>/report.html: the morning review, self-contained and offline (written whole, then moved in place)."""
+    out = run_dir / "report.html"
+    tmp = out.with_suffix(".html.tmp")
+    tmp.write_text(build(run_dir), encoding="utf-8")
+    tmp.replace(out)
+    return out
