@@ -231,7 +231,7 @@ def train_policy(task: Task, out_dir: str, preset: str = "tiny", init: str | Non
         sft = train_sft(model, tok, pairs, recipe, progress=progress)
     n_rows = 0
     if grpo_steps > 0:
-        n_rows = grpo_steps * recipe.batch_size // recipe.num_generations
+        n_rows = grpo_steps * recipe.prompts_per_step
         # GRPO prompts start after the SFT seeds: fresh train-split instances, never held-out ones
         rows = grpo_rows(task, config, seeds("train", n_rows, start=sft_examples), style)
         grpo = train_grpo(model, tok, rows, reward_fn(task, shaping), recipe, progress=progress)

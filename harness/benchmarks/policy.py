@@ -57,8 +57,7 @@ def grpo_seconds_per_step(task, config, preset: str, sft_steps: int, steps: int,
     model, tok = build_model(preset, task.alphabet(), words=task.words())
     if sft_steps:
         train_sft(model, tok, sft_pairs(task, config, seeds("train", 500), style), recipe)
-    rows = grpo_rows(task, config, seeds("train", steps * recipe.batch_size // recipe.num_generations, start=500),
-                     style)
+    rows = grpo_rows(task, config, seeds("train", steps * recipe.prompts_per_step, start=500), style)
     m = train_grpo(model, tok, rows, reward_fn(task), recipe)
     per = [s.seconds for s in m.steps[1:]] or [m.steps[0].seconds]  # first step pays one-off setup
     return {"preset": preset, "params": count_parameters(model), "steps": steps, "batch": recipe.batch_size,
@@ -157,8 +156,7 @@ def run(out: Path, preset: str = "tiny", sft_examples: int = 8000, sft_steps: in
     summary["sft"] = {"wall_s": sft.wall_s, "loss_first": sft.loss[0], "loss_last": sft.loss[-1],
                       "total_s_incl_eval": t_sft, **rates}
 
-    rows = grpo_rows(task, config, seeds("train", grpo_steps * recipe.batch_size // recipe.num_generations,
-                                         start=sft_examples), style)
+    rows = grpo_rows(task, config, seeds("train", grpo_steps * recipe.prompts_per_step, start=sft_examples), style)
     grpo = train_grpo(model, tok, rows, reward_fn(task), recipe, progress=_ticker(t0))
     rates, t_all = checkpoint("grpo", f"after GRPO ({grpo_steps} steps)")
     summary["grpo"] = {"wall_s": grpo.wall_s, "s_per_step": grpo.seconds_per_step,
