@@ -89,7 +89,7 @@ def _env_config(task, path: Path | None):
     except yaml.YAMLError as exc:
         fail(f"config {path}: not valid YAML ({str(exc).splitlines()[0]})")
     try:
-        return task.config_model.model_validate(data)
+        return task.spec.config_model.model_validate(data)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(top level)'}: {e['msg']}" for e in exc.errors())
         fail(f"config {path}: {problems}")
@@ -107,9 +107,9 @@ def env_sample(
     """Print instances (prompt), the expert's plan and its score."""
     t = _task(task)
     cfg = _env_config(t, config)
-    style = style or t.styles[0]
-    if style not in t.styles:
-        fail(f"unknown style {style!r}; choose one of: {', '.join(t.styles)}")
+    style = style or t.spec.styles[0]
+    if style not in t.spec.styles:
+        fail(f"unknown style {style!r}; choose one of: {', '.join(t.spec.styles)}")
     for seed in range(seed_start, seed_start + n):
         try:
             inst = t.generate(cfg, seed)
@@ -134,7 +134,11 @@ def env_stats(
     seed_start: Annotated[int, typer.Option(min=0, help="first seed")] = 0,
 ) -> None:
     """Print a config's distribution: the task's env_stats (MAPF: sizes, holes, needs-wait; math, code: per level)."""
+    from harness.tasks import EnvStats
+
     t = _task(task)
+    if not isinstance(t, EnvStats):
+        fail(f"task {task} has no env statistics (its module defines no env_stats); try `evotrainer env sample`")
     cfg = _env_config(t, config)
     try:
         stats = t.env_stats(cfg, n, seed_start)
@@ -177,12 +181,12 @@ def demo(
         t0 = time.perf_counter()
         sol = solve(inst.size, free, s, g)
         times.append(1000 * (time.perf_counter() - t0))
-        out = t.score(inst, t.expert(inst, t.styles[0]))
+        out = t.score(inst, t.expert(inst, t.spec.styles[0]))
         valid += out.valid
         optimal += out.optimal
         typer.echo(f"{entry_name} seed={inst.seed} makespan={sol.makespan} needs_wait={sol.needs_wait} "
                    f"valid={out.valid} optimal={out.optimal}")
-        typer.echo(t.prompt(inst, t.styles[0]) + t.expert(inst, t.styles[0]))
+        typer.echo(t.prompt(inst, t.spec.styles[0]) + t.expert(inst, t.spec.styles[0]))
     typer.echo(f"instances: {len(picked)}")
     typer.echo(f"cbs_median_ms: {statistics.median(times):.2f}")
     typer.echo(f"valid: {valid / len(picked):.3f}")
@@ -536,14 +540,14 @@ def train(
     from policies.train import Recipe
 
     t = get_task(task)
-    env = _load_yaml_model(config, t.config_model, "env config")
+    env = _load_yaml_model(config, t.spec.config_model, "env config")
     rec = _load_yaml_model(recipe, Recipe, "recipe") or Recipe(**CPU_TRAIN_RECIPE)
     if sft_steps is not None:
         rec = rec.model_copy(update={"sft_steps": sft_steps})
     if init is not None and not Path(init).exists():
         raise UserError(f"--init checkpoint {init!r} does not exist; pass a save_pretrained directory or drop --init")
-    if style is not None and style not in t.styles:
-        raise UserError(f"unknown --style {style!r}; choose one of: {', '.join(t.styles)}")
+    if style is not None and style not in t.spec.styles:
+        raise UserError(f"unknown --style {style!r}; choose one of: {', '.join(t.spec.styles)}")
     bar, hook = _progress_printer()
     with bar:
         _, _, rep = train_policy(t, str(out), preset=preset, init=init, config=env, sft_examples=sft_examples,
@@ -578,8 +582,8 @@ def eval_cmd(
 
     model, tok = load_policy(ckpt)  # a missing checkpoint is the first error the user sees
     t = get_task(task)
-    if style is not None and style not in t.styles:
-        raise UserError(f"unknown --style {style!r}; choose one of: {', '.join(t.styles)}")
+    if style is not None and style not in t.spec.styles:
+        raise UserError(f"unknown --style {style!r}; choose one of: {', '.join(t.spec.styles)}")
     style = style or checkpoint_style(t, ckpt, tok)
     report = evaluate(model, tok, t, suite_instances(t, suite), style, blocks=suite_blocks(t, suite),
                       params=SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens))

@@ -229,16 +229,16 @@ class RunConfig(_Strict):
             raise ValueError(f"task: unknown task {self.task!r}; choose one of {', '.join(sorted(TASKS))}")
         task = get_task(self.task)
         if self.env is not None:
-            _nested("env", task.config_model, self.env)
+            _nested("env", task.spec.config_model, self.env)
         if self.backtest.env is not None:
-            _nested("backtest.env", task.config_model, self.backtest.env)
-        _nested("reward", task.shaping_model, self.reward)
+            _nested("backtest.env", task.spec.config_model, self.backtest.env)
+        _nested("reward", task.spec.shaping_model, self.reward)
         _nested("recipe", Recipe, self.recipe)
         if self.eval.suite:
             task.suite(self.eval.suite)  # raises with the list of suites
-        if self.policy.style is not None and self.policy.style not in task.styles:
+        if self.policy.style is not None and self.policy.style not in task.spec.styles:
             raise ValueError(f"policy.style: unknown style {self.policy.style!r} for task {self.task}; choose one of "
-                             f"{', '.join(task.styles)}")
+                             f"{', '.join(task.spec.styles)}")
         return self
 
     @property
@@ -249,7 +249,7 @@ class RunConfig(_Strict):
 
         if self.policy.style:
             return self.policy.style
-        styles = get_task(self.task).styles
+        styles = get_task(self.task).spec.styles
         if self.policy.preset:
             return styles[0]
         from harness.policy_glue import read_policy_meta

@@ -239,7 +239,7 @@ def _warm_start(rc, task):
         if model is None:
             from policies.model import build_model
 
-            model, tok = build_model(rc.policy.preset, task.alphabet(), words=task.words(), seed=rc.seed)
+            model, tok = build_model(rc.policy.preset, task.spec.alphabet, words=list(task.spec.words), seed=rc.seed)
         return model, tok
     env, recipe, _ = read_harness(_files(rc), task)
     if rc.warm_start.sft_steps is not None:
@@ -272,7 +272,7 @@ def random_env(task, env, spread: float, tries: int, rng: np.random.Generator):
     from harness.seeds import seeds
     from harness.tasks import knobs
 
-    specs = knobs.walk(env, "env", task.entry_key)
+    specs = knobs.walk(env, "env", task.spec.entry_key)
     last = ""
     for _ in range(tries):
         data = env.model_dump(mode="json")
@@ -283,9 +283,9 @@ def random_env(task, env, spread: float, tries: int, rng: np.random.Generator):
                 w = spread * (s.hi - s.lo)
                 v = float(min(s.hi, max(s.lo, float(s.current) + rng.uniform(-w, w))))
                 v = round(v, 3)
-            knobs.set_value(data, knobs.split(s.path, "env"), v, task.entry_key, knob=s.path)
+            knobs.set_value(data, knobs.split(s.path, "env"), v, task.spec.entry_key, knob=s.path)
         try:
-            cand = task.config_model.model_validate(data)
+            cand = task.spec.config_model.model_validate(data)
             for sd in seeds("train", 4, start=10_000_000):
                 task.generate(cand, sd)
             return cand
@@ -297,7 +297,7 @@ def random_env(task, env, spread: float, tries: int, rng: np.random.Generator):
 
 def _levels(task, env) -> tuple[str, list[BaseModel]]:
     """The round-0 mixture's entries (PLR's levels): the config's list of entries keyed by the task's entry key."""
-    key = task.entry_key
+    key = task.spec.entry_key
     for name in type(env).model_fields:
         value = getattr(env, name)
         if key and isinstance(value, list) and value and all(hasattr(e, key) and hasattr(e, "data_ratio")
@@ -326,7 +326,7 @@ def _probe_levels(model, tok, task, env, list_field: str, levels: list, cfg: PLR
 
     rates, tokens = [], 0
     for i, lv in enumerate(levels):
-        one = task.config_model.model_validate({**env.model_dump(mode="json"),
+        one = task.spec.config_model.model_validate({**env.model_dump(mode="json"),
                                                 list_field: [{**lv.model_dump(mode="json"), "data_ratio": 1.0}]})
         start = 5_000_000 + (seed * 1000 + stage * 10 + i) * cfg.probe_n
         insts = [task.generate(one, s) for s in seeds("probe", cfg.probe_n, start=start)]
@@ -354,7 +354,7 @@ def run_baseline(arm: str, cfg: ExperimentConfig, seed: int, budget: int, out: P
     out.mkdir(parents=True, exist_ok=True)
     state_file = out / "env.json"
     if state_file.exists():
-        env = task.config_model.model_validate(json.loads(state_file.read_text()))
+        env = task.spec.config_model.model_validate(json.loads(state_file.read_text()))
     elif arm == "fixed-random":
         env = random_env(task, env, cfg.random.spread, cfg.random.tries, np.random.default_rng([7, rc.seed]))
         state_file.write_text(env.model_dump_json())
@@ -381,7 +381,7 @@ def run_baseline(arm: str, cfg: ExperimentConfig, seed: int, budget: int, out: P
             rates, probe_tokens = _probe_levels(model, tok, task, env, list_field, levels, cfg.plr, recipe, rc.style,
                                                 k, rc.seed)
             weights = plr_weights([r * (1 - r) for r in rates], cfg.plr.beta, cfg.plr.rho)
-            stage_env = task.config_model.model_validate(
+            stage_env = task.spec.config_model.model_validate(
                 {**env.model_dump(mode="json"),
                  list_field: [{**lv.model_dump(mode="json"), "data_ratio": round(w, 4)}
                               for lv, w in zip(levels, weights, strict=True)]})

@@ -52,8 +52,8 @@ def test_the_knob_grammar_is_the_tasks():
             data = yaml.safe_load(yaml.safe_dump(env))
             new = k.hi if k.current != k.hi else k.lo
             new = int(new) if k.integer else new
-            set_path(data, split(path, "env"), new, path, task.entry_key)
-            assert get_value(data, split(path, "env"), task.entry_key) == new
+            set_path(data, split(path, "env"), new, path, task.spec.entry_key)
+            assert get_value(data, split(path, "env"), task.spec.entry_key) == new
 
 
 def test_one_frontier_skill_speaks_every_familys_knob():
@@ -72,9 +72,9 @@ def test_one_frontier_skill_speaks_every_familys_knob():
                               ("code", "2", "env.levels.2.data_ratio")):
         task = get_task(name)
         env = task.default_config().model_dump(mode="json")
-        set_value(env, split(knob, "env"), 0.5, task.entry_key)  # room to move (MAPF's default is at the bound 1.0)
+        set_value(env, split(knob, "env"), 0.5, task.spec.entry_key)  # room to move (MAPF's default is at the bound 1.0)
         d = Diagnosis(task=name, stage=1, env_config=env, recipe={})
-        f = Finding(code=f"{name}.frontier", severity="warn", count=20, rate=0.4, slice={task.difficulty_slice: level},
+        f = Finding(code=f"{name}.frontier", severity="warn", count=20, rate=0.4, slice={task.spec.difficulty_slice: level},
                     message="frontier")
         change, old = instantiate(skill, f, knob_space(d, task), 1.0, name)
         assert change.knob == knob and change.value == pytest.approx(old + 0.1), (name, change, old)
@@ -125,7 +125,7 @@ def test_the_tiny_loop_runs_on_every_family(family, tmp_path, monkeypatch):
     try:
         assert store.get_run(family)["status"] == "finished"
         d = Diagnosis.model_validate_json((run_dir / "stages" / "s1" / "diagnosis.json").read_text())
-        assert any(k.startswith(f"{task.difficulty_slice}=") for k in d.by_slice), d.by_slice
+        assert any(k.startswith(f"{task.spec.difficulty_slice}=") for k in d.by_slice), d.by_slice
         codes = {f.code for f in d.findings}
         assert any(c.startswith(f"{family}.") for c in codes), codes
         cands = store.candidates(family)

@@ -201,13 +201,13 @@ def test_seed_skill_triggers_use_emitted_codes():
     for s in skills:
         assert set(s.domains) <= {*TASKS, "code"}, (s.name, s.domains)  # code: the family to come (issue #12)
         fams = [f for f in s.domains if f in TASKS] or sorted(TASKS)
-        known = set().union(*(builtin_codes(f, get_task(f).failure_types) for f in fams))
+        known = set().union(*(builtin_codes(f, get_task(f).spec.failure_types) for f in fams))
         assert s.trigger.findings and set(s.trigger.findings) <= known, (s.name, s.trigger.findings)
 
 
 def _family_files(task: str) -> dict[str, str]:
     files = harness_files()
-    own = get_task(task).round0_env()
+    own = get_task(task).spec.round0_env
     return {**files, "env.yaml": own} if own is not None else files
 
 
@@ -218,7 +218,7 @@ def _instantiate(skill, files: dict[str, str], task: str) -> Change:
     from harness.engineer.rule import resolve_knob
 
     t = get_task(task)
-    knob = resolve_knob(iv.knob, task).format(**{t.difficulty_slice: {"mapf": "5", "math": "2"}[task]})
+    knob = resolve_knob(iv.knob, task).format(**{t.spec.difficulty_slice: {"mapf": "5", "math": "2"}[task]})
     if skill.kind == "recipe":
         from policies.train import Recipe
 
@@ -227,8 +227,8 @@ def _instantiate(skill, files: dict[str, str], task: str) -> Change:
     else:
         from harness.tasks.knobs import get_value, split
 
-        old = get_value(t.config_model.model_validate(yaml.safe_load(files["env.yaml"])).model_dump(mode="json"),
-                        split(knob, "env"), t.entry_key)
+        old = get_value(t.spec.config_model.model_validate(yaml.safe_load(files["env.yaml"])).model_dump(mode="json"),
+                        split(knob, "env"), t.spec.entry_key)
     new = {"add": old + iv.value, "mul": old * iv.value, "set": iv.value}[iv.op]
     return Change(kind=skill.kind, knob=knob, value=type(old)(round(new, 6)))
 
@@ -255,7 +255,7 @@ def mapf_rollouts(n_groups: int = 8) -> list[Rollout]:
     """Real MAPF instances (probe seeds) and completions scored by the real scorer: per group, the expert plan (valid),
     the expert plan with agent A stopping one move short (goal_not_reached, 1 of 2 agents home: partial credit),
     a padded plan far over the step cap (too_long: long text), and garbage (parse_error)."""
-    cfg = MAPF.config_model.model_validate(yaml.safe_load(harness_files()["env.yaml"]))
+    cfg = MAPF.spec.config_model.model_validate(yaml.safe_load(harness_files()["env.yaml"]))
     out = []
     for g in range(n_groups):
         inst = MAPF.generate(cfg, seed_for("probe", g))
@@ -284,8 +284,8 @@ def test_env_accepts_sane_changes(knob, value):
     files = harness_files()
     res = V.vet(cand("env", knob, value), files, MAPF, ROLLOUTS)
     assert res.ok and res.stage == "offline" and res.details["generated"] >= 4, res.reason
-    new = MAPF.config_model.model_validate(yaml.safe_load(res.files["env.yaml"]))
-    old = MAPF.config_model.model_validate(yaml.safe_load(files["env.yaml"]))
+    new = MAPF.spec.config_model.model_validate(yaml.safe_load(res.files["env.yaml"]))
+    old = MAPF.spec.config_model.model_validate(yaml.safe_load(files["env.yaml"]))
     from harness.tasks.mapf import apply_knob
 
     assert new == apply_knob(old, knob, value)  # exactly the one knob moved, as the task's own helper would

@@ -1,10 +1,11 @@
-"""Task families. `get_task(name)` returns the task object; see `base.Task` for the protocol."""
+"""Task families. `get_task(name)` returns the task object; see `base.Task` for the protocol, `base.TaskSpec` for
+what a family declares as data, and `BatchScorer`, `EnvStats`, `VetConfigs` for its optional capabilities."""
 
 from __future__ import annotations
 
 import importlib
 
-from harness.tasks.base import Instance, Outcome, SuiteEntry, Task
+from harness.tasks.base import BatchScorer, EnvStats, Instance, Outcome, SuiteEntry, Task, TaskSpec, VetConfigs
 
 TASKS = {"mapf": "harness.tasks.mapf", "math": "harness.tasks.arith", "code": "harness.tasks.code",
          "reasoning": "harness.tasks.reasoning"}
@@ -23,9 +24,8 @@ def get_task(name: str) -> Task:
 def score_all(task: Task, pairs: list[tuple[Instance, str]], shaping=None) -> list[Outcome]:
     """Score (instance, completion) pairs: the task's batch scorer where it has one (code runs a batch of programs in
     parallel sandboxes), else its `score` one by one."""
-    many = getattr(task, "score_many", None)
-    if many is not None:
-        return many(pairs, shaping)
+    if isinstance(task, BatchScorer):
+        return task.score_many(pairs, shaping)
     return [task.score(inst, comp, shaping) for inst, comp in pairs]
 
 
@@ -33,8 +33,9 @@ def generate_many(task_name: str, config_json: str, seeds: list[int]) -> list[In
     """The task's instances for `seeds` under a config given as JSON: the body of the run's background prefetch
     worker (a spawned process that imports only this package, not torch)."""
     task = get_task(task_name)
-    config = task.config_model.model_validate_json(config_json)
+    config = task.spec.config_model.model_validate_json(config_json)
     return [task.generate(config, s) for s in seeds]
 
 
-__all__ = ["TASKS", "Instance", "Outcome", "SuiteEntry", "Task", "UnknownTaskError", "generate_many", "get_task", "score_all"]
+__all__ = ["TASKS", "BatchScorer", "EnvStats", "Instance", "Outcome", "SuiteEntry", "Task", "TaskSpec", "UnknownTaskError",
+           "VetConfigs", "generate_many", "get_task", "score_all"]
