@@ -16,6 +16,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from harness.tasks import DEFAULT_TASK
+
 
 class ConfigError(ValueError):
     """A run config that cannot be used; the message names the field and the fix."""
@@ -43,9 +45,9 @@ class PolicyConfig(_Strict):
     preset: Literal["tiny", "small", "base"] | None = Field(
         "tiny", description="build a model offline from a preset: tiny (~1M), small (~6M), base (~86M, for a GPU)")
     checkpoint: str | None = Field(None, description="start from a local Hugging Face checkpoint dir instead of a preset")
-    style: str | None = Field(None, description="prompt style (mapf: trace or compact for char models, chat for chat "
-                                                "LLMs); default: the task's first style (trace) for presets; for a "
-                                                "checkpoint, the style it was trained on, else chat")
+    style: str | None = Field(None, description="prompt style, one of the task's styles (chat for chat LLMs); "
+                                                "default: the task's first style for presets; for a checkpoint, the "
+                                                "style it was trained on, else chat")
     backend: Literal["transformers", "vllm", "auto"] = Field("transformers", description="rollout engine")
 
     @model_validator(mode="after")
@@ -85,8 +87,8 @@ class StageConfig(_Strict):
     probe_samples: int = Field(4, ge=1, description="samples per probe instance (groups for GRPO-health diagnostics)")
     candidates: int = Field(1, ge=1, le=8, description="candidates the engineer may propose per stage")
     rejections_before_fallback: int = Field(3, ge=1, description="consecutive rejections before rolling back to the "
-                                            "last promoted harness and shrinking the change step size")
-    step_shrink: float = Field(0.5, gt=0, lt=1, description="multiplier on the change step size at each fallback")
+                                            "last promoted harness and shrinking the engineer's change steps")
+    step_shrink: float = Field(0.5, gt=0, lt=1, description="multiplier on the engineer's change steps at each fallback")
     prefetch: bool = Field(True, description="generate the stage's probe, backtest and next train instances in a "
                                              "background process while the policy trains")
 
@@ -202,12 +204,12 @@ class EngineerConfig(BaseModel):
 
 
 class RunConfig(_Strict):
-    task: str = Field("mapf", description="task family: mapf")
+    task: str = Field(DEFAULT_TASK, description="task family (a name in harness.tasks.TASKS)")
     name: str = Field("run", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="run id prefix")
     seed: int = Field(0, description="seed for the engineer's choices and model initialisation")
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     env: dict[str, Any] | None = Field(None, description="round-0 generator config (the task's config model); "
-                                                         "default: the harness template's env.yaml")
+                                                         "default: the task's round-0 env.yaml")
     recipe: dict[str, Any] = Field(default_factory=dict, description="round-0 recipe overrides (policies.train.Recipe)")
     reward: dict[str, Any] = Field(default_factory=dict, description="round-0 reward shaping (the task's shaping model)")
     warm_start: WarmStartConfig = Field(default_factory=WarmStartConfig)
@@ -260,7 +262,7 @@ class RunConfig(_Strict):
 
 def _nested(prefix: str, model: type[BaseModel], data: Any) -> None:
     """Validate a section checked by another model (the task's generator config, its shaping, the Recipe); errors name
-    the full path in the run config (`env.sizes.0.hole_ratio`, not `sizes.0.hole_ratio`)."""
+    the full path in the run config (`env.<list>.0.<field>`, not `<list>.0.<field>`)."""
     try:
         model.model_validate(data)
     except ValidationError as exc:

@@ -73,7 +73,7 @@ def _spec(rollouts: list[Rollout]) -> TaskSpec:
     name = _task_of(rollouts)
     return get_task(name).spec if name in TASKS else TaskSpec(config_model=BaseModel, shaping_model=BaseModel,
                                                               instance_model=Instance, styles=(), alphabet="",
-                                                              round0_env=None)
+                                                              round0_env="")
 
 
 def slice_keys_of(rollouts: list[Rollout]) -> tuple[str, ...]:

@@ -22,8 +22,9 @@ SEED_SKILLS = Path(__file__).resolve().parents[1] / "skills" / "seed"
 
 
 def harness_files() -> dict[str, str]:
-    return {str(p.relative_to(TEMPLATE)): p.read_text() for p in TEMPLATE.rglob("*") if p.is_file()
-            and p.suffix in (".yaml", ".py")}
+    """MAPF's round-0 harness: the template and MAPF's round-0 env.yaml."""
+    return {**{str(p.relative_to(TEMPLATE)): p.read_text() for p in TEMPLATE.rglob("*") if p.is_file()
+               and p.suffix in (".yaml", ".py")}, "env.yaml": get_task("mapf").spec.round0_env}
 
 
 def cand(kind: str, knob: str, value=None, code: str | None = None) -> Candidate:
@@ -73,7 +74,7 @@ def test_a_one_knob_candidate_is_a_one_line_commit_and_comments_survive(tmp_path
     assert [x for x in old_lines if x.lstrip().startswith("#")] == [x for x in new_lines if x.lstrip().startswith("#")]
     if kind == "recipe":
         assert "#" in changed[0][1]  # the comment on the changed line itself stays
-    ws = Workspace.create(tmp_path / "h")
+    ws = Workspace.create(tmp_path / "h", files_override={"env.yaml": files["env.yaml"]})  # MAPF's round 0
     ws.propose("c1", res.files, summary=f"{knob}: change", rationale="test", factor=knob, stage=1)
     numstat = subprocess.run(["git", "-C", str(tmp_path / "h"), "show", "--numstat", "--format=", "cand/c1"],
                              capture_output=True, text=True, check=True).stdout.split()

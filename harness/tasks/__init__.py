@@ -7,6 +7,7 @@ import importlib
 
 from harness.tasks.base import BatchScorer, EnvStats, Instance, Outcome, SuiteEntry, Task, TaskSpec, VetConfigs
 
+DEFAULT_TASK = "mapf"  # a run config without `task:` runs this family
 TASKS = {"mapf": "harness.tasks.mapf", "math": "harness.tasks.arith", "code": "harness.tasks.code",
          "reasoning": "harness.tasks.reasoning"}
 
@@ -37,5 +38,5 @@ def generate_many(task_name: str, config_json: str, seeds: list[int]) -> list[In
     return [task.generate(config, s) for s in seeds]
 
 
-__all__ = ["TASKS", "BatchScorer", "EnvStats", "Instance", "Outcome", "SuiteEntry", "Task", "TaskSpec", "UnknownTaskError",
-           "VetConfigs", "generate_many", "get_task", "score_all"]
+__all__ = ["DEFAULT_TASK", "TASKS", "BatchScorer", "EnvStats", "Instance", "Outcome", "SuiteEntry", "Task", "TaskSpec",
+           "UnknownTaskError", "VetConfigs", "generate_many", "get_task", "score_all"]

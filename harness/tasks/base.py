@@ -57,7 +57,7 @@ def _never(metrics: dict[str, float]) -> bool:
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """What the loop knows about a family besides its five functions, as data: its models, slices, knobs and texts.
+    """What the loop knows about a family besides its functions, as data: its models, slices, knobs and texts.
 
     Diagnostics, the vet step, the engineers, the report and the tokenizer read these; none of them names a family."""
 
@@ -66,7 +66,9 @@ class TaskSpec:
     instance_model: type[Instance]
     styles: tuple[str, ...]  # prompt styles, first is the default
     alphabet: str  # every character prompts and completions can contain (char tokenizer)
-    round0_env: str | None  # the family's round-0 env.yaml text (None: sandbox/template/env.yaml)
+    # the round-0 env.yaml a new run's harness starts with, comments included (sandbox/template/ holds only what every
+    # family shares: the recipe, the README and the example diagnostic)
+    round0_env: str
     words: tuple[str, ...] = ()  # multi-character units a char tokenizer keeps as one token
     failure_types: tuple[str, ...] = ()  # the failure taxonomy of `Outcome.failure`
     # --- for diagnostics, vet and engineers ---
@@ -144,5 +146,5 @@ class SpecNames:
     def words(self) -> list[str]:
         return list(self.spec.words)
 
-    def round0_env(self) -> str | None:
+    def round0_env(self) -> str:
         return self.spec.round0_env

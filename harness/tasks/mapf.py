@@ -231,6 +231,19 @@ def default_config() -> MAPFConfig:
     return MAPFConfig(sizes=[SizeEntry(size=s) for s in range(3, 11)], min_distance=1)
 
 
+# what a new run's env.yaml holds (a run config's `env:` replaces it): small boards, two agents
+ROUND0_ENV = """\
+# Environment generator config (MAPF-FrozenLake). Round 0: a random-ish default, small boards, two agents.
+# One entry per board size: data_ratio = share of training instances at this size; hole_ratio = share of cells that
+# are holes; wait_ratio = share of instances whose optimal plan needs an agent to wait; agents = agents per board.
+sizes:
+  - {size: 3, data_ratio: 0.34, hole_ratio: 0.2, wait_ratio: 0.1, agents: 2}
+  - {size: 4, data_ratio: 0.33, hole_ratio: 0.2, wait_ratio: 0.1, agents: 2}
+  - {size: 5, data_ratio: 0.33, hole_ratio: 0.2, wait_ratio: 0.1, agents: 2}
+min_distance: 1
+"""
+
+
 # --- instances and the generator -------------------------------------------------------------------------------------
 
 
@@ -682,7 +695,7 @@ def near_miss(metrics: dict[str, float]) -> bool:
 SPEC = TaskSpec(
     config_model=MAPFConfig, shaping_model=MAPFShaping, instance_model=MAPFInstance, styles=STYLES,
     alphabet=alphabet(), words=tuple(words()), failure_types=FAILURE_TYPES,
-    round0_env=None,  # the workspace template's env.yaml is MAPF's round 0 (sandbox/template/env.yaml)
+    round0_env=ROUND0_ENV,
     entry_key=ENTRY_KEY, slice_keys=("size", "agents", "wait"), difficulty_slice="size",
     # failure type -> knob templates it suggests, most preferred first ({size} is filled from the finding's slice)
     failure_knobs={
