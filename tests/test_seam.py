@@ -200,3 +200,15 @@ def test_every_family_brings_its_own_round0_env(family):
     assert not (TEMPLATE_DIR / "env.yaml").exists(), "the template's env.yaml would be one family's: move it to its task"
     spec = get_task(family).spec
     spec.config_model.model_validate(yaml.safe_load(spec.round0_env))
+
+
+CAPABILITY_LOOKUP = re.compile(r"\b(getattr|hasattr)\([^)]*[\"'](score_many|env_stats|vet_configs)[\"']")
+STILL_LOOKS_UP = {"harness/run.py"}  # its env_stats cache; `isinstance(self.task, EnvStats)` once it is rewritten
+
+
+def test_capabilities_are_declared_not_looked_up():
+    """A family's optional capability is a Protocol in harness/tasks/base.py, checked with isinstance: what this catches
+    is a module asking `getattr(task, "score_many", None)`, which no type checker or reader can follow."""
+    found = {str(p.relative_to(ROOT)) for p in (ROOT / "harness").rglob("*.py")
+             if CAPABILITY_LOOKUP.search(p.read_text())}
+    assert found <= STILL_LOOKS_UP, sorted(found - STILL_LOOKS_UP)
