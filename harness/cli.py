@@ -103,13 +103,28 @@ def env_sample(
     style: Annotated[str | None, typer.Option(help="prompt style (mapf: trace, compact, chat; math: trace, plain, "
                                                     "chat; code: plain, chat); default: the task's first")] = None,
     seed_start: Annotated[int, typer.Option(min=0, help="first seed")] = 0,
+    checkpoint: Annotated[Path | None, typer.Option(help="render each prompt exactly as this checkpoint sees it: "
+                                                    "through its chat template with the generation prompt (or its "
+                                                    "prompt separator); only the tokenizer is loaded")] = None,
 ) -> None:
-    """Print instances (prompt), the expert's plan and its score."""
+    """Print instances (prompt), the expert's plan and its score. With --checkpoint, the prompt is shown as that
+    checkpoint's model sees it (chat template applied)."""
     t = _task(task)
     cfg = _env_config(t, config)
     style = style or t.spec.styles[0]
     if style not in t.spec.styles:
         fail(f"unknown style {style!r}; choose one of: {', '.join(t.spec.styles)}")
+    render = None
+    if checkpoint is not None:
+        from policies.model import PolicyLoadError, check_checkpoint, format_prompt
+
+        try:
+            tok = check_checkpoint(checkpoint, style)
+        except PolicyLoadError as exc:
+            fail(str(exc))
+
+        def render(text: str) -> str:
+            return format_prompt(tok, text)
     for seed in range(seed_start, seed_start + n):
         try:
             inst = t.generate(cfg, seed)
@@ -118,7 +133,8 @@ def env_sample(
         slices = " ".join(f"{k}={v}" for k, v in t.slices(inst).items())
         opt = getattr(inst, "optimal_makespan", None)
         typer.echo(f"=== seed {seed}  {slices}" + (f"  optimal_makespan={opt}" if opt is not None else ""))
-        typer.echo(t.prompt(inst, style).rstrip("\n"))
+        text = t.prompt(inst, style)
+        typer.echo(render(text) if render else text.rstrip("\n"))
         expert = t.expert(inst, style)
         typer.echo("--- expert")
         typer.echo(expert)
@@ -577,7 +593,7 @@ def eval_cmd(
     cpu_threads(threads)
     from harness.policy_glue import checkpoint_style, evaluate, print_eval, suite_blocks, suite_instances
     from harness.tasks import get_task
-    from policies.model import load_policy
+    from policies.model import load_policy, require_chat_template
     from policies.rollout import SamplingParams
 
     model, tok = load_policy(ckpt)  # a missing checkpoint is the first error the user sees
@@ -585,6 +601,7 @@ def eval_cmd(
     if style is not None and style not in t.spec.styles:
         raise UserError(f"unknown --style {style!r}; choose one of: {', '.join(t.spec.styles)}")
     style = style or checkpoint_style(t, ckpt, tok)
+    require_chat_template(tok, str(ckpt), style)
     report = evaluate(model, tok, t, suite_instances(t, suite), style, blocks=suite_blocks(t, suite),
                       params=SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens))
     print_eval(report, f"{task} suite {suite!r} ({style} prompts)", console)
@@ -660,10 +677,14 @@ def skills_import(
     paths: Annotated[list[Path], typer.Argument(help="skill files or folders of *.md skill files")],
     home: SkillsHome = None,
 ) -> None:
-    """Import skill files; all are checked first, so one malformed file imports nothing (the error names it)."""
+    """Import skill files; all are checked first, so one malformed file imports nothing (the error names it).
+    Definitions are trusted once checked; the evidence a file claims is shown as `imported`, never ranked."""
+    from skills.library import IMPORT_TRUST
+
     with _skill_library(home) as lib:
         names = lib.import_files(paths)
     print(f"imported: {len(names)} skills: {', '.join(names)}")
+    print(f"trust: {IMPORT_TRUST}")
 
 
 # --- run / resume / status / review / report (issue: autonomous run) ---------------------------------------------

@@ -134,6 +134,27 @@ class EvalConfig(_Strict):
     limit: int | None = Field(None, ge=1, description="evaluate only the first N suite instances (faster reports)")
 
 
+class RetentionConfig(_Strict):
+    keep_promoted: int | Literal["all"] = Field(
+        "all", description="promoted checkpoints kept on disk: all, or the newest N (N >= 1). The warm start and the "
+        "incumbent (the checkpoint the next stage starts from) are always kept")
+    delete_superseded: bool = Field(
+        True, description="once a stage's decision is recorded, delete its other checkpoints (losing candidate arms, "
+        "the control arm, the stage's training checkpoint) and earlier incumbents that were never promoted; false "
+        "keeps every checkpoint. Checkpoints of a stage still in progress are never deleted (a resume reads them)")
+
+    @field_validator("keep_promoted")
+    @classmethod
+    def _keeps_the_incumbent(cls, v: Any) -> Any:
+        from pydantic_core import PydanticCustomError
+
+        if v != "all" and v < 1:
+            raise PydanticCustomError(
+                "retention", f"{v} would delete the newest promoted checkpoint, which is the incumbent a resume "
+                "continues from; set 1 or more, or 'all'")
+        return v
+
+
 class HumanAfterFailures(BaseModel):
     """Turn the human gate on once this many stages in a row ended without a promotion."""
 
@@ -221,6 +242,7 @@ class RunConfig(_Strict):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     scale: ScaleConfig = Field(default_factory=ScaleConfig)
+    retention: RetentionConfig = Field(default_factory=RetentionConfig)
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:

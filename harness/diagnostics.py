@@ -394,12 +394,26 @@ def length_health(rollouts: list[Rollout], train_metrics: list[dict[str, float]]
     return DiagnosticResult(name="length_health", findings=findings, metrics=metrics)
 
 
+def reward_is_validity(rollouts: list[Rollout]) -> bool:
+    """Whether the scored rollouts' reward is a function of validity alone (one reward for every valid rollout, another
+    for every invalid one): then reward and validity cannot diverge, and "reward up, validity down" is no hacking."""
+    by_valid: dict[bool, set[float]] = defaultdict(set)
+    for r in rollouts:
+        by_valid[r.valid].add(round(float(r.reward), 9))
+    return bool(rollouts) and all(len(v) == 1 for v in by_valid.values())
+
+
 def reward_hacking(train_metrics: list[dict[str, float]] | None, valid_history: list[float] | None = None,
-                   rise: float = 0.05, flat: float = 0.01) -> DiagnosticResult:
+                   rise: float = 0.05, flat: float = 0.01, rollouts: list[Rollout] | None = None) -> DiagnosticResult:
     """Shaped reward rising while the valid rate stays flat or falls: `grpo.reward_hacking` (critical).
 
     The reward series is the per-step training reward (`reward` or TRL's `rewards/mean`); the valid series is the
-    per-step valid rate when the trainer logs it (`valid`), else `valid_history` (past held-out valid rates)."""
+    per-step valid rate when the trainer logs it (`valid`), else `valid_history` (past held-out valid rates). Given the
+    stage's scored `rollouts`, it never fires when their reward is validity itself (`reward_is_validity`): a rising
+    training reward with flat held-out validity then says the training mix is not the target, not that the reward
+    pays for something else (the metric `reward_is_validity` says so)."""
+    if rollouts is not None and reward_is_validity(rollouts):
+        return DiagnosticResult(name="reward_hacking", metrics={"reward_is_validity": 1.0})
     rewards = _series(train_metrics, REWARD_KEYS)
     valid = _series(train_metrics, VALID_KEYS) or list(valid_history or [])
     if len(rewards) < 3 or len(valid) < 2:
@@ -432,7 +446,7 @@ def builtin_diagnostics(rollouts: list[Rollout], train_metrics: list[dict[str, f
     """All built-ins on one stage's rollouts; the task-aware ones read what the rollouts' Task declares."""
     out = [failure_breakdown(rollouts), near_misses(rollouts), quality_gap(rollouts), competence_frontier(rollouts),
            dead_groups(rollouts, train_metrics), exploration_collapse(rollouts), length_health(rollouts, train_metrics)]
-    out.append(reward_hacking(train_metrics, valid_history))
+    out.append(reward_hacking(train_metrics, valid_history, rollouts=rollouts))
     return out
 
 

@@ -157,7 +157,8 @@ def node_setup(run: Run, state: State) -> State:
         model, tok, hit, key, m = warmstart.warm_start(
             task, cfg.policy.preset or "", run.style, env, seeds, recipe, seed=cfg.seed,
             progress=_progress_cb(run, 0, "setup"), model_tok=(model, tok) if cfg.policy.checkpoint else None,
-            tensorboard_dir=run.run_dir / TENSORBOARD_DIR / "s0" / "sft")
+            tensorboard_dir=run.run_dir / TENSORBOARD_DIR / "s0" / "sft",
+            resume_dir=run.path("checkpoints", warmstart.RESUME_DIR))
         if hit is not None:
             run.event(0, "setup", "cache", f"warm start loaded from the cache: {hit} (same settings and code version; "
                       "`evotrainer cache clear` or EVOTRAINER_WARMSTART_CACHE=0 retrains)", path=str(hit))
@@ -817,6 +818,8 @@ def node_remember(run: Run, state: State) -> State:
         policy = state["next_policy"]
         _report_eval(run, k, policy)
         run.release_engines(keep=[policy])  # every other checkpoint of this stage is superseded
+        from harness.retention import apply_retention  # the decision is recorded: delete what retention lets go
+        apply_retention(run, k)
         run.store.end_stage(run.id, k, checkpoint=policy, metrics=_stage_metrics(run, k, time.time() - t0))
         _finish(run, k, "remember", {}, t0, "stage recorded")
     stop = _stop_reason(run, state)

@@ -57,6 +57,13 @@ def start_run(config: RunConfig, runs_dir: str | Path = "runs", run_id: str | No
     if ckpt and not Path(ckpt).is_dir():
         raise RunError(f"policy.checkpoint {ckpt} does not exist; point it at a local Hugging Face model directory "
                        "(with config.json and tokenizer files) or use policy.preset: tiny|small")
+    if ckpt:  # architecture, tokenizer, pad token, chat template: one line before anything trains
+        from policies.model import PolicyLoadError, check_checkpoint
+
+        try:
+            check_checkpoint(ckpt, config.style)
+        except PolicyLoadError as exc:
+            raise RunError(f"policy.checkpoint: {exc}") from None
     if config.policy.backend == "vllm":  # fail before any training, naming the setting and the fix
         from policies.rollout import RolloutBackendError, resolve_backend
 

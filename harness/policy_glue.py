@@ -95,6 +95,23 @@ def reward_fn(task: Task, shaping: BaseModel | None = None):
     return reward
 
 
+def task_texts(task_names: list[str] | None = None, n: int = 100, style: str = "chat") -> list[str]:
+    """Prompts and expert completions of `n` train-split instances of each task family (default: all) in `style`
+    (families without it use their first style): a corpus to train a tokenizer on, e.g. for
+    `policies.chat_fixture.build_chat_fixture`."""
+    from harness.tasks import TASKS, get_task
+
+    out: list[str] = []
+    for name in task_names or sorted(TASKS):
+        task = get_task(name)
+        st = style if style in task.spec.styles else task.spec.styles[0]
+        cfg = task.default_config()
+        for s in seeds("train", n):
+            inst = task.generate(cfg, s)
+            out += [task.prompt(inst, st), task.expert(inst, st)]
+    return out
+
+
 # --- evaluation -------------------------------------------------------------------------------------------------------
 
 
@@ -213,15 +230,17 @@ def train_policy(task: Task, out_dir: str, preset: str = "tiny", init: str | Non
                  progress=None) -> tuple[Any, Any, TrainReport]:
     """Build (or load `init`), SFT on expert demos of `sft_examples` train seeds, then GRPO for `grpo_steps` on fresh
     train seeds of `config`. Saves the final checkpoint to `out_dir`; returns `(model, tok, report)`."""
-    from policies.model import build_model, load_policy
+    from policies.model import build_model, check_checkpoint, load_policy, require_chat_template
     from policies.train import Recipe, train_grpo, train_sft
 
     recipe = recipe or Recipe()
     config = config or task.default_config()
     recipe = recipe.model_copy(update={"steps": grpo_steps}) if grpo_steps else recipe
     if init:
+        check_checkpoint(init, style)  # architecture, tokenizer, template: one line before the weights load
         model, tok = load_policy(init)
         style = style or checkpoint_style(task, init, tok)
+        require_chat_template(tok, str(init), style)
     else:
         model, tok = build_model(preset, task.spec.alphabet, words=list(task.spec.words), seed=recipe.seed)
         style = _style(task, style)

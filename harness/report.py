@@ -16,7 +16,10 @@ from harness.store import RunStore
 
 
 def status(run_dir: Path) -> dict[str, Any]:
-    """Stages (held-out metrics) and candidates (id, factor, verdict, reason, effect, interval, commit, tag)."""
+    """Stages (held-out metrics) and candidates (id, factor, verdict, reason, effect, interval, commit, tag), and the
+    run folder's disk use (`harness.retention.disk_usage`)."""
+    from harness.retention import disk_usage
+
     store = RunStore.open(run_dir / "run.db")
     try:
         run_id = run_dir.name
@@ -45,7 +48,8 @@ def status(run_dir: Path) -> dict[str, Any]:
         return {"run": run_id, "status": run["status"], "waiting": waiting, "created": run.get("created"),
                 "updated": run.get("updated"), "task": (run.get("config") or {}).get("task"),
                 "stages": stages, "candidates": cands, "compute": store.compute(run_id),
-                "harness": str(run_dir / "harness"), "report": str(run_dir / "report.html")}
+                "harness": str(run_dir / "harness"), "report": str(run_dir / "report.html"),
+                "disk": disk_usage(run_dir)}
     finally:
         store.close()
 
@@ -171,6 +175,9 @@ def print_summary(run_dir: Path, console) -> dict[str, Any]:
     promoted = sum(1 for x in st["candidates"] if x["verdict"] == "promoted")
     console.print(f"candidates: {len(st['candidates'])}\npromoted: {promoted}\nharness: {st['harness']}\n"
                   f"report: {st['report']}", highlight=False)
+    disk = st["disk"]
+    console.print(f"disk_mb: {disk['bytes'] / 1e6:.1f}\ncheckpoints: {disk['checkpoints']} "
+                  f"({disk['checkpoint_bytes'] / 1e6:.1f} MB)", highlight=False)
     return st
 
 

@@ -12,6 +12,8 @@ What it checks, in order (the first failure rejects, with the reason):
 2. offline backtest (stage `offline`) on the probe stage's cached rollouts:
    - diagnostic: runs in the sandbox runner within limits; must not flag solved trajectories (no warn/critical finding
      on the all-valid subset) and its veto must not block an unchanged arm nor an arm whose rollouts are all valid;
+     a revision of an existing one must keep its finding codes and metrics and its behaviour: fire where the current
+     version fires and block where its veto blocks, on the cached rollouts and on planted cases built from them;
    - reward shaping: every cached completion is re-scored under the old and the new shaping; rejected when the
      correlation between shaped reward and validity drops, or invalid rollouts outrank valid ones in more groups;
    - env: a few instances are generated from the new config (train seeds), so a config that cannot generate fails here.
@@ -317,12 +319,94 @@ def shaping_backtest(task: Any, rollouts: list[Rollout], old: BaseModel, new: Ba
                             f"inverted groups {inv0} -> {inv1}")
 
 
+def planted_sets(rollouts: list[Rollout]) -> list[tuple[str, list[Rollout]]]:
+    """Rollout sets where a diagnostic has something to find, built from the cached rollouts: the rollouts themselves,
+    their failures alone, every rollout turned into a failure (reward kept), and every rollout turned into a failure
+    paid more than any cached rollout (reward hacking). A planted failure takes the commonest cached failure type."""
+    kinds = [r.failure for r in rollouts if not r.valid and r.failure]
+    kind = max(sorted(set(kinds)), key=kinds.count) if kinds else "planted_failure"
+    top = max((r.reward for r in rollouts), default=0.0)
+
+    def failed(r: Rollout, reward: float) -> Rollout:
+        return r.model_copy(update={"valid": False, "optimal": False, "reward": reward,
+                                    "failure": r.failure if not r.valid and r.failure else kind})
+
+    out = [("the cached rollouts", rollouts)]
+    if any(not r.valid for r in rollouts):
+        out.append(("the failed cached rollouts", [r for r in rollouts if not r.valid]))
+    out.append(("the cached rollouts all made failures", [failed(r, r.reward) for r in rollouts]))
+    out.append(("the cached rollouts all made failures paid more than any valid one",
+                [failed(r, top + 1.0) for r in rollouts]))
+    return out
+
+
+def planted_arms(rollouts: list[Rollout]) -> list[tuple[str, list[Rollout], list[Rollout]]]:
+    """(label, control, candidate) arms a veto exists to block, built from the cached rollouts: a candidate whose
+    rollouts all fail, and one whose rollouts all fail yet earn more reward (against the cached control and against
+    an all-valid one)."""
+    sets = dict(planted_sets(rollouts))
+    failed = sets["the cached rollouts all made failures"]
+    hacked = sets["the cached rollouts all made failures paid more than any valid one"]
+    solved = [r.model_copy(update={"valid": True, "optimal": True, "failure": None}) for r in rollouts]
+    return [("a candidate arm whose rollouts all fail", rollouts, failed),
+            ("a candidate arm paid more for failing (reward hacking)", rollouts, hacked),
+            ("a candidate arm paid more for failing, against an all-valid control", solved, hacked)]
+
+
+def _fired(res: D.DiagnosticResult) -> dict[str, tuple[int, float]]:
+    """Finding code -> (largest count, largest rate) over the findings that fire (count or rate above zero)."""
+    out: dict[str, tuple[int, float]] = {}
+    for f in res.findings:
+        if f.count > 0 or f.rate > 0:
+            c, r = out.get(f.code, (0, 0.0))
+            out[f.code] = (max(c, f.count), max(r, f.rate))
+    return out
+
+
+def revision_backtest(path: str, source: str, old_source: str, rollouts: list[Rollout],
+                      limits: Limits | None = None) -> str | None:
+    """Behaviour, not names: on the cached rollouts and on planted sets built from them (`planted_sets`), wherever
+    the current version fires a finding (count or rate above zero) the revision must fire it too, with a count
+    (rate) above zero where the current one had one; wherever the current veto blocks a planted arm
+    (`planted_arms`), the revised veto must block it too. Returns why the revision is refused, naming what it stopped
+    detecting, or None. Both versions run in the sandbox runner."""
+    name = D.diagnostic_name(path)
+    for label, rs in planted_sets(rollouts):
+        old = D.run_evolved(path, old_source, rs, limits)
+        fired = _fired(old) if old.error is None else {}
+        if not fired:
+            continue
+        new = D.run_evolved(path, source, rs, limits)
+        if new.error:
+            return (f"{path} revises an existing diagnostic but fails on {label} ({len(rs)} rollouts), where the "
+                    f"current version reports {sorted(fired)}: {new.error}")
+        now = _fired(new)
+        lost = [f"{code} (count {c}, rate {r:.2f})" for code, (c, r) in sorted(fired.items())
+                if code not in now or (c > 0 and now[code][0] == 0) or (r > 0 and now[code][1] == 0)]
+        if lost:
+            return (f"{path} revises an existing diagnostic but no longer detects {', '.join(lost)} on {label} "
+                    f"({len(rs)} rollouts): the current version fires there and the revision reports nothing or a "
+                    "count of zero; existing checks may be extended, not silenced")
+    for label, ctrl, cand in planted_arms(rollouts):
+        mc, mk = D.arm_metrics(ctrl), D.arm_metrics(cand)
+        was = D.veto_one(path, old_source, ctrl, cand, mc, mk, limits)
+        if not was or was.startswith(f"{name}: veto failed"):  # a broken old veto blocks by failing: nothing to keep
+            continue
+        if not D.veto_one(path, source, ctrl, cand, mc, mk, limits):
+            return (f"{path} revises an existing veto that no longer blocks {label}, built from the "
+                    f"{len(rollouts)} cached rollouts; the current version blocks it ({was[:200]}): vetoes may be "
+                    "tightened, not relaxed")
+    return None
+
+
 def diagnostic_backtest(path: str, source: str, rollouts: list[Rollout], limits: Limits | None = None,
                         old_source: str | None = None) -> VetResult:
     """Run the diagnostic on cached rollouts in the sandbox; reject one that errors, flags solved trajectories, or
     vetoes an unchanged arm or an all-valid arm. A revision of an existing diagnostic (`old_source`) must still report
-    what the old one reports on the same rollouts (every finding code and metric name): existing checks are protected
-    like vetoes, so a revision cannot silently remove one (e.g. replace it with a no-op)."""
+    what the old one reports on the same rollouts (every finding code and metric name), and still detect what it
+    detects (`revision_backtest`: findings that fire, vetoes that block, on the cached rollouts and planted cases):
+    existing checks are protected like vetoes, so a revision cannot silently remove one (a no-op, a veto that returns
+    None, the old codes re-emitted with a count of zero)."""
     res = D.run_evolved(path, source, rollouts, limits)
     details: dict[str, Any] = {"n": len(rollouts), "findings": [f.code for f in res.findings], "metrics": res.metrics}
     if res.error:
@@ -364,6 +448,9 @@ def diagnostic_backtest(path: str, source: str, rollouts: list[Rollout], limits:
                     f"{path} revises an existing diagnostic but no longer reports {what} that the current version "
                     f"reports on the same {len(rollouts)} cached rollouts: existing checks may be extended, not "
                     "removed; keep them and add yours (or add a new diagnostics/<name>.py)"))
+    why = revision_backtest(path, source, old_source, rollouts, limits) if old_source is not None else None
+    if why:
+        return VetResult(ok=False, stage="offline", details=details, reason=why)
     return VetResult(ok=True, stage="offline", details=details,
                      reason=f"{path} runs on {len(rollouts)} cached rollouts; flags no solved trajectory; "
                             "its veto (if any) lets unchanged and all-valid arms through")

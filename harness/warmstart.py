@@ -100,13 +100,27 @@ def clear() -> tuple[Path, int]:
     return root, n
 
 
+RESUME_DIR = "warmstart-progress"  # under a run's checkpoints/: the SFT's own resumable checkpoints
+SFT_SAVES = 20  # a warm start checkpoints itself about this many times (a kill loses at most ~5% of it) ...
+MIN_SAVE_STEPS = 25  # ... but not more often than every this many steps (a short SFT saves once, at its end)
+
+
+def save_every(sft_steps: int) -> int:
+    """Steps between the SFT warm start's resumable checkpoints."""
+    return max(MIN_SAVE_STEPS, sft_steps // SFT_SAVES)
+
+
 def warm_start(task: Any, preset: str, style: str, env: Any, seeds: list[int], recipe: Any, seed: int = 0,
                progress=None, cacheable: bool = True, model_tok: tuple[Any, Any] | None = None,
-               tensorboard_dir=None):
+               tensorboard_dir=None, resume_dir=None):
     """The SFT warm start of a preset model on expert demonstrations of `seeds` (train split) under `env`: loaded from
     the cache when an entry with the same key exists, else trained. Returns (model, tok, cache_hit_dir or None,
     key or None, SFTMetrics or None). `model_tok` (a model already built or loaded) is trained instead of a fresh
-    preset; it is never cached (its starting weights are not part of the key)."""
+    preset; it is never cached (its starting weights are not part of the key).
+
+    `resume_dir`: the SFT checkpoints itself there every `save_every(sft_steps)` steps (atomically) and a call after
+    a kill continues from the last checkpoint (`policies.train.train_sft`). The caller removes the folder once the
+    warm start's result is saved (in a run, `harness.retention` does once setup is recorded)."""
     from harness.policy_glue import sft_pairs
     from policies.model import build_model, load_policy
     from policies.train import train_sft
@@ -122,5 +136,6 @@ def warm_start(task: Any, preset: str, style: str, env: Any, seeds: list[int], r
             return model, tok, hit, key, None
     model, tok = model_tok or build_model(preset, task.spec.alphabet, words=list(task.spec.words), seed=seed)
     m = train_sft(model, tok, sft_pairs(task, env, list(seeds), style), recipe, progress=progress,
-                  tensorboard_dir=tensorboard_dir)
+                  tensorboard_dir=tensorboard_dir, resume_dir=resume_dir,
+                  save_every=save_every(recipe.sft_steps) if resume_dir is not None else 0)
     return model, tok, None, key, m

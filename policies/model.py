@@ -126,7 +126,10 @@ def count_parameters(model) -> int:
 def load_policy(path_or_hf_id: str | Path, allow_hub: bool = False, dtype: torch.dtype | None = None):
     """Load `(model, tokenizer)` from a local `save_pretrained` directory (ours or any HF causal LM).
 
-    Hub ids are refused unless `allow_hub=True` (this project never downloads weights by accident).
+    Hub ids are refused unless `allow_hub=True` (this project never downloads weights by accident). The tokenizer pads
+    on the left (generation) and has a pad token (see `ensure_pad_token`); the model's generation config stops at the
+    chat template's end-of-turn token too (see `stop_token_ids`), so TRL's and vLLM's generation end a turn where ours
+    does. A checkpoint whose architecture this transformers cannot build as a causal LM raises `PolicyLoadError`.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -148,12 +151,124 @@ def load_policy(path_or_hf_id: str | Path, allow_hub: bool = False, dtype: torch
                 "that holds config.json, the weights and the tokenizer files"
             )
         src, local = str(path), True
+        check_architecture(path)
     tok = AutoTokenizer.from_pretrained(src, local_files_only=local)
     model = AutoModelForCausalLM.from_pretrained(src, local_files_only=local, dtype=dtype or torch.float32)
     tok.padding_side = "left"
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
+    ensure_pad_token(tok, src)
+    stops = stop_token_ids(tok, model)
+    if model.generation_config is not None and stops:
+        model.generation_config.eos_token_id = stops if len(stops) > 1 else stops[0]
     return model, tok
+
+
+def check_architecture(path: str | Path) -> None:
+    """Raise `PolicyLoadError` (one line) when transformers cannot build the checkpoint at `path` as a causal LM:
+    an unknown `model_type` (newer than this transformers) or an architecture that is not a causal LM."""
+    import json
+
+    import transformers
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    try:
+        cfg = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    except (ValueError, KeyError, OSError) as exc:
+        try:
+            kind = json.loads((Path(path) / "config.json").read_text()).get("model_type")
+        except (OSError, ValueError):
+            kind = None
+        why = " ".join(str(exc).split())[:160]
+        raise PolicyLoadError(
+            f"checkpoint {str(path)!r}: transformers {transformers.__version__} cannot load its architecture "
+            f"(model_type {kind!r}: {why}); upgrade transformers or convert the checkpoint to an architecture this "
+            "version supports") from None
+    if type(cfg) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+        raise PolicyLoadError(
+            f"checkpoint {str(path)!r} is a {cfg.model_type!r} model, which transformers cannot load as a causal "
+            "language model; pass a decoder-only (causal LM) checkpoint such as a Qwen3 or Llama model")
+
+
+def ensure_pad_token(tok, source: str = "the checkpoint") -> None:
+    """A tokenizer without a pad token gets its EOS as pad (what TRL and most trainers do), with a warning naming the
+    fix. Safe here: generation pads on the left under an attention mask, and the SFT/GRPO losses mask padding by
+    position, so a pad equal to EOS never hides a real EOS from the loss."""
+    if tok.pad_token is not None:
+        return
+    if tok.eos_token is None:
+        raise PolicyLoadError(f"tokenizer of {source} has neither a pad nor an EOS token; set pad_token and eos_token "
+                              "in its tokenizer_config.json")
+    import warnings
+
+    warnings.warn(f"tokenizer of {source} has no pad token: using its EOS {tok.eos_token!r} as pad; set pad_token in "
+                  "its tokenizer_config.json to a distinct token to silence this", stacklevel=2)
+    tok.pad_token = tok.eos_token
+
+
+_MARKER = "\u2581evotrainer-turn\u2581"
+
+
+def end_of_turn_token(tok) -> str | None:
+    """The token a chat template writes right after an assistant message (`<|im_end|>` for Qwen, `<|eot_id|>` for
+    Llama 3), or None without a template. Many checkpoints' EOS is another token (`<|endoftext|>`), and base models'
+    generation configs list only that one, so generation that stops at EOS alone runs past the end of the turn."""
+    if not has_chat_template(tok):
+        return None
+    try:
+        text = tok.apply_chat_template([{"role": "user", "content": "hi"}, {"role": "assistant", "content": _MARKER}],
+                                       tokenize=False)
+    except Exception:  # noqa: BLE001 - a template that refuses this exchange tells us nothing; EOS still stops
+        return None
+    after = text.split(_MARKER, 1)[1] if _MARKER in text else ""
+    ids = tok(after, add_special_tokens=False)["input_ids"] if after else []
+    if not ids:
+        return None
+    first = tok.convert_ids_to_tokens(ids[0])
+    added = set(tok.all_special_tokens) | set(getattr(tok, "added_tokens_encoder", {}))
+    return first if first in added and after.startswith(first) else None
+
+
+def stop_token_ids(tok, model=None) -> list[int]:
+    """Token ids that end a completion: the tokenizer's EOS, the model's generation-config EOS ids, and the chat
+    template's end-of-turn token. Order kept, duplicates dropped."""
+    ids: list[int] = []
+    if tok.eos_token_id is not None:
+        ids.append(tok.eos_token_id)
+    extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids += [extra] if isinstance(extra, int) else list(extra or [])
+    eot = end_of_turn_token(tok)
+    if eot is not None:
+        ids.append(tok.convert_tokens_to_ids(eot))
+    return list(dict.fromkeys(ids))
+
+
+def require_chat_template(tok, source: str, style: str) -> None:
+    """The `chat` prompt style needs a chat template: raise `PolicyLoadError` (one line) when `tok` has none."""
+    if style == "chat" and not has_chat_template(tok):
+        raise PolicyLoadError(
+            f"checkpoint {source!r} has no chat template but the prompt style is 'chat'; use an instruct/chat "
+            "checkpoint, add a chat_template to its tokenizer_config.json, or choose another prompt style (--style / "
+            "policy.style)")
+
+
+def check_checkpoint(path: str | Path, style: str | None = None):
+    """Everything about a local checkpoint that can be wrong before any training, cheaply (the tokenizer and config are
+    read, not the weights): a save_pretrained folder, an architecture transformers can build as a causal LM, a pad
+    token (`ensure_pad_token`), and a chat template when `style` is `chat`. Raises `PolicyLoadError` with one line;
+    returns the tokenizer."""
+    path = Path(path).expanduser()
+    if not (path / "config.json").is_file():
+        raise PolicyLoadError(f"checkpoint {str(path)!r} has no config.json, so it is not a save_pretrained checkpoint; "
+                              "point at the directory that holds config.json, the weights and the tokenizer files")
+    check_architecture(path)
+    try:
+        tok = load_tokenizer(path)
+    except (OSError, ValueError) as exc:
+        raise PolicyLoadError(f"checkpoint {str(path)!r}: its tokenizer does not load ({' '.join(str(exc).split())[:160]}"
+                              "); save the tokenizer next to the model (tokenizer.save_pretrained(DIR))") from None
+    if style is not None:
+        require_chat_template(tok, str(path), style)
+    return tok
 
 
 def load_tokenizer(path: str | Path):
@@ -162,8 +277,7 @@ def load_tokenizer(path: str | Path):
 
     tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     tok.padding_side = "left"
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
+    ensure_pad_token(tok, str(path))
     return tok
 
 

@@ -9,7 +9,8 @@
 Two backends, chosen by `SamplingParams.backend`:
 - `transformers`: our own decoding loop over a HF causal LM on CPU or GPU. Faster than `model.generate` on small models
   because it sorts prompts by length (less padding), prefills each prompt once and repeats its KV cache for the n samples,
-  drops finished rows from the batch (so the batch shrinks as sequences hit <eos>), and skips generate()'s per-step
+  drops finished rows from the batch (so the batch shrinks as sequences hit <eos> or the chat template's end-of-turn
+  token, see `policies.model.stop_token_ids`), and skips generate()'s per-step
   machinery. `torch.inference_mode`, KV cache always on.
 - `vllm`: vLLM's offline engine on a checkpoint directory; needs `pip install 'evotrainer[gpu]'` and a CUDA GPU.
 `auto` picks vllm when it is installed and a GPU is present, else transformers.
@@ -29,7 +30,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from policies.model import format_prompt, has_chat_template
+from policies.model import format_prompt, has_chat_template, stop_token_ids
 
 log = logging.getLogger(__name__)
 
@@ -117,15 +118,17 @@ def plain_generate(model, tok, prompts: list[str], params: SamplingParams) -> Ro
         out = model.generate(
             **enc, do_sample=params.temperature > 0, temperature=params.temperature or None, top_p=params.top_p,
             max_new_tokens=params.max_new_tokens, num_return_sequences=params.n,
-            pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id, eos_token_id=stop_token_ids(tok, model),
         )
     seconds = time.perf_counter() - t0
     new = out[:, enc["input_ids"].shape[1]:].tolist()
+    stops = set(stop_token_ids(tok, model))
     comps, counts, trunc = [], [], []
     for row in new:
-        cut = row.index(tok.eos_token_id) + 1 if tok.eos_token_id in row else len(row)
+        hit = next((i for i, t in enumerate(row) if t in stops), None)
+        cut = hit + 1 if hit is not None else len(row)
         counts.append(cut)
-        trunc.append(tok.eos_token_id not in row)
+        trunc.append(hit is None)
         comps.append(tok.decode(row[:cut], skip_special_tokens=True))
     return RolloutResult(completions=comps, prompt_index=[i for i in range(len(prompts)) for _ in range(params.n)],
                          tokens=counts, truncated=trunc, seconds=seconds, new_tokens=sum(counts))
@@ -159,7 +162,8 @@ def _generate_loop(model, tok, prompt_ids: list[list[int]], params: SamplingPara
     was_training = model.training
     model.eval()
     device = model.device
-    n, eos, pad = params.n, tok.eos_token_id, tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    n, pad = params.n, tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    stops = torch.tensor(stop_token_ids(tok, model), device=device)  # EOS and the chat template's end of turn
     gen = torch.Generator().manual_seed(params.seed)
     order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
     per_chunk = max(1, params.batch_size // n)  # unique prompts per chunk
@@ -190,7 +194,7 @@ def _generate_loop(model, tok, prompt_ids: list[list[int]], params: SamplingPara
         last_pos = pos[:, -1]
         for step in range(params.max_new_tokens):
             nxt, lp = _sample(logits, params.temperature, params.top_p, gen)
-            done = nxt == eos
+            done = torch.isin(nxt, stops)
             for k, t, x in zip(keys, nxt.tolist(), lp.tolist()):
                 out_ids[k].append(t)
                 out_lp[k].append(x)

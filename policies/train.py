@@ -216,13 +216,13 @@ def _callback(stage: str, total: int, progress: Progress | None, sink: list[dict
     return _Log()
 
 
-def _train(trainer, model, tok, out_dir: str | Path | None) -> float:
+def _train(trainer, model, tok, out_dir: str | Path | None, resume_from: Path | None = None) -> float:
     """Run a trainer with our progress callback only, leave the model in eval mode, save it when asked; returns the
-    wall seconds of `trainer.train()`."""
+    wall seconds of `trainer.train()`. `resume_from`: a trainer checkpoint to continue from."""
     _drop_printer(trainer)
     t0 = time.perf_counter()
     try:
-        trainer.train()
+        trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     finally:
         unpatch_forward(model)
         _drop_scratch()
@@ -329,10 +329,18 @@ def _drop_scratch() -> None:
 
 def train_sft(model, tok, pairs: list[dict[str, str]], recipe: Recipe, out_dir: str | Path | None = None,
               progress: Progress | None = None, tensorboard_dir: str | Path | None = None,
-              callbacks: list | None = None, schedule: str = "cosine") -> SFTMetrics:
+              callbacks: list | None = None, schedule: str = "cosine", resume_dir: str | Path | None = None,
+              save_every: int = 0) -> SFTMetrics:
     """Supervised warm start on `{"prompt", "completion"}` pairs (raw task text); loss on completion tokens only.
     `tensorboard_dir`: write TensorBoard event files there (loss, token accuracy, learning rate per step).
-    `callbacks`: extra transformers TrainerCallbacks (e.g. `time_budget`, then with `schedule="constant"`)."""
+    `callbacks`: extra transformers TrainerCallbacks (e.g. `time_budget`, then with `schedule="constant"`).
+
+    Resumable: with `resume_dir` and `save_every` > 0 the trainer checkpoints itself every `save_every` steps into
+    `resume_dir` (model, optimizer, scheduler, RNG states, step and data position; written to a staging folder, then
+    renamed, so a kill mid-write leaves the previous checkpoint whole), and a call that finds a checkpoint there
+    continues from it: same data order, same final step count, same weights as an uninterrupted run. The metrics' loss
+    list then holds the steps trained by this call only. The caller removes `resume_dir` once it has the final model
+    saved (`clear_resume`)."""
     if not pairs:
         raise RecipeError("train_sft got no (prompt, completion) pairs; generate expert demonstrations first")
     bad = [p for p in pairs[:50] if set(p) != {"prompt", "completion"}]
@@ -348,18 +356,73 @@ def train_sft(model, tok, pairs: list[dict[str, str]], recipe: Recipe, out_dir: 
     else:
         rows = [{"prompt": format_prompt(tok, p["prompt"]), "completion": p["completion"]} for p in pairs]
     sink: list[dict] = []
+    common = _common_args(_scratch_dir(out_dir), recipe, schedule)
+    resume_from, saver = None, []
+    if resume_dir is not None and save_every > 0:
+        resume_dir = Path(resume_dir)
+        resume_from = latest_resume_checkpoint(resume_dir)
+        staging = resume_dir / STAGING
+        import shutil
+
+        shutil.rmtree(staging, ignore_errors=True)  # a write a kill interrupted: never complete, never read
+        common.update(output_dir=str(staging), save_strategy="steps", save_steps=save_every)
+        saver = [_atomic_saver(resume_dir)]
     args = SFTConfig(
-        **_common_args(_scratch_dir(out_dir), recipe, schedule), learning_rate=recipe.sft_learning_rate,
+        **common, learning_rate=recipe.sft_learning_rate,
         max_steps=recipe.sft_steps, per_device_train_batch_size=recipe.sft_batch_size, completion_only_loss=True,
         packing=False, max_length=None, dataset_num_proc=None,
     )
     trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok,
                          callbacks=[_callback("sft", recipe.sft_steps, progress, sink), *(callbacks or []),
-                                    *tensorboard_callbacks(tensorboard_dir)])
-    wall = _train(trainer, model, tok, out_dir)
+                                    *tensorboard_callbacks(tensorboard_dir), *saver])
+    wall = _train(trainer, model, tok, out_dir, resume_from=resume_from)
     return SFTMetrics(steps=trainer.state.global_step, examples=len(pairs), wall_s=wall, out_dir=str(out_dir) if out_dir else None,
                       loss=[r["loss"] for r in sink if "loss" in r],
                       token_accuracy=[r["mean_token_accuracy"] for r in sink if "mean_token_accuracy" in r])
+
+
+# --- resumable SFT: atomic trainer checkpoints ------------------------------------------------------------------------
+
+STAGING = ".staging"  # inside resume_dir: where the trainer writes a checkpoint before it is renamed into place
+_STEP = "step-"
+
+
+def latest_resume_checkpoint(resume_dir: str | Path) -> Path | None:
+    """The newest complete SFT checkpoint in `resume_dir` (`step-NNNNNNNN`, renamed into place only once whole), or
+    None. The staging folder and anything else are ignored."""
+    d = Path(resume_dir)
+    done = sorted(p for p in d.glob(f"{_STEP}*") if p.is_dir() and p.name[len(_STEP):].isdigit()) \
+        if d.is_dir() else []
+    return done[-1] if done else None
+
+
+def clear_resume(resume_dir: str | Path) -> None:
+    """Remove an SFT's resume checkpoints (once its final model is saved elsewhere)."""
+    import shutil
+
+    shutil.rmtree(resume_dir, ignore_errors=True)
+
+
+def _atomic_saver(resume_dir: Path):
+    """A TrainerCallback that, after the trainer has written `checkpoint-N` into the staging folder, renames it to
+    `resume_dir/step-N` (one rename on one filesystem: atomic) and then deletes older steps."""
+    import shutil
+
+    from transformers import TrainerCallback
+
+    class AtomicCheckpoint(TrainerCallback):
+        def on_save(self, args, state, control, **kw):
+            staged = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if not staged.is_dir():
+                return
+            dest = resume_dir / f"{_STEP}{state.global_step:08d}"
+            shutil.rmtree(dest, ignore_errors=True)
+            os.replace(staged, dest)
+            for old in resume_dir.glob(f"{_STEP}*"):
+                if old != dest:
+                    shutil.rmtree(old, ignore_errors=True)
+
+    return AtomicCheckpoint()
 
 
 # --- GRPO -------------------------------------------------------------------------------------------------------------

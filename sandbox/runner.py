@@ -13,7 +13,8 @@ these functions raise (`ValueError`, `SandboxUnavailable`).
 
 ## What it does (bubblewrap, `isolation: bwrap`)
 - A fresh mount namespace holding only /usr (+ the /bin, /lib, /lib64 links), the Python interpreter's own prefix
-  (read-only), minimal /dev and /proc, a 16 MiB tmpfs /tmp, the job spec read-only at /.job, and /scratch: a tmpfs of
+  (read-only), the job's `python_path` (trusted library folders such as a verifier's site-packages, read-only),
+  minimal /dev and /proc, a 16 MiB tmpfs /tmp, the job spec read-only at /.job, and /scratch: a tmpfs of
   `scratch_mb` (nothing the job writes touches the host disk, and all its files together are capped). Not visible:
   the run directory, the project, home, held-out data, /etc, the rest of /root.
 - New network (only a private loopback: no network at all), pid, ipc, uts and cgroup namespaces; `--die-with-parent`,
@@ -114,6 +115,9 @@ class Job(BaseModel):
     inputs: dict[str, Any] = Field(default_factory=dict, description="JSON global `inputs` (kind=code)")
     argv: list[str] = Field(default_factory=list, description="program and arguments (kind=program)")
     files: dict[str, str] = Field(default_factory=dict, description="relative path -> text, written into /scratch first")
+    python_path: list[str] = Field(default_factory=list, description="absolute host directories of TRUSTED libraries "
+                                   "the job imports (a verifier's package and its dependencies): bound read-only at "
+                                   "the same path and put first on sys.path")
     limits: Limits = Field(default_factory=Limits)
 
     @model_validator(mode="after")
@@ -124,6 +128,9 @@ class Job(BaseModel):
             raise ValueError("a kind='program' job needs `argv`, e.g. ['python', 'prog.py']")
         if self.kind in ("code", "function") and not self.code.strip():
             raise ValueError(f"a kind={self.kind!r} job needs `code` (the source to run)")
+        for d in self.python_path:
+            if not Path(d).is_absolute() or ".." in Path(d).parts or not Path(d).is_dir():
+                raise ValueError(f"python_path entry {d!r} must be an absolute path to an existing directory")
         for rel in self.files:
             p = Path(rel)
             if p.is_absolute() or ".." in p.parts or not p.parts or rel.startswith("."):
@@ -164,6 +171,7 @@ for lim, v in ((resource.RLIMIT_CPU, (L["cpu_s"], L["cpu_s"] + 1)), (resource.RL
 if job["uid"] is not None:
     os.setgroups([]); os.setgid(job["uid"]); os.setuid(job["uid"])
 del lim, v, L, MB
+sys.path[:0] = job["python_path"]
 for rel, text in job["files"].items():
     if os.path.dirname(rel):
         os.makedirs(os.path.dirname(rel), exist_ok=True)
@@ -312,7 +320,8 @@ def _job_uid() -> int:
 _ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8"}
 
 
-def _bwrap_argv(exe: str, limits: Limits, uid: int | None, job_file: Path, seccomp_fd: int | None) -> list[str]:
+def _bwrap_argv(exe: str, limits: Limits, uid: int | None, job_file: Path, seccomp_fd: int | None,
+                python_path: list[str] = ()) -> list[str]:
     prefix = python_prefix()
     argv = [exe, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
             "--die-with-parent", "--new-session", "--clearenv",
@@ -325,10 +334,12 @@ def _bwrap_argv(exe: str, limits: Limits, uid: int | None, job_file: Path, secco
         argv[1:1] = ["--unshare-user", "--uid", "65534", "--gid", "65534"]
     if seccomp_fd is not None:
         argv[1:1] = ["--seccomp", str(seccomp_fd)]
-    if not prefix.is_relative_to("/usr"):
-        for parent in reversed(prefix.parents[:-1]):  # bwrap would make missing parents 0700: unreadable once we drop
+    for tree in [prefix, *(Path(d).resolve() for d in python_path)]:
+        if tree.is_relative_to("/usr") or (tree != prefix and tree.is_relative_to(prefix)):
+            continue
+        for parent in reversed(tree.parents[:-1]):  # bwrap would make missing parents 0700: unreadable once we drop
             argv += ["--perms", "0755", "--dir", str(parent)]
-        argv += ["--ro-bind", str(prefix), str(prefix)]
+        argv += ["--ro-bind", str(tree), str(tree)]
     for k, v in {**_ENV, "HOME": "/scratch", "TMPDIR": "/scratch"}.items():
         argv += ["--setenv", k, v]
     return argv + ["--"]
@@ -458,7 +469,7 @@ def run(job: Job, *, require_bwrap: bool = False, isolation: str = "auto") -> Ru
                 seccomp_fd = os.open(seccomp_path, os.O_RDONLY)
                 fds.append(seccomp_fd)
                 pass_fds.append(seccomp_fd)
-            argv = _bwrap_argv(exe, job.limits, uid, job_file, seccomp_fd) + [
+            argv = _bwrap_argv(exe, job.limits, uid, job_file, seccomp_fd, job.python_path) + [
                 python, "-I", "-S", "-c", _BOOT, "/.job", str(result_w), "/scratch"]
             env, cwd = {}, None
         else:

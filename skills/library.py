@@ -6,6 +6,11 @@ skills of `skills/seed/*.md` by name: new seeds are added, a changed seed file u
 evidence a skill gathered is never wiped. Evidence comes from `record_try`, once per (skill, run, candidate), so a
 resumed run cannot count a try twice; a skill promoted in two or more task families becomes general.
 
+Untrusted input: an imported file's definition is checked (every field, and its trigger condition's grammar, types and
+size, `check_condition`) before anything is written; the evidence it claims is kept as `imported` for display and
+never ranks a skill (IMPORT_TRUST). A stored skill that still does not read back or check (an older version's
+library, a hand edit) is skipped by `applicable` with a line naming it: one skill costs itself, never a run.
+
     from skills.library import SkillLibrary
     lib = SkillLibrary.open()                                  # or SkillLibrary.open(tmp / "skills.db")
     lib.search("holes on large maps", task="mapf")             # best evidence-weighted match first
@@ -40,6 +45,9 @@ from skills.model import Evidence, Skill
 
 SEED_DIR = Path(__file__).resolve().parent / "seed"
 BUSY_TIMEOUT_S = 30.0
+IMPORT_TRUST = ("trusted: definitions, after checking every field and the trigger condition; not trusted: evidence "
+                "(tries, promotions, effects, families), kept as `imported` for display and re-earned here before it "
+                "ranks; provenance is shown as the file states it")
 
 
 class SkillError(ValueError):
@@ -69,42 +77,96 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
-# --- trigger conditions: a tiny, safe expression language over a finding's fields ---------------------------------------
+# --- trigger conditions: a tiny, typed expression language over a finding's fields ---------------------------------------
 
-CONDITION_NAMES = ("rate", "count", "severity")
+# The names a condition may use and their types; severities are the words a finding's severity can be.
+CONDITION_NAMES: dict[str, str] = {"rate": "number", "count": "number", "severity": "word"}
+SEVERITIES = ("info", "warn", "critical")
+MAX_CONDITION_CHARS = 200  # a condition is one short line ("rate >= 0.2 and count > 3")
+MAX_CONDITION_DEPTH = 8  # nesting of and/or/not around the comparisons
+MAX_CONDITION_NODES = 64  # syntax-tree nodes in all
 _CMP = {ast.Lt: lambda a, b: a < b, ast.LtE: lambda a, b: a <= b, ast.Gt: lambda a, b: a > b,
         ast.GtE: lambda a, b: a >= b, ast.Eq: lambda a, b: a == b, ast.NotEq: lambda a, b: a != b}
+_HOW = "write comparisons of rate/count with numbers or of severity with a quoted severity, joined by and/or/not"
+
+
+def _shown(expr: str) -> str:
+    return repr(expr if len(expr) <= 60 else expr[:60] + "...")
+
+
+def _operand_type(node: ast.AST, expr: str) -> tuple[str, str]:
+    """(type, how it reads) of one side of a comparison: a known name or a constant."""
+    if isinstance(node, ast.Name):
+        if node.id not in CONDITION_NAMES:
+            raise SkillError(f"condition {_shown(expr)} uses {node.id!r}; only {', '.join(CONDITION_NAMES)} are known")
+        return CONDITION_NAMES[node.id], node.id
+    if isinstance(node, ast.Constant):
+        v = node.value
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return "number", repr(v)
+        if isinstance(v, str):
+            if v not in SEVERITIES:
+                raise SkillError(f"condition {_shown(expr)} compares with {v!r}, which is no severity "
+                                 f"({', '.join(SEVERITIES)})")
+            return "word", repr(v)
+        raise SkillError(f"condition {_shown(expr)} uses the constant {v!r}; {_HOW}")
+    raise SkillError(f"condition {_shown(expr)} uses {type(node).__name__}; {_HOW}")
+
+
+def _check_boolean(node: ast.AST, expr: str, depth: int) -> None:
+    if depth > MAX_CONDITION_DEPTH:
+        raise SkillError(f"condition {_shown(expr)} nests and/or/not deeper than {MAX_CONDITION_DEPTH} levels; "
+                         "write it flat")
+    if isinstance(node, ast.BoolOp):
+        for v in node.values:
+            _check_boolean(v, expr, depth + 1)
+    elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        _check_boolean(node.operand, expr, depth + 1)
+    elif isinstance(node, ast.Compare):
+        sides = [_operand_type(n, expr) for n in (node.left, *node.comparators)]
+        for op, (ta, a), (tb, b) in zip(node.ops, sides, sides[1:]):
+            if type(op) not in _CMP:
+                raise SkillError(f"condition {_shown(expr)} uses {type(op).__name__}; {_HOW}")
+            if ta != tb:
+                raise SkillError(f"condition {_shown(expr)} compares {a} (a {ta}) with {b} (a {tb}); {_HOW}")
+            if ta == "word" and not isinstance(op, (ast.Eq, ast.NotEq)):
+                raise SkillError(f"condition {_shown(expr)} orders {a} and {b}; severities compare with == or != only")
+    else:
+        raise SkillError(f"condition {_shown(expr)} uses {type(node).__name__}; write comparisons joined by "
+                         "and/or/not")
 
 
 def check_condition(expr: str) -> None:
-    """Raise SkillError unless `expr` is '' or comparisons of rate/count/severity with constants, joined by
-    and/or/not (e.g. "rate >= 0.2 and count >= 5")."""
+    """Raise SkillError unless `expr` is '' or comparisons joined by and/or/not, typed: rate and count (numbers) with
+    numbers, severity (a word) with a quoted severity by == or != (e.g. "rate >= 0.2 and count >= 5",
+    "severity == 'critical'"); at most MAX_CONDITION_CHARS characters, MAX_CONDITION_NODES nodes and
+    MAX_CONDITION_DEPTH levels of and/or/not. A checked condition evaluates without error on any finding."""
+    if not isinstance(expr, str):
+        raise SkillError(f"condition must be a string, got {type(expr).__name__}")
     if not expr.strip():
         return
+    if len(expr) > MAX_CONDITION_CHARS:
+        raise SkillError(f"condition {_shown(expr)} is {len(expr)} characters long; at most {MAX_CONDITION_CHARS}")
     try:
-        tree = ast.parse(expr, mode="eval")
-    except SyntaxError as exc:
-        raise SkillError(f"condition {expr!r} is not an expression: {exc.msg}") from None
-    for node in ast.walk(tree):
-        ok = isinstance(node, (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.Compare,
-                               ast.Constant, ast.Load, *_CMP))
-        if isinstance(node, ast.Name):
-            ok = node.id in CONDITION_NAMES
-            if not ok:
-                raise SkillError(f"condition {expr!r} uses {node.id!r}; only {', '.join(CONDITION_NAMES)} are known")
-        if not ok:
-            raise SkillError(f"condition {expr!r} uses {type(node).__name__}; write comparisons joined by and/or/not")
+        tree = ast.parse(expr.strip(), mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        msg = exc.msg if isinstance(exc, SyntaxError) else f"{type(exc).__name__}: {exc}"
+        raise SkillError(f"condition {_shown(expr)} is not an expression: {msg}") from None
+    nodes = sum(1 for _ in ast.walk(tree))
+    if nodes > MAX_CONDITION_NODES:
+        raise SkillError(f"condition {_shown(expr)} has {nodes} syntax nodes; at most {MAX_CONDITION_NODES}")
+    _check_boolean(tree.body, expr, 1)
 
 
 def condition_holds(expr: str, fields: Mapping[str, Any]) -> bool:
-    """Evaluate a checked condition against a finding's fields ({'rate': 0.3, 'count': 12, 'severity': 'warn'})."""
+    """Evaluate a condition against a finding's fields ({'rate': 0.3, 'count': 12, 'severity': 'warn'}). Checks it
+    first (`check_condition`), so a condition stored by an older version or edited by hand in the database raises
+    SkillError here, never TypeError or RecursionError."""
     check_condition(expr)
     if not expr.strip():
         return True
 
     def ev(node: ast.AST) -> Any:
-        if isinstance(node, ast.Expression):
-            return ev(node.body)
         if isinstance(node, ast.BoolOp):
             vals = (ev(v) for v in node.values)
             return all(vals) if isinstance(node.op, ast.And) else any(vals)
@@ -120,11 +182,17 @@ def condition_holds(expr: str, fields: Mapping[str, Any]) -> bool:
             return True
         if isinstance(node, ast.Name):
             if node.id not in fields:
-                raise SkillError(f"condition {expr!r} needs {node.id!r}, which the finding does not give")
-            return fields[node.id]
+                raise SkillError(f"condition {_shown(expr)} needs {node.id!r}, which the finding does not give")
+            value = fields[node.id]
+            want = CONDITION_NAMES[node.id]
+            ok = isinstance(value, str) if want == "word" else (isinstance(value, int | float)
+                                                                  and not isinstance(value, bool))
+            if not ok:
+                raise SkillError(f"condition {_shown(expr)}: the finding's {node.id} is {value!r}, not a {want}")
+            return value
         return node.value  # ast.Constant (check_condition allowed nothing else)
 
-    return bool(ev(ast.parse(expr, mode="eval")))
+    return bool(ev(ast.parse(expr.strip(), mode="eval").body))
 
 
 # --- skill files: YAML front matter + Markdown body ---------------------------------------------------------------------
@@ -161,7 +229,7 @@ def parse_skill(text: str, source: str = "<text>") -> tuple[Skill, dict[str, Any
     try:
         check_condition(skill.trigger.condition)
     except SkillError as exc:
-        raise SkillFileError(f"{source}: field 'trigger.condition': {exc}") from None
+        raise SkillFileError(f"{source}: skill {skill.name!r}: field 'trigger.condition': {exc}") from None
     return skill, meta
 
 
@@ -175,8 +243,9 @@ def load_skill_file(path: str | Path) -> Skill:
 
 
 def dump_skill(skill: Skill) -> str:
-    """The file text of a skill: every field but the description as front matter, the description as the body."""
-    meta = skill.model_dump(mode="json", exclude={"description"})
+    """The file text of a skill: every field but the description as front matter, the description as the body
+    (`imported` only when the skill has an imported claim)."""
+    meta = skill.model_dump(mode="json", exclude={"description"} | ({"imported"} if skill.imported is None else set()))
     front = yaml.safe_dump(meta, sort_keys=False, allow_unicode=True, default_flow_style=None, width=120)
     body = skill.description.strip()
     return f"---\n{front}---\n" + (f"{body}\n" if body else "")
@@ -212,6 +281,33 @@ def m001_skills_and_tries(db: Database) -> None:
         },
         pk=("skill", "run", "candidate"),
     )
+
+
+@migration
+def m002_imported_evidence(db: Database) -> None:
+    """Evidence an imported file claims is kept apart (`imported_evidence`, shown, never ranked). Skills an older
+    version imported (provenance `import`) had the file's claim stored as their evidence: it moves to
+    `imported_evidence`, and their evidence is rebuilt from the tries recorded in this library."""
+    db["skills"].add_column("imported_evidence", str)
+    for row in list(db["skills"].rows_where(select="name, definition, tries, promotions, mean_effect, last_interval, "
+                                                   "families")):
+        try:
+            source = json.loads(row["definition"]).get("provenance", {}).get("source")
+        except (ValueError, AttributeError):
+            continue  # unreadable rows are skipped where they are used (`SkillLibrary.applicable`)
+        if source != "import":
+            continue
+        claim = {"tries": row["tries"], "promotions": row["promotions"], "mean_effect": row["mean_effect"],
+                 "last_interval": json.loads(row["last_interval"]) if row["last_interval"] else None,
+                 "families": json.loads(row["families"] or "[]")}
+        tries = list(db["skill_tries"].rows_where("skill = ?", [row["name"]], order_by="ts"))
+        families = list(dict.fromkeys(t["family"] for t in tries if t["promoted"]))
+        last = next(([t["ci_low"], t["ci_high"]] for t in reversed(tries) if t["ci_low"] is not None), None)
+        db["skills"].update(row["name"], {
+            "imported_evidence": json.dumps(claim), "tries": len(tries),
+            "promotions": sum(t["promoted"] for t in tries),
+            "mean_effect": sum(t["effect"] for t in tries) / len(tries) if tries else 0.0,
+            "last_interval": json.dumps(last) if last else None, "families": json.dumps(families)})
 
 
 @contextlib.contextmanager
@@ -256,6 +352,7 @@ class Applicable:
 
     in_family: list[Skill] = field(default_factory=list)
     fallback: list[Skill] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # one line per stored skill that cannot be used, naming it
 
 
 class SkillLibrary:
@@ -292,7 +389,7 @@ class SkillLibrary:
     def _definition_row(skill: Skill) -> dict[str, Any]:
         return {
             "name": skill.name, "kind": skill.kind,
-            "definition": skill.model_dump_json(exclude={"evidence", "description"}),
+            "definition": skill.model_dump_json(exclude={"evidence", "imported", "description"}),
             "description": skill.description.strip(), "expected": skill.expected, "triggers": _trigger_text(skill),
             "domains": " ".join(skill.domains), "updated": _now(),
         }
@@ -305,11 +402,19 @@ class SkillLibrary:
 
     @staticmethod
     def _skill(row: Mapping[str, Any]) -> Skill:
-        ev = Evidence(tries=row["tries"], promotions=row["promotions"], mean_effect=row["mean_effect"],
-                      last_interval=tuple(json.loads(row["last_interval"])) if row["last_interval"] else None,
-                      families=json.loads(row["families"]))
-        return Skill.model_validate({**json.loads(row["definition"]), "description": row["description"] or "",
-                                     "evidence": ev.model_dump()})
+        """The Skill of a row; SkillError naming it when the row does not read back (a database written by hand)."""
+        try:
+            ev = Evidence(tries=row["tries"], promotions=row["promotions"], mean_effect=row["mean_effect"],
+                          last_interval=tuple(json.loads(row["last_interval"])) if row["last_interval"] else None,
+                          families=json.loads(row["families"]))
+            claim = json.loads(row["imported_evidence"]) if row.get("imported_evidence") else None
+            return Skill.model_validate({**json.loads(row["definition"]), "description": row["description"] or "",
+                                         "evidence": ev.model_dump(), "imported": claim})
+        except ValidationError as exc:
+            raise SkillError(f"skill {row['name']!r} does not read back: {_validation_message(exc)[:300]}") from None
+        except (ValueError, TypeError) as exc:  # json.JSONDecodeError is a ValueError
+            raise SkillError(f"skill {row['name']!r} does not read back: {type(exc).__name__}: "
+                             f"{str(exc)[:300]}") from None
 
     def _row(self, name: str) -> dict[str, Any] | None:
         rows = list(self.db["skills"].rows_where("name = ?", [name]))
@@ -318,6 +423,7 @@ class SkillLibrary:
     def _insert(self, skill: Skill, seed_hash: str | None = None) -> None:
         t = _now()
         self.db["skills"].insert({**self._definition_row(skill), **self._evidence_row(skill.evidence),
+                                  "imported_evidence": skill.imported.model_dump_json() if skill.imported else None,
                                   "seed_hash": seed_hash, "created": t, "updated": t})
 
     # --- reading --------------------------------------------------------------------------------------------------------
@@ -433,13 +539,23 @@ class SkillLibrary:
         'grpo.*'). In-family: the skill's domains include `task` or are empty; ordered by the first finding it matches,
         then by evidence. Fallback: skills of other families that match a code exactly or by its kind (the part after
         the family prefix: 'math.format' ~ 'mapf.format'), general ones first. `facts` (code -> {rate, count,
-        severity}) lets trigger conditions filter; without facts for a code its conditions are not checked."""
+        severity}) lets trigger conditions filter; without facts for a code its conditions are not checked.
+        A stored skill that does not read back or whose condition fails `check_condition` (a library written by an
+        older version, a database edited by hand) is left out and named in `skipped`: it costs itself, never the
+        caller."""
         codes = list(finding_codes)
         facts = facts or {}
         suffixes = {c.split(".", 1)[-1]: i for i, c in reversed(list(enumerate(codes)))}
         in_family: list[tuple[Any, ...]] = []
         fallback: list[tuple[Any, ...]] = []
-        for skill in self.all():
+        skipped: list[str] = []
+        for row in self.db["skills"].rows_where(order_by="name"):
+            try:
+                skill = self._skill(row)
+                check_condition(skill.trigger.condition)
+            except SkillError as exc:
+                skipped.append(f"skill {row['name']} skipped: {exc}")
+                continue
             rate = _smoothed_rate(skill.evidence.promotions, skill.evidence.tries)
             own = not skill.domains or task in skill.domains
             first = self._first_match(skill, codes, facts)
@@ -453,7 +569,7 @@ class SkillLibrary:
                 if first is not None:
                     fallback.append((not skill.general, first, -rate, skill.name, skill))
         return Applicable([t[-1] for t in sorted(in_family, key=lambda t: t[:-1])],
-                          [t[-1] for t in sorted(fallback, key=lambda t: t[:-1])])
+                          [t[-1] for t in sorted(fallback, key=lambda t: t[:-1])], skipped)
 
     @staticmethod
     def _first_match(skill: Skill, codes: list[str], facts: Mapping[str, Mapping[str, Any]]) -> int | None:
@@ -479,9 +595,11 @@ class SkillLibrary:
         return paths
 
     def import_files(self, paths: Iterable[str | Path]) -> list[str]:
-        """Import skill files (a folder means its *.md). All files are checked before anything is written, so a
-        malformed file imports nothing. A new skill comes with the evidence in its file; an existing one gets the
-        file's definition and keeps the library's evidence. Returns the names imported."""
+        """Import skill files (a folder means its *.md). All files are checked before anything is written (the
+        Skill fields, the trigger condition's grammar, types and size), so a malformed file imports nothing.
+        Evidence is not trusted (IMPORT_TRUST): a new skill starts with no evidence of its own and keeps the file's
+        claim as `imported` (its `evidence`, else its own `imported`), shown but never ranked; an existing one gets
+        the file's definition and keeps its evidence. Returns the names imported."""
         files: list[Path] = []
         for p in map(Path, paths):
             if p.is_dir():
@@ -499,7 +617,8 @@ class SkillLibrary:
             skill, meta = parse_skill(text, str(f))
             if "provenance" not in meta:
                 skill = skill.model_copy(update={"provenance": skill.provenance.model_copy(update={"source": "import"})})
-            parsed.append(skill)
+            claim = skill.evidence if skill.evidence != Evidence() else skill.imported
+            parsed.append(skill.model_copy(update={"evidence": Evidence(), "imported": claim}))
         dupes = {s.name for s in parsed if [x.name for x in parsed].count(s.name) > 1}
         if dupes:
             raise SkillFileError(f"two files define skill {min(dupes)!r}; keep one")

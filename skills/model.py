@@ -36,11 +36,12 @@ SkillKind = Literal["env", "recipe", "reward", "diagnostic"]
 class Trigger(BaseModel):
     model_config = ConfigDict(extra="forbid")
     findings: list[str] = Field(default_factory=list, description="finding codes that make the skill applicable")
-    condition: str = Field("", description="a boolean expression over the finding's fields (rate, count, severity)")
+    condition: str = Field("", description="a boolean expression over the finding's fields (rate, count, severity); "
+                                           "typed and bounded, see skills.library.check_condition")
 
 
 class Intervention(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # a NaN step would poison the knob it moves
     knob: str = Field(..., description="knob path template (see module docstring) or diagnostics/<name>.py")
     op: Literal["set", "add", "mul", "code"] = "add"
     value: float | int | str | None = None
@@ -72,7 +73,9 @@ class Skill(BaseModel):
     expected: str = Field(..., description="expected outcome, one line")
     validation: str = Field("valid", description="the metric that validates it")
     domains: list[str] = Field(default_factory=list, description="task families it applies to")
-    evidence: Evidence = Field(default_factory=Evidence)
+    evidence: Evidence = Field(default_factory=Evidence, description="earned in this library (backtested tries); "
+                                                                     "the only evidence that ranks skills")
+    imported: Evidence | None = Field(None, description="evidence an imported file claimed: shown, never ranked")
     provenance: Provenance = Field(default_factory=Provenance)
     description: str = ""
 

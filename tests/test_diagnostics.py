@@ -129,6 +129,22 @@ def test_reward_hacking_series():
     assert D.reward_hacking(rising[:2], valid_history=[0.4, 0.3]).findings == []  # too short to judge
 
 
+def test_reward_hacking_cannot_fire_when_the_reward_is_validity():
+    """Under a binary reward (one value for valid, one for invalid) reward and validity cannot diverge: the finding
+    would send the engineer after a veto that can never block anything (issue: fired at 0.05 under a 0/1 reward)."""
+    rising = [{"step": i, "reward_mean": 0.1 + 0.05 * i} for i in range(9)]
+    binary = [mk(5), mk(5, "hole"), mk(4), mk(3, "conflict")]
+    quiet = D.reward_hacking(rising, valid_history=[0.40, 0.38], rollouts=binary)
+    assert quiet.findings == [] and quiet.metrics == {"reward_is_validity": 1.0}
+    shaped = [mk(5), mk(5, "hole", reward=0.25), mk(4, "hole", reward=0.5), mk(3, "conflict")]  # partial credit
+    assert not D.reward_is_validity(shaped)
+    assert D.reward_hacking(rising, valid_history=[0.40, 0.38], rollouts=shaped).findings[0].code == "grpo.reward_hacking"
+    bonus = [mk(5, reward=1.5), mk(5, reward=1.0, optimal=False), mk(3, "conflict")]  # an optimal bonus: not validity
+    assert not D.reward_is_validity(bonus)
+    codes = {f.code for r in D.builtin_diagnostics(binary, rising, [0.40, 0.38]) for f in r.findings}
+    assert "grpo.reward_hacking" not in codes  # the built-ins pass the rollouts through
+
+
 def test_length_collapse_and_explosion():
     down = [{"completion_length": v} for v in (60, 58, 55, 30, 20, 18)]
     up = [{"completion_length": v} for v in (20, 22, 25, 50, 60, 64)]

@@ -273,3 +273,63 @@ def test_rule_with_the_seed_skills_on_the_template_harness(tmp_path):
     assert all(c.engineer == "rule" and c.skill for c in res.candidates)
     for c in res.candidates:
         apply_change(files, c.change, get_task("mapf"))
+
+
+# --- hostile skills (issue 36) ----------------------------------------------------------------------------------------
+
+
+def test_a_hostile_skill_in_the_library_costs_itself_not_the_proposal(tmp_path, lib):
+    """Rows no import would accept (an older version, a hand-edited skills.db): a condition that raises TypeError,
+    1,000 nested `not` (RecursionError), a NaN step on an integer knob. Before, each one killed propose for every run
+    on the library; now each is skipped with a note naming it and the other skills still propose."""
+    lib.add(_skill("raise-holes", ["mapf.hole"], "env.sizes.{size}.hole_ratio", cond="rate >= 0.2"))
+    lib.add(_skill("more-generations", ["grpo.dead_groups"], "recipe.num_generations", value=4, domains=()))
+    good = lib.db["skills"].get("raise-holes")
+    hostile = {"type-error": {"condition": "severity > 1"}, "recursion": {"condition": "not " * 1000 + "rate > 0"}}
+    for name, trig in hostile.items():
+        d = json.loads(good["definition"])
+        lib.db["skills"].insert({**good, "name": name, "definition": json.dumps(
+            {**d, "name": name, "trigger": {"findings": ["mapf.hole", "grpo.dead_groups"], **trig}})})
+    d = json.loads(good["definition"])
+    lib.db["skills"].insert({**good, "name": "nan-step", "definition": json.dumps(
+        {**d, "name": "nan-step", "trigger": {"findings": ["grpo.dead_groups"], "condition": ""},
+         "intervention": {"knob": "recipe.num_generations", "op": "add", "value": float("nan")}})})
+    script = tmp_path / "replay.yaml"
+    script.write_text(yaml.safe_dump([None, ["prose only"]]))  # stage 1: a bad reply, then the rule engineer
+    for kind in ("rule", "scripted"):  # the rule engineer, and the engineers' prompt that lists skills
+        cfg = EngineerConfig(kind=kind, script=str(script), max_retries=0) if kind == "scripted" else EngineerConfig()
+        res = propose(cfg, _diag(), lib, 5, np.random.default_rng(0), space=SPACE)
+        assert {c.skill for c in res.candidates} == {"raise-holes", "more-generations"}, res.notes
+        assert kind == "rule" or any(n.startswith("skills in the prompt: raise-holes") for n in res.notes), res.notes
+        for name in ("type-error", "recursion", "nan-step"):
+            assert any(n.startswith(f"skill {name} skipped: ") and "\n" not in n for n in res.notes), (name, res.notes)
+
+
+def test_the_rule_engineer_survives_a_skill_that_fails_while_it_proposes():
+    """The second layer: a skill object that fails inside the rule engineer itself (here a condition no check saw,
+    handed straight to `propose_rule`) is skipped with a note naming it; the other skill still proposes."""
+    from harness.engineer.rule import propose_rule
+
+    bad = [_skill(f"bad-{i}", ["mapf.hole"], "env.sizes.{size}.data_ratio", cond=c)
+           for i, c in enumerate(["severity > 1", "not " * 1000 + "rate > 0"])]
+    fine = _skill("raise-holes", ["mapf.hole"], "env.sizes.{size}.hole_ratio")
+    cands, notes = propose_rule(_diag(), [*bad, fine], [], 3, np.random.default_rng(0), SPACE)
+    assert [c.skill for c in cands] == ["raise-holes"]
+    assert [n.split()[1] for n in notes if " skipped: " in n] == ["bad-0", "bad-1"], notes
+
+
+def test_claimed_promotions_do_not_outrank_a_seed_skill(tmp_path, lib):
+    """An imported skill claiming 10000/10000 promotions competes with a seed skill as an untried skill: Thompson
+    sampling picks each about half the time (before: the claim won every draw)."""
+    from skills.library import dump_skill
+
+    lib.add(_skill("seed-holes", ["mapf.hole"], "env.sizes.{size}.hole_ratio"))
+    boast = _skill("boast", ["mapf.hole"], "env.sizes.{size}.data_ratio")
+    text = dump_skill(boast).replace("evidence:\n  tries: 0\n  promotions: 0\n",
+                                     "evidence:\n  tries: 10000\n  promotions: 10000\n")
+    assert "promotions: 10000" in text
+    (tmp_path / "boast.md").write_text(text)
+    assert lib.import_files([tmp_path / "boast.md"]) == ["boast"]
+    firsts = [propose(EngineerConfig(), _diag(), lib, 1, np.random.default_rng(s), space=SPACE).candidates[0].skill
+              for s in range(200)]
+    assert 0.3 < firsts.count("boast") / 200 < 0.7, firsts.count("boast")

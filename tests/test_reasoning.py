@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 pytest.importorskip("reasoning_gym", reason="reasoning-gym is not installed (pip install 'evotrainer[math]')")
 
-from harness.tasks import get_task
+from harness.tasks import get_task, score_all
 from harness.tasks.reasoning import DatasetEntry, ReasoningConfig, final_answer
 
 TASK = get_task("reasoning")
@@ -59,3 +59,83 @@ def test_bad_names_and_params_are_one_clear_line():
     from harness.tasks.knobs import read
 
     assert read(TASK.default_config(), "env.datasets.leg_counting.data_ratio", TASK.spec.entry_key) == 1.0
+
+
+# --- hostile answers: a verifier that executes the answer runs it in the sandbox runner, one child per answer -------
+
+HOSTILE = "Answer: __import__('os').system('id > pwned.txt')"  # the issue's payload (it wrote uid=0(root) on the host)
+
+
+def _one(name: str, seed: int = 5):
+    return TASK.generate(ReasoningConfig(datasets=[DatasetEntry(name=name)]), seed)
+
+
+@pytest.mark.parametrize("name", ["string_insertion", "polynomial_multiplication"])  # eval / sympy.parse_expr
+def test_an_answer_the_verifier_executes_writes_nothing_on_the_host(name, tmp_path, monkeypatch):
+    """Catches a verifier called in the training process: the payload would create pwned.txt / abs.txt here."""
+    monkeypatch.chdir(tmp_path)
+    inst = _one(name)
+    mark = tmp_path / "abs.txt"
+    pairs = [(inst, HOSTILE), (inst, f"Answer: open({str(mark)!r}, 'w').write('x')"), (inst, f"Answer: {inst.answer}")]
+    assert [o.valid for o in score_all(TASK, pairs)] == [False, False, True]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_an_answer_cannot_patch_the_verifier_for_later_answers():
+    """Catches verifiers sharing one process across answers: the patch would make every later wrong answer right."""
+    inst = _one("string_insertion")
+    patch = ("Answer: setattr(__import__('reasoning_gym').algorithmic.string_insertion.StringInsertionDataset, "
+             "'score_answer', lambda *a: 1.0) or 'x'")
+    outs = score_all(TASK, [(inst, patch), (inst, "Answer: wrong-after-the-patch")])
+    assert [o.valid for o in outs] == [False, False], outs
+    assert not TASK.score(inst, "Answer: wrong-in-a-later-batch").valid
+    assert TASK.score(inst, f"Answer: {inst.answer}").valid
+
+
+def test_an_answer_that_attacks_its_verifier_job_costs_only_itself():
+    """Catches one answer deciding its batch-mates' verdicts: it forges a result on every descriptor of the job's
+    parent (/proc/<ppid>/fd) and kills it; the right answer that needs the verifier stays right, the wrong one wrong."""
+    cd = _one("countdown", 3)
+    alt = f"Answer: ({cd.answer})"  # right, but not an exact match: only countdown's own verifier can say so
+    forge = ("Answer: [[__import__('os').write(__import__('os').open(f'/proc/{__import__(\"os\").getppid()}/fd/{n}', 1),"
+             " b'{\"status\": \"ok\", \"error\": null, \"value\": [true, true, true, true]}') for n in range(3, 40)"
+             " if __import__('os').path.exists(f'/proc/{__import__(\"os\").getppid()}/fd/{n}')],"
+             " __import__('os').kill(__import__('os').getppid(), 9)]")
+    outs = score_all(TASK, [(cd, forge), (cd, alt), (cd, "Answer: 1 + 1"), (cd, HOSTILE)])
+    assert [o.valid for o in outs] == [False, True, False, False], outs
+
+
+def test_a_batch_is_one_verifier_job_and_exact_matches_need_none(monkeypatch):
+    """Catches a job per answer (training would pay a reasoning-gym import per answer), a chunk that silently falls
+    back to one job per answer (the job could not make itself non-dumpable), lost caching, and base-scorer datasets
+    sent to the runner for nothing."""
+    from harness.tasks import reasoning
+    from sandbox import runner
+
+    calls = []
+    real = runner.run_many
+    monkeypatch.setattr(runner, "run_many", lambda jobs, *a, **k: calls.append(len(jobs)) or real(jobs, *a, **k))
+    reasoning._CACHE.clear()
+    cd = _one("countdown", 3)
+    pairs = [(cd, f"Answer: ({cd.answer})"), (cd, "Answer: 1 + 1"), (cd, f"Answer: {cd.answer}"),
+             (cd, "Answer: 2 + 2"), (cd, "Answer: 1 + 1")]
+    assert [o.valid for o in score_all(TASK, pairs)] == [True, False, True, False, False]
+    assert calls == [1]  # one job for the three distinct answers exact match could not decide
+    assert [o.valid for o in score_all(TASK, pairs)] == [True, False, True, False, False] and calls == [1]
+    leg = _one("leg_counting")
+    assert not TASK.score(leg, "Answer: 99999").valid and calls == [1]
+
+
+def test_a_verifier_that_cannot_start_is_one_clear_error(monkeypatch, tmp_path):
+    """Catches a sandbox that cannot import reasoning-gym silently scoring every answer that needs a verifier as
+    wrong: its setup failure (before any answer runs) is one line naming it."""
+    from types import SimpleNamespace
+
+    from harness.tasks import reasoning
+
+    cd = _one("countdown", 3)
+    (tmp_path / "pkg").mkdir()
+    monkeypatch.setattr(reasoning, "_rg", lambda: SimpleNamespace(__file__=str(tmp_path / "pkg" / "__init__.py")))
+    reasoning._CACHE.clear()
+    with pytest.raises(RuntimeError, match="cannot start in the sandbox: ModuleNotFoundError.*reasoning_gym"):
+        TASK.score(cd, f"Answer: ({cd.answer})")

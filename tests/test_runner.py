@@ -143,6 +143,27 @@ def test_cannot_write_outside_scratch(tmp_path):
     assert r.status in ("killed", "error") and r.status != "ok"
 
 
+def test_python_path_is_importable_and_read_only(tmp_path):
+    """Catches a library folder bound writable (a job could plant code the next job or the host imports) or not at
+    all (a verifier's package would not import), and its siblings leaking in with it."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "trusted_mod.py").write_text("VALUE = 41\n")
+    (tmp_path / "secret.txt").write_text("s3cret")
+    code = ("import trusted_mod\nres = {'v': trusted_mod.VALUE + 1}\nfor p in inputs['paths']:\n    try:\n"
+            "        open(p, 'w').write('x')\n        res[p] = 'written'\n    except OSError as e:\n"
+            "        res[p] = type(e).__name__\ntry:\n    res['secret'] = open(inputs['secret']).read()\n"
+            "except OSError as e:\n    res['secret'] = type(e).__name__\nresult = res")
+    paths = [str(lib / "trusted_mod.py"), str(lib / "planted.py")]
+    r = runner.run(Job(kind="code", code=code, inputs={"paths": paths, "secret": str(tmp_path / "secret.txt")},
+                       python_path=[str(lib)]), **BW)
+    assert r.status == "ok" and r.value["v"] == 42, r
+    assert all(r.value[p] != "written" for p in paths) and r.value["secret"] != "s3cret", r.value
+    assert (lib / "trusted_mod.py").read_text() == "VALUE = 41\n" and not (lib / "planted.py").exists()
+    with pytest.raises(ValueError, match="python_path entry 'lib' must be an absolute path"):
+        Job(kind="code", code="x = 1", python_path=["lib"])
+
+
 def test_secrets_in_env_and_home_are_invisible(tmp_path, monkeypatch):
     monkeypatch.setenv("EVOTRAINER_SECRET", "hunter2")
     home = tmp_path / "home"

@@ -22,7 +22,7 @@ from skills.library import (
     dump_skill,
     parse_skill,
 )
-from skills.model import Intervention, Provenance, Skill, Trigger
+from skills.model import Evidence, Intervention, Provenance, Skill, Trigger
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -241,9 +241,18 @@ def test_export_import_round_trip_is_exact(tmp_path: Path, lib: SkillLibrary):
     assert sorted(p.name for p in first) == sorted([f"{n}.md" for n in SEEDS] + ["diag-from-run.md"])
     with SkillLibrary.open(tmp_path / "other" / "skills.db", seed_dir=None) as other:
         assert sorted(other.import_dir(tmp_path / "out1")) == lib.names()
-        assert other.all() == lib.all()
-        second = other.export(tmp_path / "out2")
-    assert {p.name: p.read_bytes() for p in first} == {p.name: p.read_bytes() for p in second}
+        # definitions travel exactly; evidence travels as a claim (`imported`), shown, re-earned before it ranks
+        bare = {"evidence": Evidence(), "imported": None}
+        assert [s.model_copy(update=bare) for s in other.all()] == [s.model_copy(update=bare) for s in lib.all()]
+        assert {s.name: s.imported for s in other.all()} == \
+            {s.name: (s.evidence if s.evidence != Evidence() else None) for s in lib.all()}
+        assert not other.get("raise-hole-ratio").general  # general is earned in this library, not claimed
+        second, other_all = other.export(tmp_path / "out2"), other.all()
+    with SkillLibrary.open(tmp_path / "third" / "skills.db", seed_dir=None) as third:  # a second hop changes nothing
+        assert sorted(third.import_dir(tmp_path / "out2")) == lib.names()
+        assert third.all() == other_all
+        third_files = third.export(tmp_path / "out3")
+    assert {p.name: p.read_bytes() for p in second} == {p.name: p.read_bytes() for p in third_files}
     s = lib.get("raise-hole-ratio")
     assert parse_skill(dump_skill(s))[0] == s and s.general
 
@@ -286,6 +295,7 @@ def test_cli_list_show_export_import(tmp_path: Path, home: Path, seed_dir: Path)
     other = tmp_path / "other-home"
     r = runner.invoke(app, ["skills", "import", str(tmp_path / "in"), "--home", str(other)])
     assert r.exit_code == 0 and r.output.startswith(f"imported: {len(SEEDS)} skills"), r.output
+    assert "\ntrust: " in r.output and "not trusted: evidence" in r.output  # the import says what it trusts
     r = runner.invoke(app, ["skills", "list", "--task", "math", "--json", "--home", str(other)])
     assert r.exit_code == 0, r.output
     listed = {s["name"]: s for s in json.loads(r.output)}  # the shipped seed skills load too (general ones fit math)
@@ -314,3 +324,121 @@ def test_cli_malformed_import_is_a_clear_error_and_exit_2(tmp_path: Path, home: 
     assert exc.value.code == 2
     flat = "".join(capsys.readouterr().err.split())  # rich wraps long lines at the console width
     assert flat.startswith("error:") and f"{bad}:field'kind':Inputshouldbe" in flat, flat
+
+
+# --- hostile input: conditions and claimed evidence (issue 36) ---------------------------------------------------------
+
+HOSTILE_CONDITIONS = {
+    "type-error": ("severity > 1", "compares severity (a word) with 1 (a number)"),
+    "recursion": ("not " * 1000 + "rate > 0", "characters long; at most 200"),
+    "deep": ("not " * 20 + "rate > 0", "nests and/or/not deeper than 8 levels"),
+    "big": ("rate > 0" + " and rate > 0" * 14, "syntax nodes; at most 64"),
+    "word-vs-number": ("rate > 'critical'", "compares rate (a number) with 'critical' (a word)"),
+    "typo-severity": ("severity == 'critcal'", "'critcal', which is no severity"),
+    "ordered-words": ("severity < 'warn'", "severities compare with == or != only"),
+    "bare-name": ("rate", "uses Name; write comparisons"),
+    "none": ("count == None", "uses the constant None"),
+    "membership": ("rate in [1]", "uses List"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_CONDITIONS))
+def test_a_hostile_condition_is_refused_at_import_and_save_in_one_line(tmp_path: Path, lib: SkillLibrary, case: str):
+    """Each condition here checked fine before (all are comparisons, names and constants) and then raised TypeError
+    or RecursionError at every proposal of every run on the library."""
+    cond, why = HOSTILE_CONDITIONS[case]
+    f = tmp_path / "hostile.md"
+    f.write_text(SEEDS["raise-hole-ratio"].replace("raise-hole-ratio", "hostile-skill")
+                 .replace('condition: "rate >= 0.2"', f"condition: {json.dumps(cond)}"))
+    with pytest.raises(SkillFileError) as exc:
+        lib.import_files([f])
+    msg = str(exc.value)
+    assert "\n" not in msg and len(msg) < 400 and str(f) in msg and "'hostile-skill'" in msg, msg
+    assert "trigger.condition" in msg and why in msg, msg
+    assert "hostile-skill" not in lib.names()
+    with pytest.raises(SkillError) as exc:  # saving (what a run does with a new skill) checks the same
+        lib.add(Skill(name="hostile-skill", kind="env", trigger=Trigger(findings=["mapf.hole"], condition=cond),
+                      intervention=Intervention(knob="env.x"), expected="e"))
+    assert "\n" not in str(exc.value) and "'hostile-skill'" in str(exc.value) and why in str(exc.value)
+    assert "hostile-skill" not in lib.names()
+
+
+def test_typed_conditions_still_accept_what_the_seeds_and_docs_write(lib: SkillLibrary):
+    fields = {"rate": 0.3, "count": 12, "severity": "critical"}
+    for cond, want in [("rate >= 0.2", True), ("rate > 0.05 and rate < 0.9", True), ("0.1 < rate < 0.2", False),
+                       ("severity == 'critical' or count > 100", True), ("not severity != 'critical'", True),
+                       ("rate >= 0.2 and count > 3 and not severity == 'info'", True)]:
+        assert condition_holds(cond, fields) is want, cond
+    for p in SEED_DIR.glob("*.md"):  # every shipped seed's condition checks and evaluates
+        assert isinstance(condition_holds(parse_skill(p.read_text(), str(p))[0].trigger.condition, fields), bool)
+    with pytest.raises(SkillError, match="the finding's severity is 3, not a word"):
+        condition_holds("severity == 'warn'", {"severity": 3})
+
+
+def test_a_hostile_row_in_the_database_is_skipped_by_applicable_and_named(lib: SkillLibrary):
+    """A library an older version wrote (or a hand edit) may hold rows no import would accept: `applicable` leaves
+    each out with a line naming it, and the other skills still apply."""
+    good = json.loads(lib.db["skills"].get("raise-hole-ratio")["definition"])
+    for name, cond in [("bad-type", "severity > 1"), ("bad-depth", "not " * 1000 + "rate > 0")]:
+        lib.db["skills"].insert({**lib.db["skills"].get("raise-hole-ratio"), "name": name, "definition": json.dumps(
+            {**good, "name": name, "trigger": {"findings": ["mapf.hole"], "condition": cond}})})
+    lib.db["skills"].insert({**lib.db["skills"].get("raise-hole-ratio"), "name": "bad-json", "definition": "{"})
+    hits = lib.applicable(["mapf.hole"], task="mapf", facts={"mapf.hole": {"rate": 0.3, "count": 9,
+                                                                           "severity": "warn"}})
+    assert [s.name for s in hits.in_family] == ["raise-hole-ratio"]
+    assert sorted(line.split()[1] for line in hits.skipped) == ["bad-depth", "bad-json", "bad-type"], hits.skipped
+    assert all("\n" not in line and len(line) < 500 for line in hits.skipped)
+
+
+def test_imported_evidence_is_shown_not_trusted(tmp_path: Path, lib: SkillLibrary):
+    """A file claiming 10000 promotions in three families: kept as `imported`, ranked as an untried skill, not
+    general; only tries recorded here count."""
+    f = tmp_path / "boast.md"
+    f.write_text(SEEDS["raise-hole-ratio"].replace("raise-hole-ratio", "boast").replace(
+        "domains: [mapf]", "domains: [mapf]\nevidence: {tries: 10000, promotions: 10000, mean_effect: 0.9, "
+                           "families: [mapf, math, code]}"))
+    assert lib.import_files([f]) == ["boast"]
+    s = lib.get("boast")
+    assert (s.evidence.tries, s.evidence.promotions, s.evidence.families) == (0, 0, [])
+    assert s.imported is not None and (s.imported.promotions, s.imported.families) == (10000, ["mapf", "math", "code"])
+    assert not s.general and "boast" not in {x.name for x in lib.all("code")}
+    hits = lib.applicable(["mapf.hole"], task="mapf")
+    assert [x.name for x in hits.in_family] == ["boast", "raise-hole-ratio"]  # a tie broken by name, not by the claim
+    _try(lib, "raise-hole-ratio", True, "mapf", "r1", "c1")
+    assert [x.name for x in lib.applicable(["mapf.hole"], task="mapf").in_family] == ["raise-hole-ratio", "boast"]
+    assert lib.search("holes")[0].name == "raise-hole-ratio"
+    _try(lib, "boast", True, "mapf", "r1", "c2")  # evidence earned here counts; the claim stays as it was
+    s = lib.get("boast")
+    assert (s.evidence.tries, s.evidence.promotions, s.imported.promotions) == (1, 1, 10000)
+    assert "imported:" in dump_skill(s) and "imported:" not in dump_skill(lib.get("raise-hole-ratio"))
+
+
+def test_an_older_library_hands_its_imported_evidence_over_to_imported(tmp_path: Path):
+    """A skill an older version imported carried the file's claim as its evidence: the migration moves the claim to
+    `imported` and rebuilds the evidence from the tries this library recorded."""
+    import sqlite3
+
+    from sqlite_utils import Database
+
+    from skills.library import m001_skills_and_tries
+
+    path = tmp_path / "old.db"
+    db = Database(sqlite3.connect(str(path)))
+    db["_migrations"].create({"name": str, "applied_at": str}, pk="name")
+    m001_skills_and_tries(db)
+    db["_migrations"].insert({"name": "m001_skills_and_tries", "applied_at": "then"})
+    skill, _ = parse_skill(SEEDS["raise-hole-ratio"].replace("raise-hole-ratio", "boast"))
+    for name, source in [("boast", "import"), ("grown", "run")]:
+        db["skills"].insert({"name": name, "kind": "env", "description": "", "expected": "e", "triggers": "mapf.hole",
+                             "domains": "mapf", "definition": skill.model_copy(update={
+                                 "name": name, "provenance": Provenance(source=source)}).model_dump_json(
+                                 exclude={"evidence", "description"}),
+                             "tries": 10000, "promotions": 10000, "mean_effect": 0.9, "families": '["mapf", "math"]'})
+    db["skill_tries"].insert({"skill": "boast", "run": "r1", "candidate": "c1", "promoted": 0, "effect": -0.1,
+                              "ci_low": -0.2, "ci_high": 0.0, "family": "mapf", "commit_sha": None, "ts": "t"})
+    db.close()
+    with SkillLibrary.open(path, seed_dir=None) as lib:
+        boast, grown = lib.get("boast"), lib.get("grown")
+    assert (boast.evidence.tries, boast.evidence.promotions, boast.evidence.mean_effect) == (1, 0, -0.1)
+    assert boast.imported is not None and boast.imported.promotions == 10000 and not boast.general
+    assert grown.evidence.promotions == 10000 and grown.imported is None  # a run's own skill keeps its evidence

@@ -182,6 +182,77 @@ def test_an_existing_diagnostic_may_be_extended_not_silenced():
     assert not res.ok and "removing or emptying" in res.reason
 
 
+def _neutered_veto() -> str:
+    code = veto_skill_code()
+    body = code[code.index("    d_reward = candidate"):]
+    assert "def veto(control, candidate):" in code and body.strip().endswith("return None")
+    return code.replace(body, "    return None\n")  # keeps `def veto(...)`, the names, the findings
+
+
+ZERO_COUNTS = SANE.replace('"count": len(bad), "rate": len(bad) / len(rollouts)', '"count": 0, "rate": 0.0')
+ZERO_ON_PLANTED = SANE.replace("if bad else []", "if bad and len(bad) < len(rollouts) else []")
+TEMPLATE_ZERO = (TEMPLATE / "diagnostics" / "failure_mix.py").read_text().replace(
+    '"count": count,\n                "rate": rate,', '"count": 0,\n                "rate": 0.0,')
+
+
+@pytest.mark.parametrize("path,old,new,why", [
+    ("diagnostics/reward_hacking_veto.py", "seed-veto", "neutered-veto",
+     "no longer blocks a candidate arm paid more for failing (reward hacking)"),
+    ("diagnostics/fails.py", SANE, ZERO_COUNTS,
+     "no longer detects evolved.fails.fails (count 6, rate 0.38) on the cached rollouts"),
+    ("diagnostics/fails.py", SANE, ZERO_ON_PLANTED,
+     "no longer detects evolved.fails.fails (count 6, rate 1.00) on the failed cached rollouts"),
+    ("diagnostics/failure_mix.py", "template", TEMPLATE_ZERO, "no longer detects evolved.failure_mix.dominant_failure"),
+])
+def test_a_revision_that_stops_detecting_is_rejected_by_behaviour(path, old, new, why):
+    """Names are kept in each revision (the old name-only check let every one through): what is checked is whether
+    it still fires where the current version fires, and still blocks where the current veto blocks."""
+    old = {"seed-veto": veto_skill_code(), "template": harness_files()["diagnostics/failure_mix.py"]}.get(old, old)
+    new = {"neutered-veto": _neutered_veto()}.get(new, new)
+    assert new != old
+    files = {**harness_files(), path: old}
+    res = V.vet(cand("diagnostic", path, code=new), files, None, CACHED, limits=FAST)
+    assert not res.ok and res.stage == "offline" and why in res.reason, res.reason
+    assert "\n" not in res.reason
+
+
+def test_an_honest_revision_that_keeps_firing_passes():
+    """A revision that adds a finding (and keeps the old one firing), and a veto made stricter, both pass."""
+    more = SANE + '''
+
+_old = diagnose
+
+
+def diagnose(rollouts):
+    out = _old(rollouts)
+    groups = {r["group"] for r in rollouts if not r["valid"]}
+    if groups:
+        out["findings"].append({"code": "failing_groups", "severity": "warn", "count": len(groups), "rate": 1.0})
+    return out
+'''
+    files = {**harness_files(), "diagnostics/fails.py": SANE}
+    res = V.vet(cand("diagnostic", "diagnostics/fails.py", code=more), files, None, CACHED, limits=FAST)
+    assert res.ok, res.reason
+    stricter = veto_skill_code().replace("d_reward > 0.02 and d_valid < -0.01", "d_reward > 0.01 and d_valid < -0.01")
+    assert stricter != veto_skill_code()
+    files = {**harness_files(), "diagnostics/reward_hacking_veto.py": veto_skill_code()}
+    res = V.vet(cand("diagnostic", "diagnostics/reward_hacking_veto.py", code=stricter), files, None, CACHED,
+                limits=FAST)
+    assert res.ok, res.reason
+
+
+def test_planted_cases_are_real_failures_built_from_the_cached_rollouts():
+    sets = dict(V.planted_sets(CACHED))
+    assert sets["the cached rollouts"] == CACHED
+    assert all(not r.valid and r.failure == "hole" for r in sets["the cached rollouts all made failures"])
+    hacked = sets["the cached rollouts all made failures paid more than any valid one"]
+    assert min(r.reward for r in hacked) > max(r.reward for r in CACHED if r.valid)
+    assert [(label, len(c), len(k)) for label, c, k in V.planted_arms(CACHED)] == [
+        ("a candidate arm whose rollouts all fail", 16, 16),
+        ("a candidate arm paid more for failing (reward hacking)", 16, 16),
+        ("a candidate arm paid more for failing, against an all-valid control", 16, 16)]
+
+
 # --- seed skills: triggers use emitted codes, interventions pass vet ------------------------------------------------
 
 def _seed_skills(task: str | None = None):

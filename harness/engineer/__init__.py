@@ -77,6 +77,7 @@ def propose(engineer_cfg: EngineerConfig, diagnosis: Diagnosis, skills_library: 
             notes.append(cut(f"{engineer_cfg.kind} engineer unavailable: {exc}"))
         if reply is not None:
             hits = skills_library.applicable([f.code for f in diagnosis.findings], diagnosis.task)
+            notes += [cut(n) for n in hits.skipped]
             retrieved = [(sk, False) for sk in hits.in_family] + [(sk, True) for sk in hits.fallback]
             messages = build_messages(diagnosis, space, max_candidates, retrieved[:MAX_PROMPT_SKILLS])
             if retrieved:
@@ -104,5 +105,6 @@ def propose(engineer_cfg: EngineerConfig, diagnosis: Diagnosis, skills_library: 
         notes.append("rule engineer stepped in")
 
     hits = skills_library.applicable([f.code for f in diagnosis.findings], diagnosis.task)
+    notes += [cut(n) for n in hits.skipped if cut(n) not in notes]
     cands, more = propose_rule(diagnosis, hits.in_family, hits.fallback, max_candidates, rng, space, rejected)
     return ProposalResult(candidates=cands, engineer_used="rule", notes=notes + more, rejected_replies=bad)

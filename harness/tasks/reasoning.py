@@ -14,6 +14,22 @@ Partial marks from reasoning-gym's scorer (its default pays for an answer that m
 used: the reward is binary. Failures: `no_answer`, `wrong`. Slices: `dataset`, `answer_len` (short <= 8 characters,
 long otherwise).
 
+Verifiers run in the sandbox runner, never here. The answer is policy-written text, and many datasets' own verifiers
+execute it (`eval`, `sympy.parse_expr`: string_insertion, countdown, polynomial_multiplication, ...), so it is
+untrusted code wherever a verifier may run it (architecture invariant 6). The rule, which needs no list of bad
+datasets: the host only compares strings (the exact match above); a dataset whose class keeps reasoning-gym's base
+`score_answer` (read: `==` and `in` on strings, full marks only for an exact match, so it adds nothing to ours) is
+never verified further; every dataset with its own `score_answer` is verified in `sandbox.runner` by `score_many`:
+the non-matching answers of a batch in chunks, one job per chunk (one reasoning-gym import), each answer in a fresh
+forked child of the job, which made itself non-dumpable (its own time limit; stdio to /dev/null, every other
+descriptor closed), so an answer cannot write on the host, patch the verifier for the answers after it, or forge
+another answer's verdict. A chunk whose job fails (an answer killed its parent) is re-run one answer per job; a job
+that cannot set itself up (reasoning-gym not importable there, bad params) is one clear error, never "all wrong".
+Isolation follows the code family's switch (EVOTRAINER_CODE_ISOLATION; bubblewrap by default, required).
+This is NOT a proof of right answers: an answer that a dataset's verifier executes as code can still make ITS OWN
+verdict say right (it runs in the process that reports it); it cannot reach the host or another answer's verdict. It
+can also cost time: its chunk re-run one answer per job, or its own time limit (PER_ANSWER_S) spent.
+
     from harness.tasks import get_task
     task = get_task("reasoning")
     inst = task.generate(task.default_config(), seed=3)
@@ -22,10 +38,13 @@ long otherwise).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import string
-from functools import lru_cache
+import threading
+from collections import OrderedDict
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -95,16 +114,10 @@ class ReasoningShaping(BaseModel):
 
 class ReasoningInstance(Instance):
     dataset: str
-    params_json: str = "{}"  # the dataset's params (to rebuild its verifier)
+    params_json: str = "{}"  # the dataset's params (to rebuild its verifier in the sandbox)
     question: str
     answer: str
     entry_json: str  # reasoning-gym's whole entry (its verifier reads the metadata)
-
-
-@lru_cache(maxsize=64)
-def _dataset(name: str, params_json: str):
-    """A reasoning-gym dataset object for `name` and its params: generates items, and its score_answer verifies."""
-    return _rg().create_dataset(name, size=1, seed=0, **json.loads(params_json))
 
 
 def generate(config: ReasoningConfig, seed: int) -> ReasoningInstance:
@@ -146,22 +159,168 @@ def _norm(s: str) -> str:
     return " ".join(s.split())
 
 
-def score(inst: ReasoningInstance, completion: str, shaping: ReasoningShaping | None = None) -> Outcome:
+def has_own_verifier(dataset: str) -> bool:
+    """Whether the dataset's class overrides reasoning-gym's base `score_answer` (whose only full mark is an exact
+    match). An override may do anything with the answer, `eval` included: it runs in the sandbox runner only."""
+    from reasoning_gym.dataset import ProceduralDataset
+    from reasoning_gym.factory import DATASETS
+
+    return DATASETS[dataset][0].score_answer is not ProceduralDataset.score_answer
+
+
+# Runs inside the sandbox (kind=function). The parent of the job imports reasoning-gym and builds the datasets from
+# trusted config; only a forked child ever touches an answer. The child closes every descriptor but its verdict pipe
+# (so not the job's result pipe), and the job is non-dumpable (prctl), so a child cannot open /proc/<parent>/fd or
+# /proc/<parent>/mem: an answer can forge only its own verdict.
+_VERIFY = r'''
+import json, os, select, signal, time
+
+
+def verify_many(items, per_answer_s):
+    try:  # the setup, before any answer is touched: its failure is the environment's, said as such
+        os.environ.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        import ctypes
+        import reasoning_gym
+
+        if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE, 0
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed: the answers cannot be kept apart")
+        made = {}
+        for name, params_json, _, _ in items:
+            if (name, params_json) not in made:
+                made[name, params_json] = reasoning_gym.create_dataset(name, size=1, seed=0, **json.loads(params_json))
+    except Exception as e:
+        return {"setup_error": f"{type(e).__name__}: {e}"[:300]}
+    return [_one(made[n, p], answer, json.loads(entry), per_answer_s) for n, p, answer, entry in items]
+
+
+def _one(ds, answer, entry, limit):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: from here on, the answer may run code
+        try:
+            os.setsid()
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            os.closerange(3, w)
+            os.closerange(w + 1, 1 << 16)
+            right = float(ds.score_answer(answer, entry)) >= 1.0
+            os.write(w, b"1" if right else b"0")
+        finally:
+            os._exit(0)
+    os.close(w)
+    data, deadline = b"", time.monotonic() + limit
+    try:
+        while len(data) < 8 and time.monotonic() < deadline:
+            if not select.select([r], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                break
+            chunk = os.read(r, 8)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(r)
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+        os.waitpid(pid, 0)
+    return data == b"1"
+'''
+
+PER_ANSWER_S = 3.0  # wall seconds one answer's verification may take in its child
+CHUNK = 64  # answers per sandbox job (each job pays one reasoning-gym import, ~2 s)
+_CACHE: OrderedDict[str, bool] = OrderedDict()
+_CACHE_MAX = 8192
+_CACHE_LOCK = threading.Lock()
+
+
+def _verify_jobs(chunks: list[list[list[str]]]):
+    from sandbox.runner import Job, Limits
+
+    site = str(Path(_rg().__file__).resolve().parent.parent)
+    return [Job(kind="function", code=_VERIFY, function="verify_many", args=[c, PER_ANSWER_S], python_path=[site],
+                limits=Limits(cpu_s=60, wall_s=30.0 + (PER_ANSWER_S + 0.5) * len(c), memory_mb=2048, scratch_mb=8,
+                              output_bytes=65536, result_bytes=65536, processes=16))
+            for c in chunks]
+
+
+def _verify(items: list[list[str]]) -> list[bool]:
+    """Verdicts of the datasets' own verifiers on [dataset, params_json, answer, entry_json] items, in the sandbox."""
+    from harness.tasks.code import isolation, workers
+    from sandbox.runner import SandboxUnavailable, run_many
+
+    iso = isolation()
+
+    def run(chunks: list[list[list[str]]]) -> list[list[bool] | None]:
+        try:
+            results = run_many(_verify_jobs(chunks), workers=workers(), require_bwrap=iso == "bwrap",
+                               isolation="auto" if iso == "bwrap" else "process")
+        except SandboxUnavailable as exc:
+            raise SandboxUnavailable(f"reasoning-gym verifiers run the policy's answers under bubblewrap only, and it "
+                                     f"is not usable here ({exc}); or set EVOTRAINER_CODE_ISOLATION=process to run "
+                                     "them as plain subprocesses (much weaker isolation)") from None
+        for r in results:  # only the job's own setup (no answer has run yet) returns this: not the answers' fault
+            if r.status == "ok" and isinstance(r.value, dict) and "setup_error" in r.value:
+                raise RuntimeError(f"reasoning-gym's verifiers cannot start in the sandbox: "
+                                   f"{str(r.value['setup_error'])[:300]}; check that reasoning-gym and its "
+                                   "dependencies are installed in one site-packages folder")
+        return [r.value if r.status == "ok" and isinstance(r.value, list) and len(r.value) == len(c)
+                and all(isinstance(v, bool) for v in r.value) else None for c, r in zip(chunks, results, strict=True)]
+
+    chunks = [items[k:k + CHUNK] for k in range(0, len(items), CHUNK)]
+    verdicts = run(chunks)
+    failed = [k for k, v in enumerate(verdicts) if v is None and len(chunks[k]) > 1]
+    if failed:  # a job died (an answer killed its parent, or flooded): each of its answers alone, so only it fails
+        singles = [[it] for k in failed for it in chunks[k]]
+        alone = iter(run(singles))
+        for k in failed:
+            verdicts[k] = [bool(v and v[0]) for v in (next(alone) for _ in chunks[k])]
+    return [bool(v) for c, vs in zip(chunks, verdicts, strict=True) for v in (vs or [False] * len(c))]
+
+
+def score_many(pairs: list[tuple[ReasoningInstance, str]], shaping: ReasoningShaping | None = None) -> list[Outcome]:
+    """Score a batch: exact match on the host; the answers left over of datasets with their own verifier in the
+    sandbox runner (see the module docstring), cached by dataset, entry and answer."""
     sh = shaping or ReasoningShaping()
-    got = final_answer(str(completion))
+    gots = [final_answer(str(c)) for _, c in pairs]
+    right: list[bool] = [bool(g) and _norm(g) == _norm(i.answer) for (i, _), g in zip(pairs, gots, strict=True)]
+    keys: dict[int, str] = {}
+    for k, ((inst, _), got) in enumerate(zip(pairs, gots, strict=True)):
+        if got and not right[k] and has_own_verifier(inst.dataset):
+            keys[k] = hashlib.sha256(json.dumps([inst.dataset, inst.params_json, inst.entry_json, got]).encode()
+                                     ).hexdigest()
+    with _CACHE_LOCK:
+        known = {key: _CACHE[key] for key in keys.values() if key in _CACHE}
+    todo: dict[str, list[str]] = {}
+    for k, key in keys.items():
+        if key not in known:
+            inst = pairs[k][0]
+            todo.setdefault(key, [inst.dataset, inst.params_json, gots[k], inst.entry_json])
+    if todo:
+        verdicts = _verify(list(todo.values()))
+        with _CACHE_LOCK:
+            for key, v in zip(todo, verdicts, strict=True):
+                known[key] = _CACHE[key] = v
+                while len(_CACHE) > _CACHE_MAX:
+                    _CACHE.popitem(last=False)
+    for k, key in keys.items():
+        right[k] = known[key]
+    return [_outcome(inst, got, ok, sh) for (inst, _), got, ok in zip(pairs, gots, right, strict=True)]
+
+
+def _outcome(inst: ReasoningInstance, got: str, right: bool, sh: ReasoningShaping) -> Outcome:
     metrics = {"answer_len": float(len(inst.answer))}
     if not got:
         return Outcome(failure="no_answer", reward=sh.format_penalty, detail="no answer", metrics=metrics)
-    right = _norm(got) == _norm(inst.answer)
-    if not right:
-        try:  # the dataset's own verifier, full marks only (never its partial credit)
-            right = float(_dataset(inst.dataset, inst.params_json).score_answer(got, json.loads(inst.entry_json))) >= 1.0
-        except Exception:  # noqa: BLE001  # a verifier that cannot read this answer: it is not right
-            right = False
     if right:
         return Outcome(valid=True, optimal=True, reward=sh.valid_reward, metrics=metrics)
     return Outcome(failure="wrong", reward=0.0, detail=f"{got[:60]!r} is not {inst.answer[:60]!r}",
                    where={"got": got[:200]}, metrics=metrics)
+
+
+def score(inst: ReasoningInstance, completion: str, shaping: ReasoningShaping | None = None) -> Outcome:
+    return score_many([(inst, completion)], shaping)[0]
 
 
 def slices(inst: ReasoningInstance) -> dict[str, str]:
@@ -228,8 +387,8 @@ SPEC = TaskSpec(
 
 
 class ReasoningTask(SpecNames):
-    """The `Task` protocol over reasoning-gym's datasets (harness/tasks/base.py), with the capabilities EnvStats,
-    VetConfigs."""
+    """The `Task` protocol over reasoning-gym's datasets (harness/tasks/base.py), with the capabilities BatchScorer,
+    EnvStats and VetConfigs."""
 
     name = "reasoning"
     spec = SPEC
@@ -248,6 +407,10 @@ class ReasoningTask(SpecNames):
 
     def score(self, instance: ReasoningInstance, completion: str, shaping: ReasoningShaping | None = None) -> Outcome:
         return score(instance, completion, shaping)
+
+    def score_many(self, pairs: list[tuple[ReasoningInstance, str]],
+                   shaping: ReasoningShaping | None = None) -> list[Outcome]:
+        return score_many(pairs, shaping)
 
     def slices(self, instance: ReasoningInstance) -> dict[str, str]:
         return slices(instance)

@@ -1,0 +1,70 @@
+"""Checkpoint retention (`harness.retention`): the pure "which may go" function on a three-stage run's checkpoints, and
+the config refusing a setting that would delete what a resume needs. The loop applying it runs in
+tests/test_chat_checkpoint.py (a one-stage run ends with the warm start, the incumbent and the promoted checkpoint).
+
+    PYTHONPATH=$PWD .venv/bin/python -m pytest -q tests/test_retention.py
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.config import ConfigError, parse_config
+from harness.retention import deletable, disk_usage
+
+# stage 1 promoted c1; stage 2 rejected c2 and carried its control arm; stage 3 is still running (no decision yet)
+NAMES = ["warmstart", "warmstart-progress", "s1-train", "s1-control", "s1-c1", "s2-train", "s2-control", "s2-c2",
+         "s3-train", "s3-control", "s3-c3", "notes"]
+RUN = {"decided": {1, 2}, "incumbent": "s2-control", "promoted": ["s1-c1"], "setup_done": True}
+
+
+def test_losing_and_superseded_checkpoints_go_what_a_resume_or_review_needs_stays():
+    """Default policy: the losing arm, the control arm and the training checkpoint of decided stages go; the warm
+    start, the incumbent (a resume starts the next stage from it), the promoted one, every checkpoint of the stage in
+    progress and unknown folders stay. Catches deleting the incumbent or an undecided stage's arms."""
+    assert deletable(NAMES, keep_promoted="all", delete_superseded=True, **RUN) == \
+        ["s1-control", "s1-train", "s2-c2", "s2-train", "warmstart-progress"]
+
+
+def test_an_incumbent_replaced_later_goes_unless_it_was_promoted():
+    """Stage 3 decided too (c3 promoted): stage 2's carried control arm is no longer the incumbent and was never
+    promoted, so it goes; stage 1's promoted c1 stays with keep_promoted all, goes with keep_promoted 1."""
+    run = {**RUN, "decided": {1, 2, 3}, "incumbent": "s3-c3", "promoted": ["s1-c1", "s3-c3"]}
+    keep_all = deletable(NAMES, keep_promoted="all", delete_superseded=True, **run)
+    assert "s2-control" in keep_all and "s1-c1" not in keep_all and "s3-c3" not in keep_all
+    assert {"s3-train", "s3-control"} <= set(keep_all)
+    last1 = deletable(NAMES, keep_promoted=1, delete_superseded=True, **run)
+    assert set(last1) - set(keep_all) == {"s1-c1"}
+    # keep_promoted never reaches past the incumbent or the warm start
+    assert "s3-c3" not in last1 and "warmstart" not in last1
+
+
+def test_keeping_superseded_checkpoints_and_an_unfinished_setup():
+    """delete_superseded false keeps every stage checkpoint (older promoted ones still obey keep_promoted); the SFT's
+    resumable checkpoints stay until setup is recorded (a kill during the warm start resumes from them)."""
+    run = {**RUN, "decided": {1, 2, 3}, "incumbent": "s3-c3", "promoted": ["s1-c1", "s3-c3"]}
+    assert deletable(NAMES, keep_promoted="all", delete_superseded=False, **run) == ["warmstart-progress"]
+    assert deletable(NAMES, keep_promoted=1, delete_superseded=False, **run) == ["s1-c1", "warmstart-progress"]
+    assert deletable(NAMES, keep_promoted="all", delete_superseded=False, **{**run, "setup_done": False}) == []
+
+
+def test_a_retention_that_would_delete_the_incumbent_is_refused_at_config_load():
+    """keep_promoted: 0 would delete the newest promoted checkpoint, the one the next stage (and a resume) starts
+    from: refused in one line naming the field and the fix, before anything runs."""
+    with pytest.raises(ConfigError) as err:
+        parse_config({"retention": {"keep_promoted": 0}}, "x.yaml")
+    problem = str(err.value).splitlines()[1].strip()
+    assert problem.startswith("retention.keep_promoted: 0 would delete the newest promoted checkpoint")
+    assert "resume" in problem and "set 1 or more, or 'all'" in problem
+    with pytest.raises(ValueError, match="at least 1"):
+        deletable(NAMES, keep_promoted=0, delete_superseded=True, **RUN)
+    assert parse_config({"retention": {"keep_promoted": 2}}, "x.yaml").retention.keep_promoted == 2
+    assert parse_config({}, "x.yaml").retention.keep_promoted == "all"
+
+
+def test_disk_usage_counts_checkpoints(tmp_path):
+    for name, size in (("warmstart", 1000), ("s1-c1", 500)):
+        (tmp_path / "checkpoints" / name).mkdir(parents=True)
+        (tmp_path / "checkpoints" / name / "model.safetensors").write_bytes(b"x" * size)
+    (tmp_path / "run.db").write_bytes(b"y" * 100)
+    assert disk_usage(tmp_path) == {"bytes": 1600, "checkpoints": 2, "checkpoint_bytes": 1500}

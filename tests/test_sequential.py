@@ -1,0 +1,141 @@
+"""The sequential, evidence-pooling decision procedure (harness/sequential.py): its error guarantees by simulation.
+
+What these tests could catch: a boundary that is not time-uniform (re-looking after every batch and pooling re-tests
+would then promote a change at the minimum effect more often than alpha; the naive fixed-n bound below does, which
+shows the simulation has the power to see it), an arm-noise term left out, evidence from two judges pooled, a clear
+loser or winner that does not stop early, a harmed slice that does not refute.
+"""
+
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+
+import numpy as np
+import pytest
+
+from harness.sequential import (
+    PairEvidence,
+    Plan,
+    SequentialError,
+    closed_form_boundary,
+    cs_radius,
+    decide,
+    max_evidence_warning,
+    mixture_boundary,
+)
+
+PLAN = Plan(alpha=0.05, min_effect=0.02, slice_tolerance=0.1, arm_noise_sd=0.012, max_n=160, min_n=40, batch=40,
+            max_pairs=3)
+
+
+def _pair_diffs(rng: np.random.Generator, effect: float, n: int, plan: Plan, samples: int = 4) -> np.ndarray:
+    """Per-instance differences of two arms' rates over `samples` completions: a shared per-instance difficulty, the
+    candidate shifted by the true effect plus this pair's arm offset (one draw per pair)."""
+    q = rng.uniform(0.1, 0.6, n)
+    eta = rng.normal(0.0, plan.arm_noise_sd)
+    pk = np.clip(q + effect + eta, 0.0, 1.0)
+    return (rng.binomial(samples, pk) - rng.binomial(samples, q)) / samples
+
+
+def _run(rng: np.random.Generator, effect: float, plan: Plan, judge=decide) -> tuple[str, int]:
+    """One whole decision as the loop would drive it: batches until an answer, inconclusive -> a pooled re-test."""
+    pairs: list[PairEvidence] = []
+    while True:
+        pool = _pair_diffs(rng, effect, plan.max_n, plan)
+        pairs.append(PairEvidence(judge="j", diffs=[]))
+        while True:
+            have = len(pairs[-1].diffs)
+            take = plan.min_n if have == 0 else plan.batch
+            pairs[-1] = PairEvidence(judge="j", diffs=list(pool[: min(plan.max_n, have + take)]))
+            look = judge(pairs, plan)
+            if look.decision != "continue":
+                if look.decision == "inconclusive" and len(pairs) < plan.max_pairs:
+                    break  # kept: the re-test pools onto it
+                return look.decision, look.n
+            if look.next_step == "new_pair":
+                break
+
+
+def _naive(pairs: list[PairEvidence], plan: Plan):
+    """A fixed-n one-sided normal bound re-checked at every look and over pooled re-tests (what this module replaces)."""
+    d = np.concatenate([np.asarray(p.diffs) for p in pairs])
+    lo = d.mean() - NormalDist().inv_cdf(1 - plan.alpha) * d.std(ddof=1) / math.sqrt(len(d))
+    out = decide(pairs, plan)
+    if lo > plan.min_effect:
+        return out.model_copy(update={"decision": "promoted"})
+    return out
+
+
+def _rate(decisions: list[str], what: str) -> tuple[float, float]:
+    k, n = sum(d == what for d in decisions), len(decisions)
+    return k / n, 3 * math.sqrt(0.05 * 0.95 / n)
+
+
+def test_boundary_is_the_cited_mixture_and_wider_than_a_fixed_n_bound():
+    for v in (0.5, 5.0, 20.0, 80.0, 500.0):
+        for alpha in (0.01, 0.025, 0.05):
+            exact = mixture_boundary(v, alpha, PLAN.rho)
+            assert exact <= closed_form_boundary(v, alpha, PLAN.rho) + 1e-9  # eq. (14) bounds the exact root
+            assert exact >= NormalDist().inv_cdf(1 - alpha) * math.sqrt(v)  # time-uniform costs width
+
+
+def test_false_promotions_at_the_minimum_effect_stay_within_alpha_across_looks_and_re_tests():
+    rng = np.random.default_rng(0)
+    decisions = [_run(rng, PLAN.min_effect, PLAN)[0] for _ in range(1500)]
+    rate, slack = _rate(decisions, "promoted")
+    assert rate <= PLAN.alpha + slack, f"false promotion rate {rate:.3f} over 1500 sequential decisions"
+    # the naive procedure, same data stream, breaks the bound: the simulation can see a broken guarantee
+    rng = np.random.default_rng(0)
+    naive = [_run(rng, PLAN.min_effect, PLAN, judge=_naive)[0] for _ in range(1500)]
+    assert _rate(naive, "promoted")[0] > PLAN.alpha + slack
+
+
+def test_false_refutations_of_a_real_effect_stay_within_alpha():
+    rng = np.random.default_rng(1)
+    decisions = [_run(rng, PLAN.min_effect, PLAN)[0] for _ in range(1000)]
+    rate, slack = _rate(decisions, "refuted")
+    assert rate <= PLAN.alpha + slack
+
+
+def test_a_clear_loser_stops_at_the_first_look_and_a_clear_winner_before_the_evidence_is_spent():
+    rng = np.random.default_rng(2)
+    losers = [_run(rng, -0.25, PLAN) for _ in range(50)]
+    assert all(d == "refuted" for d, _ in losers)
+    assert np.mean([n for _, n in losers]) <= PLAN.min_n + PLAN.batch
+    winners = [_run(rng, 0.3, PLAN) for _ in range(50)]
+    assert sum(d == "promoted" for d, _ in winners) >= 48
+    assert np.mean([n for _, n in winners]) < PLAN.max_n
+
+
+def test_inconclusive_evidence_is_kept_and_pooled_and_never_across_judges():
+    rng = np.random.default_rng(3)
+    first = PairEvidence(judge="j1", diffs=list(_pair_diffs(rng, 0.06, 160, PLAN)))
+    look1 = decide([first], PLAN)
+    second = PairEvidence(judge="j1", diffs=list(_pair_diffs(rng, 0.06, 160, PLAN)))
+    look2 = decide([first, second], PLAN)
+    assert look2.n == 320 and look2.pairs == 2
+    assert look2.hi - look2.lo < look1.hi - look1.lo  # more evidence, a narrower bound
+    with pytest.raises(SequentialError, match="different judges"):
+        decide([first, second.model_copy(update={"judge": "j2"})], PLAN)
+
+
+def test_a_harmed_slice_or_a_veto_refutes_whatever_the_overall_effect():
+    rng = np.random.default_rng(4)
+    n = 160
+    d = _pair_diffs(rng, 0.3, n, PLAN)
+    d[:80] = -1.0  # every instance of slice size=3 lost by the candidate
+    slices = [{"size": "3"} if i < 80 else {"size": "5"} for i in range(n)]
+    look = decide([PairEvidence(judge="j", diffs=list(d), slices=slices)], PLAN)
+    assert look.decision == "refuted" and "size=3" in look.reason
+    ok = decide([PairEvidence(judge="j", diffs=list(_pair_diffs(rng, 0.3, n, PLAN)))], PLAN, vetoes=["planted"])
+    assert ok.decision == "refuted" and "veto: planted" in ok.reason
+
+
+def test_the_gate_says_when_its_maximum_evidence_cannot_see_min_effect():
+    assert max_evidence_warning(PLAN.model_copy(update={"min_effect": 0.2})) is None
+    msg = max_evidence_warning(PLAN)
+    assert msg is not None and "raise backtest.n to about" in msg
+    need = int(msg.split("about ")[1].split(",")[0])
+    big = PLAN.model_copy(update={"max_n": need})
+    assert cs_radius(need * 3, PLAN.sd_guess, big.alpha_inst, big.rho) < PLAN.min_effect
