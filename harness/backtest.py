@@ -20,57 +20,15 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from harness.config import GateConfig
 from harness.records import Evidence, Rollout, Verdict, cut
 from harness.seeds import check_split
-
-# --- the gate's configuration -----------------------------------------------------------------------------------------
-
-
-class HumanAfterFailures(BaseModel):
-    """Turn the human gate on once this many stages in a row ended without a promotion."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    after_failures: int = Field(..., ge=1, description="consecutive stages without a promotion before a human decides")
-
-
-class GateConfig(BaseModel):
-    """The promotion rule. Fixed by the run's config; never part of the evolvable harness."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    min_effect: float = Field(0.02, ge=0.0, le=1.0,
-                              description="the one-sided lower bound of the main-metric effect must EXCEED this "
-                                          "(> 0 also guards the percentile bootstrap when few pairs disagree)")
-    slice_tolerance: float = Field(0.05, ge=0.0, le=1.0,
-                                   description="no slice's lower bound may fall below minus this (preserve what works)")
-    confidence: float = Field(0.95, gt=0.5, lt=1.0, description="one-sided confidence of the lower bounds")
-    n_boot: int = Field(2000, ge=100, le=200_000, description="bootstrap resamples per comparison")
-    min_slice_n: int = Field(20, ge=1, description="slices with fewer paired instances are reported but not checked")
-    metric: str = Field("valid", description="the main metric the outcomes measure (for the record)")
-    arm_noise_sd: float = Field(0.0, ge=0.0, le=1.0,
-                                description="standard deviation of the effect between two arms that differ only in "
-                                            "training randomness (measured by `evotrainer bench calibration --mode "
-                                            "aa`); added in quadrature to the bootstrap's instance noise in every "
-                                            "bound, since resampling instances cannot see it")
-
-    human: Literal["never", "always"] | HumanAfterFailures = Field(
-        "never", description="a person at the gate after each backtest: never (autonomous), always, or "
-        "{after_failures: N} (once N stages in a row ended without a promotion). The run pauses (the pause survives "
-        "a restart) until `evotrainer approve|revise|abort RUN`")
-
-    @property
-    def alpha(self) -> float:
-        return 1.0 - self.confidence
-
-    def human_needed(self, stages_without_promotion: int) -> bool:
-        if isinstance(self.human, HumanAfterFailures):
-            return stages_without_promotion >= self.human.after_failures
-        return self.human == "always"
 
 
 class GateError(ValueError):

@@ -100,7 +100,7 @@ def _env_config(task, path: Path | None):
     except YamlError as exc:
         fail(f"config {exc}")
     try:
-        return task.config_model.model_validate(data)
+        return task.spec.config_model.model_validate(data)
     except ValidationError as exc:
         fail(f"config {path}: {_problems(exc)}")
 
@@ -121,9 +121,9 @@ def env_sample(
     checkpoint's model sees it (chat template applied)."""
     t = _task(task)
     cfg = _env_config(t, config)
-    style = style or t.styles[0]
-    if style not in t.styles:
-        fail(f"unknown style {style!r}; choose one of: {', '.join(t.styles)}")
+    style = style or t.spec.styles[0]
+    if style not in t.spec.styles:
+        fail(f"unknown style {style!r}; choose one of: {', '.join(t.spec.styles)}")
     render = None
     if checkpoint is not None:
         from policies.model import PolicyLoadError, check_checkpoint, format_prompt
@@ -160,7 +160,11 @@ def env_stats(
     seed_start: Annotated[int, typer.Option(min=0, help="first seed")] = 0,
 ) -> None:
     """Print a config's distribution: the task's env_stats (MAPF: sizes, holes, needs-wait; math, code: per level)."""
+    from harness.tasks import EnvStats
+
     t = _task(task)
+    if not isinstance(t, EnvStats):
+        fail(f"task {task} has no env statistics (its module defines no env_stats); try `evotrainer env sample`")
     cfg = _env_config(t, config)
     try:
         stats = t.env_stats(cfg, n, seed_start)
@@ -203,12 +207,12 @@ def demo(
         t0 = time.perf_counter()
         sol = solve(inst.size, free, s, g)
         times.append(1000 * (time.perf_counter() - t0))
-        out = t.score(inst, t.expert(inst, t.styles[0]))
+        out = t.score(inst, t.expert(inst, t.spec.styles[0]))
         valid += out.valid
         optimal += out.optimal
         typer.echo(f"{entry_name} seed={inst.seed} makespan={sol.makespan} needs_wait={sol.needs_wait} "
                    f"valid={out.valid} optimal={out.optimal}")
-        typer.echo(t.prompt(inst, t.styles[0]) + t.expert(inst, t.styles[0]))
+        typer.echo(t.prompt(inst, t.spec.styles[0]) + t.expert(inst, t.spec.styles[0]))
     typer.echo(f"instances: {len(picked)}")
     typer.echo(f"cbs_median_ms: {statistics.median(times):.2f}")
     typer.echo(f"valid: {valid / len(picked):.3f}")
@@ -439,8 +443,8 @@ def _rung3_recipe(items: list[str]) -> dict[str, Any]:
     from pydantic import ValidationError
 
     from harness.benchmarks.ladder import RUNG3_RECIPE
-    from sandbox.yamlload import load_yaml_text
     from policies.train import Recipe
+    from sandbox.yamlload import load_yaml_text
 
     kw: dict[str, Any] = {}
     for item in items:
@@ -570,14 +574,14 @@ def train(
     from policies.train import Recipe
 
     t = get_task(task)
-    env = _load_yaml_model(config, t.config_model, "env config")
+    env = _load_yaml_model(config, t.spec.config_model, "env config")
     rec = _load_yaml_model(recipe, Recipe, "recipe") or Recipe(**CPU_TRAIN_RECIPE)
     if sft_steps is not None:
         rec = rec.model_copy(update={"sft_steps": sft_steps})
     if init is not None and not Path(init).exists():
         raise UserError(f"--init checkpoint {init!r} does not exist; pass a save_pretrained directory or drop --init")
-    if style is not None and style not in t.styles:
-        raise UserError(f"unknown --style {style!r}; choose one of: {', '.join(t.styles)}")
+    if style is not None and style not in t.spec.styles:
+        raise UserError(f"unknown --style {style!r}; choose one of: {', '.join(t.spec.styles)}")
     bar, hook = _progress_printer()
     with bar:
         _, _, rep = train_policy(t, str(out), preset=preset, init=init, config=env, sft_examples=sft_examples,
@@ -614,8 +618,8 @@ def eval_cmd(
 
     model, tok = load_policy(ckpt)  # a missing checkpoint is the first error the user sees
     t = get_task(task)
-    if style is not None and style not in t.styles:
-        raise UserError(f"unknown --style {style!r}; choose one of: {', '.join(t.styles)}")
+    if style is not None and style not in t.spec.styles:
+        raise UserError(f"unknown --style {style!r}; choose one of: {', '.join(t.spec.styles)}")
     style = style or checkpoint_style(t, ckpt, tok)
     require_chat_template(tok, str(ckpt), style)
     report = evaluate(model, tok, t, suite_instances(t, suite), style, blocks=suite_blocks(t, suite),
@@ -740,7 +744,8 @@ def _run_progress():
 
 
 def _finish_run(run_dir: Path) -> None:
-    from harness.report import print_summary, write_html
+    from harness.report import print_summary
+    from harness.report_page import write_html
 
     write_html(run_dir)
     print_summary(run_dir, console)
@@ -951,7 +956,7 @@ def report(
 ) -> None:
     """Write a static HTML page: held-out metrics per stage and the candidate timeline."""
     from harness.lifecycle import find_run
-    from harness.report import write_html
+    from harness.report_page import write_html
     from harness.terminal import shown
 
     out = write_html(find_run(run_ref, runs_dir))

@@ -15,8 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from harness.backtest import GateConfig
-from harness.engineer import EngineerConfig
+from harness.tasks import DEFAULT_TASK
 
 
 class ConfigError(ValueError):
@@ -45,9 +44,9 @@ class PolicyConfig(_Strict):
     preset: Literal["tiny", "small", "base"] | None = Field(
         "tiny", description="build a model offline from a preset: tiny (~1M), small (~6M), base (~86M, for a GPU)")
     checkpoint: str | None = Field(None, description="start from a local Hugging Face checkpoint dir instead of a preset")
-    style: str | None = Field(None, description="prompt style (mapf: trace or compact for char models, chat for chat "
-                                                "LLMs); default: the task's first style (trace) for presets; for a "
-                                                "checkpoint, the style it was trained on, else chat")
+    style: str | None = Field(None, description="prompt style, one of the task's styles (chat for chat LLMs); "
+                                                "default: the task's first style for presets; for a checkpoint, the "
+                                                "style it was trained on, else chat")
     backend: Literal["transformers", "vllm", "auto"] = Field("transformers", description="rollout engine")
 
     @model_validator(mode="after")
@@ -87,8 +86,8 @@ class StageConfig(_Strict):
     probe_samples: int = Field(4, ge=1, description="samples per probe instance (groups for GRPO-health diagnostics)")
     candidates: int = Field(1, ge=1, le=8, description="candidates the engineer may propose per stage")
     rejections_before_fallback: int = Field(3, ge=1, description="consecutive rejections before rolling back to the "
-                                            "last promoted harness and shrinking the change step size")
-    step_shrink: float = Field(0.5, gt=0, lt=1, description="multiplier on the change step size at each fallback")
+                                            "last promoted harness and shrinking the engineer's change steps")
+    step_shrink: float = Field(0.5, gt=0, lt=1, description="multiplier on the engineer's change steps at each fallback")
     prefetch: bool = Field(True, description="generate the stage's probe, backtest and next train instances in a "
                                              "background process while the policy trains")
 
@@ -155,14 +154,83 @@ class RetentionConfig(_Strict):
         return v
 
 
+class HumanAfterFailures(BaseModel):
+    """Turn the human gate on once this many stages in a row ended without a promotion."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    after_failures: int = Field(..., ge=1, description="consecutive stages without a promotion before a human decides")
+
+
+class GateConfig(BaseModel):
+    """The promotion rule. Fixed by the run's config; never part of the evolvable harness."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    min_effect: float = Field(0.02, ge=0.0, le=1.0,
+                              description="the one-sided lower bound of the main-metric effect must EXCEED this "
+                                          "(> 0 also guards the percentile bootstrap when few pairs disagree)")
+    slice_tolerance: float = Field(0.05, ge=0.0, le=1.0,
+                                   description="no slice's lower bound may fall below minus this (preserve what works)")
+    confidence: float = Field(0.95, gt=0.5, lt=1.0, description="one-sided confidence of the lower bounds")
+    n_boot: int = Field(2000, ge=100, le=200_000, description="bootstrap resamples per comparison")
+    min_slice_n: int = Field(20, ge=1, description="slices with fewer paired instances are reported but not checked")
+    metric: str = Field("valid", description="the main metric the outcomes measure (for the record)")
+    arm_noise_sd: float = Field(0.0, ge=0.0, le=1.0,
+                                description="standard deviation of the effect between two arms that differ only in "
+                                            "training randomness (measured by `evotrainer bench calibration --mode "
+                                            "aa`); added in quadrature to the bootstrap's instance noise in every "
+                                            "bound, since resampling instances cannot see it")
+
+    human: Literal["never", "always"] | HumanAfterFailures = Field(
+        "never", description="a person at the gate after each backtest: never (autonomous), always, or "
+        "{after_failures: N} (once N stages in a row ended without a promotion). The run pauses (the pause survives "
+        "a restart) until `evotrainer approve|revise|abort RUN`")
+
+    @property
+    def alpha(self) -> float:
+        return 1.0 - self.confidence
+
+    def human_needed(self, stages_without_promotion: int) -> bool:
+        if isinstance(self.human, HumanAfterFailures):
+            return stages_without_promotion >= self.human.after_failures
+        return self.human == "always"
+
+
+class EngineerConfig(BaseModel):
+    """Which engineer proposes changes, and how to reach it."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["rule", "llm", "scripted"] = Field("rule", description="rule (no LLM), llm, or scripted (replays)")
+    base_url: str | None = Field(None, description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1 (llm)")
+    model: str | None = Field(None, description="model name at the endpoint (llm with base_url)")
+    api_key_env: str | None = Field(None, description="NAME of the env var holding the API key; None = no auth")
+    model_path: str | None = Field(None, description="local transformers checkpoint dir, or 'policy' for the current "
+                                                     "policy checkpoint (llm without base_url)")
+    script: str | None = Field(None, description="YAML/JSONL file of replies, one per stage (scripted)")
+    max_retries: int = Field(2, ge=0, le=10, description="retries of an invalid reply before the rule engineer steps in")
+    temperature: float = Field(0.7, ge=0, le=2, description="sampling temperature of the engineer")
+    max_tokens: int = Field(1024, ge=16, description="reply budget in tokens")
+    timeout_s: float = Field(120.0, gt=0, description="seconds allowed for one endpoint reply")
+
+    @model_validator(mode="after")
+    def _check(self) -> EngineerConfig:
+        if self.kind == "llm" and not ((self.base_url and self.model) or self.model_path):
+            raise ValueError("engineer kind 'llm' needs base_url + model (an OpenAI-compatible endpoint) or "
+                             "model_path (a local checkpoint, or 'policy')")
+        if self.kind == "llm" and self.base_url and self.model_path:
+            raise ValueError("engineer: give base_url + model OR model_path, not both")
+        if self.kind == "scripted" and not self.script:
+            raise ValueError("engineer kind 'scripted' needs script: a .yaml/.jsonl file of replies")
+        return self
+
+
 class RunConfig(_Strict):
-    task: str = Field("mapf", description="task family: mapf")
+    task: str = Field(DEFAULT_TASK, description="task family (a name in harness.tasks.TASKS)")
     name: str = Field("run", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=80,
                       description="run id prefix (the id adds -YYYYmmdd-HHMMSS)")
     seed: int = Field(0, description="seed for the engineer's choices and model initialisation")
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     env: dict[str, Any] | None = Field(None, description="round-0 generator config (the task's config model); "
-                                                         "default: the harness template's env.yaml")
+                                                         "default: the task's round-0 env.yaml")
     recipe: dict[str, Any] = Field(default_factory=dict, description="round-0 recipe overrides (policies.train.Recipe)")
     reward: dict[str, Any] = Field(default_factory=dict, description="round-0 reward shaping (the task's shaping model)")
     warm_start: WarmStartConfig = Field(default_factory=WarmStartConfig)
@@ -185,16 +253,16 @@ class RunConfig(_Strict):
             raise ValueError(f"task: unknown task {self.task!r}; choose one of {', '.join(sorted(TASKS))}")
         task = get_task(self.task)
         if self.env is not None:
-            _nested("env", task.config_model, self.env)
+            _nested("env", task.spec.config_model, self.env)
         if self.backtest.env is not None:
-            _nested("backtest.env", task.config_model, self.backtest.env)
-        _nested("reward", task.shaping_model, self.reward)
+            _nested("backtest.env", task.spec.config_model, self.backtest.env)
+        _nested("reward", task.spec.shaping_model, self.reward)
         _nested("recipe", Recipe, self.recipe)
         if self.eval.suite:
             task.suite(self.eval.suite)  # raises with the list of suites
-        if self.policy.style is not None and self.policy.style not in task.styles:
+        if self.policy.style is not None and self.policy.style not in task.spec.styles:
             raise ValueError(f"policy.style: unknown style {self.policy.style!r} for task {self.task}; choose one of "
-                             f"{', '.join(task.styles)}")
+                             f"{', '.join(task.spec.styles)}")
         return self
 
     @property
@@ -205,7 +273,7 @@ class RunConfig(_Strict):
 
         if self.policy.style:
             return self.policy.style
-        styles = get_task(self.task).styles
+        styles = get_task(self.task).spec.styles
         if self.policy.preset:
             return styles[0]
         from harness.policy_glue import read_policy_meta
@@ -216,7 +284,7 @@ class RunConfig(_Strict):
 
 def _nested(prefix: str, model: type[BaseModel], data: Any) -> None:
     """Validate a section checked by another model (the task's generator config, its shaping, the Recipe); errors name
-    the full path in the run config (`env.sizes.0.hole_ratio`, not `sizes.0.hole_ratio`)."""
+    the full path in the run config (`env.<list>.0.<field>`, not `<list>.0.<field>`)."""
     try:
         model.model_validate(data)
     except ValidationError as exc:

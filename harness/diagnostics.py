@@ -29,13 +29,14 @@ import math
 import re
 import statistics
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable
-from typing import Any, ClassVar
+from collections.abc import Iterable
+from typing import Any
 
 from pydantic import BaseModel
 
 from harness.records import Diagnosis, DiagnosticResult, Finding, HistoryItem, Rollout
 from harness.seeds import SplitError, check_split, split_of
+from harness.tasks.base import EnvStats, Instance, TaskSpec
 from sandbox.runner import Limits, RunResult, SandboxUnavailable, run_function
 
 # --- thresholds -------------------------------------------------------------------------------------------------------
@@ -64,33 +65,20 @@ def _task_of(rollouts: list[Rollout]) -> str:
     return names.pop() if len(names) == 1 else "task"
 
 
-class _NoTask:
-    """What the diagnostics know of a task that is not registered (evolved tests, foreign rollouts): nothing."""
-
-    entry_key = None
-    slice_keys: tuple[str, ...] = ()
-    difficulty_slice = ""
-    failure_knobs: ClassVar[dict[str, list[str]]] = {}
-    frontier_knob = None
-    gap_metric = None
-    near_miss_text = "one step short of a valid answer"
-    suboptimal_text = "valid, but not optimal"
-
-    def near_miss(self, metrics: dict[str, float]) -> bool:
-        return False
-
-
-def _task(rollouts: list[Rollout]):
-    """The registered task of these rollouts (its slices, failure -> knob hints, near-miss rule), else `_NoTask`."""
+def _spec(rollouts: list[Rollout]) -> TaskSpec:
+    """The registered task's spec of these rollouts (its slices, failure -> knob hints, near-miss rule); for a task that
+    is not registered (evolved tests, foreign rollouts), a spec that knows nothing: no slices, no hints, no near miss."""
     from harness.tasks import TASKS, get_task
 
     name = _task_of(rollouts)
-    return get_task(name) if name in TASKS else _NoTask()
+    return get_task(name).spec if name in TASKS else TaskSpec(config_model=BaseModel, shaping_model=BaseModel,
+                                                              instance_model=Instance, styles=(), alphabet="",
+                                                              round0_env="")
 
 
 def slice_keys_of(rollouts: list[Rollout]) -> tuple[str, ...]:
     """The task's slice keys, else every slice key the rollouts carry."""
-    keys = tuple(_task(rollouts).slice_keys)
+    keys = tuple(_spec(rollouts).slice_keys)
     return keys or tuple(dict.fromkeys(k for r in rollouts for k in r.slices))
 
 
@@ -184,7 +172,7 @@ def failure_breakdown(rollouts: list[Rollout], slice_key: str | None = None, min
                       min_count: int = MIN_FAILURE_COUNT) -> DiagnosticResult:
     """Failures by type within each slice of the difficulty slice (the task's): finding `<task>.<failure>` per slice
     with its rate, examples and the knobs the task's `failure_knobs` suggest."""
-    task, t = _task_of(rollouts), _task(rollouts)
+    task, t = _task_of(rollouts), _spec(rollouts)
     table = t.failure_knobs
     slice_key = slice_key or t.difficulty_slice or "all"
     by: dict[str, list[Rollout]] = defaultdict(list)
@@ -218,7 +206,7 @@ def near_misses(rollouts: list[Rollout], slice_key: str | None = None) -> Diagno
     """Almost solved (the task's `near_miss` rule on an invalid answer's metrics), or valid but not optimal. Findings
     `<task>.near_miss` and `<task>.suboptimal` (info) per slice: signal that is close to reward."""
     task = _task_of(rollouts)
-    t = _task(rollouts)
+    t = _spec(rollouts)
     slice_key = slice_key or t.difficulty_slice or "all"
     miss: dict[str, list[Rollout]] = defaultdict(list)
     subopt: dict[str, list[Rollout]] = defaultdict(list)
@@ -251,7 +239,7 @@ def quality_gap(rollouts: list[Rollout], slice_key: str | None = None) -> Diagno
     """Mean gap to optimal over valid answers (the task's `gap_metric` in `Outcome.metrics`, e.g. a plan's length
     gap), overall and per slice. Metrics only: the gap is what the `optimal` rate measures in aggregate. A task
     without a gap metric gets an empty result."""
-    t = _task(rollouts)
+    t = _spec(rollouts)
     name = t.gap_metric
     if not name:
         return DiagnosticResult(name="quality_gap")
@@ -273,7 +261,7 @@ def competence_frontier(rollouts: list[Rollout], slice_key: str | None = None, m
     and `<task>.frontier` (between), with the task's `frontier_knob`. The first frontier value is the difficulty to
     train on next (metric `frontier_<slice>`)."""
     task = _task_of(rollouts)
-    t = _task(rollouts)
+    t = _spec(rollouts)
     slice_key = slice_key or t.difficulty_slice
     if not slice_key:
         return DiagnosticResult(name="competence_frontier")
@@ -653,7 +641,7 @@ def build_diagnosis(task: Any, stage: int, rollouts: list[Rollout], env_config: 
                     step_shrink: float = 0.5) -> Diagnosis:
     """Everything the engineer sees, built from PROBE rollouts only (raises `SplitError` otherwise).
 
-    `task` is the Task object (its `env_stats(config, n)` is used when the task has one); `env_config` and `recipe`
+    `task` is the Task object (its `env_stats(config, n)` when it has that capability, `EnvStats`); `env_config` and `recipe`
     are models or dicts (recipe.yaml's `reward:` section, or `shaping`, becomes `recipe["reward"]`); `history` is past
     candidates (round-0 default entries are dropped); `valid_history` is the past stages' held-out valid rates
     (aggregate only) for the reward-hacking check; `state` is the harness state hash (Diagnosis.state)."""
@@ -673,8 +661,7 @@ def build_diagnosis(task: Any, stage: int, rollouts: list[Rollout], env_config: 
     for res in results:
         for k, v in res.metrics.items():
             metrics.setdefault(f"{res.name}.{k}" if res.name.startswith("evolved.") else k, v)
-    cfg = env_config if isinstance(env_config, BaseModel) else task.config_model.model_validate(env_config)
-    stats_fn: Callable[..., Any] | None = getattr(task, "env_stats", None)  # optional in the Task protocol
+    cfg = env_config if isinstance(env_config, BaseModel) else task.spec.config_model.model_validate(env_config)
     rec = _dump(recipe)
     if shaping is not None:
         rec["reward"] = _dump(shaping)
@@ -684,7 +671,8 @@ def build_diagnosis(task: Any, stage: int, rollouts: list[Rollout], env_config: 
         task=task.name, stage=stage, state=state, stages_left=stages_left, budget_left_s=budget_left_s,
         overall=overall_stats(rollouts), by_slice=by_slice, findings=findings, metrics=metrics,
         diagnostic_errors={res.name: res.error for res in results if res.error},
-        env_stats=env_stats if env_stats is not None else _dump(stats_fn(cfg, env_stats_n)) if stats_fn else {},
+        env_stats=env_stats if env_stats is not None else
+        _dump(task.env_stats(cfg, env_stats_n)) if isinstance(task, EnvStats) else {},
         env_config=_dump(cfg), recipe=rec,
         # each fallback (every `rejections_before_fallback` rejections in a row) shrinks the engineer's steps
         history=hist, consecutive_rejections=c, step_scale=step_shrink ** (c // max(1, rejections_before_fallback)),

@@ -45,6 +45,8 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from harness.tasks import knobs
+
 ARMS: tuple[str, ...] = ("fixed-random", "fixed-template", "plr", "evolved-rule", "evolved-llm")
 EVOLVED = ("evolved-rule", "evolved-llm")
 # recipe knobs that change what one GRPO step costs: an arm override of one of them would make "equal steps" unequal
@@ -193,7 +195,7 @@ def _files(rc) -> dict[str, str]:
     from harness.round0 import initial_files
     from sandbox.workspace import TEMPLATE_DIR
 
-    files = {n: (TEMPLATE_DIR / n).read_text() for n in ("env.yaml", "recipe.yaml")}
+    files = {"recipe.yaml": (TEMPLATE_DIR / "recipe.yaml").read_text()}  # env.yaml: the task's round 0 or the config's
     files.update(initial_files(rc))
     return files
 
@@ -245,7 +247,7 @@ def _warm_start(rc, task):
         if model is None:
             from policies.model import build_model
 
-            model, tok = build_model(rc.policy.preset, task.alphabet(), words=task.words(), seed=rc.seed)
+            model, tok = build_model(rc.policy.preset, task.spec.alphabet, words=list(task.spec.words), seed=rc.seed)
         return model, tok
     env, recipe, _ = read_harness(_files(rc), task)
     if rc.warm_start.sft_steps is not None:
@@ -276,9 +278,8 @@ def random_env(task, env, spread: float, tries: int, rng: np.random.Generator):
     """A random generator config near `env`: every knob of the task's grammar moved uniformly (floats within
     +-spread x range, integers by -1/0/+1), redrawn until the generator accepts it on a few seeds."""
     from harness.seeds import seeds
-    from harness.tasks import knobs
 
-    specs = knobs.walk(env, "env", task.entry_key)
+    specs = knobs.walk(env, "env", task.spec.entry_key)
     last = ""
     for _ in range(tries):
         data = env.model_dump(mode="json")
@@ -289,9 +290,9 @@ def random_env(task, env, spread: float, tries: int, rng: np.random.Generator):
                 w = spread * (s.hi - s.lo)
                 v = float(min(s.hi, max(s.lo, float(s.current) + rng.uniform(-w, w))))
                 v = round(v, 3)
-            knobs.set_value(data, knobs.split(s.path, "env"), v, task.entry_key, knob=s.path)
+            knobs.set_value(data, knobs.split(s.path, "env"), v, task.spec.entry_key, knob=s.path)
         try:
-            cand = task.config_model.model_validate(data)
+            cand = task.spec.config_model.model_validate(data)
             for sd in seeds("train", 4, start=10_000_000):
                 task.generate(cand, sd)
             return cand
@@ -303,10 +304,10 @@ def random_env(task, env, spread: float, tries: int, rng: np.random.Generator):
 
 def _levels(task, env) -> tuple[str, list[BaseModel]]:
     """The round-0 mixture's entries (PLR's levels): the config's list of entries keyed by the task's entry key."""
-    key = task.entry_key
+    key = task.spec.entry_key
     for name in type(env).model_fields:
         value = getattr(env, name)
-        if key and isinstance(value, list) and value and all(hasattr(e, key) and hasattr(e, "data_ratio")
+        if key and isinstance(value, list) and value and all(hasattr(e, key) and hasattr(e, knobs.WEIGHT)
                                                              for e in value):
             return name, value
     raise ExperimentError(f"plr: task {task.name}'s generator config has no weighted mixture of keyed entries "
@@ -332,8 +333,8 @@ def _probe_levels(model, tok, task, env, list_field: str, levels: list, cfg: PLR
 
     rates, tokens = [], 0
     for i, lv in enumerate(levels):
-        one = task.config_model.model_validate({**env.model_dump(mode="json"),
-                                                list_field: [{**lv.model_dump(mode="json"), "data_ratio": 1.0}]})
+        one = task.spec.config_model.model_validate({**env.model_dump(mode="json"),
+                                                list_field: [{**lv.model_dump(mode="json"), knobs.WEIGHT: 1.0}]})
         start = 5_000_000 + (seed * 1000 + stage * 10 + i) * cfg.probe_n
         insts = [task.generate(one, s) for s in seeds("probe", cfg.probe_n, start=start)]
         rep = evaluate(model, tok, task, insts, style,
@@ -360,7 +361,7 @@ def run_baseline(arm: str, cfg: ExperimentConfig, seed: int, budget: int, out: P
     out.mkdir(parents=True, exist_ok=True)
     state_file = out / "env.json"
     if state_file.exists():
-        env = task.config_model.model_validate(json.loads(state_file.read_text()))
+        env = task.spec.config_model.model_validate(json.loads(state_file.read_text()))
     elif arm == "fixed-random":
         env = random_env(task, env, cfg.random.spread, cfg.random.tries, np.random.default_rng([7, rc.seed]))
         state_file.write_text(env.model_dump_json())
@@ -387,9 +388,9 @@ def run_baseline(arm: str, cfg: ExperimentConfig, seed: int, budget: int, out: P
             rates, probe_tokens = _probe_levels(model, tok, task, env, list_field, levels, cfg.plr, recipe, rc.style,
                                                 k, rc.seed)
             weights = plr_weights([r * (1 - r) for r in rates], cfg.plr.beta, cfg.plr.rho)
-            stage_env = task.config_model.model_validate(
+            stage_env = task.spec.config_model.model_validate(
                 {**env.model_dump(mode="json"),
-                 list_field: [{**lv.model_dump(mode="json"), "data_ratio": round(w, 4)}
+                 list_field: [{**lv.model_dump(mode="json"), knobs.WEIGHT: round(w, 4)}
                               for lv, w in zip(levels, weights, strict=True)]})
             probe_cost = probe_tokens / tps if tps else 0.0  # stage 1: charged after training, repaid in stage 2
         # cumulative targeting: a stage trains what keeps the arm on its budget line (PLR's probes come out of it)
@@ -501,9 +502,9 @@ def run_max_new(rc, task) -> int:
 def mean_ci(xs: list[float]) -> tuple[float, float, float]:
     """Mean and 95% t-interval over seeds (the interval is the mean itself for one seed)."""
     a = np.asarray(xs, dtype=float)
-    if a.size < 2:
+    if len(a) < 2:
         return float(a.mean()), float(a.mean()), float(a.mean())
-    half = T95.get(a.size - 1, 1.96) * a.std(ddof=1) / math.sqrt(a.size)
+    half = T95.get(len(a) - 1, 1.96) * a.std(ddof=1) / math.sqrt(len(a))
     return float(a.mean()), float(a.mean() - half), float(a.mean() + half)
 
 
@@ -568,7 +569,7 @@ def summarize(results: dict[str, list[dict[str, Any]]], blocks: list[str], warm:
                 cand = np.concatenate([[v for v, bb in zip(e["final_per_instance"], blocks, strict=True) if bb in keep]
                                        for e, _ in pairs])
                 eff, lo, hi = paired_bootstrap(ctrl, cand, 2000, 0.025, np.random.default_rng(0))
-                out[part] = {"seeds": mean_ci(diffs), "instances": (eff, lo, hi), "n_instances": int(ctrl.size)}
+                out[part] = {"seeds": mean_ci(diffs), "instances": (eff, lo, hi), "n_instances": len(ctrl)}
             comparisons[f"{evo} vs {base}"] = out
     return {"arms": arms, "warm_start": arms_ws, "hard_blocks": hard, "comparisons": comparisons}
 

@@ -27,7 +27,7 @@ from harness.tasks.base import Instance, Task
 
 
 def _style(task: Task, style: str | None) -> str:
-    return style or task.styles[0]
+    return style or task.spec.styles[0]
 
 
 POLICY_META = "evotrainer.json"  # written next to a checkpoint: which task and prompt style it was trained on
@@ -51,9 +51,9 @@ def checkpoint_style(task: Task, path: str | Path, tok) -> str:
     from policies.model import has_chat_template
 
     meta = read_policy_meta(path)
-    if meta.get("task") == task.name and meta.get("style") in task.styles:
+    if meta.get("task") == task.name and meta.get("style") in task.spec.styles:
         return meta["style"]
-    return "chat" if has_chat_template(tok) and "chat" in task.styles else task.styles[0]
+    return "chat" if has_chat_template(tok) and "chat" in task.spec.styles else task.spec.styles[0]
 
 
 def sft_pairs(task: Task, config: BaseModel, seed_list: list[int], style: str | None = None) -> list[dict[str, str]]:
@@ -87,7 +87,7 @@ def reward_fn(task: Task, shaping: BaseModel | None = None):
         from harness.tasks import score_all
 
         cache: dict[str, Instance] = {}
-        insts = [cache.get(raw) or cache.setdefault(raw, task.instance_model.model_validate_json(raw))
+        insts = [cache.get(raw) or cache.setdefault(raw, task.spec.instance_model.model_validate_json(raw))
                  for raw in instance]
         return [o.reward for o in score_all(task, list(zip(insts, completions, strict=True)), shaping)]
 
@@ -104,7 +104,7 @@ def task_texts(task_names: list[str] | None = None, n: int = 100, style: str = "
     out: list[str] = []
     for name in task_names or sorted(TASKS):
         task = get_task(name)
-        st = style if style in task.styles else task.styles[0]
+        st = style if style in task.spec.styles else task.spec.styles[0]
         cfg = task.default_config()
         for s in seeds("train", n):
             inst = task.generate(cfg, s)
@@ -242,7 +242,7 @@ def train_policy(task: Task, out_dir: str, preset: str = "tiny", init: str | Non
         style = style or checkpoint_style(task, init, tok)
         require_chat_template(tok, str(init), style)
     else:
-        model, tok = build_model(preset, task.alphabet(), words=task.words(), seed=recipe.seed)
+        model, tok = build_model(preset, task.spec.alphabet, words=list(task.spec.words), seed=recipe.seed)
         style = _style(task, style)
     sft = grpo = None
     if sft_examples > 0 and recipe.sft_steps > 0:
@@ -250,7 +250,7 @@ def train_policy(task: Task, out_dir: str, preset: str = "tiny", init: str | Non
         sft = train_sft(model, tok, pairs, recipe, progress=progress)
     n_rows = 0
     if grpo_steps > 0:
-        n_rows = grpo_steps * recipe.batch_size // recipe.num_generations
+        n_rows = grpo_steps * recipe.prompts_per_step
         # GRPO prompts start after the SFT seeds: fresh train-split instances, never held-out ones
         rows = grpo_rows(task, config, seeds("train", n_rows, start=sft_examples), style)
         grpo = train_grpo(model, tok, rows, reward_fn(task, shaping), recipe, progress=progress)

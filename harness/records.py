@@ -31,7 +31,7 @@ class Rollout(BaseModel):
     model_config = ConfigDict(extra="forbid")
     seed: int
     group: int = Field(..., description="index of the prompt group (GRPO group / repeated samples of one instance)")
-    instance: dict[str, Any] = Field(..., description="the instance as JSON (task.instance_model.model_validate)")
+    instance: dict[str, Any] = Field(..., description="the instance as JSON (task.spec.instance_model.model_validate)")
     prompt: str
     completion: str
     valid: bool

@@ -1,10 +1,10 @@
-"""The review of a run: a JSON status, a terminal summary, a candidate timeline, and a static HTML page.
+"""The review of a run, as data: a JSON status, a terminal summary, a candidate timeline, the test-suite curve.
 
     evotrainer status runs/<id> --json      # read-only, safe while the run is going
     evotrainer review runs/<id> [CANDIDATE]
-    evotrainer report runs/<id>             # writes runs/<id>/report.html
 
-Everything here only reads run.db and the harness repo; nothing is recomputed.
+Everything here only reads run.db and the harness repo; nothing is recomputed. The HTML page
+(`evotrainer report`, runs/<id>/report.html) is `harness.report_page`, which reads this module; nothing here imports it.
 """
 
 from __future__ import annotations
@@ -206,13 +206,3 @@ def timeline(run_dir: Path) -> list[dict[str, Any]]:
              "effect": None, "interval": None} for c in st.values() if c["id"] not in seen]
     return sorted(out, key=lambda r: (r["stage"], r["id"]))
 
-
-def write_html(run_dir: Path) -> Path:
-    """runs/<id>/report.html: the morning review (`harness.report_page`), self-contained and offline."""
-    from harness.report_page import build
-
-    out = run_dir / "report.html"
-    tmp = out.with_suffix(".html.tmp")
-    tmp.write_text(build(run_dir), encoding="utf-8")
-    tmp.replace(out)
-    return out

@@ -19,8 +19,12 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from harness.config import load_config
+from harness.report import curve, curve_text, status
+from harness.store import RunStore
+from harness.tasks import TASKS, get_task
+
 E = html.escape
-SLICE_ORDER = ("", "size", "agents", "holes", "wait", "block")
 
 
 # --- data -------------------------------------------------------------------------------------------------------------
@@ -28,9 +32,6 @@ SLICE_ORDER = ("", "size", "agents", "holes", "wait", "block")
 
 def gather(run_dir: Path) -> dict[str, Any]:
     """Everything the page shows, read from run.db, the stage files and the harness repo (read-only)."""
-    from harness.report import curve, status
-    from harness.store import RunStore
-
     st = status(run_dir)
     run_id = st["run"]
     store = RunStore.open(run_dir / "run.db")
@@ -65,8 +66,9 @@ def gather(run_dir: Path) -> dict[str, Any]:
         evolved = ws.repo.git.diff(root, "main")
     except Exception:  # noqa: BLE001 - a harness repo that cannot be read: the page says so
         evolved = None
-    return {"status": st, "curve": curve(run_dir), "evals": evals, "training": dict(training), "findings": findings,
-            "stop": stop, "warnings": warnings, "diffs": diffs, "evolved": evolved, "rows": cand_rows}
+    return {"status": st, "curve": curve(run_dir), "evals": evals, "slice_order": slice_order(st["task"]),
+            "training": dict(training), "findings": findings, "stop": stop, "warnings": warnings, "diffs": diffs,
+            "evolved": evolved, "rows": cand_rows}
 
 
 # --- charts (matplotlib -> inline SVG) -------------------------------------------------------------------------------
@@ -93,20 +95,27 @@ def _svg(fig, label: str) -> str:
     return f'<figure class=chart data-chart="{E(label)}">{svg}</figure>'
 
 
-def _slice_row_order(kv: tuple[str, str]) -> tuple:
-    """Summary rows: overall, the known slice keys in their order, then other keys by name; values numerically where
+def slice_order(task: str | None) -> tuple[str, ...]:
+    """Overall ('') first, then the task's slice keys in the order its spec names them (overall only for a task this
+    install does not know)."""
+    return ("", *(get_task(task).spec.slice_keys if task in TASKS else ()))
+
+
+def _slice_row_order(kv: tuple[str, str], order: tuple[str, ...]) -> tuple:
+    """Summary rows: overall, the task's slice keys in their order, then other keys by name; values numerically where
     they are numbers (3 before 10), each key's rows together."""
     k, v = kv
     num = v.rstrip("+")
-    return (SLICE_ORDER.index(k) if k in SLICE_ORDER else 99, k, (0, int(num), v) if num.isdigit() else (1, 0, v))
+    return (order.index(k) if k in order else len(order), k, (0, int(num), v) if num.isdigit() else (1, 0, v))
 
 
-def heldout_chart(evals: list[dict]) -> str | None:
-    """Valid rate on the test suite per stage: one panel per slice key (overall first), one line per slice value."""
+def heldout_chart(evals: list[dict], order: tuple[str, ...] = ("",)) -> str | None:
+    """Valid rate on the test suite per stage: one panel per slice key (overall first, then `order`, then the other
+    keys by name), one line per slice value."""
     by_key: dict[str, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
     for e in evals:
         by_key[e["slice_key"]][e["slice_value"]][e["stage"]] = e["valid"]
-    keys = [k for k in SLICE_ORDER if k in by_key] + sorted(k for k in by_key if k not in SLICE_ORDER)
+    keys = [k for k in order if k in by_key] + sorted(k for k in by_key if k not in order)
     if not keys:
         return None
     plt = _plt()
@@ -207,7 +216,7 @@ def _summary(d: dict[str, Any], gate_min: float | None) -> str:
         f"<tr><td>{E(k or 'overall')}</td><td>{E(v)}</td><td>{_pct(first[(k, v)]['valid'])}</td>"
         f"<td>{_pct(last.get((k, v), {}).get('valid'))}</td><td>{_pct(first[(k, v)]['optimal'])}</td>"
         f"<td>{_pct(last.get((k, v), {}).get('optimal'))}</td><td>{first[(k, v)]['n']}</td></tr>"
-        for k, v in sorted(first, key=_slice_row_order))
+        for k, v in sorted(first, key=lambda kv: _slice_row_order(kv, d["slice_order"])))
     cands = st["candidates"]
     promoted = [c for c in cands if c["verdict"] == "promoted"]
     rejected = [c for c in cands if c["verdict"] == "rejected"]
@@ -273,15 +282,13 @@ def build(run_dir: Path) -> str:
     d = gather(run_dir)
     st = d["status"]
     try:
-        from harness.lifecycle import load_run_config
-
-        gate_min = load_run_config(run_dir).gate.min_effect
+        gate_min = load_config(run_dir / "config.yaml").gate.min_effect
     except Exception:  # noqa: BLE001 - a run dir without a readable config still renders
         gate_min = None
     partial = "" if st["status"] == "finished" else (
         f"<p class=partial>Partial report: the run is <b>{E(st['status'])}</b> (still going, interrupted or "
         "killed); this page renders what exists so far. Run <code>evotrainer report</code> again later.</p>")
-    heldout = heldout_chart(d["evals"]) or "<p class=note>no held-out evaluation yet</p>"
+    heldout = heldout_chart(d["evals"], d["slice_order"]) or "<p class=note>no held-out evaluation yet</p>"
     training = "".join(training_chart(k, arms) or "" for k, arms in sorted(d["training"].items())) or \
         "<p class=note>no training steps recorded yet</p>"
     decisions = "".join(_decision(c, d, gate_min) for c in sorted(st["candidates"],
@@ -312,7 +319,7 @@ def build(run_dir: Path) -> str:
 {partial}{_summary(d, gate_min)}
 {warnings}
 <section id=heldout><h2>Held-out valid per stage and slice (test suite)</h2>{heldout}
-<pre>{E(_curve_text(d['curve']))}</pre></section>
+<pre>{E(curve_text(d['curve']))}</pre></section>
 <section id=training><h2>Training curves per stage and arm</h2>{training}</section>
 <section id=decisions><h2>Decisions ({len(st['candidates'])})</h2>{decisions}</section>
 <section id=evolved><h2>The evolved harness against round 0</h2>{evolved_html}</section>
@@ -321,7 +328,10 @@ def build(run_dir: Path) -> str:
 """
 
 
-def _curve_text(c: dict[str, Any] | None) -> str:
-    from harness.report import curve_text
-
-    return curve_text(c)
+def write_html(run_dir: Path) -> Path:
+    """runs/<id>/report.html: the morning review, self-contained and offline (written whole, then moved in place)."""
+    out = run_dir / "report.html"
+    tmp = out.with_suffix(".html.tmp")
+    tmp.write_text(build(run_dir), encoding="utf-8")
+    tmp.replace(out)
+    return out

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from harness import diagnostics as D
 from harness.records import Candidate, Change, Rollout
 from harness.seeds import seeds
+from harness.tasks.base import VetConfigs
 from harness.yamledit import set_leaf_text
 from sandbox.runner import Limits
 
@@ -166,19 +167,19 @@ def apply_change(files: dict[str, str], change: Change, task: Any) -> dict[str, 
     if kind == "env":
         raw = _load_yaml(files, ENV_FILE)
         try:
-            base = task.config_model.model_validate(raw).model_dump(mode="json")
+            base = task.spec.config_model.model_validate(raw).model_dump(mode="json")
         except ValidationError as exc:
             raise VetError(f"{ENV_FILE} does not validate before the change: {_validation_msg(exc)}") from None
-        old = set_path(base, parts, change.value, knob, task.entry_key)
+        old = set_path(base, parts, change.value, knob, task.spec.entry_key)
         _check_value(knob, old, change.value)
         try:
-            task.config_model.model_validate(base)
+            task.spec.config_model.model_validate(base)
         except (ValidationError, ValueError) as exc:
             raise VetError(f"{knob} = {change.value!r} is out of the generator's range: {_validation_msg(exc)}") from None
-        want = task.config_model.model_validate(base).model_dump(mode="json")
+        want = task.spec.config_model.model_validate(base).model_dump(mode="json")
         return {ENV_FILE: _edit_yaml(files[ENV_FILE], parts, change.value, base, same=lambda d: isinstance(d, dict) and
-                                     task.config_model.model_validate(d).model_dump(mode="json") == want,
-                                     entry_key=task.entry_key)}
+                                     task.spec.config_model.model_validate(d).model_dump(mode="json") == want,
+                                     entry_key=task.spec.entry_key)}
     recipe = _load_yaml(files, RECIPE_FILE)
     if kind == "recipe":
         if len(parts) != 1 or parts[0] == "reward":
@@ -205,14 +206,14 @@ def apply_change(files: dict[str, str], change: Change, task: Any) -> dict[str, 
             raise VetError(f"knob {knob!r}: reward knobs are flat, `reward.<field>`")
         field = parts[0]
         shaping = dict(recipe.get("reward") or {})
-        fields = task.shaping_model.model_fields
+        fields = task.spec.shaping_model.model_fields
         if field not in fields:
             raise VetError(f"knob {knob!r} does not exist; reward knobs of {task.name}: {', '.join(fields) or 'none'}")
         old = shaping.get(field, fields[field].default)
         _check_value(knob, old, change.value)
         shaping[field] = change.value
         try:
-            task.shaping_model.model_validate(shaping)
+            task.spec.shaping_model.model_validate(shaping)
         except (ValidationError, ValueError) as exc:
             raise VetError(f"{knob} = {change.value!r} is out of range: {_validation_msg(exc)}") from None
         return {RECIPE_FILE: _edit_yaml(files[RECIPE_FILE], ["reward", field], change.value,
@@ -280,7 +281,7 @@ def _inversions(rollouts: list[Rollout], rewards: list[float]) -> int:
 
 def shaping_backtest(task: Any, rollouts: list[Rollout], old: BaseModel, new: BaseModel) -> VetResult:
     """Re-score every cached completion under the old and the new shaping and compare how reward tracks validity."""
-    instances = [task.instance_model.model_validate(r.instance) for r in rollouts]
+    instances = [task.spec.instance_model.model_validate(r.instance) for r in rollouts]
     from harness.tasks import score_all
 
     pairs = [(i, r.completion) for i, r in zip(instances, rollouts, strict=True)]
@@ -457,10 +458,11 @@ def diagnostic_backtest(path: str, source: str, rollouts: list[Rollout], limits:
 
 def env_backtest(task: Any, env_text: str, knob: str) -> VetResult:
     """A new generator config must generate: a few instances (train seeds, never held-out ones) from each config the
-    task says the knob touches (`Task.vet_configs`; e.g. one per touched entry, alone), else from the whole config."""
-    cfg_all = task.config_model.model_validate(yaml.safe_load(env_text))
-    fn = getattr(task, "vet_configs", None)
-    configs: list[tuple[str, Any]] = (fn(cfg_all, knob) if fn else []) or [("config", cfg_all)]
+    task says the knob touches (its `VetConfigs` capability; e.g. one per touched entry, alone), else from the whole
+    config."""
+    cfg_all = task.spec.config_model.model_validate(yaml.safe_load(env_text))
+    configs: list[tuple[str, Any]] = (task.vet_configs(cfg_all, knob) if isinstance(task, VetConfigs) else []) \
+        or [("config", cfg_all)]
     for label, cfg in configs:
         try:
             for s in seeds("train", ENV_PROBE_INSTANCES):
@@ -478,7 +480,7 @@ def env_backtest(task: Any, env_text: str, knob: str) -> VetResult:
 
 def _shaping_of(files: dict[str, str], task: Any) -> BaseModel:
     recipe = yaml.safe_load(files.get(RECIPE_FILE, "") or "") or {}
-    return task.shaping_model.model_validate(recipe.get("reward") or {})
+    return task.spec.shaping_model.model_validate(recipe.get("reward") or {})
 
 
 def vet(candidate: Candidate, harness_files: dict[str, str], task: Any, cached_rollouts: list[Rollout],
@@ -496,7 +498,7 @@ def vet(candidate: Candidate, harness_files: dict[str, str], task: Any, cached_r
                                   old_source=harness_files.get(change.knob))
     elif change.kind == "reward":
         old = shaping if isinstance(shaping, BaseModel) else (
-            task.shaping_model.model_validate(shaping) if shaping is not None else _shaping_of(harness_files, task))
+            task.spec.shaping_model.model_validate(shaping) if shaping is not None else _shaping_of(harness_files, task))
         new = _shaping_of({**harness_files, **changed}, task)
         res = shaping_backtest(task, cached_rollouts, old, new)
     elif change.kind == "env":

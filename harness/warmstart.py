@@ -134,7 +134,7 @@ def warm_start(task: Any, preset: str, style: str, env: Any, seeds: list[int], r
         if hit is not None:
             model, tok = load_policy(hit)
             return model, tok, hit, key, None
-    model, tok = model_tok or build_model(preset, task.alphabet(), words=task.words(), seed=seed)
+    model, tok = model_tok or build_model(preset, task.spec.alphabet, words=list(task.spec.words), seed=seed)
     m = train_sft(model, tok, sft_pairs(task, env, list(seeds), style), recipe, progress=progress,
                   tensorboard_dir=tensorboard_dir, resume_dir=resume_dir,
                   save_every=save_every(recipe.sft_steps) if resume_dir is not None else 0)

@@ -1,7 +1,7 @@
 """The run's harness repo: a git repository whose `main` is the promoted harness and whose history is the lab notebook.
 
     from sandbox.workspace import Workspace
-    ws = Workspace.create("runs/r1/harness")                 # from sandbox/template/ (env.yaml, recipe.yaml, ...)
+    ws = Workspace.create("runs/r1/harness", files_override={"env.yaml": env})  # sandbox/template/ + the task's env
     sha = ws.propose("s1-c1", {"recipe.yaml": new_text}, summary="Lower temperature to 0.7",
                      rationale="...", factor="recipe.temperature", stage=1, skill=None, engineer="rule")
     arm_files = ws.files(sha)                               # train an arm from the candidate's tree, no checkout

@@ -48,7 +48,9 @@ def veto(control, candidate):
 
 
 def template_files() -> dict[str, str]:
-    return {str(p.relative_to(TEMPLATE)): p.read_text() for p in TEMPLATE.rglob("*") if p.is_file()}
+    """MAPF's round-0 harness: the template and MAPF's round-0 env.yaml."""
+    return {**{str(p.relative_to(TEMPLATE)): p.read_text() for p in TEMPLATE.rglob("*") if p.is_file()},
+            "env.yaml": get_task("mapf").spec.round0_env}
 
 
 @pytest.fixture(scope="module")

@@ -45,7 +45,7 @@ def test_generator_is_deterministic_and_honours_its_knobs():
     deep = [TASK.generate(CodeConfig(levels=[LevelEntry(depth=4, vocab=13, str_ratio=0.0)]), s) for s in range(60)]
     for inst in deep:
         assert all(" = sum(x)" not in ln and " = max(x)" not in ln for ln in inst.solution.splitlines()[:-1])
-    assert set(TASK.slices(a[0])) == set(TASK.slice_keys)
+    assert set(TASK.slices(a[0])) == set(TASK.spec.slice_keys)
 
 
 def test_expert_solutions_pass_their_hidden_tests_in_the_sandbox():
@@ -74,17 +74,17 @@ def test_the_failure_taxonomy():
     got = {c: o.failure for c, o in zip(cases, outs)}
     assert got == cases, got
     assert outs[2].where["exception"] == "AttributeError"
-    assert outs[0].reward == outs[1].reward == TASK.shaping_model().format_penalty
+    assert outs[0].reward == outs[1].reward == TASK.spec.shaping_model().format_penalty
     # partial credit pays for the share of hidden tests passed, never makes the program valid
     ans = "    return x if len(x) < 2 else [0]\n"  # right on the short inputs only
-    plain, shaped = TASK.score(inst, ans), TASK.score(inst, ans, TASK.shaping_model(partial_credit=1.0))
+    plain, shaped = TASK.score(inst, ans), TASK.score(inst, ans, TASK.spec.shaping_model(partial_credit=1.0))
     assert 0 < plain.metrics["tests_passed"] < 1, plain
     assert not shaped.valid and plain.reward == 0.0 and shaped.reward == pytest.approx(plain.metrics["tests_passed"])
     # a near miss: every hidden test but one (the expert with one input special-cased)
     once = next(x for x in inst.inputs if inst.inputs.count(x) == 1)
     near = f"    if x == {once!r}:\n        return [99]\n" + inst.solution
     out = TASK.score(inst, near)
-    assert out.failure == "wrong_output" and TASK.near_miss(out.metrics), out
+    assert out.failure == "wrong_output" and TASK.spec.near_miss(out.metrics), out
 
 
 @pytest.mark.parametrize("program, failures", [
@@ -313,7 +313,7 @@ def test_no_sandbox_is_a_clear_error_not_a_silent_fallback(monkeypatch):
 def test_the_tokenizer_keeps_a_step_to_a_few_tokens():
     from policies.model import build_char_tokenizer
 
-    tok = build_char_tokenizer(TASK.alphabet(), TASK.words())
+    tok = build_char_tokenizer(TASK.spec.alphabet, list(TASK.spec.words))
     inst = TASK.generate(CodeConfig(levels=[LevelEntry(depth=2, vocab=13)]), 5)
     ids = tok(TASK.expert(inst))["input_ids"]
     assert len(ids) <= 16, tok.convert_ids_to_tokens(ids)

@@ -257,7 +257,7 @@ def test_builtins_on_scored_mapf_rollouts():
     rs = scored()
     codes_seen = {f.code for res in D.builtin_diagnostics(rs) for f in res.findings}
     assert "mapf.parse_error" in codes_seen and "mapf.near_miss" in codes_seen, codes_seen
-    assert codes_seen <= D.builtin_codes("mapf", MAPF.failure_types)
+    assert codes_seen <= D.builtin_codes("mapf", MAPF.spec.failure_types)
     assert D.quality_gap(rs).metrics["makespan_gap"] == 0.0  # expert plans are optimal
     assert D.dead_groups(rs).metrics["dead_groups"] == 0.0  # every group mixes valid and failing plans
 
@@ -279,7 +279,7 @@ def _probe_set():
 def test_diagnosis_roundtrip_and_text():
     d = D.build_diagnosis(MAPF, 3, _probe_set(), ENV, {"temperature": 1.0}, HISTORY, stages_left=2,
                           budget_left_s=600.0, diagnostics_files={"diagnostics/holes.py": GOOD},
-                          shaping=MAPF.shaping_model(), state="abc123", env_stats_n=8)
+                          shaping=MAPF.spec.shaping_model(), state="abc123", env_stats_n=8)
     assert Diagnosis.model_validate_json(d.model_dump_json()) == d
     assert [h.candidate for h in d.history] == ["s1.hole", "s2.temp"]  # no round-0 default
     assert d.consecutive_rejections == 2 and d.step_scale == 1.0  # no fallback yet (3 rejections in a row make one)

@@ -228,6 +228,7 @@ def test_knob_space_of_the_template_harness_agrees_with_the_vet_step():
 
     template = Path(__file__).resolve().parents[1] / "sandbox" / "template"
     files = {str(p.relative_to(template)): p.read_text() for p in template.rglob("*") if p.is_file()}
+    files["env.yaml"] = get_task("mapf").spec.round0_env  # MAPF's round-0 harness
     d = Diagnosis(task="mapf", stage=1, env_config=yaml.safe_load(files["env.yaml"]),
                   recipe=yaml.safe_load(files["recipe.yaml"]))
     task = get_task("mapf")
@@ -258,6 +259,7 @@ def test_rule_with_the_seed_skills_on_the_template_harness(tmp_path):
 
     template = Path(__file__).resolve().parents[1] / "sandbox" / "template"
     files = {str(p.relative_to(template)): p.read_text() for p in template.rglob("*") if p.is_file()}
+    files["env.yaml"] = get_task("mapf").spec.round0_env  # MAPF's round-0 harness
     d = _diag(env_config=yaml.safe_load(files["env.yaml"]), recipe=yaml.safe_load(files["recipe.yaml"]),
               findings=[Finding(code="mapf.hole", severity="critical", count=20, rate=0.55, slice={"size": "5"}),
                         Finding(code="grpo.dead_groups", severity="warn", count=10, rate=0.4),

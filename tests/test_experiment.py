@@ -71,7 +71,7 @@ def test_random_env_is_a_reproducible_draw_the_generator_accepts():
     from harness.tasks import get_task
 
     task = get_task("mapf")
-    env = task.config_model.model_validate(TINY_RUN["env"])
+    env = task.spec.config_model.model_validate(TINY_RUN["env"])
     a = random_env(task, env, 0.25, 50, np.random.default_rng(3))
     b = random_env(task, env, 0.25, 50, np.random.default_rng(3))
     assert a == b and a != env

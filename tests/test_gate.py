@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.backtest import GateConfig, GateError, choose_winner, decide, paired_bootstrap
+from harness.backtest import GateError, choose_winner, decide, paired_bootstrap
+from harness.config import GateConfig
 
 GATE = GateConfig(min_effect=0.0, slice_tolerance=0.05, confidence=0.95, n_boot=1000, min_slice_n=20)
 

@@ -34,7 +34,7 @@ def test_the_noisy_teacher_ignores_holes_and_nothing_else():
     from harness.tasks import get_task, score_all
 
     task = get_task("mapf")
-    cfg = task.config_model.model_validate(RUNG3_ENV)
+    cfg = task.spec.config_model.model_validate(RUNG3_ENV)
     insts = [task.generate(cfg, s) for s in seeds("train", 120)]
     outs = score_all(task, [(i, hole_blind_plan(i)) for i in insts], None)
     fails = collections.Counter(o.failure for o in outs if not o.valid)
@@ -62,9 +62,9 @@ def test_the_learning_curve_reads_held_out_boards_with_the_clock_paused():
     from policies.model import build_model
 
     task = get_task("mapf")
-    cfg = task.config_model.model_validate(RUNG3_ENV)
+    cfg = task.spec.config_model.model_validate(RUNG3_ENV)
     held = [task.generate(cfg, s) for s in seeds("test", 6)]
-    model, tok = build_model("tiny", task.alphabet(), words=task.words())
+    model, tok = build_model("tiny", task.spec.alphabet, words=list(task.spec.words))
     before = _mapf_eval(model, tok, task, held)
     clock = type("Clock", (), {})()
     clock.t0 = time.perf_counter()

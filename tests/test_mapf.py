@@ -93,9 +93,9 @@ def joint_bfs(inst: MAPFInstance, waits: bool = True) -> int | None:
 
 def test_task_protocol_and_failure_codes():
     assert isinstance(TASK, Task)
-    assert set(TASK.failure_types) == {"parse_error", "wrong_agent_count", "off_grid", "hole", "vertex_conflict",
+    assert set(TASK.spec.failure_types) == {"parse_error", "wrong_agent_count", "off_grid", "hole", "vertex_conflict",
                                        "edge_conflict", "goal_not_reached", "too_long"}
-    assert TASK.styles[0] == "trace" and set(TASK.styles) == {"trace", "compact", "chat"}
+    assert TASK.spec.styles[0] == "trace" and set(TASK.spec.styles) == {"trace", "compact", "chat"}
 
 
 def test_cbs_makespan_and_wait_need_match_brute_force():
@@ -116,7 +116,7 @@ def test_expert_plans_score_valid_and_optimal_in_both_styles():
     config = MAPFConfig(sizes=[SizeEntry(size=s, agents=(2, 4), hole_ratio=0.3, wait_ratio=0.5) for s in (3, 5, 8, 10)])
     for seed in range(30):
         inst = TASK.generate(config, seed)
-        for style in TASK.styles:
+        for style in TASK.spec.styles:
             out = TASK.score(inst, TASK.expert(inst, style))
             assert out.valid and out.optimal, (seed, style, out)
             assert out.metrics["makespan"] == inst.optimal_makespan
@@ -228,7 +228,7 @@ def test_parser_never_raises(text):
     assert isinstance(out, Outcome)
     assert out.valid == (out.failure is None)
     if out.failure:
-        assert out.failure in TASK.failure_types
+        assert out.failure in TASK.spec.failure_types
 
 
 # --- the batched validator agrees with the per-plan scorer ---------------------------------------------------------
@@ -261,7 +261,7 @@ def test_batched_validator_agrees_with_scorer(cases):
     # the batch scorer (reward, evaluation, vet) runs the batched validator and equals the one-by-one scorer exactly
     pairs = list(zip(insts, texts))
     assert TASK.score_many(pairs) == [TASK.score(i, t) for i, t in pairs]
-    capped = TASK.shaping_model(length_cap=12, optimal_bonus=0.25)
+    capped = TASK.spec.shaping_model(length_cap=12, optimal_bonus=0.25)
     assert TASK.score_many(pairs, capped) == [TASK.score(i, t, capped) for i, t in pairs]
 
 
@@ -353,11 +353,11 @@ def test_knob_helpers():
 
 
 def test_prompts_alphabet_and_slices():
-    alphabet = set(TASK.alphabet())
+    alphabet = set(TASK.spec.alphabet)
     config = MAPFConfig(sizes=[SizeEntry(size=s, agents=(2, 5), hole_ratio=0.2) for s in (3, 6, 10)])
     for seed in range(15):
         inst = TASK.generate(config, seed)
-        for style in TASK.styles:
+        for style in TASK.spec.styles:
             text = TASK.prompt(inst, style) + TASK.expert(inst, style)
             assert set(text) <= alphabet, set(text) - alphabet
         compact = TASK.prompt(inst, "compact").splitlines()
@@ -408,22 +408,22 @@ def test_trace_prompt_exact_text_and_cells_are_not_scored():
 def test_words_are_single_tokens_and_round_trip():
     from policies.model import build_char_tokenizer
 
-    tok = build_char_tokenizer(TASK.alphabet(), TASK.words())
+    tok = build_char_tokenizer(TASK.spec.alphabet, list(TASK.spec.words))
     text = "size 12\nholes 11,12 1,10\nA:R0,1R10,1"
     ids = tok(text, add_special_tokens=False)["input_ids"]
     pieces = tok.convert_ids_to_tokens(ids)
     assert "11,12" in pieces and "1,10" in pieces and "10,1" in pieces and "0,1" in pieces
     assert tok.decode(ids) == text
-    assert len(tok) == len(set(TASK.alphabet())) + 5 + 256
+    assert len(tok) == len(set(TASK.spec.alphabet)) + 5 + 256
 
 
 @given(size=st.integers(3, 12), agents=st.integers(1, 4), seed=st.integers(0, 10**6))
 @FAST
 def test_alphabet_covers_every_prompt_and_completion_character(size, agents, seed):
-    alphabet = set(TASK.alphabet())
+    alphabet = set(TASK.spec.alphabet)
     wait = 0.0 if agents == 1 else 0.5
     inst = TASK.generate(cfg(size=size, agents=agents, hole_ratio=0.2, wait_ratio=wait), seed)
-    for style in TASK.styles:
+    for style in TASK.spec.styles:
         text = TASK.prompt(inst, style) + TASK.expert(inst, style)
         assert set(text) <= alphabet, (style, set(text) - alphabet)
 

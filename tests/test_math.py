@@ -40,11 +40,11 @@ def test_exact_match_only_and_the_failure_taxonomy():
     assert TASK.score(inst, "").failure == "no_answer"
     wrong = ans[:-1] + str((int(ans[-1]) + 1) % 10)
     out = TASK.score(inst, wrong)
-    assert out.failure == "wrong" and TASK.near_miss(out.metrics) and out.reward == 0.0
-    shaped = TASK.score(inst, wrong, TASK.shaping_model(partial_credit=1.0))
+    assert out.failure == "wrong" and TASK.spec.near_miss(out.metrics) and out.reward == 0.0
+    shaped = TASK.score(inst, wrong, TASK.spec.shaping_model(partial_credit=1.0))
     assert shaped.reward == pytest.approx((len(ans) - 1) / len(ans)) and not shaped.valid
     assert final_answer("12 + 3 = 15.") == "15"
-    assert set(TASK.slices(inst)) == set(TASK.slice_keys)
+    assert set(TASK.slices(inst)) == set(TASK.spec.slice_keys)
 
 
 def test_bad_configs_and_knobs_name_the_field():

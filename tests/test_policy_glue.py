@@ -23,7 +23,7 @@ from harness.policy_glue import (
     train_policy,
 )
 from harness.seeds import SplitError, seeds, split_of
-from harness.tasks.base import Instance, Outcome, SuiteEntry
+from harness.tasks.base import BatchScorer, EnvStats, Instance, Outcome, SuiteEntry, Task, TaskSpec, VetConfigs
 from policies.model import load_policy
 from policies.rollout import SamplingParams
 from policies.train import Recipe
@@ -44,12 +44,11 @@ class RevInstance(Instance):
 
 
 class ReverseTask:
+    """A family written against the Task protocol alone: a name, a spec and seven functions, no capability."""
+
     name = "rev"
-    config_model = RevConfig
-    shaping_model = RevShaping
-    instance_model = RevInstance
-    failure_types = ("wrong",)
-    styles = ("plain",)
+    spec = TaskSpec(config_model=RevConfig, shaping_model=RevShaping, instance_model=RevInstance, styles=("plain",),
+                    alphabet="abcd", round0_env="length: 3\n", failure_types=("wrong",))
 
     def default_config(self):
         return RevConfig()
@@ -77,14 +76,15 @@ class ReverseTask:
     def suite(self, name):
         return [SuiteEntry(name="l3", config=RevConfig(length=3), n=6), SuiteEntry(name="l4", config=RevConfig(length=4), n=6)]
 
-    def alphabet(self):
-        return "abcd"
-
-    def words(self):
-        return []
-
 
 TASK = ReverseTask()
+
+
+def test_the_small_protocol_is_enough():
+    """What a newcomer writes for a family is the protocol and nothing the loop finds by `getattr`: the toy family has
+    none of the optional capabilities and still satisfies `Task` (a required member added to the protocol fails this)."""
+    assert isinstance(TASK, Task)
+    assert not isinstance(TASK, (BatchScorer, EnvStats, VetConfigs))
 
 
 def test_training_data_only_from_train_seeds_and_reward_sees_instance():

@@ -25,8 +25,8 @@ def test_mix_generation_is_deterministic_and_weighted():
     assert a == [TASK.generate(cfg, s) for s in range(200)]
     share = sum(i.dataset == "leg_counting" for i in a) / 200
     assert 0.83 <= share <= 0.96, share
-    assert all(TASK.score(i, TASK.expert(i, style)).valid for i in a[:40] for style in TASK.styles)
-    assert set(TASK.slices(a[0])) == set(TASK.slice_keys)
+    assert all(TASK.score(i, TASK.expert(i, style)).valid for i in a[:40] for style in TASK.spec.styles)
+    assert set(TASK.slices(a[0])) == set(TASK.spec.slice_keys)
 
 
 def test_exact_match_or_full_marks_never_partial_credit():
@@ -58,7 +58,7 @@ def test_bad_names_and_params_are_one_clear_line():
         TASK.generate(bad, 1)
     from harness.tasks.knobs import read
 
-    assert read(TASK.default_config(), "env.datasets.leg_counting.data_ratio", TASK.entry_key) == 1.0
+    assert read(TASK.default_config(), "env.datasets.leg_counting.data_ratio", TASK.spec.entry_key) == 1.0
 
 
 # --- hostile answers: a verifier that executes the answer runs it in the sandbox runner, one child per answer -------

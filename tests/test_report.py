@@ -22,7 +22,7 @@ import pytest
 from harness.benchmarks.run import TINY
 from harness.config import parse_config
 from harness.lifecycle import start_run
-from harness.report import write_html
+from harness.report_page import write_html
 from harness.store import RunStore
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")

@@ -1,35 +1,86 @@
 """The seam between the loop and the task families: the loop names no family.
 
-Everything family-specific reaches the loop through the Task protocol (`harness/tasks/base.py`): knobs and their ranges
-(on the config fields), the one knob grammar (`harness/tasks/knobs.py`), slices and the difficulty slice, failure ->
-knob hints, the near-miss rule, the gap metric, the configs the vet step generates from, the round-0 env.yaml.
-This test reads the loop's modules and fails on any family's name or field in them (code, comments or docs), so a second family
-never silently loses its hints because a module assumed the first one's fields.
+Everything family-specific reaches the loop through the Task protocol (`harness/tasks/base.py`): the family's
+`TaskSpec` (models, slices and the difficulty slice, failure -> knob hints, the near-miss rule, the gap metric, the
+round-0 env.yaml) and its declared capabilities (the configs the vet step generates from, env statistics, a batch
+scorer); knobs and their ranges sit on the config fields, read through one knob grammar (`harness/tasks/knobs.py`).
+These tests read the loop's modules, the report, the experiment and the config, and fail on any family's name or field
+in them (code, comments or docs) -- for every registered family, its words drawn from its own config and instance
+models and slices -- so a second family never silently loses its hints because a module assumed the first one's fields.
 """
 
 from __future__ import annotations
 
 import re
+import typing
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
+
+from harness.tasks import TASKS, get_task
+from harness.tasks.base import Instance, Task, TaskSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 LOOP = ["harness/graph.py", "harness/run.py", "harness/lifecycle.py", "harness/diagnostics.py", "harness/vet.py", "harness/backtest.py",
         "harness/arms.py", "harness/results.py", "harness/round0.py", "harness/evaluation.py", "harness/memory.py",
         "harness/stagebook.py",
-        *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "harness" / "engineer").glob("*.py"))]
+        *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "harness" / "engineer").glob("*.py")),
+        "harness/report.py", "harness/report_page.py", "harness/experiment.py", "harness/config.py"]
 FAMILY_WORDS = re.compile(r"\b(mapf|sizes?|agents?|holes?|hole_ratio|wait_ratio|data_ratio|wait|makespan\w*|cbs"
                           r"|arith|digits|sub_ratio|mul_ratio"  # math
                           r"|depth|vocab|list_len|str_ratio|humaneval)\b",  # code
                           re.IGNORECASE)
+NOT_FAMILY = re.compile(r"font[-.]size", re.IGNORECASE)  # matplotlib's and CSS's font size
+# words a family's models use that every module also uses in their plain sense (a finding's code, a function's name)
+COMMON = {"answer", "attempts", "carries", "code", "examples", "expected", "expr", "header", "inputs", "levels", "math",
+          "name", "op", "output", "params", "plan", "solution", "source", "starts", "steps", "test"}
+
+
+def _fields(model: type[BaseModel]) -> set[str]:
+    """A model's field names, nested models' included (a config's list of entries)."""
+    out = set()
+    for name, f in model.model_fields.items():
+        out.add(name)
+        for a in (f.annotation, *typing.get_args(f.annotation)):
+            for b in (a, *typing.get_args(a)):
+                if isinstance(b, type) and issubclass(b, BaseModel):
+                    out |= _fields(b)
+    return out
+
+
+def family_words(name: str) -> set[str]:
+    """What names a family: its name and module, its generator config's and instance's fields, its slice keys."""
+    spec = get_task(name).spec
+    return ({name, TASKS[name].rpartition(".")[2]} | _fields(spec.config_model) | set(spec.slice_keys)
+            | (_fields(spec.instance_model) - set(Instance.model_fields))) - COMMON
+
+
+def _hits(path: str, words: re.Pattern) -> list[str]:
+    return [f"{path}:{i}: {line.strip()}" for i, line in enumerate((ROOT / path).read_text().splitlines(), 1)
+            if words.search(NOT_FAMILY.sub("", line))]
 
 
 @pytest.mark.parametrize("path", LOOP)
 def test_the_loop_names_no_task_family(path):
-    hits = [f"{path}:{i}: {line.strip()}" for i, line in enumerate((ROOT / path).read_text().splitlines(), 1)
-            if FAMILY_WORDS.search(line)]
+    hits = _hits(path, FAMILY_WORDS)
     assert not hits, "family names in the loop (move them behind the Task protocol):\n" + "\n".join(hits)
+
+
+@pytest.mark.parametrize("family", sorted(TASKS))
+def test_the_loop_names_none_of_this_familys_words(family):
+    """Every registered family, its words read from its own models: a family added tomorrow is checked too."""
+    task = get_task(family)
+    assert isinstance(task, Task) and isinstance(task.spec, TaskSpec), f"{family} does not satisfy the Task protocol"
+    words = re.compile(r"\b(" + "|".join(sorted(map(re.escape, family_words(family)))) + r")\b", re.IGNORECASE)
+    hits = [h for path in LOOP for h in _hits(path, words)]
+    assert not hits, f"{family}'s words in the loop (move them behind the Task protocol):\n" + "\n".join(hits)
+
+
+def test_the_family_words_are_the_familys():
+    """What the check above would miss if it read no model: MAPF's board fields and math's digit fields."""
+    assert {"mapf", "hole_ratio", "wait_ratio", "agents", "size"} <= family_words("mapf")
+    assert {"arith", "digits", "sub_ratio", "carries"} - COMMON <= family_words("math")
 
 
 def test_the_knob_grammar_is_the_tasks():
@@ -54,8 +105,8 @@ def test_the_knob_grammar_is_the_tasks():
             data = yaml.safe_load(yaml.safe_dump(env))
             new = k.hi if k.current != k.hi else k.lo
             new = int(new) if k.integer else new
-            set_path(data, split(path, "env"), new, path, task.entry_key)
-            assert get_value(data, split(path, "env"), task.entry_key) == new
+            set_path(data, split(path, "env"), new, path, task.spec.entry_key)
+            assert get_value(data, split(path, "env"), task.spec.entry_key) == new
 
 
 def test_one_frontier_skill_speaks_every_familys_knob():
@@ -74,9 +125,9 @@ def test_one_frontier_skill_speaks_every_familys_knob():
                               ("code", "2", "env.levels.2.data_ratio")):
         task = get_task(name)
         env = task.default_config().model_dump(mode="json")
-        set_value(env, split(knob, "env"), 0.5, task.entry_key)  # room to move (MAPF's default is at the bound 1.0)
+        set_value(env, split(knob, "env"), 0.5, task.spec.entry_key)  # room to move (MAPF's default is at the bound 1.0)
         d = Diagnosis(task=name, stage=1, env_config=env, recipe={})
-        f = Finding(code=f"{name}.frontier", severity="warn", count=20, rate=0.4, slice={task.difficulty_slice: level},
+        f = Finding(code=f"{name}.frontier", severity="warn", count=20, rate=0.4, slice={task.spec.difficulty_slice: level},
                     message="frontier")
         change, old = instantiate(skill, f, knob_space(d, task), 1.0, name)
         assert change.knob == knob and change.value == pytest.approx(old + 0.1), (name, change, old)
@@ -127,7 +178,7 @@ def test_the_tiny_loop_runs_on_every_family(family, tmp_path, monkeypatch):
     try:
         assert store.get_run(family)["status"] == "finished"
         d = Diagnosis.model_validate_json((run_dir / "stages" / "s1" / "diagnosis.json").read_text())
-        assert any(k.startswith(f"{task.difficulty_slice}=") for k in d.by_slice), d.by_slice
+        assert any(k.startswith(f"{task.spec.difficulty_slice}=") for k in d.by_slice), d.by_slice
         codes = {f.code for f in d.findings}
         assert any(c.startswith(f"{family}.") for c in codes), codes
         cands = store.candidates(family)
@@ -137,3 +188,29 @@ def test_the_tiny_loop_runs_on_every_family(family, tmp_path, monkeypatch):
             assert c["knob"] in space or c["knob"].startswith(("recipe.", "reward.", "diagnostics/")), c["knob"]
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("family", sorted(TASKS))
+def test_every_family_brings_its_own_round0_env(family):
+    """The workspace template holds what every family shares (recipe, README, the example diagnostic); the round-0
+    env.yaml is the family's. What this catches: a template env.yaml (one family's boards in every family's repo), or a
+    family whose round-0 env its own generator config rejects."""
+    import yaml
+
+    from sandbox.workspace import TEMPLATE_DIR
+
+    assert not (TEMPLATE_DIR / "env.yaml").exists(), "the template's env.yaml would be one family's: move it to its task"
+    spec = get_task(family).spec
+    spec.config_model.model_validate(yaml.safe_load(spec.round0_env))
+
+
+CAPABILITY_LOOKUP = re.compile(r"\b(getattr|hasattr)\([^)]*[\"'](score_many|env_stats|vet_configs)[\"']")
+STILL_LOOKS_UP = {"harness/run.py"}  # its env_stats cache; `isinstance(self.task, EnvStats)` once it is rewritten
+
+
+def test_capabilities_are_declared_not_looked_up():
+    """A family's optional capability is a Protocol in harness/tasks/base.py, checked with isinstance: what this catches
+    is a module asking `getattr(task, "score_many", None)`, which no type checker or reader can follow."""
+    found = {str(p.relative_to(ROOT)) for p in (ROOT / "harness").rglob("*.py")
+             if CAPABILITY_LOOKUP.search(p.read_text())}
+    assert found <= STILL_LOOKS_UP, sorted(found - STILL_LOOKS_UP)

@@ -22,8 +22,9 @@ SEED_SKILLS = Path(__file__).resolve().parents[1] / "skills" / "seed"
 
 
 def harness_files() -> dict[str, str]:
-    return {str(p.relative_to(TEMPLATE)): p.read_text() for p in TEMPLATE.rglob("*") if p.is_file()
-            and p.suffix in (".yaml", ".py")}
+    """MAPF's round-0 harness: the template and MAPF's round-0 env.yaml."""
+    return {**{str(p.relative_to(TEMPLATE)): p.read_text() for p in TEMPLATE.rglob("*") if p.is_file()
+               and p.suffix in (".yaml", ".py")}, "env.yaml": get_task("mapf").spec.round0_env}
 
 
 def cand(kind: str, knob: str, value=None, code: str | None = None) -> Candidate:
@@ -73,7 +74,7 @@ def test_a_one_knob_candidate_is_a_one_line_commit_and_comments_survive(tmp_path
     assert [x for x in old_lines if x.lstrip().startswith("#")] == [x for x in new_lines if x.lstrip().startswith("#")]
     if kind == "recipe":
         assert "#" in changed[0][1]  # the comment on the changed line itself stays
-    ws = Workspace.create(tmp_path / "h")
+    ws = Workspace.create(tmp_path / "h", files_override={"env.yaml": files["env.yaml"]})  # MAPF's round 0
     ws.propose("c1", res.files, summary=f"{knob}: change", rationale="test", factor=knob, stage=1)
     numstat = subprocess.run(["git", "-C", str(tmp_path / "h"), "show", "--numstat", "--format=", "cand/c1"],
                              capture_output=True, text=True, check=True).stdout.split()
@@ -272,13 +273,13 @@ def test_seed_skill_triggers_use_emitted_codes():
     for s in skills:
         assert set(s.domains) <= {*TASKS, "code"}, (s.name, s.domains)  # code: the family to come (issue #12)
         fams = [f for f in s.domains if f in TASKS] or sorted(TASKS)
-        known = set().union(*(builtin_codes(f, get_task(f).failure_types) for f in fams))
+        known = set().union(*(builtin_codes(f, get_task(f).spec.failure_types) for f in fams))
         assert s.trigger.findings and set(s.trigger.findings) <= known, (s.name, s.trigger.findings)
 
 
 def _family_files(task: str) -> dict[str, str]:
     files = harness_files()
-    own = get_task(task).round0_env()
+    own = get_task(task).spec.round0_env
     return {**files, "env.yaml": own} if own is not None else files
 
 
@@ -289,7 +290,7 @@ def _instantiate(skill, files: dict[str, str], task: str) -> Change:
     from harness.engineer.rule import resolve_knob
 
     t = get_task(task)
-    knob = resolve_knob(iv.knob, task).format(**{t.difficulty_slice: {"mapf": "5", "math": "2"}[task]})
+    knob = resolve_knob(iv.knob, task).format(**{t.spec.difficulty_slice: {"mapf": "5", "math": "2"}[task]})
     if skill.kind == "recipe":
         from policies.train import Recipe
 
@@ -298,8 +299,8 @@ def _instantiate(skill, files: dict[str, str], task: str) -> Change:
     else:
         from harness.tasks.knobs import get_value, split
 
-        old = get_value(t.config_model.model_validate(yaml.safe_load(files["env.yaml"])).model_dump(mode="json"),
-                        split(knob, "env"), t.entry_key)
+        old = get_value(t.spec.config_model.model_validate(yaml.safe_load(files["env.yaml"])).model_dump(mode="json"),
+                        split(knob, "env"), t.spec.entry_key)
     new = {"add": old + iv.value, "mul": old * iv.value, "set": iv.value}[iv.op]
     return Change(kind=skill.kind, knob=knob, value=type(old)(round(new, 6)))
 
@@ -326,7 +327,7 @@ def mapf_rollouts(n_groups: int = 8) -> list[Rollout]:
     """Real MAPF instances (probe seeds) and completions scored by the real scorer: per group, the expert plan (valid),
     the expert plan with agent A stopping one move short (goal_not_reached, 1 of 2 agents home: partial credit),
     a padded plan far over the step cap (too_long: long text), and garbage (parse_error)."""
-    cfg = MAPF.config_model.model_validate(yaml.safe_load(harness_files()["env.yaml"]))
+    cfg = MAPF.spec.config_model.model_validate(yaml.safe_load(harness_files()["env.yaml"]))
     out = []
     for g in range(n_groups):
         inst = MAPF.generate(cfg, seed_for("probe", g))
@@ -355,8 +356,8 @@ def test_env_accepts_sane_changes(knob, value):
     files = harness_files()
     res = V.vet(cand("env", knob, value), files, MAPF, ROLLOUTS)
     assert res.ok and res.stage == "offline" and res.details["generated"] >= 4, res.reason
-    new = MAPF.config_model.model_validate(yaml.safe_load(res.files["env.yaml"]))
-    old = MAPF.config_model.model_validate(yaml.safe_load(files["env.yaml"]))
+    new = MAPF.spec.config_model.model_validate(yaml.safe_load(res.files["env.yaml"]))
+    old = MAPF.spec.config_model.model_validate(yaml.safe_load(files["env.yaml"]))
     from harness.tasks.mapf import apply_knob
 
     assert new == apply_knob(old, knob, value)  # exactly the one knob moved, as the task's own helper would

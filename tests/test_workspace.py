@@ -54,7 +54,10 @@ def temp_change(ws: Workspace, value: str) -> dict[str, str]:
 
 @pytest.fixture
 def ws(tmp_path) -> Workspace:
-    return Workspace.create(tmp_path / "harness")
+    """MAPF's round-0 harness: the template and the family's env.yaml, as a new run writes it."""
+    from harness.tasks import get_task
+
+    return Workspace.create(tmp_path / "harness", files_override={"env.yaml": get_task("mapf").spec.round0_env})
 
 
 # --- creation and reading ----------------------------------------------------------------------------------------

@@ -213,8 +213,8 @@ def mapf_partial_warm_start(out: Path, sft_examples: int = 3000, sft_steps: int 
     if (ck / "config.json").exists():
         return load_policy(ck)
     task = get_task("mapf")
-    cfg = task.config_model.model_validate(RUNG3_ENV)
-    model, tok = build_model(preset, task.alphabet(), words=task.words())
+    cfg = task.spec.config_model.model_validate(RUNG3_ENV)
+    model, tok = build_model(preset, task.spec.alphabet, words=list(task.spec.words))
     seed_list = seeds("train", sft_examples)
     pairs = (noisy_teacher_pairs(task, cfg, seed_list, blind_share) if blind_share
              else sft_pairs(task, cfg, seed_list, "trace"))
@@ -344,7 +344,7 @@ def rung3(out: Path, budget_s: float = 600.0, max_steps: int = 1500, sft_example
     reach_before = reach(model, tok, task, held)
     _say(f"rung3_pass@{HEADROOM[1]}_before", f"{(reach_before > 0).mean():.3f} (T {HEADROOM[0]}: the ceiling "
                                              "sharpening alone can lift greedy valid to)")
-    cfg = task.config_model.model_validate(RUNG3_ENV)
+    cfg = task.spec.config_model.model_validate(RUNG3_ENV)
     recipe = Recipe(**{**RUNG3_RECIPE, **(recipe_kw or {}), "steps": max_steps, "seed": seed})
     prompts = max_steps * recipe.prompts_per_step
     if learner == "sft":  # the expert's plans for fresh training boards (made before the clock starts, like GRPO's rows)
@@ -369,7 +369,7 @@ def rung3(out: Path, budget_s: float = 600.0, max_steps: int = 1500, sft_example
                        progress=ticker, callbacks=extra, schedule="constant")
         steps, dead = sm.steps, float("nan")
     else:
-        m = train_grpo(model, tok, rows, reward_fn(task, task.shaping_model.model_validate(RUNG3_SHAPING)), recipe,
+        m = train_grpo(model, tok, rows, reward_fn(task, task.spec.shaping_model.model_validate(RUNG3_SHAPING)), recipe,
                        progress=ticker, callbacks=extra)
         steps, dead = len(m.steps), m.dead_group_share
     secs = time.perf_counter() - t0 - (curve.paused if curve else 0.0)  # training seconds, the curve's reads excluded

@@ -54,11 +54,10 @@ def grpo_seconds_per_step(task, config, preset: str, sft_steps: int, steps: int,
     from policies.train import Recipe, train_grpo, train_sft
 
     recipe = Recipe(**{**recipe_kw, "sft_steps": sft_steps, "steps": steps})
-    model, tok = build_model(preset, task.alphabet(), words=task.words())
+    model, tok = build_model(preset, task.spec.alphabet, words=list(task.spec.words))
     if sft_steps:
         train_sft(model, tok, sft_pairs(task, config, seeds("train", 500), style), recipe)
-    rows = grpo_rows(task, config, seeds("train", steps * recipe.batch_size // recipe.num_generations, start=500),
-                     style)
+    rows = grpo_rows(task, config, seeds("train", steps * recipe.prompts_per_step, start=500), style)
     m = train_grpo(model, tok, rows, reward_fn(task), recipe)
     per = [s.seconds for s in m.steps[1:]] or [m.steps[0].seconds]  # first step pays one-off setup
     return {"preset": preset, "params": count_parameters(model), "steps": steps, "batch": recipe.batch_size,
@@ -74,7 +73,7 @@ def wide_held_out(task, sizes=(3, 4, 5)) -> list:
 
     out = []
     for i, size in enumerate(sizes):
-        cfg = task.config_model.model_validate(
+        cfg = task.spec.config_model.model_validate(
             {"sizes": [{"size": size, "agents": 2, "hole_ratio": 0.2, "wait_ratio": 0.5}]})
         out += [task.generate(cfg, s) for s in seeds("test", WIDE_PER_SIZE, start=10_000 + 1_000 * i)]
     return out
@@ -114,16 +113,16 @@ def run(out: Path, preset: str = "tiny", sft_examples: int = 8000, sft_steps: in
 
     cpu_threads(threads)
     task = get_task("mapf")
-    if style not in task.styles:
-        raise ValueError(f"unknown style {style!r}; choose one of: {', '.join(task.styles)}")
+    if style not in task.spec.styles:
+        raise ValueError(f"unknown style {style!r}; choose one of: {', '.join(task.spec.styles)}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if config_path:
         import yaml
 
-        config = task.config_model.model_validate(yaml.safe_load(Path(config_path).read_text()))
+        config = task.spec.config_model.model_validate(yaml.safe_load(Path(config_path).read_text()))
     else:  # the brief's setting: 2-agent boards of sizes 3-5, the suite's holes and wait ratio
-        config = task.config_model.model_validate(
+        config = task.spec.config_model.model_validate(
             {"sizes": [{"size": s, "agents": 2, "hole_ratio": 0.2, "wait_ratio": 0.5} for s in (3, 4, 5)]})
     recipe = Recipe(sft_steps=sft_steps, steps=grpo_steps, max_completion_length=grpo_max_tokens,
                     learning_rate=grpo_learning_rate, temperature=grpo_temperature)
@@ -134,7 +133,7 @@ def run(out: Path, preset: str = "tiny", sft_examples: int = 8000, sft_steps: in
                      "config": json.loads(config.model_dump_json())}
 
     t0 = time.perf_counter()
-    model, tok = build_model(preset, task.alphabet(), words=task.words(), seed=recipe.seed)
+    model, tok = build_model(preset, task.spec.alphabet, words=list(task.spec.words), seed=recipe.seed)
     summary["params"] = count_parameters(model)
     summary["style"] = style
     pairs = sft_pairs(task, config, seeds("train", sft_examples), style)
@@ -157,8 +156,7 @@ def run(out: Path, preset: str = "tiny", sft_examples: int = 8000, sft_steps: in
     summary["sft"] = {"wall_s": sft.wall_s, "loss_first": sft.loss[0], "loss_last": sft.loss[-1],
                       "total_s_incl_eval": t_sft, **rates}
 
-    rows = grpo_rows(task, config, seeds("train", grpo_steps * recipe.batch_size // recipe.num_generations,
-                                         start=sft_examples), style)
+    rows = grpo_rows(task, config, seeds("train", grpo_steps * recipe.prompts_per_step, start=sft_examples), style)
     grpo = train_grpo(model, tok, rows, reward_fn(task), recipe, progress=_ticker(t0))
     rates, t_all = checkpoint("grpo", f"after GRPO ({grpo_steps} steps)")
     summary["grpo"] = {"wall_s": grpo.wall_s, "s_per_step": grpo.seconds_per_step,

@@ -32,7 +32,7 @@ def run(preset: str = "base", prompts: int = 128, n: int = 8, max_new_tokens: in
     task = get_task("mapf")
     insts = suite_instances(task, suite, "test")
     texts = [task.prompt(i, "trace") for i in (insts * (prompts // max(1, len(insts)) + 1))[:prompts]]
-    model, tok = build_model(preset, task.alphabet(), words=task.words(), seed=0)
+    model, tok = build_model(preset, task.spec.alphabet, words=list(task.spec.words), seed=0)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     out: dict[str, Any] = {"preset": preset, "parameters": count_parameters(model), "prompts": len(texts), "n": n,
                            "max_new_tokens": max_new_tokens, "device": device}

@@ -14,11 +14,11 @@ Tests: tests/test_engineer.py, tests/test_engineer_llm.py.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from harness.config import EngineerConfig
 from harness.engineer.llm import EndpointError, ReplyFn, build_messages, chat_endpoint, local_model, retry_message
 from harness.engineer.proposal import (
     Knob,
@@ -42,34 +42,6 @@ __all__ = ["EngineerConfig", "EngineerError", "ProposalResult", "change_key", "k
 
 class EngineerError(ValueError):
     """An engineer configuration that cannot work (e.g. 'policy' as model_path without a policy checkpoint)."""
-
-
-class EngineerConfig(BaseModel):
-    """Which engineer proposes changes, and how to reach it."""
-
-    model_config = ConfigDict(extra="forbid")
-    kind: Literal["rule", "llm", "scripted"] = Field("rule", description="rule (no LLM), llm, or scripted (replays)")
-    base_url: str | None = Field(None, description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1 (llm)")
-    model: str | None = Field(None, description="model name at the endpoint (llm with base_url)")
-    api_key_env: str | None = Field(None, description="NAME of the env var holding the API key; None = no auth")
-    model_path: str | None = Field(None, description="local transformers checkpoint dir, or 'policy' for the current "
-                                                     "policy checkpoint (llm without base_url)")
-    script: str | None = Field(None, description="YAML/JSONL file of replies, one per stage (scripted)")
-    max_retries: int = Field(2, ge=0, le=10, description="retries of an invalid reply before the rule engineer steps in")
-    temperature: float = Field(0.7, ge=0, le=2, description="sampling temperature of the engineer")
-    max_tokens: int = Field(1024, ge=16, description="reply budget in tokens")
-    timeout_s: float = Field(120.0, gt=0, description="seconds allowed for one endpoint reply")
-
-    @model_validator(mode="after")
-    def _check(self) -> EngineerConfig:
-        if self.kind == "llm" and not ((self.base_url and self.model) or self.model_path):
-            raise ValueError("engineer kind 'llm' needs base_url + model (an OpenAI-compatible endpoint) or "
-                             "model_path (a local checkpoint, or 'policy')")
-        if self.kind == "llm" and self.base_url and self.model_path:
-            raise ValueError("engineer: give base_url + model OR model_path, not both")
-        if self.kind == "scripted" and not self.script:
-            raise ValueError("engineer kind 'scripted' needs script: a .yaml/.jsonl file of replies")
-        return self
 
 
 def _reply_fn(cfg: EngineerConfig, diagnosis: Diagnosis, policy_ckpt: Path | None, seed: int) -> ReplyFn:

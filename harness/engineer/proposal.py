@@ -138,7 +138,7 @@ def knob_space(diagnosis: Diagnosis, task: Any = None) -> dict[str, Knob]:
     task = task if task is not None else get_task(diagnosis.task)
     out: dict[str, Knob] = {}
     if diagnosis.env_config:
-        _walk(task.config_model.model_validate(diagnosis.env_config), "env", "env", out, task.entry_key)
+        _walk(task.spec.config_model.model_validate(diagnosis.env_config), "env", "env", out, task.spec.entry_key)
     recipe = {k: v for k, v in diagnosis.recipe.items() if k != "reward"}
     current = Recipe.model_validate(recipe)
     for field, (lo, hi) in RECIPE_KNOBS.items():
@@ -147,7 +147,7 @@ def knob_space(diagnosis: Diagnosis, task: Any = None) -> dict[str, Knob]:
         value = getattr(current, field)
         out[f"recipe.{field}"] = Knob(path=f"recipe.{field}", kind="recipe", lo=lo, hi=hi,
                                       integer=isinstance(value, int), current=value)
-    _walk(task.shaping_model.model_validate(diagnosis.recipe.get("reward") or {}), "reward", "reward", out)
+    _walk(task.spec.shaping_model.model_validate(diagnosis.recipe.get("reward") or {}), "reward", "reward", out)
     return out
 
 

@@ -64,7 +64,7 @@ def resolve_knob(template: str, task: str | None) -> str | None:
 
     if task not in TASKS:
         return None
-    return getattr(get_task(task), SYMBOLIC_KNOBS[template], None)
+    return getattr(get_task(task).spec, SYMBOLIC_KNOBS[template])  # a TaskSpec field
 
 
 def instantiate(skill: Skill, finding: Finding, space: dict[str, Knob], step_scale: float, task: str | None = None

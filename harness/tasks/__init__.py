@@ -1,11 +1,13 @@
-"""Task families. `get_task(name)` returns the task object; see `base.Task` for the protocol."""
+"""Task families. `get_task(name)` returns the task object; see `base.Task` for the protocol, `base.TaskSpec` for
+what a family declares as data, and `BatchScorer`, `EnvStats`, `VetConfigs` for its optional capabilities."""
 
 from __future__ import annotations
 
 import importlib
 
-from harness.tasks.base import Instance, Outcome, SuiteEntry, Task
+from harness.tasks.base import BatchScorer, EnvStats, Instance, Outcome, SuiteEntry, Task, TaskSpec, VetConfigs
 
+DEFAULT_TASK = "mapf"  # a run config without `task:` runs this family
 TASKS = {"mapf": "harness.tasks.mapf", "math": "harness.tasks.arith", "code": "harness.tasks.code",
          "reasoning": "harness.tasks.reasoning"}
 
@@ -44,8 +46,8 @@ def score_all(task: Task, pairs: list[tuple[Instance, str]], shaping=None) -> li
     (`split_think`); its length is reported as the outcome's `think_chars` metric."""
     split = [split_think(c) for _, c in pairs]
     pairs = [(inst, answer) for (inst, _), (answer, _) in zip(pairs, split, strict=True)]
-    many = getattr(task, "score_many", None)
-    outs = many(pairs, shaping) if many is not None else [task.score(inst, comp, shaping) for inst, comp in pairs]
+    outs = task.score_many(pairs, shaping) if isinstance(task, BatchScorer) else [task.score(inst, comp, shaping)
+                                                                                  for inst, comp in pairs]
     return [o.model_copy(update={"metrics": {**o.metrics, "think_chars": float(chars)}}) if chars else o
             for o, (_, chars) in zip(outs, split, strict=True)]
 
@@ -54,9 +56,9 @@ def generate_many(task_name: str, config_json: str, seeds: list[int]) -> list[In
     """The task's instances for `seeds` under a config given as JSON: the body of the run's background prefetch
     worker (a spawned process that imports only this package, not torch)."""
     task = get_task(task_name)
-    config = task.config_model.model_validate_json(config_json)
+    config = task.spec.config_model.model_validate_json(config_json)
     return [task.generate(config, s) for s in seeds]
 
 
-__all__ = ["TASKS", "Instance", "Outcome", "SuiteEntry", "Task", "UnknownTaskError", "generate_many", "get_task", "score_all",
-           "split_think"]
+__all__ = ["DEFAULT_TASK", "TASKS", "BatchScorer", "EnvStats", "Instance", "Outcome", "SuiteEntry", "Task", "TaskSpec",
+           "UnknownTaskError", "VetConfigs", "generate_many", "get_task", "score_all", "split_think"]

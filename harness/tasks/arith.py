@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import re
 import string
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from harness.tasks import knobs
-from harness.tasks.base import Instance, Outcome, SuiteEntry
+from harness.tasks.base import Instance, Outcome, SpecNames, SuiteEntry, TaskSpec
 
 FAILURE_TYPES = ("no_answer", "parse_error", "wrong_length", "wrong")
 # trace: the completion first writes the answer's digits least significant first (the order a carry flows, so each
@@ -263,31 +263,33 @@ def env_stats(config: MathConfig, n: int, seed_start: int = 0) -> dict[str, Any]
     return {"n": len(insts), "by_digits": by}
 
 
-class MathTask:
-    """The `Task` protocol for integer arithmetic (see harness/tasks/base.py)."""
+def near_miss(metrics: dict[str, float]) -> bool:
+    """A wrong answer with one digit wrong."""
+    return metrics.get("wrong_digits") == 1.0
 
-    name = "math"
-    config_model = MathConfig
-    shaping_model = MathShaping
-    instance_model = MathInstance
-    failure_types = FAILURE_TYPES
-    styles = STYLES
-    entry_key = ENTRY_KEY
-    slice_keys = ("digits", "terms", "op", "carries")
-    difficulty_slice = "digits"
-    failure_knobs: ClassVar[dict[str, list[str]]] = {
+
+SPEC = TaskSpec(
+    config_model=MathConfig, shaping_model=MathShaping, instance_model=MathInstance, styles=STYLES,
+    alphabet=alphabet(), words=(), failure_types=FAILURE_TYPES, round0_env=ROUND0_ENV,
+    entry_key=ENTRY_KEY, slice_keys=("digits", "terms", "op", "carries"), difficulty_slice="digits",
+    failure_knobs={
         "no_answer": ["recipe.max_completion_length", "recipe.temperature"],
         "parse_error": ["recipe.temperature"],
         "wrong_length": ["env.levels.{digits}.data_ratio", "env.levels.{digits}.terms"],
         "wrong": ["env.levels.{digits}.data_ratio"],
-    }
-    frontier_knob = "env.levels.{digits}.data_ratio"
-    gap_metric = None  # an exact answer is optimal
-    near_miss_text = "one digit wrong"
-    suboptimal_text = "right, but not optimal (never for math)"
+    },
+    frontier_knob="env.levels.{digits}.data_ratio", gap_metric=None,  # an exact answer is optimal
+    near_miss=near_miss, near_miss_text="one digit wrong",
+    suboptimal_text="right, but not optimal (never for math)",
+)
 
-    def near_miss(self, metrics: dict[str, float]) -> bool:
-        return metrics.get("wrong_digits") == 1.0
+
+class MathTask(SpecNames):
+    """The `Task` protocol for integer arithmetic (harness/tasks/base.py), with the capabilities EnvStats and
+    VetConfigs."""
+
+    name = "math"
+    spec = SPEC
 
     def default_config(self) -> MathConfig:
         return default_config()
@@ -310,17 +312,8 @@ class MathTask:
     def suite(self, name: str) -> list[SuiteEntry]:
         return suite(name)
 
-    def alphabet(self) -> str:
-        return alphabet()
-
-    def words(self) -> list[str]:
-        return []
-
     def env_stats(self, config: MathConfig, n: int, seed_start: int = 0) -> dict[str, Any]:
         return env_stats(config, n, seed_start)
-
-    def round0_env(self) -> str | None:
-        return ROUND0_ENV
 
     def vet_configs(self, config: MathConfig, knob: str) -> list[tuple[str, MathConfig]]:
         return knobs.entry_configs(config, "levels", ENTRY_KEY, knob)

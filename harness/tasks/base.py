@@ -1,8 +1,10 @@
-"""The Task protocol: what every task family (MAPF-FrozenLake, math, code) provides to the loop.
+"""The Task protocol: what every task family (MAPF-FrozenLake, math, code, reasoning) provides to the loop.
 
-A task is a plain module-level object satisfying `Task`. The loop never looks inside an instance: it generates
-instances from a typed generator config and a seed, renders prompts, scores completions into an `Outcome`, asks the
-expert for a demonstration (SFT warm start), and groups results by the instance's slices.
+A task is a plain module-level object satisfying `Task`: a name, a `TaskSpec` (its models, slices, knobs and texts, as
+data) and seven functions. The loop never looks inside an instance: it generates instances from a typed generator
+config and a seed, renders prompts, scores completions into an `Outcome`, asks the expert for a demonstration (SFT warm
+start), groups results by the instance's slices and draws benchmark suites. What only some families have is a declared
+capability (`BatchScorer`, `EnvStats`, `VetConfigs`), checked with `isinstance`, never found by `getattr`.
 
     from harness.tasks import get_task
     task = get_task("mapf")
@@ -12,6 +14,8 @@ expert for a demonstration (SFT warm start), and groups results by the instance'
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -47,35 +51,100 @@ class SuiteEntry(BaseModel):
     n: int
 
 
+def _never(metrics: dict[str, float]) -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What the loop knows about a family besides its functions, as data: its models, slices, knobs and texts.
+
+    Diagnostics, the vet step, the engineers, the report and the tokenizer read these; none of them names a family."""
+
+    config_model: type[BaseModel]  # the generator config (extra="forbid"): what env.yaml holds
+    shaping_model: type[BaseModel]  # the reward shaping config (extra="forbid"): recipe.yaml's `reward:`
+    instance_model: type[Instance]
+    styles: tuple[str, ...]  # prompt styles, first is the default
+    alphabet: str  # every character prompts and completions can contain (char tokenizer)
+    # the round-0 env.yaml a new run's harness starts with, comments included (sandbox/template/ holds only what every
+    # family shares: the recipe, the README and the example diagnostic)
+    round0_env: str
+    words: tuple[str, ...] = ()  # multi-character units a char tokenizer keeps as one token
+    failure_types: tuple[str, ...] = ()  # the failure taxonomy of `Outcome.failure`
+    # --- for diagnostics, vet and engineers ---
+    entry_key: str | None = None  # knob paths index lists of config entries by this field (harness.tasks.knobs)
+    slice_keys: tuple[str, ...] = ()  # the slices instances are grouped by (reports, vetoes, the gate's slice check)
+    difficulty_slice: str = ""  # the slice that orders difficulty (the competence frontier is found along it)
+    failure_knobs: dict[str, list[str]] = field(default_factory=dict)  # failure type -> knob templates ({<slice>})
+    frontier_knob: str | None = None  # the knob template that moves the training mix along the difficulty slice
+    gap_metric: str | None = None  # Outcome.metrics key: distance of a valid answer from optimal (None: no such notion)
+    near_miss: Callable[[dict[str, float]], bool] = _never  # an invalid answer one step short of valid, from metrics
+    near_miss_text: str = "one step short of a valid answer"  # what a near miss is, in one line (finding messages)
+    suboptimal_text: str = "valid, but not optimal"  # what valid-but-not-optimal means, in one line
+
+
 @runtime_checkable
 class Task(Protocol):
+    """A task family: a name, its spec, and the functions that make, show, solve, score and group its instances."""
+
     name: str
-    config_model: type[BaseModel]  # generator config (extra="forbid")
-    shaping_model: type[BaseModel]  # reward shaping config (extra="forbid")
-    instance_model: type[Instance]
-    failure_types: tuple[str, ...]
-    styles: tuple[str, ...]  # prompt styles, first is the default
-    # --- what the loop needs to know about the family, so that it names none (diagnostics, vet, engineers) ---
-    entry_key: str | None  # knob paths index lists of config entries by this field (harness.tasks.knobs)
-    slice_keys: tuple[str, ...]  # the slices instances are grouped by (reports, vetoes, the gate's slice check)
-    difficulty_slice: str  # the slice that orders difficulty (the competence frontier is found along it)
-    failure_knobs: dict[str, list[str]]  # failure type -> knob templates ({<slice>} filled from a finding's slice)
-    frontier_knob: str | None  # the knob template that moves the training mix along the difficulty slice
-    gap_metric: str | None  # Outcome.metrics key: distance of a valid answer from optimal (None: no such notion)
-    near_miss_text: str  # what a near miss is, in one line (finding messages)
-    suboptimal_text: str  # what valid-but-not-optimal means, in one line
+    spec: TaskSpec
 
     def default_config(self) -> BaseModel: ...
     def generate(self, config: BaseModel, seed: int) -> Instance: ...
     def prompt(self, instance: Instance, style: str = ...) -> str: ...
-    def expert(self, instance: Instance, style: str = ...) -> str: ...
+    def expert(self, instance: Instance, style: str = ...) -> str: ...  # the expert's completion (SFT warm start)
     def score(self, instance: Instance, completion: str, shaping: BaseModel | None = None) -> Outcome: ...
-    # optional: `score_many(pairs, shaping) -> list[Outcome]`, a batch scorer (harness.tasks.score_all uses it)
     def slices(self, instance: Instance) -> dict[str, str]: ...
-    def suite(self, name: str) -> list[SuiteEntry]: ...
-    def alphabet(self) -> str: ...  # every character prompts and completions can contain (char tokenizer)
-    def words(self) -> list[str]: ...  # multi-character units a char tokenizer keeps as one token ([] for none)
-    def near_miss(self, metrics: dict[str, float]) -> bool: ...  # an invalid answer one step short of valid
+    def suite(self, name: str) -> list[SuiteEntry]: ...  # a named benchmark suite; unknown names raise with the list
+
+
+# --- optional capabilities: a family has one when it has the method (`isinstance(task, EnvStats)`) ----------------------
+
+
+@runtime_checkable
+class BatchScorer(Protocol):
+    """Scores many (instance, completion) pairs at once (code: one sandbox job per distinct program, in parallel);
+    `harness.tasks.score_all` uses it, else `score` one by one."""
+
+    def score_many(self, pairs: list[tuple[Instance, str]], shaping: BaseModel | None = None) -> list[Outcome]: ...
+
+
+@runtime_checkable
+class EnvStats(Protocol):
+    """Statistics of a generator config's distribution (the diagnosis shows them; `evotrainer env stats`)."""
+
     def env_stats(self, config: BaseModel, n: int, seed_start: int = 0) -> dict[str, Any]: ...
-    def vet_configs(self, config: BaseModel, knob: str) -> list[tuple[str, BaseModel]]: ...  # what the vet generates
-    def round0_env(self) -> str | None: ...  # the family's round-0 env.yaml text (None: sandbox/template/env.yaml)
+
+
+@runtime_checkable
+class VetConfigs(Protocol):
+    """The configs the vet step generates from to check a changed env (e.g. each entry the knob touches, alone);
+    without it the vet generates from the whole config."""
+
+    def vet_configs(self, config: BaseModel, knob: str) -> list[tuple[str, BaseModel]]: ...
+
+
+class SpecNames:
+    """The spec's fields under the names the stage's modules call on the task today (graph.py: `alphabet()`,
+    `words()`, `round0_env()`; backtest.py: `config_model`, `shaping_model`). Not part of the Task protocol: new code
+    reads `task.spec`; this goes once those modules do."""
+
+    spec: TaskSpec
+
+    @property
+    def config_model(self) -> type[BaseModel]:
+        return self.spec.config_model
+
+    @property
+    def shaping_model(self) -> type[BaseModel]:
+        return self.spec.shaping_model
+
+    def alphabet(self) -> str:
+        return self.spec.alphabet
+
+    def words(self) -> list[str]:
+        return list(self.spec.words)
+
+    def round0_env(self) -> str:
+        return self.spec.round0_env

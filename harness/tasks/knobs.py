@@ -17,6 +17,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+WEIGHT = "data_ratio"  # the field that weighs each keyed entry of a mixture (its share of the instances)
+
 
 class KnobError(ValueError):
     """A knob path that does not name one value of the config (names the missing part and what exists there)."""
@@ -105,7 +107,7 @@ def read(config: BaseModel, path: str, entry_key: str | None, section: str = "en
 
 
 def check_mixture(entries: list, list_field: str, entry_key: str, keys: str, example: str,
-                  weight: str = "data_ratio") -> list:
+                  weight: str = WEIGHT) -> list:
     """The validator of a weighted mixture of keyed entries (a config field like `levels`): not empty, keys unique,
     some entry with weight > 0. `keys` is the key's plural for messages ("digits", "depths"); `example` an entry to
     suggest when the list is empty."""
@@ -120,7 +122,7 @@ def check_mixture(entries: list, list_field: str, entry_key: str, keys: str, exa
     return entries
 
 
-def pick(entries: list, rng, weight: str = "data_ratio"):
+def pick(entries: list, rng, weight: str = WEIGHT):
     """One entry of a weighted mixture, drawn with numpy Generator `rng` in proportion to `weight`."""
     import numpy as np
 
@@ -129,7 +131,7 @@ def pick(entries: list, rng, weight: str = "data_ratio"):
 
 
 def entry_configs(config: BaseModel, list_field: str, entry_key: str, knob: str,
-                  weight: str = "data_ratio") -> list[tuple[str, BaseModel]]:
+                  weight: str = WEIGHT) -> list[tuple[str, BaseModel]]:
     """One config per keyed entry a knob touches, that entry alone at full weight: a per-entry knob
     (`env.<list_field>.<key>.<field>`) its entry; any other knob every entry with weight > 0. What a task's
     `vet_configs` generates from when its config is a weighted mixture of keyed entries."""

@@ -62,13 +62,13 @@ import re
 import string
 import time
 from collections import Counter
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from harness.tasks import knobs
-from harness.tasks.base import Instance, Outcome, SuiteEntry
+from harness.tasks.base import Instance, Outcome, SpecNames, SuiteEntry, TaskSpec
 from harness.tasks.knobs import KnobError
 from harness.tasks.mapf_cbs import SolverBudgetExceeded, bfs_distances, solve
 from harness.tasks.mapf_validate import FAILURES, encode_moves, simulate, validate_arrays
@@ -229,6 +229,19 @@ def apply_knob(config: MAPFConfig, path: str, value: Any) -> MAPFConfig:
 def default_config() -> MAPFConfig:
     """Round 0: every paper size 3..10 equally, 2 agents, 20% holes, a quarter of instances needing a wait."""
     return MAPFConfig(sizes=[SizeEntry(size=s) for s in range(3, 11)], min_distance=1)
+
+
+# what a new run's env.yaml holds (a run config's `env:` replaces it): small boards, two agents
+ROUND0_ENV = """\
+# Environment generator config (MAPF-FrozenLake). Round 0: a random-ish default, small boards, two agents.
+# One entry per board size: data_ratio = share of training instances at this size; hole_ratio = share of cells that
+# are holes; wait_ratio = share of instances whose optimal plan needs an agent to wait; agents = agents per board.
+sizes:
+  - {size: 3, data_ratio: 0.34, hole_ratio: 0.2, wait_ratio: 0.1, agents: 2}
+  - {size: 4, data_ratio: 0.33, hole_ratio: 0.2, wait_ratio: 0.1, agents: 2}
+  - {size: 5, data_ratio: 0.33, hole_ratio: 0.2, wait_ratio: 0.1, agents: 2}
+min_distance: 1
+"""
 
 
 # --- instances and the generator -------------------------------------------------------------------------------------
@@ -673,20 +686,19 @@ def env_stats(config: MAPFConfig, n: int, seed_start: int = 0) -> dict[str, Any]
 ENTRY_KEY = "size"  # knob paths index the `sizes` list by size: env.sizes.5.hole_ratio
 
 
-class MAPFTask:
-    """The `Task` protocol for MAPF-FrozenLake (see harness/tasks/base.py); plus validate_batch."""
+def near_miss(metrics: dict[str, float]) -> bool:
+    """An invalid plan that was one agent short of solving (2+ agents, all but one on its goal)."""
+    on, agents = metrics.get("agents_on_goal"), metrics.get("agents")
+    return on is not None and agents is not None and agents >= 2 and on == agents - 1
 
-    name = "mapf"
-    config_model = MAPFConfig
-    shaping_model = MAPFShaping
-    instance_model = MAPFInstance
-    failure_types = FAILURE_TYPES
-    styles = STYLES
-    entry_key = ENTRY_KEY
-    slice_keys = ("size", "agents", "wait")
-    difficulty_slice = "size"
+
+SPEC = TaskSpec(
+    config_model=MAPFConfig, shaping_model=MAPFShaping, instance_model=MAPFInstance, styles=STYLES,
+    alphabet=alphabet(), words=tuple(words()), failure_types=FAILURE_TYPES,
+    round0_env=ROUND0_ENV,
+    entry_key=ENTRY_KEY, slice_keys=("size", "agents", "wait"), difficulty_slice="size",
     # failure type -> knob templates it suggests, most preferred first ({size} is filled from the finding's slice)
-    failure_knobs: ClassVar[dict[str, list[str]]] = {
+    failure_knobs={
         "parse_error": ["recipe.temperature"],
         "wrong_agent_count": ["recipe.temperature"],
         "off_grid": ["env.sizes.{size}.data_ratio"],
@@ -695,19 +707,20 @@ class MAPFTask:
         "edge_conflict": ["env.sizes.{size}.wait_ratio"],
         "goal_not_reached": ["env.sizes.{size}.data_ratio"],
         "too_long": ["recipe.max_completion_length", "recipe.temperature"],
-    }
-    frontier_knob = "env.sizes.{size}.data_ratio"  # the difficulty slice's share of the training mix
-    gap_metric = "makespan_gap"  # Outcome.metrics key: how far a valid answer is from optimal
-    near_miss_text = "all but one agent reached its goal"
-    suboptimal_text = "valid plan, makespan above optimal"
+    },
+    frontier_knob="env.sizes.{size}.data_ratio",  # the difficulty slice's share of the training mix
+    gap_metric="makespan_gap",  # Outcome.metrics key: how far a valid answer is from optimal
+    near_miss=near_miss, near_miss_text="all but one agent reached its goal",
+    suboptimal_text="valid plan, makespan above optimal",
+)
 
-    def near_miss(self, metrics: dict[str, float]) -> bool:
-        """An invalid plan that was one agent short of solving (2+ agents, all but one on its goal)."""
-        on, agents = metrics.get("agents_on_goal"), metrics.get("agents")
-        return on is not None and agents is not None and agents >= 2 and on == agents - 1
 
-    def round0_env(self) -> str | None:
-        return None  # the workspace template's env.yaml is MAPF's round 0 (sandbox/template/env.yaml)
+class MAPFTask(SpecNames):
+    """The `Task` protocol for MAPF-FrozenLake (see harness/tasks/base.py), with the capabilities BatchScorer, EnvStats
+    and VetConfigs; plus validate_batch."""
+
+    name = "mapf"
+    spec = SPEC
 
     def vet_configs(self, config: MAPFConfig, knob: str) -> list[tuple[str, MAPFConfig]]:
         """Configs the vet step generates from to check a changed env: each size the knob touches alone (a per-size
@@ -734,12 +747,6 @@ class MAPFTask:
 
     def suite(self, name: str) -> list[SuiteEntry]:
         return suite(name)
-
-    def alphabet(self) -> str:
-        return alphabet()
-
-    def words(self) -> list[str]:
-        return words()
 
     def env_stats(self, config: MAPFConfig, n: int, seed_start: int = 0) -> dict[str, Any]:
         return env_stats(config, n, seed_start)

@@ -45,13 +45,13 @@ import string
 import threading
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from harness.tasks import knobs
-from harness.tasks.base import Instance, Outcome, SuiteEntry
+from harness.tasks.base import Instance, Outcome, SpecNames, SuiteEntry, TaskSpec
 
 FAILURE_TYPES = ("no_answer", "wrong")
 STYLES = ("plain", "chat")  # plain: the question, then `Answer: `; chat: the question and a format instruction
@@ -366,29 +366,32 @@ def env_stats(config: ReasoningConfig, n: int, seed_start: int = 0) -> dict[str,
     return {"n": len(insts), "by_dataset": by}
 
 
-class ReasoningTask:
-    """The `Task` protocol over reasoning-gym's datasets (see harness/tasks/base.py)."""
+def near_miss(metrics: dict[str, float]) -> bool:
+    """Not defined for reasoning-gym answers: never."""
+    return False
 
-    name = "reasoning"
-    config_model = ReasoningConfig
-    shaping_model = ReasoningShaping
-    instance_model = ReasoningInstance
-    failure_types = FAILURE_TYPES
-    styles = STYLES
-    entry_key = ENTRY_KEY
-    slice_keys = ("dataset", "answer_len")
-    difficulty_slice = "dataset"  # the datasets are the levels (unordered: the frontier is the datasets in between)
-    failure_knobs: ClassVar[dict[str, list[str]]] = {
+
+SPEC = TaskSpec(
+    config_model=ReasoningConfig, shaping_model=ReasoningShaping, instance_model=ReasoningInstance, styles=STYLES,
+    alphabet="".join(sorted(set(string.printable) - set("\t\r\x0b\x0c"))), words=(), failure_types=FAILURE_TYPES,
+    round0_env=ROUND0_ENV, entry_key=ENTRY_KEY, slice_keys=("dataset", "answer_len"),
+    difficulty_slice="dataset",  # the datasets are the levels (unordered: the frontier is the datasets in between)
+    failure_knobs={
         "no_answer": ["recipe.max_completion_length", "recipe.temperature"],
         "wrong": ["env.datasets.{dataset}.data_ratio"],
-    }
-    frontier_knob = "env.datasets.{dataset}.data_ratio"
-    gap_metric = None
-    near_miss_text = "a near miss (not defined for reasoning-gym answers)"
-    suboptimal_text = "right, but not optimal (never for reasoning-gym)"
+    },
+    frontier_knob="env.datasets.{dataset}.data_ratio", gap_metric=None,
+    near_miss=near_miss, near_miss_text="a near miss (not defined for reasoning-gym answers)",
+    suboptimal_text="right, but not optimal (never for reasoning-gym)",
+)
 
-    def near_miss(self, metrics: dict[str, float]) -> bool:
-        return False
+
+class ReasoningTask(SpecNames):
+    """The `Task` protocol over reasoning-gym's datasets (harness/tasks/base.py), with the capabilities BatchScorer,
+    EnvStats and VetConfigs."""
+
+    name = "reasoning"
+    spec = SPEC
 
     def default_config(self) -> ReasoningConfig:
         return default_config()
@@ -415,17 +418,8 @@ class ReasoningTask:
     def suite(self, name: str) -> list[SuiteEntry]:
         return suite(name)
 
-    def alphabet(self) -> str:
-        return "".join(sorted(set(string.printable) - set("\t\r\x0b\x0c")))
-
-    def words(self) -> list[str]:
-        return []
-
     def env_stats(self, config: ReasoningConfig, n: int, seed_start: int = 0) -> dict[str, Any]:
         return env_stats(config, n, seed_start)
-
-    def round0_env(self) -> str | None:
-        return ROUND0_ENV
 
     def vet_configs(self, config: ReasoningConfig, knob: str) -> list[tuple[str, ReasoningConfig]]:
         return knobs.entry_configs(config, "datasets", ENTRY_KEY, knob)
