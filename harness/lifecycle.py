@@ -37,12 +37,12 @@ _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
 def check_run_id(run_id: str) -> str:
-    """`run_id` when it is a plain folder name (1-100 letters, digits, '.', '_', '-', starting with a letter or digit,
+    """`run_id` when it is a plain folder name (1-100 letters, numbers, '.', '_', '-', starting with a letter or digit,
     no '..'), else RunError: an id is joined to --runs-dir, so '..', '/x' or control characters would name another
     folder."""
     if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id) or ".." in run_id:
         shown = repr(run_id[:60]) + ("..." if len(run_id) > 60 else "") if isinstance(run_id, str) else repr(run_id)
-        raise RunError(f"run id {shown} is not a plain name: use 1-100 letters, digits, '.', '_' or '-', starting "
+        raise RunError(f"run id {shown} is not a plain name: use 1-100 letters, numbers, '.', '_' or '-', starting "
                        "with a letter or digit (no '/', no '..')")
     return run_id
 
