@@ -56,7 +56,7 @@ def warm_start(run: Run) -> tuple[Path, int]:
     if cfg.policy.checkpoint:
         model, tok = run.load(cfg.policy.checkpoint)
     elif cfg.warm_start.sft_examples == 0:
-        model, tok = build_model(cfg.policy.preset, task.alphabet(), words=task.words(), seed=cfg.seed)
+        model, tok = build_model(cfg.policy.preset, task.spec.alphabet, words=list(task.spec.words), seed=cfg.seed)
     n = cfg.warm_start.sft_examples
     hit = key = None
     if n > 0:

@@ -220,7 +220,7 @@ class Judge(BaseModel):
     max_new_tokens: int = Field(96, ge=1)
 
     def config(self, task: Any) -> BaseModel:
-        return task.config_model.model_validate(self.env)
+        return task.spec.config_model.model_validate(self.env)
 
 
 class ArmEval(BaseModel):
@@ -269,9 +269,9 @@ def read_harness(files: dict[str, str], task: Any) -> tuple[BaseModel, Any, Base
     missing = [f for f in ("env.yaml", "recipe.yaml") if f not in files]
     if missing:
         raise GateError(f"harness files lack {missing}: pass Workspace.files(ref) of a harness repo")
-    env = task.config_model.model_validate(yaml.safe_load(files["env.yaml"]) or {})
+    env = task.spec.config_model.model_validate(yaml.safe_load(files["env.yaml"]) or {})
     rec = dict(yaml.safe_load(files["recipe.yaml"]) or {})
-    shaping = task.shaping_model.model_validate(rec.pop("reward", None) or {})
+    shaping = task.spec.shaping_model.model_validate(rec.pop("reward", None) or {})
     return env, Recipe.model_validate(rec), shaping
 
 

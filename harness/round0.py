@@ -46,8 +46,8 @@ def initial_files(config: RunConfig) -> dict[str, str]:
     if config.env is not None:
         files["env.yaml"] = "# Round-0 generator config (from the run config).\n" + yaml.safe_dump(
             config.env, sort_keys=False)
-    elif (own := get_task(config.task).round0_env()) is not None:  # the family's own round-0 env.yaml
-        files["env.yaml"] = own
+    else:  # the family's own round-0 env.yaml
+        files["env.yaml"] = get_task(config.task).spec.round0_env
     if config.recipe or config.reward:  # edited into the template in place: its comments stay next to each knob
         from harness.yamledit import set_leaf_text
 

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from harness.config import RunConfig
 from harness.results import NodeResult
 from harness.store import RunStore
-from harness.tasks import get_task
+from harness.tasks import EnvStats, get_task
 
 R = TypeVar("R", bound=NodeResult)
 
@@ -150,8 +150,7 @@ class Run:
         """`task.env_stats` of an env config, once per config per process (the config changes only on promotion)."""
         key = config.model_dump_json()
         if key not in self._env_stats:
-            fn = getattr(self.task, "env_stats", None)
-            self._env_stats[key] = fn(config, 64) if fn else {}
+            self._env_stats[key] = self.task.env_stats(config, 64) if isinstance(self.task, EnvStats) else {}
         return self._env_stats[key]
 
     def skills(self):

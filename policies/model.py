@@ -68,7 +68,7 @@ def build_char_tokenizer(alphabet: str, words: Sequence[str] = ()):
 
     chars = sorted(set(alphabet))
     if not chars:
-        raise PresetError("alphabet is empty: pass every character prompts and completions can contain (task.alphabet())")
+        raise PresetError("alphabet is empty: pass every character prompts and completions can contain (task.spec.alphabet)")
     vocab = {tok: i for i, tok in enumerate(SPECIALS)}
     for ch in chars:
         vocab.setdefault(ch, len(vocab))

@@ -56,7 +56,7 @@ def template_files() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def mapf():
     task = get_task("mapf")
-    cfg = task.config_model.model_validate({"sizes": [
+    cfg = task.spec.config_model.model_validate({"sizes": [
         {"size": 3, "data_ratio": 0.5, "hole_ratio": 0.2, "wait_ratio": 0.1, "agents": 2},
         {"size": 5, "data_ratio": 0.5, "hole_ratio": 0.2, "wait_ratio": 0.1, "agents": 2}], "min_distance": 1})
     insts = [task.generate(cfg, s) for s in seeds("backtest", 240)]
@@ -126,7 +126,7 @@ def test_read_harness_and_hygiene(tmp_path):
     env, recipe, _ = read_harness(template_files(), task)
     assert recipe.num_generations == 8 and env.sizes[0].size == 3
     with pytest.raises(SplitError, match="backtest"):
-        decision(tmp_path, template_files(), template_files(), task, task.styles[0], 1, seeds("train", 4),
+        decision(tmp_path, template_files(), template_files(), task, task.spec.styles[0], 1, seeds("train", 4),
                  seeds("test", 4), GATE, Judge(env=env.model_dump()), tmp_path / "arms", "c")
 
 
@@ -137,13 +137,13 @@ def test_online_backtest_trains_two_real_arms_and_counts_compute(tmp_path):
     from policies.model import build_model, save_policy
 
     task = get_task("mapf")
-    model, tok = build_model("tiny", task.alphabet())
+    model, tok = build_model("tiny", task.spec.alphabet)
     save_policy(model, tok, tmp_path / "start")
     files = template_files()
     files["recipe.yaml"] += "\nbatch_size: 16\nnum_generations: 4\n"
     eval_seeds = seeds("backtest", 12, start=500)
     judge = Judge(env=read_harness(files, task)[0].model_dump(), samples=3, temperature=0.7, max_new_tokens=48)
-    res = decision(tmp_path / "start", files, files, task, task.styles[0], 1, seeds("train", 4), eval_seeds, GATE,
+    res = decision(tmp_path / "start", files, files, task, task.spec.styles[0], 1, seeds("train", 4), eval_seeds, GATE,
                    judge, tmp_path / "arms", candidate_id="aa")
     control, candidate = res.arms["control"], res.arms["candidate"]
     for arm in (control, candidate):

@@ -28,7 +28,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from harness.tasks import knobs
-from harness.tasks.base import Instance, Outcome, SpecNames, SuiteEntry, TaskSpec
+from harness.tasks.base import Instance, Outcome, SuiteEntry, TaskSpec
 
 FAILURE_TYPES = ("no_answer", "parse_error", "wrong_length", "wrong")
 # trace: the completion first writes the answer's digits least significant first (the order a carry flows, so each
@@ -284,7 +284,7 @@ SPEC = TaskSpec(
 )
 
 
-class MathTask(SpecNames):
+class MathTask:
     """The `Task` protocol for integer arithmetic (harness/tasks/base.py), with the capabilities EnvStats and
     VetConfigs."""
 

@@ -125,26 +125,3 @@ class VetConfigs(Protocol):
     def vet_configs(self, config: BaseModel, knob: str) -> list[tuple[str, BaseModel]]: ...
 
 
-class SpecNames:
-    """The spec's fields under the names the stage's modules call on the task today (graph.py: `alphabet()`,
-    `words()`, `round0_env()`; backtest.py: `config_model`, `shaping_model`). Not part of the Task protocol: new code
-    reads `task.spec`; this goes once those modules do."""
-
-    spec: TaskSpec
-
-    @property
-    def config_model(self) -> type[BaseModel]:
-        return self.spec.config_model
-
-    @property
-    def shaping_model(self) -> type[BaseModel]:
-        return self.spec.shaping_model
-
-    def alphabet(self) -> str:
-        return self.spec.alphabet
-
-    def words(self) -> list[str]:
-        return list(self.spec.words)
-
-    def round0_env(self) -> str:
-        return self.spec.round0_env

