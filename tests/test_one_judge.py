@@ -54,3 +54,18 @@ def test_the_loop_and_the_calibration_decide_through_one_verdict_function_and_on
 def test_the_second_orchestration_is_gone():
     for name in ("backtest", "run_arm", "evaluate_arm", "ArmBudget", "ArmResult", "BacktestResult", "arm_prompts"):
         assert not hasattr(B, name), f"harness.backtest.{name} is a second path to a decision; use verdicts"
+
+
+def test_prompts_per_step_has_one_computation():
+    """How many prompts a GRPO step consumes is `Recipe.prompts_per_step` alone (oversampling included): a module of
+    the loop or the benchmarks that divides `batch_size` by `num_generations` itself is a second copy (six existed, and
+    only two counted `oversample`). Catches any `x.batch_size // x.num_generations` or `/`, `ceil(...)` of them."""
+    copies = []
+    for path in sorted((ROOT / "harness").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.FloorDiv | ast.Div):
+                left, right = ({getattr(n, "attr", getattr(n, "id", None)) for n in ast.walk(side)}
+                               for side in (node.left, node.right))
+                if "batch_size" in left and "num_generations" in right:
+                    copies.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not copies, f"use Recipe.prompts_per_step instead of: {copies}"
