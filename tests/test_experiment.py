@@ -167,3 +167,24 @@ def test_step_equivalents_count_steps_and_judging_tokens_but_not_the_warm_start_
     assert c["compute"] == 10 and c["by_stage"] == {1: 4.5, 2: 5.5}
     assert step_equivalents(store, "r", before=2)["compute"] == 4.5  # what stage 2 finds spent before it
     store.close()
+
+
+def test_the_experiment_trains_judges_and_counts_only_through_the_stage():
+    """The experiment's arms run on the stage's rooms (`arms.train_policy`, `evaluation.report_eval`, `arms.warm_start`
+    via `graph.node_setup`, the ledger); a second training loop, suite evaluation, warm start or raw SQL ledger read in
+    the experiment or its baselines (what the experiment once had) fails here."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1]
+    banned = {"sqlite3", "harness.backtest.train_arm", "harness.policy_glue.evaluate", "harness.warmstart",
+              "policies.model.load_policy", "policies.model.save_policy", "harness.round0.initial_files",
+              "policies.rollout.SamplingParams"}
+    for rel in ("harness/experiment.py", "harness/baselines.py"):
+        found = set()
+        for node in ast.walk(ast.parse((root / rel).read_text())):
+            if isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                found |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        assert not found & banned, (rel, sorted(found & banned))
+        assert "execute(" not in (root / rel).read_text(), f"{rel} reads run.db with raw SQL; use the store's methods"
