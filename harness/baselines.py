@@ -25,7 +25,7 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import yaml
@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from harness.arms import train_policy
 from harness.evaluation import report_eval, rollouts
-from harness.results import NodeResult
+from harness.results import NodeResult, Trained
 from harness.round0 import harness_models
 from harness.run import Run
 from harness.stagebook import step_equivalents
@@ -68,6 +68,8 @@ class Provided(NodeResult):
     files: dict[str, str]
     weights: list[float] | None = Field(None, description="the stage's level weights (a level sampler's)")
     probe_tokens: int = Field(0, description="tokens generated to choose the harness (charged to the ledger)")
+    state: dict[str, Any] = Field(default_factory=dict, description="the provider's own state for the next stage "
+                                  "(a bandit's value estimates): `run.result(k - 1, Provided).state`")
 
 
 class BaselineStage(NodeResult):
@@ -88,7 +90,9 @@ class BaselineStage(NodeResult):
 
 
 class Provider(Protocol):
-    """A baseline: before stage k (policy at `policy`), the harness the stage trains under."""
+    """A baseline: before stage k (policy at `policy`), the harness the stage trains under. What earlier stages
+    provided, trained and scored is in the run (`run.result(j, Provided)`, `run.result(j, BaselineStage)`); tokens
+    generated to decide are charged with `run.charge` and reported in `probe_tokens`, so the stage trains fewer steps."""
 
     def provide(self, run: Run, k: int, policy: str) -> Provided: ...
 
@@ -254,9 +258,11 @@ def run_baseline(run: Run, provider: Provider, budget: int, name: str,
         tps = before["tokens_per_step"]
         steering = provided.probe_tokens / tps if before["steps"] else 0.0
         steps = max(1, round(sum(shares[:k]) - before["compute"] - steering))
-        trained = train_policy(run, k, "policy", policy, provided.files, steps, f"s{k}/train", run.path(f"s{k}"),
-                               seed=cfg.seed + k)
-        run.save_result(k, trained)
+        trained = run.result(k, Trained)  # trained before a crash that came before the stage's row: kept
+        if trained is None or not (Path(trained.checkpoint) / "config.json").exists():
+            trained = train_policy(run, k, "policy", policy, provided.files, steps, f"s{k}/train",
+                                   run.path(f"s{k}"), seed=cfg.seed + k)
+            run.save_result(k, trained)
         report_eval(run, k, trained.checkpoint)
         test = next(e for e in run.store.evaluations(run.id, stage=k, arm="policy")
                     if e["split"] == "test" and not e["slice_key"])

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from harness.baselines import (  # noqa: F401 - plr_weights, random_env: the baselines' pieces, importable from here
@@ -240,13 +241,14 @@ def run_baseline(arm: str, cfg: ExperimentConfig, seed: int, budget: int, out: P
     try:
         rows = baselines.run_baseline(run, BASELINES[arm](cfg), budget, f"{arm} seed {seed}", say)
         per = baselines.held_out(run, rows[-1].stage)
+        env = yaml.safe_load(run.result(rows[-1].stage, baselines.Provided).files["env.yaml"])  # the last stage's
         comp = step_equivalents(run.store, run.id)
     finally:
         run.close()
         run.store.close()
     curve = [r.model_dump(exclude={"checkpoint"}) for r in rows]
     return {"arm": arm, "seed": seed, "budget": budget, "compute": comp["compute"], "ledger": comp, "curve": curve,
-            "final": curve[-1], "final_per_instance": per}
+            "final": curve[-1], "final_per_instance": per, "env": env}
 
 
 def run_evolved(arm: str, cfg: ExperimentConfig, seed: int, out: Path, warm: Path,
