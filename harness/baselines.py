@@ -281,7 +281,7 @@ def run_baseline(run: Run, provider: Provider, budget: int, name: str,
         rows.append(row)
         policy = trained.checkpoint
         say(f"{name} stage {k}/{stages}: {row.steps} steps"
-            + (f" (PLR weights {', '.join(f'{w:.2f}' for w in row.weights)})" if row.weights else "")
+            + (f" (level weights {', '.join(f'{w:.2f}' for w in row.weights)})" if row.weights else "")
             + f", held-out valid {row.valid:.3f}, compute {row.compute:.0f}/{budget} step-eq, {row.seconds:.0f}s")
     run.store.set_run_status(run.id, "finished")
     return rows
