@@ -2,10 +2,16 @@
 
     evotrainer experiment examples/experiment_mapf.yaml --seeds 3 --out runs/experiment
 
-Every arm and seed starts from one warm start (the run config's SFT warm start, trained once, cached, and saved as
-`<out>/warmstart/policy`), trains the same number of stages with the same recipe, and is judged on the same held-out
-test suite, greedy, after every stage. Seeds vary the RL randomness, the training instances and the random arm's
-draw, not the warm start, so the intervals across seeds measure RL variance. Arms:
+Every arm and seed starts from one warm start (the run config's SFT warm start, made once by the stage's own setup in
+`<out>/warmstart`, cached), trains the same number of stages with the same recipe, and is judged on the same held-out
+test suite, greedy, after every stage. Seeds vary the RL randomness and the random arm's draw, not the warm start, so
+the intervals across seeds measure RL variance. (Every arm's run draws its instances from its own keyed seed cursor,
+as the loop does, so seeds do not vary the training instances.)
+
+Every arm is a run of the stage's machinery (`harness.run.Run`: run.db, keyed seed cursor, compute ledger, the held-out
+report, resume from stored typed results). The evolved arms are the loop itself; a baseline is a provider of each
+stage's harness (`harness.baselines`: setup, then provide -> train -> report per stage), so a new baseline is one
+provider class added to `BASELINES`. Arms:
 
 - **fixed-random**: one generator config drawn at random at round 0 (each knob of the round-0 env moved uniformly
   within `random.spread` of its range, integers by at most one) and kept: the papers' baseline.
@@ -19,23 +25,23 @@ draw, not the warm start, so the intervals across seeds measure RL variance. Arm
 
 **Compute** is counted in GRPO step-equivalents: optimiser steps, plus every token the arm generated to judge or
 steer itself (the loop's probes and backtest arms' evaluations, PLR's level probes) converted at the arm's own
-generated tokens per training step. The evolved arm runs its configured stages; its measured compute is then the
-budget of every other arm of that seed, split evenly over the same number of stages (PLR pays its probes out of each
-stage's share). So the loop pays for its own judging. The held-out suite evaluation after every stage is reporting,
+generated tokens per training step, read from each run's ledger (`harness.stagebook.step_equivalents`). The evolved
+arm runs its configured stages; its measured compute is then the budget of every other arm of that seed, split evenly
+over the same number of stages (PLR pays its probes out of each stage's share). So the loop pays for its own judging. The held-out suite evaluation after every stage is reporting,
 the same for every arm, and is not charged. Without an evolved arm, `budget_steps` sets the budget.
 
 The **harder half** of the suite is fixed before any arm trains: the half of the suite's blocks on which the warm
 start is weakest (mean over seeds), so it names no task family.
 
-Interrupted experiments resume: finished arms (`<out>/<arm>/seed<s>/result.json`) are not re-run, a baseline restarts
-at its last finished stage, and an evolved arm's run is resumed by the loop's own resume.
+Interrupted experiments resume: finished arms (`<out>/<arm>/seed<s>/result.json`) are not re-run, a baseline's run
+(`<out>/<baseline>/seed<s>`) restarts at its last finished stage, and an evolved arm's run is resumed by the loop's own
+resume. What stays here: the experiment's config, its plan, the summary and the page.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -45,9 +51,19 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from harness.tasks import knobs
+from harness.baselines import (  # noqa: F401 - plr_weights, random_env: the baselines' pieces, importable from here
+    PLR,
+    FixedRandom,
+    FixedTemplate,
+    PLRConfig,
+    Provider,
+    RandomConfig,
+    plr_weights,
+    random_env,
+)
+from harness.stagebook import step_equivalents
 
-ARMS: tuple[str, ...] = ("fixed-random", "fixed-template", "plr", "evolved-rule", "evolved-llm")
+ARMS: tuple[str, ...] = ("fixed-random", "fixed-template", "plr", "evolved-rule", "evolved-llm")  # BASELINES + EVOLVED
 EVOLVED = ("evolved-rule", "evolved-llm")
 # recipe knobs that change what one GRPO step costs: an arm override of one of them would make "equal steps" unequal
 COMPUTE_KNOBS = ("batch_size", "num_generations", "oversample", "max_completion_length", "num_iterations", "steps")
@@ -60,19 +76,6 @@ class ExperimentError(ValueError):
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class PLRConfig(_Strict):
-    probe_n: int = Field(16, ge=2, description="instances per level probed before each stage")
-    samples: int = Field(4, ge=2, description="samples per probed instance (at the recipe's temperature)")
-    beta: float = Field(0.3, gt=0, description="rank-prioritisation temperature: weight ~ (1 / rank) ** (1 / beta)")
-    rho: float = Field(0.3, ge=0, le=1, description="share of the mixture spread uniformly over the levels")
-
-
-class RandomConfig(_Strict):
-    spread: float = Field(0.25, gt=0, le=1, description="a float knob moves uniformly within +-spread x its range; "
-                                                         "an integer knob by -1, 0 or +1")
-    tries: int = Field(200, ge=1, description="draws before giving up on a random config the generator accepts")
 
 
 class ExperimentConfig(_Strict):
@@ -183,273 +186,78 @@ def plan(cfg: ExperimentConfig) -> dict[str, Any]:
                               "per arm) or add evolved-rule to arms")
     for seed in range(cfg.seeds):
         for arm in arms:
-            run_config(cfg, seed, arm)  # a typo in the run config or an override fails here, before training
+            rc = run_config(cfg, seed, arm)  # a typo in the run config or an override fails here, before training
+            if not rc.eval.suite:
+                raise ExperimentError("run.eval.suite is empty: every arm is judged on the held-out suite after each "
+                                      "stage; set run.eval.suite (e.g. small)")
     return {"arms": arms, "skipped": skipped}
 
 
-# --- shared pieces ---------------------------------------------------------------------------------------------------
+# --- the arms: baselines through the stage's machinery, the evolved arm through the loop -----------------------------
+
+BASELINES: dict[str, Callable[[ExperimentConfig], Provider]] = {
+    "fixed-random": lambda cfg: FixedRandom(cfg.random),
+    "fixed-template": lambda cfg: FixedTemplate(),
+    "plr": lambda cfg: PLR(cfg.plr),
+}
+assert set(BASELINES) | set(EVOLVED) == set(ARMS), "an arm is neither a baseline nor evolved"
 
 
-def _files(rc) -> dict[str, str]:
-    """The round-0 harness files (template + run-config overrides) as the loop's setup writes them."""
-    from harness.round0 import initial_files
-    from sandbox.workspace import TEMPLATE_DIR
+def suite_blocks(rc) -> list[str]:
+    """The held-out suite's block of every instance, in the order the stage's report evaluates them."""
+    from harness.policy_glue import suite_blocks as blocks
+    from harness.tasks import get_task
 
-    files = {"recipe.yaml": (TEMPLATE_DIR / "recipe.yaml").read_text()}  # env.yaml: the task's round 0 or the config's
-    files.update(initial_files(rc))
-    return files
-
-
-class Suite:
-    """The held-out test suite of the run config, and one greedy evaluation of a policy on it (the loop's report
-    evaluation: same instances, greedy, the recipe's max completion length)."""
-
-    def __init__(self, rc):
-        from harness.policy_glue import suite_blocks, suite_instances
-        from harness.tasks import get_task
-
-        self.task = get_task(rc.task)
-        self.insts = suite_instances(self.task, rc.eval.suite, "test")
-        self.blocks = suite_blocks(self.task, rc.eval.suite, "test")
-        if rc.eval.limit:
-            self.insts, self.blocks = self.insts[: rc.eval.limit], self.blocks[: rc.eval.limit]
-        self.style = rc.style
-
-    def evaluate(self, model, tok, max_new: int) -> dict[str, Any]:
-        from harness.policy_glue import evaluate
-        from policies.rollout import SamplingParams
-
-        rep = evaluate(model, tok, self.task, self.insts, self.style,
-                       params=SamplingParams(temperature=0.0, max_new_tokens=max_new, batch_size=64))
-        valid = [0.0] * len(self.insts)
-        optimal = [0.0] * len(self.insts)
-        for r in rep.rollouts:
-            valid[r.group], optimal[r.group] = float(r.valid), float(r.optimal)
-        return {"valid": float(np.mean(valid)), "optimal": float(np.mean(optimal)), "per_instance": valid,
-                "optimal_per_instance": optimal}
+    out = blocks(get_task(rc.task), rc.eval.suite, "test")
+    return out[: rc.eval.limit] if rc.eval.limit else out
 
 
-def _warm_start(rc, task):
-    """(model, tok): the run config's warm start, exactly as the loop's setup builds it (same seeds, same cache key),
-    so every arm of a seed starts from the same weights; loaded from the warm-start cache when present."""
-    from harness import warmstart
-    from harness.backtest import read_harness
-    from harness.seeds import seeds
+def warm_start(rc0, out: Path, say: Callable[[str], None]) -> tuple[Path, list[float]]:
+    """The experiment's shared warm start, made by the stage's own setup in a run of its own (`<out>/warmstart`):
+    (its checkpoint, its per-instance held-out valid)."""
+    from harness.baselines import held_out
+    from harness.graph import node_setup
+    from harness.lifecycle import open_run
 
-    if rc.policy.checkpoint:
-        from policies.model import load_policy
-
-        model, tok = load_policy(rc.policy.checkpoint)
-    else:
-        model = tok = None
-    n = rc.warm_start.sft_examples
-    if n == 0:
-        if model is None:
-            from policies.model import build_model
-
-            model, tok = build_model(rc.policy.preset, task.spec.alphabet, words=list(task.spec.words), seed=rc.seed)
-        return model, tok
-    env, recipe, _ = read_harness(_files(rc), task)
-    if rc.warm_start.sft_steps is not None:
-        recipe = recipe.model_copy(update={"sft_steps": rc.warm_start.sft_steps})
-    model, tok, hit, key, _ = warmstart.warm_start(task, rc.policy.preset or "", rc.style, env, seeds("train", n),
-                                                   recipe, seed=rc.seed,
-                                                   model_tok=(model, tok) if rc.policy.checkpoint else None)
-    if key and hit is None:
-        import tempfile
-
-        from policies.model import save_policy
-
-        with tempfile.TemporaryDirectory() as d:
-            save_policy(model, tok, Path(d) / "ws")
-            warmstart.store(key, Path(d) / "ws", {"experiment": True, "sft_examples": n})
-    return model, tok
+    t0 = time.time()
+    run = open_run(out / "warmstart", rc0)
+    try:
+        ckpt = Path(node_setup(run, {})["policy"])
+        per = held_out(run, 0)
+    finally:
+        run.close()
+        run.store.close()
+    say(f"warm start: {ckpt} ({time.time() - t0:.0f}s), shared by every arm and seed")
+    return ckpt, per
 
 
-def _stage_split(total: int, stages: int) -> list[int]:
-    base, extra = divmod(max(total, stages), stages)
-    return [base + (1 if k < extra else 0) for k in range(stages)]
-
-
-# --- the arms ----------------------------------------------------------------------------------------------------------
-
-
-def random_env(task, env, spread: float, tries: int, rng: np.random.Generator):
-    """A random generator config near `env`: every knob of the task's grammar moved uniformly (floats within
-    +-spread x range, integers by -1/0/+1), redrawn until the generator accepts it on a few seeds."""
-    from harness.seeds import seeds
-
-    specs = knobs.walk(env, "env", task.spec.entry_key)
-    last = ""
-    for _ in range(tries):
-        data = env.model_dump(mode="json")
-        for s in specs:
-            if s.integer:
-                v = int(min(s.hi, max(s.lo, int(s.current) + int(rng.integers(-1, 2)))))
-            else:
-                w = spread * (s.hi - s.lo)
-                v = float(min(s.hi, max(s.lo, float(s.current) + rng.uniform(-w, w))))
-                v = round(v, 3)
-            knobs.set_value(data, knobs.split(s.path, "env"), v, task.spec.entry_key, knob=s.path)
-        try:
-            cand = task.spec.config_model.model_validate(data)
-            for sd in seeds("train", 4, start=10_000_000):
-                task.generate(cand, sd)
-            return cand
-        except Exception as exc:  # noqa: BLE001 - any refusal of the generator means: draw again
-            last = str(exc).splitlines()[0][:200]
-    raise ExperimentError(f"random: no config the generator accepts in {tries} draws (last: {last}); lower "
-                          "random.spread or raise random.tries")
-
-
-def _levels(task, env) -> tuple[str, list[BaseModel]]:
-    """The round-0 mixture's entries (PLR's levels): the config's list of entries keyed by the task's entry key."""
-    key = task.spec.entry_key
-    for name in type(env).model_fields:
-        value = getattr(env, name)
-        if key and isinstance(value, list) and value and all(hasattr(e, key) and hasattr(e, knobs.WEIGHT)
-                                                             for e in value):
-            return name, value
-    raise ExperimentError(f"plr: task {task.name}'s generator config has no weighted mixture of keyed entries "
-                          "(levels) to prioritise; drop plr from arms")
-
-
-def plr_weights(scores: list[float], beta: float, rho: float) -> list[float]:
-    """Rank prioritisation (Jiang et al. 2021): h_i = (1 / rank_i) ** (1 / beta), mixed with `rho` uniform."""
-    order = np.argsort(-np.asarray(scores), kind="stable")
-    rank = np.empty(len(scores))
-    rank[order] = np.arange(1, len(scores) + 1)
-    h = (1.0 / rank) ** (1.0 / beta)
-    p = (1 - rho) * h / h.sum() + rho / len(scores)
-    return [float(x) for x in p]
-
-
-def _probe_levels(model, tok, task, env, list_field: str, levels: list, cfg: PLRConfig, recipe, style: str,
-                  stage: int, seed: int) -> tuple[list[float], int]:
-    """Success rate per level on fresh probe-split instances; (rates, tokens generated)."""
-    from harness.policy_glue import evaluate
-    from harness.seeds import seeds
-    from policies.rollout import SamplingParams
-
-    rates, tokens = [], 0
-    for i, lv in enumerate(levels):
-        one = task.spec.config_model.model_validate({**env.model_dump(mode="json"),
-                                                list_field: [{**lv.model_dump(mode="json"), knobs.WEIGHT: 1.0}]})
-        start = 5_000_000 + (seed * 1000 + stage * 10 + i) * cfg.probe_n
-        insts = [task.generate(one, s) for s in seeds("probe", cfg.probe_n, start=start)]
-        rep = evaluate(model, tok, task, insts, style,
-                       params=SamplingParams(temperature=recipe.temperature, n=cfg.samples,
-                                             max_new_tokens=recipe.max_completion_length, seed=seed + stage))
-        rates.append(rep.valid)
-        tokens += rep.new_tokens
-    return rates, tokens
-
-
-def run_baseline(arm: str, cfg: ExperimentConfig, seed: int, budget: int, out: Path, suite: Suite, warm: Path,
+def run_baseline(arm: str, cfg: ExperimentConfig, seed: int, budget: int, out: Path, warm: Path,
                  say: Callable[[str], None] = print) -> dict[str, Any]:
-    """fixed-random, fixed-template or plr for one seed: `budget` step-equivalents over the run config's stages,
-    the held-out suite after each stage. Resumes at its last finished stage."""
-    from harness.backtest import read_harness, train_arm
-    from harness.seeds import seeds
-    from policies.model import load_policy, save_policy
+    """A baseline for one seed in its own run (`out`): `harness.baselines.run_baseline` with the arm's provider."""
+    from harness import baselines
+    from harness.lifecycle import open_run
 
-    rc = run_config(cfg, seed, arm, warm)
-    task = suite.task
-    files = _files(rc)
-    env, recipe, _ = read_harness(files, task)
-    stages = rc.budget.stages
-    out.mkdir(parents=True, exist_ok=True)
-    state_file = out / "env.json"
-    if state_file.exists():
-        env = task.spec.config_model.model_validate(json.loads(state_file.read_text()))
-    elif arm == "fixed-random":
-        env = random_env(task, env, cfg.random.spread, cfg.random.tries, np.random.default_rng([7, rc.seed]))
-        state_file.write_text(env.model_dump_json())
-        say(f"{arm} seed {seed}: random env {env.model_dump(mode='json')}")
-    else:
-        state_file.write_text(env.model_dump_json())
-    shares = _stage_split(budget, stages)
-    # the last stage with its record and checkpoint (earlier checkpoints are deleted as later ones are saved)
-    done_k = max([k for k in range(1, stages + 1)
-                  if (out / f"stage{k}.json").exists() and (out / f"s{k}" / "config.json").exists()], default=0)
-    curve = [json.loads((out / f"stage{k}.json").read_text()) for k in range(1, done_k + 1)]
-    if done_k:
-        model, tok = load_policy(out / f"s{done_k}")
-        say(f"{arm} seed {seed}: resuming after stage {done_k}")
-    else:
-        model, tok = load_policy(warm)
-    spent = curve[-1]["compute"] if curve else 0.0
-    tps = curve[-1]["tokens_per_step"] if curve else None
-    for k in range(done_k + 1, stages + 1):
-        t0 = time.perf_counter()
-        stage_env, weights, probe_tokens, probe_cost = env, None, 0, 0.0
-        if arm == "plr":
-            list_field, levels = _levels(task, env)
-            rates, probe_tokens = _probe_levels(model, tok, task, env, list_field, levels, cfg.plr, recipe, rc.style,
-                                                k, rc.seed)
-            weights = plr_weights([r * (1 - r) for r in rates], cfg.plr.beta, cfg.plr.rho)
-            stage_env = task.spec.config_model.model_validate(
-                {**env.model_dump(mode="json"),
-                 list_field: [{**lv.model_dump(mode="json"), knobs.WEIGHT: round(w, 4)}
-                              for lv, w in zip(levels, weights, strict=True)]})
-            probe_cost = probe_tokens / tps if tps else 0.0  # stage 1: charged after training, repaid in stage 2
-        # cumulative targeting: a stage trains what keeps the arm on its budget line (PLR's probes come out of it)
-        steps = max(1, round(sum(shares[:k]) - spent - probe_cost))
-        files_k = {**files, "env.yaml": yaml.safe_dump(stage_env.model_dump(mode="json"), sort_keys=False)}
-        start = 50_000_000 + rc.seed * 10_000_000 + k * 1_000_000  # fresh train instances per seed and stage
-        train_seeds = seeds("train", steps * recipe.prompts_per_step, start=start)
-        m = train_arm(model, tok, task, files_k, steps, train_seeds, seed=rc.seed + k, style=rc.style)
-        tps = m.tokens_generated / max(1, len(m.steps))
-        cost = len(m.steps) + probe_tokens / tps
-        spent += cost
-        ev = suite.evaluate(model, tok, recipe.max_completion_length)
-        row = {"stage": k, "steps": len(m.steps), "train_tokens": m.tokens_generated, "probe_tokens": probe_tokens,
-               "tokens_per_step": tps, "compute": spent, "valid": ev["valid"], "optimal": ev["optimal"],
-               "per_instance": ev["per_instance"], "optimal_per_instance": ev["optimal_per_instance"],
-               "weights": weights, "seconds": time.perf_counter() - t0}
-        save_policy(model, tok, out / f"s{k}")
-        (out / f"stage{k}.json").write_text(json.dumps(row))
-        if k > 1 and (out / f"s{k - 1}").exists():
-            shutil.rmtree(out / f"s{k - 1}")
-        curve.append(row)
-        say(f"{arm} seed {seed} stage {k}/{stages}: {len(m.steps)} steps"
-            + (f" (PLR weights {', '.join(f'{w:.2f}' for w in weights)})" if weights else "")
-            + f", held-out valid {ev['valid']:.3f}, compute {spent:.0f}/{budget} step-eq, {row['seconds']:.0f}s")
-    return {"arm": arm, "seed": seed, "budget": budget, "compute": spent, "env": env.model_dump(mode="json"),
-            "curve": [{k: v for k, v in r.items() if not k.endswith("per_instance")} for r in curve],
-            "final": curve[-1]}
+    run = open_run(out, run_config(cfg, seed, arm, warm))
+    try:
+        rows = baselines.run_baseline(run, BASELINES[arm](cfg), budget, f"{arm} seed {seed}", say)
+        per = baselines.held_out(run, rows[-1].stage)
+        env = yaml.safe_load(run.result(rows[-1].stage, baselines.Provided).files["env.yaml"])  # the last stage's
+        comp = step_equivalents(run.store, run.id)
+    finally:
+        run.close()
+        run.store.close()
+    curve = [r.model_dump(exclude={"checkpoint"}) for r in rows]
+    return {"arm": arm, "seed": seed, "budget": budget, "compute": comp["compute"], "ledger": comp, "curve": curve,
+            "final": curve[-1], "final_per_instance": per, "env": env}
 
 
-def evolved_compute(run_dir: Path) -> dict[str, Any]:
-    """The loop's compute from its ledger, in step-equivalents: every GRPO step (the policy's and every backtest
-    arm's) plus every token generated to judge (probes, backtest evaluations) at its training tokens per step. The
-    SFT warm start (shared by all arms) and the report's test-suite evaluation (done for every arm) are excluded."""
-    import sqlite3
-
-    db = sqlite3.connect(run_dir / "run.db")
-    rows = db.execute("SELECT stage, kind, label, tokens, steps FROM compute").fetchall()
-    db.close()
-    steps = sum(r[4] for r in rows if r[1] == "grpo")
-    train_tok = sum(r[3] for r in rows if r[1] == "grpo")
-    tps = train_tok / max(1, steps)
-    by_stage: dict[int, float] = {}
-    judge_tok = 0
-    for stage, kind, label, tokens, st in rows:
-        if kind == "sft" or label == "test":
-            continue
-        c = st if kind == "grpo" else tokens / tps
-        judge_tok += 0 if kind == "grpo" else tokens
-        by_stage[stage] = by_stage.get(stage, 0.0) + c
-    return {"steps": steps, "train_tokens": train_tok, "judge_tokens": judge_tok, "tokens_per_step": tps,
-            "compute": steps + judge_tok / tps, "by_stage": by_stage}
-
-
-def run_evolved(arm: str, cfg: ExperimentConfig, seed: int, out: Path, suite: Suite, warm: Path,
+def run_evolved(arm: str, cfg: ExperimentConfig, seed: int, out: Path, warm: Path,
                 say: Callable[[str], None] = print, progress=None) -> dict[str, Any]:
-    """The full loop for one seed (resumed when interrupted), then its stage policies judged on the suite."""
+    """The full loop for one seed (resumed when interrupted); its curve is the loop's own held-out report of every
+    stage's continuing policy, its compute the loop's ledger."""
     from harness.lifecycle import is_run_dir, resume_run, start_run
+    from harness.results import Decided
     from harness.store import RunStore
-    from policies.model import load_policy
 
     rc = run_config(cfg, seed, arm, warm)
     out.mkdir(parents=True, exist_ok=True)
@@ -460,40 +268,34 @@ def run_evolved(arm: str, cfg: ExperimentConfig, seed: int, out: Path, suite: Su
     else:
         say(f"{arm} seed {seed}: the loop runs in {run_dir} (`evotrainer status {run_dir}` shows it live)")
         start_run(rc, out, "run", progress=progress)
-    comp = evolved_compute(run_dir)
     store = RunStore.open(run_dir / "run.db")
-    run_id = store.runs()[0]
-    stages = sorted(r[0] for r in store.db.execute("SELECT DISTINCT stage FROM nodes WHERE run = ? AND node = "
-                                                   "'decide'", [run_id]).fetchall())
-    curve, spent = [], 0.0
-    recipe_max = run_max_new(rc, suite.task)
-    for k in stages:
-        res = store.node_result(run_id, k, "decide") or {}
-        ckpt = res.get("next_policy")
-        spent += comp["by_stage"].get(k, 0.0)
-        if not ckpt or not Path(ckpt).exists():
-            continue
-        model, tok = load_policy(ckpt)
-        ev = suite.evaluate(model, tok, recipe_max)
-        curve.append({"stage": k, "compute": spent, "valid": ev["valid"], "optimal": ev["optimal"],
-                      "per_instance": ev["per_instance"], "optimal_per_instance": ev["optimal_per_instance"],
-                      "winner": res.get("winner")})
-        say(f"{arm} seed {seed} stage {k}: {'promoted ' + res['winner'] if res.get('winner') else 'no promotion'}, "
-            f"held-out valid {ev['valid']:.3f}, compute {spent:.0f} step-eq")
-    promoted = [c["winner"] for c in curve if c.get("winner")]
-    store.close()
+    try:
+        run_id = store.runs()[0]
+        comp = step_equivalents(store, run_id)
+        curve, spent = [], 0.0
+        for k in range(1, rc.budget.stages + 1):
+            d = store.result(run_id, k, Decided)
+            if d is None:
+                continue
+            spent += comp["by_stage"].get(k, 0.0)
+            test = [e for e in store.evaluations(run_id, stage=k, arm="policy") if e["split"] == "test"
+                    and not e["slice_key"]]
+            if not test:
+                continue
+            per = json.loads((run_dir / "stages" / f"s{k}" / "test.json").read_text())["valid"]
+            curve.append({"stage": k, "compute": spent, "valid": test[0]["valid"], "optimal": test[0]["optimal"],
+                          "winner": d.winner, "per_instance": per})
+            say(f"{arm} seed {seed} stage {k}: {'promoted ' + d.winner if d.winner else 'no promotion'}, "
+                f"held-out valid {test[0]['valid']:.3f}, compute {spent:.0f} step-eq")
+    finally:
+        store.close()
     if not curve:
         raise ExperimentError(f"{arm} seed {seed}: the run {run_dir} finished no stage; see its report")
     return {"arm": arm, "seed": seed, "budget": comp["compute"], "compute": comp["compute"], "ledger": comp,
-            "promoted": promoted, "run_dir": str(run_dir),
-            "curve": [{k: v for k, v in r.items() if not k.endswith("per_instance")} for r in curve],
-            "final": curve[-1]}
-
-
-def run_max_new(rc, task) -> int:
-    from harness.backtest import read_harness
-
-    return int(read_harness(_files(rc), task)[1].max_completion_length)
+            "promoted": [c["winner"] for c in curve if c["winner"]], "run_dir": str(run_dir),
+            "curve": [{k: v for k, v in r.items() if k != "per_instance"} for r in curve],
+            "final": {k: v for k, v in curve[-1].items() if k != "per_instance"},
+            "final_per_instance": curve[-1]["per_instance"]}
 
 
 # --- the whole experiment -------------------------------------------------------------------------------------------
@@ -586,26 +388,14 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, say: Callable[[str], 
     arms = p["arms"]
     (out / "experiment.json").write_text(json.dumps(cfg.model_dump(mode="json"), indent=1))
     rc0 = run_config(cfg, 0, arms[0])
-    suite = Suite(rc0)
+    blocks = suite_blocks(rc0)
     say(f"experiment: arms {', '.join(arms)}; {cfg.seeds} seed(s); {rc0.budget.stages} stages each; held-out suite "
-        f"{rc0.eval.suite} ({len(suite.insts)} instances); out {out}")
+        f"{rc0.eval.suite} ({len(blocks)} instances); out {out}")
     t_start = time.time()
     results: dict[str, list[dict[str, Any]]] = {a: [] for a in arms}
-    max_new = run_max_new(rc0, suite.task)
-    ws_dir, wf = out / "warmstart" / "policy", out / "warmstart" / "heldout.json"
-    if not (wf.exists() and (ws_dir / "config.json").exists()):
-        from harness.policy_glue import write_policy_meta
-        from policies.model import save_policy
-
-        t0 = time.time()
-        model, tok = _warm_start(rc0, suite.task)  # the run config's warm start (from the cache when present)
-        save_policy(model, tok, ws_dir)
-        write_policy_meta(ws_dir, suite.task.name, rc0.style)
-        wf.write_text(json.dumps(suite.evaluate(model, tok, max_new)))
-        say(f"warm start: {ws_dir} ({time.time() - t0:.0f}s), shared by every arm and seed")
-    warm_ev = json.loads(wf.read_text())
-    say(f"warm start held-out valid {warm_ev['valid']:.3f}")
-    warm = [warm_ev]
+    ws_dir, warm_per = warm_start(rc0, out, say)
+    warm = [{"valid": float(np.mean(warm_per)), "per_instance": warm_per}]
+    say(f"warm start held-out valid {warm[0]['valid']:.3f}")
     for seed in range(cfg.seeds):
         budget = cfg.budget_steps
         for arm in sorted(arms, key=lambda a: a not in EVOLVED):  # evolved first: its compute is the budget
@@ -616,18 +406,16 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, say: Callable[[str], 
             else:
                 t0 = time.time()
                 if arm in EVOLVED:
-                    r = run_evolved(arm, cfg, seed, out / arm / f"seed{seed}", suite, ws_dir, say, progress)
+                    r = run_evolved(arm, cfg, seed, out / arm / f"seed{seed}", ws_dir, say, progress)
                 else:
                     if budget is None:
                         raise ExperimentError("no budget: the evolved arm recorded no compute")
-                    r = run_baseline(arm, cfg, seed, int(budget), out / arm / f"seed{seed}", suite, ws_dir, say)
-                r["final_per_instance"] = r["final"].pop("per_instance", None) or _final_per_instance(out, arm, seed)
+                    r = run_baseline(arm, cfg, seed, int(budget), out / arm / f"seed{seed}", ws_dir, say)
                 r["wall_s"] = time.time() - t0
                 rf.write_text(json.dumps(r))
             if arm in EVOLVED and cfg.budget_steps is None:
                 budget = round(r["compute"]) if budget is None else budget
             results[arm].append(r)
-    blocks = suite.blocks
     hard = harder_half(blocks, [w["per_instance"] for w in warm])
     summary = summarize(results, blocks, warm, hard)
     summary.update({"wall_s": time.time() - t_start, "suite": rc0.eval.suite, "n_instances": len(blocks),
@@ -638,11 +426,6 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, say: Callable[[str], 
     (out / "summary.md").write_text(table(summary))
     write_plot(summary, out)
     return summary
-
-
-def _final_per_instance(out: Path, arm: str, seed: int) -> list[float]:
-    raise ExperimentError(f"{arm} seed {seed}: no per-instance outcomes recorded; delete {out / arm / f'seed{seed}'} "
-                          "and run the experiment again")
 
 
 def _pct(m: tuple[float, float, float]) -> str:

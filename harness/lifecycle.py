@@ -30,7 +30,7 @@ from harness.run import JUDGE_FILE, Run, RunError
 from harness.store import RunStore, acquire_lock
 
 __all__ = ["RUN_MARKER", "RunError", "answer_gate", "check_run_id", "find_run", "is_run_dir", "load_run_config",
-           "new_run_id", "resume_run", "start_run"]
+           "new_run_id", "open_run", "resume_run", "start_run"]
 
 RUN_MARKER = ".evotrainer-run"  # written first into a new run folder: what makes a folder one of ours
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
@@ -115,6 +115,18 @@ def start_run(config: RunConfig, runs_dir: str | Path = "runs", run_id: str | No
     finally:
         lock.release()
     return run_dir
+
+
+def open_run(run_dir: Path, config: RunConfig, progress: Callable[[str, dict[str, Any]], None] | None = None) -> Run:
+    """A run folder for a client that drives the stage's nodes itself (the experiment's baselines, its shared warm
+    start): made when missing (marker, config.yaml, run.db, harness repo, judge), opened as it is otherwise. The
+    caller ends it with `run.close()` and `run.store.close()`."""
+    check_run_id(run_dir.name)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not (run_dir / RUN_MARKER).exists():
+        (run_dir / RUN_MARKER).write_text(f"{run_dir.name}\n")
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    return _prepare(run_dir, config, progress)
 
 
 def _check_scale(config: RunConfig) -> None:

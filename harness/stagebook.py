@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 from harness.results import GateAnswer, NodeTiming
 from harness.run import Run
+from harness.store import RunStore
 
 STAGE_NODES = ("train", "probe", "diagnose", "propose", "vet", "backtest", "gate", "decide")
 
@@ -47,3 +49,25 @@ def stop_reason(run: Run, k: int, stages_without_promotion: int) -> str | None:
     if b.plateau and stages_without_promotion >= b.plateau:
         return f"plateau: {b.plateau} stages without a promotion"
     return None
+
+
+def step_equivalents(store: RunStore, run_id: str, before: int | None = None) -> dict[str, Any]:
+    """A run's compute from its ledger in GRPO step-equivalents (the experiment's unit): every GRPO step (the policy's
+    and every backtest arm's) plus every token generated to judge or steer (probes, backtest evaluations, a baseline's
+    level probes) at the run's training tokens per step. The SFT warm start and the held-out report (label `test`)
+    are left out: every arm pays them alike. `before`: only stages below it (what a stage has spent before it)."""
+    rows = [r for r in store.ledger(run_id) if before is None or r["stage"] < before]
+    steps = sum(r["steps"] for r in rows if r["kind"] == "grpo")
+    train_tok = sum(r["tokens"] for r in rows if r["kind"] == "grpo")
+    tps = train_tok / max(1, steps)
+    by_stage: dict[int, float] = {}
+    judge_tok = 0
+    for r in rows:
+        if r["kind"] == "sft" or r["label"] == "test":
+            continue
+        judge = r["kind"] != "grpo"
+        judge_tok += r["tokens"] if judge else 0
+        by_stage[r["stage"]] = by_stage.get(r["stage"], 0.0) + (r["tokens"] / tps if judge and tps else
+                                                                  0.0 if judge else r["steps"])
+    return {"steps": steps, "train_tokens": train_tok, "judge_tokens": judge_tok, "tokens_per_step": tps,
+            "compute": steps + (judge_tok / tps if tps else 0.0), "by_stage": by_stage}

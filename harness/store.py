@@ -519,6 +519,11 @@ class RunStore:
             [run]).fetchall()
         return {k: {"seconds": s, "tokens": t, "steps": n} for k, s, t, n in rows}
 
+    def ledger(self, run: str) -> list[dict[str, Any]]:
+        """Every row of the run's compute ledger (stage, arm, kind, label, seconds, tokens, steps), in stage order."""
+        return list(self.db["compute"].rows_where("run = ?", [run], order_by="stage, arm, kind, label",
+                                                  select="stage, arm, kind, label, seconds, tokens, steps"))
+
     def seconds_spent(self, run: str, stage: int | None = None) -> float:
         """Compute seconds charged to the run (or to one of its stages)."""
         where, args = ("AND stage = ?", [run, stage]) if stage is not None else ("", [run])

@@ -145,3 +145,46 @@ def test_tiny_experiment_runs_every_arm_at_equal_compute_and_resumes(tmp_path, m
     assert not any("/2:" in m for m in said) and not (d / "s1").exists()
     r = json.loads((d / "result.json").read_text())
     assert [c["stage"] for c in r["curve"]] == [1, 2]  # its stage 1 record is kept though its checkpoint is gone
+
+
+def test_step_equivalents_count_steps_and_judging_tokens_but_not_the_warm_start_or_the_report(tmp_path):
+    """The experiment's unit, read from a run's ledger: GRPO steps plus judging tokens at the run's tokens per step;
+    the SFT warm start and the held-out report (label test) are every arm's alike and left out."""
+    from harness.stagebook import step_equivalents
+    from harness.store import RunStore
+
+    store = RunStore.open(tmp_path / "run.db")
+    store.create_run("r", {})
+    store.charge("r", 0, "policy", "sft", seconds=1, tokens=0, steps=50)
+    store.charge("r", 0, "policy", "eval", seconds=1, tokens=999, label="test")
+    store.charge("r", 1, "policy", "grpo", seconds=1, tokens=400, steps=4)
+    store.charge("r", 1, "policy", "rollout", seconds=1, tokens=50, label="probe")
+    store.charge("r", 2, "policy", "grpo", seconds=1, tokens=400, steps=4)
+    store.charge("r", 2, "control", "eval", seconds=1, tokens=150, label="backtest")
+    store.charge("r", 2, "policy", "eval", seconds=1, tokens=999, label="test")
+    c = step_equivalents(store, "r")
+    assert c["steps"] == 8 and c["tokens_per_step"] == 100 and c["judge_tokens"] == 200
+    assert c["compute"] == 10 and c["by_stage"] == {1: 4.5, 2: 5.5}
+    assert step_equivalents(store, "r", before=2)["compute"] == 4.5  # what stage 2 finds spent before it
+    store.close()
+
+
+def test_the_experiment_trains_judges_and_counts_only_through_the_stage():
+    """The experiment's arms run on the stage's rooms (`arms.train_policy`, `evaluation.report_eval`, `arms.warm_start`
+    via `graph.node_setup`, the ledger); a second training loop, suite evaluation, warm start or raw SQL ledger read in
+    the experiment or its baselines (what the experiment once had) fails here."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1]
+    banned = {"sqlite3", "harness.backtest.train_arm", "harness.policy_glue.evaluate", "harness.warmstart",
+              "policies.model.load_policy", "policies.model.save_policy", "harness.round0.initial_files",
+              "policies.rollout.SamplingParams"}
+    for rel in ("harness/experiment.py", "harness/baselines.py"):
+        found = set()
+        for node in ast.walk(ast.parse((root / rel).read_text())):
+            if isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                found |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        assert not found & banned, (rel, sorted(found & banned))
+        assert "execute(" not in (root / rel).read_text(), f"{rel} reads run.db with raw SQL; use the store's methods"

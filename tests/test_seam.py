@@ -26,7 +26,7 @@ LOOP = ["harness/graph.py", "harness/run.py", "harness/lifecycle.py", "harness/d
         "harness/arms.py", "harness/results.py", "harness/round0.py", "harness/evaluation.py", "harness/memory.py",
         "harness/stagebook.py",
         *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "harness" / "engineer").glob("*.py")),
-        "harness/report.py", "harness/report_page.py", "harness/experiment.py", "harness/config.py"]
+        "harness/report.py", "harness/report_page.py", "harness/experiment.py", "harness/baselines.py", "harness/config.py"]
 FAMILY_WORDS = re.compile(r"\b(mapf|sizes?|agents?|holes?|hole_ratio|wait_ratio|data_ratio|wait|makespan\w*|cbs"
                           r"|arith|digits|sub_ratio|mul_ratio"  # math
                           r"|depth|vocab|list_len|str_ratio|humaneval)\b",  # code
