@@ -107,7 +107,9 @@ def _ray_arm_pids() -> list[int]:
 
 def test_ray_arms_match_local_arms(tmp_path):
     local = start_run(parse_config(BASE, "test"), tmp_path / "runs", run_id="local")
-    ray = start_run(parse_config({**BASE, "scale": RAY}, "test"), tmp_path / "runs", run_id="ray")
+    # retention kept off for the Ray run: its checkpoints must be on disk to show they came back from the workers
+    ray = start_run(parse_config({**BASE, "scale": RAY, "retention": {"delete_superseded": False}}, "test"),
+                    tmp_path / "runs", run_id="ray")
     a, b = _arms(local), _arms(ray)
     assert set(a) == set(b) == {"control", "s1c1", "s1c2"}
     for name in a:
