@@ -36,6 +36,7 @@ import numpy as np
 
 from harness.arms import arm_eval, judge_start, prefetch_arms, prefetch_stage, run_arms, train_policy, warm_start
 from harness.backtest import ArmEval, choose_winner, detectability_warning, regression, verdicts
+from harness.diagjudge import judge_diagnostics, split_verdicts
 from harness.evaluation import report_eval, rollouts
 from harness.memory import candidate_from_row, history, human_feedback, regression_findings, remember_skills
 from harness.records import Verdict, cut, read_rollouts, write_rollouts
@@ -294,15 +295,17 @@ def _reject(run: Run, cid: str, verdict: Verdict) -> None:
 
 
 def node_backtest(run: Run, state: State) -> State:
-    """Control arm (incumbent harness) vs each vetted candidate arm, same start, budget and seeds; the verdicts."""
+    """Control arm (incumbent harness) vs each vetted candidate arm, same start, budget and seeds; the verdicts.
+    Diagnostic candidates train no arm: they are judged as diagnostics on held-out rollouts (`harness.diagjudge`)."""
     k = state["stage"]
     if run.result(k, Backtested) is not None:
         return {}
     t0 = time.time()
     cfg, ws = run.config, run.workspace()
-    vetted = state.get("vetted", [])
+    diag_vs, vetted = judge_diagnostics(run, k, state.get("vetted", []))
     if not vetted:
-        _finish(run, k, Backtested(), t0, "nothing to backtest")
+        _finish(run, k, Backtested(verdicts=diag_vs), t0, f"{len(diag_vs)} diagnostic(s) judged; no arm to train"
+                if diag_vs else "nothing to backtest")
         return {}
     steps = cfg.backtest.arm_steps
     main_files = ws.files("main")
@@ -322,8 +325,9 @@ def node_backtest(run: Run, state: State) -> State:
                 run.event(k, "backtest", "warning", warn, key="detectability")  # once per run, with the fix
             run.store.set_candidate_status(v.candidate, "backtested")
         run.event(k, "backtest", "verdict", f"{v.candidate}: {v.decision}: {v.reason}", key=f"{k}/verdict/{v.candidate}")
-    _finish(run, k, Backtested(verdicts=vs, control=None if start is None else control.checkpoint, start=start), t0,
-            f"{len(vs)} decision(s)" + (": the control arm failed" if start is None else ""))
+    _finish(run, k, Backtested(verdicts=[*vs, *diag_vs], control=None if start is None else control.checkpoint,
+                               start=start), t0,
+            f"{len(vs) + len(diag_vs)} decision(s)" + (": the control arm failed" if start is None else ""))
     return {}
 
 
@@ -363,7 +367,8 @@ def node_gate(run: Run, state: State) -> State:
 
 
 def node_decide(run: Run, state: State) -> State:
-    """Promote the best significant candidate (merge + tag); reject the rest; say which checkpoint continues."""
+    """Promote the best significant candidate (merge + tag) and every promoted diagnostic beside it; reject the rest;
+    say which checkpoint continues."""
     k = state["stage"]
     if (r := run.result(k, Decided)) is not None:
         return _decide_state(run, state, r)
@@ -376,6 +381,7 @@ def node_decide(run: Run, state: State) -> State:
             f": {human.feedback}" if human.feedback else "")
         vs = [v.model_copy(update={"decision": "rejected", "reason": cut(f"{said} (the gate said: {v.reason})")})
               for v in vs]
+    diag, vs = split_verdicts(run, vs)  # diagnostics do not change training: merged beside the winner, not instead
     winner, others = choose_winner(vs)
     if winner is not None:
         d = run.workspace().promote(winner.candidate, evidence=winner.evidence, reason=winner.reason)
@@ -383,12 +389,35 @@ def node_decide(run: Run, state: State) -> State:
     for v in others:
         if winner is None or v.candidate != winner.candidate:
             _reject(run, v.candidate, v)
+    merged = _merge_diagnostics(run, diag)
     next_policy = continues_from(state["policy"], run.result(k, Trained).checkpoint, run.result(k, Probed).regressed,
                                  bt, run.result(k, ArmRecord, node=f"arm:{winner.candidate}") if winner else None)
-    result = Decided(winner=winner.candidate if winner else None, next_policy=next_policy, decided=len(vs))
-    msg = f"promoted {winner.candidate}" if winner else "no promotion"
+    result = Decided(winner=winner.candidate if winner else None, next_policy=next_policy, decided=len(vs) + len(diag))
+    msg = (f"promoted {winner.candidate}" if winner else "no promotion") + (
+        f"; diagnostic(s) merged: {', '.join(merged)}" if merged else "")
     _finish(run, k, result, t0, msg)
     return {**_decide_state(run, state, result), "log": [f"stage {k} decide: {msg}"]}
+
+
+def _merge_diagnostics(run: Run, verdicts: list[Verdict]) -> list[str]:
+    """Merge every promoted diagnostic into main (after the winner: its branch touches only its diagnostics/ file, so
+    the merges do not conflict) and reject the others; returns the merged ids. One that no longer merges (another
+    diagnostic of this stage changed the same file first) is rejected with the reason."""
+    from sandbox.workspace import MergeConflict
+
+    merged = []
+    for v in verdicts:
+        if v.decision == "promoted":
+            try:
+                d = run.workspace().promote(v.candidate, evidence=None, reason=v.reason)
+            except MergeConflict as exc:
+                v = v.model_copy(update={"decision": "rejected", "reason": cut(f"{exc} (it was: {v.reason})")})
+            else:
+                run.store.set_candidate_verdict(v, tag=d.tag)
+                merged.append(v.candidate)
+                continue
+        _reject(run, v.candidate, v)
+    return merged
 
 
 def _decide_state(run: Run, state: State, r: Decided) -> State:

@@ -24,7 +24,7 @@ from harness.tasks.base import Instance, Task, TaskSpec
 ROOT = Path(__file__).resolve().parents[1]
 LOOP = ["harness/graph.py", "harness/run.py", "harness/lifecycle.py", "harness/diagnostics.py", "harness/vet.py", "harness/backtest.py",
         "harness/arms.py", "harness/results.py", "harness/round0.py", "harness/evaluation.py", "harness/memory.py",
-        "harness/stagebook.py",
+        "harness/stagebook.py", "harness/diagjudge.py",
         *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "harness" / "engineer").glob("*.py")),
         "harness/report.py", "harness/report_page.py", "harness/experiment.py", "harness/baselines.py", "harness/config.py"]
 FAMILY_WORDS = re.compile(r"\b(mapf|sizes?|agents?|holes?|hole_ratio|wait_ratio|data_ratio|wait|makespan\w*|cbs"

@@ -1,0 +1,322 @@
+"""The diagnostic judge: a diagnostic is judged as a diagnostic, on held-out rollouts and planted cases, and the loop
+merges a promoted one beside the stage's training winner. Real MAPF instances scored by the real scorer, the real
+sandbox runner (bubblewrap), a real git harness repo and run.db.
+
+    .venv/bin/pytest tests/test_diagjudge.py -q
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness import diagjudge as J
+from harness.records import Evidence, Rollout, Verdict, write_rollouts
+from harness.seeds import SplitError, seed_for
+from harness.tasks import get_task
+from sandbox.runner import Limits
+
+FAST = Limits(cpu_s=2, wall_s=5.0, memory_mb=256, processes=4)
+ALPHA = 0.05
+MAPF = get_task("mapf")
+ENV = MAPF.spec.config_model.model_validate({"min_distance": 1, "sizes": [
+    {"size": 3, "data_ratio": 0.5, "hole_ratio": 0.2, "wait_ratio": 0.25, "agents": 2},
+    {"size": 4, "data_ratio": 0.5, "hole_ratio": 0.2, "wait_ratio": 0.25, "agents": 2}]})
+SHAPED = MAPF.spec.shaping_model()  # partial credit, optimal bonus, format penalty: reward can diverge from validity
+BINARY = MAPF.spec.shaping_model(partial_credit=0.0, optimal_bonus=0.0, format_penalty=0.0)  # reward is validity
+WEAK_ON_4 = {"3": 0.1, "4": 0.8}  # the policy behind the rollouts fails mostly on 4x4 boards
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def rollouts(split: str, first: int, n: int, shaping, fail: dict[str, float] = WEAK_ON_4, samples: int = 2,
+             seed: int = 0) -> list[Rollout]:
+    """`samples` completions per real instance on `split` seeds, scored by the real scorer: the expert plan, or (with
+    the slice's failure probability) the expert plan with its first line cut short."""
+    rng = random.Random(seed)
+    out = []
+    for g in range(n):
+        inst = MAPF.generate(ENV, seed_for(split, first + g))
+        plan = MAPF.expert(inst).splitlines()
+        for _ in range(samples):
+            text = "\n".join([plan[0][:-2]] + plan[1:]) if rng.random() < fail[str(inst.size)] else "\n".join(plan)
+            o = MAPF.score(inst, text, shaping)
+            out.append(Rollout(seed=inst.seed, group=g, instance=inst.model_dump(mode="json"), prompt=MAPF.prompt(inst),
+                               completion=text, valid=o.valid, optimal=o.optimal, reward=o.reward, failure=o.failure,
+                               where=o.where, metrics=o.metrics, slices=MAPF.slices(inst), tokens=len(text)))
+    return out
+
+
+def heldout(shaping) -> list[Rollout]:
+    """An earlier stage's probe and one backtest arm (the engineer saw neither)."""
+    return rollouts("probe", 0, 24, shaping) + rollouts("backtest", 0, 24, shaping, seed=1)
+
+
+@pytest.fixture(scope="module")
+def shaped() -> list[Rollout]:
+    rs = heldout(SHAPED)
+    assert not J.D.reward_is_validity(rs)
+    return rs
+
+
+@pytest.fixture(scope="module")
+def binary() -> list[Rollout]:
+    rs = heldout(BINARY)
+    assert J.D.reward_is_validity(rs)
+    return rs
+
+
+def judge(src: str, held: list[Rollout]) -> Verdict:
+    return J.judge_diagnostic("c1", "diagnostics/d.py", src, held, ALPHA, FAST)
+
+
+def seed_skill_code(name: str) -> str:
+    text = (ROOT / "skills" / "seed" / f"{name}.md").read_text()
+    return yaml.safe_load(text.split("---")[1])["intervention"]["code"]
+
+
+# --- vetoes -----------------------------------------------------------------------------------------------------------
+
+# blocks a candidate paid more while it solves less: what a veto exists for
+HACK_VETO = '''
+def diagnose(rollouts):
+    return {"findings": [], "metrics": {}}
+
+
+def veto(control, candidate):
+    if candidate["reward"] > control["reward"] + 0.05 and candidate["valid"] < control["valid"] - 0.2:
+        return f"reward {control['reward']:.2f} -> {candidate['reward']:.2f} while valid fell"
+    return None
+'''
+# blocks any candidate that is not at least as valid as the control: it fires on noise
+NOISY_VETO = HACK_VETO.replace(
+    'candidate["reward"] > control["reward"] + 0.05 and candidate["valid"] < control["valid"] - 0.2',
+    'candidate["valid"] < control["valid"]')
+# never blocks anything
+LAX_VETO = HACK_VETO.replace("return f\"reward", "return None and f\"reward")
+
+
+def test_a_veto_that_blocks_a_planted_invalid_high_scoring_arm_is_promoted(shaped):
+    v = judge(HACK_VETO, shaped)
+    assert v.decision == "promoted", v.reason
+    assert "veto blocks the planted invalid arm" in v.reason and "none of 6 A/A pairs" in v.reason
+    assert "96 held-out rollouts (48 instances)" in v.reason
+    lax = judge(LAX_VETO, shaped)  # the same file whose veto lets everything through
+    assert lax.decision == "rejected" and "lets a planted invalid arm through" in lax.reason, lax.reason
+
+
+def test_a_veto_that_fires_on_an_a_a_pair_is_rejected(shaped):
+    v = judge(NOISY_VETO, shaped)
+    assert v.decision == "rejected" and "A/A pairs" in v.reason, v.reason
+    assert "its veto blocks" in v.reason and "of 6 A/A pairs" in v.reason
+
+
+def test_the_planted_arm_is_invalid_high_scoring_and_built_from_real_rollouts(shaped, binary):
+    a, b = J._split(shaped, random.Random(0))
+    assert {r.seed for r in a}.isdisjoint({r.seed for r in b}) and len(a) + len(b) == len(shaped)
+    ctrl, cand, _ = J.planted_invalid_arm(a, b, shaped)
+    assert ctrl == a and not any(r.valid for r in cand) and [r.completion for r in cand] == [r.completion for r in b]
+    assert min(r.reward for r in cand) > max(r.reward for r in shaped)  # paid more than any held-out rollout
+    _, cand, label = J.planted_invalid_arm(*J._split(binary, random.Random(0)), binary)
+    assert {r.reward for r in cand} == {0.0} and "reward is validity" in label  # a failure cannot score high here
+
+
+# --- findings ---------------------------------------------------------------------------------------------------------
+
+# reports that a slice fails whenever some of its rollouts fail (a claim about the slice, tested on held-out data)
+SLICE_FINDING = '''
+def diagnose(rollouts):
+    mine = [r for r in rollouts if r["slices"].get("size") == "SIZE"]
+    bad = [r for r in mine if not r["valid"]]
+    findings = []
+    if bad:
+        findings.append({"code": "slice_fails", "severity": "warn", "count": len(bad), "rate": len(bad) / len(mine),
+                         "slice": {"size": "SIZE"}, "message": "this board size fails"})
+    return {"findings": findings, "metrics": {"n": len(mine)}}
+'''
+
+
+@pytest.mark.parametrize("size,decision", [("4", "promoted"), ("3", "rejected")])
+def test_a_finding_must_hold_on_held_out_rollouts(shaped, size, decision):
+    """The held-out policy fails 80% on 4x4 boards and 10% on 3x3: 'size 4 fails' holds, 'size 3 fails' does not,
+    though both fire (size 3 has failures too)."""
+    v = judge(SLICE_FINDING.replace("SIZE", size), shaped)
+    assert v.decision == decision, v.reason
+    assert f"evolved.d.slice_fails on size={size}: held-out failure" in v.reason and "Wilson lower" in v.reason
+    if decision == "rejected":
+        assert "does not hold" in v.reason
+
+
+def test_wilson_bound_is_the_textbook_value():
+    # Wilson score interval for 8/10 at 95% two-sided (z = 1.96): [0.4902, 0.9433] (Brown, Cai, DasGupta 2001)
+    assert J.wilson_bound(8, 10, 0.025, upper=False) == pytest.approx(0.4902, abs=1e-4)
+    assert J.wilson_bound(8, 10, 0.025, upper=True) == pytest.approx(0.9433, abs=1e-4)
+    assert J.wilson_bound(0, 0, 0.05, upper=True) == 1.0
+
+
+def test_a_false_slice_claim_passes_at_most_alpha_of_the_time():
+    """Simulation: slice and rest fail at the same rate (the claim is false); the check passes in at most alpha of
+    2000 draws (its guarantee, with room for simulation noise), and it has power when the slice does fail more."""
+    rng = random.Random(7)
+    from harness.records import Finding
+
+    f = Finding(code="x", slice={"size": "4"})
+
+    def units(p4: float, p3: float, n: int = 40) -> list[Rollout]:
+        return [Rollout(seed=i, group=i, instance={}, prompt="", completion="", valid=rng.random() >= (p4 if i % 2
+                        else p3), optimal=False, reward=0.0, slices={"size": "4" if i % 2 else "3"})
+                for i in range(n)]
+
+    false_pass = sum(J.slice_claim(f, units(0.4, 0.4), ALPHA)[0] for _ in range(2000))
+    assert false_pass <= 2000 * ALPHA, false_pass
+    power = sum(J.slice_claim(f, units(0.9, 0.1), ALPHA)[0] for _ in range(200))
+    assert power >= 180, power
+
+
+# --- a finding that cannot be true for the run's reward ---------------------------------------------------------------
+
+
+def test_the_seed_reward_hacking_veto_is_judged_false_when_the_reward_is_validity(shaped, binary):
+    """Under a reward that is validity no failing arm can score high, so the seed veto (reward up while valid down)
+    blocks nothing it could meet in this run; where the reward can pay for failing, a veto of the same kind is
+    promoted (`HACK_VETO`: the seed's own thresholds, +0.02 reward and -0.01 valid, also block an A/A pair of these
+    small halves, so it is rejected there too, for that reason)."""
+    code = seed_skill_code("veto-reward-hacking")
+    v = judge(code, binary)
+    assert v.decision == "rejected", v.reason
+    assert "lets a planted invalid arm through" in v.reason and "reward is validity" in v.reason
+    assert judge(HACK_VETO, shaped).decision == "promoted"
+    assert judge(HACK_VETO, binary).decision == "rejected"
+    noisy = judge(code, shaped)
+    assert noisy.decision == "rejected" and "A/A pairs" in noisy.reason, noisy.reason
+
+
+REWARD_HACKING_FINDING = '''
+def diagnose(rollouts):
+    paid = [r for r in rollouts if not r["valid"] and r["reward"] > 0]
+    if not paid:
+        return {"findings": [], "metrics": {}}
+    return {"findings": [{"code": "reward_hacking", "severity": "critical", "count": len(paid),
+                          "rate": len(paid) / len(rollouts)}], "metrics": {}}
+'''
+
+
+def test_a_reward_hacking_finding_under_a_binary_reward_shows_nothing(binary):
+    v = judge(REWARD_HACKING_FINDING, binary)
+    assert v.decision == "rejected" and "no warn/critical finding fires" in v.reason, v.reason
+    assert "reward is validity" in v.reason
+
+
+def test_the_seed_veto_skill_is_not_proposed_under_a_binary_reward(tmp_path):
+    """A training reward that rises while held-out validity stays flat looks like hacking; with a reward that is
+    validity it is not, so no grpo.reward_hacking finding and the seed skill `veto-reward-hacking` is not proposed."""
+    import numpy as np
+
+    from harness.config import EngineerConfig
+    from harness.diagnostics import build_diagnosis
+    from harness.engineer import propose
+    from skills.library import SkillLibrary
+
+    probe = rollouts("probe", 200, 12, BINARY)
+    steps = [{"reward": 0.1 + 0.05 * i, "valid": 0.3} for i in range(9)]  # reward up 0.3, valid flat
+    lib = SkillLibrary.open(tmp_path / "skills.db")  # the seed skills, veto-reward-hacking among them
+    assert "veto-reward-hacking" in lib.names()
+    for shaping, fires in ((BINARY, False), (SHAPED, True)):
+        rs = probe if shaping is BINARY else rollouts("probe", 200, 12, SHAPED)
+        d = build_diagnosis(MAPF, 2, rs, ENV, {}, [], 1, None, train_metrics=steps, shaping=shaping, env_stats={})
+        assert any(f.code == "grpo.reward_hacking" for f in d.findings) == fires
+        names = {c.skill for c in propose(EngineerConfig(kind="rule"), d, lib, 8, np.random.default_rng(0)).candidates}
+        assert ("veto-reward-hacking" in names) == fires, names
+    lib.close()
+
+
+# --- held-out rollouts ------------------------------------------------------------------------------------------------
+
+
+def test_held_out_rollouts_are_earlier_stages_never_the_current_probe(tmp_path):
+    d = tmp_path / "rollouts"
+    write_rollouts(d / "s1-probe.jsonl.gz", rollouts("probe", 0, 4, BINARY))
+    write_rollouts(d / "s1-control-backtest.jsonl.gz", rollouts("backtest", 0, 4, BINARY))
+    write_rollouts(d / "s2-probe.jsonl.gz", rollouts("probe", 50, 4, BINARY))  # what the engineer saw at stage 2
+    held = J.heldout_rollouts(d, 2)
+    assert {r.seed for r in held} == {seed_for(s, i) for s in ("probe", "backtest") for i in range(4)}
+    assert len({(r.group) for r in held}) == 8  # groups renumbered per file: no two files share one
+    assert J.heldout_rollouts(d, 1) == []
+    v = J.judge_diagnostic("c1", "diagnostics/d.py", HACK_VETO, [], ALPHA, FAST)
+    assert v.decision == "rejected" and "0 held-out instances" in v.reason
+    write_rollouts(d / "s1-x-backtest.jsonl.gz", rollouts("test", 0, 2, BINARY))  # a test instance never enters
+    with pytest.raises(SplitError):
+        J.heldout_rollouts(d, 2)
+
+
+# --- the loop: judged in the backtest node, merged beside the winner, read by the next diagnosis ----------------------
+
+
+def test_a_promoted_diagnostic_is_merged_beside_the_training_winner_and_reaches_the_next_diagnosis(tmp_path,
+                                                                                                  monkeypatch):
+    """Stage 2 of a real run directory (run.db, the harness repo, stage 1's cached rollouts): the backtest node judges
+    the diagnostic candidate without an arm; the decide node merges it AND the winning recipe change (two merges in
+    one stage); stage 3's diagnosis runs it (harness@main), stage 2's did not."""
+    from harness.benchmarks.run import TINY
+    from harness.config import parse_config
+    from harness.graph import node_backtest, node_decide, node_diagnose
+    from harness.records import Candidate, Change, Diagnosis
+    from harness.results import ArmRecord, Backtested, Decided, Diagnosed, Probed, Trained
+    from harness.run import Run
+    from harness.store import RunStore
+    from harness.vet import apply_change
+    from sandbox.workspace import Workspace
+
+    monkeypatch.setenv("EVOTRAINER_HOME", str(tmp_path / "home"))
+    run_dir = tmp_path / "runs" / "r"
+    store = RunStore.open(run_dir / "run.db")
+    store.create_run("r", {})
+    ws = Workspace.create(run_dir / "harness", files_override={"env.yaml": MAPF.spec.round0_env})
+    run = Run(run_dir=run_dir, config=parse_config(TINY, "test"), store=store)
+    write_rollouts(run.path("rollouts", "s1-probe.jsonl.gz"), rollouts("probe", 0, 24, SHAPED))
+    write_rollouts(run.path("rollouts", "s1-control-backtest.jsonl.gz"), rollouts("backtest", 0, 24, SHAPED, seed=1))
+    main = ws.files("main")
+    cands = [Candidate(id="s2c1", stage=2, change=Change(kind="recipe", knob="recipe.temperature", value=1.2),
+                       old_value=1.0, rationale="r"),
+             Candidate(id="s2c2", stage=2, change=Change(kind="diagnostic", knob="diagnostics/weak_slice.py",
+                                                         code=SLICE_FINDING.replace("SIZE", "4")), rationale="r")]
+    for c in cands:
+        sha = ws.propose(c.id, apply_change(main, c.change, MAPF), summary=c.summary, rationale=c.rationale,
+                         factor=c.change.knob, stage=2)
+        store.upsert_candidate("r", c, commit=sha)
+        store.set_candidate_status(c.id, "vetted")
+
+    def stage_ran(k: int) -> None:  # what the train and probe nodes leave for the diagnosis
+        probe = write_rollouts(run.path("rollouts", f"s{k}-probe.jsonl.gz"), rollouts("probe", 100 * k, 12, SHAPED))
+        run.save_result(k, Trained(checkpoint=f"ckpt/s{k}-train"))
+        run.save_result(k, Probed(rollouts=str(probe), valid=0.5, start_valid=0.5, change=0.0, change_ci=[-0.1, 0.1],
+                                  regressed=False))
+
+    def evolved_codes(k: int) -> set[str]:
+        node_diagnose(run, {"stage": k})
+        d = Diagnosis.model_validate_json(Path(run.result(k, Diagnosed).diagnosis).read_text())
+        return {f.code for f in d.findings if f.code.startswith("evolved.weak_slice.")}
+
+    stage_ran(2)
+    assert evolved_codes(2) == set()  # not on main yet
+    node_backtest(run, {"stage": 2, "vetted": ["s2c2"]})  # the diagnostic alone: no arm is trained
+    [dv] = run.result(2, Backtested).verdicts
+    assert dv.candidate == "s2c2" and dv.decision == "promoted", dv.reason
+    assert store.compute("r"), "the judge's sandbox time is in the compute ledger"
+    # the arm part of the backtest (here by hand): the recipe change won its A/B decision
+    ev = Evidence(n=32, control=0.4, candidate=0.6, effect=0.2, ci_low=0.1, ci_high=0.3)
+    run.save_result(2, Backtested(verdicts=[Verdict(candidate="s2c1", decision="promoted", reason="won", evidence=ev),
+                                            dv], control="ckpt/s2-control"))
+    run.save_result(2, ArmRecord(checkpoint="ckpt/s2-s2c1", rollouts="r", valid=0.6), node="arm:s2c1")
+    node_decide(run, {"stage": 2, "policy": "ckpt/start", "candidates": ["s2c1", "s2c2"]})
+    decided = run.result(2, Decided)
+    assert (decided.winner, decided.next_policy, decided.decided) == ("s2c1", "ckpt/s2-s2c1", 2)
+    files = ws.files("main")
+    assert "temperature: 1.2" in files["recipe.yaml"] and "diagnostics/weak_slice.py" in files
+    assert {"promoted/2-s2c1", "promoted/2-s2c2"} <= {t.name for t in ws.repo.tags}
+    assert {c["id"]: c["status"] for c in store.candidates("r")} == {"s2c1": "promoted", "s2c2": "promoted"}
+    stage_ran(3)
+    assert evolved_codes(3) == {"evolved.weak_slice.slice_fails"}  # its findings reach the engineer from now on
+    store.close()
