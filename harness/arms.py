@@ -90,10 +90,14 @@ def pool_seeds(run: Run, seed_key: str, recipe, steps: int) -> list[int]:
 
 
 def prefetch_stage(run: Run, k: int, env, recipe) -> None:
-    """While stage k's policy trains: start making the probe, backtest and control-arm instances of stage k."""
+    """While stage k's policy trains: start making the probe, target-probe (when the target is not the training mix),
+    backtest and control-arm instances of stage k."""
     cfg = run.config
+    target = run.judge.config(run.task)
     run.prefetch(env, run.draw_seeds("probe", cfg.stage.probe_n, key=f"s{k}/probe"))
-    run.prefetch(run.judge.config(run.task), run.draw_seeds("backtest", cfg.backtest.n, key=f"s{k}/backtest"))
+    if target != env:  # else the diagnosis reuses the probe's rollouts (`harness.evaluation.target_probe`)
+        run.prefetch(target, run.draw_seeds("probe", cfg.stage.probe_n, key=f"s{k}/target"))
+    run.prefetch(target, run.draw_seeds("backtest", cfg.backtest.n, key=f"s{k}/backtest"))
     run.prefetch(env, pool_seeds(run, f"s{k}/arms", recipe, cfg.backtest.arm_steps))
 
 
