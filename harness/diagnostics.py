@@ -844,8 +844,8 @@ def target_text(t: TargetView) -> list[str]:
     o = t.overall
     prev = f" (previous stage {t.previous_valid:.3f})" if t.previous_valid is not None else ""
     train = f"; the training mix's probe: valid={t.train_valid:.3f}" if t.train_valid is not None else ""
-    lines = [f"target (the judge's distribution, probe seeds): valid={_num(o.get('valid', 0.0))}{prev} "
-             f"n={int(o.get('n', 0))}{train}",
+    lines = [(f"target (the judge's distribution, probe seeds): valid={_num(o.get('valid', 0.0))}{prev} "
+              f"n={int(o.get('n', 0))}{train}"),
              f"  {t.slice_key:>8}  target  mix    valid  n     prev" + ("  (shares estimated from the rollouts)"
                                                                         if t.shares_from == "rollouts" else "")]
     for s in t.slices:

@@ -85,8 +85,8 @@ def regression_findings(run: Run, k: int, probe: Probed) -> list[Finding]:
 
 def remember_skills(run: Run, k: int) -> None:
     """Record each decided candidate's try on its skill; file an engineer-invented change that won as a new skill."""
-    from skills.model import Evidence as SkillEvidence
     from harness.tasks.knobs import MIXTURE
+    from skills.model import Evidence as SkillEvidence
     from skills.model import Intervention, Provenance, Skill, Trigger
 
     lib = run.skills()
