@@ -45,13 +45,16 @@ def progress_cb(run: Run, stage: int, node: str):
 
 def warm_start(run: Run) -> tuple[Path, int]:
     """The run's starting policy (`checkpoints/warmstart`): the config's checkpoint or a fresh preset, SFT on
-    `warm_start.sft_examples` expert demonstrations of the train split (a preset's is cached across runs by settings
-    and code version: `harness.warmstart`). Returns (its path, demonstrations used)."""
+    `warm_start.sft_examples` expert demonstrations of the train split under `warm_start.env` (default: the round-0
+    env); a preset's is cached across runs by settings, that env and code version (`harness.warmstart`). Returns (its
+    path, demonstrations used)."""
     from harness import warmstart
     from policies.model import build_model
 
     cfg, task = run.config, run.task
     env, recipe, _ = harness_models(run.workspace().files("main"), task)
+    if cfg.warm_start.env is not None:  # the demonstrations' distribution, when it is not the round-0 env
+        env = task.spec.config_model.model_validate(cfg.warm_start.env)
     out = run.path("checkpoints", "warmstart")
     if cfg.policy.checkpoint:
         model, tok = run.load(cfg.policy.checkpoint)
@@ -90,10 +93,14 @@ def pool_seeds(run: Run, seed_key: str, recipe, steps: int) -> list[int]:
 
 
 def prefetch_stage(run: Run, k: int, env, recipe) -> None:
-    """While stage k's policy trains: start making the probe, backtest and control-arm instances of stage k."""
+    """While stage k's policy trains: start making the probe, target-probe (when the target is not the training mix),
+    backtest and control-arm instances of stage k."""
     cfg = run.config
+    target = run.judge.config(run.task)
     run.prefetch(env, run.draw_seeds("probe", cfg.stage.probe_n, key=f"s{k}/probe"))
-    run.prefetch(run.judge.config(run.task), run.draw_seeds("backtest", cfg.backtest.n, key=f"s{k}/backtest"))
+    if target != env:  # else the diagnosis reuses the probe's rollouts (`harness.evaluation.target_probe`)
+        run.prefetch(target, run.draw_seeds("probe", cfg.stage.probe_n, key=f"s{k}/target"))
+    run.prefetch(target, run.draw_seeds("backtest", cfg.backtest.n, key=f"s{k}/backtest"))
     run.prefetch(env, pool_seeds(run, f"s{k}/arms", recipe, cfg.backtest.arm_steps))
 
 

@@ -61,6 +61,9 @@ class PolicyConfig(_Strict):
 class WarmStartConfig(_Strict):
     sft_examples: int = Field(2000, ge=0, description="expert demonstrations (train split) for the SFT warm start; 0 = skip")
     sft_steps: int | None = Field(None, ge=0, description="override recipe.sft_steps for the warm start")
+    env: dict[str, Any] | None = Field(None, description="the distribution the SFT warm start's demonstrations come "
+                                       "from (the task's config model); default: the round-0 env. The warm-start "
+                                       "cache keys on it, so runs that warm-start on the same env share the cache")
 
 
 class BudgetConfig(_Strict):
@@ -256,6 +259,8 @@ class RunConfig(_Strict):
             _nested("env", task.spec.config_model, self.env)
         if self.backtest.env is not None:
             _nested("backtest.env", task.spec.config_model, self.backtest.env)
+        if self.warm_start.env is not None:
+            _nested("warm_start.env", task.spec.config_model, self.warm_start.env)
         _nested("reward", task.spec.shaping_model, self.reward)
         _nested("recipe", Recipe, self.recipe)
         if self.eval.suite:

@@ -34,9 +34,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from harness.records import Diagnosis, DiagnosticResult, Finding, HistoryItem, Rollout
+from harness.records import Diagnosis, DiagnosticResult, Finding, HistoryItem, Rollout, TargetSlice, TargetView
 from harness.seeds import SplitError, check_split, split_of
-from harness.tasks.base import EnvStats, Instance, TaskSpec
+from harness.tasks.base import EnvStats, Instance, Mixture, TaskSpec
 from sandbox.runner import Limits, RunResult, SandboxUnavailable, run_function
 
 # --- thresholds -------------------------------------------------------------------------------------------------------
@@ -47,6 +47,11 @@ MIN_SLICE_N = 4  # fewer rollouts than this in a slice: no frontier verdict on i
 MIN_FAILURE_RATE = 0.1  # a failure type below this share of its slice is not reported
 MIN_FAILURE_COUNT = 2  # nor one seen fewer times than this (a single failure in a small slice is noise)
 EXAMPLE_CHARS = 220  # abbreviated trajectory length
+TARGET_FAILS = 0.5  # a target slice below this valid rate fails (finding target.slice_fails)
+UNDER_WEIGHTED = 0.5  # a target slice the mix gives less than this fraction of its target share is under-weighted
+ALL_FAIL = 0.95  # this share of the probe's groups failing every sample: the training mix is too hard
+FALL_Z = 2.0  # a target slice falls when its drop exceeds this many standard errors (instances, not samples) ...
+FALL_MIN = 0.05  # ... and this much
 
 DEAD_GROUP_KNOBS = ["recipe.temperature", "recipe.num_generations"]
 COLLAPSE_KNOBS = ["recipe.temperature"]
@@ -438,7 +443,7 @@ def builtin_codes(task: str, failure_types: Iterable[str]) -> set[str]:
     grpo = {"grpo.dead_groups", "grpo.exploration_collapse", "grpo.length_collapse", "grpo.length_explosion",
             "grpo.reward_hacking",
             "grpo.policy_regressed"}  # emitted by the loop's probe (harness/graph.py::node_probe), not a built-in
-    return own | grpo
+    return own | grpo | set(TARGET_CODES)
 
 
 def builtin_diagnostics(rollouts: list[Rollout], train_metrics: list[dict[str, float]] | None = None,
@@ -448,6 +453,136 @@ def builtin_diagnostics(rollouts: list[Rollout], train_metrics: list[dict[str, f
            dead_groups(rollouts, train_metrics), exploration_collapse(rollouts), length_health(rollouts, train_metrics)]
     out.append(reward_hacking(train_metrics, valid_history, rollouts=rollouts))
     return out
+
+
+# --- the target: the judge's distribution next to the training mix ---------------------------------------------------
+
+TARGET_CODES = ("target.slice_fails", "target.uncovered", "target.underweighted", "target.mastered", "target.falling",
+                "target.mix_all_fail")
+
+
+def _shares(weights: dict[str, float]) -> dict[str, float]:
+    total = sum(weights.values())
+    return {k: (v / total if total > 0 else 0.0) for k, v in weights.items()}
+
+
+def _instance_shares(rollouts: list[Rollout], key: str) -> dict[str, float]:
+    """Each value's share of the distinct instances (seeds) the rollouts drew."""
+    seen = {r.seed: r.slices.get(key) for r in rollouts if key in r.slices}
+    return _shares(dict(Counter(v for v in seen.values() if v is not None)))
+
+
+def _instances(rollouts: list[Rollout]) -> int:
+    return len({r.seed for r in rollouts})
+
+
+def target_view(task: Any, target: list[Rollout], target_config: Any, train_config: Any,
+                previous: list[Rollout] | None = None, train_valid: float | None = None) -> TargetView:
+    """The policy on the target, per slice, next to the training mix. Shares come from the task's `Mixture`
+    capability (the configs' weights along its difficulty slice); without it they are estimated from the slices of the
+    instances drawn (the target's from `target`, the training mix's are then unknown and taken as the target's)."""
+    key = task.spec.difficulty_slice or (task.spec.slice_keys[0] if task.spec.slice_keys else "")
+    if isinstance(task, Mixture):
+        tshare, mshare, src = _shares(task.mixture(target_config)), _shares(task.mixture(train_config)), "config"
+    else:
+        tshare = _instance_shares(target, key) if key else {}
+        mshare, src = dict(tshare), "rollouts"
+    stats = slice_stats(target, key) if key else {}
+    prev = slice_stats(previous, key) if key and previous else {}
+    values = sorted({*tshare, *(k.split("=", 1)[1] for k in stats)}, key=_order_key)
+    slices = []
+    for v in values:
+        st = stats.get(f"{key}={v}")
+        if st is None:  # a target value the rollouts did not draw (a tiny share): nothing measured
+            continue
+        p = prev.get(f"{key}={v}")
+        slices.append(TargetSlice(value=v, n=int(st["n"]), valid=st["valid"], target_share=round(tshare.get(v, 0.0), 4),
+                                  mix_share=round(mshare.get(v, 0.0), 4), previous_valid=p["valid"] if p else None))
+    by_slice: dict[str, dict[str, float]] = {}
+    for k in slice_keys_of(target):
+        by_slice.update(slice_stats(target, k))
+    return TargetView(slice_key=key, overall=overall_stats(target), slices=slices, by_slice=by_slice,
+                      previous_valid=overall_stats(previous)["valid"] if previous else None, train_valid=train_valid,
+                      shares_from=src)
+
+
+def _fell(now: float, n_now: int, before: float, n_before: int) -> bool:
+    """A drop from `before` to `now` beyond FALL_Z standard errors of two independent proportions (counted over
+    instances, the conservative unit when each instance has several correlated samples) and at least FALL_MIN."""
+    se = math.sqrt(now * (1 - now) / max(1, n_now) + before * (1 - before) / max(1, n_before))
+    return before - now >= FALL_MIN and before - now > FALL_Z * max(se, 1e-9)
+
+
+def _target_where(view: TargetView) -> str:
+    return ", ".join(f"{view.slice_key}={s.value} {s.valid:.2f}" for s in view.slices) or "nothing measured"
+
+
+def target_findings(view: TargetView | None, probe: list[Rollout], previous: list[Rollout] | None = None,
+                    target: list[Rollout] | None = None, train_metrics: list[dict[str, float]] | None = None,
+                    min_n: int = MIN_SLICE_N) -> DiagnosticResult:
+    """Where the target fails and whether the training mix covers it (codes `target.*`, slices along the mixture's
+    slice): `slice_fails` (valid below TARGET_FAILS; rate = 1 - valid), `uncovered` (the mix gives it no weight),
+    `underweighted` (less than UNDER_WEIGHTED of its target share, and not mastered), `mastered` (valid >= MASTERED
+    while the mix still trains on it; rate = valid), `falling` (valid fell since the previous stage's target probe
+    beyond noise while the training reward rose; rate = the drop), and `mix_all_fail` from the training mix's probe:
+    ALL_FAIL of its groups fail every sample (the mix is too hard: no learning signal; rate = that share)."""
+    findings: list[Finding] = []
+    metrics: dict[str, float] = {}
+    gs = [g for g in groups(probe).values() if len(g) >= 2]
+    all_fail = _rate(sum(not any(r.valid for r in g) for g in gs), len(gs))
+    metrics["train_all_fail_groups"] = all_fail
+    if gs and all_fail >= ALL_FAIL:
+        where = f"; on the target: {_target_where(view)}" if view is not None else ""
+        findings.append(Finding(
+            code="target.mix_all_fail", severity="critical", count=len(gs), rate=all_fail,
+            examples=_examples([g[0] for g in gs[:3]]),
+            message=f"the training mix is too hard: {all_fail:.0%} of {len(gs)} probe groups fail every sample "
+                    f"(probe valid {overall_stats(probe)['valid']:.3f}), so GRPO gets no signal{where}"))
+    if view is None:
+        return DiagnosticResult(name="target", findings=findings, metrics=metrics)
+    metrics["target_valid"] = view.overall.get("valid", 0.0)
+    rewards = _series(train_metrics, REWARD_KEYS)
+    rise = _ends(rewards)[1] - _ends(rewards)[0] if len(rewards) >= 3 else None
+    by_value = defaultdict(list)
+    for r in target or []:
+        by_value[r.slices.get(view.slice_key)].append(r)
+    prev_by = defaultdict(list)
+    for r in previous or []:
+        prev_by[r.slices.get(view.slice_key)].append(r)
+    k = view.slice_key
+    for s in view.slices:
+        metrics[f"target.valid.{k}={s.value}"] = s.valid
+        if s.n < min_n:
+            continue
+        sl = {k: s.value}
+        cover = (f"the training mix gives it {s.mix_share:.2f} of its weight (the target {s.target_share:.2f})"
+                 if s.mix_share > 0 else f"the training mix does NOT cover it (target share {s.target_share:.2f})")
+        what = f"target {k}={s.value}: valid {s.valid:.2f} over {s.n} rollouts; {cover}"
+        ex = _examples([r for r in by_value.get(s.value, []) if not r.valid])
+        if s.valid < TARGET_FAILS:
+            findings.append(Finding(code="target.slice_fails", severity="critical" if s.valid <= TOO_HARD else "warn",
+                                    count=s.n, rate=round(1 - s.valid, 4), slice=sl, examples=ex,
+                                    knobs=["env.mixture"], message=what))
+        if s.target_share > 0 and s.mix_share == 0:
+            findings.append(Finding(code="target.uncovered", severity="critical" if s.valid < TARGET_FAILS else "warn",
+                                    count=s.n, rate=round(1 - s.valid, 4), slice=sl, examples=ex,
+                                    knobs=["env.mixture"], message=what))
+        elif s.mix_share < UNDER_WEIGHTED * s.target_share and s.valid < MASTERED:
+            findings.append(Finding(code="target.underweighted", severity="warn", count=s.n,
+                                    rate=round(1 - s.valid, 4), slice=sl, examples=ex, knobs=["env.mixture"],
+                                    message=what))
+        if s.valid >= MASTERED and s.mix_share > 0:
+            findings.append(Finding(code="target.mastered", severity="info", count=s.n, rate=s.valid, slice=sl,
+                                    knobs=["env.mixture"], message=what + ": mastered, the mix can train elsewhere"))
+        if s.previous_valid is not None and rise is not None and rise > 0 and _fell(
+                s.valid, _instances(by_value.get(s.value, [])), s.previous_valid,
+                _instances(prev_by.get(s.value, []))):
+            findings.append(Finding(
+                code="target.falling", severity="critical", count=s.n, rate=round(s.previous_valid - s.valid, 4),
+                slice=sl, examples=ex, knobs=["env.mixture"],
+                message=f"target {k}={s.value} fell from {s.previous_valid:.2f} to {s.valid:.2f} since the last stage "
+                        f"while the training reward rose {rise:+.3f}: the mix trains away from the target; {cover}"))
+    return DiagnosticResult(name="target", findings=findings, metrics=metrics)
 
 
 # --- evolved diagnostics (sandboxed) ----------------------------------------------------------------------------------
@@ -638,17 +773,31 @@ def build_diagnosis(task: Any, stage: int, rollouts: list[Rollout], env_config: 
                     diagnostics_files: dict[str, str] | None = None, valid_history: list[float] | None = None,
                     shaping: Any = None, state: str = "", env_stats_n: int = 64,
                     env_stats: dict[str, Any] | None = None, rejections_before_fallback: int = 3,
-                    step_shrink: float = 0.5) -> Diagnosis:
+                    step_shrink: float = 0.5, target: list[Rollout] | None = None, target_config: Any = None,
+                    previous_target: list[Rollout] | None = None) -> Diagnosis:
     """Everything the engineer sees, built from PROBE rollouts only (raises `SplitError` otherwise).
 
     `task` is the Task object (its `env_stats(config, n)` when it has that capability, `EnvStats`); `env_config` and `recipe`
     are models or dicts (recipe.yaml's `reward:` section, or `shaping`, becomes `recipe["reward"]`); `history` is past
     candidates (round-0 default entries are dropped); `valid_history` is the past stages' held-out valid rates
-    (aggregate only) for the reward-hacking check; `state` is the harness state hash (Diagnosis.state)."""
+    (aggregate only) for the reward-hacking check; `state` is the harness state hash (Diagnosis.state).
+
+    `target` are rollouts of the same policy on the judge's distribution `target_config` (probe seeds too), and
+    `previous_target` the previous stage's: the diagnosis then shows the target per slice next to the training mix
+    (`Diagnosis.target`) and reports where it fails and whether the mix covers it (`target_findings`)."""
     if not rollouts:
         raise DiagnosticError("build_diagnosis needs probe rollouts; got none (run the probe node first)")
     check_split([r.seed for r in rollouts], "probe")
+    cfg = env_config if isinstance(env_config, BaseModel) else task.spec.config_model.model_validate(env_config)
+    view = None
+    if target:
+        check_split([r.seed for r in target] + [r.seed for r in previous_target or []], "probe")
+        tcfg = target_config if isinstance(target_config, BaseModel) or target_config is None else \
+            task.spec.config_model.model_validate(target_config)
+        view = target_view(task, target, tcfg if tcfg is not None else cfg, cfg, previous_target,
+                           overall_stats(rollouts)["valid"])
     results = builtin_diagnostics(rollouts, train_metrics, valid_history)
+    results.append(target_findings(view, rollouts, previous_target, target, train_metrics))
     results += run_evolved_all(diagnostics_files, rollouts)
     findings = [f for res in results for f in res.findings]
     sev = {"critical": 0, "warn": 1, "info": 2}
@@ -661,7 +810,6 @@ def build_diagnosis(task: Any, stage: int, rollouts: list[Rollout], env_config: 
     for res in results:
         for k, v in res.metrics.items():
             metrics.setdefault(f"{res.name}.{k}" if res.name.startswith("evolved.") else k, v)
-    cfg = env_config if isinstance(env_config, BaseModel) else task.spec.config_model.model_validate(env_config)
     rec = _dump(recipe)
     if shaping is not None:
         rec["reward"] = _dump(shaping)
@@ -676,6 +824,7 @@ def build_diagnosis(task: Any, stage: int, rollouts: list[Rollout], env_config: 
         env_config=_dump(cfg), recipe=rec,
         # each fallback (every `rejections_before_fallback` rejections in a row) shrinks the engineer's steps
         history=hist, consecutive_rejections=c, step_scale=step_shrink ** (c // max(1, rejections_before_fallback)),
+        target=view,
     )
 
 
@@ -689,6 +838,27 @@ def _compact(d: dict[str, Any]) -> str:
     return json.dumps(d, separators=(",", ":"), sort_keys=True, default=str)
 
 
+def target_text(t: TargetView) -> list[str]:
+    """The target block of the diagnosis text: overall, then one row per value of the mixture's slice (the target's
+    share, the training mix's share, valid, rollouts, valid at the previous stage), then the target's other slices."""
+    o = t.overall
+    prev = f" (previous stage {t.previous_valid:.3f})" if t.previous_valid is not None else ""
+    train = f"; the training mix's probe: valid={t.train_valid:.3f}" if t.train_valid is not None else ""
+    lines = [(f"target (the judge's distribution, probe seeds): valid={_num(o.get('valid', 0.0))}{prev} "
+              f"n={int(o.get('n', 0))}{train}"),
+             f"  {t.slice_key:>8}  target  mix    valid  n     prev" + ("  (shares estimated from the rollouts)"
+                                                                        if t.shares_from == "rollouts" else "")]
+    for s in t.slices:
+        pv = f"{s.previous_valid:.2f}" if s.previous_valid is not None else "-"
+        lines.append(f"  {s.value:>8}  {s.target_share:.2f}    {s.mix_share:.2f}   {s.valid:.2f}   {s.n:<5} {pv}"
+                     + ("  NOT IN THE MIX" if s.mix_share == 0 and s.target_share > 0 else ""))
+    others = [f"{k}: valid={_num(v['valid'])} n={int(v['n'])}" for k, v in t.by_slice.items()
+              if not k.startswith(f"{t.slice_key}=")]
+    if others:
+        lines.append("  target by other slices: " + "; ".join(others))
+    return lines
+
+
 def diagnosis_text(d: Diagnosis, max_findings: int = 12) -> str:
     """The diagnosis as a compact text block for an LLM engineer: raw failure evidence, env config and stats, history,
     bookkeeping. No free-text self-summary (it crowds out raw evidence, per the paper)."""
@@ -700,6 +870,8 @@ def diagnosis_text(d: Diagnosis, max_findings: int = 12) -> str:
         lines.append("by slice:")
         for k, s in d.by_slice.items():
             lines.append(f"  {k}: valid={_num(s['valid'])} optimal={_num(s['optimal'])} n={int(s['n'])}")
+    if d.target is not None:
+        lines += target_text(d.target)
     lines.append(f"findings ({len(d.findings)}):" if d.findings else "findings: none")
     for f in d.findings[:max_findings]:
         sl = " ".join(f"{k}={v}" for k, v in f.slice.items()) or "all"

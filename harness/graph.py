@@ -37,7 +37,7 @@ import numpy as np
 from harness.arms import arm_eval, judge_start, prefetch_arms, prefetch_stage, run_arms, train_policy, warm_start
 from harness.backtest import ArmEval, choose_winner, detectability_warning, regression, verdicts
 from harness.diagjudge import judge_diagnostics, split_verdicts
-from harness.evaluation import report_eval, rollouts
+from harness.evaluation import previous_target, report_eval, rollouts, target_probe
 from harness.memory import candidate_from_row, history, human_feedback, regression_findings, remember_skills
 from harness.records import Verdict, cut, read_rollouts, write_rollouts
 from harness.results import (
@@ -168,7 +168,9 @@ def node_probe(run: Run, state: State) -> State:
 
 
 def node_diagnose(run: Run, state: State) -> State:
-    """Built-in and evolved diagnostics on the probe rollouts, plus the regressions the loop itself saw."""
+    """Built-in and evolved diagnostics on the probe rollouts, plus the regressions the loop itself saw; and the arms'
+    start checkpoint on the TARGET (the judge's distribution, fresh probe seeds), so the diagnosis says where the
+    target fails and whether the training mix covers it."""
     k = state["stage"]
     if run.result(k, Diagnosed) is not None:
         return {}
@@ -179,6 +181,8 @@ def node_diagnose(run: Run, state: State) -> State:
     files = ws.files("main")
     env, recipe, shaping = harness_models(files, run.task)
     probe, trained = run.result(k, Probed), run.result(k, Trained)
+    target = target_probe(run, k, state["train_ckpt"], probe=(trained.checkpoint, Path(probe.rollouts))
+                          if trained is not None and not probe.regressed else None)
     # the reward-hacking check compares training reward with the PROBE valid rate of past stages (never test)
     valid_hist = [e["valid"] for e in run.store.evaluations(run.id, arm="policy")
                   if e["split"] == "probe" and not e["slice_key"]]
@@ -190,7 +194,8 @@ def node_diagnose(run: Run, state: State) -> State:
                            valid_history=valid_hist, shaping=shaping, state=ws.head(), env_stats=run.env_stats(env),
                            diagnostics_files={p: s for p, s in files.items() if p.startswith("diagnostics/")},
                            rejections_before_fallback=cfg.stage.rejections_before_fallback,
-                           step_shrink=cfg.stage.step_shrink)
+                           step_shrink=cfg.stage.step_shrink, target=target, target_config=run.judge.config(run.task),
+                           previous_target=previous_target(run, k))
     diag.findings[:0] = regression_findings(run, k, probe)  # the loop's own: training lowered the policy
     diag.feedback = human_feedback(run, k)  # a person's `revise` feedback reaches the engineer's prompt
     run.store.record_findings(run.id, k, diag.findings)

@@ -85,6 +85,7 @@ def regression_findings(run: Run, k: int, probe: Probed) -> list[Finding]:
 
 def remember_skills(run: Run, k: int) -> None:
     """Record each decided candidate's try on its skill; file an engineer-invented change that won as a new skill."""
+    from harness.tasks.knobs import MIXTURE
     from skills.model import Evidence as SkillEvidence
     from skills.model import Intervention, Provenance, Skill, Trigger
 
@@ -103,10 +104,13 @@ def remember_skills(run: Run, k: int) -> None:
                 codes = [f.code for f in run.store.findings(run.id, stage=k)][:3]
                 name = f"{run.config.task}-{cand.change.knob.replace('/', '-').replace('_', '-')}-{run.id}-{cand.id}"
                 name = "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in name.lower())
+                # a whole-mixture change is filed as what it did, re-weight the mix toward the target: its weights
+                # belong to this run's target, the aim carries to the next
+                iv = Intervention(knob=MIXTURE, op="mix", value="target") if cand.change.knob == MIXTURE else \
+                    Intervention(knob=cand.change.knob, op="code" if cand.change.code else "set",
+                                 value=cand.change.value, code=cand.change.code)
                 lib.add(Skill(
-                    name=name, kind=cand.change.kind, trigger=Trigger(findings=codes),
-                    intervention=Intervention(knob=cand.change.knob, op="code" if cand.change.code else "set",
-                                              value=cand.change.value, code=cand.change.code),
+                    name=name, kind=cand.change.kind, trigger=Trigger(findings=codes), intervention=iv,
                     expected=cand.expected or f"raises {cand.target_metric}", validation=cand.target_metric,
                     domains=[run.config.task],
                     evidence=SkillEvidence(tries=1, promotions=1, mean_effect=c.get("effect") or 0.0,

@@ -106,6 +106,35 @@ class HistoryItem(BaseModel):
                                      "the same harness state has the same key (the engineer never repeats a rejected one)")
 
 
+class TargetSlice(BaseModel):
+    """One value of the mixture's slice on the target: how the policy does there and how much the training mix and
+    the target weigh it (shares normalised to sum 1 over the values)."""
+
+    model_config = ConfigDict(extra="forbid")
+    value: str
+    n: int = Field(..., description="target rollouts in this slice (instances x samples)")
+    valid: float
+    target_share: float = Field(..., description="the judge's share of this slice")
+    mix_share: float = Field(..., description="the training mix's share of this slice (0: absent from the mix)")
+    previous_valid: float | None = Field(None, description="valid here at the previous stage's target probe")
+
+
+class TargetView(BaseModel):
+    """The policy on the TARGET (the judge's distribution, fixed at run start) on probe seeds, next to the training
+    mix: the diagnosis' answer to "where does the target fail, and does the training mix cover it"."""
+
+    model_config = ConfigDict(extra="forbid")
+    slice_key: str = Field(..., description="the slice the mixture weighs (the task's difficulty slice)")
+    overall: dict[str, float] = Field(default_factory=dict, description="valid, optimal, reward, n on the target")
+    previous_valid: float | None = Field(None, description="overall target valid at the previous stage")
+    train_valid: float | None = Field(None, description="the probe's valid rate on the training mix")
+    slices: list[TargetSlice] = Field(default_factory=list, description="along slice_key, in slice order")
+    by_slice: dict[str, dict[str, float]] = Field(default_factory=dict, description="every slice key: 'size=5' -> "
+                                                  "{valid, n, ...} on the target")
+    shares_from: str = Field("config", description="config: shares from the task's Mixture capability; rollouts: "
+                             "estimated from the slices the rollouts drew")
+
+
 class Diagnosis(BaseModel):
     """Everything the engineer gets: raw failure evidence, env stats, history (no round-0 default), bookkeeping."""
 
@@ -129,6 +158,8 @@ class Diagnosis(BaseModel):
     step_scale: float = Field(1.0, description="multiplier on change sizes; shrinks after repeated rejections")
     feedback: list[str] = Field(default_factory=list, description="what a person said at the human gate (revise) in "
                                 "earlier stages, oldest first")
+    target: TargetView | None = Field(None, description="the policy on the judge's distribution (probe seeds) next to "
+                                      "the training mix; None when the stage rolled nothing out on it")
 
 
 # --- candidates, evidence, verdicts -----------------------------------------------------------------------------------

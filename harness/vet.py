@@ -5,7 +5,8 @@
     res.ok, res.reason, res.stage, res.details     # res.files: the patched harness files when ok
 
 What it checks, in order (the first failure rejects, with the reason):
-1. schema (stage `vet`): the knob exists and is a leaf, exactly one factor changes, the new value passes the typed
+1. schema (stage `vet`): the knob exists and is a leaf (or is `env.mixture`: the whole mixture's weights, one
+   factor, through the task's `Mixture` capability), exactly one factor changes, the new value passes the typed
    model (the task's generator config for `env.*`, `policies.train.Recipe` plus the evolvable-knob ranges below for
    `recipe.*`, the task's shaping model for `reward.*`), a diagnostic compiles, defines `diagnose`, and keeps any
    `veto` the old file had (the gate only gets stricter).
@@ -34,7 +35,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from harness import diagnostics as D
 from harness.records import Candidate, Change, Rollout
 from harness.seeds import seeds
-from harness.tasks.base import VetConfigs
+from harness.tasks.base import Mixture, VetConfigs
+from harness.tasks.knobs import MIXTURE, WEIGHT, canonical_mixture
 from harness.yamledit import set_leaf_text
 from sandbox.runner import Limits
 
@@ -170,6 +172,9 @@ def apply_change(files: dict[str, str], change: Change, task: Any) -> dict[str, 
             base = task.spec.config_model.model_validate(raw).model_dump(mode="json")
         except ValidationError as exc:
             raise VetError(f"{ENV_FILE} does not validate before the change: {_validation_msg(exc)}") from None
+        if knob == MIXTURE:
+            return {ENV_FILE: _apply_mixture(files[ENV_FILE], task.spec.config_model.model_validate(raw), change.value,
+                                             task)}
         old = set_path(base, parts, change.value, knob, task.spec.entry_key)
         _check_value(knob, old, change.value)
         try:
@@ -219,6 +224,37 @@ def apply_change(files: dict[str, str], change: Change, task: Any) -> dict[str, 
         return {RECIPE_FILE: _edit_yaml(files[RECIPE_FILE], ["reward", field], change.value,
                                         {**recipe, "reward": shaping})}
     raise VetError(f"unknown change kind {kind!r}; one of env, recipe, reward, diagnostic")
+
+
+def _apply_mixture(original: str, base: BaseModel, weights: Any, task: Any) -> str:
+    """env.yaml re-weighted as a whole (`env.mixture`, the task's `Mixture` capability): each entry's weight edited in
+    place where the file spells the entry (one line per changed weight, comments kept), else the file rewritten."""
+    if not isinstance(task, Mixture):
+        raise VetError(f"{MIXTURE}: task {task.name} has no weighted mixture to re-weight; change one knob instead")
+    if not isinstance(weights, dict):
+        raise VetError(f"{MIXTURE} takes a mapping {{<{task.spec.difficulty_slice}> value: weight}}, got "
+                       f"{type(weights).__name__}")
+    try:
+        new = task.with_mixture(base, weights)
+    except (ValidationError, ValueError) as exc:
+        raise VetError(f"{MIXTURE} = {weights!r:.200} is not a valid mixture: {_validation_msg(exc)}") from None
+    if canonical_mixture(task.mixture(new)) == canonical_mixture(task.mixture(base)):
+        raise VetError(f"{MIXTURE} = {weights!r:.200} is the current mixture: the change does nothing")
+    want = new.model_dump(mode="json")
+    key = task.spec.entry_key
+    lists = [f for f, v in want.items() if isinstance(v, list) and v and all(isinstance(e, dict) and key in e
+                                                                              for e in v)]
+    old = {str(k): v for k, v in task.mixture(base).items()}
+    text = original
+    try:
+        for e in want[lists[0]]:
+            if old.get(str(e[key])) != e[WEIGHT]:
+                text = set_leaf_text(text, [lists[0], str(e[key]), WEIGHT], e[WEIGHT], key)
+        if task.spec.config_model.model_validate(yaml.safe_load(text)).model_dump(mode="json") == want:
+            return text
+    except (IndexError, KeyError, ValueError, yaml.YAMLError):
+        pass
+    return _dump_yaml(original, want)
 
 
 def _top_functions(tree: ast.Module) -> set[str]:

@@ -19,6 +19,10 @@ Knob paths (shared by skills, engineers and the vet step):
 - `recipe.<field>`          one training-recipe knob, e.g. `recipe.temperature`, `recipe.num_generations`.
 - `reward.<field>`          one reward-shaping knob of the task, e.g. `reward.partial_credit`.
 - `diagnostics/<name>.py`   one diagnostic file (kind: diagnostic; `intervention.code` holds its source).
+- `env.mixture`             the whole training mix at once (a task with the `Mixture` capability), op `mix`, value
+  the aim: `target` (toward the target's failing slices), `frontier` (toward the target's slices the policy can
+  learn: the competence frontier, when the mix is too hard), `mastered` (away from slices the policy has mastered).
+  The engineer computes the weights from the diagnosis' target view (`harness.engineer.rule.mixture_toward`).
 - `@frontier`               family-neutral: the task's own knob for the training share of a difficulty level (its
   `frontier_knob`, e.g. `env.sizes.{size}.data_ratio` for MAPF, `env.levels.{digits}.data_ratio` for math), so one
   skill can carry across families; the engineer resolves it for the run's task.
@@ -43,7 +47,7 @@ class Trigger(BaseModel):
 class Intervention(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # a NaN step would poison the knob it moves
     knob: str = Field(..., description="knob path template (see module docstring) or diagnostics/<name>.py")
-    op: Literal["set", "add", "mul", "code"] = "add"
+    op: Literal["set", "add", "mul", "code", "mix"] = "add"
     value: float | int | str | None = None
     code: str | None = Field(None, description="source of a diagnostic file, for kind=diagnostic")
 

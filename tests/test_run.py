@@ -151,6 +151,23 @@ def test_backtests_judge_the_run_config_target_not_the_incumbent_env(tmp_path):
         assert len(rs) == 2 * TINY["backtest"]["n"]
     train = read_rollouts(next((run_dir / "rollouts").glob("s1-probe.jsonl.gz")))
     assert {r.slices["size"] for r in train} == {"3"}  # the probe follows the harness, as before
+    # ... and the diagnosis sees the target too: the arms' start checkpoint on the judge's boards (probe seeds, cached,
+    # charged, recorded as arm `target`), whose 4x4 boards the 3x3 training mix does not cover
+    from harness.records import Diagnosis
+    from harness.seeds import split_of
+
+    tgt = read_rollouts(run_dir / "rollouts" / "s1-target.jsonl.gz")
+    assert {r.slices["size"] for r in tgt} == {"4"} and {split_of(r.seed) for r in tgt} == {"probe"}
+    assert len(tgt) == TINY["stage"]["probe_n"] * TINY["stage"]["probe_samples"]
+    assert not {r.seed for r in tgt} & {r.seed for r in train}  # fresh probe seeds
+    d = Diagnosis.model_validate_json((run_dir / "stages" / "s1" / "diagnosis.json").read_text())
+    assert [(s.value, s.mix_share, s.target_share) for s in d.target.slices] == [("4", 0.0, 1.0)]
+    assert any(f.code == "target.uncovered" and f.slice == {"size": "4"} for f in d.findings)
+    store = RunStore.open(run_dir / "run.db")
+    rows = [e for e in store.evaluations("judge", stage=1, arm="target") if not e["slice_key"]]
+    assert [(e["split"], e["n"]) for e in rows] == [("probe", len(tgt))]
+    assert any(r["label"] == "target-probe" and r["stage"] == 1 for r in store.ledger("judge"))
+    store.close()
 
 
 # --- crash safety ------------------------------------------------------------------------------------------------------

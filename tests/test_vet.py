@@ -290,6 +290,10 @@ def _instantiate(skill, files: dict[str, str], task: str) -> Change:
     from harness.engineer.rule import resolve_knob
 
     t = get_task(task)
+    if iv.op == "mix":  # the whole mixture: its first entry's weight doubled (the rule engineer aims it at a target)
+        cur = t.mixture(t.spec.config_model.model_validate(yaml.safe_load(files["env.yaml"])))
+        first = next(iter(cur))
+        return Change(kind="env", knob=iv.knob, value={**cur, first: 2 * cur[first]})
     knob = resolve_knob(iv.knob, task).format(**{t.spec.difficulty_slice: {"mapf": "5", "math": "2"}[task]})
     if skill.kind == "recipe":
         from policies.train import Recipe

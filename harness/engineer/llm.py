@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.engineer.proposal import Knob, Proposal, space_text
+from harness.engineer.proposal import Knob, Proposal, mixture_text, space_text
 from harness.records import Diagnosis
 
 Messages = list[dict[str, str]]
@@ -41,7 +41,8 @@ SYSTEM = ("You are the training-environment engineer of an RL run. You read a di
 RULES = """Rules:
 1. Single factor: each candidate changes exactly ONE knob (or adds/revises ONE diagnostic file). Never two knobs in
    one candidate; propose several candidates instead.
-2. Use only the allowed knobs below, with a NEW value (not a delta) inside the knob's range; integer knobs take integers.
+2. Use only the allowed knobs below, with a NEW value (not a delta) inside the knob's range; integer knobs take integers;
+   env.mixture (where listed) takes an object of weights: the whole training mix, still ONE factor.
 3. Address the failure evidence; preserve what already works (do not starve slices that are already solved).
 4. Do not repeat a change the history shows was rejected from the same state.
 5. A diagnostic file is diagnostics/<name>.py defining diagnose(rollouts) -> {"findings": [...], "metrics": {...}}
@@ -59,7 +60,8 @@ def skills_text(skills: list[tuple[Any, bool]], task: str | None = None) -> str:
         ev = sk.evidence
         iv = sk.intervention
         knob = resolve_knob(iv.knob, task) or iv.knob
-        change = knob if sk.kind == "diagnostic" else f"{knob} {iv.op} {iv.value:g}"
+        value = f"{iv.value:g}" if isinstance(iv.value, int | float) else str(iv.value)
+        change = knob if sk.kind == "diagnostic" else f"{knob} {iv.op} {value}"
         fam = f"; borrowed from {', '.join(sk.domains)} (not yet tried on this family)" if borrowed else ""
         lines.append(f"- {sk.name} [{sk.kind}]: when {', '.join(sk.trigger.findings)}"
                      f"{' and ' + sk.trigger.condition if sk.trigger.condition else ''}: {change}. Expected: "
@@ -77,7 +79,9 @@ def build_messages(diagnosis: Diagnosis, space: dict[str, Knob], max_candidates:
     schema = json.dumps(Proposal.model_json_schema(), indent=1)
     known = (f"Skills from the library that match these findings (what worked before; adapt a template's "
              f"{{slice}} to this diagnosis, or propose something else):\n{skills_text(skills, diagnosis.task)}\n\n") if skills else ""
-    user = (f"{diagnosis_text(diagnosis)}\n\nAllowed knobs (path, current value, range):\n{space_text(space)}\n\n"
+    mix = mixture_text(diagnosis)
+    user = (f"{diagnosis_text(diagnosis)}\n\nAllowed knobs (path, current value, range):\n{space_text(space)}\n"
+            f"{mix + chr(10) if mix else ''}\n"
             f"{known}{RULES}\n\nPropose at most {max_candidates} candidate(s), best first. Reply with a JSON object matching "
             f"this schema:\n{schema}")
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]

@@ -1,7 +1,7 @@
 """What an engineer may propose, and how a reply is checked: the Proposal schema, the knob space, validation.
 
-A Proposal is a list of candidates; each is exactly ONE change (one env knob, one recipe knob, or one diagnostic file)
-with its rationale, expected effect and targeted metric. Replies from an LLM or a script are text: `parse_reply`
+A Proposal is a list of candidates; each is exactly ONE change (one env knob, one recipe knob, one diagnostic file, or
+`env.mixture`: the whole training mix's weights at once, for a task with the `Mixture` capability) with its rationale, expected effect and targeted metric. Replies from an LLM or a script are text: `parse_reply`
 extracts the JSON, checks it against the schema and the knob space, and either returns validated `Candidate`s or
 raises `ProposalError` whose message says what was wrong (malformed JSON, unknown knob, out of range, two factors in
 one candidate, ...) so it can be sent back to the engineer for a retry.
@@ -25,6 +25,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from harness.records import Candidate, Change, Diagnosis, cut
+from harness.tasks.knobs import MIXTURE, canonical_mixture
 
 # --- errors -----------------------------------------------------------------------------------------------------------
 
@@ -47,8 +48,9 @@ class ProposedChange(BaseModel):
     model_config = ConfigDict(extra="forbid")
     knob: str = Field(..., max_length=200, description="ONE knob path from the allowed list (e.g. "
                       "env.<list>.<key>.<field>, recipe.temperature) or diagnostics/<name>.py for a diagnostic file")
-    value: float | int | None = Field(None, description="the NEW value (not a delta), within the knob's range; "
-                                                         "omit for a diagnostic")
+    value: float | int | dict[str, float] | None = Field(
+        None, description="the NEW value (not a delta), within the knob's range; for env.mixture an object "
+        "{slice value: weight} (the whole mix); omit for a diagnostic")
     code: str | None = Field(None, max_length=100_000, description="Python source of the diagnostic file; only for "
                              "diagnostics/<name>.py")
     rationale: str = Field(..., min_length=1, max_length=4000, description="which finding this addresses and why "
@@ -66,7 +68,11 @@ class ProposedChange(BaseModel):
 
     @field_validator("value")
     @classmethod
-    def _finite(cls, v: float | None) -> float | None:
+    def _finite(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            for x in v.values():
+                cls._finite(x)
+            return v
         if v is None or isinstance(v, bool):
             return v
         try:
@@ -151,6 +157,31 @@ def knob_space(diagnosis: Diagnosis, task: Any = None) -> dict[str, Knob]:
     return out
 
 
+def current_mixture(diagnosis: Diagnosis, task: Any = None) -> dict[str, float] | None:
+    """The training mix's weights ({slice value: weight}, as written) when the task has the `Mixture` capability and
+    the diagnosis carries its env config, else None: `env.mixture` is then not a knob."""
+    from harness.tasks import Mixture, get_task
+
+    task = task if task is not None else get_task(diagnosis.task)
+    if not diagnosis.env_config or not isinstance(task, Mixture):
+        return None
+    return task.mixture(task.spec.config_model.model_validate(diagnosis.env_config))
+
+
+def mixture_text(diagnosis: Diagnosis, task: Any = None) -> str:
+    """The prompt line for the whole-mixture knob (empty when the task has none)."""
+    from harness.tasks import get_task
+
+    cur = current_mixture(diagnosis, task)
+    if cur is None:
+        return ""
+    key = (task if task is not None else get_task(diagnosis.task)).spec.difficulty_slice
+    return (f"- {MIXTURE}  current={json.dumps(canonical_mixture(cur))}  value: an object {{<{key}>: weight}}: the "
+            f"WHOLE training mix re-weighted as ONE change (weights >= 0, normalised to sum 1; a {key} left out gets "
+            f"weight 0; a new {key} adds an entry at its defaults). Use it to move the mix toward the target's "
+            "failing slices, or toward what the policy can learn when the mix is too hard")
+
+
 def space_text(space: dict[str, Knob]) -> str:
     """The allowed knobs as prompt lines: `path  current=x  range=[lo, hi]  (integer)`."""
     return "\n".join(f"- {k.path}  current={k.current:g}  range=[{k.lo:g}, {k.hi:g}]" + ("  integer" if k.integer else "")
@@ -170,8 +201,15 @@ def _canon(value: Any) -> str:
 
 def change_key(state: str, change: Change) -> str:
     """Identity of a change from one harness state: the same key twice means the same experiment twice."""
-    what = hashlib.sha1((change.code or "").encode()).hexdigest()[:12] if change.kind == "diagnostic" \
-        else _canon(change.value)
+    if change.kind == "diagnostic":
+        what = hashlib.sha1((change.code or "").encode()).hexdigest()[:12]
+    elif change.knob == MIXTURE and isinstance(change.value, dict):
+        try:  # two mixtures that draw the same distribution are the same experiment
+            what = _canon(canonical_mixture(change.value))
+        except ValueError:  # not a mixture (vet refuses it): keyed as written
+            what = _canon(change.value)
+    else:
+        what = _canon(change.value)
     return f"{state}|{change.knob}|{what}"
 
 
@@ -271,8 +309,9 @@ def _check_single_factor(i: int, raw: Any) -> None:
         why = f"it has {multi}"
     elif isinstance(knob, list):
         why = f"'knob' is a list of {len(knob)}"
-    elif isinstance(value, (dict, list)):
-        why = "'value' is a " + type(value).__name__
+    elif isinstance(value, list) or (isinstance(value, dict) and knob != MIXTURE):
+        why = "'value' is a " + type(value).__name__ + (f" (only {MIXTURE} takes an object)" if isinstance(value, dict)
+                                                        else "")
     elif isinstance(knob, str) and re.search(r"[,;+&]|\s(and)\s", knob):
         why = f"'knob' names several knobs: {cut(repr(knob), 80)}"
     if why:
@@ -280,7 +319,27 @@ def _check_single_factor(i: int, raw: Any) -> None:
                             "(single factor: one knob, one value)")
 
 
-def _validate_change(i: int, pc: ProposedChange, space: dict[str, Knob]) -> tuple[Change, Any]:
+def _validate_mixture(i: int, pc: ProposedChange, diagnosis: Diagnosis) -> tuple[Change, Any]:
+    cur = current_mixture(diagnosis)
+    if cur is None:
+        raise ProposalError(f"candidate #{i}: {MIXTURE} is not a knob of task {diagnosis.task} (its env config is no "
+                            "weighted mixture); change one knob from the allowed list")
+    if pc.code is not None:
+        raise ProposalError(f"two factors in one candidate #{i}: a knob change with 'code'; drop 'code'")
+    if not isinstance(pc.value, dict):
+        raise ProposalError(f"candidate #{i}: {MIXTURE} needs an object value {{slice value: weight}}, e.g. "
+                            f"{json.dumps(canonical_mixture(cur))}")
+    try:
+        value = canonical_mixture(pc.value)
+    except ValueError as exc:
+        raise ProposalError(f"candidate #{i}: {MIXTURE}: {exc}") from None
+    if value == canonical_mixture(cur):
+        raise ProposalError(f"candidate #{i}: {MIXTURE} = {json.dumps(value)} is the current mixture: no change")
+    return Change(kind="env", knob=MIXTURE, value=value), cur
+
+
+def _validate_change(i: int, pc: ProposedChange, space: dict[str, Knob], diagnosis: Diagnosis | None = None
+                     ) -> tuple[Change, Any]:
     if pc.knob.startswith("diagnostics/"):
         if not DIAGNOSTIC_PATH.match(pc.knob):
             raise ProposalError(f"unknown knob {pc.knob!r} in candidate #{i}: a diagnostic is diagnostics/<name>.py "
@@ -294,16 +353,19 @@ def _validate_change(i: int, pc: ProposedChange, space: dict[str, Knob]) -> tupl
         except SyntaxError as exc:
             raise ProposalError(f"candidate #{i}: {pc.knob} does not compile: {exc.msg} (line {exc.lineno})") from None
         return Change(kind="diagnostic", knob=pc.knob, code=pc.code), None
+    if pc.knob == MIXTURE and diagnosis is not None:
+        return _validate_mixture(i, pc, diagnosis)
     if pc.knob not in space:
-        near = difflib.get_close_matches(pc.knob, list(space), n=3, cutoff=0.6)
+        names = [*space, *([MIXTURE] if diagnosis is not None and current_mixture(diagnosis) is not None else [])]
+        near = difflib.get_close_matches(pc.knob, names, n=3, cutoff=0.6)
         hint = f" (did you mean {', '.join(near)}?)" if near else ""
         raise ProposalError(f"unknown knob {cut(repr(pc.knob), 80)} in candidate #{i}{hint}; allowed knobs: "
-                            f"{', '.join(sorted(space)) or '(none)'}")
+                            f"{', '.join(sorted(names)) or '(none)'}")
     if pc.code is not None:
         raise ProposalError(f"two factors in one candidate #{i}: a knob change with 'code'; drop 'code'")
     k = space[pc.knob]
     v = pc.value
-    if v is None or isinstance(v, bool):
+    if v is None or isinstance(v, bool | dict):
         raise ProposalError(f"candidate #{i}: {pc.knob} needs a numeric 'value' in [{k.lo:g}, {k.hi:g}]")
     if not k.lo <= v <= k.hi:
         raise ProposalError(f"out of range: {pc.knob} = {v:g} in candidate #{i}; allowed range [{k.lo:g}, {k.hi:g}] "
@@ -359,7 +421,7 @@ def parse_reply(text: str, diagnosis: Diagnosis, space: dict[str, Knob], max_can
     out: list[Candidate] = []
     seen: set[str] = set()
     for i, pc in enumerate(proposal.candidates):
-        change, old = _validate_change(i, pc, space)
+        change, old = _validate_change(i, pc, space, diagnosis)
         why = vet_error(diagnosis, change)
         if why:
             raise ProposalError(f"candidate #{i} is refused by the vet step: {why}")

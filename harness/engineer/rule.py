@@ -9,7 +9,8 @@ skill costs itself, never the proposal.
 
 The skill's intervention template (`env.<list>.{<slice>}.<field>`, op add/mul/set, value)
 becomes a concrete Change: `{<slice>}` from the finding's slice, the step scaled by the diagnosis' `step_scale`, the new
-value clamped to the knob's range.
+value clamped to the knob's range. A whole-mixture skill (`env.mixture`, op `mix`, value the aim) becomes the training
+mix re-weighted from the diagnosis' target view (`mixture_toward`), moved `step_scale` of the way.
 
 Choice: Thompson sampling over each skill's promotion record, Beta(1 + promotions, 1 + tries - promotions), one draw
 per skill from the caller's seeded rng; in-family skills (domains include the task, or no domains) rank before any
@@ -27,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from harness.engineer.proposal import Knob, change_key, make_candidate, vet_error
+from harness.engineer.proposal import Knob, change_key, current_mixture, make_candidate, vet_error
 from harness.records import Candidate, Change, Diagnosis, Finding
-from harness.tasks.knobs import fill
+from harness.tasks.knobs import MIXTURE, canonical_mixture, fill
 from skills.library import SkillError, condition_holds
 from skills.model import Skill
 
@@ -67,10 +68,71 @@ def resolve_knob(template: str, task: str | None) -> str | None:
     return getattr(get_task(task).spec, SYMBOLIC_KNOBS[template])  # a TaskSpec field
 
 
-def instantiate(skill: Skill, finding: Finding, space: dict[str, Knob], step_scale: float, task: str | None = None
-                ) -> tuple[Change, Any] | str:
-    """The concrete change a skill makes for a finding, with the old value; or a string saying why it cannot."""
+# --- the whole mixture: where to move it ------------------------------------------------------------------------------
+
+AIMS = ("target", "frontier", "mastered")
+FLOOR = 0.1  # a target slice the aim does not favour keeps this fraction of its target share (never dropped)
+
+
+def _goal(view, cur: dict[str, float], aim: str) -> dict[str, float] | str:
+    """The mixture an aim points to, from the target view (`harness.records.TargetView`) and the current mix."""
+    from harness.diagnostics import MASTERED, TOO_HARD
+
+    sl = {s.value: s for s in view.slices if s.target_share > 0}
+    if aim == "target":  # every target slice at its target share, the failing ones up by how much they fail
+        return {v: s.target_share * (1.0 - s.valid + FLOOR) for v, s in sl.items()}
+    if aim == "frontier":  # the target slices the policy can learn from (partly solved) first
+        front = {v for v, s in sl.items() if TOO_HARD < s.valid < MASTERED}
+        reach = front or {v for v, s in sl.items() if s.valid > TOO_HARD}
+        if not reach:  # nothing solved anywhere: the easiest target slice
+            from harness.tasks.knobs import order_key
+
+            reach = {min(sl, key=order_key)} if sl else set()
+        return {v: s.target_share * (1.0 if v in reach else FLOOR) for v, s in sl.items()}
+    if aim == "mastered":  # the mastered slices' shares halved (never to zero), the rest keeps its proportions
+        done = {v for v, s in sl.items() if s.valid >= MASTERED}
+        if not done & set(cur) or not set(cur) - done:
+            return "no mastered slice to move away from (or nothing else in the mix)"
+        return {v: w * (0.5 if v in done else 1.0) for v, w in cur.items()}
+    return f"unknown mixture aim {aim!r}; one of {', '.join(AIMS)}"
+
+
+def mixture_toward(diagnosis: Diagnosis, aim: str, step_scale: float = 1.0) -> tuple[dict[str, float], Any] | str:
+    """The training mix moved toward `aim` (AIMS), `step_scale` of the way from the current weights (1: all the way),
+    as a canonical mixture ({slice value: weight}, sum 1), with the current weights; or why it cannot. Needs the
+    diagnosis' target view and a task with the `Mixture` capability."""
+    cur_raw = current_mixture(diagnosis)
+    if cur_raw is None:
+        return f"task {diagnosis.task} has no weighted mixture"
+    view = diagnosis.target
+    if view is None or not view.slices:
+        return "the diagnosis has no target rollouts per slice"
+    cur = canonical_mixture(cur_raw)
+    goal = _goal(view, cur, aim)
+    if isinstance(goal, str):
+        return goal
+    g = canonical_mixture(goal) if sum(goal.values()) > 0 else None
+    if g is None:
+        return "the target view gives no slice any weight"
+    s = min(max(step_scale, 0.0), 1.0)
+    new = canonical_mixture({v: (1 - s) * cur.get(v, 0.0) + s * g.get(v, 0.0) for v in {*cur, *g}})
+    if new == cur:
+        return f"the mix already is {new}"
+    return new, cur_raw
+
+
+def instantiate(skill: Skill, finding: Finding, space: dict[str, Knob], step_scale: float, task: str | None = None,
+                diagnosis: Diagnosis | None = None) -> tuple[Change, Any] | str:
+    """The concrete change a skill makes for a finding, with the old value; or a string saying why it cannot. A
+    whole-mixture skill (op `mix`) needs the `diagnosis` (its target view and env config)."""
     iv = skill.intervention
+    if iv.op == "mix":
+        if iv.knob != MIXTURE or diagnosis is None:
+            return f"{skill.name}: op mix takes knob {MIXTURE} and a diagnosis"
+        made = mixture_toward(diagnosis, str(iv.value), step_scale)
+        if isinstance(made, str):
+            return f"{skill.name}: {MIXTURE} toward {iv.value}: {made}"
+        return Change(kind="env", knob=MIXTURE, value=made[0]), made[1]
     template = resolve_knob(iv.knob, task)
     if template is None:
         return f"{skill.name}: task {task} has no knob for {iv.knob}"
@@ -114,7 +176,8 @@ def thompson_scores(skills: list[Skill], rng: np.random.Generator) -> dict[str, 
     return out
 
 
-ROOT_CAUSES = ("grpo.policy_regressed",)
+# root causes come first: the stage's own training lowered the probe; the training mix is too hard to learn from at all
+ROOT_CAUSES = ("grpo.policy_regressed", "target.mix_all_fail")
 
 
 def _options_of(skill: Skill, borrowed: bool, findings: list[Finding], diagnosis: Diagnosis, space: dict[str, Knob],
@@ -124,7 +187,7 @@ def _options_of(skill: Skill, borrowed: bool, findings: list[Finding], diagnosis
     for fi, f in enumerate(findings):
         if not matches(skill, f, borrowed):
             continue
-        made = instantiate(skill, f, space, diagnosis.step_scale, diagnosis.task)
+        made = instantiate(skill, f, space, diagnosis.step_scale, diagnosis.task, diagnosis)
         if isinstance(made, str):
             notes.append(made)
             continue
@@ -133,8 +196,7 @@ def _options_of(skill: Skill, borrowed: bool, findings: list[Finding], diagnosis
         if why:
             notes.append(f"{skill.name}: {change.knob} -> {change.value} refused by the vet step: {why}")
             continue
-        # a root cause (the stage's own training lowered the probe: the other findings are then its symptoms) comes
-        # first, then critical findings, then the rest; among skills for findings of one rank, Thompson sampling
+        # a root cause (the other findings are then its symptoms) comes first, then critical findings, then the rest; among skills for findings of one rank, Thompson sampling
         # explores
         crit = 0 if f.code in ROOT_CAUSES else 1 if f.severity == "critical" else 2
         out.append(((int(borrowed), crit, -theta[skill.name], fi, skill.name), skill, f, change, old))
@@ -177,7 +239,7 @@ def propose_rule(diagnosis: Diagnosis, in_family: list[Skill], fallback: list[Sk
         new = "new file" if change.kind == "diagnostic" else f"{old} -> {change.value}"
         rationale = (f"{f.code} on {where}: rate {f.rate:.2f}, count {f.count} ({f.severity}); skill {skill.name}{fam}"
                      f" [{skill.evidence.promotions}/{skill.evidence.tries} promoted, theta={theta[skill.name]:.2f}]: "
-                     f"{change.knob} {new}")
+                     f"{change.knob} {new}" + (f". {f.message}" if change.knob == MIXTURE and f.message else ""))
         out.append(make_candidate(diagnosis, change, old, rationale, skill.expected, skill.validation, "rule",
                                   skill=skill.name))
     if not out:

@@ -1,11 +1,11 @@
 """Task families. `get_task(name)` returns the task object; see `base.Task` for the protocol, `base.TaskSpec` for
-what a family declares as data, and `BatchScorer`, `EnvStats`, `VetConfigs` for its optional capabilities."""
+what a family declares as data, and `BatchScorer`, `EnvStats`, `VetConfigs`, `Mixture` for its optional capabilities."""
 
 from __future__ import annotations
 
 import importlib
 
-from harness.tasks.base import BatchScorer, EnvStats, Instance, Outcome, SuiteEntry, Task, TaskSpec, VetConfigs
+from harness.tasks.base import BatchScorer, EnvStats, Instance, Mixture, Outcome, SuiteEntry, Task, TaskSpec, VetConfigs
 
 DEFAULT_TASK = "mapf"  # a run config without `task:` runs this family
 TASKS = {"mapf": "harness.tasks.mapf", "math": "harness.tasks.arith", "code": "harness.tasks.code",
@@ -60,5 +60,5 @@ def generate_many(task_name: str, config_json: str, seeds: list[int]) -> list[In
     return [task.generate(config, s) for s in seeds]
 
 
-__all__ = ["DEFAULT_TASK", "TASKS", "BatchScorer", "EnvStats", "Instance", "Outcome", "SuiteEntry", "Task", "TaskSpec",
+__all__ = ["DEFAULT_TASK", "TASKS", "BatchScorer", "EnvStats", "Instance", "Mixture", "Outcome", "SuiteEntry", "Task", "TaskSpec",
            "UnknownTaskError", "VetConfigs", "generate_many", "get_task", "score_all", "split_think"]

@@ -285,8 +285,8 @@ SPEC = TaskSpec(
 
 
 class MathTask:
-    """The `Task` protocol for integer arithmetic (harness/tasks/base.py), with the capabilities EnvStats and
-    VetConfigs."""
+    """The `Task` protocol for integer arithmetic (harness/tasks/base.py), with the capabilities EnvStats,
+    VetConfigs and Mixture."""
 
     name = "math"
     spec = SPEC
@@ -314,6 +314,12 @@ class MathTask:
 
     def env_stats(self, config: MathConfig, n: int, seed_start: int = 0) -> dict[str, Any]:
         return env_stats(config, n, seed_start)
+
+    def mixture(self, config: MathConfig) -> dict[str, float]:
+        return knobs.mixture_of(config, "levels", ENTRY_KEY)
+
+    def with_mixture(self, config: MathConfig, weights: dict[str, float]) -> MathConfig:
+        return knobs.with_mixture(config, "levels", ENTRY_KEY, weights)
 
     def vet_configs(self, config: MathConfig, knob: str) -> list[tuple[str, MathConfig]]:
         return knobs.entry_configs(config, "levels", ENTRY_KEY, knob)

@@ -4,7 +4,7 @@ A task is a plain module-level object satisfying `Task`: a name, a `TaskSpec` (i
 data) and seven functions. The loop never looks inside an instance: it generates instances from a typed generator
 config and a seed, renders prompts, scores completions into an `Outcome`, asks the expert for a demonstration (SFT warm
 start), groups results by the instance's slices and draws benchmark suites. What only some families have is a declared
-capability (`BatchScorer`, `EnvStats`, `VetConfigs`), checked with `isinstance`, never found by `getattr`.
+capability (`BatchScorer`, `EnvStats`, `VetConfigs`, `Mixture`), checked with `isinstance`, never found by `getattr`.
 
     from harness.tasks import get_task
     task = get_task("mapf")
@@ -125,3 +125,15 @@ class VetConfigs(Protocol):
     def vet_configs(self, config: BaseModel, knob: str) -> list[tuple[str, BaseModel]]: ...
 
 
+
+
+@runtime_checkable
+class Mixture(Protocol):
+    """The generator config is a weighted mixture along the task's difficulty slice (`TaskSpec.difficulty_slice`):
+    one entry per slice value with its share of the instances. `mixture` reads the weights ({slice value: weight}, as
+    written); `with_mixture` returns a validated config re-weighted as a whole (normalised; a value not named gets
+    weight 0; a new value adds an entry at its defaults). The diagnosis compares the training mix with the judge's
+    target through it, and the knob `env.mixture` (`harness.tasks.knobs.MIXTURE`) changes it as one factor."""
+
+    def mixture(self, config: BaseModel) -> dict[str, float]: ...
+    def with_mixture(self, config: BaseModel, weights: dict[str, float]) -> BaseModel: ...

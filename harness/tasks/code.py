@@ -805,7 +805,7 @@ SPEC = TaskSpec(
 
 class CodeTask:
     """The `Task` protocol for Python function synthesis (harness/tasks/base.py), with the capabilities BatchScorer,
-    EnvStats, VetConfigs."""
+    EnvStats, VetConfigs, Mixture."""
 
     name = "code"
     spec = SPEC
@@ -836,6 +836,12 @@ class CodeTask:
 
     def env_stats(self, config: CodeConfig, n: int, seed_start: int = 0) -> dict[str, Any]:
         return env_stats(config, n, seed_start)
+
+    def mixture(self, config: CodeConfig) -> dict[str, float]:
+        return knobs.mixture_of(config, "levels", ENTRY_KEY)
+
+    def with_mixture(self, config: CodeConfig, weights: dict[str, float]) -> CodeConfig:
+        return knobs.with_mixture(config, "levels", ENTRY_KEY, weights)
 
     def vet_configs(self, config: CodeConfig, knob: str) -> list[tuple[str, CodeConfig]]:
         return knobs.entry_configs(config, "levels", ENTRY_KEY, knob)

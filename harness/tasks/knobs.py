@@ -18,6 +18,10 @@ from typing import Any
 from pydantic import BaseModel
 
 WEIGHT = "data_ratio"  # the field that weighs each keyed entry of a mixture (its share of the instances)
+# `env.mixture` names the whole mixture of a task with the `Mixture` capability: its value is {slice value: weight},
+# every entry's weight at once (one factor: the training mix, re-weighted together)
+MIXTURE = "env.mixture"
+MIXTURE_DIGITS = 3  # a mixture's weights are normalised to sum 1 and rounded to this many decimals
 
 
 class KnobError(ValueError):
@@ -120,6 +124,59 @@ def check_mixture(entries: list, list_field: str, entry_key: str, keys: str, exa
     if not any(getattr(e, weight) > 0 for e in entries):
         raise ValueError(f"at least one entry of {list_field} needs {weight} > 0 (all have weight 0)")
     return entries
+
+
+def canonical_mixture(weights: dict[Any, Any]) -> dict[str, float]:
+    """A mixture as one canonical value: string keys in slice order (numbers numerically), weights normalised to sum 1
+    and rounded to MIXTURE_DIGITS decimals, zero weights dropped. Two mixtures that draw the same distribution have the
+    same canonical form. Raises ValueError for a weight that is not a finite number >= 0, or all weights zero."""
+    import math
+
+    if not isinstance(weights, dict) or not weights:
+        raise ValueError(f"a mixture is a non-empty mapping {{slice value: weight}}, got {weights!r:.120}")
+    w: dict[str, float] = {}
+    for k, v in weights.items():
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+            raise ValueError(f"mixture weight of {k!r} must be a finite number >= 0, got {v!r}")
+        w[str(k)] = w.get(str(k), 0.0) + float(v)
+    total = sum(w.values())
+    if total <= 0:
+        raise ValueError("a mixture needs some weight > 0 (all weights are 0)")
+    out = {k: round(v / total, MIXTURE_DIGITS) for k, v in w.items()}
+    return {k: out[k] for k in sorted(out, key=order_key) if out[k] > 0}
+
+
+def order_key(value: str) -> tuple[int, float, str]:
+    """Slice values in numeric order where they are numbers (3 < 10), else after them by name."""
+    try:
+        return (0, float(value), value)
+    except ValueError:
+        return (1, 0.0, value)
+
+
+def mixture_of(config: BaseModel, list_field: str, entry_key: str, weight: str = WEIGHT) -> dict[str, float]:
+    """{entry key (as the slice value string): weight} of a weighted mixture of keyed entries, weights as written."""
+    return {str(getattr(e, entry_key)): float(getattr(e, weight)) for e in getattr(config, list_field)}
+
+
+def with_mixture(config: BaseModel, list_field: str, entry_key: str, weights: dict[Any, Any],
+                 weight: str = WEIGHT) -> BaseModel:
+    """A new, validated config whose entries are weighted by `weights` (normalised, `canonical_mixture`): an entry
+    not named gets weight 0 (it stays, with its other fields), a key not in the config adds an entry at the entry
+    model's defaults (as a per-entry knob on a missing key does). Entries keep their order; added ones follow, and
+    numeric keys are sorted."""
+    w = canonical_mixture(weights)
+    data = config.model_dump(mode="json")
+    entries = data[list_field]
+    have = {str(e[entry_key]) for e in entries}
+    for e in entries:
+        e[weight] = w.get(str(e[entry_key]), 0.0)
+    for k in w:
+        if k not in have:
+            entries.append({entry_key: int(k) if k.lstrip("-").isdigit() else k, weight: w[k]})
+    if all(isinstance(e[entry_key], int) for e in entries):
+        entries.sort(key=lambda e: e[entry_key])
+    return type(config).model_validate(data)
 
 
 def pick(entries: list, rng, weight: str = WEIGHT):

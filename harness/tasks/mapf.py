@@ -716,11 +716,17 @@ SPEC = TaskSpec(
 
 
 class MAPFTask:
-    """The `Task` protocol for MAPF-FrozenLake (see harness/tasks/base.py), with the capabilities BatchScorer, EnvStats
-    and VetConfigs; plus validate_batch."""
+    """The `Task` protocol for MAPF-FrozenLake (see harness/tasks/base.py), with the capabilities BatchScorer, EnvStats,
+    VetConfigs and Mixture; plus validate_batch."""
 
     name = "mapf"
     spec = SPEC
+
+    def mixture(self, config: MAPFConfig) -> dict[str, float]:
+        return knobs.mixture_of(config, "sizes", ENTRY_KEY)
+
+    def with_mixture(self, config: MAPFConfig, weights: dict[str, float]) -> MAPFConfig:
+        return knobs.with_mixture(config, "sizes", ENTRY_KEY, weights)
 
     def vet_configs(self, config: MAPFConfig, knob: str) -> list[tuple[str, MAPFConfig]]:
         """Configs the vet step generates from to check a changed env: each size the knob touches alone (a per-size

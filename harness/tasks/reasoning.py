@@ -388,7 +388,7 @@ SPEC = TaskSpec(
 
 class ReasoningTask:
     """The `Task` protocol over reasoning-gym's datasets (harness/tasks/base.py), with the capabilities BatchScorer,
-    EnvStats and VetConfigs."""
+    EnvStats, VetConfigs and Mixture."""
 
     name = "reasoning"
     spec = SPEC
@@ -420,6 +420,12 @@ class ReasoningTask:
 
     def env_stats(self, config: ReasoningConfig, n: int, seed_start: int = 0) -> dict[str, Any]:
         return env_stats(config, n, seed_start)
+
+    def mixture(self, config: ReasoningConfig) -> dict[str, float]:
+        return knobs.mixture_of(config, "datasets", ENTRY_KEY)
+
+    def with_mixture(self, config: ReasoningConfig, weights: dict[str, float]) -> ReasoningConfig:
+        return knobs.with_mixture(config, "datasets", ENTRY_KEY, weights)
 
     def vet_configs(self, config: ReasoningConfig, knob: str) -> list[tuple[str, ReasoningConfig]]:
         return knobs.entry_configs(config, "datasets", ENTRY_KEY, knob)
