@@ -16,6 +16,8 @@ import typing
 from pathlib import Path
 
 import pytest
+
+from harness.tasks.knobs import MIXTURE
 from pydantic import BaseModel
 
 from harness.tasks import TASKS, get_task
@@ -185,7 +187,8 @@ def test_the_tiny_loop_runs_on_every_family(family, tmp_path, monkeypatch):
         assert cands and all(c["reason"] for c in cands)
         space = knob_space(d, task)
         for c in cands:  # every knob the engineer proposed exists in this family's grammar
-            assert c["knob"] in space or c["knob"].startswith(("recipe.", "reward.", "diagnostics/")), c["knob"]
+            assert (c["knob"] in space or c["knob"] == MIXTURE
+                    or c["knob"].startswith(("recipe.", "reward.", "diagnostics/"))), c["knob"]
     finally:
         store.close()
 
