@@ -16,12 +16,11 @@ import typing
 from pathlib import Path
 
 import pytest
-
-from harness.tasks.knobs import MIXTURE
 from pydantic import BaseModel
 
 from harness.tasks import TASKS, get_task
 from harness.tasks.base import Instance, Task, TaskSpec
+from harness.tasks.knobs import MIXTURE
 
 ROOT = Path(__file__).resolve().parents[1]
 LOOP = ["harness/graph.py", "harness/run.py", "harness/lifecycle.py", "harness/diagnostics.py", "harness/vet.py", "harness/backtest.py",
