@@ -26,7 +26,7 @@ import numpy as np
 
 from harness.backtest import ArmEval, judge_arm, regression, train_arm
 from harness.records import cut, read_rollouts, write_rollouts
-from harness.results import ArmRecord, StartJudged, Trained
+from harness.results import ArmLook, ArmRecord, StartJudged, Trained
 from harness.round0 import harness_models
 from harness.run import Run
 
@@ -147,12 +147,37 @@ def arm_job(run: Run, k: int, name: str, files: dict[str, str], start: str, step
     env, recipe, _ = harness_models(files, run.task)
     # both arms train on the same train seeds; arm randomness is shared too (paired design)
     train_seeds = pool_seeds(run, f"s{k}/arms", recipe, steps)
-    eval_seeds = run.draw_seeds("backtest", cfg.backtest.n, key=f"s{k}/backtest")
+    # the first look's instances; later looks judge the saved arm on the next ones (`judge_more`)
+    eval_seeds = backtest_seeds(run, k)[: cfg.gate.plan(cfg.backtest.n).min_n]
     judge = run.judge
     return ArmJob(name=name, task=run.task.name, style=run.style, files=files, start=start, steps=steps,
                   train_seeds=train_seeds, train_instances=run.instances(env, train_seeds), seed=cfg.seed + 1000 + k,
                   judge=judge, eval_instances=run.instances(judge.config(run.task), eval_seeds),
                   sampling_seed=cfg.seed + k, backend=cfg.policy.backend)
+
+
+def backtest_seeds(run: Run, k: int) -> list[int]:
+    """Stage k's backtest instances (fresh seeds of the backtest split, `backtest.n` of them: the most one arm pair
+    may be judged on), in the order the looks consume them."""
+    return run.draw_seeds("backtest", run.config.backtest.n, key=f"s{k}/backtest")
+
+
+def judge_more(run: Run, k: int, name: str, ckpt: str, seeds: list[int], look: int) -> ArmEval:
+    """A later look's batch: the saved arm `name` judged on `seeds` (the judge's distribution; sampling seed shared
+    by every arm of this look, so the pair stays paired). Recorded (rollouts, ledger, node `arm:<name>:look<j>`) and
+    read back on a resume."""
+    node = f"arm:{name}:look{look}"
+    samples = run.judge.samples
+    if (r := run.result(k, ArmLook, node=node)) is not None:
+        return ArmEval.from_rollouts(read_rollouts(Path(r.rollouts)), r.greedy, samples)
+    cfg, judge = run.config, run.judge
+    model, tok = run.policy(ckpt)
+    ev = judge_arm(model, tok, run.task, run.instances(judge.config(run.task), seeds), judge,
+                   sampling_seed=cfg.seed + k + 100_003 * look, style=run.style, backend=cfg.policy.backend)
+    path = write_rollouts(run.path("rollouts", f"s{k}-{name}-backtest-look{look}.jsonl.gz"), ev.rollouts)
+    run.charge(k, name, "eval", seconds=ev.seconds, tokens=ev.tokens, label=f"backtest look {look}")
+    run.save_result(k, ArmLook(rollouts=str(path), greedy=ev.greedy, n=len(seeds)), node=node)
+    return ArmEval.from_rollouts(ev.rollouts, ev.greedy, samples)
 
 
 def record_arm(run: Run, k: int, name: str, out) -> ArmRecord:

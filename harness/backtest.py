@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -249,6 +248,21 @@ class ArmEval(BaseModel):
     def valid(self) -> float:
         return float(np.mean(self.outcomes)) if self.outcomes else 0.0
 
+    def extend(self, more: ArmEval) -> ArmEval:
+        """This arm's outcomes followed by a later batch's (the looks of a sequential decision)."""
+        return self.model_copy(update={
+            "seeds": [*self.seeds, *more.seeds], "outcomes": [*self.outcomes, *more.outcomes],
+            "slices": [*self.slices, *more.slices], "greedy": [*self.greedy, *more.greedy] if self.greedy and
+            more.greedy else [], "rollouts": [*self.rollouts, *more.rollouts], "seconds": self.seconds + more.seconds,
+            "tokens": self.tokens + more.tokens})
+
+    def prefix(self, n: int) -> ArmEval:
+        """The first n instances (the candidate that stopped looking is compared on those only)."""
+        keep = set(self.seeds[:n])
+        return self.model_copy(update={"seeds": self.seeds[:n], "outcomes": self.outcomes[:n],
+                                       "slices": self.slices[:n], "greedy": self.greedy[:n],
+                                       "rollouts": [r for r in self.rollouts if r.seed in keep]})
+
     @classmethod
     def from_rollouts(cls, rollouts: list[Rollout], greedy: list[float] | None = None, samples: int = 1) -> ArmEval:
         """An arm's per-instance outcomes rebuilt from its stored backtest rollouts (the mean over an instance's
@@ -349,31 +363,92 @@ def arm_vetoes(control_files: dict[str, str], candidate_files: dict[str, str], c
 # --- the one judge: arms' outcomes -> verdicts, and the one regression check ------------------------------------------
 
 
+def judge_fingerprint(judge: Judge, gate: GateConfig, task: str) -> str:
+    """Identity of what scores a decision's evidence: the task, the judge (distribution, samples, temperature, length)
+    and the gate's statistical settings. Evidence is pooled only under the same fingerprint, so a resumed run with an
+    edited config never silently pools with what the old one recorded."""
+    import hashlib
+    import json
+
+    keep = {k: v for k, v in gate.model_dump(mode="json").items() if k != "human"}
+    blob = json.dumps({"task": task, "judge": judge.model_dump(mode="json"), "gate": keep}, sort_keys=True)
+    return hashlib.sha1(blob.encode()).hexdigest()[:16]
+
+
+def prior_pairs(earlier: list[Evidence], judge: str) -> tuple[list[Any], list[str], str | None]:
+    """The PairEvidence of earlier inconclusive tests of the same change from the same state (oldest first), their
+    ids are the caller's; refuses (returns no pairs and the reason) when any was recorded under another judge."""
+    from harness.sequential import PairEvidence
+
+    if any(e.judge != judge for e in earlier):
+        other = sorted({str(e.judge) for e in earlier if e.judge != judge})
+        return [], [], (f"earlier evidence of this change was recorded under another judge ({', '.join(other)}; now "
+                        f"{judge}): the run's backtest or gate config changed, so it is not pooled; judged afresh")
+    return [PairEvidence(judge=judge, diffs=e.diffs, slices=e.slices) for e in earlier if e.diffs], [], None
+
+
+def sequential_verdict(cid: str, control: ArmEval, arm: ArmEval, gate: GateConfig, plan: Any, judge: str,
+                       prior: list[Any], vetoes: list[str], comparisons: int, samples: int,
+                       pooled: list[str] | None = None, looks: list[dict[str, Any]] | None = None) -> Verdict:
+    """One candidate's verdict at this look (`harness.sequential.decide` on its pooled evidence): promoted, rejected
+    (refuted: confidently below min_effect, a harmed slice, a veto) or inconclusive (`evidence.next_step` says whether
+    the loop may look again now: more_instances; a re-test in a later stage: new_pair; spent: stop)."""
+    from harness.sequential import PairEvidence, decide
+
+    ctrl = control.prefix(len(arm.seeds))
+    if arm.seeds != ctrl.seeds:
+        raise GateError(f"arm {cid} was judged on other instances than the control arm: judge every arm of a "
+                        "decision on the same backtest instances, in the same order")
+    diffs = [float(b - a) for a, b in zip(ctrl.outcomes, arm.outcomes, strict=True)]
+    pair = PairEvidence(judge=judge, diffs=diffs, slices=ctrl.slices)
+    look = decide([*prior, pair], plan, vetoes=vetoes, comparisons=comparisons)
+    c, k_ = np.asarray(ctrl.outcomes), np.asarray(arm.outcomes)
+    by_slice = {key: {**v, "checked": v["checked"]} for key, v in look.by_slice.items()}
+    z80 = 0.8416212335729143
+    mde = plan.min_effect + (look.z_promote + z80) * look.se if np.isfinite(look.z_promote) else None
+    record = [*(looks or []), {"n": look.n, "pairs": look.pairs, "effect": round(look.effect, 5),
+                                "lo": round(look.lo, 5), "hi": round(look.hi, 5), "z": round(look.z, 3),
+                                "info": round(look.info_fraction, 3), "decision": look.decision,
+                                "next_step": look.next_step}]
+    evidence = Evidence(metric=gate.metric, n=len(c), control=float(c.mean()), candidate=float(k_.mean()),
+                        effect=look.effect, ci_low=look.lo, ci_high=look.hi, by_slice=by_slice, vetoes=list(vetoes),
+                        seeds=(min(ctrl.seeds), max(ctrl.seeds)) if ctrl.seeds else None, samples=samples, mde=mde,
+                        greedy_control=float(np.mean(ctrl.greedy)) if ctrl.greedy else None,
+                        greedy_candidate=float(np.mean(arm.greedy)) if arm.greedy else None, judge=judge,
+                        diffs=[round(d, 6) for d in diffs], slices=ctrl.slices, pairs=look.pairs,
+                        pooled=list(pooled or []), looks=record,
+                        next_step=None if look.decision in ("promoted", "refuted") else look.next_step)
+    decision = {"promoted": "promoted", "refuted": "rejected"}.get(look.decision, "inconclusive")
+    return Verdict(candidate=cid, decision=decision, evidence=evidence, reason=look.reason)
+
+
 def verdicts(control: ArmEval | Exception, control_files: dict[str, str],
              candidates: list[tuple[str, dict[str, str], ArmEval | Exception]], gate: GateConfig, *,
-             rng: Callable[[int], np.random.Generator], samples: int = 1) -> list[Verdict]:
-    """The verdict of every candidate arm against the control arm of one decision, in order: an arm that failed
-    (an exception instead of its outcomes) is rejected with the reason (every arm, when the control arm failed); every other one is `decide`d on the paired
-    per-instance outcomes (Bonferroni over all the decision's candidates), with the vetoes of both trees
-    (`arm_vetoes`). `rng(i)` is the bootstrap generator of the i-th candidate. The live loop (`harness.graph`
-    node_backtest) and the calibration benchmark both decide here."""
+             samples: int = 1, plan: Any = None, judge: str = "", prior: dict[str, list[Any]] | None = None,
+             pooled: dict[str, list[str]] | None = None, looks: dict[str, list[dict[str, Any]]] | None = None,
+             comparisons: int | None = None, **_: Any) -> list[Verdict]:
+    """The verdict of every candidate arm against the control arm of one decision, at this look, in order: an arm
+    that failed (an exception instead of its outcomes) is rejected with the reason (every arm, when the control arm
+    failed); every other one is judged by the sequential procedure (`sequential_verdict`) on its paired outcomes, pooled
+    with `prior[cid]` (earlier inconclusive tests of the same change), Bonferroni over the decision's candidates, with
+    the vetoes of both trees (`arm_vetoes`). `plan` defaults to the gate's plan at the control arm's n. The live loop
+    (`harness.graph` node_backtest, once per look) and the calibration benchmark both decide here."""
     if isinstance(control, Exception):  # without a control there is no decision: every candidate fails with the reason
         return [Verdict(candidate=cid, decision="rejected", stage_reached="backtest",
                         reason=cut(f"the control arm failed, so nothing could be compared: "
                                    f"{type(control).__name__}: {control}")) for cid, _, _ in candidates]
+    plan = plan if plan is not None else gate.plan(len(control.seeds))
+    comparisons = comparisons or len(candidates)
     out: list[Verdict] = []
-    for i, (cid, files, arm) in enumerate(candidates):
+    for cid, files, arm in candidates:
         if isinstance(arm, Exception):  # a candidate whose arm cannot train or be judged is rejected
             out.append(Verdict(candidate=cid, decision="rejected", stage_reached="backtest",
                                reason=cut(f"its backtest arm failed: {type(arm).__name__}: {arm}")))
             continue
-        if arm.seeds != control.seeds:
-            raise GateError(f"arm {cid} was judged on other instances than the control arm: judge every arm of a "
-                            "decision on the same backtest instances")
-        out.append(decide(control.outcomes, arm.outcomes, control.slices, gate,
-                          arm_vetoes(control_files, files, control, arm), candidate_id=cid,
-                          comparisons=len(candidates), rng=rng(i), seeds=control.seeds,
-                          greedy=(control.greedy, arm.greedy), samples=samples))
+        ctrl = control.prefix(len(arm.seeds))
+        out.append(sequential_verdict(cid, control, arm, gate, plan, judge, (prior or {}).get(cid, []),
+                                      arm_vetoes(control_files, files, ctrl, arm), comparisons, samples,
+                                      (pooled or {}).get(cid), (looks or {}).get(cid)))
     return out
 
 

@@ -183,6 +183,15 @@ class GateConfig(BaseModel):
                                             "aa`); added in quadrature to the bootstrap's instance noise in every "
                                             "bound, since resampling instances cannot see it")
 
+    max_pairs: int = Field(3, ge=1, le=20, description="arm pairs one change may be judged on: its first test and the "
+                           "pooled re-tests of an inconclusive result (each later stage that proposes it again)")
+    first_look: int | None = Field(None, ge=2, description="instances of a pair before its first look (default: "
+                                   "a quarter of backtest.n, at least 20)")
+    look_every: int | None = Field(None, ge=1, description="instances added between looks (default: first_look)")
+    promote_gamma: float = Field(-2.0, ge=-10.0, le=5.0, description="Hwang-Shih-DeCani gamma of the promotion "
+                                 "side's error spending (-4 ~ O'Brien-Fleming: most power at the end; 1 ~ Pocock: "
+                                 "most early decisions)")
+
     human: Literal["never", "always"] | HumanAfterFailures = Field(
         "never", description="a person at the gate after each backtest: never (autonomous), always, or "
         "{after_failures: N} (once N stages in a row ended without a promotion). The run pauses (the pause survives "
@@ -191,6 +200,15 @@ class GateConfig(BaseModel):
     @property
     def alpha(self) -> float:
         return 1.0 - self.confidence
+
+    def plan(self, n: int, comparisons: int = 1):
+        """The sequential plan (`harness.sequential.Plan`) of a decision whose pairs may use up to `n` instances."""
+        from harness.sequential import Plan
+
+        first = min(self.first_look or max(20, n // 4), n)
+        return Plan(alpha=self.alpha, min_effect=self.min_effect, slice_tolerance=self.slice_tolerance,
+                    min_slice_n=self.min_slice_n, arm_noise_sd=self.arm_noise_sd, max_n=n, min_n=first,
+                    batch=self.look_every or first, max_pairs=self.max_pairs, promote_gamma=self.promote_gamma)
 
     def human_needed(self, stages_without_promotion: int) -> bool:
         if isinstance(self.human, HumanAfterFailures):

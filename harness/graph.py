@@ -34,8 +34,9 @@ from typing import Annotated, TypedDict
 
 import numpy as np
 
-from harness.arms import arm_eval, judge_start, prefetch_arms, prefetch_stage, run_arms, train_policy, warm_start
-from harness.backtest import ArmEval, choose_winner, detectability_warning, regression, verdicts
+from harness.arms import judge_start, prefetch_arms, prefetch_stage, run_arms, train_policy, warm_start
+from harness.backtest import ArmEval, choose_winner, regression
+from harness.decisions import escalate, look_until_decided
 from harness.diagjudge import judge_diagnostics, split_verdicts
 from harness.evaluation import previous_target, report_eval, rollouts, target_probe
 from harness.memory import candidate_from_row, history, human_feedback, regression_findings, remember_skills
@@ -105,6 +106,11 @@ def node_setup(run: Run, state: State) -> State:
         run.suite()
         report_eval(run, 0, str(out))
     run.env_stats(harness_models(run.workspace().files("main"), run.task)[0])
+    from harness.sequential import max_evidence_warning
+
+    if warn := max_evidence_warning(run.config.gate.plan(run.config.backtest.n),
+                                    comparisons=max(1, run.config.stage.candidates)):
+        run.event(0, "setup", "warning", warn, key="max-evidence")  # once, at start, with the n it would need
     _finish(run, 0, SetUp(policy=str(out)), t0, f"warm start done: {out.name}")
     return {"policy": str(out), **first, "log": [f"setup: warm start on {n} expert demonstrations"]}
 
@@ -230,6 +236,7 @@ def node_propose(run: Run, state: State) -> State:
         run.event(k, "propose", "engineer_note", note, key=f"{k}/note/{note[:80]}")
     for bad in res.rejected_replies:
         run.event(k, "propose", "reply_rejected", bad.reason, key=f"{k}/bad/{bad.attempt}")
+    res.candidates = escalate(run, k, diag, res.candidates, cfg.stage.candidates)
     ws = run.workspace()
     main_files = ws.files("main")
     ids = []
@@ -317,17 +324,11 @@ def node_backtest(run: Run, state: State) -> State:
     cand_files = {cid: ws.files(f"cand/{cid}") for cid in vetted}
     prefetch_arms(run, k, main_files, list(cand_files.values()))
     arms = run_arms(run, k, [("control", main_files), *cand_files.items()], state["train_ckpt"], steps)
-    control, samples = arms["control"], run.judge.samples
-    c_eval = control if isinstance(control, Exception) else arm_eval(control, samples)
+    vs, c_eval = look_until_decided(run, k, arms, main_files, cand_files)  # batches of instances until decided
     start = None if isinstance(c_eval, Exception) else judge_start(run, k, state["train_ckpt"], c_eval)
-    cands = [(cid, cand_files[cid], a if isinstance(a := arms[cid], Exception) else arm_eval(a, samples))
-             for cid in vetted]
-    vs = verdicts(c_eval, main_files, cands, cfg.gate, rng=lambda i: np.random.default_rng([cfg.seed, k, i]),
-                  samples=samples)
+    control = arms["control"]
     for v in vs:
         if v.evidence is not None:  # judged (its arm and the control arm both came back)
-            if warn := detectability_warning(v.evidence.mde, v.evidence.n, samples, cfg.gate):
-                run.event(k, "backtest", "warning", warn, key="detectability")  # once per run, with the fix
             run.store.set_candidate_status(v.candidate, "backtested")
         run.event(k, "backtest", "verdict", f"{v.candidate}: {v.decision}: {v.reason}", key=f"{k}/verdict/{v.candidate}")
     _finish(run, k, Backtested(verdicts=[*vs, *diag_vs], control=None if start is None else control.checkpoint,

@@ -31,13 +31,16 @@ def history(run: Run) -> list[HistoryItem]:
     parents = {r.id: r.parent for r in run.workspace().history()}  # the harness state each candidate started from
     out = []
     for c in run.store.candidates(run.id):
-        if c["status"] not in ("promoted", "rejected", "rejected_vet"):
+        if c["status"] not in ("promoted", "rejected", "rejected_vet", "inconclusive"):
             continue
         lo, hi = c.get("ci_low"), c.get("ci_high")
         key = change_key(parents[c["id"]], Change.model_validate(c["patch"])) if c["id"] in parents else ""
+        verdict = "promoted" if c["status"] == "promoted" else "rejected"
+        if c["status"] == "inconclusive":  # kept for a pooled re-test, unless its evidence is spent (then final)
+            verdict = "rejected" if (c.get("evidence") or {}).get("next_step") == "stop" else "inconclusive"
         out.append(HistoryItem(stage=c["stage"], candidate=c["id"], knob=c["knob"],
                                change=f"{c['knob']} -> {(c['patch'] or {}).get('value')}",
-                               verdict="promoted" if c["status"] == "promoted" else "rejected",
+                               verdict=verdict,
                                effect=c.get("effect"), ci=(lo, hi) if lo is not None and hi is not None else None,
                                reason=c.get("reason") or "", key=key))
     return out

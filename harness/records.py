@@ -216,12 +216,22 @@ class Evidence(BaseModel):
                                                 "promotes with 80% power at its n, variance and confidence")
     greedy_control: float | None = Field(None, description="greedy valid rate of the control arm (reported only)")
     greedy_candidate: float | None = Field(None, description="greedy valid rate of the candidate arm (reported only)")
+    judge: str | None = Field(None, description="fingerprint of the judge and gate that scored it: evidence is pooled "
+                                                "only under the same one")
+    diffs: list[float] = Field(default_factory=list, description="this pair's paired differences, in look order "
+                                                                 "(kept so a re-test can pool them)")
+    slices: list[dict[str, str]] = Field(default_factory=list, description="this pair's instances' slices")
+    pairs: int = Field(1, description="arm pairs pooled in the decision (1 + earlier inconclusive tests)")
+    pooled: list[str] = Field(default_factory=list, description="earlier candidates whose evidence was pooled")
+    looks: list[dict[str, Any]] = Field(default_factory=list, description="every look: n, effect, bounds, decision")
+    next_step: str | None = Field(None, description="where more evidence would come from (more_instances, new_pair, "
+                                                    "stop: spent)")
 
 
 class Verdict(BaseModel):
     model_config = ConfigDict(extra="forbid")
     candidate: str
-    decision: Literal["promoted", "rejected"]
+    decision: Literal["promoted", "rejected", "inconclusive"]
     reason: str
     evidence: Evidence | None = None
     stage_reached: Literal["vet", "offline", "backtest"] = "backtest"

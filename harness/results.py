@@ -92,6 +92,15 @@ class ArmRecord(NodeResult):
     curve: list[dict[str, Any]] = Field(default_factory=list, description="per-step training metrics (the report)")
 
 
+class ArmLook(NodeResult):
+    """A later look's batch of one arm (row `arm:<name>:look<j>`): its backtest rollouts on the next instances."""
+
+    NODE: ClassVar[str] = "arm-look"
+    rollouts: str
+    greedy: list[float] = Field(default_factory=list)
+    n: int = 0
+
+
 class StartJudged(NodeResult):
     """The arms' start policy judged on the backtest instances, and the control arm compared with it."""
 

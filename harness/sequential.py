@@ -1,53 +1,60 @@
 """Sequential decisions that accumulate evidence: promote, refute or stay inconclusive, at any look, pooled across re-tests.
 
 A candidate is judged by paired per-instance differences d_i = candidate_i - control_i (per-instance rates in [0, 1],
-each from `samples` completions) on fresh held-out instances. This module turns a list of arm PAIRS (one per test or
-re-test of the same change from the same state, each with the differences seen so far) into one of four answers:
+each from `samples` completions) on fresh held-out instances. This module turns a list of arm PAIRS (the first test and
+each re-test of the same change from the same harness state, each with the differences seen so far) into one answer:
 
-    promoted      the effect's lower bound exceeds `min_effect`, no checked slice is confidently harmed beyond
-                  `slice_tolerance` (its lower bound >= -tolerance), and no veto fired
-    refuted       the effect's upper bound is below `min_effect` (it does not help enough, with confidence), or a checked
-                  slice's upper bound is below -tolerance (it harms what works, with confidence); never re-proposed
-    inconclusive  the evidence is spent (`max_n` instances in the last pair and `max_pairs` pairs) without either;
-                  the evidence is kept, and a re-test pools new evidence with it
-    continue      not yet spent: evaluate the next batch (`next_step` says whether more instances or a new arm pair
-                  buys more)
+    promoted      the effect is above `min_effect` with confidence (the statistic crossed the upper boundary), no
+                  checked slice is possibly harmed beyond `slice_tolerance`, and no veto fired
+    refuted       the effect is below `min_effect` with confidence (it crossed the lower boundary), or a checked
+                  slice is confidently harmed beyond `slice_tolerance`; never re-proposed from that state
+    inconclusive  the planned evidence is spent (`max_pairs` pairs of `max_n` instances) without either
+    continue      evaluate more: `next_step` says whether more instances on this pair or a new arm pair (a re-test,
+                  pooled onto this evidence) buys more; the loop records a stage that ends here as inconclusive and
+                  keeps the evidence
 
     from harness.sequential import Plan, PairEvidence, decide
     plan = Plan(alpha=0.05, min_effect=0.02, slice_tolerance=0.1, arm_noise_sd=0.012, max_n=160, max_pairs=3)
     look = decide([PairEvidence(judge="j1", diffs=d, slices=s)], plan)
     look.decision, look.lo, look.hi, look.reason
 
-**The procedure and its guarantee.** Two error sources are bounded separately and added (a union bound, so the total
-error of each one-sided claim is at most `alpha`):
+**The procedure: a group-sequential test with error spending.** The tested point is theta = `min_effect`: promote is
+a one-sided test rejecting theta <= min_effect, refute one rejecting theta >= min_effect, each at level alpha (promote
+at alpha / comparisons when one decision judges several candidates against one control: Bonferroni).
 
-1. *Instance noise*, with a time-uniform confidence sequence: the one-sided normal-mixture boundary of Howard, Ramdas,
-   McAuliffe and Sekhon, "Time-uniform, nonparametric, nonasymptotic confidence sequences" (Ann. Statist. 2021,
-   Prop. 6: the half-normal mixture, solved exactly; eq. (14) is its closed-form upper bound) for the centred sum with
-   variance process V = t s^2, used with the empirical variance s^2 as in the asymptotic confidence sequences of Waudby-Smith,
-   Arbour, Sinha, Kennedy and Ramdas, "Time-uniform central limit theory and asymptotic confidence sequences"
-   (Ann. Statist. 2024). A bound that holds uniformly over time holds at every look, however many looks are taken and
-   whenever the procedure stops, so looking after every batch, and pooling a re-test onto the same sequence, costs
-   nothing in error rate: that is what lets an inconclusive change keep its evidence. `rho` is fixed in advance
-   (tuned for the variance at `max_n` instances of an assumed spread `sd_guess`); it moves where the boundary is
-   tightest, never its validity. The guarantee is asymptotic in t (the plug-in variance); the first look waits for
-   `min_n` instances, and `tests/test_sequential.py` checks the error rates by simulation at this gate's sizes.
-2. *Arm noise*: two arms that differ only in training randomness differ by a random offset (sd `arm_noise_sd`) that
-   no number of instances averages away. Within one pair the offset is one draw, so a bound on it holds at every look of
-   that pair at once; the pooled estimate's offset is the instance-weighted mean of the pairs' offsets, with sd
-   `arm_noise_sd * sqrt(sum w_j^2)`, bounded by a normal quantile at `alpha_arm / max_pairs` (a union over the at most
-   `max_pairs` pair sets a decision can see).
-
-`alpha` is split between the two (`alpha_inst = alpha_arm = alpha / 2` when `arm_noise_sd > 0`, else all of it to
-instances). What it does NOT guarantee: independence of instances within a pair is assumed (fresh seeds per decision
-give it); the arm-noise sd is taken as known (measured by `evotrainer bench calibration --mode aa`); slices are
-checked with the same boundary each, without a correction for their number (as the fixed-size gate did).
+- *The model.* Pair j's differences share one random arm offset b_j ~ N(0, arm_noise_sd^2) (the two arms differ in
+  training randomness; no number of instances averages it away) plus independent instance noise of variance s^2. Pair
+  j's mean has variance arm_noise_sd^2 + s^2 / n_j; the pooled estimate is the inverse-variance weighted mean of the
+  pairs' means (the GLS estimate of this random-effects model), with information I = sum_j 1 / (arm_noise_sd^2 + s^2 /
+  n_j). The estimates at successive looks (more instances on the last pair, or a new pair) then have the canonical
+  joint distribution of Jennison and Turnbull, "Group Sequential Methods with Applications to Clinical Trials" (2000),
+  Theorem 3.1 (Cov(theta_j, theta_k) = Var(theta_k) for j < k): Z_k = (theta_k - min_effect) sqrt(I_k) behaves like
+  Brownian motion in information time, so a second arm pair is simply more information, and so is a re-test.
+- *Error spending.* Lan and DeMets, "Discrete sequential boundaries for clinical trials" (Biometrika 1983): a look at
+  information fraction t = I / I_max (I_max: `max_pairs` full pairs at the plug-in s) may spend alpha(t) - alpha(t_prev)
+  of each side's error. Promote spends with the Hwang-Shih-DeCani family (`promote_gamma`, default -2: between
+  O'Brien-Fleming, which keeps nearly the fixed-sample power at the end but almost never decides on the first pair,
+  and Pocock, which decides early and loses power at the end; simulated at this gate's sizes in BENCHMARKS.md);
+  refute with the Pocock-type alpha ln(1 + (e - 1) t), so a clear loser stops at an early look. The boundaries of every look so far are solved jointly by the
+  recursive numerical integration of Armitage, McPherson and Rowe (JRSS A 1969), as in Jennison and Turnbull ch. 19:
+  the density of the score S = Z sqrt(I) on the continuation region, carried from look to look on a grid. Looks are
+  taken at `min_n`, then every `batch` instances, per pair; when the observed information passes I_max, the rest of
+  alpha is spent.
+- *What it assumes.* Instances within a pair are independent (fresh seeds per decision give it); the arm-noise sd is
+  known (measured by `evotrainer bench calibration --mode aa`); s^2 is the pooled within-pair sample variance observed
+  so far, plugged into the estimate's standard error and into every look's information fraction (the boundaries of
+  earlier looks are recomputed with it, its sd rounded to 0.01 so they can be cached: a decision is a function of the
+  recorded evidence alone, the usual information-based design, asymptotic in n); slices are checked with the current look's
+  boundary each, without a correction for their number (as the fixed-size gate did). `tests/test_sequential.py` checks
+  the error rates by simulation at this gate's sizes, including pooled re-tests.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from statistics import NormalDist
 from typing import Literal
 
@@ -55,6 +62,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Decision = Literal["promoted", "refuted", "inconclusive", "continue"]
+_N = NormalDist()
 
 
 class SequentialError(ValueError):
@@ -66,7 +74,7 @@ class Plan(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     alpha: float = Field(0.05, gt=0.0, lt=0.5, description="error of each one-sided claim (promote, refute), all looks")
-    min_effect: float = Field(0.02, ge=0.0, le=1.0, description="promote only if the effect's lower bound exceeds this")
+    min_effect: float = Field(0.02, ge=0.0, le=1.0, description="promote only an effect above this, with confidence")
     slice_tolerance: float = Field(0.05, ge=0.0, le=1.0, description="a slice confidently below -this is harmed")
     min_slice_n: int = Field(20, ge=1, description="slices with fewer instances are reported but not checked")
     arm_noise_sd: float = Field(0.0, ge=0.0, le=1.0, description="sd of the effect between arms differing only in "
@@ -75,8 +83,11 @@ class Plan(BaseModel):
     min_n: int = Field(40, ge=2, description="instances before the first look (the plug-in variance needs some)")
     batch: int = Field(40, ge=1, description="instances added between looks")
     max_pairs: int = Field(3, ge=1, le=20, description="arm pairs (the first test and its re-tests) a decision may pool")
-    sd_guess: float = Field(0.35, gt=0.0, le=1.0, description="assumed sd of a paired difference, to place the "
-                                                             "boundary's tightest point at max_n (not a validity input)")
+    promote_gamma: float = Field(-2.0, ge=-10.0, le=5.0, description="Hwang-Shih-DeCani gamma of the promotion "
+                                 "side's error spending: -4 is close to O'Brien-Fleming (most power at the end), "
+                                 "1 to Pocock (most early decisions)")
+    sd_guess: float = Field(0.35, gt=0.0, le=1.0, description="sd of a paired difference assumed before any is seen "
+                                                             "(the start-up warning only)")
 
     @model_validator(mode="after")
     def _check(self) -> Plan:
@@ -84,19 +95,17 @@ class Plan(BaseModel):
             raise ValueError(f"min_n ({self.min_n}) exceeds max_n ({self.max_n}): lower min_n or raise max_n")
         return self
 
-    @property
-    def alpha_inst(self) -> float:
-        return self.alpha / 2 if self.arm_noise_sd > 0 else self.alpha
+    def schedule(self) -> list[int]:
+        """Instances of one pair at its looks: min_n, then every batch, ending at max_n."""
+        out = list(range(self.min_n, self.max_n, self.batch))
+        return [*out, self.max_n] if not out or out[-1] != self.max_n else out
 
-    @property
-    def alpha_arm(self) -> float:
-        return self.alpha / 2 if self.arm_noise_sd > 0 else 0.0
+    def info(self, ns: list[int], s2: float) -> float:
+        """Information of pairs with `ns` instances each (s2: the per-instance variance of a difference)."""
+        return sum(1.0 / (self.arm_noise_sd**2 + s2 / n) for n in ns if n > 0)
 
-    @property
-    def rho(self) -> float:
-        """The mixture's scale: the boundary is tightest where the variance process reaches max_n * sd_guess^2."""
-        a = 2 * self.alpha_inst
-        return max(self.max_n * self.sd_guess**2 / (-2 * math.log(a) + math.log(-2 * math.log(a) + 1)), 1e-9)
+    def info_max(self, s2: float) -> float:
+        return self.info([self.max_n] * self.max_pairs, s2)
 
 
 class PairEvidence(BaseModel):
@@ -118,82 +127,171 @@ class PairEvidence(BaseModel):
 
 
 class Look(BaseModel):
-    """One look at the pooled evidence: the bounds, the answer and why. Every look of a decision is kept."""
+    """One look at the pooled evidence: the estimate, its bounds at this look's boundaries, the answer and why."""
 
     model_config = ConfigDict(extra="forbid")
     decision: Decision
     reason: str
     n: int = Field(..., description="instances pooled over all pairs")
     pairs: int
-    effect: float
-    lo: float
-    hi: float
-    radius_instances: float
-    radius_arms: float
+    effect: float = Field(..., description="the pooled (inverse-variance weighted) effect")
+    lo: float = Field(..., description="lower bound: effect - promote boundary x se (promote when > min_effect)")
+    hi: float = Field(..., description="upper bound: effect + refute boundary x se (refute when < min_effect)")
+    se: float = 0.0
+    z: float = Field(0.0, description="(effect - min_effect) / se")
+    z_promote: float = Field(math.inf, description="this look's promotion boundary on z")
+    z_refute: float = Field(math.inf, description="this look's refutation boundary on -z")
+    info_fraction: float = 0.0
+    looks: int = Field(0, description="looks taken so far by this decision, this one included")
     by_slice: dict[str, dict[str, float]] = Field(default_factory=dict)
     next_step: Literal["more_instances", "new_pair", "stop"] = "stop"
 
 
-# --- bounds ---------------------------------------------------------------------------------------------------------------
+# --- error spending and boundaries ----------------------------------------------------------------------------------------
 
 
-def mixture_boundary(v: float, alpha: float, rho: float) -> float:
-    """The one-sided normal-mixture uniform boundary u(v): the s >= 0 where the mixture supermartingale
-    log M(s, v) = 1/2 log(4 rho / (v + rho)) + s^2 / (2 (v + rho)) + log Phi(s / sqrt(v + rho)) reaches log(1 / alpha)
-    (Howard et al. 2021, Prop. 6, the half-normal mixture; solved by bisection as the confseq library does). By Ville's
-    inequality a centred sum with variance process v crosses it with probability at most alpha, at any time."""
-    target = math.log(1 / alpha)
-    w = v + rho
+def obf_spend(t: float, alpha: float) -> float:
+    """Lan-DeMets O'Brien-Fleming-type spending: 2 - 2 Phi(z_{1 - alpha/2} / sqrt(t)), equal to alpha at t = 1."""
+    if t <= 0:
+        return 0.0
+    t = min(t, 1.0)
+    return 2.0 - 2.0 * _N.cdf(_N.inv_cdf(1 - alpha / 2) / math.sqrt(t))
 
-    def log_m(s: float) -> float:
-        phi = 0.5 * math.erfc(-s / math.sqrt(2 * w))
-        return 0.5 * math.log(4 * rho / w) + s * s / (2 * w) + math.log(max(phi, 1e-300))
 
-    lo, hi = 0.0, max(math.sqrt(w), 1e-6)
-    while log_m(hi) < target:
-        hi *= 2
-    for _ in range(80):
+def hsd_spend(gamma: float) -> Callable[[float, float], float]:
+    """Hwang, Shih and DeCani (Stat. Med. 1990) spending: alpha (1 - e^{-gamma t}) / (1 - e^{-gamma}); gamma = -4 is
+    close to O'Brien-Fleming, gamma = 1 to Pocock, gamma = 0 spends linearly in information."""
+
+    def spend(t: float, alpha: float) -> float:
+        t = min(max(t, 0.0), 1.0)
+        if abs(gamma) < 1e-9:
+            return alpha * t
+        return alpha * (1 - math.exp(-gamma * t)) / (1 - math.exp(-gamma))
+
+    return spend
+
+
+def pocock_spend(t: float, alpha: float) -> float:
+    """Lan-DeMets Pocock-type spending: alpha ln(1 + (e - 1) t)."""
+    return alpha * math.log(1 + (math.e - 1) * min(max(t, 0.0), 1.0))
+
+
+_GRID = 201
+
+
+def _cdf(x: np.ndarray) -> np.ndarray:
+    """The standard normal cdf, vectorised: Phi(x) = erfc(-x / sqrt 2) / 2 with the Chebyshev-fitted erfc of Press et
+    al., "Numerical Recipes" (3rd ed., 2007, section 6.2, `erfccheb`'s predecessor `erfcc`: fractional error < 1.2e-7)."""
+    z = np.abs(x) / math.sqrt(2.0)
+    t = 1.0 / (1.0 + 0.5 * z)
+    poly = (-z * z - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (
+        -0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277)))))))))
+    erfc = t * np.exp(poly)  # erfc(|x| / sqrt 2)
+    return np.where(x >= 0, 1.0 - erfc / 2, erfc / 2)
+
+
+def boundaries(infos: list[float], info_max: float, alpha_up: float, alpha_down: float,
+               spend_up: Callable[[float, float], float] = obf_spend,
+               spend_down: Callable[[float, float], float] = pocock_spend) -> list[tuple[float, float]]:
+    """(upper, lower) z boundaries of each look at the increasing information levels `infos`: the first exit through
+    the upper boundary at look k has probability spend_up(t_k) - spend_up(t_{k-1}) under theta = min_effect, and
+    likewise below (recursive numerical integration, Armitage-McPherson-Rowe; Jennison and Turnbull ch. 19). The last
+    look at or past `info_max` spends what is left of each side."""
+    out: list[tuple[float, float]] = []
+    xs = w = f = None  # the score's sub-density on the continuation region of the previous look
+    prev_i, prev_u, prev_d = 0.0, 0.0, 0.0
+    for k, info in enumerate(infos):
+        t = info / info_max if info_max > 0 else 1.0
+        last = t >= 1.0 - 1e-9
+        tu = alpha_up if last else spend_up(t, alpha_up)
+        td = alpha_down if last else spend_down(t, alpha_down)
+        du, dd = max(tu - prev_u, 0.0), max(td - prev_d, 0.0)
+        sq = math.sqrt(info)
+        if k == 0:
+            u = _N.inv_cdf(1 - du) if du > 0 else math.inf
+            d = _N.inv_cdf(1 - dd) if dd > 0 else math.inf
+        else:
+            step = math.sqrt(max(info - prev_i, 1e-12))
+            mass = w * f
+
+            def up_prob(z: float, mass=mass, sq=sq, xs=xs, step=step) -> float:
+                return float(np.sum(mass * (1 - _cdf((z * sq - xs) / step))))
+
+            def down_prob(z: float, mass=mass, sq=sq, xs=xs, step=step) -> float:
+                return float(np.sum(mass * _cdf((-z * sq - xs) / step)))
+
+            u = _solve(up_prob, du)
+            d = _solve(down_prob, dd)
+        out.append((u, d))
+        # carry the density to this look's continuation region (-d sqrt(I), u sqrt(I))
+        hi = (u if math.isfinite(u) else 9.0) * sq
+        lo = -(d if math.isfinite(d) else 9.0) * sq
+        ys = np.linspace(lo, hi, _GRID) if hi > lo else np.array([0.0])
+        wy = np.full(len(ys), (hi - lo) / max(len(ys) - 1, 1))
+        wy[0] = wy[-1] = wy[0] / 2
+        if k == 0:
+            fy = np.exp(-ys**2 / (2 * info)) / math.sqrt(2 * math.pi * info)
+        else:
+            step = math.sqrt(max(info - prev_i, 1e-12))
+            kern = np.exp(-((ys[:, None] - xs[None, :]) / step) ** 2 / 2) / (step * math.sqrt(2 * math.pi))
+            fy = kern @ (w * f)
+        xs, w, f = ys, wy, fy
+        prev_i, prev_u, prev_d = info, max(tu, prev_u), max(td, prev_d)
+    return out
+
+
+def _solve(prob: Callable[[float], float], target: float) -> float:
+    """The z where the decreasing crossing probability `prob(z)` equals `target` (inf when nothing may be spent)."""
+    if target <= 1e-12:
+        return math.inf
+    lo, hi = -8.0, 12.0
+    if prob(hi) > target:
+        return hi
+    if prob(lo) < target:
+        return lo
+    for _ in range(36):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if log_m(mid) < target else (lo, mid)
+        lo, hi = (mid, hi) if prob(mid) > target else (lo, mid)
     return hi
 
 
-def closed_form_boundary(v: float, alpha: float, rho: float) -> float:
-    """Howard et al. 2021, eq. (14): sqrt(2 (v + rho) log(sqrt((v + rho) / rho) / (2 alpha) + 1)), a closed-form
-    upper bound of `mixture_boundary` (kept as a cross-check in the tests)."""
-    return math.sqrt(2 * (v + rho) * math.log(math.sqrt((v + rho) / rho) / (2 * alpha) + 1))
+# --- the pooled estimate ----------------------------------------------------------------------------------------------------
 
 
-def cs_radius(n: int, sd: float, alpha: float, rho: float) -> float:
-    """Radius around the mean of n observations with sd `sd` of a one-sided time-uniform bound at `alpha`:
-    u(V) / n with V = n sd^2."""
-    if n < 2:
-        return math.inf
-    return mixture_boundary(n * max(sd, 1e-12) ** 2, alpha, rho) / n
+def _pooled_var(pairs: list[np.ndarray]) -> float:
+    """Within-pair sample variance of the differences (each pair's own mean removed: the arm offset is not noise)."""
+    ss = sum(float(((p - p.mean()) ** 2).sum()) for p in pairs if len(p) > 1)
+    dof = sum(len(p) - 1 for p in pairs if len(p) > 1)
+    return max(ss / dof, 1e-4) if dof > 0 else math.inf
 
 
-def arm_radius(weights: list[float], plan: Plan) -> float:
-    """Bound on the pooled arm offset: z_{1 - alpha_arm / max_pairs} * arm_noise_sd * sqrt(sum w_j^2)."""
-    if plan.arm_noise_sd <= 0:
-        return 0.0
-    z = NormalDist().inv_cdf(1 - plan.alpha_arm / plan.max_pairs)
-    return z * plan.arm_noise_sd * math.sqrt(sum(w * w for w in weights))
+def estimate(pairs: list[np.ndarray], plan: Plan, s2: float) -> tuple[float, float]:
+    """(pooled effect, its standard error): the inverse-variance weighted mean of the pairs' means."""
+    ws = [1.0 / (plan.arm_noise_sd**2 + s2 / len(p)) for p in pairs if len(p)]
+    ms = [float(p.mean()) for p in pairs if len(p)]
+    if not ws:
+        return 0.0, math.inf
+    return float(np.dot(ws, ms) / sum(ws)), 1.0 / math.sqrt(sum(ws))
 
 
-def bounds(diffs: np.ndarray, weights: list[float], plan: Plan) -> tuple[float, float, float, float, float]:
-    """(effect, lower, upper, instance radius, arm radius) of pooled differences."""
-    n = len(diffs)
-    effect = float(diffs.mean()) if n else 0.0
-    sd = float(diffs.std(ddof=1)) if n >= 2 else math.inf
-    r_i = cs_radius(n, sd, plan.alpha_inst, plan.rho)
-    r_a = arm_radius(weights, plan)
-    return effect, effect - r_i - r_a, effect + r_i + r_a, r_i, r_a
+def look_infos(ns: list[int], plan: Plan, s2: float) -> list[float]:
+    """Information at every look so far: each earlier pair's looks (full at its recorded n), then the last pair's."""
+    infos: list[float] = []
+    done: list[int] = []
+    for n in ns:
+        for m in plan.schedule():
+            if m >= n:
+                break
+            infos.append(plan.info([*done, m], s2))
+        infos.append(plan.info([*done, n], s2))
+        done.append(n)
+    return infos
 
 
 # --- the decision ---------------------------------------------------------------------------------------------------------
 
 
-def decide(pairs: list[PairEvidence], plan: Plan, vetoes: list[str] | None = None) -> Look:
+def decide(pairs: list[PairEvidence], plan: Plan, vetoes: list[str] | None = None, comparisons: int = 1) -> Look:
     """Judge all the evidence of one change so far. Raises `SequentialError` for evidence from different judges."""
     if not pairs:
         raise SequentialError("no evidence: evaluate at least one arm pair")
@@ -203,21 +301,30 @@ def decide(pairs: list[PairEvidence], plan: Plan, vetoes: list[str] | None = Non
                               "run's backtest config changed since the earlier test; re-test from scratch instead")
     if len(pairs) > plan.max_pairs:
         raise SequentialError(f"{len(pairs)} arm pairs exceed the plan's max_pairs {plan.max_pairs}")
-    d = np.concatenate([np.asarray(p.diffs, dtype=np.float64) for p in pairs])
-    n = len(d)
-    weights = [len(p.diffs) / n for p in pairs] if n else []
-    effect, lo, hi, r_i, r_a = bounds(d, weights, plan)
-    last = len(pairs[-1].diffs)
+    if comparisons < 1:
+        raise SequentialError(f"comparisons must be >= 1, got {comparisons}")
+    arrs = [np.asarray(p.diffs, dtype=np.float64) for p in pairs]
+    ns = [len(a) for a in arrs]
+    n, last = sum(ns), ns[-1]
     spent = last >= plan.max_n and len(pairs) >= plan.max_pairs
-    base = {"n": n, "pairs": len(pairs), "effect": effect, "lo": lo, "hi": hi, "radius_instances": r_i,
-            "radius_arms": r_a}
-    if last < plan.min_n and not spent:
-        return Look(decision="continue", reason=f"first look after {plan.min_n} instances ({last} so far)",
-                    next_step="more_instances", **base)
-
-    by_slice, harmed, unsure = _slices(pairs, weights, plan)
+    if last < plan.min_n and not spent or any(m < 2 for m in ns):
+        return Look(decision="continue", reason=f"first look after {plan.min_n} instances ({last} so far)", n=n,
+                    pairs=len(pairs), effect=float(np.concatenate(arrs).mean()) if n else 0.0, lo=-1.0, hi=1.0,
+                    next_step="more_instances")
+    s2 = _pooled_var(arrs)
+    effect, se = estimate(arrs, plan, s2)
+    sd = round(max(math.sqrt(s2), 0.01), 2)  # the boundaries' variance, on a 0.01 grid so they can be cached
+    infos = look_infos(ns, plan, sd * sd)
+    imax = plan.info_max(sd * sd)
+    z_up, z_down = _boundaries_at(plan, tuple(ns), comparisons, sd)
+    lo, hi = effect - z_up * se, effect + z_down * se
+    z = (effect - plan.min_effect) / se
+    base = {"n": n, "pairs": len(pairs), "effect": effect, "lo": lo, "hi": hi, "se": se, "z": z,
+            "z_promote": z_up, "z_refute": z_down, "info_fraction": min(infos[-1] / imax, 1.0), "looks": len(infos)}
+    by_slice, harmed, unsure = _slices(pairs, plan, s2, z_up, z_down)
     base["by_slice"] = by_slice
-    nums = f"effect {effect:+.3f} [{lo:+.3f}, {hi:+.3f}], n={n} over {len(pairs)} arm pair(s)"
+    nums = (f"effect {effect:+.3f} [{lo:+.3f}, {hi:+.3f}], n={n} over {len(pairs)} arm pair(s), look {len(infos)}, "
+            f"information {100 * base['info_fraction']:.0f}%")
     if vetoes:
         return Look(decision="refuted", reason=f"veto: {'; '.join(vetoes)}", **base)
     if harmed:
@@ -228,30 +335,44 @@ def decide(pairs: list[PairEvidence], plan: Plan, vetoes: list[str] | None = Non
     if lo > plan.min_effect and not unsure:
         return Look(decision="promoted", reason=f"promoted: lower bound {lo:+.3f} > min effect {plan.min_effect:.3f} "
                                                 f"({nums}); no slice below -{plan.slice_tolerance:.3f}", **base)
-    step = next_step(pairs, plan, r_i, r_a)
     why = (f"slice(s) not yet clear: {'; '.join(unsure)}" if lo > plan.min_effect else
-           f"lower bound {lo:+.3f} <= min effect {plan.min_effect:.3f} < upper bound {hi:+.3f}")
+           f"lower bound {lo:+.3f} <= min effect {plan.min_effect:.3f} <= upper bound {hi:+.3f}")
+    step = next_step(ns, plan, s2)
     if step == "stop":
-        return Look(decision="inconclusive", reason=f"inconclusive, evidence spent: {why} ({nums}); kept for a "
-                                                    "pooled re-test", next_step="stop", **base)
+        return Look(decision="inconclusive", reason=f"inconclusive, evidence spent: {why} ({nums})", next_step="stop",
+                    **base)
     return Look(decision="continue", reason=f"{why} ({nums})", next_step=step, **base)
 
 
-def _slices(pairs: list[PairEvidence], weights: list[float], plan: Plan
+@functools.lru_cache(maxsize=4096)
+def _boundaries_at(plan: Plan, ns: tuple[int, ...], comparisons: int, sd: float) -> tuple[float, float]:
+    """This look's (promote, refute) z boundaries: a function of the plan, how many instances each pair has and the
+    spread `sd` of a difference (the looks' information fractions), so cached."""
+    s2 = sd * sd
+    return boundaries(look_infos(list(ns), plan, s2), plan.info_max(s2), plan.alpha / comparisons, plan.alpha,
+                      hsd_spend(plan.promote_gamma), pocock_spend)[-1]
+
+
+def _slices(pairs: list[PairEvidence], plan: Plan, s2: float, z_up: float, z_down: float
             ) -> tuple[dict[str, dict[str, float]], list[str], list[str]]:
-    groups: dict[str, list[float]] = defaultdict(list)
-    for p in pairs:
+    """Per-slice pooled effects with this look's boundaries: harmed when the slice's upper bound is below
+    -slice_tolerance, unsure (blocks a promotion) when its lower bound is."""
+    groups: dict[str, list[list[float]]] = defaultdict(lambda: [[] for _ in pairs])
+    for j, p in enumerate(pairs):
         for x, s in zip(p.diffs, p.slices, strict=False):
             for k, v in sorted(s.items()):
-                groups[f"{k}={v}"].append(x)
+                groups[f"{k}={v}"][j].append(x)
     out: dict[str, dict[str, float]] = {}
     harmed: list[str] = []
     unsure: list[str] = []
     for key in sorted(groups):
-        xs = np.asarray(groups[key])
-        eff, lo, hi, _, _ = bounds(xs, weights, plan)
-        checked = len(xs) >= plan.min_slice_n
-        out[key] = {"effect": eff, "ci_low": lo, "ci_high": hi, "n": float(len(xs)), "checked": float(checked)}
+        arrs = [np.asarray(x) for x in groups[key] if x]
+        m = sum(len(a) for a in arrs)
+        eff, se = estimate(arrs, plan, s2)
+        lo = eff - (z_up if math.isfinite(z_up) else 8.0) * se
+        hi = eff + (z_down if math.isfinite(z_down) else 8.0) * se
+        checked = m >= plan.min_slice_n
+        out[key] = {"effect": eff, "ci_low": lo, "ci_high": hi, "n": float(m), "checked": float(checked)}
         if not checked:
             continue
         if hi < -plan.slice_tolerance:
@@ -261,41 +382,52 @@ def _slices(pairs: list[PairEvidence], weights: list[float], plan: Plan
     return out, harmed, unsure
 
 
-def next_step(pairs: list[PairEvidence], plan: Plan, r_inst: float, r_arm: float) -> Literal[
-        "more_instances", "new_pair", "stop"]:
-    """Where the next evidence comes from: more instances on the current pair while it has room and its instance
-    noise is the larger part of the bound; a new arm pair (a re-test) when the arm noise dominates or the pair is full
-    and pairs are left; stop when neither is left."""
-    room = len(pairs[-1].diffs) < plan.max_n
-    pairs_left = len(pairs) < plan.max_pairs
-    if room and (r_inst >= r_arm or not pairs_left):
+def next_step(ns: list[int], plan: Plan, s2: float, pair_cost: float | None = None,
+              instance_cost: float = 1.0) -> Literal["more_instances", "new_pair", "stop"]:
+    """Where the next evidence comes from, by information bought per unit of cost: another batch of instances on the
+    current pair (costs `batch * instance_cost`) or a new arm pair (costs `pair_cost`, default: training two arms at
+    the price of `max_n` instances, plus its first `min_n` instances). More instances saturate at 1 / arm_noise_sd^2
+    per pair; a new pair does not. Stop when neither is left."""
+    room = ns[-1] < plan.max_n
+    pairs_left = len(ns) < plan.max_pairs
+    if not room and not pairs_left:
+        return "stop"
+    if not pairs_left:
         return "more_instances"
-    if pairs_left:
+    if not room:
         return "new_pair"
-    return "more_instances" if room else "stop"
+    now = plan.info(ns, s2)
+    more = plan.info([*ns[:-1], min(ns[-1] + plan.batch, plan.max_n)], s2) - now
+    pair = plan.info([*ns, plan.min_n], s2) - now
+    cost_more = plan.batch * instance_cost
+    cost_pair = (plan.max_n if pair_cost is None else pair_cost) + plan.min_n * instance_cost
+    return "more_instances" if more / cost_more >= pair / cost_pair else "new_pair"
 
 
-def _full_width(plan: Plan, sd: float) -> float:
-    """Half-width of the bound when every pair is full: max_pairs pairs of max_n instances."""
-    return (cs_radius(plan.max_n * plan.max_pairs, sd, plan.alpha_inst, plan.rho)
-            + arm_radius([1 / plan.max_pairs] * plan.max_pairs, plan))
-
-
-def max_evidence_warning(plan: Plan, sd: float | None = None) -> str | None:
-    """A one-line warning when even the full evidence (max_pairs pairs of max_n instances) cannot detect an effect of
-    twice `min_effect` (the bound's half-width at full evidence exceeds `min_effect`), naming the max_n that would."""
+def full_power(plan: Plan, effect: float, sd: float | None = None, comparisons: int = 1) -> float:
+    """Approximate probability of promoting a true `effect` by the end of the plan (fixed-sample normal power at the
+    full information, with the O'Brien-Fleming-type final boundary approximated by the fixed-sample quantile)."""
     sd = plan.sd_guess if sd is None else sd
-    width = _full_width(plan, sd)
-    if width <= plan.min_effect:
+    se = 1.0 / math.sqrt(plan.info_max(sd * sd))
+    return _N.cdf((effect - plan.min_effect) / se - _N.inv_cdf(1 - plan.alpha / comparisons))
+
+
+def max_evidence_warning(plan: Plan, sd: float | None = None, comparisons: int = 1) -> str | None:
+    """A one-line warning when even the full evidence (max_pairs pairs of max_n instances) promotes an effect of
+    twice `min_effect` less than half the time, naming the max_n that would."""
+    sd = plan.sd_guess if sd is None else sd
+    if plan.min_effect <= 0 or full_power(plan, 2 * plan.min_effect, sd, comparisons) >= 0.5:
         return None
+    se = 1.0 / math.sqrt(plan.info_max(sd * sd))
     head = (f"the gate cannot detect min_effect {plan.min_effect:.3f}: at most {plan.max_n * plan.max_pairs} "
-            f"instances ({plan.max_pairs} arm pairs of {plan.max_n}) give a bound of +-{width:.3f} (sd {sd:.2f}); ")
-    hi = 10**7
-    if _full_width(plan.model_copy(update={"max_n": hi}), sd) > plan.min_effect:
+            f"instances ({plan.max_pairs} arm pairs of {plan.max_n}) give a standard error of {se:.3f} (sd {sd:.2f}); ")
+    big = plan.model_copy(update={"max_n": 10**7})
+    if full_power(big, 2 * plan.min_effect, sd, comparisons) < 0.5:
         return head + (f"the arms' training noise alone (arm_noise_sd {plan.arm_noise_sd:.3f}) keeps it wider at any "
                        "n: raise gate.min_effect, allow more re-tests, or lengthen the arms so effects grow")
-    lo = plan.max_n  # width(lo) > min_effect >= width(hi): bisect on max_n
+    lo, hi = plan.max_n, 10**7
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if _full_width(plan.model_copy(update={"max_n": mid}), sd) > plan.min_effect else (lo, mid)
+        ok = full_power(plan.model_copy(update={"max_n": mid}), 2 * plan.min_effect, sd, comparisons) >= 0.5
+        lo, hi = (lo, mid) if ok else (mid, hi)
     return head + f"raise backtest.n to about {hi}, or raise gate.min_effect to the smallest effect you care about"

@@ -154,7 +154,7 @@ def test_online_backtest_trains_two_real_arms_and_counts_compute(tmp_path):
     assert control.eval.seeds == candidate.eval.seeds == eval_seeds
     assert control.eval.outcomes == candidate.eval.outcomes
     assert [r.completion for r in control.eval.rollouts] == [r.completion for r in candidate.eval.rollouts]
-    assert res.verdict.decision == "rejected" and res.verdict.evidence.effect == 0.0
+    assert res.verdict.decision == "inconclusive" and res.verdict.evidence.effect == 0.0  # A/A at min_effect 0: never refuted, never promoted
     assert res.verdict.evidence.seeds == (eval_seeds[0], eval_seeds[-1])
     # the judge samples k=3 completions per instance (outcomes in thirds) and decodes greedily once (reported)
     assert len(control.eval.rollouts) == 3 * len(eval_seeds) and res.verdict.evidence.samples == 3

@@ -1,0 +1,169 @@
+"""Decisions that accumulate evidence: the looks of one stage's backtest, and the evidence kept between stages.
+
+    vs, control = look_until_decided(run, k, arms, main_files, cand_files)   # batches of instances until decided
+    prior, pooled, note = pooled_evidence(run, cid)                          # earlier inconclusive tests of a change
+    retest = most_promising_inconclusive(run, k)                             # what escalation re-tests
+
+A stage's arms are trained once (`harness.arms.run_arms`, judged on the first look's instances); then, while a
+candidate's sequential look (`harness.backtest.verdicts` -> `harness.sequential.decide`) says `more_instances`, the
+control arm and every such candidate are judged on the next batch of the stage's backtest instances
+(`harness.arms.judge_more`, recorded per look, so a resume does not judge twice). A candidate that stops looking is
+compared on the instances it saw. What ends the stage undecided is `inconclusive`: its paired differences stay in
+its verdict's evidence, and when the same change is proposed again from the same harness state (the engineer may: only
+a refuted change is never re-proposed; or the loop re-tests it on purpose when a failure recurs), the new pair is
+pooled with them under the same judge fingerprint, the error still controlled across every look.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.arms import arm_eval, backtest_seeds, judge_more
+from harness.backtest import ArmEval, judge_fingerprint, prior_pairs, verdicts
+from harness.records import Evidence, Verdict
+from harness.run import Run
+
+
+def fingerprint(run: Run) -> str:
+    return judge_fingerprint(run.judge, run.config.gate, run.task.name)
+
+
+def _key_of(run: Run, cid: str) -> str:
+    from harness.engineer.proposal import change_key
+    from harness.records import Change
+
+    parents = {r.id: r.parent for r in run.workspace().history()}
+    row = run.store.candidate(cid)
+    return change_key(parents[cid], Change.model_validate(row["patch"])) if cid in parents else ""
+
+
+def pooled_evidence(run: Run, cid: str) -> tuple[list[Any], list[str], str | None]:
+    """(earlier pairs, their candidate ids, a note) for candidate `cid`: every earlier INCONCLUSIVE test of the same
+    change from the same harness state (`change_key`), oldest first; none, with the reason, when any was recorded
+    under another judge."""
+    from harness.memory import history
+
+    key = _key_of(run, cid)
+    if not key:
+        return [], [], None
+    earlier = [h for h in history(run) if h.key == key and h.verdict == "inconclusive" and h.candidate != cid]
+    evs: list[Evidence] = []
+    ids: list[str] = []
+    for h in sorted(earlier, key=lambda h: h.stage):
+        ev = run.store.candidate(h.candidate).get("evidence")
+        if ev:
+            evs.append(Evidence.model_validate(ev))
+            ids.append(h.candidate)
+    pairs, _, note = prior_pairs(evs, fingerprint(run))
+    return pairs, (ids if pairs else []), note
+
+
+def look_until_decided(run: Run, k: int, arms: dict[str, Any], main_files: dict[str, str],
+                       cand_files: dict[str, dict[str, str]]) -> tuple[list[Verdict], ArmEval | Exception]:
+    """Every vetted candidate's verdict after as many looks as it needs (at most the stage's backtest.n instances), and
+    the control arm's outcomes on all the instances judged."""
+    cfg, samples = run.config, run.judge.samples
+    plan = cfg.gate.plan(cfg.backtest.n)
+    fp = fingerprint(run)
+    control = arms["control"]
+    c_eval: ArmEval | Exception = control if isinstance(control, Exception) else arm_eval(control, samples)
+    evals: dict[str, ArmEval | Exception] = {
+        cid: a if isinstance(a := arms[cid], Exception) else arm_eval(a, samples) for cid in cand_files}
+    prior: dict[str, list[Any]] = {}
+    pooled: dict[str, list[str]] = {}
+    for cid in cand_files:
+        prior[cid], pooled[cid], note = pooled_evidence(run, cid)
+        if note:
+            run.event(k, "backtest", "not_pooled", f"{cid}: {note}", key=f"{k}/notpooled/{cid}")
+        elif pooled[cid]:
+            run.event(k, "backtest", "pooled", f"{cid}: re-test of {', '.join(pooled[cid])} (inconclusive): its "
+                      f"{sum(len(p.diffs) for p in prior[cid])} paired instances are pooled with this pair's",
+                      key=f"{k}/pooled/{cid}")
+    seeds = backtest_seeds(run, k)
+    looks: dict[str, list[dict[str, Any]]] = {cid: [] for cid in cand_files}
+    look = 0
+    while True:
+        vs = verdicts(c_eval, main_files, [(cid, cand_files[cid], evals[cid]) for cid in cand_files], cfg.gate,
+                      samples=samples, plan=plan, judge=fp, prior=prior, pooled=pooled, looks=looks,
+                      comparisons=len(cand_files))
+        for v in vs:
+            if v.evidence is not None:
+                looks[v.candidate] = v.evidence.looks
+        more = [v.candidate for v in vs if v.decision == "inconclusive" and v.evidence is not None
+                and v.evidence.next_step == "more_instances"]
+        if isinstance(c_eval, Exception) or not more:
+            break
+        have = len(c_eval.seeds)
+        batch = seeds[have: have + plan.batch]
+        if not batch:
+            break
+        look += 1
+        # the control arm is judged on every batch any candidate still needs; each candidate only while it looks
+        c_eval = c_eval.extend(judge_more(run, k, "control", arms["control"].checkpoint, batch, look))
+        for cid in more:
+            ev = evals[cid]
+            if isinstance(ev, ArmEval) and len(ev.seeds) == have:
+                evals[cid] = ev.extend(judge_more(run, k, cid, arms[cid].checkpoint, batch, look))
+        run.event(k, "backtest", "look", f"look {look + 1}: {len(more)} candidate(s) undecided ("
+                  + "; ".join(f"{v.candidate} effect {v.evidence.effect:+.3f} [{v.evidence.ci_low:+.3f}, "
+                              f"{v.evidence.ci_high:+.3f}]" for v in vs if v.candidate in more and v.evidence)
+                  + f"): judging {len(batch)} more instances", key=f"{k}/look/{look}")
+    out = []
+    for v in vs:  # a look that still wanted instances when the stage's ran out is inconclusive for this stage
+        if v.decision == "inconclusive" and v.evidence is not None and v.evidence.next_step == "more_instances":
+            v = v.model_copy(update={"evidence": v.evidence.model_copy(update={"next_step": "new_pair"})})
+        if v.decision == "inconclusive":
+            spent = v.evidence is not None and v.evidence.next_step == "stop"
+            v = v.model_copy(update={"reason": v.reason + ("; evidence spent: never re-proposed from this state"
+                                                           if spent else "; kept: a re-test pools with it")})
+        out.append(v)
+    return out, c_eval
+
+
+def most_promising_inconclusive(run: Run, state: str) -> dict[str, Any] | None:
+    """The inconclusive candidate from harness state `state` with evidence left and the highest lower bound (a
+    positive estimate first): what the loop re-tests when a failure recurs. None when there is none."""
+    from harness.memory import history
+
+    best = None
+    for h in history(run):
+        if h.verdict != "inconclusive" or not h.key.startswith(f"{state}|") or h.effect is None or h.effect <= 0:
+            continue
+        if best is None or (h.ci or (-1, 0))[0] > (best.ci or (-1, 0))[0]:
+            best = h
+    return None if best is None else run.store.candidate(best.candidate)
+
+
+RECURRING = ("grpo.policy_regressed",)  # the critical findings whose recurrence escalates
+
+
+def escalate(run: Run, k: int, diagnosis: Any, candidates: list[Any], slots: int) -> list[Any]:
+    """When a critical finding recurs (this stage's and the previous stage's diagnoses both carry it: the stage's
+    training lowered the policy again), the loop escalates instead of throwing the stage away again: the most
+    promising inconclusive fix from this state is re-tested first, its new pair pooled with its evidence (then the
+    engineer's own candidates fill the other slots: the next skill). Returns the candidates to commit."""
+    from harness.engineer.proposal import change_key
+    from harness.memory import candidate_from_row
+
+    now = {f.code for f in diagnosis.findings if f.severity == "critical"} & set(RECURRING)
+    before = {f.code for f in run.store.findings(run.id, stage=k - 1)} if k > 1 else set()
+    recurring = sorted(now & before)
+    if not recurring:
+        return candidates
+    row = most_promising_inconclusive(run, diagnosis.state)
+    if row is None:
+        run.event(k, "propose", "escalation", f"{recurring[0]} again (stages {k - 1} and {k}); no inconclusive fix "
+                  "from this state to re-test: the engineer's next skill instead", key=f"{k}/escalation")
+        return candidates
+    old = candidate_from_row(row)
+    key = change_key(diagnosis.state, old.change)
+    rest = [c for c in candidates if change_key(diagnosis.state, c.change) != key and c.change.knob != old.change.knob]
+    ev = row.get("evidence") or {}
+    retest = old.model_copy(update={"rationale": (
+        f"escalation: {recurring[0]} again (stages {k - 1} and {k}); re-testing {row['id']} (inconclusive: effect "
+        f"{ev.get('effect', 0):+.3f} [{ev.get('ci_low', 0):+.3f}, {ev.get('ci_high', 0):+.3f}], n={ev.get('n')}) with "
+        f"a new arm pair pooled with its evidence. Was: {old.rationale}")[:2000]})
+    run.event(k, "propose", "escalation", f"{recurring[0]} again (stages {k - 1} and {k}): re-testing the most "
+              f"promising inconclusive fix {row['id']} ({old.change.knob} -> {old.change.value}) first",
+              key=f"{k}/escalation")
+    return [retest, *rest][:max(slots, 1)]

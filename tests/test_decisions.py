@@ -1,0 +1,155 @@
+"""Decisions that accumulate evidence, on the live path (harness/decisions.py) in a real run directory (run.db, the
+harness git repo, real MAPF instances scored by the real scorer): a clear loser stops at the first look; an
+inconclusive change is re-proposable and its evidence pooled with its re-test; a refuted or spent one is not; evidence
+from another judge is refused with the reason; a recurring regression escalates to a re-test of the most promising
+inconclusive fix.
+
+What these could catch: a loop that judges every instance whatever the first look says (more looks recorded), an
+inconclusive result treated as a refutation (the engineer skips it), pooling across judges, an escalation that does
+not happen or re-tests a refuted change.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.records import Candidate, Change, Diagnosis, Evidence, Finding, Rollout, Verdict, write_rollouts
+from harness.tasks import get_task
+
+MAPF = get_task("mapf")
+LR = Change(kind="recipe", knob="recipe.learning_rate", value=1.0e-4)
+
+
+@pytest.fixture
+def run(tmp_path, monkeypatch):
+    from harness.benchmarks.run import TINY
+    from harness.config import parse_config
+    from harness.run import Run
+    from harness.store import RunStore
+    from sandbox.workspace import Workspace
+
+    monkeypatch.setenv("EVOTRAINER_HOME", str(tmp_path / "home"))
+    run_dir = tmp_path / "runs" / "r"
+    store = RunStore.open(run_dir / "run.db")
+    store.create_run("r", {})
+    from harness.lifecycle import make_judge
+    from harness.run import JUDGE_FILE
+
+    ws = Workspace.create(run_dir / "harness", files_override={"env.yaml": MAPF.spec.round0_env})
+    cfg = parse_config(TINY, "test")
+    cfg = cfg.model_copy(update={"backtest": cfg.backtest.model_copy(update={"n": 64})})
+    (run_dir / JUDGE_FILE).write_text(make_judge(cfg, ws.files("main")).model_dump_json())
+    r = Run(run_dir=run_dir, config=cfg, store=store)
+    yield r
+    store.close()
+
+
+def _propose(run, cid: str, change: Change, stage: int) -> None:
+    from harness.vet import apply_change
+
+    ws = run.workspace()
+    c = Candidate(id=cid, stage=stage, change=change, old_value=2.0e-4, rationale="r", skill=None)
+    sha = ws.propose(cid, apply_change(ws.files("main"), change, MAPF), summary=c.summary, rationale="r",
+                     factor=change.knob, stage=stage)
+    run.store.upsert_candidate("r", c, commit=sha)
+
+
+def _record(run, cid: str, decision: str, diffs: list[float], judge: str, next_step: str | None = "new_pair") -> None:
+    ev = Evidence(n=len(diffs), control=0.3, candidate=0.3 + sum(diffs) / len(diffs), effect=sum(diffs) / len(diffs),
+                  ci_low=-0.01, ci_high=0.15, judge=judge, diffs=diffs, slices=[{"size": "3"}] * len(diffs),
+                  next_step=next_step)
+    v = Verdict(candidate=cid, decision=decision, reason="recorded", evidence=ev)
+    tag = run.workspace().reject(cid, v.reason, evidence=ev).tag
+    run.store.set_candidate_verdict(v, tag=tag)
+
+
+def _arm_rollouts(run, k: int, valid: float, n: int) -> list[Rollout]:
+    from harness.arms import backtest_seeds
+
+    cfg = run.judge.config(MAPF)
+    out = []
+    for g, seed in enumerate(backtest_seeds(run, k)[:n]):
+        inst = MAPF.generate(cfg, seed)
+        text = MAPF.expert(inst) if g < valid * n else "garbage"
+        o = MAPF.score(inst, text, MAPF.spec.shaping_model())
+        for _ in range(run.judge.samples):
+            out.append(Rollout(seed=seed, group=g, instance=inst.model_dump(mode="json"), prompt=MAPF.prompt(inst),
+                               completion=text, valid=o.valid, optimal=o.optimal, reward=o.reward, failure=o.failure,
+                               where=o.where, metrics=o.metrics, slices=MAPF.slices(inst), tokens=len(text)))
+    return out
+
+
+def test_a_clear_loser_is_refuted_at_the_first_look_without_judging_more_instances(run):
+    from harness.decisions import look_until_decided
+    from harness.results import ArmLook, ArmRecord
+
+    _propose(run, "s1c1", LR, 1)
+    plan = run.config.gate.plan(run.config.backtest.n)
+    assert plan.min_n < plan.max_n  # there were more looks to take
+    arms = {}
+    for name, valid in (("control", 0.9), ("s1c1", 0.0)):
+        path = write_rollouts(run.path("rollouts", f"s1-{name}.jsonl.gz"), _arm_rollouts(run, 1, valid, plan.min_n))
+        arms[name] = ArmRecord(checkpoint=str(run.path("checkpoints", f"s1-{name}")), rollouts=str(path), valid=valid)
+    ws = run.workspace()
+    [v], control = look_until_decided(run, 1, arms, ws.files("main"), {"s1c1": ws.files("cand/s1c1")})
+    assert v.decision == "rejected" and v.evidence.looks[-1]["decision"] == "refuted", v.reason
+    assert v.evidence.n == plan.min_n and len(v.evidence.looks) == 1 and len(control.seeds) == plan.min_n
+    assert run.result(1, ArmLook, node="arm:control:look1") is None  # no checkpoint was judged again
+
+
+def test_an_inconclusive_change_is_re_proposable_and_its_evidence_pooled_a_refuted_one_is_not(run):
+    from harness.decisions import fingerprint, pooled_evidence
+    from harness.engineer.proposal import change_key, rejected_keys_from_history
+    from harness.memory import history
+
+    fp = fingerprint(run)
+    _propose(run, "s1c1", LR, 1)
+    _record(run, "s1c1", "inconclusive", [0.25, 0.0, 0.0, 0.25] * 10, fp)
+    _propose(run, "s1c2", Change(kind="recipe", knob="recipe.temperature", value=0.9), 1)
+    _record(run, "s1c2", "rejected", [-0.25] * 40, fp)
+    state = run.workspace().head()
+    diag = Diagnosis(task="mapf", stage=2, state=state, history=history(run))
+    keys = rejected_keys_from_history(diag)
+    assert change_key(state, LR) not in keys  # inconclusive: the engineer may propose it again
+    assert change_key(state, Change(kind="recipe", knob="recipe.temperature", value=0.9)) in keys  # refuted: never
+    _propose(run, "s2c1", LR, 2)  # the same change from the same state, a stage later
+    pairs, ids, note = pooled_evidence(run, "s2c1")
+    assert note is None and ids == ["s1c1"] and len(pairs) == 1 and len(pairs[0].diffs) == 40
+
+
+def test_evidence_recorded_under_another_judge_is_refused_with_the_reason(run):
+    from harness.decisions import pooled_evidence
+
+    _propose(run, "s1c1", LR, 1)
+    _record(run, "s1c1", "inconclusive", [0.25, 0.0] * 20, "another-judge")
+    _propose(run, "s2c1", LR, 2)
+    pairs, ids, note = pooled_evidence(run, "s2c1")
+    assert pairs == [] and ids == [] and "another judge" in note and "another-judge" in note
+
+
+def test_spent_evidence_is_final(run):
+    from harness.decisions import fingerprint
+    from harness.memory import history
+
+    _propose(run, "s1c1", LR, 1)
+    _record(run, "s1c1", "inconclusive", [0.25, 0.0] * 20, fingerprint(run), next_step="stop")
+    assert [h.verdict for h in history(run)] == ["rejected"]
+
+
+def test_a_recurring_regression_re_tests_the_most_promising_inconclusive_fix_first(run):
+    from harness.decisions import escalate, fingerprint
+    from harness.memory import history
+
+    fp = fingerprint(run)
+    _propose(run, "s1c1", LR, 1)
+    _record(run, "s1c1", "inconclusive", [0.25, 0.0, 0.0, 0.25] * 10, fp)
+    regressed = Finding(code="grpo.policy_regressed", severity="critical", count=8, rate=0.2)
+    other = Candidate(id="x", stage=2, change=Change(kind="recipe", knob="recipe.temperature", value=0.9),
+                      old_value=0.5, rationale="the engineer's next skill")
+    diag = Diagnosis(task="mapf", stage=2, state=run.workspace().head(), history=history(run), findings=[regressed])
+    assert escalate(run, 2, diag, [other], 1) == [other]  # once is not a recurrence
+    run.store.record_findings("r", 1, [regressed])
+    out = escalate(run, 2, diag, [other], 2)
+    assert [c.change.knob for c in out] == ["recipe.learning_rate", "recipe.temperature"]
+    assert out[0].rationale.startswith("escalation: grpo.policy_regressed again") and "s1c1" in out[0].rationale
+    assert [e for e in run.store.events("r") if e["kind"] == "escalation"]
