@@ -24,16 +24,26 @@ def status(run_dir: Path) -> dict[str, Any]:
     try:
         run_id = run_dir.name
         run = store.get_run(run_id)
+        from harness.results import SetUp
+
         stages = []
+        setup = store.result(run_id, 0, SetUp)
+        prev = setup.policy if setup is not None else None
         for s in store.stages(run_id):
             m = s.get("metrics") or {}
+            carried = None if s["status"] != "done" or not s.get("checkpoint") or s["stage"] == 0 else \
+                s.get("checkpoint") != prev
+            prev = s.get("checkpoint") or prev
             stages.append({"stage": s["stage"], "status": s["status"], "checkpoint": s.get("checkpoint"),
+                           "carried": carried,
                            "valid": m.get("valid"), "optimal": m.get("optimal"), "wall_s": m.get("wall_s"),
                            "overhead_share": m.get("overhead_share")})
         cands = [{"id": c["id"], "stage": c["stage"], "kind": c["kind"], "factor": c["knob"],
                   "value": (c["patch"] or {}).get("value"), "old_value": c["old_value"], "status": c["status"],
-                  "verdict": {"promoted": "promoted", "rejected": "rejected", "rejected_vet": "rejected"}.get(
-                      c["status"]), "reason": c["reason"], "effect": c["effect"],
+                  "verdict": {"promoted": "promoted", "rejected": "rejected", "rejected_vet": "rejected",
+                              "inconclusive": "inconclusive"}.get(c["status"]), "reason": c["reason"],
+                  "effect": c["effect"], "looks": (c.get("evidence") or {}).get("looks") or [],
+                  "pooled": (c.get("evidence") or {}).get("pooled") or [],
                   "interval": [c["ci_low"], c["ci_high"]] if c["ci_low"] is not None else None, "n": c["n"],
                   "mde": (c.get("evidence") or {}).get("mde"), "samples": (c.get("evidence") or {}).get("samples"),
                   "greedy": [(c.get("evidence") or {}).get("greedy_control"),
@@ -178,6 +188,15 @@ def print_summary(run_dir: Path, console) -> dict[str, Any]:
         run = shown(st["run"])
         console.print(f"paused: waits at the {shown(st['waiting'])}: evotrainer approve {run} | evotrainer revise "
                       f"{run} \"feedback\" | evotrainer abort {run}", highlight=False)
+    idle = [s["stage"] for s in st["stages"] if s.get("carried") is False]
+    if idle:  # a stage that carried no trained checkpoint, and what the loop did about it
+        store = RunStore.open(run_dir / "run.db")
+        try:
+            esc = [f"stage {e['stage']}: {e['message']}" for e in store.events(st["run"]) if e["kind"] == "escalation"]
+        finally:
+            store.close()
+        console.print(f"carried_nothing: stages {', '.join(map(str, idle))}" + (
+            "".join(f"\n  escalation, {shown(x)}" for x in esc) if esc else "\n  no escalation"), highlight=False)
     promoted = sum(1 for x in st["candidates"] if x["verdict"] == "promoted")
     console.print(f"candidates: {len(st['candidates'])}\npromoted: {promoted}\nharness: {shown(st['harness'])}\n"
                   f"report: {shown(st['report'])}", highlight=False)

@@ -248,6 +248,21 @@ def _summary(d: dict[str, Any], gate_min: float | None) -> str:
 <th>n</th></tr>{rows}</table></section>"""
 
 
+def _looks(c: dict[str, Any]) -> str:
+    """Every look of a sequential decision: how much evidence it used, where it stopped and why."""
+    looks = c.get("looks") or []
+    if not looks:
+        return ""
+    pooled = f" (pooled with {', '.join(map(str, c.get('pooled') or []))})" if c.get("pooled") else ""
+    rows = "".join(f"<tr><td>{i + 1}</td><td>{lk.get('n')}</td><td>{lk.get('pairs')}</td>"
+                   f"<td>{_pts(lk.get('effect'))}</td><td>{_pts(lk.get('lo'))}</td><td>{_pts(lk.get('hi'))}</td>"
+                   f"<td>{100 * (lk.get('info') or 0):.0f}%</td><td>{E(str(lk.get('decision')))}</td>"
+                   f"<td>{E(str(lk.get('next_step')))}</td></tr>" for i, lk in enumerate(looks))
+    return (f"<table class=looks><caption>looks{E(pooled)}</caption><tr><th>look</th><th>n</th><th>pairs</th>"
+            f"<th>effect</th><th>lower</th><th>upper</th><th>information</th><th>decision</th><th>next</th></tr>"
+            f"{rows}</table>")
+
+
 def _decision(c: dict[str, Any], d: dict[str, Any], gate_min: float | None) -> str:
     row = d["rows"].get(c["id"], {})
     ev = row.get("evidence") or {}
@@ -263,7 +278,7 @@ def _decision(c: dict[str, Any], d: dict[str, Any], gate_min: float | None) -> s
 {_pts((c['interval'] or [None, None])[1])}] &middot; minimum detectable effect {_pts(c['mde'])} &middot;
 n {c['n'] or '-'} &middot; engineer {E(str(c['engineer']))} &middot; skill {E(str(c['skill'] or 'none'))}</p>
 <p><b>reason:</b> {E(c['reason'] or '')}</p><p><b>rationale:</b> {E(c['rationale'] or '')}</p>
-{chart or '<p class=note>no backtest evidence (rejected before the backtest)</p>'}
+{_looks(c)}{chart or '<p class=note>no backtest evidence (rejected before the backtest)</p>'}
 <details><summary>findings of stage {c['stage']} ({len(fnd)})</summary><ul>{flist}</ul></details>
 <details><summary>diff</summary><pre class=diff>{E(diff) if diff else 'no commit (the change never applied)'}</pre>
 </details></article>"""
