@@ -189,8 +189,9 @@ def judge_diagnostic(candidate: str, path: str, source: str, heldout: list[Rollo
 
     units = _units(heldout)
     if len(units) < MIN_HELDOUT_INSTANCES:
-        return rejected(f"{len(units)} held-out instances from earlier stages (needs {MIN_HELDOUT_INSTANCES}): "
-                        "nothing it claims can be checked yet")
+        return Verdict(candidate=candidate, decision="inconclusive", stage_reached="backtest", reason=cut(
+            f"diagnostic judge: {len(units)} held-out instances from earlier stages (needs {MIN_HELDOUT_INSTANCES}): "
+            "nothing it claims can be checked yet; inconclusive, so it may be proposed again later"))
     where = f"{len(heldout)} held-out rollouts ({len(units)} instances)"
     res = D.run_evolved(path, source, heldout, limits)
     if res.error:

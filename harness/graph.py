@@ -187,7 +187,8 @@ def node_diagnose(run: Run, state: State) -> State:
     files = ws.files("main")
     env, recipe, shaping = harness_models(files, run.task)
     probe, trained = run.result(k, Probed), run.result(k, Trained)
-    target = target_probe(run, k, state["train_ckpt"], probe=(trained.checkpoint, Path(probe.rollouts))
+    start = state.get("train_ckpt") or probe.carried or (trained.checkpoint if trained else None)  # the arms' start
+    target = target_probe(run, k, start, probe=(trained.checkpoint, Path(probe.rollouts))
                           if trained is not None and not probe.regressed else None)
     # the reward-hacking check compares training reward with the PROBE valid rate of past stages (never test)
     valid_hist = [e["valid"] for e in run.store.evaluations(run.id, arm="policy")

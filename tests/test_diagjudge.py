@@ -245,7 +245,7 @@ def test_held_out_rollouts_are_earlier_stages_never_the_current_probe(tmp_path):
     assert len({(r.group) for r in held}) == 8  # groups renumbered per file: no two files share one
     assert J.heldout_rollouts(d, 1) == []
     v = J.judge_diagnostic("c1", "diagnostics/d.py", HACK_VETO, [], ALPHA, FAST)
-    assert v.decision == "rejected" and "0 held-out instances" in v.reason
+    assert v.decision == "inconclusive" and "0 held-out instances" in v.reason
     write_rollouts(d / "s1-x-backtest.jsonl.gz", rollouts("test", 0, 2, BINARY))  # a test instance never enters
     with pytest.raises(SplitError):
         J.heldout_rollouts(d, 2)
@@ -275,6 +275,12 @@ def test_a_promoted_diagnostic_is_merged_beside_the_training_winner_and_reaches_
     store.create_run("r", {})
     ws = Workspace.create(run_dir / "harness", files_override={"env.yaml": MAPF.spec.round0_env})
     run = Run(run_dir=run_dir, config=parse_config(TINY, "test"), store=store)
+    from harness.lifecycle import make_judge
+    from harness.run import JUDGE_FILE
+
+    (run_dir / JUDGE_FILE).write_text(make_judge(run.config, ws.files("main")).model_dump_json())
+    # the stages' checkpoints here are names, not models: the target probe (tests/test_target.py) is not rolled out
+    monkeypatch.setattr("harness.graph.target_probe", lambda *a, **k: None)
     write_rollouts(run.path("rollouts", "s1-probe.jsonl.gz"), rollouts("probe", 0, 24, SHAPED))
     write_rollouts(run.path("rollouts", "s1-control-backtest.jsonl.gz"), rollouts("backtest", 0, 24, SHAPED, seed=1))
     main = ws.files("main")
