@@ -1,11 +1,11 @@
 """The judge: paired statistics, the promotion gate, and the online A/B backtest of a candidate against the control.
 
 Everything here lives OUTSIDE the sandbox: nothing a run evolves can relax `GateConfig`, the paired bootstrap or how the
-held-out instances are scored. Evolved diagnostics may only add vetoes (`decide(..., vetoes=[...])`).
+held-out instances are scored. Evolved diagnostics may only add vetoes (`arm_vetoes`).
 
-    from harness.backtest import GateConfig, decide, paired_bootstrap
+    from harness.backtest import GateConfig, paired_bootstrap, verdicts
     effect, lo, hi = paired_bootstrap(control, candidate, n_boot=2000, alpha=0.05, rng=np.random.default_rng(0))
-    verdict = decide(control, candidate, slices, GateConfig(), vetoes=[], candidate_id="s1c1")
+    [verdict] = verdicts(control_eval, control_files, [("s1c1", files, candidate_eval)], GateConfig(), judge="fp")
 
 One judge, one path: `verdicts` is the one function that turns arms' per-instance outcomes into verdicts (vetoes of
 both trees' evolved diagnostics, `decide`'s gate and slice checks, the minimum detectable effect); `regression` is the
@@ -67,12 +67,15 @@ def slice_keys(slices: dict[str, str]) -> list[str]:
 # --- the decision -----------------------------------------------------------------------------------------------------
 
 
-def decide(control_outcomes: list[float], candidate_outcomes: list[float], slices: list[dict[str, str]],
+def fixed_decide(control_outcomes: list[float], candidate_outcomes: list[float], slices: list[dict[str, str]],
            gate: GateConfig, vetoes: list[str] | None = None, candidate_id: str = "candidate",
            rng: np.random.Generator | None = None, comparisons: int = 1,
            seeds: list[int] | None = None, greedy: tuple[list[float], list[float]] | None = None,
            samples: int = 1) -> Verdict:
-    """Promote only if (1) the overall lower bound exceeds `gate.min_effect`, (2) no checked slice's lower bound is
+    """THE FIXED-SIZE GATE the loop used before it decided sequentially (one look at n, a paired bootstrap): no part of
+    the loop or the benchmarks calls it (`verdicts` decides, through `harness.sequential`); kept only so
+    tests/test_gate.py can compare, until those tests are ported. Promote only if (1) the overall lower bound exceeds
+    `gate.min_effect`, (2) no checked slice's lower bound is
     below `-gate.slice_tolerance`, (3) no veto fires. `comparisons` > 1 (several candidates judged in one stage)
     divides alpha (Bonferroni) so picking the best of many does not inflate false promotions. The reason names the
     first failed condition with its numbers; every condition is still computed for the record."""

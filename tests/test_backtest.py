@@ -20,8 +20,8 @@ from harness.backtest import (
     GateConfig,
     Judge,
     arm_vetoes,
-    decide,
     detectability_warning,
+    fixed_decide,
     min_detectable_effect,
     read_harness,
 )
@@ -92,13 +92,13 @@ def test_planted_3x3_only_candidate_is_rejected_by_the_slice_check(mapf):
     rng = np.random.default_rng(11)
     control = _arm(task, insts, expert, broken, {"3": 0.55, "5": 0.45}, rng)
     planted = _arm(task, insts, expert, broken, {"3": 0.97, "5": 0.25}, rng)
-    v = decide(control.outcomes, planted.outcomes, control.slices, GATE, candidate_id="only-3x3", rng=rng)
+    v = fixed_decide(control.outcomes, planted.outcomes, control.slices, GATE, candidate_id="only-3x3", rng=rng)
     assert v.evidence.effect > 0.05 and v.evidence.ci_low > 0, "it must look like a win overall"
     size5 = next(f"size={s['size']}" for s in control.slices if _size(s) == "5")
     assert v.decision == "rejected" and v.reason.startswith(f"slice {size5} regressed")
 
     honest = _arm(task, insts, expert, broken, {"3": 0.8, "5": 0.6}, rng)
-    ok = decide(control.outcomes, honest.outcomes, control.slices, GATE, candidate_id="honest", rng=rng)
+    ok = fixed_decide(control.outcomes, honest.outcomes, control.slices, GATE, candidate_id="honest", rng=rng)
     assert ok.decision == "promoted", ok.reason
 
 
@@ -110,12 +110,12 @@ def test_small_slice_escapes_the_gate_but_not_an_evolved_veto(mapf):
     rng = np.random.default_rng(12)
     control = _arm(task, *sub, {"3": 0.5, "5": 0.6}, rng)
     planted = _arm(task, *sub, {"3": 0.95, "5": 0.0}, rng)
-    ungated = decide(control.outcomes, planted.outcomes, control.slices, GATE, rng=rng)
+    ungated = fixed_decide(control.outcomes, planted.outcomes, control.slices, GATE, rng=rng)
     assert ungated.decision == "promoted", "without the veto the small slice's collapse slips through"
     files = {**template_files(), "diagnostics/slice_guard.py": VETO}
     vetoes = arm_vetoes(template_files(), files, control, planted)
     assert len(vetoes) == 1 and "slice_guard" in vetoes[0] and "valid fell" in vetoes[0]
-    v = decide(control.outcomes, planted.outcomes, control.slices, GATE, vetoes=vetoes, rng=rng)
+    v = fixed_decide(control.outcomes, planted.outcomes, control.slices, GATE, vetoes=vetoes, rng=rng)
     assert v.decision == "rejected" and v.reason.startswith("veto: ") and "slice_guard" in v.reason
     # deleting the veto file in the candidate tree does not remove the veto: the incumbent's copy still runs
     assert arm_vetoes(files, template_files(), control, planted) == vetoes
@@ -179,7 +179,7 @@ def test_minimum_detectable_effect_shrinks_with_n_and_warns_with_the_fix():
     need = int(warn.split("backtest.n to about ")[1].split(" ")[0])
     assert need > 100 and min_detectable_effect(rng.normal(0, 0.3, size=need), gate) - 0.02 < 0.022
     assert detectability_warning(min_detectable_effect(d * 0.01, gate), 400, 4, gate) is None
-    v = decide(list(np.clip(0.5 + d[:100] / 2, 0, 1)), [0.5] * 100, [{}] * 100, gate, samples=4)
+    v = fixed_decide(list(np.clip(0.5 + d[:100] / 2, 0, 1)), [0.5] * 100, [{}] * 100, gate, samples=4)
     assert v.evidence.mde == pytest.approx(min_detectable_effect(np.array([0.5] * 100) - np.clip(0.5 + d[:100] / 2, 0, 1),
                                                                  gate)) and v.evidence.samples == 4
 
@@ -192,8 +192,8 @@ def test_arm_noise_widens_the_bounds_and_the_detectable_effect():
     control = rng.uniform(0.2, 0.4, size=400)
     candidate = np.clip(control + 0.06 + rng.normal(0, 0.05, size=400), 0, 1)
     slices = [{}] * 400
-    plain = decide(list(control), list(candidate), slices, GateConfig(n_boot=1000), rng=np.random.default_rng(0))
-    noisy = decide(list(control), list(candidate), slices, GateConfig(n_boot=1000, arm_noise_sd=0.04),
+    plain = fixed_decide(list(control), list(candidate), slices, GateConfig(n_boot=1000), rng=np.random.default_rng(0))
+    noisy = fixed_decide(list(control), list(candidate), slices, GateConfig(n_boot=1000, arm_noise_sd=0.04),
                    rng=np.random.default_rng(0))
     assert plain.decision == "promoted" and noisy.decision == "rejected"
     assert noisy.evidence.ci_low < plain.evidence.ci_low - 0.03 and noisy.evidence.mde > plain.evidence.mde + 0.05

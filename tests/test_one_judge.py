@@ -36,19 +36,22 @@ def _calls(path: str) -> dict[str, set[str]]:
 
 def test_the_loop_and_the_calibration_decide_through_one_verdict_function_and_one_arm_job():
     judge = _calls("harness/backtest.py")
-    assert judge["decide"] == {"verdicts"}, "the gate's `decide` is reached only through `verdicts`"
-    assert judge["paired_bootstrap"] == {"decide", "regression"}
+    assert judge["decide"] == {"sequential_verdict"}, "the sequential `decide` is reached only through one verdict"
+    assert judge["sequential_verdict"] == {"verdicts"}, "... and that only through `verdicts`"
+    assert judge["paired_bootstrap"] == {"fixed_decide", "regression"}
+    for path in sorted((ROOT / "harness").rglob("*.py")):  # the old fixed-size gate decides nothing any more
+        assert "fixed_decide" not in _calls(str(path.relative_to(ROOT))), f"{path} decides with the fixed-size gate"
     for path in ("harness/graph.py", "harness/arms.py", "harness/benchmarks/calibration.py", "harness/scale.py"):
         calls = _calls(path)
-        for second in ("decide", "paired_bootstrap", "arm_vetoes"):
+        for second in ("decide", "fixed_decide", "sequential_verdict", "paired_bootstrap", "arm_vetoes"):
             assert second not in calls, f"{path} calls {second} itself: decide through harness.backtest.verdicts"
-    loop, arms, calib = _calls("harness/graph.py"), _calls("harness/arms.py"), _calls("harness/benchmarks/calibration.py")
+    loop, arms, calib = _calls("harness/decisions.py"), _calls("harness/arms.py"), _calls("harness/benchmarks/calibration.py")
     assert "verdicts" in loop and "verdicts" in calib
-    assert "regression" in loop and "regression" in arms  # the probe and the start judge
+    assert "regression" in _calls("harness/graph.py") and "regression" in arms  # the probe and the start judge
     assert "execute_arm" in arms and "execute_arm" in calib and "ArmJob" in arms and "ArmJob" in calib
     assert "train_arm" not in calib and "judge_arm" not in calib, "calibration arms run through execute_arm"
     assert _calls("harness/scale.py")["train_arm"] == {"execute_arm"}
-    assert arms["judge_arm"] == {"judge_start"} and arms["train_arm"] == {"train_policy"}
+    assert arms["judge_arm"] == {"judge_start", "judge_more"} and arms["train_arm"] == {"train_policy"}
 
 
 def test_the_second_orchestration_is_gone():
