@@ -51,6 +51,9 @@ class SamplingParams(BaseModel):
     n: int = Field(1, ge=1, description="completions per prompt")
     seed: int = Field(0, description="same seed, same prompts, same model -> same completions")
     batch_size: int = Field(64, ge=1, description="rows (prompt x sample) decoded together")
+    compact: bool = Field(True, description="decode Llama-architecture models with the compact loop (`CompactLlama`: "
+                          "a preallocated KV cache and one fused step over the weights, no per-token framework "
+                          "machinery); other architectures, or False, use the model's own forward every token")
     backend: Literal["auto", "transformers", "vllm"] = Field(
         "transformers", description="rollout engine: transformers (CPU/GPU), vllm (GPU + vllm installed), auto"
     )
@@ -155,6 +158,97 @@ def _sample(logits: torch.Tensor, temperature: float, top_p: float,
     return nxt, probs.gather(-1, nxt[:, None]).squeeze(-1).log()
 
 
+# --- compact decoding: one fused step over the Llama weights -----------------------------------------------------------
+
+
+def compact_supported(model) -> bool:
+    """Whether `CompactLlama` can decode `model`: a plain Llama architecture (our presets, Llama checkpoints) with SiLU
+    MLPs and default RoPE; anything else decodes through the model's own forward."""
+    cfg = model.config
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    return (getattr(cfg, "model_type", None) == "llama" and getattr(cfg, "hidden_act", None) == "silu"
+            and rope.get("rope_type", "default") == "default" and not getattr(cfg, "pretraining_tp", 1) > 1)
+
+
+class CompactLlama:
+    """Decode steps of a Llama model without the per-token machinery of its forward (masks rebuilt every call, a
+    cache grown by concatenation, a dozen module dispatches per layer): the prefill's KV cache is copied into one
+    preallocated buffer per layer, q/k/v and gate/up weights are fused once per batch, and a step is ~15 tensor ops a
+    layer. The same arithmetic as `LlamaForCausalLM` (RMSNorm in fp32, RoPE from the model's own rotary module,
+    SDPA), so logits agree with it to float rounding (tests/test_rollout_compact.py).
+
+    Rows live in a physical batch; `select` compacts it (finished rows leave) by copying the live rows' cache."""
+
+    def __init__(self, model, cache, attn: torch.Tensor, max_new: int) -> None:
+        core = model.model
+        cfg = model.config
+        self.embed, self.rotary, self.eps = core.embed_tokens.weight, core.rotary_emb, cfg.rms_norm_eps
+        self.norm, self.head = core.norm.weight, model.get_output_embeddings().weight
+        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.layers = []
+        for layer in core.layers:
+            a, m = layer.self_attn, layer.mlp
+            qkv_b = None if a.q_proj.bias is None else torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias])
+            self.layers.append((layer.input_layernorm.weight, torch.cat([a.q_proj.weight, a.k_proj.weight,
+                                                                         a.v_proj.weight]), qkv_b,
+                                a.o_proj.weight, a.o_proj.bias, layer.post_attention_layernorm.weight,
+                                torch.cat([m.gate_proj.weight, m.up_proj.weight]),
+                                None if m.gate_proj.bias is None else torch.cat([m.gate_proj.bias, m.up_proj.bias]),
+                                m.down_proj.weight, m.down_proj.bias))
+        b, width = attn.shape
+        self.length = width  # positions filled so far
+        self.keys, self.values = [], []
+        for i in range(len(self.layers)):
+            k, v = cache.layers[i].keys, cache.layers[i].values
+            kb = k.new_empty(b, k.shape[1], width + max_new, k.shape[3])
+            vb = torch.empty_like(kb)
+            kb[:, :, :width], vb[:, :, :width] = k, v
+            self.keys.append(kb)
+            self.values.append(vb)
+        self.mask = torch.zeros(b, 1, 1, width + max_new, dtype=torch.bool, device=attn.device)
+        self.mask[:, 0, 0, :width] = attn.bool()
+
+    def select(self, rows: torch.Tensor) -> None:
+        self.keys = [k[rows] for k in self.keys]
+        self.values = [v[rows] for v in self.values]
+        self.mask = self.mask[rows]
+
+    def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+
+    @staticmethod
+    def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Logits after feeding `tokens` (one per physical row) at `positions`; the step's keys and values are
+        written at the next free column of the cache."""
+        import torch.nn.functional as F
+
+        b, t = tokens.shape[0], self.length
+        h = F.embedding(tokens[:, None], self.embed)  # [b, 1, hidden]
+        cos, sin = self.rotary(h, positions[:, None])
+        cos, sin = cos[:, None], sin[:, None]  # [b, 1, 1, dim]
+        self.mask[:, 0, 0, t] = True
+        mask = self.mask[..., : t + 1]
+        nq, nkv, d = self.heads, self.kv_heads, self.dim
+        for i, (w_in, w_qkv, b_qkv, w_o, b_o, w_post, w_gu, b_gu, w_down, b_down) in enumerate(self.layers):
+            qkv = F.linear(self._rms(h, w_in), w_qkv, b_qkv).view(b, 1, nq + 2 * nkv, d).transpose(1, 2)
+            q = self._rope(qkv[:, :nq], cos, sin)
+            self.keys[i][:, :, t: t + 1] = self._rope(qkv[:, nq:nq + nkv], cos, sin)
+            self.values[i][:, :, t: t + 1] = qkv[:, nq + nkv:]
+            a = F.scaled_dot_product_attention(q, self.keys[i][:, :, : t + 1], self.values[i][:, :, : t + 1],
+                                               attn_mask=mask, enable_gqa=nq != nkv)
+            h = h + F.linear(a.transpose(1, 2).reshape(b, 1, nq * d), w_o, b_o)
+            gate, up = F.linear(self._rms(h, w_post), w_gu, b_gu).chunk(2, dim=-1)
+            h = h + F.linear(F.silu(gate) * up, w_down, b_down)
+        self.length = t + 1
+        return F.linear(self._rms(h[:, 0], self.norm), self.head)
+
+
 @torch.inference_mode()
 def _generate_loop(model, tok, prompt_ids: list[list[int]], params: SamplingParams) -> RolloutResult:
     from transformers import DynamicCache
@@ -164,6 +258,7 @@ def _generate_loop(model, tok, prompt_ids: list[list[int]], params: SamplingPara
     device = model.device
     n, pad = params.n, tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     stops = torch.tensor(stop_token_ids(tok, model), device=device)  # EOS and the chat template's end of turn
+    compact = params.compact and compact_supported(model)
     gen = torch.Generator().manual_seed(params.seed)
     order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
     per_chunk = max(1, params.batch_size // n)  # unique prompts per chunk
@@ -192,6 +287,8 @@ def _generate_loop(model, tok, prompt_ids: list[list[int]], params: SamplingPara
         for k in keys:
             out_ids[k], out_lp[k], finished[k] = [], [], False
         last_pos = pos[:, -1]
+        fast = CompactLlama(model, cache, attn, params.max_new_tokens) if compact else None
+        rows = torch.arange(len(keys), device=device)  # the live rows' places in the compact loop's batch
         for step in range(params.max_new_tokens):
             nxt, lp = _sample(logits, params.temperature, params.top_p, gen)
             done = torch.isin(nxt, stops)
@@ -206,11 +303,26 @@ def _generate_loop(model, tok, prompt_ids: list[list[int]], params: SamplingPara
                 keep = (~done).nonzero().squeeze(-1)
                 if keep.numel() == 0:
                     break
-                cache.batch_select_indices(keep)
                 keys = [keys[i] for i in keep.tolist()]
                 nxt, attn, last_pos = nxt[keep], attn[keep], last_pos[keep]
-            attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=1)
+                if fast is None:
+                    cache.batch_select_indices(keep)
+                else:  # finished rows idle in the compact batch until half of it has finished, then leave
+                    rows = rows[keep]
+                    if 2 * rows.numel() <= fast.mask.shape[0]:
+                        fast.select(rows)
+                        rows = torch.arange(rows.numel(), device=device)
             last_pos = last_pos + 1
+            if fast is not None:
+                width = fast.mask.shape[0]
+                if rows.numel() == width:
+                    logits = fast.step(nxt, last_pos)
+                else:
+                    toks, at = nxt.new_full((width,), pad), last_pos.new_zeros(width)
+                    toks[rows], at[rows] = nxt, last_pos
+                    logits = fast.step(toks, at)[rows]
+                continue
+            attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=1)
             logits = model(input_ids=nxt[:, None], attention_mask=attn, position_ids=last_pos[:, None],
                            past_key_values=cache, use_cache=True).logits[:, -1]
     seconds = time.perf_counter() - t0
