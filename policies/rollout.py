@@ -172,20 +172,25 @@ def compact_supported(model) -> bool:
 
 class CompactLlama:
     """Decode steps of a Llama model without the per-token machinery of its forward (masks rebuilt every call, a
-    cache grown by concatenation, a dozen module dispatches per layer): the prefill's KV cache is copied into one
-    preallocated buffer per layer, q/k/v and gate/up weights are fused once per batch, and a step is ~15 tensor ops a
-    layer. The same arithmetic as `LlamaForCausalLM` (RMSNorm in fp32, RoPE from the model's own rotary module,
-    SDPA), so logits agree with it to float rounding (tests/test_rollout_compact.py).
+    cache grown by concatenation, a dozen module dispatches per layer), and with each prompt's keys and values held
+    once for all its samples: the prefill's cache (one row per distinct prompt) stays as it is, the generated tokens'
+    keys and values go to one preallocated buffer per layer (one row per sample), and attention takes a joint softmax
+    over both parts (the prompt part scored against every distinct prompt and masked to the row's own, which reads
+    the shared cache once instead of once per sample). q/k/v and gate/up weights are fused once per batch. The same
+    arithmetic as `LlamaForCausalLM` (RMSNorm in fp32, RoPE from the model's own rotary module), so logits agree
+    with it to float rounding (tests/test_rollout_compact.py).
 
-    Rows live in a physical batch; `select` compacts it (finished rows leave) by copying the live rows' cache."""
+    Rows live in a physical batch; `select` keeps some of them (finished rows leave: a copy of the generated part
+    only)."""
 
-    def __init__(self, model, cache, attn: torch.Tensor, max_new: int) -> None:
+    def __init__(self, model, cache, attn: torch.Tensor, n: int, max_new: int) -> None:
         core = model.model
         cfg = model.config
         self.embed, self.rotary, self.eps = core.embed_tokens.weight, core.rotary_emb, cfg.rms_norm_eps
         self.norm, self.head = core.norm.weight, model.get_output_embeddings().weight
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.scale = self.dim ** -0.5
         self.layers = []
         for layer in core.layers:
             a, m = layer.self_attn, layer.mlp
@@ -196,23 +201,30 @@ class CompactLlama:
                                 torch.cat([m.gate_proj.weight, m.up_proj.weight]),
                                 None if m.gate_proj.bias is None else torch.cat([m.gate_proj.bias, m.up_proj.bias]),
                                 m.down_proj.weight, m.down_proj.bias))
-        b, width = attn.shape
-        self.length = width  # positions filled so far
-        self.keys, self.values = [], []
-        for i in range(len(self.layers)):
-            k, v = cache.layers[i].keys, cache.layers[i].values
-            kb = k.new_empty(b, k.shape[1], width + max_new, k.shape[3])
-            vb = torch.empty_like(kb)
-            kb[:, :, :width], vb[:, :, :width] = k, v
-            self.keys.append(kb)
-            self.values.append(vb)
-        self.mask = torch.zeros(b, 1, 1, width + max_new, dtype=torch.bool, device=attn.device)
-        self.mask[:, 0, 0, :width] = attn.bool()
+        u, width = attn.shape
+        nkv, d = self.kv_heads, self.dim
+        # the prompt part, kv-head major: keys as [kv_heads, dim, u * width], values as [kv_heads, u * width, dim]
+        self.prompt_k = [cache.layers[i].keys.permute(1, 3, 0, 2).reshape(nkv, d, u * width)
+                         for i in range(len(self.layers))]
+        self.prompt_v = [cache.layers[i].values.permute(1, 0, 2, 3).reshape(nkv, u * width, d)
+                         for i in range(len(self.layers))]
+        self.owner = torch.arange(u, device=attn.device).repeat_interleave(n)  # each row's prompt
+        self.prompt_ok = attn.bool()
+        self.length = 0  # generated positions filled so far
+        b = u * n
+        k0 = self.prompt_k[0]
+        # the generated part, one row per sample: [rows, kv_heads, max_new, dim]
+        self.keys = [k0.new_empty(b, nkv, max_new, d) for _ in self.layers]
+        self.values = [k0.new_empty(b, nkv, max_new, d) for _ in self.layers]
+
+    @property
+    def rows(self) -> int:
+        return self.owner.shape[0]
 
     def select(self, rows: torch.Tensor) -> None:
         self.keys = [k[rows] for k in self.keys]
         self.values = [v[rows] for v in self.values]
-        self.mask = self.mask[rows]
+        self.owner = self.owner[rows]
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         xf = x.float()
@@ -225,28 +237,37 @@ class CompactLlama:
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Logits after feeding `tokens` (one per physical row) at `positions`; the step's keys and values are
-        written at the next free column of the cache."""
+        written at the next free column of the generated part's cache."""
         import torch.nn.functional as F
 
         b, t = tokens.shape[0], self.length
-        h = F.embedding(tokens[:, None], self.embed)  # [b, 1, hidden]
-        cos, sin = self.rotary(h, positions[:, None])
-        cos, sin = cos[:, None], sin[:, None]  # [b, 1, 1, dim]
-        self.mask[:, 0, 0, t] = True
-        mask = self.mask[..., : t + 1]
         nq, nkv, d = self.heads, self.kv_heads, self.dim
+        g = nq // nkv
+        h = F.embedding(tokens, self.embed)  # [b, hidden]
+        cos, sin = self.rotary(h[:, None], positions[:, None])
+        cos, sin = cos[:, 0, None], sin[:, 0, None]  # [b, 1, dim]
+        u, width = self.prompt_ok.shape
+        # additive mask of the prompt part: a row attends to its own prompt's real tokens only
+        allowed = (self.owner[:, None] == torch.arange(u, device=h.device)[None])[:, :, None] & self.prompt_ok[None]
+        bias = torch.zeros(allowed.shape, dtype=h.dtype, device=h.device).masked_fill_(~allowed, float("-inf"))
+        bias = bias.view(1, b, 1, u * width)
         for i, (w_in, w_qkv, b_qkv, w_o, b_o, w_post, w_gu, b_gu, w_down, b_down) in enumerate(self.layers):
-            qkv = F.linear(self._rms(h, w_in), w_qkv, b_qkv).view(b, 1, nq + 2 * nkv, d).transpose(1, 2)
-            q = self._rope(qkv[:, :nq], cos, sin)
-            self.keys[i][:, :, t: t + 1] = self._rope(qkv[:, nq:nq + nkv], cos, sin)
-            self.values[i][:, :, t: t + 1] = qkv[:, nq + nkv:]
-            a = F.scaled_dot_product_attention(q, self.keys[i][:, :, : t + 1], self.values[i][:, :, : t + 1],
-                                               attn_mask=mask, enable_gqa=nq != nkv)
-            h = h + F.linear(a.transpose(1, 2).reshape(b, 1, nq * d), w_o, b_o)
+            qkv = F.linear(self._rms(h, w_in), w_qkv, b_qkv).view(b, nq + 2 * nkv, d)
+            q = self._rope(qkv[:, :nq], cos, sin) * self.scale  # [b, nq, d]
+            self.keys[i][:, :, t] = self._rope(qkv[:, nq:nq + nkv], cos, sin)
+            self.values[i][:, :, t] = qkv[:, nq + nkv:]
+            qk = q.view(b, nkv, g, d).transpose(0, 1).reshape(nkv, b * g, d)
+            s_prompt = torch.bmm(qk, self.prompt_k[i]).view(nkv, b, g, u * width) + bias
+            keys, values = self.keys[i][:, :, : t + 1], self.values[i][:, :, : t + 1]  # [b, nkv, t+1, d]
+            s_new = torch.matmul(q.view(b, nkv, g, d), keys.transpose(-1, -2))  # [b, nkv, g, t+1]
+            w = torch.cat([s_prompt, s_new.permute(1, 0, 2, 3)], dim=-1).softmax(-1)  # [nkv, b, g, uw + t+1]
+            a = torch.bmm(w[..., : u * width].reshape(nkv, b * g, u * width), self.prompt_v[i]).view(nkv, b, g, d)
+            a = a.permute(1, 0, 2, 3) + torch.matmul(w[..., u * width:].permute(1, 0, 2, 3), values)
+            h = h + F.linear(a.reshape(b, nq * d), w_o, b_o)
             gate, up = F.linear(self._rms(h, w_post), w_gu, b_gu).chunk(2, dim=-1)
             h = h + F.linear(F.silu(gate) * up, w_down, b_down)
         self.length = t + 1
-        return F.linear(self._rms(h[:, 0], self.norm), self.head)
+        return F.linear(self._rms(h, self.norm), self.head)
 
 
 @torch.inference_mode()
@@ -280,14 +301,15 @@ def _generate_loop(model, tok, prompt_ids: list[list[int]], params: SamplingPara
         cache = DynamicCache(config=model.config)
         logits = model(input_ids=input_ids, attention_mask=attn, position_ids=pos, past_key_values=cache,
                        use_cache=True, logits_to_keep=1).logits[:, -1]
-        if n > 1:  # prefill once per prompt, then fan the cache out to the n samples
-            cache.batch_repeat_interleave(n)
+        fast = CompactLlama(model, cache, attn, n, params.max_new_tokens) if compact else None
+        if n > 1:  # prefill once per prompt, then fan the cache out to the n samples (the compact loop shares it)
+            if fast is None:
+                cache.batch_repeat_interleave(n)
             logits, attn, pos = (x.repeat_interleave(n, dim=0) for x in (logits, attn, pos))
         keys = [i * n + j for i in chunk for j in range(n)]
         for k in keys:
             out_ids[k], out_lp[k], finished[k] = [], [], False
         last_pos = pos[:, -1]
-        fast = CompactLlama(model, cache, attn, params.max_new_tokens) if compact else None
         rows = torch.arange(len(keys), device=device)  # the live rows' places in the compact loop's batch
         for step in range(params.max_new_tokens):
             nxt, lp = _sample(logits, params.temperature, params.top_p, gen)
@@ -309,12 +331,12 @@ def _generate_loop(model, tok, prompt_ids: list[list[int]], params: SamplingPara
                     cache.batch_select_indices(keep)
                 else:  # finished rows idle in the compact batch until half of it has finished, then leave
                     rows = rows[keep]
-                    if 2 * rows.numel() <= fast.mask.shape[0]:
+                    if 4 * rows.numel() <= 3 * fast.rows:
                         fast.select(rows)
                         rows = torch.arange(rows.numel(), device=device)
             last_pos = last_pos + 1
             if fast is not None:
-                width = fast.mask.shape[0]
+                width = fast.rows
                 if rows.numel() == width:
                     logits = fast.step(nxt, last_pos)
                 else:
