@@ -144,8 +144,8 @@ def run(out: Path = Path("runs/bench-grpo"), preset: str = "tiny", recipe: str =
                 "generation_flops": 2 * n_mm * positions / max(gen, 1e-9),
                 "train_flops": 6 * n_mm * positions / train_s}
 
-    for path in runs:
-        if not runs[path]:
+    for path, done in runs.items():
+        if not done:
             continue
         sm = res[path] = summary(path)
         _say(f"{path}_s_per_step", sm["s_per_step"])
