@@ -209,6 +209,7 @@ class CompactLlama:
         self.prompt_v = [cache.layers[i].values.permute(1, 0, 2, 3).reshape(nkv, u * width, d)
                          for i in range(len(self.layers))]
         self.owner = torch.arange(u, device=attn.device).repeat_interleave(n)  # each row's prompt
+        self._bias: torch.Tensor | None = None
         self.prompt_ok = attn.bool()
         self.length = 0  # generated positions filled so far
         b = u * n
@@ -222,9 +223,27 @@ class CompactLlama:
         return self.owner.shape[0]
 
     def select(self, rows: torch.Tensor) -> None:
-        self.keys = [k[rows] for k in self.keys]
-        self.values = [v[rows] for v in self.values]
+        t = self.length
+
+        def keep(buf: torch.Tensor) -> torch.Tensor:  # the filled columns only
+            out = buf.new_empty(rows.numel(), *buf.shape[1:])
+            out[:, :, :t] = buf[rows, :, :t]
+            return out
+
+        self.keys = [keep(k) for k in self.keys]
+        self.values = [keep(v) for v in self.values]
         self.owner = self.owner[rows]
+        self._bias = None
+
+    def _prompt_bias(self) -> torch.Tensor:
+        """Additive mask of the prompt part, [1, rows, 1, u * width]: a row attends to its own prompt's real tokens."""
+        if self._bias is None:
+            u, width = self.prompt_ok.shape
+            allowed = (self.owner[:, None] == torch.arange(u, device=self.owner.device)[None])[:, :, None] \
+                & self.prompt_ok[None]
+            bias = torch.zeros(allowed.shape, dtype=self.embed.dtype, device=self.owner.device)
+            self._bias = bias.masked_fill_(~allowed, float("-inf")).view(1, self.rows, 1, u * width)
+        return self._bias
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         xf = x.float()
@@ -247,10 +266,7 @@ class CompactLlama:
         cos, sin = self.rotary(h[:, None], positions[:, None])
         cos, sin = cos[:, 0, None], sin[:, 0, None]  # [b, 1, dim]
         u, width = self.prompt_ok.shape
-        # additive mask of the prompt part: a row attends to its own prompt's real tokens only
-        allowed = (self.owner[:, None] == torch.arange(u, device=h.device)[None])[:, :, None] & self.prompt_ok[None]
-        bias = torch.zeros(allowed.shape, dtype=h.dtype, device=h.device).masked_fill_(~allowed, float("-inf"))
-        bias = bias.view(1, b, 1, u * width)
+        bias = self._prompt_bias()
         for i, (w_in, w_qkv, b_qkv, w_o, b_o, w_post, w_gu, b_gu, w_down, b_down) in enumerate(self.layers):
             qkv = F.linear(self._rms(h, w_in), w_qkv, b_qkv).view(b, nq + 2 * nkv, d)
             q = self._rope(qkv[:, :nq], cos, sin) * self.scale  # [b, nq, d]
