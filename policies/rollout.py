@@ -175,8 +175,8 @@ class CompactLlama:
     cache grown by concatenation, a dozen module dispatches per layer), and with each prompt's keys and values held
     once for all its samples: the prefill's cache (one row per distinct prompt) stays as it is, the generated tokens'
     keys and values go to one preallocated buffer per layer (one row per sample), and attention takes a joint softmax
-    over both parts (the prompt part scored against every distinct prompt and masked to the row's own, which reads
-    the shared cache once instead of once per sample). q/k/v and gate/up weights are fused once per batch. The same
+    over both parts (the prompt part as one batched matmul per prompt over its samples laid out in a grid, which
+    reads the shared cache once instead of once per sample). q/k/v and gate/up weights are fused once per batch. The same
     arithmetic as `LlamaForCausalLM` (RMSNorm in fp32, RoPE from the model's own rotary module), so logits agree
     with it to float rounding (tests/test_rollout_compact.py).
 
@@ -203,14 +203,15 @@ class CompactLlama:
                                 m.down_proj.weight, m.down_proj.bias))
         u, width = attn.shape
         nkv, d = self.kv_heads, self.dim
-        # the prompt part, kv-head major: keys as [kv_heads, dim, u * width], values as [kv_heads, u * width, dim]
-        self.prompt_k = [cache.layers[i].keys.permute(1, 3, 0, 2).reshape(nkv, d, u * width)
+        # the prompt part, one batch entry per (prompt, kv head): keys [u * kv_heads, dim, width], values
+        # [u * kv_heads, width, dim]
+        self.prompt_k = [cache.layers[i].keys.transpose(-1, -2).reshape(u * nkv, d, width)
                          for i in range(len(self.layers))]
-        self.prompt_v = [cache.layers[i].values.permute(1, 0, 2, 3).reshape(nkv, u * width, d)
-                         for i in range(len(self.layers))]
+        self.prompt_v = [cache.layers[i].values.reshape(u * nkv, width, d) for i in range(len(self.layers))]
+        self.prompt_bias = torch.zeros(u, width, dtype=self.embed.dtype, device=attn.device).masked_fill_(
+            ~attn.bool(), float("-inf"))  # prompt padding
         self.owner = torch.arange(u, device=attn.device).repeat_interleave(n)  # each row's prompt
-        self._bias: torch.Tensor | None = None
-        self.prompt_ok = attn.bool()
+        self._slots()
         self.length = 0  # generated positions filled so far
         b = u * n
         k0 = self.prompt_k[0]
@@ -233,17 +234,30 @@ class CompactLlama:
         self.keys = [keep(k) for k in self.keys]
         self.values = [keep(v) for v in self.values]
         self.owner = self.owner[rows]
-        self._bias = None
+        self._slots()
 
-    def _prompt_bias(self) -> torch.Tensor:
-        """Additive mask of the prompt part, [1, rows, 1, u * width]: a row attends to its own prompt's real tokens."""
-        if self._bias is None:
-            u, width = self.prompt_ok.shape
-            allowed = (self.owner[:, None] == torch.arange(u, device=self.owner.device)[None])[:, :, None] \
-                & self.prompt_ok[None]
-            bias = torch.zeros(allowed.shape, dtype=self.embed.dtype, device=self.owner.device)
-            self._bias = bias.masked_fill_(~allowed, float("-inf")).view(1, self.rows, 1, u * width)
-        return self._bias
+    def _slots(self) -> None:
+        """Each row's place in a (prompt, sample slot) grid, so the prompt part is one batched matmul per prompt:
+        rows stay ordered by prompt (selections keep the order), `slot` counts within a prompt."""
+        u = self.prompt_bias.shape[0]
+        counts = torch.bincount(self.owner, minlength=u)
+        starts = counts.cumsum(0) - counts
+        self.slot = torch.arange(self.rows, device=self.owner.device) - starts[self.owner]
+        self.slots = int(counts.max())
+        self.row_bias = self.prompt_bias[self.owner][:, None, None]  # [rows, 1, 1, width]
+
+    def _grid(self, x: torch.Tensor) -> torch.Tensor:
+        """[rows, kv_heads, g, k] -> [u * kv_heads, slots * g, k], empty slots zero."""
+        _, nkv, g, k = x.shape
+        u = self.prompt_bias.shape[0]
+        grid = x.new_zeros(u, self.slots, nkv, g, k)
+        grid[self.owner, self.slot] = x
+        return grid.permute(0, 2, 1, 3, 4).reshape(u * nkv, self.slots * g, k)
+
+    def _rows(self, y: torch.Tensor, g: int) -> torch.Tensor:
+        """[u * kv_heads, slots * g, k] -> [rows, kv_heads, g, k]."""
+        u = self.prompt_bias.shape[0]
+        return y.view(u, -1, self.slots, g, y.shape[-1])[self.owner, :, self.slot]
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         xf = x.float()
@@ -265,20 +279,18 @@ class CompactLlama:
         h = F.embedding(tokens, self.embed)  # [b, hidden]
         cos, sin = self.rotary(h[:, None], positions[:, None])
         cos, sin = cos[:, 0, None], sin[:, 0, None]  # [b, 1, dim]
-        u, width = self.prompt_ok.shape
-        bias = self._prompt_bias()
         for i, (w_in, w_qkv, b_qkv, w_o, b_o, w_post, w_gu, b_gu, w_down, b_down) in enumerate(self.layers):
             qkv = F.linear(self._rms(h, w_in), w_qkv, b_qkv).view(b, nq + 2 * nkv, d)
             q = self._rope(qkv[:, :nq], cos, sin) * self.scale  # [b, nq, d]
             self.keys[i][:, :, t] = self._rope(qkv[:, nq:nq + nkv], cos, sin)
             self.values[i][:, :, t] = qkv[:, nq + nkv:]
-            qk = q.view(b, nkv, g, d).transpose(0, 1).reshape(nkv, b * g, d)
-            s_prompt = torch.bmm(qk, self.prompt_k[i]).view(nkv, b, g, u * width) + bias
+            q = q.view(b, nkv, g, d)
+            s_prompt = self._rows(torch.bmm(self._grid(q), self.prompt_k[i]), g) + self.row_bias  # [b,nkv,g,width]
             keys, values = self.keys[i][:, :, : t + 1], self.values[i][:, :, : t + 1]  # [b, nkv, t+1, d]
-            s_new = torch.matmul(q.view(b, nkv, g, d), keys.transpose(-1, -2))  # [b, nkv, g, t+1]
-            w = torch.cat([s_prompt, s_new.permute(1, 0, 2, 3)], dim=-1).softmax(-1)  # [nkv, b, g, uw + t+1]
-            a = torch.bmm(w[..., : u * width].reshape(nkv, b * g, u * width), self.prompt_v[i]).view(nkv, b, g, d)
-            a = a.permute(1, 0, 2, 3) + torch.matmul(w[..., u * width:].permute(1, 0, 2, 3), values)
+            w = torch.cat([s_prompt, torch.matmul(q, keys.transpose(-1, -2))], dim=-1).softmax(-1)
+            width = s_prompt.shape[-1]
+            a = self._rows(torch.bmm(self._grid(w[..., :width]), self.prompt_v[i]), g) \
+                + torch.matmul(w[..., width:], values)
             h = h + F.linear(a.reshape(b, nq * d), w_o, b_o)
             gate, up = F.linear(self._rms(h, w_post), w_gu, b_gu).chunk(2, dim=-1)
             h = h + F.linear(F.silu(gate) * up, w_down, b_down)
