@@ -603,13 +603,15 @@ def _shared_prompt_trainer(base):
                                                batch_size=None, compute_entropy=False, compute_aux_loss=False,
                                                **extra):
             core = self.accelerator.unwrap_model(model)
-            if compute_aux_loss or any(v is not None for v in extra.values()) or not shared_prompt_supported(core):
+            if compute_aux_loss or any(v is not None for v in extra.values()) or not shared_prompt_supported(core) \
+                    or getattr(core, "is_gradient_checkpointing", False):  # checkpointing turns the KV cache off
                 return super()._get_per_token_logps_and_entropies(
                     model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
                     compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **extra)
             k = logits_to_keep
-            logps, ent = shared_prompt_logps(core, input_ids[:, :-k], attention_mask[:, :-k], input_ids[:, -k:],
-                                             attention_mask[:, -k:], self.temperature, compute_entropy)
+            with self.accelerator.autocast():  # as TRL's forward runs (bf16 on a GPU that supports it)
+                logps, ent = shared_prompt_logps(core, input_ids[:, :-k], attention_mask[:, :-k], input_ids[:, -k:],
+                                                 attention_mask[:, -k:], self.temperature, compute_entropy)
             return logps, ent, None
 
     return SharedPromptGRPOTrainer
