@@ -375,6 +375,29 @@ def bench_rollout(
         fail(f"{exc} (or measure only the reference: --backends transformers)")
 
 
+@bench_app.command("grpo")
+def bench_grpo(
+    preset: Annotated[str, typer.Option(help="model preset: tiny (~1M) or small (~6M)")] = "tiny",
+    recipe: Annotated[str, typer.Option(help="GRPO recipe: demo (examples/mapf_quick.yaml) or rung3")] = "demo",
+    steps: Annotated[int, typer.Option(min=1, help="timed GRPO steps per run (one warm-up step is added)")] = 8,
+    repeats: Annotated[int, typer.Option(min=1, help="interleaved (reference, fast) pairs")] = 3,
+    threads: Annotated[int, typer.Option(min=1, help="torch CPU threads")] = 2,
+    sft_steps: Annotated[int, typer.Option(min=1, help="SFT steps of the partial warm start (cached in --out)")] = 300,
+    reference: Annotated[bool, typer.Option(help="also run today's path (the reference) for speedup_vs_reference")] = True,
+    out: Annotated[Path, typer.Option(help="work dir (warm start cache, grpo.json)")] = Path("runs/bench-grpo"),
+) -> None:
+    """Seconds per GRPO step, tokens/s and FLOP/s against a matmul roofline: fast path vs today's, same process."""
+    from harness.benchmarks.grpo import run
+    from policies.model import PRESETS
+
+    if preset not in PRESETS:
+        fail(f"--preset {preset!r}: choose one of {', '.join(PRESETS)}")
+    if recipe not in ("demo", "rung3"):
+        fail(f"--recipe {recipe!r}: choose demo or rung3")
+    run(out=out, preset=preset, recipe=recipe, steps=steps, repeats=repeats, threads=threads, sft_steps=sft_steps,
+        reference=reference)
+
+
 @bench_app.command("ladder")
 def bench_ladder(
     rungs: Annotated[str, typer.Option(help="comma-separated rungs: 1 plumbing, 2 copy toy, 3 MAPF")] = "1,2,3",

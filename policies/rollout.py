@@ -51,6 +51,9 @@ class SamplingParams(BaseModel):
     n: int = Field(1, ge=1, description="completions per prompt")
     seed: int = Field(0, description="same seed, same prompts, same model -> same completions")
     batch_size: int = Field(64, ge=1, description="rows (prompt x sample) decoded together")
+    compact: bool = Field(True, description="decode Llama-architecture models with the compact loop (`CompactLlama`: "
+                          "a preallocated KV cache and one fused step over the weights, no per-token framework "
+                          "machinery); other architectures, or False, use the model's own forward every token")
     backend: Literal["auto", "transformers", "vllm"] = Field(
         "transformers", description="rollout engine: transformers (CPU/GPU), vllm (GPU + vllm installed), auto"
     )
@@ -155,6 +158,146 @@ def _sample(logits: torch.Tensor, temperature: float, top_p: float,
     return nxt, probs.gather(-1, nxt[:, None]).squeeze(-1).log()
 
 
+# --- compact decoding: one fused step over the Llama weights -----------------------------------------------------------
+
+
+def compact_supported(model) -> bool:
+    """Whether `CompactLlama` can decode `model`: a plain Llama architecture (our presets, Llama checkpoints) with SiLU
+    MLPs and default RoPE; anything else decodes through the model's own forward."""
+    cfg = model.config
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    return (getattr(cfg, "model_type", None) == "llama" and getattr(cfg, "hidden_act", None) == "silu"
+            and rope.get("rope_type", "default") == "default" and not getattr(cfg, "pretraining_tp", 1) > 1)
+
+
+class CompactLlama:
+    """Decode steps of a Llama model without the per-token machinery of its forward (masks rebuilt every call, a
+    cache grown by concatenation, a dozen module dispatches per layer), and with each prompt's keys and values held
+    once for all its samples: the prefill's cache (one row per distinct prompt) stays as it is, the generated tokens'
+    keys and values go to one preallocated buffer per layer (one row per sample), and attention takes a joint softmax
+    over both parts (the prompt part as one batched matmul per prompt over its samples laid out in a grid, which
+    reads the shared cache once instead of once per sample). q/k/v and gate/up weights are fused once per batch. The same
+    arithmetic as `LlamaForCausalLM` (RMSNorm in fp32, RoPE from the model's own rotary module), so logits agree
+    with it to float rounding (tests/test_rollout_compact.py).
+
+    Rows live in a physical batch; `select` keeps some of them (finished rows leave: a copy of the generated part
+    only)."""
+
+    def __init__(self, model, cache, attn: torch.Tensor, n: int, max_new: int) -> None:
+        core = model.model
+        cfg = model.config
+        self.embed, self.rotary, self.eps = core.embed_tokens.weight, core.rotary_emb, cfg.rms_norm_eps
+        self.norm, self.head = core.norm.weight, model.get_output_embeddings().weight
+        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.scale = self.dim ** -0.5
+        self.layers = []
+        for layer in core.layers:
+            a, m = layer.self_attn, layer.mlp
+            qkv_b = None if a.q_proj.bias is None else torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias])
+            self.layers.append((layer.input_layernorm.weight, torch.cat([a.q_proj.weight, a.k_proj.weight,
+                                                                         a.v_proj.weight]), qkv_b,
+                                a.o_proj.weight, a.o_proj.bias, layer.post_attention_layernorm.weight,
+                                torch.cat([m.gate_proj.weight, m.up_proj.weight]),
+                                None if m.gate_proj.bias is None else torch.cat([m.gate_proj.bias, m.up_proj.bias]),
+                                m.down_proj.weight, m.down_proj.bias))
+        u, width = attn.shape
+        nkv, d = self.kv_heads, self.dim
+        # the prompt part, one batch entry per (prompt, kv head): keys [u * kv_heads, dim, width], values
+        # [u * kv_heads, width, dim]
+        self.prompt_k = [cache.layers[i].keys.transpose(-1, -2).reshape(u * nkv, d, width)
+                         for i in range(len(self.layers))]
+        self.prompt_v = [cache.layers[i].values.reshape(u * nkv, width, d) for i in range(len(self.layers))]
+        self.prompt_bias = torch.zeros(u, width, dtype=self.embed.dtype, device=attn.device).masked_fill_(
+            ~attn.bool(), float("-inf"))  # prompt padding
+        self.owner = torch.arange(u, device=attn.device).repeat_interleave(n)  # each row's prompt
+        self._slots()
+        self.length = 0  # generated positions filled so far
+        b = u * n
+        k0 = self.prompt_k[0]
+        # the generated part, one row per sample: [rows, kv_heads, max_new, dim]
+        self.keys = [k0.new_empty(b, nkv, max_new, d) for _ in self.layers]
+        self.values = [k0.new_empty(b, nkv, max_new, d) for _ in self.layers]
+
+    @property
+    def rows(self) -> int:
+        return self.owner.shape[0]
+
+    def select(self, rows: torch.Tensor) -> None:
+        t = self.length
+
+        def keep(buf: torch.Tensor) -> torch.Tensor:  # the filled columns only
+            out = buf.new_empty(rows.numel(), *buf.shape[1:])
+            out[:, :, :t] = buf[rows, :, :t]
+            return out
+
+        self.keys = [keep(k) for k in self.keys]
+        self.values = [keep(v) for v in self.values]
+        self.owner = self.owner[rows]
+        self._slots()
+
+    def _slots(self) -> None:
+        """Each row's place in a (prompt, sample slot) grid, so the prompt part is one batched matmul per prompt:
+        rows stay ordered by prompt (selections keep the order), `slot` counts within a prompt."""
+        u = self.prompt_bias.shape[0]
+        counts = torch.bincount(self.owner, minlength=u)
+        starts = counts.cumsum(0) - counts
+        self.slot = torch.arange(self.rows, device=self.owner.device) - starts[self.owner]
+        self.slots = int(counts.max())
+        self.row_bias = self.prompt_bias[self.owner][:, None, None]  # [rows, 1, 1, width]
+
+    def _grid(self, x: torch.Tensor) -> torch.Tensor:
+        """[rows, kv_heads, g, k] -> [u * kv_heads, slots * g, k], empty slots zero."""
+        _, nkv, g, k = x.shape
+        u = self.prompt_bias.shape[0]
+        grid = x.new_zeros(u, self.slots, nkv, g, k)
+        grid[self.owner, self.slot] = x
+        return grid.permute(0, 2, 1, 3, 4).reshape(u * nkv, self.slots * g, k)
+
+    def _rows(self, y: torch.Tensor, g: int) -> torch.Tensor:
+        """[u * kv_heads, slots * g, k] -> [rows, kv_heads, g, k]."""
+        u = self.prompt_bias.shape[0]
+        return y.view(u, -1, self.slots, g, y.shape[-1])[self.owner, :, self.slot]
+
+    def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+
+    @staticmethod
+    def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Logits after feeding `tokens` (one per physical row) at `positions`; the step's keys and values are
+        written at the next free column of the generated part's cache."""
+        import torch.nn.functional as F
+
+        b, t = tokens.shape[0], self.length
+        nq, nkv, d = self.heads, self.kv_heads, self.dim
+        g = nq // nkv
+        h = F.embedding(tokens, self.embed)  # [b, hidden]
+        cos, sin = self.rotary(h[:, None], positions[:, None])
+        cos, sin = cos[:, 0, None], sin[:, 0, None]  # [b, 1, dim]
+        for i, (w_in, w_qkv, b_qkv, w_o, b_o, w_post, w_gu, b_gu, w_down, b_down) in enumerate(self.layers):
+            qkv = F.linear(self._rms(h, w_in), w_qkv, b_qkv).view(b, nq + 2 * nkv, d)
+            q = self._rope(qkv[:, :nq], cos, sin) * self.scale  # [b, nq, d]
+            self.keys[i][:, :, t] = self._rope(qkv[:, nq:nq + nkv], cos, sin)
+            self.values[i][:, :, t] = qkv[:, nq + nkv:]
+            q = q.view(b, nkv, g, d)
+            s_prompt = self._rows(torch.bmm(self._grid(q), self.prompt_k[i]), g) + self.row_bias  # [b,nkv,g,width]
+            keys, values = self.keys[i][:, :, : t + 1], self.values[i][:, :, : t + 1]  # [b, nkv, t+1, d]
+            w = torch.cat([s_prompt, torch.matmul(q, keys.transpose(-1, -2))], dim=-1).softmax(-1)
+            width = s_prompt.shape[-1]
+            a = self._rows(torch.bmm(self._grid(w[..., :width]), self.prompt_v[i]), g) \
+                + torch.matmul(w[..., width:], values)
+            h = h + F.linear(a.reshape(b, nq * d), w_o, b_o)
+            gate, up = F.linear(self._rms(h, w_post), w_gu, b_gu).chunk(2, dim=-1)
+            h = h + F.linear(F.silu(gate) * up, w_down, b_down)
+        self.length = t + 1
+        return F.linear(self._rms(h, self.norm), self.head)
+
+
 @torch.inference_mode()
 def _generate_loop(model, tok, prompt_ids: list[list[int]], params: SamplingParams) -> RolloutResult:
     from transformers import DynamicCache
@@ -164,6 +307,7 @@ def _generate_loop(model, tok, prompt_ids: list[list[int]], params: SamplingPara
     device = model.device
     n, pad = params.n, tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     stops = torch.tensor(stop_token_ids(tok, model), device=device)  # EOS and the chat template's end of turn
+    compact = params.compact and compact_supported(model)
     gen = torch.Generator().manual_seed(params.seed)
     order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
     per_chunk = max(1, params.batch_size // n)  # unique prompts per chunk
@@ -185,13 +329,16 @@ def _generate_loop(model, tok, prompt_ids: list[list[int]], params: SamplingPara
         cache = DynamicCache(config=model.config)
         logits = model(input_ids=input_ids, attention_mask=attn, position_ids=pos, past_key_values=cache,
                        use_cache=True, logits_to_keep=1).logits[:, -1]
-        if n > 1:  # prefill once per prompt, then fan the cache out to the n samples
-            cache.batch_repeat_interleave(n)
+        fast = CompactLlama(model, cache, attn, n, params.max_new_tokens) if compact else None
+        if n > 1:  # prefill once per prompt, then fan the cache out to the n samples (the compact loop shares it)
+            if fast is None:
+                cache.batch_repeat_interleave(n)
             logits, attn, pos = (x.repeat_interleave(n, dim=0) for x in (logits, attn, pos))
         keys = [i * n + j for i in chunk for j in range(n)]
         for k in keys:
             out_ids[k], out_lp[k], finished[k] = [], [], False
         last_pos = pos[:, -1]
+        rows = torch.arange(len(keys), device=device)  # the live rows' places in the compact loop's batch
         for step in range(params.max_new_tokens):
             nxt, lp = _sample(logits, params.temperature, params.top_p, gen)
             done = torch.isin(nxt, stops)
@@ -206,11 +353,26 @@ def _generate_loop(model, tok, prompt_ids: list[list[int]], params: SamplingPara
                 keep = (~done).nonzero().squeeze(-1)
                 if keep.numel() == 0:
                     break
-                cache.batch_select_indices(keep)
                 keys = [keys[i] for i in keep.tolist()]
                 nxt, attn, last_pos = nxt[keep], attn[keep], last_pos[keep]
-            attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=1)
+                if fast is None:
+                    cache.batch_select_indices(keep)
+                else:  # finished rows idle in the compact batch until half of it has finished, then leave
+                    rows = rows[keep]
+                    if 4 * rows.numel() <= 3 * fast.rows:
+                        fast.select(rows)
+                        rows = torch.arange(rows.numel(), device=device)
             last_pos = last_pos + 1
+            if fast is not None:
+                width = fast.rows
+                if rows.numel() == width:
+                    logits = fast.step(nxt, last_pos)
+                else:
+                    toks, at = nxt.new_full((width,), pad), last_pos.new_zeros(width)
+                    toks[rows], at[rows] = nxt, last_pos
+                    logits = fast.step(toks, at)[rows]
+                continue
+            attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=1)
             logits = model(input_ids=nxt[:, None], attention_mask=attn, position_ids=last_pos[:, None],
                            past_key_values=cache, use_cache=True).logits[:, -1]
     seconds = time.perf_counter() - t0

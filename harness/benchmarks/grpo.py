@@ -1,0 +1,165 @@
+"""Seconds per GRPO step on CPU, the fast path against today's reference in the same process (`evotrainer bench grpo`).
+
+    evotrainer bench grpo                       # tiny preset, the demo's recipe, 3 interleaved repeats (~2-3 minutes)
+    evotrainer bench grpo --preset small --steps 4
+    evotrainer bench grpo --recipe rung3        # rung 3's recipe (oversample 3, dead groups dropped)
+
+The policy is a partial MAPF warm start (SFT on expert trace plans, cached in `--out`; shorter than the demo's, so
+completions are somewhat shorter). Both paths train a fresh copy of it with the same recipe, seed and prompts:
+
+- reference: `compact_decode=False, shared_prompt_loss=False` (the model's own forward every decoded token, and TRL's
+  loss forward over every prompt + padded completion position);
+- fast: the recipe defaults (`policies.rollout.CompactLlama` decoding, `policies.train.shared_prompt_logps`).
+
+Runs alternate reference, fast, reference, fast, ... (`--repeats` pairs), so a machine shared with other work slows
+both alike; a run's seconds per step is the median of its steps after the first (warm-up), and `speedup_vs_reference`
+is the median over pairs of reference / fast. FLOP/s are useful work, not executed work: 2N FLOPs per position decoded
+or prefilled and 6N per position trained (N = matmul parameters, the tied LM head included; attention excluded), the
+positions being each step's distinct prompts plus its generated tokens; divided by the seconds of generation (our
+engine's timer) and of the rest of the step (loss forward, backward, optimiser, reward, TRL bookkeeping). The roofline
+is `torch.matmul` of (8192 x hidden) @ (hidden x mlp) in this process with the same threads, fp32, and bf16 where the
+CPU has native bf16 matmuls (oneDNN reports AVX512-BF16 / AMX); elsewhere bf16 is reported unavailable.
+Prints grep-able `key: value` lines and writes `grpo.json` to `--out`.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from policies import cpu_threads
+
+# the demo's recipe (examples/mapf_quick.yaml) and rung 3's (harness/benchmarks/ladder.py), steps set by --steps
+DEMO_RECIPE: dict[str, Any] = {"batch_size": 64, "num_generations": 8, "learning_rate": 2e-4, "temperature": 0.5,
+                               "beta": 0.0, "warmup_ratio": 0.1, "lr_schedule": "constant",
+                               "max_completion_length": 96}
+REFERENCE = {"compact_decode": False, "shared_prompt_loss": False}
+
+
+def _say(key: str, value: Any) -> None:
+    print(f"{key}: {value:.4g}" if isinstance(value, float) else f"{key}: {value}", flush=True)
+
+
+def matmul_roofline(hidden: int, mlp: int, dtype, seconds: float = 0.5) -> float:
+    """FLOP/s of (8192 x hidden) @ (hidden x mlp) in `dtype`, best of repeated timings over about `seconds`."""
+    import torch
+
+    a, b = torch.randn(8192, hidden).to(dtype), torch.randn(hidden, mlp).to(dtype)
+    for _ in range(3):
+        a @ b
+    best, t_end = float("inf"), time.perf_counter() + seconds
+    while time.perf_counter() < t_end:
+        t = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t)
+    return 2 * 8192 * hidden * mlp / best
+
+
+def bf16_matmul_native() -> bool:
+    """Whether this CPU multiplies bf16 matrices natively (oneDNN: AVX512-BF16 or AMX); elsewhere bf16 is emulated
+    and slower than fp32."""
+    import torch
+
+    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def matmul_params(model) -> int:
+    """Parameters that take part in matrix multiplications per position: every Linear plus the LM head."""
+    import torch
+
+    n = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    head = model.get_output_embeddings()
+    return n + (head.weight.numel() if not isinstance(head, torch.nn.Linear) else 0)
+
+
+def _one(model, tok, rows, reward, recipe, fast: bool) -> dict[str, Any]:
+    from policies.train import Recipe, train_grpo
+
+    r = Recipe(**{**recipe, **({} if fast else REFERENCE)})
+    m = train_grpo(copy.deepcopy(model), tok, rows, reward, r)
+    steps = m.steps[1:] or m.steps  # the first step pays one-off costs
+    return {"s_per_step": statistics.median(s.seconds for s in steps),
+            "gen_s": statistics.median(s.generation_seconds or 0.0 for s in steps),
+            "tokens": statistics.median(s.tokens_generated for s in steps),
+            "reward": [s.reward_mean for s in m.steps], "wall_s": m.wall_s}
+
+
+def run(out: Path = Path("runs/bench-grpo"), preset: str = "tiny", recipe: str = "demo", steps: int = 8,
+        repeats: int = 3, threads: int = 2, sft_steps: int = 300, sft_examples: int = 1500,
+        reference: bool = True) -> dict[str, Any]:
+    import torch
+
+    from harness.benchmarks.ladder import RUNG3_ENV, RUNG3_RECIPE, mapf_partial_warm_start
+    from harness.policy_glue import grpo_rows, reward_fn
+    from harness.seeds import seeds
+    from harness.tasks import get_task
+    from policies.model import PRESETS, format_prompt
+
+    cpu_threads(threads)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    model, tok = mapf_partial_warm_start(out, sft_examples=sft_examples, sft_steps=sft_steps, preset=preset)
+    _say("warm_start_s", time.perf_counter() - t0)
+    task = get_task("mapf")
+    cfg = task.spec.config_model.model_validate(RUNG3_ENV)
+    base = {**(DEMO_RECIPE if recipe == "demo" else RUNG3_RECIPE), "steps": steps + 1}
+    per_step = base["batch_size"] // base["num_generations"] * base.get("oversample", 1)
+    rows = grpo_rows(task, cfg, seeds("train", per_step * (steps + 1)), "trace")
+    reward = reward_fn(task)
+    prompt_len = statistics.mean(len(tok(format_prompt(tok, r["prompt"]))["input_ids"]) for r in rows)
+    p = PRESETS[preset]
+    n_mm = matmul_params(model)
+    res: dict[str, Any] = {"preset": preset, "recipe": recipe, "steps": steps, "repeats": repeats, "threads": threads,
+                           "matmul_params": n_mm, "prompt_tokens": prompt_len, "cpu": torch.backends.cpu.get_cpu_capability()}
+    res["roofline_fp32_flops"] = matmul_roofline(p.hidden, p.mlp, torch.float32)
+    res["bf16_native"] = bf16_matmul_native()
+    if res["bf16_native"]:
+        res["roofline_bf16_flops"] = matmul_roofline(p.hidden, p.mlp, torch.bfloat16)
+    _say("preset", preset)
+    _say("recipe", recipe)
+    _say("cpu_capability", res["cpu"])
+    _say("roofline_fp32_gflops", res["roofline_fp32_flops"] / 1e9)
+    _say("roofline_bf16_gflops", res["roofline_bf16_flops"] / 1e9 if res["bf16_native"] else "n/a (no native bf16)")
+    runs: dict[str, list[dict[str, Any]]] = {"reference": [], "fast": []}
+    for i in range(repeats):
+        for path in (("reference", "fast") if reference else ("fast",)):
+            r = _one(model, tok, rows, reward, base, fast=path == "fast")
+            runs[path].append(r)
+            _say(f"repeat{i}_{path}_s_per_step", r["s_per_step"])
+    res["runs"] = runs
+
+    def summary(path: str) -> dict[str, float]:
+        rs = runs[path]
+        s = statistics.median(r["s_per_step"] for r in rs)
+        gen = statistics.median(r["gen_s"] for r in rs)
+        toks = statistics.median(r["tokens"] for r in rs)
+        positions = per_step * prompt_len + toks
+        train_s = max(s - gen, 1e-9)
+        return {"s_per_step": s, "generation_s": gen, "train_s": train_s, "tokens_per_step": toks,
+                "generated_tokens_per_s": toks / max(gen, 1e-9),
+                "generation_flops": 2 * n_mm * positions / max(gen, 1e-9),
+                "train_flops": 6 * n_mm * positions / train_s}
+
+    for path, done in runs.items():
+        if not done:
+            continue
+        sm = res[path] = summary(path)
+        _say(f"{path}_s_per_step", sm["s_per_step"])
+        _say(f"{path}_generation_s", sm["generation_s"])
+        _say(f"{path}_train_s", sm["train_s"])
+        _say(f"{path}_generated_tokens_per_s", sm["generated_tokens_per_s"])
+        for part in ("generation", "train"):
+            _say(f"{path}_{part}_gflops", sm[f"{part}_flops"] / 1e9)
+            _say(f"{path}_{part}_fraction_of_fp32_roofline", sm[f"{part}_flops"] / res["roofline_fp32_flops"])
+    if reference:
+        ratios = [a["s_per_step"] / b["s_per_step"] for a, b in zip(runs["reference"], runs["fast"])]
+        res["speedup_pairs"] = ratios
+        res["speedup_vs_reference"] = statistics.median(ratios)
+        _say("speedup_pairs", " ".join(f"{x:.2f}" for x in ratios))
+        _say("speedup_vs_reference", res["speedup_vs_reference"])
+    (out / "grpo.json").write_text(json.dumps(res, indent=1))
+    return res
