@@ -278,7 +278,8 @@ def judge_start(run: Run, k: int, ckpt: str, control: ArmEval) -> StartJudged:
                     optimal=float(np.mean([x.optimal for x in ev.rollouts])))
     reg = regression(ev.outcomes, control.outcomes, cfg.gate, np.random.default_rng([cfg.seed, k, 7]))
     r = StartJudged(checkpoint=ckpt, n=len(control.seeds), valid=reg.before, control_valid=reg.after,
-                    change=reg.change, change_ci=[reg.ci_low, reg.ci_high], control_regressed=reg.regressed)
+                    change=reg.change, change_ci=[reg.ci_low, reg.ci_high], control_regressed=reg.regressed,
+                    outcomes=ev.outcomes)
     if reg.regressed:
         run.event(k, "backtest", "regression",
                   f"the control arm ({cfg.backtest.arm_steps} more steps under the incumbent harness) LOWERED "

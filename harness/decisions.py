@@ -59,9 +59,10 @@ def pooled_evidence(run: Run, cid: str) -> tuple[list[Any], list[str], str | Non
 
 
 def look_until_decided(run: Run, k: int, arms: dict[str, Any], main_files: dict[str, str],
-                       cand_files: dict[str, dict[str, str]]) -> tuple[list[Verdict], ArmEval | Exception]:
-    """Every vetted candidate's verdict after as many looks as it needs (at most the stage's backtest.n instances), and
-    the control arm's outcomes on all the instances judged."""
+                       cand_files: dict[str, dict[str, str]]
+                       ) -> tuple[list[Verdict], ArmEval | Exception, dict[str, ArmEval | Exception]]:
+    """Every vetted candidate's verdict after as many looks as it needs (at most the stage's backtest.n instances), the
+    control arm's outcomes on all the instances judged, and each candidate arm's on the instances it saw."""
     cfg, samples = run.config, run.judge.samples
     plan = cfg.gate.plan(cfg.backtest.n)
     fp = fingerprint(run)
@@ -117,7 +118,22 @@ def look_until_decided(run: Run, k: int, arms: dict[str, Any], main_files: dict[
             v = v.model_copy(update={"reason": v.reason + ("; evidence spent: never re-proposed from this state"
                                                            if spent else "; kept: a re-test pools with it")})
         out.append(v)
-    return out, c_eval
+    return out, c_eval, evals
+
+
+def fell_below_start(run: Run, k: int, start: Any, arm: ArmEval) -> bool:
+    """Did this (promoted) arm end below the arms' start beyond noise, on the instances it was judged on
+    (`harness.backtest.regression`, the one regression check)? A change can beat a collapsing control and still
+    lower the policy; its harness is promoted, its checkpoint is not carried."""
+    import numpy as np
+
+    from harness.backtest import regression
+
+    if start is None or len(start.outcomes) < len(arm.outcomes) or not arm.outcomes:
+        return False
+    reg = regression(start.outcomes[: len(arm.outcomes)], arm.outcomes, run.config.gate,
+                     np.random.default_rng([run.config.seed, k, 11]))
+    return reg.regressed
 
 
 def most_promising_inconclusive(run: Run, state: str) -> dict[str, Any] | None:

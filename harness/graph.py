@@ -36,7 +36,7 @@ import numpy as np
 
 from harness.arms import judge_start, prefetch_arms, prefetch_stage, run_arms, train_policy, warm_start
 from harness.backtest import ArmEval, choose_winner, regression
-from harness.decisions import escalate, look_until_decided
+from harness.decisions import escalate, fell_below_start, look_until_decided
 from harness.diagjudge import judge_diagnostics, split_verdicts
 from harness.evaluation import previous_target, report_eval, rollouts, target_probe
 from harness.memory import candidate_from_row, history, human_feedback, regression_findings, remember_skills
@@ -325,15 +325,21 @@ def node_backtest(run: Run, state: State) -> State:
     cand_files = {cid: ws.files(f"cand/{cid}") for cid in vetted}
     prefetch_arms(run, k, main_files, list(cand_files.values()))
     arms = run_arms(run, k, [("control", main_files), *cand_files.items()], state["train_ckpt"], steps)
-    vs, c_eval = look_until_decided(run, k, arms, main_files, cand_files)  # batches of instances until decided
+    vs, c_eval, evals = look_until_decided(run, k, arms, main_files, cand_files)  # batches of instances until decided
     start = None if isinstance(c_eval, Exception) else judge_start(run, k, state["train_ckpt"], c_eval)
     control = arms["control"]
+    fell = []
     for v in vs:
         if v.evidence is not None:  # judged (its arm and the control arm both came back)
             run.store.set_candidate_status(v.candidate, "backtested")
         run.event(k, "backtest", "verdict", f"{v.candidate}: {v.decision}: {v.reason}", key=f"{k}/verdict/{v.candidate}")
+        if v.decision == "promoted" and fell_below_start(run, k, start, evals[v.candidate]):
+            fell.append(arms[v.candidate].checkpoint)
+            run.event(k, "backtest", "regression", f"{v.candidate}'s arm beat the control arm but fell below the arms' "
+                      "start beyond noise: if it wins, its harness is promoted and its checkpoint is not carried (the "
+                      "next stage starts from the arms' start)", key=f"{k}/winner-regression/{v.candidate}")
     _finish(run, k, Backtested(verdicts=[*vs, *diag_vs], control=None if start is None else control.checkpoint,
-                               start=start), t0,
+                               start=start, regressed_arms=fell), t0,
             f"{len(vs) + len(diag_vs)} decision(s)" + (": the control arm failed" if start is None else ""))
     return {}
 

@@ -112,6 +112,8 @@ class StartJudged(NodeResult):
     change: float
     change_ci: list[float]
     control_regressed: bool
+    outcomes: list[float] = Field(default_factory=list, description="the start's per-instance outcomes on those "
+                                                                       "instances (a promoted arm is compared too)")
 
 
 class Backtested(NodeResult):
@@ -121,6 +123,9 @@ class Backtested(NodeResult):
     verdicts: list[Verdict] = Field(default_factory=list)
     control: str | None = None
     start: StartJudged | None = None
+    regressed_arms: list[str] = Field(default_factory=list, description="checkpoints of promoted arms that fell below "
+                                      "the arms' start beyond noise: their harness is promoted, their checkpoint not "
+                                      "carried")
 
 
 class GateAnswer(NodeResult):
@@ -146,11 +151,12 @@ def continues_from(start: str, trained: str, probe_regressed: bool, backtest: Ba
                    winner: ArmRecord | None = None) -> str:
     """The checkpoint the next step starts from. Without a backtest (the arms' start): the stage's trained checkpoint,
     unless the probe saw training lower the policy (then the stage's `start`). After the backtest (the next stage):
-    the winner's arm; else the control arm, unless the probe regressed or the control arm fell below its start on the
+    the winner's arm (unless it fell below the arms' start: then the arms' start); else the control arm, unless the probe regressed or the control arm fell below its start on the
     backtest (the incumbent recipe lowers the policy), in which case the arms' start."""
     arms_start = start if probe_regressed else trained
-    if winner is not None:
-        return winner.checkpoint
+    if winner is not None:  # the winner's arm, unless it fell below the arms' start (a collapse is never carried)
+        return arms_start if backtest is not None and winner.checkpoint in backtest.regressed_arms else \
+            winner.checkpoint
     if backtest is None or backtest.control is None:
         return arms_start
     if probe_regressed or (backtest.start is not None and backtest.start.control_regressed):

@@ -91,7 +91,7 @@ def test_a_clear_loser_is_refuted_at_the_first_look_without_judging_more_instanc
         path = write_rollouts(run.path("rollouts", f"s1-{name}.jsonl.gz"), _arm_rollouts(run, 1, valid, plan.min_n))
         arms[name] = ArmRecord(checkpoint=str(run.path("checkpoints", f"s1-{name}")), rollouts=str(path), valid=valid)
     ws = run.workspace()
-    [v], control = look_until_decided(run, 1, arms, ws.files("main"), {"s1c1": ws.files("cand/s1c1")})
+    [v], control, _ = look_until_decided(run, 1, arms, ws.files("main"), {"s1c1": ws.files("cand/s1c1")})
     assert v.decision == "rejected" and v.evidence.looks[-1]["decision"] == "refuted", v.reason
     assert v.evidence.n == plan.min_n and len(v.evidence.looks) == 1 and len(control.seeds) == plan.min_n
     assert run.result(1, ArmLook, node="arm:control:look1") is None  # no checkpoint was judged again

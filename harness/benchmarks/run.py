@@ -63,7 +63,7 @@ def check_run(run_dir: Path, skills_db: Path | None = None) -> list[str]:
     try:
         run = run_dir.name
         cands = store.candidates(run)
-        decided = {"promoted", "rejected", "rejected_vet"}
+        decided = {"promoted", "rejected", "rejected_vet", "inconclusive"}
         for c in cands:
             if c["status"] not in decided:
                 problems.append(f"candidate {c['id']} left undecided ({c['status']})")
@@ -71,8 +71,8 @@ def check_run(run_dir: Path, skills_db: Path | None = None) -> list[str]:
         if want_promoted != {t for t in tags if t.startswith("promoted/")}:
             problems.append(f"promoted tags {sorted(t for t in tags if t.startswith('promoted/'))} != run.db "
                             f"{sorted(want_promoted)}")
-        want_rejected = {f"rejected/{c['id']}" for c in cands if c["status"] in ("rejected", "rejected_vet")
-                         and c["commit_sha"]}
+        want_rejected = {f"rejected/{c['id']}" for c in cands if c["status"] in ("rejected", "rejected_vet",
+                                                                                    "inconclusive") and c["commit_sha"]}
         if want_rejected != {t for t in tags if t.startswith("rejected/")}:
             problems.append(f"rejected tags {sorted(t for t in tags if t.startswith('rejected/'))} != run.db "
                             f"{sorted(want_rejected)}")
