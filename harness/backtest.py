@@ -72,7 +72,7 @@ def fixed_decide(control_outcomes: list[float], candidate_outcomes: list[float],
            rng: np.random.Generator | None = None, comparisons: int = 1,
            seeds: list[int] | None = None, greedy: tuple[list[float], list[float]] | None = None,
            samples: int = 1) -> Verdict:
-    """THE FIXED-SIZE GATE the loop used before it decided sequentially (one look at n, a paired bootstrap): no part of
+    """The fixed-n gate the loop used before it decided sequentially (one look at n, a paired bootstrap): no part of
     the loop or the benchmarks calls it (`verdicts` decides, through `harness.sequential`); kept only so
     tests/test_gate.py can compare, until those tests are ported. Promote only if (1) the overall lower bound exceeds
     `gate.min_effect`, (2) no checked slice's lower bound is
