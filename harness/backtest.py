@@ -1,14 +1,17 @@
-"""The judge: paired statistics, the promotion gate, and the online A/B backtest of a candidate against the control.
+"""The judge: the sequential promotion gate on paired outcomes, the regression check, and the arms of the online A/B
+backtest of a candidate against the control.
 
-Everything here lives OUTSIDE the sandbox: nothing a run evolves can relax `GateConfig`, the paired bootstrap or how the
-held-out instances are scored. Evolved diagnostics may only add vetoes (`arm_vetoes`).
+Everything here lives OUTSIDE the sandbox: nothing a run evolves can relax `GateConfig`, the sequential procedure
+(`harness.sequential`) or how the held-out instances are scored. Evolved diagnostics may only add vetoes (`arm_vetoes`).
 
     from harness.backtest import GateConfig, paired_bootstrap, verdicts
     effect, lo, hi = paired_bootstrap(control, candidate, n_boot=2000, alpha=0.05, rng=np.random.default_rng(0))
     [verdict] = verdicts(control_eval, control_files, [("s1c1", files, candidate_eval)], GateConfig(), judge="fp")
 
-One judge, one path: `verdicts` is the one function that turns arms' per-instance outcomes into verdicts (vetoes of
-both trees' evolved diagnostics, `decide`'s gate and slice checks, the minimum detectable effect); `regression` is the
+One judge, one path: `verdicts` is the one function that turns arms' per-instance outcomes into verdicts at a look
+(vetoes of both trees' evolved diagnostics, then `harness.sequential.decide` on the evidence pooled with earlier
+inconclusive tests: promoted, rejected = refuted, or inconclusive; `one_look` is the same procedure at one look for
+outcomes held without arms); `regression` is the
 one check that a policy fell below its start (the probe, the start judge). An arm is trained by `train_arm` and judged
 by `judge_arm`, both called only through `harness.scale.execute_arm` on a `harness.scale.ArmJob`: the live loop
 (`harness.arms`) and the calibration benchmark (`harness/benchmarks/calibration.py`) submit the same job and call the
@@ -18,7 +21,6 @@ same `verdicts`. Tests: tests/test_gate.py, tests/test_backtest.py.
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from typing import Any
 
 import numpy as np
@@ -67,121 +69,23 @@ def slice_keys(slices: dict[str, str]) -> list[str]:
 # --- the decision -----------------------------------------------------------------------------------------------------
 
 
-def fixed_decide(control_outcomes: list[float], candidate_outcomes: list[float], slices: list[dict[str, str]],
-           gate: GateConfig, vetoes: list[str] | None = None, candidate_id: str = "candidate",
-           rng: np.random.Generator | None = None, comparisons: int = 1,
-           seeds: list[int] | None = None, greedy: tuple[list[float], list[float]] | None = None,
-           samples: int = 1) -> Verdict:
-    """The fixed-n gate the loop used before it decided sequentially (one look at n, a paired bootstrap): no part of
-    the loop or the benchmarks calls it (`verdicts` decides, through `harness.sequential`); kept only so
-    tests/test_gate.py can compare, until those tests are ported. Promote only if (1) the overall lower bound exceeds
-    `gate.min_effect`, (2) no checked slice's lower bound is
-    below `-gate.slice_tolerance`, (3) no veto fires. `comparisons` > 1 (several candidates judged in one stage)
-    divides alpha (Bonferroni) so picking the best of many does not inflate false promotions. The reason names the
-    first failed condition with its numbers; every condition is still computed for the record."""
-    if len(slices) != len(control_outcomes):
-        raise GateError(f"{len(slices)} slice labels for {len(control_outcomes)} outcomes: pass one dict per instance")
-    for name, xs in (("control", control_outcomes), ("candidate", candidate_outcomes)):
-        if any(not 0.0 <= float(x) <= 1.0 for x in xs):
-            raise GateError(f"{name} outcomes must lie in [0, 1] (per-instance {gate.metric} rate)")
-    if comparisons < 1:
-        raise GateError(f"comparisons must be >= 1, got {comparisons}")
-    rng = rng if rng is not None else np.random.default_rng(0)
-    alpha = gate.alpha / comparisons
-    c = np.asarray(control_outcomes, dtype=np.float64)
-    k = np.asarray(candidate_outcomes, dtype=np.float64)
-    effect, lo, hi = paired_bootstrap(c, k, gate.n_boot, alpha, rng)
-    lo, hi = widen(effect, lo, hi, gate, alpha)
-    mde = min_detectable_effect(k - c, gate, comparisons)
-
-    groups: dict[str, list[int]] = defaultdict(list)
-    for i, s in enumerate(slices):
-        for key in slice_keys(s):
-            groups[key].append(i)
-    by_slice: dict[str, dict[str, float]] = {}
-    regressions: list[str] = []
-    for key in sorted(groups):
-        ix = np.asarray(groups[key])
-        s_eff, s_lo, s_hi = paired_bootstrap(c[ix], k[ix], gate.n_boot, alpha, rng)
-        s_lo, s_hi = widen(s_eff, s_lo, s_hi, gate, alpha)
-        checked = len(ix) >= gate.min_slice_n
-        by_slice[key] = {"effect": s_eff, "ci_low": s_lo, "ci_high": s_hi, "n": float(len(ix)),
-                         "control": float(c[ix].mean()), "candidate": float(k[ix].mean()), "checked": float(checked)}
-        if checked and s_lo < -gate.slice_tolerance:
-            regressions.append(f"slice {key} regressed: effect {s_eff:+.3f}, lower bound {s_lo:+.3f} < "
-                               f"-{gate.slice_tolerance:.3f} (n={len(ix)}, control {c[ix].mean():.3f} -> candidate "
-                               f"{k[ix].mean():.3f})")
-    vetoes = list(vetoes or [])
-    evidence = Evidence(metric=gate.metric, n=len(c), control=float(c.mean()), candidate=float(k.mean()),
-                        effect=effect, ci_low=lo, ci_high=hi, by_slice=by_slice, vetoes=vetoes,
-                        seeds=(min(seeds), max(seeds)) if seeds else None, samples=samples, mde=mde,
-                        greedy_control=float(np.mean(greedy[0])) if greedy and len(greedy[0]) else None,
-                        greedy_candidate=float(np.mean(greedy[1])) if greedy and len(greedy[1]) else None)
-    conf = f"{100 * (1 - alpha):.1f}%"
-    if vetoes:
-        return Verdict(candidate=candidate_id, decision="rejected", evidence=evidence,
-                       reason=f"veto: {'; '.join(vetoes)}")
-    if not lo > gate.min_effect:
-        return Verdict(candidate=candidate_id, decision="rejected", evidence=evidence,
-                       reason=(f"not significant: effect {effect:+.3f}, {conf} lower bound {lo:+.3f} <= min effect "
-                               f"{gate.min_effect:.3f} (n={len(c)}, control {c.mean():.3f} -> candidate {k.mean():.3f}; "
-                               f"detectable effect at this n: {mde:+.3f})"))
-    if regressions:
-        return Verdict(candidate=candidate_id, decision="rejected", evidence=evidence, reason="; ".join(regressions))
-    return Verdict(candidate=candidate_id, decision="promoted", evidence=evidence,
-                   reason=(f"promoted: effect {effect:+.3f}, {conf} lower bound {lo:+.3f} > min effect "
-                           f"{gate.min_effect:.3f} (n={len(c)}); no slice below -{gate.slice_tolerance:.3f}; no veto"))
-
-
-POWER = 0.8  # the power the minimum detectable effect is quoted at
-
-
-def widen(effect: float, lo: float, hi: float, gate: GateConfig, alpha: float) -> tuple[float, float]:
-    """Bounds widened by the arms' training noise (`gate.arm_noise_sd`), in quadrature with the instance noise."""
-    if gate.arm_noise_sd <= 0:
-        return lo, hi
-    from statistics import NormalDist
-
-    extra = NormalDist().inv_cdf(1.0 - alpha) * gate.arm_noise_sd
-    return (effect - float(np.hypot(effect - lo, extra)), effect + float(np.hypot(hi - effect, extra)))
-
-
-def min_detectable_effect(diffs: np.ndarray | list[float], gate: GateConfig, comparisons: int = 1) -> float:
-    """The smallest true mean effect that the gate promotes with 80% power, given the paired differences' spread:
-    min_effect + (z_{1-alpha} + z_{0.8}) * sqrt(sd(d)^2 / n + arm_noise_sd^2) (normal approximation of the bound).
-    Its noise part, `mde - min_effect`, is what more instances (n) or more samples per instance (k) shrink."""
-    from statistics import NormalDist
-
-    d = np.asarray(diffs, dtype=np.float64)
-    if len(d) < 2:
-        return float("inf")
-    z = NormalDist().inv_cdf(1.0 - gate.alpha / comparisons) + NormalDist().inv_cdf(POWER)
-    se = float(np.hypot(d.std(ddof=1) / np.sqrt(len(d)), gate.arm_noise_sd))
-    return float(gate.min_effect + z * se)
-
-
-def detectability_warning(mde: float, n: int, samples: int, gate: GateConfig, comparisons: int = 1) -> str | None:
-    """A one-time warning when the backtests' noise alone exceeds the configured min_effect (an effect of twice
-    min_effect is then promoted less than 80% of the time), naming the fix: the n that would do, or, when the arms'
-    training noise alone is too large, that no n will."""
-    from statistics import NormalDist
-
-    z = NormalDist().inv_cdf(1.0 - gate.alpha / comparisons) + NormalDist().inv_cdf(POWER)
-    noise = mde - gate.min_effect
-    if not np.isfinite(noise) or noise <= gate.min_effect or gate.min_effect <= 0:
-        return None
-    head = (f"backtests cannot see effects as small as configured: at n={n} instances x {samples} samples the "
-            f"minimum detectable effect is {mde:+.3f}, but gate.min_effect is {gate.min_effect:.3f}. Fix: ")
-    arm = gate.arm_noise_sd
-    if z * arm >= gate.min_effect:
-        return head + (f"the arms' training noise alone (gate.arm_noise_sd {arm:.3f}) keeps the detectable effect above "
-                       f"{gate.min_effect + z * arm:+.3f} at any n: lengthen backtest.arm_steps so effects grow, or "
-                       f"raise gate.min_effect to the smallest effect you care about.")
-    se_inst = np.sqrt(max(0.0, (noise / z) ** 2 - arm**2))
-    target = np.sqrt((gate.min_effect / z) ** 2 - arm**2)
-    need = int(np.ceil(n * (se_inst / target) ** 2))
-    return head + (f"raise backtest.n to about {need} (or backtest.samples, or lengthen backtest.arm_steps so effects "
-                   f"grow), or raise gate.min_effect to the smallest effect you care about.")
+def one_look(control_outcomes: list[float], candidate_outcomes: list[float], slices: list[dict[str, str]],
+             gate: GateConfig, vetoes: list[str] | None = None, candidate_id: str = "candidate", comparisons: int = 1,
+             samples: int = 1) -> Verdict:
+    """One pair judged at one look with its evidence spent: the fixed-n special case of the sequential procedure
+    (`sequential_verdict` with a plan of one look of n instances and one pair), for callers that hold per-instance
+    outcomes rather than arms (tests, notebooks). The loop decides through `verdicts`."""
+    n = len(control_outcomes)
+    if len(slices) != n or len(candidate_outcomes) != n:
+        raise GateError(f"{len(slices)} slice labels and {len(candidate_outcomes)} candidate outcomes for {n} control "
+                        "outcomes: pass one of each per instance")
+    if n < 2:
+        raise GateError("no paired outcomes to judge: evaluate both arms on at least two backtest instances")
+    arms = [ArmEval(seeds=list(range(n)), outcomes=[float(x) for x in xs], slices=list(slices), samples=samples)
+            for xs in (control_outcomes, candidate_outcomes)]
+    plan = gate.model_copy(update={"max_pairs": 1, "first_look": n}).plan(n)
+    return sequential_verdict(candidate_id, arms[0], arms[1], gate, plan, "one-look", [], list(vetoes or []),
+                              comparisons, samples)
 
 
 def choose_winner(verdicts: list[Verdict]) -> tuple[Verdict | None, list[Verdict]]:
@@ -402,6 +306,9 @@ def sequential_verdict(cid: str, control: ArmEval, arm: ArmEval, gate: GateConfi
     if arm.seeds != ctrl.seeds:
         raise GateError(f"arm {cid} was judged on other instances than the control arm: judge every arm of a "
                         "decision on the same backtest instances, in the same order")
+    for name, xs in (("control", ctrl.outcomes), ("candidate", arm.outcomes)):
+        if any(not 0.0 <= float(x) <= 1.0 for x in xs):
+            raise GateError(f"{name} outcomes must lie in [0, 1] (per-instance {gate.metric} rate)")
     diffs = [float(b - a) for a, b in zip(ctrl.outcomes, arm.outcomes, strict=True)]
     pair = PairEvidence(judge=judge, diffs=diffs, slices=ctrl.slices)
     look = decide([*prior, pair], plan, vetoes=vetoes, comparisons=comparisons)

@@ -37,13 +37,15 @@ def _calls(path: str) -> dict[str, set[str]]:
 def test_the_loop_and_the_calibration_decide_through_one_verdict_function_and_one_arm_job():
     judge = _calls("harness/backtest.py")
     assert judge["decide"] == {"sequential_verdict"}, "the sequential `decide` is reached only through one verdict"
-    assert judge["sequential_verdict"] == {"verdicts"}, "... and that only through `verdicts`"
-    assert judge["paired_bootstrap"] == {"fixed_decide", "regression"}
-    for path in sorted((ROOT / "harness").rglob("*.py")):  # the old fixed-size gate decides nothing any more
-        assert "fixed_decide" not in _calls(str(path.relative_to(ROOT))), f"{path} decides with the fixed-size gate"
+    assert judge["sequential_verdict"] == {"verdicts", "one_look"}, "... and that through `verdicts` (one_look: the "
+    "same procedure at one look, for outcomes without arms)"
+    assert judge["paired_bootstrap"] == {"regression"}, "the bootstrap only checks a policy against its start"
+    assert not hasattr(B, "fixed_decide") and not hasattr(B, "detectability_warning"), "the fixed-n gate is gone"
+    for path in sorted((ROOT / "harness").rglob("*.py")):  # nothing in the loop or benchmarks judges one look by hand
+        assert "one_look" not in _calls(str(path.relative_to(ROOT))) or path.name == "backtest.py", path
     for path in ("harness/graph.py", "harness/arms.py", "harness/benchmarks/calibration.py", "harness/scale.py"):
         calls = _calls(path)
-        for second in ("decide", "fixed_decide", "sequential_verdict", "paired_bootstrap", "arm_vetoes"):
+        for second in ("decide", "one_look", "sequential_verdict", "paired_bootstrap", "arm_vetoes"):
             assert second not in calls, f"{path} calls {second} itself: decide through harness.backtest.verdicts"
     loop, arms, calib = _calls("harness/decisions.py"), _calls("harness/arms.py"), _calls("harness/benchmarks/calibration.py")
     assert "verdicts" in loop and "verdicts" in calib
