@@ -255,6 +255,17 @@ def _solve(prob: Callable[[float], float], target: float) -> float:
     return hi
 
 
+def _t_inflation(dof: int, alpha: float) -> float:
+    """(t_{dof, 1-alpha} / z_{1-alpha})^2: the plug-in variance widened so a normal boundary acts like Student's t at
+    `dof` degrees of freedom (the small-sample correction of the significance-level approach, Jennison and Turnbull
+    2000, sec. 14.2; t by the Cornish-Fisher expansion, Abramowitz and Stegun 26.7.5)."""
+    if dof <= 0:
+        return 1.0
+    z = _N.inv_cdf(1 - alpha)
+    t = z + (z**3 + z) / (4 * dof) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * dof**2)
+    return (t / z) ** 2
+
+
 # --- the pooled estimate ----------------------------------------------------------------------------------------------------
 
 
@@ -311,7 +322,7 @@ def decide(pairs: list[PairEvidence], plan: Plan, vetoes: list[str] | None = Non
         return Look(decision="continue", reason=f"first look after {plan.min_n} instances ({last} so far)", n=n,
                     pairs=len(pairs), effect=float(np.concatenate(arrs).mean()) if n else 0.0, lo=-1.0, hi=1.0,
                     next_step="more_instances")
-    s2 = _pooled_var(arrs)
+    s2 = _pooled_var(arrs) * _t_inflation(sum(m - 1 for m in ns), plan.alpha)
     effect, se = estimate(arrs, plan, s2)
     sd = round(max(math.sqrt(s2), 0.01), 2)  # the boundaries' variance, on a 0.01 grid so they can be cached
     infos = look_infos(ns, plan, sd * sd)
