@@ -50,6 +50,7 @@ EXAMPLE_CHARS = 220  # abbreviated trajectory length
 TARGET_FAILS = 0.5  # a target slice below this valid rate fails (finding target.slice_fails)
 UNDER_WEIGHTED = 0.5  # a target slice the mix gives less than this fraction of its target share is under-weighted
 ALL_FAIL = 0.95  # this share of the probe's groups failing every sample: the training mix is too hard
+MIX_FAR = 0.3  # total variation distance between the mix's and the target's slice shares at which the mix misses it
 FALL_Z = 2.0  # a target slice falls when its drop exceeds this many standard errors (instances, not samples) ...
 FALL_MIN = 0.05  # ... and this much
 
@@ -458,7 +459,7 @@ def builtin_diagnostics(rollouts: list[Rollout], train_metrics: list[dict[str, f
 # --- the target: the judge's distribution next to the training mix ---------------------------------------------------
 
 TARGET_CODES = ("target.slice_fails", "target.uncovered", "target.underweighted", "target.mastered", "target.falling",
-                "target.mix_all_fail")
+                "target.mix_all_fail", "target.mix_far")
 
 
 def _shares(weights: dict[str, float]) -> dict[str, float]:
@@ -550,6 +551,17 @@ def target_findings(view: TargetView | None, probe: list[Rollout], previous: lis
     for r in previous or []:
         prev_by[r.slices.get(view.slice_key)].append(r)
     k = view.slice_key
+    tv = 0.5 * sum(abs(s.mix_share - s.target_share) for s in view.slices)
+    metrics["target_mix_distance"] = round(tv, 4)
+    target_valid = view.overall.get("valid", 0.0)
+    if tv >= MIX_FAR and target_valid < MASTERED:
+        shares = ", ".join(f"{k}={s.value} {s.mix_share:.2f} vs {s.target_share:.2f}" for s in view.slices)
+        findings.append(Finding(
+            code="target.mix_far", severity="critical", count=sum(s.n for s in view.slices), rate=round(tv, 4),
+            knobs=["env.mixture"],
+            message=f"the training mix is far from the target: total variation {tv:.2f} between their {k} shares "
+                    f"(mix vs target: {shares}) while the target's valid is {target_valid:.2f}: the policy learns a "
+                    "distribution it is not judged on; re-weight the mix before tuning GRPO on it"))
     for s in view.slices:
         metrics[f"target.valid.{k}={s.value}"] = s.valid
         if s.n < min_n:

@@ -166,6 +166,21 @@ def test_the_rule_engineer_moves_a_too_hard_mix_to_the_targets_frontier(tmp_path
     assert half["5"] == pytest.approx((0.9 + w["5"]) / 2, abs=2e-3)
 
 
+def test_a_mix_far_from_the_target_is_a_root_cause_fixed_before_grpo_health(tmp_path):
+    """The too-hard mix whose probe is not quite all-fail (so `target.mix_all_fail` stays silent) but whose slice
+    shares are far from the target's (total variation 0.57) while GRPO health findings are critical too: the
+    whole-mixture change comes first (what the appendix run needs), not a temperature or group size."""
+    d = diagnose(TOO_HARD, {3: 0.5, 4: 0.5, 5: 0.0}, {3: 0.5, 4: 0.25, 5: 0.2})
+    far = [f for f in d.findings if f.code == "target.mix_far"]
+    assert len(far) == 1 and far[0].severity == "critical" and far[0].rate == pytest.approx(0.57, abs=0.01)
+    assert "mix_all_fail" not in {f.code.split(".")[-1] for f in d.findings}
+    res = _propose(d, tmp_path)
+    assert res.candidates[0].change.knob == MIXTURE, [c.change.knob for c in res.candidates]
+    assert res.candidates[0].change.value["5"] < 0.5  # toward the target's shares
+    near = diagnose(TARGET, {3: 0.5, 4: 0.5, 5: 0.2}, {3: 0.5, 4: 0.25, 5: 0.2})
+    assert not [f for f in near.findings if f.code == "target.mix_far"]  # the mix IS the target: silent
+
+
 def test_a_refuted_mixture_is_not_proposed_again_from_the_same_state(tmp_path):
     from harness.records import HistoryItem
 
