@@ -97,18 +97,18 @@ def test_boundaries_spend_what_they_claim_under_the_canonical_joint_distribution
 
 def test_false_promotions_at_the_minimum_effect_stay_within_alpha_across_looks_and_re_tests():
     rng = np.random.default_rng(0)
-    decisions = [_run(rng, PLAN.min_effect, PLAN)[0] for _ in range(1500)]
+    decisions = [_run(rng, PLAN.min_effect, PLAN)[0] for _ in range(800)]
     rate, slack = _rate(decisions, "promoted")
-    assert rate <= PLAN.alpha + slack, f"false promotion rate {rate:.3f} over 1500 sequential decisions"
+    assert rate <= PLAN.alpha + slack, f"false promotion rate {rate:.3f} over 800 sequential decisions"
     # the naive procedure, same data stream, breaks the bound: the simulation can see a broken guarantee
     rng = np.random.default_rng(0)
-    naive = [_run(rng, PLAN.min_effect, PLAN, judge=_naive)[0] for _ in range(1500)]
+    naive = [_run(rng, PLAN.min_effect, PLAN, judge=_naive)[0] for _ in range(800)]
     assert _rate(naive, "promoted")[0] > PLAN.alpha + slack
 
 
 def test_false_refutations_of_a_real_effect_stay_within_alpha():
     rng = np.random.default_rng(1)
-    decisions = [_run(rng, PLAN.min_effect, PLAN)[0] for _ in range(1000)]
+    decisions = [_run(rng, PLAN.min_effect, PLAN)[0] for _ in range(500)]
     rate, slack = _rate(decisions, "refuted")
     assert rate <= PLAN.alpha + slack
 
