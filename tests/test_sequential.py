@@ -15,6 +15,7 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
+from harness.benchmarks.sequential import one_decision, pair_diffs
 from harness.sequential import (
     PairEvidence,
     Plan,
@@ -32,35 +33,16 @@ PLAN = Plan(alpha=0.05, min_effect=0.02, slice_tolerance=0.1, arm_noise_sd=0.012
             max_pairs=3)
 
 
-def _pair_diffs(rng: np.random.Generator, effect: float, n: int, plan: Plan, samples: int = 4) -> np.ndarray:
-    """Per-instance differences of two arms' rates over `samples` completions: a shared per-instance difficulty, the
-    candidate shifted by the true effect plus this pair's arm offset (one draw per pair)."""
-    q = rng.uniform(0.1, 0.6, n)
-    eta = rng.normal(0.0, plan.arm_noise_sd)
-    pk = np.clip(q + effect + eta, 0.0, 1.0)
-    return (rng.binomial(samples, pk) - rng.binomial(samples, q)) / samples
+_pair_diffs = pair_diffs  # the benchmark's generator and driver: one simulation, here and in BENCHMARKS.md
 
 
 def _run(rng: np.random.Generator, effect: float, plan: Plan, judge=decide) -> tuple[str, int]:
-    """One whole decision as the loop would drive it: batches until an answer, inconclusive -> a pooled re-test."""
-    pairs: list[PairEvidence] = []
-    while True:
-        pool = _pair_diffs(rng, effect, plan.max_n, plan)
-        pairs.append(PairEvidence(judge="j", diffs=[]))
-        while True:
-            have = len(pairs[-1].diffs)
-            take = plan.min_n if have == 0 else plan.batch
-            pairs[-1] = PairEvidence(judge="j", diffs=list(pool[: min(plan.max_n, have + take)]))
-            look = judge(pairs, plan)
-            if look.decision != "continue":
-                if look.decision == "inconclusive" and len(pairs) < plan.max_pairs:
-                    break  # kept: the re-test pools onto it
-                return look.decision, look.n
-            if look.next_step == "new_pair":
-                break
+    """One whole decision as the loop would drive it: batches until an answer, a new pooled pair when one is full."""
+    decision, n, _ = one_decision(rng, effect, plan, judge=judge)
+    return decision, n
 
 
-def _naive(pairs: list[PairEvidence], plan: Plan):
+def _naive(pairs: list[PairEvidence], plan: Plan, comparisons: int = 1):
     """A fixed-n one-sided normal bound re-checked at every look and over pooled re-tests (what this module replaces)."""
     d = np.concatenate([np.asarray(p.diffs) for p in pairs])
     lo = d.mean() - NormalDist().inv_cdf(1 - plan.alpha) * d.std(ddof=1) / math.sqrt(len(d))

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -24,8 +26,10 @@ def pair_diffs(rng: np.random.Generator, effect: float, n: int, plan: Plan, samp
     return (rng.binomial(samples, pk) - rng.binomial(samples, q)) / samples
 
 
-def one_decision(rng: np.random.Generator, effect: float, plan: Plan, comparisons: int = 1) -> tuple[str, int, int]:
-    """(decision, instances used, pairs used) of one change judged from its first test to its end."""
+def one_decision(rng: np.random.Generator, effect: float, plan: Plan, comparisons: int = 1,
+                 judge: Callable[..., Any] = decide) -> tuple[str, int, int]:
+    """(decision, instances used, pairs used) of one change judged from its first test to its end; `judge` (default
+    `harness.sequential.decide`) lets a test drive another procedure over the same data stream."""
     pairs: list[PairEvidence] = []
     while True:
         pool = pair_diffs(rng, effect, plan.max_n, plan)
@@ -34,7 +38,7 @@ def one_decision(rng: np.random.Generator, effect: float, plan: Plan, comparison
             have = len(pairs[-1].diffs)
             pairs[-1] = PairEvidence(judge="j", diffs=list(pool[: min(plan.max_n, have + (plan.min_n if have == 0
                                                                                             else plan.batch))]))
-            look = decide(pairs, plan, comparisons=comparisons)
+            look = judge(pairs, plan, comparisons=comparisons)
             if look.decision != "continue":
                 return look.decision, look.n, len(pairs)
             if look.next_step == "new_pair":
