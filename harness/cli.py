@@ -398,6 +398,47 @@ def bench_grpo(
         reference=reference)
 
 
+@bench_app.command("scenarios")
+def bench_scenarios(
+    where: Annotated[list[Path] | None, typer.Argument(help="scenario files or folders (default: "
+                                                          "examples/scenarios)")] = None,
+    scenarios: Annotated[str | None, typer.Option(help="comma-separated scenario names: run only these")] = None,
+    arms: Annotated[str | None, typer.Option(help="comma-separated arms (default: --quick's fixed-template, oracle, "
+                                            "evolved-rule, plr; else every arm)")] = None,
+    seeds: Annotated[int | None, typer.Option(min=1, help="seeds per arm (default: 1 with --quick, else 3)")] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="each scenario's quick: sizes, four arms, one seed: a smoke "
+                                                       "of the whole pipeline and a first reading")] = False,
+    out: Annotated[Path, typer.Option(help="work dir (one experiment per scenario; scenarios.json/.md/.png/.html); "
+                                           "an existing one resumes")] = Path("runs/bench-scenarios"),
+) -> None:
+    """Broken harnesses: each scenario's arms (fixed-template, oracle, curricula, PBT, the evolved loop) at equal
+    compute, judged on the scenario's target; the gap each arm recovers."""
+    from harness.experiment import ARMS, ExperimentError
+    from harness.scenarios import QUICK_ARMS, ScenarioError, run_scenarios, scenario_files
+    from harness.terminal import plain
+
+    arm_list = [a.strip() for a in arms.split(",") if a.strip()] if arms else list(QUICK_ARMS if quick else ARMS)
+    bad = [a for a in arm_list if a not in ARMS]
+    if bad:
+        fail(f"--arms: unknown arm {bad[0]!r}; choose from {', '.join(ARMS)}")
+    only = [x.strip() for x in scenarios.split(",") if x.strip()] if scenarios else None
+    try:
+        files = scenario_files(where or [Path("examples/scenarios")], only)
+        doc = run_scenarios(files, out, arm_list, seeds or (1 if quick else 3), quick,
+                            say=lambda m: console.print(plain(m), highlight=False, markup=False, soft_wrap=True),
+                            progress=_run_progress())
+    except (ScenarioError, ExperimentError) as exc:
+        fail(str(exc))
+    console.print(plain((out / "scenarios.md").read_text()), highlight=False, markup=False, soft_wrap=True)
+    for name, sc in doc["scenarios"].items():
+        if sc["gap"] is not None:
+            typer.echo(f"scenario_{name}_gap: {sc['gap'][0]:+.4f} [{sc['gap'][1]:+.4f}, {sc['gap'][2]:+.4f}]")
+        for arm, a in sc["arms"].items():
+            typer.echo(f"scenario_{name}_{arm}_valid: {a['valid']:.4f}")
+    typer.echo(f"scenarios_arm_hours: {doc['arm_hours']:.2f}")
+    typer.echo(f"results: {out / 'scenarios.json'}; table {out / 'scenarios.md'}; page {out / 'scenarios.html'}")
+
+
 @bench_app.command("ladder")
 def bench_ladder(
     rungs: Annotated[str, typer.Option(help="comma-separated rungs: 1 plumbing, 2 copy toy, 3 MAPF")] = "1,2,3",
@@ -625,16 +666,21 @@ def eval_cmd(
     ckpt: Annotated[Path, typer.Argument(help="checkpoint directory (save_pretrained)")],
     task: Annotated[str, typer.Option(help="task family")] = "mapf",
     suite: Annotated[str, typer.Option(help="benchmark suite name (test-split seeds)")] = "small",
+    env: Annotated[Path | None, typer.Option(help="a generator config YAML (the task's env.yaml, e.g. a scenario's "
+                                            "target) as the test set instead of --suite: --n instances, test "
+                                            "split")] = None,
+    n: Annotated[int, typer.Option(min=1, help="instances drawn from --env")] = 200,
     max_new_tokens: Annotated[int, typer.Option(min=1, help="completion budget in tokens")] = 256,
     style: Annotated[str | None, typer.Option(help="prompt style; default: the one the checkpoint was trained on "
                                               "(its evotrainer.json), else chat for chat models, else trace")] = None,
     threads: Annotated[int, typer.Option(min=1, help="torch CPU threads")] = 2,
 ) -> None:
-    """Evaluate a checkpoint on a held-out suite: valid and optimal rates per slice."""
+    """Evaluate a checkpoint on a held-out suite (or a generator config's instances): valid and optimal rates per
+    slice."""
     from policies import cpu_threads
 
     cpu_threads(threads)
-    from harness.policy_glue import checkpoint_style, evaluate, print_eval, suite_blocks, suite_instances
+    from harness.policy_glue import checkpoint_style, evaluate, print_eval
     from harness.tasks import get_task
     from policies.model import load_policy, require_chat_template
     from policies.rollout import SamplingParams
@@ -645,9 +691,29 @@ def eval_cmd(
         raise UserError(f"unknown --style {style!r}; choose one of: {', '.join(t.spec.styles)}")
     style = style or checkpoint_style(t, ckpt, tok)
     require_chat_template(tok, str(ckpt), style)
-    report = evaluate(model, tok, t, suite_instances(t, suite), style, blocks=suite_blocks(t, suite),
+    if env is not None:
+        from harness.config import EvalConfig
+        from harness.tasks.suites import draw_env
+        from sandbox.yamlload import YamlError, load_yaml
+
+        if not env.is_file():
+            raise UserError(f"--env {env}: no such file (a generator config YAML, e.g. a scenario's target)")
+        try:
+            data = load_yaml(env) or {}
+            data = data.get("target", data) if isinstance(data, dict) and "scenario" in data else data
+            t.spec.config_model.model_validate(data)
+        except (YamlError, ValueError) as exc:
+            raise UserError(f"--env {env}: not a {task} generator config: {str(exc).splitlines()[0]}") from None
+        drawn = draw_env(t, data, n)
+        label = f"{task} generator config {env} ({EvalConfig(env=data, n=n, suite='').name}, n={n}, {style} prompts)"
+    else:
+        from harness.tasks.suites import draw_suite
+
+        drawn = draw_suite(t, suite)
+        label = f"{task} suite {suite!r} ({style} prompts)"
+    report = evaluate(model, tok, t, [i for _, i in drawn], style, blocks=[b for b, _ in drawn],
                       params=SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens))
-    print_eval(report, f"{task} suite {suite!r} ({style} prompts)", console)
+    print_eval(report, label, console)
 
 # --- skills (issue: autonomous run) ------------------------------------------------------------------------------
 

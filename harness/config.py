@@ -134,6 +134,31 @@ class ScaleConfig(_Strict):
 class EvalConfig(_Strict):
     suite: str = Field("small", description="benchmark suite on the test split, reported per stage (never decides)")
     limit: int | None = Field(None, ge=1, description="evaluate only the first N suite instances (faster reports)")
+    env: dict[str, Any] | None = Field(None, description="a generator config as the held-out test set instead of a "
+                                       "named suite: `n` instances drawn from it on the test split (a scenario's "
+                                       "target); each instance's block is its slices")
+    n: int = Field(200, ge=1, description="test instances drawn from `env` (with env only)")
+
+    @model_validator(mode="after")
+    def _one_test_set(self) -> EvalConfig:
+        if self.env is not None and self.suite and "suite" in self.model_fields_set:
+            raise ValueError("eval: give suite (a named suite) or env (a generator config as the test set), not both")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        """Whether stages are reported on a held-out test set at all (`suite: ''` and no env: no report)."""
+        return self.env is not None or bool(self.suite)
+
+    @property
+    def name(self) -> str:
+        """The test set's name in reports: the suite's, or `env:<hash>` of the generator config."""
+        if self.env is None:
+            return self.suite
+        import hashlib
+        import json
+
+        return "env:" + hashlib.sha256(json.dumps(self.env, sort_keys=True).encode()).hexdigest()[:10]
 
 
 class RetentionConfig(_Strict):
@@ -281,7 +306,9 @@ class RunConfig(_Strict):
             _nested("warm_start.env", task.spec.config_model, self.warm_start.env)
         _nested("reward", task.spec.shaping_model, self.reward)
         _nested("recipe", Recipe, self.recipe)
-        if self.eval.suite:
+        if self.eval.env is not None:
+            _nested("eval.env", task.spec.config_model, self.eval.env)
+        elif self.eval.suite:
             task.suite(self.eval.suite)  # raises with the list of suites
         if self.policy.style is not None and self.policy.style not in task.spec.styles:
             raise ValueError(f"policy.style: unknown style {self.policy.style!r} for task {self.task}; choose one of "

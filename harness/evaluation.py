@@ -90,14 +90,12 @@ def previous_target(run: Run, k: int) -> list[Rollout] | None:
 
 def report_eval(run: Run, k: int, ckpt: str) -> None:
     """Held-out (test split) valid/optimal per slice of the stage's policy: reported, never used to decide."""
-    if not run.config.eval.suite:
+    if not run.config.eval.enabled:
         return
     from harness.policy_glue import evaluate
     from policies.rollout import SamplingParams
 
     insts = run.suite()
-    if run.config.eval.limit:
-        insts = insts[: run.config.eval.limit]
     model, tok = run.policy(ckpt)
     t0 = time.perf_counter()
     rep = evaluate(model, tok, run.task, insts, run.style,

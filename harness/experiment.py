@@ -16,6 +16,7 @@ provider class added to `BASELINES`. Arms:
 - **fixed-random**: one generator config drawn at random at round 0 (each knob of the round-0 env moved uniformly
   within `random.spread` of its range, integers by at most one) and kept: the papers' baseline.
 - **fixed-template**: the round-0 harness, unchanged.
+- **oracle**: a scenario's known-good harness (`oracle:`, set by `harness.scenarios`), every stage.
 - **plr**: prioritised level replay over the round-0 mixture's entries (its levels): before each stage the policy is
   probed on `plr.probe_n` instances of every level (`plr.samples` samples at the training temperature), each level is
   scored by its learnability p(1 - p), and the stage trains on the mixture `(1 - rho) * rank-prioritised + rho *
@@ -63,7 +64,8 @@ from harness.baselines import (  # noqa: F401 - plr_weights, random_env: the bas
 )
 from harness.stagebook import step_equivalents
 
-ARMS: tuple[str, ...] = ("fixed-random", "fixed-template", "plr", "evolved-rule", "evolved-llm")  # BASELINES + EVOLVED
+ARMS: tuple[str, ...] = ("fixed-random", "fixed-template", "oracle", "plr", "evolved-rule",
+                         "evolved-llm")  # BASELINES + EVOLVED
 EVOLVED = ("evolved-rule", "evolved-llm")
 # recipe knobs that change what one GRPO step costs: an arm override of one of them would make "equal steps" unequal
 COMPUTE_KNOBS = ("batch_size", "num_generations", "oversample", "max_completion_length", "num_iterations", "steps")
@@ -81,7 +83,7 @@ class _Strict(BaseModel):
 class ExperimentConfig(_Strict):
     run: dict[str, Any] = Field(..., description="the run config every arm shares (warm start, recipe, stages, "
                                                  "suite); the evolved arms run it as is")
-    arms: list[str] = Field(list(ARMS), description=f"arms to run, from {', '.join(ARMS)}")
+    arms: list[str] = Field([a for a in ARMS if a != "oracle"], description=f"arms to run, from {', '.join(ARMS)}")
     seeds: int = Field(3, ge=1, le=50, description="seeds per arm (RL randomness, training instances, the random "
                                                    "draw; the warm start is shared)")
     budget_steps: int | None = Field(None, ge=1, description="GRPO step-equivalents per arm when no evolved arm runs "
@@ -89,6 +91,8 @@ class ExperimentConfig(_Strict):
     overrides: dict[str, dict[str, Any]] = Field(default_factory=dict, description="per-arm recipe overrides, "
                                                  "e.g. {plr: {learning_rate: 1e-4}}; never a knob that changes "
                                                  "what a step costs")
+    oracle: dict[str, Any] | None = Field(None, description="the known-good harness {env, recipe, reward} (run-config "
+                                          "sections) the oracle arm trains under every stage; a scenario sets it")
     plr: PLRConfig = Field(default_factory=PLRConfig)
     random: RandomConfig = Field(default_factory=RandomConfig)
     quick: dict[str, Any] = Field(default_factory=dict, description="run-config overrides (deep-merged) for --quick")
@@ -181,15 +185,18 @@ def plan(cfg: ExperimentConfig) -> dict[str, Any]:
             arms.remove("evolved-llm")
             skipped["evolved-llm"] = ("no LLM endpoint configured: set run.engineer.base_url (an OpenAI-compatible "
                                       "endpoint, e.g. vllm serve) or run.engineer.model_path to run this arm")
+    if "oracle" in arms and cfg.oracle is None:
+        arms.remove("oracle")
+        skipped["oracle"] = "no known-good harness: the oracle arm runs a scenario's oracle (evotrainer bench scenarios)"
     if not any(a in EVOLVED for a in arms) and cfg.budget_steps is None:
         raise ExperimentError("no evolved arm to measure the budget from: set budget_steps (GRPO step-equivalents "
                               "per arm) or add evolved-rule to arms")
     for seed in range(cfg.seeds):
         for arm in arms:
             rc = run_config(cfg, seed, arm)  # a typo in the run config or an override fails here, before training
-            if not rc.eval.suite:
+            if not rc.eval.enabled:
                 raise ExperimentError("run.eval.suite is empty: every arm is judged on the held-out suite after each "
-                                      "stage; set run.eval.suite (e.g. small)")
+                                      "stage; set run.eval.suite (e.g. small) or run.eval.env (a generator config)")
     return {"arms": arms, "skipped": skipped}
 
 
@@ -198,18 +205,26 @@ def plan(cfg: ExperimentConfig) -> dict[str, Any]:
 BASELINES: dict[str, Callable[[ExperimentConfig], Provider]] = {
     "fixed-random": lambda cfg: FixedRandom(cfg.random),
     "fixed-template": lambda cfg: FixedTemplate(),
+    "oracle": lambda cfg: _oracle(cfg),
     "plr": lambda cfg: PLR(cfg.plr),
 }
 assert set(BASELINES) | set(EVOLVED) == set(ARMS), "an arm is neither a baseline nor evolved"
 
 
-def suite_blocks(rc) -> list[str]:
-    """The held-out suite's block of every instance, in the order the stage's report evaluates them."""
-    from harness.policy_glue import suite_blocks as blocks
-    from harness.tasks import get_task
+def _oracle(cfg: ExperimentConfig) -> Provider:
+    from harness.scenarios import OracleHarness
 
-    out = blocks(get_task(rc.task), rc.eval.suite, "test")
-    return out[: rc.eval.limit] if rc.eval.limit else out
+    if cfg.oracle is None:
+        raise ExperimentError("the oracle arm needs oracle: (a scenario's known-good harness)")
+    return OracleHarness(cfg.oracle)
+
+
+def suite_blocks(rc) -> list[str]:
+    """The held-out test set's block of every instance, in the order the stage's report evaluates them."""
+    from harness.tasks import get_task
+    from harness.tasks.suites import draw_test
+
+    return [block for block, _ in draw_test(get_task(rc.task), rc.eval)]
 
 
 def warm_start(rc0, out: Path, say: Callable[[str], None]) -> tuple[Path, list[float]]:
@@ -390,7 +405,7 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, say: Callable[[str], 
     rc0 = run_config(cfg, 0, arms[0])
     blocks = suite_blocks(rc0)
     say(f"experiment: arms {', '.join(arms)}; {cfg.seeds} seed(s); {rc0.budget.stages} stages each; held-out suite "
-        f"{rc0.eval.suite} ({len(blocks)} instances); out {out}")
+        f"{rc0.eval.name} ({len(blocks)} instances); out {out}")
     t_start = time.time()
     results: dict[str, list[dict[str, Any]]] = {a: [] for a in arms}
     ws_dir, warm_per = warm_start(rc0, out, say)
@@ -418,7 +433,7 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path, say: Callable[[str], 
             results[arm].append(r)
     hard = harder_half(blocks, [w["per_instance"] for w in warm])
     summary = summarize(results, blocks, warm, hard)
-    summary.update({"wall_s": time.time() - t_start, "suite": rc0.eval.suite, "n_instances": len(blocks),
+    summary.update({"wall_s": time.time() - t_start, "suite": rc0.eval.name, "n_instances": len(blocks),
                     "stages": rc0.budget.stages, "seeds": cfg.seeds, "skipped": p["skipped"],
                     "curves": {a: [r["curve"] for r in rows] for a, rows in results.items()},
                     "warm_valid": [w["valid"] for w in warm]})

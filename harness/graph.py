@@ -102,7 +102,7 @@ def node_setup(run: Run, state: State) -> State:
     out, n = warm_start(run)
     # per-run fixed costs paid once here, not by stage 1: the report suite (and the warm start's score on it, the
     # curve's starting point) and the round-0 env statistics
-    if run.config.eval.suite:
+    if run.config.eval.enabled:
         run.suite()
         report_eval(run, 0, str(out))
     run.env_stats(harness_models(run.workspace().files("main"), run.task)[0])

@@ -138,12 +138,13 @@ class Run:
             self._ray = None
 
     def suite(self) -> list:
-        """The report suite (test split), generated once per process (in setup, so no stage pays for it)."""
-        name = self.config.eval.suite
+        """The report's test set (a named suite or `eval.env`'s instances, test split, cut to `eval.limit`), generated
+        once per process (in setup, so no stage pays for it)."""
+        name = self.config.eval.name
         if name not in self._suite:
-            from harness.policy_glue import suite_instances
+            from harness.tasks.suites import draw_test
 
-            self._suite[name] = suite_instances(self.task, name, "test")
+            self._suite[name] = [inst for _, inst in draw_test(self.task, self.config.eval)]
         return self._suite[name]
 
     def env_stats(self, config) -> dict:

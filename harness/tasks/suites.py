@@ -14,6 +14,24 @@ from harness.seeds import seeds
 from harness.tasks.base import Instance, Task
 
 
+def draw_env(task: Task, config: dict, n: int, split: str = "test") -> list[tuple[str, Instance]]:
+    """[(block, instance)] for `n` instances of a generator config (a scenario's target used as a test set), seeds
+    `0..n-1` of `split`. An instance's block is its slices (`size=3,agents=2`), so a per-block table still reads."""
+    cfg = task.spec.config_model.model_validate(config)
+    out = []
+    for seed in seeds(split, n):
+        inst = task.generate(cfg, seed)
+        out.append((",".join(f"{k}={v}" for k, v in sorted(task.slices(inst).items())) or "all", inst))
+    return out
+
+
+def draw_test(task: Task, eval_cfg) -> list[tuple[str, Instance]]:
+    """The held-out test set of a run's `eval` section (`harness.config.EvalConfig`): its generator config's `n`
+    instances, or its named suite; cut to `eval.limit`."""
+    out = draw_env(task, eval_cfg.env, eval_cfg.n) if eval_cfg.env is not None else draw_suite(task, eval_cfg.suite)
+    return out[: eval_cfg.limit] if eval_cfg.limit else out
+
+
 def draw_suite(task: Task, name: str, split: str = "test", start: int = 0,
                per_entry: int | None = None) -> list[tuple[str, Instance]]:
     """[(entry name, instance)] for every block of `task.suite(name)`, seeds from `split` starting at index `start`.

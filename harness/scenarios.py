@@ -1,0 +1,416 @@
+"""Harness defects as data: a scenario is one YAML file, a training harness that is wrong in one documented way, and
+the benchmark runs every arm on it at equal compute.
+
+    evotrainer bench scenarios examples/scenarios --quick          # every scenario, 4 arms, one seed
+    evotrainer bench scenarios examples/scenarios --scenarios mapf-lr-collapse --arms oracle,plr --seeds 3
+
+A scenario file (`examples/scenarios/*.yaml`; the defect is a comment at its top, never a field, so no arm can read it):
+
+    scenario: mapf-lr-collapse      # its name (the bench's row; never shown to an arm: every arm's run is "scenario")
+    run: base/mapf.yaml             # the run config every arm shares (policy, warm start, recipe sizing, stages,
+                                    # backtest, gate, engineer): inline, or a path relative to this file
+    target: {...}                   # a generator config: the judge's distribution (backtest.env) AND the test set
+    test_n: 200                     # test instances drawn from the target (test split, greedy)
+    round0: {env: {...}, recipe: {...}, reward: {...}}    # the harness the run starts from (the broken one)
+    oracle: {env: {...}, recipe: {...}, reward: {...}}    # the known-good harness a careful person would write
+    control: false                  # true only for the healthy control, whose round0 IS the oracle
+    quick: {...}                    # run-config overrides for --quick (deep-merged)
+
+`round0.recipe` / `oracle.recipe` are merged over `run.recipe` (so sizing is shared and a harness names only the knobs
+it sets); `reward` likewise over `run.reward`; `env` is a whole generator config.
+
+A scenario becomes a `harness.experiment.ExperimentConfig` (`experiment_config`): its run config is `run` with the
+round-0 harness written in, the target as `backtest.env` and `eval.env`; the `oracle` arm is a baseline whose provider
+gives the oracle harness every stage (`OracleHarness`). Everything else (the warm start shared by every arm, the evolved
+arm's measured compute as every other arm's budget, resume) is the experiment's. Refused before anything trains
+(`check`): a file with an unknown field (one line naming it), an oracle identical to round 0 (unless `control`), a
+target the generator cannot draw from, a warm-start checkpoint that does not exist.
+
+The bench's table (`summarize`): per scenario and arm, final test valid (mean over seeds); the **gap** (oracle minus
+fixed-template) and each arm's difference from fixed-template, paired over seeds x test instances (paired bootstrap,
+Efron & Tibshirani 1993 ch. 16: every test instance of every seed is one pair, resampled together), and each arm's
+**recovery** of the gap ((arm - fixed) / gap, when the gap's interval excludes 0).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from harness.baselines import Provided, round0_files
+from harness.run import Run
+
+QUICK_ARMS = ("fixed-template", "oracle", "evolved-rule", "plr")
+SCENARIO_RUN_NAME = "scenario"  # every arm's run id prefix: the scenario's name is not shown to any arm
+
+
+class ScenarioError(ValueError):
+    """A scenario that cannot run: one line naming the file, the field and the fix."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class HarnessSpec(_Strict):
+    env: dict[str, Any] = Field(..., description="the whole generator config (the task's env.yaml)")
+    recipe: dict[str, Any] = Field(default_factory=dict, description="recipe knobs, merged over run.recipe")
+    reward: dict[str, Any] = Field(default_factory=dict, description="reward shaping, merged over run.reward")
+
+
+class Scenario(_Strict):
+    scenario: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=60, description="the name")
+    run: dict[str, Any] = Field(..., description="the run config every arm shares (inline, or a relative path)")
+    target: dict[str, Any] = Field(..., description="generator config: the judge's distribution and the test set")
+    test_n: int = Field(200, ge=8, description="test instances drawn from the target (test split)")
+    round0: HarnessSpec = Field(..., description="the harness the run starts from")
+    oracle: HarnessSpec = Field(..., description="the known-good harness (the oracle arm's)")
+    control: bool = Field(False, description="the healthy control: round0 is the oracle")
+    quick: dict[str, Any] = Field(default_factory=dict, description="run-config overrides for --quick")
+    baselines: dict[str, Any] = Field(default_factory=dict, description="the baseline arms' settings (plr:, "
+                                      "random:, ...: `harness.experiment.ExperimentConfig`'s fields); default theirs")
+
+    @property
+    def task(self) -> str:
+        from harness.tasks import DEFAULT_TASK
+
+        return str(self.run.get("task", DEFAULT_TASK))
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _one_line(path: Path, exc: ValidationError, prefix: str = "") -> ScenarioError:
+    e = exc.errors()[0]
+    where = ".".join([p for p in [prefix] if p] + [str(p) for p in e["loc"]]) or "(top level)"
+    msg = "unknown key (typo?)" if e["type"] == "extra_forbidden" else e["msg"].removeprefix("Value error, ")
+    return ScenarioError(f"{path}: {where}: {msg}")
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario file; every error is one line naming the field."""
+    path = Path(path)
+    if not path.is_file():
+        raise ScenarioError(f"scenario {path} not found; see examples/scenarios/")
+    from sandbox.yamlload import YamlError, load_yaml
+
+    try:
+        data = load_yaml(path) or {}
+    except YamlError as exc:
+        raise ScenarioError(str(exc).splitlines()[0]) from None
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{path}: a scenario is a YAML mapping (scenario:, run:, target:, round0:, oracle:), got "
+                            f"a {type(data).__name__}")
+    if isinstance(data.get("run"), str):
+        rp = (path.parent / data["run"]).resolve()
+        if not rp.is_file():
+            raise ScenarioError(f"{path}: run: {data['run']} not found (paths are relative to the scenario file)")
+        try:
+            data["run"] = load_yaml(rp) or {}
+        except YamlError as exc:
+            raise ScenarioError(str(exc).splitlines()[0]) from None
+    try:
+        sc = Scenario.model_validate(data)
+    except ValidationError as exc:
+        raise _one_line(path, exc) from None
+    _check_sections(sc, path)
+    return sc
+
+
+def _check_sections(sc: Scenario, path: Path) -> None:
+    """Each section validated by the model that reads it, so an error names the scenario's own field."""
+    from harness.config import RunConfig
+    from harness.tasks import TASKS, get_task
+    from policies.train import Recipe
+
+    if sc.task not in TASKS:
+        raise ScenarioError(f"{path}: run.task: unknown task {sc.task!r}; choose one of {', '.join(sorted(TASKS))}")
+    task = get_task(sc.task)
+    sections = [("target", task.spec.config_model, sc.target)]
+    for name in ("round0", "oracle"):
+        h: HarnessSpec = getattr(sc, name)
+        sections += [(f"{name}.env", task.spec.config_model, h.env),
+                     (f"{name}.recipe", Recipe, _merge(sc.run.get("recipe") or {}, h.recipe)),
+                     (f"{name}.reward", task.spec.shaping_model, _merge(sc.run.get("reward") or {}, h.reward))]
+    for prefix, model, value in sections:
+        try:
+            model.model_validate(value)
+        except ValidationError as exc:
+            raise _one_line(path, exc, prefix) from None
+    from harness.experiment import ExperimentConfig
+
+    bad = sorted(set(sc.baselines) - set(ExperimentConfig.model_fields) | set(sc.baselines) & {"run", "arms", "seeds",
+                                                                                           "oracle", "quick"})
+    if bad:
+        raise ScenarioError(f"{path}: baselines.{bad[0]}: not a baseline's settings (plr, random, ...)")
+    try:
+        ExperimentConfig.model_validate({**sc.baselines, "run": {}})
+    except ValidationError as exc:
+        raise _one_line(path, exc, "baselines") from None
+    for key in ("env", "backtest.env", "eval"):  # the scenario sets these; a run: that sets them is ambiguous
+        head, _, tail = key.partition(".")
+        if head in sc.run and (not tail or tail in (sc.run.get(head) or {})):
+            raise ScenarioError(f"{path}: run.{key}: set by the scenario (round0.env, target); remove it from run:")
+    try:
+        RunConfig.model_validate(run_dict(sc))
+    except ValidationError as exc:
+        raise _one_line(path, exc, "run") from None
+
+
+def harness_of(sc: Scenario, which: str) -> dict[str, Any]:
+    """The run-config sections (env, recipe, reward) of the scenario's `round0` or `oracle` harness."""
+    h: HarnessSpec = getattr(sc, which)
+    return {"env": h.env, "recipe": _merge(sc.run.get("recipe") or {}, h.recipe),
+            "reward": _merge(sc.run.get("reward") or {}, h.reward)}
+
+
+def run_dict(sc: Scenario, quick: bool = False) -> dict[str, Any]:
+    """The run config every arm shares: `run`, the round-0 harness, the target as judge and test set."""
+    data = _merge(sc.run, quick_overrides(sc) if quick else {})
+    data = _merge(data, harness_of(sc, "round0"))
+    data["name"] = SCENARIO_RUN_NAME
+    data["backtest"] = {**(data.get("backtest") or {}), "env": sc.target}
+    data["eval"] = {"env": sc.target, "n": sc.test_n}
+    return data
+
+
+def quick_overrides(sc: Scenario) -> dict[str, Any]:
+    return sc.quick
+
+
+# --- checks made before anything trains ------------------------------------------------------------------------------
+
+
+def check(sc: Scenario, path: str | Path) -> None:
+    """The refusals a scenario gets before any arm trains, each naming the fix."""
+    from harness.config import parse_config
+    from harness.tasks import get_task
+    from harness.tasks.suites import draw_env
+
+    if not sc.control and harness_of(sc, "round0") == harness_of(sc, "oracle"):
+        raise ScenarioError(f"{path}: oracle: identical to round0, so the scenario has no defect to fix; change the "
+                            "round-0 harness (or set control: true for the healthy control)")
+    if sc.control and harness_of(sc, "round0") != harness_of(sc, "oracle"):
+        raise ScenarioError(f"{path}: control: true, but oracle differs from round0; the healthy control's round-0 "
+                            "harness is its oracle (copy oracle: into round0:, or drop control)")
+    task = get_task(sc.task)
+    try:
+        draw_env(task, sc.target, 8)
+    except Exception as exc:  # noqa: BLE001 - any refusal of the generator is the scenario's error
+        raise ScenarioError(f"{path}: target: the {sc.task} generator cannot draw instances from it: "
+                            f"{str(exc).splitlines()[0][:200]}; fix the target config") from None
+    rc = parse_config(run_dict(sc), str(path))
+    ck = rc.policy.checkpoint
+    if ck and not (Path(ck) / "config.json").is_file():
+        raise ScenarioError(f"{path}: run.policy.checkpoint: {ck} is not a checkpoint (no config.json there); train "
+                            "it first or point at an existing one, or use a preset with warm_start")
+
+
+# --- the oracle arm ---------------------------------------------------------------------------------------------------
+
+
+class OracleHarness:
+    """The oracle arm's provider: the scenario's known-good harness (env, recipe, reward), every stage."""
+
+    def __init__(self, harness: dict[str, Any]):
+        self.harness = harness
+
+    def provide(self, run: Run, k: int, policy: str) -> Provided:
+        from harness.round0 import initial_files
+        from sandbox.workspace import TEMPLATE_DIR
+
+        made = initial_files(run.config.model_copy(update=self.harness))
+        made.setdefault("recipe.yaml", (TEMPLATE_DIR / "recipe.yaml").read_text())  # no overrides: the template's
+        return Provided(files={**round0_files(run), **made})
+
+
+def experiment_config(sc: Scenario, arms: list[str], seeds: int, quick: bool = False):
+    """The experiment that runs the scenario (the oracle arm gets the oracle harness)."""
+    from harness.experiment import ExperimentConfig
+
+    return ExperimentConfig.model_validate({**sc.baselines, "run": run_dict(sc, quick), "arms": arms, "seeds": seeds,
+                                            "oracle": harness_of(sc, "oracle")})
+
+
+# --- the bench ---------------------------------------------------------------------------------------------------------
+
+
+def scenario_files(where: list[str | Path], only: list[str] | None = None) -> list[Path]:
+    """Scenario files from files and folders (a folder's `*.yaml`, not its subfolders); `only` keeps those names."""
+    files: list[Path] = []
+    for w in where:
+        p = Path(w)
+        if p.is_dir():
+            files += sorted(p.glob("*.yaml"))
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise ScenarioError(f"{p}: no such scenario file or folder")
+    if only:
+        names = {f: _name(f) for f in files}
+        missing = sorted(set(only) - set(names.values()))
+        if missing:
+            raise ScenarioError(f"--scenarios: unknown scenario {missing[0]!r}; known: {', '.join(names.values())}")
+        files = [f for f in files if names[f] in only]
+    if not files:
+        raise ScenarioError("no scenario files found; see examples/scenarios/")
+    return files
+
+
+def _name(path: Path) -> str:
+    """A scenario file's name without validating the rest (selecting by name must not fail on another broken file)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError:
+        return path.stem
+    return str(data.get("scenario", path.stem)) if isinstance(data, dict) else path.stem
+
+
+def paired(a: list[list[float]], b: list[list[float]], rng_seed: int = 0) -> tuple[float, float, float]:
+    """Mean of a - b with a 95% paired-bootstrap interval over every (seed, test instance) pair."""
+    from harness.backtest import paired_bootstrap
+
+    x, y = np.concatenate(b), np.concatenate(a)
+    return paired_bootstrap(x, y, 2000, 0.025, np.random.default_rng(rng_seed))
+
+
+def summarize(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Per scenario: each arm's final valid (mean over seeds) and its paired difference from fixed-template; the gap
+    (oracle - fixed-template) and each arm's recovery of it. `rows[scenario][arm]` = [result.json of each seed]."""
+    out: dict[str, Any] = {}
+    for name, arms in rows.items():
+        fixed = {r["seed"]: r["final_per_instance"] for r in arms.get("fixed-template", [])}
+        sc: dict[str, Any] = {"arms": {}}
+        for arm, results in arms.items():
+            per = {r["seed"]: r["final_per_instance"] for r in results}
+            a: dict[str, Any] = {"seeds": len(per), "valid": float(np.mean([np.mean(v) for v in per.values()])),
+                                 "compute": float(np.mean([r["compute"] for r in results])),
+                                 "wall_s": float(sum(r.get("wall_s", 0.0) for r in results))}
+            common = sorted(set(per) & set(fixed))
+            if common and arm != "fixed-template":
+                a["vs_fixed"] = paired([per[s] for s in common], [fixed[s] for s in common])
+            sc["arms"][arm] = a
+        gap = sc["arms"].get("oracle", {}).get("vs_fixed")
+        sc["gap"] = gap
+        if gap is not None and (gap[1] > 0 or gap[2] < 0):
+            for arm, a in sc["arms"].items():
+                if "vs_fixed" in a and arm != "oracle":
+                    a["recovery"] = a["vs_fixed"][0] / gap[0]
+        out[name] = sc
+    return out
+
+
+def _pts(m) -> str:
+    return f"{100 * m[0]:+.1f} [{100 * m[1]:+.1f}, {100 * m[2]:+.1f}]"
+
+
+def table(summary: dict[str, Any], arms: list[str]) -> str:
+    """Scenario x arm: final test valid %, then each arm's paired difference from fixed-template and its recovery."""
+    lines = ["| scenario | gap (oracle - fixed), points | " + " | ".join(arms) + " |",
+             "|---|---|" + "---|" * len(arms)]
+    for name, sc in summary.items():
+        cells = []
+        for arm in arms:
+            a = sc["arms"].get(arm)
+            if a is None:
+                cells.append("")
+                continue
+            cell = f"{100 * a['valid']:.1f}"
+            if "vs_fixed" in a and arm != "oracle":
+                cell += f" ({_pts(a['vs_fixed'])}"
+                cell += f"; {100 * a['recovery']:.0f}% of gap)" if "recovery" in a else ")"
+            cells.append(cell)
+        gap = _pts(sc["gap"]) if sc["gap"] is not None else "(no oracle or fixed-template)"
+        lines.append(f"| {name} | {gap} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def run_scenarios(files: list[Path], out: str | Path, arms: list[str], seeds: int, quick: bool,
+                  say: Callable[[str], None] = print, progress=None) -> dict[str, Any]:
+    """Every scenario's experiment (resumed where it stopped), then scenarios.json / .md / .png / .html in `out`."""
+    from harness.experiment import EVOLVED, run_experiment
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    loaded = []
+    for f in files:  # every refusal before anything trains
+        sc = load_scenario(f)
+        check(sc, f)
+        loaded.append((f, sc))
+    run_arms = list(arms)
+    if not any(a in EVOLVED for a in run_arms):  # the evolved arm's compute is every arm's budget
+        run_arms.insert(0, "evolved-rule")
+        say("arms: evolved-rule added (its measured compute is every other arm's budget; a finished one is reused)")
+    t0 = time.time()
+    rows: dict[str, dict[str, Any]] = {}
+    for f, sc in loaded:
+        say(f"scenario {sc.scenario} ({f}): arms {', '.join(run_arms)}, {seeds} seed(s){', quick' if quick else ''}")
+        cfg = experiment_config(sc, run_arms, seeds, quick)
+        run_experiment(cfg, out / sc.scenario, say, progress)
+        res: dict[str, list[dict[str, Any]]] = {}
+        for arm in run_arms:
+            res[arm] = [json.loads(p.read_text()) for s in range(seeds)
+                        if (p := out / sc.scenario / arm / f"seed{s}" / "result.json").exists()]
+        rows[sc.scenario] = {a: r for a, r in res.items() if r}
+    summary = summarize(rows)
+    shown = [a for a in run_arms if any(a in sc["arms"] for sc in summary.values())]
+    cpu_h = sum(a["wall_s"] for sc in summary.values() for a in sc["arms"].values()) / 3600
+    doc = {"scenarios": summary, "arms": shown, "seeds": seeds, "quick": quick, "wall_s": time.time() - t0,
+           "arm_hours": cpu_h}
+    (out / "scenarios.json").write_text(json.dumps(doc, indent=1, default=float))
+    md = table(summary, shown)
+    (out / "scenarios.md").write_text(md + f"\nArm hours (wall, 2 cores, every arm and seed, as recorded): "
+                                      f"{cpu_h:.2f}\n")
+    write_plot(summary, shown, out)
+    return doc
+
+
+def write_plot(summary: dict[str, Any], arms: list[str], out: Path) -> None:
+    """scenarios.png: final test valid per scenario and arm (grouped bars); scenarios.html: the plot and the table."""
+    import html
+    import io
+
+    from harness.report_page import _plt
+
+    plt = _plt()
+    names = list(summary)
+    fig, ax = plt.subplots(figsize=(max(6.4, 1.2 * len(names) + 2), 3.6))
+    width = 0.8 / max(1, len(arms))
+    for i, arm in enumerate(arms):
+        ys = [100 * summary[n]["arms"].get(arm, {}).get("valid", float("nan")) for n in names]
+        ax.bar([j + i * width for j in range(len(names))], ys, width, label=arm)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))], names, rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel("test valid % (target, greedy)")
+    ax.legend(fontsize=7, frameon=False, ncol=2)
+    fig.savefig(out / "scenarios.png", dpi=120, bbox_inches="tight")
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight")
+    plt.close(fig)
+    svg = buf.getvalue()
+    svg = svg[svg.index("<svg"):]
+    rows = []
+    for i, line in enumerate(table(summary, arms).splitlines()):
+        if line.startswith("|---"):
+            continue
+        tag = "th" if i == 0 else "td"
+        rows.append("<tr>" + "".join(f"<{tag}>{html.escape(c.strip())}</{tag}>" for c in line.strip("|").split("|"))
+                    + "</tr>")
+    page = ("<!doctype html><meta charset=utf-8><title>evotrainer scenarios</title><style>body{font:14px "
+            "system-ui,sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse}td,th{border:1px "
+            "solid #ccc;padding:3px 8px}th{background:#f3f3f3}</style><h1>Broken harnesses: every arm at equal "
+            "compute</h1><p>Final test valid % on each scenario's target; in brackets the paired difference from "
+            "fixed-template (points, 95% paired bootstrap over seeds x test instances) and the share of the oracle's "
+            f"gap recovered.</p><figure>{svg}</figure><table>{''.join(rows)}</table>")
+    (out / "scenarios.html").write_text(page)

@@ -1,0 +1,186 @@
+"""Scenarios (`harness.scenarios`, `evotrainer bench scenarios`): a broken harness as data, refused before anything
+trains when it cannot run, and run end to end through every arm at equal compute with a real tiny model."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.scenarios import ScenarioError, check, load_scenario, scenario_files, summarize
+
+ROOT = Path(__file__).resolve().parents[1]
+MARK = "DEFECT-7f3a91"  # in the scenario's comment only: no arm may ever see it
+
+ENV = {"min_distance": 1, "sizes": [{"size": s, "data_ratio": 0.5, "hole_ratio": 0.2, "wait_ratio": 0.5, "agents": 2}
+                                    for s in (3, 4)]}
+TINY = {
+    "task": "mapf", "seed": 0, "policy": {"preset": "tiny"},
+    "warm_start": {"sft_examples": 64, "sft_steps": 20},
+    "recipe": {"steps": 1, "batch_size": 8, "num_generations": 4, "learning_rate": 1e-4, "temperature": 0.7,
+               "beta": 0.0, "max_completion_length": 24},
+    "budget": {"stages": 2}, "stage": {"train_instances": 16, "probe_n": 4, "probe_samples": 2},
+    "backtest": {"arm_steps": 1, "n": 8, "samples": 2}, "engineer": {"kind": "rule"},
+}
+
+
+def _write(tmp_path: Path, name: str = "tiny", **over) -> Path:
+    sc = {"scenario": name, "run": TINY, "target": ENV, "test_n": 16,
+          "round0": {"env": ENV, "recipe": {"learning_rate": 4e-4}},
+          "oracle": {"env": ENV, "recipe": {"learning_rate": 1e-4, "lr_schedule": "cosine"}}, **over}
+    p = tmp_path / f"{name}.yaml"
+    p.write_text(f"# Defect ({MARK}): the learning rate is four times too high.\n" + yaml.safe_dump(sc))
+    return p
+
+
+def _error(path: Path) -> str:
+    with pytest.raises(ScenarioError) as exc:
+        check(load_scenario(path), path)
+    return str(exc.value)
+
+
+def test_every_shipped_scenario_loads_and_passes_its_checks():
+    files = scenario_files([ROOT / "examples" / "scenarios"])
+    names = [load_scenario(f).scenario for f in files]
+    assert len(names) >= 8 and len(set(names)) == len(names)
+    families = {load_scenario(f).task for f in files}
+    assert {"mapf", "math"} <= families
+    controls = [f for f in files if load_scenario(f).control]
+    assert len(controls) >= 1
+    for f in files:
+        check(load_scenario(f), f)
+        assert "defect" in f.read_text().split("scenario:")[0].lower() or load_scenario(f).control  # a comment
+
+
+def test_a_typo_is_one_line_naming_the_field(tmp_path):
+    p = _write(tmp_path)
+    for good, bad, where in (("test_n:", "test_nn:", "test_nn: unknown key"),
+                             ("learning_rate: 0.0004", "learnig_rate: 0.0004", "round0.recipe.learnig_rate: unknown"),
+                             ("hole_ratio: 0.2", "hole_ratoi: 0.2", "target.sizes.0.hole_ratoi: unknown"),
+                             ("arm_steps: 1", "arm_step: 1", "run.backtest.arm_step: unknown")):
+        q = tmp_path / "typo.yaml"
+        q.write_text(p.read_text().replace(good, bad, 1))
+        msg = _error(q)
+        assert "\n" not in msg and where in msg, msg
+
+
+def test_scenarios_that_cannot_run_are_refused_with_the_fix(tmp_path):
+    same = {"env": ENV, "recipe": {"learning_rate": 1e-4}}
+    assert "identical to round0" in _error(_write(tmp_path, "same", round0=same, oracle=same))
+    assert "control: true, but oracle differs" in _error(_write(tmp_path, "ctl", control=True))
+    load_scenario(_write(tmp_path, "ok", round0=same, oracle=same, control=True))  # the healthy control is fine
+    bad_target = {"min_distance": 1, "sizes": [{"size": 3, "data_ratio": 1.0, "hole_ratio": 0.0, "wait_ratio": 0.5,
+                                                "agents": 12}]}  # twelve agents cannot fit a 3x3 board
+    msg = _error(_write(tmp_path, "tgt", target=bad_target))  # the generator's own check, naming the scenario field
+    assert "tgt.yaml: target.sizes.0: " in msg and "agents need at least" in msg and "\n" not in msg
+    missing = {**TINY, "policy": {"checkpoint": str(tmp_path / "nowhere")}, "warm_start": {"sft_examples": 0}}
+    assert "run.policy.checkpoint" in _error(_write(tmp_path, "ck", run=missing))
+    dup = {**TINY, "eval": {"suite": "small"}}
+    assert "run.eval: set by the scenario" in _error(_write(tmp_path, "ev", run=dup))
+    with pytest.raises(ScenarioError, match="unknown scenario 'nope'"):
+        scenario_files([tmp_path], ["nope"])
+
+
+def test_recovery_is_the_share_of_the_oracles_gap():
+    def r(seed, per, comp=10.0):
+        return {"seed": seed, "final_per_instance": per, "compute": comp}
+    rows = {"s": {"fixed-template": [r(0, [0, 0, 0, 0] * 8)], "oracle": [r(0, [1, 1, 0, 0] * 8)],
+                  "evolved-rule": [r(0, [1, 0, 0, 0] * 8)]}}
+    s = summarize(rows)["s"]
+    assert abs(s["gap"][0] - 0.5) < 1e-9 and s["gap"][1] > 0
+    assert abs(s["arms"]["evolved-rule"]["recovery"] - 0.5) < 1e-9
+    rows["s"]["oracle"] = [r(0, [0, 0, 0, 0] * 8)]  # no gap: no recovery is claimed
+    assert "recovery" not in summarize(rows)["s"]["arms"]["evolved-rule"]
+
+
+def _texts(root: Path):
+    for p in root.rglob("*"):
+        if p.is_file() and p.suffix in (".yaml", ".json", ".md", ".txt", ".jsonl", ".py", ".html", ".log"):
+            yield p, p.read_text(errors="replace")
+        elif p.is_file() and p.suffix == ".db":
+            con = sqlite3.connect(p)
+            try:
+                for (name,) in con.execute("select name from sqlite_master where type='table'").fetchall():
+                    yield p, json.dumps(con.execute(f"select * from {name}").fetchall(), default=str)
+            finally:
+                con.close()
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_torch_thread")
+def test_a_tiny_scenario_runs_every_arm_at_equal_compute_no_arm_reads_the_defect_and_it_resumes(tmp_path, monkeypatch):
+    """The experiment's and the bench's end to end test in one (one warm start, one evolved arm: CI time)."""
+    from harness.baselines import Provided
+    from harness.experiment import ARMS
+    from harness.scenarios import run_scenarios
+    from harness.store import RunStore
+
+    monkeypatch.setenv("EVOTRAINER_HOME", str(tmp_path / "home"))
+    f = _write(tmp_path, baselines={"plr": {"probe_n": 2, "samples": 2}})
+    arms = [a for a in ARMS if a != "evolved-llm"]
+    out = tmp_path / "out"
+    said: list[str] = []
+    doc = run_scenarios([f], out, arms, 1, False, say=said.append)
+    sc, exp = doc["scenarios"]["tiny"], out / "tiny"
+    assert set(sc["arms"]) == set(arms)
+    evo = json.loads((exp / "evolved-rule" / "seed0" / "result.json").read_text())
+    assert evo["ledger"]["steps"] >= 2 * TINY["recipe"]["steps"]  # its own steps are counted...
+    assert evo["compute"] > evo["ledger"]["steps"]  # ...and so are its probes' and backtests' tokens
+    for arm in arms:
+        r = json.loads((exp / arm / "seed0" / "result.json").read_text())
+        assert len(r["final_per_instance"]) == 16  # the target's test_n instances
+        if arm != "evolved-rule":  # equal compute: the evolved arm's measured compute is every arm's budget
+            assert r["budget"] == round(evo["compute"])
+            # within one step-equivalent per stage of the evolved arm's (a curriculum pays its probes)
+            assert abs(r["compute"] - evo["compute"]) <= 2 + 1e-9, (arm, r["compute"], evo["compute"])
+            assert len(r["curve"]) == 2
+
+    def stage_recipe(arm):
+        store = RunStore.open(exp / arm / "seed0" / "run.db")
+        try:
+            return yaml.safe_load(store.result(store.runs()[0], 1, Provided).files["recipe.yaml"])
+        finally:
+            store.close()
+    # the oracle arm trained under the oracle's harness, the fixed arm under round 0's
+    assert stage_recipe("oracle")["learning_rate"] == 1e-4 and stage_recipe("oracle")["lr_schedule"] == "cosine"
+    assert stage_recipe("fixed-template")["learning_rate"] == 4e-4
+    plr = json.loads((exp / "plr" / "seed0" / "result.json").read_text())
+    assert all(c["probe_tokens"] > 0 and abs(sum(c["weights"]) - 1) < 1e-3 for c in plr["curve"])
+    # no arm can read the defect: the comment's marker is nowhere in anything the arms wrote
+    for p, text in _texts(out):
+        assert MARK not in text, p
+    # the experiment's outputs per scenario, and the bench's across scenarios
+    assert (exp / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "<svg" in (exp / "experiment.html").read_text() and "| evolved-rule |" in (exp / "summary.md").read_text()
+    assert (out / "scenarios.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "<svg" in (out / "scenarios.html").read_text() and "| tiny |" in (out / "scenarios.md").read_text()
+
+    # resume: nothing finished is re-run; an interrupted baseline restarts at its last finished stage
+    d = exp / "plr" / "seed0"  # as a crash inside stage 2 leaves it: stage 1's record and checkpoint, no stage 2
+    (d / "result.json").unlink()
+    (d / "stage2.json").unlink()
+    (d / "s2").rename(d / "s1")
+    said.clear()
+    doc2 = run_scenarios([f], out, arms, 1, False, say=said.append)
+    assert any("evolved-rule seed 0: done earlier" in m for m in said)
+    assert any("plr seed 0: resuming after stage 1" in m for m in said)
+    assert sum("stage 2/2" in m for m in said) == 1 and not any("stage 1/2" in m for m in said)
+    assert doc2["scenarios"]["tiny"]["arms"]["oracle"] == sc["arms"]["oracle"]
+    r = json.loads((d / "result.json").read_text())
+    assert [c["stage"] for c in r["curve"]] == [1, 2]  # the resumed arm's curve keeps its first stage
+    (d / "result.json").unlink()  # a crash after the last stage, before the result: nothing is trained again
+    # the CLI: trains nothing more, prints the table and grep-able lines
+    cli = [sys.executable, "-c", "from harness.cli import main; main()", "bench", "scenarios", str(f), "--arms",
+           ",".join(arms), "--seeds", "1", "--out", str(out)]
+    res = subprocess.run(cli, capture_output=True, text=True, check=False, timeout=300,
+                         env={**os.environ, "EVOTRAINER_HOME": str(tmp_path / "home")})
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "done earlier" in res.stdout and "scenario_tiny_gap:" in res.stdout and "/2:" not in res.stdout
+    assert not (d / "s1").exists()
+    assert [c["stage"] for c in json.loads((d / "result.json").read_text())["curve"]] == [1, 2]
