@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from harness.backtest import ArmEval, judge_arm, regression, train_arm
-from harness.records import cut, read_rollouts, write_rollouts
+from harness.records import RewardBatch, cut, read_rollouts, write_reward_batches, write_rollouts
 from harness.results import ArmLook, ArmRecord, StartJudged, Trained
 from harness.round0 import harness_models
 from harness.run import Run
@@ -118,22 +118,25 @@ def prefetch_arms(run: Run, k: int, main_files: dict[str, str], candidates: list
 def train_policy(run: Run, stage: int, arm: str, start: str, files: dict[str, str], steps: int, seed_key: str,
                  out: Path, seed: int) -> Trained:
     """One GRPO run from `start` under the harness `files` (`harness.backtest.train_arm`, the function every arm
-    runs); saves to `out`; charges the ledger."""
+    runs); saves to `out`; charges the ledger; keeps the training rollouts' rewards per scoring call
+    (`rollouts/s<stage>-<arm>-train-rewards.jsonl.gz`, `Trained.rewards`: what a curriculum over levels reads)."""
     env, recipe, _ = harness_models(files, run.task)
     # a fixed prompt pool per key: both arms of a decision train on the same instances, whatever their recipe; only
     # the prefix GRPO consumes (steps x prompts per step) is generated, so a recipe that needs more prompts trains on a
     # superset of the other arm's; past the end of the pool, TRL cycles over it
     seeds = pool_seeds(run, seed_key, recipe, steps)
     model, tok = run.load(start)
+    batches: list[RewardBatch] = []
     t0 = time.perf_counter()  # training compute = the whole TRL call (trainer setup + steps), not just train()
     m = train_arm(model, tok, run.task, files, steps, seeds, seed, style=run.style,
                   instances=run.instances(env, seeds), progress=progress_cb(run, stage, arm),
-                  tensorboard_dir=run.run_dir / TENSORBOARD_DIR / f"s{stage}" / arm)
+                  tensorboard_dir=run.run_dir / TENSORBOARD_DIR / f"s{stage}" / arm, record=batches)
     secs = time.perf_counter() - t0
     run.save(model, tok, out)
+    rewards = write_reward_batches(run.path("rollouts", f"s{stage}-{arm}-train-rewards.jsonl.gz"), batches)
     run.charge(stage, arm, "grpo", seconds=secs, tokens=m.tokens_generated, steps=len(m.steps))
     return Trained(checkpoint=str(out), steps=[s.model_dump() for s in m.steps], seconds=m.wall_s,
-                   tokens=m.tokens_generated)
+                   tokens=m.tokens_generated, rewards=str(rewards))
 
 
 # --- backtest arms -----------------------------------------------------------------------------------------------------

@@ -15,7 +15,14 @@ A stage is finished when its row is stored and its checkpoint `s<k>/` is on disk
 later ones are saved), so an interrupted baseline restarts at its last finished stage; a stage's provision is kept, so
 a re-run stage trains under the same harness without probing again.
 
-Adding a baseline (a learnability sampler, a bandit over levels, a PBT member) is one class with a `provide` method.
+**Level samplers** (PLR, Learnability, Bandit) re-weight a mixture's keyed, weighted entries (its *levels*). Their
+levels are the TARGET's when the run config names one (`backtest.env`: the distribution the run is judged on), else
+the round-0 env's (`level_env`): a stage then trains on the target's entries re-weighted, under the round-0 harness
+otherwise (its recipe, shaping and diagnostics). PLR and Learnability probe the policy on every level before a stage
+and charge the probes; Bandit reads the previous stage's own training rollouts (the rewards `harness.arms.
+train_policy` keeps per GRPO scoring call, `Trained.rewards`) and probes nothing.
+
+Adding a baseline (a PBT member, another curriculum) is one class with a `provide` method.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from harness.arms import train_policy
 from harness.evaluation import report_eval, rollouts
+from harness.records import RewardBatch, read_reward_batches
 from harness.results import NodeResult, Trained
 from harness.round0 import harness_models
 from harness.run import Run
@@ -53,6 +61,22 @@ class PLRConfig(_Strict):
     samples: int = Field(4, ge=2, description="samples per probed instance (at the recipe's temperature)")
     beta: float = Field(0.3, gt=0, description="rank-prioritisation temperature: weight ~ (1 / rank) ** (1 / beta)")
     rho: float = Field(0.3, ge=0, le=1, description="share of the mixture spread uniformly over the levels")
+
+
+class LearnabilityConfig(_Strict):
+    probe_n: int = Field(16, ge=2, description="instances per level probed before each stage")
+    samples: int = Field(4, ge=2, description="samples per probed instance (at the recipe's temperature)")
+    top_k: int | None = Field(None, ge=1, description="train only on the k levels of highest learnability "
+                              "p(1 - p) (plus the rho floor); default: all levels")
+    rho: float = Field(0.3, ge=0, le=1, description="share of the mixture spread uniformly over all levels")
+
+
+class BanditConfig(_Strict):
+    c: float = Field(1.0, ge=0, description="UCB exploration coefficient: score = value + c * sqrt(2 ln N / n_i)")
+    tau: float = Field(0.2, gt=0, description="softmax temperature over the levels' UCB scores (lower: greedier)")
+    alpha: float = Field(0.5, gt=0, le=1, description="a level's value is an exponential moving average over stages "
+                         "of its groups' mean |advantage|: value <- (1 - alpha) * value + alpha * this stage's "
+                         "(the first observation sets it); 1 = the last stage's only")
 
 
 class RandomConfig(_Strict):
@@ -131,8 +155,31 @@ class FixedRandom:
         return Provided(files=with_env(files, env))
 
 
+def level_env(run: Run, files: dict[str, str]):
+    """The env whose mixture entries a level sampler re-weights: the target's (`backtest.env`) when the run config
+    names one, else the round-0 env of `files`."""
+    if run.config.backtest.env is not None:
+        return run.task.spec.config_model.model_validate(run.config.backtest.env)
+    return harness_models(files, run.task)[0]
+
+
+def probe_levels(run: Run, k: int, policy: str, env, list_field: str, levels: list, probe_n: int, samples: int,
+                 temperature: float, label: str) -> tuple[list[float], int]:
+    """The policy's valid rate on `probe_n` fresh probe instances of every level alone (`samples` each at
+    `temperature`), charged to the ledger under `label`. Returns (rate per level, tokens generated)."""
+    rates, tokens, secs = [], 0, 0.0
+    for i, lv in enumerate(levels):
+        one = _with_levels(run.task, env, list_field, [lv], [1.0])
+        seeds = run.draw_seeds("probe", probe_n, key=f"s{k}/{label}/{i}")
+        out, s, t = rollouts(run, policy, seeds, one, samples, temperature)
+        rates.append(float(np.mean([r.valid for r in out])))
+        tokens, secs = tokens + t, secs + s
+    run.charge(k, "policy", "rollout", seconds=secs, tokens=tokens, label=label)
+    return rates, tokens
+
+
 class PLR:
-    """Prioritised level replay over the round-0 mixture's entries (its levels): the policy is probed on
+    """Prioritised level replay over the mixture's entries (its levels, `level_env`): the policy is probed on
     `probe_n` fresh probe instances of every level, each level scored by its learnability p(1 - p), and the stage
     trains on `(1 - rho) * rank-prioritised + rho * uniform` (Jiang et al. 2021). Its probes are charged."""
 
@@ -141,19 +188,87 @@ class PLR:
 
     def provide(self, run: Run, k: int, policy: str) -> Provided:
         files = round0_files(run)
-        env, recipe, _ = harness_models(files, run.task)
+        recipe = harness_models(files, run.task)[1]
+        env = level_env(run, files)
         list_field, levels = _levels(run.task, env)
-        rates, tokens, secs = [], 0, 0.0
-        for i, lv in enumerate(levels):
-            one = _with_levels(run.task, env, list_field, [lv], [1.0])
-            seeds = run.draw_seeds("probe", self.cfg.probe_n, key=f"s{k}/plr/{i}")
-            out, s, t = rollouts(run, policy, seeds, one, self.cfg.samples, recipe.temperature)
-            rates.append(float(np.mean([r.valid for r in out])))
-            tokens, secs = tokens + t, secs + s
-        run.charge(k, "policy", "rollout", seconds=secs, tokens=tokens, label="plr")
+        rates, tokens = probe_levels(run, k, policy, env, list_field, levels, self.cfg.probe_n, self.cfg.samples,
+                                     recipe.temperature, "plr")
         weights = plr_weights([r * (1 - r) for r in rates], self.cfg.beta, self.cfg.rho)
         stage_env = _with_levels(run.task, env, list_field, levels, [round(w, 4) for w in weights])
         return Provided(files=with_env(files, stage_env), weights=weights, probe_tokens=tokens)
+
+
+class Learnability:
+    """The learnability sampler of Rutherford et al. 2024 ("No Regrets: Investigating and Improving Regret
+    Approximations for Curriculum Discovery", SFL): the policy is probed on `probe_n` fresh probe instances of every
+    level (`level_env`; charged, as PLR's), each level scored by its learnability p(1 - p) (p: its success rate), and
+    the stage trains on weights proportional to the score itself (not its rank), restricted to the `top_k` levels of
+    highest score, mixed with `rho` uniform over all levels (`learnability_weights`). SFL samples uniformly from a
+    buffer of its top-k levels; here the buffer's levels are weighted by their score."""
+
+    def __init__(self, cfg: LearnabilityConfig):
+        self.cfg = cfg
+
+    def provide(self, run: Run, k: int, policy: str) -> Provided:
+        files = round0_files(run)
+        recipe = harness_models(files, run.task)[1]
+        env = level_env(run, files)
+        list_field, levels = _levels(run.task, env)
+        rates, tokens = probe_levels(run, k, policy, env, list_field, levels, self.cfg.probe_n, self.cfg.samples,
+                                     recipe.temperature, "learnability")
+        weights = learnability_weights([r * (1 - r) for r in rates], self.cfg.top_k, self.cfg.rho)
+        stage_env = _with_levels(run.task, env, list_field, levels, [round(w, 4) for w in weights])
+        return Provided(files=with_env(files, stage_env), weights=weights, probe_tokens=tokens,
+                        state={"rates": dict(zip(_keys(run.task, levels), rates, strict=True))})
+
+
+class Bandit:
+    """A bandit curriculum over the levels (`level_env`) in the style of DUMP (Wang et al. 2025, "DUMP: Automated
+    Distribution-Level Curriculum Learning for RL-based LLM Post-training") and SEC (Chen et al. 2025,
+    "Self-Evolving Curriculum for LLM Reasoning"). A level's value is the mean absolute GRPO advantage of its groups
+    in the TRAINING rollouts themselves (nothing is probed: `probe_tokens` 0): after stage k-1 trained, its rewards
+    per scoring call (`Trained.rewards`) give every group's mean |advantage| as GRPO computed it under that stage's
+    recipe (`group_advantages`; every group GRPO scored, with `oversample` > 1 also the dead ones it dropped), each
+    level's value is updated as an exponential moving average over stages (`alpha`: SEC's update, here once per stage;
+    the first observation sets it) and its count grows by its groups; stage k trains on a
+    softmax (temperature `tau`) of the UCB scores `value + c * sqrt(2 ln N / n_i)` (`ucb_weights`; DUMP's rule, N
+    all groups, n_i the level's). A level never trained on scores +inf, so stage 1 (no observations) is uniform.
+    Values and counts are the provision's `state`, keyed by level, so a resumed run continues them."""
+
+    def __init__(self, cfg: BanditConfig):
+        self.cfg = cfg
+
+    def provide(self, run: Run, k: int, policy: str) -> Provided:
+        files = round0_files(run)
+        env = level_env(run, files)
+        list_field, levels = _levels(run.task, env)
+        keys = _keys(run.task, levels)
+        values: dict[str, float] = {}
+        counts: dict[str, int] = {}
+        if k > 1:
+            prev, trained = run.result(k - 1, Provided), run.result(k - 1, Trained)
+            if prev is None or trained is None or trained.rewards is None:
+                raise BaselineError(f"bandit: stage {k - 1}'s provision or training rewards are missing from the run "
+                                    "(a run trained before rewards were kept); start the bandit arm in a new run")
+            values, counts = dict(prev.state["values"]), dict(prev.state["counts"])
+            recipe = harness_models(prev.files, run.task)[1]
+            seen: dict[str, list[float]] = {}
+            for level, adv in group_advantages(read_reward_batches(Path(trained.rewards)), recipe.num_generations,
+                                               recipe.scale_rewards, recipe.reward_scale):
+                seen.setdefault(level, []).append(adv)
+            unknown = sorted(set(seen) - set(keys))
+            if unknown:
+                raise BaselineError(f"bandit: stage {k - 1} trained on level(s) {unknown} that are not among the "
+                                    f"levels {keys}; the task's difficulty slice must name its mixture entries")
+            for level, advs in seen.items():
+                v = float(np.mean(advs))
+                values[level] = v if level not in values else (1 - self.cfg.alpha) * values[level] + self.cfg.alpha * v
+                counts[level] = counts.get(level, 0) + len(advs)
+        weights = ucb_weights([values.get(key, 0.0) for key in keys], [counts.get(key, 0) for key in keys],
+                              self.cfg.c, self.cfg.tau)
+        stage_env = _with_levels(run.task, env, list_field, levels, [round(w, 4) for w in weights])
+        return Provided(files=with_env(files, stage_env), weights=weights, probe_tokens=0,
+                        state={"values": values, "counts": counts})
 
 
 def random_env(task, env, spread: float, tries: int, rng: np.random.Generator):
@@ -185,15 +300,20 @@ def random_env(task, env, spread: float, tries: int, rng: np.random.Generator):
 
 
 def _levels(task, env) -> tuple[str, list[BaseModel]]:
-    """The round-0 mixture's entries (PLR's levels): the config's list of entries keyed by the task's entry key."""
+    """The mixture's entries (a level sampler's levels): the config's list of entries keyed by the task's entry key."""
     key = task.spec.entry_key
     for name in type(env).model_fields:
         value = getattr(env, name)
         if key and isinstance(value, list) and value and all(hasattr(e, key) and hasattr(e, knobs.WEIGHT)
                                                              for e in value):
             return name, value
-    raise BaselineError(f"plr: task {task.name}'s generator config has no weighted mixture of keyed entries "
-                        "(levels) to prioritise; drop plr from arms")
+    raise BaselineError(f"task {task.name}'s generator config has no weighted mixture of keyed entries (levels) to "
+                        "prioritise; drop the level samplers (plr, learnability, bandit) from arms")
+
+
+def _keys(task, levels: list) -> list[str]:
+    """Each level's key as a string: the value of the task's difficulty slice on the instances it generates."""
+    return [str(getattr(lv, task.spec.entry_key)) for lv in levels]
 
 
 def _with_levels(task, env, list_field: str, levels: list, weights: list[float]):
@@ -210,6 +330,59 @@ def plr_weights(scores: list[float], beta: float, rho: float) -> list[float]:
     h = (1.0 / rank) ** (1.0 / beta)
     p = (1 - rho) * h / h.sum() + rho / len(scores)
     return [float(x) for x in p]
+
+
+def learnability_weights(scores: list[float], top_k: int | None, rho: float) -> list[float]:
+    """SFL's learnability sampling (Rutherford et al. 2024): weights proportional to the scores p(1 - p) of the
+    `top_k` highest-scoring levels (all with None; ties go to the earlier level), 0 elsewhere, mixed with `rho`
+    uniform over all levels. When those scores are all 0 (every level always or never solved) the weights are
+    uniform."""
+    s = np.asarray(scores, dtype=float)
+    keep = np.argsort(-s, kind="stable")[: top_k or len(s)]
+    h = np.zeros(len(s))
+    h[keep] = s[keep]
+    if h.sum() <= 0:
+        return [1.0 / len(s)] * len(s)
+    p = (1 - rho) * h / h.sum() + rho / len(s)
+    return [float(x) for x in p]
+
+
+def ucb_weights(values: list[float], counts: list[int], c: float, tau: float) -> list[float]:
+    """Softmax at temperature `tau` of UCB scores `value_i + c * sqrt(2 ln N / n_i)` (N = sum of counts). A level
+    with n_i = 0 scores +inf: the levels never observed share all the weight (all of them: uniform)."""
+    v, n = np.asarray(values, dtype=float), np.asarray(counts, dtype=float)
+    unseen = n == 0
+    if unseen.any():
+        return [float(x) for x in unseen / unseen.sum()]
+    score = v + c * np.sqrt(2 * np.log(n.sum()) / n)
+    z = np.exp((score - score.max()) / tau)
+    return [float(x) for x in z / z.sum()]
+
+
+def group_advantages(batches: list[RewardBatch], group: int, scale_rewards: str,
+                     reward_scale: float = 1.0) -> list[tuple[str, float]]:
+    """(level, mean |advantage|) of every GRPO group in the training rollouts' scoring calls, as TRL computes the
+    advantage for the recipe: rewards times `reward_scale`, minus the group's mean, divided by the group's std
+    (`scale_rewards` group), the call's std (batch) or nothing (none); stds are Bessel-corrected plus 1e-4, as TRL's.
+    A group whose rewards all tie has advantage 0."""
+    out = []
+    for b in batches:
+        r = np.asarray(b.rewards, dtype=float) * reward_scale
+        if len(r) % group:
+            raise BaselineError(f"a scoring call of {len(r)} completions is not whole groups of {group}")
+        g = r.reshape(-1, group)
+        seeds = np.asarray(b.seeds).reshape(-1, group)
+        if (seeds != seeds[:, :1]).any():
+            raise BaselineError("a GRPO group mixes instances: the recorded rewards are not in group order")
+        adv = g - g.mean(axis=1, keepdims=True)
+        if scale_rewards == "group":
+            adv = adv / (g.std(axis=1, ddof=1, keepdims=True) + 1e-4)
+        elif scale_rewards == "batch":
+            adv = adv / (r.std(ddof=1) + 1e-4)
+        for i in range(len(g)):
+            tie = bool(np.ptp(g[i]) == 0)
+            out.append((b.levels[i * group], 0.0 if tie else float(np.abs(adv[i]).mean())))
+    return out
 
 
 # --- the driver: the stage's machinery with the provider in the middle -------------------------------------------------

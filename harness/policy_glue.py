@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from harness.records import Rollout
+from harness.records import RewardBatch, Rollout
 from harness.seeds import check_split, seeds
 from harness.tasks.base import Instance, Task
 
@@ -80,8 +80,10 @@ def grpo_rows(task: Task, config: BaseModel, seed_list: list[int], style: str | 
     return [{"prompt": task.prompt(inst, style), "instance": inst.model_dump_json()} for inst in instances]
 
 
-def reward_fn(task: Task, shaping: BaseModel | None = None):
-    """A TRL-style reward `(prompts, completions, instance, **kw) -> list[float]`: the task's shaped reward."""
+def reward_fn(task: Task, shaping: BaseModel | None = None, record: list[RewardBatch] | None = None):
+    """A TRL-style reward `(prompts, completions, instance, **kw) -> list[float]`: the task's shaped reward. With
+    `record` (a list), every call appends a `RewardBatch`: each completion's instance seed, level (the instance's
+    difficulty slice value) and reward, in the order scored."""
 
     def reward(prompts: list[str], completions: list[str], instance: list[str], **kw) -> list[float]:
         from harness.tasks import score_all
@@ -89,7 +91,12 @@ def reward_fn(task: Task, shaping: BaseModel | None = None):
         cache: dict[str, Instance] = {}
         insts = [cache.get(raw) or cache.setdefault(raw, task.spec.instance_model.model_validate_json(raw))
                  for raw in instance]
-        return [o.reward for o in score_all(task, list(zip(insts, completions, strict=True)), shaping)]
+        out = [o.reward for o in score_all(task, list(zip(insts, completions, strict=True)), shaping)]
+        if record is not None:
+            key = task.spec.difficulty_slice
+            record.append(RewardBatch(seeds=[i.seed for i in insts], rewards=out,
+                                      levels=[task.slices(i).get(key, "") if key else "" for i in insts]))
+        return out
 
     reward.__name__ = f"{task.name}_reward"
     return reward

@@ -44,21 +44,47 @@ class Rollout(BaseModel):
     tokens: int = 0
 
 
-def write_rollouts(path: Path, rollouts: list[Rollout]) -> Path:
+def _write_jsonl(path: Path, rows: list[BaseModel]) -> Path:
     """Write atomically (temp file + rename) so a crash never leaves a half file that looks complete."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     with gzip.open(tmp, "wt", encoding="utf-8") as fh:
-        for r in rollouts:
+        for r in rows:
             fh.write(r.model_dump_json() + "\n")
     tmp.replace(path)
     return path
 
 
+def write_rollouts(path: Path, rollouts: list[Rollout]) -> Path:
+    return _write_jsonl(path, rollouts)
+
+
 def read_rollouts(path: Path) -> list[Rollout]:
     with gzip.open(path, "rt", encoding="utf-8") as fh:
         return [Rollout.model_validate_json(line) for line in fh if line.strip()]
+
+
+class RewardBatch(BaseModel):
+    """One scoring call of a GRPO training run (one generation batch), per completion in the order GRPO scored them
+    (a prompt's group is `num_generations` consecutive completions): the instance's seed, its level (the value of the
+    task's difficulty slice; for a weighted mixture of keyed entries, the key of the entry that generated it) and its
+    shaped reward (before the recipe's `reward_scale`). What a curriculum reads back from the training rollouts
+    (`harness.baselines.Bandit`); `harness.arms.train_policy` writes one file per training run."""
+
+    model_config = ConfigDict(extra="forbid")
+    seeds: list[int]
+    levels: list[str]
+    rewards: list[float]
+
+
+def write_reward_batches(path: Path, batches: list[RewardBatch]) -> Path:
+    return _write_jsonl(path, batches)
+
+
+def read_reward_batches(path: Path) -> list[RewardBatch]:
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        return [RewardBatch.model_validate_json(line) for line in fh if line.strip()]
 
 
 # --- findings and the diagnosis ---------------------------------------------------------------------------------------

@@ -46,6 +46,8 @@ class Trained(NodeResult):
     steps: list[dict[str, Any]] = Field(default_factory=list, description="per-step GRPO metrics")
     seconds: float = 0.0
     tokens: int = 0
+    rewards: str | None = Field(None, description="the training rollouts' rewards, one `harness.records.RewardBatch` "
+                                "per GRPO scoring call (JSONL): per completion its instance's seed, level and reward")
 
 
 class Probed(NodeResult):
