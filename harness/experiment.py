@@ -17,10 +17,14 @@ provider class added to `BASELINES`. Arms:
   within `random.spread` of its range, integers by at most one) and kept: the papers' baseline.
 - **fixed-template**: the round-0 harness, unchanged.
 - **oracle**: a scenario's known-good harness (`oracle:`, set by `harness.scenarios`), every stage.
-- **plr**: prioritised level replay over the round-0 mixture's entries (its levels): before each stage the policy is
-  probed on `plr.probe_n` instances of every level (`plr.samples` samples at the training temperature), each level is
-  scored by its learnability p(1 - p), and the stage trains on the mixture `(1 - rho) * rank-prioritised + rho *
-  uniform` (Jiang et al. 2021's rank prioritisation with temperature `beta`). Its probes are charged.
+- **plr**: prioritised level replay over the levels (the target's mixture entries when the run names a target,
+  `backtest.env`, else the round-0 mixture's): before each stage the policy is probed on `plr.probe_n` instances of
+  every level (`plr.samples` samples at the training temperature), each level is scored by its learnability p(1 - p),
+  and the stage trains on the mixture `(1 - rho) * rank-prioritised + rho * uniform` (Jiang et al. 2021's rank
+  prioritisation with temperature `beta`). Its probes are charged.
+- **learnability**: the same probes, weights proportional to p(1 - p) over the top-k levels (SFL, Rutherford et al.
+  2024). **bandit**: UCB over the levels on the mean |advantage| of the training rollouts themselves, no probes
+  (DUMP / SEC style). Both in `harness.baselines`.
 - **evolved-rule**: the full loop (`harness.lifecycle.start_run`) with the rule engineer.
 - **evolved-llm**: the full loop with the LLM engineer, when the run config names an endpoint; skipped otherwise.
 
@@ -54,8 +58,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from harness.baselines import (  # noqa: F401 - plr_weights, random_env: the baselines' pieces, importable from here
     PLR,
+    Bandit,
+    BanditConfig,
     FixedRandom,
     FixedTemplate,
+    Learnability,
+    LearnabilityConfig,
     PLRConfig,
     Provider,
     RandomConfig,
@@ -64,7 +72,7 @@ from harness.baselines import (  # noqa: F401 - plr_weights, random_env: the bas
 )
 from harness.stagebook import step_equivalents
 
-ARMS: tuple[str, ...] = ("fixed-random", "fixed-template", "oracle", "plr", "evolved-rule",
+ARMS: tuple[str, ...] = ("fixed-random", "fixed-template", "oracle", "plr", "learnability", "bandit", "evolved-rule",
                          "evolved-llm")  # BASELINES + EVOLVED
 EVOLVED = ("evolved-rule", "evolved-llm")
 # recipe knobs that change what one GRPO step costs: an arm override of one of them would make "equal steps" unequal
@@ -83,7 +91,7 @@ class _Strict(BaseModel):
 class ExperimentConfig(_Strict):
     run: dict[str, Any] = Field(..., description="the run config every arm shares (warm start, recipe, stages, "
                                                  "suite); the evolved arms run it as is")
-    arms: list[str] = Field([a for a in ARMS if a != "oracle"], description=f"arms to run, from {', '.join(ARMS)}")
+    arms: list[str] = Field(["fixed-random", "fixed-template", "plr", "evolved-rule", "evolved-llm"], description=f"arms to run, from {', '.join(ARMS)}")
     seeds: int = Field(3, ge=1, le=50, description="seeds per arm (RL randomness, training instances, the random "
                                                    "draw; the warm start is shared)")
     budget_steps: int | None = Field(None, ge=1, description="GRPO step-equivalents per arm when no evolved arm runs "
@@ -94,6 +102,8 @@ class ExperimentConfig(_Strict):
     oracle: dict[str, Any] | None = Field(None, description="the known-good harness {env, recipe, reward} (run-config "
                                           "sections) the oracle arm trains under every stage; a scenario sets it")
     plr: PLRConfig = Field(default_factory=PLRConfig)
+    learnability: LearnabilityConfig = Field(default_factory=LearnabilityConfig)
+    bandit: BanditConfig = Field(default_factory=BanditConfig)
     random: RandomConfig = Field(default_factory=RandomConfig)
     quick: dict[str, Any] = Field(default_factory=dict, description="run-config overrides (deep-merged) for --quick")
 
@@ -207,6 +217,8 @@ BASELINES: dict[str, Callable[[ExperimentConfig], Provider]] = {
     "fixed-template": lambda cfg: FixedTemplate(),
     "oracle": lambda cfg: _oracle(cfg),
     "plr": lambda cfg: PLR(cfg.plr),
+    "learnability": lambda cfg: Learnability(cfg.learnability),
+    "bandit": lambda cfg: Bandit(cfg.bandit),
 }
 assert set(BASELINES) | set(EVOLVED) == set(ARMS), "an arm is neither a baseline nor evolved"
 

@@ -167,17 +167,19 @@ def _check_sections(sc: Scenario, path: Path) -> None:
         raise _one_line(path, exc, "run") from None
 
 
-def harness_of(sc: Scenario, which: str) -> dict[str, Any]:
-    """The run-config sections (env, recipe, reward) of the scenario's `round0` or `oracle` harness."""
+def harness_of(sc: Scenario, which: str, quick: bool = False) -> dict[str, Any]:
+    """The run-config sections (env, recipe, reward) of the scenario's `round0` or `oracle` harness: its own knobs over
+    the shared run's (with --quick's sizing)."""
     h: HarnessSpec = getattr(sc, which)
-    return {"env": h.env, "recipe": _merge(sc.run.get("recipe") or {}, h.recipe),
-            "reward": _merge(sc.run.get("reward") or {}, h.reward)}
+    run = _merge(sc.run, quick_overrides(sc) if quick else {})
+    return {"env": h.env, "recipe": _merge(run.get("recipe") or {}, h.recipe),
+            "reward": _merge(run.get("reward") or {}, h.reward)}
 
 
 def run_dict(sc: Scenario, quick: bool = False) -> dict[str, Any]:
     """The run config every arm shares: `run`, the round-0 harness, the target as judge and test set."""
     data = _merge(sc.run, quick_overrides(sc) if quick else {})
-    data = _merge(data, harness_of(sc, "round0"))
+    data = _merge(data, harness_of(sc, "round0", quick))
     data["name"] = SCENARIO_RUN_NAME
     data["backtest"] = {**(data.get("backtest") or {}), "env": sc.target}
     data["eval"] = {"env": sc.target, "n": sc.test_n}
@@ -239,7 +241,7 @@ def experiment_config(sc: Scenario, arms: list[str], seeds: int, quick: bool = F
     from harness.experiment import ExperimentConfig
 
     return ExperimentConfig.model_validate({**sc.baselines, "run": run_dict(sc, quick), "arms": arms, "seeds": seeds,
-                                            "oracle": harness_of(sc, "oracle")})
+                                            "oracle": harness_of(sc, "oracle", quick)})
 
 
 # --- the bench ---------------------------------------------------------------------------------------------------------

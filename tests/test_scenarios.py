@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.scenarios import ScenarioError, check, load_scenario, scenario_files, summarize
+from harness.scenarios import ScenarioError, check, harness_of, load_scenario, run_dict, scenario_files, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 MARK = "DEFECT-7f3a91"  # in the scenario's comment only: no arm may ever see it
@@ -54,7 +54,11 @@ def test_every_shipped_scenario_loads_and_passes_its_checks():
     controls = [f for f in files if load_scenario(f).control]
     assert len(controls) >= 1
     for f in files:
-        check(load_scenario(f), f)
+        sc = load_scenario(f)
+        check(sc, f)
+        if "steps" in (sc.quick.get("recipe") or {}):  # --quick's sizing reaches both harnesses, not only the run's
+            steps = sc.quick["recipe"]["steps"]
+            assert run_dict(sc, True)["recipe"]["steps"] == steps == harness_of(sc, "oracle", True)["recipe"]["steps"]
         assert "defect" in f.read_text().split("scenario:")[0].lower() or load_scenario(f).control  # a comment
 
 
@@ -122,7 +126,7 @@ def test_a_tiny_scenario_runs_every_arm_at_equal_compute_no_arm_reads_the_defect
     from harness.store import RunStore
 
     monkeypatch.setenv("EVOTRAINER_HOME", str(tmp_path / "home"))
-    f = _write(tmp_path, baselines={"plr": {"probe_n": 2, "samples": 2}})
+    f = _write(tmp_path, baselines={"plr": {"probe_n": 2, "samples": 2}, "learnability": {"probe_n": 2, "samples": 2}})
     arms = [a for a in ARMS if a != "evolved-llm"]
     out = tmp_path / "out"
     said: list[str] = []
