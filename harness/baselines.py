@@ -140,6 +140,22 @@ class FixedTemplate:
         return Provided(files=round0_files(run))
 
 
+class OracleHarness:
+    """The oracle arm's provider: the scenario's known-good harness (env, recipe, reward: run-config sections),
+    every stage (`harness.scenarios`)."""
+
+    def __init__(self, harness: dict[str, Any]):
+        self.harness = harness
+
+    def provide(self, run: Run, k: int, policy: str) -> Provided:
+        from harness.round0 import initial_files
+        from sandbox.workspace import TEMPLATE_DIR
+
+        made = initial_files(run.config.model_copy(update=self.harness))
+        made.setdefault("recipe.yaml", (TEMPLATE_DIR / "recipe.yaml").read_text())  # no overrides: the template's
+        return Provided(files={**round0_files(run), **made})
+
+
 class FixedRandom:
     """One generator config drawn at random at stage 1 (`random_env`, from the run's seed) and kept."""
 

@@ -25,6 +25,8 @@ provider class added to `BASELINES`. Arms:
 - **learnability**: the same probes, weights proportional to p(1 - p) over the top-k levels (SFL, Rutherford et al.
   2024). **bandit**: UCB over the levels on the mean |advantage| of the training rollouts themselves, no probes
   (DUMP / SEC style). Both in `harness.baselines`.
+- **pbt**: population-based training over the recipe's knobs (`harness.pbt`: Jaderberg et al. 2017 truncation
+  selection; the population shares the arm's budget, its fitness probes on the target are charged).
 - **evolved-rule**: the full loop (`harness.lifecycle.start_run`) with the rule engineer.
 - **evolved-llm**: the full loop with the LLM engineer, when the run config names an endpoint; skipped otherwise.
 
@@ -70,10 +72,11 @@ from harness.baselines import (  # noqa: F401 - plr_weights, random_env: the bas
     plr_weights,
     random_env,
 )
+from harness.pbt import PBTConfig
 from harness.stagebook import step_equivalents
 
-ARMS: tuple[str, ...] = ("fixed-random", "fixed-template", "oracle", "plr", "learnability", "bandit", "evolved-rule",
-                         "evolved-llm")  # BASELINES + EVOLVED
+ARMS: tuple[str, ...] = ("fixed-random", "fixed-template", "oracle", "plr", "learnability", "bandit", "pbt",
+                         "evolved-rule", "evolved-llm")  # BASELINES + POPULATIONS + EVOLVED
 EVOLVED = ("evolved-rule", "evolved-llm")
 # recipe knobs that change what one GRPO step costs: an arm override of one of them would make "equal steps" unequal
 COMPUTE_KNOBS = ("batch_size", "num_generations", "oversample", "max_completion_length", "num_iterations", "steps")
@@ -104,6 +107,7 @@ class ExperimentConfig(_Strict):
     plr: PLRConfig = Field(default_factory=PLRConfig)
     learnability: LearnabilityConfig = Field(default_factory=LearnabilityConfig)
     bandit: BanditConfig = Field(default_factory=BanditConfig)
+    pbt: PBTConfig = Field(default_factory=PBTConfig)
     random: RandomConfig = Field(default_factory=RandomConfig)
     quick: dict[str, Any] = Field(default_factory=dict, description="run-config overrides (deep-merged) for --quick")
 
@@ -220,11 +224,12 @@ BASELINES: dict[str, Callable[[ExperimentConfig], Provider]] = {
     "learnability": lambda cfg: Learnability(cfg.learnability),
     "bandit": lambda cfg: Bandit(cfg.bandit),
 }
-assert set(BASELINES) | set(EVOLVED) == set(ARMS), "an arm is neither a baseline nor evolved"
+POPULATIONS = ("pbt",)  # baselines that train a population per stage (their own driver on the stage's machinery)
+assert set(BASELINES) | set(POPULATIONS) | set(EVOLVED) == set(ARMS), "an arm is neither a baseline nor evolved"
 
 
 def _oracle(cfg: ExperimentConfig) -> Provider:
-    from harness.scenarios import OracleHarness
+    from harness.baselines import OracleHarness
 
     if cfg.oracle is None:
         raise ExperimentError("the oracle arm needs oracle: (a scenario's known-good harness)")
@@ -266,7 +271,12 @@ def run_baseline(arm: str, cfg: ExperimentConfig, seed: int, budget: int, out: P
 
     run = open_run(out, run_config(cfg, seed, arm, warm))
     try:
-        rows = baselines.run_baseline(run, BASELINES[arm](cfg), budget, f"{arm} seed {seed}", say)
+        if arm == "pbt":
+            from harness.pbt import run_pbt
+
+            rows = run_pbt(run, cfg.pbt, budget, f"{arm} seed {seed}", say)
+        else:
+            rows = baselines.run_baseline(run, BASELINES[arm](cfg), budget, f"{arm} seed {seed}", say)
         per = baselines.held_out(run, rows[-1].stage)
         env = yaml.safe_load(run.result(rows[-1].stage, baselines.Provided).files["env.yaml"])  # the last stage's
         comp = step_equivalents(run.store, run.id)

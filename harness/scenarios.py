@@ -21,7 +21,7 @@ it sets); `reward` likewise over `run.reward`; `env` is a whole generator config
 
 A scenario becomes a `harness.experiment.ExperimentConfig` (`experiment_config`): its run config is `run` with the
 round-0 harness written in, the target as `backtest.env` and `eval.env`; the `oracle` arm is a baseline whose provider
-gives the oracle harness every stage (`OracleHarness`). Everything else (the warm start shared by every arm, the evolved
+gives the oracle harness every stage (`harness.baselines.OracleHarness`). Everything else (the warm start shared by every arm, the evolved
 arm's measured compute as every other arm's budget, resume) is the experiment's. Refused before anything trains
 (`check`): a file with an unknown field (one line naming it), an oracle identical to round 0 (unless `control`), a
 target the generator cannot draw from, a warm-start checkpoint that does not exist.
@@ -42,9 +42,6 @@ from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-from harness.baselines import Provided, round0_files
-from harness.run import Run
 
 QUICK_ARMS = ("fixed-template", "oracle", "evolved-rule", "plr")
 SCENARIO_RUN_NAME = "scenario"  # every arm's run id prefix: the scenario's name is not shown to any arm
@@ -219,21 +216,6 @@ def check(sc: Scenario, path: str | Path) -> None:
 
 
 # --- the oracle arm ---------------------------------------------------------------------------------------------------
-
-
-class OracleHarness:
-    """The oracle arm's provider: the scenario's known-good harness (env, recipe, reward), every stage."""
-
-    def __init__(self, harness: dict[str, Any]):
-        self.harness = harness
-
-    def provide(self, run: Run, k: int, policy: str) -> Provided:
-        from harness.round0 import initial_files
-        from sandbox.workspace import TEMPLATE_DIR
-
-        made = initial_files(run.config.model_copy(update=self.harness))
-        made.setdefault("recipe.yaml", (TEMPLATE_DIR / "recipe.yaml").read_text())  # no overrides: the template's
-        return Provided(files={**round0_files(run), **made})
 
 
 def experiment_config(sc: Scenario, arms: list[str], seeds: int, quick: bool = False):

@@ -126,7 +126,8 @@ def test_a_tiny_scenario_runs_every_arm_at_equal_compute_no_arm_reads_the_defect
     from harness.store import RunStore
 
     monkeypatch.setenv("EVOTRAINER_HOME", str(tmp_path / "home"))
-    f = _write(tmp_path, baselines={"plr": {"probe_n": 2, "samples": 2}, "learnability": {"probe_n": 2, "samples": 2}})
+    f = _write(tmp_path, baselines={"plr": {"probe_n": 2, "samples": 2}, "learnability": {"probe_n": 2, "samples": 2},
+                                   "pbt": {"population": 2, "probe_n": 2}})
     arms = [a for a in ARMS if a != "evolved-llm"]
     out = tmp_path / "out"
     said: list[str] = []
