@@ -141,19 +141,14 @@ class FixedTemplate:
 
 
 class OracleHarness:
-    """The oracle arm's provider: the scenario's known-good harness (env, recipe, reward: run-config sections),
-    every stage (`harness.scenarios`)."""
+    """The oracle arm's provider: the scenario's known-good harness files (`env.yaml`, `recipe.yaml`, made by
+    `harness.scenarios.oracle_files`) over the run's round-0 files, every stage."""
 
-    def __init__(self, harness: dict[str, Any]):
-        self.harness = harness
+    def __init__(self, files: dict[str, str]):
+        self.files = files
 
     def provide(self, run: Run, k: int, policy: str) -> Provided:
-        from harness.round0 import initial_files
-        from sandbox.workspace import TEMPLATE_DIR
-
-        made = initial_files(run.config.model_copy(update=self.harness))
-        made.setdefault("recipe.yaml", (TEMPLATE_DIR / "recipe.yaml").read_text())  # no overrides: the template's
-        return Provided(files={**round0_files(run), **made})
+        return Provided(files={**round0_files(run), **self.files})
 
 
 class FixedRandom:

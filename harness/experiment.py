@@ -102,8 +102,8 @@ class ExperimentConfig(_Strict):
     overrides: dict[str, dict[str, Any]] = Field(default_factory=dict, description="per-arm recipe overrides, "
                                                  "e.g. {plr: {learning_rate: 1e-4}}; never a knob that changes "
                                                  "what a step costs")
-    oracle: dict[str, Any] | None = Field(None, description="the known-good harness {env, recipe, reward} (run-config "
-                                          "sections) the oracle arm trains under every stage; a scenario sets it")
+    oracle: dict[str, str] | None = Field(None, description="the known-good harness files the oracle arm trains under "
+                                          "every stage ({env.yaml: text, recipe.yaml: text}); a scenario sets it")
     plr: PLRConfig = Field(default_factory=PLRConfig)
     learnability: LearnabilityConfig = Field(default_factory=LearnabilityConfig)
     bandit: BanditConfig = Field(default_factory=BanditConfig)

@@ -223,7 +223,19 @@ def experiment_config(sc: Scenario, arms: list[str], seeds: int, quick: bool = F
     from harness.experiment import ExperimentConfig
 
     return ExperimentConfig.model_validate({**sc.baselines, "run": run_dict(sc, quick), "arms": arms, "seeds": seeds,
-                                            "oracle": harness_of(sc, "oracle", quick)})
+                                            "oracle": oracle_files(sc, quick)})
+
+
+def oracle_files(sc: Scenario, quick: bool = False) -> dict[str, str]:
+    """The oracle's harness files: the template with the oracle's env, recipe and reward written in (as a run's
+    round 0 is made), so the oracle arm trains under exactly what a run started from the oracle would."""
+    from harness.config import parse_config
+    from harness.round0 import initial_files
+    from sandbox.workspace import TEMPLATE_DIR
+
+    made = initial_files(parse_config(_merge(run_dict(sc, quick), harness_of(sc, "oracle", quick)), "oracle"))
+    made.setdefault("recipe.yaml", (TEMPLATE_DIR / "recipe.yaml").read_text())  # no overrides: the template's
+    return made
 
 
 # --- the bench ---------------------------------------------------------------------------------------------------------
