@@ -236,7 +236,7 @@ class Learnability:
 class Bandit:
     """A bandit curriculum over the levels (`level_env`) in the style of DUMP (Wang et al. 2025, "DUMP: Automated
     Distribution-Level Curriculum Learning for RL-based LLM Post-training") and SEC (Chen et al. 2025,
-    "Self-Evolving Curriculum for LLM Reasoning"). A level's value is the mean absolute GRPO advantage of its groups
+    "Self-Evolving Curriculum", arXiv:2505.14970). A level's value is the mean absolute GRPO advantage of its groups
     in the TRAINING rollouts themselves (nothing is probed: `probe_tokens` 0): after stage k-1 trained, its rewards
     per scoring call (`Trained.rewards`) give every group's mean |advantage| as GRPO computed it under that stage's
     recipe (`group_advantages`; every group GRPO scored, with `oversample` > 1 also the dead ones it dropped), each
