@@ -194,8 +194,14 @@ class PLR:
     `probe_n` fresh probe instances of every level, each level scored by its learnability p(1 - p), and the stage
     trains on `(1 - rho) * rank-prioritised + rho * uniform` (Jiang et al. 2021). Its probes are charged."""
 
-    def __init__(self, cfg: PLRConfig):
+    LABEL = "plr"  # the ledger's label and the probes' seed key
+
+    def __init__(self, cfg: PLRConfig | LearnabilityConfig):
         self.cfg = cfg
+
+    def weights(self, scores: list[float]) -> list[float]:
+        """Level weights from the levels' learnability scores p(1 - p)."""
+        return plr_weights(scores, self.cfg.beta, self.cfg.rho)
 
     def provide(self, run: Run, k: int, policy: str) -> Provided:
         files = round0_files(run)
@@ -203,13 +209,14 @@ class PLR:
         env = level_env(run, files)
         list_field, levels = _levels(run.task, env)
         rates, tokens = probe_levels(run, k, policy, env, list_field, levels, self.cfg.probe_n, self.cfg.samples,
-                                     recipe.temperature, "plr")
-        weights = plr_weights([r * (1 - r) for r in rates], self.cfg.beta, self.cfg.rho)
+                                     recipe.temperature, self.LABEL)
+        weights = self.weights([r * (1 - r) for r in rates])
         stage_env = _with_levels(run.task, env, list_field, levels, [round(w, 4) for w in weights])
-        return Provided(files=with_env(files, stage_env), weights=weights, probe_tokens=tokens)
+        return Provided(files=with_env(files, stage_env), weights=weights, probe_tokens=tokens,
+                        state={"rates": dict(zip(_keys(run.task, levels), rates, strict=True))})
 
 
-class Learnability:
+class Learnability(PLR):
     """The learnability sampler of Rutherford et al. 2024 ("No Regrets: Investigating and Improving Regret
     Approximations for Curriculum Discovery", SFL): the policy is probed on `probe_n` fresh probe instances of every
     level (`level_env`; charged, as PLR's), each level scored by its learnability p(1 - p) (p: its success rate), and
@@ -217,20 +224,10 @@ class Learnability:
     highest score, mixed with `rho` uniform over all levels (`learnability_weights`). SFL samples uniformly from a
     buffer of its top-k levels; here the buffer's levels are weighted by their score."""
 
-    def __init__(self, cfg: LearnabilityConfig):
-        self.cfg = cfg
+    LABEL = "learnability"
 
-    def provide(self, run: Run, k: int, policy: str) -> Provided:
-        files = round0_files(run)
-        recipe = harness_models(files, run.task)[1]
-        env = level_env(run, files)
-        list_field, levels = _levels(run.task, env)
-        rates, tokens = probe_levels(run, k, policy, env, list_field, levels, self.cfg.probe_n, self.cfg.samples,
-                                     recipe.temperature, "learnability")
-        weights = learnability_weights([r * (1 - r) for r in rates], self.cfg.top_k, self.cfg.rho)
-        stage_env = _with_levels(run.task, env, list_field, levels, [round(w, 4) for w in weights])
-        return Provided(files=with_env(files, stage_env), weights=weights, probe_tokens=tokens,
-                        state={"rates": dict(zip(_keys(run.task, levels), rates, strict=True))})
+    def weights(self, scores: list[float]) -> list[float]:
+        return learnability_weights(scores, self.cfg.top_k, self.cfg.rho)
 
 
 class Bandit:
