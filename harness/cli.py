@@ -9,6 +9,7 @@ typed errors into one clear line and an exit code. Heavy imports (torch, trl, la
 from __future__ import annotations
 
 import difflib
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -410,6 +411,9 @@ def bench_scenarios(
                                                        "of the whole pipeline and a first reading")] = False,
     out: Annotated[Path, typer.Option(help="work dir (one experiment per scenario; scenarios.json/.md/.png/.html); "
                                            "an existing one resumes")] = Path("runs/bench-scenarios"),
+    jobs: Annotated[int | None, typer.Option(min=1, help="arms run side by side, each in its own process with "
+                                                         "cores/jobs torch threads (default: every core with --quick, "
+                                                         "else 1)")] = None,
 ) -> None:
     """Broken harnesses: each scenario's arms (fixed-template, oracle, curricula, PBT, the evolved loop) at equal
     compute, judged on the scenario's target; the gap each arm recovers."""
@@ -426,7 +430,7 @@ def bench_scenarios(
         files = scenario_files(where or [Path("examples/scenarios")], only)
         doc = run_scenarios(files, out, arm_list, seeds or (1 if quick else 3), quick,
                             say=lambda m: console.print(plain(m), highlight=False, markup=False, soft_wrap=True),
-                            progress=_run_progress())
+                            progress=_run_progress(), jobs=jobs or ((os.cpu_count() or 1) if quick else 1))
     except (ScenarioError, ExperimentError) as exc:
         fail(str(exc))
     console.print(plain((out / "scenarios.md").read_text()), highlight=False, markup=False, soft_wrap=True)
@@ -436,6 +440,8 @@ def bench_scenarios(
         for arm, a in sc["arms"].items():
             typer.echo(f"scenario_{name}_{arm}_valid: {a['valid']:.4f}")
     typer.echo(f"scenarios_arm_hours: {doc['arm_hours']:.2f}")
+    typer.echo(f"scenarios_cpu_hours: {doc['cpu_hours']:.2f}")
+    typer.echo(f"scenarios_wall_min: {doc['wall_s'] / 60:.1f}")
     typer.echo(f"results: {out / 'scenarios.json'}; table {out / 'scenarios.md'}; page {out / 'scenarios.html'}")
 
 
@@ -881,6 +887,8 @@ def experiment(
                                            "go; an existing out resumes (finished arms are not re-run)")] = Path(
         "runs/experiment"),
     quick: Annotated[bool, typer.Option("--quick", help="apply the config's quick: overrides (smaller stages)")] = False,
+    jobs: Annotated[int, typer.Option(min=1, help="arms run side by side, each in its own process with cores/jobs "
+                                                  "torch threads")] = 1,
 ) -> None:
     """The headline experiment: fixed-random, fixed-template, an automatic curriculum (PLR) and the evolved harness
     from the same warm start, at equal compute (GRPO step-equivalents; the loop pays for its own probes and
@@ -901,7 +909,7 @@ def experiment(
             cfg = ExperimentConfig.model_validate({**cfg.model_dump(), **update})
         s = run_experiment(cfg, out, say=lambda m: console.print(plain(m), highlight=False, markup=False,
                                                                  soft_wrap=True),
-                           progress=_run_progress())
+                           progress=_run_progress(), jobs=jobs)
     except ExperimentError as exc:
         fail(str(exc))
     console.print(plain(table(s)), highlight=False, markup=False, soft_wrap=True)

@@ -40,6 +40,11 @@ the same for every arm, and is not charged. Without an evolved arm, `budget_step
 The **harder half** of the suite is fixed before any arm trains: the half of the suite's blocks on which the warm
 start is weakest (mean over seeds), so it names no task family.
 
+**Side by side** (`jobs` > 1, `--jobs N`): the arms are units of one schedule (warm start, then per seed the evolved
+arm, then that seed's baselines, whose budget it sets) run by N worker processes with cores/N torch threads each; a
+scenario set's experiments share one schedule (`run_experiments`). On a 2-core machine a tiny model's GRPO step is no
+slower on one thread than on two, so two arms at once take about half the wall time (BENCHMARKS.md).
+
 Interrupted experiments resume: finished arms (`<out>/<arm>/seed<s>/result.json`) are not re-run, a baseline's run
 (`<out>/<baseline>/seed<s>`) restarts at its last finished stage, and an evolved arm's run is resumed by the loop's own
 resume. What stays here: the experiment's config, its plan, the summary and the page.
@@ -49,6 +54,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -414,55 +420,237 @@ def summarize(results: dict[str, list[dict[str, Any]]], blocks: list[str], warm:
 
 
 def run_experiment(cfg: ExperimentConfig, out: str | Path, say: Callable[[str], None] = print,
-                   progress=None) -> dict[str, Any]:
+                   progress=None, jobs: int = 1) -> dict[str, Any]:
     """Run (or resume) every arm x seed, then write results.json, summary.md, curve.png and experiment.html.
-    `progress` is the loop's live-progress callback for the evolved arms (`evotrainer run`'s printer in the CLI)."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    p = plan(cfg)
-    for arm, why in p["skipped"].items():
-        say(f"{arm}: skipped: {why}")
-    arms = p["arms"]
-    (out / "experiment.json").write_text(json.dumps(cfg.model_dump(mode="json"), indent=1))
-    rc0 = run_config(cfg, 0, arms[0])
-    blocks = suite_blocks(rc0)
-    say(f"experiment: arms {', '.join(arms)}; {cfg.seeds} seed(s); {rc0.budget.stages} stages each; held-out suite "
-        f"{rc0.eval.name} ({len(blocks)} instances); out {out}")
+    `progress` is the loop's live-progress callback for the evolved arms (`evotrainer run`'s printer in the CLI).
+    `jobs` > 1 runs that many arms side by side (`run_experiments`)."""
+    return run_experiments([(cfg, Path(out))], say, progress, jobs)[0]
+
+
+def run_experiments(exps: list[tuple[ExperimentConfig, Path]], say: Callable[[str], None] = print, progress=None,
+                    jobs: int = 1, labels: list[str] | None = None) -> list[dict[str, Any]]:
+    """Several experiments (a scenario set's) as one schedule of units: each experiment's warm start, then per seed
+    its evolved arm (whose measured compute is that seed's budget), then that seed's baselines. `jobs` = 1 runs the
+    units one after another in this process; `jobs` > 1 runs that many at once in worker processes with
+    `cpu_count // jobs` torch threads each (on a 2-core machine a tiny model's GRPO step is no slower on one thread
+    than on two, so two arms side by side finish in about half the time; BENCHMARKS.md). Warm starts that share a
+    cache key are made once (the first; the others wait for it and load it from the cache)."""
+    labels = labels or [str(o) for _, o in exps]
+    preps = []
+    for cfg, out in exps:  # every plan before anything trains
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        p = plan(cfg)
+        preps.append((cfg, out, p))
+    units: dict[tuple, _Unit] = {}
+    first_warm: dict[str, tuple] = {}
+    for i, (cfg, out, p) in enumerate(preps):
+        for arm, why in p["skipped"].items():
+            say(f"{arm}: skipped: {why}")
+        arms = p["arms"]
+        (out / "experiment.json").write_text(json.dumps(cfg.model_dump(mode="json"), indent=1))
+        rc0 = run_config(cfg, 0, arms[0])
+        say(f"experiment{' ' + labels[i] if len(exps) > 1 else ''}: arms {', '.join(arms)}; {cfg.seeds} seed(s); "
+            f"{rc0.budget.stages} stages each; held-out suite {rc0.eval.name} ({len(suite_blocks(rc0))} instances); "
+            f"out {out}")
+        wkey = _warm_group(rc0)
+        units[(i, "warm")] = _Unit((i, "warm"), "warm", i, after=[first_warm[wkey]] if wkey in first_warm else [])
+        first_warm.setdefault(wkey, (i, "warm"))
+        for seed in range(cfg.seeds):
+            evolved = [a for a in arms if a in EVOLVED]
+            for arm in sorted(arms, key=lambda a: a not in EVOLVED):  # evolved first: its compute is the budget
+                after = [(i, "warm")]
+                if arm not in EVOLVED and cfg.budget_steps is None:
+                    after += [(i, seed, a) for a in evolved[:1]]
+                units[(i, seed, arm)] = _Unit((i, seed, arm), arm, i, seed, after)
     t_start = time.time()
-    results: dict[str, list[dict[str, Any]]] = {a: [] for a in arms}
-    ws_dir, warm_per = warm_start(rc0, out, say)
-    warm = [{"valid": float(np.mean(warm_per)), "per_instance": warm_per}]
-    say(f"warm start held-out valid {warm[0]['valid']:.3f}")
-    for seed in range(cfg.seeds):
+    results = _schedule(units, preps, labels, say, progress, jobs)
+    wall = time.time() - t_start  # the whole schedule's (shared by its experiments when they ran side by side)
+    summaries = []
+    for i, (cfg, out, p) in enumerate(preps):
+        rc0 = run_config(cfg, 0, p["arms"][0])
+        blocks = suite_blocks(rc0)
+        warm_per = results[(i, "warm")]["per_instance"]
+        warm = [{"valid": float(np.mean(warm_per)), "per_instance": warm_per}]
+        by_arm = {a: [results[(i, s, a)] for s in range(cfg.seeds)] for a in p["arms"]}
+        hard = harder_half(blocks, [w["per_instance"] for w in warm])
+        summary = summarize(by_arm, blocks, warm, hard)
+        summary.update({"wall_s": wall, "unit_s": results[(i, "warm")]["t_end"] - results[(i, "warm")]["t_start"]
+                        + sum(r.get("wall_s", 0.0) for rows in by_arm.values() for r in rows),
+                        "suite": rc0.eval.name, "n_instances": len(blocks), "stages": rc0.budget.stages,
+                        "seeds": cfg.seeds, "skipped": p["skipped"], "jobs": jobs,
+                        "curves": {a: [r["curve"] for r in rows] for a, rows in by_arm.items()},
+                        "warm_valid": [w["valid"] for w in warm]})
+        (out / "results.json").write_text(json.dumps(summary, indent=1, default=float))
+        (out / "summary.md").write_text(table(summary))
+        write_plot(summary, out)
+        summaries.append(summary)
+    return summaries
+
+
+class _Unit:
+    """One piece of an experiment's schedule: its warm start ("warm"), or one arm x seed."""
+
+    def __init__(self, key: tuple, kind: str, exp: int, seed: int = 0, after: list[tuple] | None = None):
+        self.key, self.kind, self.exp, self.seed, self.after = key, kind, exp, seed, list(after or [])
+
+
+def _warm_group(rc) -> str:
+    """What makes two experiments' warm starts the same cache entry (task, policy, warm start, seed, the env it trains
+    on): a conservative key, so two runs never train one warm start side by side."""
+    d = rc.model_dump(mode="json")
+    ws = d.get("warm_start") or {}
+    return json.dumps({"task": d.get("task"), "policy": d.get("policy"), "warm_start": ws, "seed": d.get("seed"),
+                       "env": None if ws.get("env") else d.get("env")}, sort_keys=True, default=str)
+
+
+def _schedule(units: dict[tuple, _Unit], preps: list, labels: list[str], say: Callable[[str], None], progress,
+              jobs: int) -> dict[tuple, dict[str, Any]]:
+    """Run every unit once its prerequisites are done: in this process (jobs = 1) or in a pool of `jobs` worker
+    processes. A unit whose result.json exists is read back, not run (the experiment resumes). The first failure stops
+    the schedule (units running keep their runs; a re-run resumes them) and is raised."""
+    results: dict[tuple, dict[str, Any]] = {}
+    pending = dict(units)
+
+    def args(u: _Unit) -> tuple:
+        cfg, out, _ = preps[u.exp]
+        if u.kind == "warm":
+            return ("warm", cfg.model_dump(mode="json"), str(out), 0, "", "", None, labels[u.exp])
+        ws = results[(u.exp, "warm")]["checkpoint"]
         budget = cfg.budget_steps
-        for arm in sorted(arms, key=lambda a: a not in EVOLVED):  # evolved first: its compute is the budget
-            rf = out / arm / f"seed{seed}" / "result.json"
-            if rf.exists():
-                r = json.loads(rf.read_text())
-                say(f"{arm} seed {seed}: done earlier (held-out valid {r['final']['valid']:.3f}), not re-run")
+        if u.kind not in EVOLVED and budget is None:
+            ev = [results[k] for k in u.after if k in results and k[-1] in EVOLVED]
+            budget = round(ev[0]["compute"]) if ev else None
+            if budget is None:
+                raise ExperimentError("no budget: the evolved arm recorded no compute")
+        return (u.kind, cfg.model_dump(mode="json"), str(out), u.seed, u.kind, ws, budget, labels[u.exp])
+
+    def done(u: _Unit, r: dict[str, Any]) -> None:
+        results[u.key] = r
+
+    def ready() -> list[_Unit]:
+        return [u for u in pending.values() if all(k in results for k in u.after)]
+
+    def read_back(u: _Unit) -> bool:
+        if u.kind == "warm":
+            return False
+        rf = preps[u.exp][1] / u.kind / f"seed{u.seed}" / "result.json"
+        if not rf.exists():
+            return False
+        r = json.loads(rf.read_text())
+        say(f"{_tag(labels, u.exp)}{u.kind} seed {u.seed}: done earlier (held-out valid {r['final']['valid']:.3f}), "
+            "not re-run")
+        done(u, r)
+        return True
+
+    if jobs <= 1:
+        while pending:
+            u = ready()[0]
+            del pending[u.key]
+            if not read_back(u):
+                done(u, _run_unit(*args(u), say=say, progress=progress, tag=_tag(labels, u.exp)))
+        return results
+
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    saved = {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    say(f"{len(units)} units, {jobs} side by side ({threads} torch thread(s) each)")
+    pool = cf.ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"), initializer=_worker_init,
+                                  initargs=(threads,))
+    running: dict[cf.Future, _Unit] = {}
+    try:
+        while pending or running:
+            moved = True
+            while moved and len(running) < jobs:  # a unit read back can make others ready
+                moved = False
+                for u in ready():
+                    if len(running) >= jobs:
+                        break
+                    del pending[u.key]
+                    moved = True
+                    if not read_back(u):
+                        running[pool.submit(_run_unit, *args(u), tag=_tag(labels, u.exp))] = u
+            if not running:
+                if pending:  # nothing runs and nothing is ready: a prerequisite is missing (a bug, not an input)
+                    raise ExperimentError(f"schedule stuck: {sorted(map(str, pending))}")
+                break
+            finished, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
+            for f in finished:
+                u = running.pop(f)
+                done(u, f.result())  # a unit's error is raised here
+    except BaseException:
+        if running:
+            say(f"stopping: {len(running)} unit(s) still running finish first (a re-run resumes the rest)")
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
             else:
-                t0 = time.time()
-                if arm in EVOLVED:
-                    r = run_evolved(arm, cfg, seed, out / arm / f"seed{seed}", ws_dir, say, progress)
-                else:
-                    if budget is None:
-                        raise ExperimentError("no budget: the evolved arm recorded no compute")
-                    r = run_baseline(arm, cfg, seed, int(budget), out / arm / f"seed{seed}", ws_dir, say)
-                r["wall_s"] = time.time() - t0
-                rf.write_text(json.dumps(r))
-            if arm in EVOLVED and cfg.budget_steps is None:
-                budget = round(r["compute"]) if budget is None else budget
-            results[arm].append(r)
-    hard = harder_half(blocks, [w["per_instance"] for w in warm])
-    summary = summarize(results, blocks, warm, hard)
-    summary.update({"wall_s": time.time() - t_start, "suite": rc0.eval.name, "n_instances": len(blocks),
-                    "stages": rc0.budget.stages, "seeds": cfg.seeds, "skipped": p["skipped"],
-                    "curves": {a: [r["curve"] for r in rows] for a, rows in results.items()},
-                    "warm_valid": [w["valid"] for w in warm]})
-    (out / "results.json").write_text(json.dumps(summary, indent=1, default=float))
-    (out / "summary.md").write_text(table(summary))
-    write_plot(summary, out)
-    return summary
+                os.environ[k] = v
+    pool.shutdown(wait=True)
+    return results
+
+
+def _tag(labels: list[str], i: int) -> str:
+    return f"[{labels[i]}] " if len(labels) > 1 else ""
+
+
+def _worker_init(threads: int) -> None:
+    from policies import cpu_threads
+
+    cpu_threads(threads)
+
+
+def _child_progress(tag: str):
+    """A worker's live progress: node entries and the loop's messages, one line each, tagged (no step lines: two
+    workers' steps interleaved are noise)."""
+    t0 = time.time()
+
+    def on_event(kind: str, data: dict) -> None:
+        if kind == "node" and "message" not in data:
+            print(f"{tag}{time.time() - t0:6.0f}s stage {data.get('stage')} · {data.get('node')}", flush=True)
+        elif kind != "step" and "message" in data:
+            print(f"{tag}{time.time() - t0:6.0f}s   {data['message']}", flush=True)
+
+    return on_event
+
+
+def _run_unit(kind: str, cfg_json: dict[str, Any], out: str, seed: int, arm: str, ws: str, budget: int | None,
+              label: str, say: Callable[[str], None] | None = None, progress=None, tag: str = "") -> dict[str, Any]:
+    """One unit, in this process or a worker: the warm start ({checkpoint, per_instance}) or one arm x seed (its
+    result, also written to `<out>/<arm>/seed<s>/result.json`)."""
+    cfg = ExperimentConfig.model_validate(cfg_json)
+    out_p = Path(out)
+    if say is None:  # a worker: plain tagged lines
+        def say(m: str) -> None:
+            print(f"{tag}{m}", flush=True)
+        progress = _child_progress(tag)
+    elif tag:
+        outer = say
+
+        def say(m: str) -> None:
+            outer(f"{tag}{m}")
+    t0, c0 = time.time(), time.process_time()
+    if kind == "warm":
+        rc0 = run_config(cfg, 0, plan(cfg)["arms"][0])
+        ckpt, per = warm_start(rc0, out_p, say)
+        say(f"warm start held-out valid {float(np.mean(per)):.3f}")
+        return {"checkpoint": str(ckpt), "per_instance": per, "t_start": t0, "t_end": time.time(), "pid": os.getpid()}
+    if arm in EVOLVED:
+        r = run_evolved(arm, cfg, seed, out_p / arm / f"seed{seed}", Path(ws), say, progress)
+    else:
+        r = run_baseline(arm, cfg, seed, int(budget), out_p / arm / f"seed{seed}", Path(ws), say)
+    r["wall_s"] = time.time() - t0
+    r["cpu_s"] = time.process_time() - c0  # this process's CPU (every torch thread), not its subprocesses'
+    r["pid"], r["t_start"], r["t_end"] = os.getpid(), t0, time.time()
+    (out_p / arm / f"seed{seed}" / "result.json").write_text(json.dumps(r))
+    return r
 
 
 def _pct(m: tuple[float, float, float]) -> str:

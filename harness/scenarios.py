@@ -293,7 +293,8 @@ def summarize(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
             per = {r["seed"]: r["final_per_instance"] for r in results}
             a: dict[str, Any] = {"seeds": len(per), "valid": float(np.mean([np.mean(v) for v in per.values()])),
                                  "compute": float(np.mean([r["compute"] for r in results])),
-                                 "wall_s": float(sum(r.get("wall_s", 0.0) for r in results))}
+                                 "wall_s": float(sum(r.get("wall_s", 0.0) for r in results)),
+                                 "cpu_s": float(sum(r.get("cpu_s", 0.0) for r in results))}
             common = sorted(set(per) & set(fixed))
             if common and arm != "fixed-template":
                 a["vs_fixed"] = paired([per[s] for s in common], [fixed[s] for s in common])
@@ -334,9 +335,11 @@ def table(summary: dict[str, Any], arms: list[str]) -> str:
 
 
 def run_scenarios(files: list[Path], out: str | Path, arms: list[str], seeds: int, quick: bool,
-                  say: Callable[[str], None] = print, progress=None) -> dict[str, Any]:
-    """Every scenario's experiment (resumed where it stopped), then scenarios.json / .md / .png / .html in `out`."""
-    from harness.experiment import EVOLVED, run_experiment
+                  say: Callable[[str], None] = print, progress=None, jobs: int = 1) -> dict[str, Any]:
+    """Every scenario's experiment (resumed where it stopped), then scenarios.json / .md / .png / .html in `out`.
+    The scenarios' arms are one schedule (`harness.experiment.run_experiments`): `jobs` > 1 runs that many arms side
+    by side, across scenarios."""
+    from harness.experiment import EVOLVED, run_experiments
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -350,11 +353,12 @@ def run_scenarios(files: list[Path], out: str | Path, arms: list[str], seeds: in
         run_arms.insert(0, "evolved-rule")
         say("arms: evolved-rule added (its measured compute is every other arm's budget; a finished one is reused)")
     t0 = time.time()
-    rows: dict[str, dict[str, Any]] = {}
     for f, sc in loaded:
         say(f"scenario {sc.scenario} ({f}): arms {', '.join(run_arms)}, {seeds} seed(s){', quick' if quick else ''}")
-        cfg = experiment_config(sc, run_arms, seeds, quick)
-        run_experiment(cfg, out / sc.scenario, say, progress)
+    run_experiments([(experiment_config(sc, run_arms, seeds, quick), out / sc.scenario) for _, sc in loaded], say,
+                    progress, jobs, labels=[sc.scenario for _, sc in loaded])
+    rows: dict[str, dict[str, Any]] = {}
+    for _, sc in loaded:
         res: dict[str, list[dict[str, Any]]] = {}
         for arm in run_arms:
             res[arm] = [json.loads(p.read_text()) for s in range(seeds)
@@ -362,13 +366,15 @@ def run_scenarios(files: list[Path], out: str | Path, arms: list[str], seeds: in
         rows[sc.scenario] = {a: r for a, r in res.items() if r}
     summary = summarize(rows)
     shown = [a for a in run_arms if any(a in sc["arms"] for sc in summary.values())]
-    cpu_h = sum(a["wall_s"] for sc in summary.values() for a in sc["arms"].values()) / 3600
+    arm_h = sum(a["wall_s"] for sc in summary.values() for a in sc["arms"].values()) / 3600
+    cpu_h = sum(a["cpu_s"] for sc in summary.values() for a in sc["arms"].values()) / 3600
     doc = {"scenarios": summary, "arms": shown, "seeds": seeds, "quick": quick, "wall_s": time.time() - t0,
-           "arm_hours": cpu_h}
+           "arm_hours": arm_h, "cpu_hours": cpu_h, "jobs": jobs}
     (out / "scenarios.json").write_text(json.dumps(doc, indent=1, default=float))
     md = table(summary, shown)
-    (out / "scenarios.md").write_text(md + f"\nArm hours (wall, 2 cores, every arm and seed, as recorded): "
-                                      f"{cpu_h:.2f}\n")
+    (out / "scenarios.md").write_text(md + f"\nArm hours (each arm's own wall time, summed over arms and seeds, "
+                                      f"{jobs} side by side): {arm_h:.2f}; CPU hours (the arms' processes, every "
+                                      f"thread): {cpu_h:.2f}; this call's wall: {doc['wall_s'] / 60:.1f} min\n")
     write_plot(summary, shown, out)
     return doc
 

@@ -189,3 +189,32 @@ def test_a_tiny_scenario_runs_every_arm_at_equal_compute_no_arm_reads_the_defect
     assert "done earlier" in res.stdout and "scenario_tiny_gap:" in res.stdout and "/2:" not in res.stdout
     assert not (d / "s1").exists()
     assert [c["stage"] for c in json.loads((d / "result.json").read_text())["curve"]] == [1, 2]
+
+
+@pytest.mark.slow
+def test_scenarios_run_side_by_side_in_workers_one_warm_start_and_resume(tmp_path, monkeypatch):
+    """`jobs=2`: the arms of two scenarios run in two worker processes; the shared warm start is trained once (the
+    second scenario waits for it, not trains it beside it), each scenario's baselines start after its evolved arm
+    (whose compute is their budget), and a re-run reads everything back."""
+    from harness.scenarios import run_scenarios
+
+    monkeypatch.setenv("EVOTRAINER_HOME", str(tmp_path / "home"))
+    one_stage = {**TINY, "budget": {"stages": 1}}
+    files = [_write(tmp_path, name, run=one_stage) for name in ("tiny-a", "tiny-b")]
+    out = tmp_path / "out"
+    said: list[str] = []
+    doc = run_scenarios(files, out, ["fixed-template", "evolved-rule"], 1, False, say=said.append, jobs=2)
+    assert any("side by side" in m for m in said)
+    assert len([p for p in (tmp_path / "home" / "warmstart").iterdir() if (p / "DONE").exists()]) == 1
+    pids = set()
+    for name in ("tiny-a", "tiny-b"):
+        evo = json.loads((out / name / "evolved-rule" / "seed0" / "result.json").read_text())
+        fixed = json.loads((out / name / "fixed-template" / "seed0" / "result.json").read_text())
+        assert fixed["budget"] == round(evo["compute"]) and fixed["t_start"] >= evo["t_end"] - 1e-6
+        assert evo["cpu_s"] > 0 and len(fixed["final_per_instance"]) == 16
+        pids |= {evo["pid"], fixed["pid"]}
+        assert doc["scenarios"][name]["gap"] is None  # no oracle arm: no gap, no recovery
+    assert os.getpid() not in pids and len(pids) >= 2  # in workers, more than one
+    said.clear()
+    run_scenarios(files, out, ["fixed-template", "evolved-rule"], 1, False, say=said.append, jobs=2)
+    assert sum("done earlier" in m for m in said) == 4
