@@ -21,7 +21,7 @@ demo: $(STAMP)
 	$(BIN)/evotrainer run examples/mapf_quick.yaml
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=5
+	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadscope --durations=10
 
 bench: $(STAMP)
 	$(BIN)/evotrainer bench all

@@ -434,7 +434,7 @@ def run_experiments(exps: list[tuple[ExperimentConfig, Path]], say: Callable[[st
     units one after another in this process; `jobs` > 1 runs that many at once in worker processes with
     `cpu_count // jobs` torch threads each (on a 2-core machine a tiny model's GRPO step is no slower on one thread
     than on two, so two arms side by side finish in about half the time; BENCHMARKS.md). Warm starts that share a
-    cache key are made once (the first; the others wait for it and load it from the cache)."""
+    cache key are made once (the first; the others load it from the cache after it)."""
     labels = labels or [str(o) for _, o in exps]
     preps = []
     for cfg, out in exps:  # every plan before anything trains
@@ -578,14 +578,13 @@ def _schedule(units: dict[tuple, _Unit], preps: list, labels: list[str], say: Ca
                 if pending:  # nothing runs and nothing is ready: a prerequisite is missing (a bug, not an input)
                     raise ExperimentError(f"schedule stuck: {sorted(map(str, pending))}")
                 break
-            finished, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
-            for f in finished:
-                u = running.pop(f)
-                done(u, f.result())  # a unit's error is raised here
+            f = next(cf.as_completed(running))  # the first to finish
+            u = running.pop(f)
+            done(u, f.result())  # a unit's error is raised here
     except BaseException:
         if running:
             say(f"stopping: {len(running)} unit(s) still running finish first (a re-run resumes the rest)")
-        pool.shutdown(wait=True, cancel_futures=True)
+        pool.shutdown(True, cancel_futures=True)
         raise
     finally:
         for k, v in saved.items():
@@ -593,7 +592,7 @@ def _schedule(units: dict[tuple, _Unit], preps: list, labels: list[str], say: Ca
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    pool.shutdown(wait=True)
+    pool.shutdown(True)
     return results
 
 

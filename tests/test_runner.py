@@ -22,13 +22,15 @@ BW = {"require_bwrap": True}
 FAST = Limits(cpu_s=2, wall_s=5)
 
 
-def _uids_alive(lo: int = 200_000) -> list[int]:
-    """Processes on the host owned by sandbox uids (leftovers would mean a job escaped its kill)."""
+def _uids_alive() -> list[int]:
+    """Processes on the host owned by the sandbox uids of this process's jobs (leftovers would mean a job escaped its
+    kill); other processes' jobs (another test worker's, pytest -n) have uids of their own block."""
+    lo = 200_000 + (os.getpid() % 4096) * 4096  # sandbox.runner._job_uid's block for this process
     out = []
     for p in Path("/proc").iterdir():
         if p.name.isdigit():
             try:
-                if p.stat().st_uid >= lo:
+                if lo <= p.stat().st_uid < lo + 4096:
                     out.append(int(p.name))
             except FileNotFoundError:
                 continue
