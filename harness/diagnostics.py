@@ -409,6 +409,35 @@ def reward_is_validity(rollouts: list[Rollout]) -> bool:
     return bool(rollouts) and all(len(v) == 1 for v in by_valid.values())
 
 
+MISALIGNED_MIN = 4  # valid and invalid rollouts each, before their rewards are compared
+
+
+def reward_misaligned(rollouts: list[Rollout], share: float = 0.1) -> DiagnosticResult:
+    """The reward pays invalid completions at least as well as valid ones: `grpo.reward_misaligned` (critical), one
+    stage's scored rollouts, no time series needed. Its rate is the share of invalid rollouts whose reward reaches the
+    valid ones' mean; it fires when that share is at least `share` (with at least MISALIGNED_MIN of each). GRPO then
+    raises the probability of those invalid completions inside their groups, so training on this reward moves the
+    policy away from the goal however the mix or recipe is set: a root cause, fixed in the reward itself."""
+    valid = [float(r.reward) for r in rollouts if r.valid]
+    invalid = [float(r.reward) for r in rollouts if not r.valid]
+    if len(valid) < MISALIGNED_MIN or len(invalid) < MISALIGNED_MIN:
+        return DiagnosticResult(name="reward_misaligned", metrics={})
+    bar = sum(valid) / len(valid)
+    over = sum(1 for x in invalid if x >= bar - 1e-9)
+    rate = over / len(invalid)
+    metrics = {"valid_reward_mean": round(bar, 4), "invalid_reward_mean": round(sum(invalid) / len(invalid), 4),
+               "invalid_outearning": round(rate, 4)}
+    findings = []
+    if bar > 0 and rate >= share:
+        findings.append(Finding(
+            code="grpo.reward_misaligned", severity="critical", count=over, rate=round(rate, 4),
+            knobs=["reward.partial_credit", "reward.valid_reward"],
+            message=f"{over} of {len(invalid)} invalid rollouts earn at least the valid ones' mean reward "
+                    f"({bar:.3f}): training on this reward rewards invalid answers; pay partial credit below a "
+                    "valid answer's reward, or none"))
+    return DiagnosticResult(name="reward_misaligned", findings=findings, metrics=metrics)
+
+
 def reward_hacking(train_metrics: list[dict[str, float]] | None, valid_history: list[float] | None = None,
                    rise: float = 0.05, flat: float = 0.01, rollouts: list[Rollout] | None = None) -> DiagnosticResult:
     """Shaped reward rising while the valid rate stays flat or falls: `grpo.reward_hacking` (critical).
@@ -442,7 +471,7 @@ def builtin_codes(task: str, failure_types: Iterable[str]) -> set[str]:
     own = {f"{task}.{f}" for f in failure_types} | {f"{task}.{c}" for c in
                                                     ("near_miss", "suboptimal", "mastered", "frontier", "too_hard")}
     grpo = {"grpo.dead_groups", "grpo.exploration_collapse", "grpo.length_collapse", "grpo.length_explosion",
-            "grpo.reward_hacking",
+            "grpo.reward_hacking", "grpo.reward_misaligned",
             "grpo.policy_regressed"}  # emitted by the loop's probe (harness/graph.py::node_probe), not a built-in
     return own | grpo | set(TARGET_CODES)
 
@@ -453,6 +482,7 @@ def builtin_diagnostics(rollouts: list[Rollout], train_metrics: list[dict[str, f
     out = [failure_breakdown(rollouts), near_misses(rollouts), quality_gap(rollouts), competence_frontier(rollouts),
            dead_groups(rollouts, train_metrics), exploration_collapse(rollouts), length_health(rollouts, train_metrics)]
     out.append(reward_hacking(train_metrics, valid_history, rollouts=rollouts))
+    out.append(reward_misaligned(rollouts))
     return out
 
 

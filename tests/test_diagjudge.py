@@ -326,3 +326,32 @@ def test_a_promoted_diagnostic_is_merged_beside_the_training_winner_and_reaches_
     stage_ran(3)
     assert evolved_codes(3) == {"evolved.weak_slice.slice_fails"}  # its findings reach the engineer from now on
     store.close()
+
+
+def test_a_gameable_reward_is_fixed_in_the_reward_first(tmp_path):
+    """Real MAPF rollouts scored under a reward that pays an invalid plan's progress (partial credit 1.0) more than a
+    valid plan (0.3): the diagnosis says the reward is misaligned, the rule engineer's first candidate turns partial
+    credit off (a root cause, before GRPO-health or mix changes), and vet writes it into the recipe's reward."""
+    import numpy as np
+
+    from harness.config import EngineerConfig
+    from harness.diagnostics import build_diagnosis
+    from harness.engineer import propose
+    from harness.vet import apply_change
+    from skills.library import SkillLibrary
+
+    gamed = MAPF.spec.shaping_model(valid_reward=0.3, partial_credit=1.0, optimal_bonus=0.0, format_penalty=0.0)
+    rs = rollouts("probe", 300, 16, gamed, fail={"3": 0.5, "4": 0.5})
+    recipe = {"learning_rate": 1e-4, "temperature": 0.5, "reward": gamed.model_dump()}
+    d = build_diagnosis(MAPF, 1, rs, ENV, recipe, [], 2, None, shaping=gamed, env_stats={})
+    assert "grpo.reward_misaligned" in {f.code for f in d.findings}
+    with SkillLibrary.open(tmp_path / "skills.db") as lib:
+        cands = propose(EngineerConfig(kind="rule"), d, lib, 2, np.random.default_rng(0)).candidates
+    assert (cands[0].change.knob, cands[0].change.value) == ("reward.partial_credit", 0.0), [c.change for c in cands]
+    assert cands[0].skill == "no-partial-credit-when-invalid-outearns-valid"
+    files = {"recipe.yaml": yaml.safe_dump(recipe), "env.yaml": yaml.safe_dump(ENV.model_dump(mode="json"))}
+    new = yaml.safe_load(apply_change(files, cands[0].change, MAPF)["recipe.yaml"])
+    assert new["reward"]["partial_credit"] == 0.0 and new["reward"]["valid_reward"] == 0.3  # one factor
+    binary = build_diagnosis(MAPF, 1, rollouts("probe", 300, 16, BINARY, fail={"3": 0.5, "4": 0.5}), ENV,
+                             {"reward": BINARY.model_dump()}, [], 2, None, shaping=BINARY, env_stats={})
+    assert "grpo.reward_misaligned" not in {f.code for f in binary.findings}

@@ -347,3 +347,23 @@ def test_veto_runs_only_for_files_that_can_define_one(monkeypatch):
     assert D.veto_one("diagnostics/b.py", bound, [], [], {}, {}) == "b: always blocks" and len(calls) == 1
     broken = D.veto_one("diagnostics/c.py", "def veto(:\n", [], [], {}, {})
     assert broken is not None and "veto failed" in broken and len(calls) == 2
+
+
+def test_reward_misaligned_fires_when_invalid_rollouts_outearn_valid_ones():
+    """One stage's scored rollouts, no series: invalid completions paid at least the valid ones' mean reward (a valid
+    plan earns 0.3, partial credit pays an invalid one up to 1.0) is a root cause; a reward that pays validity, or one
+    whose partial credit stays below a valid answer's, is silent; too few of either kind says nothing."""
+    valid = [mk(5, reward=0.3) for _ in range(4)]
+    gamed = valid + [mk(5, "hole", reward=r) for r in (1.0, 0.5, 0.3, 0.0, 0.0)]
+    f = D.reward_misaligned(gamed).findings
+    assert [x.code for x in f] == ["grpo.reward_misaligned"] and f[0].severity == "critical"
+    assert f[0].count == 3 and f[0].rate == pytest.approx(0.6) and "reward.partial_credit" in f[0].knobs
+    assert D.reward_misaligned(gamed).metrics["valid_reward_mean"] == pytest.approx(0.3)
+    honest = [mk(5, reward=1.0) for _ in range(4)] + [mk(5, "hole", reward=r) for r in (0.5, 0.25, 0.0, 0.5)]
+    assert D.reward_misaligned(honest).findings == []  # partial credit below a valid plan's reward: aligned
+    binary = [mk(5) for _ in range(4)] + [mk(5, "hole") for _ in range(4)]
+    assert D.reward_misaligned(binary).findings == []
+    assert D.reward_misaligned(valid + [mk(5, "hole", reward=1.0)] * 3).findings == []  # 3 invalid: too few
+    assert D.reward_misaligned(gamed[:3] + gamed[4:]).metrics == {}  # 3 valid: too few
+    codes = {x.code for r in D.builtin_diagnostics(gamed) for x in r.findings}
+    assert "grpo.reward_misaligned" in codes and "grpo.reward_misaligned" in D.builtin_codes("mapf", [])

@@ -295,7 +295,11 @@ def _instantiate(skill, files: dict[str, str], task: str) -> Change:
         first = next(iter(cur))
         return Change(kind="env", knob=iv.knob, value={**cur, first: 2 * cur[first]})
     knob = resolve_knob(iv.knob, task).format(**{t.spec.difficulty_slice: {"mapf": "5", "math": "2"}[task]})
-    if skill.kind == "recipe":
+    if skill.kind == "reward":
+        field = knob.split(".")[1]
+        shaping = (yaml.safe_load(files["recipe.yaml"]) or {}).get("reward") or {}
+        old = t.spec.shaping_model.model_validate(shaping).model_dump()[field]
+    elif skill.kind == "recipe":
         from policies.train import Recipe
 
         field = knob.split(".")[1]
@@ -315,16 +319,40 @@ def test_seed_skills_pass_vet(task):
     files = _family_files(task)
     kinds = set()
     for s in _seed_skills(task):
-        res = V.vet(Candidate(id=s.name, stage=1, change=_instantiate(s, files, task), rationale=s.expected), files,
-                    get_task(task), CACHED, limits=FAST)
+        f, cached = files, CACHED
+        if s.kind == "reward":  # a harness the skill applies to (partial credit paid), rollouts its scorer re-scores
+            rec = yaml.safe_load(files["recipe.yaml"]) or {}
+            f = {**files, "recipe.yaml": yaml.safe_dump({**rec, "reward": {**(rec.get("reward") or {}),
+                                                                            "partial_credit": 0.5}})}
+            cached = ROLLOUTS if task == "mapf" else family_rollouts(task)
+        res = V.vet(Candidate(id=s.name, stage=1, change=_instantiate(s, f, task), rationale=s.expected), f,
+                    get_task(task), cached, limits=FAST)
         assert res.ok, (s.name, res.reason)
         kinds.add(s.kind)
-    assert kinds == {"env", "recipe", "diagnostic"}
+    assert kinds == {"env", "recipe", "reward", "diagnostic"}
 
 
 # --- env and reward knobs on the real MAPF task ---------------------------------------------------------------------
 
 MAPF = get_task("mapf")
+
+
+def family_rollouts(name: str, n: int = 8) -> list[Rollout]:
+    """Real instances of a family (its round-0 env, probe seeds), each with its expert answer and the expert answer
+    cut one character short, scored by the family's real scorer (a reward change re-scores cached completions)."""
+    t = get_task(name)
+    env = yaml.safe_load(t.spec.round0_env) if t.spec.round0_env else yaml.safe_load(harness_files()["env.yaml"])
+    cfg = t.spec.config_model.model_validate(env)
+    out = []
+    for g in range(n):
+        inst = t.generate(cfg, seed_for("probe", g))
+        expert = t.expert(inst)
+        for text in (expert, expert[:-1]):
+            o = t.score(inst, text)
+            out.append(Rollout(seed=inst.seed, group=g, instance=inst.model_dump(mode="json"), prompt=t.prompt(inst),
+                               completion=text, valid=o.valid, optimal=o.optimal, reward=o.reward, failure=o.failure,
+                               where=o.where, metrics=o.metrics, slices=t.slices(inst), tokens=len(text)))
+    return out
 
 
 def mapf_rollouts(n_groups: int = 8) -> list[Rollout]:
@@ -420,7 +448,11 @@ def test_reward_that_pays_for_length_is_rejected():
 
 
 def test_reward_that_pays_for_partial_moves_inverts_groups():
-    res = V.vet(cand("reward", "reward.partial_credit", 4.0), harness_files(), MAPF, ROLLOUTS)
+    files = harness_files()  # a binary reward (a valid plan 0.3, nothing else paid); then partial credit 1.0
+    rec = yaml.safe_load(files["recipe.yaml"]) or {}
+    files["recipe.yaml"] = yaml.safe_dump({**rec, "reward": {"valid_reward": 0.3, "optimal_bonus": 0.0,
+                                                             "partial_credit": 0.0}})
+    res = V.vet(cand("reward", "reward.partial_credit", 1.0), files, MAPF, ROLLOUTS)
     assert not res.ok and res.stage == "offline", res.reason
     assert res.details["inverted_groups_after"] > res.details["inverted_groups_before"] == 0
     res = V.vet(cand("reward", "reward.length_bonus", 0.1), harness_files(), MAPF, ROLLOUTS)

@@ -176,9 +176,10 @@ def thompson_scores(skills: list[Skill], rng: np.random.Generator) -> dict[str, 
     return out
 
 
-# root causes come first: the stage's own training lowered the probe; the training mix is too hard to learn from at
-# all, or far from the target (its GRPO health findings are then symptoms of training on the wrong distribution)
-ROOT_CAUSES = ("grpo.policy_regressed", "target.mix_all_fail", "target.mix_far")
+# root causes come first: the stage's own training lowered the probe; the reward pays invalid answers as well as valid
+# ones; the training mix is too hard to learn from at all, or far from the target (its GRPO health findings are then
+# symptoms of training on the wrong reward or distribution)
+ROOT_CAUSES = ("grpo.policy_regressed", "grpo.reward_misaligned", "target.mix_all_fail", "target.mix_far")
 
 
 def _options_of(skill: Skill, borrowed: bool, findings: list[Finding], diagnosis: Diagnosis, space: dict[str, Knob],

@@ -525,9 +525,10 @@ class MAPFShaping(BaseModel):
     """The shaped training reward (knob paths `reward.<field>`). Valid and optimal themselves never change."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    valid_reward: float = Field(1.0, description="reward of a valid plan")
+    valid_reward: float = Field(1.0, ge=0.0, le=2.0, description="reward of a valid plan")
     optimal_bonus: float = Field(0.5, description="added when the valid plan also has the optimal makespan")
-    partial_credit: float = Field(0.5, description="for an invalid but parsed plan: this times the share of agents "
+    partial_credit: float = Field(0.5, ge=0.0, le=1.0, description="for an invalid but parsed plan: this times the "
+                                  "share of agents "
                                   "ending on their goal without taking part in any violation")
     format_penalty: float = Field(-0.5, description="reward for parse_error, wrong_agent_count and too_long")
     length_cap: int = Field(4000, description="completions longer than this many characters get format_penalty")
