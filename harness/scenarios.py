@@ -395,7 +395,7 @@ def write_plot(summary: dict[str, Any], arms: list[str], out: Path) -> None:
         ax.bar([j + i * width for j in range(len(names))], ys, width, label=arm)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))], names, rotation=20, ha="right", fontsize=8)
     ax.set_ylabel("test valid % (target, greedy)")
-    ax.legend(fontsize=7, frameon=False, ncol=2)
+    ax.legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars, never on them
     fig.savefig(out / "scenarios.png", dpi=120, bbox_inches="tight")
     buf = io.StringIO()
     fig.savefig(buf, format="svg", bbox_inches="tight")
