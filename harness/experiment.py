@@ -705,10 +705,7 @@ def key_values(s: dict[str, Any]) -> list[str]:
 def write_plot(s: dict[str, Any], out: Path) -> None:
     """Held-out valid against compute, one line per arm (mean over seeds at each stage): curve.png and a
     self-contained experiment.html (inline SVG + the summary table)."""
-    import html
-    import io
-
-    from harness.report_page import _plt
+    from harness.report_page import _plt, plot_page
 
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
@@ -721,26 +718,6 @@ def write_plot(s: dict[str, Any], out: Path) -> None:
     ax.set_xlabel("compute (GRPO step-equivalents, mean over seeds)")
     ax.set_ylabel(f"held-out valid % ({s['suite']})")
     ax.legend(fontsize=8, frameon=False)
-    fig.savefig(out / "curve.png", dpi=120, bbox_inches="tight")
-    buf = io.StringIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight")
-    plt.close(fig)
-    svg = buf.getvalue()
-    svg = svg[svg.index("<svg"):]
-    rows = []
-    for line in table(s).splitlines():
-        if line.startswith("|---"):
-            continue
-        if line.startswith("|"):
-            rows.append("<tr>" + "".join(f"<td>{html.escape(c.strip())}</td>" for c in line.strip("|").split("|"))
-                        + "</tr>")
-        elif line.strip():
-            rows.append(f"</table><p>{html.escape(line)}</p><table>")
-        else:
-            rows.append("</table><table>")
-    page = ("<!doctype html><meta charset=utf-8><title>evotrainer experiment</title><style>body{font:14px "
-            "system-ui,sans-serif;max-width:960px;margin:2em auto}table{border-collapse:collapse;margin:1em 0}"
-            "td{border:1px solid #ccc;padding:3px 8px}tr:first-child td{font-weight:600;background:#f3f3f3}</style>"
-            "<h1>Evolved harness vs fixed and automatic curricula, equal compute</h1>"
-            f"<figure>{svg}</figure><table>{''.join(rows)}</table>")
+    page = plot_page(fig, out / "curve.png", "Evolved harness vs fixed and automatic curricula, equal compute", "",
+                     table(s))
     (out / "experiment.html").write_text(page)

@@ -95,6 +95,37 @@ def _svg(fig, label: str) -> str:
     return f'<figure class=chart data-chart="{E(label)}">{svg}</figure>'
 
 
+def md_tables_html(md: str) -> str:
+    """Markdown pipe tables (a header row, then rows) as HTML tables, other non-blank lines as paragraphs."""
+    out, in_table, first = [], False, True
+    for line in md.splitlines():
+        if line.startswith("|---"):
+            continue
+        if line.startswith("|"):
+            if not in_table:
+                out.append("<table>")
+                in_table, first = True, True
+            tag = "th" if first else "td"
+            out.append("<tr>" + "".join(f"<{tag}>{E(c.strip())}</{tag}>" for c in line.strip("|").split("|")) + "</tr>")
+            first = False
+            continue
+        if in_table:
+            out.append("</table>")
+            in_table = False
+        if line.strip():
+            out.append(f"<p>{E(line)}</p>")
+    return "".join(out) + ("</table>" if in_table else "")
+
+
+def plot_page(fig, png: Path, title: str, intro: str, md: str) -> str:
+    """A benchmark's page: `fig` saved as `png` and inlined as SVG, under `title` and `intro`, above `md`'s tables."""
+    fig.savefig(png, dpi=120, bbox_inches="tight")
+    return ("<!doctype html><meta charset=utf-8><title>evotrainer: " + E(title) + "</title><style>body{font:14px "
+            "system-ui,sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse;margin:1em 0}"
+            "td,th{border:1px solid #ccc;padding:3px 8px}th{background:#f3f3f3}</style>"
+            f"<h1>{E(title)}</h1>" + (f"<p>{E(intro)}</p>" if intro else "") + _svg(fig, png.stem) + md_tables_html(md))
+
+
 def slice_order(task: str | None) -> tuple[str, ...]:
     """Overall ('') first, then the task's slice keys in the order its spec names them (overall only for a task this
     install does not know)."""

@@ -381,10 +381,7 @@ def run_scenarios(files: list[Path], out: str | Path, arms: list[str], seeds: in
 
 def write_plot(summary: dict[str, Any], arms: list[str], out: Path) -> None:
     """scenarios.png: final test valid per scenario and arm (grouped bars); scenarios.html: the plot and the table."""
-    import html
-    import io
-
-    from harness.report_page import _plt
+    from harness.report_page import _plt, plot_page
 
     plt = _plt()
     names = list(summary)
@@ -396,23 +393,8 @@ def write_plot(summary: dict[str, Any], arms: list[str], out: Path) -> None:
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))], names, rotation=20, ha="right", fontsize=8)
     ax.set_ylabel("test valid % (target, greedy)")
     ax.legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars, never on them
-    fig.savefig(out / "scenarios.png", dpi=120, bbox_inches="tight")
-    buf = io.StringIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight")
-    plt.close(fig)
-    svg = buf.getvalue()
-    svg = svg[svg.index("<svg"):]
-    rows = []
-    for i, line in enumerate(table(summary, arms).splitlines()):
-        if line.startswith("|---"):
-            continue
-        tag = "th" if i == 0 else "td"
-        rows.append("<tr>" + "".join(f"<{tag}>{html.escape(c.strip())}</{tag}>" for c in line.strip("|").split("|"))
-                    + "</tr>")
-    page = ("<!doctype html><meta charset=utf-8><title>evotrainer scenarios</title><style>body{font:14px "
-            "system-ui,sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse}td,th{border:1px "
-            "solid #ccc;padding:3px 8px}th{background:#f3f3f3}</style><h1>Broken harnesses: every arm at equal "
-            "compute</h1><p>Final test valid % on each scenario's target; in brackets the paired difference from "
-            "fixed-template (points, 95% paired bootstrap over seeds x test instances) and the share of the oracle's "
-            f"gap recovered.</p><figure>{svg}</figure><table>{''.join(rows)}</table>")
+    page = plot_page(fig, out / "scenarios.png", "Broken harnesses: every arm at equal compute",
+                     "Final test valid % on each scenario's target; in brackets the paired difference from "
+                     "fixed-template (points, 95% paired bootstrap over seeds x test instances) and the share of the "
+                     "oracle's gap recovered.", table(summary, arms))
     (out / "scenarios.html").write_text(page)
