@@ -264,12 +264,13 @@ def arm_eval(record: ArmRecord, samples: int) -> ArmEval:
 
 
 def judge_start(run: Run, k: int, ckpt: str, control: ArmEval) -> StartJudged:
-    """Judge the arms' START policy on the backtest instances (same judge, sampling seed and instances as the arms)
-    and compare the control arm with it (`harness.backtest.regression`): the control arm is the incumbent harness
-    trained `arm_steps` further, so a control arm below its start by more than noise means the incumbent recipe
-    lowers the policy over that horizon. Then the control arm is not carried into the next stage (the start is:
-    `harness.results.continues_from`) and the next stage's diagnosis gets `grpo.policy_regressed`. Catches what the
-    probe misses when a recipe collapses the policy only after more steps than one stage trains."""
+    """Judge the stage's START policy `ckpt` on the backtest instances (same judge, sampling seed and instances as the
+    arms: the TARGET) and compare the control arm with it (`harness.backtest.regression`). The control arm is the
+    incumbent harness after the stage's training and `arm_steps` more, so this is the whole stage measured where it
+    matters: the probe before it watched only the training mix. A control arm whose estimate is below its start is
+    not carried into the next stage (the start is: `harness.results.continues_from`); below it beyond noise, the next
+    stage's diagnosis also gets `grpo.policy_regressed`. Catches a recipe that collapses the policy only after more
+    steps than one stage trains, and a mix wrong for the target that lowers it a little every stage."""
     if (r := run.result(k, StartJudged)) is not None:
         return r
     cfg, judge = run.config, run.judge
@@ -285,10 +286,17 @@ def judge_start(run: Run, k: int, ckpt: str, control: ArmEval) -> StartJudged:
                     outcomes=ev.outcomes)
     if reg.regressed:
         run.event(k, "backtest", "regression",
-                  f"the control arm ({cfg.backtest.arm_steps} more steps under the incumbent harness) LOWERED "
-                  f"backtest valid by more than noise: {r.valid:.3f} -> {r.control_valid:.3f} (effect "
+                  f"the stage's training and the control arm ({cfg.backtest.arm_steps} more steps under the incumbent "
+                  f"harness) LOWERED backtest valid by more than noise: {r.valid:.3f} -> {r.control_valid:.3f} (effect "
                   f"{reg.change:+.3f}, {100 * cfg.gate.confidence:.0f}% upper bound {reg.ci_high:+.3f} < 0, "
                   f"n={r.n}); unless a candidate is promoted the next stage starts from {Path(ckpt).name}, not from "
                   "the control arm, and its engineer gets the finding grpo.policy_regressed", key=f"{k}/control-regression")
+    elif reg.change < 0:
+        run.event(k, "backtest", "not_carried",
+                  f"the control arm's estimate on the target is below the stage's start ({r.valid:.3f} -> "
+                  f"{r.control_valid:.3f}, effect {reg.change:+.3f} [{reg.ci_low:+.3f}, {reg.ci_high:+.3f}], n={r.n}; "
+                  f"within noise): unless a candidate is promoted the next stage starts from {Path(ckpt).name}, not "
+                  "from the control arm (a checkpoint is carried only when the target's estimate did not fall)",
+                  key=f"{k}/control-below-start")
     run.save_result(k, r)
     return r

@@ -122,18 +122,14 @@ def look_until_decided(run: Run, k: int, arms: dict[str, Any], main_files: dict[
 
 
 def fell_below_start(run: Run, k: int, start: Any, arm: ArmEval) -> bool:
-    """Did this (promoted) arm end below the arms' start beyond noise, on the instances it was judged on
-    (`harness.backtest.regression`, the one regression check)? A change can beat a collapsing control and still
-    lower the policy; its harness is promoted, its checkpoint is not carried."""
+    """Is this (promoted) arm's estimate below the judged start's (the stage's start), on the instances it was judged
+    on? A change can beat a collapsing control and still lower the policy: its harness is promoted, its checkpoint
+    is not carried (`harness.results.continues_from`, whose rule this is: the point estimate, not "beyond noise")."""
     import numpy as np
-
-    from harness.backtest import regression
 
     if start is None or len(start.outcomes) < len(arm.outcomes) or not arm.outcomes:
         return False
-    reg = regression(start.outcomes[: len(arm.outcomes)], arm.outcomes, run.config.gate,
-                     np.random.default_rng([run.config.seed, k, 11]))
-    return reg.regressed
+    return float(np.mean(arm.outcomes)) < float(np.mean(start.outcomes[: len(arm.outcomes)]))
 
 
 def most_promising_inconclusive(run: Run, state: str) -> dict[str, Any] | None:

@@ -326,7 +326,9 @@ def node_backtest(run: Run, state: State) -> State:
     prefetch_arms(run, k, main_files, list(cand_files.values()))
     arms = run_arms(run, k, [("control", main_files), *cand_files.items()], state["train_ckpt"], steps)
     vs, c_eval, evals = look_until_decided(run, k, arms, main_files, cand_files)  # batches of instances until decided
-    start = None if isinstance(c_eval, Exception) else judge_start(run, k, state["train_ckpt"], c_eval)
+    # the STAGE's start (not the arms'): the stage's training watched only the training mix, so the target's
+    # comparison covers the whole stage (its training and the arms' steps); it is what continues if no arm is carried
+    start = None if isinstance(c_eval, Exception) else judge_start(run, k, state["policy"], c_eval)
     control = arms["control"]
     fell = []
     for v in vs:
@@ -335,9 +337,10 @@ def node_backtest(run: Run, state: State) -> State:
         run.event(k, "backtest", "verdict", f"{v.candidate}: {v.decision}: {v.reason}", key=f"{k}/verdict/{v.candidate}")
         if v.decision == "promoted" and fell_below_start(run, k, start, evals[v.candidate]):
             fell.append(arms[v.candidate].checkpoint)
-            run.event(k, "backtest", "regression", f"{v.candidate}'s arm beat the control arm but fell below the arms' "
-                      "start beyond noise: if it wins, its harness is promoted and its checkpoint is not carried (the "
-                      "next stage starts from the arms' start)", key=f"{k}/winner-regression/{v.candidate}")
+            run.event(k, "backtest", "regression", f"{v.candidate}'s arm beat the control arm but its estimate on the "
+                      "target is below the stage's start: if it wins, its harness is promoted and its checkpoint is not "
+                      f"carried (the next stage starts from {Path(start.checkpoint).name})",
+                      key=f"{k}/winner-regression/{v.candidate}")
     _finish(run, k, Backtested(verdicts=[*vs, *diag_vs], control=None if start is None else control.checkpoint,
                                start=start, regressed_arms=fell), t0,
             f"{len(vs) + len(diag_vs)} decision(s)" + (": the control arm failed" if start is None else ""))

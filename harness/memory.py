@@ -58,7 +58,7 @@ def human_feedback(run: Run, before: int) -> list[str]:
 
 def carried_regression(k: int, prev_backtest: Backtested | None, prev_decide: Decided | None,
                        arm_steps: int) -> Finding | None:
-    """`grpo.policy_regressed` for stage k when stage k-1's control arm fell below its start on the backtest
+    """`grpo.policy_regressed` for stage k when stage k-1's control arm fell below the stage's start on the backtest
     (`harness.arms.judge_start`) and nothing was promoted there, so the harness that lowered the policy is still the
     incumbent."""
     start = prev_backtest.start if prev_backtest is not None else None
@@ -67,8 +67,8 @@ def carried_regression(k: int, prev_backtest: Backtested | None, prev_decide: De
     return Finding(
         code="grpo.policy_regressed", severity="critical", count=start.n, rate=round(-start.change, 4),
         knobs=["recipe.learning_rate"],
-        message=(f"stage {k - 1}'s control arm ({arm_steps} more GRPO steps under this harness) lowered backtest "
-                 f"valid {start.valid:.3f} -> {start.control_valid:.3f} (upper bound "
+        message=(f"stage {k - 1}'s training and its control arm ({arm_steps} more GRPO steps under this harness) "
+                 f"lowered backtest valid {start.valid:.3f} -> {start.control_valid:.3f} (upper bound "
                  f"{start.change_ci[1]:+.3f}); it was not carried forward"))
 
 

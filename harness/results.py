@@ -104,7 +104,10 @@ class ArmLook(NodeResult):
 
 
 class StartJudged(NodeResult):
-    """The arms' start policy judged on the backtest instances, and the control arm compared with it."""
+    """The stage's start policy (what the stage began from: its training and the control arm's steps are what it is
+    compared for) judged on the backtest instances, and the control arm compared with it. Runs recorded before
+    this judged the arms' start instead; `checkpoint` says which was judged, and it is what continues when the
+    decided arm does not (`continues_from`)."""
 
     NODE: ClassVar[str] = "judge:start"
     checkpoint: str
@@ -125,9 +128,9 @@ class Backtested(NodeResult):
     verdicts: list[Verdict] = Field(default_factory=list)
     control: str | None = None
     start: StartJudged | None = None
-    regressed_arms: list[str] = Field(default_factory=list, description="checkpoints of promoted arms that fell below "
-                                      "the arms' start beyond noise: their harness is promoted, their checkpoint not "
-                                      "carried")
+    regressed_arms: list[str] = Field(default_factory=list, description="checkpoints of promoted arms whose estimate "
+                                      "on the target is below the judged start's: their harness is promoted, their "
+                                      "checkpoint not carried")
 
 
 class GateAnswer(NodeResult):
@@ -152,15 +155,20 @@ class Remembered(NodeResult):
 def continues_from(start: str, trained: str, probe_regressed: bool, backtest: Backtested | None = None,
                    winner: ArmRecord | None = None) -> str:
     """The checkpoint the next step starts from. Without a backtest (the arms' start): the stage's trained checkpoint,
-    unless the probe saw training lower the policy (then the stage's `start`). After the backtest (the next stage):
-    the winner's arm (unless it fell below the arms' start: then the arms' start); else the control arm, unless the probe regressed or the control arm fell below its start on the
-    backtest (the incumbent recipe lowers the policy), in which case the arms' start."""
+    unless the probe saw training lower the policy (then the stage's `start`). After the backtest (the next stage),
+    one rule: the decided arm (the winner's, else the control arm) is carried only when its estimate on the backtest
+    instances (the TARGET) is not below the judged start's (`backtest.start`, the stage's start), else that start
+    continues. A probe that regressed also keeps the start. Why the point estimate and not "beyond noise": the probe
+    watches the training MIX, so when the mix is wrong for the target a stage can lower the target a little at a time
+    (too little for one stage's n to call), and carrying by default compounds it stage after stage; choosing the
+    better of two estimates loses little when training helps (a small gain is sometimes left behind) and stops the
+    slide when it does not."""
     arms_start = start if probe_regressed else trained
-    if winner is not None:  # the winner's arm, unless it fell below the arms' start (a collapse is never carried)
-        return arms_start if backtest is not None and winner.checkpoint in backtest.regressed_arms else \
-            winner.checkpoint
-    if backtest is None or backtest.control is None:
+    ref = backtest.start.checkpoint if backtest is not None and backtest.start is not None else arms_start
+    if winner is not None:  # the winner's arm, unless its estimate fell below the start (a collapse is never carried)
+        return ref if backtest is not None and winner.checkpoint in backtest.regressed_arms else winner.checkpoint
+    if backtest is None or backtest.control is None or backtest.start is None:
         return arms_start
-    if probe_regressed or (backtest.start is not None and backtest.start.control_regressed):
-        return arms_start
+    if probe_regressed or backtest.start.control_regressed or backtest.start.change < 0:
+        return ref
     return backtest.control

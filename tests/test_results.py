@@ -75,9 +75,9 @@ def test_rows_of_the_untyped_stage_read_back_typed_and_write_back_the_same_keys(
     store.close()
 
 
-def _bt(control_regressed: bool) -> Backtested:
-    start = StartJudged(checkpoint="trained", n=8, valid=0.5, control_valid=0.4, change=-0.1, change_ci=[-0.2, -0.01],
-                        control_regressed=control_regressed)
+def _bt(control_regressed: bool, change: float = -0.1) -> Backtested:
+    start = StartJudged(checkpoint="start", n=8, valid=0.5, control_valid=0.5 + change, change=change,
+                        change_ci=[change - 0.1, change + 0.09], control_regressed=control_regressed)
     return Backtested(verdicts=[Verdict(candidate="c", decision="rejected", reason="r")], control="control",
                       start=start)
 
@@ -87,13 +87,21 @@ def test_one_rule_decides_which_checkpoint_continues():
     # the arms' start (no backtest yet): the trained checkpoint unless the probe saw training lower the policy
     assert continues_from("start", "trained", probe_regressed=False) == "trained"
     assert continues_from("start", "trained", probe_regressed=True) == "start"
-    # the next stage: the control arm, unless the probe or the start judge saw a regression; a winner always
-    assert continues_from("start", "trained", False, _bt(False)) == "control"
-    assert continues_from("start", "trained", False, _bt(True)) == "trained"
-    assert continues_from("start", "trained", True, _bt(False)) == "start"
+    # the next stage: the control arm when its estimate on the target is not below the stage's start ...
+    assert continues_from("start", "trained", False, _bt(False, change=+0.05)) == "control"
+    assert continues_from("start", "trained", False, _bt(False, change=0.0)) == "control"
+    # ... else the judged start: below it within noise (a mix wrong for the target sliding it a little per stage)
+    # or beyond noise, or the probe regressed
+    assert continues_from("start", "trained", False, _bt(False, change=-0.01)) == "start"
+    assert continues_from("start", "trained", False, _bt(True)) == "start"
+    assert continues_from("start", "trained", True, _bt(False, change=+0.05)) == "start"
+    # a winner's arm always, unless its estimate fell below the start (then the start; its harness is still promoted)
     assert continues_from("start", "trained", True, _bt(True), win) == "winner-arm"
     assert continues_from("start", "trained", False, Backtested()) == "trained"  # nothing was backtested
-    # a winner whose arm fell below the arms' start: its harness is promoted, its checkpoint is not carried
     fell = _bt(True).model_copy(update={"regressed_arms": ["winner-arm"]})
-    assert continues_from("start", "trained", False, fell, win) == "trained"
+    assert continues_from("start", "trained", False, fell, win) == "start"
     assert continues_from("start", "trained", True, fell, win) == "start"
+    # a run recorded before the stage's start was judged (its start judge holds the arms' start): that continues
+    old = _bt(False, change=-0.02)
+    old.start.checkpoint = "trained"
+    assert continues_from("start", "trained", False, old) == "trained"

@@ -73,6 +73,19 @@ def test_tiny_run_end_to_end(tmp_path):
                     for n in ("train", "probe", "diagnose", "propose", "vet", "backtest", "decide"))
         assert 0 < m["compute_s"] <= m["wall_s"] and m["wall_s"] >= nodes, (k, m, nodes)
         assert m["overhead_share"] == pytest.approx((m["wall_s"] - m["compute_s"]) / m["wall_s"])
+    # the STAGE's start (not its arms' start, which the stage's training already moved) is judged on the target, and
+    # the next stage begins from the control arm only when its estimate there is not below that start
+    from harness.results import Backtested, Decided, Probed
+
+    policy = store.node_result("e2e", 0, "setup")["policy"]
+    for k in (1, 2):
+        bt, dec = store.result("e2e", k, Backtested), store.result("e2e", k, Decided)
+        if bt is not None and bt.start is not None:
+            assert bt.start.checkpoint == policy, (k, bt.start.checkpoint, policy)
+            if dec.winner is None:
+                assert dec.next_policy == (policy if bt.start.change < 0 or bt.start.control_regressed
+                                           or store.result("e2e", k, Probed).regressed else bt.control), (k, dec)
+        policy = dec.next_policy
     store.close()
     # the engineer proposed, every candidate got a verdict with a reason, and git tells the story
     assert st["candidates"], "the rule engineer proposed nothing on a fresh policy"
