@@ -309,6 +309,55 @@ def summarize(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def defect_knobs(sc: Scenario) -> set[str]:
+    """Where the round-0 harness differs from the oracle's: "env" when the generator config differs (a mix defect:
+    every env knob is a way to fix it), "recipe.<knob>" / "reward.<knob>" for each differing recipe or reward knob.
+    What a promoted change must touch to count as a fix of the defect (`is_fix`). Empty for the healthy control."""
+    r0, orc = harness_of(sc, "round0"), harness_of(sc, "oracle")
+    out = {"env"} if r0["env"] != orc["env"] else set()
+    for part in ("recipe", "reward"):
+        out |= {f"{part}.{k}" for k in set(r0[part]) | set(orc[part]) if r0[part].get(k) != orc[part].get(k)}
+    return out
+
+
+def is_fix(knob: str, defects: set[str]) -> bool:
+    """Does a change of `knob` touch the defect (`defect_knobs`)?"""
+    return (knob.startswith("env.") and "env" in defects) or ".".join(knob.split(".")[:2]) in defects
+
+
+def promotions(sc: Scenario, result: dict[str, Any]) -> dict[str, Any]:
+    """An evolved arm's promoted changes (stage, candidate, knob, whether it touches the defect) read from its run.db,
+    and the stage of its first promoted fix (None: never). What the skill-carry-over comparison counts."""
+    from harness.store import RunStore
+
+    run_dir = Path(result.get("run_dir") or "")
+    db, marker = run_dir / "run.db", run_dir / ".evotrainer-run"
+    if not (db.is_file() and marker.is_file()):
+        return {"promoted": [], "first_fix": None}
+    defects = defect_knobs(sc)
+    store = RunStore.open(db)
+    try:
+        rows = store.candidates(marker.read_text().strip(), status="promoted")
+    finally:
+        store.close()
+    got = [{"stage": r["stage"], "candidate": r["id"], "knob": r["knob"], "fix": is_fix(r["knob"] or "", defects)}
+           for r in sorted(rows, key=lambda r: (r["stage"], r["id"]))]
+    return {"promoted": got, "first_fix": next((g["stage"] for g in got if g["fix"]), None)}
+
+
+def promotions_table(summary: dict[str, Any]) -> str:
+    """Scenario x evolved arm x seed: what was promoted, at which stage, and the stage of the first fix."""
+    lines = ["| scenario | arm | seed | promoted (stage: knob; * touches the defect) | first fix at stage |",
+             "|---|---|---|---|---|"]
+    for name, sc in summary.items():
+        for arm, a in sc["arms"].items():
+            for seed, p in sorted((a.get("promotions") or {}).items()):
+                said = "; ".join(f"{g['stage']}: {g['knob']}{'*' if g['fix'] else ''}" for g in p["promoted"])
+                lines.append(f"| {name} | {arm} | {seed} | {said or 'none'} | "
+                             f"{p['first_fix'] if p['first_fix'] is not None else 'never'} |")
+    return "\n".join(lines) + "\n" if len(lines) > 2 else ""
+
+
 def _pts(m) -> str:
     return f"{100 * m[0]:+.1f} [{100 * m[1]:+.1f}, {100 * m[2]:+.1f}]"
 
@@ -365,6 +414,10 @@ def run_scenarios(files: list[Path], out: str | Path, arms: list[str], seeds: in
                         if (p := out / sc.scenario / arm / f"seed{s}" / "result.json").exists()]
         rows[sc.scenario] = {a: r for a, r in res.items() if r}
     summary = summarize(rows)
+    for _, sc in loaded:  # the evolved arms' promotions: what they changed, and when the defect was first fixed
+        for arm, results in rows.get(sc.scenario, {}).items():
+            if arm in EVOLVED:
+                summary[sc.scenario]["arms"][arm]["promotions"] = {r["seed"]: promotions(sc, r) for r in results}
     shown = [a for a in run_arms if any(a in sc["arms"] for sc in summary.values())]
     arm_h = sum(a["wall_s"] for sc in summary.values() for a in sc["arms"].values()) / 3600
     cpu_h = sum(a["cpu_s"] for sc in summary.values() for a in sc["arms"].values()) / 3600
@@ -372,6 +425,8 @@ def run_scenarios(files: list[Path], out: str | Path, arms: list[str], seeds: in
            "arm_hours": arm_h, "cpu_hours": cpu_h, "jobs": jobs}
     (out / "scenarios.json").write_text(json.dumps(doc, indent=1, default=float))
     md = table(summary, shown)
+    if fixes := promotions_table(summary):
+        md += "\nWhat the evolved arms promoted (from each run's run.db):\n\n" + fixes
     (out / "scenarios.md").write_text(md + f"\nArm hours (each arm's own wall time, summed over arms and seeds, "
                                       f"{jobs} side by side): {arm_h:.2f}; CPU hours (the arms' processes, every "
                                       f"thread): {cpu_h:.2f}; this call's wall: {doc['wall_s'] / 60:.1f} min\n")
@@ -396,5 +451,6 @@ def write_plot(summary: dict[str, Any], arms: list[str], out: Path) -> None:
     page = plot_page(fig, out / "scenarios.png", "Broken harnesses: every arm at equal compute",
                      "Final test valid % on each scenario's target; in brackets the paired difference from "
                      "fixed-template (points, 95% paired bootstrap over seeds x test instances) and the share of the "
-                     "oracle's gap recovered.", table(summary, arms))
+                     "oracle's gap recovered.", table(summary, arms) + ("\n" + promotions_table(summary)
+                                                                          if promotions_table(summary) else ""))
     (out / "scenarios.html").write_text(page)

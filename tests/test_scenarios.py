@@ -118,6 +118,28 @@ def _texts(root: Path):
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("one_torch_thread")
+def test_a_fix_is_a_promoted_change_that_touches_what_the_oracle_changed(tmp_path):
+    """`defect_knobs`: where round 0 differs from the oracle (the env as a whole; recipe and reward knob by knob);
+    `is_fix`: a promoted knob touching it. A learning-rate scenario is not fixed by a temperature change, a mix
+    scenario by any env knob, and the healthy control has nothing to fix."""
+    from harness.scenarios import defect_knobs, is_fix, promotions_table
+
+    lr = load_scenario(_write(tmp_path))
+    assert defect_knobs(lr) == {"recipe.learning_rate", "recipe.lr_schedule"}
+    assert is_fix("recipe.learning_rate", defect_knobs(lr)) and not is_fix("recipe.temperature", defect_knobs(lr))
+    assert not is_fix("env.sizes.3.hole_ratio", defect_knobs(lr))
+    hard = dict(ENV, sizes=[dict(ENV["sizes"][0], hole_ratio=0.45, agents=3), ENV["sizes"][1]])
+    mix = load_scenario(_write(tmp_path, "mix", round0={"env": hard}, oracle={"env": ENV}))
+    assert defect_knobs(mix) == {"env"} and is_fix("env.mixture", {"env"}) and is_fix("env.sizes.3.agents", {"env"})
+    healthy = load_scenario(_write(tmp_path, "ok", round0={"env": ENV}, oracle={"env": ENV}, control=True))
+    assert defect_knobs(healthy) == set()
+    summary = {"s": {"arms": {"evolved-rule": {"promotions": {0: {"promoted": [
+        {"stage": 1, "candidate": "s1c2", "knob": "recipe.temperature", "fix": False},
+        {"stage": 3, "candidate": "s3c1", "knob": "recipe.learning_rate", "fix": True}], "first_fix": 3}}}}}}
+    assert "| s | evolved-rule | 0 | 1: recipe.temperature; 3: recipe.learning_rate* | 3 |" in promotions_table(summary)
+    assert promotions_table({"s": {"arms": {"oracle": {}}}}) == ""
+
+
 def test_a_tiny_scenario_runs_every_arm_at_equal_compute_no_arm_reads_the_defect_and_it_resumes(tmp_path, monkeypatch):
     """The experiment's and the bench's end to end test in one (one warm start, one evolved arm: CI time)."""
     from harness.baselines import Provided
@@ -165,6 +187,16 @@ def test_a_tiny_scenario_runs_every_arm_at_equal_compute_no_arm_reads_the_defect
     assert "<svg" in (exp / "experiment.html").read_text() and "| evolved-rule |" in (exp / "summary.md").read_text()
     assert (out / "scenarios.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "<svg" in (out / "scenarios.html").read_text() and "| tiny |" in (out / "scenarios.md").read_text()
+    # the evolved arm's promotions are read from its own run.db (whatever it promoted, the table says it)
+    store = RunStore.open(Path(evo["run_dir"]) / "run.db")
+    try:
+        promoted = sorted(c["id"] for c in store.candidates(store.runs()[0], status="promoted"))
+    finally:
+        store.close()
+    got = sc["arms"]["evolved-rule"]["promotions"]["0"] if "0" in sc["arms"]["evolved-rule"]["promotions"] \
+        else sc["arms"]["evolved-rule"]["promotions"][0]
+    assert sorted(g["candidate"] for g in got["promoted"]) == promoted
+    assert "| tiny | evolved-rule | 0 |" in (out / "scenarios.md").read_text()
 
     # resume: nothing finished is re-run; an interrupted baseline restarts at its last finished stage
     d = exp / "plr" / "seed0"  # as a crash inside stage 2 leaves it: stage 1's record and checkpoint, no stage 2
