@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer, model_validator
 
 from harness.tasks import DEFAULT_TASK
 
@@ -144,6 +144,15 @@ class EvalConfig(_Strict):
         if self.env is not None and self.suite and "suite" in self.model_fields_set:
             raise ValueError("eval: give suite (a named suite) or env (a generator config as the test set), not both")
         return self
+
+    @model_serializer(mode="wrap")
+    def _without_unused_suite(self, handler):
+        """With `env` the suite is unused: it is not written (a run's config.yaml is read back on resume, where a
+        suite beside env would be refused as both given)."""
+        out = handler(self)
+        if self.env is not None and isinstance(out, dict):
+            out.pop("suite", None)
+        return out
 
     @property
     def enabled(self) -> bool:

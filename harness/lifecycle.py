@@ -282,7 +282,11 @@ def find_run(ref: str | Path, runs_dir: str | Path = "runs") -> Path:
 def load_run_config(run_dir: Path) -> RunConfig:
     from sandbox.yamlload import load_yaml
 
-    return parse_config(load_yaml(run_dir / "config.yaml"), str(run_dir / "config.yaml"))
+    data = load_yaml(run_dir / "config.yaml")
+    ev = data.get("eval") if isinstance(data, dict) else None
+    if isinstance(ev, dict) and ev.get("env") is not None and ev.get("suite") == "small":
+        ev.pop("suite")  # runs written before EvalConfig dropped the unused default suite beside env resume too
+    return parse_config(data, str(run_dir / "config.yaml"))
 
 
 def resume_run(ref: str | Path, runs_dir: str | Path = "runs",

@@ -250,3 +250,24 @@ def test_scenarios_run_side_by_side_in_workers_one_warm_start_and_resume(tmp_pat
     said.clear()
     run_scenarios(files, out, ["fixed-template", "evolved-rule"], 1, False, say=said.append, jobs=2)
     assert sum("done earlier" in m for m in said) == 4
+
+
+def test_a_scenario_runs_config_reads_back_so_a_killed_arm_resumes(tmp_path):
+    """Regression: a run whose test set is a generator config (every scenario arm) wrote `eval.suite: small` (the
+    unused default) beside `eval.env` in its config.yaml, and `resume` then refused it as "both given": a killed
+    evolved arm could not resume. Now the unused suite is not written, a file written before still reads, and a
+    person who writes both is still told to choose."""
+    from harness.config import parse_config
+    from harness.lifecycle import load_run_config
+
+    cfg = parse_config(run_dict(load_scenario(_write(tmp_path))), "x")
+    dumped = cfg.model_dump(mode="json")
+    assert "suite" not in dumped["eval"] and dumped["eval"]["env"] == ENV
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(dumped, sort_keys=False))
+    back = load_run_config(tmp_path)
+    assert back.eval.env == ENV and back.eval.name == cfg.eval.name
+    dumped["eval"]["suite"] = "small"  # as runs made before this fix wrote it
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(dumped, sort_keys=False))
+    assert load_run_config(tmp_path).eval.env == ENV
+    with pytest.raises(ValueError, match="not both"):
+        parse_config({**run_dict(load_scenario(_write(tmp_path))), "eval": {"suite": "small", "env": ENV}}, "y")
