@@ -291,7 +291,7 @@ def judge_start(run: Run, k: int, ckpt: str, control: ArmEval) -> StartJudged:
                   f"{reg.change:+.3f}, {100 * cfg.gate.confidence:.0f}% upper bound {reg.ci_high:+.3f} < 0, "
                   f"n={r.n}); unless a candidate is promoted the next stage starts from {Path(ckpt).name}, not from "
                   "the control arm, and its engineer gets the finding grpo.policy_regressed", key=f"{k}/control-regression")
-    elif reg.change < 0:
+    elif r.control_below:
         run.event(k, "backtest", "not_carried",
                   f"the control arm's estimate on the target is below the stage's start ({r.valid:.3f} -> "
                   f"{r.control_valid:.3f}, effect {reg.change:+.3f} [{reg.ci_low:+.3f}, {reg.ci_high:+.3f}], n={r.n}; "

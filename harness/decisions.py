@@ -121,7 +121,7 @@ def look_until_decided(run: Run, k: int, arms: dict[str, Any], main_files: dict[
     return out, c_eval, evals
 
 
-def fell_below_start(run: Run, k: int, start: Any, arm: ArmEval) -> bool:
+def fell_below_start(start: Any, arm: ArmEval) -> bool:
     """Is this (promoted) arm's estimate below the judged start's (the stage's start), on the instances it was judged
     on? A change can beat a collapsing control and still lower the policy: its harness is promoted, its checkpoint
     is not carried (`harness.results.continues_from`, whose rule this is: the point estimate, not "beyond noise")."""

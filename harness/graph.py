@@ -335,7 +335,7 @@ def node_backtest(run: Run, state: State) -> State:
         if v.evidence is not None:  # judged (its arm and the control arm both came back)
             run.store.set_candidate_status(v.candidate, "backtested")
         run.event(k, "backtest", "verdict", f"{v.candidate}: {v.decision}: {v.reason}", key=f"{k}/verdict/{v.candidate}")
-        if v.decision == "promoted" and fell_below_start(run, k, start, evals[v.candidate]):
+        if v.decision == "promoted" and fell_below_start(start, evals[v.candidate]):
             fell.append(arms[v.candidate].checkpoint)
             run.event(k, "backtest", "regression", f"{v.candidate}'s arm beat the control arm but its estimate on the "
                       "target is below the stage's start: if it wins, its harness is promoted and its checkpoint is not "

@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from harness.config import RunConfig, parse_config
+from harness.config import EvalConfig, RunConfig, parse_config
 from harness.graph import GATE_ACTIONS, build_graph
 from harness.round0 import initial_files, make_judge
 from harness.run import JUDGE_FILE, Run, RunError
@@ -284,8 +284,9 @@ def load_run_config(run_dir: Path) -> RunConfig:
 
     data = load_yaml(run_dir / "config.yaml")
     ev = data.get("eval") if isinstance(data, dict) else None
-    if isinstance(ev, dict) and ev.get("env") is not None and ev.get("suite") == "small":
-        ev.pop("suite")  # runs written before EvalConfig dropped the unused default suite beside env resume too
+    unused = EvalConfig.model_fields["suite"].default  # runs written before EvalConfig dropped it beside env
+    if isinstance(ev, dict) and ev.get("env") is not None and ev.get("suite") == unused:
+        ev.pop("suite")
     return parse_config(data, str(run_dir / "config.yaml"))
 
 

@@ -120,6 +120,11 @@ class StartJudged(NodeResult):
     outcomes: list[float] = Field(default_factory=list, description="the start's per-instance outcomes on those "
                                                                        "instances (a promoted arm is compared too)")
 
+    @property
+    def control_below(self) -> bool:
+        """The control arm's estimate is below the start's: it is not carried (`continues_from`)."""
+        return self.change < 0
+
 
 class Backtested(NodeResult):
     """What the backtest decided: one verdict per vetted candidate, the control arm's checkpoint, the start judged."""
@@ -169,6 +174,6 @@ def continues_from(start: str, trained: str, probe_regressed: bool, backtest: Ba
         return ref if backtest is not None and winner.checkpoint in backtest.regressed_arms else winner.checkpoint
     if backtest is None or backtest.control is None or backtest.start is None:
         return arms_start
-    if probe_regressed or backtest.start.control_regressed or backtest.start.change < 0:
+    if probe_regressed or backtest.start.control_regressed or backtest.start.control_below:
         return ref
     return backtest.control

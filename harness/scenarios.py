@@ -358,6 +358,14 @@ def promotions_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n" if len(lines) > 2 else ""
 
 
+def summary_md(summary: dict[str, Any], arms: list[str]) -> str:
+    """The bench's markdown: the scenario x arm table, then what the evolved arms promoted (scenarios.md and the page)."""
+    md = table(summary, arms)
+    if fixes := promotions_table(summary):
+        md += "\nWhat the evolved arms promoted (from each run's run.db):\n\n" + fixes
+    return md
+
+
 def _pts(m) -> str:
     return f"{100 * m[0]:+.1f} [{100 * m[1]:+.1f}, {100 * m[2]:+.1f}]"
 
@@ -424,10 +432,7 @@ def run_scenarios(files: list[Path], out: str | Path, arms: list[str], seeds: in
     doc = {"scenarios": summary, "arms": shown, "seeds": seeds, "quick": quick, "wall_s": time.time() - t0,
            "arm_hours": arm_h, "cpu_hours": cpu_h, "jobs": jobs}
     (out / "scenarios.json").write_text(json.dumps(doc, indent=1, default=float))
-    md = table(summary, shown)
-    if fixes := promotions_table(summary):
-        md += "\nWhat the evolved arms promoted (from each run's run.db):\n\n" + fixes
-    (out / "scenarios.md").write_text(md + f"\nArm hours (each arm's own wall time, summed over arms and seeds, "
+    (out / "scenarios.md").write_text(summary_md(summary, shown) + f"\nArm hours (each arm's own wall time, summed over arms and seeds, "
                                       f"{jobs} side by side): {arm_h:.2f}; CPU hours (the arms' processes, every "
                                       f"thread): {cpu_h:.2f}; this call's wall: {doc['wall_s'] / 60:.1f} min\n")
     write_plot(summary, shown, out)
@@ -451,6 +456,5 @@ def write_plot(summary: dict[str, Any], arms: list[str], out: Path) -> None:
     page = plot_page(fig, out / "scenarios.png", "Broken harnesses: every arm at equal compute",
                      "Final test valid % on each scenario's target; in brackets the paired difference from "
                      "fixed-template (points, 95% paired bootstrap over seeds x test instances) and the share of the "
-                     "oracle's gap recovered.", table(summary, arms) + ("\n" + promotions_table(summary)
-                                                                          if promotions_table(summary) else ""))
+                     "oracle's gap recovered.", summary_md(summary, arms))
     (out / "scenarios.html").write_text(page)
