@@ -2,7 +2,7 @@
 
     vs, control = look_until_decided(run, k, arms, main_files, cand_files)   # batches of instances until decided
     prior, pooled, note = pooled_evidence(run, cid)                          # earlier inconclusive tests of a change
-    retest = most_promising_inconclusive(run, k)                             # what escalation re-tests
+    retest = most_promising_inconclusive(run, state, causes)                 # what escalation re-tests
 
 A stage's arms are trained once (`harness.arms.run_arms`, judged on the first look's instances); then, while a
 candidate's sequential look (`harness.backtest.verdicts` -> `harness.sequential.decide`) says `more_instances`, the
@@ -132,50 +132,105 @@ def fell_below_start(start: Any, arm: ArmEval) -> bool:
     return float(np.mean(arm.outcomes)) < float(np.mean(start.outcomes[: len(arm.outcomes)]))
 
 
-def most_promising_inconclusive(run: Run, state: str) -> dict[str, Any] | None:
-    """The inconclusive candidate from harness state `state` with evidence left and the highest lower bound (a
-    positive estimate first): what the loop re-tests when a failure recurs. None when there is none."""
+def most_promising_inconclusive(run: Run, state: str, causes: set[str] | frozenset[str] = frozenset()
+                                ) -> dict[str, Any] | None:
+    """The inconclusive candidate from harness state `state` with evidence left and a positive estimate that the loop
+    re-tests when a failure recurs: one proposed for a finding in `causes` (`addresses`) first, then the highest lower
+    bound. None when there is none."""
     from harness.memory import history
 
-    best = None
+    best, best_key = None, None
     for h in history(run):
         if h.verdict != "inconclusive" or not h.key.startswith(f"{state}|") or h.effect is None or h.effect <= 0:
             continue
-        if best is None or (h.ci or (-1, 0))[0] > (best.ci or (-1, 0))[0]:
-            best = h
-    return None if best is None else run.store.candidate(best.candidate)
+        row = run.store.candidate(h.candidate)
+        key = (int(bool(causes) and addresses(run, row, causes)), (h.ci or (-1, 0))[0])
+        if best_key is None or key > best_key:
+            best, best_key = row, key
+    return best
+
+
+def addresses(run: Run, row: dict[str, Any], codes: set[str] | frozenset[str]) -> bool:
+    """Was this candidate proposed for one of these finding codes? Its skill's trigger names one (fnmatch, as the rule
+    engineer matches), or, for a change no skill made (an LLM engineer's), its rationale names one."""
+    import fnmatch
+
+    name = row.get("skill")
+    if name:
+        lib = run.skills()
+        try:
+            triggers = lib.get(name).trigger.findings
+        except Exception:  # noqa: BLE001 - a skill the library no longer holds: fall back to the rationale
+            triggers = []
+        finally:
+            lib.close()
+        if any(fnmatch.fnmatchcase(c, t) for c in codes for t in triggers):
+            return True
+    return any(c in (row.get("rationale") or "") for c in codes)
+
+
+def carried_nothing(run: Run, k: int) -> list[int]:
+    """The stages just before stage k, latest first and in an unbroken run, that carried no trained checkpoint: each
+    ended with the next stage starting from the checkpoint it started from (`Decided.next_policy`)."""
+    from harness.results import Decided, SetUp
+
+    setup = run.result(0, SetUp)
+    starts = {1: setup.policy if setup is not None else None}
+    ends: dict[int, str] = {}
+    for j in range(1, k):
+        d = run.result(j, Decided)
+        if d is None:
+            break
+        ends[j] = d.next_policy
+        starts[j + 1] = d.next_policy
+    out = []
+    for j in range(k - 1, 0, -1):
+        if j not in ends or starts.get(j) is None or ends[j] != starts[j]:
+            break
+        out.append(j)
+    return out
 
 
 RECURRING = ("grpo.policy_regressed",)  # the critical findings whose recurrence escalates
+IDLE_STAGES = 2  # after this many stages in a row that carried no trained checkpoint, the next stage escalates
 
 
 def escalate(run: Run, k: int, diagnosis: Any, candidates: list[Any], slots: int) -> list[Any]:
-    """When a critical finding recurs (this stage's and the previous stage's diagnoses both carry it: the stage's
-    training lowered the policy again), the loop escalates instead of throwing the stage away again: the most
-    promising inconclusive fix from this state is re-tested first, its new pair pooled with its evidence (then the
-    engineer's own candidates fill the other slots: the next skill). Returns the candidates to commit."""
+    """The loop escalates instead of throwing a stage away again when a critical finding recurs (this stage's and
+    the previous stage's diagnoses both carry it: the stage's training lowered the policy again) or when the last
+    IDLE_STAGES stages in a row carried no trained checkpoint (`carried_nothing`, whatever the reason): the most
+    promising inconclusive fix from this state is re-tested first, one proposed for a critical finding of these
+    stages before any other (`most_promising_inconclusive`), its new pair pooled with its evidence; the engineer's own
+    candidates fill the other slots (the next skill). Returns the candidates to commit."""
     from harness.engineer.proposal import change_key
     from harness.memory import candidate_from_row
 
-    now = {f.code for f in diagnosis.findings if f.severity == "critical"} & set(RECURRING)
+    now = {f.code for f in diagnosis.findings if f.severity == "critical"}
     before = {f.code for f in run.store.findings(run.id, stage=k - 1)} if k > 1 else set()
-    recurring = sorted(now & before)
-    if not recurring:
+    recurring = sorted(now & before & set(RECURRING))
+    idle = carried_nothing(run, k)
+    if recurring:
+        why = f"{recurring[0]} again (stages {k - 1} and {k})"
+    elif len(idle) >= IDLE_STAGES:
+        why = f"stages {', '.join(map(str, sorted(idle)))} carried no trained checkpoint"
+    else:
         return candidates
-    row = most_promising_inconclusive(run, diagnosis.state)
+    causes = set(now)
+    for j in idle or [k - 1]:
+        causes |= {f.code for f in run.store.findings(run.id, stage=j) if f.severity == "critical"}
+    row = most_promising_inconclusive(run, diagnosis.state, causes)
     if row is None:
-        run.event(k, "propose", "escalation", f"{recurring[0]} again (stages {k - 1} and {k}); no inconclusive fix "
-                  "from this state to re-test: the engineer's next skill instead", key=f"{k}/escalation")
+        run.event(k, "propose", "escalation", f"{why}; no inconclusive fix from this state to re-test: the "
+                  "engineer's next skill instead", key=f"{k}/escalation")
         return candidates
     old = candidate_from_row(row)
     key = change_key(diagnosis.state, old.change)
     rest = [c for c in candidates if change_key(diagnosis.state, c.change) != key and c.change.knob != old.change.knob]
     ev = row.get("evidence") or {}
     retest = old.model_copy(update={"rationale": (
-        f"escalation: {recurring[0]} again (stages {k - 1} and {k}); re-testing {row['id']} (inconclusive: effect "
-        f"{ev.get('effect', 0):+.3f} [{ev.get('ci_low', 0):+.3f}, {ev.get('ci_high', 0):+.3f}], n={ev.get('n')}) with "
-        f"a new arm pair pooled with its evidence. Was: {old.rationale}")[:2000]})
-    run.event(k, "propose", "escalation", f"{recurring[0]} again (stages {k - 1} and {k}): re-testing the most "
-              f"promising inconclusive fix {row['id']} ({old.change.knob} -> {old.change.value}) first",
-              key=f"{k}/escalation")
+        f"escalation: {why}; re-testing {row['id']} (inconclusive: effect {ev.get('effect', 0):+.3f} "
+        f"[{ev.get('ci_low', 0):+.3f}, {ev.get('ci_high', 0):+.3f}], n={ev.get('n')}) with a new arm pair pooled with "
+        f"its evidence. Was: {old.rationale}")[:2000]})
+    run.event(k, "propose", "escalation", f"{why}: re-testing the most promising inconclusive fix {row['id']} "
+              f"({old.change.knob} -> {old.change.value}) first", key=f"{k}/escalation")
     return [retest, *rest][:max(slots, 1)]

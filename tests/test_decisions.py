@@ -54,9 +54,10 @@ def _propose(run, cid: str, change: Change, stage: int) -> None:
     run.store.upsert_candidate("r", c, commit=sha)
 
 
-def _record(run, cid: str, decision: str, diffs: list[float], judge: str, next_step: str | None = "new_pair") -> None:
+def _record(run, cid: str, decision: str, diffs: list[float], judge: str, next_step: str | None = "new_pair",
+            ci_low: float = -0.01) -> None:
     ev = Evidence(n=len(diffs), control=0.3, candidate=0.3 + sum(diffs) / len(diffs), effect=sum(diffs) / len(diffs),
-                  ci_low=-0.01, ci_high=0.15, judge=judge, diffs=diffs, slices=[{"size": "3"}] * len(diffs),
+                  ci_low=ci_low, ci_high=0.15, judge=judge, diffs=diffs, slices=[{"size": "3"}] * len(diffs),
                   next_step=next_step)
     v = Verdict(candidate=cid, decision=decision, reason="recorded", evidence=ev)
     tag = run.workspace().reject(cid, v.reason, evidence=ev).tag
@@ -153,3 +154,44 @@ def test_a_recurring_regression_re_tests_the_most_promising_inconclusive_fix_fir
     assert [c.change.knob for c in out] == ["recipe.learning_rate", "recipe.temperature"]
     assert out[0].rationale.startswith("escalation: grpo.policy_regressed again") and "s1c1" in out[0].rationale
     assert [e for e in run.store.events("r") if e["kind"] == "escalation"]
+
+
+def test_two_stages_that_carried_nothing_escalate_to_the_fix_for_their_critical_finding(run):
+    """Stages 1 and 2 both ended where they began (no trained checkpoint carried) and stage 3's own diagnosis has no
+    recurring finding: stage 3 still escalates, and re-tests the inconclusive fix that was proposed for the critical
+    finding of those stages (the learning rate, for `grpo.policy_regressed`) ahead of one with a higher lower bound
+    proposed for something else. Could catch: an idle stage that is thrown away again (no escalation without a
+    recurring finding), or a re-test chosen by its interval alone (the other fix here)."""
+    from harness.decisions import carried_nothing, escalate, fingerprint
+    from harness.memory import history
+    from harness.results import Decided, SetUp
+
+    fp = fingerprint(run)
+    run.save_result(0, SetUp(policy="ckpt/warm"))
+    gens = Change(kind="recipe", knob="recipe.num_generations", value=16)
+    _propose(run, "s1c1", gens, 1)
+    _record(run, "s1c1", "inconclusive", [0.25, 0.0, 0.0, 0.0] * 10, fp, ci_low=-0.005)  # effect +0.0625
+    _propose(run, "s2c1", LR, 2)
+    _record(run, "s2c1", "inconclusive", [0.25, 0.0, 0.0, -0.25, 0.25, 0.0] * 7, fp, ci_low=-0.05)  # +0.042
+    for j, row in ((1, "s1c1"), (2, "s2c1")):
+        run.store.upsert_candidate("r", Candidate(
+            id=row, stage=j, change=gens if j == 1 else LR, old_value=8 if j == 1 else 2.0e-4,
+            rationale=("grpo.dead_groups on all: skill raise-num-generations-on-dead-groups" if j == 1 else
+                       "grpo.policy_regressed on all: skill lower-learning-rate-on-regression"),
+            skill="raise-num-generations-on-dead-groups" if j == 1 else "lower-learning-rate-on-regression"))
+    run.store.record_findings("r", 2, [Finding(code="grpo.policy_regressed", severity="critical", count=8, rate=0.2)])
+    other = Candidate(id="x", stage=3, change=Change(kind="recipe", knob="recipe.temperature", value=0.9),
+                      old_value=0.5, rationale="the engineer's next skill")
+    diag = Diagnosis(task="mapf", stage=3, state=run.workspace().head(), history=history(run),
+                     findings=[Finding(code="grpo.dead_groups", severity="warn", count=8, rate=0.3)])
+    run.save_result(1, Decided(next_policy="ckpt/s1-control"))  # stage 1 carried its control arm
+    run.save_result(2, Decided(next_policy="ckpt/s1-control"))
+    assert carried_nothing(run, 3) == [2]
+    assert escalate(run, 3, diag, [other], 1) == [other]  # one idle stage is not yet a pattern
+    for j in (1, 2):
+        run.save_result(j, Decided(next_policy="ckpt/warm"))
+    assert carried_nothing(run, 3) == [2, 1]
+    [out] = escalate(run, 3, diag, [other], 1)
+    assert out.change == LR and "s2c1" in out.rationale and "carried no trained checkpoint" in out.rationale
+    [event] = [e for e in run.store.events("r") if e["kind"] == "escalation"]
+    assert "stages 1, 2 carried no trained checkpoint" in event["message"]
