@@ -50,6 +50,7 @@ def warm_start(run: Run) -> tuple[Path, int]:
     path, demonstrations used)."""
     from harness import warmstart
     from policies.model import build_model
+    from policies.train import latest_resume_checkpoint, resume_step
 
     cfg, task = run.config, run.task
     env, recipe, _ = harness_models(run.workspace().files("main"), task)
@@ -66,6 +67,11 @@ def warm_start(run: Run) -> tuple[Path, int]:
         if cfg.warm_start.sft_steps is not None:
             recipe = recipe.model_copy(update={"sft_steps": cfg.warm_start.sft_steps})
         seeds = run.draw_seeds("train", n, key="warmstart")
+        resume_at = latest_resume_checkpoint(run.path("checkpoints", warmstart.RESUME_DIR))
+        if resume_at is not None:  # a kill interrupted the warm start: it continues from its last checkpoint
+            step = resume_step(resume_at)
+            run.event(0, "setup", "sft_resumed", f"the SFT warm start continues from its checkpoint at step {step} of "
+                      f"{recipe.sft_steps}, not from zero", key=f"0/sft-resumed/{step}", step=step)
         # a preset trained by us is cached (keyed by settings + code version); a user's checkpoint is not ours to key
         model, tok, hit, key, m = warmstart.warm_start(
             task, cfg.policy.preset or "", run.style, env, seeds, recipe, seed=cfg.seed,

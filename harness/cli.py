@@ -323,12 +323,14 @@ def bench_run(
     kill_resumes: Annotated[bool, typer.Option(help="also kill some resumes (up to 3 kills per trial)")] = True,
     seed: Annotated[int, typer.Option(help="seed for the kill times")] = 0,
     overhead_stages: Annotated[int, typer.Option(min=0, help="demo-config stages timed for the overhead (0: skip)")] = 3,
+    sft_steps: Annotated[int | None, typer.Option(min=1, help="the trials' SFT warm start steps (long enough for "
+                                                  "kills to land in it; default: the tiny config's 8)")] = None,
 ) -> None:
     """Crash safety (SIGKILL at random points, resume, check) and framework overhead of the autonomous run."""
     from harness.benchmarks.run import main as bench
 
     res = bench(trials=trials, max_kill_s=max_kill_s, kill_resumes=kill_resumes, seed=seed,
-                overhead_stages=overhead_stages)
+                overhead_stages=overhead_stages, sft_steps=sft_steps)
     if res["passed"] != trials:
         raise typer.Exit(1)
 

@@ -136,6 +136,7 @@ class SFTMetrics(BaseModel):
     token_accuracy: list[float] = Field(default_factory=list, description="completion-token accuracy per step")
     wall_s: float
     out_dir: str | None = None
+    resumed_from: int = Field(0, description="the step of the resumable checkpoint this call continued from (0: none)")
 
 
 class GRPOStep(BaseModel):
@@ -386,7 +387,8 @@ def train_sft(model, tok, pairs: list[dict[str, str]], recipe: Recipe, out_dir: 
     wall = _train(trainer, model, tok, out_dir, resume_from=resume_from)
     return SFTMetrics(steps=trainer.state.global_step, examples=len(pairs), wall_s=wall, out_dir=str(out_dir) if out_dir else None,
                       loss=[r["loss"] for r in sink if "loss" in r],
-                      token_accuracy=[r["mean_token_accuracy"] for r in sink if "mean_token_accuracy" in r])
+                      token_accuracy=[r["mean_token_accuracy"] for r in sink if "mean_token_accuracy" in r],
+                      resumed_from=resume_step(resume_from) if resume_from is not None else 0)
 
 
 # --- resumable SFT: atomic trainer checkpoints ------------------------------------------------------------------------
@@ -402,6 +404,11 @@ def latest_resume_checkpoint(resume_dir: str | Path) -> Path | None:
     done = sorted(p for p in d.glob(f"{_STEP}*") if p.is_dir() and p.name[len(_STEP):].isdigit()) \
         if d.is_dir() else []
     return done[-1] if done else None
+
+
+def resume_step(checkpoint: str | Path) -> int:
+    """The SFT step a resumable checkpoint (`step-NNNNNNNN`) holds."""
+    return int(Path(checkpoint).name[len(_STEP):])
 
 
 def clear_resume(resume_dir: str | Path) -> None:

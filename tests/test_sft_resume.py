@@ -80,7 +80,7 @@ def test_a_killed_sft_resumes_from_its_last_checkpoint_and_ends_where_an_unbroke
     assert latest_resume_checkpoint(resume).name == "step-00000003"
     model, tok = _fresh()  # a restarted process: nothing survives but the disk
     m = train_sft(model, tok, PAIRS, RECIPE, resume_dir=resume, save_every=3)
-    assert m.steps == 8 and len(m.loss) == 5
+    assert m.steps == 8 and len(m.loss) == 5 and m.resumed_from == 3  # what the run's `sft_resumed` event reports
     assert _same(model, reference)
     # the trainer also checkpoints its last step; older steps are deleted as newer ones land
     assert [p.name for p in resume.glob("step-*")] == ["step-00000008"]
@@ -106,3 +106,45 @@ def test_a_kill_during_the_checkpoint_write_leaves_the_previous_checkpoint_usabl
     m = train_sft(model, tok, PAIRS, RECIPE, resume_dir=resume, save_every=3)
     assert m.steps == 8 and len(m.loss) == 5 and _same(model, reference)
     assert not (resume / STAGING / "checkpoint-6").exists()
+
+
+def test_a_run_killed_in_its_warm_start_continues_from_the_checkpoint_and_says_so(tmp_path, monkeypatch):
+    """The run's setup (`harness.arms.warm_start`) finds the SFT's checkpoint a killed process left in
+    `checkpoints/warmstart-progress` (step 3 of 8), continues from it, and records an `sft_resumed` event at that step:
+    what `evotrainer bench run --sft-steps N` checks after every kill that lands in a warm start. Catches a setup that
+    trains the warm start from zero again after a kill (no event; a fresh SFT is not cached for the run either)."""
+    from harness.arms import warm_start
+    from harness.benchmarks.run import TINY
+    from harness.config import parse_config
+    from harness.lifecycle import make_judge
+    from harness.policy_glue import sft_pairs
+    from harness.round0 import harness_models
+    from harness.run import JUDGE_FILE, Run
+    from harness.store import RunStore
+    from harness.tasks import get_task
+    from harness.warmstart import RESUME_DIR
+    from sandbox.workspace import Workspace
+
+    monkeypatch.setenv("EVOTRAINER_HOME", str(tmp_path / "home"))
+    task = get_task("mapf")
+    cfg = parse_config({**TINY, "warm_start": {"sft_examples": 32, "sft_steps": 8}}, "test")
+    run_dir = tmp_path / "runs" / "r"
+    store = RunStore.open(run_dir / "run.db")
+    store.create_run("r", {})
+    ws = Workspace.create(run_dir / "harness", files_override={"env.yaml": task.spec.round0_env})
+    (run_dir / JUDGE_FILE).write_text(make_judge(cfg, ws.files("main")).model_dump_json())
+    run = Run(run_dir=run_dir, config=cfg, store=store)
+    try:
+        env, recipe, _ = harness_models(ws.files("main"), task)
+        recipe = recipe.model_copy(update={"sft_steps": 8})
+        model, tok = build_model("tiny", task.spec.alphabet, words=list(task.spec.words), seed=cfg.seed)
+        pairs = sft_pairs(task, env, run.draw_seeds("train", 32, key="warmstart"), run.style)
+        with pytest.raises(Killed):  # the process the kill ended: step 3's checkpoint is on disk
+            train_sft(model, tok, pairs, recipe, resume_dir=run.path("checkpoints", RESUME_DIR), save_every=3,
+                      callbacks=[KillAt(5)])
+        path, n = warm_start(run)
+        assert n == 32 and (path / "config.json").exists()
+        [event] = store.events("r", kind="sft_resumed")
+        assert event["data"]["step"] == 3 and "step 3 of 8" in event["message"]
+    finally:
+        store.close()

@@ -13,6 +13,12 @@ end of the previous stage to the end of this one, LangGraph steps included) not 
 compute, as a share of stage wall time. Prints grep-able `crash_trials_passed:` too.
 
     evotrainer bench run --trials 0 --overhead-stages 3      # only the demo-stage overhead (~3 min)
+    evotrainer bench run --trials 20 --sft-steps 100 --overhead-stages 0   # kills that land in the warm start too
+
+`--sft-steps N` lengthens the trials' SFT warm start (it checkpoints itself every `harness.warmstart.save_every(N)`
+steps), so that kills land in it as well: after each kill the trial reads the last complete SFT checkpoint on disk
+(when setup was not yet recorded), and the finished run must show that the next process continued from exactly that
+step (its `sft_resumed` event), never from zero. Per trial: `kills_in_sft`, `sft_resumes_checked`.
 """
 
 from __future__ import annotations
@@ -138,6 +144,7 @@ def crash_trial(workdir: Path, trial: int, kill_after: float, kill_resumes: bool
     run_id = f"trial{trial}"
     p = _cli(["run", str(cfg), "--runs-dir", str(runs), "--run-id", run_id], home)
     kills = 0
+    in_sft: list[int] = []  # for each kill during the warm start: the SFT step its last complete checkpoint holds
     deadline = kill_after
     while True:
         try:
@@ -147,6 +154,9 @@ def crash_trial(workdir: Path, trial: int, kill_after: float, kill_resumes: bool
             p.send_signal(signal.SIGKILL)
             p.wait()
             kills += 1
+            at = _sft_checkpoint_at_kill(runs / run_id, run_id)
+            if at is not None:
+                in_sft.append(at)
         if not (runs / run_id / "run.db").exists():  # killed before the run existed: start again
             import shutil
 
@@ -163,7 +173,49 @@ def crash_trial(workdir: Path, trial: int, kill_after: float, kill_resumes: bool
     if _run_status(runs / run_id / "run.db", run_id) != "finished":
         problems.append("the run is not recorded as finished")
     problems += check_run(runs / run_id, home / "skills.db")
-    return {"trial": trial, "kill_after_s": round(kill_after, 1), "kills": kills, "problems": problems}
+    problems += _sft_progress_kept(runs / run_id, run_id, in_sft)
+    return {"trial": trial, "kill_after_s": round(kill_after, 1), "kills": kills, "problems": problems,
+            "kills_in_sft": len(in_sft), "sft_resumes_checked": sum(1 for s in in_sft if s > 0)}
+
+
+def _sft_checkpoint_at_kill(run_dir: Path, run_id: str) -> int | None:
+    """None when the kill did not land in the warm start (no run yet, or setup already recorded); else the step of
+    the SFT's last complete resumable checkpoint on disk (0: none yet)."""
+    from harness.warmstart import RESUME_DIR
+    from policies.train import latest_resume_checkpoint, resume_step
+
+    db = run_dir / "run.db"
+    if not db.exists():
+        return None
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
+    try:
+        done = con.execute("SELECT 1 FROM nodes WHERE run = ? AND stage = 0 AND node = 'setup'", [run_id]).fetchone()
+    except sqlite3.Error:
+        done = None
+    finally:
+        con.close()
+    if done:
+        return None
+    last = latest_resume_checkpoint(run_dir / "checkpoints" / RESUME_DIR)
+    return resume_step(last) if last is not None else 0
+
+
+def _sft_progress_kept(run_dir: Path, run_id: str, in_sft: list[int]) -> list[str]:
+    """Every kill during the warm start after its first checkpoint must be followed by a process that continued from
+    that checkpoint's step (the run's `sft_resumed` events, `harness.arms.warm_start`)."""
+    from harness.store import RunStore
+
+    want = sorted({s for s in in_sft if s > 0})
+    if not want:
+        return []
+    store = RunStore.open(run_dir / "run.db")
+    try:
+        got = {int((e.get("data") or {}).get("step", -1)) for e in store.events(run_id) if e["kind"] == "sft_resumed"}
+    finally:
+        store.close()
+    lost = [s for s in want if s not in got]
+    return [f"the warm start was killed with a checkpoint at step(s) {lost} on disk, and no process continued from "
+            f"it (sft_resumed events at {sorted(got)})"] if lost else []
 
 
 def overhead(workdir: Path, config: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -209,8 +261,11 @@ def overhead_demo_stages(workdir: Path, stages: int = 3, config_path: Path = DEM
 
 
 def main(trials: int = 10, max_kill_s: float = 90.0, kill_resumes: bool = True, seed: int = 0,
-         overhead_stages: int = 3) -> dict[str, Any]:
+         overhead_stages: int = 3, sft_steps: int | None = None) -> dict[str, Any]:
     rng = random.Random(seed)
+    config = dict(TINY)
+    if sft_steps is not None:  # a warm start long enough for kills to land in it
+        config["warm_start"] = {"sft_examples": max(64, 4 * sft_steps), "sft_steps": sft_steps}
     with tempfile.TemporaryDirectory(prefix="evotrainer-bench-run-") as d:
         work = Path(d)
         demo: list[dict[str, Any]] = []
@@ -223,7 +278,7 @@ def main(trials: int = 10, max_kill_s: float = 90.0, kill_resumes: bool = True, 
         if not trials:
             return {"demo_overhead": demo, "trials": [], "passed": 0}
         t0 = time.time()
-        ov = overhead(work)
+        ov = overhead(work, config)
         full = time.time() - t0
         print(f"uninterrupted run: {full:.0f} s, {ov['stages']} stages", flush=True)
         print(f"overhead_share: {ov['overhead_share']:.4f}   (stage wall {ov['wall_s']:.1f} s, compute "
@@ -231,11 +286,14 @@ def main(trials: int = 10, max_kill_s: float = 90.0, kill_resumes: bool = True, 
         results = []
         for i in range(trials):
             kill_after = rng.uniform(5, min(max_kill_s, full))
-            r = crash_trial(work, i, kill_after, kill_resumes, rng)
+            r = crash_trial(work, i, kill_after, kill_resumes, rng, config)
             results.append(r)
-            print(f"trial {i}: killed {r['kills']}x (first at {r['kill_after_s']} s) -> "
+            print(f"trial {i}: killed {r['kills']}x (first at {r['kill_after_s']} s; {r['kills_in_sft']} in the warm "
+                  f"start, {r['sft_resumes_checked']} resumed from its checkpoint) -> "
                   f"{'ok' if not r['problems'] else 'FAIL: ' + '; '.join(r['problems'])}", flush=True)
         passed = sum(1 for r in results if not r["problems"])
         print(f"crash_trials: {trials}\ncrash_trials_passed: {passed}\n"
-              f"kills_total: {sum(r['kills'] for r in results)}", flush=True)
+              f"kills_total: {sum(r['kills'] for r in results)}\n"
+              f"kills_in_sft: {sum(r['kills_in_sft'] for r in results)}\n"
+              f"sft_resumes_checked: {sum(r['sft_resumes_checked'] for r in results)}", flush=True)
         return {"overhead": ov, "demo_overhead": demo, "trials": results, "passed": passed}
