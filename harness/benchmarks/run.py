@@ -214,8 +214,10 @@ def _sft_progress_kept(run_dir: Path, run_id: str, in_sft: list[int]) -> list[st
     finally:
         store.close()
     lost = [s for s in want if s not in got]
-    return [f"the warm start was killed with a checkpoint at step(s) {lost} on disk, and no process continued from "
-            f"it (sft_resumed events at {sorted(got)})"] if lost else []
+    if not lost:
+        return []
+    return [(f"the warm start was killed with a checkpoint at step(s) {lost} on disk, and no process continued from "
+             f"it (sft_resumed events at {sorted(got)})")]
 
 
 def overhead(workdir: Path, config: dict[str, Any] | None = None) -> dict[str, Any]:
