@@ -335,6 +335,25 @@ def bench_run(
         raise typer.Exit(1)
 
 
+@bench_app.command("soak")
+def bench_soak(
+    minutes: Annotated[float, typer.Option(min=0.5, help="how long the run may start stages (its budget.wall_clock)")] = 60.0,
+    config: Annotated[Path | None, typer.Option(help="run config (default: demo-sized short stages, Ray arms)")] = None,
+    every: Annotated[float, typer.Option(min=1.0, help="seconds between samples")] = 30.0,
+    settle: Annotated[int, typer.Option(min=0, help="stages before growth is measured (caches and pools fill)")] = 3,
+    out: Annotated[Path | None, typer.Option(help="folder for soak.csv, soak.json, the run and its log")] = None,
+) -> None:
+    """A long run with memory, processes, descriptors, disk and run.db sampled over time: growth per stage, and
+    processes left alive after it exits (exit 1 when any is)."""
+    from harness.benchmarks.soak import main as bench
+
+    if config is not None and not config.is_file():
+        fail(f"no such config: {config}")
+    res = bench(config=config, minutes=minutes, every=every, out=out, settle=settle)
+    if res["leaked"] or res["rc"] != 0:
+        raise typer.Exit(1)
+
+
 @bench_app.command("scale")
 def bench_scale(
     candidates: Annotated[int, typer.Option(min=1, max=8, help="candidates per stage (arms = control + vetted)")] = 3,

@@ -1,0 +1,223 @@
+"""A soak run: the loop for an hour or more, with the resources an overnight run could leak sampled over time
+(`evotrainer bench soak`).
+
+    evotrainer bench soak --minutes 60 --out /tmp/soak          # the default: many short demo-sized stages
+    evotrainer bench soak --config examples/mapf_overnight.yaml --minutes 480 --out /tmp/soak-night
+
+It starts `evotrainer run` on the config in a subprocess (its `budget.wall_clock` set to `--minutes`, its stage budget
+raised so that the clock ends it) and every `--every` seconds samples: resident memory of the run's whole process tree
+(`rss_mb`, and the run process alone, `main_rss_mb`), the number of live descendant processes (`procs`: Ray workers,
+sandbox jobs, the instance prefetcher), the run process's open file descriptors (`fds`), the run folder's size
+(`run_dir_mb`), run.db's (`run_db_mb`), the checkpoints on disk (`checkpoints`) and the stages finished. Rows go to
+`<out>/soak.csv`; the summary to `<out>/soak.json` and stdout: each resource's growth per stage (least-squares slope
+over the samples after the first `--settle` stages, when caches and pools have filled), its first and last value, and
+the processes still alive after the run exited (`leaked`: any process whose environment carries this soak's tag,
+which every descendant inherits, so an orphaned Ray worker or sandbox job is found even after it was re-parented).
+
+What "no growth beyond what retention allows" means here: checkpoints, descendants and descriptors flat (slope ~0);
+resident memory flat after the settle stages; run.db and the run folder growing linearly by their per-stage records
+(rollouts, events), which is what retention keeps on purpose (the review reads them).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# Demo-sized stages, short: the demo's warm start (cached by `make demo`, else trained once, ~8 minutes), 6 GRPO steps
+# a stage, two candidates with 6-step arms side by side on Ray, a small judge and a small test each stage. An hour holds
+# dozens of stages, each exercising every node (probe, diagnostics in the sandbox, vet, arms, looks, gate, retention).
+SOAK: dict[str, Any] = {
+    "task": "mapf",
+    "name": "soak",
+    "seed": 0,
+    "policy": {"preset": "tiny"},
+    "env": {"min_distance": 1, "sizes": [
+        {"size": 3, "data_ratio": 0.34, "hole_ratio": 0.2, "wait_ratio": 0.5, "agents": 2},
+        {"size": 4, "data_ratio": 0.33, "hole_ratio": 0.2, "wait_ratio": 0.5, "agents": 2},
+        {"size": 5, "data_ratio": 0.33, "hole_ratio": 0.2, "wait_ratio": 0.5, "agents": 2}]},
+    "warm_start": {"sft_examples": 3000, "sft_steps": 700},
+    "recipe": {"steps": 6, "batch_size": 64, "num_generations": 8, "learning_rate": 1.0e-4, "temperature": 0.5,
+               "beta": 0.0, "warmup_ratio": 0.1, "lr_schedule": "constant", "max_completion_length": 96},
+    "reward": {"partial_credit": 0.0, "format_penalty": 0.0, "optimal_bonus": 0.0},
+    "stage": {"train_instances": 256, "probe_n": 16, "probe_samples": 4, "candidates": 2},
+    "backtest": {"arm_steps": 6, "n": 48, "samples": 2},
+    "engineer": {"kind": "rule"},
+    "scale": {"backend": "ray"},
+    "eval": {"suite": "duo", "limit": 60},
+}
+
+TAG_VAR = "EVOTRAINER_SOAK_TAG"
+
+
+def _tree(pid: int) -> list[Any]:
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        return [p, *p.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def _rss_mb(procs: list[Any]) -> float:
+    import psutil
+
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total / 2**20
+
+
+def _fds(pid: int) -> int:
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return 0
+
+
+def _du_mb(path: Path) -> float:
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+    return total / 2**20
+
+
+def _stages_done(db: Path, run_id: str) -> int:
+    if not db.exists():
+        return 0
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+        try:
+            row = con.execute("SELECT COUNT(*) FROM stages WHERE run = ? AND status = 'done' AND stage > 0",
+                              [run_id]).fetchone()
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return -1
+    return int(row[0]) if row else 0
+
+
+def tagged(tag: str, exclude: set[int] | None = None) -> list[dict[str, Any]]:
+    """Live processes whose environment carries `TAG_VAR=tag` (this soak's descendants, orphaned or not)."""
+    needle = f"{TAG_VAR}={tag}".encode()
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) in (exclude or set()):
+            continue
+        try:
+            env = Path(f"/proc/{d}/environ").read_bytes()
+            if needle in env.split(b"\0"):
+                cmd = Path(f"/proc/{d}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                out.append({"pid": int(d), "cmd": cmd[:200]})
+        except OSError:
+            continue
+    return out
+
+
+def sample(pid: int, run_dir: Path, run_id: str, t0: float) -> dict[str, Any]:
+    """One row: the run process tree's resources and the run folder's size, now."""
+    procs = _tree(pid)
+    ckpt = run_dir / "checkpoints"
+    return {
+        "t_s": round(time.time() - t0, 1),
+        "stages": _stages_done(run_dir / "run.db", run_id),
+        "rss_mb": round(_rss_mb(procs), 1),
+        "main_rss_mb": round(_rss_mb(procs[:1]), 1),
+        "procs": max(0, len(procs) - 1),
+        "fds": _fds(pid),
+        "run_dir_mb": round(_du_mb(run_dir), 2) if run_dir.exists() else 0.0,
+        "run_db_mb": round((run_dir / "run.db").stat().st_size / 2**20, 3) if (run_dir / "run.db").exists() else 0.0,
+        "checkpoints": sum(1 for p in ckpt.iterdir() if p.is_dir()) if ckpt.is_dir() else 0,
+    }
+
+
+METRICS = ("rss_mb", "main_rss_mb", "procs", "fds", "run_dir_mb", "run_db_mb", "checkpoints")
+
+
+def growth(rows: list[dict[str, Any]], settle: int) -> dict[str, Any]:
+    """Per resource: least-squares slope per finished stage over the rows after `settle` stages, and the first,
+    last and largest values of all rows. Slopes need at least two distinct stage counts after settling."""
+    import numpy as np
+
+    late = [r for r in rows if r["stages"] >= settle]
+    xs = np.array([r["stages"] for r in late], dtype=float)
+    out: dict[str, Any] = {}
+    for m in METRICS:
+        ys = np.array([r[m] for r in late], dtype=float)
+        slope = float(np.polyfit(xs, ys, 1)[0]) if len(set(xs.tolist())) >= 2 else None
+        out[m] = {"per_stage": None if slope is None else round(slope, 4),
+                  "first": rows[0][m] if rows else None, "last": rows[-1][m] if rows else None,
+                  "max": max(r[m] for r in rows) if rows else None}
+    return out
+
+
+def main(config: Path | None = None, minutes: float = 60.0, every: float = 30.0, out: Path | None = None,
+         settle: int = 3) -> dict[str, Any]:
+    cfg = yaml.safe_load(Path(config).read_text()) if config else json.loads(json.dumps(SOAK))
+    cfg.setdefault("budget", {})
+    cfg["budget"].update(wall_clock=f"{int(minutes * 60)}s", stages=max(int(cfg["budget"].get("stages") or 0), 10000))
+    cfg["budget"].pop("plateau", None)
+    out = Path(out) if out else Path(tempfile.mkdtemp(prefix="evotrainer-soak-"))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "soak.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    run_id = "soak"
+    run_dir = out / "runs" / run_id
+    tag = uuid.uuid4().hex
+    env = {**os.environ, TAG_VAR: tag, "PYTHONUNBUFFERED": "1"}
+    env.setdefault("EVOTRAINER_HOME", str(out / "home"))
+    log = (out / "run.log").open("w")
+    t0 = time.time()
+    p = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", str(out / "soak.yaml"), "--runs-dir",
+                          str(out / "runs"), "--run-id", run_id], env=env, stdout=log, stderr=subprocess.STDOUT)
+    rows: list[dict[str, Any]] = []
+    print(f"soak: {out} (run log: {out / 'run.log'}), sampling every {every:.0f} s; the run stops starting stages "
+          f"after {minutes:.0f} min, its warm start included", flush=True)
+    with (out / "soak.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["t_s", "stages", *METRICS])
+        w.writeheader()
+        try:
+            while p.poll() is None:
+                row = sample(p.pid, run_dir, run_id, t0)
+                rows.append(row)
+                w.writerow(row)
+                f.flush()
+                if len(rows) % 10 == 1:
+                    print("  " + "  ".join(f"{k} {v}" for k, v in row.items()), flush=True)
+                time.sleep(every)
+        except KeyboardInterrupt:
+            p.send_signal(signal.SIGINT)
+            p.wait()
+    log.close()
+    time.sleep(5)  # what the run started and did not stop is still alive now
+    leaked = tagged(tag, exclude={os.getpid()})
+    summary = {"out": str(out), "rc": p.returncode, "wall_s": round(time.time() - t0, 1),
+               "stages": rows[-1]["stages"] if rows else 0, "samples": len(rows), "settle_stages": settle,
+               "growth": growth(rows, settle) if rows else {}, "leaked": leaked}
+    (out / "soak.json").write_text(json.dumps(summary, indent=1))
+    print(f"stages: {summary['stages']} in {summary['wall_s'] / 60:.1f} min (run exit {p.returncode}), "
+          f"{len(rows)} samples", flush=True)
+    for m, g in summary["growth"].items():
+        print(f"  {m:12s} per stage {g['per_stage']!s:>9}   first {g['first']}   last {g['last']}   max {g['max']}",
+              flush=True)
+    print(f"leaked_processes: {len(leaked)}" + "".join(f"\n  {x['pid']}: {x['cmd']}" for x in leaked), flush=True)
+    return summary
