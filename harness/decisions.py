@@ -192,6 +192,20 @@ def carried_nothing(run: Run, k: int) -> list[int]:
 
 
 RECURRING = ("grpo.policy_regressed",)  # the critical findings whose recurrence escalates
+
+
+def _causes(run: Run, k: int, diagnosis: Any, idle: list[int]) -> set[str]:
+    """The findings an escalation's re-test should answer: the root causes (`harness.engineer.rule.ROOT_CAUSES`: the
+    training lowered the policy, the reward pays invalid answers, the mix cannot teach or misses the target) found
+    now or in the stages that carried nothing (else the previous stage); when there is none, every critical finding
+    of those stages. A fix for a symptom (dead groups, say) with a better interval comes after a fix for the cause."""
+    from harness.engineer.rule import ROOT_CAUSES
+
+    found = list(diagnosis.findings)
+    for j in idle or [k - 1]:
+        found += run.store.findings(run.id, stage=j)
+    roots = {f.code for f in found if f.code in ROOT_CAUSES}
+    return roots or {f.code for f in found if f.severity == "critical"}
 IDLE_STAGES = 2  # after this many stages in a row that carried no trained checkpoint, the next stage escalates
 
 
@@ -199,9 +213,9 @@ def escalate(run: Run, k: int, diagnosis: Any, candidates: list[Any], slots: int
     """The loop escalates instead of throwing a stage away again when a critical finding recurs (this stage's and
     the previous stage's diagnoses both carry it: the stage's training lowered the policy again) or when the last
     IDLE_STAGES stages in a row carried no trained checkpoint (`carried_nothing`, whatever the reason): the most
-    promising inconclusive fix from this state is re-tested first, one proposed for a critical finding of these
-    stages before any other (`most_promising_inconclusive`), its new pair pooled with its evidence; the engineer's own
-    candidates fill the other slots (the next skill). Returns the candidates to commit."""
+    promising inconclusive fix from this state is re-tested first, one proposed for a root cause found in these
+    stages before any other (`_causes`, `most_promising_inconclusive`), its new pair pooled with its evidence; the
+    engineer's own candidates fill the other slots (the next skill). Returns the candidates to commit."""
     from harness.engineer.proposal import change_key
     from harness.memory import candidate_from_row
 
@@ -215,10 +229,7 @@ def escalate(run: Run, k: int, diagnosis: Any, candidates: list[Any], slots: int
         why = f"stages {', '.join(map(str, sorted(idle)))} carried no trained checkpoint"
     else:
         return candidates
-    causes = set(now)
-    for j in idle or [k - 1]:
-        causes |= {f.code for f in run.store.findings(run.id, stage=j) if f.severity == "critical"}
-    row = most_promising_inconclusive(run, diagnosis.state, causes)
+    row = most_promising_inconclusive(run, diagnosis.state, _causes(run, k, diagnosis, idle))
     if row is None:
         run.event(k, "propose", "escalation", f"{why}; no inconclusive fix from this state to re-test: the "
                   "engineer's next skill instead", key=f"{k}/escalation")

@@ -156,12 +156,13 @@ def test_a_recurring_regression_re_tests_the_most_promising_inconclusive_fix_fir
     assert [e for e in run.store.events("r") if e["kind"] == "escalation"]
 
 
-def test_two_stages_that_carried_nothing_escalate_to_the_fix_for_their_critical_finding(run):
+def test_two_stages_that_carried_nothing_escalate_to_the_fix_for_their_root_cause(run):
     """Stages 1 and 2 both ended where they began (no trained checkpoint carried) and stage 3's own diagnosis has no
-    recurring finding: stage 3 still escalates, and re-tests the inconclusive fix that was proposed for the critical
-    finding of those stages (the learning rate, for `grpo.policy_regressed`) ahead of one with a higher lower bound
+    recurring finding: stage 3 still escalates, and re-tests the inconclusive fix that was proposed for the root
+    cause found in those stages (the learning rate, for `grpo.policy_regressed`) ahead of one with a higher lower bound
     proposed for something else. Could catch: an idle stage that is thrown away again (no escalation without a
-    recurring finding), or a re-test chosen by its interval alone (the other fix here)."""
+    recurring finding), or a re-test chosen by its interval alone, or by any critical finding (the other fix here,
+    proposed for dead groups: a symptom, critical in stages 1 and 3)."""
     from harness.decisions import carried_nothing, escalate, fingerprint
     from harness.memory import history
     from harness.results import Decided, SetUp
@@ -179,11 +180,13 @@ def test_two_stages_that_carried_nothing_escalate_to_the_fix_for_their_critical_
             rationale=("grpo.dead_groups on all: skill raise-num-generations-on-dead-groups" if j == 1 else
                        "grpo.policy_regressed on all: skill lower-learning-rate-on-regression"),
             skill="raise-num-generations-on-dead-groups" if j == 1 else "lower-learning-rate-on-regression"))
+    dead = Finding(code="grpo.dead_groups", severity="critical", count=8, rate=0.7)  # a symptom, critical too
+    run.store.record_findings("r", 1, [dead])
     run.store.record_findings("r", 2, [Finding(code="grpo.policy_regressed", severity="critical", count=8, rate=0.2)])
     other = Candidate(id="x", stage=3, change=Change(kind="recipe", knob="recipe.temperature", value=0.9),
                       old_value=0.5, rationale="the engineer's next skill")
     diag = Diagnosis(task="mapf", stage=3, state=run.workspace().head(), history=history(run),
-                     findings=[Finding(code="grpo.dead_groups", severity="warn", count=8, rate=0.3)])
+                     findings=[dead])
     run.save_result(1, Decided(next_policy="ckpt/s1-control"))  # stage 1 carried its control arm
     run.save_result(2, Decided(next_policy="ckpt/s1-control"))
     assert carried_nothing(run, 3) == [2]
