@@ -192,6 +192,7 @@ def carried_nothing(run: Run, k: int) -> list[int]:
 
 
 RECURRING = ("grpo.policy_regressed",)  # the critical findings whose recurrence escalates
+IDLE_STAGES = 2  # after this many stages in a row that carried no trained checkpoint, the next stage escalates
 
 
 def _causes(run: Run, k: int, diagnosis: Any, idle: list[int]) -> set[str]:
@@ -206,7 +207,6 @@ def _causes(run: Run, k: int, diagnosis: Any, idle: list[int]) -> set[str]:
         found += run.store.findings(run.id, stage=j)
     roots = {f.code for f in found if f.code in ROOT_CAUSES}
     return roots or {f.code for f in found if f.severity == "critical"}
-IDLE_STAGES = 2  # after this many stages in a row that carried no trained checkpoint, the next stage escalates
 
 
 def escalate(run: Run, k: int, diagnosis: Any, candidates: list[Any], slots: int) -> list[Any]:
