@@ -129,6 +129,18 @@ class ScaleConfig(_Strict):
     arm_resources: ArmResources = Field(default_factory=ArmResources)
     max_retries: int = Field(2, ge=0, le=10, description="times an arm is started again when its worker dies "
                              "(killed, out of memory); an arm that raises is not retried: its decision fails")
+    threads: Literal["auto", "default"] | int = Field(
+        "auto", description="torch CPU threads of the run process (its training, probes and judging; Ray arms use "
+        "arm_resources.num_cpus): a number; 'default' leaves torch's; 'auto' measures 1, 2, 4, ... threads on the "
+        "run's model shape once per host and keeps the fastest (cached in $EVOTRAINER_HOME/threads.json). The "
+        "environment variable EVOTRAINER_THREADS overrides it")
+
+    @field_validator("threads")
+    @classmethod
+    def _threads_positive(cls, v):
+        if isinstance(v, int) and v < 1:
+            raise ValueError("scale.threads must be auto, default or a number of threads >= 1")
+        return v
 
 
 class EvalConfig(_Strict):

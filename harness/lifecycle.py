@@ -192,6 +192,14 @@ def _prepare(run_dir: Path, config: RunConfig, progress) -> Run:
     return run
 
 
+def _apply_threads(run: Run) -> None:
+    """The run process's torch threads (`harness.threads`), said once per start or resume."""
+    from harness.threads import apply_threads
+
+    n, why = apply_threads(run.config, run.task)
+    run.event(None, "setup", "threads", f"torch threads in the run process: {n} ({why})")
+
+
 def _announce_sandbox(run: Run) -> None:
     """Apply the run's isolation policy for evolved code and say, once per start, what confines it on this machine."""
     from harness.diagnostics import allow_unisolated
@@ -232,6 +240,7 @@ def _drive_prepared(run_dir: Path, config: RunConfig, progress, first_input: dic
                 first_input = {"run_id": run.id, "stage": 0, "log": []}
         run.store.set_run_status(run.id, "running")
         _announce_sandbox(run)
+        _apply_threads(run)
         try:
             out = _drive(run, first_input)
         except BaseException:

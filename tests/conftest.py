@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # idle OpenMP threads sleep: 2 shared cores
+# runs leave torch's threads as the test set them (harness/threads.py): no per-host measurement in the suite's
+# arithmetic; tests/test_threads.py unsets it to test `auto`
+os.environ.setdefault("EVOTRAINER_THREADS", "default")
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -1,0 +1,168 @@
+"""The run process's torch CPU threads (`scale.threads`): a number, `default` (leave torch's setting as it is), or
+`auto` (the default), measured once per host and model shape and cached in `$EVOTRAINER_HOME/threads.json`. The
+environment variable `EVOTRAINER_THREADS` (same values) overrides the config (the test suite sets `default`, so its
+arithmetic does not depend on the host's measurement).
+
+    n, why = apply_threads(run.config, run.task)     # at every start and resume of a run, before anything trains
+
+`auto` times the step's shapes (`policies.threads.time_threads`: a forward+backward and a decoding run over a
+GRPO-sized batch) at 1, 2, 4, ... threads up to the cores this process may use, on a randomly initialised model of the
+run's architecture, and keeps the fastest; a later run on the same host with the same model shape and torch version
+reads the cache. Why: for the project's small models the best count depends on the host (one thread about twice as
+fast as two on this AMD host for the tiny preset, two faster on the Intel host of earlier sessions), and torch's
+default (every core) was the slow one here. Models above AUTO_MAX_PARAMS, and runs on a GPU, keep torch's default.
+Arms on Ray use their own `arm_resources.num_cpus` threads, as before.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+AUTO_MAX_PARAMS = 50_000_000  # above this, matmuls are large enough to use every core: no measurement
+ENV = "EVOTRAINER_THREADS"
+
+
+def cores() -> int:
+    """CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def options(n_cores: int) -> list[int]:
+    """1, 2, 4, ... up to the cores, and the cores themselves."""
+    out, n = [], 1
+    while n < n_cores:
+        out.append(n)
+        n *= 2
+    return [*out, n_cores]
+
+
+def host_key() -> str:
+    """This machine as far as thread speed goes: CPU model, usable cores, torch version."""
+    import torch
+
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model or 'unknown-cpu'}|{cores()} cores|torch {torch.__version__}"
+
+
+def cache_path() -> Path:
+    from skills.library import home
+
+    return home() / "threads.json"
+
+
+def _read_cache() -> dict[str, Any]:
+    try:
+        return json.loads(cache_path().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_cache(data: dict[str, Any]) -> None:
+    p = cache_path()
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        tmp.replace(p)
+    except OSError:  # a read-only home: measure again next time
+        pass
+
+
+def _shape(config: Any) -> tuple[str, int]:
+    """(a signature of the model's shape, an estimate of its parameters) from a transformers config."""
+    h = int(getattr(config, "hidden_size", 0))
+    layers = int(getattr(config, "num_hidden_layers", 0))
+    mlp = int(getattr(config, "intermediate_size", 4 * h))
+    vocab = int(getattr(config, "vocab_size", 0))
+    params = layers * (4 * h * h + 3 * h * mlp) + vocab * h
+    return f"{type(config).__name__}:h{h}:l{layers}:m{mlp}:v{vocab}", params
+
+
+def _measurement_model(run_config: Any, task: Any):
+    """A model of the run's architecture with random weights (cheap at the sizes `auto` measures), or None with the
+    reason when `auto` keeps torch's default."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from policies.model import build_model
+
+    pol = run_config.policy
+    if pol.checkpoint:
+        try:
+            cfg = AutoConfig.from_pretrained(pol.checkpoint)
+        except Exception as exc:  # noqa: BLE001 - the policy's own load reports a bad checkpoint properly
+            return None, f"its config could not be read ({type(exc).__name__})"
+        sig, params = _shape(cfg)
+        if params > AUTO_MAX_PARAMS:
+            return None, f"a {params / 1e6:.0f}M-parameter model uses every core"
+        return (sig, lambda: AutoModelForCausalLM.from_config(cfg)), None
+    model, _ = build_model(pol.preset, task.spec.alphabet, words=list(task.spec.words))
+    sig, params = _shape(model.config)
+    if params > AUTO_MAX_PARAMS:
+        return None, f"a {params / 1e6:.0f}M-parameter model uses every core"
+    return (sig, lambda: model), None
+
+
+def apply_threads(run_config: Any, task: Any) -> tuple[int, str]:
+    """Set this process's torch threads from `scale.threads`; returns (threads, why) for the run's log."""
+    import torch
+
+    from policies import cpu_threads
+
+    env = os.environ.get(ENV, "").strip()
+    want = env or run_config.scale.threads
+    source = ENV if env else "scale.threads"
+    if want == "default":
+        return torch.get_num_threads(), f"{source}: default (as torch has it)"
+    if want != "auto":
+        try:
+            n = int(want)
+        except (TypeError, ValueError):
+            raise ValueError(f"{source} must be auto, default or a number of threads, not {want!r}") from None
+        if n < 1:
+            raise ValueError(f"{source} must be at least 1, not {n}")
+        cpu_threads(n)
+        return n, source
+    if torch.cuda.is_available():
+        return torch.get_num_threads(), "a GPU trains: torch's default"
+    n_cores = cores()
+    if n_cores <= 1:
+        cpu_threads(1)
+        return 1, "one core"
+    made, why = _measurement_model(run_config, task)
+    if made is None:
+        return torch.get_num_threads(), f"torch's default ({why})"
+    sig, build = made
+    key = f"{host_key()}|{sig}"
+    cache = _read_cache()
+    hit = cache.get(key)
+    if isinstance(hit, dict) and isinstance(hit.get("threads"), int) and 1 <= hit["threads"] <= n_cores:
+        cpu_threads(hit["threads"])
+        return hit["threads"], f"measured on this host for this model shape ({cache_path()})"
+    secs = time_threads_for(build(), options(n_cores))
+    best = min(secs, key=secs.get)
+    cache[key] = {"threads": best, "seconds": {str(k): round(v, 5) for k, v in secs.items()},
+                  "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    _write_cache(cache)
+    cpu_threads(best)
+    shown = ", ".join(f"{k}: {v * 1000:.0f} ms" for k, v in secs.items())
+    return best, f"measured now, per probe step {shown}; cached in {cache_path()}"
+
+
+def time_threads_for(model: Any, opts: list[int]) -> dict[int, float]:
+    from policies.threads import time_threads
+
+    return time_threads(model, opts)
