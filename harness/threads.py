@@ -11,7 +11,8 @@ run's architecture, and keeps the fastest; a later run on the same host with the
 reads the cache. Why: for the project's small models the best count depends on the host (one thread about twice as
 fast as two on this AMD host for the tiny preset, two faster on the Intel host of earlier sessions), and torch's
 default (every core) was the slow one here. Models above AUTO_MAX_PARAMS, and runs on a GPU, keep torch's default.
-Arms on Ray use their own `arm_resources.num_cpus` threads, as before.
+Arms on Ray use their own `arm_resources.num_cpus` threads, as before. The measurement is taken on the machine as it
+is at that moment: one taken while other jobs held the cores sticks until `threads.json` is deleted.
 """
 
 from __future__ import annotations
