@@ -122,16 +122,21 @@ def _cli(args: list[str], home: Path) -> subprocess.Popen:
                             stderr=subprocess.PIPE)
 
 
-def _run_status(db: Path, run_id: str) -> str | None:
+def _read_one(db: Path, sql: str, args: list[Any]) -> tuple | None:
+    """One row from a run.db another process may be writing (read-only; None when absent or unreadable)."""
     if not db.exists():
         return None
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
     try:
-        row = con.execute("SELECT status FROM runs WHERE id = ?", [run_id]).fetchone()
+        return con.execute(sql, args).fetchone()
     except sqlite3.Error:
         return None
     finally:
         con.close()
+
+
+def _run_status(db: Path, run_id: str) -> str | None:
+    row = _read_one(db, "SELECT status FROM runs WHERE id = ?", [run_id])
     return row[0] if row else None
 
 
@@ -185,16 +190,8 @@ def _sft_checkpoint_at_kill(run_dir: Path, run_id: str) -> int | None:
     from policies.train import latest_resume_checkpoint, resume_step
 
     db = run_dir / "run.db"
-    if not db.exists():
-        return None
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
-    try:
-        done = con.execute("SELECT 1 FROM nodes WHERE run = ? AND stage = 0 AND node = 'setup'", [run_id]).fetchone()
-    except sqlite3.Error:
-        done = None
-    finally:
-        con.close()
-    if done:
+    if not db.exists() or _read_one(db, "SELECT 1 FROM nodes WHERE run = ? AND stage = 0 AND node = 'setup'",
+                                    [run_id]):
         return None
     last = latest_resume_checkpoint(run_dir / "checkpoints" / RESUME_DIR)
     return resume_step(last) if last is not None else 0
