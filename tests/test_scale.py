@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -48,7 +49,10 @@ def _home(tmp_path_factory):
     """One EVOTRAINER_HOME for the module: the warm start is trained once and loaded from the cache after that."""
     old = os.environ.get("EVOTRAINER_HOME")
     os.environ["EVOTRAINER_HOME"] = str(tmp_path_factory.mktemp("home"))
+    key, value = TAG.split("=", 1)
+    os.environ[key] = value
     yield
+    os.environ.pop(key, None)
     if old is None:
         os.environ.pop("EVOTRAINER_HOME", None)
     else:
@@ -92,13 +96,19 @@ def _recorded_once(run_dir: Path, st: dict) -> None:
         assert len(list((run_dir / "tensorboard" / "s1" / name).glob("events.out.tfevents.*"))) == 1, name
 
 
+TAG = f"EVOTRAINER_TEST_SCALE={uuid.uuid4().hex}"  # in this module's environment: its clusters' workers inherit it
+
+
 def _ray_arm_pids() -> list[int]:
-    """Processes of Ray workers running an arm right now (Ray titles them `ray::arm:<name>`)."""
+    """Processes of THIS module's Ray workers running an arm right now (Ray titles them `ray::arm:<name>`; the
+    module's tag in their environment tells them from another Ray user's on the same machine, which the killer test
+    must never touch and the leak checks must not count)."""
     pids = []
     for p in Path("/proc").iterdir():
         if p.name.isdigit():
             try:
-                if (p / "cmdline").read_bytes().startswith(b"ray::arm:"):
+                if (p / "cmdline").read_bytes().startswith(b"ray::arm:") and \
+                        TAG.encode() in (p / "environ").read_bytes().split(b"\0"):
                     pids.append(int(p.name))
             except OSError:
                 pass
