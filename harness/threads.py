@@ -7,7 +7,7 @@ arithmetic does not depend on the host's measurement).
 
 `auto` times the step's shapes (`policies.threads.time_threads`: a forward+backward and a decoding run over a
 GRPO-sized batch) at 1, 2, 4, ... threads up to the cores this process may use, on a randomly initialised model of the
-run's architecture, and keeps the fastest; a later run on the same host with the same model shape and torch version
+run's architecture (10-20 s for the tiny preset on 2 cores), and keeps the fastest; a later run on the same host with the same model shape and torch version
 reads the cache. Why: for the project's small models the best count depends on the host (one thread about twice as
 fast as two on this AMD host for the tiny preset, two faster on the Intel host of earlier sessions), and torch's
 default (every core) was the slow one here. Models above AUTO_MAX_PARAMS, and runs on a GPU, keep torch's default.

@@ -7,7 +7,8 @@ Why measure: for the project's small models the answer depends on the host. On t
 threads were faster; on this AMD host one thread is about twice as fast as two for the tiny preset (BENCHMARKS.md,
 "Two arms side by side on one thread each"), because per-op threading overhead exceeds the work of a 1M-parameter
 matmul. The probe is what a GRPO step does, at the step's shapes: a forward+backward over a batch of sequences and a
-run of single-token forwards over the same batch (the decoding loop's shape). A few hundred milliseconds per option.
+run of single-token forwards over the same batch (the decoding loop's shape). About a second per probe for the tiny
+preset on this 2-core host, four probes per option: 10-20 seconds, once per host and model shape.
 """
 
 from __future__ import annotations
