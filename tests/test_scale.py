@@ -101,18 +101,12 @@ TAG = f"EVOTRAINER_TEST_SCALE={uuid.uuid4().hex}"  # in this module's environmen
 
 def _ray_arm_pids() -> list[int]:
     """Processes of THIS module's Ray workers running an arm right now (Ray titles them `ray::arm:<name>`; the
-    module's tag in their environment tells them from another Ray user's on the same machine, which the killer test
-    must never touch and the leak checks must not count)."""
-    pids = []
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit():
-            try:
-                if (p / "cmdline").read_bytes().startswith(b"ray::arm:") and \
-                        TAG.encode() in (p / "environ").read_bytes().split(b"\0"):
-                    pids.append(int(p.name))
-            except OSError:
-                pass
-    return pids
+    module's tag in their environment, found as the soak benchmark finds its own, tells them from another Ray user's
+    on the same machine, which the killer test must never touch and the leak checks must not count)."""
+    from harness.benchmarks.soak import tagged
+
+    var, value = TAG.split("=", 1)
+    return [x["pid"] for x in tagged(value, var=var) if x["cmd"].startswith("ray::arm:")]
 
 
 def test_ray_arms_match_local_arms(tmp_path):

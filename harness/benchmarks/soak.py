@@ -36,28 +36,27 @@ from typing import Any
 
 import yaml
 
-# Demo-sized stages, short: the demo's warm start (cached by `make demo`, else trained once, ~8 minutes), 6 GRPO steps
-# a stage, two candidates with 6-step arms side by side on Ray, a small judge and a small test each stage. An hour holds
-# dozens of stages, each exercising every node (probe, diagnostics in the sandbox, vet, arms, looks, gate, retention).
-SOAK: dict[str, Any] = {
-    "task": "mapf",
-    "name": "soak",
-    "seed": 0,
-    "policy": {"preset": "tiny"},
-    "env": {"min_distance": 1, "sizes": [
-        {"size": 3, "data_ratio": 0.34, "hole_ratio": 0.2, "wait_ratio": 0.5, "agents": 2},
-        {"size": 4, "data_ratio": 0.33, "hole_ratio": 0.2, "wait_ratio": 0.5, "agents": 2},
-        {"size": 5, "data_ratio": 0.33, "hole_ratio": 0.2, "wait_ratio": 0.5, "agents": 2}]},
-    "warm_start": {"sft_examples": 3000, "sft_steps": 700},
-    "recipe": {"steps": 6, "batch_size": 64, "num_generations": 8, "learning_rate": 1.0e-4, "temperature": 0.5,
-               "beta": 0.0, "warmup_ratio": 0.1, "lr_schedule": "constant", "max_completion_length": 96},
-    "reward": {"partial_credit": 0.0, "format_penalty": 0.0, "optimal_bonus": 0.0},
-    "stage": {"train_instances": 256, "probe_n": 16, "probe_samples": 4, "candidates": 2},
+# The demo's config (`examples/mapf_quick.yaml`: its tiny preset, target and warm start, cached by `make demo`), with
+# short stages: 6 GRPO steps, two candidates with 6-step arms side by side on Ray, a small judge and a small test each
+# stage, the healthy learning rate. An hour holds dozens of stages, each exercising every node (probe, diagnostics in
+# the sandbox, vet, arms, looks, gate, retention).
+SOAK_OVERRIDES: dict[str, dict[str, Any]] = {
+    "recipe": {"steps": 6, "learning_rate": 1.0e-4},
+    "stage": {"train_instances": 256, "probe_n": 16, "candidates": 2},
     "backtest": {"arm_steps": 6, "n": 48, "samples": 2},
-    "engineer": {"kind": "rule"},
-    "scale": {"backend": "ray"},
     "eval": {"suite": "duo", "limit": 60},
 }
+
+
+def default_config() -> dict[str, Any]:
+    from harness.benchmarks.run import DEMO_CONFIG
+
+    cfg = yaml.safe_load(DEMO_CONFIG.read_text())
+    cfg["name"] = "soak"
+    for section, values in SOAK_OVERRIDES.items():
+        cfg[section] = {**(cfg.get(section) or {}), **values}
+    return cfg
+
 
 TAG_VAR = "EVOTRAINER_SOAK_TAG"
 
@@ -117,9 +116,9 @@ def _stages_done(db: Path, run_id: str) -> int:
     return int(row[0]) if row else 0
 
 
-def tagged(tag: str, exclude: set[int] | None = None) -> list[dict[str, Any]]:
-    """Live processes whose environment carries `TAG_VAR=tag` (this soak's descendants, orphaned or not)."""
-    needle = f"{TAG_VAR}={tag}".encode()
+def tagged(tag: str, exclude: set[int] | None = None, var: str = TAG_VAR) -> list[dict[str, Any]]:
+    """Live processes whose environment carries `var=tag` (this soak's descendants, orphaned or not)."""
+    needle = f"{var}={tag}".encode()
     out = []
     for d in os.listdir("/proc"):
         if not d.isdigit() or int(d) in (exclude or set()):
@@ -173,7 +172,7 @@ def growth(rows: list[dict[str, Any]], settle: int) -> dict[str, Any]:
 
 def main(config: Path | None = None, minutes: float = 60.0, every: float = 30.0, out: Path | None = None,
          settle: int = 3) -> dict[str, Any]:
-    cfg = yaml.safe_load(Path(config).read_text()) if config else json.loads(json.dumps(SOAK))
+    cfg = yaml.safe_load(Path(config).read_text()) if config else default_config()
     cfg.setdefault("budget", {})
     cfg["budget"].update(wall_clock=f"{int(minutes * 60)}s", stages=max(int(cfg["budget"].get("stages") or 0), 10000))
     cfg["budget"].pop("plateau", None)
