@@ -190,3 +190,46 @@ def test_arm_noise_widens_the_bounds_and_the_detectable_effect():
     assert noisy.evidence.ci_low < plain.evidence.ci_low - 0.03 and noisy.evidence.mde > plain.evidence.mde + 0.05
     warn = max_evidence_warning(GateConfig(arm_noise_sd=0.04, max_pairs=1).plan(400))
     assert warn and "at any n" in warn
+
+
+def _pair(control: list[float], candidate: list[float], train_s: float = 10.0, judge_s: float = 4.0):
+    """A calibration arm pair with given per-instance outcomes (no training: `walk` only reads them)."""
+    from types import SimpleNamespace
+
+    from harness.backtest import ArmEval
+    from harness.benchmarks.calibration import Pair
+
+    sd = [int(s) for s in seeds("backtest", len(control), start=9000)]
+    ev = {name: SimpleNamespace(eval=ArmEval(seeds=sd, outcomes=list(xs), slices=[{}] * len(xs)))
+          for name, xs in (("control", control), ("candidate", candidate))}
+    return Pair(ev, {}, train_s, judge_s, 0.0, 0.0)
+
+
+def test_calibration_walk_stops_a_clear_loser_early_and_pools_new_pairs_like_the_loop():
+    """The calibration benchmark's sequential procedure (`walk`): a clear loser is refuted at the first look, judged
+    on a quarter of the pair's instances and charged for those only; an A/A pair that stays inconclusive gets a new
+    pair (trained on demand) whose evidence is pooled with the first (the looks' `pairs` grow) up to max_pairs.
+    Would catch: charging the full pair's judging for an early stop, never asking for a second pair, or a second pair
+    judged without the first's evidence."""
+    from harness.benchmarks.calibration import walk
+
+    gate = GateConfig(min_effect=0.02, arm_noise_sd=0.012, max_pairs=3)
+    plan = gate.plan(160)
+    rng = np.random.default_rng(5)
+    base = rng.uniform(0.2, 0.6, size=160)
+    loser = _pair(list(base), list(np.clip(base - 0.3, 0, 1)))
+    w = walk([loser], lambda p: pytest.fail("a clear loser needs no second pair"), {}, {}, gate, plan, "j", 4, "c")
+    assert w.verdict.decision == "rejected" and w.pairs == 1 and w.instances == plan.min_n == 40
+    assert w.seconds == pytest.approx(10.0 + 4.0 * 40 / 160)
+
+    def aa() -> object:
+        c = rng.integers(0, 5, size=160) / 4
+        return _pair(list(c), list(np.clip(c + rng.choice([-0.25, 0.0, 0.25], size=160), 0, 1)))
+
+    trained = []
+    w = walk([aa()], lambda p: trained.append(p) or aa(), {}, {}, gate, plan, "j", 4, "c")
+    assert w.verdict.decision in ("inconclusive", "rejected")
+    assert trained == list(range(1, w.pairs)) and w.pairs >= 2, "an undecided first pair gets a re-test pair"
+    looks = w.verdict.evidence.looks
+    assert max(x["pairs"] for x in looks) == w.pairs and looks[-1]["n"] == w.instances, "pairs pooled"
+    assert w.seconds == pytest.approx(10.0 * w.pairs + 4.0 * w.instances / 160)

@@ -5,14 +5,22 @@ change, and the CPU cost of one decision.
     evotrainer bench calibration --mode power --decisions 10       # every rejection is a miss
     python -m harness.benchmarks.calibration
 
-Each decision is one `decision()`: two `harness.scale.ArmJob`s run by `harness.scale.execute_arm` (train, save,
-reload, judge), the job and the function the live loop submits for its arms (`harness.arms`), and one call of
+Each decision is judged by BOTH procedures on the same arms, side by side:
+- **sequential** (the live loop's, `walk`): looks at `gate.plan(backtest.n).schedule()` prefixes of an arm pair,
+  stopping when the decision is clear; a look that asks for a new pair trains one (new arm, training and backtest
+  seeds) and pools the earlier pairs' evidence, as the loop's re-test of an inconclusive change does, up to
+  `gate.max_pairs` pairs. Its cost: the pairs it trained plus the judging of the instances its looks used.
+- **fixed**: the first pair, one look at all `backtest.n` instances (the gate before the sequential procedure: one
+  arm pair, one test at the gate's confidence; what the issue's "95 CPU-seconds per decision" paid).
+Every pair is two `harness.scale.ArmJob`s run by `harness.scale.execute_arm` (train, save, reload, judge), the job
+and the function the live loop submits for its arms (`harness.arms`); every look is one call of
 `harness.backtest.verdicts`, the loop's verdict function. The run config fixes the arm length, recipe, reward, judge
 (backtest.env / samples / temperature, fixed as a run fixes it) and gate. The start checkpoint is the config's own SFT
 warm start (the warm-start cache: the same checkpoint `make demo` trains or loads).
 
 - `aa`: control and candidate are the SAME harness (the config's round 0); only training randomness differs (arm
-  seeds 2d and 2d+1), and both are judged on the same fresh backtest seeds. Every promotion is a false one.
+  seeds 2q and 2q+1 for the q-th pair of the benchmark), and both are judged on the same fresh backtest seeds.
+  Every promotion is a false one.
 - `power`: a planted change with a known real benefit; the candidate is the config's round-0 harness, the control is
   a broken copy of it (paired design as in the loop: same arm seed). Every rejection is a miss. `--planted`:
   - `lr` (default): the control's learning rate is doubled (`PLANTED_LR_FACTOR`), the setting measured to collapse
@@ -20,7 +28,10 @@ warm start (the warm-start cache: the same checkpoint `make demo` trains or load
   - `env`: the control trains only on boards the evaluation does not contain (`PLANTED_ENV`: 7x7 boards, which the
     warm start almost never solves, so its groups give no gradient and it stays at the start).
 
-Prints grep-able `key: value` lines and one `decision:` line per decision; writes `calibration-<mode>.json` in `--out`.
+Prints grep-able `key: value` lines, one `pair:` line per arm pair and one `decision:` line per decision; writes
+`calibration-<mode>-<first>.json` in `--out`. `python -m harness.benchmarks.calibration merge A.json B.json` sums
+runs split with `--first` (rates with Wilson intervals, seconds per decision of both procedures, their ratio, the
+arm-training noise implied by the A/A pairs' full-n effects).
 """
 
 from __future__ import annotations
@@ -28,13 +39,14 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 import yaml
 
-from harness.backtest import read_harness, verdicts
+from harness.backtest import judge_fingerprint, prior_pairs, read_harness, verdicts
 from harness.records import Verdict
 from harness.scale import ArmJob, ArmOutput, execute_arm, policy_loader
 from harness.seeds import check_split, seeds
@@ -91,12 +103,21 @@ class Decision(NamedTuple):
     compute: dict[str, float]  # both arms: seconds (load + train + save + judging), tokens, steps
 
 
-def decision(start: Path, control_files: dict[str, str], candidate_files: dict[str, str], task: Any, style: str,
-             steps: int, train_seeds: list[int], eval_seeds: list[int], gate, judge, out: Path, candidate_id: str,
-             arm_seeds: tuple[int, int] = (0, 0), backend: str = "transformers") -> Decision:
-    """One decision as the loop makes it: a control and a candidate `ArmJob` from the same start checkpoint, the same
-    training seeds and the same fresh backtest seeds (`eval_seeds`, drawn by the caller per decision), each run by
-    `execute_arm` in this process, then `verdicts`."""
+class Pair(NamedTuple):
+    arms: dict[str, ArmOutput]  # control, candidate
+    checkpoints: dict[str, Path]
+    train_seconds: float  # both arms: load + train + save
+    judge_seconds: float  # both arms, on every eval instance
+    tokens: float
+    steps: float
+
+
+def train_pair(start: Path, control_files: dict[str, str], candidate_files: dict[str, str], task: Any, style: str,
+               steps: int, train_seeds: list[int], eval_seeds: list[int], judge, out: Path,
+               arm_seeds: tuple[int, int] = (0, 0), backend: str = "transformers") -> Pair:
+    """One arm pair as the loop trains it: a control and a candidate `ArmJob` from the same start checkpoint, the same
+    training seeds and the same fresh backtest seeds (`eval_seeds`, drawn by the caller), each run by `execute_arm`
+    in this process (train, save, reload, judge)."""
     from policies.model import load_policy, save_policy
 
     check_split(list(train_seeds), "train")  # before any compute is spent
@@ -104,7 +125,7 @@ def decision(start: Path, control_files: dict[str, str], candidate_files: dict[s
     eval_instances = [task.generate(judge.config(task), s) for s in eval_seeds]
     arms: dict[str, ArmOutput] = {}
     ckpts: dict[str, Path] = {}
-    evals, seconds = {}, 0.0
+    train_s = judge_s = 0.0
     for name, files, seed in (("control", control_files, arm_seeds[0]), ("candidate", candidate_files, arm_seeds[1])):
         env, recipe, _ = read_harness(files, task)
         used = list(train_seeds)[: steps * recipe.prompts_per_step]
@@ -120,14 +141,66 @@ def decision(start: Path, control_files: dict[str, str], candidate_files: dict[s
 
         model, tok = load_policy(start)
         arms[name] = execute_arm(job, model, tok, save, policy_loader(ckpts[name], backend))
-        evals[name] = arms[name].eval
-        seconds += saved[0] - t0 + arms[name].eval.seconds
+        train_s += saved[0] - t0
+        judge_s += arms[name].eval.seconds
+    return Pair(arms, ckpts, train_s, judge_s,
+                float(sum(a.metrics.tokens_generated + a.eval.tokens for a in arms.values())),
+                float(sum(len(a.metrics.steps) for a in arms.values())))
+
+
+def decision(start: Path, control_files: dict[str, str], candidate_files: dict[str, str], task: Any, style: str,
+             steps: int, train_seeds: list[int], eval_seeds: list[int], gate, judge, out: Path, candidate_id: str,
+             arm_seeds: tuple[int, int] = (0, 0), backend: str = "transformers") -> Decision:
+    """One arm pair (`train_pair`) judged at one look on all of `eval_seeds` by `verdicts`, the loop's verdict
+    function (the gate's plan at that n)."""
+    pair = train_pair(start, control_files, candidate_files, task, style, steps, train_seeds, eval_seeds, judge, out,
+                      arm_seeds, backend)
+    evals = {name: a.eval for name, a in pair.arms.items()}
     [verdict] = verdicts(evals["control"], control_files, [(candidate_id, candidate_files, evals["candidate"])], gate,
                          rng=lambda i: np.random.default_rng(0), samples=judge.samples)
-    compute = {"seconds": seconds,
-               "tokens": float(sum(a.metrics.tokens_generated + a.eval.tokens for a in arms.values())),
-               "steps": float(sum(len(a.metrics.steps) for a in arms.values()))}
-    return Decision(verdict, arms, ckpts, compute)
+    compute = {"seconds": pair.train_seconds + pair.judge_seconds, "tokens": pair.tokens, "steps": pair.steps}
+    return Decision(verdict, pair.arms, pair.checkpoints, compute)
+
+
+class Walk(NamedTuple):
+    verdict: Verdict  # the last look's
+    pairs: int  # arm pairs trained
+    instances: int  # instances judged, all pairs
+    seconds: float  # CPU-seconds spent: the pairs' training + the judging of the instances the looks used
+
+
+def walk(pairs: list[Pair], more: Callable[[int], Pair], control_files: dict[str, str],
+         candidate_files: dict[str, str], gate, plan, judge_fp: str, samples: int, candidate_id: str) -> Walk:
+    """The loop's sequential decision over arm pairs judged on `plan.max_n` instances each: looks at the schedule's
+    prefixes of each pair (`plan.min_n`, then every `plan.batch`), each through `verdicts` with the earlier pairs'
+    evidence pooled (`prior_pairs`, as a re-test pools in the loop); a look that says `new_pair` gets the next pair
+    (`pairs[p]`, else `more(p)` trains it). Judging is charged per instance used (each pair was judged once on all
+    `max_n`; its judge seconds pro rata), training per pair trained."""
+    prior: list[Any] = []
+    looks: list[dict[str, Any]] = []
+    seconds = 0.0
+    used = 0
+    p = 0
+    while True:
+        pair = pairs[p] if p < len(pairs) else more(p)
+        if p >= len(pairs):
+            pairs.append(pair)
+        seconds += pair.train_seconds
+        control, candidate = pair.arms["control"].eval, pair.arms["candidate"].eval
+        for m in plan.schedule():
+            [v] = verdicts(control.prefix(m), control_files, [(candidate_id, candidate_files, candidate.prefix(m))],
+                           gate, samples=samples, plan=plan, judge=judge_fp, prior={candidate_id: prior},
+                           looks={candidate_id: looks}, comparisons=1)
+            looks = v.evidence.looks if v.evidence is not None else looks
+            step = v.evidence.next_step if v.evidence is not None else "stop"
+            if v.decision != "inconclusive" or step != "more_instances":
+                break
+        used += m
+        seconds += pair.judge_seconds * m / max(1, len(control.seeds))
+        if v.decision != "inconclusive" or step != "new_pair" or p + 1 >= plan.max_pairs:
+            return Walk(v, p + 1, used, seconds)
+        prior += prior_pairs([v.evidence], judge_fp)[0]
+        p += 1
 
 
 def run(config: str | Path = DEFAULT_CONFIG, decisions: int = 40, mode: str = "aa",
@@ -169,46 +242,120 @@ def run(config: str | Path = DEFAULT_CONFIG, decisions: int = 40, mode: str = "a
     steps = cfg.backtest.arm_steps
     rows_per_arm = steps * recipe.prompts_per_step
     first_train = cfg.warm_start.sft_examples + 100_000  # beyond any warm-start demonstration
-    rows: list[dict[str, Any]] = []
-    hits = 0
-    for d in range(first, first + decisions):
-        train_seeds = seeds("train", rows_per_arm, start=first_train + d * rows_per_arm)
-        eval_seeds = seeds("backtest", cfg.backtest.n, start=d * cfg.backtest.n)  # fresh held-out seeds per decision
-        arm_seeds = (2 * d, 2 * d + 1) if mode == "aa" else (d, d)
-        res = decision(start, control_files, files, task, cfg.style, steps, train_seeds, eval_seeds, cfg.gate, judge,
-                       out / "arms" / f"d{d:03d}", candidate_id=f"{mode}-{d:03d}", arm_seeds=arm_seeds,
-                       backend=cfg.policy.backend)
-        shutil.rmtree(out / "arms" / f"d{d:03d}")  # arm checkpoints are not needed after the verdict
-        v, ev = res.verdict, res.verdict.evidence
-        hits += v.decision == "promoted"
-        row = {"decision": d, "promoted": v.decision == "promoted", "control": ev.control, "candidate": ev.candidate,
-               "greedy_control": ev.greedy_control, "greedy_candidate": ev.greedy_candidate, "effect": ev.effect,
-               "ci_low": ev.ci_low, "ci_high": ev.ci_high, "mde": ev.mde, "n": ev.n,
-               "seconds": res.compute["seconds"], "tokens": res.compute["tokens"], "reason": v.reason}
-        rows.append(row)
-        print(f"decision: {d}  promoted: {row['promoted']}  control: {ev.control:.3f}  candidate: {ev.candidate:.3f}  "
-              f"effect: {ev.effect:+.3f}  ci_low: {ev.ci_low:+.3f}  mde: {ev.mde:+.3f}  "
-              f"greedy: {ev.greedy_control:.3f}->{ev.greedy_candidate:.3f}  seconds: {row['seconds']:.1f}", flush=True)
-    from harness.benchmarks.ladder import wilson
+    from harness.sequential import Plan
 
-    lo, hi = wilson(hits, decisions)
-    k = len(rows) or 1
-    summary = {"mode": mode, "planted": planted if mode == "power" else None, "first": first, "config": str(config), "decisions": decisions, "promotions": hits,
-               "promotion_rate": hits / max(1, decisions), "promotion_rate_ci95": f"[{lo:.3f}, {hi:.3f}]",
-               "arm_steps": steps, "eval_n": cfg.backtest.n, "samples": judge.samples,
-               "judge_temperature": judge.temperature, "confidence": cfg.gate.confidence,
-               "min_effect": cfg.gate.min_effect, "slice_tolerance": cfg.gate.slice_tolerance,
-               "mean_control": sum(r["control"] for r in rows) / k,
-               "mean_effect": sum(r["effect"] for r in rows) / k,
-               "mean_abs_effect": sum(abs(r["effect"]) for r in rows) / k,
-               "mean_mde": sum(r["mde"] for r in rows) / k,
-               "seconds_per_decision": sum(r["seconds"] for r in rows) / k,
-               "seconds_total": time.perf_counter() - t0, "threads": threads}
+    plan = cfg.gate.plan(cfg.backtest.n)
+    fixed = Plan(**{**plan.model_dump(), "max_pairs": 1, "min_n": plan.max_n, "batch": plan.max_n})
+    fp = judge_fingerprint(judge, cfg.gate, task.name)
+    print(f"plan: looks at {plan.schedule()} instances of each of up to {plan.max_pairs} arm pairs; "
+          f"fixed: one pair, one look at {fixed.max_n}", flush=True)
+    rows: list[dict[str, Any]] = []
+    for d in range(first, first + decisions):
+        def pair(p: int, d: int = d) -> Pair:
+            q = d * plan.max_pairs + p  # every pair of every decision: its own training, arm and backtest seeds
+            res = train_pair(start, control_files, files, task, cfg.style, steps,
+                             seeds("train", rows_per_arm, start=first_train + q * rows_per_arm),
+                             seeds("backtest", plan.max_n, start=q * plan.max_n), judge,
+                             out / "arms" / f"d{d:03d}p{p}", (2 * q, 2 * q + 1) if mode == "aa" else (q, q),
+                             cfg.policy.backend)
+            shutil.rmtree(out / "arms" / f"d{d:03d}p{p}")  # arm checkpoints are not needed after judging
+            print(f"pair: {d}.{p}  control: {res.arms['control'].eval.valid:.3f}  candidate: "
+                  f"{res.arms['candidate'].eval.valid:.3f}  train_s: {res.train_seconds:.1f}  judge_s: "
+                  f"{res.judge_seconds:.1f}", flush=True)
+            return res
+
+        pairs = [pair(0)]
+        cid = f"{mode}-{d:03d}"
+        c0, k0 = pairs[0].arms["control"].eval, pairs[0].arms["candidate"].eval
+        [fv] = verdicts(c0, control_files, [(cid, files, k0)], cfg.gate, samples=judge.samples, plan=fixed,
+                        judge=fp, comparisons=1)
+        w = walk(pairs, pair, control_files, files, cfg.gate, plan, fp, judge.samples, cid)
+        sv, fe, se = w.verdict, fv.evidence, w.verdict.evidence
+        row = {"decision": d,
+               "fixed": {"decision": fv.decision, "effect": fe.effect, "ci_low": fe.ci_low, "mde": fe.mde,
+                         "seconds": pairs[0].train_seconds + pairs[0].judge_seconds},
+               "sequential": {"decision": sv.decision, "effect": se.effect if se else None,
+                              "ci_low": se.ci_low if se else None, "ci_high": se.ci_high if se else None,
+                              "pairs": w.pairs, "instances": w.instances, "seconds": w.seconds,
+                              "looks": se.looks if se else [], "reason": sv.reason},
+               "pairs": [{"control": x.arms["control"].eval.valid, "candidate": x.arms["candidate"].eval.valid,
+                          "effect": x.arms["candidate"].eval.valid - x.arms["control"].eval.valid,
+                          "greedy_control": float(np.mean(x.arms["control"].eval.greedy or [0.0])),
+                          "greedy_candidate": float(np.mean(x.arms["candidate"].eval.greedy or [0.0])),
+                          "diff_var": float(np.var(np.subtract(x.arms["candidate"].eval.outcomes,
+                                                               x.arms["control"].eval.outcomes), ddof=1)),
+                          "train_seconds": x.train_seconds, "judge_seconds": x.judge_seconds, "n": plan.max_n}
+                         for x in pairs]}
+        rows.append(row)
+        (out / f"calibration-{mode}-{first}.json").write_text(json.dumps({  # after every decision: a stopped run counts
+            "summary": {"mode": mode, "planted": planted if mode == "power" else None, "partial": True},
+            "decisions": rows}, indent=1))
+        print(f"decision: {d}  fixed: {fv.decision} {fe.effect:+.3f} (lo {fe.ci_low:+.3f}, "
+              f"{row['fixed']['seconds']:.0f} s)  sequential: {sv.decision} "
+              f"{se.effect if se else float('nan'):+.3f} (lo {se.ci_low if se else float('nan'):+.3f}) after "
+              f"{w.pairs} pair(s), {w.instances} instances, {w.seconds:.0f} s", flush=True)
+    summary = summarise(rows, mode, planted, plan)
+    summary.update({"first": first, "config": str(config), "arm_steps": steps, "eval_n": plan.max_n,
+                    "samples": judge.samples, "judge_temperature": judge.temperature,
+                    "confidence": cfg.gate.confidence, "min_effect": cfg.gate.min_effect,
+                    "arm_noise_sd": cfg.gate.arm_noise_sd, "seconds_total": time.perf_counter() - t0,
+                    "threads": threads})
     (out / f"calibration-{mode}-{first}.json").write_text(json.dumps({"summary": summary, "decisions": rows}, indent=1))
     for key, val in summary.items():
         print(f"{key}: {val:.4f}" if isinstance(val, float) else f"{key}: {val}", flush=True)
     return summary
 
 
+def summarise(rows: list[dict[str, Any]], mode: str, planted: str, plan) -> dict[str, Any]:
+    """Rates (Wilson 95% intervals) and costs of both procedures over the decisions in `rows` (one run's, or several
+    runs' JSON `decisions` concatenated), and the arm-training noise implied by the pairs' full-n effects."""
+    from harness.benchmarks.ladder import wilson
+
+    k = len(rows)
+    out: dict[str, Any] = {"mode": mode, "planted": planted if mode == "power" else None, "decisions": k}
+    for proc in ("fixed", "sequential"):
+        for verdict in ("promoted", "rejected", "inconclusive"):
+            hits = sum(r[proc]["decision"] == verdict for r in rows)
+            lo, hi = wilson(hits, k)
+            out[f"{proc}_{verdict}"] = hits
+            out[f"{proc}_{verdict}_rate_ci95"] = f"{hits / max(1, k):.3f} [{lo:.3f}, {hi:.3f}]"
+        out[f"{proc}_seconds_per_decision"] = sum(r[proc]["seconds"] for r in rows) / max(1, k)
+    seq = [r["sequential"] for r in rows]
+    out["sequential_mean_pairs"] = sum(s["pairs"] for s in seq) / max(1, k)
+    out["sequential_mean_instances"] = sum(s["instances"] for s in seq) / max(1, k)
+    out["cost_ratio_fixed_over_sequential"] = out["fixed_seconds_per_decision"] / max(
+        1e-9, out["sequential_seconds_per_decision"])
+    pairs = [p for r in rows for p in r["pairs"]]
+    train = sum(p["train_seconds"] for p in pairs)
+    out["train_share_of_pair_seconds"] = train / max(1e-9, train + sum(p["judge_seconds"] for p in pairs))
+    effects = np.array([p["effect"] for p in pairs])
+    out["pair_effect_mean"] = float(effects.mean()) if len(effects) else float("nan")
+    out["pair_effect_sd"] = float(effects.std(ddof=1)) if len(effects) > 1 else float("nan")
+    if mode == "aa" and len(effects) > 1:  # var(pair effect) = arm noise^2 + instance variance / n
+        inst = float(np.mean([p["diff_var"] / p["n"] for p in pairs]))
+        out["arm_noise_sd_estimate"] = float(np.sqrt(max(0.0, out["pair_effect_sd"] ** 2 - inst)))
+        out["instance_se_per_pair"] = float(np.sqrt(inst))
+    return out
+
+
+def merge(paths: list[str]) -> dict[str, Any]:
+    """The summary over several runs' decisions (`--first` splits of one measurement), printed as `key: value`."""
+    docs = [json.loads(Path(x).read_text()) for x in paths]
+    modes = {(d["summary"]["mode"], d["summary"].get("planted")) for d in docs}  # partial files count too
+    if len(modes) != 1:
+        raise ValueError(f"cannot merge different measurements: {sorted(map(str, modes))}")
+    (mode, planted), = modes
+    firsts = [r["decision"] for d in docs for r in d["decisions"]]
+    if len(set(firsts)) != len(firsts):
+        raise ValueError("the files share decisions (same --first range): each decision may be counted once")
+    rows = [r for d in docs for r in d["decisions"]]
+    summary = summarise(rows, mode, planted or "lr", None)
+    for key, val in summary.items():
+        print(f"{key}: {val:.4f}" if isinstance(val, float) else f"{key}: {val}", flush=True)
+    return summary
+
+
 if __name__ == "__main__":
-    run()
+    import sys
+
+    merge(sys.argv[2:]) if sys.argv[1:2] == ["merge"] else run()
