@@ -25,7 +25,6 @@ fresh `backtest` seeds (a forward-only cursor in run.db), and the `test` split i
 
 from __future__ import annotations
 
-import operator
 import os
 import time
 from itertools import pairwise
@@ -64,6 +63,14 @@ from harness.stagebook import stage_metrics, stop_reason
 GATE_ACTIONS = ("approve", "revise", "abort")
 
 
+LOG_LINES = 60  # every LangGraph checkpoint stores the whole state: an unbounded list made each one grow per stage
+
+
+def recent(old: list[str], new: list[str]) -> list[str]:
+    """The state's `log` reducer: append, keep the last LOG_LINES lines."""
+    return [*(old or []), *(new or [])][-LOG_LINES:]
+
+
 class State(TypedDict, total=False):
     run_id: str
     stage: int
@@ -78,7 +85,7 @@ class State(TypedDict, total=False):
     done: bool
     stop_reason: str
     human: str  # what the human gate said this stage: auto (no gate), approve, revise, abort
-    log: Annotated[list[str], operator.add]  # one line per node, for the summary
+    log: Annotated[list[str], recent]  # the last LOG_LINES node lines (the full record: run.db's events)
 
 
 def _finish(run: Run, stage: int, result: NodeResult, t0: float, message: str) -> None:

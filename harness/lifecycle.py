@@ -48,11 +48,16 @@ def check_run_id(run_id: str) -> str:
 
 
 def _drive(run: Run, first_input: dict[str, Any] | None) -> dict[str, Any]:
-    from langgraph.checkpoint.sqlite import SqliteSaver
+    from harness.graphstore import BoundedSqliteSaver, prune
 
     conn = sqlite3.connect(run.run_dir / "graph.db", check_same_thread=False)
     try:
-        graph = build_graph(run, SqliteSaver(conn))
+        saver = BoundedSqliteSaver(conn)
+        saver.setup()
+        if dropped := prune(conn, run.id):  # a graph.db written before checkpoints were bounded
+            run.event(None, "resume", "graph_pruned", f"graph.db: {dropped} old LangGraph checkpoints deleted (a "
+                      f"resume needs only the latest)")
+        graph = build_graph(run, saver)
         cfg = {"configurable": {"thread_id": run.id}, "recursion_limit": 10_000}
         return graph.invoke(first_input, cfg, durability="sync")
     finally:
