@@ -220,6 +220,47 @@ def test_train_eval_and_run_on_the_chat_checkpoint(chat_ckpt, tmp_path):
     assert res.exit_code == 0 and f"checkpoints: {len(want)} (" in res.output and "disk_mb: " in res.output
 
 
+def test_an_experiment_arm_and_the_policy_as_its_own_engineer_on_the_chat_checkpoint(chat_ckpt, tmp_path,
+                                                                                      monkeypatch):
+    """`evotrainer experiment` on the chat checkpoint: a baseline arm and the evolved arm whose engineer is the policy
+    itself (`engineer.model_path: policy`), both from the experiment's one warm start, at equal compute. The policy
+    (random weights) writes no valid proposal, so every reply is a recorded rejection with its reason, the rule
+    engineer steps in, and the stage goes on. Would catch: the experiment's shared warm start losing the chat
+    template, the policy engineer unable to load a BPE chat checkpoint or prompt it, or a bad reply failing the run."""
+    monkeypatch.setenv("EVOTRAINER_HOME", str(tmp_path / "home"))
+    run = {"task": "math", "name": "chatx", "policy": {"checkpoint": str(chat_ckpt)},
+           "warm_start": {"sft_examples": 16, "sft_steps": 2},
+           "recipe": {"steps": 1, "batch_size": 8, "num_generations": 4, "max_completion_length": 8},
+           "budget": {"stages": 1}, "stage": {"train_instances": 8, "probe_n": 4, "probe_samples": 2, "candidates": 1},
+           "backtest": {"arm_steps": 1, "n": 8, "samples": 1},
+           "engineer": {"kind": "llm", "model_path": "policy", "max_tokens": 16, "max_retries": 0},
+           "eval": {"suite": "small", "limit": 4}}
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(yaml.safe_dump({"run": run, "arms": ["fixed-template", "evolved-llm"], "seeds": 1}))
+    out = tmp_path / "out"
+    res = runner.invoke(app, ["experiment", str(exp), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    evo = json.loads((out / "evolved-llm" / "seed0" / "result.json").read_text())
+    base = json.loads((out / "fixed-template" / "seed0" / "result.json").read_text())
+    assert base["budget"] == round(evo["compute"]) and len(base["curve"]) == len(evo["curve"]) == 1
+    from harness.store import RunStore
+
+    run_dir = Path(evo["run_dir"])
+    assert load_tokenizer(Path(run_dir) / "checkpoints" / "warmstart").chat_template == QWEN_CHAT_TEMPLATE
+    store = RunStore.open(run_dir / "run.db")
+    try:
+        rid = store.runs()[0]
+        propose = store.node_result(rid, 1, "propose")
+        rejected = [e["message"] for e in store.events(rid, kind="reply_rejected")]
+        notes = [e["message"] for e in store.events(rid, kind="engineer_note")]
+    finally:
+        store.close()
+    assert propose["engineer"] == "rule" and propose["candidates"], propose
+    assert len(rejected) == 1 and rejected[0].startswith(("malformed JSON", "schema", "unknown knob", "the reply"))
+    assert any(n.startswith("llm engineer gave no valid proposal in 1 attempt") for n in notes), notes
+    assert "rule engineer stepped in" in notes
+
+
 # --- bad input: one line, before anything trains ----------------------------------------------------------------------
 
 

@@ -100,6 +100,21 @@ def test_llm_retry_with_reason_then_valid(lib):
     assert "rejected: out of range" in msgs[-1]["content"] and first["auth"] is None
 
 
+def test_a_thinking_models_draft_json_is_not_its_answer(lib):
+    """A thinking chat model (Qwen3, R1 behind vllm serve) writes `<think>...</think>` first, and may draft JSON in
+    it: the proposal is the JSON after the block. A reply that is all thinking (never closed within max_tokens) is a
+    recorded rejection naming the fix, and the retry's valid reply is used. Would catch the draft's out-of-range hole
+    ratio being parsed as the proposal (extract_json takes the first JSON object in the text)."""
+    draft = json.dumps({"candidates": [_one(value=0.95)]})
+    good = f"<think>maybe {draft}? no, out of range.</think>\n" + json.dumps(
+        {"candidates": [_one("recipe.temperature", 1.3)]})
+    with FakeEndpoint([f"<think>{draft} and more thoughts", good]) as ep:
+        res = propose(_cfg(ep.url), _diag(), lib, 2, np.random.default_rng(0), space=SPACE)
+    assert res.engineer_used == "llm" and [c.change.knob for c in res.candidates] == ["recipe.temperature"]
+    [bad] = res.rejected_replies
+    assert bad.reason.startswith("the reply is a <think> block") and "engineer.max_tokens" in bad.reason
+
+
 def test_the_llm_prompt_holds_the_skills_the_library_retrieves(lib):
     """In-family skills first, then other families' (matched by failure kind), with their evidence; a library
     without a matching skill adds no section. Before, the LLM engineer's prompt held no skills at all."""

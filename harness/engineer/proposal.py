@@ -256,12 +256,20 @@ MULTI_KEYS = ("changes", "knobs", "values", "patch", "patches")
 
 
 def extract_json(text: str) -> Any:
-    """The first JSON object or array in `text` (code fences and prose around it are ignored). Bounded: a reply over
+    """The first JSON object or array in `text` (code fences and prose around it are ignored; so is a leading
+    `<think>...</think>` block, `harness.tasks.split_think`). Bounded: a reply over
     MAX_REPLY_CHARS, JSON nested too deeply or numbers too long to convert are ProposalErrors, never other exceptions."""
     if not isinstance(text, str):
         raise ProposalError(f"the reply is not text ({type(text).__name__})")
     if len(text) > MAX_REPLY_CHARS:
         raise ProposalError(f"reply too long ({len(text)} chars > {MAX_REPLY_CHARS}): reply with one short JSON object")
+    from harness.tasks import split_think
+
+    answer, think = split_think(text)  # a thinking model's draft JSON inside <think>...</think> is not its answer
+    if think and not answer.strip():
+        raise ProposalError(f"the reply is a <think> block ({think} chars) with no answer after it (never closed, or "
+                            "nothing follows </think>): raise engineer.max_tokens, or reply with the JSON only")
+    text = answer
     dec = json.JSONDecoder()
     first_error = None
     for n, m in enumerate(re.finditer(r"[\[{]", text)):
