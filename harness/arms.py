@@ -49,6 +49,7 @@ def warm_start(run: Run) -> tuple[Path, int]:
     env); a preset's is cached across runs by settings, that env and code version (`harness.warmstart`). Returns (its
     path, demonstrations used)."""
     from harness import warmstart
+    from harness.threads import sft_threads
     from policies.model import build_model
     from policies.train import latest_resume_checkpoint, resume_step
 
@@ -77,7 +78,9 @@ def warm_start(run: Run) -> tuple[Path, int]:
             task, cfg.policy.preset or "", run.style, env, seeds, recipe, seed=cfg.seed,
             progress=progress_cb(run, 0, "setup"), model_tok=(model, tok) if cfg.policy.checkpoint else None,
             tensorboard_dir=run.run_dir / TENSORBOARD_DIR / "s0" / "sft",
-            resume_dir=run.path("checkpoints", warmstart.RESUME_DIR))
+            resume_dir=run.path("checkpoints", warmstart.RESUME_DIR),
+            threads=lambda tok, pairs: sft_threads(cfg, task, tok, pairs, recipe.sft_batch_size,
+                                                   say=lambda m: run.event(0, "setup", "threads", m)))
         if hit is not None:
             run.event(0, "setup", "cache", f"warm start loaded from the cache: {hit} (same settings and code version; "
                       "`evotrainer cache clear` or EVOTRAINER_WARMSTART_CACHE=0 retrains)", path=str(hit))

@@ -4,6 +4,7 @@ environment variable `EVOTRAINER_THREADS` (same values) overrides the config (th
 arithmetic does not depend on the host's measurement).
 
     n, why = apply_threads(run.config, run.task)     # at every start and resume of a run, before anything trains
+    with sft_threads(run.config, run.task, tok, pairs, batch=32):   # the SFT warm start's own choice, then back
 
 `auto` times the step's shapes (`policies.threads.time_threads`: a forward+backward and a decoding run over a
 GRPO-sized batch) at 1, 2, 4, ... threads up to the cores this process may use, on a randomly initialised model of the
@@ -11,7 +12,9 @@ run's architecture (10-20 s for the tiny preset on 2 cores), and keeps the faste
 reads the cache. Why: for the project's small models the best count depends on the host (one thread about twice as
 fast as two on this AMD host for the tiny preset, two faster on the Intel host of earlier sessions), and torch's
 default (every core) was the slow one here. Models above AUTO_MAX_PARAMS, and runs on a GPU, keep torch's default.
-Arms on Ray use their own `arm_resources.num_cpus` threads, as before. The measurement is taken on the machine as it
+Arms on Ray use their own `arm_resources.num_cpus` threads, as before. The SFT warm start is measured apart
+(`sft_threads`: its forward+backward at its batch and the demonstrations' length, no decoding) and runs at its own
+choice, then the run's count is restored. The measurement is taken on the machine as it
 is at that moment: one taken while other jobs held the cores sticks until `threads.json` is deleted.
 """
 
@@ -163,7 +166,63 @@ def apply_threads(run_config: Any, task: Any) -> tuple[int, str]:
     return best, f"measured now, per probe step {shown}; cached in {cache_path()}"
 
 
-def time_threads_for(model: Any, opts: list[int]) -> dict[int, float]:
+def time_threads_for(model: Any, opts: list[int], **shape: int) -> dict[int, float]:
     from policies.threads import time_threads
 
-    return time_threads(model, opts)
+    return time_threads(model, opts, **shape)
+
+
+def _auto_wanted(run_config: Any) -> bool:
+    env = os.environ.get(ENV, "").strip()
+    return (env or run_config.scale.threads) == "auto"
+
+
+def sft_threads(run_config: Any, task: Any, tok: Any, pairs: list[dict[str, str]], batch: int,
+                say=lambda msg: None):
+    """The SFT warm start's own thread count under `scale.threads: auto`, as a context manager that sets it for
+    the SFT and restores the run's count after: the SFT's forward+backward over `batch` demonstrations of their
+    median length is measured at 1, 2, ... threads (no decoding) and cached per host, model shape and that shape.
+    Why a second choice: the GRPO probe's small decode-dominated shapes chose 1 thread on this AMD host, where the
+    SFT's long fixed batches run faster on 2 (BENCHMARKS.md, "Threads chosen per host"). A number, `default`, a GPU,
+    one core or a large model: nothing changes (a no-op context). `say(message)` is called once with the choice."""
+    from contextlib import contextmanager, nullcontext
+
+    import torch
+
+    from policies import cpu_threads
+
+    if not _auto_wanted(run_config) or torch.cuda.is_available() or cores() <= 1 or not pairs:
+        return nullcontext()
+    made, why = _measurement_model(run_config, task)
+    if made is None:
+        return nullcontext()
+    sig, build = made
+    lengths = sorted(len(tok(x["prompt"] + x["completion"], add_special_tokens=False)["input_ids"])
+                     for x in pairs[:64])
+    seq = max(8, -(-lengths[len(lengths) // 2] // 16) * 16)  # the median, rounded up to 16 (a stable cache key)
+    key = f"{host_key()}|{sig}|sft:b{batch}:s{seq}"
+    cache = _read_cache()
+    hit = cache.get(key)
+    n_cores = cores()
+    if isinstance(hit, dict) and isinstance(hit.get("threads"), int) and 1 <= hit["threads"] <= n_cores:
+        best, why = hit["threads"], f"measured on this host for this model and SFT shape ({cache_path()})"
+    else:
+        secs = time_threads_for(build(), options(n_cores), batch=batch, seq=seq, decode_steps=0)
+        best = min(secs, key=secs.get)
+        cache[key] = {"threads": best, "seconds": {str(k): round(v, 5) for k, v in secs.items()},
+                      "measured": time.strftime("%Y-%m-%dT%H:%M:%S"), "phase": "sft"}
+        _write_cache(cache)
+        why = (f"measured now, per SFT step ({batch} x {seq} tokens) "
+               + ", ".join(f"{k}: {v * 1000:.0f} ms" for k, v in secs.items()) + f"; cached in {cache_path()}")
+    was = torch.get_num_threads()
+    say(f"torch threads for the SFT warm start: {best} ({why}); {was} again after it")
+
+    @contextmanager
+    def phase():
+        cpu_threads(best)
+        try:
+            yield best
+        finally:
+            cpu_threads(was)
+
+    return phase()

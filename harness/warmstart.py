@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import shutil
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -112,7 +113,7 @@ def save_every(sft_steps: int) -> int:
 
 def warm_start(task: Any, preset: str, style: str, env: Any, seeds: list[int], recipe: Any, seed: int = 0,
                progress=None, cacheable: bool = True, model_tok: tuple[Any, Any] | None = None,
-               tensorboard_dir=None, resume_dir=None):
+               tensorboard_dir=None, resume_dir=None, threads=None):
     """The SFT warm start of a preset model on expert demonstrations of `seeds` (train split) under `env`: loaded from
     the cache when an entry with the same key exists, else trained. Returns (model, tok, cache_hit_dir or None,
     key or None, SFTMetrics or None). `model_tok` (a model already built or loaded) is trained instead of a fresh
@@ -120,7 +121,10 @@ def warm_start(task: Any, preset: str, style: str, env: Any, seeds: list[int], r
 
     `resume_dir`: the SFT checkpoints itself there every `save_every(sft_steps)` steps (atomically) and a call after
     a kill continues from the last checkpoint (`policies.train.train_sft`). The caller removes the folder once the
-    warm start's result is saved (in a run, `harness.retention` does once setup is recorded)."""
+    warm start's result is saved (in a run, `harness.retention` does once setup is recorded).
+
+    `threads(tok, pairs)`: a context manager the SFT runs in when it trains (not on a cache hit), e.g. the SFT's own
+    torch thread count (`harness.threads.sft_threads`)."""
     from harness.policy_glue import sft_pairs
     from policies.model import build_model, load_policy
     from policies.train import train_sft
@@ -135,7 +139,8 @@ def warm_start(task: Any, preset: str, style: str, env: Any, seeds: list[int], r
             model, tok = load_policy(hit)
             return model, tok, hit, key, None
     model, tok = model_tok or build_model(preset, task.spec.alphabet, words=list(task.spec.words), seed=seed)
-    m = train_sft(model, tok, sft_pairs(task, env, list(seeds), style), recipe, progress=progress,
-                  tensorboard_dir=tensorboard_dir, resume_dir=resume_dir,
-                  save_every=save_every(recipe.sft_steps) if resume_dir is not None else 0)
+    pairs = sft_pairs(task, env, list(seeds), style)
+    with threads(tok, pairs) if threads is not None else nullcontext():
+        m = train_sft(model, tok, pairs, recipe, progress=progress, tensorboard_dir=tensorboard_dir,
+                      resume_dir=resume_dir, save_every=save_every(recipe.sft_steps) if resume_dir is not None else 0)
     return model, tok, None, key, m

@@ -72,3 +72,80 @@ def test_a_number_default_and_the_environment(restore_threads, monkeypatch):
 def test_a_bad_threads_value_names_the_field(bad):
     with pytest.raises(ConfigError, match="scale.threads"):
         parse_config({**TINY, "scale": {"threads": bad}}, "test")
+
+
+def test_the_sft_warm_start_gets_its_own_thread_choice_and_the_run_its_own_back(restore_threads, monkeypatch):
+    """Under auto the SFT's long fixed batches are measured apart from the GRPO probe (no decoding, the
+    demonstrations' median length) and may choose another count; it holds for the SFT only, then the run's count is
+    back; it is cached by that shape; a number or `default` changes nothing. Would catch the SFT running at the GRPO
+    choice (the eighteenth session's 385 s on 1 thread against 295 s on 2), a choice that leaks into the stages, or
+    a measurement on every start."""
+    from harness import threads
+    from policies.model import build_model
+
+    if threads.cores() < 2:
+        pytest.skip("one core: there is nothing to choose")
+    shapes = []
+
+    def fake(model, opts, batch=64, seq=64, decode_steps=8):
+        shapes.append((batch, seq, decode_steps))
+        best = 2 if decode_steps == 0 else 1  # the SFT's shapes prefer 2 threads, the GRPO probe's 1
+        return {n: (0.01 if n == best else 0.02) for n in opts}
+
+    monkeypatch.setattr(threads, "time_threads_for", fake)
+    cfg = parse_config(TINY, "test")
+    assert threads.apply_threads(cfg, MAPF)[0] == 1 == torch.get_num_threads()
+    _, tok = build_model("tiny", MAPF.spec.alphabet, words=list(MAPF.spec.words))
+    pairs = [{"prompt": "x" * 150, "completion": "y" * 40}] * 10
+    said: list[str] = []
+    with threads.sft_threads(cfg, MAPF, tok, pairs, 32, say=said.append) as n:
+        assert n == 2 == torch.get_num_threads()
+    assert torch.get_num_threads() == 1 and shapes[-1] == (32, 192, 0)
+    assert len(said) == 1 and said[0].startswith("torch threads for the SFT warm start: 2 (measured now")
+    assert any("|sft:b32:s192" in k for k in json.loads(threads.cache_path().read_text()))
+    with threads.sft_threads(cfg, MAPF, tok, pairs, 32, say=said.append):  # cached: not measured again
+        assert torch.get_num_threads() == 2
+    assert len(shapes) == 2 and "measured on this host" in said[-1]
+    fixed = parse_config({**TINY, "scale": {"threads": 1}}, "test")
+    with threads.sft_threads(fixed, MAPF, tok, pairs, 32, say=said.append):
+        assert torch.get_num_threads() == 1
+    monkeypatch.setenv("EVOTRAINER_THREADS", "default")
+    with threads.sft_threads(cfg, MAPF, tok, pairs, 32, say=said.append):
+        assert torch.get_num_threads() == 1
+    assert len(said) == 2
+
+
+def test_the_warm_start_enters_the_threads_context_only_when_it_trains(tmp_path, monkeypatch):
+    """`warmstart.warm_start(threads=...)` wraps the SFT it trains, and a cache hit trains nothing and enters
+    nothing (so a cached warm start measures nothing)."""
+    from contextlib import contextmanager
+
+    from harness import warmstart
+    from policies.train import Recipe
+
+    monkeypatch.setenv("EVOTRAINER_HOME", str(tmp_path / "home"))
+    entered: list[int] = []
+
+    @contextmanager
+    def ctx(tok, pairs):
+        entered.append(len(pairs))
+        yield
+
+    env = MAPF.spec.config_model.model_validate({"sizes": [{"size": 3, "agents": 2}]})
+    from harness.seeds import seeds
+
+    recipe = Recipe(sft_steps=1, sft_batch_size=4)
+    model, tok, hit, key, m = warmstart.warm_start(MAPF, "tiny", MAPF.spec.styles[0], env, seeds("train", 4), recipe,
+                                                   threads=ctx)
+    assert hit is None and m is not None and entered == [4]
+    warmstart.store(key, _save(model, tok, tmp_path / "ws"), {})
+    _, _, hit, _, m = warmstart.warm_start(MAPF, "tiny", MAPF.spec.styles[0], env, seeds("train", 4), recipe,
+                                           threads=ctx)
+    assert hit is not None and m is None and entered == [4]
+
+
+def _save(model, tok, path):
+    from policies.model import save_policy
+
+    save_policy(model, tok, path)
+    return path
