@@ -237,6 +237,10 @@ class GateConfig(BaseModel):
     promote_gamma: float = Field(-2.0, ge=-10.0, le=5.0, description="Hwang-Shih-DeCani gamma of the promotion "
                                  "side's error spending (-4 ~ O'Brien-Fleming: most power at the end; 1 ~ Pocock: "
                                  "most early decisions)")
+    futility: float = Field(0.0, ge=0.0, lt=1.0, description="before a re-test's new arm pair, stop a change whose "
+                            "conditional power of promotion by the plan's end (under its current estimate) is below "
+                            "this: inconclusive, evidence spent. Cheaper decisions for some power (BENCHMARKS.md: "
+                            "0.05 halves the CPU of a null change and costs ~6 points of power at +0.07); 0 = never")
 
     human: Literal["never", "always"] | HumanAfterFailures = Field(
         "never", description="a person at the gate after each backtest: never (autonomous), always, or "
@@ -254,7 +258,8 @@ class GateConfig(BaseModel):
         first = min(self.first_look or max(20, n // 4), n)
         return Plan(alpha=self.alpha, min_effect=self.min_effect, slice_tolerance=self.slice_tolerance,
                     min_slice_n=self.min_slice_n, arm_noise_sd=self.arm_noise_sd, max_n=n, min_n=first,
-                    batch=self.look_every or first, max_pairs=self.max_pairs, promote_gamma=self.promote_gamma)
+                    batch=self.look_every or first, max_pairs=self.max_pairs, promote_gamma=self.promote_gamma,
+                    futility=self.futility)
 
     def human_needed(self, stages_without_promotion: int) -> bool:
         if isinstance(self.human, HumanAfterFailures):

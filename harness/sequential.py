@@ -86,6 +86,8 @@ class Plan(BaseModel):
     promote_gamma: float = Field(-2.0, ge=-10.0, le=5.0, description="Hwang-Shih-DeCani gamma of the promotion "
                                  "side's error spending: -4 is close to O'Brien-Fleming (most power at the end), "
                                  "1 to Pocock (most early decisions)")
+    futility: float = Field(0.0, ge=0.0, lt=1.0, description="stop before a new arm pair when the conditional "
+                            "power of promoting by the end, under the current estimate, is below this (0 = never)")
     sd_guess: float = Field(0.35, gt=0.0, le=1.0, description="sd of a paired difference assumed before any is seen "
                                                              "(the start-up warning only)")
 
@@ -349,10 +351,30 @@ def decide(pairs: list[PairEvidence], plan: Plan, vetoes: list[str] | None = Non
     why = (f"slice(s) not yet clear: {'; '.join(unsure)}" if lo > plan.min_effect else
            f"lower bound {lo:+.3f} <= min effect {plan.min_effect:.3f} <= upper bound {hi:+.3f}")
     step = next_step(ns, plan, s2)
+    if step == "new_pair" and plan.futility > 0:
+        cp = conditional_power(effect, se, plan, sd, comparisons)
+        if cp < plan.futility:
+            return Look(decision="inconclusive", reason=f"inconclusive, stopped for futility: {why}; the chance of a "
+                        f"promotion by the plan's end at the current estimate is {cp:.3f} < gate.futility "
+                        f"{plan.futility:.3f} ({nums})", next_step="stop", **base)
     if step == "stop":
         return Look(decision="inconclusive", reason=f"inconclusive, evidence spent: {why} ({nums})", next_step="stop",
                     **base)
     return Look(decision="continue", reason=f"{why} ({nums})", next_step=step, **base)
+
+
+def conditional_power(effect: float, se: float, plan: Plan, sd: float, comparisons: int = 1) -> float:
+    """The chance that the score, continued to the plan's full information with `effect` as the true effect (the
+    "current trend"), ends above the final promotion boundary: conditional power, Jennison and Turnbull (2000) sec.
+    10.2, on the Brownian-motion scale of the pooled estimate (information 1 / se^2 now, `info_max` at the end). A
+    non-binding futility rule built on it only removes promotions, so the error stays within alpha."""
+    info, info_max = 1.0 / se**2, plan.info_max(sd * sd)
+    left = info_max - info
+    if left <= 0:
+        return 0.0
+    c_end = _boundaries_at(plan, (plan.max_n,) * plan.max_pairs, comparisons, sd)[0]
+    drift = effect - plan.min_effect
+    return _N.cdf((drift * info + drift * left - c_end * math.sqrt(info_max)) / math.sqrt(left))
 
 
 @functools.lru_cache(maxsize=4096)

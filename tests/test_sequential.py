@@ -146,3 +146,34 @@ def test_the_gate_says_when_its_maximum_evidence_cannot_see_min_effect():
     assert full_power(tight.model_copy(update={"max_n": need}), 2 * tight.min_effect) >= 0.5
     noisy = PLAN.model_copy(update={"arm_noise_sd": 0.05, "max_pairs": 1})
     assert "training noise alone" in max_evidence_warning(noisy)
+
+
+def test_a_futility_stop_halves_the_arm_pairs_of_a_null_change_and_keeps_the_error_within_alpha():
+    """gate.futility (off by default): before a re-test's new pair, a change whose conditional power at its current
+    estimate is below the setting stops inconclusive with its evidence spent. Under the null it trains far fewer arm
+    pairs (the cost of a decision is mostly training); at min_effect the false promotions stay within alpha; a real
+    +0.07 keeps most of its power. Would catch a futility rule that never fires (pairs unchanged), one that fires on
+    a winning trend (power collapses), or one that turns a stop into a promotion (error above alpha)."""
+    from harness.benchmarks.sequential import one_decision
+    from harness.sequential import conditional_power
+
+    fut = PLAN.model_copy(update={"futility": 0.05})
+    runs = {}
+    for plan in (PLAN, fut):
+        rng = np.random.default_rng(7)
+        runs[plan.futility] = [one_decision(rng, 0.0, plan) for _ in range(200)]
+    pairs = {k: np.mean([p for _, _, p in v]) for k, v in runs.items()}
+    assert pairs[0.0] > 2.3 and pairs[0.05] < 1.5, pairs
+    rng = np.random.default_rng(8)
+    edge = [one_decision(rng, fut.min_effect, fut)[0] for _ in range(400)]
+    rate, slack = _rate(edge, "promoted")
+    assert rate <= fut.alpha + slack
+    rng = np.random.default_rng(9)
+    real = [one_decision(rng, 0.07, fut)[0] for _ in range(200)]
+    assert np.mean([d == "promoted" for d in real]) > 0.7
+    # one full pair at estimate 0: stopped, with the reason and next_step stop; a strong trend is not stopped
+    d = [-0.25, 0.0, 0.25] * 53 + [0.0]  # 160 differences with mean 0
+    look = decide([PairEvidence(judge="j", diffs=d)], fut)
+    assert look.decision == "inconclusive" and look.next_step == "stop" and "futility" in look.reason, look.reason
+    assert decide([PairEvidence(judge="j", diffs=d)], PLAN).next_step == "new_pair"
+    assert conditional_power(0.06, 0.025, fut, 0.3) > 0.5 > conditional_power(0.0, 0.025, fut, 0.3)

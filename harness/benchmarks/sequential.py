@@ -1,6 +1,7 @@
 """The sequential decision procedure's error and power, simulated at a gate's sizes (`harness.sequential`).
 
     python -m harness.benchmarks.sequential --decisions 1000            # the table in BENCHMARKS.md
+    python -m harness.benchmarks.sequential --fixed-pairs 1 2 3 --pair-seconds 80 20    # fixed designs, cost
 
 Each decision is driven as the loop drives it: looks every `batch` instances on an arm pair, a stage that ends
 undecided is a new pair pooled onto the evidence (a re-test), until promoted, refuted or spent. Per-instance outcomes
@@ -45,6 +46,14 @@ def one_decision(rng: np.random.Generator, effect: float, plan: Plan, comparison
                 break
 
 
+def fixed_decision(rng: np.random.Generator, effect: float, plan: Plan, pairs: int, comparisons: int = 1) -> str:
+    """A fixed design on the same data model: `pairs` arm pairs of `plan.max_n` instances each, judged once, all
+    together (one look at full information: the whole alpha on each side), by `harness.sequential.decide`."""
+    fixed = Plan(**{**plan.model_dump(), "max_pairs": pairs, "min_n": plan.max_n, "batch": plan.max_n})
+    evidence = [PairEvidence(judge="j", diffs=list(pair_diffs(rng, effect, plan.max_n, plan))) for _ in range(pairs)]
+    return decide(evidence, fixed, comparisons=comparisons).decision
+
+
 def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
     p = k / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
@@ -61,13 +70,23 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--gamma", type=float, default=-2.0)
     ap.add_argument("--comparisons", type=int, default=1)
+    ap.add_argument("--fixed-pairs", type=int, nargs="*", default=[],
+                    help="also the fixed design with this many pairs judged at once (power at the same data model)")
+    ap.add_argument("--pair-seconds", type=float, nargs=2, default=None, metavar=("TRAIN", "JUDGE"),
+                    help="CPU-seconds of one arm pair's training and of judging it on max_n instances (measured by "
+                         "`bench calibration`): prints each design's mean CPU-seconds per decision")
+    ap.add_argument("--futility", type=float, default=0.0,
+                    help="gate.futility: stop before a new pair when the conditional power under the current estimate "
+                         "is below this (0: never, the default)")
     a = ap.parse_args(argv)
     plan = Plan(alpha=0.05, min_effect=0.02, slice_tolerance=0.1, arm_noise_sd=0.012, max_n=a.max_n, min_n=a.first,
-                batch=a.first, max_pairs=a.pairs, promote_gamma=a.gamma)
+                batch=a.first, max_pairs=a.pairs, promote_gamma=a.gamma, futility=a.futility)
     print(f"plan: {plan.max_pairs} pairs x {plan.max_n} instances, looks every {plan.batch}, gamma {plan.promote_gamma}"
+          f", futility {plan.futility}"
           f", {a.comparisons} comparison(s), {a.decisions} decisions per effect, seed 0")
-    print("| true effect | promoted [95% Wilson] | by pair 1 / 2 / 3 | refuted | inconclusive | mean instances |")
-    print("|---|---|---|---|---|---|")
+    print("| true effect | promoted [95% Wilson] | by pair 1 / 2 / 3 | refuted | inconclusive | mean instances | "
+          "mean pairs" + (" | CPU-s per decision" if a.pair_seconds else "") + " |")
+    print("|---|---|---|---|---|---|---|" + ("---|" if a.pair_seconds else ""))
     for eff in a.effects:
         rng = np.random.default_rng(0)
         out = [one_decision(rng, eff, plan, a.comparisons) for _ in range(a.decisions)]
@@ -77,8 +96,21 @@ def main(argv: list[str] | None = None) -> None:
                         for j in range(1, plan.max_pairs + 1))
         ref = sum(d == "refuted" for d, _, _ in out) / a.decisions
         inc = sum(d == "inconclusive" for d, _, _ in out) / a.decisions
+        cost = ""
+        if a.pair_seconds:
+            train, judge = a.pair_seconds
+            cost = (f" | {np.mean([p * train + n / plan.max_n * judge for _, n, p in out]):.0f} s; fixed: "
+                    + ", ".join(f"{k_} pair(s) {k_ * (train + judge):.0f} s" for k_ in a.fixed_pairs))
         print(f"| {eff:+.2f} | {k / a.decisions:.3f} [{lo:.3f}, {hi:.3f}] | {by} | {ref:.3f} | {inc:.3f} | "
-              f"{np.mean([n for _, n, _ in out]):.0f} |", flush=True)
+              f"{np.mean([n for _, n, _ in out]):.0f} | {np.mean([p for _, _, p in out]):.2f}{cost} |", flush=True)
+        for k_ in a.fixed_pairs:
+            rng = np.random.default_rng(1)
+            fx = [fixed_decision(rng, eff, plan, k_, a.comparisons) for _ in range(a.decisions)]
+            kp = sum(d == "promoted" for d in fx)
+            flo, fhi = wilson(kp, a.decisions)
+            print(f"|   fixed, {k_} pair(s) at once | {kp / a.decisions:.3f} [{flo:.3f}, {fhi:.3f}] | - | "
+                  f"{sum(d == 'refuted' for d in fx) / a.decisions:.3f} | "
+                  f"{sum(d == 'inconclusive' for d in fx) / a.decisions:.3f} | {k_ * plan.max_n} | {k_} |", flush=True)
 
 
 if __name__ == "__main__":
