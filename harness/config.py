@@ -240,7 +240,7 @@ class GateConfig(BaseModel):
     futility: float = Field(0.0, ge=0.0, lt=1.0, description="before a re-test's new arm pair, stop a change whose "
                             "conditional power of promotion by the plan's end (under its current estimate) is below "
                             "this: inconclusive, evidence spent. Cheaper decisions for some power (BENCHMARKS.md: "
-                            "0.05 halves the CPU of a null change and costs ~6 points of power at +0.07); 0 = never")
+                            "0.05 halves the CPU of a null change and costs ~5 points of power at +0.07); 0 = never")
 
     human: Literal["never", "always"] | HumanAfterFailures = Field(
         "never", description="a person at the gate after each backtest: never (autonomous), always, or "

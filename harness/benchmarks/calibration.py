@@ -284,7 +284,11 @@ def run(config: str | Path = DEFAULT_CONFIG, decisions: int = 40, mode: str = "a
                           "greedy_candidate": float(np.mean(x.arms["candidate"].eval.greedy or [0.0])),
                           "diff_var": float(np.var(np.subtract(x.arms["candidate"].eval.outcomes,
                                                                x.arms["control"].eval.outcomes), ddof=1)),
-                          "train_seconds": x.train_seconds, "judge_seconds": x.judge_seconds, "n": plan.max_n}
+                          "train_seconds": x.train_seconds, "judge_seconds": x.judge_seconds, "n": plan.max_n,
+                          # per instance, so any procedure can be replayed on these arms (`replay`)
+                          "outcomes": {name: [round(o, 4) for o in x.arms[name].eval.outcomes]
+                                       for name in ("control", "candidate")},
+                          "slices": x.arms["control"].eval.slices}
                          for x in pairs]}
         rows.append(row)
         (out / f"calibration-{mode}-{first}.json").write_text(json.dumps({  # after every decision: a stopped run counts
