@@ -233,3 +233,33 @@ def test_calibration_walk_stops_a_clear_loser_early_and_pools_new_pairs_like_the
     looks = w.verdict.evidence.looks
     assert max(x["pairs"] for x in looks) == w.pairs and looks[-1]["n"] == w.instances, "pairs pooled"
     assert w.seconds == pytest.approx(10.0 * w.pairs + 4.0 * w.instances / 160)
+
+
+def test_calibration_replay_judges_recorded_pairs_under_another_gate(tmp_path):
+    """`replay` re-walks the recorded per-instance outcomes of a calibration run under another gate setting, no
+    training: an A/A decision that took three pairs stops after one under futility 0.05 and is charged one pair; a
+    row recorded without outcomes is counted as not replayable. Would catch a replay that trains, ignores the gate
+    update, or charges pairs it did not use."""
+    import json
+
+    from harness.benchmarks.calibration import replay
+
+    rng = np.random.default_rng(11)
+
+    def pair():
+        c = list(rng.integers(0, 5, size=160) / 4)
+        k = list(np.clip(np.array(c) + rng.choice([-0.25, 0.0, 0.25], size=160), 0, 1))
+        return {"outcomes": {"control": c, "candidate": k}, "slices": [{}] * 160, "train_seconds": 80.0,
+                "judge_seconds": 20.0, "n": 160, "effect": float(np.mean(k) - np.mean(c)), "diff_var": 0.05}
+
+    row = {"decision": 0, "fixed": {"decision": "inconclusive", "seconds": 100.0},
+           "sequential": {"decision": "inconclusive", "pairs": 3, "instances": 480, "seconds": 300.0},
+           "pairs": [pair(), pair(), pair()]}
+    old = {**row, "decision": 1, "pairs": [{k: v for k, v in pair().items() if k not in ("outcomes", "slices")}]}
+    f = tmp_path / "calibration-aa-0.json"
+    f.write_text(json.dumps({"summary": {"mode": "aa"}, "decisions": [row, old]}))
+    plain = replay([str(f)], futility=0.0)
+    fut = replay([str(f)], futility=0.05)
+    assert plain["not_replayable"] == fut["not_replayable"] == 1 and plain["decisions"] == 1
+    assert plain["sequential_mean_pairs"] >= 2 and fut["sequential_mean_pairs"] == 1
+    assert fut["sequential_seconds_per_decision"] == pytest.approx(100.0)

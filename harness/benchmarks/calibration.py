@@ -31,7 +31,8 @@ warm start (the warm-start cache: the same checkpoint `make demo` trains or load
 Prints grep-able `key: value` lines, one `pair:` line per arm pair and one `decision:` line per decision; writes
 `calibration-<mode>-<first>.json` in `--out`. `python -m harness.benchmarks.calibration merge A.json B.json` sums
 runs split with `--first` (rates with Wilson intervals, seconds per decision of both procedures, their ratio, the
-arm-training noise implied by the A/A pairs' full-n effects).
+arm-training noise implied by the A/A pairs' full-n effects); `... replay --futility 0.05 A.json B.json` judges the
+recorded arm pairs again under another gate setting, with no training (`replay`).
 """
 
 from __future__ import annotations
@@ -359,7 +360,63 @@ def merge(paths: list[str]) -> dict[str, Any]:
     return summary
 
 
+def replay(paths: list[str], config: str | Path = DEFAULT_CONFIG, **gate: Any) -> dict[str, Any]:
+    """Judge the recorded arm pairs of earlier runs again under another gate (e.g. `futility=0.05`), with no training:
+    each decision's pairs (their per-instance outcomes, written since this function exists) are walked by the loop's
+    procedure (`walk`) with the config's gate updated by `gate`; a decision that would need a pair the run did not
+    train is counted apart (a procedure that stops no later than the recorded one never needs one). Prints and
+    returns the rates and costs as `summarise` does, for the replayable decisions."""
+    from harness.backtest import ArmEval
+    from harness.config import load_config
+    from harness.round0 import make_judge
+    from harness.tasks import get_task
+
+    cfg = load_config(config)
+    cfg = cfg.model_copy(update={"gate": cfg.gate.model_copy(update=gate)})
+    task = get_task(cfg.task)
+    judge = make_judge(cfg, round0_files(cfg))
+    fp = judge_fingerprint(judge, cfg.gate, task.name)
+    plan = cfg.gate.plan(cfg.backtest.n)
+    docs = [json.loads(Path(x).read_text()) for x in paths]
+    mode = {d["summary"]["mode"] for d in docs}.pop()
+    rows, skipped, beyond = [], 0, 0
+    for doc in docs:
+        for r in doc["decisions"]:
+            if not all("outcomes" in x for x in r["pairs"]):
+                skipped += 1
+                continue
+            pairs = []
+            for x in r["pairs"]:
+                sd = list(range(len(x["outcomes"]["control"])))
+                ev = {name: ArmOutput(metrics=None, train_s=0.0, eval=ArmEval(
+                    seeds=sd, outcomes=x["outcomes"][name], slices=x["slices"])) for name in ("control", "candidate")}
+                pairs.append(Pair(ev, {}, x["train_seconds"], x["judge_seconds"], 0.0, 0.0))
+
+            def more(p: int) -> Pair:
+                raise LookupError(p)
+
+            try:
+                w = walk(list(pairs), more, {}, {}, cfg.gate, plan, fp, judge.samples, "replay")
+            except LookupError:
+                beyond += 1
+                continue
+            se = w.verdict.evidence
+            rows.append({**r, "sequential": {"decision": w.verdict.decision, "pairs": w.pairs,
+                                             "instances": w.instances, "seconds": w.seconds,
+                                             "effect": se.effect if se else None}})
+    summary = summarise(rows, mode, "lr", plan)
+    summary.update({"replayed_with": gate, "not_replayable": skipped, "needed_unrecorded_pairs": beyond})
+    for key, val in summary.items():
+        print(f"{key}: {val:.4f}" if isinstance(val, float) else f"{key}: {val}", flush=True)
+    return summary
+
+
 if __name__ == "__main__":
     import sys
 
-    merge(sys.argv[2:]) if sys.argv[1:2] == ["merge"] else run()
+    if sys.argv[1:2] == ["merge"]:
+        merge(sys.argv[2:])
+    elif sys.argv[1:2] == ["replay"]:  # replay --futility 0.05 A.json B.json
+        replay(sys.argv[4:], futility=float(sys.argv[3]))
+    else:
+        run()
