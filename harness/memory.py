@@ -86,6 +86,16 @@ def regression_findings(run: Run, k: int, probe: Probed) -> list[Finding]:
     return [found] if found else []
 
 
+def passed_gate(row: dict[str, Any]) -> bool:
+    """Did this candidate's own sequential decision promote it (its last recorded look), whatever the stage made of
+    it? True only for a change that passed the gate and was beaten by another one of the same stage
+    (`harness.backtest.choose_winner` records it as rejected, "beaten by ...": one change a stage is promoted); not
+    for one a person rejected at the human gate."""
+    looks = (row.get("evidence") or {}).get("looks") or []
+    return (row.get("status") == "rejected" and str(row.get("reason") or "").startswith("beaten by ")
+            and bool(looks) and looks[-1].get("decision") == "promoted")
+
+
 def remember_skills(run: Run, k: int) -> None:
     """Record each decided candidate's try on its skill; file an engineer-invented change that won as a new skill."""
     from harness.tasks.knobs import MIXTURE
@@ -100,8 +110,9 @@ def remember_skills(run: Run, k: int) -> None:
             cand = candidate_from_row(c)
             promoted = c["status"] == "promoted"
             interval = (c["ci_low"], c["ci_high"]) if c.get("ci_low") is not None else None
-            if cand.skill:
-                lib.record_try(cand.skill, promoted=promoted, effect=c.get("effect") or 0.0, interval=interval,
+            if cand.skill:  # a change that passed the gate and lost to a better one worked: a success for its skill
+                lib.record_try(cand.skill, promoted=promoted or passed_gate(c), effect=c.get("effect") or 0.0,
+                               interval=interval,
                                family=run.config.task, run=run.id, candidate=cand.id, commit=c.get("commit_sha"))
             elif promoted:  # an engineer-invented change that worked becomes a skill
                 codes = [f.code for f in run.store.findings(run.id, stage=k)][:3]

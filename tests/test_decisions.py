@@ -198,3 +198,40 @@ def test_two_stages_that_carried_nothing_escalate_to_the_fix_for_their_root_caus
     assert out.change == LR and "s2c1" in out.rationale and "carried no trained checkpoint" in out.rationale
     [event] = [e for e in run.store.events("r") if e["kind"] == "escalation"]
     assert "stages 1, 2 carried no trained checkpoint" in event["message"]
+
+
+def test_a_change_that_passed_the_gate_and_was_beaten_is_a_success_for_its_skill(run):
+    """One change a stage is promoted (`choose_winner`): a second candidate that passed the gate is recorded as
+    rejected, 'beaten by'. Its skill must count the try as a success (the skill's change worked), not a failure that
+    lowers its Thompson draw; a plainly refuted candidate still counts as a failure. Would catch skills that win
+    their test and are ranked down for it (seen in the too-hard run: the whole-mixture change passed at stage 2
+    behind a learning-rate change)."""
+    from harness.backtest import choose_winner
+    from harness.memory import remember_skills
+
+    lib = run.skills()
+    try:
+        skill = lib.all()[0].name
+    finally:
+        lib.close()
+    for cid, knob in (("s1c1", "recipe.learning_rate"), ("s1c2", "recipe.temperature"), ("s1c3", "recipe.beta")):
+        c = Candidate(id=cid, stage=1, change=Change(kind="recipe", knob=knob, value=0.5), old_value=1.0,
+                      rationale="r", skill=skill)
+        run.store.upsert_candidate("r", c, commit=None)
+
+    def v(cid, decision, ci_low):
+        ev = Evidence(n=40, control=0.2, candidate=0.3, effect=0.1, ci_low=ci_low, ci_high=0.2,
+                      looks=[{"n": 40, "decision": {"promoted": "promoted", "rejected": "refuted"}[decision]}])
+        return Verdict(candidate=cid, decision=decision, reason="gate", evidence=ev)
+
+    best, out = choose_winner([v("s1c1", "promoted", 0.05), v("s1c2", "promoted", 0.03), v("s1c3", "rejected", -0.2)])
+    for x in out:
+        run.store.set_candidate_verdict(x)
+    assert [run.store.candidate(c)["status"] for c in ("s1c1", "s1c2", "s1c3")] == ["promoted", "rejected", "rejected"]
+    remember_skills(run, 1)
+    lib = run.skills()
+    try:
+        tries = {t["candidate"]: t["promoted"] for t in lib.tries(skill)}
+    finally:
+        lib.close()
+    assert tries == {"s1c1": 1, "s1c2": 1, "s1c3": 0}, tries
