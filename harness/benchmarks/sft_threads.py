@@ -1,0 +1,67 @@
+"""The SFT warm start's seconds per step at each thread count, side by side in one process, and what `scale.threads:
+auto` chooses for it and for the stages (issue 34: the GRPO probe's choice made the demo's SFT slower).
+
+    python -m harness.benchmarks.sft_threads [CONFIG] [STEPS]      # default examples/mapf_quick.yaml, 100 steps
+
+For each thread count (1, 2, ... up to the cores): a fresh model of the config's preset (same seed) trained `STEPS`
+SFT steps on the config's demonstrations (its round-0 env, its SFT batch and learning rate), timed; then the choices
+`harness.threads` makes (the SFT probe and the stages' probe, measured now, not read from a cache). Prints `key:
+value` lines. Run it on an idle machine: the figures are ratios between thread counts.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def main(config: str | Path = ROOT / "examples" / "mapf_quick.yaml", steps: int = 100) -> dict[str, float]:
+    import os
+    import tempfile
+
+    import torch
+
+    from harness import threads
+    from harness.backtest import read_harness
+    from harness.benchmarks.calibration import round0_files
+    from harness.config import load_config
+    from harness.policy_glue import sft_pairs
+    from harness.seeds import seeds
+    from harness.tasks import get_task
+    from policies.model import build_model
+    from policies.train import train_sft
+
+    cfg = load_config(config)
+    task = get_task(cfg.task)
+    env, recipe, _ = read_harness(round0_files(cfg), task)
+    recipe = recipe.model_copy(update={"sft_steps": steps})
+    pairs = sft_pairs(task, env, seeds("train", min(cfg.warm_start.sft_examples or 3000, 3000)), cfg.style)
+    out: dict[str, float] = {}
+    for n in threads.options(threads.cores()):
+        torch.set_num_threads(n)
+        model, tok = build_model(cfg.policy.preset, task.spec.alphabet, words=list(task.spec.words), seed=cfg.seed)
+        t0 = time.perf_counter()
+        train_sft(model, tok, pairs, recipe)
+        out[f"sft_seconds_per_step_{n}_threads"] = (time.perf_counter() - t0) / steps
+        print(f"sft_seconds_per_step_{n}_threads: {out[f'sft_seconds_per_step_{n}_threads']:.4f}", flush=True)
+    with tempfile.TemporaryDirectory() as home:  # the choices measured now, not read from the user's cache
+        os.environ["EVOTRAINER_HOME"] = home
+        os.environ.pop(threads.ENV, None)
+        _, tok = build_model(cfg.policy.preset, task.spec.alphabet, words=list(task.spec.words))
+        said: list[str] = []
+        with threads.sft_threads(cfg, task, tok, pairs, recipe.sft_batch_size, say=said.append) as chosen:
+            out["auto_sft_threads"] = float(chosen or torch.get_num_threads())
+        out["auto_stage_threads"] = float(threads.apply_threads(cfg, task)[0])
+        for line in said:
+            print(f"auto_sft: {line}", flush=True)
+    best = min((v, k) for k, v in out.items() if k.startswith("sft_seconds"))[1]
+    print(f"auto_sft_threads: {out['auto_sft_threads']:.0f}\nauto_stage_threads: {out['auto_stage_threads']:.0f}\n"
+          f"fastest_sft: {best}", flush=True)
+    return out
+
+
+if __name__ == "__main__":
+    main(*(sys.argv[1:2] or [ROOT / "examples" / "mapf_quick.yaml"]), *(int(a) for a in sys.argv[2:3]))
