@@ -224,7 +224,7 @@ def test_a_change_that_passed_the_gate_and_was_beaten_is_a_success_for_its_skill
                       looks=[{"n": 40, "decision": {"promoted": "promoted", "rejected": "refuted"}[decision]}])
         return Verdict(candidate=cid, decision=decision, reason="gate", evidence=ev)
 
-    best, out = choose_winner([v("s1c1", "promoted", 0.05), v("s1c2", "promoted", 0.03), v("s1c3", "rejected", -0.2)])
+    _, out = choose_winner([v("s1c1", "promoted", 0.05), v("s1c2", "promoted", 0.03), v("s1c3", "rejected", -0.2)])
     for x in out:
         run.store.set_candidate_verdict(x)
     assert [run.store.candidate(c)["status"] for c in ("s1c1", "s1c2", "s1c3")] == ["promoted", "rejected", "rejected"]
