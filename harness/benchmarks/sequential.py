@@ -21,19 +21,21 @@ import numpy as np
 from harness.sequential import PairEvidence, Plan, decide
 
 
-def pair_diffs(rng: np.random.Generator, effect: float, n: int, plan: Plan, samples: int = 4) -> np.ndarray:
+def pair_diffs(rng: np.random.Generator, effect: float, n: int, plan: Plan, samples: int = 4,
+               arm_sd: float | None = None) -> np.ndarray:
+    """One arm pair's paired differences: the pair's arm offset has sd `arm_sd` (default: what the plan assumes)."""
     q = rng.uniform(0.1, 0.6, n)
-    pk = np.clip(q + effect + rng.normal(0.0, plan.arm_noise_sd), 0.0, 1.0)
+    pk = np.clip(q + effect + rng.normal(0.0, plan.arm_noise_sd if arm_sd is None else arm_sd), 0.0, 1.0)
     return (rng.binomial(samples, pk) - rng.binomial(samples, q)) / samples
 
 
 def one_decision(rng: np.random.Generator, effect: float, plan: Plan, comparisons: int = 1,
-                 judge: Callable[..., Any] = decide) -> tuple[str, int, int]:
+                 judge: Callable[..., Any] = decide, arm_sd: float | None = None) -> tuple[str, int, int]:
     """(decision, instances used, pairs used) of one change judged from its first test to its end; `judge` (default
     `harness.sequential.decide`) lets a test drive another procedure over the same data stream."""
     pairs: list[PairEvidence] = []
     while True:
-        pool = pair_diffs(rng, effect, plan.max_n, plan)
+        pool = pair_diffs(rng, effect, plan.max_n, plan, arm_sd=arm_sd)
         pairs.append(PairEvidence(judge="j", diffs=[]))
         while True:
             have = len(pairs[-1].diffs)
@@ -46,11 +48,13 @@ def one_decision(rng: np.random.Generator, effect: float, plan: Plan, comparison
                 break
 
 
-def fixed_decision(rng: np.random.Generator, effect: float, plan: Plan, pairs: int, comparisons: int = 1) -> str:
+def fixed_decision(rng: np.random.Generator, effect: float, plan: Plan, pairs: int, comparisons: int = 1,
+                   arm_sd: float | None = None) -> str:
     """A fixed design on the same data model: `pairs` arm pairs of `plan.max_n` instances each, judged once, all
     together (one look at full information: the whole alpha on each side), by `harness.sequential.decide`."""
     fixed = Plan(**{**plan.model_dump(), "max_pairs": pairs, "min_n": plan.max_n, "batch": plan.max_n})
-    evidence = [PairEvidence(judge="j", diffs=list(pair_diffs(rng, effect, plan.max_n, plan))) for _ in range(pairs)]
+    evidence = [PairEvidence(judge="j", diffs=list(pair_diffs(rng, effect, plan.max_n, plan, arm_sd=arm_sd)))
+                for _ in range(pairs)]
     return decide(evidence, fixed, comparisons=comparisons).decision
 
 
@@ -78,18 +82,22 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--futility", type=float, default=0.0,
                     help="gate.futility: stop before a new pair when the conditional power under the current estimate "
                          "is below this (0: never, the default)")
+    ap.add_argument("--arm-sd", type=float, default=0.012, help="gate.arm_noise_sd the plan assumes")
+    ap.add_argument("--data-arm-sd", type=float, default=None,
+                    help="the arm noise the simulated arms really have (default: --arm-sd): a miscalibrated gate")
     a = ap.parse_args(argv)
-    plan = Plan(alpha=0.05, min_effect=0.02, slice_tolerance=0.1, arm_noise_sd=0.012, max_n=a.max_n, min_n=a.first,
+    plan = Plan(alpha=0.05, min_effect=0.02, slice_tolerance=0.1, arm_noise_sd=a.arm_sd, max_n=a.max_n, min_n=a.first,
                 batch=a.first, max_pairs=a.pairs, promote_gamma=a.gamma, futility=a.futility)
     print(f"plan: {plan.max_pairs} pairs x {plan.max_n} instances, looks every {plan.batch}, gamma {plan.promote_gamma}"
-          f", futility {plan.futility}"
+          f", futility {plan.futility}, arm sd assumed {plan.arm_noise_sd} / real "
+          f"{plan.arm_noise_sd if a.data_arm_sd is None else a.data_arm_sd}"
           f", {a.comparisons} comparison(s), {a.decisions} decisions per effect, seed 0")
     print("| true effect | promoted [95% Wilson] | by pair 1 / 2 / 3 | refuted | inconclusive | mean instances | "
           "mean pairs" + (" | CPU-s per decision" if a.pair_seconds else "") + " |")
     print("|---|---|---|---|---|---|---|" + ("---|" if a.pair_seconds else ""))
     for eff in a.effects:
         rng = np.random.default_rng(0)
-        out = [one_decision(rng, eff, plan, a.comparisons) for _ in range(a.decisions)]
+        out = [one_decision(rng, eff, plan, a.comparisons, arm_sd=a.data_arm_sd) for _ in range(a.decisions)]
         k = sum(d == "promoted" for d, _, _ in out)
         lo, hi = wilson(k, a.decisions)
         by = " / ".join(f"{sum(d == 'promoted' and p <= j for d, _, p in out) / a.decisions:.3f}"
@@ -105,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
               f"{np.mean([n for _, n, _ in out]):.0f} | {np.mean([p for _, _, p in out]):.2f}{cost} |", flush=True)
         for k_ in a.fixed_pairs:
             rng = np.random.default_rng(1)
-            fx = [fixed_decision(rng, eff, plan, k_, a.comparisons) for _ in range(a.decisions)]
+            fx = [fixed_decision(rng, eff, plan, k_, a.comparisons, a.data_arm_sd) for _ in range(a.decisions)]
             kp = sum(d == "promoted" for d in fx)
             flo, fhi = wilson(kp, a.decisions)
             print(f"|   fixed, {k_} pair(s) at once | {kp / a.decisions:.3f} [{flo:.3f}, {fhi:.3f}] | - | "
