@@ -166,20 +166,26 @@ def apply_threads(run_config: Any, task: Any) -> tuple[int, str]:
     if made is None:
         return torch.get_num_threads(), f"torch's default ({why})"
     sig, build = made
-    key = f"{host_key()}|{sig}"
+    best, why = _choice(f"{host_key()}|{sig}", lambda: time_threads_for(build(), options(n_cores)), "probe step",
+                        "this model shape")
+    cpu_threads(best)
+    return best, why
+
+
+def _choice(key: str, measure, what: str, shape: str) -> tuple[int, str]:
+    """(threads, why) for the cache `key`: the cached choice when one is valid on this host, else `measure()`d now
+    (seconds per thread count), `pick`ed and cached."""
     cache = _read_cache()
     hit = cache.get(key)
-    if isinstance(hit, dict) and isinstance(hit.get("threads"), int) and 1 <= hit["threads"] <= n_cores:
-        cpu_threads(hit["threads"])
-        return hit["threads"], f"measured on this host for this model shape ({cache_path()})"
-    secs = time_threads_for(build(), options(n_cores))
+    if isinstance(hit, dict) and isinstance(hit.get("threads"), int) and 1 <= hit["threads"] <= cores():
+        return hit["threads"], f"measured on this host for {shape} ({cache_path()})"
+    secs = measure()
     best = pick(secs)
     cache[key] = {"threads": best, "seconds": {str(k): round(v, 5) for k, v in secs.items()},
                   "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}
     _write_cache(cache)
-    cpu_threads(best)
     shown = ", ".join(f"{k}: {v * 1000:.0f} ms" for k, v in secs.items())
-    return best, f"measured now, per probe step {shown}; cached in {cache_path()}"
+    return best, f"measured now, per {what} {shown}; cached in {cache_path()}"
 
 
 def time_threads_for(model: Any, opts: list[int], **shape: int) -> dict[int, float]:
@@ -216,20 +222,9 @@ def sft_threads(run_config: Any, task: Any, tok: Any, pairs: list[dict[str, str]
     lengths = sorted(len(tok(x["prompt"] + x["completion"], add_special_tokens=False)["input_ids"])
                      for x in pairs[:64])
     seq = max(8, -(-lengths[len(lengths) // 2] // 16) * 16)  # the median, rounded up to 16 (a stable cache key)
-    key = f"{host_key()}|{sig}|sft:b{batch}:s{seq}"
-    cache = _read_cache()
-    hit = cache.get(key)
-    n_cores = cores()
-    if isinstance(hit, dict) and isinstance(hit.get("threads"), int) and 1 <= hit["threads"] <= n_cores:
-        best, why = hit["threads"], f"measured on this host for this model and SFT shape ({cache_path()})"
-    else:
-        secs = time_threads_for(build(), options(n_cores), batch=batch, seq=seq, decode_steps=0)
-        best = pick(secs)
-        cache[key] = {"threads": best, "seconds": {str(k): round(v, 5) for k, v in secs.items()},
-                      "measured": time.strftime("%Y-%m-%dT%H:%M:%S"), "phase": "sft"}
-        _write_cache(cache)
-        why = (f"measured now, per SFT step ({batch} x {seq} tokens) "
-               + ", ".join(f"{k}: {v * 1000:.0f} ms" for k, v in secs.items()) + f"; cached in {cache_path()}")
+    best, why = _choice(f"{host_key()}|{sig}|sft:b{batch}:s{seq}",
+                        lambda: time_threads_for(build(), options(cores()), batch=batch, seq=seq, decode_steps=0),
+                        f"SFT step ({batch} x {seq} tokens)", "this model and SFT shape")
     was = torch.get_num_threads()
     say(f"torch threads for the SFT warm start: {best} ({why}); {was} again after it")
 
