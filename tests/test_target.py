@@ -8,6 +8,7 @@ library with the seed skills; no model.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -192,6 +193,44 @@ def test_a_refuted_mixture_is_not_proposed_again_from_the_same_state(tmp_path):
     res = _propose(d.model_copy(update={"history": [h]}), tmp_path)
     assert all(c.change.value != again for c in res.candidates if c.change.knob == MIXTURE)
     assert any("already rejected" in n for n in res.notes)
+
+
+def test_a_mixture_near_an_inconclusive_one_continues_its_test_so_the_evidence_pools(tmp_path):
+    """The same intent re-proposed from a new target probe is a slightly different mixture (the too-hard run's
+    0.341/0.336/0.323, then 0.280/0.354/0.365); near an inconclusive mixture change with a positive estimate from the
+    same state, it becomes that change verbatim (same `change_key`, so `pooled_evidence` pools the new pair with the
+    old). Fails if the engineer's fresh weights go through (the key differs), if a far mixture, a negative estimate or a
+    spent (rejected) test is continued, or if an LLM engineer's reply escapes the rule."""
+    from harness.records import HistoryItem
+
+    d1 = diagnose(TOO_HARD, {3: 0.5, 4: 0.5, 5: 0.0}, {3: 0.5, 4: 0.25, 5: 0.25})  # the mix far from the target
+    w1 = _propose(d1, tmp_path).candidates[0].change.value
+    d2 = diagnose(TOO_HARD, {3: 0.5, 4: 0.5, 5: 0.0}, {3: 0.5, 4: 0.5, 5: 0.25})  # next stage: size 4 did better
+    w2 = _propose(d2, tmp_path).candidates[0].change.value
+    tv = 0.5 * sum(abs(w1.get(k, 0) - w2.get(k, 0)) for k in {*w1, *w2})
+    assert w1 != w2 and 0 < tv <= 0.1, (w1, w2)
+    key = change_key(d1.state, Change(kind="env", knob=MIXTURE, value=w1))
+
+    def hist(verdict="inconclusive", effect=0.09):
+        return [HistoryItem(stage=1, candidate="s1-env-mixture-abc", knob=MIXTURE, change="x", verdict=verdict,
+                            effect=effect, ci=(-0.004, 0.17), key=key)]
+
+    res = _propose(d2.model_copy(update={"history": hist()}), tmp_path)
+    c = res.candidates[0]
+    assert c.change.value == w1 and change_key(d2.state, c.change) == key, res.notes
+    assert "continues s1-env-mixture-abc" in c.rationale and any("pools with its evidence" in n for n in res.notes)
+    for h in (hist(effect=-0.03), hist(verdict="rejected")):  # a loser, or a test whose evidence is spent
+        assert _propose(d2.model_copy(update={"history": h}), tmp_path).candidates[0].change.value == w2
+    far = diagnose(TOO_HARD, {3: 0.5, 4: 0.5, 5: 0.0}, {3: 1.0, 4: 1.0, 5: 0.0})  # another picture: a new change
+    assert _propose(far.model_copy(update={"history": hist()}), tmp_path).candidates[0].change.value != w1
+    # an LLM engineer's reply takes the same road
+    script = tmp_path / "replies.jsonl"  # line i: stage i's reply
+    script.write_text("null\n" + json.dumps({"candidates": [{"knob": "env.mixture", "value": w2, "rationale": "r",
+                                                             "expected": "e"}]}) + "\n")
+    with SkillLibrary.open(tmp_path / "skills.db") as lib:
+        llm = propose(EngineerConfig(kind="scripted", script=str(script)),
+                      d2.model_copy(update={"history": hist()}), lib, 1, np.random.default_rng(0))
+    assert llm.engineer_used == "scripted" and llm.candidates[0].change.value == w1, llm.notes
 
 
 def test_change_key_of_equal_mixtures_is_equal():

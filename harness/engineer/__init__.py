@@ -26,6 +26,7 @@ from harness.engineer.proposal import (
     ProposalResult,
     RejectedReply,
     change_key,
+    continue_inconclusive,
     cut,
     knob_space,
     parse_reply,
@@ -97,8 +98,9 @@ def propose(engineer_cfg: EngineerConfig, diagnosis: Diagnosis, skills_library: 
                     messages = messages + [{"role": "assistant", "content": shown},
                                            {"role": "user", "content": retry_message(reason)}]
                     continue
+                cands, same = continue_inconclusive(diagnosis, cands)
                 return ProposalResult(candidates=cands, engineer_used=engineer_cfg.kind,
-                                      notes=notes + [cut(n) for n in more], rejected_replies=bad)
+                                      notes=notes + [cut(n) for n in more + same], rejected_replies=bad)
             if bad:
                 notes.append(f"{engineer_cfg.kind} engineer gave no valid proposal in {len(bad)} attempt(s); last "
                              f"reason: {bad[-1].reason}")
@@ -107,4 +109,5 @@ def propose(engineer_cfg: EngineerConfig, diagnosis: Diagnosis, skills_library: 
     hits = skills_library.applicable([f.code for f in diagnosis.findings], diagnosis.task)
     notes += [cut(n) for n in hits.skipped if cut(n) not in notes]
     cands, more = propose_rule(diagnosis, hits.in_family, hits.fallback, max_candidates, rng, space, rejected)
-    return ProposalResult(candidates=cands, engineer_used="rule", notes=notes + more, rejected_replies=bad)
+    cands, same = continue_inconclusive(diagnosis, cands)
+    return ProposalResult(candidates=cands, engineer_used="rule", notes=notes + more + same, rejected_replies=bad)

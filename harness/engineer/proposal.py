@@ -219,6 +219,58 @@ def rejected_keys_from_history(diagnosis: Diagnosis) -> set[str]:
     return {h.key for h in diagnosis.history if h.verdict == "rejected" and h.key.startswith(prefix)}
 
 
+MIX_SAME_TV = 0.1  # a proposed mixture this close (total variation) to an inconclusive one continues its test
+
+
+def _tv(a: dict[str, float], b: dict[str, float]) -> float:
+    return 0.5 * sum(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in {*a, *b})
+
+
+def continue_inconclusive(diagnosis: Diagnosis, cands: list[Candidate]) -> tuple[list[Candidate], list[str]]:
+    """A whole-mixture proposal within MIX_SAME_TV (total variation) of a mixture change from the same harness state
+    whose test ended inconclusive with a positive estimate becomes that change, verbatim, so its new arm pair is
+    pooled with the earlier evidence (`harness.decisions.pooled_evidence` pools by `change_key`). Why: a mixture is
+    computed from the stage's target probe, whose per-slice rates move by a few points from stage to stage, so the same
+    intent re-proposed is a slightly different change every stage and no test of it ever accumulates evidence (the
+    too-hard run: 0.341/0.336/0.323, then 0.280/0.354/0.365, TV 0.06, each decided on one pair). Knob values an
+    engineer sets by rule are the same each time and pool already. Returns the candidates and a note per change."""
+    prefix = f"{diagnosis.state}|{MIXTURE}|"
+    earlier: list[tuple[float, str, dict[str, float]]] = []
+    for h in diagnosis.history:
+        if h.verdict != "inconclusive" or not h.key.startswith(prefix) or h.effect is None or h.effect <= 0:
+            continue
+        try:
+            earlier.append((h.ci[0] if h.ci else -1.0, h.candidate, canonical_mixture(json.loads(h.key[len(prefix):]))))
+        except (ValueError, TypeError):
+            continue
+    if not earlier:
+        return cands, []
+    out, notes = [], []
+    for c in cands:
+        if c.change.knob != MIXTURE or not isinstance(c.change.value, dict):
+            out.append(c)
+            continue
+        try:
+            mine = canonical_mixture(c.change.value)
+        except ValueError:
+            out.append(c)
+            continue
+        near = [(lo, cid, mix) for lo, cid, mix in earlier if _tv(mine, mix) <= MIX_SAME_TV]
+        if not near or any(mine == mix for _, _, mix in near):
+            out.append(c)
+            continue
+        _, cid, mix = max(near, key=lambda e: e[0])
+        change = c.change.model_copy(update={"value": mix})
+        note = (f"{MIXTURE} {json.dumps(mine)} is within total variation {_tv(mine, mix):.3f} of {cid}'s "
+                f"{json.dumps(mix)} (inconclusive, positive estimate): proposed as that change, so the new pair pools "
+                "with its evidence")
+        fresh = make_candidate(diagnosis, change, c.old_value, "", c.expected, c.target_metric, c.engineer, c.skill)
+        out.append(c.model_copy(update={"id": fresh.id, "change": change,
+                                        "rationale": cut(f"{c.rationale} [continues {cid}: {note}]", 2000)}))
+        notes.append(note)
+    return out, notes
+
+
 def make_candidate(diagnosis: Diagnosis, change: Change, old_value: Any, rationale: str, expected: str,
                    target_metric: str, engineer: str, skill: str | None = None) -> Candidate:
     slug = re.sub(r"[^a-z0-9]+", "-", change.knob.lower()).strip("-")
