@@ -29,6 +29,7 @@ from harness.records import RewardBatch, cut, read_rollouts, write_reward_batche
 from harness.results import ArmLook, ArmRecord, StartJudged, Trained
 from harness.round0 import harness_models
 from harness.run import Run
+from harness.threads import step_trial
 
 TENSORBOARD_DIR = "tensorboard"  # event files per phase: tensorboard/s<k>/<sft|policy|control|candidate id>
 
@@ -137,9 +138,11 @@ def train_policy(run: Run, stage: int, arm: str, start: str, files: dict[str, st
     model, tok = run.load(start)
     batches: list[RewardBatch] = []
     t0 = time.perf_counter()  # training compute = the whole TRL call (trainer setup + steps), not just train()
+    trial = step_trial(lambda msg: run.event(stage, "train", "threads", msg))  # None unless a probe's choice waits
     m = train_arm(model, tok, run.task, files, steps, seeds, seed, style=run.style,
                   instances=run.instances(env, seeds), progress=progress_cb(run, stage, arm),
-                  tensorboard_dir=run.run_dir / TENSORBOARD_DIR / f"s{stage}" / arm, record=batches)
+                  tensorboard_dir=run.run_dir / TENSORBOARD_DIR / f"s{stage}" / arm, record=batches,
+                  callbacks=[trial] if trial is not None else None)
     secs = time.perf_counter() - t0
     run.save(model, tok, out)
     rewards = write_reward_batches(run.path("rollouts", f"s{stage}-{arm}-train-rewards.jsonl.gz"), batches)

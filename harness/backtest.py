@@ -201,12 +201,13 @@ def read_harness(files: dict[str, str], task: Any) -> tuple[BaseModel, Any, Base
 
 def train_arm(model, tok, task: Any, files: dict[str, str], steps: int, train_seeds: list[int], seed: int,
               style: str | None = None, instances: list | None = None, progress=None, tensorboard_dir=None,
-              record: list | None = None):
+              record: list | None = None, callbacks: list | None = None):
     """GRPO `steps` steps on `model` (in place) under the harness `files`: its env draws the training instances of
     `train_seeds` (train split only; the prefix the steps consume), its recipe and reward shaping train. `seed` is the
     arm's training randomness (equal for both arms of a real decision). `instances` (already generated from that env
     and those seeds) skips generation. `record` (a list) collects the training rollouts' rewards, one
-    `harness.records.RewardBatch` per GRPO scoring call. Returns `policies.train.GRPOMetrics`."""
+    `harness.records.RewardBatch` per GRPO scoring call. `callbacks`: extra transformers TrainerCallbacks. Returns
+    `policies.train.GRPOMetrics`."""
     from harness.policy_glue import grpo_rows, reward_fn
     from policies.train import train_grpo
 
@@ -217,7 +218,7 @@ def train_arm(model, tok, task: Any, files: dict[str, str], steps: int, train_se
         instances = instances[: len(seeds_used)]
     rows = grpo_rows(task, env, seeds_used, style, instances=instances)  # refuses seeds outside the train split
     return train_grpo(model, tok, rows, reward_fn(task, shaping, record), recipe, progress=progress,
-                      tensorboard_dir=tensorboard_dir)
+                      tensorboard_dir=tensorboard_dir, callbacks=callbacks)
 
 
 def judge_arm(model, tok, task: Any, instances: list, judge: Judge, sampling_seed: int, style: str | None = None,

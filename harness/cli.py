@@ -325,12 +325,14 @@ def bench_run(
     overhead_stages: Annotated[int, typer.Option(min=0, help="demo-config stages timed for the overhead (0: skip)")] = 3,
     sft_steps: Annotated[int | None, typer.Option(min=1, help="the trials' SFT warm start steps (long enough for "
                                                   "kills to land in it; default: the tiny config's 8)")] = None,
+    at_checkpoints: Annotated[bool, typer.Option(help="kill a random delay after each new SFT checkpoint instead of "
+                                                 "at random moments (use with --sft-steps; no overhead timing)")] = False,
 ) -> None:
     """Crash safety (SIGKILL at random points, resume, check) and framework overhead of the autonomous run."""
     from harness.benchmarks.run import main as bench
 
     res = bench(trials=trials, max_kill_s=max_kill_s, kill_resumes=kill_resumes, seed=seed,
-                overhead_stages=overhead_stages, sft_steps=sft_steps)
+                overhead_stages=overhead_stages, sft_steps=sft_steps, at_checkpoints=at_checkpoints)
     if res["passed"] != trials:
         raise typer.Exit(1)
 

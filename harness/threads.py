@@ -15,8 +15,10 @@ fast as two on this AMD host for the tiny preset, two faster on the Intel host o
 default (every core) was the slow one here. Models above AUTO_MAX_PARAMS, and runs on a GPU, keep torch's default.
 Arms on Ray use their own `arm_resources.num_cpus` threads, as before. The SFT warm start is measured apart
 (`sft_threads`: its forward+backward at its batch and the demonstrations' length, no decoding) and runs at its own
-choice, then the run's count is restored. The measurement is taken on the machine as it
-is at that moment: one taken while other jobs held the cores sticks until `threads.json` is deleted.
+choice, then the run's count is restored. The probe's choice is then checked on the run's first GRPO steps
+(`step_trial`: each count for a few real steps, under the run's own other work on the cores) and the entry is marked
+confirmed with the step times; a confirmed choice is not checked again. A measurement taken while other jobs held
+the cores sticks until `threads.json` is deleted.
 """
 
 from __future__ import annotations
@@ -142,6 +144,8 @@ def apply_threads(run_config: Any, task: Any) -> tuple[int, str]:
 
     from policies import cpu_threads
 
+    global _UNCONFIRMED
+    _UNCONFIRMED = None
     env = os.environ.get(ENV, "").strip()
     want = env or run_config.scale.threads
     source = ENV if env else "scale.threads"
@@ -166,10 +170,94 @@ def apply_threads(run_config: Any, task: Any) -> tuple[int, str]:
     if made is None:
         return torch.get_num_threads(), f"torch's default ({why})"
     sig, build = made
-    best, why = _choice(f"{host_key()}|{sig}", lambda: time_threads_for(build(), options(n_cores)), "probe step",
-                        "this model shape")
+    key = f"{host_key()}|{sig}"
+    best, why = _choice(key, lambda: time_threads_for(build(), options(n_cores)), "probe step", "this model shape")
     cpu_threads(best)
+    _UNCONFIRMED = None if _read_cache().get(key, {}).get("confirmed") else key
     return best, why
+
+
+# --- the choice checked on the run's own GRPO steps ------------------------------------------------------------------
+
+_UNCONFIRMED: str | None = None  # the cache key of this process's probe-based choice, until real steps confirm it
+TRIAL_WARMUP = 2  # GRPO steps at the probe's choice before the trial (the first step pays one-off setup)
+TRIAL_ROUNDS = 2  # each count runs 2 x TRIAL_ROUNDS steps, in ABBA order (a drift in step cost cancels)
+
+
+def _now() -> float:
+    return time.perf_counter()
+
+
+def step_trial(say=lambda msg: None):
+    """A transformers TrainerCallback that checks this process's probe-based thread choice on the GRPO steps it is
+    about to run, or None when there is nothing to check (a number, `default`, a choice already confirmed, or this
+    is not the process that made it: a Ray arm). Why: the probe times a step's shapes alone, and the run's steps share
+    the cores with its own other work (the instance prefetch worker, Ray arms): on the 2-core AMD host the probe once
+    said 2 threads were 12% faster while the demo's stages ran 48% slower on 2 (BENCHMARKS.md). After TRIAL_WARMUP
+    steps, each thread count runs 2 x TRIAL_ROUNDS steps in ABBA order (at 2 counts, 8 steps: ~4 at the slower
+    count), the median step times are `pick`ed (the same margin), the count is set for the rest of the run and the
+    cache entry is marked confirmed with the step times, so later runs on this host skip the trial. A training call
+    too short to finish the trial leaves the count and the cache as they were (the next call tries again).
+    `say(message)` is called once with the outcome."""
+    if _UNCONFIRMED is None or cores() <= 1:
+        return None
+    import statistics
+
+    import torch
+    from transformers import TrainerCallback
+
+    from policies import cpu_threads
+
+    key, counts = _UNCONFIRMED, options(cores())
+    order = [c for r in range(TRIAL_ROUNDS) for c in (counts if r % 2 == 0 else counts[::-1]) for _ in (0, 1)]
+    was = torch.get_num_threads()
+
+    class ThreadTrial(TrainerCallback):
+        def __init__(self) -> None:
+            self.times: dict[int, list[float]] = {c: [] for c in counts}
+            self.t0: float | None = None
+            self.done = False
+
+        def _slot(self, step: int) -> int | None:
+            i = step - TRIAL_WARMUP
+            return order[i] if 0 <= i < len(order) and not self.done else None
+
+        def on_step_begin(self, args, state, control, **kw):
+            n = self._slot(state.global_step)
+            if n is not None:
+                cpu_threads(n)
+                self.t0 = _now()
+
+        def on_step_end(self, args, state, control, **kw):
+            n = self._slot(state.global_step - 1)  # global_step counts the step that just ended
+            if n is None or self.t0 is None:
+                return
+            self.times[n].append(_now() - self.t0)
+            self.t0 = None
+            if state.global_step - TRIAL_WARMUP == len(order):
+                self._decide()
+
+        def on_train_end(self, args, state, control, **kw):
+            if not self.done:  # too few steps for the whole trial: as it was
+                cpu_threads(was)
+
+        def _decide(self) -> None:
+            global _UNCONFIRMED
+            self.done = True
+            med = {c: statistics.median(t) for c, t in self.times.items() if t}
+            best = pick(med)
+            cpu_threads(best)
+            cache = _read_cache()
+            entry = cache.get(key) if isinstance(cache.get(key), dict) else {}
+            cache[key] = {**entry, "threads": best, "confirmed": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                          "step_seconds": {str(c): round(v, 5) for c, v in med.items()}}
+            _write_cache(cache)
+            _UNCONFIRMED = None
+            shown = ", ".join(f"{c}: {v * 1000:.0f} ms" for c, v in med.items())
+            say(f"torch threads checked on this run's GRPO steps (median per step {shown}): {best}"
+                + (f" (the probe said {was})" if best != was else ", as the probe said") + f"; cached in {cache_path()}")
+
+    return ThreadTrial()
 
 
 def _choice(key: str, measure, what: str, shape: str) -> tuple[int, str]:

@@ -262,4 +262,5 @@ def test_calibration_replay_judges_recorded_pairs_under_another_gate(tmp_path):
     fut = replay([str(f)], futility=0.05)
     assert plain["not_replayable"] == fut["not_replayable"] == 1 and plain["decisions"] == 1
     assert plain["sequential_mean_pairs"] >= 2 and fut["sequential_mean_pairs"] == 1
-    assert fut["sequential_seconds_per_decision"] == pytest.approx(100.0)
+    # one pair's training (80 s) and the judging of the instances its looks used (20 s per 160), no more
+    assert 80.0 + 20.0 * 40 / 160 <= fut["sequential_seconds_per_decision"] <= 100.0

@@ -160,3 +160,51 @@ def test_more_threads_are_chosen_only_when_clearly_faster():
     assert pick({1: 0.754, 2: 0.665}) == 1  # 12% faster: not enough
     assert pick({1: 0.320, 2: 0.212}) == 2  # 34% faster
     assert pick({1: 0.5, 2: 0.6}) == 1 and pick({1: 1.0, 2: 0.7, 4: 0.65}) == 2 and pick({1: 1.0, 2: 0.7, 4: 0.5}) == 4
+
+
+def test_the_probes_choice_is_checked_on_the_runs_own_grpo_steps(restore_threads, monkeypatch):
+    """`step_trial`: the probe's choice is checked on real GRPO steps (after 2 warm-up steps, each count in ABBA
+    order), the faster by the margin is kept for the rest of the run and cached as confirmed, so the next start
+    checks nothing; a training call too short for the whole trial leaves the count and the cache as they were.
+    The step clock is faked (2 threads twice as fast as 1, the probe saying 1) so the outcome does not depend on the
+    machine; the steps are a real tiny GRPO run. Would catch a trial that never switches threads (both counts would
+    time alike and the fewer be kept), a result not applied or not cached, or a trial run again."""
+    from harness import threads
+    from policies.model import build_model
+    from policies.train import Recipe, train_grpo
+
+    if threads.cores() < 2:
+        pytest.skip("one core: there is nothing to choose")
+    monkeypatch.setattr(threads, "time_threads_for", lambda model, opts, **kw: {n: 0.01 * n for n in opts})
+    cfg = parse_config(TINY, "test")
+    assert threads.apply_threads(cfg, MAPF)[0] == 1 == torch.get_num_threads()
+
+    clock = [0.0]
+
+    def now():  # each reading advances by a step's cost at the current thread count
+        clock[0] += 1.0 if torch.get_num_threads() == 1 else 0.5
+        return clock[0]
+
+    monkeypatch.setattr(threads, "_now", now)
+    model, tok = build_model("tiny", "ab", words=[])
+    rows = [{"prompt": w} for w in ("ab", "ba", "aa", "bb")]
+
+    def grpo(steps, trial):
+        recipe = Recipe(steps=steps, batch_size=8, num_generations=4, max_completion_length=4, beta=0.0,
+                        warmup_ratio=0.0, temperature=1.0)
+        return train_grpo(model, tok, rows, lambda p, c, **kw: [float(x.count("a")) for x in c], recipe,
+                          callbacks=[trial])
+
+    said: list[str] = []
+    grpo(5, threads.step_trial(said.append))  # 2 warm-up + 3 of the 8 trial steps: no decision
+    assert said == [] and torch.get_num_threads() == 1
+    assert "confirmed" not in next(iter(json.loads(threads.cache_path().read_text()).values()))
+    grpo(threads.TRIAL_WARMUP + 2 * threads.TRIAL_ROUNDS * len(threads.options(threads.cores())) + 1,
+         threads.step_trial(said.append))
+    best = 2  # every count above 1 is twice as fast on this clock: the fewest of them
+    assert torch.get_num_threads() == best and len(said) == 1 and "the probe said 1" in said[0], said
+    entry = next(iter(json.loads(threads.cache_path().read_text()).values()))
+    assert entry["threads"] == best and entry["confirmed"] and entry["step_seconds"]["1"] > entry["step_seconds"]["2"]
+    assert threads.step_trial() is None  # confirmed in this process
+    torch.set_num_threads(1)
+    assert threads.apply_threads(cfg, MAPF)[0] == best and threads.step_trial() is None  # and at the next start

@@ -14,11 +14,14 @@ compute, as a share of stage wall time. Prints grep-able `crash_trials_passed:` 
 
     evotrainer bench run --trials 0 --overhead-stages 3      # only the demo-stage overhead (~3 min)
     evotrainer bench run --trials 20 --sft-steps 100 --overhead-stages 0   # kills that land in the warm start too
+    evotrainer bench run --trials 5 --sft-steps 100 --at-checkpoints       # a kill after every SFT checkpoint
 
 `--sft-steps N` lengthens the trials' SFT warm start (it checkpoints itself every `harness.warmstart.save_every(N)`
 steps), so that kills land in it as well: after each kill the trial reads the last complete SFT checkpoint on disk
 (when setup was not yet recorded), and the finished run must show that the next process continued from exactly that
 step (its `sft_resumed` event), never from zero. Per trial: `kills_in_sft`, `sft_resumes_checked`.
+`--at-checkpoints` aims the kills instead (`checkpoint_kill_trial`): a kill a random delay after each new SFT
+checkpoint appears, so every checkpoint the warm start writes is resumed from, some kills landing mid-write.
 """
 
 from __future__ import annotations
@@ -183,6 +186,64 @@ def crash_trial(workdir: Path, trial: int, kill_after: float, kill_resumes: bool
             "kills_in_sft": len(in_sft), "sft_resumes_checked": sum(1 for s in in_sft if s > 0)}
 
 
+def checkpoint_kill_trial(workdir: Path, trial: int, rng: random.Random, config: dict[str, Any],
+                          poll_s: float = 0.1) -> dict[str, Any]:
+    """A trial whose kills are aimed at the warm start's checkpoints: each time a new SFT checkpoint appears on disk,
+    the process is SIGKILLed a random delay later (uniform over 0 to 1.2 x the time the last checkpoint took, so some
+    kills land in the next checkpoint's write) and resumed; once setup is recorded the run finishes unkilled. So every
+    checkpoint the warm start writes is one a resume must continue from (the random first-kill design of
+    `crash_trial` lands most kills elsewhere). Checks as `crash_trial` does, plus: a resume from every checkpoint
+    killed after, and no SFT step trained twice beyond what the kills could cost (the `sft_resumed` events)."""
+    from harness.warmstart import RESUME_DIR
+    from policies.train import latest_resume_checkpoint, resume_step
+
+    home = workdir / f"home{trial}"
+    cfg = workdir / "tiny.yaml"
+    cfg.write_text(yaml.safe_dump(config))
+    runs = workdir / "runs"
+    run_id = f"ckpt{trial}"
+    run_dir = runs / run_id
+    p = _cli(["run", str(cfg), "--runs-dir", str(runs), "--run-id", run_id], home)
+    seen, in_sft, kills = 0, [], 0
+    gap, kill_at, resumed, since = 3.0, None, 0, None  # since: when this process's SFT continued (its event)
+    count = "SELECT COUNT(*) FROM events WHERE run = ? AND kind = 'sft_resumed'"
+    while p.poll() is None:
+        time.sleep(poll_s)
+        now = time.monotonic()
+        if kill_at is not None and now >= kill_at:
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+            kills += 1
+            at = _sft_checkpoint_at_kill(run_dir, run_id)
+            if at is not None:
+                in_sft.append(at)
+            p = _cli(["resume", str(run_dir)], home)
+            kill_at, since = None, None
+            continue
+        if kill_at is not None or _sft_checkpoint_at_kill(run_dir, run_id) is None:
+            continue  # a kill already scheduled, or the warm start is not running (before the run, or done)
+        n = (_read_one(run_dir / "run.db", count, [run_id]) or (0,))[0]
+        if n > resumed:
+            resumed, since = n, now
+        last = latest_resume_checkpoint(run_dir / "checkpoints" / RESUME_DIR)
+        step = resume_step(last) if last is not None else 0
+        if step > seen:
+            if since is not None:  # the SFT's own time from its resume to this checkpoint: the checkpoint interval
+                gap = max(0.5, now - since)
+            seen = step
+            kill_at = now + rng.uniform(0, 1.2 * gap)
+    failed = p.returncode != 0
+    problems = [f"exit {p.returncode}: {p.stderr.read().decode()[-1500:]}"] if failed else []
+    if _run_status(run_dir / "run.db", run_id) != "finished":
+        problems.append("the run is not recorded as finished")
+    problems += check_run(run_dir, home / "skills.db")
+    problems += _sft_progress_kept(run_dir, run_id, in_sft)
+    if not in_sft:
+        problems.append("no kill landed in the warm start (its SFT wrote no checkpoint the trial saw)")
+    return {"trial": trial, "kills": kills, "problems": problems, "kills_in_sft": len(in_sft),
+            "sft_resumes_checked": sum(1 for s in in_sft if s > 0), "checkpoints_killed_after": in_sft}
+
+
 def _sft_checkpoint_at_kill(run_dir: Path, run_id: str) -> int | None:
     """None when the kill did not land in the warm start (no run yet, or setup already recorded); else the step of
     the SFT's last complete resumable checkpoint on disk (0: none yet)."""
@@ -260,13 +321,15 @@ def overhead_demo_stages(workdir: Path, stages: int = 3, config_path: Path = DEM
 
 
 def main(trials: int = 10, max_kill_s: float = 90.0, kill_resumes: bool = True, seed: int = 0,
-         overhead_stages: int = 3, sft_steps: int | None = None) -> dict[str, Any]:
+         overhead_stages: int = 3, sft_steps: int | None = None, at_checkpoints: bool = False) -> dict[str, Any]:
     rng = random.Random(seed)
     config = dict(TINY)
     if sft_steps is not None:  # a warm start long enough for kills to land in it
         config["warm_start"] = {"sft_examples": max(64, 4 * sft_steps), "sft_steps": sft_steps}
     with tempfile.TemporaryDirectory(prefix="evotrainer-bench-run-") as d:
         work = Path(d)
+        if at_checkpoints:
+            return _checkpoint_trials(work, trials, rng, config)
         demo: list[dict[str, Any]] = []
         if overhead_stages and DEMO_CONFIG.is_file():
             demo = overhead_demo_stages(work, overhead_stages)
@@ -296,3 +359,19 @@ def main(trials: int = 10, max_kill_s: float = 90.0, kill_resumes: bool = True, 
               f"kills_in_sft: {sum(r['kills_in_sft'] for r in results)}\n"
               f"sft_resumes_checked: {sum(r['sft_resumes_checked'] for r in results)}", flush=True)
         return {"overhead": ov, "demo_overhead": demo, "trials": results, "passed": passed}
+
+
+def _checkpoint_trials(work: Path, trials: int, rng: random.Random, config: dict[str, Any]) -> dict[str, Any]:
+    results = []
+    for i in range(trials):
+        r = checkpoint_kill_trial(work, i, rng, config)
+        results.append(r)
+        print(f"trial {i}: killed {r['kills']}x, {r['kills_in_sft']} in the warm start after its checkpoints at steps "
+              f"{r['checkpoints_killed_after']} -> {'ok' if not r['problems'] else 'FAIL: ' + '; '.join(r['problems'])}",
+              flush=True)
+    passed = sum(1 for r in results if not r["problems"])
+    print(f"crash_trials: {trials}\ncrash_trials_passed: {passed}\n"
+          f"kills_total: {sum(r['kills'] for r in results)}\n"
+          f"kills_in_sft: {sum(r['kills_in_sft'] for r in results)}\n"
+          f"sft_resumes_checked: {sum(r['sft_resumes_checked'] for r in results)}", flush=True)
+    return {"trials": results, "passed": passed}
