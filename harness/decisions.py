@@ -3,6 +3,7 @@
     vs, control = look_until_decided(run, k, arms, main_files, cand_files)   # batches of instances until decided
     prior, pooled, note = pooled_evidence(run, cid)                          # earlier inconclusive tests of a change
     retest = most_promising_inconclusive(run, state, causes)                 # what escalation re-tests
+    cands = runners_up(run, k, diagnosis, cands, slots)                      # last stage's beaten gate-passers
 
 A stage's arms are trained once (`harness.arms.run_arms`, judged on the first look's instances); then, while a
 candidate's sequential look (`harness.backtest.verdicts` -> `harness.sequential.decide`) says `more_instances`, the
@@ -20,7 +21,7 @@ from typing import Any
 
 from harness.arms import arm_eval, backtest_seeds, judge_more
 from harness.backtest import ArmEval, judge_fingerprint, prior_pairs, verdicts
-from harness.records import Evidence, Verdict
+from harness.records import Evidence, Verdict, cut
 from harness.run import Run
 
 
@@ -245,3 +246,43 @@ def escalate(run: Run, k: int, diagnosis: Any, candidates: list[Any], slots: int
     run.event(k, "propose", "escalation", f"{why}: re-testing the most promising inconclusive fix {row['id']} "
               f"({old.change.knob} -> {old.change.value}) first", key=f"{k}/escalation")
     return [retest, *rest][:max(slots, 1)]
+
+
+def runners_up(run: Run, k: int, diagnosis: Any, candidates: list[Any], slots: int) -> list[Any]:
+    """One change a stage is promoted (`harness.backtest.choose_winner`): a change of stage k-1 that passed the gate
+    and was beaten by that stage's winner is evidence that it works, from a harness state that no longer exists. So
+    stage k re-tests it first from the new state (a new control: the winner's harness), best lower bound first, ahead
+    of the engineer's own candidates (which fill the other slots, none on the same knob); escalation's re-test, when
+    the stage escalates, still comes before it (`escalate` runs after). A change that no longer applies to the new
+    harness is skipped with an event. Why: the too-hard run's whole-mixture change passed the gate at stage 2
+    (+0.225 [+0.028, +0.377]) behind a learning-rate change, and nothing ever tested it again. Returns the candidates
+    to commit."""
+    from harness.memory import candidate_from_row, passed_gate
+    from harness.vet import apply_change
+
+    if k <= 1:
+        return candidates
+    rows = sorted((c for c in run.store.candidates(run.id, stage=k - 1) if passed_gate(c)),
+                  key=lambda r: -(r.get("ci_low") if r.get("ci_low") is not None else -1.0))
+    if not rows:
+        return candidates
+    main = run.workspace().files("main")
+    front = []
+    for row in rows:
+        old = candidate_from_row(row)
+        try:
+            apply_change(main, old.change, run.task)
+        except ValueError as exc:
+            run.event(k, "propose", "runner_up_skipped", f"{row['id']} ({old.change.knob} -> {old.change.value}) "
+                      f"passed the gate at stage {k - 1} but does not apply to the new harness: {cut(exc, 300)}",
+                      key=f"{k}/runnerup/{row['id']}")
+            continue
+        ev = row.get("evidence") or {}
+        why = (f"{row['id']} passed the gate at stage {k - 1} (effect {ev.get('effect', 0):+.3f} "
+               f"[{ev.get('ci_low', 0):+.3f}, {ev.get('ci_high', 0):+.3f}], n={ev.get('n')}) and was "
+               f"{row.get('reason') or 'beaten'}: re-tested from the new harness state")
+        front.append(old.model_copy(update={"rationale": cut(f"runner-up: {why}. Was: {old.rationale}", 2000)}))
+        run.event(k, "propose", "runner_up", why, key=f"{k}/runnerup/{row['id']}")
+    knobs = {c.change.knob for c in front}
+    rest = [c for c in candidates if c.change.knob not in knobs]
+    return [*front, *rest][:max(slots, 1)]

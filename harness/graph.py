@@ -35,7 +35,7 @@ import numpy as np
 
 from harness.arms import judge_start, prefetch_arms, prefetch_stage, run_arms, train_policy, warm_start
 from harness.backtest import ArmEval, choose_winner, regression
-from harness.decisions import escalate, fell_below_start, look_until_decided
+from harness.decisions import escalate, fell_below_start, look_until_decided, runners_up
 from harness.diagjudge import judge_diagnostics, split_verdicts
 from harness.evaluation import previous_target, report_eval, rollouts, target_probe
 from harness.memory import candidate_from_row, history, human_feedback, regression_findings, remember_skills
@@ -244,6 +244,7 @@ def node_propose(run: Run, state: State) -> State:
         run.event(k, "propose", "engineer_note", note, key=f"{k}/note/{note[:80]}")
     for bad in res.rejected_replies:
         run.event(k, "propose", "reply_rejected", bad.reason, key=f"{k}/bad/{bad.attempt}")
+    res.candidates = runners_up(run, k, diag, res.candidates, cfg.stage.candidates)  # then escalation's, first
     res.candidates = escalate(run, k, diag, res.candidates, cfg.stage.candidates)
     ws = run.workspace()
     main_files = ws.files("main")

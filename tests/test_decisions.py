@@ -235,3 +235,49 @@ def test_a_change_that_passed_the_gate_and_was_beaten_is_a_success_for_its_skill
     finally:
         lib.close()
     assert tries == {"s1c1": 1, "s1c2": 1, "s1c3": 0}, tries
+
+
+def test_a_change_beaten_at_the_gate_is_re_tested_first_in_the_next_stage_from_the_new_state(run):
+    """Stage 1 promoted the learning rate; the temperature change passed the gate too and was beaten (one promotion
+    a stage). Stage 2 re-tests the temperature change first, from the harness the winner made, ahead of the
+    engineer's own candidate on the same knob and before its other one; a refuted candidate of stage 1 is not
+    brought back, nor a beaten one that no longer changes anything (a later edit set its value). Would catch a loop
+    that drops a gate-passing change for good (the too-hard run's mixture change), re-tests refuted ones, or crowds
+    out the engineer's other knobs."""
+    from harness.backtest import choose_winner
+    from harness.decisions import runners_up
+    from harness.memory import history
+    from harness.vet import apply_change
+
+    temp = Change(kind="recipe", knob="recipe.temperature", value=0.7)
+    beta = Change(kind="recipe", knob="recipe.beta", value=0.04)
+    length = Change(kind="recipe", knob="recipe.max_completion_length", value=40)
+    for cid, ch in (("s1c1", LR), ("s1c2", temp), ("s1c3", beta), ("s1c4", length)):
+        _propose(run, cid, ch, 1)
+
+    def v(cid, decision, ci_low):
+        ev = Evidence(n=40, control=0.2, candidate=0.3, effect=0.1, ci_low=ci_low, ci_high=0.2,
+                      looks=[{"n": 40, "decision": {"promoted": "promoted", "rejected": "refuted"}[decision]}])
+        return Verdict(candidate=cid, decision=decision, reason="gate", evidence=ev)
+
+    _, out = choose_winner([v("s1c1", "promoted", 0.05), v("s1c2", "promoted", 0.03), v("s1c3", "rejected", -0.2),
+                            v("s1c4", "promoted", 0.02)])
+    for x in out:
+        run.store.set_candidate_verdict(x)
+    ws = run.workspace()
+    ws.promote("s1c1", {}, "won")
+    ws.propose("h1", apply_change(ws.files("main"), length, MAPF), summary="a person's edit", rationale="r",
+               factor=length.knob, stage=1)
+    ws.promote("h1", {}, "a person's edit")
+    diag = Diagnosis(task="mapf", stage=2, state=ws.head(), history=history(run), findings=[])
+    own = [Candidate(id="a", stage=2, change=Change(kind="recipe", knob="recipe.temperature", value=0.3),
+                     old_value=0.5, rationale="the engineer's own temperature"),
+           Candidate(id="b", stage=2, change=Change(kind="recipe", knob="recipe.num_generations", value=16),
+                     old_value=8, rationale="the engineer's next skill")]
+    got = runners_up(run, 2, diag, own, 3)
+    assert [c.change for c in got] == [temp, own[1].change], [c.change for c in got]
+    assert got[0].rationale.startswith("runner-up: s1c2 passed the gate") and "beaten by s1c1" in got[0].rationale
+    kinds = {e["kind"]: e["message"] for e in run.store.events("r")}
+    assert "s1c4" in kinds["runner_up_skipped"] and "does nothing" in kinds["runner_up_skipped"]
+    assert runners_up(run, 2, diag, own, 1) == got[:1]
+    assert runners_up(run, 1, diag, own, 2) == own
