@@ -314,16 +314,45 @@ def _drop_printer(trainer) -> None:
 _SCRATCH: list[str] = []  # temporary folders of the training call in progress, removed when it ends
 
 
+SCRATCH_PREFIX = "evotrainer-trl-"
+
+
 def _scratch_dir(out_dir: str | Path | None) -> str:
     """`out_dir`, or a fresh temporary folder (TRL's output_dir, the KL reference's weights) that `_drop_scratch`
-    removes when the call that made it ends: one is made per stage, so keeping them would fill /tmp on a long run."""
+    removes when the call that made it ends: one is made per stage, so keeping them would fill /tmp on a long run.
+    Its name carries the process id; a process that was killed cannot remove its own, so the next one removes the
+    folders of processes no longer alive (`_sweep_orphans`): an overnight run killed and resumed N times would
+    otherwise leave N copies of a reference model's weights in /tmp."""
     import tempfile
 
     if out_dir:
         return str(out_dir)
-    path = tempfile.mkdtemp(prefix="evotrainer-trl-")
+    _sweep_orphans(Path(tempfile.gettempdir()))
+    path = tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-")
     _SCRATCH.append(path)
     return path
+
+
+def _sweep_orphans(tmp: Path) -> int:
+    """Remove scratch folders whose process (the pid in the name) is gone; folders of live processes and older
+    unnamed ones are left. Returns how many were removed."""
+    import shutil
+
+    gone = 0
+    for p in tmp.glob(f"{SCRATCH_PREFIX}*-*"):
+        pid = p.name[len(SCRATCH_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # alive (or another user's: not ours to remove)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        shutil.rmtree(p, ignore_errors=True)
+        gone += 1
+    return gone
 
 
 def _drop_scratch() -> None:

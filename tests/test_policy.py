@@ -413,3 +413,29 @@ def test_a_copy_of_a_trained_model_runs_its_own_weights():
         assert torch.allclose(model(input_ids=x).logits, stale(input_ids=x).logits)
     bad = check_logprobs(stale, tok, WORDS, Recipe(batch_size=16, num_generations=4, max_completion_length=10))
     assert bad.max_abs_diff > 1e-2, bad
+
+
+def test_a_killed_processs_scratch_folders_are_removed_by_the_next_one(tmp_path):
+    """TRL's output_dir and the KL reference's weights go to a scratch folder named with its process id, removed
+    when the training call ends; a SIGKILLed process cannot remove its own, so the next call sweeps the folders of
+    processes that are gone (the kill trials left 63 in /tmp). Would catch a sweep that removes a live process's
+    folder, or none."""
+    import subprocess
+    import sys
+
+    from policies.train import SCRATCH_PREFIX, _sweep_orphans
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        for pid in (dead.pid, live.pid, os.getpid()):
+            (tmp_path / f"{SCRATCH_PREFIX}{pid}-abc" / "reference").mkdir(parents=True)
+        (tmp_path / f"{SCRATCH_PREFIX}oldstyle").mkdir()
+        assert _sweep_orphans(tmp_path) == 1
+        left = sorted(p.name for p in tmp_path.iterdir())
+        assert left == sorted([f"{SCRATCH_PREFIX}{live.pid}-abc", f"{SCRATCH_PREFIX}{os.getpid()}-abc",
+                               f"{SCRATCH_PREFIX}oldstyle"])
+    finally:
+        live.kill()
+        live.wait()
