@@ -40,7 +40,7 @@ def test_a_sample_reads_the_process_tree_and_the_run_folder(tmp_path):
         (tmp_path / "checkpoints" / "s1-train" / "model.safetensors").write_bytes(b"x" * 2**20)
         row = sample(p.pid, tmp_path, "r", time.time())
         assert row["procs"] == 2 and row["checkpoints"] == 1 and row["fds"] > 0 and row["rss_mb"] > 0
-        assert 0.99 < row["run_dir_mb"] < 1.01 and row["stages"] == 0
+        assert 0.99 < row["run_dir_mb"] < 1.01 and row["stages"] == 0 and row["graph_db_mb"] == 0.0
     finally:
         subprocess.run(["pkill", "-KILL", "-P", str(p.pid)], check=False)
         p.kill()
@@ -48,9 +48,9 @@ def test_a_sample_reads_the_process_tree_and_the_run_folder(tmp_path):
 
 def test_growth_is_the_slope_after_the_settle_stages():
     rows = [{"t_s": i, "stages": s, "rss_mb": 500 + (100 if s < 2 else 2 * s), "main_rss_mb": 300, "procs": 3,
-             "fds": 40, "run_dir_mb": 10 + s, "run_db_mb": 1 + 0.1 * s, "checkpoints": 4}
+             "fds": 40, "run_dir_mb": 10 + s, "run_db_mb": 1 + 0.1 * s, "graph_db_mb": 0.2, "checkpoints": 4}
             for i, s in enumerate([0, 1, 1, 2, 3, 4, 5, 6])]
     g = growth(rows, settle=2)
-    assert g["rss_mb"]["per_stage"] == 2.0 and g["checkpoints"]["per_stage"] == 0.0
+    assert g["rss_mb"]["per_stage"] == 2.0 and g["checkpoints"]["per_stage"] == 0.0 == g["graph_db_mb"]["per_stage"]
     assert g["run_dir_mb"]["per_stage"] == 1.0 and g["rss_mb"]["max"] == 600  # the warm-up peak
     assert growth(rows[:3], settle=2)["rss_mb"]["per_stage"] is None  # too few stages after settling
