@@ -8,7 +8,9 @@ It starts `evotrainer run` on the config in a subprocess (its `budget.wall_clock
 raised so that the clock ends it) and every `--every` seconds samples: resident memory of the run's whole process tree
 (`rss_mb`, and the run process alone, `main_rss_mb`), the number of live descendant processes (`procs`: Ray workers,
 sandbox jobs, the instance prefetcher), the run process's open file descriptors (`fds`), the run folder's size
-(`run_dir_mb`), run.db's (`run_db_mb`), LangGraph's graph.db with its log (`graph_db_mb`), the checkpoints on disk (`checkpoints`) and the stages finished. Rows go to
+(`run_dir_mb`), run.db's and LangGraph's graph.db's, each with its write-ahead log (`run_db_mb`, `graph_db_mb`:
+both write through one, and between SQLite's checkpoints the main file alone says little), the checkpoints on disk
+(`checkpoints`) and the stages finished. Rows go to
 `<out>/soak.csv`; the summary to `<out>/soak.json` and stdout: each resource's growth per stage (least-squares slope
 over the samples after the first `--settle` stages, when caches and pools have filled), its first and last value, and
 the processes still alive after the run exited (`leaked`: any process whose environment carries this soak's tag,
@@ -145,7 +147,7 @@ def sample(pid: int, run_dir: Path, run_id: str, t0: float) -> dict[str, Any]:
         "procs": max(0, len(procs) - 1),
         "fds": _fds(pid),
         "run_dir_mb": round(_du_mb(run_dir), 2) if run_dir.exists() else 0.0,
-        "run_db_mb": round((run_dir / "run.db").stat().st_size / 2**20, 3) if (run_dir / "run.db").exists() else 0.0,
+        "run_db_mb": round(_db_mb(run_dir / "run.db"), 3),
         "graph_db_mb": round(_db_mb(run_dir / "graph.db"), 3),
         "checkpoints": sum(1 for p in ckpt.iterdir() if p.is_dir()) if ckpt.is_dir() else 0,
     }
