@@ -37,6 +37,7 @@ from pydantic import BaseModel
 from harness.records import Diagnosis, DiagnosticResult, Finding, HistoryItem, Rollout, TargetSlice, TargetView
 from harness.seeds import SplitError, check_split, split_of
 from harness.tasks.base import EnvStats, Instance, Mixture, TaskSpec
+from harness.tasks.knobs import ENTRY, entry_differences
 from sandbox.runner import Limits, RunResult, SandboxUnavailable, run_function
 
 # --- thresholds -------------------------------------------------------------------------------------------------------
@@ -489,7 +490,7 @@ def builtin_diagnostics(rollouts: list[Rollout], train_metrics: list[dict[str, f
 # --- the target: the judge's distribution next to the training mix ---------------------------------------------------
 
 TARGET_CODES = ("target.slice_fails", "target.uncovered", "target.underweighted", "target.mastered", "target.falling",
-                "target.mix_all_fail", "target.mix_far")
+                "target.mix_all_fail", "target.mix_far", "target.entry_differs")
 
 
 def _shares(weights: dict[str, float]) -> dict[str, float]:
@@ -513,8 +514,11 @@ def target_view(task: Any, target: list[Rollout], target_config: Any, train_conf
     capability (the configs' weights along its difficulty slice); without it they are estimated from the slices of the
     instances drawn (the target's from `target`, the training mix's are then unknown and taken as the target's)."""
     key = task.spec.difficulty_slice or (task.spec.slice_keys[0] if task.spec.slice_keys else "")
+    diffs: dict[str, dict[str, list[Any]]] = {}
     if isinstance(task, Mixture):
         tshare, mshare, src = _shares(task.mixture(target_config)), _shares(task.mixture(train_config)), "config"
+        if task.spec.entry_key:
+            diffs = entry_differences(train_config, target_config, task.spec.entry_key)
     else:
         tshare = _instance_shares(target, key) if key else {}
         mshare, src = dict(tshare), "rollouts"
@@ -528,7 +532,8 @@ def target_view(task: Any, target: list[Rollout], target_config: Any, train_conf
             continue
         p = prev.get(f"{key}={v}")
         slices.append(TargetSlice(value=v, n=int(st["n"]), valid=st["valid"], target_share=round(tshare.get(v, 0.0), 4),
-                                  mix_share=round(mshare.get(v, 0.0), 4), previous_valid=p["valid"] if p else None))
+                                  mix_share=round(mshare.get(v, 0.0), 4), previous_valid=p["valid"] if p else None,
+                                  entry_diff=diffs.get(v, {})))
     by_slice: dict[str, dict[str, float]] = {}
     for k in slice_keys_of(target):
         by_slice.update(slice_stats(target, k))
@@ -555,7 +560,9 @@ def target_findings(view: TargetView | None, probe: list[Rollout], previous: lis
     slice): `slice_fails` (valid below TARGET_FAILS; rate = 1 - valid), `uncovered` (the mix gives it no weight),
     `underweighted` (less than UNDER_WEIGHTED of its target share, and not mastered), `mastered` (valid >= MASTERED
     while the mix still trains on it; rate = valid), `falling` (valid fell since the previous stage's target probe
-    beyond noise while the training reward rose; rate = the drop), and `mix_all_fail` from the training mix's probe:
+    beyond noise while the training reward rose; rate = the drop), `entry_differs` (the mix's entry for a target slice
+    the policy has not mastered is made differently from the target's: other field values, listed; rate = 1 - valid),
+    and `mix_all_fail` from the training mix's probe:
     ALL_FAIL of its groups fail every sample (the mix is too hard: no learning signal; rate = that share)."""
     findings: list[Finding] = []
     metrics: dict[str, float] = {}
@@ -613,6 +620,13 @@ def target_findings(view: TargetView | None, probe: list[Rollout], previous: lis
             findings.append(Finding(code="target.underweighted", severity="warn", count=s.n,
                                     rate=round(1 - s.valid, 4), slice=sl, examples=ex, knobs=["env.mixture"],
                                     message=what))
+        if s.entry_diff and s.mix_share > 0 and s.valid < MASTERED:
+            made = ", ".join(f"{f} {m} (target {t})" for f, (m, t) in s.entry_diff.items())
+            findings.append(Finding(
+                code="target.entry_differs", severity="critical" if s.valid < TARGET_FAILS else "warn", count=s.n,
+                rate=round(1 - s.valid, 4), slice=sl, examples=ex, knobs=[ENTRY],
+                message=f"{what}; the mix's {k}={s.value} instances are not the target's: {made}. Re-weighting cannot "
+                        f"fix that; {ENTRY} makes this entry the target's (its weight kept)"))
         if s.valid >= MASTERED and s.mix_share > 0:
             findings.append(Finding(code="target.mastered", severity="info", count=s.n, rate=s.valid, slice=sl,
                                     knobs=["env.mixture"], message=what + ": mastered, the mix can train elsewhere"))

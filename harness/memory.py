@@ -98,7 +98,7 @@ def passed_gate(row: dict[str, Any]) -> bool:
 
 def remember_skills(run: Run, k: int) -> None:
     """Record each decided candidate's try on its skill; file an engineer-invented change that won as a new skill."""
-    from harness.tasks.knobs import MIXTURE
+    from harness.tasks.knobs import ENTRY, MIXTURE
     from skills.model import Evidence as SkillEvidence
     from skills.model import Intervention, Provenance, Skill, Trigger
 
@@ -120,7 +120,9 @@ def remember_skills(run: Run, k: int) -> None:
                 name = "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in name.lower())
                 # a whole-mixture change is filed as what it did, re-weight the mix toward the target: its weights
                 # belong to this run's target, the aim carries to the next
+                # (and a whole-entry change as: make the failing slice's entry the target's)
                 iv = Intervention(knob=MIXTURE, op="mix", value="target") if cand.change.knob == MIXTURE else \
+                    Intervention(knob=ENTRY, op="adopt") if cand.change.knob == ENTRY else \
                     Intervention(knob=cand.change.knob, op="code" if cand.change.code else "set",
                                  value=cand.change.value, code=cand.change.code)
                 lib.add(Skill(

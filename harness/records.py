@@ -143,6 +143,8 @@ class TargetSlice(BaseModel):
     target_share: float = Field(..., description="the judge's share of this slice")
     mix_share: float = Field(..., description="the training mix's share of this slice (0: absent from the mix)")
     previous_valid: float | None = Field(None, description="valid here at the previous stage's target probe")
+    entry_diff: dict[str, list[Any]] = Field(default_factory=dict, description="the fields of this slice's entry "
+                                             "where the training mix differs from the target: {field: [mix, target]}")
 
 
 class TargetView(BaseModel):

@@ -6,7 +6,8 @@
 
 What it checks, in order (the first failure rejects, with the reason):
 1. schema (stage `vet`): the knob exists and is a leaf (or is `env.mixture`: the whole mixture's weights, one
-   factor, through the task's `Mixture` capability), exactly one factor changes, the new value passes the typed
+   factor, through the task's `Mixture` capability; or `env.entry`: one keyed entry's fields set together, its
+   weight kept), exactly one factor changes, the new value passes the typed
    model (the task's generator config for `env.*`, `policies.train.Recipe` plus the evolvable-knob ranges below for
    `recipe.*`, the task's shaping model for `reward.*`), a diagnostic compiles, defines `diagnose`, and keeps any
    `veto` the old file had (the gate only gets stricter).
@@ -36,7 +37,7 @@ from harness import diagnostics as D
 from harness.records import Candidate, Change, Rollout
 from harness.seeds import seeds
 from harness.tasks.base import Mixture, VetConfigs
-from harness.tasks.knobs import MIXTURE, WEIGHT, canonical_mixture
+from harness.tasks.knobs import ENTRY, MIXTURE, WEIGHT, canonical_mixture, keyed_list, with_entry
 from harness.yamledit import set_leaf_text
 from sandbox.runner import Limits
 
@@ -175,6 +176,9 @@ def apply_change(files: dict[str, str], change: Change, task: Any) -> dict[str, 
         if knob == MIXTURE:
             return {ENV_FILE: _apply_mixture(files[ENV_FILE], task.spec.config_model.model_validate(raw), change.value,
                                              task)}
+        if knob == ENTRY:
+            return {ENV_FILE: _apply_entry(files[ENV_FILE], task.spec.config_model.model_validate(raw), change.value,
+                                           task)}
         old = set_path(base, parts, change.value, knob, task.spec.entry_key)
         _check_value(knob, old, change.value)
         try:
@@ -253,6 +257,32 @@ def _apply_mixture(original: str, base: BaseModel, weights: Any, task: Any) -> s
         if task.spec.config_model.model_validate(yaml.safe_load(text)).model_dump(mode="json") == want:
             return text
     except (IndexError, KeyError, ValueError, yaml.YAMLError):
+        pass
+    return _dump_yaml(original, want)
+
+
+def _apply_entry(original: str, base: BaseModel, value: Any, task: Any) -> str:
+    """env.yaml with one keyed entry's fields set together (`env.entry`, `harness.tasks.knobs.with_entry`): each field
+    edited in place where the file spells it (comments kept), else the file rewritten."""
+    key = task.spec.entry_key
+    if not key:
+        raise VetError(f"{ENTRY}: task {task.name}'s config has no keyed entries; change one knob instead")
+    try:
+        new, _ = with_entry(base, key, value)
+    except ValidationError as exc:
+        raise VetError(f"{ENTRY} = {value!r:.200} is out of the generator's range: {_validation_msg(exc)}") from None
+    except ValueError as exc:
+        raise VetError(str(exc)) from None
+    want = new.model_dump(mode="json")
+    lst = keyed_list(want, key)
+    (slot, fields), = value.items()
+    text = original
+    try:
+        for f, v in fields.items():
+            text = set_leaf_text(text, [lst, str(slot), f], v, key)
+        if task.spec.config_model.model_validate(yaml.safe_load(text)).model_dump(mode="json") == want:
+            return text
+    except (IndexError, KeyError, TypeError, ValueError, yaml.YAMLError):
         pass
     return _dump_yaml(original, want)
 

@@ -47,7 +47,7 @@ class Trigger(BaseModel):
 class Intervention(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # a NaN step would poison the knob it moves
     knob: str = Field(..., description="knob path template (see module docstring) or diagnostics/<name>.py")
-    op: Literal["set", "add", "mul", "code", "mix"] = "add"
+    op: Literal["set", "add", "mul", "code", "mix", "adopt"] = "add"
     value: float | int | str | None = None
     code: str | None = Field(None, description="source of a diagnostic file, for kind=diagnostic")
 

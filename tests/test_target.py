@@ -131,6 +131,13 @@ def _propose(d, tmp_path, n=2):
         return propose(EngineerConfig(), d, lib, n, np.random.default_rng(0))
 
 
+def _mix(res):
+    """The whole-mixture candidate of a proposal (root-cause fixes, the mixture and an entry adoption among them, come
+    in the order of their skills' Thompson draws)."""
+    [c] = [c for c in res.candidates if c.change.knob == MIXTURE]
+    return c
+
+
 def test_the_rule_engineer_moves_the_mix_to_the_uncovered_target_slice_and_vet_applies_it(tmp_path):
     d = diagnose(NO_FIVES, {3: 1.0, 4: 0.5}, {3: 1.0, 4: 0.5, 5: 0.0})
     res = _propose(d, tmp_path)
@@ -150,10 +157,24 @@ def test_the_rule_engineer_moves_the_mix_to_the_uncovered_target_slice_and_vet_a
 
 
 def test_the_rule_engineer_moves_a_too_hard_mix_to_the_targets_frontier(tmp_path):
+    """The all-fail mix is a root cause (and so is its distance from the target, and its 5x5 entry unlike the
+    target's): the proposal's two slots go to root-cause fixes, a mixture change and the entry adoption; which of the
+    two mixture skills fills its slot is the Thompson draw's choice. The frontier skill's own change, then."""
+    from harness.engineer.rule import propose_rule
+
     d = diagnose(TOO_HARD, {}, {3: 0.5, 4: 0.25, 5: 0.0})
     res = _propose(d, tmp_path)
-    c = res.candidates[0]  # the all-fail mix is a root cause: its mixture change comes first
-    assert c.change.knob == MIXTURE and c.skill == "mixture-toward-target-frontier", res.notes
+    assert {c.change.knob for c in res.candidates} == {MIXTURE, "env.entry"}, res.notes
+    assert _mix(res).skill in ("mixture-toward-target-frontier", "mixture-toward-target-failures")
+    with SkillLibrary.open(tmp_path / "skills.db") as lib:
+        frontier = [lib.get("mixture-toward-target-frontier")]
+
+    def made(diag):
+        [c] = propose_rule(diag, frontier, [], 1, np.random.default_rng(0), knob_space(diag))[0]
+        return c
+
+    c = made(d)
+    assert c.change.knob == MIXTURE and c.skill == "mixture-toward-target-frontier"
     w = c.change.value
     assert w["3"] > 0.4 and w["4"] > 0.4 and 0 < w["5"] < 0.1, w  # was 0.05 / 0.05 / 0.9
     assert "too hard" in c.rationale
@@ -163,7 +184,7 @@ def test_the_rule_engineer_moves_a_too_hard_mix_to_the_targets_frontier(tmp_path
     assert MAPF.mixture(cfg) == w
     assert cfg.entry(5).agents == 3 and cfg.entry(5).hole_ratio == 0.45  # one factor: only the weights moved
     # half a step after a fallback (step_scale 0.5): half-way from the current mix
-    half = _propose(d.model_copy(update={"step_scale": 0.5}), tmp_path).candidates[0].change.value
+    half = made(d.model_copy(update={"step_scale": 0.5})).change.value
     assert half["5"] == pytest.approx((0.9 + w["5"]) / 2, abs=2e-3)
 
 
@@ -176,8 +197,8 @@ def test_a_mix_far_from_the_target_is_a_root_cause_fixed_before_grpo_health(tmp_
     assert len(far) == 1 and far[0].severity == "critical" and far[0].rate == pytest.approx(0.57, abs=0.01)
     assert "mix_all_fail" not in {f.code.split(".")[-1] for f in d.findings}
     res = _propose(d, tmp_path)
-    assert res.candidates[0].change.knob == MIXTURE, [c.change.knob for c in res.candidates]
-    assert res.candidates[0].change.value["5"] < 0.5  # toward the target's shares
+    assert {c.change.knob for c in res.candidates} == {MIXTURE, "env.entry"}, [c.change.knob for c in res.candidates]
+    assert _mix(res).change.value["5"] < 0.5  # toward the target's shares
     near = diagnose(TARGET, {3: 0.5, 4: 0.5, 5: 0.2}, {3: 0.5, 4: 0.25, 5: 0.2})
     assert not [f for f in near.findings if f.code == "target.mix_far"]  # the mix IS the target: silent
 
@@ -186,7 +207,7 @@ def test_a_refuted_mixture_is_not_proposed_again_from_the_same_state(tmp_path):
     from harness.records import HistoryItem
 
     d = diagnose(TOO_HARD, {}, {3: 0.5, 4: 0.25, 5: 0.0})
-    first = _propose(d, tmp_path).candidates[0]
+    first = _mix(_propose(d, tmp_path))
     again = {**first.change.value}
     key = change_key(d.state, Change(kind="env", knob=MIXTURE, value={k: 10 * v for k, v in again.items()}))
     h = HistoryItem(stage=1, candidate="c", knob=MIXTURE, change="x", verdict="rejected", key=key)
@@ -204,9 +225,9 @@ def test_a_mixture_near_an_inconclusive_one_continues_its_test_so_the_evidence_p
     from harness.records import HistoryItem
 
     d1 = diagnose(TOO_HARD, {3: 0.5, 4: 0.5, 5: 0.0}, {3: 0.5, 4: 0.25, 5: 0.25})  # the mix far from the target
-    w1 = _propose(d1, tmp_path).candidates[0].change.value
+    w1 = _mix(_propose(d1, tmp_path)).change.value
     d2 = diagnose(TOO_HARD, {3: 0.5, 4: 0.5, 5: 0.0}, {3: 0.5, 4: 0.5, 5: 0.25})  # next stage: size 4 did better
-    w2 = _propose(d2, tmp_path).candidates[0].change.value
+    w2 = _mix(_propose(d2, tmp_path)).change.value
     tv = 0.5 * sum(abs(w1.get(k, 0) - w2.get(k, 0)) for k in {*w1, *w2})
     assert w1 != w2 and 0 < tv <= 0.1, (w1, w2)
     key = change_key(d1.state, Change(kind="env", knob=MIXTURE, value=w1))
@@ -216,13 +237,13 @@ def test_a_mixture_near_an_inconclusive_one_continues_its_test_so_the_evidence_p
                             effect=effect, ci=(-0.004, 0.17), key=key)]
 
     res = _propose(d2.model_copy(update={"history": hist()}), tmp_path)
-    c = res.candidates[0]
+    c = _mix(res)
     assert c.change.value == w1 and change_key(d2.state, c.change) == key, res.notes
     assert "continues s1-env-mixture-abc" in c.rationale and any("pools with its evidence" in n for n in res.notes)
     for h in (hist(effect=-0.03), hist(verdict="rejected")):  # a loser, or a test whose evidence is spent
-        assert _propose(d2.model_copy(update={"history": h}), tmp_path).candidates[0].change.value == w2
+        assert _mix(_propose(d2.model_copy(update={"history": h}), tmp_path)).change.value == w2
     far = diagnose(TOO_HARD, {3: 0.5, 4: 0.5, 5: 0.0}, {3: 1.0, 4: 1.0, 5: 0.0})  # another picture: a new change
-    assert _propose(far.model_copy(update={"history": hist()}), tmp_path).candidates[0].change.value != w1
+    assert _mix(_propose(far.model_copy(update={"history": hist()}), tmp_path)).change.value != w1
     # an LLM engineer's reply takes the same road
     script = tmp_path / "replies.jsonl"  # line i: stage i's reply
     script.write_text("null\n" + json.dumps({"candidates": [{"knob": "env.mixture", "value": w2, "rationale": "r",
@@ -231,6 +252,43 @@ def test_a_mixture_near_an_inconclusive_one_continues_its_test_so_the_evidence_p
         llm = propose(EngineerConfig(kind="scripted", script=str(script)),
                       d2.model_copy(update={"history": hist()}), lib, 1, np.random.default_rng(0))
     assert llm.engineer_used == "scripted" and llm.candidates[0].change.value == w1, llm.notes
+
+
+def test_a_mix_entry_unlike_the_targets_is_found_and_adopted_as_one_change(tmp_path):
+    """The too-hard mix's 5x5 entry is 3-agent with 45% holes while the target's is 2-agent with 20%: re-weighting
+    cannot fix what the entry generates. The diagnosis lists the differing fields (`target.entry_differs`, a root
+    cause), the rule engineer proposes the mixture and `env.entry` side by side (two slots), vet applies the entry
+    change (weight kept, other entries untouched), an LLM engineer is told about it and may propose it, and a bad
+    value is refused with the reason. Would catch a diagnosis blind to an entry's fields (only shares compared), an
+    adoption that moves the weight or other entries, or a reply parser that refuses the knob's object value."""
+    from harness.engineer.llm import build_messages
+
+    d = diagnose(TOO_HARD, {3: 0.5, 4: 0.5, 5: 0.0}, {3: 0.5, 4: 0.25, 5: 0.0})
+    [f] = [f for f in d.findings if f.code == "target.entry_differs"]
+    assert f.slice == {"size": "5"} and f.severity == "critical" and "agents 3 (target 2)" in f.message
+    assert {s.value: s.entry_diff for s in d.target.slices} == {"3": {}, "4": {}, "5": {"hole_ratio": [0.45, 0.2],
+                                                                                        "agents": [3, 2]}}
+    res = _propose(d, tmp_path)
+    assert {c.change.knob for c in res.candidates} == {MIXTURE, "env.entry"}, (res.candidates, res.notes)
+    [c] = [c for c in res.candidates if c.change.knob == "env.entry"]
+    assert c.change.value == {"5": {"hole_ratio": 0.2, "agents": 2}} and c.skill == "adopt-target-entry"
+    assert c.old_value == {"5": {"hole_ratio": 0.45, "agents": 3}}
+    files = harness_files(TOO_HARD)
+    cfg = MAPF.spec.config_model.model_validate(yaml.safe_load(apply_change(files, c.change, MAPF)["env.yaml"]))
+    assert (cfg.entry(5).agents, cfg.entry(5).hole_ratio) == (2, 0.2) and MAPF.mixture(cfg) == MAPF.mixture(
+        MAPF.spec.config_model.model_validate(TOO_HARD))  # weights kept
+    assert cfg.entry(3) == MAPF.spec.config_model.model_validate(TOO_HARD).entry(3)
+    space = knob_space(d)
+    assert "env.entry  value:" in build_messages(d, space, 2)[1]["content"]
+    reply = ('{"candidates": [{"knob": "env.entry", "value": {"5": {"agents": 2}}, "rationale": "r", "expected": "e"}]}')
+    cands, _ = parse_reply(reply, d, space, 2, "llm")
+    assert cands[0].change.value == {"5": {"agents": 2}} and cands[0].old_value == {"5": {"agents": 3}}
+    with pytest.raises(ProposalError, match="weight, not one of its fields"):
+        parse_reply(reply.replace('"agents": 2', '"data_ratio": 0.3'), d, space, 2, "llm")
+    with pytest.raises(ProposalError, match="no entry with size 6"):
+        parse_reply(reply.replace('"5"', '"6"'), d, space, 2, "llm")
+    near = diagnose(TARGET, {3: 0.5, 4: 0.5, 5: 0.2}, {3: 0.5, 4: 0.25, 5: 0.2})
+    assert not [f for f in near.findings if f.code == "target.entry_differs"]  # the mix's entries ARE the target's
 
 
 def test_change_key_of_equal_mixtures_is_equal():

@@ -25,7 +25,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from harness.records import Candidate, Change, Diagnosis, cut
-from harness.tasks.knobs import MIXTURE, canonical_mixture
+from harness.tasks.knobs import ENTRY, MIXTURE, canonical_mixture, with_entry
 
 # --- errors -----------------------------------------------------------------------------------------------------------
 
@@ -48,9 +48,10 @@ class ProposedChange(BaseModel):
     model_config = ConfigDict(extra="forbid")
     knob: str = Field(..., max_length=200, description="ONE knob path from the allowed list (e.g. "
                       "env.<list>.<key>.<field>, recipe.temperature) or diagnostics/<name>.py for a diagnostic file")
-    value: float | int | dict[str, float] | None = Field(
+    value: float | int | dict[str, float] | dict[str, dict[str, float | int | str | bool]] | None = Field(
         None, description="the NEW value (not a delta), within the knob's range; for env.mixture an object "
-        "{slice value: weight} (the whole mix); omit for a diagnostic")
+        "{slice value: weight} (the whole mix); for env.entry {slice value: {field: value}} (one entry's fields); "
+        "omit for a diagnostic")
     code: str | None = Field(None, max_length=100_000, description="Python source of the diagnostic file; only for "
                              "diagnostics/<name>.py")
     rationale: str = Field(..., min_length=1, max_length=4000, description="which finding this addresses and why "
@@ -180,6 +181,18 @@ def mixture_text(diagnosis: Diagnosis, task: Any = None) -> str:
             f"WHOLE training mix re-weighted as ONE change (weights >= 0, normalised to sum 1; a {key} left out gets "
             f"weight 0; a new {key} adds an entry at its defaults). Use it to move the mix toward the target's "
             "failing slices, or toward what the policy can learn when the mix is too hard")
+
+
+def entry_text(diagnosis: Diagnosis) -> str:
+    """The prompt line for the whole-entry knob, when the target's entries differ from the mix's (else empty)."""
+    view = diagnosis.target
+    diffs = [s for s in (view.slices if view is not None else []) if s.entry_diff]
+    if not diffs:
+        return ""
+    where = "; ".join(f"{view.slice_key} {s.value}: " + ", ".join(f"{f} {m} (target {t})"
+                                                               for f, (m, t) in s.entry_diff.items()) for s in diffs)
+    return (f"- {ENTRY}  value: an object {{<{view.slice_key}>: {{field: value, ...}}}}: ONE entry's fields set "
+            f"together as ONE change (its weight kept). The mix's entries differ from the target's here: {where}")
 
 
 def space_text(space: dict[str, Knob]) -> str:
@@ -369,9 +382,9 @@ def _check_single_factor(i: int, raw: Any) -> None:
         why = f"it has {multi}"
     elif isinstance(knob, list):
         why = f"'knob' is a list of {len(knob)}"
-    elif isinstance(value, list) or (isinstance(value, dict) and knob != MIXTURE):
-        why = "'value' is a " + type(value).__name__ + (f" (only {MIXTURE} takes an object)" if isinstance(value, dict)
-                                                        else "")
+    elif isinstance(value, list) or (isinstance(value, dict) and knob not in (MIXTURE, ENTRY)):
+        why = "'value' is a " + type(value).__name__ + (f" (only {MIXTURE} and {ENTRY} take an object)"
+                                                        if isinstance(value, dict) else "")
     elif isinstance(knob, str) and re.search(r"[,;+&]|\s(and)\s", knob):
         why = f"'knob' names several knobs: {cut(repr(knob), 80)}"
     if why:
@@ -398,6 +411,25 @@ def _validate_mixture(i: int, pc: ProposedChange, diagnosis: Diagnosis) -> tuple
     return Change(kind="env", knob=MIXTURE, value=value), cur
 
 
+def _validate_entry(i: int, pc: ProposedChange, diagnosis: Diagnosis) -> tuple[Change, Any]:
+    from harness.tasks import get_task
+
+    task = get_task(diagnosis.task)
+    if not task.spec.entry_key or not diagnosis.env_config:
+        raise ProposalError(f"candidate #{i}: {ENTRY} is not a knob of task {diagnosis.task} (no keyed entries); "
+                            "change one knob from the allowed list")
+    if pc.code is not None:
+        raise ProposalError(f"two factors in one candidate #{i}: a knob change with 'code'; drop 'code'")
+    try:
+        _, old = with_entry(task.spec.config_model.model_validate(diagnosis.env_config), task.spec.entry_key, pc.value)
+    except ValidationError as exc:
+        raise ProposalError(f"candidate #{i}: {ENTRY} = {cut(repr(pc.value), 160)} is out of the generator's range: "
+                            f"{cut(exc.errors()[0].get('msg', exc), 200)}") from None
+    except ValueError as exc:
+        raise ProposalError(f"candidate #{i}: {exc}") from None
+    return Change(kind="env", knob=ENTRY, value=pc.value), old
+
+
 def _validate_change(i: int, pc: ProposedChange, space: dict[str, Knob], diagnosis: Diagnosis | None = None
                      ) -> tuple[Change, Any]:
     if pc.knob.startswith("diagnostics/"):
@@ -415,6 +447,8 @@ def _validate_change(i: int, pc: ProposedChange, space: dict[str, Knob], diagnos
         return Change(kind="diagnostic", knob=pc.knob, code=pc.code), None
     if pc.knob == MIXTURE and diagnosis is not None:
         return _validate_mixture(i, pc, diagnosis)
+    if pc.knob == ENTRY and diagnosis is not None:
+        return _validate_entry(i, pc, diagnosis)
     if pc.knob not in space:
         names = [*space, *([MIXTURE] if diagnosis is not None and current_mixture(diagnosis) is not None else [])]
         near = difflib.get_close_matches(pc.knob, names, n=3, cutoff=0.6)

@@ -30,7 +30,7 @@ import numpy as np
 
 from harness.engineer.proposal import Knob, change_key, current_mixture, make_candidate, vet_error
 from harness.records import Candidate, Change, Diagnosis, Finding
-from harness.tasks.knobs import MIXTURE, canonical_mixture, fill
+from harness.tasks.knobs import ENTRY, MIXTURE, canonical_mixture, fill
 from skills.library import SkillError, condition_holds
 from skills.model import Skill
 
@@ -121,11 +121,27 @@ def mixture_toward(diagnosis: Diagnosis, aim: str, step_scale: float = 1.0) -> t
     return new, cur_raw
 
 
+def adopt_entry(name: str, knob: str, finding: Finding, diagnosis: Diagnosis | None) -> tuple[Change, Any] | str:
+    """The finding's slice made the target's (`env.entry`): every field of its entry where the training mix differs
+    from the target set to the target's value, its weight kept; or why it cannot."""
+    if knob != ENTRY or diagnosis is None or diagnosis.target is None:
+        return f"{name}: op adopt takes knob {ENTRY} and a diagnosis with a target view"
+    value = finding.slice.get(diagnosis.target.slice_key)
+    hit = [s for s in diagnosis.target.slices if s.value == value]
+    if value is None or not hit or not hit[0].entry_diff:
+        return f"{name}: the target's {diagnosis.target.slice_key}={value} entry is the mix's already"
+    diff = hit[0].entry_diff
+    return (Change(kind="env", knob=ENTRY, value={value: {f: t for f, (_, t) in diff.items()}}),
+            {value: {f: m for f, (m, _) in diff.items()}})
+
+
 def instantiate(skill: Skill, finding: Finding, space: dict[str, Knob], step_scale: float, task: str | None = None,
                 diagnosis: Diagnosis | None = None) -> tuple[Change, Any] | str:
     """The concrete change a skill makes for a finding, with the old value; or a string saying why it cannot. A
     whole-mixture skill (op `mix`) needs the `diagnosis` (its target view and env config)."""
     iv = skill.intervention
+    if iv.op == "adopt":
+        return adopt_entry(skill.name, iv.knob, finding, diagnosis)
     if iv.op == "mix":
         if iv.knob != MIXTURE or diagnosis is None:
             return f"{skill.name}: op mix takes knob {MIXTURE} and a diagnosis"
@@ -177,9 +193,10 @@ def thompson_scores(skills: list[Skill], rng: np.random.Generator) -> dict[str, 
 
 
 # root causes come first: the stage's own training lowered the probe; the reward pays invalid answers as well as valid
-# ones; the training mix is too hard to learn from at all, or far from the target (its GRPO health findings are then
+# ones; the training mix is too hard to learn from at all, far from the target, or its entries are not the target's (its GRPO health findings are then
 # symptoms of training on the wrong reward or distribution)
-ROOT_CAUSES = ("grpo.policy_regressed", "grpo.reward_misaligned", "target.mix_all_fail", "target.mix_far")
+ROOT_CAUSES = ("grpo.policy_regressed", "grpo.reward_misaligned", "target.mix_all_fail", "target.mix_far",
+               "target.entry_differs")
 
 
 def _options_of(skill: Skill, borrowed: bool, findings: list[Finding], diagnosis: Diagnosis, space: dict[str, Knob],

@@ -22,6 +22,9 @@ WEIGHT = "data_ratio"  # the field that weighs each keyed entry of a mixture (it
 # every entry's weight at once (one factor: the training mix, re-weighted together)
 MIXTURE = "env.mixture"
 MIXTURE_DIGITS = 3  # a mixture's weights are normalised to sum 1 and rounded to this many decimals
+# `env.entry` names one keyed entry of the mixture as a whole: its value is {slice value: {field: value, ...}}, the
+# entry's fields set together (one factor: that slice's instances made like the target's), its weight untouched
+ENTRY = "env.entry"
 
 
 class KnobError(ValueError):
@@ -261,3 +264,63 @@ def walk(model: BaseModel, prefix: str, entry_key: str | None = None) -> list[Kn
                 out.append(KnobSpec(path=path, lo=lo, hi=hi, integer=isinstance(value, int), current=value,
                                     help=info.description or ""))
     return out
+
+
+def keyed_list(data: dict[str, Any], entry_key: str) -> str | None:
+    """The field of plain config data that holds the keyed entries (a list of objects with `entry_key`), or None."""
+    for name, v in data.items():
+        if isinstance(v, list) and v and all(isinstance(e, dict) and entry_key in e for e in v):
+            return name
+    return None
+
+
+def entry_differences(train: BaseModel, target: BaseModel, entry_key: str,
+                      weight: str = WEIGHT) -> dict[str, dict[str, list[Any]]]:
+    """{slice value: {field: [training mix's value, target's value]}} for each keyed entry both configs have, over the
+    fields (not the key, not the weight) where they differ. Empty when either config has no keyed entries."""
+    a, b = train.model_dump(mode="json"), target.model_dump(mode="json")
+    la, lb = keyed_list(a, entry_key), keyed_list(b, entry_key)
+    if la is None or lb is None:
+        return {}
+    mine = {str(e[entry_key]): e for e in a[la]}
+    out: dict[str, dict[str, list[Any]]] = {}
+    for e in b[lb]:
+        k = str(e[entry_key])
+        if k not in mine:
+            continue
+        diff = {f: [mine[k].get(f), v] for f, v in e.items() if f not in (entry_key, weight) and mine[k].get(f) != v}
+        if diff:
+            out[k] = diff
+    return out
+
+
+def with_entry(config: BaseModel, entry_key: str, value: Any, weight: str = WEIGHT) -> tuple[BaseModel, dict]:
+    """A new, validated config with ONE keyed entry's fields set (`env.entry`): `value` is {slice value: {field:
+    value}}; the entry must exist, the fields must be its fields, not its key or weight. Returns (config, the old
+    values of the fields set). Raises ValueError naming the problem."""
+    if not isinstance(value, dict) or len(value) != 1:
+        raise ValueError(f"{ENTRY} takes one entry, {{<{entry_key}>: {{field: value, ...}}}}; got {value!r:.160}")
+    (key, fields), = value.items()
+    if not isinstance(fields, dict) or not fields:
+        raise ValueError(f"{ENTRY}: the entry's fields must be a non-empty object {{field: value}}, got {fields!r:.120}")
+    data = config.model_dump(mode="json")
+    lst = keyed_list(data, entry_key)
+    if lst is None:
+        raise ValueError(f"{ENTRY}: the config has no keyed entries (by {entry_key}) to set")
+    hits = [e for e in data[lst] if str(e[entry_key]) == str(key)]
+    if not hits:
+        have = ", ".join(str(e[entry_key]) for e in data[lst])
+        raise ValueError(f"{ENTRY}: no entry with {entry_key} {key} (there: {have}); add it with {MIXTURE} first")
+    entry, old = hits[0], {}
+    for f, v in fields.items():
+        if f in (entry_key, weight):
+            raise ValueError(f"{ENTRY}: {f!r} is the entry's {'key' if f == entry_key else 'weight'}, not one of its "
+                             f"fields to set ({'re-weight with ' + MIXTURE if f == weight else 'name another entry'})")
+        if f not in entry:
+            raise ValueError(f"{ENTRY}: entry {key} has no field {f!r} (its fields: "
+                             f"{', '.join(x for x in entry if x not in (entry_key, weight))})")
+        old[f] = entry[f]
+        entry[f] = v
+    if old == {f: fields[f] for f in old}:
+        raise ValueError(f"{ENTRY} = {value!r:.160} is entry {key} as it is: the change does nothing")
+    return type(config).model_validate(data), {str(key): old}
