@@ -54,3 +54,6 @@ def test_growth_is_the_slope_after_the_settle_stages():
     assert g["rss_mb"]["per_stage"] == 2.0 and g["checkpoints"]["per_stage"] == 0.0 == g["graph_db_mb"]["per_stage"]
     assert g["run_dir_mb"]["per_stage"] == 1.0 and g["rss_mb"]["max"] == 600  # the warm-up peak
     assert growth(rows[:3], settle=2)["rss_mb"]["per_stage"] is None  # too few stages after settling
+    down = [{**rows[-1], "t_s": 9, "rss_mb": 100, "procs": 0, "fds": 10}]  # the run's wind-down: Ray gone
+    g = growth(rows + down, settle=2)
+    assert g["rss_mb"]["per_stage"] == 2.0 and g["fds"]["per_stage"] == 0.0 and g["rss_mb"]["last"] == 100

@@ -162,11 +162,17 @@ def _db_mb(db: Path) -> float:
 
 
 def growth(rows: list[dict[str, Any]], settle: int) -> dict[str, Any]:
-    """Per resource: least-squares slope per finished stage over the rows after `settle` stages, and the first,
-    last and largest values of all rows. Slopes need at least two distinct stage counts after settling."""
+    """Per resource: least-squares slope per finished stage over the rows after `settle` stages and before the run's
+    wind-down, and the first, last and largest values of all rows. The wind-down: the trailing rows after the run's
+    descendants (Ray, the prefetch worker) are gone, while it writes its report and closes (its memory and
+    descriptors fall then: a slope over them says nothing about a stage). Slopes need two distinct stage counts."""
     import numpy as np
 
-    late = [r for r in rows if r["stages"] >= settle]
+    end = len(rows)
+    if any(r["procs"] > 0 for r in rows):
+        while end > 0 and rows[end - 1]["procs"] == 0:
+            end -= 1
+    late = [r for r in rows[:end] if r["stages"] >= settle]
     xs = np.array([r["stages"] for r in late], dtype=float)
     out: dict[str, Any] = {}
     for m in METRICS:
