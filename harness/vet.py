@@ -246,17 +246,24 @@ def _apply_mixture(original: str, base: BaseModel, weights: Any, task: Any) -> s
         raise VetError(f"{MIXTURE} = {weights!r:.200} is the current mixture: the change does nothing")
     want = new.model_dump(mode="json")
     key = task.spec.entry_key
-    lists = [f for f, v in want.items() if isinstance(v, list) and v and all(isinstance(e, dict) and key in e
-                                                                              for e in v)]
+    lst = keyed_list(want, key)
+    if lst is None:  # no keyed list to edit in place
+        return _dump_yaml(original, want)
     old = {str(k): v for k, v in task.mixture(base).items()}
+    return _edit_leaves(original, [([lst, str(e[key]), WEIGHT], e[WEIGHT]) for e in want[lst]
+                                   if old.get(str(e[key])) != e[WEIGHT]], want, task)
+
+
+def _edit_leaves(original: str, edits: list[tuple[list[str], Any]], want: dict[str, Any], task: Any) -> str:
+    """env.yaml with each (path, value) edited in place (comments kept) when that yields exactly `want`, else the file
+    rewritten to `want`."""
     text = original
     try:
-        for e in want[lists[0]]:
-            if old.get(str(e[key])) != e[WEIGHT]:
-                text = set_leaf_text(text, [lists[0], str(e[key]), WEIGHT], e[WEIGHT], key)
+        for parts, value in edits:
+            text = set_leaf_text(text, parts, value, task.spec.entry_key)
         if task.spec.config_model.model_validate(yaml.safe_load(text)).model_dump(mode="json") == want:
             return text
-    except (IndexError, KeyError, ValueError, yaml.YAMLError):
+    except (IndexError, KeyError, TypeError, ValueError, yaml.YAMLError):
         pass
     return _dump_yaml(original, want)
 
@@ -276,15 +283,7 @@ def _apply_entry(original: str, base: BaseModel, value: Any, task: Any) -> str:
     want = new.model_dump(mode="json")
     lst = keyed_list(want, key)
     (slot, fields), = value.items()
-    text = original
-    try:
-        for f, v in fields.items():
-            text = set_leaf_text(text, [lst, str(slot), f], v, key)
-        if task.spec.config_model.model_validate(yaml.safe_load(text)).model_dump(mode="json") == want:
-            return text
-    except (IndexError, KeyError, TypeError, ValueError, yaml.YAMLError):
-        pass
-    return _dump_yaml(original, want)
+    return _edit_leaves(original, [([lst, str(slot), f], v) for f, v in fields.items()], want, task)
 
 
 def _top_functions(tree: ast.Module) -> set[str]:
