@@ -154,30 +154,46 @@ def train_policy(run: Run, stage: int, arm: str, start: str, files: dict[str, st
 # --- backtest arms -----------------------------------------------------------------------------------------------------
 
 
-def arm_job(run: Run, k: int, name: str, files: dict[str, str], start: str, steps: int):
-    """Everything one arm needs (`harness.scale.ArmJob`)."""
+PAIR_SEED_STRIDE = 7919  # seed offset between a stage's arm pairs (a prime, so pairs never share a seed with stages)
+
+
+def arm_name(name: str, pair: int = 1) -> str:
+    """The arm `name` ("control" or a candidate id) of the stage's `pair`-th arm pair: the first keeps the bare name
+    (its checkpoint `s<k>-<name>`), a second one is `<name>-p2`."""
+    return name if pair == 1 else f"{name}-p{pair}"
+
+
+def _pair_key(key: str, pair: int) -> str:
+    return key if pair == 1 else f"{key}/p{pair}"
+
+
+def arm_job(run: Run, k: int, name: str, files: dict[str, str], start: str, steps: int, pair: int = 1):
+    """Everything one arm needs (`harness.scale.ArmJob`). `pair` > 1: an arm of the stage's `pair`-th arm pair (same
+    start, its own train prompts, arm seed and backtest instances: an independent replicate of the first pair)."""
     from harness.scale import ArmJob
 
     cfg = run.config
     env, recipe, _ = harness_models(files, run.task)
     # both arms train on the same train seeds; arm randomness is shared too (paired design)
-    train_seeds = pool_seeds(run, f"s{k}/arms", recipe, steps)
+    train_seeds = pool_seeds(run, _pair_key(f"s{k}/arms", pair), recipe, steps)
     # the first look's instances; later looks judge the saved arm on the next ones (`judge_more`)
-    eval_seeds = backtest_seeds(run, k)[: cfg.gate.plan(cfg.backtest.n).min_n]
+    eval_seeds = backtest_seeds(run, k, pair)[: cfg.gate.plan(cfg.backtest.n).min_n]
     judge = run.judge
+    offset = PAIR_SEED_STRIDE * (pair - 1)
     return ArmJob(name=name, task=run.task.name, style=run.style, files=files, start=start, steps=steps,
-                  train_seeds=train_seeds, train_instances=run.instances(env, train_seeds), seed=cfg.seed + 1000 + k,
-                  judge=judge, eval_instances=run.instances(judge.config(run.task), eval_seeds),
-                  sampling_seed=cfg.seed + k, backend=cfg.policy.backend)
+                  train_seeds=train_seeds, train_instances=run.instances(env, train_seeds),
+                  seed=cfg.seed + 1000 + k + offset, judge=judge,
+                  eval_instances=run.instances(judge.config(run.task), eval_seeds), sampling_seed=cfg.seed + k + offset,
+                  backend=cfg.policy.backend)
 
 
-def backtest_seeds(run: Run, k: int) -> list[int]:
-    """Stage k's backtest instances (fresh seeds of the backtest split, `backtest.n` of them: the most one arm pair
-    may be judged on), in the order the looks consume them."""
-    return run.draw_seeds("backtest", run.config.backtest.n, key=f"s{k}/backtest")
+def backtest_seeds(run: Run, k: int, pair: int = 1) -> list[int]:
+    """Stage k's backtest instances for its `pair`-th arm pair (fresh seeds of the backtest split, `backtest.n` of
+    them: the most one arm pair may be judged on), in the order the looks consume them."""
+    return run.draw_seeds("backtest", run.config.backtest.n, key=_pair_key(f"s{k}/backtest", pair))
 
 
-def judge_more(run: Run, k: int, name: str, ckpt: str, seeds: list[int], look: int) -> ArmEval:
+def judge_more(run: Run, k: int, name: str, ckpt: str, seeds: list[int], look: int, pair: int = 1) -> ArmEval:
     """A later look's batch: the saved arm `name` judged on `seeds` (the judge's distribution; sampling seed shared
     by every arm of this look, so the pair stays paired). Recorded (rollouts, ledger, node `arm:<name>:look<j>`) and
     read back on a resume."""
@@ -188,7 +204,8 @@ def judge_more(run: Run, k: int, name: str, ckpt: str, seeds: list[int], look: i
     cfg, judge = run.config, run.judge
     model, tok = run.policy(ckpt)
     ev = judge_arm(model, tok, run.task, run.instances(judge.config(run.task), seeds), judge,
-                   sampling_seed=cfg.seed + k + 100_003 * look, style=run.style, backend=cfg.policy.backend)
+                   sampling_seed=cfg.seed + k + 100_003 * look + PAIR_SEED_STRIDE * (pair - 1), style=run.style,
+                   backend=cfg.policy.backend)
     path = write_rollouts(run.path("rollouts", f"s{k}-{name}-backtest-look{look}.jsonl.gz"), ev.rollouts)
     run.charge(k, name, "eval", seconds=ev.seconds, tokens=ev.tokens, label=f"backtest look {look}")
     run.save_result(k, ArmLook(rollouts=str(path), greedy=ev.greedy, n=len(seeds)), node=node)
@@ -212,9 +229,10 @@ def record_arm(run: Run, k: int, name: str, out) -> ArmRecord:
 
 
 def run_arms(run: Run, k: int, arms: list[tuple[str, dict[str, str]]], start: str,
-             steps: int) -> dict[str, ArmRecord | Exception]:
-    """Train and judge every arm of stage k (control first) on the configured backend. Returns name -> its record,
-    or the exception of an arm that failed (one arm's failure is its decision's, not the run's)."""
+             steps: int, pair: int = 1) -> dict[str, ArmRecord | Exception]:
+    """Train and judge every arm of stage k's `pair`-th arm pair (control first; names as `arm_name` makes them) on
+    the configured backend. Returns name -> its record, or the exception of an arm that failed (one arm's failure is
+    its decision's, not the run's)."""
     out: dict[str, ArmRecord | Exception] = {}
     todo = []
     for name, files in arms:
@@ -223,20 +241,20 @@ def run_arms(run: Run, k: int, arms: list[tuple[str, dict[str, str]]], start: st
         else:
             todo.append((name, files))
     if todo and run.config.scale.backend == "ray":
-        out.update(_ray_arms(run, k, todo, start, steps))
+        out.update(_ray_arms(run, k, todo, start, steps, pair))
     elif todo:
-        out.update(_local_arms(run, k, todo, start, steps))
+        out.update(_local_arms(run, k, todo, start, steps, pair))
     return out
 
 
 def _local_arms(run: Run, k: int, todo: list[tuple[str, dict[str, str]]], start: str,
-                steps: int) -> dict[str, ArmRecord | Exception]:
+                steps: int, pair: int = 1) -> dict[str, ArmRecord | Exception]:
     from harness.scale import execute_arm
 
     out: dict[str, ArmRecord | Exception] = {}
     for name, files in todo:
         try:
-            job = arm_job(run, k, name, files, start, steps)
+            job = arm_job(run, k, name, files, start, steps, pair)
             ckpt = run.path("checkpoints", f"s{k}-{name}")
             model, tok = run.load(start)
             res = execute_arm(job, model, tok, lambda m, t, ckpt=ckpt: run.save(m, t, ckpt),
@@ -250,12 +268,12 @@ def _local_arms(run: Run, k: int, todo: list[tuple[str, dict[str, str]]], start:
 
 
 def _ray_arms(run: Run, k: int, todo: list[tuple[str, dict[str, str]]], start: str,
-              steps: int) -> dict[str, ArmRecord | Exception]:
+              steps: int, pair: int = 1) -> dict[str, ArmRecord | Exception]:
     out: dict[str, ArmRecord | Exception] = {}
     jobs = []
     for name, files in todo:
         try:
-            jobs.append(arm_job(run, k, name, files, start, steps))
+            jobs.append(arm_job(run, k, name, files, start, steps, pair))
         except Exception as exc:  # noqa: BLE001 - an arm whose instances cannot be made fails its decision
             out[name] = exc
     run.event(k, "backtest", "scale", f"{len(jobs)} arm(s) submitted to Ray: {', '.join(j.name for j in jobs)}")

@@ -294,7 +294,8 @@ def prior_pairs(earlier: list[Evidence], judge: str) -> tuple[list[Any], list[st
         other = sorted({str(e.judge) for e in earlier if e.judge != judge})
         return [], [], (f"earlier evidence of this change was recorded under another judge ({', '.join(other)}; now "
                         f"{judge}): the run's backtest or gate config changed, so it is not pooled; judged afresh")
-    return [PairEvidence(judge=judge, diffs=e.diffs, slices=e.slices) for e in earlier if e.diffs], [], None
+    return [PairEvidence(judge=judge, diffs=d, slices=s) for e in earlier
+            for d, s in [*((p["diffs"], p["slices"]) for p in e.stage_pairs), (e.diffs, e.slices)] if d], [], None
 
 
 def sequential_verdict(cid: str, control: ArmEval, arm: ArmEval, gate: GateConfig, plan: Any, judge: str,

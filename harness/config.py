@@ -106,6 +106,11 @@ class BacktestConfig(_Strict):
     env: dict[str, Any] | None = Field(None, description="instance distribution the backtests evaluate on (the "
                                        "target); default: the round-0 env. Fixed at run start, outside the sandbox: "
                                        "promotions that change env.yaml do not change it")
+    second_pair: Literal["never", "backed"] = Field(
+        "backed", description="backed: a candidate whose skill was promoted in another run and whose first arm pair "
+        "ends inconclusive with a positive estimate gets a second arm pair in the same stage (two more arms, "
+        "charged), pooled with the first, so a change that worked elsewhere is decided in one stage; never: every "
+        "further pair waits for a re-test in a later stage")
 
 
 class SandboxConfig(_Strict):

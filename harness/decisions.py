@@ -2,6 +2,7 @@
 
     vs, control = look_until_decided(run, k, arms, main_files, cand_files)   # batches of instances until decided
     prior, pooled, note = pooled_evidence(run, cid)                          # earlier inconclusive tests of a change
+    more = second_pairs(run, k, vs)                                          # backed candidates: a 2nd pair now
     retest = most_promising_inconclusive(run, state, causes)                 # what escalation re-tests
     cands = runners_up(run, k, diagnosis, cands, slots)                      # last stage's beaten gate-passers
 
@@ -12,14 +13,17 @@ control arm and every such candidate are judged on the next batch of the stage's
 compared on the instances it saw. What ends the stage undecided is `inconclusive`: its paired differences stay in
 its verdict's evidence, and when the same change is proposed again from the same harness state (the engineer may: only
 a refuted change is never re-proposed; or the loop re-tests it on purpose when a failure recurs), the new pair is
-pooled with them under the same judge fingerprint, the error still controlled across every look.
+pooled with them under the same judge fingerprint, the error still controlled across every look. A BACKED candidate
+(its skill was promoted in another run) that ends its first pair inconclusive with a positive estimate gets a second
+arm pair in the same stage (`second_pairs`, `backtest.second_pair`), pooled the same way: evidence from elsewhere buys
+evidence now, never a lower bar.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from harness.arms import arm_eval, backtest_seeds, judge_more
+from harness.arms import arm_eval, arm_name, backtest_seeds, judge_more
 from harness.backtest import ArmEval, judge_fingerprint, prior_pairs, verdicts
 from harness.records import Evidence, Verdict, cut
 from harness.run import Run
@@ -60,34 +64,45 @@ def pooled_evidence(run: Run, cid: str) -> tuple[list[Any], list[str], str | Non
 
 
 def look_until_decided(run: Run, k: int, arms: dict[str, Any], main_files: dict[str, str],
-                       cand_files: dict[str, dict[str, str]]
+                       cand_files: dict[str, dict[str, str]], pair: int = 1,
+                       earlier: dict[str, Verdict] | None = None, comparisons: int | None = None
                        ) -> tuple[list[Verdict], ArmEval | Exception, dict[str, ArmEval | Exception]]:
     """Every vetted candidate's verdict after as many looks as it needs (at most the stage's backtest.n instances), the
-    control arm's outcomes on all the instances judged, and each candidate arm's on the instances it saw."""
+    control arm's outcomes on all the instances judged, and each candidate arm's on the instances it saw.
+
+    `pair` > 1 judges the stage's `pair`-th arm pair (arms named by `arm_name`) of the candidates in `cand_files`,
+    each pooled with its own earlier verdict of this stage (`earlier`: its pairs, its looks) on top of the evidence
+    of earlier stages; `comparisons` keeps the first pair's Bonferroni count."""
     cfg, samples = run.config, run.judge.samples
     plan = cfg.gate.plan(cfg.backtest.n)
     fp = fingerprint(run)
-    control = arms["control"]
+    earlier = earlier or {}
+    control = arms[arm_name("control", pair)]
     c_eval: ArmEval | Exception = control if isinstance(control, Exception) else arm_eval(control, samples)
     evals: dict[str, ArmEval | Exception] = {
-        cid: a if isinstance(a := arms[cid], Exception) else arm_eval(a, samples) for cid in cand_files}
+        cid: a if isinstance(a := arms[arm_name(cid, pair)], Exception) else arm_eval(a, samples) for cid in cand_files}
     prior: dict[str, list[Any]] = {}
     pooled: dict[str, list[str]] = {}
+    looks: dict[str, list[dict[str, Any]]] = {cid: [] for cid in cand_files}
     for cid in cand_files:
         prior[cid], pooled[cid], note = pooled_evidence(run, cid)
-        if note:
+        if (before := earlier.get(cid)) is not None and before.evidence is not None:
+            prior[cid] = [*prior[cid], *stage_pairs(before.evidence, fp)]
+            looks[cid] = list(before.evidence.looks)
+            run.event(k, "backtest", "second_pair", f"{cid}: arm pair {pair} of this stage, pooled with the "
+                      f"{len(before.evidence.diffs)} paired instances of its pair {pair - 1}", key=f"{k}/pair{pair}/{cid}")
+        elif note:
             run.event(k, "backtest", "not_pooled", f"{cid}: {note}", key=f"{k}/notpooled/{cid}")
         elif pooled[cid]:
             run.event(k, "backtest", "pooled", f"{cid}: re-test of {', '.join(pooled[cid])} (inconclusive): its "
                       f"{sum(len(p.diffs) for p in prior[cid])} paired instances are pooled with this pair's",
                       key=f"{k}/pooled/{cid}")
-    seeds = backtest_seeds(run, k)
-    looks: dict[str, list[dict[str, Any]]] = {cid: [] for cid in cand_files}
+    seeds = backtest_seeds(run, k, pair)
     look = 0
     while True:
         vs = verdicts(c_eval, main_files, [(cid, cand_files[cid], evals[cid]) for cid in cand_files], cfg.gate,
                       samples=samples, plan=plan, judge=fp, prior=prior, pooled=pooled, looks=looks,
-                      comparisons=len(cand_files))
+                      comparisons=comparisons or len(cand_files))
         for v in vs:
             if v.evidence is not None:
                 looks[v.candidate] = v.evidence.looks
@@ -101,25 +116,69 @@ def look_until_decided(run: Run, k: int, arms: dict[str, Any], main_files: dict[
             break
         look += 1
         # the control arm is judged on every batch any candidate still needs; each candidate only while it looks
-        c_eval = c_eval.extend(judge_more(run, k, "control", arms["control"].checkpoint, batch, look))
+        c_eval = c_eval.extend(judge_more(run, k, arm_name("control", pair), arms[arm_name("control", pair)].checkpoint,
+                                          batch, look, pair))
         for cid in more:
             ev = evals[cid]
             if isinstance(ev, ArmEval) and len(ev.seeds) == have:
-                evals[cid] = ev.extend(judge_more(run, k, cid, arms[cid].checkpoint, batch, look))
-        run.event(k, "backtest", "look", f"look {look + 1}: {len(more)} candidate(s) undecided ("
+                evals[cid] = ev.extend(judge_more(run, k, arm_name(cid, pair), arms[arm_name(cid, pair)].checkpoint,
+                                                  batch, look, pair))
+        run.event(k, "backtest", "look", f"look {look + 1}{f' of pair {pair}' if pair > 1 else ''}: {len(more)} "
+                  "candidate(s) undecided ("
                   + "; ".join(f"{v.candidate} effect {v.evidence.effect:+.3f} [{v.evidence.ci_low:+.3f}, "
                               f"{v.evidence.ci_high:+.3f}]" for v in vs if v.candidate in more and v.evidence)
-                  + f"): judging {len(batch)} more instances", key=f"{k}/look/{look}")
+                  + f"): judging {len(batch)} more instances", key=f"{k}/look/{look}" + (f"/p{pair}" if pair > 1 else ""))
     out = []
     for v in vs:  # a look that still wanted instances when the stage's ran out is inconclusive for this stage
         if v.decision == "inconclusive" and v.evidence is not None and v.evidence.next_step == "more_instances":
             v = v.model_copy(update={"evidence": v.evidence.model_copy(update={"next_step": "new_pair"})})
+        if v.evidence is not None and (before := earlier.get(v.candidate)) is not None and before.evidence is not None:
+            b = before.evidence  # this stage's earlier pairs travel with the verdict, so a later re-test pools them
+            v = v.model_copy(update={"evidence": v.evidence.model_copy(update={
+                "stage_pairs": [*b.stage_pairs, {"diffs": b.diffs, "slices": b.slices}]})})
         if v.decision == "inconclusive":
             spent = v.evidence is not None and v.evidence.next_step == "stop"
             v = v.model_copy(update={"reason": v.reason + ("; evidence spent: never re-proposed from this state"
                                                            if spent else "; kept: a re-test pools with it")})
         out.append(v)
     return out, c_eval, evals
+
+
+def stage_pairs(ev: Evidence, judge: str) -> list[Any]:
+    """The PairEvidence of one recorded verdict: this stage's earlier pairs of it, then its own."""
+    return prior_pairs([ev], judge)[0]
+
+
+def backed(run: Run, cid: str) -> str | None:
+    """Why candidate `cid` is BACKED, or None: its skill was promoted in another run (the library's record of tries,
+    `skills.library.SkillLibrary.tries`). Evidence from elsewhere never lowers the gate's bar here; it buys the
+    candidate a second arm pair in the same stage (`second_pairs`), so a change that worked before is decided in one
+    stage instead of two or three."""
+    skill = run.store.candidate(cid).get("skill")
+    if not skill:
+        return None
+    try:
+        with run.skills() as lib:
+            tries, born = lib.tries(skill), lib.get(skill).provenance
+    except Exception:  # noqa: BLE001 - a skill missing from the library backs nothing
+        return None
+    won = {t["run"] for t in tries if t["promoted"]} | ({born.run} if born.source == "run" and born.run else set())
+    won.discard(run.id)
+    return f"its skill {skill} was promoted in {len(won)} other run(s)" if won else None
+
+
+def second_pairs(run: Run, k: int, vs: list[Verdict]) -> dict[str, str]:
+    """Candidates of stage k's first arm pair that get a second pair now (`backtest.second_pair`): inconclusive,
+    asking for a new pair, with a positive estimate, and backed (`backed`). candidate -> why."""
+    if run.config.backtest.second_pair == "never":
+        return {}
+    out = {}
+    for v in vs:
+        ev = v.evidence
+        if (v.decision == "inconclusive" and ev is not None and ev.next_step == "new_pair" and ev.effect > 0
+                and (why := backed(run, v.candidate)) is not None):
+            out[v.candidate] = why
+    return out
 
 
 def fell_below_start(start: Any, arm: ArmEval) -> bool:

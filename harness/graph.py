@@ -33,9 +33,9 @@ from typing import Annotated, TypedDict
 
 import numpy as np
 
-from harness.arms import judge_start, prefetch_arms, prefetch_stage, run_arms, train_policy, warm_start
+from harness.arms import arm_name, judge_start, prefetch_arms, prefetch_stage, run_arms, train_policy, warm_start
 from harness.backtest import ArmEval, choose_winner, regression
-from harness.decisions import escalate, fell_below_start, look_until_decided, runners_up
+from harness.decisions import escalate, fell_below_start, look_until_decided, runners_up, second_pairs
 from harness.diagjudge import judge_diagnostics, split_verdicts
 from harness.evaluation import previous_target, report_eval, rollouts, target_probe
 from harness.memory import candidate_from_row, history, human_feedback, regression_findings, remember_skills
@@ -334,6 +334,22 @@ def node_backtest(run: Run, state: State) -> State:
     prefetch_arms(run, k, main_files, list(cand_files.values()))
     arms = run_arms(run, k, [("control", main_files), *cand_files.items()], state["train_ckpt"], steps)
     vs, c_eval, evals = look_until_decided(run, k, arms, main_files, cand_files)  # batches of instances until decided
+    if not isinstance(c_eval, Exception) and (second := second_pairs(run, k, vs)):
+        # a backed candidate still undecided: its second arm pair now, pooled with the first (`harness.decisions`)
+        for cid, why in second.items():
+            run.event(k, "backtest", "second_pair", f"{cid} is backed ({why}) and its first pair was inconclusive "
+                      "with a positive estimate: a second arm pair in this stage", key=f"{k}/second/{cid}")
+        arms2 = run_arms(run, k, [(arm_name("control", 2), main_files),
+                                  *((arm_name(cid, 2), cand_files[cid]) for cid in second)], state["train_ckpt"], steps,
+                         pair=2)
+        again, _, _ = look_until_decided(run, k, arms2, main_files, {cid: cand_files[cid] for cid in second}, pair=2,
+                                         earlier={v.candidate: v for v in vs}, comparisons=len(cand_files))
+        redone = {v.candidate: v for v in again if v.evidence is not None}  # judged; a failed arm keeps pair 1's
+        for v in again:
+            if v.candidate not in redone:
+                run.event(k, "backtest", "second_pair", f"{v.candidate}: its second pair could not be judged "
+                          f"({cut(v.reason, 200)}); the first pair's verdict stands", key=f"{k}/second-failed/{v.candidate}")
+        vs = [redone.get(v.candidate, v) for v in vs]
     # the STAGE's start (not the arms'): the stage's training watched only the training mix, so the target's
     # comparison covers the whole stage (its training and the arms' steps); it is what continues if no arm is carried
     start = None if isinstance(c_eval, Exception) else judge_start(run, k, state["policy"], c_eval)

@@ -250,6 +250,9 @@ class Evidence(BaseModel):
                                                                  "(kept so a re-test can pool them)")
     slices: list[dict[str, str]] = Field(default_factory=list, description="this pair's instances' slices")
     pairs: int = Field(1, description="arm pairs pooled in the decision (1 + earlier inconclusive tests)")
+    stage_pairs: list[dict[str, list[Any]]] = Field(
+        default_factory=list, description="earlier arm pairs of this same candidate in this same stage (a second pair "
+        "for a backed candidate), oldest first, each {diffs, slices}: pooled like `diffs` by a later re-test")
     pooled: list[str] = Field(default_factory=list, description="earlier candidates whose evidence was pooled")
     looks: list[dict[str, Any]] = Field(default_factory=list, description="every look: n, effect, bounds, decision")
     next_step: str | None = Field(None, description="where more evidence would come from (more_instances, new_pair, "

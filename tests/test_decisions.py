@@ -44,11 +44,11 @@ def run(tmp_path, monkeypatch):
     store.close()
 
 
-def _propose(run, cid: str, change: Change, stage: int) -> None:
+def _propose(run, cid: str, change: Change, stage: int, skill: str | None = None) -> None:
     from harness.vet import apply_change
 
     ws = run.workspace()
-    c = Candidate(id=cid, stage=stage, change=change, old_value=2.0e-4, rationale="r", skill=None)
+    c = Candidate(id=cid, stage=stage, change=change, old_value=2.0e-4, rationale="r", skill=skill)
     sha = ws.propose(cid, apply_change(ws.files("main"), change, MAPF), summary=c.summary, rationale="r",
                      factor=change.knob, stage=stage)
     run.store.upsert_candidate("r", c, commit=sha)
@@ -64,14 +64,16 @@ def _record(run, cid: str, decision: str, diffs: list[float], judge: str, next_s
     run.store.set_candidate_verdict(v, tag=tag)
 
 
-def _arm_rollouts(run, k: int, valid: float, n: int) -> list[Rollout]:
+def _arm_rollouts(run, k: int, valid: float, n: int, pair: int = 1, every: int = 0) -> list[Rollout]:
+    """Rollouts of one arm on the first `n` backtest instances of stage k's `pair`-th pair: the first valid * n
+    instances solved, or (every > 0) every `every`-th one."""
     from harness.arms import backtest_seeds
 
     cfg = run.judge.config(MAPF)
     out = []
-    for g, seed in enumerate(backtest_seeds(run, k)[:n]):
+    for g, seed in enumerate(backtest_seeds(run, k, pair)[:n]):
         inst = MAPF.generate(cfg, seed)
-        text = MAPF.expert(inst) if g < valid * n else "garbage"
+        text = MAPF.expert(inst) if (g % every == 0 if every else g < valid * n) else "garbage"
         o = MAPF.score(inst, text, MAPF.spec.shaping_model())
         for _ in range(run.judge.samples):
             out.append(Rollout(seed=seed, group=g, instance=inst.model_dump(mode="json"), prompt=MAPF.prompt(inst),
@@ -281,3 +283,78 @@ def test_a_change_beaten_at_the_gate_is_re_tested_first_in_the_next_stage_from_t
     assert "s1c4" in kinds["runner_up_skipped"] and "does nothing" in kinds["runner_up_skipped"]
     assert runners_up(run, 2, diag, own, 1) == got[:1]
     assert runners_up(run, 1, diag, own, 2) == own
+
+
+def _pair_arms(run, k: int, cid: str, pair: int, control: float, cand: float) -> dict:
+    """Recorded arms of stage k's `pair`-th pair (as a resumed stage reads them back: `run_arms` trains none of them),
+    judged on every instance a pair may use."""
+    from harness.results import ArmRecord
+
+    out = {}
+    n = run.config.gate.plan(run.config.backtest.n).max_n
+    for name, valid in (("control", control), (cid, cand)):
+        name = name if pair == 1 else f"{name}-p{pair}"
+        path = write_rollouts(run.path("rollouts", f"s{k}-{name}.jsonl.gz"), _arm_rollouts(run, k, valid, n, pair=pair))
+        out[name] = ArmRecord(checkpoint=str(run.path("checkpoints", f"s{k}-{name}")), rollouts=str(path), valid=valid)
+        run.save_result(k, out[name], node=f"arm:{name}")
+    return out
+
+
+def test_a_backed_candidate_gets_a_second_arm_pair_in_the_same_stage_pooled_with_its_first(run):
+    """A candidate whose skill was promoted in ANOTHER run is backed; its first pair inconclusive with a positive
+    estimate earns a second arm pair in the same stage (the backtest node trains it: here both pairs' arms are
+    recorded, as a resumed stage reads them), judged on fresh instances and pooled with the first (its looks
+    continue, both pairs' differences travel with the verdict, so a later re-test pools them all). Would catch: a
+    backing that counts this run's own tries, a second pair for a negative estimate or under `second_pair: never`, a
+    second pair judged on the first pair's instances or without the first pair's evidence, a node that never asks for
+    it, the first pair's differences lost to later pooling."""
+    from harness.arms import backtest_seeds
+    from harness.decisions import backed, look_until_decided, pooled_evidence, second_pairs
+    from harness.graph import node_backtest
+    from harness.results import Backtested, StartJudged
+
+    skill = "lower-learning-rate-on-regression"
+    _propose(run, "s1c1", LR, 1, skill=skill)
+    _propose(run, "s1c2", Change(kind="recipe", knob="recipe.temperature", value=0.9), 1)
+    assert backed(run, "s1c1") is None and backed(run, "s1c2") is None  # no record; no skill
+    with run.skills() as lib:
+        lib.record_try(skill, promoted=True, effect=0.1, interval=(0.03, 0.17), family="mapf", run="r",
+                       candidate="s0c1")  # this run's own promotion backs nothing
+    assert backed(run, "s1c1") is None
+    with run.skills() as lib:
+        lib.record_try(skill, promoted=True, effect=0.1, interval=(0.03, 0.17), family="math", run="other",
+                       candidate="s3c1")
+    assert "promoted in 1 other run" in backed(run, "s1c1")
+
+    ws = run.workspace()
+    files = {"s1c1": ws.files("cand/s1c1")}
+    one, two = _pair_arms(run, 1, "s1c1", 1, 0.30, 0.36), _pair_arms(run, 1, "s1c1", 2, 0.30, 0.36)
+    [first], _, _ = look_until_decided(run, 1, one, ws.files("main"), files)
+    assert first.decision == "inconclusive" and first.evidence.next_step == "new_pair", first.reason
+    assert second_pairs(run, 1, [first]) == {"s1c1": backed(run, "s1c1")}
+    low = first.model_copy(update={"evidence": first.evidence.model_copy(update={"effect": -0.01})})
+    assert second_pairs(run, 1, [low]) == {}  # a negative estimate waits for a later re-test, as any other
+    assert not set(backtest_seeds(run, 1, 2)) & set(backtest_seeds(run, 1))  # fresh instances for the second pair
+
+    [again], _, _ = look_until_decided(run, 1, two, ws.files("main"), files, pair=2, earlier={"s1c1": first},
+                                       comparisons=2)
+    ev = again.evidence
+    assert ev.pairs == 2 and ev.stage_pairs == [{"diffs": first.evidence.diffs, "slices": first.evidence.slices}]
+    assert ev.looks[: len(first.evidence.looks)] == first.evidence.looks and len(ev.looks) > len(first.evidence.looks)
+    assert ev.ci_high - ev.ci_low < first.evidence.ci_high - first.evidence.ci_low  # more information, a tighter bound
+
+    # the backtest node asks for the second pair itself (its arms recorded above, so nothing trains here)
+    run.save_result(1, StartJudged(checkpoint="ckpt/start", n=64, valid=0.3, control_valid=0.3, change=0.0,
+                                   change_ci=[-0.05, 0.05], control_regressed=False))
+    node_backtest(run, {"stage": 1, "vetted": ["s1c1"], "train_ckpt": "ckpt/start", "policy": "ckpt/start"})
+    [node_v] = run.result(1, Backtested).verdicts
+    assert node_v.evidence.pairs == 2 and node_v.evidence.diffs == ev.diffs, node_v.reason
+    assert any(e["kind"] == "second_pair" and "backed" in e["message"] for e in run.store.events("r"))
+    run.store.set_candidate_verdict(node_v, tag=run.workspace().reject("s1c1", node_v.reason, evidence=ev).tag)
+    _propose(run, "s2c1", LR, 2)  # re-proposed a stage later from the same state: both pairs of stage 1 pool
+    pairs, ids, note = pooled_evidence(run, "s2c1")
+    assert note is None and ids == ["s1c1"] and [p.diffs for p in pairs] == [first.evidence.diffs, ev.diffs]
+
+    never = run.config.model_copy(update={"backtest": run.config.backtest.model_copy(update={"second_pair": "never"})})
+    object.__setattr__(run, "config", never)
+    assert second_pairs(run, 1, [first]) == {}
