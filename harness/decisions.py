@@ -163,7 +163,7 @@ def backed(run: Run, cid: str) -> str | None:
     except Exception:  # noqa: BLE001 - a skill missing from the library backs nothing
         return None
     won = {t["run"] for t in tries if t["promoted"]} | ({born.run} if born.source == "run" and born.run else set())
-    won.discard(run.id)
+    won.discard(run.uid)
     return f"its skill {skill} was promoted in {len(won)} other run(s)" if won else None
 
 

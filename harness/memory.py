@@ -10,6 +10,7 @@ this stage's verdicts.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from harness.records import Candidate, Change, Finding, HistoryItem
@@ -113,10 +114,12 @@ def remember_skills(run: Run, k: int) -> None:
             if cand.skill:  # a change that passed the gate and lost to a better one worked: a success for its skill
                 lib.record_try(cand.skill, promoted=promoted or passed_gate(c), effect=c.get("effect") or 0.0,
                                interval=interval,
-                               family=run.config.task, run=run.id, candidate=cand.id, commit=c.get("commit_sha"))
+                               family=run.config.task, run=run.uid, candidate=cand.id, commit=c.get("commit_sha"))
             elif promoted:  # an engineer-invented change that worked becomes a skill
                 codes = [f.code for f in run.store.findings(run.id, stage=k)][:3]
-                name = f"{run.config.task}-{cand.change.knob.replace('/', '-').replace('_', '-')}-{run.id}-{cand.id}"
+                uid = hashlib.sha256(run.uid.encode()).hexdigest()[:6]  # ids repeat across folders; the uid does not
+                knob = cand.change.knob.replace("/", "-").replace("_", "-")
+                name = f"{run.config.task}-{knob}-{run.id}-{uid}-{cand.id}"
                 name = "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in name.lower())
                 # a whole-mixture change is filed as what it did, re-weight the mix toward the target: its weights
                 # belong to this run's target, the aim carries to the next
@@ -131,7 +134,7 @@ def remember_skills(run: Run, k: int) -> None:
                     domains=[run.config.task],
                     evidence=SkillEvidence(tries=1, promotions=1, mean_effect=c.get("effect") or 0.0,
                                            last_interval=interval, families=[run.config.task]),
-                    provenance=Provenance(source="run", run=run.id, commit=c.get("commit_sha")),
+                    provenance=Provenance(source="run", run=run.uid, commit=c.get("commit_sha")),
                     description=cand.rationale), replace=True)
     finally:
         lib.close()

@@ -61,6 +61,13 @@ class Run:
         return self.run_dir.name
 
     @property
+    def uid(self) -> str:
+        """The run's identity among every run a skill library records: its id and creation time. Ids repeat across
+        folders (every experiment's evolved run is `run`), so a library keyed by id alone merges different runs'
+        tries (`skill_tries` is idempotent per skill, run and candidate) and cannot tell this run from another."""
+        return f"{self.id}@{self.store.get_run(self.id)['created']}"
+
+    @property
     def task(self):
         return get_task(self.config.task)
 

@@ -318,12 +318,15 @@ def test_a_backed_candidate_gets_a_second_arm_pair_in_the_same_stage_pooled_with
     _propose(run, "s1c2", Change(kind="recipe", knob="recipe.temperature", value=0.9), 1)
     assert backed(run, "s1c1") is None and backed(run, "s1c2") is None  # no record; no skill
     with run.skills() as lib:
-        lib.record_try(skill, promoted=True, effect=0.1, interval=(0.03, 0.17), family="mapf", run="r",
+        lib.record_try(skill, promoted=True, effect=0.1, interval=(0.03, 0.17), family="mapf", run=run.uid,
                        candidate="s0c1")  # this run's own promotion backs nothing
+        lib.record_try(skill, promoted=False, effect=0.0, interval=None, family="mapf", run="r@elsewhere",
+                       candidate="s1c1")  # another folder's run called r: tried, not promoted
     assert backed(run, "s1c1") is None
     with run.skills() as lib:
-        lib.record_try(skill, promoted=True, effect=0.1, interval=(0.03, 0.17), family="math", run="other",
-                       candidate="s3c1")
+        lib.record_try(skill, promoted=True, effect=0.1, interval=(0.03, 0.17), family="math", run="r@2026-01-01",
+                       candidate="s1c1")  # same id and candidate, another run (its creation time): recorded, backs
+        assert len(lib.tries(skill)) == 3
     assert "promoted in 1 other run" in backed(run, "s1c1")
 
     ws = run.workspace()
