@@ -43,7 +43,7 @@ def history(run: Run) -> list[HistoryItem]:
                                change=f"{c['knob']} -> {(c['patch'] or {}).get('value')}",
                                verdict=verdict,
                                effect=c.get("effect"), ci=(lo, hi) if lo is not None and hi is not None else None,
-                               reason=c.get("reason") or "", key=key))
+                               reason=c.get("reason") or "", key=key, value=(c['patch'] or {}).get('value')))
     return out
 
 

@@ -130,6 +130,7 @@ class HistoryItem(BaseModel):
     reason: str = ""
     key: str = Field("", description="harness.engineer.proposal.change_key(state, change): the same experiment from "
                                      "the same harness state has the same key (the engineer never repeats a rejected one)")
+    value: Any = Field(None, description="the change's value as proposed (a mixture's weights, a knob's number)")
 
 
 class TargetSlice(BaseModel):

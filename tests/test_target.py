@@ -234,7 +234,7 @@ def test_a_mixture_near_an_inconclusive_one_continues_its_test_so_the_evidence_p
 
     def hist(verdict="inconclusive", effect=0.09):
         return [HistoryItem(stage=1, candidate="s1-env-mixture-abc", knob=MIXTURE, change="x", verdict=verdict,
-                            effect=effect, ci=(-0.004, 0.17), key=key)]
+                            effect=effect, ci=(-0.004, 0.17), key=key, value=w1)]
 
     res = _propose(d2.model_copy(update={"history": hist()}), tmp_path)
     c = _mix(res)

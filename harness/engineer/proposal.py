@@ -247,14 +247,15 @@ def continue_inconclusive(diagnosis: Diagnosis, cands: list[Candidate]) -> tuple
     intent re-proposed is a slightly different change every stage and no test of it ever accumulates evidence (the
     too-hard run: 0.341/0.336/0.323, then 0.280/0.354/0.365, TV 0.06, each decided on one pair). Knob values an
     engineer sets by rule are the same each time and pool already. Returns the candidates and a note per change."""
-    prefix = f"{diagnosis.state}|{MIXTURE}|"
     earlier: list[tuple[float, str, dict[str, float]]] = []
     for h in diagnosis.history:
-        if h.verdict != "inconclusive" or not h.key.startswith(prefix) or h.effect is None or h.effect <= 0:
-            continue
+        if (h.verdict != "inconclusive" or h.knob != MIXTURE or h.effect is None or h.effect <= 0
+                or not isinstance(h.value, dict)
+                or h.key != change_key(diagnosis.state, Change(kind="env", knob=MIXTURE, value=h.value))):
+            continue  # not a mixture change from this harness state with a positive estimate
         try:
-            earlier.append((h.ci[0] if h.ci else -1.0, h.candidate, canonical_mixture(json.loads(h.key[len(prefix):]))))
-        except (ValueError, TypeError):
+            earlier.append((h.ci[0] if h.ci else -1.0, h.candidate, canonical_mixture(h.value)))
+        except ValueError:
             continue
     if not earlier:
         return cands, []
