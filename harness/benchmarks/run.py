@@ -175,13 +175,8 @@ def crash_trial(workdir: Path, trial: int, kill_after: float, kill_resumes: bool
         else:
             p = _cli(["resume", str(runs / run_id)], home)
         deadline = rng.uniform(3, kill_after) if kill_resumes and kills < 3 else None
-    failed = p.returncode not in (0, -signal.SIGKILL)  # -SIGKILL: the last kill landed after "finished"
-    err = p.stderr.read().decode()[-1500:] if failed else ""
-    problems = [f"exit {p.returncode}: {err}"] if failed else []
-    if _run_status(runs / run_id / "run.db", run_id) != "finished":
-        problems.append("the run is not recorded as finished")
-    problems += check_run(runs / run_id, home / "skills.db")
-    problems += _sft_progress_kept(runs / run_id, run_id, in_sft)
+    # -SIGKILL: the last kill landed after "finished"
+    problems = _closing_checks(p, (0, -signal.SIGKILL), runs / run_id, run_id, home, in_sft)
     return {"trial": trial, "kill_after_s": round(kill_after, 1), "kills": kills, "problems": problems,
             "kills_in_sft": len(in_sft), "sft_resumes_checked": sum(1 for s in in_sft if s > 0)}
 
@@ -232,16 +227,21 @@ def checkpoint_kill_trial(workdir: Path, trial: int, rng: random.Random, config:
                 gap = max(0.5, now - since)
             seen = step
             kill_at = now + rng.uniform(0, 1.2 * gap)
-    failed = p.returncode != 0
-    problems = [f"exit {p.returncode}: {p.stderr.read().decode()[-1500:]}"] if failed else []
-    if _run_status(run_dir / "run.db", run_id) != "finished":
-        problems.append("the run is not recorded as finished")
-    problems += check_run(run_dir, home / "skills.db")
-    problems += _sft_progress_kept(run_dir, run_id, in_sft)
+    problems = _closing_checks(p, (0,), run_dir, run_id, home, in_sft)
     if not in_sft:
         problems.append("no kill landed in the warm start (its SFT wrote no checkpoint the trial saw)")
     return {"trial": trial, "kills": kills, "problems": problems, "kills_in_sft": len(in_sft),
             "sft_resumes_checked": sum(1 for s in in_sft if s > 0), "checkpoints_killed_after": in_sft}
+
+
+def _closing_checks(p: subprocess.Popen, ok_codes: tuple[int, ...], run_dir: Path, run_id: str, home: Path,
+                    in_sft: list[int]) -> list[str]:
+    """What every kill trial checks once its last process ended: an accepted exit code, the run recorded as finished,
+    its records whole (`check_run`), and the SFT progress kept across the kills that landed in the warm start."""
+    problems = [] if p.returncode in ok_codes else [f"exit {p.returncode}: {p.stderr.read().decode()[-1500:]}"]
+    if _run_status(run_dir / "run.db", run_id) != "finished":
+        problems.append("the run is not recorded as finished")
+    return problems + check_run(run_dir, home / "skills.db") + _sft_progress_kept(run_dir, run_id, in_sft)
 
 
 def _sft_checkpoint_at_kill(run_dir: Path, run_id: str) -> int | None:
