@@ -139,6 +139,26 @@ def test_spent_evidence_is_final(run):
     assert [h.verdict for h in history(run)] == ["rejected"]
 
 
+def test_a_change_whose_pooled_test_was_spent_is_never_re_tested_from_its_earlier_part(run):
+    """Stage 1's test of a change was inconclusive; stage 2's re-test pooled it and spent the plan. The change is
+    final from this state: escalation does not re-test stage 1's part (that would restart a spent test with its first
+    pairs only, beyond `max_pairs`: the error control lost), and a later proposal of it is not pooled with that
+    part. Would catch an escalation that picks the earlier inconclusive item (it did, in a scenario run)."""
+    from harness.decisions import fingerprint, most_promising_inconclusive, pooled_evidence
+
+    fp = fingerprint(run)
+    _propose(run, "s1c1", LR, 1)
+    _record(run, "s1c1", "inconclusive", [0.25, 0.0, 0.0, 0.25] * 10, fp)
+    state = run.workspace().head()
+    assert most_promising_inconclusive(run, state)["id"] == "s1c1"
+    _propose(run, "s2c1", LR, 2)
+    _record(run, "s2c1", "inconclusive", [0.25, 0.0, 0.0, 0.25] * 10, fp, next_step="stop")
+    assert most_promising_inconclusive(run, state) is None
+    _propose(run, "s3c1", LR, 3)
+    pairs, ids, note = pooled_evidence(run, "s3c1")
+    assert pairs == [] and ids == [] and "final" in note
+
+
 def test_a_recurring_regression_re_tests_the_most_promising_inconclusive_fix_first(run):
     from harness.decisions import escalate, fingerprint
     from harness.memory import history
