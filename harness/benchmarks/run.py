@@ -26,6 +26,7 @@ checkpoint appears, so every checkpoint the warm start writes is resumed from, s
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -109,11 +110,16 @@ def check_run(run_dir: Path, skills_db: Path | None = None) -> list[str]:
         con = sqlite3.connect(skills_db)
         try:
             tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-            if "tries" in tables:
-                rows = con.execute("SELECT skill, run, candidate, COUNT(*) FROM tries GROUP BY skill, run, candidate "
-                                   "HAVING COUNT(*) > 1").fetchall()
-                if rows:
-                    problems.append(f"duplicate skill updates: {rows}")
+            if {"skills", "skill_tries"} <= tables:  # a try is one row (its key: skill, run, candidate); a skill's
+                # evidence counts its rows, plus the promotion it was born of when a run made it: a resumed node that
+                # added evidence twice shows as more tries than rows
+                for name, tries, definition, rows in con.execute(
+                        "SELECT s.name, s.tries, s.definition, (SELECT COUNT(*) FROM skill_tries t WHERE t.skill = "
+                        "s.name) FROM skills s").fetchall():
+                    born = json.loads(definition).get("provenance", {}).get("source") == "run"
+                    if tries != rows + int(born):
+                        problems.append(f"skill {name}: evidence counts {tries} tries, its records {rows}"
+                                        + (" plus the run it was born of" if born else ""))
         finally:
             con.close()
     return problems
