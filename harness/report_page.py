@@ -40,8 +40,9 @@ def gather(run_dir: Path) -> dict[str, Any]:
         training: dict[int, dict[str, list[dict]]] = defaultdict(dict)
         stages = sorted({s["stage"] for s in st["stages"]})
         for k in stages:
-            for arm, node in [("policy (stage)", "train"), ("control", "arm:control"),
-                              *[(c["id"], f"arm:{c['id']}") for c in st["candidates"] if c["stage"] == k]]:
+            names = ["control", *[c["id"] for c in st["candidates"] if c["stage"] == k]]
+            for arm, node in [("policy (stage)", "train"), *[(n, f"arm:{n}") for n in names],
+                              *[(f"{n}-p2", f"arm:{n}-p2") for n in names]]:  # a second arm pair, when there was one
                 r = store.node_result(run_id, k, node) or {}
                 curve_ = r.get("curve") if isinstance(r.get("curve"), list) else r.get("steps")
                 if isinstance(curve_, list) and curve_:
