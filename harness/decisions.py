@@ -13,10 +13,10 @@ control arm and every such candidate are judged on the next batch of the stage's
 compared on the instances it saw. What ends the stage undecided is `inconclusive`: its paired differences stay in
 its verdict's evidence, and when the same change is proposed again from the same harness state (the engineer may: only
 a refuted change is never re-proposed; or the loop re-tests it on purpose when a failure recurs), the new pair is
-pooled with them under the same judge fingerprint, the error still controlled across every look. A BACKED candidate
-(its skill was promoted in another run) that ends its first pair inconclusive with a positive estimate gets a second
-arm pair in the same stage (`second_pairs`, `backtest.second_pair`), pooled the same way: evidence from elsewhere buys
-evidence now, never a lower bar.
+pooled with them under the same judge fingerprint, the error still controlled across every look. With
+`backtest.second_pair: backed` (off by default), a BACKED candidate (its skill was promoted in another run) that ends
+its first pair inconclusive with a positive estimate gets a second arm pair in the same stage (`second_pairs`), pooled
+the same way: evidence from elsewhere buys evidence now, never a lower bar.
 """
 
 from __future__ import annotations

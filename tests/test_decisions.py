@@ -333,6 +333,9 @@ def test_a_backed_candidate_gets_a_second_arm_pair_in_the_same_stage_pooled_with
     from harness.graph import node_backtest
     from harness.results import Backtested, StartJudged
 
+    assert run.config.backtest.second_pair == "never"
+    on = run.config.model_copy(update={"backtest": run.config.backtest.model_copy(update={"second_pair": "backed"})})
+    object.__setattr__(run, "config", on)  # off by default (its measured cost: BENCHMARKS.md)
     skill = "lower-learning-rate-on-regression"
     _propose(run, "s1c1", LR, 1, skill=skill)
     _propose(run, "s1c2", Change(kind="recipe", knob="recipe.temperature", value=0.9), 1)
