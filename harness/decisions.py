@@ -51,12 +51,11 @@ def pooled_evidence(run: Run, cid: str) -> tuple[list[Any], list[str], str | Non
     key = _key_of(run, cid)
     if not key:
         return [], [], None
-    hist = history(run)
-    if any(h.key == key and h.verdict != "inconclusive" and h.candidate != cid for h in hist):
+    earlier = [h for h in history(run) if h.key == key and h.candidate != cid]
+    if any(h.verdict != "inconclusive" for h in earlier):
         # a final test of this change from this state (spent or refuted): what is judged now is judged afresh, not
         # pooled with part of a finished test (the engineer and escalation never re-propose it; a person may)
         return [], [], "an earlier test of this change from this state was final (spent or refuted): judged afresh"
-    earlier = [h for h in hist if h.key == key and h.verdict == "inconclusive" and h.candidate != cid]
     evs: list[Evidence] = []
     ids: list[str] = []
     for h in sorted(earlier, key=lambda h: h.stage):
@@ -205,13 +204,8 @@ def most_promising_inconclusive(run: Run, state: str, causes: set[str] | frozens
     from harness.memory import history
 
     best, best_key = None, None
-    hist = history(run)
-    # a change whose later test from this state was final (its pooled evidence spent, or refuted) is not re-tested:
-    # its earlier inconclusive test holds only part of that evidence, and re-testing it would restart a spent test
-    final = {h.key for h in hist if h.verdict != "inconclusive" and h.key}
-    for h in hist:
-        if (h.verdict != "inconclusive" or not h.key.startswith(f"{state}|") or h.key in final or h.effect is None
-                or h.effect <= 0):
+    for h in history(run):  # a change with a final test from this state is final in the history (never re-tested)
+        if h.verdict != "inconclusive" or not h.key.startswith(f"{state}|") or h.effect is None or h.effect <= 0:
             continue
         row = run.store.candidate(h.candidate)
         key = (int(bool(causes) and addresses(run, row, causes)), (h.ci or (-1, 0))[0])

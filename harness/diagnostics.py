@@ -37,7 +37,7 @@ from pydantic import BaseModel
 from harness.records import Diagnosis, DiagnosticResult, Finding, HistoryItem, Rollout, TargetSlice, TargetView
 from harness.seeds import SplitError, check_split, split_of
 from harness.tasks.base import EnvStats, Instance, Mixture, TaskSpec
-from harness.tasks.knobs import ENTRY, entry_differences
+from harness.tasks.knobs import ENTRY, entry_diff_text, entry_differences
 from sandbox.runner import Limits, RunResult, SandboxUnavailable, run_function
 
 # --- thresholds -------------------------------------------------------------------------------------------------------
@@ -621,7 +621,7 @@ def target_findings(view: TargetView | None, probe: list[Rollout], previous: lis
                                     rate=round(1 - s.valid, 4), slice=sl, examples=ex, knobs=["env.mixture"],
                                     message=what))
         if s.entry_diff and s.mix_share > 0 and s.valid < MASTERED:
-            made = ", ".join(f"{f} {m} (target {t})" for f, (m, t) in s.entry_diff.items())
+            made = entry_diff_text(s.entry_diff)
             findings.append(Finding(
                 code="target.entry_differs", severity="critical" if s.valid < TARGET_FAILS else "warn", count=s.n,
                 rate=round(1 - s.valid, 4), slice=sl, examples=ex, knobs=[ENTRY],

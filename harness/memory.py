@@ -26,7 +26,8 @@ def candidate_from_row(row: dict[str, Any]) -> Candidate:
 
 
 def history(run: Run) -> list[HistoryItem]:
-    """Every decided candidate of the run, keyed by the harness state it started from (`change_key`)."""
+    """Every decided candidate of the run, keyed by the harness state it started from (`change_key`). `verdict` says
+    what may follow: inconclusive (re-testable, its evidence pooled) or final (promoted, rejected)."""
     from harness.engineer.proposal import change_key
 
     parents = {r.id: r.parent for r in run.workspace().history()}  # the harness state each candidate started from
@@ -43,8 +44,13 @@ def history(run: Run) -> list[HistoryItem]:
                                change=f"{c['knob']} -> {(c['patch'] or {}).get('value')}",
                                verdict=verdict,
                                effect=c.get("effect"), ci=(lo, hi) if lo is not None and hi is not None else None,
-                               reason=c.get("reason") or "", key=key, value=(c['patch'] or {}).get('value')))
-    return out
+                               reason=c.get("reason") or "", key=key, value=(c["patch"] or {}).get("value")))
+    # a change is final from a state once any test of it there was (spent, refuted, promoted): its earlier
+    # inconclusive tests hold only part of that evidence and are final too, so no one (engineer, escalation, a
+    # continued mixture) re-tests them and restarts a finished test
+    final = {h.key for h in out if h.verdict != "inconclusive" and h.key}
+    return [h.model_copy(update={"verdict": "rejected"}) if h.verdict == "inconclusive" and h.key in final else h
+            for h in out]
 
 
 def human_feedback(run: Run, before: int) -> list[str]:

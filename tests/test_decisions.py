@@ -145,6 +145,7 @@ def test_a_change_whose_pooled_test_was_spent_is_never_re_tested_from_its_earlie
     pairs only, beyond `max_pairs`: the error control lost), and a later proposal of it is not pooled with that
     part. Would catch an escalation that picks the earlier inconclusive item (it did, in a scenario run)."""
     from harness.decisions import fingerprint, most_promising_inconclusive, pooled_evidence
+    from harness.memory import history
 
     fp = fingerprint(run)
     _propose(run, "s1c1", LR, 1)
@@ -154,6 +155,7 @@ def test_a_change_whose_pooled_test_was_spent_is_never_re_tested_from_its_earlie
     _propose(run, "s2c1", LR, 2)
     _record(run, "s2c1", "inconclusive", [0.25, 0.0, 0.0, 0.25] * 10, fp, next_step="stop")
     assert most_promising_inconclusive(run, state) is None
+    assert {h.candidate: h.verdict for h in history(run)} == {"s1c1": "rejected", "s2c1": "rejected"}  # final
     _propose(run, "s3c1", LR, 3)
     pairs, ids, note = pooled_evidence(run, "s3c1")
     assert pairs == [] and ids == [] and "final" in note

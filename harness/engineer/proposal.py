@@ -25,7 +25,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from harness.records import Candidate, Change, Diagnosis, cut
-from harness.tasks.knobs import ENTRY, MIXTURE, canonical_mixture, with_entry
+from harness.tasks.knobs import ENTRY, MIXTURE, canonical_mixture, entry_diff_text, with_entry
 
 # --- errors -----------------------------------------------------------------------------------------------------------
 
@@ -189,8 +189,7 @@ def entry_text(diagnosis: Diagnosis) -> str:
     diffs = [s for s in (view.slices if view is not None else []) if s.entry_diff]
     if not diffs:
         return ""
-    where = "; ".join(f"{view.slice_key} {s.value}: " + ", ".join(f"{f} {m} (target {t})"
-                                                               for f, (m, t) in s.entry_diff.items()) for s in diffs)
+    where = "; ".join(f"{view.slice_key} {s.value}: {entry_diff_text(s.entry_diff)}" for s in diffs)
     return (f"- {ENTRY}  value: an object {{<{view.slice_key}>: {{field: value, ...}}}}: ONE entry's fields set "
             f"together as ONE change (its weight kept). The mix's entries differ from the target's here: {where}")
 

@@ -294,6 +294,11 @@ def entry_differences(train: BaseModel, target: BaseModel, entry_key: str,
     return out
 
 
+def entry_diff_text(diff: dict[str, list[Any]]) -> str:
+    """One slice's `entry_differences` as words: `hole_ratio 0.45 (target 0.2), agents 3 (target 2)`."""
+    return ", ".join(f"{f} {m} (target {t})" for f, (m, t) in diff.items())
+
+
 def with_entry(config: BaseModel, entry_key: str, value: Any, weight: str = WEIGHT) -> tuple[BaseModel, dict]:
     """A new, validated config with ONE keyed entry's fields set (`env.entry`): `value` is {slice value: {field:
     value}}; the entry must exist, the fields must be its fields, not its key or weight. Returns (config, the old
