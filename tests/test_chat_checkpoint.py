@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 
 from harness.cli import app
 from harness.policy_glue import task_texts
-from harness.tasks import get_task, score_all, split_think
+from harness.tasks import TASKS, get_task, score_all, split_think
 from policies.chat_fixture import END_THINK, EOS, IM_END, PAD, QWEN_CHAT_TEMPLATE, THINK, build_chat_fixture
 from policies.model import (
     PolicyLoadError,
@@ -143,6 +143,34 @@ def test_rung1_sampler_and_trainer_log_probs_agree_on_the_bpe_chat_tokenizer(cha
                                                    temperature=0.7))
     assert r.completions == 8 and r.tokens >= 8
     assert r.max_abs_diff < 1e-3 and r.max_ratio_dev < 1e-5, r
+
+
+@pytest.mark.parametrize("family", sorted(TASKS))
+def test_each_familys_chat_style_learns_stops_and_scores_on_the_chat_checkpoint(chat_ckpt, family):
+    """Every task family's `chat` style, end to end on the BPE chat checkpoint: its expert chat answer survives the
+    byte-level tokenizer (code's indentation and newlines, MAPF's move lines), the SFT through the chat template
+    teaches the answer and the end of its turn (TRL renders the assistant turn with `<|im_end|>`), and a greedy
+    rollout through the template reproduces it, stops (not truncated at the token budget) and is scored valid by the
+    family's own scorer. Catches a family without a chat style, a tokenizer that loses bytes, an SFT whose
+    completions carry no end token (the rollout would run to its budget), and a scorer that cannot read what a chat
+    model writes."""
+    from policies.train import Recipe, train_sft
+
+    task = get_task(family)
+    assert "chat" in task.spec.styles, task.spec.styles
+    inst = task.generate(task.default_config(), 7)
+    prompt, answer = task.prompt(inst, "chat"), task.expert(inst, "chat")
+    model, tok = load_policy(chat_ckpt)
+    ids = tok(answer, add_special_tokens=False)["input_ids"]
+    assert tok.decode(ids) == answer  # lossless byte-level round trip
+    assert score_all(task, [(inst, tok.decode(ids + [tok.convert_tokens_to_ids(IM_END)],
+                                              skip_special_tokens=True))])[0].valid
+    train_sft(model, tok, [{"prompt": prompt, "completion": answer}] * 8,
+              Recipe(sft_steps=60, sft_batch_size=8, sft_learning_rate=1e-2))
+    res = generate(model, tok, [prompt], SamplingParams(temperature=0.0, max_new_tokens=len(ids) + 16))
+    assert not res.truncated[0] and res.tokens[0] <= len(ids) + 4, (res.completions, res.tokens)
+    [out] = score_all(task, [(inst, res.completions[0])])
+    assert out.valid, (family, res.completions[0], out.failure)
 
 
 def test_grpo_generation_stops_at_the_end_of_turn_token_too(chat_ckpt):
