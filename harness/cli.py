@@ -470,7 +470,8 @@ def bench_scenarios(
 
 @bench_app.command("ladder")
 def bench_ladder(
-    rungs: Annotated[str, typer.Option(help="comma-separated rungs: 1 plumbing, 2 copy toy, 3 MAPF")] = "1,2,3",
+    rungs: Annotated[str, typer.Option(help="comma-separated rungs: 1 plumbing, 2 copy toy, 3 a task family "
+                                            "(--task)")] = "1,2,3",
     budget: Annotated[float, typer.Option(min=10, help="rung 3: GRPO training seconds")] = 600.0,
     max_steps: Annotated[int, typer.Option(min=1, help="rung 3: a cap on GRPO steps (the budget stops it first; the "
                                                     "learning rate anneals over the budget's seconds)")] = 1500,
@@ -496,8 +497,10 @@ def bench_ladder(
     seed: Annotated[int, typer.Option(min=0, help="rung 3: the training run's seed (what GRPO samples, the order of "
                                                   "its boards); the warm start and held-out boards stay fixed, so "
                                                   "seeds are replicates of one rung")] = 0,
+    task: Annotated[str, typer.Option(help="rung 3's task family: mapf (passes at +15 points) or math (passes when "
+                                           "the held-out gain is above noise)")] = "mapf",
 ) -> None:
-    """The learning ladder: sampler/trainer log-prob agreement, a toy GRPO must learn, MAPF held-out gain."""
+    """The learning ladder: sampler/trainer log-prob agreement, a toy GRPO must learn, a task family's held-out gain."""
     from harness.benchmarks.ladder import run as ladder
 
     try:
@@ -506,19 +509,28 @@ def bench_ladder(
         fail(f"--rungs {rungs!r}: write rung numbers separated by commas, e.g. 1,2")
     if not want or not set(want) <= {1, 2, 3}:
         fail(f"--rungs {rungs!r}: rungs are 1, 2 and 3")
-    if preset not in ("tiny", "small"):
-        fail(f"--preset {preset!r}: choose tiny or small")
+    from harness.benchmarks.ladder import RUNGS
+
+    if task not in RUNGS:
+        fail(f"--task {task!r}: rung 3 is defined for {', '.join(RUNGS)}")
+    if task != "mapf" and 3 not in want:
+        fail("--task picks rung 3's family; add 3 to --rungs or drop --task")
+    if preset not in RUNGS[task].sft_steps:
+        fail(f"--preset {preset!r}: rung 3 on {task} has a measured partial warm start for "
+             f"{' and '.join(RUNGS[task].sft_steps)}")
     if warm not in ("undertrained", "noisy"):
         fail(f"--warm {warm!r}: choose undertrained or noisy")
     if warm == "noisy" and preset != "tiny":
         fail("--warm noisy is measured for --preset tiny only; drop --preset")
+    if warm == "noisy" and task != "mapf":
+        fail("--warm noisy is MAPF's hole-blind teacher; drop --warm for --task math")
     if blind_share is not None and warm != "noisy":
         fail("--blind-share sets the noisy teacher; add --warm noisy or drop --blind-share")
     if learner not in ("grpo", "sft"):
         fail(f"--learner {learner!r}: choose grpo (the rung) or sft (its supervised reference)")
     if learner != "grpo" and 3 not in want:
         fail("--learner applies to rung 3; add 3 to --rungs or drop --learner")
-    recipe_kw = _rung3_recipe(recipe or [])
+    recipe_kw = _rung3_recipe(recipe or [], task)
     if recipe_kw and (learner != "grpo" or 3 not in want):
         fail("--recipe changes rung 3's GRPO recipe; use it with --rungs 3 and --learner grpo, or drop it")
     if curve_every is not None and 3 not in want:
@@ -526,16 +538,17 @@ def bench_ladder(
     if seed and 3 not in want:
         fail("--seed picks rung 3's training seed; add 3 to --rungs or drop --seed")
     res = ladder(out=out, rungs=want, budget_s=budget, threads=threads, max_steps=max_steps, preset=preset, warm=warm,
-                 blind_share=blind_share, learner=learner, recipe_kw=recipe_kw, curve_every=curve_every, seed=seed)
+                 blind_share=blind_share, learner=learner, recipe_kw=recipe_kw, curve_every=curve_every, seed=seed,
+                 family=task)
     if not all(r["passed"] for r in res.values() if "passed" in r):  # the sft reference passes or fails nothing
         raise typer.Exit(1)
 
 
-def _rung3_recipe(items: list[str]) -> dict[str, Any]:
-    """`--recipe KEY=VALUE` items as recipe overrides, checked against the rung's recipe before any work."""
+def _rung3_recipe(items: list[str], family: str = "mapf") -> dict[str, Any]:
+    """`--recipe KEY=VALUE` items as recipe overrides, checked against the family's rung recipe before any work."""
     from pydantic import ValidationError
 
-    from harness.benchmarks.ladder import RUNG3_RECIPE
+    from harness.benchmarks.ladder import RUNGS
     from policies.train import Recipe
     from sandbox.yamlload import load_yaml_text
 
@@ -553,7 +566,7 @@ def _rung3_recipe(items: list[str]) -> dict[str, Any]:
                  "--seed for a replicate)")
         kw[key] = load_yaml_text(value, f"--recipe {key}")
     try:
-        Recipe(**{**RUNG3_RECIPE, **kw})
+        Recipe(**{**RUNGS[family].recipe, **kw})
     except (ValidationError, ValueError) as exc:
         fail(f"--recipe: the rung's recipe with {kw} is not valid: {exc}")
     return kw

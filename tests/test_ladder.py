@@ -56,7 +56,7 @@ def test_the_learning_curve_reads_held_out_boards_with_the_clock_paused():
 
     import torch
 
-    from harness.benchmarks.ladder import RUNG3_ENV, _mapf_eval, curve_callback
+    from harness.benchmarks.ladder import RUNG3_ENV, curve_callback, rung_eval
     from harness.seeds import seeds
     from harness.tasks import get_task
     from policies.model import build_model
@@ -65,7 +65,7 @@ def test_the_learning_curve_reads_held_out_boards_with_the_clock_paused():
     cfg = task.spec.config_model.model_validate(RUNG3_ENV)
     held = [task.generate(cfg, s) for s in seeds("test", 6)]
     model, tok = build_model("tiny", task.spec.alphabet, words=list(task.spec.words))
-    before = _mapf_eval(model, tok, task, held)
+    before = rung_eval(model, tok, task, held)
     clock = type("Clock", (), {})()
     clock.t0 = time.perf_counter()
     curve = curve_callback(tok, task, held, before, every_s=30.0, clock=clock)
@@ -80,3 +80,53 @@ def test_the_learning_curve_reads_held_out_boards_with_the_clock_paused():
     assert curve.paused > 0 and clock.t0 == pytest.approx(start + curve.paused)
     assert model.training and torch.equal(torch.get_rng_state(), rng)
     assert curve.points[0]["valid"] == before["valid"] and curve.points[0]["effect"] == 0.0  # same weights, same read
+
+
+def test_rung3_held_out_sets_per_family():
+    """MAPF's rung keeps exactly the boards its measurements were taken on (`wide_held_out`); math's holds 200
+    two-term problems per digit count, from test seeds. Caught: a generalisation that silently moved MAPF's held-out
+    boards (every earlier rung-3 figure would stop being comparable) or drew math's from another split."""
+    import collections
+
+    from harness.benchmarks.ladder import held_out
+    from harness.benchmarks.policy import wide_held_out
+    from harness.seeds import split_of
+    from harness.tasks import get_task
+
+    mapf = get_task("mapf")
+    assert [i.model_dump() for i in held_out(mapf, "mapf")] == [i.model_dump() for i in wide_held_out(mapf)]
+    math = get_task("math")
+    held = held_out(math, "math")
+    assert len(held) == 600 and len({i.seed for i in held}) == 600
+    assert collections.Counter(math.slices(i)["digits"] for i in held) == {"1": 200, "2": 200, "3": 200}
+    assert {math.slices(i)["terms"] for i in held} == {"2"} and {split_of(i.seed) for i in held} == {"test"}
+
+
+def test_rung3_runs_on_math_end_to_end(tmp_path, monkeypatch):
+    """Rung 3 on the math family, shrunk (4 problems a level, a 20-step warm start, 2 GRPO steps): the family's
+    recipe, reward and slices are the ones used (slices by digit count, not MAPF's sizes), every figure the rung
+    reports is there, and the CLI refuses what the math rung does not have. Caught: a MAPF name left in the rung's
+    path (a KeyError on `size`, RUNG3_ENV fed to the math generator) or a result missing its CPU seconds."""
+    import dataclasses
+
+    from typer.testing import CliRunner
+
+    from harness.benchmarks import ladder
+    from harness.cli import app
+
+    small = dataclasses.replace(ladder.RUNGS["math"], per_level=4, sft_steps={"tiny": 20},
+                                recipe={**ladder.RUNGS["math"].recipe, "batch_size": 16})
+    monkeypatch.setitem(ladder.RUNGS, "math", small)
+    res = ladder.rung3(tmp_path, budget_s=30, max_steps=2, family="math", sft_examples=64)
+    assert res["task"] == "math" and res["boards"] == 12 and res["steps"] == 2
+    assert set(res["slices"]) == {"1", "2", "3"} and all(s["n"] == 4 for s in res["slices"].values())
+    assert res["recipe"]["batch_size"] == 16 and res["recipe"]["learning_rate"] == 3e-5
+    assert res["shaping"] == small.shaping and res["train_cpu_seconds"] > 0 and "passed" in res
+    assert (tmp_path / "warmstart-math-64-20" / "config.json").exists()
+    runner = CliRunner()
+    for args, says in [(["--rungs", "3", "--task", "code"], "rung 3 is defined for mapf, math"),
+                       (["--rungs", "3", "--task", "math", "--preset", "small"], "measured partial warm start for tiny"),
+                       (["--rungs", "3", "--task", "math", "--warm", "noisy"], "drop --warm for --task math"),
+                       (["--rungs", "1", "--task", "math"], "add 3 to --rungs or drop --task")]:
+        out = runner.invoke(app, ["bench", "ladder", *args])
+        assert out.exit_code != 0 and says in out.output, (args, out.output)

@@ -93,7 +93,7 @@ def run(out: Path = Path("runs/bench-grpo"), preset: str = "tiny", recipe: str =
         reference: bool = True) -> dict[str, Any]:
     import torch
 
-    from harness.benchmarks.ladder import RUNG3_ENV, RUNG3_RECIPE, mapf_partial_warm_start
+    from harness.benchmarks.ladder import RUNG3_ENV, RUNG3_RECIPE, partial_warm_start
     from harness.policy_glue import grpo_rows, reward_fn
     from harness.seeds import seeds
     from harness.tasks import get_task
@@ -102,7 +102,7 @@ def run(out: Path = Path("runs/bench-grpo"), preset: str = "tiny", recipe: str =
     cpu_threads(threads)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    model, tok = mapf_partial_warm_start(out, sft_examples=sft_examples, sft_steps=sft_steps, preset=preset)
+    model, tok = partial_warm_start(out, "mapf", sft_examples=sft_examples, sft_steps=sft_steps, preset=preset)
     _say("warm_start_s", time.perf_counter() - t0)
     task = get_task("mapf")
     cfg = task.spec.config_model.model_validate(RUNG3_ENV)
