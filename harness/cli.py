@@ -497,8 +497,8 @@ def bench_ladder(
     seed: Annotated[int, typer.Option(min=0, help="rung 3: the training run's seed (what GRPO samples, the order of "
                                                   "its boards); the warm start and held-out boards stay fixed, so "
                                                   "seeds are replicates of one rung")] = 0,
-    task: Annotated[str, typer.Option(help="rung 3's task family: mapf (passes at +15 points) or math (passes when "
-                                           "the held-out gain is above noise)")] = "mapf",
+    task: Annotated[str, typer.Option(help="rung 3's task family: mapf (passes at +15 points), math or code (pass "
+                                           "when the held-out gain is above noise)")] = "mapf",
 ) -> None:
     """The learning ladder: sampler/trainer log-prob agreement, a toy GRPO must learn, a task family's held-out gain."""
     from harness.benchmarks.ladder import run as ladder

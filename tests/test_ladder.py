@@ -102,29 +102,34 @@ def test_rung3_held_out_sets_per_family():
     assert {math.slices(i)["terms"] for i in held} == {"2"} and {split_of(i.seed) for i in held} == {"test"}
 
 
-def test_rung3_runs_on_math_end_to_end(tmp_path, monkeypatch):
-    """Rung 3 on the math family, shrunk (4 problems a level, a 20-step warm start, 2 GRPO steps): the family's
-    recipe, reward and slices are the ones used (slices by digit count, not MAPF's sizes), every figure the rung
-    reports is there, and the CLI refuses what the math rung does not have. Caught: a MAPF name left in the rung's
-    path (a KeyError on `size`, RUNG3_ENV fed to the math generator) or a result missing its CPU seconds."""
+@pytest.mark.parametrize("family,slices", [("math", {"1", "2", "3"}), ("code", {"2", "3"})])
+def test_rung3_runs_on_the_other_families_end_to_end(tmp_path, monkeypatch, family, slices):
+    """Rung 3 on math and code, shrunk (4 problems a level, a 20-step warm start, 2 GRPO steps): the family's recipe,
+    reward, style and slices are the ones used (slices by digit count or depth, not MAPF's sizes), every figure the
+    rung reports is there. Caught: a MAPF name left in the rung's path (a KeyError on `size`, RUNG3_ENV fed to another
+    generator, MAPF's trace style asked of code) or a result missing its CPU seconds."""
     import dataclasses
 
+    from harness.benchmarks import ladder
+
+    fam = ladder.RUNGS[family]
+    small = dataclasses.replace(fam, per_level=4, sft_steps={"tiny": 20}, recipe={**fam.recipe, "batch_size": 16})
+    monkeypatch.setitem(ladder.RUNGS, family, small)
+    res = ladder.rung3(tmp_path, budget_s=30, max_steps=2, family=family, sft_examples=64)
+    assert res["task"] == family and res["boards"] == 4 * len(fam.levels) and res["steps"] == 2
+    assert set(res["slices"]) == slices and all(s["n"] == 4 for s in res["slices"].values())
+    assert res["recipe"]["batch_size"] == 16 and res["recipe"]["learning_rate"] == fam.recipe["learning_rate"]
+    assert res["shaping"] == small.shaping and res["train_cpu_seconds"] > 0 and "passed" in res
+    assert (tmp_path / f"warmstart-{family}-64-20" / "config.json").exists()
+
+
+def test_the_ladders_task_option_refuses_what_a_family_does_not_have():
     from typer.testing import CliRunner
 
-    from harness.benchmarks import ladder
     from harness.cli import app
 
-    small = dataclasses.replace(ladder.RUNGS["math"], per_level=4, sft_steps={"tiny": 20},
-                                recipe={**ladder.RUNGS["math"].recipe, "batch_size": 16})
-    monkeypatch.setitem(ladder.RUNGS, "math", small)
-    res = ladder.rung3(tmp_path, budget_s=30, max_steps=2, family="math", sft_examples=64)
-    assert res["task"] == "math" and res["boards"] == 12 and res["steps"] == 2
-    assert set(res["slices"]) == {"1", "2", "3"} and all(s["n"] == 4 for s in res["slices"].values())
-    assert res["recipe"]["batch_size"] == 16 and res["recipe"]["learning_rate"] == 3e-5
-    assert res["shaping"] == small.shaping and res["train_cpu_seconds"] > 0 and "passed" in res
-    assert (tmp_path / "warmstart-math-64-20" / "config.json").exists()
     runner = CliRunner()
-    for args, says in [(["--rungs", "3", "--task", "code"], "rung 3 is defined for mapf, math"),
+    for args, says in [(["--rungs", "3", "--task", "reasoning"], "rung 3 is defined for mapf, math, code"),
                        (["--rungs", "3", "--task", "math", "--preset", "small"], "measured partial warm start for tiny"),
                        (["--rungs", "3", "--task", "math", "--warm", "noisy"], "drop --warm for --task math"),
                        (["--rungs", "1", "--task", "math"], "add 3 to --rungs or drop --task")]:

@@ -14,9 +14,10 @@ different layer (plumbing, trainer wiring, task/recipe), so a learning failure i
 3. **A task family** (`rung3`, `--task`): from a deliberately partial warm start, GRPO for a fixed CPU-time budget;
    held-out valid before and after, paired per instance, with a bootstrap confidence interval and per-slice figures.
    `mapf` (the rung's first form): 2-agent boards, 300 held out (100 each of sizes 3, 4, 5), passes at +15 points.
-   `math`: two-term sums and differences, 600 held out (200 each of 1, 2 and 3 digits), passes when the gain is above
-   noise (its lower bound above zero): the second family's rung, so the harness-defects benchmark has a family besides
-   MAPF where GRPO is known to learn (`RUNGS` holds each family's settings).
+   `math`: two-term sums and differences, 600 held out (200 each of 1, 2 and 3 digits); `code`: Python pipelines of
+   depth 1-3, 600 held out (300 each of depth 2 and 3). Both pass when the gain is above noise (its lower bound above
+   zero): the other families' rungs, so that the harness-defects benchmark knows where GRPO learns besides MAPF.
+   `RUNGS` holds each family's settings; every family is read in its default (first) prompt style.
 
 Prints grep-able `key: value` lines and writes `ladder.json` to `--out`. A fast version of rungs 1 and 2 runs in
 `make test` (tests/test_ladder.py).
@@ -51,9 +52,9 @@ class Rung3Family:
     """What rung 3 needs from a task family: the distribution the warm start and GRPO train on (and the held-out set
     is drawn from, on test seeds), the GRPO recipe and reward shaping, how partial the warm start is, the slice the
     result is broken down by, and the gain that passes. Settings come from measurements (BENCHMARKS.md, "The learning
-    ladder"); a family is one entry of `RUNGS`."""
+    ladder" and the families' sections); a family is one entry of `RUNGS`."""
 
-    env: dict[str, Any]
+    env: dict[str, Any]  # GRPO's training distribution (and the warm start's, unless `warm_env`)
     levels: tuple[dict[str, Any], ...]  # one held-out block per entry, each `per_level` instances from test seeds
     slice_key: str  # the task's slice the levels differ in (reported per value)
     per_level: int
@@ -63,6 +64,7 @@ class Rung3Family:
     sft_steps: dict[str, int]  # per preset: SFT steps that leave the warm start partial
     max_new_tokens: int  # evaluation's completion budget
     gain: float  # the paired greedy effect that passes (its 95% lower bound must be above zero too)
+    warm_env: dict[str, Any] | None = None  # the warm start's demonstrations, where they differ from `env`
 
 
 # math: two-term sums and differences of 1-3 digit numbers (the math scenarios' target). The warm start (500 SFT steps,
@@ -84,6 +86,18 @@ RUNGS: dict[str, Rung3Family] = {
                 "warmup_ratio": 0.05, "max_completion_length": 16, "lr_schedule": "constant"},
         shaping={"valid_reward": 1.0, "partial_credit": 0.0, "format_penalty": -0.5}, sft_examples=3000,
         sft_steps={"tiny": 500}, max_new_tokens=16, gain=0.0),
+    # code: BENCHMARKS.md's code section, "GRPO with dynamic sampling does raise greedy pass rates here": a warm start
+    # on the family's default mix (depths 1-2), GRPO on depths 1-3 with dead groups dropped (+5.7 points on depth 2,
+    # +3.0 on depth 3 after 300 steps)
+    "code": Rung3Family(
+        env={"levels": [{"depth": d, "data_ratio": r, "vocab": 6} for d, r in ((1, 0.3), (2, 0.4), (3, 0.3))]},
+        warm_env={"levels": [{"depth": 1, "data_ratio": 0.6, "vocab": 6}, {"depth": 2, "data_ratio": 0.4, "vocab": 6}]},
+        levels=tuple({"levels": [{"depth": d, "vocab": 6}]} for d in (2, 3)), slice_key="depth", per_level=300,
+        recipe={"learning_rate": 1e-4, "temperature": 1.0, "beta": 0.0, "batch_size": 64, "num_generations": 8,
+                "warmup_ratio": 0.05, "max_completion_length": 40, "lr_schedule": "constant",
+                "drop_dead_groups": True, "oversample": 4},
+        shaping={"valid_reward": 1.0, "partial_credit": 0.0, "format_penalty": -0.5}, sft_examples=4000,
+        sft_steps={"tiny": 800}, max_new_tokens=48, gain=0.0),
 }
 
 
@@ -262,11 +276,11 @@ def partial_warm_start(out: Path, family: str = "mapf", sft_examples: int | None
     if (ck / "config.json").exists():
         return load_policy(ck)
     task = get_task(family)
-    cfg = task.spec.config_model.model_validate(fam.env)
+    cfg = task.spec.config_model.model_validate(fam.warm_env or fam.env)
     model, tok = build_model(preset, task.spec.alphabet, words=list(task.spec.words))
     seed_list = seeds("train", sft_examples)
     pairs = (noisy_teacher_pairs(task, cfg, seed_list, blind_share) if blind_share
-             else sft_pairs(task, cfg, seed_list, "trace"))
+             else sft_pairs(task, cfg, seed_list, task.spec.styles[0]))
     train_sft(model, tok, pairs, Recipe(sft_steps=sft_steps))
     save_policy(model, tok, ck)
     return load_policy(ck)
@@ -297,7 +311,7 @@ def reach(model, tok, task, held, temperature: float = HEADROOM[0], n: int = HEA
     from harness.policy_glue import evaluate
     from policies.rollout import SamplingParams
 
-    rep = evaluate(model, tok, task, held, "trace", params=SamplingParams(
+    rep = evaluate(model, tok, task, held, task.spec.styles[0], params=SamplingParams(
         temperature=temperature, n=n, max_new_tokens=max_new_tokens, batch_size=256, seed=seed))
     p = np.zeros(len(held))
     for r in rep.rollouts:
@@ -311,7 +325,7 @@ def rung_eval(model, tok, task, held, max_new_tokens: int = 128) -> dict[str, An
     from harness.policy_glue import evaluate
     from policies.rollout import SamplingParams
 
-    rep = evaluate(model, tok, task, held, "trace", params=SamplingParams(
+    rep = evaluate(model, tok, task, held, task.spec.styles[0], params=SamplingParams(
         temperature=0.0, max_new_tokens=max_new_tokens, batch_size=64))
     per = np.zeros(len(held))
     opt = np.zeros(len(held))
@@ -413,9 +427,9 @@ def rung3(out: Path, budget_s: float = 600.0, max_steps: int = 1500, sft_example
     recipe = Recipe(**{**fam.recipe, **(recipe_kw or {}), "steps": max_steps, "seed": seed})
     prompts = max_steps * recipe.prompts_per_step
     if learner == "sft":  # the expert's plans for fresh training boards (made before the clock starts, like GRPO's rows)
-        pairs = sft_pairs(task, cfg, seeds("train", SFT_REFERENCE_BOARDS, start=100_000), "trace")
+        pairs = sft_pairs(task, cfg, seeds("train", SFT_REFERENCE_BOARDS, start=100_000), task.spec.styles[0])
     else:
-        rows = grpo_rows(task, cfg, seeds("train", min(prompts, 30_000), start=100_000), "trace")
+        rows = grpo_rows(task, cfg, seeds("train", min(prompts, 30_000), start=100_000), task.spec.styles[0])
     t0, cpu0 = time.perf_counter(), time.process_time()
 
     def ticker(stage: str, step: int, total: int, logs: dict) -> None:
