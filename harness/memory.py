@@ -38,13 +38,15 @@ def history(run: Run) -> list[HistoryItem]:
         lo, hi = c.get("ci_low"), c.get("ci_high")
         key = change_key(parents[c["id"]], Change.model_validate(c["patch"])) if c["id"] in parents else ""
         verdict = "promoted" if c["status"] == "promoted" else "rejected"
+        spent = c["status"] == "inconclusive" and (c.get("evidence") or {}).get("next_step") == "stop"
         if c["status"] == "inconclusive":  # kept for a pooled re-test, unless its evidence is spent (then final)
-            verdict = "rejected" if (c.get("evidence") or {}).get("next_step") == "stop" else "inconclusive"
+            verdict = "rejected" if spent else "inconclusive"
         out.append(HistoryItem(stage=c["stage"], candidate=c["id"], knob=c["knob"],
                                change=f"{c['knob']} -> {(c['patch'] or {}).get('value')}",
                                verdict=verdict,
                                effect=c.get("effect"), ci=(lo, hi) if lo is not None and hi is not None else None,
-                               reason=c.get("reason") or "", key=key, value=(c["patch"] or {}).get("value")))
+                               reason=c.get("reason") or "", key=key, value=(c["patch"] or {}).get("value"),
+                               spent=spent))
     # a change is final from a state once any test of it there was (spent, refuted, promoted): its earlier
     # inconclusive tests hold only part of that evidence and are final too, so no one (engineer, escalation, a
     # continued mixture) re-tests them and restarts a finished test

@@ -131,6 +131,8 @@ class HistoryItem(BaseModel):
     key: str = Field("", description="harness.engineer.proposal.change_key(state, change): the same experiment from "
                                      "the same harness state has the same key (the engineer never repeats a rejected one)")
     value: Any = Field(None, description="the change's value as proposed (a mixture's weights, a knob's number)")
+    spent: bool = Field(False, description="its test ended inconclusive with its evidence spent (final from this "
+                                           "state): `ci` is what the whole plan could see")
 
 
 class TargetSlice(BaseModel):

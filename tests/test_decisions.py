@@ -156,6 +156,9 @@ def test_a_change_whose_pooled_test_was_spent_is_never_re_tested_from_its_earlie
     _record(run, "s2c1", "inconclusive", [0.25, 0.0, 0.0, 0.25] * 10, fp, next_step="stop")
     assert most_promising_inconclusive(run, state) is None
     assert {h.candidate: h.verdict for h in history(run)} == {"s1c1": "rejected", "s2c1": "rejected"}  # final
+    # only the test whose plan ran out is marked spent (its interval is the whole plan's; the rule engineer extends
+    # such a step when its lower bound is positive), not its earlier part, which is final only by that rule
+    assert {h.candidate: h.spent for h in history(run)} == {"s1c1": False, "s2c1": True}
     _propose(run, "s3c1", LR, 3)
     pairs, ids, note = pooled_evidence(run, "s3c1")
     assert pairs == [] and ids == [] and "final" in note

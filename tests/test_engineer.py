@@ -333,3 +333,41 @@ def test_claimed_promotions_do_not_outrank_a_seed_skill(tmp_path, lib):
     firsts = [propose(EngineerConfig(), _diag(), lib, 1, np.random.default_rng(s), space=SPACE).candidates[0].skill
               for s in range(200)]
     assert 0.3 < firsts.count("boast") / 200 < 0.7, firsts.count("boast")
+
+
+def test_a_step_whose_test_was_spent_with_a_positive_lower_bound_is_doubled_not_dropped(lib):
+    """The rule engineer's skill makes the same change from the same state every stage; once its test ended spent
+    with a positive lower bound (better than the control, not shown above min_effect) it used to be skipped for good,
+    leaving the knob broken. Now the skill's step doubles (the offset for `add`, the factor squared for `mul`), again
+    if the doubled change was spent positive too; a refuted change, a negative lower bound or a bound stops it.
+    Caught: dropping the knob (the old behaviour), re-proposing the spent change, extending a refuted one or one
+    whose estimate was not positive with confidence."""
+    lib.add(_skill("raise-temp", ["grpo.dead_groups"], "recipe.temperature", value=0.2, kind="recipe"))
+    t = "recipe.temperature"
+
+    def hist(*items):  # (value, ci, spent)
+        return [HistoryItem(stage=1, candidate=f"s1-t{i}", knob=t, change=f"{t} -> {v}", verdict="rejected",
+                            effect=(ci[0] + ci[1]) / 2, ci=ci, spent=spent,
+                            key=change_key("abc123", Change(kind="recipe", knob=t, value=v)))
+                for i, (v, ci, spent) in enumerate(items)]
+
+    def temp(history):
+        res = propose(EngineerConfig(), _diag(history=history), lib, 2, np.random.default_rng(0), space=SPACE)
+        got = [c for c in res.candidates if c.change.knob == t]
+        return (got[0].change.value if got else None), got, res.notes
+
+    assert temp([])[0] == 1.2
+    value, got, notes = temp(hist((1.2, (0.004, 0.091), True)))
+    assert value == 1.4 and "s1-t0's recipe.temperature -> 1.2 ended spent" in got[0].rationale, got
+    assert "the step x2" in got[0].rationale and any("the step x2" in n for n in notes)
+    assert temp(hist((1.2, (0.004, 0.091), True), (1.4, (0.01, 0.1), True)))[0] == 1.8  # spent again: x4
+    assert temp(hist((1.2, (0.004, 0.091), True), (1.4, (-0.05, 0.1), False)))[0] is None  # x2 refuted: stop
+    assert temp(hist((1.2, (-0.01, 0.091), True)))[0] is None  # not better than the control with confidence
+    assert temp(hist((1.2, (0.001, 0.015), False)))[0] is None  # refuted (below min_effect), not spent
+    # `mul`: the factor squared, clipped to the knob's range
+    lib.add(_skill("more-gens", ["grpo.dead_groups"], "recipe.num_generations", op="mul", value=2.0, kind="recipe"))
+    g = "recipe.num_generations"
+    spent16 = [HistoryItem(stage=1, candidate="s1-g", knob=g, change="8 -> 16", verdict="rejected", effect=0.05,
+                           ci=(0.01, 0.09), spent=True, key=change_key("abc123", Change(kind="recipe", knob=g, value=16)))]
+    res = propose(EngineerConfig(), _diag(history=spent16), lib, 2, np.random.default_rng(0), space=SPACE)
+    assert [c.change.value for c in res.candidates if c.change.knob == g] == [32]

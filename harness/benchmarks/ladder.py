@@ -26,6 +26,7 @@ Prints grep-able `key: value` lines and writes `ladder.json` to `--out`. A fast 
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 from dataclasses import dataclass
@@ -99,6 +100,13 @@ RUNGS: dict[str, Rung3Family] = {
         shaping={"valid_reward": 1.0, "partial_credit": 0.0, "format_penalty": -0.5}, sft_examples=4000,
         sft_steps={"tiny": 800}, max_new_tokens=48, gain=0.0),
 }
+
+
+def cpu_seconds() -> float:
+    """CPU seconds of this process (every thread) and of the children it waited for (code's sandboxed scorers run
+    as bubblewrap jobs: `time.process_time` alone would leave their CPU out)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 def _say(key: str, value: Any) -> None:
@@ -430,7 +438,7 @@ def rung3(out: Path, budget_s: float = 600.0, max_steps: int = 1500, sft_example
         pairs = sft_pairs(task, cfg, seeds("train", SFT_REFERENCE_BOARDS, start=100_000), task.spec.styles[0])
     else:
         rows = grpo_rows(task, cfg, seeds("train", min(prompts, 30_000), start=100_000), task.spec.styles[0])
-    t0, cpu0 = time.perf_counter(), time.process_time()
+    t0, cpu0 = time.perf_counter(), cpu_seconds()
 
     def ticker(stage: str, step: int, total: int, logs: dict) -> None:
         if step % 25 == 0:
@@ -452,7 +460,7 @@ def rung3(out: Path, budget_s: float = 600.0, max_steps: int = 1500, sft_example
                        progress=ticker, callbacks=extra)
         steps, dead = len(m.steps), m.dead_group_share
     secs = time.perf_counter() - t0 - (curve.paused if curve else 0.0)  # training seconds, the curve's reads excluded
-    cpu = time.process_time() - cpu0  # this process's CPU seconds (every thread), the curve's reads included
+    cpu = cpu_seconds() - cpu0  # the curve's reads included
     after = rung_eval(model, tok, task, held, fam.max_new_tokens)
     reach_after = reach(model, tok, task, held)
     eff, lo, hi = paired_bootstrap(before["per_board"], after["per_board"], 4000, 0.025, np.random.default_rng(0))

@@ -178,6 +178,57 @@ def instantiate(skill: Skill, finding: Finding, space: dict[str, Knob], step_sca
     return Change(kind=k.kind, knob=knob, value=value), k.current
 
 
+# --- a step too small for the gate ------------------------------------------------------------------------------------
+
+MAX_EXTENSIONS = 3  # at most 2**3 = 8 times a skill's own step
+
+
+def extend_spent(diagnosis: Diagnosis, skill: Skill, change: Change, old: Any, space: dict[str, Knob],
+                 rejected: set[str]) -> tuple[Change, str] | None:
+    """The same skill's change with its step doubled, when the change it makes now already had its test from this
+    state end spent with a positive lower bound: better than the control with the gate's confidence, but not shown
+    to beat `min_effect`. A careful experimenter reads that as "right direction, step too small for the effect to
+    show in one arm's training" (a sampling temperature raised from 0.05 to 0.25 on collapsed groups: +0.048
+    [+0.004, +0.091] over three pairs) and tries a larger step, not the same one again (which the history forbids)
+    nor nothing (the knob stays broken for the rest of the run). The doubled step is a new change with a test of its
+    own, so the gate's error control is untouched. Doubling is in the skill's own space: the offset for `add`, the
+    factor (a power of it) for `mul`; clipped to the knob's range; repeated while the doubled change was itself spent
+    positive, at most MAX_EXTENSIONS times. None when the earlier test was not spent positive (refuted, a harmed slice
+    or vetoed, or a negative estimate), the knob is not numeric, or the step reaches a bound or a refuted change."""
+    if change.kind == "diagnostic" or change.knob not in space or skill.intervention.op not in ("add", "mul"):
+        return None
+    k = space[change.knob]
+    if not isinstance(old, (int, float)) or not isinstance(change.value, (int, float)):
+        return None
+    cur, value = float(old), float(change.value)
+    spent = {h.key: h for h in diagnosis.history if h.spent and h.ci is not None and h.ci[0] > 0}
+    why = spent.get(change_key(diagnosis.state, change))
+    if why is None:
+        return None
+    for times in range(1, MAX_EXTENSIONS + 1):
+        if skill.intervention.op == "add":
+            new = cur + (value - cur) * 2 ** times
+        elif cur > 0 and value > 0:
+            new = cur * (value / cur) ** (2 ** times)
+        else:
+            return None
+        new = min(max(new, k.lo), k.hi)
+        nv: float | int = round(new) if k.integer else round(new, 6)
+        if nv in (k.current, value):
+            return None
+        bigger = Change(kind=change.kind, knob=change.knob, value=nv)
+        key = change_key(diagnosis.state, bigger)
+        if key in spent:
+            why = spent[key]
+            continue
+        if key in rejected:
+            return None
+        return bigger, (f"{why.candidate}'s {why.change} ended spent at {why.effect:+.3f} "
+                        f"[{why.ci[0]:+.3f}, {why.ci[1]:+.3f}] (better than the control, not shown above min_effect): "
+                        f"the step x{2 ** times}")
+    return None
+
+
 # --- choosing ---------------------------------------------------------------------------------------------------------
 
 _SEV = {"critical": 0, "warn": 1, "info": 2}
@@ -249,16 +300,22 @@ def propose_rule(diagnosis: Diagnosis, in_family: list[Skill], fallback: list[Sk
             break
         if change.knob in knobs:
             continue
+        extended = ""
         if change_key(diagnosis.state, change) in rejected:
-            notes.append(f"{skill.name}: {change.knob} -> {change.value} already rejected from this state; skipped")
-            continue
+            bigger = extend_spent(diagnosis, skill, change, old, space, rejected)
+            if bigger is None or vet_error(diagnosis, bigger[0]):
+                notes.append(f"{skill.name}: {change.knob} -> {change.value} already rejected from this state; skipped")
+                continue
+            change, extended = bigger[0], f" ({bigger[1]})"
+            notes.append(f"{skill.name}: {change.knob} -> {change.value}{extended}")
         knobs.add(change.knob)
         where = ", ".join(f"{k}={v}" for k, v in f.slice.items()) or "all"
         fam = f" (borrowed from {', '.join(skill.domains)})" if borrowed else ""
         new = "new file" if change.kind == "diagnostic" else f"{old} -> {change.value}"
         rationale = (f"{f.code} on {where}: rate {f.rate:.2f}, count {f.count} ({f.severity}); skill {skill.name}{fam}"
                      f" [{skill.evidence.promotions}/{skill.evidence.tries} promoted, theta={theta[skill.name]:.2f}]: "
-                     f"{change.knob} {new}" + (f". {f.message}" if change.knob == MIXTURE and f.message else ""))
+                     f"{change.knob} {new}{extended}"
+                     + (f". {f.message}" if change.knob == MIXTURE and f.message else ""))
         out.append(make_candidate(diagnosis, change, old, rationale, skill.expected, skill.validation, "rule",
                                   skill=skill.name))
     if not out:
