@@ -18,7 +18,7 @@ from policies import cpu_threads
 
 def main(ckpt: str, specs: list[str]) -> None:
     cpu_threads(2)
-    from harness.benchmarks.policy import wide_held_out
+    from harness.benchmarks.ladder import held_out
     from harness.policy_glue import evaluate, grpo_rows, reward_fn
     from harness.seeds import seeds
     from harness.tasks import get_task
@@ -29,7 +29,7 @@ def main(ckpt: str, specs: list[str]) -> None:
     task = get_task("mapf")
     cfg = task.config_model.model_validate(
         {"sizes": [{"size": s, "agents": 2, "hole_ratio": 0.2, "wait_ratio": 0.5} for s in (3, 4, 5)]})
-    held = wide_held_out(task)
+    held = held_out(task, "mapf")
     greedy = SamplingParams(temperature=0.0, max_new_tokens=160, batch_size=64)
 
     def ev(model, tok) -> str:

@@ -83,18 +83,21 @@ def test_the_learning_curve_reads_held_out_boards_with_the_clock_paused():
 
 
 def test_rung3_held_out_sets_per_family():
-    """MAPF's rung keeps exactly the boards its measurements were taken on (`wide_held_out`); math's holds 200
-    two-term problems per digit count, from test seeds. Caught: a generalisation that silently moved MAPF's held-out
-    boards (every earlier rung-3 figure would stop being comparable) or drew math's from another split."""
+    """MAPF's rung keeps exactly the boards its measurements were taken on (100 2-agent boards of each size 3, 4, 5,
+    20% holes, from test seeds 10,000, 11,000, 12,000 on); math's holds 200 two-term problems per digit count, from
+    test seeds. Caught: a generalisation that silently moved MAPF's held-out boards (every earlier rung-3 figure would
+    stop being comparable) or drew math's from another split."""
     import collections
 
     from harness.benchmarks.ladder import held_out
-    from harness.benchmarks.policy import wide_held_out
-    from harness.seeds import split_of
+    from harness.seeds import seeds, split_of
     from harness.tasks import get_task
 
     mapf = get_task("mapf")
-    assert [i.model_dump() for i in held_out(mapf, "mapf")] == [i.model_dump() for i in wide_held_out(mapf)]
+    boards = held_out(mapf, "mapf")
+    assert [(b.seed, mapf.slices(b)["size"]) for b in boards] == [
+        (s, str(size)) for i, size in enumerate((3, 4, 5)) for s in seeds("test", 100, start=10_000 + 1_000 * i)]
+    assert {len(b.starts) for b in boards} == {2}
     math = get_task("math")
     held = held_out(math, "math")
     assert len(held) == 600 and len({i.seed for i in held}) == 600

@@ -295,8 +295,8 @@ def partial_warm_start(out: Path, family: str = "mapf", sft_examples: int | None
 
 
 def held_out(task, family: str = "mapf") -> list:
-    """The rung's held-out instances: `per_level` of each of the family's levels from test seeds no suite uses (for
-    MAPF exactly `harness.benchmarks.policy.wide_held_out`'s boards)."""
+    """The rung's held-out instances: `per_level` of each of the family's levels from test seeds no suite uses (MAPF:
+    100 2-agent boards of each size 3, 4, 5, the boards every rung-3 figure in BENCHMARKS.md was measured on)."""
     from harness.seeds import seeds
 
     fam = RUNGS[family]

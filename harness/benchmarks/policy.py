@@ -64,21 +64,6 @@ def grpo_seconds_per_step(task, config, preset: str, sft_steps: int, steps: int,
             "s_per_step": sum(per) / len(per), "completion_length": sum(s.completion_length for s in m.steps) / steps}
 
 
-WIDE_PER_SIZE = 100  # held-out 2-agent boards per size (3, 4, 5) for tight per-size rates (the suite has 16 per block)
-
-
-def wide_held_out(task, sizes=(3, 4, 5)) -> list:
-    """2-agent boards, `WIDE_PER_SIZE` per size, 20% holes, wait ratio 0.5, from test seeds no suite uses."""
-    from harness.seeds import seeds
-
-    out = []
-    for i, size in enumerate(sizes):
-        cfg = task.spec.config_model.model_validate(
-            {"sizes": [{"size": size, "agents": 2, "hole_ratio": 0.2, "wait_ratio": 0.5}]})
-        out += [task.generate(cfg, s) for s in seeds("test", WIDE_PER_SIZE, start=10_000 + 1_000 * i)]
-    return out
-
-
 def _wide(report) -> dict:
     return {"valid": report.valid, "optimal": report.optimal, "n": report.n,
             "by_size": {k: {"valid": v.valid, "optimal": v.optimal, "n": v.n}
@@ -94,7 +79,8 @@ def _rates(report) -> dict:
 def _print_wide(report, label: str) -> None:
     sizes = "  ".join(f"{k}x{k} {v.valid:.1%} valid / {v.optimal:.1%} optimal"
                       for k, v in sorted(report.by_slice["size"].items()))
-    console.print(f" {label}, 2-agent held-out ({WIDE_PER_SIZE} per size): {sizes}", highlight=False)
+    console.print(f" {label}, 2-agent held-out ({report.n // len(report.by_slice['size'])} per size): {sizes}",
+                  highlight=False)
 
 
 # --- the benchmark ----------------------------------------------------------------------------------------------------
@@ -104,6 +90,7 @@ def run(out: Path, preset: str = "tiny", sft_examples: int = 8000, sft_steps: in
         suite: str = "small", threads: int = 2, skip_small: bool = False, config_path: Path | None = None,
         max_new_tokens: int = 160, grpo_max_tokens: int = 96, small_sft_steps: int = 100, style: str = "trace",
         grpo_learning_rate: float = 1e-4, grpo_temperature: float = 0.6) -> dict:
+    from harness.benchmarks.ladder import held_out as rung_held_out
     from harness.policy_glue import evaluate, grpo_rows, print_eval, reward_fn, sft_pairs, suite_blocks, suite_instances
     from harness.seeds import seeds
     from harness.tasks import get_task
@@ -127,7 +114,7 @@ def run(out: Path, preset: str = "tiny", sft_examples: int = 8000, sft_steps: in
     recipe = Recipe(sft_steps=sft_steps, steps=grpo_steps, max_completion_length=grpo_max_tokens,
                     learning_rate=grpo_learning_rate, temperature=grpo_temperature)
     held_out, blocks = suite_instances(task, suite), suite_blocks(task, suite)
-    wide = wide_held_out(task)
+    wide = rung_held_out(task, "mapf")  # 100 2-agent boards per size 3, 4, 5 (the suite has 16 per block)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, batch_size=64)
     summary: dict = {"preset": preset, "suite": suite, "threads": threads, "recipe": recipe.model_dump(),
                      "config": json.loads(config.model_dump_json())}
