@@ -208,6 +208,12 @@ class CompactLlama:
         self.prompt_k = [cache.layers[i].keys.transpose(-1, -2).reshape(u * nkv, d, width)
                          for i in range(len(self.layers))]
         self.prompt_v = [cache.layers[i].values.reshape(u * nkv, width, d) for i in range(len(self.layers))]
+        # a forward wrapped in autocast (accelerate's mixed precision, as TRL runs bf16 on a GPU) left a lower-precision
+        # cache: decode under the same autocast, so a step's arithmetic is the forward's and its dtypes meet
+        # (RoPE's fp32 cos/sin promote the keys back to fp32 there: the values keep the autocast dtype)
+        low = {cache.layers[0].keys.dtype, cache.layers[0].values.dtype} - {self.embed.dtype}
+        self.amp = low.pop() if low else None
+        self.device_type = attn.device.type
         self.prompt_bias = torch.zeros(u, width, dtype=self.embed.dtype, device=attn.device).masked_fill_(
             ~attn.bool(), float("-inf"))  # prompt padding
         self.owner = torch.arange(u, device=attn.device).repeat_interleave(n)  # each row's prompt
@@ -269,8 +275,12 @@ class CompactLlama:
         return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Logits after feeding `tokens` (one per physical row) at `positions`; the step's keys and values are
+        """Logits (fp32) after feeding `tokens` (one per physical row) at `positions`; the step's keys and values are
         written at the next free column of the generated part's cache."""
+        with torch.autocast(self.device_type, dtype=self.amp or torch.bfloat16, enabled=self.amp is not None):
+            return self._step(tokens, positions).float()
+
+    def _step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         import torch.nn.functional as F
 
         b, t = tokens.shape[0], self.length

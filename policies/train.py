@@ -196,6 +196,21 @@ def _device_args() -> dict[str, Any]:
     return {"use_cpu": not cuda, "bf16": bool(cuda and torch.cuda.is_bf16_supported()), "fp16": False}
 
 
+LOGP_TOL_FP32 = 1e-3
+LOGP_TOL_BF16 = 2 ** -4
+
+
+def logprob_tolerance() -> float:
+    """Rung 1's bound on |log p_sampler - log p_trainer| per token: 1e-3 where the trainer computes in fp32 (every CPU
+    path); 1/16 where it runs under bf16 autocast (a CUDA GPU with bf16, `_device_args`). There the logits come out of
+    a bf16 matmul: bf16 keeps 8 bits of mantissa, so logits between 8 and 16 in magnitude are spaced 1/16 apart, and a
+    decode that reads a cache rounds in another order than the trainer's one forward over the whole sequence, so the
+    two can differ by one such step. Measured on an H200 (BENCHMARKS.md, "GPU paths"): 0.0027 at most on the chat
+    checkpoint, 0.037 on the toy warm start at temperature 1 (its logits are larger); the importance ratios agreed
+    exactly. The fp32 bound is what catches formatting, masking and temperature bugs, on every CPU host and in CI."""
+    return LOGP_TOL_BF16 if _device_args()["bf16"] else LOGP_TOL_FP32
+
+
 def _common_args(out_dir: str, recipe: Recipe, schedule: str = "cosine") -> dict[str, Any]:
     return dict(
         output_dir=out_dir, report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=True,

@@ -61,7 +61,7 @@ def test_bf16_grpo_on_cuda():
     model, tok = build_model("tiny", "ab")
     rows = [{"prompt": "ab" * (i % 3 + 1)} for i in range(16)]
 
-    def reward(completions, **_):
+    def reward(prompts, completions, **_):  # policies.train.RewardFn: (prompts, completions, **columns)
         return [float(c.count("a")) / max(1, len(c)) for c in completions]
 
     m = train_grpo(model, tok, rows, reward, Recipe(steps=2, batch_size=8, num_generations=4,

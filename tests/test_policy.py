@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from policies.model import build_model, count_parameters, format_prompt, load_policy, save_policy
 from policies.rollout import RolloutBackendError, SamplingParams, generate, plain_generate, vllm_available
-from policies.train import Recipe, check_logprobs, train_grpo, train_sft
+from policies.train import Recipe, check_logprobs, logprob_tolerance, train_grpo, train_sft
 
 ALPHABET = "abcd#\n"
 WORDS = ["abc", "bcd", "cab", "dab", "abd", "bca", "cba", "dca", "ab\ncd", "dd#a"]
@@ -379,9 +379,9 @@ def test_sampler_and_trainer_log_probs_agree(engine, temperature, top_p):
     assert r.engine == engine and r.completions == 16 and r.tokens > 16
     assert r.max_ratio_dev < 1e-5
     if top_p == 1.0:
-        assert r.max_abs_diff < 1e-3, r
+        assert r.max_abs_diff < logprob_tolerance(), r  # 1e-3 (1/16 under bf16 on a GPU)
     else:  # the sampler renormalises the kept mass (>= top_p), TRL's loss does not: off by at most -log(top_p)
-        assert r.max_abs_diff <= -math.log(top_p) + 1e-3, r
+        assert r.max_abs_diff <= -math.log(top_p) + logprob_tolerance(), r
 
 
 def test_a_copy_of_a_trained_model_runs_its_own_weights():
