@@ -274,6 +274,9 @@ def _name(path: Path) -> str:
     return str(data.get("scenario", path.stem)) if isinstance(data, dict) else path.stem
 
 
+AUTOMATIC = ("plr", "learnability", "bandit", "pbt")  # what a person would use instead of the loop: curricula, PBT
+
+
 def paired(a: list[list[float]], b: list[list[float]], rng_seed: int = 0) -> tuple[float, float, float]:
     """Mean of a - b with a 95% paired-bootstrap interval over every (seed, test instance) pair."""
     from harness.backtest import paired_bootstrap
@@ -301,6 +304,17 @@ def summarize(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
             sc["arms"][arm] = a
         gap = sc["arms"].get("oracle", {}).get("vs_fixed")
         sc["gap"] = gap
+        auto = [arm for arm in AUTOMATIC if arm in arms]
+        if auto:  # the issue's bar for the loop: the best automatic arm (curricula and PBT) of this scenario
+            best = max(auto, key=lambda arm: sc["arms"][arm]["valid"])
+            sc["best_automatic"] = best
+            bper = {r["seed"]: r["final_per_instance"] for r in arms[best]}
+            for arm in arms:
+                if arm.startswith("evolved"):
+                    per = {r["seed"]: r["final_per_instance"] for r in arms[arm]}
+                    if common := sorted(set(per) & set(bper)):
+                        sc["arms"][arm]["vs_best_automatic"] = paired([per[x] for x in common],
+                                                                      [bper[x] for x in common])
         if gap is not None and (gap[1] > 0 or gap[2] < 0):
             for arm, a in sc["arms"].items():
                 if "vs_fixed" in a and arm != "oracle":
@@ -361,6 +375,12 @@ def promotions_table(summary: dict[str, Any]) -> str:
 def summary_md(summary: dict[str, Any], arms: list[str]) -> str:
     """The bench's markdown: the scenario x arm table, then what the evolved arms promoted (scenarios.md and the page)."""
     md = table(summary, arms)
+    vs = [(name, arm, sc["best_automatic"], a["vs_best_automatic"]) for name, sc in summary.items()
+          for arm, a in sc["arms"].items() if "vs_best_automatic" in a]
+    if vs:
+        md += ("\nThe evolved arms against the best automatic arm (curriculum or PBT) of each scenario, points, paired "
+               "over seeds x test instances:\n\n| scenario | evolved arm | best automatic arm | evolved - best [95% CI] |\n"
+               "|---|---|---|---|\n" + "".join(f"| {n} | {a} | {b} | {_pts(m)} |\n" for n, a, b, m in vs))
     if fixes := promotions_table(summary):
         md += "\nWhat the evolved arms promoted (from each run's run.db):\n\n" + fixes
     return md

@@ -13,7 +13,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.scenarios import ScenarioError, check, harness_of, load_scenario, run_dict, scenario_files, summarize
+from harness.scenarios import (
+    ScenarioError,
+    check,
+    harness_of,
+    load_scenario,
+    run_dict,
+    scenario_files,
+    summarize,
+    summary_md,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 MARK = "DEFECT-7f3a91"  # in the scenario's comment only: no arm may ever see it
@@ -101,6 +110,14 @@ def test_recovery_is_the_share_of_the_oracles_gap():
     assert abs(s["arms"]["evolved-rule"]["recovery"] - 0.5) < 1e-9
     rows["s"]["oracle"] = [r(0, [0, 0, 0, 0] * 8)]  # no gap: no recovery is claimed
     assert "recovery" not in summarize(rows)["s"]["arms"]["evolved-rule"]
+    # the loop's bar on curricula and PBT: the best automatic arm by mean valid, the evolved arm paired against it
+    rows["s"]["plr"] = [r(0, [1, 1, 1, 0] * 8)]
+    rows["s"]["pbt"] = [r(0, [1, 1, 0, 0] * 8)]
+    s = summarize(rows)["s"]
+    assert s["best_automatic"] == "plr" and "vs_best_automatic" not in s["arms"]["plr"]
+    m = s["arms"]["evolved-rule"]["vs_best_automatic"]
+    assert abs(m[0] + 0.5) < 1e-9 and m[2] < 0
+    assert "| s | evolved-rule | plr | -50.0 [" in summary_md(summarize(rows), ["fixed-template", "evolved-rule", "plr"])
 
 
 def _texts(root: Path):
