@@ -275,6 +275,7 @@ def _name(path: Path) -> str:
 
 
 AUTOMATIC = ("plr", "learnability", "bandit", "pbt")  # what a person would use instead of the loop: curricula, PBT
+# (harness.experiment's BASELINES less the fixed harnesses and the oracle, and its POPULATIONS)
 
 
 def paired(a: list[list[float]], b: list[list[float]], rng_seed: int = 0) -> tuple[float, float, float]:
@@ -285,36 +286,38 @@ def paired(a: list[list[float]], b: list[list[float]], rng_seed: int = 0) -> tup
     return paired_bootstrap(x, y, 2000, 0.025, np.random.default_rng(rng_seed))
 
 
+def _vs(per: dict[str, dict[int, list[float]]], arm: str, other: str) -> tuple[float, float, float] | None:
+    """`arm` - `other`, paired over their common seeds (`per[arm][seed]` = its final per-instance outcomes)."""
+    common = sorted(set(per[arm]) & set(per[other]))
+    return paired([per[arm][s] for s in common], [per[other][s] for s in common]) if common else None
+
+
 def summarize(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Per scenario: each arm's final valid (mean over seeds) and its paired difference from fixed-template; the gap
-    (oracle - fixed-template) and each arm's recovery of it. `rows[scenario][arm]` = [result.json of each seed]."""
+    (oracle - fixed-template) and each arm's recovery of it; each evolved arm paired against the scenario's best
+    automatic arm (`AUTOMATIC`). `rows[scenario][arm]` = [result.json of each seed]."""
+    from harness.experiment import EVOLVED
+
     out: dict[str, Any] = {}
     for name, arms in rows.items():
-        fixed = {r["seed"]: r["final_per_instance"] for r in arms.get("fixed-template", [])}
+        per = {arm: {r["seed"]: r["final_per_instance"] for r in results} for arm, results in arms.items()}
         sc: dict[str, Any] = {"arms": {}}
         for arm, results in arms.items():
-            per = {r["seed"]: r["final_per_instance"] for r in results}
-            a: dict[str, Any] = {"seeds": len(per), "valid": float(np.mean([np.mean(v) for v in per.values()])),
+            a: dict[str, Any] = {"seeds": len(per[arm]),
+                                 "valid": float(np.mean([np.mean(v) for v in per[arm].values()])),
                                  "compute": float(np.mean([r["compute"] for r in results])),
                                  "wall_s": float(sum(r.get("wall_s", 0.0) for r in results)),
                                  "cpu_s": float(sum(r.get("cpu_s", 0.0) for r in results))}
-            common = sorted(set(per) & set(fixed))
-            if common and arm != "fixed-template":
-                a["vs_fixed"] = paired([per[s] for s in common], [fixed[s] for s in common])
+            if arm != "fixed-template" and "fixed-template" in per and (m := _vs(per, arm, "fixed-template")):
+                a["vs_fixed"] = m
             sc["arms"][arm] = a
         gap = sc["arms"].get("oracle", {}).get("vs_fixed")
         sc["gap"] = gap
-        auto = [arm for arm in AUTOMATIC if arm in arms]
-        if auto:  # the issue's bar for the loop: the best automatic arm (curricula and PBT) of this scenario
-            best = max(auto, key=lambda arm: sc["arms"][arm]["valid"])
-            sc["best_automatic"] = best
-            bper = {r["seed"]: r["final_per_instance"] for r in arms[best]}
-            for arm in arms:
-                if arm.startswith("evolved"):
-                    per = {r["seed"]: r["final_per_instance"] for r in arms[arm]}
-                    if common := sorted(set(per) & set(bper)):
-                        sc["arms"][arm]["vs_best_automatic"] = paired([per[x] for x in common],
-                                                                      [bper[x] for x in common])
+        if auto := [arm for arm in AUTOMATIC if arm in arms]:  # the loop's bar: the best curriculum or PBT arm
+            best = sc["best_automatic"] = max(auto, key=lambda arm: sc["arms"][arm]["valid"])
+            for arm in EVOLVED:
+                if arm in arms and (m := _vs(per, arm, best)):
+                    sc["arms"][arm]["vs_best_automatic"] = m
         if gap is not None and (gap[1] > 0 or gap[2] < 0):
             for arm, a in sc["arms"].items():
                 if "vs_fixed" in a and arm != "oracle":
