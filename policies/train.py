@@ -90,6 +90,11 @@ class Recipe(BaseModel):
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
     seed: int = Field(0, description="seed for data order, sampling and initialisation")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto", description="arithmetic of GRPO and SFT on a CUDA GPU (a CPU always trains in fp32): auto = bf16 "
+        "autocast where supported, fp16 = autocast with loss scaling, fp32 = none (twice the activation memory). "
+        "Measured on an H200 (BENCHMARKS.md, GPU paths): the toy copy task learns less per step under bf16 or fp16 "
+        "than fp32 (100 steps: 66-90% vs 96-97%, 3 seeds); try fp32 on small models or when a run stalls")
     rollout_engine: Literal["policies", "trl"] = Field(
         "policies", description="GRPO generation: our batched loop (policies.rollout, faster on CPU) or TRL's "
         "model.generate; models with a chat template always use trl")
@@ -191,24 +196,38 @@ def quiet() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
 
 
-def _device_args() -> dict[str, Any]:
-    cuda = torch.cuda.is_available()
-    return {"use_cpu": not cuda, "bf16": bool(cuda and torch.cuda.is_bf16_supported()), "fp16": False}
+def _precision(precision: str = "auto") -> str:
+    """The arithmetic training runs in: fp32 on a CPU whatever was asked (CPU autocast is slower there, and every CPU
+    path is checked exactly); on a CUDA GPU what the recipe asks, `auto` being bf16 where the GPU supports it."""
+    if not torch.cuda.is_available():
+        return "fp32"
+    if precision == "auto":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    return precision
+
+
+def _device_args(precision: str = "auto") -> dict[str, Any]:
+    p = _precision(precision)
+    return {"use_cpu": not torch.cuda.is_available(), "bf16": p == "bf16", "fp16": p == "fp16"}
 
 
 LOGP_TOL_FP32 = 1e-3
 LOGP_TOL_BF16 = 2 ** -4
+LOGP_TOL_FP16 = 2 ** -4
 
 
-def logprob_tolerance() -> float:
+def logprob_tolerance(precision: str = "auto") -> float:
     """Rung 1's bound on |log p_sampler - log p_trainer| per token: 1e-3 where the trainer computes in fp32 (every CPU
     path); 1/16 where it runs under bf16 autocast (a CUDA GPU with bf16, `_device_args`). There the logits come out of
     a bf16 matmul: bf16 keeps 8 bits of mantissa, so logits between 8 and 16 in magnitude are spaced 1/16 apart, and a
     decode that reads a cache rounds in another order than the trainer's one forward over the whole sequence, so the
     two can differ by one such step. Measured on an H200 (BENCHMARKS.md, "GPU paths"): 0.0027 at most on the chat
     checkpoint, 0.037 on the toy warm start at temperature 1 (its logits are larger); the importance ratios agreed
-    exactly. The fp32 bound is what catches formatting, masking and temperature bugs, on every CPU host and in CI."""
-    return LOGP_TOL_BF16 if _device_args()["bf16"] else LOGP_TOL_FP32
+    exactly. Under fp16 autocast (10 bits of mantissa) the same argument would give 1/128, but the H200 measured 0.018
+    on the toy warm start at temperature 1 (0.0012 at 0.5): the disagreement is not only the logits' rounding, so fp16
+    keeps bf16's 1/16. The fp32 bound is what catches formatting, masking and temperature bugs, on every CPU host and
+    in CI."""
+    return {"fp32": LOGP_TOL_FP32, "bf16": LOGP_TOL_BF16, "fp16": LOGP_TOL_FP16}[_precision(precision)]
 
 
 def _common_args(out_dir: str, recipe: Recipe, schedule: str = "cosine") -> dict[str, Any]:
@@ -217,7 +236,7 @@ def _common_args(out_dir: str, recipe: Recipe, schedule: str = "cosine") -> dict
         gradient_checkpointing=False, seed=recipe.seed, data_seed=recipe.seed, warmup_steps=recipe.warmup_ratio,
         weight_decay=recipe.weight_decay, max_grad_norm=recipe.max_grad_norm,
         lr_scheduler_type="constant_with_warmup" if schedule == "constant" else schedule,
-        dataloader_num_workers=0, **_device_args(),
+        dataloader_num_workers=0, **_device_args(getattr(recipe, "precision", "auto")),
     )
 
 

@@ -53,11 +53,13 @@ def test_the_gpu_example_validates_and_says_what_it_needs_on_a_cpu_host(tmp_path
 
 
 @needs_cuda
-def test_bf16_grpo_on_cuda():
+@pytest.mark.parametrize("precision", ["auto", "fp16"])
+def test_bf16_grpo_on_cuda(precision):
     from policies.model import build_model
     from policies.train import Recipe, _device_args, train_grpo
 
     assert _device_args()["bf16"] == torch.cuda.is_bf16_supported() and not _device_args()["use_cpu"]
+    assert _device_args("fp16") == {"use_cpu": False, "bf16": False, "fp16": True}
     model, tok = build_model("tiny", "ab")
     rows = [{"prompt": "ab" * (i % 3 + 1)} for i in range(16)]
 
@@ -65,7 +67,8 @@ def test_bf16_grpo_on_cuda():
         return [float(c.count("a")) / max(1, len(c)) for c in completions]
 
     m = train_grpo(model, tok, rows, reward, Recipe(steps=2, batch_size=8, num_generations=4,
-                                                   max_completion_length=8, learning_rate=1e-3))
+                                                   max_completion_length=8, learning_rate=1e-3,
+                                                   precision=precision))
     assert len(m.steps) == 2 and all(s.loss == s.loss for s in m.steps)  # finite (not NaN)
     assert next(model.parameters()).device.type in ("cuda", "cpu")
 
