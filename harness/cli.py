@@ -437,6 +437,10 @@ def bench_scenarios(
     jobs: Annotated[int | None, typer.Option(min=1, help="arms run side by side, each in its own process with "
                                                          "cores/jobs torch threads (default: every core with --quick, "
                                                          "else 1)")] = None,
+    shared_skills: Annotated[bool, typer.Option("--shared-skills", help="every evolved run reads and writes the one "
+                                                "skill library as it goes (default: each starts from a copy of the "
+                                                "library as it stood at the call's start and merges what it learnt "
+                                                "back at its end, so seeds are independent)")] = False,
 ) -> None:
     """Broken harnesses: each scenario's arms (fixed-template, oracle, curricula, PBT, the evolved loop) at equal
     compute, judged on the scenario's target; the gap each arm recovers."""
@@ -453,7 +457,8 @@ def bench_scenarios(
         files = scenario_files(where or [Path("examples/scenarios")], only)
         doc = run_scenarios(files, out, arm_list, seeds or (1 if quick else 3), quick,
                             say=lambda m: console.print(plain(m), highlight=False, markup=False, soft_wrap=True),
-                            progress=_run_progress(), jobs=jobs or ((os.cpu_count() or 1) if quick else 1))
+                            progress=_run_progress(), jobs=jobs or ((os.cpu_count() or 1) if quick else 1),
+                            skills="shared" if shared_skills else None)
     except (ScenarioError, ExperimentError) as exc:
         fail(str(exc))
     console.print(plain((out / "scenarios.md").read_text()), highlight=False, markup=False, soft_wrap=True)

@@ -52,13 +52,14 @@ resume. What stays here: the experiment's config, its plan, the summary and the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import yaml
@@ -116,6 +117,11 @@ class ExperimentConfig(_Strict):
     pbt: PBTConfig = Field(default_factory=PBTConfig)
     random: RandomConfig = Field(default_factory=RandomConfig)
     quick: dict[str, Any] = Field(default_factory=dict, description="run-config overrides (deep-merged) for --quick")
+    skills: Literal["isolated", "shared"] = Field(
+        "isolated", description="the skill library of the evolved runs: isolated = each run (arm x seed) starts from "
+        "a copy of the library as it stood when the experiment began and hands what it learnt back to it when it "
+        "ends, so seeds are independent replicates whatever their order or --jobs; shared = every run reads and "
+        "writes the one library as it goes (a later seed, or a run beside it, sees an earlier one's promotions)")
 
     @field_validator("arms")
     @classmethod
@@ -294,10 +300,60 @@ def run_baseline(arm: str, cfg: ExperimentConfig, seed: int, budget: int, out: P
             "final": curve[-1], "final_per_instance": per, "env": env}
 
 
+SKILLS_START = "skills-start.db"  # an experiment's copy of the skill library as it stood when it began
+
+
+def snapshot_skills(cfg: ExperimentConfig, out: Path) -> Path | None:
+    """Before anything of the experiment trains: copy the skill library (`skills.library.default_path`) to
+    `<out>/skills-start.db`, the start of every evolved run's own library (`cfg.skills` isolated). Kept when it
+    exists, so a resumed experiment starts its remaining runs from the same library as its first ones. None when the
+    experiment shares the library, runs no evolved arm, or the library does not exist yet (each run then starts from
+    the seed skills)."""
+    from skills.library import copy_library, default_path
+
+    snap = out / SKILLS_START
+    if cfg.skills != "isolated" or not any(a in EVOLVED for a in cfg.arms):
+        return None
+    if not snap.exists() and default_path().exists():
+        copy_library(default_path(), snap)
+    return snap if snap.exists() else None
+
+
+@contextlib.contextmanager
+def own_skills(cfg: ExperimentConfig, out: Path, exp_out: Path, say: Callable[[str], None] = print) -> Iterator[None]:
+    """An evolved run's skill library (`cfg.skills` isolated): `<out>/skills.db`, a copy of the experiment's start
+    library, is the run's library while it runs (`$EVOTRAINER_SKILLS`, restored after); when the run ends, what it
+    learnt (its tries, a skill it filed) is merged into the shared library (`SkillLibrary.merge_from`: a try counts
+    once, so a resumed run merges nothing twice). A run that fails merges nothing; its resume does."""
+    if cfg.skills != "isolated":
+        yield
+        return
+    from skills.library import SkillLibrary, copy_library, default_path
+
+    shared, own = default_path(), out / "skills.db"
+    if not own.exists() and (exp_out / SKILLS_START).exists():
+        copy_library(exp_out / SKILLS_START, own)
+    before = os.environ.get("EVOTRAINER_SKILLS")
+    os.environ["EVOTRAINER_SKILLS"] = str(own)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("EVOTRAINER_SKILLS", None)
+        else:
+            os.environ["EVOTRAINER_SKILLS"] = before
+    with SkillLibrary.open(shared) as lib, SkillLibrary.open(own, seed_dir=None) as mine:
+        added, tries = lib.merge_from(mine)
+    if added or tries:
+        say(f"skills: {tries} tr{'y' if tries == 1 else 'ies'} and {len(added)} new skill(s) of {out.name} merged "
+            f"into {shared}")
+
+
 def run_evolved(arm: str, cfg: ExperimentConfig, seed: int, out: Path, warm: Path,
                 say: Callable[[str], None] = print, progress=None) -> dict[str, Any]:
     """The full loop for one seed (resumed when interrupted); its curve is the loop's own held-out report of every
-    stage's continuing policy, its compute the loop's ledger."""
+    stage's continuing policy, its compute the loop's ledger. `out` is `<experiment out>/<arm>/seed<s>`; the run
+    learns in a skill library of its own unless the experiment shares one (`own_skills`)."""
     from harness.lifecycle import is_run_dir, resume_run, start_run
     from harness.results import Decided
     from harness.store import RunStore
@@ -305,12 +361,13 @@ def run_evolved(arm: str, cfg: ExperimentConfig, seed: int, out: Path, warm: Pat
     rc = run_config(cfg, seed, arm, warm)
     out.mkdir(parents=True, exist_ok=True)
     run_dir = out / "run"
-    if (run_dir / "run.db").exists() or is_run_dir(run_dir):  # is_run_dir: killed while start_run was creating it
-        say(f"{arm} seed {seed}: resuming its run {run_dir}")
-        resume_run(run_dir, out, progress=progress)
-    else:
-        say(f"{arm} seed {seed}: the loop runs in {run_dir} (`evotrainer status {run_dir}` shows it live)")
-        start_run(rc, out, "run", progress=progress)
+    with own_skills(cfg, out, out.parent.parent, say):
+        if (run_dir / "run.db").exists() or is_run_dir(run_dir):  # is_run_dir: killed while start_run was creating it
+            say(f"{arm} seed {seed}: resuming its run {run_dir}")
+            resume_run(run_dir, out, progress=progress)
+        else:
+            say(f"{arm} seed {seed}: the loop runs in {run_dir} (`evotrainer status {run_dir}` shows it live)")
+            start_run(rc, out, "run", progress=progress)
     store = RunStore.open(run_dir / "run.db")
     try:
         run_id = store.runs()[0]
@@ -441,6 +498,7 @@ def run_experiments(exps: list[tuple[ExperimentConfig, Path]], say: Callable[[st
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         p = plan(cfg)
+        snapshot_skills(cfg, out)  # every experiment's before any of them trains: all start from the same library
         preps.append((cfg, out, p))
     units: dict[tuple, _Unit] = {}
     first_warm: dict[str, tuple] = {}

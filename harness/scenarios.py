@@ -218,12 +218,13 @@ def check(sc: Scenario, path: str | Path) -> None:
 # --- the oracle arm ---------------------------------------------------------------------------------------------------
 
 
-def experiment_config(sc: Scenario, arms: list[str], seeds: int, quick: bool = False):
-    """The experiment that runs the scenario (the oracle arm gets the oracle harness)."""
+def experiment_config(sc: Scenario, arms: list[str], seeds: int, quick: bool = False, skills: str | None = None):
+    """The experiment that runs the scenario (the oracle arm gets the oracle harness); `skills` (isolated, shared)
+    overrides the scenario's or the default skill-library mode of its evolved runs."""
     from harness.experiment import ExperimentConfig
 
     return ExperimentConfig.model_validate({**sc.baselines, "run": run_dict(sc, quick), "arms": arms, "seeds": seeds,
-                                            "oracle": oracle_files(sc, quick)})
+                                            "oracle": oracle_files(sc, quick), **({"skills": skills} if skills else {})})
 
 
 def oracle_files(sc: Scenario, quick: bool = False) -> dict[str, str]:
@@ -415,7 +416,8 @@ def table(summary: dict[str, Any], arms: list[str]) -> str:
 
 
 def run_scenarios(files: list[Path], out: str | Path, arms: list[str], seeds: int, quick: bool,
-                  say: Callable[[str], None] = print, progress=None, jobs: int = 1) -> dict[str, Any]:
+                  say: Callable[[str], None] = print, progress=None, jobs: int = 1,
+                  skills: str | None = None) -> dict[str, Any]:
     """Every scenario's experiment (resumed where it stopped), then scenarios.json / .md / .png / .html in `out`.
     The scenarios' arms are one schedule (`harness.experiment.run_experiments`): `jobs` > 1 runs that many arms side
     by side, across scenarios."""
@@ -435,8 +437,8 @@ def run_scenarios(files: list[Path], out: str | Path, arms: list[str], seeds: in
     t0 = time.time()
     for f, sc in loaded:
         say(f"scenario {sc.scenario} ({f}): arms {', '.join(run_arms)}, {seeds} seed(s){', quick' if quick else ''}")
-    run_experiments([(experiment_config(sc, run_arms, seeds, quick), out / sc.scenario) for _, sc in loaded], say,
-                    progress, jobs, labels=[sc.scenario for _, sc in loaded])
+    run_experiments([(experiment_config(sc, run_arms, seeds, quick, skills), out / sc.scenario) for _, sc in loaded],
+                    say, progress, jobs, labels=[sc.scenario for _, sc in loaded])
     rows: dict[str, dict[str, Any]] = {}
     for _, sc in loaded:
         res: dict[str, list[dict[str, Any]]] = {}

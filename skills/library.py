@@ -71,7 +71,25 @@ def home() -> Path:
 
 
 def default_path() -> Path:
-    return home() / "skills.db"
+    """`$EVOTRAINER_SKILLS` when set (a library of one run's own: an experiment gives each evolved run one, so its
+    seeds are independent replicates), else `<home>/skills.db`."""
+    own = os.environ.get("EVOTRAINER_SKILLS")
+    return Path(own).expanduser() if own else home() / "skills.db"
+
+
+def copy_library(src: str | Path, dst: str | Path) -> None:
+    """A consistent copy of a library that may be open elsewhere (WAL mode: SQLite's backup API, not a file copy),
+    written beside `dst` and renamed into place, so a copy killed half-way leaves no library."""
+    dst = Path(dst)
+    tmp = dst.with_name(dst.name + ".part")
+    tmp.unlink(missing_ok=True)
+    a, b = sqlite3.connect(str(src), timeout=BUSY_TIMEOUT_S), sqlite3.connect(str(tmp))
+    try:
+        a.backup(b)
+    finally:
+        a.close()
+        b.close()
+    tmp.replace(dst)
 
 
 def _now() -> str:
@@ -511,6 +529,29 @@ class SkillLibrary:
                            last_interval=tuple(interval) if interval else ev.last_interval, families=families)
             self.db["skills"].update(name, {**self._evidence_row(new), "updated": _now()})
         return True
+
+    def merge_from(self, other: SkillLibrary) -> tuple[list[str], int]:
+        """Bring what another library learnt into this one (an experiment's evolved run learns in a private copy of
+        the library and hands its learning back when it ends): each skill this library lacks (a run-born one) with
+        the evidence the other holds for it and its tries; for a skill both have, each try this one has not recorded
+        (tries are keyed by skill, run and candidate, so a try the copy inherited from here, or one merged before,
+        counts once). Definitions of skills both have are left as they are here. Returns (skills added, tries added)."""
+        added, tries = [], 0
+        for row in other.db["skills"].rows:
+            name = row["name"]
+            if self._row(name) is None:
+                with _immediate(self.db):
+                    self.db["skills"].insert(row)
+                    for t in other.db["skill_tries"].rows_where("skill = ?", [name]):
+                        self.db["skill_tries"].insert(t, ignore=True)
+                added.append(name)
+                continue
+            for t in other.db["skill_tries"].rows_where("skill = ?", [name], order_by="ts"):
+                iv = (t["ci_low"], t["ci_high"]) if t["ci_low"] is not None else None
+                tries += self.record_try(name, promoted=bool(t["promoted"]), effect=t["effect"], interval=iv,
+                                         family=t["family"], run=t["run"], candidate=t["candidate"],
+                                         commit=t["commit_sha"])
+        return added, tries
 
     # --- retrieval ------------------------------------------------------------------------------------------------------
 

@@ -141,3 +141,56 @@ def test_the_experiment_trains_judges_and_counts_only_through_the_stage():
                 found |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
         assert not found & banned, (rel, sorted(found & banned))
         assert "execute(" not in (root / rel).read_text(), f"{rel} reads run.db with raw SQL; use the store's methods"
+
+
+def test_each_evolved_run_learns_in_its_own_copy_of_the_library_and_hands_it_back(tmp_path, monkeypatch):
+    """Seeds are independent replicates: every evolved run starts from the library as it stood when the experiment
+    began (seed 1 does not see what seed 0 learnt, whichever ran first or beside it), and what each learnt reaches
+    the shared library when it ends; a run that fails hands nothing back; `skills: shared` keeps the one library."""
+    from harness.experiment import ExperimentConfig, own_skills, snapshot_skills
+    from skills.library import SkillLibrary, default_path
+
+    monkeypatch.setenv("EVOTRAINER_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("EVOTRAINER_SKILLS", raising=False)
+    shared = tmp_path / "home" / "skills.db"
+    with SkillLibrary.open() as lib:
+        skill = lib.names()[0]
+    cfg = ExperimentConfig.model_validate({"run": {}, "arms": ["evolved-rule", "fixed-template"]})
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    assert snapshot_skills(cfg, exp) == exp / "skills-start.db"
+
+    def learn(seed: int) -> None:
+        out = exp / "evolved-rule" / f"seed{seed}"
+        out.mkdir(parents=True, exist_ok=True)
+        with own_skills(cfg, out, exp, say=lambda m: None):
+            assert default_path() == out / "skills.db"
+            with SkillLibrary.open() as mine:  # as the loop opens it (`Run.skills`)
+                assert mine.get(skill).evidence.tries == 0, seed  # the start library, not another seed's learning
+                mine.record_try(skill, promoted=True, effect=0.1, interval=(0.05, 0.15), family="mapf",
+                                run=f"uid{seed}", candidate="s1c1")
+                if seed == 2:
+                    raise RuntimeError("killed")
+        assert default_path() == shared
+
+    learn(0)
+    learn(1)
+    with pytest.raises(RuntimeError):
+        learn(2)
+    assert default_path() == shared  # restored after a failure too
+    with SkillLibrary.open() as lib:
+        assert {t["run"] for t in lib.tries(skill)} == {"uid0", "uid1"} and lib.get(skill).evidence.tries == 2
+    # resumed, the failed run hands its try back once; its copy is kept, not made again
+    with own_skills(cfg, exp / "evolved-rule" / "seed2", exp, say=lambda m: None):
+        pass
+    with own_skills(cfg, exp / "evolved-rule" / "seed2", exp, say=lambda m: None):
+        pass
+    with SkillLibrary.open() as lib:
+        assert lib.get(skill).evidence.tries == 3
+    assert snapshot_skills(cfg, exp) == exp / "skills-start.db"  # a resumed experiment keeps its start library
+    with SkillLibrary.open(exp / "skills-start.db", seed_dir=None) as start:
+        assert start.get(skill).evidence.tries == 0
+    one = cfg.model_copy(update={"skills": "shared"})
+    assert snapshot_skills(one, tmp_path) is None
+    with own_skills(one, exp / "evolved-rule" / "seed9", exp, say=lambda m: None):
+        assert default_path() == shared

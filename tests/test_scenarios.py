@@ -214,6 +214,13 @@ def test_a_tiny_scenario_runs_every_arm_at_equal_compute_no_arm_reads_the_defect
         else sc["arms"]["evolved-rule"]["promotions"][0]
     assert sorted(g["candidate"] for g in got["promoted"]) == promoted
     assert "| tiny | evolved-rule | 0 |" in (out / "scenarios.md").read_text()
+    # the evolved run learnt in a skill library of its own, and every try it recorded reached the home library
+    from skills.library import SkillLibrary
+
+    with SkillLibrary.open(exp / "evolved-rule" / "seed0" / "skills.db", seed_dir=None) as own, \
+            SkillLibrary.open(tmp_path / "home" / "skills.db", seed_dir=None) as home:
+        assert {(n, t["run"], t["candidate"]) for n in own.names() for t in own.tries(n)} == \
+            {(n, t["run"], t["candidate"]) for n in home.names() for t in home.tries(n)}
 
     # resume: nothing finished is re-run; an interrupted baseline restarts at its last finished stage
     d = exp / "plr" / "seed0"  # as a crash inside stage 2 leaves it: stage 1's record and checkpoint, no stage 2

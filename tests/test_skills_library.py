@@ -19,6 +19,7 @@ from skills.library import (
     SkillLibrary,
     UnknownSkillError,
     condition_holds,
+    copy_library,
     dump_skill,
     parse_skill,
 )
@@ -446,3 +447,33 @@ def test_an_older_library_hands_its_imported_evidence_over_to_imported(tmp_path:
     assert (boast.evidence.tries, boast.evidence.promotions, boast.evidence.mean_effect) == (1, 0, -0.1)
     assert boast.imported is not None and boast.imported.promotions == 10000 and not boast.general
     assert grown.evidence.promotions == 10000 and grown.imported is None  # a run's own skill keeps its evidence
+
+
+def test_a_copy_learns_apart_and_merges_back_each_try_once(tmp_path: Path, lib: SkillLibrary):
+    """An experiment's evolved run learns in a copy of the library and merges back at its end: the copy's new try on
+    an existing skill and the skill it filed arrive with their evidence; a try both already had (inherited by the
+    copy) counts once; merging again adds nothing; the original's own later tries are kept."""
+    _try(lib, "raise-hole-ratio", True, "mapf", "before", "s1c1")
+    copy_library(lib.path, tmp_path / "own.db")
+    own = SkillLibrary.open(tmp_path / "own.db", seed_dir=None)
+    try:
+        assert own.get("raise-hole-ratio").evidence.tries == 1  # the copy starts where the library stood
+        _try(own, "raise-hole-ratio", False, "mapf", "run-a", "s2c1", effect=-0.01)
+        born = _skill("mapf-env-mixture-run-a", "re-weight toward the target", ["target.mix_far"], ["mapf"])
+        own.add(born.model_copy(update={"evidence": Evidence(tries=1, promotions=1, mean_effect=0.07,
+                                                             families=["mapf"])}))
+        _try(own, "mapf-env-mixture-run-a", True, "mapf", "run-a", "s3c1", effect=0.05)
+        _try(lib, "raise-hole-ratio", True, "math", "run-b", "s1c2")  # another run merged meanwhile
+        added, tries = lib.merge_from(own)
+        assert added == ["mapf-env-mixture-run-a"] and tries == 1, (added, tries)
+        ev = lib.get("raise-hole-ratio").evidence
+        assert (ev.tries, ev.promotions) == (3, 2), ev  # before + run-b + run-a's: the inherited one counted once
+        assert {(t["run"], t["candidate"]) for t in lib.tries("raise-hole-ratio")} == {
+            ("before", "s1c1"), ("run-b", "s1c2"), ("run-a", "s2c1")}
+        born_ev = lib.get("mapf-env-mixture-run-a").evidence
+        assert (born_ev.tries, born_ev.promotions) == (2, 2) and len(lib.tries("mapf-env-mixture-run-a")) == 1
+        assert lib.search("re-weight toward the target")[0].name == "mapf-env-mixture-run-a"  # full-text index too
+        assert lib.merge_from(own) == ([], 0)  # a resumed run merging again changes nothing
+        assert lib.get("raise-hole-ratio").evidence.tries == 3
+    finally:
+        own.close()
