@@ -504,6 +504,12 @@ def bench_ladder(
                                                   "seeds are replicates of one rung")] = 0,
     task: Annotated[str, typer.Option(help="rung 3's task family: mapf (passes at +15 points), math or code (pass "
                                            "when the held-out gain is above noise)")] = "mapf",
+    sft_steps: Annotated[int | None, typer.Option(min=1, help="rung 3: SFT steps of the partial warm start (default: "
+                                                              "the family's; fewer leave it weaker, with more for "
+                                                              "GRPO to sharpen; cached per value)")] = None,
+    anneal: Annotated[bool, typer.Option(help="rung 3: anneal the learning rate over the time budget (cosine to 0 "
+                                              "at its end); --no-anneal keeps the recipe's rate after its "
+                                              "warm-up")] = True,
 ) -> None:
     """The learning ladder: sampler/trainer log-prob agreement, a toy GRPO must learn, a task family's held-out gain."""
     from harness.benchmarks.ladder import run as ladder
@@ -542,9 +548,11 @@ def bench_ladder(
         fail("--curve-every reads rung 3's learning curve; add 3 to --rungs or drop --curve-every")
     if seed and 3 not in want:
         fail("--seed picks rung 3's training seed; add 3 to --rungs or drop --seed")
+    if (sft_steps is not None or not anneal) and 3 not in want:
+        fail("--sft-steps and --no-anneal change rung 3; add 3 to --rungs or drop them")
     res = ladder(out=out, rungs=want, budget_s=budget, threads=threads, max_steps=max_steps, preset=preset, warm=warm,
                  blind_share=blind_share, learner=learner, recipe_kw=recipe_kw, curve_every=curve_every, seed=seed,
-                 family=task)
+                 family=task, sft_steps=sft_steps, anneal=anneal)
     if not all(r["passed"] for r in res.values() if "passed" in r):  # the sft reference passes or fails nothing
         raise typer.Exit(1)
 

@@ -396,9 +396,10 @@ SFT_REFERENCE_BOARDS = 10_000
 def rung3(out: Path, budget_s: float = 600.0, max_steps: int = 1500, sft_examples: int | None = None,
           sft_steps: int | None = None, recipe_kw: dict[str, Any] | None = None, seed: int = 0,
           preset: str = "tiny", blind_share: float = 0.0, learner: str = "grpo",
-          curve_every: float | None = None, family: str = "mapf") -> dict[str, Any]:
+          curve_every: float | None = None, family: str = "mapf", anneal: bool = True) -> dict[str, Any]:
     """`family`'s partial warm start (`RUNGS`), then GRPO until `budget_s` seconds of training (or `max_steps`, a
-    cap); paired held-out figures. The learning rate anneals by elapsed time (`policies.train.time_budget`: cosine over the budget), so it
+    cap); paired held-out figures. The learning rate anneals by elapsed time (`anneal` False: it stays at the recipe's
+    rate, after its warm-up, for the whole budget) (`policies.train.time_budget`: cosine over the budget), so it
     reaches zero at the end of the budget whatever the seconds per step: a step schedule laid out past the budget
     kept the rate near its peak and the same 10 minutes ended at -1.0 points (BENCHMARKS.md).
 
@@ -449,7 +450,7 @@ def rung3(out: Path, budget_s: float = 600.0, max_steps: int = 1500, sft_example
             # the budget clock's seconds: training only (a curve reading pushes clock.t0 forward by its own time)
             print(f"  {stage} {step} {what} t={time.perf_counter() - clock.t0:.0f}s", flush=True)
 
-    clock = time_budget(budget_s, start=t0)
+    clock = time_budget(budget_s, anneal=anneal, start=t0)
     curve = curve_callback(tok, task, held, before, curve_every, clock, fam.max_new_tokens) if curve_every else None
     extra = [clock] + ([curve] if curve else [])
     if learner == "sft":
@@ -490,7 +491,7 @@ def rung3(out: Path, budget_s: float = 600.0, max_steps: int = 1500, sft_example
            "greedy_valid_where_never_sampled_before": float(after["per_board"][reach_before == 0].mean()
                                                            if (reach_before == 0).any() else float("nan")),
            "curve": curve.points if curve else [], "train_seconds": secs, "train_cpu_seconds": cpu,
-           "threads": torch.get_num_threads(),
+           "threads": torch.get_num_threads(), "anneal": anneal,
            "dead_group_share": dead,
            "recipe": recipe.model_dump() if learner == "grpo" else {"sft_learning_rate": Recipe().sft_learning_rate,
                                                                    "boards": SFT_REFERENCE_BOARDS}, "shaping": fam.shaping,
@@ -520,7 +521,7 @@ def run(out: str | Path = "runs/bench-ladder", rungs: tuple[int, ...] = (1, 2, 3
         threads: int = 2, max_steps: int = 1500, preset: str = "tiny", warm: str = "undertrained",
         blind_share: float | None = None, learner: str = "grpo",
         recipe_kw: dict[str, Any] | None = None, curve_every: float | None = None, seed: int = 0,
-        family: str = "mapf") -> dict[str, Any]:
+        family: str = "mapf", sft_steps: int | None = None, anneal: bool = True) -> dict[str, Any]:
     cpu_threads(threads)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -533,9 +534,11 @@ def run(out: str | Path = "runs/bench-ladder", rungs: tuple[int, ...] = (1, 2, 3
         if warm == "noisy":
             teacher = {**NOISY_TEACHER, **({} if blind_share is None else {"blind_share": blind_share})}
             res["rung3"] = rung3(out, budget_s=budget_s, max_steps=max_steps, preset=preset, learner=learner,
-                                 recipe_kw=recipe_kw, curve_every=curve_every, seed=seed, **teacher)
+                                 recipe_kw=recipe_kw, curve_every=curve_every, seed=seed, sft_steps=sft_steps,
+                                 anneal=anneal, **teacher)
         else:
             res["rung3"] = rung3(out, budget_s=budget_s, max_steps=max_steps, preset=preset, learner=learner,
-                                 recipe_kw=recipe_kw, curve_every=curve_every, seed=seed, family=family)
+                                 recipe_kw=recipe_kw, curve_every=curve_every, seed=seed, family=family,
+                                 sft_steps=sft_steps, anneal=anneal)
     (out / "ladder.json").write_text(json.dumps(res, indent=1, default=float))
     return res
