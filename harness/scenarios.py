@@ -190,6 +190,12 @@ def quick_overrides(sc: Scenario) -> dict[str, Any]:
 # --- checks made before anything trains ------------------------------------------------------------------------------
 
 
+# recipe fields that set how many completions one GRPO step samples: a scenario's harnesses may not change them, since
+# an arm's compute is counted in steps (`harness.stagebook.step_equivalents`); the loop may not either (`harness.vet.
+# RECIPE_KNOBS` leaves them out), nor an experiment's per-arm overrides (`harness.experiment.COMPUTE_KNOBS`)
+SAMPLING_KNOBS = ("batch_size", "oversample")
+
+
 def check(sc: Scenario, path: str | Path) -> None:
     """The refusals a scenario gets before any arm trains, each naming the fix."""
     from harness.config import parse_config
@@ -202,6 +208,19 @@ def check(sc: Scenario, path: str | Path) -> None:
     if sc.control and harness_of(sc, "round0") != harness_of(sc, "oracle"):
         raise ScenarioError(f"{path}: control: true, but oracle differs from round0; the healthy control's round-0 "
                             "harness is its oracle (copy oracle: into round0:, or drop control)")
+    for which in ("round0", "oracle"):  # compute is counted in GRPO steps: a step must sample what the run's does
+        own = getattr(sc, which).recipe or {}
+        for knob in SAMPLING_KNOBS:
+            if knob not in own:
+                continue
+            from policies.train import Recipe
+
+            base = (sc.run.get("recipe") or {}).get(knob, Recipe.model_fields[knob].default)
+            if own[knob] != base:
+                raise ScenarioError(
+                    f"{path}: {which}.recipe.{knob}: {own[knob]} changes how many completions one GRPO step samples "
+                    f"(the run's recipe: {base}); compute is counted in steps, so the arms would not have equal "
+                    f"compute. Set recipe.{knob} in the run config for every arm, or drop it here")
     task = get_task(sc.task)
     try:
         draw_env(task, sc.target, 8)

@@ -96,6 +96,15 @@ def test_scenarios_that_cannot_run_are_refused_with_the_fix(tmp_path):
     assert "run.policy.checkpoint" in _error(_write(tmp_path, "ck", run=missing))
     dup = {**TINY, "eval": {"suite": "small"}}
     assert "run.eval: set by the scenario" in _error(_write(tmp_path, "ev", run=dup))
+    # a harness whose GRPO step samples more completions than the run's would train more compute per counted step
+    big = {"env": ENV, "recipe": {"learning_rate": 1e-4, "batch_size": 32}}
+    msg = _error(_write(tmp_path, "bs", oracle=big))
+    assert "oracle.recipe.batch_size: 32 changes how many completions" in msg and "the run's recipe: 8" in msg, msg
+    over = {"env": ENV, "recipe": {"learning_rate": 4e-4, "oversample": 2, "drop_dead_groups": True}}
+    assert "round0.recipe.oversample: 2" in _error(_write(tmp_path, "os", round0=over))
+    load_scenario(_write(tmp_path, "bs-same", oracle={"env": ENV, "recipe": {"learning_rate": 1e-4,
+                                                                             "batch_size": 8}}))
+    check(load_scenario(tmp_path / "bs-same.yaml"), tmp_path / "bs-same.yaml")  # the run's own batch is fine
     with pytest.raises(ScenarioError, match="unknown scenario 'nope'"):
         scenario_files([tmp_path], ["nope"])
 
