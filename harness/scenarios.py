@@ -208,13 +208,11 @@ def check(sc: Scenario, path: str | Path) -> None:
     if sc.control and harness_of(sc, "round0") != harness_of(sc, "oracle"):
         raise ScenarioError(f"{path}: control: true, but oracle differs from round0; the healthy control's round-0 "
                             "harness is its oracle (copy oracle: into round0:, or drop control)")
+    from policies.train import Recipe
+
     for which in ("round0", "oracle"):  # compute is counted in GRPO steps: a step must sample what the run's does
         own = getattr(sc, which).recipe or {}
-        for knob in SAMPLING_KNOBS:
-            if knob not in own:
-                continue
-            from policies.train import Recipe
-
+        for knob in (k for k in SAMPLING_KNOBS if k in own):
             base = (sc.run.get("recipe") or {}).get(knob, Recipe.model_fields[knob].default)
             if own[knob] != base:
                 raise ScenarioError(

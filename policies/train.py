@@ -212,8 +212,7 @@ def _device_args(precision: str = "auto") -> dict[str, Any]:
 
 
 LOGP_TOL_FP32 = 1e-3
-LOGP_TOL_BF16 = 2 ** -4
-LOGP_TOL_FP16 = 2 ** -4
+LOGP_TOL_BF16 = 2 ** -4  # fp16 autocast too (see logprob_tolerance)
 
 
 def logprob_tolerance(precision: str = "auto") -> float:
@@ -227,7 +226,7 @@ def logprob_tolerance(precision: str = "auto") -> float:
     on the toy warm start at temperature 1 (0.0012 at 0.5): the disagreement is not only the logits' rounding, so fp16
     keeps bf16's 1/16. The fp32 bound is what catches formatting, masking and temperature bugs, on every CPU host and
     in CI."""
-    return {"fp32": LOGP_TOL_FP32, "bf16": LOGP_TOL_BF16, "fp16": LOGP_TOL_FP16}[_precision(precision)]
+    return LOGP_TOL_FP32 if _precision(precision) == "fp32" else LOGP_TOL_BF16
 
 
 def _common_args(out_dir: str, recipe: Recipe, schedule: str = "cosine") -> dict[str, Any]:
@@ -236,7 +235,7 @@ def _common_args(out_dir: str, recipe: Recipe, schedule: str = "cosine") -> dict
         gradient_checkpointing=False, seed=recipe.seed, data_seed=recipe.seed, warmup_steps=recipe.warmup_ratio,
         weight_decay=recipe.weight_decay, max_grad_norm=recipe.max_grad_norm,
         lr_scheduler_type="constant_with_warmup" if schedule == "constant" else schedule,
-        dataloader_num_workers=0, **_device_args(getattr(recipe, "precision", "auto")),
+        dataloader_num_workers=0, **_device_args(recipe.precision),
     )
 
 

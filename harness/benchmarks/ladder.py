@@ -398,10 +398,10 @@ def rung3(out: Path, budget_s: float = 600.0, max_steps: int = 1500, sft_example
           preset: str = "tiny", blind_share: float = 0.0, learner: str = "grpo",
           curve_every: float | None = None, family: str = "mapf", anneal: bool = True) -> dict[str, Any]:
     """`family`'s partial warm start (`RUNGS`), then GRPO until `budget_s` seconds of training (or `max_steps`, a
-    cap); paired held-out figures. The learning rate anneals by elapsed time (`anneal` False: it stays at the recipe's
-    rate, after its warm-up, for the whole budget) (`policies.train.time_budget`: cosine over the budget), so it
-    reaches zero at the end of the budget whatever the seconds per step: a step schedule laid out past the budget
-    kept the rate near its peak and the same 10 minutes ended at -1.0 points (BENCHMARKS.md).
+    cap); paired held-out figures. The learning rate anneals by elapsed time (`policies.train.time_budget`: cosine over
+    the budget), so it reaches zero at the end of the budget whatever the seconds per step: a step schedule laid out
+    past the budget kept the rate near its peak and the same 10 minutes ended at -1.0 points (BENCHMARKS.md).
+    `anneal` False keeps the recipe's rate, after its warm-up, for the whole budget.
 
     `learner="sft"` is the rung's reference, not the rung: the same warm start, boards and budget, trained by supervised
     learning on the expert's plans for those boards (every token labelled, no sampling), at the warm start's own SFT

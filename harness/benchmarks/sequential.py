@@ -89,8 +89,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--data-arm-sd", type=float, default=None,
                     help="the arm noise the simulated arms really have (default: --arm-sd): a miscalibrated gate")
     a = ap.parse_args(argv)
-    plan = Plan(alpha=0.05, min_effect=a.min_effect, slice_tolerance=0.1, arm_noise_sd=a.arm_sd, max_n=a.max_n, min_n=a.first,
-                batch=a.first, max_pairs=a.pairs, promote_gamma=a.gamma, futility=a.futility)
+    plan = Plan(alpha=0.05, min_effect=a.min_effect, slice_tolerance=0.1, arm_noise_sd=a.arm_sd, max_n=a.max_n,
+                min_n=a.first, batch=a.first, max_pairs=a.pairs, promote_gamma=a.gamma, futility=a.futility)
     print(f"plan: {plan.max_pairs} pairs x {plan.max_n} instances, looks every {plan.batch}, gamma {plan.promote_gamma}"
           f", futility {plan.futility}, min effect {plan.min_effect}, arm sd assumed {plan.arm_noise_sd} / real "
           f"{plan.arm_noise_sd if a.data_arm_sd is None else a.data_arm_sd}"
