@@ -319,7 +319,7 @@ def sequential_verdict(cid: str, control: ArmEval, arm: ArmEval, gate: GateConfi
     c, k_ = np.asarray(ctrl.outcomes), np.asarray(arm.outcomes)
     by_slice = {key: {**v, "checked": v["checked"]} for key, v in look.by_slice.items()}
     z80 = 0.8416212335729143
-    mde = plan.min_effect + (look.z_promote + z80) * look.se if np.isfinite(look.z_promote) else None
+    mde = plan.promote_above + (look.z_promote + z80) * look.se if np.isfinite(look.z_promote) else None
     record = [*(looks or []), {"n": look.n, "pairs": look.pairs, "effect": round(look.effect, 5),
                                 "lo": round(look.lo, 5), "hi": round(look.hi, 5), "z": round(look.z, 3),
                                 "info": round(look.info_fraction, 3), "decision": look.decision,

@@ -222,8 +222,14 @@ class GateConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     min_effect: float = Field(0.02, ge=0.0, le=1.0,
-                              description="the one-sided lower bound of the main-metric effect must EXCEED this "
-                                          "(> 0 also guards the percentile bootstrap when few pairs disagree)")
+                              description="the smallest main-metric effect worth having: a change confidently below "
+                                          "it is refuted (never re-proposed from that state), and the evidence is "
+                                          "sized to detect it (a warning at start when it cannot)")
+    promote_above: float = Field(0.0, ge=0.0, le=1.0,
+                                 description="a change is promoted when its effect is confidently above this: 0 (the "
+                                             "default) = better than the control (with a sign test when few instances "
+                                             "differ); min_effect = better by min_effect (the stricter gate of earlier "
+                                             "versions, which left real +0.05 fixes inconclusive). At most min_effect")
     slice_tolerance: float = Field(0.05, ge=0.0, le=1.0,
                                    description="no slice's lower bound may fall below minus this (preserve what works)")
     confidence: float = Field(0.95, gt=0.5, lt=1.0, description="one-sided confidence of the lower bounds")
@@ -254,6 +260,13 @@ class GateConfig(BaseModel):
         "{after_failures: N} (once N stages in a row ended without a promotion). The run pauses (the pause survives "
         "a restart) until `evotrainer approve|revise|abort RUN`")
 
+    @model_validator(mode="after")
+    def _bar_below_min_effect(self) -> GateConfig:
+        if self.promote_above > self.min_effect:
+            raise ValueError(f"gate.promote_above ({self.promote_above}) exceeds gate.min_effect ({self.min_effect}): "
+                             "a change could be both promoted and refuted; set promote_above <= min_effect")
+        return self
+
     @property
     def alpha(self) -> float:
         return 1.0 - self.confidence
@@ -263,7 +276,8 @@ class GateConfig(BaseModel):
         from harness.sequential import Plan
 
         first = min(self.first_look or max(20, n // 4), n)
-        return Plan(alpha=self.alpha, min_effect=self.min_effect, slice_tolerance=self.slice_tolerance,
+        return Plan(alpha=self.alpha, min_effect=self.min_effect, promote_above=self.promote_above,
+                    slice_tolerance=self.slice_tolerance,
                     min_slice_n=self.min_slice_n, arm_noise_sd=self.arm_noise_sd, max_n=n, min_n=first,
                     batch=self.look_every or first, max_pairs=self.max_pairs, promote_gamma=self.promote_gamma,
                     futility=self.futility)

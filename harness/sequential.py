@@ -4,8 +4,9 @@ A candidate is judged by paired per-instance differences d_i = candidate_i - con
 each from `samples` completions) on fresh held-out instances. This module turns a list of arm PAIRS (the first test and
 each re-test of the same change from the same harness state, each with the differences seen so far) into one answer:
 
-    promoted      the effect is above `min_effect` with confidence (the statistic crossed the upper boundary), no
-                  checked slice is possibly harmed beyond `slice_tolerance`, and no veto fired
+    promoted      the effect is above `promote_above` (default 0: better than the control) with confidence (the
+                  statistic crossed the upper boundary), no checked slice is possibly harmed beyond
+                  `slice_tolerance`, and no veto fired
     refuted       the effect is below `min_effect` with confidence (it crossed the lower boundary), or a checked
                   slice is confidently harmed beyond `slice_tolerance`; never re-proposed from that state
     inconclusive  the planned evidence is spent (`max_pairs` pairs of `max_n` instances) without either
@@ -14,13 +15,23 @@ each re-test of the same change from the same harness state, each with the diffe
                   keeps the evidence
 
     from harness.sequential import Plan, PairEvidence, decide
-    plan = Plan(alpha=0.05, min_effect=0.02, slice_tolerance=0.1, arm_noise_sd=0.012, max_n=160, max_pairs=3)
+    plan = Plan(alpha=0.05, min_effect=0.02, promote_above=0.0, slice_tolerance=0.1, arm_noise_sd=0.012, max_n=160,
+                max_pairs=3)
     look = decide([PairEvidence(judge="j1", diffs=d, slices=s)], plan)
     look.decision, look.lo, look.hi, look.reason
 
-**The procedure: a group-sequential test with error spending.** The tested point is theta = `min_effect`: promote is
-a one-sided test rejecting theta <= min_effect, refute one rejecting theta >= min_effect, each at level alpha (promote
-at alpha / comparisons when one decision judges several candidates against one control: Bonferroni).
+**The procedure: a group-sequential test with error spending.** Two one-sided claims, each at level alpha (promote
+at alpha / comparisons when one decision judges several candidates against one control: Bonferroni): promote rejects
+theta <= `promote_above` (H0: the change is no better than the control), refute rejects theta >= `min_effect` (H1: the
+change is as good as the smallest effect worth having). This is the one-sided test with early stopping to accept
+either hypothesis of Jennison and Turnbull (2000, ch. 4), with `min_effect` the alternative the plan is sized for;
+each side's boundaries are computed alone, with the other side's stops treated as non-binding (they only remove
+crossings, so each error stays within its alpha whatever the other side does). An effect between the two (positive,
+not yet shown, or shown positive but not shown below `min_effect`) ends inconclusive when the evidence is spent. With
+`promote_above = min_effect` both claims test the one point theta = min_effect and the boundaries are solved jointly
+(the stricter gate of earlier versions: a promotion had to show the effect above min_effect, which put a real +0.05
+mixture fix three pairs in at [+0.018, +0.086] and called it inconclusive). A promotion also needs the exact sign test
+on the nonzero differences at its level (`_few_discordant`): the normal bound is weakest when few instances differ.
 
 - *The model.* Pair j's differences share one random arm offset b_j ~ N(0, arm_noise_sd^2) (the two arms differ in
   training randomness; no number of instances averages it away) plus independent instance noise of variance s^2. Pair
@@ -74,7 +85,10 @@ class Plan(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     alpha: float = Field(0.05, gt=0.0, lt=0.5, description="error of each one-sided claim (promote, refute), all looks")
-    min_effect: float = Field(0.02, ge=0.0, le=1.0, description="promote only an effect above this, with confidence")
+    min_effect: float = Field(0.02, ge=0.0, le=1.0, description="the smallest effect worth having: refute an effect "
+                              "confidently below it; the alternative the plan is sized to detect")
+    promote_above: float = Field(0.0, ge=0.0, le=1.0, description="promote an effect confidently above this (0: better "
+                                 "than the control; min_effect: better by min_effect, the stricter earlier gate)")
     slice_tolerance: float = Field(0.05, ge=0.0, le=1.0, description="a slice confidently below -this is harmed")
     min_slice_n: int = Field(20, ge=1, description="slices with fewer instances are reported but not checked")
     arm_noise_sd: float = Field(0.0, ge=0.0, le=1.0, description="sd of the effect between arms differing only in "
@@ -93,6 +107,9 @@ class Plan(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> Plan:
+        if self.promote_above > self.min_effect:
+            raise ValueError(f"promote_above ({self.promote_above}) exceeds min_effect ({self.min_effect}): a change "
+                             "could then be both promoted and refuted; set promote_above <= min_effect")
         if self.min_n > self.max_n:
             raise ValueError(f"min_n ({self.min_n}) exceeds max_n ({self.max_n}): lower min_n or raise max_n")
         return self
@@ -137,10 +154,10 @@ class Look(BaseModel):
     n: int = Field(..., description="instances pooled over all pairs")
     pairs: int
     effect: float = Field(..., description="the pooled (inverse-variance weighted) effect")
-    lo: float = Field(..., description="lower bound: effect - promote boundary x se (promote when > min_effect)")
+    lo: float = Field(..., description="lower bound: effect - promote boundary x se (promote when > promote_above)")
     hi: float = Field(..., description="upper bound: effect + refute boundary x se (refute when < min_effect)")
     se: float = 0.0
-    z: float = Field(0.0, description="(effect - min_effect) / se")
+    z: float = Field(0.0, description="(effect - promote_above) / se")
     z_promote: float = Field(math.inf, description="this look's promotion boundary on z")
     z_refute: float = Field(math.inf, description="this look's refutation boundary on -z")
     info_fraction: float = 0.0
@@ -331,7 +348,7 @@ def decide(pairs: list[PairEvidence], plan: Plan, vetoes: list[str] | None = Non
     imax = plan.info_max(sd * sd)
     z_up, z_down = _boundaries_at(plan, tuple(ns), comparisons, sd)
     lo, hi = effect - z_up * se, effect + z_down * se
-    z = (effect - plan.min_effect) / se
+    z = (effect - plan.promote_above) / se
     base = {"n": n, "pairs": len(pairs), "effect": effect, "lo": lo, "hi": hi, "se": se, "z": z,
             "z_promote": z_up, "z_refute": z_down, "info_fraction": min(infos[-1] / imax, 1.0), "looks": len(infos)}
     by_slice, harmed, unsure = _slices(pairs, plan, s2, z_up, z_down)
@@ -345,11 +362,15 @@ def decide(pairs: list[PairEvidence], plan: Plan, vetoes: list[str] | None = Non
     if hi < plan.min_effect:
         return Look(decision="refuted", reason=f"refuted: upper bound {hi:+.3f} < min effect {plan.min_effect:.3f} "
                                                f"({nums})", **base)
-    if lo > plan.min_effect and not unsure:
-        return Look(decision="promoted", reason=f"promoted: lower bound {lo:+.3f} > min effect {plan.min_effect:.3f} "
-                                                f"({nums}); no slice below -{plan.slice_tolerance:.3f}", **base)
-    why = (f"slice(s) not yet clear: {'; '.join(unsure)}" if lo > plan.min_effect else
-           f"lower bound {lo:+.3f} <= min effect {plan.min_effect:.3f} <= upper bound {hi:+.3f}")
+    bar = _bar(plan)
+    few = _few_discordant(arrs, plan.alpha / comparisons) if lo > plan.promote_above else None
+    if few:
+        unsure = [*unsure, few]
+    if lo > plan.promote_above and not unsure:
+        return Look(decision="promoted", reason=f"promoted: lower bound {lo:+.3f} > {bar} ({nums}); no slice below "
+                                                f"-{plan.slice_tolerance:.3f}", **base)
+    why = (f"not yet clear: {'; '.join(unsure)}" if lo > plan.promote_above else
+           f"lower bound {lo:+.3f} <= {bar}, upper bound {hi:+.3f} >= min effect {plan.min_effect:.3f}")
     step = next_step(ns, plan, s2)
     if step == "new_pair" and plan.futility > 0:
         cp = conditional_power(effect, se, plan, sd, comparisons)
@@ -363,6 +384,30 @@ def decide(pairs: list[PairEvidence], plan: Plan, vetoes: list[str] | None = Non
     return Look(decision="continue", reason=f"{why} ({nums})", next_step=step, **base)
 
 
+def _few_discordant(arrs: list[np.ndarray], alpha: float) -> str | None:
+    """A guard on the normal bound where it is weakest: when only a handful of instances differ at all (two
+    near-identical arms, 4 of 64 flipping the same way), the plug-in variance is tiny and the bound can clear 0 on
+    chance alone. A promotion also needs the exact one-sided sign test on the nonzero differences (Dixon and Mood,
+    "The statistical sign test", JASA 1946) at level alpha; it only removes promotions, so the error bound stands.
+    Returns the reason it blocks, or None."""
+    d = np.concatenate(arrs)
+    pos, m = int((d > 0).sum()), int((d != 0).sum())
+    if m == 0:
+        return "no instance differs between the arms"
+    p = sum(math.comb(m, k) for k in range(pos, m + 1)) / 2.0**m
+    if p <= alpha:
+        return None
+    return (f"too few instances differ to promote: {pos} of {m} nonzero differences favour the candidate (sign test "
+            f"p {p:.3f} > {alpha:.3f})")
+
+
+def _bar(plan: Plan) -> str:
+    """How the promotion claim reads in a reason: the control (promote_above 0) or the margin."""
+    if plan.promote_above == plan.min_effect:
+        return f"min effect {plan.min_effect:.3f}"
+    return "0 (the control)" if plan.promote_above == 0 else f"promote_above {plan.promote_above:.3f}"
+
+
 def conditional_power(effect: float, se: float, plan: Plan, sd: float, comparisons: int = 1) -> float:
     """The chance that the score, continued to the plan's full information with `effect` as the true effect (the
     "current trend"), ends above the final promotion boundary: conditional power, Jennison and Turnbull (2000) sec.
@@ -373,17 +418,22 @@ def conditional_power(effect: float, se: float, plan: Plan, sd: float, compariso
     if left <= 0:
         return 0.0
     c_end = _boundaries_at(plan, (plan.max_n,) * plan.max_pairs, comparisons, sd)[0]
-    drift = effect - plan.min_effect
+    drift = effect - plan.promote_above
     return _N.cdf((drift * info + drift * left - c_end * math.sqrt(info_max)) / math.sqrt(left))
 
 
 @functools.lru_cache(maxsize=4096)
 def _boundaries_at(plan: Plan, ns: tuple[int, ...], comparisons: int, sd: float) -> tuple[float, float]:
     """This look's (promote, refute) z boundaries: a function of the plan, how many instances each pair has and the
-    spread `sd` of a difference (the looks' information fractions), so cached."""
+    spread `sd` of a difference (the looks' information fractions), so cached. Solved jointly when both claims test
+    one point (promote_above = min_effect); else each side alone, the other's stops non-binding."""
     s2 = sd * sd
-    return boundaries(look_infos(list(ns), plan, s2), plan.info_max(s2), plan.alpha / comparisons, plan.alpha,
-                      hsd_spend(plan.promote_gamma), pocock_spend)[-1]
+    infos, imax = look_infos(list(ns), plan, s2), plan.info_max(s2)
+    up, down = hsd_spend(plan.promote_gamma), pocock_spend
+    if plan.promote_above == plan.min_effect:
+        return boundaries(infos, imax, plan.alpha / comparisons, plan.alpha, up, down)[-1]
+    return (boundaries(infos, imax, plan.alpha / comparisons, 0.0, up, down)[-1][0],
+            boundaries(infos, imax, 0.0, plan.alpha, up, down)[-1][1])
 
 
 def _slices(pairs: list[PairEvidence], plan: Plan, s2: float, z_up: float, z_down: float
@@ -442,25 +492,27 @@ def full_power(plan: Plan, effect: float, sd: float | None = None, comparisons: 
     full information, with the O'Brien-Fleming-type final boundary approximated by the fixed-sample quantile)."""
     sd = plan.sd_guess if sd is None else sd
     se = 1.0 / math.sqrt(plan.info_max(sd * sd))
-    return _N.cdf((effect - plan.min_effect) / se - _N.inv_cdf(1 - plan.alpha / comparisons))
+    return _N.cdf((effect - plan.promote_above) / se - _N.inv_cdf(1 - plan.alpha / comparisons))
 
 
 def max_evidence_warning(plan: Plan, sd: float | None = None, comparisons: int = 1) -> str | None:
-    """A one-line warning when even the full evidence (max_pairs pairs of max_n instances) promotes an effect of
-    twice `min_effect` less than half the time, naming the max_n that would."""
+    """A one-line warning when even the full evidence (max_pairs pairs of max_n instances) promotes an effect
+    `min_effect` beyond the promotion bar (`promote_above + min_effect`: min_effect itself at the default bar 0)
+    less than half the time, naming the max_n that would."""
     sd = plan.sd_guess if sd is None else sd
-    if plan.min_effect <= 0 or full_power(plan, 2 * plan.min_effect, sd, comparisons) >= 0.5:
+    target = plan.promote_above + plan.min_effect
+    if plan.min_effect <= 0 or full_power(plan, target, sd, comparisons) >= 0.5:
         return None
     se = 1.0 / math.sqrt(plan.info_max(sd * sd))
     head = (f"the gate cannot detect min_effect {plan.min_effect:.3f}: at most {plan.max_n * plan.max_pairs} "
             f"instances ({plan.max_pairs} arm pairs of {plan.max_n}) give a standard error of {se:.3f} (sd {sd:.2f}); ")
     big = plan.model_copy(update={"max_n": 10**7})
-    if full_power(big, 2 * plan.min_effect, sd, comparisons) < 0.5:
+    if full_power(big, target, sd, comparisons) < 0.5:
         return head + (f"the arms' training noise alone (arm_noise_sd {plan.arm_noise_sd:.3f}) keeps it wider at any "
                        "n: raise gate.min_effect, allow more re-tests, or lengthen the arms so effects grow")
     lo, hi = plan.max_n, 10**7
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        ok = full_power(plan.model_copy(update={"max_n": mid}), 2 * plan.min_effect, sd, comparisons) >= 0.5
+        ok = full_power(plan.model_copy(update={"max_n": mid}), target, sd, comparisons) >= 0.5
         lo, hi = (lo, mid) if ok else (mid, hi)
     return head + f"raise backtest.n to about {hi}, or raise gate.min_effect to the smallest effect you care about"

@@ -46,7 +46,7 @@ def test_identical_arms_never_promote():
     outcomes = (rng.random(200) < p).astype(float).tolist()
     v = one_look(outcomes, outcomes, slices, GATE, candidate_id="same")
     assert v.decision == "inconclusive"  # at min_effect 0 an effect of exactly 0 is neither above nor below it
-    assert "lower bound" in v.reason and "<= min effect 0.000" in v.reason
+    assert "lower bound" in v.reason and "<= min effect 0.000" in v.reason  # bar = min_effect = 0: one point
     assert v.evidence.effect == 0.0 and v.evidence.n == 200
 
 
@@ -148,11 +148,19 @@ def test_choose_winner_best_lower_bound_wins_others_beaten():
     assert choose_winner([v_none]) == (None, [v_none])
 
 
-def test_default_min_effect_guards_few_discordant_pairs():
+def test_few_discordant_pairs_do_not_promote_on_the_normal_bound_alone():
     """4 of 64 pairs flip the same way (what two near-identical arms give): the normal bound at one look is just
-    above 0 (+0.0625 - 1.645 x 0.030), so a zero threshold promotes; the default min_effect does not."""
+    above 0 (+0.0625 - 1.645 x 0.030), yet a sign test gives p = 1/16: not promoted, with the reason. 8 of 64 (p =
+    1/256) is. Would catch a gate that promotes on a handful of disagreements (the old guard was the min_effect bar)."""
     control = [0.0] * 64
-    candidate = [1.0] * 4 + [0.0] * 60
-    assert one_look(control, candidate, [{}] * 64, GateConfig(min_effect=0.0)).decision == "promoted"
-    v = one_look(control, candidate, [{}] * 64, GateConfig())
-    assert v.decision != "promoted" and "<= min effect 0.020" in v.reason
+    v = one_look(control, [1.0] * 4 + [0.0] * 60, [{}] * 64, GateConfig())
+    assert v.decision != "promoted" and "sign test p 0.062" in v.reason, v.reason
+    assert one_look(control, [1.0] * 8 + [0.0] * 56, [{}] * 64, GateConfig()).decision == "promoted"
+    strict = one_look(control, [1.0] * 4 + [0.0] * 60, [{}] * 64, GateConfig(promote_above=0.02))
+    assert strict.decision != "promoted" and "<= min effect 0.020" in strict.reason
+
+
+def test_a_promotion_bar_above_the_minimum_effect_is_refused_with_the_fix():
+    with pytest.raises(ValueError, match="promote_above .* exceeds gate.min_effect .* set promote_above <= min_effect"):
+        GateConfig(min_effect=0.02, promote_above=0.05)
+    assert GateConfig(min_effect=0.05, promote_above=0.05).plan(64).promote_above == 0.05

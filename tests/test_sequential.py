@@ -47,7 +47,7 @@ def _naive(pairs: list[PairEvidence], plan: Plan, comparisons: int = 1):
     d = np.concatenate([np.asarray(p.diffs) for p in pairs])
     lo = d.mean() - NormalDist().inv_cdf(1 - plan.alpha) * d.std(ddof=1) / math.sqrt(len(d))
     out = decide(pairs, plan)
-    if lo > plan.min_effect:
+    if lo > plan.promote_above:
         return out.model_copy(update={"decision": "promoted"})
     return out
 
@@ -77,15 +77,32 @@ def test_boundaries_spend_what_they_claim_under_the_canonical_joint_distribution
     assert all(u > z95 and d > z95 for u, d in b) and b[0][0] > b[-1][0]
 
 
-def test_false_promotions_at_the_minimum_effect_stay_within_alpha_across_looks_and_re_tests():
+STRICT = PLAN.model_copy(update={"promote_above": PLAN.min_effect})  # the earlier gate: one tested point
+
+
+@pytest.mark.parametrize("plan", [PLAN, STRICT], ids=["bar-at-control", "bar-at-min-effect"])
+def test_false_promotions_at_the_promotion_bar_stay_within_alpha_across_looks_and_re_tests(plan):
+    """A change exactly at the promotion bar (no better than the control; for the strict gate, exactly min_effect)
+    is promoted at most alpha of the time over every look and pooled re-test."""
     rng = np.random.default_rng(0)
-    decisions = [_run(rng, PLAN.min_effect, PLAN)[0] for _ in range(800)]
+    decisions = [_run(rng, plan.promote_above, plan)[0] for _ in range(800)]
     rate, slack = _rate(decisions, "promoted")
-    assert rate <= PLAN.alpha + slack, f"false promotion rate {rate:.3f} over 800 sequential decisions"
+    assert rate <= plan.alpha + slack, f"false promotion rate {rate:.3f} over 800 sequential decisions"
     # the naive procedure, same data stream, breaks the bound: the simulation can see a broken guarantee
     rng = np.random.default_rng(0)
-    naive = [_run(rng, PLAN.min_effect, PLAN, judge=_naive)[0] for _ in range(800)]
-    assert _rate(naive, "promoted")[0] > PLAN.alpha + slack
+    naive = [_run(rng, plan.promote_above, plan, judge=_naive)[0] for _ in range(800)]
+    assert _rate(naive, "promoted")[0] > plan.alpha + slack
+
+
+def test_the_bar_at_the_control_promotes_a_real_small_effect_the_strict_gate_leaves_inconclusive():
+    """+0.05 (a mixture fix's size on math, three pairs in at [+0.018, +0.086] under the strict gate): the default
+    bar promotes it most of the time; the strict bar (promote_above = min_effect) far less often. Would catch a bar
+    that is not used (the two rates equal) or boundaries of a side computed under the wrong point."""
+    rates = {}
+    for plan in (PLAN, STRICT):
+        rng = np.random.default_rng(11)
+        rates[plan.promote_above] = np.mean([_run(rng, 0.05, plan)[0] == "promoted" for _ in range(200)])
+    assert rates[0.0] >= 0.85 and rates[0.0] - rates[PLAN.min_effect] >= 0.15, rates
 
 
 def test_false_refutations_of_a_real_effect_stay_within_alpha():
@@ -143,7 +160,7 @@ def test_the_gate_says_when_its_maximum_evidence_cannot_see_min_effect():
     msg = max_evidence_warning(tight)
     assert msg is not None and "raise backtest.n to about" in msg
     need = int(msg.split("about ")[1].split(",")[0])
-    assert full_power(tight.model_copy(update={"max_n": need}), 2 * tight.min_effect) >= 0.5
+    assert full_power(tight.model_copy(update={"max_n": need}), tight.promote_above + tight.min_effect) >= 0.5
     noisy = PLAN.model_copy(update={"arm_noise_sd": 0.05, "max_pairs": 1})
     assert "training noise alone" in max_evidence_warning(noisy)
 
@@ -151,7 +168,7 @@ def test_the_gate_says_when_its_maximum_evidence_cannot_see_min_effect():
 def test_a_futility_stop_halves_the_arm_pairs_of_a_null_change_and_keeps_the_error_within_alpha():
     """gate.futility (off by default): before a re-test's new pair, a change whose conditional power at its current
     estimate is below the setting stops inconclusive with its evidence spent. Under the null it trains far fewer arm
-    pairs (the cost of a decision is mostly training); at min_effect the false promotions stay within alpha; a real
+    pairs (the cost of a decision is mostly training); at the bar the false promotions stay within alpha; a real
     +0.07 keeps most of its power. Would catch a futility rule that never fires (pairs unchanged), one that fires on
     a winning trend (power collapses), or one that turns a stop into a promotion (error above alpha)."""
     from harness.benchmarks.sequential import one_decision
@@ -165,7 +182,7 @@ def test_a_futility_stop_halves_the_arm_pairs_of_a_null_change_and_keeps_the_err
     pairs = {k: np.mean([p for _, _, p in v]) for k, v in runs.items()}
     assert pairs[0.0] > 2.3 and pairs[0.05] < 1.5, pairs
     rng = np.random.default_rng(8)
-    edge = [one_decision(rng, fut.min_effect, fut)[0] for _ in range(400)]
+    edge = [one_decision(rng, fut.promote_above, fut)[0] for _ in range(400)]
     rate, slack = _rate(edge, "promoted")
     assert rate <= fut.alpha + slack
     rng = np.random.default_rng(9)

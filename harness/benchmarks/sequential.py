@@ -84,15 +84,19 @@ def main(argv: list[str] | None = None) -> None:
                          "is below this (0: never, the default)")
     ap.add_argument("--arm-sd", type=float, default=0.012, help="gate.arm_noise_sd the plan assumes")
     ap.add_argument("--min-effect", type=float, default=0.02,
-                    help="gate.min_effect: the effect a promotion must beat with confidence (and a refutation fall "
-                         "below)")
+                    help="gate.min_effect: a refutation shows the effect below it")
+    ap.add_argument("--promote-above", type=float, default=0.0,
+                    help="gate.promote_above: a promotion shows the effect above it (0: the control; --min-effect's "
+                         "value: the stricter earlier gate)")
     ap.add_argument("--data-arm-sd", type=float, default=None,
                     help="the arm noise the simulated arms really have (default: --arm-sd): a miscalibrated gate")
     a = ap.parse_args(argv)
-    plan = Plan(alpha=0.05, min_effect=a.min_effect, slice_tolerance=0.1, arm_noise_sd=a.arm_sd, max_n=a.max_n,
-                min_n=a.first, batch=a.first, max_pairs=a.pairs, promote_gamma=a.gamma, futility=a.futility)
+    plan = Plan(alpha=0.05, min_effect=a.min_effect, promote_above=a.promote_above, slice_tolerance=0.1,
+                arm_noise_sd=a.arm_sd, max_n=a.max_n, min_n=a.first, batch=a.first, max_pairs=a.pairs,
+                promote_gamma=a.gamma, futility=a.futility)
     print(f"plan: {plan.max_pairs} pairs x {plan.max_n} instances, looks every {plan.batch}, gamma {plan.promote_gamma}"
-          f", futility {plan.futility}, min effect {plan.min_effect}, arm sd assumed {plan.arm_noise_sd} / real "
+          f", futility {plan.futility}, min effect {plan.min_effect}, promote above {plan.promote_above}"
+          f", arm sd assumed {plan.arm_noise_sd} / real "
           f"{plan.arm_noise_sd if a.data_arm_sd is None else a.data_arm_sd}"
           f", {a.comparisons} comparison(s), {a.decisions} decisions per effect, seed 0")
     print("| true effect | promoted [95% Wilson] | by pair 1 / 2 / 3 | refuted | inconclusive | mean instances | "

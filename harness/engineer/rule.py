@@ -186,8 +186,8 @@ MAX_EXTENSIONS = 3  # at most 2**3 = 8 times a skill's own step
 def extend_spent(diagnosis: Diagnosis, skill: Skill, change: Change, old: Any, space: dict[str, Knob],
                  rejected: set[str]) -> tuple[Change, str] | None:
     """The same skill's change with its step doubled, when the change it makes now already had its test from this
-    state end spent with a positive lower bound: better than the control with the gate's confidence, but not shown
-    to beat `min_effect`. A careful experimenter reads that as "right direction, step too small for the effect to
+    state end spent with a positive lower bound: better than the control with the gate's confidence, but not
+    promoted (a gate with `promote_above` = min_effect, or too few instances differing). A careful experimenter reads that as "right direction, step too small for the effect to
     show in one arm's training" (a sampling temperature raised from 0.05 to 0.25 on collapsed groups: +0.048
     [+0.004, +0.091] over three pairs) and tries a larger step, not the same one again (which the history forbids)
     nor nothing (the knob stays broken for the rest of the run). The doubled step is a new change with a test of its
@@ -224,7 +224,7 @@ def extend_spent(diagnosis: Diagnosis, skill: Skill, change: Change, old: Any, s
         if key in rejected:
             return None
         return bigger, (f"{why.candidate}'s {why.change} ended spent at {why.effect:+.3f} "
-                        f"[{why.ci[0]:+.3f}, {why.ci[1]:+.3f}] (better than the control, not shown above min_effect): "
+                        f"[{why.ci[0]:+.3f}, {why.ci[1]:+.3f}] (better than the control, not promoted): "
                         f"the step x{2 ** times}")
     return None
 
