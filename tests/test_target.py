@@ -139,7 +139,7 @@ def _mix(res):
 
 
 def test_the_rule_engineer_moves_the_mix_to_the_uncovered_target_slice_and_vet_applies_it(tmp_path):
-    d = diagnose(NO_FIVES, {3: 1.0, 4: 0.5}, {3: 1.0, 4: 0.5, 5: 0.0})
+    d = diagnose(NO_FIVES, {3: 1.0, 4: 0.5}, {3: 1.0, 4: 0.5, 5: 0.25})
     res = _propose(d, tmp_path)
     mix = [c for c in res.candidates if c.change.knob == MIXTURE]
     assert len(mix) == 1, res.notes
@@ -154,6 +154,20 @@ def test_the_rule_engineer_moves_the_mix_to_the_uncovered_target_slice_and_vet_a
     assert got == w
     MAPF.spec.config_model.model_validate(env)
     assert vet(c, files, MAPF, roll(NO_FIVES, {3: 1.0}, n=4)).ok
+
+
+def test_a_target_slice_out_of_reach_keeps_the_floor_while_another_is_within_reach():
+    """The failures-weighted mix puts weight where the policy can learn: a target slice it never solves (valid 0:
+    all-fail groups, no GRPO signal) keeps the floor while a failing slice is within reach, which gets the most; with
+    nothing within reach every failure is scaled up. Would catch the aim pouring the mix into an unlearnable slice
+    (measured on math: that mix ended below the warm start, 27.3% vs 31.0%)."""
+    from harness.engineer.rule import mixture_toward
+
+    w, _ = mixture_toward(diagnose(NO_FIVES, {3: 1.0, 4: 0.5}, {3: 1.0, 4: 0.5, 5: 0.0}), "target")
+    assert w["4"] > w["5"] > 0 and w["4"] > w["3"], w  # 5 at the floor (never dropped), 4 (half solved) most
+    assert w["5"] == pytest.approx(w["3"], abs=0.01)  # both at the floor: 3 solved, 5 out of reach
+    w, _ = mixture_toward(diagnose(NO_FIVES, {3: 0.0, 4: 0.0}, {3: 0.0, 4: 0.0, 5: 0.0}), "target")
+    assert w["5"] == pytest.approx(w["3"], abs=0.02) and w["5"] > 0.3, w  # nothing within reach: all scaled alike
 
 
 def test_the_rule_engineer_moves_a_too_hard_mix_to_the_targets_frontier(tmp_path):
@@ -242,7 +256,7 @@ def test_a_mixture_near_an_inconclusive_one_continues_its_test_so_the_evidence_p
     assert "continues s1-env-mixture-abc" in c.rationale and any("pools with its evidence" in n for n in res.notes)
     for h in (hist(effect=-0.03), hist(verdict="rejected")):  # a loser, or a test whose evidence is spent
         assert _mix(_propose(d2.model_copy(update={"history": h}), tmp_path)).change.value == w2
-    far = diagnose(TOO_HARD, {3: 0.5, 4: 0.5, 5: 0.0}, {3: 1.0, 4: 1.0, 5: 0.0})  # another picture: a new change
+    far = diagnose(TOO_HARD, {3: 0.5, 4: 0.5, 5: 0.0}, {3: 1.0, 4: 1.0, 5: 0.5})  # another picture: a new change
     assert _mix(_propose(far.model_copy(update={"history": hist()}), tmp_path)).change.value != w1
     # an LLM engineer's reply takes the same road
     script = tmp_path / "replies.jsonl"  # line i: stage i's reply

@@ -79,8 +79,12 @@ def _goal(view, cur: dict[str, float], aim: str) -> dict[str, float] | str:
     from harness.diagnostics import MASTERED, TOO_HARD
 
     sl = {s.value: s for s in view.slices if s.target_share > 0}
-    if aim == "target":  # every target slice at its target share, the failing ones up by how much they fail
-        return {v: s.target_share * (1.0 - s.valid + FLOOR) for v, s in sl.items()}
+    if aim == "target":  # every target slice at its target share, the failing ones up by how much they fail, among
+        # those the policy can learn from: a slice it (almost) never solves gives all-fail groups, no GRPO signal
+        # (SFL's learnability p(1 - p) is ~0 there), so it keeps the floor until it comes within reach; when no slice
+        # is within reach, every failure is scaled up (nothing else to aim at)
+        reach = {v for v, s in sl.items() if s.valid > TOO_HARD} or set(sl)
+        return {v: s.target_share * ((1.0 - s.valid + FLOOR) if v in reach else FLOOR) for v, s in sl.items()}
     if aim == "frontier":  # the target slices the policy can learn from (partly solved) first
         front = {v for v, s in sl.items() if TOO_HARD < s.valid < MASTERED}
         reach = front or {v for v, s in sl.items() if s.valid > TOO_HARD}
