@@ -164,13 +164,14 @@ def test_online_backtest_trains_two_real_arms_and_counts_compute(tmp_path):
 
 
 def test_minimum_detectable_effect_shrinks_with_n():
-    """The evidence's MDE (min_effect + (z_promote + z_0.8) x se) halves its noise part when n quadruples."""
+    """The evidence's MDE (promote_above + (z_promote + z_0.8) x se) halves its noise part when n quadruples."""
     rng = np.random.default_rng(0)
     d = np.clip(0.5 + rng.normal(0.0, 0.15, size=400), 0, 1)
     gate = GateConfig(min_effect=0.02, confidence=0.95)
     small = one_look(list(d[:100]), [0.5] * 100, [{}] * 100, gate, samples=4)
     big = one_look(list(d), [0.5] * 400, [{}] * 400, gate, samples=4)
-    assert small.evidence.mde - 0.02 == pytest.approx(2 * (big.evidence.mde - 0.02), rel=0.15)
+    bar = gate.promote_above
+    assert small.evidence.mde - bar == pytest.approx(2 * (big.evidence.mde - bar), rel=0.15)
     assert small.evidence.samples == 4
 
 
