@@ -359,7 +359,8 @@ def test_a_backed_candidate_gets_a_second_arm_pair_in_the_same_stage_pooled_with
 
     ws = run.workspace()
     files = {"s1c1": ws.files("cand/s1c1")}
-    one, two = _pair_arms(run, 1, "s1c1", 1, 0.30, 0.33), _pair_arms(run, 1, "s1c1", 2, 0.30, 0.33)  # +0.03: inconclusive after both pairs (+0.06 is promoted at bar 0)
+    # +0.03: inconclusive after both pairs (+0.06 is promoted at the gate's default bar, 0)
+    one, two = _pair_arms(run, 1, "s1c1", 1, 0.30, 0.33), _pair_arms(run, 1, "s1c1", 2, 0.30, 0.33)
     [first], _, _ = look_until_decided(run, 1, one, ws.files("main"), files)
     assert first.decision == "inconclusive" and first.evidence.next_step == "new_pair", first.reason
     assert second_pairs(run, 1, [first]) == {"s1c1": backed(run, "s1c1")}
