@@ -191,9 +191,10 @@ def extend_spent(diagnosis: Diagnosis, skill: Skill, change: Change, old: Any, s
                  rejected: set[str]) -> tuple[Change, str] | None:
     """The same skill's change with its step doubled, when the change it makes now already had its test from this
     state end spent with a positive lower bound: better than the control with the gate's confidence, but not
-    promoted (a gate with `promote_above` = min_effect, or too few instances differing). A careful experimenter reads that as "right direction, step too small for the effect to
-    show in one arm's training" (a sampling temperature raised from 0.05 to 0.25 on collapsed groups: +0.048
-    [+0.004, +0.091] over three pairs) and tries a larger step, not the same one again (which the history forbids)
+    promoted (a gate with `promote_above` = min_effect, a slice not yet clear, or too few instances differing). A
+    careful experimenter reads that as "right direction, step too small for the effect to show in one arm's
+    training" (a sampling temperature raised from 0.05 to 0.25 on collapsed groups: +0.048 [+0.004, +0.091] over three
+    pairs, under the earlier bar) and tries a larger step, not the same one again (which the history forbids)
     nor nothing (the knob stays broken for the rest of the run). The doubled step is a new change with a test of its
     own, so the gate's error control is untouched. Doubling is in the skill's own space: the offset for `add`, the
     factor (a power of it) for `mul`; clipped to the knob's range; repeated while the doubled change was itself spent
