@@ -159,7 +159,7 @@ class Look(BaseModel):
     se: float = 0.0
     z: float = Field(0.0, description="(effect - promote_above) / se")
     z_promote: float = Field(math.inf, description="this look's promotion boundary on z")
-    z_refute: float = Field(math.inf, description="this look's refutation boundary on -z")
+    z_refute: float = Field(math.inf, description="this look's refutation boundary on (min_effect - effect) / se")
     info_fraction: float = 0.0
     looks: int = Field(0, description="looks taken so far by this decision, this one included")
     by_slice: dict[str, dict[str, float]] = Field(default_factory=dict)
