@@ -29,7 +29,7 @@ import os
 import time
 from itertools import pairwise
 from pathlib import Path
-from typing import Annotated, TypedDict
+from typing import Annotated, Any, TypedDict
 
 import numpy as np
 
@@ -42,6 +42,7 @@ from harness.memory import candidate_from_row, history, human_feedback, regressi
 from harness.records import Verdict, cut, read_rollouts, write_rollouts
 from harness.results import (
     ArmRecord,
+    ArmVsStart,
     Backtested,
     Decided,
     Diagnosed,
@@ -365,10 +366,31 @@ def node_backtest(run: Run, state: State) -> State:
                       "target is below the stage's start: if it wins, its harness is promoted and its checkpoint is not "
                       f"carried (the next stage starts from {Path(start.checkpoint).name})",
                       key=f"{k}/winner-regression/{v.candidate}")
+    above = [] if start is None else arms_vs_start(run, k, start, vs, arms, evals)
     _finish(run, k, Backtested(verdicts=[*vs, *diag_vs], control=None if start is None else control.checkpoint,
-                               start=start, regressed_arms=fell), t0,
+                               start=start, regressed_arms=fell, arms_vs_start=above), t0,
             f"{len(vs) + len(diag_vs)} decision(s)" + (": the control arm failed" if start is None else ""))
     return {}
+
+
+def arms_vs_start(run: Run, k: int, start: Any, verdicts: list[Verdict], arms: dict[str, Any],
+                  evals: dict[str, Any]) -> list[ArmVsStart]:
+    """Each judged candidate arm the gate did not promote, compared with the stage's judged start on the instances it
+    was judged on (the first pair's arm; `harness.backtest.regression` at the gate's confidence). One confidently above
+    the start (and above the control arm) is the checkpoint that continues if no candidate wins (`continues_from`)."""
+    out = []
+    for v in verdicts:
+        ev = evals.get(v.candidate)
+        arm = arms.get(v.candidate)
+        if v.decision == "promoted" or v.evidence is None or isinstance(ev, Exception) or ev is None \
+                or isinstance(arm, Exception) or arm is None or not ev.outcomes \
+                or len(start.outcomes) < len(ev.outcomes):
+            continue
+        reg = regression(start.outcomes[: len(ev.outcomes)], ev.outcomes, run.config.gate,
+                         np.random.default_rng([run.config.seed, k, 11]))
+        out.append(ArmVsStart(candidate=v.candidate, checkpoint=arm.checkpoint, change=reg.change,
+                              change_ci=[reg.ci_low, reg.ci_high]))
+    return out
 
 
 def node_gate(run: Run, state: State) -> State:
@@ -432,6 +454,13 @@ def node_decide(run: Run, state: State) -> State:
     merged = _merge_diagnostics(run, diag)
     next_policy = continues_from(state["policy"], run.result(k, Trained).checkpoint, run.result(k, Probed).regressed,
                                  bt, run.result(k, ArmRecord, node=f"arm:{winner.candidate}") if winner else None)
+    if winner is None and (arm := next((a for a in bt.arms_vs_start if a.checkpoint == next_policy), None)):
+        run.event(k, "decide", "carried_arm",
+                  f"no candidate beat the control arm with confidence, but {arm.candidate}'s arm is confidently above "
+                  f"the stage's start on the target ({arm.change:+.3f} [{arm.change_ci[0]:+.3f}, "
+                  f"{arm.change_ci[1]:+.3f}]) and above the control arm ({bt.start.change:+.3f}): its checkpoint "
+                  f"continues; its harness is NOT promoted (the next stage trains under harness@main)",
+                  key=f"{k}/carried-arm")
     result = Decided(winner=winner.candidate if winner else None, next_policy=next_policy, decided=len(vs) + len(diag))
     msg = (f"promoted {winner.candidate}" if winner else "no promotion") + (
         f"; diagnostic(s) merged: {', '.join(merged)}" if merged else "")

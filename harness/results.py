@@ -126,6 +126,21 @@ class StartJudged(NodeResult):
         return self.change < 0
 
 
+class ArmVsStart(BaseModel):
+    """A candidate arm that was not promoted, compared with the stage's judged start on the same target instances
+    (`harness.backtest.regression`, the gate's confidence)."""
+
+    candidate: str
+    checkpoint: str
+    change: float
+    change_ci: list[float]
+
+    @property
+    def above(self) -> bool:
+        """Confidently above the start: its checkpoint may continue (`continues_from`), its harness is not promoted."""
+        return self.change_ci[0] > 0
+
+
 class Backtested(NodeResult):
     """What the backtest decided: one verdict per vetted candidate, the control arm's checkpoint, the start judged."""
 
@@ -136,6 +151,19 @@ class Backtested(NodeResult):
     regressed_arms: list[str] = Field(default_factory=list, description="checkpoints of promoted arms whose estimate "
                                       "on the target is below the judged start's: their harness is promoted, their "
                                       "checkpoint not carried")
+    arms_vs_start: list[ArmVsStart] = Field(default_factory=list, description="the candidate arms not promoted, each "
+                                            "compared with the judged start on the target (one confidently above it "
+                                            "and above the control arm's estimate continues: `continues_from`)")
+
+    def best_arm_above_start(self, control_carriable: bool) -> ArmVsStart | None:
+        """The non-promoted candidate arm whose checkpoint continues when no candidate wins (`continues_from`):
+        confidently above the stage's start on the target, and above the control arm's estimate when the control arm
+        could be carried. None when there is none."""
+        above = [a for a in self.arms_vs_start if a.above]
+        if not above or self.start is None:
+            return None
+        best = max(above, key=lambda a: a.change)
+        return best if not control_carriable or best.change > self.start.change else None
 
 
 class GateAnswer(NodeResult):
@@ -167,13 +195,22 @@ def continues_from(start: str, trained: str, probe_regressed: bool, backtest: Ba
     watches the training MIX, so when the mix is wrong for the target a stage can lower the target a little at a time
     (too little for one stage's n to call), and carrying by default compounds it stage after stage; choosing the
     better of two estimates loses little when training helps (a small gain is sometimes left behind) and stops the
-    slide when it does not."""
+    slide when it does not.
+
+    With no winner, a candidate arm that is confidently above the stage's start on the target (its paired interval
+    against the start above 0) and above the control arm's estimate continues instead (`Backtested.
+    best_arm_above_start`): its harness is NOT promoted (it did not beat the control with confidence), but its
+    checkpoint is the best policy the judge has seen, measured where it matters. This is model selection on the
+    backtest split (never the test suite), like early stopping on a validation set: when the incumbent harness is
+    wrong for the target its own arm falls and nothing would be carried, so a stage whose right fix is still
+    inconclusive against the control no longer throws away the training that fix did."""
     arms_start = start if probe_regressed else trained
     ref = backtest.start.checkpoint if backtest is not None and backtest.start is not None else arms_start
     if winner is not None:  # the winner's arm, unless its estimate fell below the start (a collapse is never carried)
         return ref if backtest is not None and winner.checkpoint in backtest.regressed_arms else winner.checkpoint
     if backtest is None or backtest.control is None or backtest.start is None:
         return arms_start
-    if probe_regressed or backtest.start.control_regressed or backtest.start.control_below:
-        return ref
-    return backtest.control
+    control_ok = not (probe_regressed or backtest.start.control_regressed or backtest.start.control_below)
+    if (arm := backtest.best_arm_above_start(control_ok)) is not None:
+        return arm.checkpoint
+    return backtest.control if control_ok else ref

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 from harness.records import Verdict
 from harness.results import (
     ArmRecord,
+    ArmVsStart,
     Backtested,
     Decided,
     GateAnswer,
@@ -101,7 +104,57 @@ def test_one_rule_decides_which_checkpoint_continues():
     fell = _bt(True).model_copy(update={"regressed_arms": ["winner-arm"]})
     assert continues_from("start", "trained", False, fell, win) == "start"
     assert continues_from("start", "trained", True, fell, win) == "start"
+    # no winner, but a candidate arm confidently above the start (its harness not promoted): its checkpoint continues
+    # when the control arm cannot be carried, or when it is above the control arm's estimate too
+    def above(change, lo, cand="c"):
+        return ArmVsStart(candidate=cand, checkpoint=f"{cand}-arm", change=change, change_ci=[lo, change + 0.05])
+
+    with_arm = _bt(False, change=-0.01).model_copy(update={"arms_vs_start": [above(0.05, 0.003)]})
+    assert continues_from("start", "trained", False, with_arm) == "c-arm"
+    assert continues_from("start", "trained", True, with_arm) == "c-arm"  # the probe regressed: arms began at start
+    both = _bt(False, change=+0.06).model_copy(update={"arms_vs_start": [above(0.05, 0.003)]})
+    assert continues_from("start", "trained", False, both) == "control"  # the control arm is better still
+    both.arms_vs_start.append(above(0.08, 0.01, "d"))
+    assert continues_from("start", "trained", False, both) == "d-arm"  # the best of those confidently above
+    unsure = _bt(False, change=-0.01).model_copy(update={"arms_vs_start": [above(0.05, -0.001)]})
+    assert continues_from("start", "trained", False, unsure) == "start"  # above only on its point estimate: no
+    assert continues_from("start", "trained", False, with_arm, win) == "winner-arm"  # a winner comes first
     # a run recorded before the stage's start was judged (its start judge holds the arms' start): that continues
     old = _bt(False, change=-0.02)
     old.start.checkpoint = "trained"
     assert continues_from("start", "trained", False, old) == "trained"
+
+
+def test_each_unpromoted_arm_is_compared_with_the_start_on_the_instances_it_was_judged_on():
+    """`graph.arms_vs_start`: a candidate arm clearly above the start is `above`, one level with it is not, a promoted
+    arm or one with no evidence is not listed, and an arm judged on fewer instances is compared on that prefix.
+    Would catch the comparison made against the control instead of the start, or on misaligned instances."""
+    from types import SimpleNamespace
+
+    from harness.backtest import ArmEval
+    from harness.config import GateConfig
+    from harness.graph import arms_vs_start
+    from harness.records import Evidence
+
+    rng = np.random.default_rng(0)
+    start_out = list(rng.choice([0.0, 0.25, 0.5], size=96))
+    start = StartJudged(checkpoint="start", n=96, valid=float(np.mean(start_out)), control_valid=0.3, change=0.0,
+                        change_ci=[-0.05, 0.05], control_regressed=False, outcomes=start_out)
+    better = [min(1.0, x + 0.25) for x in start_out]  # every instance a little better: confidently above
+    level = [x for x in start_out[:48]]  # stopped at look 2, same outcomes as the start there
+    ev = Evidence(n=96, control=0.3, candidate=0.4, effect=0.1, ci_low=-0.01, ci_high=0.2)
+
+    def arm(out):
+        return ArmEval(seeds=list(range(len(out))), outcomes=out, slices=[{}] * len(out))
+
+    verdicts = [Verdict(candidate="up", decision="inconclusive", reason="r", evidence=ev),
+                Verdict(candidate="flat", decision="inconclusive", reason="r", evidence=ev),
+                Verdict(candidate="won", decision="promoted", reason="r", evidence=ev),
+                Verdict(candidate="failed", decision="rejected", reason="arm failed")]
+    arms = {c: SimpleNamespace(checkpoint=f"{c}-ckpt") for c in ("up", "flat", "won", "failed")}
+    evals = {"up": arm(better), "flat": arm(level), "won": arm(better), "failed": RuntimeError("boom")}
+    run = SimpleNamespace(config=SimpleNamespace(gate=GateConfig(), seed=0))
+    got = {a.candidate: a for a in arms_vs_start(run, 1, start, verdicts, arms, evals)}
+    assert set(got) == {"up", "flat"}
+    assert got["up"].above and got["up"].checkpoint == "up-ckpt" and got["up"].change > 0.15
+    assert not got["flat"].above and got["flat"].change == 0.0
