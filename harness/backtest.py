@@ -20,6 +20,7 @@ same `verdicts`. Tests: tests/test_gate.py, tests/test_backtest.py.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -280,9 +281,37 @@ def judge_fingerprint(judge: Judge, gate: GateConfig, task: str) -> str:
     import hashlib
     import json
 
-    keep = {k: v for k, v in gate.model_dump(mode="json").items() if k != "human"}
+    keep = {k: v for k, v in gate.model_dump(mode="json").items() if k not in ("human", "learning_signal")}
     blob = json.dumps({"task": task, "judge": judge.model_dump(mode="json"), "gate": keep}, sort_keys=True)
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
+
+
+def live_shares(curve: list[dict[str, Any]]) -> list[float]:
+    """Per GRPO step of an arm's training curve: the share of its groups that were live (not every completion scored
+    alike), i.e. 1 - `dead_group_share`. Steps that did not record it are skipped."""
+    return [1.0 - float(x["dead_group_share"]) for x in curve if x.get("dead_group_share") is not None]
+
+
+def learning_signal_bound(control: list[float], candidate: list[float], alpha: float) -> tuple[float, float]:
+    """(gain, one-sided lower bound at 1 - alpha) of the candidate's mean per-step live-group share over the
+    control's: Welch's unequal-variance t interval (Welch 1947, "The generalization of Student's problem when several
+    different population variances are involved"), with the Welch-Satterthwaite degrees of freedom and the t quantile
+    by the Cornish-Fisher expansion (Abramowitz and Stegun 26.7.5). Steps are the units: the groups within one step
+    share the policy of that moment, so they are not independent draws. (nan, nan) with fewer than 2 steps a side."""
+    from statistics import NormalDist
+
+    c, x = np.asarray(control, dtype=float), np.asarray(candidate, dtype=float)
+    if len(c) < 2 or len(x) < 2:
+        return float("nan"), float("nan")
+    gain = float(x.mean() - c.mean())
+    vc, vx = float(c.var(ddof=1)) / len(c), float(x.var(ddof=1)) / len(x)
+    se = math.sqrt(vc + vx)
+    if se == 0:
+        return gain, gain
+    dof = (vc + vx) ** 2 / (vc**2 / (len(c) - 1) + vx**2 / (len(x) - 1)) if vc or vx else float(len(c) + len(x) - 2)
+    z = NormalDist().inv_cdf(1 - alpha)
+    t = z + (z**3 + z) / (4 * dof) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * dof**2)
+    return gain, gain - t * se
 
 
 def prior_pairs(earlier: list[Evidence], judge: str) -> tuple[list[Any], list[str], str | None]:

@@ -255,6 +255,13 @@ class GateConfig(BaseModel):
                             "this: inconclusive, evidence spent. Cheaper decisions for power (BENCHMARKS.md: 0.05 cuts "
                             "a null change's CPU 2.4x and lost 3 of 7 wins on the planted env defect); 0 = never")
 
+    learning_signal: float | None = Field(
+        0.10, ge=0.0, le=1.0, description="an ENV change (the training distribution) left inconclusive on the target "
+        "is also promoted when its arm trained on more informative GRPO groups: its per-step share of live groups "
+        "(reward not the same for the whole group) above the control arm's by at least this, with confidence (Welch's "
+        "one-sided test over steps), its target estimate not below the control's and no slice or veto against it. "
+        "SFL's learnability: a mix the policy cannot learn from shows as dead groups long before a short arm moves "
+        "the target. None: off (the target A/B alone decides)")
     human: Literal["never", "always"] | HumanAfterFailures = Field(
         "never", description="a person at the gate after each backtest: never (autonomous), always, or "
         "{after_failures: N} (once N stages in a row ended without a promotion). The run pauses (the pause survives "

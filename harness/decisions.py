@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from harness.arms import arm_eval, arm_name, backtest_seeds, judge_more
 from harness.backtest import ArmEval, judge_fingerprint, prior_pairs, verdicts
 from harness.records import Evidence, Verdict, cut
@@ -169,6 +171,49 @@ def backed(run: Run, cid: str) -> str | None:
     won = {t["run"] for t in tries if t["promoted"]} | ({born.run} if born.source == "run" and born.run else set())
     won.discard(run.uid)
     return f"its skill {skill} was promoted in {len(won)} other run(s)" if won else None
+
+
+def on_learning_signal(run: Run, k: int, vs: list[Verdict], arms: dict[str, Any], comparisons: int
+                       ) -> list[Verdict]:
+    """The gate's second route for an ENV change (`gate.learning_signal`): an inconclusive env candidate whose arm
+    trained on a larger share of live GRPO groups than the control arm, by at least `learning_signal` with confidence
+    (`harness.backtest.learning_signal_bound`, at the gate's alpha split over the stage's comparisons, Bonferroni as
+    the target test), whose target estimate is not below the control's and which no slice or veto held back (it is
+    inconclusive, not refuted), is promoted. Why: a 30-step arm on the right mix moves the target by a few points at
+    most, below what one pair of arms can resolve, while the mix it corrects leaves most groups dead (no gradient at
+    all); the target test still guards against harm. Recipe changes never take this route (a hotter temperature
+    makes more groups live by construction, not a better distribution). Returns the verdicts, converted ones
+    replaced; each conversion is an event."""
+    from harness.backtest import learning_signal_bound, live_shares
+
+    gate = run.config.gate
+    if gate.learning_signal is None:
+        return vs
+    control = arms.get("control")
+    if control is None or isinstance(control, Exception):
+        return vs
+    c_live = live_shares(control.curve)
+    out = []
+    for v in vs:
+        arm = arms.get(v.candidate)
+        ev = v.evidence
+        row = run.store.candidate(v.candidate)
+        if (v.decision != "inconclusive" or ev is None or ev.effect < 0 or ev.vetoes or arm is None
+                or isinstance(arm, Exception) or row is None or row["kind"] != "env"):
+            out.append(v)
+            continue
+        x_live = live_shares(arm.curve)
+        gain, low = learning_signal_bound(c_live, x_live, gate.alpha / max(1, comparisons))
+        if not low >= gate.learning_signal:  # nan (too few steps) is not a route
+            out.append(v)
+            continue
+        reason = (f"promoted on learning signal: live GRPO groups {np.mean(x_live):.0%} of the arm's training against "
+                  f"the control's {np.mean(c_live):.0%} (gain {gain:+.2f}, lower bound {low:+.2f} >= "
+                  f"{gate.learning_signal:.2f}; Welch over {len(x_live)} + {len(c_live)} steps), target not below the "
+                  f"control (effect {ev.effect:+.3f} [{ev.ci_low:+.3f}, {ev.ci_high:+.3f}], n={ev.n}); was: {v.reason}")
+        run.event(k, "backtest", "learning_signal", f"{v.candidate}: {reason}", key=f"{k}/signal/{v.candidate}")
+        out.append(v.model_copy(update={"decision": "promoted", "reason": cut(reason)}))
+    return out
 
 
 def second_pairs(run: Run, k: int, vs: list[Verdict]) -> dict[str, str]:

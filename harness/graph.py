@@ -35,7 +35,14 @@ import numpy as np
 
 from harness.arms import arm_name, judge_start, prefetch_arms, prefetch_stage, run_arms, train_policy, warm_start
 from harness.backtest import ArmEval, choose_winner, regression
-from harness.decisions import escalate, fell_below_start, look_until_decided, runners_up, second_pairs
+from harness.decisions import (
+    escalate,
+    fell_below_start,
+    look_until_decided,
+    on_learning_signal,
+    runners_up,
+    second_pairs,
+)
 from harness.diagjudge import judge_diagnostics, split_verdicts
 from harness.evaluation import previous_target, report_eval, rollouts, target_probe
 from harness.memory import candidate_from_row, history, human_feedback, regression_findings, remember_skills
@@ -351,6 +358,7 @@ def node_backtest(run: Run, state: State) -> State:
                 run.event(k, "backtest", "second_pair", f"{v.candidate}: its second pair could not be judged "
                           f"({cut(v.reason, 200)}); the first pair's verdict stands", key=f"{k}/second-failed/{v.candidate}")
         vs = [redone.get(v.candidate, v) for v in vs]
+    vs = on_learning_signal(run, k, vs, arms, comparisons=len(cand_files))  # an env change's second route
     # the STAGE's start (not the arms'): the stage's training watched only the training mix, so the target's
     # comparison covers the whole stage (its training and the arms' steps); it is what continues if no arm is carried
     start = None if isinstance(c_eval, Exception) else judge_start(run, k, state["policy"], c_eval)

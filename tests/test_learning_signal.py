@@ -1,0 +1,103 @@
+"""The gate's second route for an env change (`gate.learning_signal`): more live GRPO groups in the arm's training,
+with confidence, and the target not below the control. `harness.backtest.learning_signal_bound` is Welch's one-sided
+interval over steps; `harness.decisions.on_learning_signal` converts an inconclusive env verdict."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from harness.backtest import learning_signal_bound, live_shares
+from harness.config import GateConfig
+from harness.decisions import on_learning_signal
+from harness.records import Evidence, Verdict
+
+
+def _steps(rng, p, n=30, groups=8):
+    """Per-step live shares of an arm whose groups are live with probability p (binomial over the step's groups)."""
+    return list(rng.binomial(groups, p, size=n) / groups)
+
+
+def test_the_welch_bound_holds_its_level_on_equal_arms_and_sees_a_mix_that_leaves_most_groups_dead():
+    """Equal arms clear a margin of 0 in about alpha of draws (not far more: the bound is not too narrow, not 0:
+    it is not vacuous); the too-hard mix's control (5% live) against the corrected mix (33% live, the figures of
+    mapf-too-hard's arms) clears 0.10 nearly always. Would catch a bound with the wrong variance or degrees of freedom,
+    or one computed over groups as if they were independent."""
+    rng = np.random.default_rng(0)
+    alpha, trials = 0.05, 2000
+    false = sum(learning_signal_bound(_steps(rng, 0.4), _steps(rng, 0.4), alpha)[1] > 0 for _ in range(trials))
+    assert 0.02 < false / trials < 0.08
+    seen = sum(learning_signal_bound(_steps(rng, 0.05), _steps(rng, 0.33), alpha)[1] >= 0.10 for _ in range(200))
+    assert seen / 200 > 0.95
+    gain, low = learning_signal_bound([0.5, 0.5], [0.5, 0.5], alpha)
+    assert gain == low == 0.0  # no variance at all: the bound is the gain
+    assert np.isnan(learning_signal_bound([0.5], [0.5, 0.6], alpha)[1])  # too few steps: no bound
+    assert live_shares([{"dead_group_share": 0.75}, {"loss": 1.0}, {"dead_group_share": 0.0}]) == [0.25, 1.0]
+
+
+class _Store:
+    def __init__(self, kinds):
+        self.kinds = kinds
+
+    def candidate(self, cid):
+        return {"kind": self.kinds[cid]} if cid in self.kinds else None
+
+
+def _run(kinds, **gate):
+    events = []
+    run = SimpleNamespace(config=SimpleNamespace(gate=GateConfig(**gate)), store=_Store(kinds),
+                          event=lambda *a, **k: events.append(a))
+    return run, events
+
+
+def _verdict(cid, decision="inconclusive", effect=0.02, vetoes=()):
+    ev = Evidence(n=96, control=0.25, candidate=0.25 + effect, effect=effect, ci_low=effect - 0.08,
+                  ci_high=effect + 0.08, vetoes=list(vetoes))
+    return Verdict(candidate=cid, decision=decision, reason="the target test's reason", evidence=ev)
+
+
+def test_an_inconclusive_env_change_that_revives_dead_groups_is_promoted_and_nothing_else_is():
+    """Only an inconclusive ENV candidate, with its target estimate not below the control and its arm's live share
+    confidently higher by the margin, is promoted; the reason names both. A recipe change with the same curves (a
+    hotter temperature makes groups live by construction), an env change whose target estimate is below the control,
+    one with a veto, one whose live share is only a little higher, one already refuted, and the route switched off all
+    keep their verdicts. Would catch the route applied to every kind, ignoring the target, or promoting on the point
+    estimate of the live share."""
+    rng = np.random.default_rng(1)
+    dead = [{"dead_group_share": 1 - s} for s in _steps(rng, 0.05)]
+    live = [{"dead_group_share": 1 - s} for s in _steps(rng, 0.33)]
+    near = [{"dead_group_share": 1 - s} for s in _steps(rng, 0.09)]
+    arms = {"control": SimpleNamespace(curve=dead), "mix": SimpleNamespace(curve=live),
+            "temp": SimpleNamespace(curve=live), "worse": SimpleNamespace(curve=live),
+            "vetoed": SimpleNamespace(curve=live), "slight": SimpleNamespace(curve=near),
+            "refuted": SimpleNamespace(curve=live)}
+    kinds = {"mix": "env", "temp": "recipe", "worse": "env", "vetoed": "env", "slight": "env", "refuted": "env"}
+    vs = [_verdict("mix"), _verdict("temp"), _verdict("worse", effect=-0.01), _verdict("vetoed", vetoes=["v"]),
+          _verdict("slight"), _verdict("refuted", decision="rejected", effect=0.0)]
+    run, events = _run(kinds)
+    got = {v.candidate: v for v in on_learning_signal(run, 1, vs, arms, comparisons=2)}
+    assert got["mix"].decision == "promoted"
+    assert "learning signal" in got["mix"].reason and "target not below the control" in got["mix"].reason
+    assert "the target test's reason" in got["mix"].reason
+    assert {c: v.decision for c, v in got.items() if c != "mix"} == {
+        "temp": "inconclusive", "worse": "inconclusive", "vetoed": "inconclusive", "slight": "inconclusive",
+        "refuted": "rejected"}
+    assert len(events) == 1 and events[0][2] == "learning_signal"
+    off, _ = _run(kinds, learning_signal=None)
+    assert [v.decision for v in on_learning_signal(off, 1, vs, arms, comparisons=2)] == [v.decision for v in vs]
+    # a failed control arm (an exception) decides nothing on this route
+    assert on_learning_signal(run, 1, vs, {**arms, "control": RuntimeError("x")}, comparisons=2) == vs
+
+
+def test_the_route_is_part_of_the_gate_config_and_not_of_the_judge_fingerprint():
+    """`gate.learning_signal` is validated at load (a typo'd value is refused) and leaves the judge fingerprint alone:
+    it does not change how the target evidence is scored, so switching it does not stop earlier evidence pooling."""
+    from harness.backtest import Judge, judge_fingerprint
+
+    with pytest.raises(ValueError, match="learning_signal"):
+        GateConfig(learning_signal=1.5)
+    judge = Judge(env={"sizes": []}, samples=4, temperature=0.5)
+    assert judge_fingerprint(judge, GateConfig(), "mapf") == judge_fingerprint(judge, GateConfig(learning_signal=None),
+                                                                            "mapf")
