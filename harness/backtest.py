@@ -288,8 +288,9 @@ def judge_fingerprint(judge: Judge, gate: GateConfig, task: str) -> str:
 
 def live_shares(curve: list[dict[str, Any]]) -> list[float]:
     """Per GRPO step of an arm's training curve: the share of its groups that were live (not every completion scored
-    alike), i.e. 1 - `dead_group_share`. Steps that did not record it are skipped."""
-    return [1.0 - float(x["dead_group_share"]) for x in curve if x.get("dead_group_share") is not None]
+    alike), i.e. 1 - `dead_group_share`. Steps that did not record it (or logged nan) are skipped."""
+    shares = (x.get("dead_group_share") for x in curve)
+    return [1.0 - float(d) for d in shares if d is not None and math.isfinite(float(d))]
 
 
 def learning_signal_bound(control: list[float], candidate: list[float], alpha: float) -> tuple[float, float]:

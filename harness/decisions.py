@@ -175,45 +175,52 @@ def backed(run: Run, cid: str) -> str | None:
 
 def on_learning_signal(run: Run, k: int, vs: list[Verdict], arms: dict[str, Any], comparisons: int
                        ) -> list[Verdict]:
-    """The gate's second route for an ENV change (`gate.learning_signal`): an inconclusive env candidate whose arm
-    trained on a larger share of live GRPO groups than the control arm, by at least `learning_signal` with confidence
-    (`harness.backtest.learning_signal_bound`, at the gate's alpha split over the stage's comparisons, Bonferroni as
-    the target test), whose target estimate is not below the control's and which no slice or veto held back (it is
-    inconclusive, not refuted), is promoted. Why: a 30-step arm on the right mix moves the target by a few points at
-    most, below what one pair of arms can resolve, while the mix it corrects leaves most groups dead (no gradient at
-    all); the target test still guards against harm. Recipe changes never take this route (a hotter temperature
-    makes more groups live by construction, not a better distribution). Returns the verdicts, converted ones
-    replaced; each conversion is an event."""
-    from harness.backtest import learning_signal_bound, live_shares
+    """The gate's second route for an ENV change (`gate.learning_signal`, `signal_verdict`), applied to a stage's
+    verdicts: the candidates' kinds come from run.db, the per-step live shares from the arms' training curves. Returns
+    the verdicts, converted ones replaced; each conversion is an event."""
+    from harness.backtest import live_shares
 
     gate = run.config.gate
-    if gate.learning_signal is None:
-        return vs
     control = arms.get("control")
-    if control is None or isinstance(control, Exception):
+    if gate.learning_signal is None or control is None or isinstance(control, Exception):
         return vs
-    c_live = live_shares(control.curve)
     out = []
     for v in vs:
-        arm = arms.get(v.candidate)
-        ev = v.evidence
-        row = run.store.candidate(v.candidate)
-        if (v.decision != "inconclusive" or ev is None or ev.effect < 0 or ev.vetoes or arm is None
-                or isinstance(arm, Exception) or row is None or row["kind"] != "env"):
-            out.append(v)
-            continue
-        x_live = live_shares(arm.curve)
-        gain, low = learning_signal_bound(c_live, x_live, gate.alpha / max(1, comparisons))
-        if not low >= gate.learning_signal:  # nan (too few steps) is not a route
-            out.append(v)
-            continue
-        reason = (f"promoted on learning signal: live GRPO groups {np.mean(x_live):.0%} of the arm's training against "
-                  f"the control's {np.mean(c_live):.0%} (gain {gain:+.2f}, lower bound {low:+.2f} >= "
-                  f"{gate.learning_signal:.2f}; Welch over {len(x_live)} + {len(c_live)} steps), target not below the "
-                  f"control (effect {ev.effect:+.3f} [{ev.ci_low:+.3f}, {ev.ci_high:+.3f}], n={ev.n}); was: {v.reason}")
-        run.event(k, "backtest", "learning_signal", f"{v.candidate}: {reason}", key=f"{k}/signal/{v.candidate}")
-        out.append(v.model_copy(update={"decision": "promoted", "reason": cut(reason)}))
+        arm, row = arms.get(v.candidate), run.store.candidate(v.candidate)
+        got = None
+        if arm is not None and not isinstance(arm, Exception) and row is not None and row["kind"] == "env":
+            got = signal_verdict(v, live_shares(control.curve), live_shares(arm.curve), gate, comparisons)
+        if got is not None:
+            run.event(k, "backtest", "learning_signal", f"{v.candidate}: {got.reason}", key=f"{k}/signal/{v.candidate}")
+        out.append(got or v)
     return out
+
+
+def signal_verdict(v: Verdict, control_live: list[float], candidate_live: list[float], gate: Any, comparisons: int
+                   ) -> Verdict | None:
+    """The gate's second route for an ENV change (`gate.learning_signal`): an inconclusive env candidate whose arm
+    trained on a larger share of live GRPO groups than the control arm, by at least `learning_signal` with confidence
+    (`harness.backtest.learning_signal_bound`, at the gate's alpha split over the comparisons, Bonferroni as the
+    target test), whose target estimate is not below the control's and which no veto held back (it is inconclusive,
+    so no slice was harmed beyond tolerance and it was not refuted), is promoted: the promoted verdict, else None. Why:
+    a 30-step arm on the right mix moves the target by a few points at most, below what one pair of arms resolves,
+    while the mix it corrects leaves most groups dead (no gradient at all); the target test still guards against
+    harm. The caller passes only env changes: a recipe change never takes this route (a hotter temperature makes more
+    groups live by construction, not a better distribution)."""
+    from harness.backtest import learning_signal_bound
+
+    ev = v.evidence
+    if gate.learning_signal is None or v.decision != "inconclusive" or ev is None or ev.effect < 0 or ev.vetoes:
+        return None
+    gain, low = learning_signal_bound(control_live, candidate_live, gate.alpha / max(1, comparisons))
+    if not low >= gate.learning_signal:  # nan (too few steps) is not a route
+        return None
+    reason = (f"promoted on learning signal: live GRPO groups {np.mean(candidate_live):.0%} of the arm's training "
+              f"against the control's {np.mean(control_live):.0%} (gain {gain:+.2f}, lower bound {low:+.2f} >= "
+              f"{gate.learning_signal:.2f}; Welch over {len(candidate_live)} + {len(control_live)} steps), target not "
+              f"below the control (effect {ev.effect:+.3f} [{ev.ci_low:+.3f}, {ev.ci_high:+.3f}], n={ev.n}); was: "
+              f"{v.reason}")
+    return v.model_copy(update={"decision": "promoted", "reason": cut(reason)})
 
 
 def second_pairs(run: Run, k: int, vs: list[Verdict]) -> dict[str, str]:

@@ -236,6 +236,35 @@ def test_calibration_walk_stops_a_clear_loser_early_and_pools_new_pairs_like_the
     assert w.seconds == pytest.approx(10.0 * w.pairs + 4.0 * w.instances / 160)
 
 
+def test_calibration_walk_takes_the_loops_learning_signal_route_for_an_env_change_only():
+    """The calibration's walk decides an env change as the loop does (`harness.decisions.signal_verdict`): a first pair
+    inconclusive on the target (a small positive effect) whose candidate arm trained on far more live groups is
+    promoted on learning signal without a second pair; the same arms under a recipe change (other files differ) are
+    not. Would catch the benchmark measuring a gate the loop no longer runs."""
+    from types import SimpleNamespace
+
+    from harness.benchmarks.calibration import walk
+
+    gate = GateConfig(min_effect=0.02, arm_noise_sd=0.012, max_pairs=3)
+    plan = gate.plan(160)
+    rng = np.random.default_rng(3)
+    c = rng.integers(0, 5, size=160) / 4
+
+    def pair():
+        p = _pair(list(c), list(np.clip(c + rng.choice([-0.25, 0.0, 0.0, 0.25, 0.25], size=160), 0, 1)))
+        for name, live in (("control", 0.05), ("candidate", 0.4)):
+            steps = [{"dead_group_share": 1 - x} for x in rng.binomial(8, live, size=30) / 8]
+            p.arms[name].metrics = SimpleNamespace(steps=steps)
+        return p
+
+    env = ({"env.yaml": "a", "recipe.yaml": "r"}, {"env.yaml": "b", "recipe.yaml": "r"})
+    w = walk([pair()], lambda p: pytest.fail("the route decides on the first pair"), *env, gate, plan, "j", 4, "c")
+    assert w.verdict.decision == "promoted" and "learning signal" in w.verdict.reason and w.pairs == 1
+    recipe = ({"env.yaml": "a", "recipe.yaml": "r"}, {"env.yaml": "a", "recipe.yaml": "s"})
+    w = walk([pair()], lambda p: pair(), *recipe, gate, plan, "j", 4, "c")
+    assert "learning signal" not in w.verdict.reason
+
+
 def test_calibration_replay_judges_recorded_pairs_under_another_gate(tmp_path):
     """`replay` re-walks the recorded per-instance outcomes of a calibration run under another gate setting, no
     training: an A/A decision that took three pairs stops after one under futility 0.05 and is charged one pair; a

@@ -48,6 +48,7 @@ import numpy as np
 import yaml
 
 from harness.backtest import judge_fingerprint, prior_pairs, read_harness, verdicts
+from harness.decisions import signal_verdict
 from harness.records import Verdict
 from harness.scale import ArmJob, ArmOutput, execute_arm, policy_loader
 from harness.seeds import check_split, seeds
@@ -170,6 +171,23 @@ class Walk(NamedTuple):
     seconds: float  # CPU-seconds spent: the pairs' training + the judging of the instances the looks used
 
 
+def env_only(control_files: dict[str, str], candidate_files: dict[str, str]) -> bool:
+    """Do the two harnesses differ in env.yaml alone (an env change: `gate.learning_signal` may decide it)?"""
+    differ = {p for p in {*control_files, *candidate_files} if control_files.get(p) != candidate_files.get(p)}
+    return differ == {"env.yaml"}
+
+
+def step_live(arm: ArmOutput) -> list[float]:
+    """Per-step live-group shares of an arm's training (`harness.backtest.live_shares` of its step metrics); none for
+    an arm replayed from a record (no training metrics: the route cannot decide it)."""
+    from harness.backtest import live_shares
+
+    metrics = getattr(arm, "metrics", None)
+    if metrics is None:
+        return []
+    return live_shares([s if isinstance(s, dict) else s.model_dump() for s in metrics.steps])
+
+
 def walk(pairs: list[Pair], more: Callable[[int], Pair], control_files: dict[str, str],
          candidate_files: dict[str, str], gate, plan, judge_fp: str, samples: int, candidate_id: str) -> Walk:
     """The loop's sequential decision over arm pairs judged on `plan.max_n` instances each: looks at the schedule's
@@ -198,6 +216,8 @@ def walk(pairs: list[Pair], more: Callable[[int], Pair], control_files: dict[str
                 break
         used += m
         seconds += pair.judge_seconds * m / max(1, len(control.seeds))
+        if v.decision == "inconclusive" and env_only(control_files, candidate_files):  # the loop's second route
+            v = signal_verdict(v, step_live(pair.arms["control"]), step_live(pair.arms["candidate"]), gate, 1) or v
         if v.decision != "inconclusive" or step != "new_pair" or p + 1 >= plan.max_pairs:
             return Walk(v, p + 1, used, seconds)
         prior += prior_pairs([v.evidence], judge_fp)[0]
@@ -289,7 +309,9 @@ def run(config: str | Path = DEFAULT_CONFIG, decisions: int = 40, mode: str = "a
                           # per instance, so any procedure can be replayed on these arms (`replay`)
                           "outcomes": {name: [round(o, 4) for o in x.arms[name].eval.outcomes]
                                        for name in ("control", "candidate")},
-                          "slices": x.arms["control"].eval.slices}
+                          "slices": x.arms["control"].eval.slices,
+                          "live": {name: [round(o, 4) for o in step_live(x.arms[name])]
+                                   for name in ("control", "candidate")}}
                          for x in pairs]}
         rows.append(row)
         (out / f"calibration-{mode}-{first}.json").write_text(json.dumps({  # after every decision: a stopped run counts
