@@ -297,9 +297,9 @@ def learning_signal_bound(control: list[float], candidate: list[float], alpha: f
     """(gain, one-sided lower bound at 1 - alpha) of the candidate's mean per-step live-group share over the
     control's: Welch's unequal-variance t interval (Welch 1947, "The generalization of Student's problem when several
     different population variances are involved"), with the Welch-Satterthwaite degrees of freedom and the t quantile
-    by the Cornish-Fisher expansion (Abramowitz and Stegun 26.7.5). Steps are the units: the groups within one step
-    share the policy of that moment, so they are not independent draws. (nan, nan) with fewer than 2 steps a side."""
-    from statistics import NormalDist
+    of `harness.sequential.t_quantile`. Steps are the units: the groups within one step share the policy of that
+    moment, so they are not independent draws. (nan, nan) with fewer than 2 steps a side."""
+    from harness.sequential import t_quantile
 
     c, x = np.asarray(control, dtype=float), np.asarray(candidate, dtype=float)
     if len(c) < 2 or len(x) < 2:
@@ -310,9 +310,7 @@ def learning_signal_bound(control: list[float], candidate: list[float], alpha: f
     if se == 0:
         return gain, gain
     dof = (vc + vx) ** 2 / (vc**2 / (len(c) - 1) + vx**2 / (len(x) - 1)) if vc or vx else float(len(c) + len(x) - 2)
-    z = NormalDist().inv_cdf(1 - alpha)
-    t = z + (z**3 + z) / (4 * dof) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * dof**2)
-    return gain, gain - t * se
+    return gain, gain - t_quantile(dof, alpha) * se
 
 
 def prior_pairs(earlier: list[Evidence], judge: str) -> tuple[list[Any], list[str], str | None]:

@@ -26,8 +26,9 @@ from typing import Any
 import numpy as np
 
 from harness.arms import arm_eval, arm_name, backtest_seeds, judge_more
-from harness.backtest import ArmEval, judge_fingerprint, prior_pairs, verdicts
+from harness.backtest import ArmEval, judge_fingerprint, prior_pairs, regression, verdicts
 from harness.records import Evidence, Verdict, cut
+from harness.results import ArmVsStart
 from harness.run import Run
 
 
@@ -246,6 +247,26 @@ def fell_below_start(start: Any, arm: ArmEval) -> bool:
     if start is None or len(start.outcomes) < len(arm.outcomes) or not arm.outcomes:
         return False
     return float(np.mean(arm.outcomes)) < float(np.mean(start.outcomes[: len(arm.outcomes)]))
+
+
+def arms_vs_start(run: Run, k: int, start: Any, verdicts: list[Verdict], arms: dict[str, Any],
+                  evals: dict[str, Any]) -> list[ArmVsStart]:
+    """Each judged candidate arm the gate did not promote, compared with the stage's judged start on the instances it
+    was judged on (the first pair's arm; `harness.backtest.regression` at the gate's confidence). One confidently above
+    the start (and above the control arm) is the checkpoint that continues if no candidate wins (`continues_from`)."""
+    out = []
+    for v in verdicts:
+        ev = evals.get(v.candidate)
+        arm = arms.get(v.candidate)
+        if v.decision == "promoted" or v.evidence is None or isinstance(ev, Exception) or ev is None \
+                or isinstance(arm, Exception) or arm is None or not ev.outcomes \
+                or len(start.outcomes) < len(ev.outcomes):
+            continue
+        reg = regression(start.outcomes[: len(ev.outcomes)], ev.outcomes, run.config.gate,
+                         np.random.default_rng([run.config.seed, k, 11]))
+        out.append(ArmVsStart(candidate=v.candidate, checkpoint=arm.checkpoint, change=reg.change,
+                              change_ci=[reg.ci_low, reg.ci_high]))
+    return out
 
 
 def most_promising_inconclusive(run: Run, state: str, causes: set[str] | frozenset[str] = frozenset()

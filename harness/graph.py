@@ -29,13 +29,14 @@ import os
 import time
 from itertools import pairwise
 from pathlib import Path
-from typing import Annotated, Any, TypedDict
+from typing import Annotated, TypedDict
 
 import numpy as np
 
 from harness.arms import arm_name, judge_start, prefetch_arms, prefetch_stage, run_arms, train_policy, warm_start
 from harness.backtest import ArmEval, choose_winner, regression
 from harness.decisions import (
+    arms_vs_start,
     escalate,
     fell_below_start,
     look_until_decided,
@@ -49,7 +50,6 @@ from harness.memory import candidate_from_row, history, human_feedback, regressi
 from harness.records import Verdict, cut, read_rollouts, write_rollouts
 from harness.results import (
     ArmRecord,
-    ArmVsStart,
     Backtested,
     Decided,
     Diagnosed,
@@ -379,26 +379,6 @@ def node_backtest(run: Run, state: State) -> State:
                                start=start, regressed_arms=fell, arms_vs_start=above), t0,
             f"{len(vs) + len(diag_vs)} decision(s)" + (": the control arm failed" if start is None else ""))
     return {}
-
-
-def arms_vs_start(run: Run, k: int, start: Any, verdicts: list[Verdict], arms: dict[str, Any],
-                  evals: dict[str, Any]) -> list[ArmVsStart]:
-    """Each judged candidate arm the gate did not promote, compared with the stage's judged start on the instances it
-    was judged on (the first pair's arm; `harness.backtest.regression` at the gate's confidence). One confidently above
-    the start (and above the control arm) is the checkpoint that continues if no candidate wins (`continues_from`)."""
-    out = []
-    for v in verdicts:
-        ev = evals.get(v.candidate)
-        arm = arms.get(v.candidate)
-        if v.decision == "promoted" or v.evidence is None or isinstance(ev, Exception) or ev is None \
-                or isinstance(arm, Exception) or arm is None or not ev.outcomes \
-                or len(start.outcomes) < len(ev.outcomes):
-            continue
-        reg = regression(start.outcomes[: len(ev.outcomes)], ev.outcomes, run.config.gate,
-                         np.random.default_rng([run.config.seed, k, 11]))
-        out.append(ArmVsStart(candidate=v.candidate, checkpoint=arm.checkpoint, change=reg.change,
-                              change_ci=[reg.ci_low, reg.ci_high]))
-    return out
 
 
 def node_gate(run: Run, state: State) -> State:

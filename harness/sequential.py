@@ -274,15 +274,20 @@ def _solve(prob: Callable[[float], float], target: float) -> float:
     return hi
 
 
+def t_quantile(dof: float, alpha: float) -> float:
+    """Student's t_{dof, 1-alpha} by the Cornish-Fisher expansion around the normal quantile (Abramowitz and Stegun
+    26.7.5); the normal quantile when dof <= 0."""
+    z = _N.inv_cdf(1 - alpha)
+    if dof <= 0:
+        return z
+    return z + (z**3 + z) / (4 * dof) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * dof**2)
+
+
 def _t_inflation(dof: int, alpha: float) -> float:
     """(t_{dof, 1-alpha} / z_{1-alpha})^2: the plug-in variance widened so a normal boundary acts like Student's t at
     `dof` degrees of freedom (the small-sample correction of the significance-level approach, Jennison and Turnbull
-    2000, sec. 14.2; t by the Cornish-Fisher expansion, Abramowitz and Stegun 26.7.5)."""
-    if dof <= 0:
-        return 1.0
-    z = _N.inv_cdf(1 - alpha)
-    t = z + (z**3 + z) / (4 * dof) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * dof**2)
-    return (t / z) ** 2
+    2000, sec. 14.2; `t_quantile`)."""
+    return (t_quantile(dof, alpha) / _N.inv_cdf(1 - alpha)) ** 2
 
 
 # --- the pooled estimate ----------------------------------------------------------------------------------------------------

@@ -126,14 +126,14 @@ def test_one_rule_decides_which_checkpoint_continues():
 
 
 def test_each_unpromoted_arm_is_compared_with_the_start_on_the_instances_it_was_judged_on():
-    """`graph.arms_vs_start`: a candidate arm clearly above the start is `above`, one level with it is not, a promoted
+    """`decisions.arms_vs_start`: a candidate arm clearly above the start is `above`, one level with it is not, a promoted
     arm or one with no evidence is not listed, and an arm judged on fewer instances is compared on that prefix.
     Would catch the comparison made against the control instead of the start, or on misaligned instances."""
     from types import SimpleNamespace
 
     from harness.backtest import ArmEval
     from harness.config import GateConfig
-    from harness.graph import arms_vs_start
+    from harness.decisions import arms_vs_start
     from harness.records import Evidence
 
     rng = np.random.default_rng(0)
