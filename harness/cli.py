@@ -269,7 +269,8 @@ def bench_calibration(
     config: Annotated[Path, typer.Option(help="run config whose recipe, arms, judge and gate are measured")] = Path(
         "examples/mapf_backtest.yaml"),
     planted: Annotated[str, typer.Option(help="power mode: the control's defect, lr (doubled learning rate) or env "
-                                              "(trains on 7x7 boards only)")] = "lr",
+                                              "(trains on 7x7 boards only); aa mode: env makes the candidate an env "
+                                              "change that changes nothing (the learning-signal route on trial)")] = "lr",
     first: Annotated[int, typer.Option(min=0, help="index of the first decision (split a long run over processes)")] = 0,
     arm_steps: Annotated[int | None, typer.Option(min=1, help="override backtest.arm_steps")] = None,
     n: Annotated[int | None, typer.Option(min=8, help="override backtest.n")] = None,

@@ -294,3 +294,29 @@ def test_calibration_replay_judges_recorded_pairs_under_another_gate(tmp_path):
     assert plain["sequential_mean_pairs"] >= 2 and fut["sequential_mean_pairs"] == 1
     # one pair's training (80 s) and the judging of the instances its looks used (20 s per 160), no more
     assert 80.0 + 20.0 * 40 / 160 <= fut["sequential_seconds_per_decision"] <= 100.0
+
+
+def test_calibration_replay_of_an_env_record_walks_the_learning_signal_route(tmp_path):
+    """A recorded env-change run (planted env defect or the A/A's null env change) is replayed with the route live,
+    from the per-step live shares it recorded: an inconclusive pair whose candidate trained on far more live groups is
+    promoted at the default `learning_signal` and not with the route off (a bar of 1.0); the same record marked as a
+    plain A/A (no env change) is never promoted on signal. Would catch a replay that drops the recorded live shares,
+    ignores the run's change, or cannot re-judge it under another threshold."""
+    import json
+
+    from harness.benchmarks.calibration import replay
+
+    rng = np.random.default_rng(4)
+    c = list(rng.integers(0, 5, size=160) / 4)
+    k = list(np.clip(np.array(c) + rng.choice([-0.25, 0.0, 0.0, 0.25, 0.25], size=160), 0, 1))
+    live = {"control": list(rng.binomial(8, 0.05, size=30) / 8), "candidate": list(rng.binomial(8, 0.4, size=30) / 8)}
+    pair = {"outcomes": {"control": c, "candidate": k}, "slices": [{}] * 160, "train_seconds": 80.0,
+            "judge_seconds": 20.0, "n": 160, "effect": float(np.mean(k) - np.mean(c)), "diff_var": 0.05, "live": live}
+    row = {"decision": 0, "fixed": {"decision": "inconclusive", "seconds": 100.0},
+           "sequential": {"decision": "inconclusive", "pairs": 1, "instances": 160, "seconds": 100.0},
+           "pairs": [pair, pair, pair]}
+    for planted, expect in (("env", 1), (None, 0)):
+        f = tmp_path / f"calibration-{planted}.json"
+        f.write_text(json.dumps({"summary": {"mode": "power", "planted": planted}, "decisions": [row]}))
+        assert replay([str(f)])["sequential_promoted"] == expect, planted
+        assert replay([str(f)], learning_signal=1.0)["sequential_promoted"] == 0

@@ -20,7 +20,9 @@ warm start (the warm-start cache: the same checkpoint `make demo` trains or load
 
 - `aa`: control and candidate are the SAME harness (the config's round 0); only training randomness differs (arm
   seeds 2q and 2q+1 for the q-th pair of the benchmark), and both are judged on the same fresh backtest seeds.
-  Every promotion is a false one.
+  Every promotion is a false one. `--planted env` makes the candidate an env change that changes nothing (the same
+  env.yaml, written again under a comment), so the walk treats it as an env change and the learning-signal route
+  (`gate.learning_signal`) is on trial too: its false promotions count with the target's.
 - `power`: a planted change with a known real benefit; the candidate is the config's round-0 harness, the control is
   a broken copy of it (paired design as in the loop: same arm seed). Every rejection is a miss. `--planted`:
   - `lr` (default): the control's learning rate is doubled (`PLANTED_LR_FACTOR`), the setting measured to collapse
@@ -42,6 +44,7 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -250,8 +253,10 @@ def run(config: str | Path = DEFAULT_CONFIG, decisions: int = 40, mode: str = "a
     start, cached = start_checkpoint(cfg, out, files)
     print(f"start_checkpoint: {start}  from_cache: {cached}  setup_seconds: {time.perf_counter() - t0:.1f}",
           flush=True)
-    control_files = files
-    if mode == "power" and planted == "env":
+    control_files = candidate_files = files
+    if mode == "aa" and planted == "env":  # a null env change: same boards, another text
+        candidate_files = {**files, "env.yaml": "# A/A: the same boards, written again\n" + files["env.yaml"]}
+    elif mode == "power" and planted == "env":
         control_files = {**files, "env.yaml": "# planted: boards the evaluation does not contain\n"
                                               + yaml.safe_dump(PLANTED_ENV, sort_keys=False)}
     elif mode == "power":
@@ -274,7 +279,7 @@ def run(config: str | Path = DEFAULT_CONFIG, decisions: int = 40, mode: str = "a
     for d in range(first, first + decisions):
         def pair(p: int, d: int = d) -> Pair:
             q = d * plan.max_pairs + p  # every pair of every decision: its own training, arm and backtest seeds
-            res = train_pair(start, control_files, files, task, cfg.style, steps,
+            res = train_pair(start, control_files, candidate_files, task, cfg.style, steps,
                              seeds("train", rows_per_arm, start=first_train + q * rows_per_arm),
                              seeds("backtest", plan.max_n, start=q * plan.max_n), judge,
                              out / "arms" / f"d{d:03d}p{p}", (2 * q, 2 * q + 1) if mode == "aa" else (q, q),
@@ -288,9 +293,9 @@ def run(config: str | Path = DEFAULT_CONFIG, decisions: int = 40, mode: str = "a
         pairs = [pair(0)]
         cid = f"{mode}-{d:03d}"
         c0, k0 = pairs[0].arms["control"].eval, pairs[0].arms["candidate"].eval
-        [fv] = verdicts(c0, control_files, [(cid, files, k0)], cfg.gate, samples=judge.samples, plan=fixed,
+        [fv] = verdicts(c0, control_files, [(cid, candidate_files, k0)], cfg.gate, samples=judge.samples, plan=fixed,
                         judge=fp, comparisons=1)
-        w = walk(pairs, pair, control_files, files, cfg.gate, plan, fp, judge.samples, cid)
+        w = walk(pairs, pair, control_files, candidate_files, cfg.gate, plan, fp, judge.samples, cid)
         sv, fe, se = w.verdict, fv.evidence, w.verdict.evidence
         row = {"decision": d,
                "fixed": {"decision": fv.decision, "effect": fe.effect, "ci_low": fe.ci_low, "mde": fe.mde,
@@ -315,7 +320,7 @@ def run(config: str | Path = DEFAULT_CONFIG, decisions: int = 40, mode: str = "a
                          for x in pairs]}
         rows.append(row)
         (out / f"calibration-{mode}-{first}.json").write_text(json.dumps({  # after every decision: a stopped run counts
-            "summary": {"mode": mode, "planted": planted if mode == "power" else None, "partial": True},
+            "summary": {"mode": mode, "planted": recorded_change(mode, planted), "partial": True},
             "decisions": rows}, indent=1))
         print(f"decision: {d}  fixed: {fv.decision} {fe.effect:+.3f} (lo {fe.ci_low:+.3f}, "
               f"{row['fixed']['seconds']:.0f} s)  sequential: {sv.decision} "
@@ -333,13 +338,19 @@ def run(config: str | Path = DEFAULT_CONFIG, decisions: int = 40, mode: str = "a
     return summary
 
 
+def recorded_change(mode: str, planted: str | None) -> str | None:
+    """What a result file records as its change: power's defect, or `env` for an A/A whose candidate is a null env
+    change (None for a plain A/A)."""
+    return planted if mode == "power" or planted == "env" else None
+
+
 def summarise(rows: list[dict[str, Any]], mode: str, planted: str, plan) -> dict[str, Any]:
     """Rates (Wilson 95% intervals) and costs of both procedures over the decisions in `rows` (one run's, or several
     runs' JSON `decisions` concatenated), and the arm-training noise implied by the pairs' full-n effects."""
     from harness.benchmarks.ladder import wilson
 
     k = len(rows)
-    out: dict[str, Any] = {"mode": mode, "planted": planted if mode == "power" else None, "decisions": k}
+    out: dict[str, Any] = {"mode": mode, "planted": recorded_change(mode, planted), "decisions": k}
     for proc in ("fixed", "sequential"):
         for verdict in ("promoted", "rejected", "inconclusive"):
             hits = sum(r[proc]["decision"] == verdict for r in rows)
@@ -401,6 +412,9 @@ def replay(paths: list[str], config: str | Path = DEFAULT_CONFIG, **gate: Any) -
     plan = cfg.gate.plan(cfg.backtest.n)
     docs = [json.loads(Path(x).read_text()) for x in paths]
     mode = {d["summary"]["mode"] for d in docs}.pop()
+    planted = {d["summary"].get("planted") for d in docs}.pop()
+    # an env change (planted env defect, or the A/A's null env change) walks with the learning-signal route live
+    files = ({"env.yaml": "control"}, {"env.yaml": "candidate"}) if planted == "env" else ({}, {})
     rows, skipped, beyond = [], 0, 0
     for doc in docs:
         for r in doc["decisions"]:
@@ -410,15 +424,18 @@ def replay(paths: list[str], config: str | Path = DEFAULT_CONFIG, **gate: Any) -
             pairs = []
             for x in r["pairs"]:
                 sd = list(range(len(x["outcomes"]["control"])))
-                ev = {name: ArmOutput(metrics=None, train_s=0.0, eval=ArmEval(
-                    seeds=sd, outcomes=x["outcomes"][name], slices=x["slices"])) for name in ("control", "candidate")}
+                live = x.get("live") or {}  # per-step live shares, recorded since the learning-signal route
+                ev = {name: ArmOutput(
+                    metrics=SimpleNamespace(steps=[{"dead_group_share": 1.0 - v} for v in live.get(name, [])]),
+                    train_s=0.0, eval=ArmEval(seeds=sd, outcomes=x["outcomes"][name], slices=x["slices"]))
+                    for name in ("control", "candidate")}
                 pairs.append(Pair(ev, {}, x["train_seconds"], x["judge_seconds"], 0.0, 0.0))
 
             def more(p: int) -> Pair:
                 raise LookupError(p)
 
             try:
-                w = walk(list(pairs), more, {}, {}, cfg.gate, plan, fp, judge.samples, "replay")
+                w = walk(list(pairs), more, *files, cfg.gate, plan, fp, judge.samples, "replay")
             except LookupError:
                 beyond += 1
                 continue
@@ -426,7 +443,7 @@ def replay(paths: list[str], config: str | Path = DEFAULT_CONFIG, **gate: Any) -
             rows.append({**r, "sequential": {"decision": w.verdict.decision, "pairs": w.pairs,
                                              "instances": w.instances, "seconds": w.seconds,
                                              "effect": se.effect if se else None}})
-    summary = summarise(rows, mode, "lr", plan)
+    summary = summarise(rows, mode, planted or "lr", plan)
     summary.update({"replayed_with": gate, "not_replayable": skipped, "needed_unrecorded_pairs": beyond})
     for key, val in summary.items():
         print(f"{key}: {val:.4f}" if isinstance(val, float) else f"{key}: {val}", flush=True)
