@@ -281,7 +281,8 @@ def judge_fingerprint(judge: Judge, gate: GateConfig, task: str) -> str:
     import hashlib
     import json
 
-    keep = {k: v for k, v in gate.model_dump(mode="json").items() if k not in ("human", "learning_signal")}
+    keep = {k: v for k, v in gate.model_dump(mode="json").items()
+            if k not in ("human", "learning_signal", "learning_signal_arm_sd")}
     blob = json.dumps({"task": task, "judge": judge.model_dump(mode="json"), "gate": keep}, sort_keys=True)
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
@@ -293,12 +294,18 @@ def live_shares(curve: list[dict[str, Any]]) -> list[float]:
     return [1.0 - float(d) for d in shares if d is not None and math.isfinite(float(d))]
 
 
-def learning_signal_bound(control: list[float], candidate: list[float], alpha: float) -> tuple[float, float]:
+def learning_signal_bound(control: list[float], candidate: list[float], alpha: float, arm_sd: float = 0.0
+                          ) -> tuple[float, float]:
     """(gain, one-sided lower bound at 1 - alpha) of the candidate's mean per-step live-group share over the
     control's: Welch's unequal-variance t interval (Welch 1947, "The generalization of Student's problem when several
     different population variances are involved"), with the Welch-Satterthwaite degrees of freedom and the t quantile
     of `harness.sequential.t_quantile`. Steps are the units: the groups within one step share the policy of that
-    moment, so they are not independent draws. (nan, nan) with fewer than 2 steps a side."""
+    moment, so they are not independent draws. `arm_sd` is each arm's training noise on its mean share (a random
+    effect per arm: a one-way random-effects model, the two arms' levels drawn around the harness's), added in
+    quadrature, `2 * arm_sd**2`, to the steps' variance: the steps' scatter alone cannot see it, and live A/A pairs
+    show it (their gains' sd 0.049 against a per-pair Welch se of 0.034). The degrees of freedom stay the steps':
+    the arm term is taken as known, as `gate.arm_noise_sd` is for the target. (nan, nan) with fewer than 2 steps a
+    side."""
     from harness.sequential import t_quantile
 
     c, x = np.asarray(control, dtype=float), np.asarray(candidate, dtype=float)
@@ -306,7 +313,7 @@ def learning_signal_bound(control: list[float], candidate: list[float], alpha: f
         return float("nan"), float("nan")
     gain = float(x.mean() - c.mean())
     vc, vx = float(c.var(ddof=1)) / len(c), float(x.var(ddof=1)) / len(x)
-    se = math.sqrt(vc + vx)
+    se = math.sqrt(vc + vx + 2 * arm_sd**2)
     if se == 0:
         return gain, gain
     dof = (vc + vx) ** 2 / (vc**2 / (len(c) - 1) + vx**2 / (len(x) - 1)) if vc or vx else float(len(c) + len(x) - 2)

@@ -213,12 +213,14 @@ def signal_verdict(v: Verdict, control_live: list[float], candidate_live: list[f
     ev = v.evidence
     if gate.learning_signal is None or v.decision != "inconclusive" or ev is None or ev.effect < 0 or ev.vetoes:
         return None
-    gain, low = learning_signal_bound(control_live, candidate_live, gate.alpha / max(1, comparisons))
+    gain, low = learning_signal_bound(control_live, candidate_live, gate.alpha / max(1, comparisons),
+                                      gate.learning_signal_arm_sd)
     if not low >= gate.learning_signal:  # nan (too few steps) is not a route
         return None
     reason = (f"promoted on learning signal: live GRPO groups {np.mean(candidate_live):.0%} of the arm's training "
               f"against the control's {np.mean(control_live):.0%} (gain {gain:+.2f}, lower bound {low:+.2f} >= "
-              f"{gate.learning_signal:.2f}; Welch over {len(candidate_live)} + {len(control_live)} steps), target not "
+              f"{gate.learning_signal:.2f}; Welch over {len(candidate_live)} + {len(control_live)} steps, arm noise "
+              f"{gate.learning_signal_arm_sd:g}), target not "
               f"below the control (effect {ev.effect:+.3f} [{ev.ci_low:+.3f}, {ev.ci_high:+.3f}], n={ev.n}); was: "
               f"{v.reason}")
     return v.model_copy(update={"decision": "promoted", "reason": cut(reason)})

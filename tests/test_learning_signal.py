@@ -37,6 +37,27 @@ def test_the_welch_bound_holds_its_level_on_equal_arms_and_sees_a_mix_that_leave
     assert live_shares([{"dead_group_share": 0.75}, {"loss": 1.0}, {"dead_group_share": 0.0}]) == [0.25, 1.0]
 
 
+def test_the_bound_counts_each_arms_training_noise_which_the_steps_scatter_cannot_see():
+    """Two arms of one harness whose levels differ by training (a random effect per arm, sd 0.025, as live A/A
+    pairs show) clear a margin of 0 far more often than alpha when the bound sees only the steps' scatter, and about
+    alpha when each arm's noise is added in quadrature (`arm_sd`, `gate.learning_signal_arm_sd`); a real mix defect
+    (5% against 33% live) still clears the route's 0.10 nearly always. Would catch the arm term dropped, added once
+    instead of per arm, or added so that it swamps the route's power."""
+    rng = np.random.default_rng(1)
+    alpha, trials, sd = 0.05, 2000, 0.025
+
+    def arm(p):
+        return _steps(rng, float(np.clip(p + rng.normal(0, sd), 0, 1)))
+
+    draws = [(arm(0.4), arm(0.4)) for _ in range(trials)]
+    naive = sum(learning_signal_bound(c, x, alpha)[1] > 0 for c, x in draws) / trials
+    known = sum(learning_signal_bound(c, x, alpha, arm_sd=sd)[1] > 0 for c, x in draws) / trials
+    assert naive > 0.09 and 0.02 < known < 0.08, (naive, known)
+    seen = sum(learning_signal_bound(arm(0.05), arm(0.33), alpha, arm_sd=sd)[1] >= 0.10 for _ in range(200))
+    assert seen / 200 > 0.95
+    assert GateConfig().learning_signal_arm_sd == sd
+
+
 class _Store:
     def __init__(self, kinds):
         self.kinds = kinds
