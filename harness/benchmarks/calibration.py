@@ -33,7 +33,8 @@ warm start (the warm-start cache: the same checkpoint `make demo` trains or load
 Prints grep-able `key: value` lines, one `pair:` line per arm pair and one `decision:` line per decision; writes
 `calibration-<mode>-<first>.json` in `--out`. `python -m harness.benchmarks.calibration merge A.json B.json` sums
 runs split with `--first` (rates with Wilson intervals, seconds per decision of both procedures, their ratio, the
-arm-training noise implied by the A/A pairs' full-n effects); `... replay --futility 0.05 A.json B.json` judges the
+arm-training noise implied by the A/A pairs' full-n effects); `... replay --futility 0.05 A.json B.json` (also
+`--learning-signal`, `--learning-signal-arm-sd`) judges the
 recorded arm pairs again under another gate setting, with no training (`replay`).
 """
 
@@ -455,7 +456,20 @@ if __name__ == "__main__":
 
     if sys.argv[1:2] == ["merge"]:
         merge(sys.argv[2:])
-    elif sys.argv[1:2] == ["replay"]:  # replay --futility 0.05 A.json B.json
-        replay(sys.argv[4:], futility=float(sys.argv[3]))
+    elif sys.argv[1:2] == ["replay"]:  # replay [--futility 0.05] [--learning-signal 0.1|none] A.json B.json
+        import argparse
+
+        ap = argparse.ArgumentParser(prog="python -m harness.benchmarks.calibration replay",
+                                     description="judge recorded arm pairs again under another gate setting")
+        ap.add_argument("files", nargs="+", help="calibration-*.json files of one measurement")
+        ap.add_argument("--futility", type=float, help="gate.futility (default: the config's)")
+        ap.add_argument("--learning-signal", help="gate.learning_signal, a margin or 'none' (the route off)")
+        ap.add_argument("--learning-signal-arm-sd", type=float, help="gate.learning_signal_arm_sd")
+        a = ap.parse_args(sys.argv[2:])
+        gate = {k: v for k, v in (("futility", a.futility), ("learning_signal_arm_sd", a.learning_signal_arm_sd))
+                if v is not None}
+        if a.learning_signal is not None:
+            gate["learning_signal"] = None if a.learning_signal.lower() == "none" else float(a.learning_signal)
+        replay(a.files, **gate)
     else:
         run()
