@@ -412,8 +412,10 @@ def replay(paths: list[str], config: str | Path = DEFAULT_CONFIG, **gate: Any) -
     fp = judge_fingerprint(judge, cfg.gate, task.name)
     plan = cfg.gate.plan(cfg.backtest.n)
     docs = [json.loads(Path(x).read_text()) for x in paths]
-    mode = {d["summary"]["mode"] for d in docs}.pop()
-    planted = {d["summary"].get("planted") for d in docs}.pop()
+    kinds = {(d["summary"]["mode"], d["summary"].get("planted")) for d in docs}
+    if len(kinds) != 1:
+        raise ValueError(f"cannot replay different measurements together: {sorted(map(str, kinds))}")
+    (mode, planted), = kinds
     # an env change (planted env defect, or the A/A's null env change) walks with the learning-signal route live
     files = ({"env.yaml": "control"}, {"env.yaml": "candidate"}) if planted == "env" else ({}, {})
     rows, skipped, beyond = [], 0, 0
