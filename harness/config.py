@@ -264,7 +264,7 @@ class GateConfig(BaseModel):
         "the target. None: off (the target A/B alone decides)")
     learning_signal_arm_sd: float = Field(
         0.025, ge=0.0, le=0.5, description="arm-training noise of an arm's mean live-group share (two arms of the "
-        "same harness differ by more than their steps' scatter says: 14 live A/A pairs, BENCHMARKS.md), added in "
+        "same harness differ by more than their steps' scatter says: live A/A pairs, BENCHMARKS.md), added in "
         "quadrature for each arm to the learning-signal route's Welch interval, as `arm_noise_sd` is to the target's")
     human: Literal["never", "always"] | HumanAfterFailures = Field(
         "never", description="a person at the gate after each backtest: never (autonomous), always, or "
