@@ -55,7 +55,25 @@ def test_the_bound_counts_each_arms_training_noise_which_the_steps_scatter_canno
     assert naive > 0.09 and 0.02 < known < 0.08, (naive, known)
     seen = sum(learning_signal_bound(arm(0.05), arm(0.33), alpha, arm_sd=sd)[1] >= 0.10 for _ in range(200))
     assert seen / 200 > 0.95
-    assert GateConfig().learning_signal_arm_sd == sd
+
+
+def test_the_default_arm_noise_holds_alpha_at_the_noise_live_pairs_show_and_keeps_the_routes_power():
+    """The shipped `gate.learning_signal_arm_sd` (0.02, the upper bound of the estimate from 102 live A/A pairs) on
+    equal arms whose training noise is the pairs' point estimate (0.015): the bound clears 0 at most about alpha, while
+    the steps-only bound clears it more often; a mix defect's gain (5% against 33% live) still clears 0.10. Would catch
+    a default set so low that the route's false clears return to the steps-only rate, or so high that it loses power."""
+    rng = np.random.default_rng(2)
+    alpha, trials, true_sd, sd = 0.05, 2000, 0.015, GateConfig().learning_signal_arm_sd
+
+    def arm(p):
+        return _steps(rng, float(np.clip(p + rng.normal(0, true_sd), 0, 1)))
+
+    draws = [(arm(0.4), arm(0.4)) for _ in range(trials)]
+    naive = sum(learning_signal_bound(c, x, alpha)[1] > 0 for c, x in draws) / trials
+    shipped = sum(learning_signal_bound(c, x, alpha, arm_sd=sd)[1] > 0 for c, x in draws) / trials
+    assert shipped < 0.06 and shipped < naive, (naive, shipped)
+    seen = sum(learning_signal_bound(arm(0.05), arm(0.33), alpha, arm_sd=sd)[1] >= 0.10 for _ in range(200))
+    assert seen / 200 > 0.95
 
 
 class _Store:
