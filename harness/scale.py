@@ -193,7 +193,12 @@ class RayArms:
             if self.cfg.address:
                 kw["address"] = self.cfg.address
             else:
-                kw.update(num_cpus=self.cfg.num_cpus or os.cpu_count(), object_store_memory=512 * 2**20)
+                # Ray starts its workers at niceness 15 (RayConfig worker_niceness): the arms are the run's main
+                # compute, and at 15 they yield to any other process on the machine, the run's own instance worker
+                # (niceness 10) included. Beside two ordinary jobs the demo's stage-1 arms took 25 minutes instead
+                # of about 1.5 (BENCHMARKS.md). A cluster started with `ray start` keeps its own setting.
+                kw.update(num_cpus=self.cfg.num_cpus or os.cpu_count(), object_store_memory=512 * 2**20,
+                          _system_config={"worker_niceness": 0})
             try:
                 ray.init(**kw)
             except (ConnectionError, RuntimeError, ValueError) as exc:

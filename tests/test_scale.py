@@ -135,6 +135,7 @@ def test_ray_arms_match_local_arms(tmp_path):
 
 def test_a_ray_worker_killed_mid_arm_is_retried_and_recorded_once(tmp_path):
     killed: list[int] = []
+    niceness: list[int] = []
     stop = threading.Event()
 
     def killer() -> None:
@@ -142,6 +143,7 @@ def test_a_ray_worker_killed_mid_arm_is_retried_and_recorded_once(tmp_path):
             for pid in _ray_arm_pids():
                 time.sleep(1.0)  # inside the arm (loading, training), not at its first instruction
                 try:
+                    niceness.append(os.getpriority(os.PRIO_PROCESS, pid))
                     os.kill(pid, signal.SIGKILL)
                     killed.append(pid)
                 except ProcessLookupError:
@@ -157,6 +159,9 @@ def test_a_ray_worker_killed_mid_arm_is_retried_and_recorded_once(tmp_path):
         stop.set()
         t.join(5)
     assert killed, "no Ray arm worker was ever seen to kill"
+    # an arm on the local cluster runs at the run's own priority, not Ray's default niceness 15 (under which it
+    # starved beside any other job on the machine)
+    assert niceness and set(niceness) == {os.getpriority(os.PRIO_PROCESS, 0)}, niceness
     st = _state(run_dir)
     assert st["status"] == "finished"
     _recorded_once(run_dir, st)
