@@ -303,9 +303,9 @@ def learning_signal_bound(control: list[float], candidate: list[float], alpha: f
     moment, so they are not independent draws. `arm_sd` is each arm's training noise on its mean share (a random
     effect per arm: a one-way random-effects model, the two arms' levels drawn around the harness's), added in
     quadrature, `2 * arm_sd**2`, to the steps' variance: the steps' scatter alone cannot see it, and live A/A pairs
-    show it (over 102 such pairs their gains' sd 0.041 against a mean Welch se of 0.035, so an arm sd of 0.015, 95%
-    bootstrap upper bound 0.020; the steps-only bound cleared 0 at alpha 0.05 in 7 of them, with the term at 0.02 in
-    2). The degrees of freedom stay the steps':
+    show it (over 222 such pairs their gains' sd 0.040 against a mean Welch se of 0.035, so an arm sd of 0.013,
+    bootstrap 90% [0.006, 0.018]; the steps-only bound cleared 0 at alpha 0.05 in 17 of them, 7.7%, with the term at
+    0.02 in 7, 3.2%). The degrees of freedom stay the steps':
     the arm term is taken as known, as `gate.arm_noise_sd` is for the target. (nan, nan) with fewer than 2 steps a
     side."""
     from harness.sequential import t_quantile

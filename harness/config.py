@@ -266,8 +266,8 @@ class GateConfig(BaseModel):
         0.02, ge=0.0, le=0.5, description="arm-training noise of an arm's mean live-group share (two arms of the "
         "same harness differ by more than their steps' scatter says: live A/A pairs, BENCHMARKS.md), added in "
         "quadrature for each arm to the learning-signal route's Welch interval, as `arm_noise_sd` is to the target's. "
-        "0.02: the one-sided 95% bootstrap upper bound over 102 live A/A pairs (point estimate 0.015), on the "
-        "cautious side because this route promotes without target evidence")
+        "0.02: the one-sided 95% bootstrap upper bound over the first 102 live A/A pairs (point estimate 0.015; "
+        "all 222: 0.013, bound 0.018), on the cautious side because this route promotes without target evidence")
     human: Literal["never", "always"] | HumanAfterFailures = Field(
         "never", description="a person at the gate after each backtest: never (autonomous), always, or "
         "{after_failures: N} (once N stages in a row ended without a promotion). The run pauses (the pause survives "

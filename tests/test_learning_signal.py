@@ -37,24 +37,32 @@ def test_the_welch_bound_holds_its_level_on_equal_arms_and_sees_a_mix_that_leave
     assert live_shares([{"dead_group_share": 0.75}, {"loss": 1.0}, {"dead_group_share": 0.0}]) == [0.25, 1.0]
 
 
+def _arm_noise_trial(seed: int, true_sd: float, arm_sd: float, alpha: float = 0.05, trials: int = 2000
+                     ) -> tuple[float, float, float]:
+    """Arms whose mean live share is drawn around the harness's with sd `true_sd` (per-arm training noise): the share
+    of equal-arm pairs (40% live) whose bound clears 0 steps-only and with `arm_sd` added, and the share of 200
+    mix-defect pairs (5% against 33% live) whose bound with `arm_sd` clears the route's 0.10."""
+    rng = np.random.default_rng(seed)
+
+    def arm(p):
+        return _steps(rng, float(np.clip(p + rng.normal(0, true_sd), 0, 1)))
+
+    draws = [(arm(0.4), arm(0.4)) for _ in range(trials)]
+    naive = sum(learning_signal_bound(c, x, alpha)[1] > 0 for c, x in draws) / trials
+    with_term = sum(learning_signal_bound(c, x, alpha, arm_sd=arm_sd)[1] > 0 for c, x in draws) / trials
+    power = sum(learning_signal_bound(arm(0.05), arm(0.33), alpha, arm_sd=arm_sd)[1] >= 0.10 for _ in range(200)) / 200
+    return naive, with_term, power
+
+
 def test_the_bound_counts_each_arms_training_noise_which_the_steps_scatter_cannot_see():
     """Two arms of one harness whose levels differ by training (a random effect per arm, sd 0.025, as live A/A
     pairs show) clear a margin of 0 far more often than alpha when the bound sees only the steps' scatter, and about
     alpha when each arm's noise is added in quadrature (`arm_sd`, `gate.learning_signal_arm_sd`); a real mix defect
     (5% against 33% live) still clears the route's 0.10 nearly always. Would catch the arm term dropped, added once
     instead of per arm, or added so that it swamps the route's power."""
-    rng = np.random.default_rng(1)
-    alpha, trials, sd = 0.05, 2000, 0.025
-
-    def arm(p):
-        return _steps(rng, float(np.clip(p + rng.normal(0, sd), 0, 1)))
-
-    draws = [(arm(0.4), arm(0.4)) for _ in range(trials)]
-    naive = sum(learning_signal_bound(c, x, alpha)[1] > 0 for c, x in draws) / trials
-    known = sum(learning_signal_bound(c, x, alpha, arm_sd=sd)[1] > 0 for c, x in draws) / trials
+    naive, known, power = _arm_noise_trial(seed=1, true_sd=0.025, arm_sd=0.025)
     assert naive > 0.09 and 0.02 < known < 0.08, (naive, known)
-    seen = sum(learning_signal_bound(arm(0.05), arm(0.33), alpha, arm_sd=sd)[1] >= 0.10 for _ in range(200))
-    assert seen / 200 > 0.95
+    assert power > 0.95
 
 
 def test_the_default_arm_noise_holds_alpha_at_the_noise_live_pairs_show_and_keeps_the_routes_power():
@@ -62,18 +70,9 @@ def test_the_default_arm_noise_holds_alpha_at_the_noise_live_pairs_show_and_keep
     equal arms whose training noise is the pairs' point estimate (0.015): the bound clears 0 at most about alpha, while
     the steps-only bound clears it more often; a mix defect's gain (5% against 33% live) still clears 0.10. Would catch
     a default set so low that the route's false clears return to the steps-only rate, or so high that it loses power."""
-    rng = np.random.default_rng(2)
-    alpha, trials, true_sd, sd = 0.05, 2000, 0.015, GateConfig().learning_signal_arm_sd
-
-    def arm(p):
-        return _steps(rng, float(np.clip(p + rng.normal(0, true_sd), 0, 1)))
-
-    draws = [(arm(0.4), arm(0.4)) for _ in range(trials)]
-    naive = sum(learning_signal_bound(c, x, alpha)[1] > 0 for c, x in draws) / trials
-    shipped = sum(learning_signal_bound(c, x, alpha, arm_sd=sd)[1] > 0 for c, x in draws) / trials
+    naive, shipped, power = _arm_noise_trial(seed=2, true_sd=0.015, arm_sd=GateConfig().learning_signal_arm_sd)
     assert shipped < 0.06 and shipped < naive, (naive, shipped)
-    seen = sum(learning_signal_bound(arm(0.05), arm(0.33), alpha, arm_sd=sd)[1] >= 0.10 for _ in range(200))
-    assert seen / 200 > 0.95
+    assert power > 0.95
 
 
 class _Store:
