@@ -511,6 +511,10 @@ def bench_ladder(
     anneal: Annotated[bool, typer.Option(help="rung 3: anneal the learning rate over the time budget (cosine to 0 "
                                               "at its end); --no-anneal keeps the recipe's rate after its "
                                               "warm-up")] = True,
+    sft_examples: Annotated[int | None, typer.Option(min=1, help="rung 3: demonstrations the partial warm start is "
+                                                                 "trained on (default: the family's; fewer leave it "
+                                                                 "partial by what it has seen, not by how long it "
+                                                                 "trained; cached per value)")] = None,
 ) -> None:
     """The learning ladder: sampler/trainer log-prob agreement, a toy GRPO must learn, a task family's held-out gain."""
     from harness.benchmarks.ladder import run as ladder
@@ -549,11 +553,11 @@ def bench_ladder(
         fail("--curve-every reads rung 3's learning curve; add 3 to --rungs or drop --curve-every")
     if seed and 3 not in want:
         fail("--seed picks rung 3's training seed; add 3 to --rungs or drop --seed")
-    if (sft_steps is not None or not anneal) and 3 not in want:
-        fail("--sft-steps and --no-anneal change rung 3; add 3 to --rungs or drop them")
+    if (sft_steps is not None or sft_examples is not None or not anneal) and 3 not in want:
+        fail("--sft-steps, --sft-examples and --no-anneal change rung 3; add 3 to --rungs or drop them")
     res = ladder(out=out, rungs=want, budget_s=budget, threads=threads, max_steps=max_steps, preset=preset, warm=warm,
                  blind_share=blind_share, learner=learner, recipe_kw=recipe_kw, curve_every=curve_every, seed=seed,
-                 family=task, sft_steps=sft_steps, anneal=anneal)
+                 family=task, sft_steps=sft_steps, anneal=anneal, sft_examples=sft_examples)
     if not all(r["passed"] for r in res.values() if "passed" in r):  # the sft reference passes or fails nothing
         raise typer.Exit(1)
 

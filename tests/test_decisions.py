@@ -390,3 +390,37 @@ def test_a_backed_candidate_gets_a_second_arm_pair_in_the_same_stage_pooled_with
     never = run.config.model_copy(update={"backtest": run.config.backtest.model_copy(update={"second_pair": "never"})})
     object.__setattr__(run, "config", never)
     assert second_pairs(run, 1, [first]) == {}
+
+
+def test_replaying_futility_on_a_recorded_run_counts_the_stops_the_saved_re_tests_and_a_lost_promotion(run):
+    """`calibration.replay_runs` (how a `gate.futility` default is checked against live runs): a recorded test that
+    continued to a new pair with a clearly negative estimate is stopped, its later pooled re-test is saved, and that
+    re-test's promotion counts as lost; a test with a positive estimate continues; futility 0 stops nothing. Would
+    catch a replay that ignores the setting, judges a re-test without the pairs it pooled, or counts a promotion as
+    lost that came from another change."""
+    import yaml
+
+    from harness.benchmarks.calibration import replay_runs
+    from harness.decisions import fingerprint
+    from harness.records import Evidence, Verdict
+
+    run_dir = run.run_dir
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(run.config.model_dump(mode="json"), sort_keys=False))
+    fp = fingerprint(run)
+    loser = [-1.0] * 6 + [1.0] * 4 + [0.0] * 54  # effect -0.031 on 64 instances: neither refuted nor promising
+    winner = [0.5] * 14 + [-0.25] * 2 + [0.0] * 48
+    _propose(run, "s1c1", LR, 1)
+    _record(run, "s1c1", "inconclusive", loser, fp)
+    _propose(run, "s1c2", Change(kind="recipe", knob="recipe.temperature", value=0.7), 1)
+    _record(run, "s1c2", "inconclusive", winner, fp)
+    _propose(run, "s2c1", LR, 2)  # the re-test of s1c1, pooled with it and promoted
+    ev = Evidence(n=64, control=0.3, candidate=0.4, effect=0.1, ci_low=0.01, ci_high=0.2, judge=fp, diffs=winner,
+                  slices=[{"size": "3"}] * 64, pooled=["s1c1"], pairs=2, next_step=None)
+    run.store.set_candidate_verdict(Verdict(candidate="s2c1", decision="promoted", reason="recorded", evidence=ev))
+
+    got = replay_runs([run_dir], futility=0.05)
+    assert (got["runs"], got["continued_tests"], got["stopped"]) == (1, 2, 1), got
+    assert [s["candidate"] for s in got["stops"]] == ["s1c1"]
+    assert (got["saved_pairs"], got["lost_promotions"], got["stops"][0]["lost"]) == (1, 1, ["s2c1"])
+    off = replay_runs([run_dir], futility=0.0)
+    assert (off["continued_tests"], off["stopped"], off["lost_promotions"]) == (2, 0, 0)

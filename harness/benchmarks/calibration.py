@@ -35,7 +35,9 @@ Prints grep-able `key: value` lines, one `pair:` line per arm pair and one `deci
 runs split with `--first` (rates with Wilson intervals, seconds per decision of both procedures, their ratio, the
 arm-training noise implied by the A/A pairs' full-n effects); `... replay --futility 0.05 A.json B.json` (also
 `--learning-signal`, `--learning-signal-arm-sd`) judges the
-recorded arm pairs again under another gate setting, with no training (`replay`).
+recorded arm pairs again under another gate setting, with no training (`replay`); `... replay-runs --futility 0.05
+RUN_DIR ...` judges the recorded decisions of live runs (their run.db and config.yaml) again under another
+`gate.futility`: the tests it stops, the pooled re-tests it saves, the promotions it loses (`replay_runs`).
 """
 
 from __future__ import annotations
@@ -453,6 +455,61 @@ def replay(paths: list[str], config: str | Path = DEFAULT_CONFIG, **gate: Any) -
     return summary
 
 
+def replay_runs(run_dirs: list[str | Path], futility: float) -> dict[str, Any]:
+    """Replay `gate.futility` on the recorded decisions of live runs, with no training. Every recorded test that
+    continued to a new arm pair (inconclusive, re-testable later) is judged again by `harness.sequential.decide` on
+    the pairs it had (its own and the earlier ones it pooled, each candidate's per-instance differences in run.db),
+    with the run's own gate (config.yaml) and `futility`, the stage's judged candidates as its comparisons. A test
+    the rule stops would have ended there: its later pooled re-tests are saved, and any of them that was promoted is
+    a promotion lost. A replay on records cannot see what a run would have done instead (the stage's slot goes to
+    another candidate); it counts what the rule removes. Prints and returns the counts, and one line per stop."""
+    from harness.config import load_config
+    from harness.sequential import PairEvidence, decide
+    from harness.store import RunStore
+
+    tot: dict[str, Any] = {"runs": 0, "promotions": 0, "continued_tests": 0, "stopped": 0, "saved_pairs": 0,
+                           "lost_promotions": 0, "stops": []}
+    for d in map(Path, run_dirs):
+        if not (d / "run.db").exists() or not (d / "config.yaml").exists():
+            raise FileNotFoundError(f"{d}: not a run directory (needs run.db and config.yaml)")
+        cfg = load_config(d / "config.yaml")
+        gate = cfg.gate.model_copy(update={"futility": futility})
+        plan = gate.plan(cfg.backtest.n)
+        with RunStore.open(d / "run.db") as store:
+            rows = [c for run in store.runs() for c in store.candidates(run)]
+        ev = {c["id"]: c["evidence"] or {} for c in rows}
+        status = {c["id"]: c["status"] for c in rows}
+        judged: dict[int, int] = {}
+        for c in rows:
+            if ev[c["id"]].get("diffs"):
+                judged[c["stage"]] = judged.get(c["stage"], 0) + 1
+        tot["runs"] += 1
+        tot["promotions"] += sum(s == "promoted" for s in status.values())
+        for c in rows:
+            e = ev[c["id"]]
+            if e.get("next_step") != "new_pair" or not e.get("diffs"):
+                continue
+            chain = [p for p in e.get("pooled") or [] if ev.get(p, {}).get("diffs")] + [c["id"]]
+            pairs = [PairEvidence(judge=ev[p]["judge"], diffs=ev[p]["diffs"], slices=ev[p].get("slices") or [])
+                     for p in chain]
+            look = decide(pairs, plan, comparisons=max(1, judged.get(c["stage"], 1)))
+            tot["continued_tests"] += 1
+            if not (look.next_step == "stop" and "futility" in look.reason):
+                continue
+            later = [x for x, e2 in ev.items() if c["id"] in (e2.get("pooled") or [])]
+            lost = [x for x in later if status[x] == "promoted"]
+            tot["stopped"] += 1
+            tot["saved_pairs"] += len(later)
+            tot["lost_promotions"] += len(lost)
+            tot["stops"].append({"run": str(d), "candidate": c["id"], "knob": c["knob"], "effect": e.get("effect"),
+                                 "pairs": len(chain), "later": later, "lost": lost})
+            print(f"stop: {d} {c['id']} {c['knob']} effect {e.get('effect', 0):+.3f} after {len(chain)} pair(s); "
+                  f"later re-tests {later or 'none'}" + (f"; LOST promotion {lost}" if lost else ""), flush=True)
+    for key in ("runs", "promotions", "continued_tests", "stopped", "saved_pairs", "lost_promotions"):
+        print(f"{key}: {tot[key]}", flush=True)
+    return tot
+
+
 if __name__ == "__main__":
     import sys
 
@@ -473,5 +530,14 @@ if __name__ == "__main__":
         if a.learning_signal is not None:
             gate["learning_signal"] = None if a.learning_signal.lower() == "none" else float(a.learning_signal)
         replay(a.files, **gate)
+    elif sys.argv[1:2] == ["replay-runs"]:  # replay-runs --futility 0.05 RUN_DIR ...
+        import argparse
+
+        ap = argparse.ArgumentParser(prog="python -m harness.benchmarks.calibration replay-runs",
+                                     description="replay gate.futility on the recorded decisions of live runs")
+        ap.add_argument("runs", nargs="+", help="run directories (each with run.db and config.yaml)")
+        ap.add_argument("--futility", type=float, required=True, help="the gate.futility to replay")
+        a = ap.parse_args(sys.argv[2:])
+        replay_runs(a.runs, a.futility)
     else:
         run()

@@ -521,7 +521,8 @@ def run(out: str | Path = "runs/bench-ladder", rungs: tuple[int, ...] = (1, 2, 3
         threads: int = 2, max_steps: int = 1500, preset: str = "tiny", warm: str = "undertrained",
         blind_share: float | None = None, learner: str = "grpo",
         recipe_kw: dict[str, Any] | None = None, curve_every: float | None = None, seed: int = 0,
-        family: str = "mapf", sft_steps: int | None = None, anneal: bool = True) -> dict[str, Any]:
+        family: str = "mapf", sft_steps: int | None = None, anneal: bool = True,
+        sft_examples: int | None = None) -> dict[str, Any]:
     cpu_threads(threads)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -535,10 +536,11 @@ def run(out: str | Path = "runs/bench-ladder", rungs: tuple[int, ...] = (1, 2, 3
             teacher = {**NOISY_TEACHER, **({} if blind_share is None else {"blind_share": blind_share})}
             res["rung3"] = rung3(out, budget_s=budget_s, max_steps=max_steps, preset=preset, learner=learner,
                                  recipe_kw=recipe_kw, curve_every=curve_every, seed=seed, sft_steps=sft_steps,
-                                 anneal=anneal, **teacher)
+                                 anneal=anneal, **{**teacher, **({} if sft_examples is None
+                                                                 else {"sft_examples": sft_examples})})
         else:
             res["rung3"] = rung3(out, budget_s=budget_s, max_steps=max_steps, preset=preset, learner=learner,
                                  recipe_kw=recipe_kw, curve_every=curve_every, seed=seed, family=family,
-                                 sft_steps=sft_steps, anneal=anneal)
+                                 sft_steps=sft_steps, anneal=anneal, sft_examples=sft_examples)
     (out / "ladder.json").write_text(json.dumps(res, indent=1, default=float))
     return res
