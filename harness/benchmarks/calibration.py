@@ -457,14 +457,16 @@ def replay(paths: list[str], config: str | Path = DEFAULT_CONFIG, **gate: Any) -
 
 def replay_runs(run_dirs: list[str | Path], futility: float) -> dict[str, Any]:
     """Replay `gate.futility` on the recorded decisions of live runs, with no training. Every recorded test that
-    continued to a new arm pair (inconclusive, re-testable later) is judged again by `harness.sequential.decide` on
-    the pairs it had (its own and the earlier ones it pooled, each candidate's per-instance differences in run.db),
+    continued to a new arm pair (inconclusive, re-testable later) is judged again by the loop's verdict function
+    (`harness.backtest.verdicts`) on the pairs it had (its own and the earlier ones it pooled, each candidate's
+    per-instance differences in run.db, as outcomes max(0, -d) and max(0, d): the procedure sees only the differences),
     with the run's own gate (config.yaml) and `futility`, the stage's judged candidates as its comparisons. A test
     the rule stops would have ended there: its later pooled re-tests are saved, and any of them that was promoted is
     a promotion lost. A replay on records cannot see what a run would have done instead (the stage's slot goes to
     another candidate); it counts what the rule removes. Prints and returns the counts, and one line per stop."""
+    from harness.backtest import ArmEval
     from harness.config import load_config
-    from harness.sequential import PairEvidence, decide
+    from harness.sequential import PairEvidence
     from harness.store import RunStore
 
     tot: dict[str, Any] = {"runs": 0, "promotions": 0, "continued_tests": 0, "stopped": 0, "saved_pairs": 0,
@@ -490,11 +492,16 @@ def replay_runs(run_dirs: list[str | Path], futility: float) -> dict[str, Any]:
             if e.get("next_step") != "new_pair" or not e.get("diffs"):
                 continue
             chain = [p for p in e.get("pooled") or [] if ev.get(p, {}).get("diffs")] + [c["id"]]
-            pairs = [PairEvidence(judge=ev[p]["judge"], diffs=ev[p]["diffs"], slices=ev[p].get("slices") or [])
-                     for p in chain]
-            look = decide(pairs, plan, comparisons=max(1, judged.get(c["stage"], 1)))
+            prior = [PairEvidence(judge=ev[p]["judge"], diffs=ev[p]["diffs"], slices=ev[p].get("slices") or [])
+                     for p in chain[:-1]]
+            diffs = [float(x) for x in e["diffs"]]
+            sl = e.get("slices") or [{} for _ in diffs]
+            arms = [ArmEval(seeds=list(range(len(diffs))), outcomes=[max(0.0, sign * x) for x in diffs], slices=sl)
+                    for sign in (-1.0, 1.0)]  # control max(0, -d), candidate max(0, d): candidate - control = d
+            v, = verdicts(arms[0], {}, [(c["id"], {}, arms[1])], gate, plan=plan, judge=e["judge"],
+                          prior={c["id"]: prior}, comparisons=max(1, judged.get(c["stage"], 1)))
             tot["continued_tests"] += 1
-            if not (look.next_step == "stop" and "futility" in look.reason):
+            if not (v.evidence is not None and v.evidence.next_step == "stop" and "futility" in v.reason):
                 continue
             later = [x for x, e2 in ev.items() if c["id"] in (e2.get("pooled") or [])]
             lost = [x for x in later if status[x] == "promoted"]
