@@ -90,8 +90,8 @@ RUNGS: dict[str, Rung3Family] = {
     # code: BENCHMARKS.md's code section, "GRPO with dynamic sampling does raise greedy pass rates here": a warm start
     # on the family's default mix (depths 1-2), GRPO on depths 1-3 with dead groups dropped (+5.7 points on depth 2,
     # +3.0 on depth 3 after 300 steps). The warm start sees 400 demonstrations (800 SFT steps): from 4000 the rung
-    # read -0.8 to +1.2 [+0.0, +2.5] in six 10-minute tries; from 400 it passed twice, +3.8 [+1.8, +5.8] and
-    # +5.0 [+3.0, +7.0] (training seeds 0 and 1; BENCHMARKS.md, "Rung 3 on math and code", twenty-eighth session)
+    # read -0.8 to +1.2 [+0.0, +2.5] in six 10-minute tries; from 400 it passed on three training seeds of three,
+    # +3.8 [+1.8, +5.8], +5.0 [+3.0, +7.0], +6.2 [+3.7, +8.7] (BENCHMARKS.md, "Rung 3 on math and code")
     "code": Rung3Family(
         env={"levels": [{"depth": d, "data_ratio": r, "vocab": 6} for d, r in ((1, 0.3), (2, 0.4), (3, 0.3))]},
         warm_env={"levels": [{"depth": 1, "data_ratio": 0.6, "vocab": 6}, {"depth": 2, "data_ratio": 0.4, "vocab": 6}]},
