@@ -511,10 +511,10 @@ def bench_ladder(
     anneal: Annotated[bool, typer.Option(help="rung 3: anneal the learning rate over the time budget (cosine to 0 "
                                               "at its end); --no-anneal keeps the recipe's rate after its "
                                               "warm-up")] = True,
-    sft_examples: Annotated[int | None, typer.Option(min=1, help="rung 3: demonstrations the partial warm start is "
-                                                                 "trained on (default: the family's; fewer leave it "
-                                                                 "partial by what it has seen, not by how long it "
-                                                                 "trained; cached per value)")] = None,
+    sft_examples: Annotated[int | None, typer.Option(min=1, help="rung 3: demonstrations the warm start is trained "
+                                                                 "on (default: the family's, e.g. code 400: its "
+                                                                 "rung passes from 400 and not from 4000, "
+                                                                 "BENCHMARKS.md; cached per value)")] = None,
 ) -> None:
     """The learning ladder: sampler/trainer log-prob agreement, a toy GRPO must learn, a task family's held-out gain."""
     from harness.benchmarks.ladder import run as ladder

@@ -470,7 +470,7 @@ def replay_runs(run_dirs: list[str | Path], futility: float) -> dict[str, Any]:
     from harness.store import RunStore
 
     tot: dict[str, Any] = {"runs": 0, "promotions": 0, "continued_tests": 0, "stopped": 0, "saved_pairs": 0,
-                           "lost_promotions": 0, "stops": []}
+                           "lost_promotions": 0, "not_replayable": 0, "stops": []}
     for d in map(Path, run_dirs):
         if not (d / "run.db").exists() or not (d / "config.yaml").exists():
             raise FileNotFoundError(f"{d}: not a run directory (needs run.db and config.yaml)")
@@ -492,6 +492,9 @@ def replay_runs(run_dirs: list[str | Path], futility: float) -> dict[str, Any]:
             if e.get("next_step") != "new_pair" or not e.get("diffs"):
                 continue
             chain = [p for p in e.get("pooled") or [] if ev.get(p, {}).get("diffs")] + [c["id"]]
+            if not all(ev[p].get("judge") for p in chain):  # recorded before evidence named its judge
+                tot["not_replayable"] += 1
+                continue
             prior = [PairEvidence(judge=ev[p]["judge"], diffs=ev[p]["diffs"], slices=ev[p].get("slices") or [])
                      for p in chain[:-1]]
             diffs = [float(x) for x in e["diffs"]]
@@ -512,7 +515,8 @@ def replay_runs(run_dirs: list[str | Path], futility: float) -> dict[str, Any]:
                                  "pairs": len(chain), "later": later, "lost": lost})
             print(f"stop: {d} {c['id']} {c['knob']} effect {e.get('effect', 0):+.3f} after {len(chain)} pair(s); "
                   f"later re-tests {later or 'none'}" + (f"; LOST promotion {lost}" if lost else ""), flush=True)
-    for key in ("runs", "promotions", "continued_tests", "stopped", "saved_pairs", "lost_promotions"):
+    for key in ("runs", "promotions", "continued_tests", "stopped", "saved_pairs", "lost_promotions",
+                "not_replayable"):
         print(f"{key}: {tot[key]}", flush=True)
     return tot
 
