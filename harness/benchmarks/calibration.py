@@ -458,15 +458,16 @@ def replay(paths: list[str], config: str | Path = DEFAULT_CONFIG, **gate: Any) -
 def replay_runs(run_dirs: list[str | Path], futility: float) -> dict[str, Any]:
     """Replay `gate.futility` on the recorded decisions of live runs, with no training. Every recorded test that
     continued to a new arm pair (inconclusive, re-testable later) is judged again by the loop's verdict function
-    (`harness.backtest.verdicts`) on the pairs it had (its own and the earlier ones it pooled, each candidate's
-    per-instance differences in run.db, as outcomes max(0, -d) and max(0, d): the procedure sees only the differences),
+    (`harness.backtest.verdicts`) on the pairs it had (`harness.backtest.prior_pairs` of the earlier tests it pooled
+    and its own recorded evidence, same-stage pairs included; its own pair as outcomes max(0, -d) and max(0, d): the
+    procedure sees only the differences),
     with the run's own gate (config.yaml) and `futility`, the stage's judged candidates as its comparisons. A test
     the rule stops would have ended there: its later pooled re-tests are saved, and any of them that was promoted is
     a promotion lost. A replay on records cannot see what a run would have done instead (the stage's slot goes to
     another candidate); it counts what the rule removes. Prints and returns the counts, and one line per stop."""
     from harness.backtest import ArmEval
     from harness.config import load_config
-    from harness.sequential import PairEvidence
+    from harness.records import Evidence
     from harness.store import RunStore
 
     tot: dict[str, Any] = {"runs": 0, "promotions": 0, "continued_tests": 0, "stopped": 0, "saved_pairs": 0,
@@ -491,17 +492,19 @@ def replay_runs(run_dirs: list[str | Path], futility: float) -> dict[str, Any]:
             e = ev[c["id"]]
             if e.get("next_step") != "new_pair" or not e.get("diffs"):
                 continue
-            chain = [p for p in e.get("pooled") or [] if ev.get(p, {}).get("diffs")] + [c["id"]]
-            if not all(ev[p].get("judge") for p in chain):  # recorded before evidence named its judge
+            rec = Evidence.model_validate(e)
+            earlier = [Evidence.model_validate(ev[p]) for p in rec.pooled if ev.get(p, {}).get("diffs")]
+            # every pair the test was judged on, as the loop pools them: the earlier tests' (with their same-stage
+            # pairs), this test's same-stage pairs, then its own pair last
+            pairs, _, refused = prior_pairs([*earlier, rec], rec.judge or "")
+            if not rec.judge or refused:  # recorded before evidence named its judge, or across judges
                 tot["not_replayable"] += 1
                 continue
-            prior = [PairEvidence(judge=ev[p]["judge"], diffs=ev[p]["diffs"], slices=ev[p].get("slices") or [])
-                     for p in chain[:-1]]
-            diffs = [float(x) for x in e["diffs"]]
-            sl = e.get("slices") or [{} for _ in diffs]
+            *prior, own = pairs
+            diffs, sl = own.diffs, own.slices or [{} for _ in own.diffs]
             arms = [ArmEval(seeds=list(range(len(diffs))), outcomes=[max(0.0, sign * x) for x in diffs], slices=sl)
                     for sign in (-1.0, 1.0)]  # control max(0, -d), candidate max(0, d): candidate - control = d
-            v, = verdicts(arms[0], {}, [(c["id"], {}, arms[1])], gate, plan=plan, judge=e["judge"],
+            v, = verdicts(arms[0], {}, [(c["id"], {}, arms[1])], gate, plan=plan, judge=rec.judge,
                           prior={c["id"]: prior}, comparisons=max(1, judged.get(c["stage"], 1)))
             tot["continued_tests"] += 1
             if not (v.evidence is not None and v.evidence.next_step == "stop" and "futility" in v.reason):
@@ -511,9 +514,9 @@ def replay_runs(run_dirs: list[str | Path], futility: float) -> dict[str, Any]:
             tot["stopped"] += 1
             tot["saved_pairs"] += len(later)
             tot["lost_promotions"] += len(lost)
-            tot["stops"].append({"run": str(d), "candidate": c["id"], "knob": c["knob"], "effect": e.get("effect"),
-                                 "pairs": len(chain), "later": later, "lost": lost})
-            print(f"stop: {d} {c['id']} {c['knob']} effect {e.get('effect', 0):+.3f} after {len(chain)} pair(s); "
+            tot["stops"].append({"run": str(d), "candidate": c["id"], "knob": c["knob"], "effect": rec.effect,
+                                 "pairs": len(pairs), "later": later, "lost": lost})
+            print(f"stop: {d} {c['id']} {c['knob']} effect {rec.effect:+.3f} after {len(pairs)} pair(s); "
                   f"later re-tests {later or 'none'}" + (f"; LOST promotion {lost}" if lost else ""), flush=True)
     for key in ("runs", "promotions", "continued_tests", "stopped", "saved_pairs", "lost_promotions",
                 "not_replayable"):
