@@ -59,7 +59,7 @@ def test_every_shipped_scenario_loads_and_passes_its_checks():
     names = [load_scenario(f).scenario for f in files]
     assert len(names) >= 8 and len(set(names)) == len(names)
     families = {load_scenario(f).task for f in files}
-    assert {"mapf", "math"} <= families
+    assert {"mapf", "math", "code"} <= families
     controls = [f for f in files if load_scenario(f).control]
     assert len(controls) >= 1
     for f in files:
