@@ -27,7 +27,7 @@ import numpy as np
 
 from harness.arms import arm_eval, arm_name, backtest_seeds, judge_more
 from harness.backtest import ArmEval, judge_fingerprint, prior_pairs, regression, verdicts
-from harness.records import Evidence, Verdict, cut
+from harness.records import RECURRING, Evidence, Verdict, cut
 from harness.results import ArmVsStart
 from harness.run import Run
 
@@ -330,7 +330,6 @@ def carried_nothing(run: Run, k: int) -> list[int]:
     return out
 
 
-RECURRING = ("grpo.policy_regressed",)  # the critical findings whose recurrence escalates
 IDLE_STAGES = 2  # after this many stages in a row that carried no trained checkpoint, the next stage escalates
 
 

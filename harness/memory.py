@@ -46,7 +46,7 @@ def history(run: Run) -> list[HistoryItem]:
                                verdict=verdict,
                                effect=c.get("effect"), ci=(lo, hi) if lo is not None and hi is not None else None,
                                reason=c.get("reason") or "", key=key, value=(c["patch"] or {}).get("value"),
-                               spent=spent))
+                               old=c.get("old_value"), spent=spent))
     # a change is final from a state once any test of it there was (spent, refuted, promoted): its earlier
     # inconclusive tests hold only part of that evidence and are final too, so no one (engineer, escalation, a
     # continued mixture) re-tests them and restarts a finished test

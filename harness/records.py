@@ -25,6 +25,10 @@ def cut(text: Any, n: int = REASON_CHARS) -> str:
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
+
+RECURRING = ("grpo.policy_regressed",)  # the critical findings whose recurrence escalates (`harness.decisions`)
+# and presses a confirmed step further (`harness.engineer.rule.press_on`)
+
 class Rollout(BaseModel):
     """One completion of the policy on one instance, scored. Completions of the same prompt share `group`."""
 
@@ -131,6 +135,7 @@ class HistoryItem(BaseModel):
     key: str = Field("", description="harness.engineer.proposal.change_key(state, change): the same experiment from "
                                      "the same harness state has the same key (the engineer never repeats a rejected one)")
     value: Any = Field(None, description="the change's value as proposed (a mixture's weights, a knob's number)")
+    old: Any = Field(None, description="the knob's value before the change (None where not recorded)")
     spent: bool = Field(False, description="its test ended inconclusive with its evidence spent (final from this "
                                            "state): `ci` is what the whole plan could see")
 

@@ -371,3 +371,45 @@ def test_a_step_whose_test_was_spent_with_a_positive_lower_bound_is_doubled_not_
                            ci=(0.01, 0.09), spent=True, key=change_key("abc123", Change(kind="recipe", knob=g, value=16)))]
     res = propose(EngineerConfig(), _diag(history=spent16), lib, 2, np.random.default_rng(0), space=SPACE)
     assert [c.change.value for c in res.candidates if c.change.knob == g] == [32]
+
+
+def test_a_knob_promoted_one_way_whose_regression_recurs_gets_a_larger_step_the_same_way(lib):
+    """A collapsing learning rate halved and promoted, then the stage's training lowers the policy again
+    (`grpo.policy_regressed` back): the skill's next step is the factor squared (x0.25), then to the fourth power
+    after two such promotions, not another half per stage (code-lr-collapse: 1e-3 -> 5e-4 -> 2.5e-4 and nothing
+    trained kept). Caught: the plain half again; pressing on without the recurring finding, after a promotion the
+    other way, after a chain the current value does not continue (a value set in between), or onto a change
+    already rejected from this state (the plain step is proposed then)."""
+    lib.add(_skill("lower-lr", ["grpo.policy_regressed"], "recipe.learning_rate", op="mul", value=0.5, kind="recipe",
+                   cond="rate > 0"))
+    lib.add(_skill("lower-lr-other", ["grpo.other"], "recipe.learning_rate", op="mul", value=0.5, kind="recipe",
+                   cond="rate > 0"))
+    lr = "recipe.learning_rate"
+
+    def space(cur):
+        return {**SPACE, lr: Knob(path=lr, kind="recipe", lo=1e-7, hi=1e-2, current=cur)}
+
+    def promoted(*steps):  # (stage, old, new)
+        return [HistoryItem(stage=s, candidate=f"s{s}c1", knob=lr, change=f"{lr} -> {new}", verdict="promoted",
+                            value=new, old=old, effect=0.3, ci=(0.1, 0.5),
+                            key=change_key(f"state{s}", Change(kind="recipe", knob=lr, value=new)))
+                for s, old, new in steps]
+
+    def lr_of(history, cur, code="grpo.policy_regressed", rejected=()):
+        findings = [Finding(code=code, severity="critical", count=64, rate=0.15)]
+        d = Diagnosis(task="mapf", stage=3, state="abc123", findings=findings, history=[
+            *history, *(HistoryItem(stage=2, candidate=f"r{i}", knob=lr, change="x", verdict="rejected", value=v,
+                                    key=change_key("abc123", Change(kind="recipe", knob=lr, value=v)))
+                        for i, v in enumerate(rejected))])
+        res = propose(EngineerConfig(), d, lib, 2, np.random.default_rng(0), space=space(cur))
+        got = [c for c in res.candidates if c.change.knob == lr]
+        return (got[0].change.value if got else None), (got[0].rationale if got else "")
+
+    assert lr_of([], 1e-3)[0] == 5e-4  # nothing promoted yet: the skill's own half
+    value, why = lr_of(promoted((1, 1e-3, 5e-4)), 5e-4)
+    assert value == 1.25e-4 and "the step x2" in why and "grpo.policy_regressed is back" in why, why
+    assert lr_of(promoted((1, 1e-3, 5e-4), (2, 5e-4, 1.25e-4)), 1.25e-4)[0] == round(1.25e-4 / 16, 6)  # x4
+    assert lr_of(promoted((1, 1e-3, 5e-4)), 5e-4, code="grpo.other")[0] == 2.5e-4  # not a recurring regression
+    assert lr_of(promoted((1, 2.5e-4, 5e-4)), 5e-4)[0] == 2.5e-4  # promoted the other way: the plain half
+    assert lr_of(promoted((1, 1e-3, 5e-4)), 4e-4)[0] == 2e-4  # the chain does not end at today's value
+    assert lr_of(promoted((1, 1e-3, 5e-4)), 5e-4, rejected=(1.25e-4,))[0] == 2.5e-4  # larger step refuted: the half

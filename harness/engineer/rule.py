@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from harness.engineer.proposal import Knob, change_key, current_mixture, make_candidate, vet_error
-from harness.records import Candidate, Change, Diagnosis, Finding
+from harness.records import RECURRING, Candidate, Change, Diagnosis, Finding
 from harness.tasks.knobs import ENTRY, MIXTURE, canonical_mixture, fill
 from skills.library import SkillError, condition_holds
 from skills.model import Skill
@@ -211,11 +211,8 @@ def extend_spent(diagnosis: Diagnosis, skill: Skill, change: Change, old: Any, s
     if why is None:
         return None
     for times in range(1, MAX_EXTENSIONS + 1):
-        if skill.intervention.op == "add":
-            new = cur + (value - cur) * 2 ** times
-        elif cur > 0 and value > 0:
-            new = cur * (value / cur) ** (2 ** times)
-        else:
+        new = _scaled(skill.intervention.op, cur, value, times)
+        if new is None:
             return None
         new = min(max(new, k.lo), k.hi)
         nv: float | int = round(new) if k.integer else round(new, 6)
@@ -232,6 +229,63 @@ def extend_spent(diagnosis: Diagnosis, skill: Skill, change: Change, old: Any, s
                         f"[{why.ci[0]:+.3f}, {why.ci[1]:+.3f}] (better than the control, not promoted): "
                         f"the step x{2 ** times}")
     return None
+
+
+def _scaled(op: str, cur: float, value: float, times: int) -> float | None:
+    """The step from `cur` to `value` made 2**times as large in the skill's own space (the offset for add, the factor
+    for mul); None where a factor is undefined."""
+    if op == "add":
+        return cur + (value - cur) * 2 ** times
+    if cur > 0 and value > 0:
+        return cur * (value / cur) ** (2 ** times)
+    return None
+
+
+def press_on(diagnosis: Diagnosis, skill: Skill, finding: Finding, change: Change, old: Any,
+             space: dict[str, Knob], rejected: set[str]) -> tuple[Change, str] | None:
+    """The same skill's change with its step doubled once for each promotion that already moved this knob the same
+    way in this run, when the recurring critical finding that calls for it (`harness.records.RECURRING`: the
+    stage's training lowered the policy again) is back. A careful experimenter who halved a collapsing learning rate,
+    saw the half win its test and then saw training at the half collapse the policy again, cuts harder next rather
+    than by the same half once a stage (from 1e-3 the 1e-4 that trains is 3.3 halvings away: one stage each at best,
+    and no trained checkpoint is kept until then; BENCHMARKS.md, "A third family: code scenarios"). Like
+    `extend_spent`, a line search that grows its step while the direction keeps being confirmed; the larger step is a
+    new change with its own test, so the gate's error control is untouched. Counted: the run's promoted changes of
+    the knob, newest first, while each ends at the value the next one started from and moved the same way as this
+    change (so a promotion the other way, or a value set by hand in between, ends the count); doubled at most
+    MAX_EXTENSIONS times, clipped to the knob's range. None when nothing qualifies, the knob is not numeric, or the
+    larger step reaches a bound or a change already rejected from this state."""
+    op = skill.intervention.op
+    if finding.code not in RECURRING or change.kind == "diagnostic" or op not in ("add", "mul"):
+        return None
+    if change.knob not in space or not isinstance(old, (int, float)) or not isinstance(change.value, (int, float)):
+        return None
+    k = space[change.knob]
+    cur, value = float(old), float(change.value)
+    way = (value > cur) - (value < cur)
+    promoted = sorted((h for h in diagnosis.history if h.verdict == "promoted" and h.knob == change.knob
+                       and isinstance(h.value, (int, float)) and isinstance(h.old, (int, float))),
+                      key=lambda h: h.stage, reverse=True)
+    times, at = 0, cur
+    for h in promoted:
+        if not np.isclose(float(h.value), at, rtol=1e-6, atol=0.0) or ((h.value > h.old) - (h.value < h.old)) != way:
+            break
+        times, at = times + 1, float(h.old)
+    if times == 0 or way == 0:
+        return None
+    times = min(times, MAX_EXTENSIONS)
+    new = _scaled(op, cur, value, times)
+    if new is None:
+        return None
+    new = min(max(new, k.lo), k.hi)
+    nv: float | int = round(new) if k.integer else round(new, 6)
+    if nv in (k.current, value):
+        return None
+    bigger = Change(kind=change.kind, knob=change.knob, value=nv)
+    if change_key(diagnosis.state, bigger) in rejected or vet_error(diagnosis, bigger):
+        return None
+    return bigger, (f"{change.knob} was moved this way and promoted {times} time(s) in this run and {finding.code} "
+                    f"is back: the step x{2 ** times}")
 
 
 # --- choosing ---------------------------------------------------------------------------------------------------------
@@ -306,7 +360,10 @@ def propose_rule(diagnosis: Diagnosis, in_family: list[Skill], fallback: list[Sk
         if change.knob in knobs:
             continue
         extended = ""
-        if change_key(diagnosis.state, change) in rejected:
+        if (pressed := press_on(diagnosis, skill, f, change, old, space, rejected)) is not None:
+            change, extended = pressed[0], f" ({pressed[1]})"
+            notes.append(f"{skill.name}: {change.knob} -> {change.value}{extended}")
+        elif change_key(diagnosis.state, change) in rejected:
             bigger = extend_spent(diagnosis, skill, change, old, space, rejected)
             if bigger is None or vet_error(diagnosis, bigger[0]):
                 notes.append(f"{skill.name}: {change.knob} -> {change.value} already rejected from this state; skipped")
