@@ -408,7 +408,7 @@ def test_a_knob_promoted_one_way_whose_regression_recurs_gets_a_larger_step_the_
     assert lr_of([], 1e-3)[0] == 5e-4  # nothing promoted yet: the skill's own half
     value, why = lr_of(promoted((1, 1e-3, 5e-4)), 5e-4)
     assert value == 1.25e-4 and "the step x2" in why and "grpo.policy_regressed is back" in why, why
-    assert lr_of(promoted((1, 1e-3, 5e-4), (2, 5e-4, 1.25e-4)), 1.25e-4)[0] == round(1.25e-4 / 16, 6)  # x4
+    assert lr_of(promoted((1, 1e-3, 5e-4), (2, 5e-4, 1.25e-4)), 1.25e-4)[0] == 1.25e-4 / 16  # x4
     assert lr_of(promoted((1, 1e-3, 5e-4)), 5e-4, code="grpo.other")[0] == 2.5e-4  # not a recurring regression
     assert lr_of(promoted((1, 2.5e-4, 5e-4)), 5e-4)[0] == 2.5e-4  # promoted the other way: the plain half
     assert lr_of(promoted((1, 1e-3, 5e-4)), 4e-4)[0] == 2e-4  # the chain does not end at today's value

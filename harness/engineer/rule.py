@@ -139,6 +139,12 @@ def adopt_entry(name: str, knob: str, finding: Finding, diagnosis: Diagnosis | N
             {value: {f: m for f, (m, _) in diff.items()}})
 
 
+def _rounded(new: float, k: Knob) -> float | int:
+    """A knob's new value as proposed: whole for an integer knob, else six significant digits (a learning rate of
+    6.25e-5 stays 6.25e-5; six decimals made it 6.3e-5 and a rate below 5e-7 zero)."""
+    return round(new) if k.integer else float(f"{new:.6g}")
+
+
 def instantiate(skill: Skill, finding: Finding, space: dict[str, Knob], step_scale: float, task: str | None = None,
                 diagnosis: Diagnosis | None = None) -> tuple[Change, Any] | str:
     """The concrete change a skill makes for a finding, with the old value; or a string saying why it cannot. A
@@ -176,7 +182,7 @@ def instantiate(skill: Skill, finding: Finding, space: dict[str, Knob], step_sca
     else:  # set
         new = float(iv.value)
     new = min(max(new, k.lo), k.hi)
-    value: float | int = round(new) if k.integer else round(new, 6)
+    value = _rounded(new, k)
     if value == k.current:
         return f"{skill.name}: {knob} stays {k.current:g} (at its bound or step too small)"
     return Change(kind=k.kind, knob=knob, value=value), k.current
@@ -215,7 +221,7 @@ def extend_spent(diagnosis: Diagnosis, skill: Skill, change: Change, old: Any, s
         if new is None:
             return None
         new = min(max(new, k.lo), k.hi)
-        nv: float | int = round(new) if k.integer else round(new, 6)
+        nv = _rounded(new, k)
         if nv in (k.current, value):
             return None
         bigger = Change(kind=change.kind, knob=change.knob, value=nv)
@@ -278,7 +284,7 @@ def press_on(diagnosis: Diagnosis, skill: Skill, finding: Finding, change: Chang
     if new is None:
         return None
     new = min(max(new, k.lo), k.hi)
-    nv: float | int = round(new) if k.integer else round(new, 6)
+    nv = _rounded(new, k)
     if nv in (k.current, value):
         return None
     bigger = Change(kind=change.kind, knob=change.knob, value=nv)
