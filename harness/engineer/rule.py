@@ -140,7 +140,7 @@ def adopt_entry(name: str, knob: str, finding: Finding, diagnosis: Diagnosis | N
 
 
 def _rounded(new: float, k: Knob) -> float | int:
-    """A knob's new value as proposed: whole for an integer knob, else six significant digits (a learning rate of
+    """A knob's new value as proposed: whole for an integer knob, else six significant figures (a learning rate of
     6.25e-5 stays 6.25e-5; six decimals made it 6.3e-5 and a rate below 5e-7 zero)."""
     return round(new) if k.integer else float(f"{new:.6g}")
 
