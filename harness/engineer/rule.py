@@ -217,12 +217,8 @@ def extend_spent(diagnosis: Diagnosis, skill: Skill, change: Change, old: Any, s
     if why is None:
         return None
     for times in range(1, MAX_EXTENSIONS + 1):
-        new = _scaled(skill.intervention.op, cur, value, times)
-        if new is None:
-            return None
-        new = min(max(new, k.lo), k.hi)
-        nv = _rounded(new, k)
-        if nv in (k.current, value):
+        nv = _larger(skill.intervention.op, cur, value, times, k)
+        if nv is None:
             return None
         bigger = Change(kind=change.kind, knob=change.knob, value=nv)
         key = change_key(diagnosis.state, bigger)
@@ -237,14 +233,18 @@ def extend_spent(diagnosis: Diagnosis, skill: Skill, change: Change, old: Any, s
     return None
 
 
-def _scaled(op: str, cur: float, value: float, times: int) -> float | None:
+def _larger(op: str, cur: float, value: float, times: int, k: Knob) -> float | int | None:
     """The step from `cur` to `value` made 2**times as large in the skill's own space (the offset for add, the factor
-    for mul); None where a factor is undefined."""
+    for mul), clipped to the knob's range and rounded as proposed; None where a factor is undefined or the result is
+    no new value (a bound reached)."""
     if op == "add":
-        return cur + (value - cur) * 2 ** times
-    if cur > 0 and value > 0:
-        return cur * (value / cur) ** (2 ** times)
-    return None
+        new = cur + (value - cur) * 2 ** times
+    elif cur > 0 and value > 0:
+        new = cur * (value / cur) ** (2 ** times)
+    else:
+        return None
+    nv = _rounded(min(max(new, k.lo), k.hi), k)
+    return None if nv in (k.current, value) else nv
 
 
 def press_on(diagnosis: Diagnosis, skill: Skill, finding: Finding, change: Change, old: Any,
@@ -280,12 +280,8 @@ def press_on(diagnosis: Diagnosis, skill: Skill, finding: Finding, change: Chang
     if times == 0 or way == 0:
         return None
     times = min(times, MAX_EXTENSIONS)
-    new = _scaled(op, cur, value, times)
-    if new is None:
-        return None
-    new = min(max(new, k.lo), k.hi)
-    nv = _rounded(new, k)
-    if nv in (k.current, value):
+    nv = _larger(op, cur, value, times, k)
+    if nv is None:
         return None
     bigger = Change(kind=change.kind, knob=change.knob, value=nv)
     if change_key(diagnosis.state, bigger) in rejected or vet_error(diagnosis, bigger):
