@@ -25,9 +25,9 @@ def cut(text: Any, n: int = REASON_CHARS) -> str:
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
-
 RECURRING = ("grpo.policy_regressed",)  # the critical findings whose recurrence escalates (`harness.decisions`)
 # and presses a confirmed step further (`harness.engineer.rule.press_on`)
+
 
 class Rollout(BaseModel):
     """One completion of the policy on one instance, scored. Completions of the same prompt share `group`."""
