@@ -174,11 +174,27 @@ def backed(run: Run, cid: str) -> str | None:
     return f"its skill {skill} was promoted in {len(won)} other run(s)" if won else None
 
 
+SIGNAL_KNOBS = ("recipe.temperature",)  # recipe knobs that choose which completions a group holds (see below)
+
+
+def takes_signal_route(kind: str, knob: str) -> bool:
+    """May a change of this kind and knob be decided on learning signal (`signal_verdict`)? The changes that choose
+    what a GRPO group is made of: an ENV change (which prompts) and the sampling temperature (which completions).
+    Why the temperature and no other recipe knob: the live-group share is not monotone in it, so a rise is evidence
+    that the groups moved toward contrast rather than a by-product of the knob. Too cold, a group's completions are
+    identical and it is dead by identity (the cold-temperature scenarios: 64 of 64 groups at 0.1); too hot, the
+    completions stop parsing and groups die all-invalid; between the two the share peaks. A learning rate, a group
+    size or a schedule changes the share as a side effect (more completions per group make one live by count), so
+    those keep the target A/B alone. The guard is the same for both: the target estimate not below the control's."""
+    return kind == "env" or knob in SIGNAL_KNOBS
+
+
 def on_learning_signal(run: Run, k: int, vs: list[Verdict], arms: dict[str, Any], comparisons: int
                        ) -> list[Verdict]:
-    """The gate's second route for an ENV change (`gate.learning_signal`, `signal_verdict`), applied to a stage's
-    verdicts: the candidates' kinds come from run.db, the per-step live shares from the arms' training curves. Returns
-    the verdicts, converted ones replaced; each conversion is an event."""
+    """The gate's second route for a change of what a group is made of (`gate.learning_signal`, `signal_verdict`,
+    `takes_signal_route`), applied to a stage's verdicts: the candidates' kinds and knobs come from run.db, the
+    per-step live shares from the arms' training curves. Returns the verdicts, converted ones replaced; each
+    conversion is an event."""
     from harness.backtest import live_shares
 
     gate = run.config.gate
@@ -189,7 +205,8 @@ def on_learning_signal(run: Run, k: int, vs: list[Verdict], arms: dict[str, Any]
     for v in vs:
         arm, row = arms.get(v.candidate), run.store.candidate(v.candidate)
         got = None
-        if arm is not None and not isinstance(arm, Exception) and row is not None and row["kind"] == "env":
+        if (arm is not None and not isinstance(arm, Exception) and row is not None
+                and takes_signal_route(row["kind"], row.get("knob", ""))):
             got = signal_verdict(v, live_shares(control.curve), live_shares(arm.curve), gate, comparisons)
         if got is not None:
             run.event(k, "backtest", "learning_signal", f"{v.candidate}: {got.reason}", key=f"{k}/signal/{v.candidate}")
@@ -199,15 +216,15 @@ def on_learning_signal(run: Run, k: int, vs: list[Verdict], arms: dict[str, Any]
 
 def signal_verdict(v: Verdict, control_live: list[float], candidate_live: list[float], gate: Any, comparisons: int
                    ) -> Verdict | None:
-    """The gate's second route for an ENV change (`gate.learning_signal`): an inconclusive env candidate whose arm
+    """The gate's second route for an ENV change or a sampling temperature (`gate.learning_signal`,
+    `takes_signal_route`): an inconclusive candidate of that kind whose arm
     trained on a larger share of live GRPO groups than the control arm, by at least `learning_signal` with confidence
     (`harness.backtest.learning_signal_bound`, at the gate's alpha split over the comparisons, Bonferroni as the
     target test), whose target estimate is not below the control's and which no veto held back (it is inconclusive,
     so no slice was harmed beyond tolerance and it was not refuted), is promoted: the promoted verdict, else None. Why:
     a 30-step arm on the right mix moves the target by a few points at most, below what one pair of arms resolves,
     while the mix it corrects leaves most groups dead (no gradient at all); the target test still guards against
-    harm. The caller passes only env changes: a recipe change never takes this route (a hotter temperature makes more
-    groups live by construction, not a better distribution)."""
+    harm. The caller passes only the changes `takes_signal_route` admits."""
     from harness.backtest import learning_signal_bound
 
     ev = v.evidence

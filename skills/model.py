@@ -36,6 +36,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 SkillKind = Literal["env", "recipe", "reward", "diagnostic"]
 
+SEVERITY_MAX = 3.0  # the largest factor `Intervention.scale_with_rate` grows a step by
+
 
 class Trigger(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -50,6 +52,12 @@ class Intervention(BaseModel):
     op: Literal["set", "add", "mul", "code", "mix", "adopt"] = "add"
     value: float | int | str | None = None
     code: str | None = Field(None, description="source of a diagnostic file, for kind=diagnostic")
+    scale_with_rate: float | None = Field(
+        None, gt=0.0, le=1.0, description="an add or mul step that grows with the finding: at this finding rate the "
+        "step is `value`'s, at a rate k times as high k times as large (at most SEVERITY_MAX times, never smaller). "
+        "A symptom that holds for every group calls for a larger move than one that holds for a third of them: from "
+        "a temperature of 0.1 where 64 of 64 groups are identical, +0.2 leaves them identical (BENCHMARKS.md, the "
+        "cold-temperature scenarios). None: the step is `value`'s whatever the rate")
 
 
 class Evidence(BaseModel):

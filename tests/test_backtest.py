@@ -236,7 +236,7 @@ def test_calibration_walk_stops_a_clear_loser_early_and_pools_new_pairs_like_the
     assert w.seconds == pytest.approx(10.0 * w.pairs + 4.0 * w.instances / 160)
 
 
-def test_calibration_walk_takes_the_loops_learning_signal_route_for_an_env_change_only():
+def test_calibration_walk_takes_the_loops_learning_signal_route_for_an_env_or_temperature_change_only():
     """The calibration's walk decides an env change as the loop does (`harness.decisions.signal_verdict`): a first pair
     inconclusive on the target (a small positive effect) whose candidate arm trained on far more live groups is
     promoted on learning signal without a second pair; the same arms under a recipe change (other files differ) are
@@ -260,9 +260,14 @@ def test_calibration_walk_takes_the_loops_learning_signal_route_for_an_env_chang
     env = ({"env.yaml": "a", "recipe.yaml": "r"}, {"env.yaml": "b", "recipe.yaml": "r"})
     w = walk([pair()], lambda p: pytest.fail("the route decides on the first pair"), *env, gate, plan, "j", 4, "c")
     assert w.verdict.decision == "promoted" and "learning signal" in w.verdict.reason and w.pairs == 1
-    recipe = ({"env.yaml": "a", "recipe.yaml": "r"}, {"env.yaml": "a", "recipe.yaml": "s"})
+    recipe = ({"env.yaml": "a", "recipe.yaml": "learning_rate: 1.0e-4\ntemperature: 0.1\n"},
+              {"env.yaml": "a", "recipe.yaml": "learning_rate: 5.0e-5\ntemperature: 0.1\n"})
     w = walk([pair()], lambda p: pair(), *recipe, gate, plan, "j", 4, "c")
     assert "learning signal" not in w.verdict.reason
+    # the sampling temperature alone takes the route, as in the loop (`harness.decisions.takes_signal_route`)
+    hotter = (recipe[0], {"env.yaml": "a", "recipe.yaml": "learning_rate: 1.0e-4\ntemperature: 0.7\n"})
+    w = walk([pair()], lambda p: pytest.fail("the route decides on the first pair"), *hotter, gate, plan, "j", 4, "c")
+    assert w.verdict.decision == "promoted" and "learning signal" in w.verdict.reason
 
 
 def test_calibration_replay_judges_recorded_pairs_under_another_gate(tmp_path):

@@ -169,6 +169,36 @@ def test_rule_clamps_to_range_and_skips_a_knob_at_its_bound(lib):
     assert res.candidates == [] and any("at its bound" in n for n in res.notes)
 
 
+def test_a_step_scaled_with_the_rate_grows_with_the_finding_within_its_bounds(lib):
+    """`scale_with_rate`: the step is the skill's own at the reference rate, k times as large at k times the rate
+    (at most SEVERITY_MAX times, never smaller below it), and a skill without it ignores the rate; the step_scale of
+    a fallback still multiplies. Would catch the factor applied the wrong way round, uncapped, or shrinking a step."""
+    from skills.model import SEVERITY_MAX
+
+    skill = Skill(name="hotter", kind="recipe", trigger=Trigger(findings=["grpo.dead_groups"]),
+                  intervention=Intervention(knob="recipe.temperature", op="add", value=0.2, scale_with_rate=0.3),
+                  expected="live groups")
+    lib.add(skill)
+    cold = {**SPACE, "recipe.temperature": SPACE["recipe.temperature"].model_copy(update={"current": 0.3})}
+
+    def proposed(rate, step_scale=1.0, space=cold):
+        d = Diagnosis(task="mapf", stage=1, state="abc", step_scale=step_scale,
+                      findings=[Finding(code="grpo.dead_groups", severity="critical", count=64, rate=rate)])
+        [c] = propose(EngineerConfig(), d, lib, 1, np.random.default_rng(0), space=space).candidates
+        return c.change.value
+
+    assert proposed(0.3) == pytest.approx(0.5)  # at the reference rate: the skill's own +0.2
+    assert proposed(0.1) == pytest.approx(0.5)  # never smaller than its own step
+    assert proposed(0.6) == pytest.approx(0.7)  # twice the rate: twice the step
+    assert proposed(1.0) == pytest.approx(0.3 + 0.2 * SEVERITY_MAX)  # capped at SEVERITY_MAX (1.0 / 0.3 = 3.33)
+    assert proposed(1.0, step_scale=0.5) == pytest.approx(0.6)  # a fallback's smaller steps still apply
+    lib.add(skill.model_copy(update={"intervention": skill.intervention.model_copy(update={"scale_with_rate": None})}),
+            replace=True)
+    assert proposed(1.0) == pytest.approx(0.5)  # without it: the rate does not matter
+    with pytest.raises(ValueError):
+        Intervention(knob="recipe.temperature", op="add", value=0.2, scale_with_rate=0.0)
+
+
 def test_rule_never_repeats_a_change_rejected_from_the_same_state(lib):
     lib.add(_skill("raise-holes", ["mapf.hole"], "env.sizes.{size}.hole_ratio"))
     lib.add(_skill("more-data", ["mapf.hole"], "env.sizes.{size}.data_ratio"))

@@ -80,7 +80,7 @@ class _Store:
         self.kinds = kinds
 
     def candidate(self, cid):
-        return {"kind": self.kinds[cid]} if cid in self.kinds else None
+        return {"kind": self.kinds[cid][0], "knob": self.kinds[cid][1]} if cid in self.kinds else None
 
 
 def _run(kinds, **gate):
@@ -97,32 +97,34 @@ def _verdict(cid, decision="inconclusive", effect=0.02, vetoes=()):
 
 
 def test_an_inconclusive_env_change_that_revives_dead_groups_is_promoted_and_nothing_else_is():
-    """Only an inconclusive ENV candidate, with its target estimate not below the control and its arm's live share
-    confidently higher by the margin, is promoted; the reason names both. A recipe change with the same curves (a
-    hotter temperature makes groups live by construction), an env change whose target estimate is below the control,
-    one with a veto, one whose live share is only a little higher, one already refuted, and the route switched off all
-    keep their verdicts. Would catch the route applied to every kind, ignoring the target, or promoting on the point
-    estimate of the live share."""
+    """Only an inconclusive ENV or sampling-temperature candidate, with its target estimate not below the control and
+    its arm's live share confidently higher by the margin, is promoted; the reason names both. Another recipe change
+    with the same curves (a larger group or another learning rate changes the share as a side effect), an env change
+    whose target estimate is below the control, one with a veto, one whose live share is only a little higher, one
+    already refuted, and the route switched off all keep their verdicts. Would catch the route applied to every kind
+    or knob, ignoring the target, or promoting on the point estimate of the live share."""
     rng = np.random.default_rng(1)
     dead = [{"dead_group_share": 1 - s} for s in _steps(rng, 0.05)]
     live = [{"dead_group_share": 1 - s} for s in _steps(rng, 0.33)]
     near = [{"dead_group_share": 1 - s} for s in _steps(rng, 0.09)]
     arms = {"control": SimpleNamespace(curve=dead), "mix": SimpleNamespace(curve=live),
-            "temp": SimpleNamespace(curve=live), "worse": SimpleNamespace(curve=live),
+            "temp": SimpleNamespace(curve=live), "lr": SimpleNamespace(curve=live), "worse": SimpleNamespace(curve=live),
             "vetoed": SimpleNamespace(curve=live), "slight": SimpleNamespace(curve=near),
             "refuted": SimpleNamespace(curve=live)}
-    kinds = {"mix": "env", "temp": "recipe", "worse": "env", "vetoed": "env", "slight": "env", "refuted": "env"}
-    vs = [_verdict("mix"), _verdict("temp"), _verdict("worse", effect=-0.01), _verdict("vetoed", vetoes=["v"]),
-          _verdict("slight"), _verdict("refuted", decision="rejected", effect=0.0)]
+    kinds = {"mix": ("env", "env.mixture"), "temp": ("recipe", "recipe.temperature"),
+             "lr": ("recipe", "recipe.learning_rate"), "worse": ("env", "env.mixture"),
+             "vetoed": ("env", "env.mixture"), "slight": ("env", "env.mixture"), "refuted": ("env", "env.mixture")}
+    vs = [_verdict("mix"), _verdict("temp"), _verdict("lr"), _verdict("worse", effect=-0.01),
+          _verdict("vetoed", vetoes=["v"]), _verdict("slight"), _verdict("refuted", decision="rejected", effect=0.0)]
     run, events = _run(kinds)
     got = {v.candidate: v for v in on_learning_signal(run, 1, vs, arms, comparisons=2)}
-    assert got["mix"].decision == "promoted"
+    assert got["mix"].decision == "promoted" and got["temp"].decision == "promoted"
     assert "learning signal" in got["mix"].reason and "target not below the control" in got["mix"].reason
     assert "the target test's reason" in got["mix"].reason
-    assert {c: v.decision for c, v in got.items() if c != "mix"} == {
-        "temp": "inconclusive", "worse": "inconclusive", "vetoed": "inconclusive", "slight": "inconclusive",
+    assert {c: v.decision for c, v in got.items() if c not in ("mix", "temp")} == {
+        "lr": "inconclusive", "worse": "inconclusive", "vetoed": "inconclusive", "slight": "inconclusive",
         "refuted": "rejected"}
-    assert len(events) == 1 and events[0][2] == "learning_signal"
+    assert len(events) == 2 and {e[2] for e in events} == {"learning_signal"}
     off, _ = _run(kinds, learning_signal=None)
     assert [v.decision for v in on_learning_signal(off, 1, vs, arms, comparisons=2)] == [v.decision for v in vs]
     # a failed control arm (an exception) decides nothing on this route

@@ -178,9 +178,21 @@ class Walk(NamedTuple):
 
 
 def env_only(control_files: dict[str, str], candidate_files: dict[str, str]) -> bool:
-    """Do the two harnesses differ in env.yaml alone (an env change: `gate.learning_signal` may decide it)?"""
+    """Do the two harnesses differ in a way the learning-signal route may decide (`harness.decisions.
+    takes_signal_route`): env.yaml alone (an env change), or recipe.yaml alone in its route knobs only (the sampling
+    temperature)?"""
+    import yaml
+
+    from harness.decisions import SIGNAL_KNOBS
+
     differ = {p for p in {*control_files, *candidate_files} if control_files.get(p) != candidate_files.get(p)}
-    return differ == {"env.yaml"}
+    if differ == {"env.yaml"}:
+        return True
+    if differ != {"recipe.yaml"}:
+        return False
+    a, b = (yaml.safe_load(f.get("recipe.yaml") or "") or {} for f in (control_files, candidate_files))
+    keys = {f"recipe.{k}" for k in {*a, *b} if a.get(k) != b.get(k)}
+    return bool(keys) and keys <= set(SIGNAL_KNOBS)
 
 
 def step_live(arm: ArmOutput) -> list[float]:

@@ -32,7 +32,7 @@ from harness.engineer.proposal import Knob, change_key, current_mixture, make_ca
 from harness.records import RECURRING, Candidate, Change, Diagnosis, Finding
 from harness.tasks.knobs import ENTRY, MIXTURE, canonical_mixture, fill
 from skills.library import SkillError, condition_holds
-from skills.model import Skill
+from skills.model import SEVERITY_MAX, Skill
 
 # --- matching ---------------------------------------------------------------------------------------------------------
 
@@ -145,6 +145,17 @@ def _rounded(new: float, k: Knob) -> float | int:
     return round(new) if k.integer else float(f"{new:.6g}")
 
 
+def severity(skill: Skill, finding: Finding) -> float:
+    """How many times its own step a skill takes for this finding (`Intervention.scale_with_rate`): the finding's
+    rate over the skill's reference rate, between 1 and SEVERITY_MAX; 1 for a skill without one or a rate that is not
+    a positive number."""
+    ref = skill.intervention.scale_with_rate
+    rate = finding.rate
+    if ref is None or not isinstance(rate, (int, float)) or not rate > 0:
+        return 1.0
+    return float(min(SEVERITY_MAX, max(1.0, rate / ref)))
+
+
 def instantiate(skill: Skill, finding: Finding, space: dict[str, Knob], step_scale: float, task: str | None = None,
                 diagnosis: Diagnosis | None = None) -> tuple[Change, Any] | str:
     """The concrete change a skill makes for a finding, with the old value; or a string saying why it cannot. A
@@ -175,10 +186,11 @@ def instantiate(skill: Skill, finding: Finding, space: dict[str, Knob], step_sca
     if not isinstance(iv.value, (int, float)):
         return f"{skill.name}: intervention value {iv.value!r} is not a number"
     cur = float(k.current)
+    scale = step_scale * severity(skill, finding)
     if iv.op == "add":
-        new = cur + float(iv.value) * step_scale
+        new = cur + float(iv.value) * scale
     elif iv.op == "mul":
-        new = cur * (1.0 + (float(iv.value) - 1.0) * step_scale)
+        new = cur * (1.0 + (float(iv.value) - 1.0) * scale)
     else:  # set
         new = float(iv.value)
     new = min(max(new, k.lo), k.hi)
