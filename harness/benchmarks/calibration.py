@@ -177,7 +177,7 @@ class Walk(NamedTuple):
     seconds: float  # CPU-seconds spent: the pairs' training + the judging of the instances the looks used
 
 
-def env_only(control_files: dict[str, str], candidate_files: dict[str, str]) -> bool:
+def on_signal_route(control_files: dict[str, str], candidate_files: dict[str, str]) -> bool:
     """Do the two harnesses differ in a way the learning-signal route may decide (`harness.decisions.
     takes_signal_route`): env.yaml alone (an env change), or recipe.yaml alone in its route knobs only (the sampling
     temperature)?"""
@@ -234,7 +234,7 @@ def walk(pairs: list[Pair], more: Callable[[int], Pair], control_files: dict[str
                 break
         used += m
         seconds += pair.judge_seconds * m / max(1, len(control.seeds))
-        if v.decision == "inconclusive" and env_only(control_files, candidate_files):  # the loop's second route
+        if v.decision == "inconclusive" and on_signal_route(control_files, candidate_files):  # the loop's second route
             v = signal_verdict(v, step_live(pair.arms["control"]), step_live(pair.arms["candidate"]), gate, 1) or v
         if v.decision != "inconclusive" or step != "new_pair" or p + 1 >= plan.max_pairs:
             return Walk(v, p + 1, used, seconds)
