@@ -103,6 +103,10 @@ class BacktestConfig(_Strict):
     temperature: float | None = Field(None, gt=0, description="sampling temperature of the backtest judge; default: "
                                       "the round-0 recipe's temperature. Fixed at run start (later recipe changes "
                                       "do not move it)")
+    max_new_tokens: int | None = Field(None, ge=1, description="completion budget of the backtest judge and of the "
+                                       "held-out test evaluation; default: the round-0 recipe's max_completion_length. "
+                                       "Fixed at run start: a promoted recipe.max_completion_length changes what the "
+                                       "policy trains on, never how the target and the test set are scored")
     env: dict[str, Any] | None = Field(None, description="instance distribution the backtests evaluate on (the "
                                        "target); default: the round-0 env. Fixed at run start, outside the sandbox: "
                                        "promotions that change env.yaml do not change it")

@@ -303,15 +303,19 @@ def competence_frontier(rollouts: list[Rollout], slice_key: str | None = None, m
 
 def dead_groups(rollouts: list[Rollout], train_metrics: list[dict[str, float]] | None = None,
                 min_rate: float = 0.25) -> DiagnosticResult:
-    """Groups (>= 2 samples of one prompt) with zero reward spread give GRPO no advantage: `grpo.dead_groups`.
-    Probe rollouts with one sample per prompt have no groups; then the trainer's `dead_group_share` series is used."""
+    """Groups (>= 2 samples of one prompt) with zero reward spread give GRPO no advantage: `grpo.dead_groups`; those
+    whose samples are mostly one completion repeated (a sampler that does not explore) also `grpo.dead_identical`,
+    the only dead groups a higher temperature revives. Probe rollouts with one sample per prompt have no groups; then
+    the trainer's `dead_group_share` series is used."""
     gs = [g for g in groups(rollouts).values() if len(g) >= 2]
     dead = [g for g in gs if max(r.reward for r in g) - min(r.reward for r in g) <= 1e-9]
     all_valid = sum(all(r.valid for r in g) for g in dead)
     all_invalid = sum(not any(r.valid for r in g) for g in dead)
+    identical = [g for g in dead if _duplicates(g) >= 0.5]
     rate = _rate(len(dead), len(gs))
     metrics = {"dead_groups": rate, "dead_all_valid": _rate(all_valid, len(gs)),
-               "dead_all_invalid": _rate(all_invalid, len(gs)), "groups": float(len(gs))}
+               "dead_all_invalid": _rate(all_invalid, len(gs)), "dead_identical": _rate(len(identical), len(gs)),
+               "groups": float(len(gs))}
     findings = []
     train_share = _series(train_metrics, ("dead_group_share",))
     if train_share:
@@ -323,19 +327,38 @@ def dead_groups(rollouts: list[Rollout], train_metrics: list[dict[str, float]] |
             knobs=list(DEAD_GROUP_KNOBS), message=f"{share:.0%} of training groups had zero reward spread",
         ))
     if gs and rate >= min_rate:
+        # the temperature is a remedy only where the sampler repeats itself; diverse completions that all fail (a
+        # sampler already too hot, or instances too hard) are not helped by more randomness
+        sampler = 2 * len(identical) >= len(dead)
         findings.append(Finding(
             code="grpo.dead_groups", severity=_severity(rate, 0.25, 0.6), count=len(dead), rate=rate,
-            examples=[example(g[0]) for g in dead[:3]], knobs=list(DEAD_GROUP_KNOBS),
+            examples=[example(g[0]) for g in dead[:3]],
+            knobs=list(DEAD_GROUP_KNOBS) if sampler else [k for k in DEAD_GROUP_KNOBS if k not in COLLAPSE_KNOBS],
             message=f"{len(dead)}/{len(gs)} groups have zero reward spread "
-                    f"({all_valid} all valid, {all_invalid} all invalid)",
+                    f"({all_valid} all valid, {all_invalid} all invalid; {len(identical)} of them with mostly "
+                    "identical completions)",
+        ))
+    share = _rate(len(identical), len(gs))
+    if gs and share >= min_rate:
+        findings.append(Finding(
+            code="grpo.dead_identical", severity=_severity(share, 0.25, 0.6), count=len(identical), rate=share,
+            examples=[example(g[0]) for g in identical[:3]], knobs=list(COLLAPSE_KNOBS),
+            message=f"{len(identical)}/{len(gs)} groups are dead because their samples are (mostly) one completion "
+                    "repeated: the sampler does not explore",
         ))
     return DiagnosticResult(name="dead_groups", findings=findings, metrics=metrics)
+
+
+def _duplicates(g: list[Rollout]) -> float:
+    """Share of a group's completions that repeat another one (whitespace-normalised): 0 all distinct, 1 - 1/n all
+    the same."""
+    return 1 - len({" ".join(r.completion.split()) for r in g}) / len(g)
 
 
 def exploration_collapse(rollouts: list[Rollout], min_rate: float = 0.3) -> DiagnosticResult:
     """Duplicate completions within a group (1 - unique/count, averaged over groups): `grpo.exploration_collapse`."""
     gs = [g for g in groups(rollouts).values() if len(g) >= 2]
-    dup = [1 - len({" ".join(r.completion.split()) for r in g}) / len(g) for g in gs]
+    dup = [_duplicates(g) for g in gs]
     rate = round(statistics.fmean(dup), 4) if dup else 0.0
     findings = []
     if gs and rate >= min_rate:
@@ -373,13 +396,16 @@ def _ends(xs: list[float]) -> tuple[float, float]:
 
 def length_health(rollouts: list[Rollout], train_metrics: list[dict[str, float]] | None = None,
                   collapse: float = 0.5, explosion: float = 2.0, clipped: float = 0.3) -> DiagnosticResult:
-    """Length collapse (mean completion length falls below `collapse` x its start) or explosion (above `explosion` x,
-    or more than `clipped` of rollouts truncated: failure `too_long`). Codes `grpo.length_collapse|explosion`."""
+    """Length collapse (mean completion length falls below `collapse` x its start), explosion (above `explosion` x)
+    and truncation: at least `clipped` of the stage's completions hit the completion budget before their end (the
+    training metrics' clipped ratio, mean of the last third of the steps) while their length did not explode, so the
+    budget is too short for what the policy writes rather than the policy rambling. Codes
+    `grpo.length_collapse|length_explosion|truncated`. A completion that ends but is too long for the task (a
+    task's own failure type, such as a plan over the step cap) is the task's finding, not this one."""
     metrics: dict[str, float] = {}
     findings = []
     if rollouts:
         metrics["mean_tokens"] = round(statistics.fmean(r.tokens for r in rollouts), 2)
-        metrics["too_long"] = _rate(sum(r.failure == "too_long" for r in rollouts), len(rollouts))
     lengths = _series(train_metrics, LENGTH_KEYS)
     clip = _series(train_metrics, CLIP_KEYS)
     if len(lengths) >= 3:
@@ -394,10 +420,16 @@ def length_health(rollouts: list[Rollout], train_metrics: list[dict[str, float]]
             findings.append(Finding(code="grpo.length_explosion", severity="warn", count=len(lengths),
                                     rate=round(ratio, 4), knobs=list(LENGTH_KNOBS),
                                     message=f"mean completion length rose from {first:.1f} to {last:.1f} tokens"))
-    clip_rate = clip[-1] if clip else metrics.get("too_long", 0.0)
-    if clip_rate >= clipped and not any(f.code == "grpo.length_explosion" for f in findings):
-        findings.append(Finding(code="grpo.length_explosion", severity="warn", count=0, rate=round(clip_rate, 4),
-                                knobs=list(LENGTH_KNOBS), message=f"{clip_rate:.0%} of completions are truncated"))
+    if clip:
+        clip_rate = _ends(clip)[1] if len(clip) >= 3 else statistics.fmean(clip)
+        metrics["clipped_ratio"] = round(clip_rate, 4)
+        if clip_rate >= clipped and not any(f.code == "grpo.length_explosion" for f in findings):
+            findings.append(Finding(
+                code="grpo.truncated", severity=_severity(clip_rate, clipped, 0.6), count=len(clip),
+                rate=round(clip_rate, 4), knobs=["recipe.max_completion_length"],
+                message=f"{clip_rate:.0%} of the stage's completions hit the completion budget before their end "
+                        "(truncated, scored as unfinished) while their length did not grow: the budget is shorter "
+                        "than what the policy writes"))
     return DiagnosticResult(name="length_health", findings=findings, metrics=metrics)
 
 
@@ -471,8 +503,8 @@ def builtin_codes(task: str, failure_types: Iterable[str]) -> set[str]:
     """Every finding code the built-ins can emit for a task (seed skills' triggers must use these)."""
     own = {f"{task}.{f}" for f in failure_types} | {f"{task}.{c}" for c in
                                                     ("near_miss", "suboptimal", "mastered", "frontier", "too_hard")}
-    grpo = {"grpo.dead_groups", "grpo.exploration_collapse", "grpo.length_collapse", "grpo.length_explosion",
-            "grpo.reward_hacking", "grpo.reward_misaligned",
+    grpo = {"grpo.dead_groups", "grpo.dead_identical", "grpo.exploration_collapse", "grpo.length_collapse", "grpo.length_explosion",
+            "grpo.truncated", "grpo.reward_hacking", "grpo.reward_misaligned",
             "grpo.policy_regressed"}  # emitted by the loop's probe (harness/graph.py::node_probe), not a built-in
     return own | grpo | set(TARGET_CODES)
 

@@ -89,7 +89,9 @@ def previous_target(run: Run, k: int) -> list[Rollout] | None:
 
 
 def report_eval(run: Run, k: int, ckpt: str) -> None:
-    """Held-out (test split) valid/optimal per slice of the stage's policy: reported, never used to decide."""
+    """Held-out (test split) valid/optimal per slice of the stage's policy: reported, never used to decide. Scored with
+    the judge's completion budget (fixed at run start), not the incumbent recipe's: a run that promotes a longer or
+    shorter `max_completion_length` changes how it trains, not how its test set is scored."""
     if not run.config.eval.enabled:
         return
     from harness.policy_glue import evaluate
@@ -99,7 +101,7 @@ def report_eval(run: Run, k: int, ckpt: str) -> None:
     model, tok = run.policy(ckpt)
     t0 = time.perf_counter()
     rep = evaluate(model, tok, run.task, insts, run.style,
-                   params=SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens(run), batch_size=64,
+                   params=SamplingParams(temperature=0.0, max_new_tokens=run.judge.max_new_tokens, batch_size=64,
                                          backend=run.config.policy.backend))
     run.charge(k, "policy", "eval", seconds=time.perf_counter() - t0, tokens=rep.new_tokens, label="test")
     run.record_eval(k, "policy", "test", n=rep.n, valid=rep.valid, optimal=rep.optimal)

@@ -28,13 +28,13 @@ def harness_models(files: dict[str, str], task) -> tuple[Any, Any, Any]:
 
 def make_judge(config: RunConfig, files: dict[str, str]):
     """The backtest judge of a run from its config and its round-0 harness `files`: backtest.env (default the round-0
-    env), backtest.samples, backtest.temperature (default the round-0 recipe's)."""
+    env), backtest.samples, backtest.temperature and backtest.max_new_tokens (default the round-0 recipe's)."""
     from harness.backtest import Judge
 
     env, recipe, _ = harness_models(files, get_task(config.task))
     return Judge(env=config.backtest.env or env.model_dump(mode="json"), samples=config.backtest.samples,
                  temperature=config.backtest.temperature or recipe.temperature,
-                 max_new_tokens=recipe.max_completion_length)
+                 max_new_tokens=config.backtest.max_new_tokens or recipe.max_completion_length)
 
 
 def initial_files(config: RunConfig) -> dict[str, str]:

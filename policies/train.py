@@ -158,6 +158,8 @@ class GRPOStep(BaseModel):
     live_groups: float | None = Field(None, description="groups trained on this step (drop_dead_groups)")
     replayed_groups: float | None = Field(None, description="groups of this step drawn from the replay pool (replay)")
     generation_seconds: float | None = Field(None, description="of `seconds`, the rollouts' decoding (our engine)")
+    clipped_ratio: float | None = Field(None, description="share of this step's completions that hit "
+                                        "max_completion_length before their end (truncated)")
 
 
 class GRPOMetrics(BaseModel):
@@ -794,7 +796,7 @@ def train_grpo(model, tok, rows: list[dict[str, Any]], reward_fn: RewardFn, reci
             completion_length=logs.get("completions/mean_length", float("nan")), kl=logs.get("kl"),
             loss=logs.get("loss"), seconds=sink[-1]["_seconds"], tokens_generated=counter[0] - seen[0],
             live_groups=logs.get("live_groups"), replayed_groups=logs.get("replayed_groups"),
-            generation_seconds=logs.get("generation_seconds"),
+            generation_seconds=logs.get("generation_seconds"), clipped_ratio=logs.get("completions/clipped_ratio"),
         ))
         seen[0] = counter[0]
         if progress is not None:

@@ -111,6 +111,30 @@ def test_dead_groups_and_duplicates():
     assert D.dead_groups(alive).findings == [] and D.exploration_collapse(alive).findings == []
 
 
+def test_dead_groups_of_one_repeated_completion_are_told_from_diverse_ones_that_all_fail(tmp_path):
+    """Only groups dead because their samples repeat one completion (a cold sampler) give `grpo.dead_identical` and
+    keep the temperature among the dead-groups knobs; groups of diverse completions that all fail (a sampler already
+    too hot, or instances too hard) do not: there a higher temperature was proposed and made things worse (a held-out
+    hot-temperature scenario: 1.5 -> 1.3 promoted, then 1.3 -> 1.72 proposed twice on dead, diverse groups)."""
+    cold = [mk(5, "hole", group=g, completion="A1: RIGHT\nA2: UP") for g in range(4) for _ in range(4)]
+    hot = [mk(5, "parse_error", group=g, completion=f"garbage {g} {j}") for g in range(4) for j in range(4)]
+    c = D.dead_groups(cold)
+    assert [(f.code, f.rate) for f in c.findings] == [("grpo.dead_groups", 1.0), ("grpo.dead_identical", 1.0)]
+    assert "recipe.temperature" in c.findings[0].knobs and c.findings[1].knobs == ["recipe.temperature"]
+    h = D.dead_groups(hot)
+    assert [f.code for f in h.findings] == ["grpo.dead_groups"] and h.metrics["dead_identical"] == 0.0
+    assert h.findings[0].knobs == ["recipe.num_generations"]
+    # half the groups identical, half diverse: both findings at 0.5, the temperature still a dead-groups knob
+    mixed = D.dead_groups(cold[:8] + [r.model_copy(update={"group": r.group + 10}) for r in hot[:8]])
+    assert [(f.code, f.rate) for f in mixed.findings] == [("grpo.dead_groups", 1.0), ("grpo.dead_identical", 0.5)]
+    assert "recipe.temperature" in mixed.findings[0].knobs
+    from skills.library import SkillLibrary
+
+    with SkillLibrary.open(tmp_path / "skills.db") as lib:  # the seed skill that raises the temperature listens to the identical ones
+        (skill,) = [s for s in lib.all() if s.name == "raise-temperature-on-dead-groups"]
+    assert skill.trigger.findings == ["grpo.dead_identical"]
+
+
 def test_dead_groups_from_training_metrics_when_probe_has_no_groups():
     rs = [mk(5) for _ in range(4)]
     tm = [{"step": i, "reward_mean": 0.2, "dead_group_share": 0.7} for i in range(5)]
@@ -150,9 +174,23 @@ def test_length_collapse_and_explosion():
     up = [{"completion_length": v} for v in (20, 22, 25, 50, 60, 64)]
     assert [f.code for f in D.length_health([], down).findings] == ["grpo.length_collapse"]
     assert [f.code for f in D.length_health([], up).findings] == ["grpo.length_explosion"]
-    truncated = [mk(5, "too_long") for _ in range(4)] + [mk(5)]
-    assert [f.code for f in D.length_health(truncated).findings] == ["grpo.length_explosion"]
     assert D.length_health([mk(5) for _ in range(4)], [{"completion_length": 30}] * 6).findings == []
+
+
+def test_truncation_is_its_own_finding_and_not_a_task_failure_or_an_explosion():
+    """A budget shorter than what the policy writes (most completions clipped, length steady) is `grpo.truncated`,
+    pointing at the completion budget only; clipping while the length doubles is the explosion; a task's own
+    "too long" failure (a plan over its step cap, which did end) is not truncation; a little clipping is nothing."""
+    steady = [{"completion_length": 18.0, "clipped_ratio": c} for c in (0.7, 0.72, 0.68, 0.75, 0.7, 0.71)]
+    (f,) = D.length_health([], steady).findings
+    assert (f.code, f.knobs, f.severity, f.rate) == ("grpo.truncated", ["recipe.max_completion_length"], "critical",
+                                                      0.705)
+    exploding = [{"completion_length": v, "clipped_ratio": 0.8} for v in (20, 22, 25, 50, 60, 64)]
+    assert [f.code for f in D.length_health([], exploding).findings] == ["grpo.length_explosion"]
+    plan_over_cap = [mk(5, "too_long") for _ in range(4)] + [mk(5)]
+    assert D.length_health(plan_over_cap).findings == []
+    few = [{"completion_length": 18.0, "clipped_ratio": 0.1}] * 6
+    assert D.length_health([], few).findings == [] and D.length_health([], few).metrics["clipped_ratio"] == 0.1
 
 
 # --- evolved diagnostics in the sandbox --------------------------------------------------------------------------------

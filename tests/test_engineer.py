@@ -293,16 +293,48 @@ def test_rule_with_the_seed_skills_on_the_template_harness(tmp_path):
     d = _diag(env_config=yaml.safe_load(files["env.yaml"]), recipe=yaml.safe_load(files["recipe.yaml"]),
               findings=[Finding(code="mapf.hole", severity="critical", count=20, rate=0.55, slice={"size": "5"}),
                         Finding(code="grpo.dead_groups", severity="warn", count=10, rate=0.4),
+                        Finding(code="grpo.dead_identical", severity="warn", count=10, rate=0.4),
                         Finding(code="mapf.parse_error", severity="info", count=2, rate=0.05, slice={"size": "3"})])
     with SkillLibrary.open(tmp_path / "skills.db") as lib:
         res = propose(EngineerConfig(), d, lib, 3, np.random.default_rng(0))
     got = {c.change.knob: c.change.value for c in res.candidates}
     assert len(got) == 3 and got.pop("env.sizes.5.hole_ratio") == pytest.approx(0.3)
-    assert set(got) <= {"recipe.temperature", "recipe.num_generations"}  # dead groups: two seed skills
+    assert set(got) <= {"recipe.temperature", "recipe.num_generations"}  # dead (and identical) groups: two skills
     assert got.get("recipe.num_generations", 16) == 16 and got.get("recipe.temperature", 1.2) > 1.0
     assert all(c.engineer == "rule" and c.skill for c in res.candidates)
     for c in res.candidates:
         apply_change(files, c.change, get_task("mapf"))
+
+
+@pytest.mark.parametrize("task", ["mapf", "math", "code"])
+def test_truncated_completions_get_a_doubled_budget_from_the_seed_skills_on_every_family(tmp_path, task):
+    """`grpo.truncated` (most completions cut off by max_completion_length) is answered by the seed library with the
+    budget doubled, first, on every family, and the vet step accepts the change; a small clipped share proposes
+    nothing for it. Would catch a truncation finding with no skill (it used to be filed as a length explosion, whose
+    knobs include the temperature) or a skill scoped to one family."""
+    from pathlib import Path
+
+    from harness.tasks import get_task
+    from harness.vet import apply_change
+
+    template = Path(__file__).resolve().parents[1] / "sandbox" / "template"
+    files = {str(p.relative_to(template)): p.read_text() for p in template.rglob("*") if p.is_file()}
+    files["env.yaml"] = get_task(task).spec.round0_env
+    recipe = {**yaml.safe_load(files["recipe.yaml"]), "max_completion_length": 18}
+    files["recipe.yaml"] = yaml.safe_dump(recipe)
+
+    def first(rate):
+        d = _diag(task=task, env_config=yaml.safe_load(files["env.yaml"]), recipe=recipe,
+                  findings=[Finding(code="grpo.truncated", severity="critical", count=30, rate=rate,
+                                    knobs=["recipe.max_completion_length"])])
+        with SkillLibrary.open(tmp_path / "skills.db") as lib:
+            return propose(EngineerConfig(), d, lib, 1, np.random.default_rng(0)).candidates
+
+    [c] = first(0.7)
+    assert (c.change.knob, c.change.value, c.skill) == ("recipe.max_completion_length", 36,
+                                                        "raise-completion-budget-on-truncation")
+    apply_change(files, c.change, get_task(task))
+    assert all(c.change.knob != "recipe.max_completion_length" for c in first(0.1))
 
 
 # --- hostile skills (issue 36) ----------------------------------------------------------------------------------------

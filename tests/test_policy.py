@@ -172,6 +172,8 @@ def test_grpo_updates_every_parameter_and_reward_sees_columns(tmp_path, engine, 
     assert steps_seen == [1, 2] and [s.step for s in m.steps] == [1, 2]
     s = m.steps[0]
     assert 0 <= s.dead_group_share <= 1 and s.completion_length > 0 and s.tokens_generated > 0
+    # an untrained model under an 8-token budget: some completions are cut off (the diagnosis's grpo.truncated)
+    assert all(x.clipped_ratio is not None and 0 < x.clipped_ratio <= 1 for x in m.steps), m.steps
     assert m.tokens_generated == sum(x.tokens_generated for x in m.steps)
     assert (s.kl is not None) == (beta > 0)
     assert (tmp_path / "grpo" / "config.json").exists()

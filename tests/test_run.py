@@ -146,24 +146,36 @@ def test_tiny_run_end_to_end(tmp_path):
 def test_backtests_judge_the_run_config_target_not_the_incumbent_env(tmp_path):
     """The judge (judge.json) is fixed at run start from backtest.env; arms train on the harness' env.yaml (3x3 here)
     but every backtest instance is a 4x4 board, in every stage, sampled k=2 times per instance at the judge's fixed
-    temperature. Had the arms been judged on the incumbent's env.yaml (the old behaviour), they would be 3x3."""
+    temperature. Had the arms been judged on the incumbent's env.yaml (the old behaviour), they would be 3x3. The
+    completion budget is the judge's too (backtest.max_new_tokens 24 against the round-0 recipe's 6): the arms train
+    and the probe rolls out under 6 tokens, while the backtests and the held-out test set are scored under 24 (with
+    the recipe's budget, as before, no test completion could pass 6 tokens)."""
     from harness.records import read_rollouts
 
     env = {"sizes": [{"size": 3, "agents": 2, "hole_ratio": 0.2}]}
     target = {"sizes": [{"size": 4, "agents": 2, "hole_ratio": 0.2}]}
-    cfg = parse_config({**TINY, "env": env, "recipe": {**TINY["recipe"], "temperature": 0.9},
-                        "backtest": {**TINY["backtest"], "env": target, "samples": 2}}, "test")
+    cfg = parse_config({**TINY, "env": env, "recipe": {**TINY["recipe"], "temperature": 0.9, "max_completion_length": 6},
+                        "backtest": {**TINY["backtest"], "env": target, "samples": 2, "max_new_tokens": 24}}, "test")
     run_dir = start_run(cfg, tmp_path / "runs", run_id="judge")
     judge = json.loads((run_dir / "judge.json").read_text())
     assert judge["samples"] == 2 and judge["temperature"] == 0.9 and judge["env"]["sizes"][0]["size"] == 4
+    assert judge["max_new_tokens"] == 24
     files = sorted((run_dir / "rollouts").glob("*-backtest.jsonl.gz"))
     assert files, "no backtest ran"
     for f in files:
         rs = read_rollouts(f)
         assert {r.slices["size"] for r in rs} == {"4"}, f
         assert len(rs) == 2 * TINY["backtest"]["n"]
+    assert max(r.tokens for f in files for r in read_rollouts(f)) > 6
     train = read_rollouts(next((run_dir / "rollouts").glob("s1-probe.jsonl.gz")))
     assert {r.slices["size"] for r in train} == {"3"}  # the probe follows the harness, as before
+    assert max(r.tokens for r in train) <= 6
+    store = RunStore.open(run_dir / "run.db")
+    tests = [r for r in store.ledger("judge") if r["label"] == "test"]
+    n_test = {e["stage"]: e["n"] for e in store.evaluations("judge", arm="policy") if e["split"] == "test"
+              and not e["slice_key"]}
+    store.close()
+    assert tests and any(r["tokens"] > 6 * n_test[r["stage"]] for r in tests), (tests, n_test)
     # ... and the diagnosis sees the target too: the arms' start checkpoint on the judge's boards (probe seeds, cached,
     # charged, recorded as arm `target`), whose 4x4 boards the 3x3 training mix does not cover
     from harness.records import Diagnosis
