@@ -25,7 +25,7 @@ import yaml
 
 from harness.config import EvalConfig, RunConfig, parse_config
 from harness.graph import GATE_ACTIONS, build_graph
-from harness.round0 import initial_files, make_judge
+from harness.round0 import fit_budget, initial_files, make_judge
 from harness.run import JUDGE_FILE, Run, RunError
 from harness.store import RunStore, acquire_lock
 
@@ -185,12 +185,16 @@ def _prepare(run_dir: Path, config: RunConfig, progress) -> Run:
     run = _open(run_dir, config, progress)
     if not harness.exists():
         Workspace.create(harness, files_override=initial_files(config) or None)
+    notes: list[str] = []
     if not (run_dir / JUDGE_FILE).exists():  # fixed once, from the round-0 harness, before any stage can change it
-        judge = make_judge(config, Workspace(harness).files("main"))
+        files = Workspace(harness).files("main")
+        judge, notes = fit_budget(config, make_judge(config, files), files)
         tmp = run_dir / (JUDGE_FILE + ".tmp")
         tmp.write_text(judge.model_dump_json(indent=1))
         tmp.replace(run_dir / JUDGE_FILE)
     run.store.create_run(run.id, config.model_dump(mode="json"), budget=config.budget.model_dump(mode="json"))
+    for i, note in enumerate(notes):  # shown once, kept in run.db's events
+        run.event(0, "setup", "warning", note, key=f"0/budget/{i}")
     from harness.datasette import write_metadata
 
     write_metadata(run_dir)  # `datasette runs/<id>/run.db --metadata runs/<id>/datasette.json`

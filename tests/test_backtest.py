@@ -325,3 +325,33 @@ def test_calibration_replay_of_an_env_record_walks_the_learning_signal_route(tmp
         f.write_text(json.dumps({"summary": {"mode": "power", "planted": planted}, "decisions": [row]}))
         assert replay([str(f)])["sequential_promoted"] == expect, planted
         assert replay([str(f)], learning_signal=1.0)["sequential_promoted"] == 0
+
+
+def test_the_judge_budget_is_fitted_to_the_targets_expert_answers_only_when_round_0_cuts_them():
+    """At run start (`harness.round0.fit_budget`): a round-0 completion budget shorter than the target's expert
+    answers is kept for training and warned about, while the judge (and the test set) score with 1.5x the longest
+    answer; an explicit backtest.max_new_tokens is kept as given (with a warning when it cuts); a budget that fits
+    changes nothing and says nothing. Would catch a judge that inherits a budget too short to see a longer budget
+    help (a held-out truncation scenario measured the judge at 12 tokens), or one that moves when nothing is wrong."""
+    from harness.config import parse_config
+    from harness.round0 import BUDGET_MARGIN, expert_tokens, fit_budget, initial_files, make_judge
+
+    def fitted(budget, judge_budget=None):
+        data = {"task": "mapf", "name": "b", "policy": {"preset": "tiny"},
+                "recipe": {"max_completion_length": budget},
+                "backtest": {"max_new_tokens": judge_budget} if judge_budget else {}}
+        cfg = parse_config(data, "b")
+        files = initial_files(cfg)
+        judge, notes = fit_budget(cfg, make_judge(cfg, files), files)
+        return cfg, judge.max_new_tokens, notes
+
+    cfg, _, _ = fitted(96)
+    longest = expert_tokens(cfg, make_judge(cfg, initial_files(cfg)).config(get_task("mapf")))
+    assert longest is not None and 10 < longest < 96
+    assert fitted(96)[1:] == (96, [])
+    _, got, notes = fitted(8)
+    assert got == int(BUDGET_MARGIN * longest + 0.999) and len(notes) == 2
+    assert "max_completion_length (8)" in notes[0] and "set backtest.max_new_tokens" in notes[1]
+    _, got, notes = fitted(8, judge_budget=9)
+    assert got == 9 and len(notes) == 2 and "backtest.max_new_tokens (9)" in notes[1]
+    assert fitted(longest)[1:] == (longest, [])  # exactly long enough: nothing moves
