@@ -337,6 +337,26 @@ def test_truncated_completions_get_a_doubled_budget_from_the_seed_skills_on_ever
     assert all(c.change.knob != "recipe.max_completion_length" for c in first(0.1))
 
 
+def test_a_hot_sampler_is_cooled_in_proportion_and_never_heated_by_dead_diverse_groups(tmp_path):
+    """Sampling at 1.5: most plans malformed, groups dead but diverse (so no `grpo.dead_identical`). The seed skills
+    lower the temperature by a step sized to the malformed share (-0.6 at 80%) and no candidate raises it. Would catch
+    the dead-groups skill heating a sampler that is already too hot (seen on a held-out scenario: 1.3 -> 1.72)."""
+    from pathlib import Path
+
+    from harness.tasks import get_task
+
+    template = Path(__file__).resolve().parents[1] / "sandbox" / "template"
+    recipe = {**yaml.safe_load((template / "recipe.yaml").read_text()), "temperature": 1.5}
+    d = _diag(env_config=yaml.safe_load(get_task("mapf").spec.round0_env), recipe=recipe,
+              findings=[Finding(code="mapf.parse_error", severity="critical", count=80, rate=0.8, slice={"size": "5"}),
+                        Finding(code="grpo.dead_groups", severity="critical", count=58, rate=0.9,
+                                knobs=["recipe.num_generations"])])
+    with SkillLibrary.open(tmp_path / "skills.db") as lib:
+        res = propose(EngineerConfig(), d, lib, 3, np.random.default_rng(0))
+    temps = [c.change.value for c in res.candidates if c.change.knob == "recipe.temperature"]
+    assert temps == [pytest.approx(0.9)], [(c.change.knob, c.change.value) for c in res.candidates]
+
+
 # --- hostile skills (issue 36) ----------------------------------------------------------------------------------------
 
 
