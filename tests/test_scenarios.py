@@ -83,6 +83,14 @@ def test_a_typo_is_one_line_naming_the_field(tmp_path):
         assert "\n" not in msg and where in msg, msg
 
 
+def test_a_reward_that_pays_for_unparseable_answers_is_refused_in_one_line(tmp_path):
+    """Every family bounds format_penalty at 0 (a held-out MAPF scenario paying +0.6 for unparseable plans took the
+    broken harness from 29% valid to 0%, and the loop had no finding for it): refused before anything trains."""
+    p = _write(tmp_path, round0={"env": ENV, "recipe": {"learning_rate": 4e-4}, "reward": {"format_penalty": 0.6}})
+    msg = _error(p)
+    assert "\n" not in msg and "round0.reward.format_penalty: Input should be less than or equal to 0" in msg, msg
+
+
 def test_scenarios_that_cannot_run_are_refused_with_the_fix(tmp_path):
     same = {"env": ENV, "recipe": {"learning_rate": 1e-4}}
     assert "identical to round0" in _error(_write(tmp_path, "same", round0=same, oracle=same))

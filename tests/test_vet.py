@@ -443,11 +443,18 @@ def test_reward_sane_change_passes_offline_backtest():
         assert yaml.safe_load(res.files["recipe.yaml"])["reward"] == {knob.split(".")[1]: value}
 
 
-def test_reward_that_pays_for_length_is_rejected():
-    # format_penalty is what too_long (and unparseable) completions earn: making it positive pays for padding plans
+def test_reward_that_pays_for_unparseable_answers_is_out_of_range():
+    # format_penalty is what too_long (and unparseable) completions earn: positive, it pays for answers that cannot be
+    # checked (a held-out scenario at +0.6 took the broken harness from 29% valid to 0% in ~300 steps); every family
+    # bounds it at 0, so such a candidate (or a round-0 config) is refused by its range, naming the field
     res = V.vet(cand("reward", "reward.format_penalty", 2.0), harness_files(), MAPF, ROLLOUTS)
+    assert not res.ok and res.stage != "offline" and "format_penalty" in res.reason, (res.stage, res.reason)
+
+
+def test_reward_that_pays_invalid_plans_over_valid_ones_drops_the_correlation():
+    res = V.vet(cand("reward", "reward.optimal_bonus", -2.0), harness_files(), MAPF, ROLLOUTS)
     assert not res.ok and res.stage == "offline", res.reason
-    assert "corr(reward, valid) drops" in res.reason and res.details["reward_invalid_after"] > 1.0
+    assert "corr(reward, valid) drops" in res.reason
 
 
 def test_reward_that_pays_for_partial_moves_inverts_groups():

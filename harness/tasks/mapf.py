@@ -530,7 +530,9 @@ class MAPFShaping(BaseModel):
     partial_credit: float = Field(0.5, ge=0.0, le=1.0, description="for an invalid but parsed plan: this times the "
                                   "share of agents "
                                   "ending on their goal without taking part in any violation")
-    format_penalty: float = Field(-0.5, description="reward for parse_error, wrong_agent_count and too_long")
+    format_penalty: float = Field(-0.5, ge=-1.0, le=0.0, description="reward for parse_error, wrong_agent_count and "
+                                  "too_long (at most 0: a positive one pays for answers that cannot be checked, and "
+                                  "GRPO learns to write them)")
     length_cap: int = Field(4000, description="completions longer than this many characters get format_penalty")
 
     @field_validator("length_cap")
