@@ -25,7 +25,7 @@ import yaml
 
 from harness.config import EvalConfig, RunConfig, parse_config
 from harness.graph import GATE_ACTIONS, build_graph
-from harness.round0 import fit_budget, initial_files, make_judge
+from harness.round0 import initial_files, make_judge
 from harness.run import JUDGE_FILE, Run, RunError
 from harness.store import RunStore, acquire_lock
 
@@ -188,7 +188,7 @@ def _prepare(run_dir: Path, config: RunConfig, progress) -> Run:
     notes: list[str] = []
     if not (run_dir / JUDGE_FILE).exists():  # fixed once, from the round-0 harness, before any stage can change it
         files = Workspace(harness).files("main")
-        judge, notes = fit_budget(config, make_judge(config, files), files)
+        judge = make_judge(config, files, notes)
         tmp = run_dir / (JUDGE_FILE + ".tmp")
         tmp.write_text(judge.model_dump_json(indent=1))
         tmp.replace(run_dir / JUDGE_FILE)

@@ -3,7 +3,7 @@ the judge a run fixes at its start.
 
     files = initial_files(config)                       # template + the run config's env / recipe / reward overrides
     env, recipe, shaping = harness_models(files, task)  # typed views of a harness tree (env.yaml, recipe.yaml)
-    judge = make_judge(config, files)                   # backtest.env / samples / temperature (round-0 defaults)
+    judge = make_judge(config, files)                   # backtest.env / samples / temperature / budget (round 0)
 
 Used by the lifecycle (creating a run), the stage (`harness.graph`), the experiment and the calibration benchmark, so
 they all start from the same round 0.
@@ -26,15 +26,21 @@ def harness_models(files: dict[str, str], task) -> tuple[Any, Any, Any]:
     return read_harness(files, task)
 
 
-def make_judge(config: RunConfig, files: dict[str, str]):
+def make_judge(config: RunConfig, files: dict[str, str], notes: list[str] | None = None):
     """The backtest judge of a run from its config and its round-0 harness `files`: backtest.env (default the round-0
-    env), backtest.samples, backtest.temperature and backtest.max_new_tokens (default the round-0 recipe's)."""
+    env), backtest.samples, backtest.temperature and backtest.max_new_tokens (default the round-0 recipe's, fitted to
+    the target's expert answers when it cuts them: `fit_budget`, whose warnings are appended to `notes`). Every path
+    that judges (the live loop, the experiment's arms, the calibration) makes its judge here."""
     from harness.backtest import Judge
 
     env, recipe, _ = harness_models(files, get_task(config.task))
-    return Judge(env=config.backtest.env or env.model_dump(mode="json"), samples=config.backtest.samples,
-                 temperature=config.backtest.temperature or recipe.temperature,
-                 max_new_tokens=config.backtest.max_new_tokens or recipe.max_completion_length)
+    judge = Judge(env=config.backtest.env or env.model_dump(mode="json"), samples=config.backtest.samples,
+                  temperature=config.backtest.temperature or recipe.temperature,
+                  max_new_tokens=config.backtest.max_new_tokens or recipe.max_completion_length)
+    judge, said = fit_budget(config, judge, files)
+    if notes is not None:
+        notes.extend(said)
+    return judge
 
 
 EXPERT_SAMPLE = 64  # target instances whose expert answers size the judge's completion budget at run start

@@ -328,13 +328,13 @@ def test_calibration_replay_of_an_env_record_walks_the_learning_signal_route(tmp
 
 
 def test_the_judge_budget_is_fitted_to_the_targets_expert_answers_only_when_round_0_cuts_them():
-    """At run start (`harness.round0.fit_budget`): a round-0 completion budget shorter than the target's expert
+    """At run start (`harness.round0.make_judge` through `fit_budget`): a round-0 completion budget shorter than the target's expert
     answers is kept for training and warned about, while the judge (and the test set) score with 1.5x the longest
     answer; an explicit backtest.max_new_tokens is kept as given (with a warning when it cuts); a budget that fits
     changes nothing and says nothing. Would catch a judge that inherits a budget too short to see a longer budget
     help (a held-out truncation scenario measured the judge at 12 tokens), or one that moves when nothing is wrong."""
     from harness.config import parse_config
-    from harness.round0 import BUDGET_MARGIN, expert_tokens, fit_budget, initial_files, make_judge
+    from harness.round0 import BUDGET_MARGIN, expert_tokens, initial_files, make_judge
 
     def fitted(budget, judge_budget=None):
         data = {"task": "mapf", "name": "b", "policy": {"preset": "tiny"},
@@ -342,7 +342,8 @@ def test_the_judge_budget_is_fitted_to_the_targets_expert_answers_only_when_roun
                 "backtest": {"max_new_tokens": judge_budget} if judge_budget else {}}
         cfg = parse_config(data, "b")
         files = initial_files(cfg)
-        judge, notes = fit_budget(cfg, make_judge(cfg, files), files)
+        notes: list[str] = []
+        judge = make_judge(cfg, files, notes)
         return cfg, judge.max_new_tokens, notes
 
     cfg, _, _ = fitted(96)
