@@ -58,6 +58,10 @@ class Intervention(BaseModel):
         "A symptom that holds for every group calls for a larger move than one that holds for a third of them: from "
         "a temperature of 0.1 where 64 of 64 groups are identical, +0.2 leaves them identical (BENCHMARKS.md, the "
         "cold-temperature scenarios). None: the step is `value`'s whatever the rate")
+    stop_at: float | None = Field(
+        None, description="an add or mul step never moves the knob past this value (down to it for a step down, up to "
+        "it for a step up), and a knob already there or beyond proposes nothing: the skill's own limit, such as a "
+        "temperature cooled against malformed answers that must not come down into identical groups")
 
 
 class Evidence(BaseModel):

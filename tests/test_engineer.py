@@ -199,6 +199,30 @@ def test_a_step_scaled_with_the_rate_grows_with_the_finding_within_its_bounds(li
         Intervention(knob="recipe.temperature", op="add", value=0.2, scale_with_rate=0.0)
 
 
+def test_a_step_stops_at_the_skills_own_limit(lib):
+    """`stop_at`: a scaled step down stops at the limit, a knob already at or past it proposes nothing, and a step
+    up stops there too. Would catch the malformed-answer skill cooling a sampler into identical groups (0.5 -> 0.1
+    was proposed on a held-out truncation scenario, where the answers failed to parse because they were cut off)."""
+    skill = Skill(name="cooler", kind="recipe", trigger=Trigger(findings=["mapf.parse_error"]),
+                  intervention=Intervention(knob="recipe.temperature", op="add", value=-0.2, scale_with_rate=0.2,
+                                            stop_at=0.5), expected="fewer malformed")
+    lib.add(skill)
+
+    def proposed(temperature, rate=0.8, name="cooler"):
+        space = {**SPACE, "recipe.temperature": SPACE["recipe.temperature"].model_copy(update={"current": temperature})}
+        d = Diagnosis(task="mapf", stage=1, state="abc",
+                      findings=[Finding(code="mapf.parse_error", severity="critical", count=64, rate=rate)])
+        res = propose(EngineerConfig(), d, lib, 1, np.random.default_rng(0), space=space)
+        return [c.change.value for c in res.candidates if c.skill == name]
+
+    assert proposed(1.5) == [pytest.approx(0.9)]  # -0.6, above the stop
+    assert proposed(0.7) == [pytest.approx(0.5)]  # -0.6 would be 0.1: stopped at 0.5
+    assert proposed(0.5) == [] and proposed(0.3) == []  # at or past it: nothing
+    lib.add(skill.model_copy(update={"name": "hotter", "intervention": Intervention(
+        knob="recipe.temperature", op="add", value=0.2, scale_with_rate=0.2, stop_at=1.5)}))
+    assert proposed(1.4, name="hotter") == [pytest.approx(1.5)] and proposed(1.6, name="hotter") == []
+
+
 def test_rule_never_repeats_a_change_rejected_from_the_same_state(lib):
     lib.add(_skill("raise-holes", ["mapf.hole"], "env.sizes.{size}.hole_ratio"))
     lib.add(_skill("more-data", ["mapf.hole"], "env.sizes.{size}.data_ratio"))
@@ -330,10 +354,11 @@ def test_truncated_completions_get_a_doubled_budget_from_the_seed_skills_on_ever
         with SkillLibrary.open(tmp_path / "skills.db") as lib:
             return propose(EngineerConfig(), d, lib, 1, np.random.default_rng(0)).candidates
 
-    [c] = first(0.7)
+    [c] = first(0.3)
     assert (c.change.knob, c.change.value, c.skill) == ("recipe.max_completion_length", 36,
                                                         "raise-completion-budget-on-truncation")
     apply_change(files, c.change, get_task(task))
+    assert first(0.95)[0].change.value == 72  # nearly every answer cut off: x4 (the step scaled 3x)
     assert all(c.change.knob != "recipe.max_completion_length" for c in first(0.1))
 
 

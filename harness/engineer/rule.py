@@ -193,6 +193,11 @@ def instantiate(skill: Skill, finding: Finding, space: dict[str, Knob], step_sca
         new = cur * (1.0 + (float(iv.value) - 1.0) * scale)
     else:  # set
         new = float(iv.value)
+    if iv.stop_at is not None and new != cur:
+        stop = float(iv.stop_at)
+        if (new < cur and cur <= stop) or (new > cur and cur >= stop):
+            return f"{skill.name}: {knob} is {k.current:g}, already at or past the skill's stop ({stop:g})"
+        new = max(new, stop) if new < cur else min(new, stop)
     new = min(max(new, k.lo), k.hi)
     value = _rounded(new, k)
     if value == k.current:
