@@ -195,7 +195,7 @@ def instantiate(skill: Skill, finding: Finding, space: dict[str, Knob], step_sca
         new = float(iv.value)
     if iv.stop_at is not None and new != cur:
         stop = float(iv.stop_at)
-        if (new < cur and cur <= stop) or (new > cur and cur >= stop):
+        if new < cur <= stop or new > cur >= stop:
             return f"{skill.name}: {knob} is {k.current:g}, already at or past the skill's stop ({stop:g})"
         new = max(new, stop) if new < cur else min(new, stop)
     new = min(max(new, k.lo), k.hi)
