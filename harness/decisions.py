@@ -175,18 +175,30 @@ def backed(run: Run, cid: str) -> str | None:
 
 
 SIGNAL_KNOBS = ("recipe.temperature",)  # recipe knobs that choose which completions a group holds (see below)
+RISING_SIGNAL_KNOBS = ("recipe.max_completion_length",)  # ... and those that do so when raised only
 
 
-def takes_signal_route(kind: str, knob: str) -> bool:
-    """May a change of this kind and knob be decided on learning signal (`signal_verdict`)? The changes that choose
-    what a GRPO group is made of: an ENV change (which prompts) and the sampling temperature (which completions).
-    Why the temperature and no other recipe knob: the live-group share is not monotone in it, so a rise is evidence
-    that the groups moved toward contrast rather than a by-product of the knob. Too cold, a group's completions are
-    identical and it is dead by identity (the cold-temperature scenarios: 64 of 64 groups at 0.1); too hot, the
-    completions stop parsing and groups die all-invalid; between the two the share peaks. A learning rate, a group
-    size or a schedule changes the share as a side effect (more completions per group make one live by count), so
-    those keep the target A/B alone. The guard is the same for both: the target estimate not below the control's."""
-    return kind == "env" or knob in SIGNAL_KNOBS
+def takes_signal_route(kind: str, knob: str, old: Any = None, new: Any = None) -> bool:
+    """May a change of this kind and knob (from `old` to `new`) be decided on learning signal (`signal_verdict`)? The
+    changes that choose what a GRPO group is made of: an ENV change (which prompts), the sampling temperature (which
+    completions) and a LONGER completion budget (whether they finish). Why the temperature and no other recipe knob:
+    the live-group share is not monotone in it, so a rise is evidence that the groups moved toward contrast rather
+    than a by-product of the knob. Too cold, a group's completions are identical and it is dead by identity (the
+    cold-temperature scenarios: 64 of 64 groups at 0.1); too hot, the completions stop parsing and groups die
+    all-invalid; between the two the share peaks. A longer budget changes a group only where answers were cut off
+    (the same seeds draw the same tokens, so with nothing truncated the arms are identical and the share cannot move);
+    a shorter one can make a group "live" by cutting some answers, so only a rise qualifies (the truncation scenario:
+    live 29-35% against 7-9% at 24-48 tokens from 12). A learning rate, a group size or a schedule changes the share
+    as a side effect (more completions per group make one live by count), so those keep the target A/B alone. The
+    guard is the same for all: the target estimate not below the control's."""
+    if kind == "env" or knob in SIGNAL_KNOBS:
+        return True
+    if knob in RISING_SIGNAL_KNOBS:
+        try:
+            return float(new) > float(old)
+        except (TypeError, ValueError):
+            return False
+    return False
 
 
 def on_learning_signal(run: Run, k: int, vs: list[Verdict], arms: dict[str, Any], comparisons: int
@@ -206,7 +218,8 @@ def on_learning_signal(run: Run, k: int, vs: list[Verdict], arms: dict[str, Any]
         arm, row = arms.get(v.candidate), run.store.candidate(v.candidate)
         got = None
         if (arm is not None and not isinstance(arm, Exception) and row is not None
-                and takes_signal_route(row["kind"], row.get("knob", ""))):
+                and takes_signal_route(row["kind"], row.get("knob", ""), row.get("old_value"),
+                                       (row.get("patch") or {}).get("value"))):
             got = signal_verdict(v, live_shares(control.curve), live_shares(arm.curve), gate, comparisons)
         if got is not None:
             run.event(k, "backtest", "learning_signal", f"{v.candidate}: {got.reason}", key=f"{k}/signal/{v.candidate}")

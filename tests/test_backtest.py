@@ -268,6 +268,12 @@ def test_calibration_walk_takes_the_loops_learning_signal_route_for_an_env_or_te
     hotter = (recipe[0], {"env.yaml": "a", "recipe.yaml": "learning_rate: 1.0e-4\ntemperature: 0.7\n"})
     w = walk([pair()], lambda p: pytest.fail("the route decides on the first pair"), *hotter, gate, plan, "j", 4, "c")
     assert w.verdict.decision == "promoted" and "learning signal" in w.verdict.reason
+    # a longer completion budget takes it too, a shorter one does not
+    budget = [{"env.yaml": "a", "recipe.yaml": f"max_completion_length: {n}\n"} for n in (12, 48)]
+    w = walk([pair()], lambda p: pytest.fail("the route decides on the first pair"), *budget, gate, plan, "j", 4, "c")
+    assert w.verdict.decision == "promoted" and "learning signal" in w.verdict.reason
+    w = walk([pair()], lambda p: pair(), *budget[::-1], gate, plan, "j", 4, "c")
+    assert "learning signal" not in w.verdict.reason
 
 
 def test_calibration_replay_judges_recorded_pairs_under_another_gate(tmp_path):

@@ -80,7 +80,11 @@ class _Store:
         self.kinds = kinds
 
     def candidate(self, cid):
-        return {"kind": self.kinds[cid][0], "knob": self.kinds[cid][1]} if cid in self.kinds else None
+        if cid not in self.kinds:
+            return None
+        kind, knob, *values = self.kinds[cid]
+        old, new = values or (None, None)
+        return {"kind": kind, "knob": knob, "old_value": old, "patch": {"kind": kind, "knob": knob, "value": new}}
 
 
 def _run(kinds, **gate):
@@ -110,21 +114,26 @@ def test_an_inconclusive_env_change_that_revives_dead_groups_is_promoted_and_not
     arms = {"control": SimpleNamespace(curve=dead), "mix": SimpleNamespace(curve=live),
             "temp": SimpleNamespace(curve=live), "lr": SimpleNamespace(curve=live), "worse": SimpleNamespace(curve=live),
             "vetoed": SimpleNamespace(curve=live), "slight": SimpleNamespace(curve=near),
-            "refuted": SimpleNamespace(curve=live)}
+            "refuted": SimpleNamespace(curve=live), "longer": SimpleNamespace(curve=live),
+            "shorter": SimpleNamespace(curve=live)}
     kinds = {"mix": ("env", "env.mixture"), "temp": ("recipe", "recipe.temperature"),
              "lr": ("recipe", "recipe.learning_rate"), "worse": ("env", "env.mixture"),
-             "vetoed": ("env", "env.mixture"), "slight": ("env", "env.mixture"), "refuted": ("env", "env.mixture")}
+             "vetoed": ("env", "env.mixture"), "slight": ("env", "env.mixture"), "refuted": ("env", "env.mixture"),
+             "longer": ("recipe", "recipe.max_completion_length", 12, 48),
+             "shorter": ("recipe", "recipe.max_completion_length", 96, 24)}
     vs = [_verdict("mix"), _verdict("temp"), _verdict("lr"), _verdict("worse", effect=-0.01),
-          _verdict("vetoed", vetoes=["v"]), _verdict("slight"), _verdict("refuted", decision="rejected", effect=0.0)]
+          _verdict("vetoed", vetoes=["v"]), _verdict("slight"), _verdict("refuted", decision="rejected", effect=0.0),
+          _verdict("longer"), _verdict("shorter")]
     run, events = _run(kinds)
     got = {v.candidate: v for v in on_learning_signal(run, 1, vs, arms, comparisons=2)}
     assert got["mix"].decision == "promoted" and got["temp"].decision == "promoted"
+    assert got["longer"].decision == "promoted"  # a longer completion budget: only a rise takes the route
     assert "learning signal" in got["mix"].reason and "target not below the control" in got["mix"].reason
     assert "the target test's reason" in got["mix"].reason
-    assert {c: v.decision for c, v in got.items() if c not in ("mix", "temp")} == {
+    assert {c: v.decision for c, v in got.items() if c not in ("mix", "temp", "longer")} == {
         "lr": "inconclusive", "worse": "inconclusive", "vetoed": "inconclusive", "slight": "inconclusive",
-        "refuted": "rejected"}
-    assert len(events) == 2 and {e[2] for e in events} == {"learning_signal"}
+        "refuted": "rejected", "shorter": "inconclusive"}
+    assert len(events) == 3 and {e[2] for e in events} == {"learning_signal"}
     off, _ = _run(kinds, learning_signal=None)
     assert [v.decision for v in on_learning_signal(off, 1, vs, arms, comparisons=2)] == [v.decision for v in vs]
     # a failed control arm (an exception) decides nothing on this route

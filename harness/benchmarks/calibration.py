@@ -179,11 +179,11 @@ class Walk(NamedTuple):
 
 def on_signal_route(control_files: dict[str, str], candidate_files: dict[str, str]) -> bool:
     """Do the two harnesses differ in a way the learning-signal route may decide (`harness.decisions.
-    takes_signal_route`): env.yaml alone (an env change), or recipe.yaml alone in its route knobs only (the sampling
-    temperature)?"""
+    takes_signal_route`): env.yaml alone (an env change), or recipe.yaml alone in one of its route knobs (the sampling
+    temperature, or a longer completion budget)?"""
     import yaml
 
-    from harness.decisions import SIGNAL_KNOBS
+    from harness.decisions import SIGNAL_KNOBS, takes_signal_route
 
     differ = {p for p in {*control_files, *candidate_files} if control_files.get(p) != candidate_files.get(p)}
     if differ == {"env.yaml"}:
@@ -192,7 +192,13 @@ def on_signal_route(control_files: dict[str, str], candidate_files: dict[str, st
         return False
     a, b = (yaml.safe_load(f.get("recipe.yaml") or "") or {} for f in (control_files, candidate_files))
     keys = {f"recipe.{k}" for k in {*a, *b} if a.get(k) != b.get(k)}
-    return bool(keys) and keys <= set(SIGNAL_KNOBS)
+    if bool(keys) and keys <= set(SIGNAL_KNOBS):
+        return True
+    if len(keys) != 1:
+        return False
+    (knob,) = keys
+    field = knob.split(".", 1)[1]
+    return takes_signal_route("recipe", knob, a.get(field), b.get(field))
 
 
 def step_live(arm: ArmOutput) -> list[float]:
