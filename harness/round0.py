@@ -43,14 +43,16 @@ def make_judge(config: RunConfig, files: dict[str, str], notes: list[str] | None
     return judge
 
 
-EXPERT_SAMPLE = 64  # target instances whose expert answers size the judge's completion budget at run start
+EXPERT_SAMPLE = 64  # target instances whose expert answers set the judge's completion budget at run start
 BUDGET_MARGIN = 1.5  # the judge's budget when the round-0 one cuts expert answers: this times the longest (+ its end)
+CUT_SHARE = 0.1  # a budget that cuts at least this share of the expert's answers is a defect worth a warning
 
 
-def expert_tokens(config: RunConfig, env: Any) -> int | None:
-    """The longest expert answer, in the policy's tokens plus one for its end, over EXPERT_SAMPLE instances of `env`
-    (the judge's distribution; probe-split generator seeds: only this number leaves the function) in the run's prompt
-    style; None when the tokenizer cannot be had without loading a model (an endpoint, an unreadable checkpoint)."""
+def expert_tokens(config: RunConfig, env: Any) -> list[int] | None:
+    """The expert's answers' lengths, in the policy's tokens plus one for the end, over EXPERT_SAMPLE instances of
+    `env` (the judge's distribution; probe-split generator seeds: only these numbers leave the function) in the run's
+    prompt style; None when the tokenizer cannot be had without loading a model (an endpoint, an unreadable
+    checkpoint)."""
     task = get_task(config.task)
     try:
         if config.policy.checkpoint:
@@ -64,31 +66,39 @@ def expert_tokens(config: RunConfig, env: Any) -> int | None:
         from harness.seeds import seeds
 
         style = config.style
-        return 1 + max(len(tok(task.expert(task.generate(env, s), style), add_special_tokens=False)["input_ids"])
-                       for s in seeds("probe", EXPERT_SAMPLE))
-    except Exception:  # noqa: BLE001 - a size check, never a reason to refuse a run
+        return [1 + len(tok(task.expert(task.generate(env, s), style), add_special_tokens=False)["input_ids"])
+                for s in seeds("probe", EXPERT_SAMPLE)]
+    except Exception:  # noqa: BLE001 - a length check, never a reason to refuse a run
         return None
 
 
 def fit_budget(config: RunConfig, judge: Any, files: dict[str, str]) -> tuple[Any, list[str]]:
     """The judge's completion budget checked against the target's expert answers at run start: (judge, warnings).
-    When the round-0 recipe's `max_completion_length` cuts them (and `backtest.max_new_tokens` is not set), the judge
-    scores with BUDGET_MARGIN x the longest instead, so a harness whose budget is too short is measured on whole
-    answers and a longer budget can be seen to help; training keeps the round-0 budget (the engineer may change it:
-    `grpo.truncated`). An explicit `backtest.max_new_tokens` is kept as given, with a warning when it cuts them."""
-    longest = expert_tokens(config, judge.config(get_task(config.task)))
+    When the round-0 recipe's `max_completion_length` cuts at least CUT_SHARE of them off (and `backtest.
+    max_new_tokens` is not set), the judge scores with BUDGET_MARGIN x the longest instead, so a harness whose budget
+    is too short is measured on whole answers and a longer budget can be seen to help; training keeps the round-0
+    budget (the engineer may change it: `grpo.truncated`). An explicit `backtest.max_new_tokens` is kept as given,
+    with a warning when it cuts them. A budget that cuts only a few of the longest answers changes nothing."""
+    lengths = expert_tokens(config, judge.config(get_task(config.task)))
     _, recipe, _ = harness_models(files, get_task(config.task))
     notes: list[str] = []
-    if longest is None:
+    if not lengths:
         return judge, notes
-    if recipe.max_completion_length < longest:
-        notes.append(f"the round-0 recipe's max_completion_length ({recipe.max_completion_length}) is shorter than "
-                     f"the expert's answers on the target (up to {longest} tokens with the end): training will cut "
-                     "answers off (the diagnosis reports it as grpo.truncated)")
-    if judge.max_new_tokens < longest:
+    longest = max(lengths)
+
+    def cut(budget: int) -> float:
+        return sum(n > budget for n in lengths) / len(lengths)
+
+    if cut(recipe.max_completion_length) >= CUT_SHARE:
+        notes.append(f"the round-0 recipe's max_completion_length ({recipe.max_completion_length}) cuts off "
+                     f"{cut(recipe.max_completion_length):.0%} of the expert's answers on the target (up to {longest} "
+                     "tokens with the end): training will score them unfinished (the diagnosis reports it as "
+                     "grpo.truncated)")
+    if cut(judge.max_new_tokens) >= CUT_SHARE:
         if config.backtest.max_new_tokens:
-            notes.append(f"backtest.max_new_tokens ({judge.max_new_tokens}) is shorter than the expert's answers on "
-                         f"the target (up to {longest} tokens): the judge and the test set will score cut-off answers")
+            notes.append(f"backtest.max_new_tokens ({judge.max_new_tokens}) cuts off {cut(judge.max_new_tokens):.0%} "
+                         f"of the expert's answers on the target (up to {longest} tokens): the judge and the test set "
+                         "will score cut-off answers")
         else:
             fitted = int(BUDGET_MARGIN * longest + 0.999)
             notes.append(f"the judge scores the target and the test set with {fitted} tokens per completion (not "

@@ -340,7 +340,7 @@ def test_the_judge_budget_is_fitted_to_the_targets_expert_answers_only_when_roun
     changes nothing and says nothing. Would catch a judge that inherits a budget too short to see a longer budget
     help (a held-out truncation scenario measured the judge at 12 tokens), or one that moves when nothing is wrong."""
     from harness.config import parse_config
-    from harness.round0 import BUDGET_MARGIN, expert_tokens, initial_files, make_judge
+    from harness.round0 import BUDGET_MARGIN, CUT_SHARE, expert_tokens, initial_files, make_judge
 
     def fitted(budget, judge_budget=None):
         data = {"task": "mapf", "name": "b", "policy": {"preset": "tiny"},
@@ -353,12 +353,15 @@ def test_the_judge_budget_is_fitted_to_the_targets_expert_answers_only_when_roun
         return cfg, judge.max_new_tokens, notes
 
     cfg, _, _ = fitted(96)
-    longest = expert_tokens(cfg, make_judge(cfg, initial_files(cfg)).config(get_task("mapf")))
-    assert longest is not None and 10 < longest < 96
+    lengths = sorted(expert_tokens(cfg, make_judge(cfg, initial_files(cfg)).config(get_task("mapf"))))
+    longest = lengths[-1]
+    assert 10 < longest < 96
     assert fitted(96)[1:] == (96, [])
     _, got, notes = fitted(8)
     assert got == int(BUDGET_MARGIN * longest + 0.999) and len(notes) == 2
-    assert "max_completion_length (8)" in notes[0] and "set backtest.max_new_tokens" in notes[1]
+    assert "max_completion_length (8) cuts off" in notes[0] and "set backtest.max_new_tokens" in notes[1]
     _, got, notes = fitted(8, judge_budget=9)
     assert got == 9 and len(notes) == 2 and "backtest.max_new_tokens (9)" in notes[1]
     assert fitted(longest)[1:] == (longest, [])  # exactly long enough: nothing moves
+    few = lengths[-2] if lengths[-2] < longest else longest - 1  # cuts only the longest answer or two: nothing moves
+    assert sum(n > few for n in lengths) / len(lengths) < CUT_SHARE and fitted(few)[1:] == (few, [])

@@ -25,7 +25,7 @@ TINY_RUN = {
     "recipe": {"steps": 1, "batch_size": 8, "num_generations": 4, "learning_rate": 1e-4, "temperature": 0.7,
                "beta": 0.0, "max_completion_length": 24},
     "budget": {"stages": 2}, "stage": {"train_instances": 16},
-    "backtest": {"n": 8, "samples": 2}, "eval": {"suite": "small", "limit": 8},
+    "backtest": {"n": 8, "samples": 2, "max_new_tokens": 24}, "eval": {"suite": "small", "limit": 8},
 }
 
 

@@ -179,7 +179,7 @@ def test_backtests_judge_the_run_config_target_not_the_incumbent_env(tmp_path):
     store = RunStore.open(run_dir / "run.db")  # the round-0 budget cuts expert answers: said once, at run start
     warned = [e["message"] for e in store.events("judge") if e["kind"] == "warning" and e["stage"] == 0]
     store.close()
-    assert any("max_completion_length (6) is shorter than the expert's answers" in m for m in warned), warned
+    assert any("max_completion_length (6) cuts off" in m for m in warned), warned
     # ... and the diagnosis sees the target too: the arms' start checkpoint on the judge's boards (probe seeds, cached,
     # charged, recorded as arm `target`), whose 4x4 boards the 3x3 training mix does not cover
     from harness.records import Diagnosis
