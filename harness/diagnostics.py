@@ -425,7 +425,7 @@ def length_health(rollouts: list[Rollout], train_metrics: list[dict[str, float]]
         metrics["clipped_ratio"] = round(clip_rate, 4)
         if clip_rate >= clipped and not any(f.code == "grpo.length_explosion" for f in findings):
             findings.append(Finding(
-                code="grpo.truncated", severity=_severity(clip_rate, clipped, 0.6), count=len(clip),
+                code="grpo.truncated", severity="critical", count=len(clip),
                 rate=round(clip_rate, 4), knobs=["recipe.max_completion_length"],
                 message=f"{clip_rate:.0%} of the stage's completions hit the completion budget before their end "
                         "(truncated, scored as unfinished) while their length did not grow: the budget is shorter "
@@ -511,12 +511,25 @@ def builtin_codes(task: str, failure_types: Iterable[str]) -> set[str]:
 
 def builtin_diagnostics(rollouts: list[Rollout], train_metrics: list[dict[str, float]] | None = None,
                         valid_history: list[float] | None = None) -> list[DiagnosticResult]:
-    """All built-ins on one stage's rollouts; the task-aware ones read what the rollouts' Task declares."""
+    """All built-ins on one stage's rollouts; the task-aware ones read what the rollouts' Task declares. When the
+    stage's completions are cut off (`grpo.truncated`), repeated completions are what cutting makes (a confident
+    policy's first tokens agree), not a sampler that does not explore: the sampler findings (`grpo.dead_identical`,
+    `grpo.exploration_collapse`) are withheld (metric `sampler_findings_masked`), so the temperature is not raised
+    against a budget defect (a held-out code scenario at 6 tokens promoted 1.0 -> 1.5 before its budget)."""
     out = [failure_breakdown(rollouts), near_misses(rollouts), quality_gap(rollouts), competence_frontier(rollouts),
            dead_groups(rollouts, train_metrics), exploration_collapse(rollouts), length_health(rollouts, train_metrics)]
     out.append(reward_hacking(train_metrics, valid_history, rollouts=rollouts))
     out.append(reward_misaligned(rollouts))
+    if any(f.code == "grpo.truncated" for r in out for f in r.findings):
+        for r in out:
+            kept = [f for f in r.findings if f.code not in SAMPLER_CODES]
+            if len(kept) != len(r.findings):
+                r.findings = kept
+                r.metrics["sampler_findings_masked"] = 1.0
     return out
+
+
+SAMPLER_CODES = ("grpo.dead_identical", "grpo.exploration_collapse")  # findings that blame the sampler's randomness
 
 
 # --- the target: the judge's distribution next to the training mix ---------------------------------------------------

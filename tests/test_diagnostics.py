@@ -184,13 +184,21 @@ def test_truncation_is_its_own_finding_and_not_a_task_failure_or_an_explosion():
     steady = [{"completion_length": 18.0, "clipped_ratio": c} for c in (0.7, 0.72, 0.68, 0.75, 0.7, 0.71)]
     (f,) = D.length_health([], steady).findings
     assert (f.code, f.knobs, f.severity, f.rate) == ("grpo.truncated", ["recipe.max_completion_length"], "critical",
-                                                      0.705)
+                                                      0.705)  # critical from 0.3: the root cause of every group
     exploding = [{"completion_length": v, "clipped_ratio": 0.8} for v in (20, 22, 25, 50, 60, 64)]
     assert [f.code for f in D.length_health([], exploding).findings] == ["grpo.length_explosion"]
     plan_over_cap = [mk(5, "too_long") for _ in range(4)] + [mk(5)]
     assert D.length_health(plan_over_cap).findings == []
     few = [{"completion_length": 18.0, "clipped_ratio": 0.1}] * 6
     assert D.length_health([], few).findings == [] and D.length_health([], few).metrics["clipped_ratio"] == 0.1
+    # cut-off completions repeat one another (a confident policy's first tokens agree): with truncation found, the
+    # sampler findings are withheld, so the engineer raises the budget, not the temperature (held-out code scenario
+    # at 6 tokens: 1.0 -> 1.5 promoted before the budget); without it they stand
+    same = [mk(5, "hole", group=g, completion="A1: RIGHT") for g in range(4) for _ in range(4)]
+    cut = {f.code for r in D.builtin_diagnostics(same, steady) for f in r.findings}
+    assert "grpo.truncated" in cut and not cut & {"grpo.dead_identical", "grpo.exploration_collapse"}
+    whole = {f.code for r in D.builtin_diagnostics(same, few) for f in r.findings}
+    assert {"grpo.dead_identical", "grpo.exploration_collapse"} <= whole
 
 
 # --- evolved diagnostics in the sandbox --------------------------------------------------------------------------------
