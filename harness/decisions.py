@@ -188,7 +188,7 @@ def takes_signal_route(kind: str, knob: str, old: Any = None, new: Any = None) -
     all-invalid; between the two the share peaks. A longer budget changes a group only where answers were cut off
     (the same seeds draw the same tokens, so with nothing truncated the arms are identical and the share cannot move);
     a shorter one can make a group "live" by cutting some answers, so only a rise qualifies (the truncation scenario:
-    live 29-35% against 7-9% at 24-48 tokens from 12). A learning rate, a group size or a schedule changes the share
+    live 26-35% against 7-9% at 24-48 tokens from 12). A learning rate, a group size or a schedule changes the share
     as a side effect (more completions per group make one live by count), so those keep the target A/B alone. The
     guard is the same for all: the target estimate not below the control's."""
     if kind == "env" or knob in SIGNAL_KNOBS:
