@@ -57,6 +57,7 @@ FALL_MIN = 0.05  # ... and this much
 
 DEAD_GROUP_KNOBS = ["recipe.temperature", "recipe.num_generations"]
 COLLAPSE_KNOBS = ["recipe.temperature"]
+SAMPLER_CODES = ("grpo.dead_identical", "grpo.exploration_collapse")  # findings that blame the sampler's randomness
 LENGTH_KNOBS = ["recipe.max_completion_length", "recipe.temperature"]
 
 
@@ -527,9 +528,6 @@ def builtin_diagnostics(rollouts: list[Rollout], train_metrics: list[dict[str, f
                 r.findings = kept
                 r.metrics["sampler_findings_masked"] = 1.0
     return out
-
-
-SAMPLER_CODES = ("grpo.dead_identical", "grpo.exploration_collapse")  # findings that blame the sampler's randomness
 
 
 # --- the target: the judge's distribution next to the training mix ---------------------------------------------------

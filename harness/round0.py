@@ -37,7 +37,7 @@ def make_judge(config: RunConfig, files: dict[str, str], notes: list[str] | None
     judge = Judge(env=config.backtest.env or env.model_dump(mode="json"), samples=config.backtest.samples,
                   temperature=config.backtest.temperature or recipe.temperature,
                   max_new_tokens=config.backtest.max_new_tokens or recipe.max_completion_length)
-    judge, said = fit_budget(config, judge, files)
+    judge, said = fit_budget(config, judge, recipe.max_completion_length)
     if notes is not None:
         notes.extend(said)
     return judge
@@ -72,28 +72,26 @@ def expert_tokens(config: RunConfig, env: Any) -> list[int] | None:
         return None
 
 
-def fit_budget(config: RunConfig, judge: Any, files: dict[str, str]) -> tuple[Any, list[str]]:
+def fit_budget(config: RunConfig, judge: Any, budget: int) -> tuple[Any, list[str]]:
     """The judge's completion budget checked against the target's expert answers at run start: (judge, warnings).
-    When the round-0 recipe's `max_completion_length` cuts at least CUT_SHARE of them off (and `backtest.
+    When the round-0 recipe's `max_completion_length` (`budget`) cuts at least CUT_SHARE of them off (and `backtest.
     max_new_tokens` is not set), the judge scores with BUDGET_MARGIN x the longest instead, so a harness whose budget
     is too short is measured on whole answers and a longer budget can be seen to help; training keeps the round-0
     budget (the engineer may change it: `grpo.truncated`). An explicit `backtest.max_new_tokens` is kept as given,
     with a warning when it cuts them. A budget that cuts only a few of the longest answers changes nothing."""
     lengths = expert_tokens(config, judge.config(get_task(config.task)))
-    _, recipe, _ = harness_models(files, get_task(config.task))
     notes: list[str] = []
     if not lengths:
         return judge, notes
     longest = max(lengths)
 
-    def cut(budget: int) -> float:
-        return sum(n > budget for n in lengths) / len(lengths)
+    def cut(limit: int) -> float:
+        return sum(n > limit for n in lengths) / len(lengths)
 
-    if cut(recipe.max_completion_length) >= CUT_SHARE:
-        notes.append(f"the round-0 recipe's max_completion_length ({recipe.max_completion_length}) cuts off "
-                     f"{cut(recipe.max_completion_length):.0%} of the expert's answers on the target (up to {longest} "
-                     "tokens with the end): training will score them unfinished (the diagnosis reports it as "
-                     "grpo.truncated)")
+    if cut(budget) >= CUT_SHARE:
+        notes.append(f"the round-0 recipe's max_completion_length ({budget}) cuts off {cut(budget):.0%} of the "
+                     f"expert's answers on the target (up to {longest} tokens with the end): training will score them "
+                     "unfinished (the diagnosis reports it as grpo.truncated)")
     if cut(judge.max_new_tokens) >= CUT_SHARE:
         if config.backtest.max_new_tokens:
             notes.append(f"backtest.max_new_tokens ({judge.max_new_tokens}) cuts off {cut(judge.max_new_tokens):.0%} "

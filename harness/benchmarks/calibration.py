@@ -183,7 +183,7 @@ def on_signal_route(control_files: dict[str, str], candidate_files: dict[str, st
     temperature, or a longer completion budget)?"""
     import yaml
 
-    from harness.decisions import SIGNAL_KNOBS, takes_signal_route
+    from harness.decisions import takes_signal_route
 
     differ = {p for p in {*control_files, *candidate_files} if control_files.get(p) != candidate_files.get(p)}
     if differ == {"env.yaml"}:
@@ -191,14 +191,8 @@ def on_signal_route(control_files: dict[str, str], candidate_files: dict[str, st
     if differ != {"recipe.yaml"}:
         return False
     a, b = (yaml.safe_load(f.get("recipe.yaml") or "") or {} for f in (control_files, candidate_files))
-    keys = {f"recipe.{k}" for k in {*a, *b} if a.get(k) != b.get(k)}
-    if bool(keys) and keys <= set(SIGNAL_KNOBS):
-        return True
-    if len(keys) != 1:
-        return False
-    (knob,) = keys
-    field = knob.split(".", 1)[1]
-    return takes_signal_route("recipe", knob, a.get(field), b.get(field))
+    keys = [k for k in {*a, *b} if a.get(k) != b.get(k)]
+    return bool(keys) and all(takes_signal_route("recipe", f"recipe.{k}", a.get(k), b.get(k)) for k in keys)
 
 
 def step_live(arm: ArmOutput) -> list[float]:
