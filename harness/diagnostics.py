@@ -57,7 +57,9 @@ FALL_MIN = 0.05  # ... and this much
 
 DEAD_GROUP_KNOBS = ["recipe.temperature", "recipe.num_generations"]
 COLLAPSE_KNOBS = ["recipe.temperature"]
-SAMPLER_CODES = ("grpo.dead_identical", "grpo.exploration_collapse")  # findings that blame the sampler's randomness
+# findings that blame the sampler's randomness (withheld when completions are cut off: cutting makes those symptoms)
+SAMPLER_CODES = ("grpo.dead_identical", "grpo.exploration_collapse", "grpo.malformed")
+MALFORMED = 0.2  # this share of answers that cannot be checked at all (the task's format failures): grpo.malformed
 LENGTH_KNOBS = ["recipe.max_completion_length", "recipe.temperature"]
 
 
@@ -350,6 +352,37 @@ def dead_groups(rollouts: list[Rollout], train_metrics: list[dict[str, float]] |
     return DiagnosticResult(name="dead_groups", findings=findings, metrics=metrics)
 
 
+def malformed_answers(rollouts: list[Rollout], start: list[Rollout] | None = None,
+                      min_rate: float = MALFORMED) -> DiagnosticResult:
+    """Answers that cannot be checked at all (the task's `format_failures`: empty, unparseable, not a program) are a
+    sampler drawing far into the tail: `grpo.malformed`, knob the temperature, a root cause for the engineer (every
+    all-fail group and failing slice after it is its symptom). Family-neutral: the task names its format failures.
+
+    With `start` (the stage's START policy on the same probe seeds at the same temperature) the rate is the lower of
+    the two policies': a stage whose training broke the format (a collapsing learning rate) makes the trained policy's
+    answers malformed but not the start's, and that is the regression finding's to say, not the sampler's."""
+    fmt = set(_spec(rollouts).format_failures)
+    if not rollouts or not fmt:
+        return DiagnosticResult(name="malformed_answers", findings=[], metrics={})
+    bad = [r for r in rollouts if r.failure in fmt]
+    rate = _rate(len(bad), len(rollouts))
+    metrics = {"malformed": rate}
+    if start:
+        metrics["malformed_start"] = _rate(sum(r.failure in fmt for r in start), len(start))
+        rate = min(rate, metrics["malformed_start"])
+    findings = []
+    if rate >= min_rate:
+        kinds = Counter(r.failure for r in bad)
+        findings.append(Finding(
+            code="grpo.malformed", severity=_severity(rate, min_rate, 0.5), count=len(bad), rate=rate,
+            examples=_examples(bad), knobs=list(COLLAPSE_KNOBS),
+            message=f"{len(bad)}/{len(rollouts)} answers cannot be checked at all ("
+                    + ", ".join(f"{k} {c}" for k, c in kinds.most_common())
+                    + (f"; {metrics['malformed_start']:.0%} of the stage's start policy's too" if start else "")
+                    + "): the sampler draws far into the tail; every all-fail group it makes is a symptom"))
+    return DiagnosticResult(name="malformed_answers", findings=findings, metrics=metrics)
+
+
 def _duplicates(g: list[Rollout]) -> float:
     """Share of a group's completions that repeat another one (whitespace-normalised): 0 all distinct, 1 - 1/n all
     the same."""
@@ -504,21 +537,24 @@ def builtin_codes(task: str, failure_types: Iterable[str]) -> set[str]:
     """Every finding code the built-ins can emit for a task (seed skills' triggers must use these)."""
     own = {f"{task}.{f}" for f in failure_types} | {f"{task}.{c}" for c in
                                                     ("near_miss", "suboptimal", "mastered", "frontier", "too_hard")}
-    grpo = {"grpo.dead_groups", "grpo.dead_identical", "grpo.exploration_collapse", "grpo.length_collapse", "grpo.length_explosion",
-            "grpo.truncated", "grpo.reward_hacking", "grpo.reward_misaligned",
+    grpo = {"grpo.dead_groups", "grpo.dead_identical", "grpo.exploration_collapse", "grpo.length_collapse",
+            "grpo.length_explosion", "grpo.truncated", "grpo.malformed", "grpo.reward_hacking", "grpo.reward_misaligned",
             "grpo.policy_regressed"}  # emitted by the loop's probe (harness/graph.py::node_probe), not a built-in
     return own | grpo | set(TARGET_CODES)
 
 
 def builtin_diagnostics(rollouts: list[Rollout], train_metrics: list[dict[str, float]] | None = None,
-                        valid_history: list[float] | None = None) -> list[DiagnosticResult]:
+                        valid_history: list[float] | None = None,
+                        start: list[Rollout] | None = None) -> list[DiagnosticResult]:
     """All built-ins on one stage's rollouts; the task-aware ones read what the rollouts' Task declares. When the
     stage's completions are cut off (`grpo.truncated`), repeated completions are what cutting makes (a confident
-    policy's first tokens agree), not a sampler that does not explore: the sampler findings (`grpo.dead_identical`,
-    `grpo.exploration_collapse`) are withheld (metric `sampler_findings_masked`), so the temperature is not raised
-    against a budget defect (a held-out code scenario at 6 tokens promoted 1.0 -> 1.5 before its budget)."""
+    policy's first tokens agree), and answers cut short do not parse, not a sampler that does not explore or one too
+    hot: the sampler findings (`grpo.dead_identical`, `grpo.exploration_collapse`, `grpo.malformed`) are withheld
+    (metric `sampler_findings_masked`), so the temperature is not moved against a budget defect (a held-out code
+    scenario at 6 tokens promoted 1.0 -> 1.5 before its budget)."""
     out = [failure_breakdown(rollouts), near_misses(rollouts), quality_gap(rollouts), competence_frontier(rollouts),
-           dead_groups(rollouts, train_metrics), exploration_collapse(rollouts), length_health(rollouts, train_metrics)]
+           dead_groups(rollouts, train_metrics), exploration_collapse(rollouts), length_health(rollouts, train_metrics),
+           malformed_answers(rollouts, start)]
     out.append(reward_hacking(train_metrics, valid_history, rollouts=rollouts))
     out.append(reward_misaligned(rollouts))
     if any(f.code == "grpo.truncated" for r in out for f in r.findings):
@@ -873,7 +909,8 @@ def build_diagnosis(task: Any, stage: int, rollouts: list[Rollout], env_config: 
                     shaping: Any = None, state: str = "", env_stats_n: int = 64,
                     env_stats: dict[str, Any] | None = None, rejections_before_fallback: int = 3,
                     step_shrink: float = 0.5, target: list[Rollout] | None = None, target_config: Any = None,
-                    previous_target: list[Rollout] | None = None) -> Diagnosis:
+                    previous_target: list[Rollout] | None = None,
+                    start_rollouts: list[Rollout] | None = None) -> Diagnosis:
     """Everything the engineer sees, built from PROBE rollouts only (raises `SplitError` otherwise).
 
     `task` is the Task object (its `env_stats(config, n)` when it has that capability, `EnvStats`); `env_config` and `recipe`
@@ -883,7 +920,9 @@ def build_diagnosis(task: Any, stage: int, rollouts: list[Rollout], env_config: 
 
     `target` are rollouts of the same policy on the judge's distribution `target_config` (probe seeds too), and
     `previous_target` the previous stage's: the diagnosis then shows the target per slice next to the training mix
-    (`Diagnosis.target`) and reports where it fails and whether the mix covers it (`target_findings`)."""
+    (`Diagnosis.target`) and reports where it fails and whether the mix covers it (`target_findings`).
+    `start_rollouts` are the stage's start policy on the probe seeds (the probe's comparison): `grpo.malformed` asks
+    both policies, so a format the stage's training broke is not blamed on the sampler."""
     if not rollouts:
         raise DiagnosticError("build_diagnosis needs probe rollouts; got none (run the probe node first)")
     check_split([r.seed for r in rollouts], "probe")
@@ -895,7 +934,9 @@ def build_diagnosis(task: Any, stage: int, rollouts: list[Rollout], env_config: 
             task.spec.config_model.model_validate(target_config)
         view = target_view(task, target, tcfg if tcfg is not None else cfg, cfg, previous_target,
                            overall_stats(rollouts)["valid"])
-    results = builtin_diagnostics(rollouts, train_metrics, valid_history)
+    if start_rollouts:
+        check_split([r.seed for r in start_rollouts], "probe")
+    results = builtin_diagnostics(rollouts, train_metrics, valid_history, start_rollouts)
     results.append(target_findings(view, rollouts, previous_target, target, train_metrics))
     results += run_evolved_all(diagnostics_files, rollouts)
     findings = [f for res in results for f in res.findings]

@@ -169,6 +169,7 @@ def node_probe(run: Run, state: State) -> State:
     before, secs, toks = rollouts(run, state["policy"], seeds, env, cfg.stage.probe_samples, recipe.temperature,
                                   shaping)
     run.charge(k, "policy", "rollout", seconds=secs, tokens=toks, label="probe-start")
+    start_path = write_rollouts(run.path("rollouts", f"s{k}-probe-start.jsonl.gz"), before)  # the diagnosis reads it
     reg = regression(ArmEval.from_rollouts(before).outcomes, ArmEval.from_rollouts(after).outcomes, cfg.gate,
                      np.random.default_rng([cfg.seed, k]))
     carried = continues_from(state["policy"], state["train_ckpt"], reg.regressed)
@@ -183,7 +184,8 @@ def node_probe(run: Run, state: State) -> State:
                   "learning rate too high) shows up here; the finding grpo.policy_regressed goes to the engineer",
                   key=f"{k}/regression")
     _finish(run, k, Probed(rollouts=str(path), valid=valid, start_valid=reg.before, change=reg.change,
-                           change_ci=[reg.ci_low, reg.ci_high], regressed=reg.regressed, carried=carried), t0, msg)
+                           change_ci=[reg.ci_low, reg.ci_high], regressed=reg.regressed, carried=carried,
+                           start_rollouts=str(start_path)), t0, msg)
     return {"train_ckpt": carried, "log": [f"stage {k} probe: {msg}" + (" REGRESSED: not carried" if reg.regressed
                                                                          else "")]}
 
@@ -217,7 +219,9 @@ def node_diagnose(run: Run, state: State) -> State:
                            diagnostics_files={p: s for p, s in files.items() if p.startswith("diagnostics/")},
                            rejections_before_fallback=cfg.stage.rejections_before_fallback,
                            step_shrink=cfg.stage.step_shrink, target=target, target_config=run.judge.config(run.task),
-                           previous_target=previous_target(run, k))
+                           previous_target=previous_target(run, k),
+                           start_rollouts=read_rollouts(Path(probe.start_rollouts)) if probe.start_rollouts
+                           and Path(probe.start_rollouts).exists() else None)
     diag.findings[:0] = regression_findings(run, k, probe)  # the loop's own: training lowered the policy
     diag.feedback = human_feedback(run, k)  # a person's `revise` feedback reaches the engineer's prompt
     run.store.record_findings(run.id, k, diag.findings)

@@ -61,6 +61,8 @@ class Probed(NodeResult):
     change_ci: list[float]
     regressed: bool
     carried: str | None = Field(None, description="the checkpoint the arms start from (`continues_from`)")
+    start_rollouts: str | None = Field(None, description="the stage's start policy on the same probe seeds (cached; "
+                                       "absent in runs recorded before it was kept)")
 
 
 class Diagnosed(NodeResult):

@@ -201,6 +201,36 @@ def test_truncation_is_its_own_finding_and_not_a_task_failure_or_an_explosion():
     assert {"grpo.dead_identical", "grpo.exploration_collapse"} <= whole
 
 
+def test_malformed_answers_blame_the_sampler_only_when_the_start_policy_writes_them_too():
+    """`grpo.malformed`: the share of answers the task cannot check at all (its `format_failures`: MAPF's unparseable
+    plans and wrong agent counts, math's empty or non-integer answers, code's empty or non-compiling programs), from the
+    trained AND the stage's start policy (the lower of the two). Would catch a finding that names one family, one that
+    fires on ordinary wrong answers, one that blames the sampler for a format the stage's training broke (a collapsing
+    learning rate: the start policy's answers parse), or one raised under truncation (cut answers do not parse)."""
+    hot = [mk(5, "parse_error") for _ in range(6)] + [mk(5, "wrong_agent_count") for _ in range(2)] + \
+        [mk(5, "hole") for _ in range(8)]
+    (f,) = D.malformed_answers(hot).findings
+    assert (f.code, f.knobs, f.severity, f.rate, f.count) == ("grpo.malformed", ["recipe.temperature"], "critical",
+                                                               0.5, 8)
+    assert "parse_error 6" in f.message
+    assert D.malformed_answers([mk(5, "hole") for _ in range(8)]).findings == []  # wrong, but checkable
+    assert D.malformed_answers(hot, start=[mk(5) for _ in range(16)]).findings == []  # the start parses: training broke it
+    (g,) = D.malformed_answers(hot, start=[mk(5, "parse_error") for _ in range(4)] + [mk(5) for _ in range(12)]).findings
+    assert g.rate == 0.25 and g.severity == "warn"  # the lower of the two policies' shares
+    # family-neutral: math's and code's own format failures, not their wrong answers
+    for task, bad, ok in (("math", "parse_error", "wrong"), ("code", "syntax_error", "wrong_output")):
+        rs = [mk(5, bad) for _ in range(5)] + [mk(5, ok) for _ in range(5)]
+        for r in rs:
+            r.instance["task"] = task
+        (h,) = D.malformed_answers(rs).findings
+        assert h.rate == 0.5, task
+        assert D.malformed_answers([r for r in rs if r.failure == ok]).findings == [], task
+    # cut-off answers do not parse either: under truncation it is withheld with the other sampler findings
+    steady = [{"completion_length": 18.0, "clipped_ratio": 0.7}] * 6
+    assert "grpo.malformed" not in {f.code for r in D.builtin_diagnostics(hot, steady) for f in r.findings}
+    assert "grpo.malformed" in {f.code for r in D.builtin_diagnostics(hot, []) for f in r.findings}
+
+
 # --- evolved diagnostics in the sandbox --------------------------------------------------------------------------------
 
 GOOD = '''

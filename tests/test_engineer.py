@@ -382,6 +382,33 @@ def test_a_hot_sampler_is_cooled_in_proportion_and_never_heated_by_dead_diverse_
     assert temps == [pytest.approx(0.9)], [(c.change.knob, c.change.value) for c in res.candidates]
 
 
+@pytest.mark.parametrize("task", ["mapf", "math", "code"])
+def test_a_sampler_that_writes_malformed_answers_is_cooled_first_on_every_family(tmp_path, task):
+    """`grpo.malformed` is a root cause: at 1.6 a third of the answers cannot be checked and every group fails, so
+    the critical symptoms (all-fail groups, failing target slices) would otherwise take both slots. The seed skill
+    lowers the temperature, its step scaled to the share, on every family. Would catch the cooling skill scoped to
+    one family (a held-out math scenario at 1.6: the temperature never proposed, the mix and group size twice) or the
+    finding ranked below its symptoms."""
+    from pathlib import Path
+
+    from harness.tasks import get_task
+
+    template = Path(__file__).resolve().parents[1] / "sandbox" / "template"
+    recipe = {**yaml.safe_load((template / "recipe.yaml").read_text()), "temperature": 1.6}
+    d = _diag(task=task, env_config=yaml.safe_load(get_task(task).spec.round0_env), recipe=recipe,
+              findings=[Finding(code="target.slice_fails", severity="critical", count=80, rate=1.0,
+                                knobs=["env.mixture"]),
+                        Finding(code="grpo.dead_groups", severity="critical", count=56, rate=0.875,
+                                knobs=["recipe.num_generations"]),
+                        Finding(code="grpo.malformed", severity="warn", count=73, rate=0.3,
+                                knobs=["recipe.temperature"])])
+    with SkillLibrary.open(tmp_path / "skills.db") as lib:
+        res = propose(EngineerConfig(), d, lib, 1, np.random.default_rng(0))  # one slot: the root cause's
+    temps = [(c.change.value, c.skill) for c in res.candidates if c.change.knob == "recipe.temperature"]
+    assert temps == [(pytest.approx(1.3), "lower-temperature-on-parse-errors")], \
+        [(c.change.knob, c.change.value) for c in res.candidates]
+
+
 # --- hostile skills (issue 36) ----------------------------------------------------------------------------------------
 
 

@@ -22,6 +22,7 @@ from harness.records import Change, Rollout
 from harness.seeds import seed_for
 from harness.tasks import Mixture, get_task
 from harness.tasks.knobs import MIXTURE
+from harness.tasks.mapf import LABELS
 from harness.vet import apply_change, vet
 from skills.library import SkillLibrary
 
@@ -39,7 +40,7 @@ _INSTANCES: dict[tuple[str, int], object] = {}  # (env, seed) -> instance: gener
 
 def roll(env: dict, solve: dict[int, float], n: int = 24, samples: int = 4, start: int = 0) -> list[Rollout]:
     """`samples` completions per probe instance of `env`: the expert's plan for the first `solve[size]` share of an
-    instance's samples, a stub plan otherwise; each scored by the MAPF scorer."""
+    instance's samples, a stub plan (every agent waits) otherwise; each scored by the MAPF scorer."""
     cfg = MAPF.spec.config_model.model_validate(env)
     out = []
     for g in range(n):
@@ -48,7 +49,9 @@ def roll(env: dict, solve: dict[int, float], n: int = 24, samples: int = 4, star
                                                                                  MAPF.generate(cfg, s))
         k = round(solve.get(inst.size, 0.0) * samples)
         for j in range(samples):
-            comp = MAPF.expert(inst) if j < k else "A1: UP"
+            # the stub waits in place: a well-formed plan that reaches no goal (an unparseable one would be a
+            # malformed answer, `grpo.malformed`, a sampler finding these tests are not about)
+            comp = MAPF.expert(inst) if j < k else "\n".join(f"{LABELS[a]}:W" for a in range(inst.agents))
             o = MAPF.score(inst, comp)
             out.append(Rollout(seed=s, group=g, instance=inst.model_dump(mode="json"), prompt="", completion=comp,
                                valid=o.valid, optimal=o.optimal, reward=o.reward, failure=o.failure, where=o.where,

@@ -270,7 +270,8 @@ def near_miss(metrics: dict[str, float]) -> bool:
 
 SPEC = TaskSpec(
     config_model=MathConfig, shaping_model=MathShaping, instance_model=MathInstance, styles=STYLES,
-    alphabet=alphabet(), words=(), failure_types=FAILURE_TYPES, round0_env=ROUND0_ENV,
+    alphabet=alphabet(), words=(), failure_types=FAILURE_TYPES,
+    format_failures=("no_answer", "parse_error"), round0_env=ROUND0_ENV,
     entry_key=ENTRY_KEY, slice_keys=("digits", "terms", "op", "carries"), difficulty_slice="digits",
     failure_knobs={
         "no_answer": ["recipe.max_completion_length", "recipe.temperature"],

@@ -71,6 +71,8 @@ class TaskSpec:
     round0_env: str
     words: tuple[str, ...] = ()  # multi-character units a char tokenizer keeps as one token
     failure_types: tuple[str, ...] = ()  # the failure taxonomy of `Outcome.failure`
+    # the failures whose answer could not be checked at all (empty, unparseable, not code): `grpo.malformed` counts them
+    format_failures: tuple[str, ...] = ()
     # --- for diagnostics, vet and engineers ---
     entry_key: str | None = None  # knob paths index lists of config entries by this field (harness.tasks.knobs)
     slice_keys: tuple[str, ...] = ()  # the slices instances are grouped by (reports, vetoes, the gate's slice check)

@@ -787,7 +787,8 @@ def near_miss(metrics: dict[str, float]) -> bool:
 
 SPEC = TaskSpec(
     config_model=CodeConfig, shaping_model=CodeShaping, instance_model=CodeInstance, styles=STYLES,
-    alphabet=alphabet(), words=tuple(words()), failure_types=FAILURE_TYPES, round0_env=ROUND0_ENV,
+    alphabet=alphabet(), words=tuple(words()), failure_types=FAILURE_TYPES,
+    format_failures=("no_answer", "syntax_error"), round0_env=ROUND0_ENV,
     entry_key=ENTRY_KEY, slice_keys=("depth", "domain", "output", "feature", "source"), difficulty_slice="depth",
     failure_knobs={
         "no_answer": ["recipe.max_completion_length", "recipe.temperature"],

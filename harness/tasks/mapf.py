@@ -698,6 +698,7 @@ def near_miss(metrics: dict[str, float]) -> bool:
 SPEC = TaskSpec(
     config_model=MAPFConfig, shaping_model=MAPFShaping, instance_model=MAPFInstance, styles=STYLES,
     alphabet=alphabet(), words=tuple(words()), failure_types=FAILURE_TYPES,
+    format_failures=("parse_error", "wrong_agent_count"),
     round0_env=ROUND0_ENV,
     entry_key=ENTRY_KEY, slice_keys=("size", "agents", "wait"), difficulty_slice="size",
     # failure type -> knob templates it suggests, most preferred first ({size} is filled from the finding's slice)

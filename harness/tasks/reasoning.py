@@ -374,6 +374,7 @@ def near_miss(metrics: dict[str, float]) -> bool:
 SPEC = TaskSpec(
     config_model=ReasoningConfig, shaping_model=ReasoningShaping, instance_model=ReasoningInstance, styles=STYLES,
     alphabet="".join(sorted(set(string.printable) - set("\t\r\x0b\x0c"))), words=(), failure_types=FAILURE_TYPES,
+    format_failures=("no_answer",),
     round0_env=ROUND0_ENV, entry_key=ENTRY_KEY, slice_keys=("dataset", "answer_len"),
     difficulty_slice="dataset",  # the datasets are the levels (unordered: the frontier is the datasets in between)
     failure_knobs={
