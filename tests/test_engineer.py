@@ -386,7 +386,8 @@ def test_a_hot_sampler_is_cooled_in_proportion_and_never_heated_by_dead_diverse_
 def test_a_sampler_that_writes_malformed_answers_is_cooled_first_on_every_family(tmp_path, task):
     """`grpo.malformed` is a root cause: at 1.6 a third of the answers cannot be checked and every group fails, so
     the critical symptoms (all-fail groups, failing target slices) would otherwise take both slots. The seed skill
-    lowers the temperature, its step scaled to the share, on every family. Would catch the cooling skill scoped to
+    lowers the temperature, its step scaled to the share (-0.6 from 30%: the rest of a hot sampler's answers are
+    checkable and wrong), on every family. Would catch the cooling skill scoped to
     one family (a held-out math scenario at 1.6: the temperature never proposed, the mix and group size twice) or the
     finding ranked below its symptoms."""
     from pathlib import Path
@@ -405,7 +406,7 @@ def test_a_sampler_that_writes_malformed_answers_is_cooled_first_on_every_family
     with SkillLibrary.open(tmp_path / "skills.db") as lib:
         res = propose(EngineerConfig(), d, lib, 1, np.random.default_rng(0))  # one slot: the root cause's
     temps = [(c.change.value, c.skill) for c in res.candidates if c.change.knob == "recipe.temperature"]
-    assert temps == [(pytest.approx(1.3), "lower-temperature-on-parse-errors")], \
+    assert temps == [(pytest.approx(1.0), "lower-temperature-on-parse-errors")], \
         [(c.change.knob, c.change.value) for c in res.candidates]
 
 
