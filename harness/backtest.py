@@ -29,7 +29,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from harness.config import GateConfig
-from harness.records import Evidence, Rollout, Verdict, cut
+from harness.records import Evidence, Rollout, Verdict, cut, valid_live_share
 from harness.seeds import check_split
 
 
@@ -208,7 +208,8 @@ def train_arm(model, tok, task: Any, files: dict[str, str], steps: int, train_se
     arm's training randomness (equal for both arms of a real decision). `instances` (already generated from that env
     and those seeds) skips generation. `record` (a list) collects the training rollouts' rewards, one
     `harness.records.RewardBatch` per GRPO scoring call. `callbacks`: extra transformers TrainerCallbacks. Returns
-    `policies.train.GRPOMetrics`."""
+    `policies.train.GRPOMetrics`, each step with its `valid_live_share` (`harness.records.valid_live_share` of its
+    scoring call) when the calls are one a step."""
     from harness.policy_glue import grpo_rows, reward_fn
     from policies.train import train_grpo
 
@@ -218,8 +219,15 @@ def train_arm(model, tok, task: Any, files: dict[str, str], steps: int, train_se
     if instances is not None:
         instances = instances[: len(seeds_used)]
     rows = grpo_rows(task, env, seeds_used, style, instances=instances)  # refuses seeds outside the train split
-    return train_grpo(model, tok, rows, reward_fn(task, shaping, record), recipe, progress=progress,
-                      tensorboard_dir=tensorboard_dir, callbacks=callbacks)
+    batches = record if record is not None else []
+    first = len(batches)
+    m = train_grpo(model, tok, rows, reward_fn(task, shaping, batches), recipe, progress=progress,
+                   tensorboard_dir=tensorboard_dir, callbacks=callbacks)
+    mine = batches[first:]
+    if len(mine) == len(m.steps):  # one scoring call a step (the GRPO default): each step's validity-live share
+        for step, batch in zip(m.steps, mine, strict=True):
+            step.valid_live_share = valid_live_share(batch, recipe.num_generations)
+    return m
 
 
 def judge_arm(model, tok, task: Any, instances: list, judge: Judge, sampling_seed: int, style: str | None = None,
@@ -288,8 +296,12 @@ def judge_fingerprint(judge: Judge, gate: GateConfig, task: str) -> str:
 
 
 def live_shares(curve: list[dict[str, Any]]) -> list[float]:
-    """Per GRPO step of an arm's training curve: the share of its groups that were live (not every completion scored
-    alike), i.e. 1 - `dead_group_share`. Steps that did not record it (or logged nan) are skipped."""
+    """Per GRPO step of an arm's training curve: the share of its groups that were live. On validity
+    (`valid_live_share`: some completions valid, some not) when every step recorded it; else on reward (not every
+    completion scored alike, 1 - `dead_group_share`: the same under a binary reward, more under a shaped one, whose
+    spread among wrong answers is no signal of what the judge scores). Steps without it (or nan) are skipped."""
+    if curve and all(x.get("valid_live_share") is not None for x in curve):
+        return [float(x["valid_live_share"]) for x in curve if math.isfinite(float(x["valid_live_share"]))]
     shares = (x.get("dead_group_share") for x in curve)
     return [1.0 - float(d) for d in shares if d is not None and math.isfinite(float(d))]
 

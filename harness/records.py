@@ -73,13 +73,28 @@ class RewardBatch(BaseModel):
     """One scoring call of a GRPO training run (one generation batch), per completion in the order GRPO scored them
     (a prompt's group is `num_generations` consecutive completions): the instance's seed, its level (the value of the
     task's difficulty slice; for a weighted mixture of keyed entries, the key of the entry that generated it) and its
-    shaped reward (before the recipe's `reward_scale`). What a curriculum reads back from the training rollouts
-    (`harness.baselines.Bandit`); `harness.arms.train_policy` writes one file per training run."""
+    shaped reward (before the recipe's `reward_scale`), and whether it was valid (the task's own scorer, unshaped).
+    What a curriculum reads back from the training rollouts (`harness.baselines.Bandit`) and what says which groups
+    were live on validity (`valid_live_share`); `harness.arms.train_policy` writes one file per training run."""
 
     model_config = ConfigDict(extra="forbid")
     seeds: list[int]
     levels: list[str]
     rewards: list[float]
+    valid: list[bool] = Field(default_factory=list, description="per completion (empty in files written before it)")
+
+
+def valid_live_share(batch: RewardBatch, group: int) -> float | None:
+    """Share of the batch's groups (`group` consecutive completions of one prompt) whose completions are not all valid
+    or all invalid: live on VALIDITY, what the judge scores. The trainer's own live share counts reward spread, which
+    a shaped reward (partial credit, a format penalty, an optimal bonus) creates among answers that are all wrong (a
+    held-out code scenario with partial credit 1.0: a hotter sampler made 79% of groups live by reward and was promoted
+    on it). None when the batch has no validity or does not split into whole groups."""
+    n = len(batch.valid)
+    if group < 2 or n == 0 or n % group or n != len(batch.rewards):
+        return None
+    gs = [batch.valid[i:i + group] for i in range(0, n, group)]
+    return sum(any(g) and not all(g) for g in gs) / len(gs)
 
 
 def write_reward_batches(path: Path, batches: list[RewardBatch]) -> Path:

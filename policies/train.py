@@ -160,6 +160,8 @@ class GRPOStep(BaseModel):
     generation_seconds: float | None = Field(None, description="of `seconds`, the rollouts' decoding (our engine)")
     clipped_ratio: float | None = Field(None, description="share of this step's completions that hit "
                                         "max_completion_length before their end (truncated)")
+    valid_live_share: float | None = Field(None, description="share of this step's groups with valid and invalid "
+                                           "completions both (set by the harness, which knows validity)")
 
 
 class GRPOMetrics(BaseModel):

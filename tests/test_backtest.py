@@ -163,6 +163,25 @@ def test_online_backtest_trains_two_real_arms_and_counts_compute(tmp_path):
     assert c["tokens"] >= control.metrics.tokens_generated + candidate.metrics.tokens_generated
 
 
+def test_an_arms_steps_record_which_groups_were_live_on_validity(tmp_path):
+    """A real tiny GRPO run through `train_arm` (the function every arm runs): one scoring call a step, each step's
+    `valid_live_share` computed from that call's validity, and `live_shares` reads it. Would catch the share computed
+    on the wrong batch (calls and steps out of step) or never reaching the curve the learning-signal route reads."""
+    from harness.backtest import live_shares, train_arm
+    from harness.records import valid_live_share
+    from policies.model import build_model
+
+    task = get_task("mapf")
+    model, tok = build_model("tiny", task.spec.alphabet)
+    files = template_files()
+    files["recipe.yaml"] += "\nbatch_size: 16\nnum_generations: 4\n"
+    record: list = []
+    m = train_arm(model, tok, task, files, 2, seeds("train", 8), 0, record=record)
+    assert len(record) == len(m.steps) == 2 and all(len(b.valid) == 16 for b in record)
+    assert [s.valid_live_share for s in m.steps] == [valid_live_share(b, 4) for b in record]
+    assert live_shares([s.model_dump() for s in m.steps]) == [s.valid_live_share for s in m.steps]
+
+
 def test_minimum_detectable_effect_shrinks_with_n():
     """The evidence's MDE (promote_above + (z_promote + z_0.8) x se) halves its noise part when n quadruples."""
     rng = np.random.default_rng(0)

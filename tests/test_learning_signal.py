@@ -150,3 +150,28 @@ def test_the_route_is_part_of_the_gate_config_and_not_of_the_judge_fingerprint()
     judge = Judge(env={"sizes": []}, samples=4, temperature=0.5)
     assert judge_fingerprint(judge, GateConfig(), "mapf") == judge_fingerprint(judge, GateConfig(learning_signal=None),
                                                                             "mapf")
+
+
+def test_the_route_counts_groups_live_on_validity_not_on_a_shaped_rewards_spread():
+    """Under partial credit, wrong answers earn different rewards, so a hotter sampler makes groups "live" by reward
+    without any valid answer among them (a held-out code scenario with partial credit 1.0: 79% live by reward against
+    25%, and the temperature 1.0 -> 1.46 was promoted on it). The route reads the validity-live share when every step
+    has one, and the reward's otherwise (older curves). Would catch the route promoting on shaped-reward spread."""
+    from harness.records import RewardBatch, valid_live_share
+
+    b = RewardBatch(seeds=[1] * 4 + [2] * 4, levels=[""] * 8, rewards=[0.2, 0.5, 0.7, 0.1, 1.0, 0.0, 0.0, 0.0],
+                    valid=[False] * 4 + [True, False, False, False])
+    assert valid_live_share(b, 4) == 0.5  # group 1: spread in reward, none valid (dead); group 2: live
+    assert valid_live_share(b, 3) is None and valid_live_share(RewardBatch(seeds=[1], levels=[""], rewards=[1.0]),
+                                                                  1) is None
+    rng = np.random.default_rng(2)
+    control = [{"dead_group_share": 1 - s, "valid_live_share": v} for s, v in zip(_steps(rng, 0.25), _steps(rng, 0.1))]
+    hotter = [{"dead_group_share": 1 - s, "valid_live_share": v} for s, v in zip(_steps(rng, 0.8), _steps(rng, 0.1))]
+    arms = {"control": SimpleNamespace(curve=control), "temp": SimpleNamespace(curve=hotter)}
+    run, _ = _run({"temp": ("recipe", "recipe.temperature", 1.0, 1.46)})
+    [v] = on_learning_signal(run, 1, [_verdict("temp")], arms, comparisons=1)
+    assert v.decision == "inconclusive"
+    older = {n: SimpleNamespace(curve=[{"dead_group_share": x["dead_group_share"]} for x in a.curve])
+             for n, a in arms.items()}
+    [w] = on_learning_signal(run, 1, [_verdict("temp")], older, comparisons=1)
+    assert w.decision == "promoted"  # what the reward's spread alone says (and said before)
