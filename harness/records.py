@@ -88,8 +88,9 @@ def valid_live_share(batch: RewardBatch, group: int) -> float | None:
     """Share of the batch's groups (`group` consecutive completions of one prompt) whose completions are not all valid
     or all invalid: live on VALIDITY, what the judge scores. The trainer's own live share counts reward spread, which
     a shaped reward (partial credit, a format penalty, an optimal bonus) creates among answers that are all wrong (a
-    held-out code scenario with partial credit 1.0: a hotter sampler made 79% of groups live by reward and was promoted
-    on it). None when the batch has no validity or does not split into whole groups."""
+    held-out code scenario with partial credit 1.0: a hotter sampler's arm had 79% of its groups live by reward, 56% on
+    validity, against the control's 25% and 10%). None when the batch has no validity or does not split into whole
+    groups."""
     n = len(batch.valid)
     if group < 2 or n == 0 or n % group or n != len(batch.rewards):
         return None

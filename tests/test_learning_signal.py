@@ -153,10 +153,10 @@ def test_the_route_is_part_of_the_gate_config_and_not_of_the_judge_fingerprint()
 
 
 def test_the_route_counts_groups_live_on_validity_not_on_a_shaped_rewards_spread():
-    """Under partial credit, wrong answers earn different rewards, so a hotter sampler makes groups "live" by reward
+    """Under partial credit, wrong answers earn different rewards, so a sampler can make groups "live" by reward
     without any valid answer among them (a held-out code scenario with partial credit 1.0: 79% live by reward against
-    25%, and the temperature 1.0 -> 1.46 was promoted on it). The route reads the validity-live share when every step
-    has one, and the reward's otherwise (older curves). Would catch the route promoting on shaped-reward spread."""
+    25%; on validity 56% against 10%). The route reads the validity-live share when every step has one, and the
+    reward's otherwise (older curves). Would catch the route promoting on shaped-reward spread alone."""
     from harness.records import RewardBatch, valid_live_share
 
     b = RewardBatch(seeds=[1] * 4 + [2] * 4, levels=[""] * 8, rewards=[0.2, 0.5, 0.7, 0.1, 1.0, 0.0, 0.0, 0.0],
