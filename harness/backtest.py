@@ -295,12 +295,18 @@ def judge_fingerprint(judge: Judge, gate: GateConfig, task: str) -> str:
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 
-def live_shares(curve: list[dict[str, Any]]) -> list[float]:
+def has_valid_live(curve: list[dict[str, Any]]) -> bool:
+    """Did every step of this training curve record its validity-live share (`GRPOStep.valid_live_share`)?"""
+    return bool(curve) and all(x.get("valid_live_share") is not None for x in curve)
+
+
+def live_shares(curve: list[dict[str, Any]], validity: bool | None = None) -> list[float]:
     """Per GRPO step of an arm's training curve: the share of its groups that were live. On validity
     (`valid_live_share`: some completions valid, some not) when every step recorded it; else on reward (not every
     completion scored alike, 1 - `dead_group_share`: the same under a binary reward, more under a shaped one, whose
-    spread among wrong answers is no signal of what the judge scores). Steps without it (or nan) are skipped."""
-    if curve and all(x.get("valid_live_share") is not None for x in curve):
+    spread among wrong answers is no signal of what the judge scores). Steps without it (or nan) are skipped.
+    `validity` forces one count (two arms are compared on the same one: `has_valid_live` of both)."""
+    if validity if validity is not None else has_valid_live(curve):
         return [float(x["valid_live_share"]) for x in curve if math.isfinite(float(x["valid_live_share"]))]
     shares = (x.get("dead_group_share") for x in curve)
     return [1.0 - float(d) for d in shares if d is not None and math.isfinite(float(d))]

@@ -207,7 +207,7 @@ def on_learning_signal(run: Run, k: int, vs: list[Verdict], arms: dict[str, Any]
     `takes_signal_route`), applied to a stage's verdicts: the candidates' kinds and knobs come from run.db, the
     per-step live shares from the arms' training curves. Returns the verdicts, converted ones replaced; each
     conversion is an event."""
-    from harness.backtest import live_shares
+    from harness.backtest import has_valid_live, live_shares
 
     gate = run.config.gate
     control = arms.get("control")
@@ -220,7 +220,8 @@ def on_learning_signal(run: Run, k: int, vs: list[Verdict], arms: dict[str, Any]
         if (arm is not None and not isinstance(arm, Exception) and row is not None
                 and takes_signal_route(row["kind"], row.get("knob", ""), row.get("old_value"),
                                        (row.get("patch") or {}).get("value"))):
-            got = signal_verdict(v, live_shares(control.curve), live_shares(arm.curve), gate, comparisons)
+            both = has_valid_live(control.curve) and has_valid_live(arm.curve)  # one count for both arms
+            got = signal_verdict(v, live_shares(control.curve, both), live_shares(arm.curve, both), gate, comparisons)
         if got is not None:
             run.event(k, "backtest", "learning_signal", f"{v.candidate}: {got.reason}", key=f"{k}/signal/{v.candidate}")
         out.append(got or v)

@@ -175,3 +175,7 @@ def test_the_route_counts_groups_live_on_validity_not_on_a_shaped_rewards_spread
              for n, a in arms.items()}
     [w] = on_learning_signal(run, 1, [_verdict("temp")], older, comparisons=1)
     assert w.decision == "promoted"  # what the reward's spread alone says (and said before)
+    # one arm recorded by older code: both are compared on the reward's count, never one on each
+    mixed = {"control": older["control"], "temp": arms["temp"]}
+    [x] = on_learning_signal(run, 1, [_verdict("temp")], mixed, comparisons=1)
+    assert x.decision == "promoted"
