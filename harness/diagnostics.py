@@ -505,6 +505,50 @@ def reward_misaligned(rollouts: list[Rollout], share: float = 0.1) -> Diagnostic
     return DiagnosticResult(name="reward_misaligned", findings=findings, metrics=metrics)
 
 
+DILUTED = 0.5  # partial credit's share of GRPO's within-group reward spread at which it drowns validity's
+MIN_LIVE_GROUPS = 8  # live probe groups, before that share is read
+
+
+def reward_diluted(rollouts: list[Rollout], share: float = DILUTED) -> DiagnosticResult:
+    """Partial credit, not validity, makes most of GRPO's signal: `grpo.reward_diluted` (critical, a root cause).
+
+    GRPO scales each group's advantages by the group's own reward spread, so every live group weighs alike, however
+    small its spread. Within each live probe group the spread splits into the part validity explains (valid against
+    invalid answers' means: the judge's own contrast) and the spread among CHECKABLE wrong answers (not the task's
+    format failures: a format penalty is its own knob), which only partial credit creates. The rate is the second
+    part's share, averaged over live groups; it fires at `share` or more (with MIN_LIVE_GROUPS live groups). Then the
+    policy mostly learns to be wrong better, which a reward where wrong answers never out-earn right ones
+    (`reward_misaligned` silent) still does: a held-out math scenario paying 1.0 x the share of right digits lost 8.8
+    points [+6.3, +11.5] to the binary reward over 3 seeds with no finding at all (its probes: 0.56-0.62; the same
+    partial credit on code, no gap: 0.21-0.28). Never fires on a binary reward (no spread among wrong answers) or on
+    spread among valid answers (a quality bonus)."""
+    fmt = set(_spec(rollouts).format_failures)
+    shares = []
+    for g in groups(rollouts).values():
+        if len(g) < 2:
+            continue
+        mean = statistics.fmean(float(r.reward) for r in g)
+        between = sum(len(p) * (statistics.fmean(float(r.reward) for r in p) - mean) ** 2
+                      for p in ([r for r in g if r.valid], [r for r in g if not r.valid]) if p)
+        checkable = [float(r.reward) for r in g if not r.valid and r.failure not in fmt]
+        wrong = sum((x - statistics.fmean(checkable)) ** 2 for x in checkable) if len(checkable) >= 2 else 0.0
+        if between + wrong > 1e-12:
+            shares.append(wrong / (between + wrong))
+    if not shares:
+        return DiagnosticResult(name="reward_diluted", metrics={})
+    rate = statistics.fmean(shares)
+    metrics = {"partial_credit_signal": round(rate, 4), "live_groups_scored": float(len(shares))}
+    findings = []
+    if rate >= share and len(shares) >= MIN_LIVE_GROUPS:
+        findings.append(Finding(
+            code="grpo.reward_diluted", severity="critical", count=len(shares), rate=round(rate, 4),
+            knobs=["reward.partial_credit"],
+            message=f"in {len(shares)} live groups, {rate:.0%} of the reward's spread is among wrong answers (partial "
+                    f"credit) and {1 - rate:.0%} between right and wrong ones: GRPO mostly teaches being wrong "
+                    "better; pay less partial credit, or none"))
+    return DiagnosticResult(name="reward_diluted", findings=findings, metrics=metrics)
+
+
 def reward_hacking(train_metrics: list[dict[str, float]] | None, valid_history: list[float] | None = None,
                    rise: float = 0.05, flat: float = 0.01, rollouts: list[Rollout] | None = None) -> DiagnosticResult:
     """Shaped reward rising while the valid rate stays flat or falls: `grpo.reward_hacking` (critical).
@@ -539,6 +583,7 @@ def builtin_codes(task: str, failure_types: Iterable[str]) -> set[str]:
                                                     ("near_miss", "suboptimal", "mastered", "frontier", "too_hard")}
     grpo = {"grpo.dead_groups", "grpo.dead_identical", "grpo.exploration_collapse", "grpo.length_collapse",
             "grpo.length_explosion", "grpo.truncated", "grpo.malformed", "grpo.reward_hacking", "grpo.reward_misaligned",
+            "grpo.reward_diluted",
             "grpo.policy_regressed"}  # emitted by the loop's probe (harness/graph.py::node_probe), not a built-in
     return own | grpo | set(TARGET_CODES)
 
@@ -557,6 +602,7 @@ def builtin_diagnostics(rollouts: list[Rollout], train_metrics: list[dict[str, f
            malformed_answers(rollouts, start)]
     out.append(reward_hacking(train_metrics, valid_history, rollouts=rollouts))
     out.append(reward_misaligned(rollouts))
+    out.append(reward_diluted(rollouts))
     if any(f.code == "grpo.truncated" for r in out for f in r.findings):
         for r in out:
             kept = [f for f in r.findings if f.code not in SAMPLER_CODES]

@@ -231,6 +231,31 @@ def test_malformed_answers_blame_the_sampler_only_when_the_start_policy_writes_t
     assert "grpo.malformed" in {f.code for r in D.builtin_diagnostics(hot, []) for f in r.findings}
 
 
+def test_partial_credit_that_makes_most_of_grpos_signal_is_reward_diluted_and_binary_or_bonus_spread_is_not():
+    """`grpo.reward_diluted`: per live group (GRPO weighs each alike), the share of the reward's spread among
+    checkable wrong answers (partial credit) against the right/wrong contrast, averaged. Would catch a finding that
+    fires on a binary reward, on a format penalty's spread (its own knob), on a quality bonus among valid answers, on
+    too few live groups, or one that pools spreads across groups (small partial-credit spreads then vanish: the held-out
+    math reward read 0.17-0.22 pooled, 0.51-0.62 per group)."""
+    def grp(g, rewards, valid, failure="hole"):
+        return [mk(5, None if v else failure, reward=r, group=g) for r, v in zip(rewards, valid, strict=True)]
+
+    # 8 groups of wrong answers spread by partial credit, 4 with one right answer: most groups' signal is credit
+    diluted = [r for g in range(8) for r in grp(g, [0.2, 0.5, 0.7, 0.1], [False] * 4)] + \
+        [r for g in range(8, 12) for r in grp(g, [1.0, 0.0, 0.0, 0.0], [True, False, False, False])]
+    (f,) = D.reward_diluted(diluted).findings
+    assert (f.code, f.severity, f.knobs, f.count) == ("grpo.reward_diluted", "critical", ["reward.partial_credit"], 12)
+    assert f.rate == pytest.approx(8 / 12, abs=1e-3)
+    binary = [r for g in range(12) for r in grp(g, [1.0, 0.0, 0.0, 0.0], [True, False, False, False])]
+    assert D.reward_diluted(binary).findings == [] and D.reward_diluted(binary).metrics["partial_credit_signal"] == 0
+    fmt = [r for g in range(12) for r in grp(g, [0.0, -0.5, 0.0, -0.5], [False] * 4, "parse_error")]
+    assert D.reward_diluted(fmt).findings == []  # a format penalty's spread is not partial credit
+    bonus = [r for g in range(12) for r in grp(g, [1.5, 1.0, 0.0, 0.0], [True, True, False, False])]
+    assert D.reward_diluted(bonus).findings == []  # an optimal bonus spreads valid answers: aligned with the judge
+    assert D.reward_diluted(diluted[:6 * 4]).findings == []  # 6 live groups: too few to read
+    assert "grpo.reward_diluted" in {f.code for r in D.builtin_diagnostics(diluted, []) for f in r.findings}
+
+
 # --- evolved diagnostics in the sandbox --------------------------------------------------------------------------------
 
 GOOD = '''

@@ -410,6 +410,29 @@ def test_a_sampler_that_writes_malformed_answers_is_cooled_first_on_every_family
         [(c.change.knob, c.change.value) for c in res.candidates]
 
 
+@pytest.mark.parametrize("task", ["math", "code"])
+def test_a_diluting_partial_credit_is_turned_off_first(tmp_path, task):
+    """`grpo.reward_diluted` is a root cause: the seed skill that turns partial credit off takes the one slot ahead of
+    the critical symptoms. Would catch the finding left without a skill, or ranked below its symptoms (a held-out math
+    scenario: partial credit never proposed in 3 seeds)."""
+    from pathlib import Path
+
+    from harness.tasks import get_task
+
+    template = Path(__file__).resolve().parents[1] / "sandbox" / "template"
+    recipe = {**yaml.safe_load((template / "recipe.yaml").read_text()), "reward": {"partial_credit": 1.0}}
+    d = _diag(task=task, env_config=yaml.safe_load(get_task(task).spec.round0_env), recipe=recipe,
+              findings=[Finding(code="target.slice_fails", severity="critical", count=80, rate=1.0,
+                                knobs=["env.mixture"]),
+                        Finding(code="grpo.dead_groups", severity="critical", count=56, rate=0.875,
+                                knobs=["recipe.num_generations"]),
+                        Finding(code="grpo.reward_diluted", severity="critical", count=40, rate=0.56,
+                                knobs=["reward.partial_credit"])])
+    with SkillLibrary.open(tmp_path / "skills.db") as lib:
+        res = propose(EngineerConfig(), d, lib, 1, np.random.default_rng(0))
+    assert [(c.change.knob, c.change.value) for c in res.candidates] == [("reward.partial_credit", 0.0)], res.notes
+
+
 # --- hostile skills (issue 36) ----------------------------------------------------------------------------------------
 
 
