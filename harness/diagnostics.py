@@ -518,7 +518,7 @@ def reward_diluted(rollouts: list[Rollout], share: float = DILUTED) -> Diagnosti
     format failures: a format penalty is its own knob), which only partial credit creates. The rate is the second
     part's share, averaged over live groups; it fires at `share` or more (with MIN_LIVE_GROUPS live groups). Then the
     policy mostly learns to be wrong better, which a reward where wrong answers never out-earn right ones
-    (`reward_misaligned` silent) still does: a held-out math scenario paying 1.0 x the share of right digits lost 8.8
+    (`reward_misaligned` silent) still does: a held-out math scenario paying full partial credit lost 8.8
     points [+6.3, +11.5] to the binary reward over 3 seeds with no finding at all (its probes: 0.56-0.62; the same
     partial credit on code, no gap: 0.21-0.28). Never fires on a binary reward (no spread among wrong answers) or on
     spread among valid answers (a quality bonus)."""
