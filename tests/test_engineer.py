@@ -382,6 +382,24 @@ def test_a_hot_sampler_is_cooled_in_proportion_and_never_heated_by_dead_diverse_
     assert temps == [pytest.approx(0.9)], [(c.change.knob, c.change.value) for c in res.candidates]
 
 
+def _one_slot_beside_symptoms(tmp_path, task: str, recipe_update: dict, cause: Finding):
+    """One proposal slot for round 0's harness of `task` (its recipe updated), with two critical symptoms (every
+    target slice failing, dead groups) beside a root-cause finding: what the rule engineer puts first."""
+    from pathlib import Path
+
+    from harness.tasks import get_task
+
+    template = Path(__file__).resolve().parents[1] / "sandbox" / "template"
+    recipe = {**yaml.safe_load((template / "recipe.yaml").read_text()), **recipe_update}
+    d = _diag(task=task, env_config=yaml.safe_load(get_task(task).spec.round0_env), recipe=recipe,
+              findings=[Finding(code="target.slice_fails", severity="critical", count=80, rate=1.0,
+                                knobs=["env.mixture"]),
+                        Finding(code="grpo.dead_groups", severity="critical", count=56, rate=0.875,
+                                knobs=["recipe.num_generations"]), cause])
+    with SkillLibrary.open(tmp_path / "skills.db") as lib:
+        return propose(EngineerConfig(), d, lib, 1, np.random.default_rng(0))
+
+
 @pytest.mark.parametrize("task", ["mapf", "math", "code"])
 def test_a_sampler_that_writes_malformed_answers_is_cooled_first_on_every_family(tmp_path, task):
     """`grpo.malformed` is a root cause: at 1.6 a third of the answers cannot be checked and every group fails, so
@@ -390,21 +408,9 @@ def test_a_sampler_that_writes_malformed_answers_is_cooled_first_on_every_family
     checkable and wrong), on every family. Would catch the cooling skill scoped to
     one family (a held-out math scenario at 1.6: the temperature never proposed, the mix and group size twice) or the
     finding ranked below its symptoms."""
-    from pathlib import Path
-
-    from harness.tasks import get_task
-
-    template = Path(__file__).resolve().parents[1] / "sandbox" / "template"
-    recipe = {**yaml.safe_load((template / "recipe.yaml").read_text()), "temperature": 1.6}
-    d = _diag(task=task, env_config=yaml.safe_load(get_task(task).spec.round0_env), recipe=recipe,
-              findings=[Finding(code="target.slice_fails", severity="critical", count=80, rate=1.0,
-                                knobs=["env.mixture"]),
-                        Finding(code="grpo.dead_groups", severity="critical", count=56, rate=0.875,
-                                knobs=["recipe.num_generations"]),
-                        Finding(code="grpo.malformed", severity="warn", count=73, rate=0.3,
-                                knobs=["recipe.temperature"])])
-    with SkillLibrary.open(tmp_path / "skills.db") as lib:
-        res = propose(EngineerConfig(), d, lib, 1, np.random.default_rng(0))  # one slot: the root cause's
+    res = _one_slot_beside_symptoms(tmp_path, task, {"temperature": 1.6},
+                                    Finding(code="grpo.malformed", severity="warn", count=73, rate=0.3,
+                                            knobs=["recipe.temperature"]))
     temps = [(c.change.value, c.skill) for c in res.candidates if c.change.knob == "recipe.temperature"]
     assert temps == [(pytest.approx(1.0), "lower-temperature-on-parse-errors")], \
         [(c.change.knob, c.change.value) for c in res.candidates]
@@ -415,21 +421,9 @@ def test_a_diluting_partial_credit_is_turned_off_first(tmp_path, task):
     """`grpo.reward_diluted` is a root cause: the seed skill that turns partial credit off takes the one slot ahead of
     the critical symptoms. Would catch the finding left without a skill, or ranked below its symptoms (a held-out math
     scenario: partial credit never proposed in 3 seeds)."""
-    from pathlib import Path
-
-    from harness.tasks import get_task
-
-    template = Path(__file__).resolve().parents[1] / "sandbox" / "template"
-    recipe = {**yaml.safe_load((template / "recipe.yaml").read_text()), "reward": {"partial_credit": 1.0}}
-    d = _diag(task=task, env_config=yaml.safe_load(get_task(task).spec.round0_env), recipe=recipe,
-              findings=[Finding(code="target.slice_fails", severity="critical", count=80, rate=1.0,
-                                knobs=["env.mixture"]),
-                        Finding(code="grpo.dead_groups", severity="critical", count=56, rate=0.875,
-                                knobs=["recipe.num_generations"]),
-                        Finding(code="grpo.reward_diluted", severity="critical", count=40, rate=0.56,
-                                knobs=["reward.partial_credit"])])
-    with SkillLibrary.open(tmp_path / "skills.db") as lib:
-        res = propose(EngineerConfig(), d, lib, 1, np.random.default_rng(0))
+    res = _one_slot_beside_symptoms(tmp_path, task, {"reward": {"partial_credit": 1.0}},
+                                    Finding(code="grpo.reward_diluted", severity="critical", count=40, rate=0.56,
+                                            knobs=["reward.partial_credit"]))
     assert [(c.change.knob, c.change.value) for c in res.candidates] == [("reward.partial_credit", 0.0)], res.notes
 
 

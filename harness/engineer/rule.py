@@ -322,9 +322,10 @@ def thompson_scores(skills: list[Skill], rng: np.random.Generator) -> dict[str, 
 
 
 # root causes come first: the stage's own training lowered the probe; the reward pays invalid answers as well as valid
-# ones, or spreads wrong ones more than it separates right from wrong; the sampler writes answers that cannot be checked at all (its all-fail groups follow); the training mix is too
-# hard to learn from at all, far from the target, or its entries are not the target's (its GRPO health findings are
-# then symptoms of training on the wrong reward or distribution)
+# ones, or spreads wrong ones more than it separates right from wrong; the sampler writes answers that cannot be
+# checked at all (its all-fail groups follow); the training mix is too hard to learn from at all, far from the target,
+# or its entries are not the target's (its GRPO health findings are then symptoms of training on the wrong reward or
+# distribution)
 ROOT_CAUSES = ("grpo.policy_regressed", "grpo.reward_misaligned", "grpo.reward_diluted", "grpo.malformed",
                "target.mix_all_fail", "target.mix_far", "target.entry_differs")
 
