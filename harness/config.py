@@ -261,11 +261,11 @@ class GateConfig(BaseModel):
                             "promotions on each planted defect, lr and env); 0 = never")
 
     learning_signal: float | None = Field(
-        0.10, ge=0.0, le=1.0, description="an ENV change (the training distribution), a sampling-temperature change or a "
-        "longer completion budget (`harness.decisions.takes_signal_route`) left inconclusive on the target is also promoted when its arm "
-        "trained on more informative GRPO groups: its per-step share of live groups (reward not the same for the whole "
-        "group) above the control arm's by at least this, with confidence (Welch's "
-        "one-sided test over steps), its target estimate not below the control's and no slice or veto against it. "
+        0.10, ge=0.0, le=1.0, description="an ENV change (the training distribution), a sampling-temperature change "
+        "or a longer completion budget (`harness.decisions.takes_signal_route`) left inconclusive on the target is also "
+        "promoted when its arm trained on more informative GRPO groups: its per-step share of live groups (some "
+        "answers valid and some not; reward not the same for the whole group in curves recorded before validity was) "
+        "above the control arm's by at least this, with confidence (Welch's one-sided test over steps), its target estimate not below the control's and no slice or veto against it. "
         "SFL's learnability: a mix the policy cannot learn from shows as dead groups long before a short arm moves "
         "the target. None: off (the target A/B alone decides)")
     learning_signal_arm_sd: float = Field(
