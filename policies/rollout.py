@@ -57,6 +57,11 @@ class SamplingParams(BaseModel):
     backend: Literal["auto", "transformers", "vllm"] = Field(
         "transformers", description="rollout engine: transformers (CPU/GPU), vllm (GPU + vllm installed), auto"
     )
+    sampler: Literal["inverse_cdf", "multinomial"] = Field(
+        "inverse_cdf", description="how our loop draws each token: inverse_cdf = one uniform per row against the "
+        "cumulative probabilities (exact); multinomial = torch.multinomial, one exponential random number per "
+        "vocabulary entry (~15 ns each on a CPU: 0.3 ms a step at 64 rows x 335 tokens, ~150 ms at 64 x 152k), "
+        "the path before, kept as the reference. Same distribution, different draws for a seed")
 
 
 class RolloutResult(BaseModel):
@@ -140,10 +145,16 @@ def plain_generate(model, tok, prompts: list[str], params: SamplingParams) -> Ro
 # --- transformers backend: our decoding loop --------------------------------------------------------------------------
 
 
-def _sample(logits: torch.Tensor, temperature: float, top_p: float,
-            gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def _sample(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator,
+            sampler: str = "inverse_cdf") -> tuple[torch.Tensor, torch.Tensor]:
     """(next tokens, their log-probabilities under the distribution they were drawn from). Greedy reports 0.0 (the
-    argmax has probability 1 there); with top-p the kept mass is renormalised, as the draw itself does."""
+    argmax has probability 1 there); with top-p the kept mass is renormalised, as the draw itself does.
+
+    `inverse_cdf` draws by inversion (Devroye, *Non-Uniform Random Variate Generation*, 1986, ch. 3.1 / 2.2): one
+    uniform u per row from `gen` (on the CPU, so a seed means the same draws on any device), the token the first
+    whose cumulative probability exceeds u x total. Tokens of probability 0 (top-p's cut, an underflowed softmax)
+    never own an interval of the cumulative sum, so they are never drawn; a product u x total that rounds up to the
+    total (u < 1, so only by float rounding) takes the last token of positive probability."""
     if temperature == 0:
         nxt = logits.argmax(-1)
         return nxt, torch.zeros(nxt.shape, dtype=torch.float32, device=logits.device)
@@ -154,8 +165,24 @@ def _sample(logits: torch.Tensor, temperature: float, top_p: float,
         sorted_p = sorted_p * keep
         probs = torch.zeros_like(probs).scatter(-1, idx, sorted_p)
         probs = probs / probs.sum(-1, keepdim=True)
-    nxt = torch.multinomial(probs.cpu(), 1, generator=gen).squeeze(-1).to(logits.device)
+    if sampler == "multinomial":
+        nxt = torch.multinomial(probs.cpu(), 1, generator=gen).squeeze(-1).to(logits.device)
+    else:
+        nxt = inverse_cdf(probs, torch.rand(probs.shape[0], generator=gen).to(probs.device))
     return nxt, probs.gather(-1, nxt[:, None]).squeeze(-1).log()
+
+
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Per row of `probs` (rows x vocabulary, each summing to ~1), the first token whose cumulative probability
+    exceeds u x the row's total, for `u` in [0, 1) one per row. A token of probability 0 adds nothing to the sum, so
+    no u lands on it; where u x total rounds up to the total itself, the last token of positive probability."""
+    cdf = probs.cumsum(-1)
+    nxt = torch.searchsorted(cdf, u[:, None] * cdf[:, -1:], right=True).squeeze(-1)
+    over = nxt >= probs.shape[-1]
+    if bool(over.any()):
+        last = probs.shape[-1] - 1 - (probs.flip(-1) > 0).int().argmax(-1)
+        nxt = torch.where(over, last, nxt)
+    return nxt
 
 
 # --- compact decoding: one fused step over the Llama weights -----------------------------------------------------------
@@ -192,15 +219,18 @@ class CompactLlama:
         self.dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.scale = self.dim ** -0.5
         self.layers = []
-        for layer in core.layers:
+        nq, d = self.heads, self.dim
+        for layer in core.layers:  # norm weights folded into the next projection, 1/sqrt(d) into q's rows
             a, m = layer.self_attn, layer.mlp
-            qkv_b = None if a.q_proj.bias is None else torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias])
-            self.layers.append((layer.input_layernorm.weight, torch.cat([a.q_proj.weight, a.k_proj.weight,
-                                                                         a.v_proj.weight]), qkv_b,
-                                a.o_proj.weight, a.o_proj.bias, layer.post_attention_layernorm.weight,
-                                torch.cat([m.gate_proj.weight, m.up_proj.weight]),
+            w_qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]) * layer.input_layernorm.weight
+            w_qkv[: nq * d] *= self.scale
+            qkv_b = None if a.q_proj.bias is None else torch.cat([a.q_proj.bias * self.scale, a.k_proj.bias,
+                                                                   a.v_proj.bias])
+            w_gu = torch.cat([m.gate_proj.weight, m.up_proj.weight]) * layer.post_attention_layernorm.weight
+            self.layers.append((w_qkv, qkv_b, a.o_proj.weight, a.o_proj.bias, w_gu,
                                 None if m.gate_proj.bias is None else torch.cat([m.gate_proj.bias, m.up_proj.bias]),
                                 m.down_proj.weight, m.down_proj.bias))
+        self.head = self.head * self.norm
         u, width = attn.shape
         nkv, d = self.kv_heads, self.dim
         # the prompt part, one batch entry per (prompt, kv head): keys [u * kv_heads, dim, width], values
@@ -265,9 +295,10 @@ class CompactLlama:
         u = self.prompt_bias.shape[0]
         return y.view(u, -1, self.slots, g, y.shape[-1])[self.owner, :, self.slot]
 
-    def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    def _rms(self, x: torch.Tensor) -> torch.Tensor:
+        """RMSNorm without its weight (folded into the projection that follows)."""
         xf = x.float()
-        return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
     @staticmethod
     def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -289,12 +320,12 @@ class CompactLlama:
         h = F.embedding(tokens, self.embed)  # [b, hidden]
         cos, sin = self.rotary(h[:, None], positions[:, None])
         cos, sin = cos[:, 0, None], sin[:, 0, None]  # [b, 1, dim]
-        for i, (w_in, w_qkv, b_qkv, w_o, b_o, w_post, w_gu, b_gu, w_down, b_down) in enumerate(self.layers):
-            qkv = F.linear(self._rms(h, w_in), w_qkv, b_qkv).view(b, nq + 2 * nkv, d)
-            q = self._rope(qkv[:, :nq], cos, sin) * self.scale  # [b, nq, d]
-            self.keys[i][:, :, t] = self._rope(qkv[:, nq:nq + nkv], cos, sin)
+        for i, (w_qkv, b_qkv, w_o, b_o, w_gu, b_gu, w_down, b_down) in enumerate(self.layers):
+            qkv = F.linear(self._rms(h), w_qkv, b_qkv).view(b, nq + 2 * nkv, d)
+            qk = self._rope(qkv[:, :nq + nkv], cos, sin)  # q (already scaled by 1/sqrt(d)) and k in one pass
+            self.keys[i][:, :, t] = qk[:, nq:]
             self.values[i][:, :, t] = qkv[:, nq + nkv:]
-            q = q.view(b, nkv, g, d)
+            q = qk[:, :nq].view(b, nkv, g, d)
             s_prompt = self._rows(torch.bmm(self._grid(q), self.prompt_k[i]), g) + self.row_bias  # [b,nkv,g,width]
             keys, values = self.keys[i][:, :, : t + 1], self.values[i][:, :, : t + 1]  # [b, nkv, t+1, d]
             w = torch.cat([s_prompt, torch.matmul(q, keys.transpose(-1, -2))], dim=-1).softmax(-1)
@@ -302,10 +333,10 @@ class CompactLlama:
             a = self._rows(torch.bmm(self._grid(w[..., :width]), self.prompt_v[i]), g) \
                 + torch.matmul(w[..., width:], values)
             h = h + F.linear(a.reshape(b, nq * d), w_o, b_o)
-            gate, up = F.linear(self._rms(h, w_post), w_gu, b_gu).chunk(2, dim=-1)
+            gate, up = F.linear(self._rms(h), w_gu, b_gu).chunk(2, dim=-1)
             h = h + F.linear(F.silu(gate) * up, w_down, b_down)
         self.length = t + 1
-        return F.linear(self._rms(h, self.norm), self.head)
+        return F.linear(self._rms(h), self.head)
 
 
 @torch.inference_mode()
@@ -350,7 +381,7 @@ def _generate_loop(model, tok, prompt_ids: list[list[int]], params: SamplingPara
         last_pos = pos[:, -1]
         rows = torch.arange(len(keys), device=device)  # the live rows' places in the compact loop's batch
         for step in range(params.max_new_tokens):
-            nxt, lp = _sample(logits, params.temperature, params.top_p, gen)
+            nxt, lp = _sample(logits, params.temperature, params.top_p, gen, params.sampler)
             done = torch.isin(nxt, stops)
             for k, t, x in zip(keys, nxt.tolist(), lp.tolist()):
                 out_ids[k].append(t)

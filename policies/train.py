@@ -105,6 +105,10 @@ class Recipe(BaseModel):
     compact_decode: bool = Field(True, description="GRPO rollouts of Llama-architecture models decode with the "
                                  "compact loop (`policies.rollout.CompactLlama`); false = the model's own forward "
                                  "every token (the reference path)")
+    sampler: Literal["inverse_cdf", "multinomial"] = Field(
+        "inverse_cdf", description="how our rollout loop draws each token (`policies.rollout.SamplingParams."
+        "sampler`): inverse_cdf = one uniform per row (exact); multinomial = torch.multinomial, one random number "
+        "per vocabulary entry (the reference path)")
 
     @model_validator(mode="after")
     def _check(self) -> Recipe:
@@ -545,7 +549,7 @@ def _rollout_func(tok, recipe: Recipe):
         params = SamplingParams(temperature=recipe.temperature, top_p=recipe.top_p, n=g if grouped else 1,
                                 batch_size=len(prompts), max_new_tokens=recipe.max_completion_length,
                                 seed=recipe.seed * 1_000_003 + trainer.state.global_step,
-                                compact=recipe.compact_decode)
+                                compact=recipe.compact_decode, sampler=recipe.sampler)
         unwrapped = trainer.accelerator.unwrap_model(trainer.model_wrapped)
         res = _generate_loop(unwrapped, tok, ids, params)
         trainer._metrics["train" if trainer.model.training else "eval"]["generation_seconds"].append(res.seconds)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from policies.model import build_model, format_prompt
-from policies.rollout import SamplingParams, compact_supported, generate
+from policies.rollout import SamplingParams, _sample, compact_supported, generate, inverse_cdf
 from policies.train import (
     LOGP_TOL_BF16,
     Recipe,
@@ -100,13 +100,14 @@ def test_compact_decoding_of_a_forward_under_autocast_draws_what_the_reference_l
 
 
 def test_compact_decoding_samples_the_same_distribution_at_temperature_1(warm):
-    """A statistical check that could fail: 600 draws from each path with DIFFERENT seeds; the completion strings'
+    """A statistical check that could fail: 600 draws from each path with DIFFERENT seeds (the reference also with the
+    reference sampler, torch.multinomial; the fast path with the default inverse-CDF one); the completion strings'
     frequencies pass a chi-square homogeneity test at p > 0.001 (rare strings pooled), and the mean log-probability
     the sampler reports agrees to within 4 standard errors."""
     model, tok = warm
     kw = {"temperature": 1.0, "n": 600, "max_new_tokens": 12, "batch_size": 600}
-    a = generate(model, tok, ["cab"], SamplingParams(**kw, seed=1, compact=False))
-    b = generate(model, tok, ["cab"], SamplingParams(**kw, seed=2, compact=True))
+    a = generate(model, tok, ["cab"], SamplingParams(**kw, seed=1, compact=False, sampler="multinomial"))
+    b = generate(model, tok, ["cab"], SamplingParams(**kw, seed=2, compact=True))  # and the inverse-CDF sampler
     ca, cb = Counter(a.completions), Counter(b.completions)
     common = [s for s in ca | cb if ca[s] + cb[s] >= 10]
     cells = [(ca[s], cb[s]) for s in common] + [(sum(ca[s] for s in ca if s not in common),
@@ -124,6 +125,40 @@ def test_compact_decoding_samples_the_same_distribution_at_temperature_1(warm):
     mean = lambda v: sum(v) / len(v)
     var = lambda v: sum((x - mean(v)) ** 2 for x in v) / (len(v) - 1)
     assert abs(mean(la) - mean(lb)) < 4 * math.sqrt(var(la) / len(la) + var(lb) / len(lb))
+
+
+def _chi2_p(observed: list[int], expected: list[float]) -> float:
+    """Upper tail of Pearson's chi-square goodness of fit (Wilson-Hilferty normal approximation)."""
+    chi2 = sum((o - e) ** 2 / e for o, e in zip(observed, expected))
+    dof = len(observed) - 1
+    z = ((chi2 / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / math.sqrt(2 / (9 * dof))
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+@pytest.mark.parametrize("sampler", ["inverse_cdf", "multinomial"])
+@pytest.mark.parametrize("top_p", [1.0, 0.8])
+def test_each_sampler_draws_each_token_with_its_probability(sampler, top_p):
+    """20,000 draws of one distribution (probabilities 1/2 .. 1/16, one token at probability 0): frequencies fit the
+    distribution (chi-square, p > 0.001) and the zero-probability token, or with top-p 0.8 every token outside the
+    kept mass, is never drawn. An off-by-one in the inversion or a sampler that ignores top-p fails it."""
+    p = torch.tensor([0.5, 0.25, 0.125, 0.0625, 0.0625, 0.0])
+    logits = p.log().expand(20_000, -1).clone()
+    nxt, lp = _sample(logits, 1.0, top_p, torch.Generator().manual_seed(3), sampler)
+    kept = p if top_p == 1.0 else torch.tensor([0.5, 0.25, 0.125, 0.0, 0.0, 0.0]) / 0.875
+    counts = torch.bincount(nxt, minlength=6)
+    assert bool((counts[kept == 0] == 0).all()), counts
+    live = kept > 0
+    assert _chi2_p(counts[live].tolist(), (kept[live] * 20_000).tolist()) > 1e-3, counts
+    assert torch.allclose(lp, kept[nxt].log())
+
+
+def test_inverse_cdf_never_lands_on_a_token_of_probability_zero():
+    """u = 0 takes the first token of positive probability; a u x total that rounds up to the total takes the last
+    one, never the zero-probability tail; each u lands in its token's interval of the cumulative sum."""
+    probs = torch.tensor([[0.0, 0.3, 0.0, 0.7, 0.0, 0.0]] * 5)
+    u = torch.tensor([0.0, 0.29, 0.31, 1 - 2 ** -24, 1.0])  # 1.0: what a rounding u x total can reach
+    assert inverse_cdf(probs, u).tolist() == [1, 1, 3, 3, 3]
+    assert inverse_cdf(torch.tensor([[1.0]]), torch.tensor([0.999])).tolist() == [0]
 
 
 # --- the loss's log-probabilities -------------------------------------------------------------------------------------

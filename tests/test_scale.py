@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -36,10 +37,17 @@ from harness.store import RunStore
 
 # easy 3x3 boards and a warm start that solves some of them: rewards vary inside groups, so GRPO moves the arms
 EASY = {"sizes": [{"size": 3, "agents": 1, "hole_ratio": 0.0, "wait_ratio": 0.0}], "min_distance": 1}
+# The engineer is scripted: these tests are about where arms run, so stage 1 always has the same two candidates
+# (a rule engineer's proposals follow the tiny policy's probe, and a different draw can leave one skill firing)
+SCRIPT = Path(tempfile.gettempdir()) / f"evotrainer-test-scale-{uuid.uuid4().hex}.yaml"
 BASE = {**TINY, "name": "sc", "env": EASY, "warm_start": {"sft_examples": 400, "sft_steps": 150},
         "recipe": {**TINY["recipe"], "learning_rate": 1e-3, "temperature": 1.0},
         "budget": {"stages": 1}, "stage": {**TINY["stage"], "candidates": 2},
-        "backtest": {"arm_steps": 2, "n": 16}, "eval": {"suite": "small", "limit": 4}}
+        "backtest": {"arm_steps": 2, "n": 16}, "eval": {"suite": "small", "limit": 4},
+        "engineer": {"kind": "scripted", "script": str(SCRIPT)}}
+STAGE1 = {"candidates": [
+    {"knob": "recipe.temperature", "value": 0.7, "rationale": "scripted", "expected": "a different arm"},
+    {"knob": "recipe.learning_rate", "value": 5e-4, "rationale": "scripted", "expected": "a different arm"}]}
 # arms take both CPUs, one at a time, with 2 torch threads: the same arithmetic as the local backend
 RAY = {"backend": "ray", "num_cpus": 2, "arm_resources": {"num_cpus": 2}}
 
@@ -51,7 +59,9 @@ def _home(tmp_path_factory):
     os.environ["EVOTRAINER_HOME"] = str(tmp_path_factory.mktemp("home"))
     key, value = TAG.split("=", 1)
     os.environ[key] = value
+    SCRIPT.write_text(yaml.safe_dump([None, STAGE1]))
     yield
+    SCRIPT.unlink(missing_ok=True)
     os.environ.pop(key, None)
     if old is None:
         os.environ.pop("EVOTRAINER_HOME", None)
