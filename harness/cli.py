@@ -493,16 +493,18 @@ def bench_ladder(
     learner: Annotated[str, typer.Option(help="rung 3's learner: grpo (the rung) or sft (its reference: supervised "
                                               "learning on the expert's plans, same warm start, boards and budget; "
                                               "passes or fails nothing)")] = "grpo",
-    recipe: Annotated[list[str] | None, typer.Option(help="rung 3: override one of the rung's GRPO recipe settings, "
-                                                         "KEY=VALUE (repeatable), e.g. --recipe replay=0.5 --recipe "
-                                                         "oversample=2")] = None,
+    recipe: Annotated[list[str] | None, typer.Option(help="rungs 2 and 3: override one of the rung's GRPO recipe "
+                                                         "settings, KEY=VALUE (repeatable), e.g. --recipe replay=0.5 "
+                                                         "--recipe oversample=2, or --rungs 2 --recipe "
+                                                         "sampler=multinomial")] = None,
     curve_every: Annotated[float | None, typer.Option(min=5, help="rung 3: also read the held-out boards every that "
                                                                   "many seconds of training (the clock pauses while "
                                                                   "it does), printing rung3_curve lines: did the "
                                                                   "budget end on a plateau or mid-climb?")] = None,
     seed: Annotated[int, typer.Option(min=0, help="rung 3: the training run's seed (what GRPO samples, the order of "
                                                   "its boards); the warm start and held-out boards stay fixed, so "
-                                                  "seeds are replicates of one rung")] = 0,
+                                                  "seeds are replicates of one rung. Rung 2: the toy's warm start "
+                                                  "and its GRPO run")] = 0,
     task: Annotated[str, typer.Option(help="rung 3's task family: mapf (passes at +15 points), math or code (pass "
                                            "when the held-out gain is above noise)")] = "mapf",
     sft_steps: Annotated[int | None, typer.Option(min=1, help="rung 3: SFT steps of the partial warm start (default: "
@@ -547,12 +549,13 @@ def bench_ladder(
     if learner != "grpo" and 3 not in want:
         fail("--learner applies to rung 3; add 3 to --rungs or drop --learner")
     recipe_kw = _rung3_recipe(recipe or [], task)
-    if recipe_kw and (learner != "grpo" or 3 not in want):
-        fail("--recipe changes rung 3's GRPO recipe; use it with --rungs 3 and --learner grpo, or drop it")
+    if recipe_kw and (learner != "grpo" or not {2, 3} & set(want)):
+        fail("--recipe changes rung 2's or rung 3's GRPO recipe; use it with --rungs 2 or 3 (and --learner grpo), "
+             "or drop it")
     if curve_every is not None and 3 not in want:
         fail("--curve-every reads rung 3's learning curve; add 3 to --rungs or drop --curve-every")
-    if seed and 3 not in want:
-        fail("--seed picks rung 3's training seed; add 3 to --rungs or drop --seed")
+    if seed and not {2, 3} & set(want):
+        fail("--seed picks rung 2's or rung 3's seed; add 2 or 3 to --rungs or drop --seed")
     if (sft_steps is not None or sft_examples is not None or not anneal) and 3 not in want:
         fail("--sft-steps, --sft-examples and --no-anneal change rung 3; add 3 to --rungs or drop them")
     res = ladder(out=out, rungs=want, budget_s=budget, threads=threads, max_steps=max_steps, preset=preset, warm=warm,

@@ -70,10 +70,10 @@ def test_bench_ladder_rejects_option_mixes_before_any_work():
                        (["--rungs", "3", "--recipe", "replay=0.5", "--recipe", "drop_dead_groups=false"],
                         "needs drop_dead_groups: true"),
                        (["--rungs", "3", "--recipe", "steps=5"], "use --max-steps"),
-                       (["--rungs", "1", "--recipe", "replay=0.5"], "use it with --rungs 3"),
+                       (["--rungs", "1", "--recipe", "replay=0.5"], "use it with --rungs 2 or 3"),
                        (["--rungs", "1,2", "--curve-every", "60"], "add 3 to --rungs or drop --curve-every"),
                        (["--rungs", "3", "--recipe", "seed=3"], "--seed for a replicate"),
-                       (["--rungs", "2", "--seed", "1"], "add 3 to --rungs or drop --seed"),
+                       (["--rungs", "1", "--seed", "1"], "add 2 or 3 to --rungs or drop --seed"),
                        (["--rungs", "1", "--no-anneal"], "add 3 to --rungs or drop them"),
                        (["--rungs", "1,2", "--sft-steps", "300"], "add 3 to --rungs or drop them")]:
         res = runner.invoke(app, ["bench", "ladder", *args])

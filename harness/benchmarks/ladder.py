@@ -197,9 +197,10 @@ def rung1(model=None, tok=None, prompts: list[str] | None = None) -> dict[str, A
 
 
 def rung2(sft_steps: int = 600, steps: int = 100, negative_control: bool = True, seed: int = 0,
-          flipped_steps: int | None = None) -> dict[str, Any]:
+          flipped_steps: int | None = None, recipe_kw: dict[str, Any] | None = None) -> dict[str, Any]:
     """Copy toy: warm start sampled success, then GRPO `steps` steps; and the flipped-reward control (`flipped_steps`
-    steps, default `steps`: unlearning is faster than learning, so the test runs a shorter control)."""
+    steps, default `steps`: unlearning is faster than learning, so the test runs a shorter control). `recipe_kw`
+    overrides the toy's recipe (e.g. `sampler="multinomial"`: the same rung on the reference sampler)."""
     import copy
 
     from policies.train import train_grpo
@@ -219,7 +220,7 @@ def rung2(sft_steps: int = 600, steps: int = 100, negative_control: bool = True,
         m = copy.deepcopy(base)
         t1 = time.perf_counter()
         n_steps = steps if name == "grpo" or flipped_steps is None else flipped_steps
-        met = train_grpo(m, tok, train, reward, toy_recipe(steps=n_steps, seed=seed))
+        met = train_grpo(m, tok, train, reward, toy_recipe(steps=n_steps, seed=seed, **(recipe_kw or {})))
         res = {"sampled": toy_success(m, tok, held, 1.0), "greedy": toy_success(m, tok, held, 0.0),
                "seconds": time.perf_counter() - t1, "dead_group_share": met.dead_group_share}
         k = round(res["sampled"] * 4 * len(held))
@@ -532,7 +533,7 @@ def run(out: str | Path = "runs/bench-ladder", rungs: tuple[int, ...] = (1, 2, 3
     if 1 in rungs:
         res["rung1"] = rung1()
     if 2 in rungs:
-        res["rung2"] = rung2()
+        res["rung2"] = rung2(seed=seed, recipe_kw=recipe_kw)
     if 3 in rungs:
         if warm == "noisy":
             teacher = {**NOISY_TEACHER, **({} if blind_share is None else {"blind_share": blind_share})}
