@@ -177,7 +177,11 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     exceeds u x the row's total, for `u` in [0, 1) one per row. A token of probability 0 adds nothing to the sum, so
     no u lands on it; where u x total rounds up to the total itself, the last token of positive probability."""
     cdf = probs.cumsum(-1)
-    nxt = torch.searchsorted(cdf, u[:, None] * cdf[:, -1:], right=True).squeeze(-1)
+    total = cdf[:, -1:]
+    if not bool((torch.isfinite(total) & (total > 0)).all()):  # as torch.multinomial refuses them
+        raise RuntimeError("probability tensor contains inf, nan or a row without mass: the policy's logits are not "
+                           "finite")
+    nxt = torch.searchsorted(cdf, u[:, None] * total, right=True).squeeze(-1)
     over = nxt >= probs.shape[-1]
     if bool(over.any()):
         last = probs.shape[-1] - 1 - (probs.flip(-1) > 0).int().argmax(-1)

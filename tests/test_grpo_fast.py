@@ -159,6 +159,9 @@ def test_inverse_cdf_never_lands_on_a_token_of_probability_zero():
     u = torch.tensor([0.0, 0.29, 0.31, 1 - 2 ** -24, 1.0])  # 1.0: what a rounding u x total can reach
     assert inverse_cdf(probs, u).tolist() == [1, 1, 3, 3, 3]
     assert inverse_cdf(torch.tensor([[1.0]]), torch.tensor([0.999])).tolist() == [0]
+    for bad in (float("nan"), float("inf")):  # a policy whose logits blew up fails loudly, as multinomial does
+        with pytest.raises(RuntimeError, match="not finite"):
+            _sample(torch.tensor([[0.0, bad, 1.0]]), 1.0, 1.0, torch.Generator().manual_seed(0))
 
 
 # --- the loss's log-probabilities -------------------------------------------------------------------------------------
