@@ -283,20 +283,27 @@ class CompactLlama:
         starts = counts.cumsum(0) - counts
         self.slot = torch.arange(self.rows, device=self.owner.device) - starts[self.owner]
         self.slots = int(counts.max())
+        self.full = bool((counts == self.slots).all())  # every prompt has all its rows: the grid is a reshape
         self.row_bias = self.prompt_bias[self.owner][:, None, None]  # [rows, 1, 1, width]
 
     def _grid(self, x: torch.Tensor) -> torch.Tensor:
         """[rows, kv_heads, g, k] -> [u * kv_heads, slots * g, k], empty slots zero."""
         _, nkv, g, k = x.shape
         u = self.prompt_bias.shape[0]
-        grid = x.new_zeros(u, self.slots, nkv, g, k)
-        grid[self.owner, self.slot] = x
+        if self.full:
+            grid = x.view(u, self.slots, nkv, g, k)
+        else:
+            grid = x.new_zeros(u, self.slots, nkv, g, k)
+            grid[self.owner, self.slot] = x
         return grid.permute(0, 2, 1, 3, 4).reshape(u * nkv, self.slots * g, k)
 
     def _rows(self, y: torch.Tensor, g: int) -> torch.Tensor:
         """[u * kv_heads, slots * g, k] -> [rows, kv_heads, g, k]."""
         u = self.prompt_bias.shape[0]
-        return y.view(u, -1, self.slots, g, y.shape[-1])[self.owner, :, self.slot]
+        y = y.view(u, -1, self.slots, g, y.shape[-1])
+        if self.full:
+            return y.transpose(1, 2).reshape(self.rows, -1, g, y.shape[-1])
+        return y[self.owner, :, self.slot]
 
     def _rms(self, x: torch.Tensor) -> torch.Tensor:
         """RMSNorm without its weight (folded into the projection that follows)."""
