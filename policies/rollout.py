@@ -206,9 +206,10 @@ class CompactLlama:
     once for all its samples: the prefill's cache (one row per distinct prompt) stays as it is, the generated tokens'
     keys and values go to one preallocated buffer per layer (one row per sample), and attention takes a joint softmax
     over both parts (the prompt part as one batched matmul per prompt over its samples laid out in a grid, which
-    reads the shared cache once instead of once per sample). q/k/v and gate/up weights are fused once per batch. The same
-    arithmetic as `LlamaForCausalLM` (RMSNorm in fp32, RoPE from the model's own rotary module), so logits agree
-    with it to float rounding (tests/test_rollout_compact.py).
+    reads the shared cache once instead of once per sample). q/k/v and gate/up weights are fused once per batch, with
+    each RMSNorm's weight and q's 1/sqrt(head_dim) folded into them. The same arithmetic as `LlamaForCausalLM` up to
+    that order of multiplication (RMSNorm in fp32, RoPE from the model's own rotary module), so logits agree with it
+    to float rounding (tests/test_grpo_fast.py).
 
     Rows live in a physical batch; `select` keeps some of them (finished rows leave: a copy of the generated part
     only)."""

@@ -44,6 +44,12 @@ def warm():
     return model.to("cpu"), tok
 
 
+def _chi2_tail(chi2: float, dof: int) -> float:
+    """P(X > chi2) for X chi-square with `dof` degrees of freedom (Wilson-Hilferty normal approximation)."""
+    z = ((chi2 / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / math.sqrt(2 / (9 * dof))
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
 # --- compact decoding -------------------------------------------------------------------------------------------------
 
 
@@ -118,8 +124,7 @@ def test_compact_decoding_samples_the_same_distribution_at_temperature_1(warm):
     chi2 = sum((x - (x + y) * na / (na + nb)) ** 2 / ((x + y) * na / (na + nb))
                + (y - (x + y) * nb / (na + nb)) ** 2 / ((x + y) * nb / (na + nb)) for x, y in cells)
     dof = len(cells) - 1
-    z = ((chi2 / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / math.sqrt(2 / (9 * dof))  # Wilson-Hilferty
-    assert 0.5 * math.erfc(z / math.sqrt(2)) > 1e-3, (chi2, dof, cells)
+    assert _chi2_tail(chi2, dof) > 1e-3, (chi2, dof, cells)
     la = [sum(x) for x in a.logprobs]
     lb = [sum(x) for x in b.logprobs]
     mean = lambda v: sum(v) / len(v)
@@ -128,11 +133,8 @@ def test_compact_decoding_samples_the_same_distribution_at_temperature_1(warm):
 
 
 def _chi2_p(observed: list[int], expected: list[float]) -> float:
-    """Upper tail of Pearson's chi-square goodness of fit (Wilson-Hilferty normal approximation)."""
-    chi2 = sum((o - e) ** 2 / e for o, e in zip(observed, expected))
-    dof = len(observed) - 1
-    z = ((chi2 / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / math.sqrt(2 / (9 * dof))
-    return 0.5 * math.erfc(z / math.sqrt(2))
+    """Upper tail of Pearson's chi-square goodness of fit."""
+    return _chi2_tail(sum((o - e) ** 2 / e for o, e in zip(observed, expected)), len(observed) - 1)
 
 
 @pytest.mark.parametrize("sampler", ["inverse_cdf", "multinomial"])
