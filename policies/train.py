@@ -105,6 +105,12 @@ class Recipe(BaseModel):
     compact_decode: bool = Field(True, description="GRPO rollouts of Llama-architecture models decode with the "
                                  "compact loop (`policies.rollout.CompactLlama`); false = the model's own forward "
                                  "every token (the reference path)")
+    prune_dead_groups: bool = Field(True, description="leave groups whose rewards all tie out of the loss's forward "
+                                    "and backward while the loss keeps the whole batch's normaliser: the same "
+                                    "gradient (a tied group's advantages are zero), less work when groups are dead. "
+                                    "Only where that is exact (beta 0, no entropy mask or bonus; `prunable`); TRL's "
+                                    "logged entropy and clip ratios then cover the live groups. Unlike "
+                                    "drop_dead_groups it changes nothing the step learns")
     sampler: Literal["inverse_cdf", "multinomial"] = Field(
         "inverse_cdf", description="how our rollout loop draws each token (`policies.rollout.SamplingParams."
         "sampler`): inverse_cdf = one uniform per row (exact); multinomial = torch.multinomial, one random number "
@@ -595,7 +601,10 @@ def _grpo_trainer(model, tok, rows: list[dict[str, Any]], reward, recipe: Recipe
         model.config._name_or_path = str(ref_dir)
     use_ours = recipe.rollout_engine == "policies" and not chat
     cls = _shared_prompt_trainer(GRPOTrainer) if recipe.shared_prompt_loss else GRPOTrainer
-    cls = _live_groups_trainer(cls, recipe) if recipe.drop_dead_groups else cls
+    if recipe.drop_dead_groups:
+        cls = _live_groups_trainer(cls, recipe)
+    elif recipe.prune_dead_groups:
+        cls = _pruned_trainer(cls, recipe)
     return cls(model=model, reward_funcs=[reward], args=args, train_dataset=Dataset.from_list(data),
                processing_class=tok, callbacks=callbacks,
                rollout_func=_rollout_func(tok, recipe) if use_ours else None)
@@ -694,11 +703,14 @@ def _shared_prompt_trainer(base):
     return SharedPromptGRPOTrainer
 
 
-def keep_live_groups(batch: dict[str, Any], group: int, keep: int) -> tuple[dict[str, Any], int]:
+def keep_live_groups(batch: dict[str, Any], group: int, keep: int,
+                     renormalise: bool = True) -> tuple[dict[str, Any], int]:
     """Rows of the first `keep` groups of `batch` (a scored GRPO generation batch, groups contiguous) whose advantages
     are not all zero; a group whose rewards tie has zero advantage for every member, so it adds nothing to the policy
-    gradient. Every per-row tensor or list is sliced, the token count behind the loss normaliser recomputed. When no
-    group is live one group is kept, so the step still runs (with a zero policy gradient). Returns (batch, live)."""
+    gradient. Every per-row tensor or list is sliced and, with `renormalise`, the token count behind the loss
+    normaliser recomputed over the kept rows (`drop_dead_groups`); without it the whole batch's count is kept, so a
+    token-normalised loss is the whole batch's exactly (`prune_dead_groups`). When no group is live one group is kept,
+    so the step still runs (with a zero policy gradient). Returns (batch, live)."""
     adv = batch["advantages"]
     n = adv.shape[0]
     live = (adv.view(-1, group).abs() > 0).any(dim=1).nonzero().flatten()[:keep]
@@ -719,9 +731,71 @@ def keep_live_groups(batch: dict[str, Any], group: int, keep: int) -> tuple[dict
         v = out.get(k)
         if isinstance(v, torch.Tensor) and v.ndim == 2 and v.shape[1] > width:
             out[k] = v[:, :width]
-    out["num_items_in_batch"] = mask[:, :width].sum().to(batch["num_items_in_batch"].dtype) \
-        if isinstance(batch.get("num_items_in_batch"), torch.Tensor) else mask.sum()
+    if renormalise:
+        out["num_items_in_batch"] = mask[:, :width].sum().to(batch["num_items_in_batch"].dtype) \
+            if isinstance(batch.get("num_items_in_batch"), torch.Tensor) else mask.sum()
     return out, int(live.numel())
+
+
+# what a pruned batch must scale its loss by to equal the whole batch's: the loss types whose normaliser is not the
+# whole generation batch's token count (`num_items_in_batch`, which a pruned batch keeps) average over rows or tokens
+# of the batch they are given (TRL 1.x `GRPOTrainer._compute_loss`)
+_PRUNED_SCALE = {
+    "dapo": lambda rows, full_rows, tokens, full_tokens: 1.0,
+    "cispo": lambda rows, full_rows, tokens, full_tokens: 1.0,
+    "grpo": lambda rows, full_rows, tokens, full_tokens: rows / full_rows,  # mean over rows of per-row means
+    "dr_grpo": lambda rows, full_rows, tokens, full_tokens: rows / full_rows,  # sum / (rows x max length)
+    "bnpo": lambda rows, full_rows, tokens, full_tokens: tokens / full_tokens,  # sum / the batch's tokens
+}
+
+
+def prunable(trainer) -> str | None:
+    """Why the dead groups of this trainer's batches cannot leave its loss exactly (None: they can). A tied group's
+    rows have zero advantage, so their policy-gradient terms vanish; what else a row adds must vanish too or be
+    independent of the row: no KL term (beta 0), no entropy mask or bonus over the batch, no vLLM importance
+    correction, one optimiser pass per generation batch and a loss type whose normaliser `_PRUNED_SCALE` restores."""
+    args = trainer.args
+    if trainer.beta != 0.0:
+        return "beta > 0 (a tied row's KL term is not zero)"
+    if getattr(trainer, "top_entropy_quantile", 1.0) < 1.0 or getattr(trainer, "_entropy_bonus_enabled", False):
+        return "an entropy mask or bonus over the batch"
+    if getattr(trainer, "use_vllm", False):
+        return "vLLM importance correction"
+    if trainer.loss_type not in _PRUNED_SCALE:
+        return f"loss_type {trainer.loss_type}"
+    if args.steps_per_generation != 1 or args.gradient_accumulation_steps != 1:
+        return "a generation batch split over several optimiser micro-steps"
+    return None
+
+
+def _pruned_trainer(base, recipe: Recipe):
+    """GRPOTrainer whose loss forward and backward skip the groups whose rewards all tie (`keep_live_groups` without
+    renormalising, the loss rescaled per `_PRUNED_SCALE`): the gradient of the whole batch, computed on its live rows.
+    Falls back to the whole batch where `prunable` says it would not be exact."""
+    group = recipe.num_generations
+
+    class PrunedGRPOTrainer(base):
+        def _generate_and_score_completions(self, inputs):
+            batch = super()._generate_and_score_completions(inputs)
+            if not self.model.training or prunable(self) is not None:
+                return batch
+            n = batch["advantages"].shape[0]
+            mask = batch["completion_mask"] if batch.get("tool_mask") is None \
+                else batch["completion_mask"] * batch["tool_mask"]
+            out, _ = keep_live_groups(batch, group, n // group, renormalise=False)
+            kept = out["completion_mask"] if out.get("tool_mask") is None else out["completion_mask"] * out["tool_mask"]
+            # a 0-dim tensor: TRL's shuffle and split of a generation batch pass those through whole
+            out["_loss_scale"] = torch.tensor(float(_PRUNED_SCALE[self.loss_type](
+                out["advantages"].shape[0], n, float(kept.sum()), float(mask.sum().clamp(min=1)))))
+            return out
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            loss = super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                        num_items_in_batch=num_items_in_batch)
+            scale = inputs.get("_loss_scale") if isinstance(inputs, dict) else None
+            return loss if scale is None or float(scale) == 1.0 else loss * float(scale)
+
+    return PrunedGRPOTrainer
 
 
 class ReplayPool:

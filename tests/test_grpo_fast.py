@@ -233,3 +233,83 @@ def test_rung1_holds_on_both_paths(warm, fast):
                                                  temperature=0.6, **flags))
     assert r.engine == "policies" and r.tokens > 16
     assert r.max_abs_diff < logprob_tolerance() and r.max_ratio_dev < 1e-5, r  # 1e-3; bf16 on a GPU: 1/16
+
+
+# --- dead groups left out of the loss ---------------------------------------------------------------------------------
+
+
+def _grads_of_one_step(model, tok, recipe: Recipe, rows, reward) -> tuple[dict[str, torch.Tensor], list[float]]:
+    """The gradient the optimiser is handed at each step of `train_grpo` (clipping off), and the logged losses."""
+    import copy
+
+    from transformers import TrainerCallback
+
+    from policies.train import train_grpo
+
+    grads: dict[str, torch.Tensor] = {}
+
+    class Spy(TrainerCallback):
+        def on_pre_optimizer_step(self, args, state, control, model=None, **kw):
+            for name, p in model.named_parameters():
+                if p.grad is not None:
+                    grads[f"{state.global_step}:{name}"] = p.grad.detach().clone()
+
+    m = train_grpo(copy.deepcopy(model), tok, rows, reward, recipe, callbacks=[Spy()])
+    return grads, [s.loss for s in m.steps]
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "bnpo", "dr_grpo"])
+def test_pruning_dead_groups_hands_the_optimiser_the_whole_batchs_gradient(warm, loss_type, monkeypatch):
+    """Half the prompts always score 0 (their groups tie: zero advantage), the rest score by their completions. Two
+    GRPO steps with `prune_dead_groups` (the loss forward and backward on the live groups only) and without: the same
+    gradient at every step to float rounding, and the same logged loss, for every loss type a recipe can name (each
+    normalises differently: over the generation batch's tokens, per row, per batch token, per row x max length).
+    Would catch a pruned batch renormalised over its own rows or tokens (drop_dead_groups' objective: checked below
+    to differ), a loss type's scale missing or wrong, or live rows lost with the dead ones."""
+    model, tok = warm
+    rows = [{"prompt": w} for w in WORDS[:8]]
+
+    def reward(prompts, completions, **kw):
+        return [0.0 if p in WORDS[:8:2] else float(c.count("a")) + 0.1 * len(c) for p, c in zip(prompts, completions)]
+
+    base = {"steps": 2, "batch_size": 16, "num_generations": 4, "max_completion_length": 10, "learning_rate": 1e-3,
+            "beta": 0.0, "warmup_ratio": 0.0, "temperature": 1.0, "loss_type": loss_type, "max_grad_norm": 1e9,
+            "lr_schedule": "constant"}
+    import policies.train as train
+
+    full, full_loss = _grads_of_one_step(model, tok, Recipe(**base, prune_dead_groups=False), rows, reward)
+    kept: list[tuple[int, int]] = []
+    keep = train.keep_live_groups
+
+    def spy(batch, group, k, renormalise=True):
+        out, live = keep(batch, group, k, renormalise)
+        kept.append((out["advantages"].shape[0], batch["advantages"].shape[0]))
+        return out, live
+
+    monkeypatch.setattr(train, "keep_live_groups", spy)
+    pruned, pruned_loss = _grads_of_one_step(model, tok, Recipe(**base), rows, reward)
+    monkeypatch.undo()
+    assert len(kept) == 2 and all(k < n for k, n in kept), f"the loss did not leave the dead groups out: {kept}"
+    assert full.keys() == pruned.keys() and len(full) > 0
+    scale = max(float(g.abs().max()) for g in full.values())
+    assert scale > 0
+    worst = max(float((full[k] - pruned[k]).abs().max()) for k in full)
+    assert worst <= 1e-5 * scale, f"pruned gradient differs by {worst:.3g} (largest entry {scale:.3g})"
+    assert pruned_loss == pytest.approx(full_loss, rel=1e-4, abs=1e-7)
+    if loss_type == "dapo":  # the negative control: renormalising over the live rows is a different objective
+        dropped, _ = _grads_of_one_step(model, tok, Recipe(**base, drop_dead_groups=True), rows, reward)
+        assert max(float((full[k] - dropped[k]).abs().max()) for k in full) > 1e-3 * scale
+
+
+def test_pruning_is_refused_where_it_would_not_be_exact(warm):
+    """`prunable` names the reason a trainer's batches keep their dead groups: a KL term (beta > 0) is not zero on a
+    tied row. Would catch pruning under beta > 0, where the step would lose the dead rows' KL gradient."""
+    from policies.train import _grpo_trainer, _wrap_reward, prunable
+
+    model, tok = warm
+    rows = [{"prompt": w} for w in WORDS[:4]]
+    reward = _wrap_reward(lambda p, c, **kw: [0.0] * len(c), 1.0, [0])
+    ok = _grpo_trainer(model, tok, rows, reward, Recipe(steps=1, batch_size=8, num_generations=4, beta=0.0), None, [])
+    assert prunable(ok) is None
+    kl = _grpo_trainer(model, tok, rows, reward, Recipe(steps=1, batch_size=8, num_generations=4, beta=0.04), None, [])
+    assert "beta" in prunable(kl)

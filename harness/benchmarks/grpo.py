@@ -7,11 +7,11 @@
 The policy is a partial MAPF warm start (SFT on expert trace plans, cached in `--out`; shorter than the demo's, so
 completions are somewhat shorter). Both paths train a fresh copy of it with the same recipe, seed and prompts:
 
-- reference: `compact_decode=False, shared_prompt_loss=False, sampler="multinomial"` (the model's own forward every
-  decoded token, torch.multinomial for each draw, and TRL's loss forward over every prompt + padded completion
-  position);
+- reference: `compact_decode=False, shared_prompt_loss=False, sampler="multinomial", prune_dead_groups=False` (the
+  model's own forward every decoded token, torch.multinomial for each draw, and TRL's loss forward and backward over
+  every prompt + padded completion position of every group);
 - fast: the recipe defaults (`policies.rollout.CompactLlama` decoding, inverse-CDF draws, `policies.train.
-  shared_prompt_logps`).
+  shared_prompt_logps`, the loss on the live groups only: `prune_dead_groups`).
 
 Runs alternate reference, fast, reference, fast, ... (`--repeats` pairs), so a machine shared with other work slows
 both alike; a run's seconds per step is the median of its steps after the first (warm-up), and `speedup_vs_reference`
@@ -39,7 +39,7 @@ from policies import cpu_threads
 DEMO_RECIPE: dict[str, Any] = {"batch_size": 64, "num_generations": 8, "learning_rate": 2e-4, "temperature": 0.5,
                                "beta": 0.0, "warmup_ratio": 0.1, "lr_schedule": "constant",
                                "max_completion_length": 96}
-REFERENCE = {"compact_decode": False, "shared_prompt_loss": False, "sampler": "multinomial"}
+REFERENCE = {"compact_decode": False, "shared_prompt_loss": False, "sampler": "multinomial", "prune_dead_groups": False}
 
 
 def _say(key: str, value: Any) -> None:
