@@ -275,7 +275,7 @@ def test_pruning_dead_groups_hands_the_optimiser_the_whole_batchs_gradient(warm,
     base = {"steps": 2, "batch_size": 16, "num_generations": 4, "max_completion_length": 10, "learning_rate": 1e-3,
             "beta": 0.0, "warmup_ratio": 0.0, "temperature": 1.0, "loss_type": loss_type, "max_grad_norm": 1e9,
             "lr_schedule": "constant"}
-    import policies.train as train
+    from policies import train
 
     full, full_loss = _grads_of_one_step(model, tok, Recipe(**base, prune_dead_groups=False), rows, reward)
     kept: list[tuple[int, int]] = []
