@@ -410,6 +410,12 @@ def bench_grpo(
     sft_steps: Annotated[int, typer.Option(min=1, help="SFT steps of the partial warm start (cached in --out)")] = 300,
     reference: Annotated[bool, typer.Option(help="also run today's path (the reference) for speedup_vs_reference")] = True,
     out: Annotated[Path, typer.Option(help="work dir (warm start cache, grpo.json)")] = Path("runs/bench-grpo"),
+    checkpoint: Annotated[Path | None, typer.Option(help="time this saved policy (ours or a local Hugging Face "
+                                                         "Llama-style checkpoint) instead of the bench's partial "
+                                                         "warm start, e.g. a run's checkpoints/warmstart")] = None,
+    config: Annotated[Path | None, typer.Option(help="train on this run config's task, round-0 env and prompt style "
+                                                     "(its recipe is not used: --recipe picks it) instead of MAPF's "
+                                                     "rung-3 boards")] = None,
 ) -> None:
     """Seconds per GRPO step, tokens/s and FLOP/s against a matmul roofline: fast path vs today's, same process."""
     from harness.benchmarks.grpo import run
@@ -419,8 +425,18 @@ def bench_grpo(
         fail(f"--preset {preset!r}: choose one of {', '.join(PRESETS)}")
     if recipe not in ("demo", "rung3"):
         fail(f"--recipe {recipe!r}: choose demo or rung3")
+    if checkpoint is not None and not (checkpoint / "config.json").is_file():
+        fail(f"--checkpoint {checkpoint}: not a saved policy (no config.json there); pass a folder written by "
+             "save_pretrained, e.g. a run's checkpoints/warmstart")
+    if config is not None:
+        from harness.config import ConfigError, load_config
+
+        try:
+            load_config(config)
+        except (ConfigError, OSError) as exc:
+            fail(f"--config {config}: {exc}")
     run(out=out, preset=preset, recipe=recipe, steps=steps, repeats=repeats, threads=threads, sft_steps=sft_steps,
-        reference=reference)
+        reference=reference, checkpoint=checkpoint, config=config)
 
 
 @bench_app.command("scenarios")

@@ -82,3 +82,38 @@ def test_bench_ladder_rejects_option_mixes_before_any_work():
 
     assert _rung3_recipe(["replay=0.5", "oversample= 2", "temperature=1"]) == {
         "replay": 0.5, "oversample": 2, "temperature": 1}  # values typed as YAML reads them
+
+
+def test_bench_grpo_refuses_a_checkpoint_or_config_it_cannot_use(tmp_path):
+    """A folder that holds no saved policy, or a run config with a typo, is one line naming the option, before any
+    model is built."""
+    res = runner.invoke(app, ["bench", "grpo", "--checkpoint", str(tmp_path)])
+    assert res.exit_code != 0 and "--checkpoint" in res.output and "not a saved policy" in res.output, res.output
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("task: math\nrecipe: {learning_rat: 1.0e-4}\n")
+    res = runner.invoke(app, ["bench", "grpo", "--config", str(bad)])
+    assert res.exit_code != 0 and "--config" in res.output and "learning_rat" in res.output, res.output
+
+
+def test_bench_grpo_times_a_given_checkpoint_on_a_given_configs_problems(tmp_path):
+    """`--checkpoint` and `--config`: a saved tiny math policy timed on `examples/math_quick.yaml`'s problems, both
+    paths, one step each: the grep-able lines come out and grpo.json names the checkpoint and the task. Would catch
+    the options being ignored (MAPF boards, the bench's own warm start) or a roofline shaped by the preset."""
+    import json
+
+    from harness.tasks import get_task
+    from policies.model import build_model, save_policy
+
+    spec = get_task("math").spec
+    model, tok = build_model("tiny", spec.alphabet, words=list(spec.words), seed=0)
+    save_policy(model, tok, tmp_path / "ckpt")
+    res = runner.invoke(app, ["bench", "grpo", "--checkpoint", str(tmp_path / "ckpt"), "--config",
+                              "examples/math_quick.yaml", "--steps", "1", "--repeats", "1", "--threads", "1",
+                              "--out", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    for key in ("reference_s_per_step", "fast_s_per_step", "speedup_vs_reference", "roofline_fp32_gflops"):
+        assert re.search(rf"^{key}: [0-9.]+$", res.output, re.MULTILINE), key
+    assert "task: math (examples/math_quick.yaml" in res.output
+    out = json.loads((tmp_path / "out" / "grpo.json").read_text())
+    assert out["task"] == "math" and out["checkpoint"] == str(tmp_path / "ckpt") and out["preset"] is None
+    assert not (tmp_path / "out" / "warmstart-1500-300").exists()  # the bench's own warm start was not trained

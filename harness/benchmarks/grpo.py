@@ -92,36 +92,57 @@ def _one(model, tok, rows, reward, recipe, fast: bool) -> dict[str, Any]:
 
 def run(out: Path = Path("runs/bench-grpo"), preset: str = "tiny", recipe: str = "demo", steps: int = 8,
         repeats: int = 3, threads: int = 2, sft_steps: int = 300, sft_examples: int = 1500,
-        reference: bool = True) -> dict[str, Any]:
+        reference: bool = True, checkpoint: Path | None = None, config: Path | None = None) -> dict[str, Any]:
+    """`checkpoint`: a saved policy (ours, or a Hugging Face Llama-style causal LM) instead of the bench's partial
+    MAPF warm start; `config`: a run config whose task, round-0 env (the boards or problems) and prompt style the
+    steps train on, instead of MAPF's rung-3 boards in the trace style. Its recipe is not used: `recipe` picks it."""
     import torch
 
     from harness.benchmarks.ladder import RUNG3_ENV, RUNG3_RECIPE, partial_warm_start
     from harness.policy_glue import grpo_rows, reward_fn
     from harness.seeds import seeds
     from harness.tasks import get_task
-    from policies.model import PRESETS, format_prompt
+    from policies.model import format_prompt, load_policy
 
     cpu_threads(threads)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    model, tok = partial_warm_start(out, "mapf", sft_examples=sft_examples, sft_steps=sft_steps, preset=preset)
+    if config is not None:
+        from harness.benchmarks.calibration import round0_files
+        from harness.config import load_config
+        from harness.round0 import harness_models
+
+        run_cfg = load_config(config)
+        task = get_task(run_cfg.task)
+        cfg = harness_models(round0_files(run_cfg), task)[0]
+        style = run_cfg.style
+    else:
+        task, style = get_task("mapf"), "trace"
+        cfg = task.spec.config_model.model_validate(RUNG3_ENV)
+    if checkpoint is not None:
+        model, tok = load_policy(checkpoint)
+        model.to("cpu").train(False)
+    else:
+        model, tok = partial_warm_start(out, "mapf", sft_examples=sft_examples, sft_steps=sft_steps, preset=preset)
     _say("warm_start_s", time.perf_counter() - t0)
-    task = get_task("mapf")
-    cfg = task.spec.config_model.model_validate(RUNG3_ENV)
     base = {**(DEMO_RECIPE if recipe == "demo" else RUNG3_RECIPE), "steps": steps + 1}
     per_step = base["batch_size"] // base["num_generations"] * base.get("oversample", 1)
-    rows = grpo_rows(task, cfg, seeds("train", per_step * (steps + 1)), "trace")
+    rows = grpo_rows(task, cfg, seeds("train", per_step * (steps + 1)), style)
     reward = reward_fn(task)
     prompt_len = statistics.mean(len(tok(format_prompt(tok, r["prompt"]))["input_ids"]) for r in rows)
-    p = PRESETS[preset]
+    hidden, mlp = model.config.hidden_size, getattr(model.config, "intermediate_size", 4 * model.config.hidden_size)
     n_mm = matmul_params(model)
-    res: dict[str, Any] = {"preset": preset, "recipe": recipe, "steps": steps, "repeats": repeats, "threads": threads,
-                           "matmul_params": n_mm, "prompt_tokens": prompt_len, "cpu": torch.backends.cpu.get_cpu_capability()}
-    res["roofline_fp32_flops"] = matmul_roofline(p.hidden, p.mlp, torch.float32)
+    res: dict[str, Any] = {"preset": preset if checkpoint is None else None, "recipe": recipe, "steps": steps,
+                           "repeats": repeats, "threads": threads, "matmul_params": n_mm, "prompt_tokens": prompt_len,
+                           "cpu": torch.backends.cpu.get_cpu_capability(),
+                           "checkpoint": str(checkpoint) if checkpoint else None,
+                           "config": str(config) if config else None, "task": task.name}
+    res["roofline_fp32_flops"] = matmul_roofline(hidden, mlp, torch.float32)
     res["bf16_native"] = bf16_matmul_native()
     if res["bf16_native"]:
-        res["roofline_bf16_flops"] = matmul_roofline(p.hidden, p.mlp, torch.bfloat16)
-    _say("preset", preset)
+        res["roofline_bf16_flops"] = matmul_roofline(hidden, mlp, torch.bfloat16)
+    _say("preset", preset if checkpoint is None else f"checkpoint {checkpoint}")
+    _say("task", f"{task.name} ({config or 'the rung-3 boards'}, style {style})")
     _say("recipe", recipe)
     _say("cpu_capability", res["cpu"])
     _say("roofline_fp32_gflops", res["roofline_fp32_flops"] / 1e9)
