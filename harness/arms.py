@@ -74,18 +74,20 @@ def warm_start(run: Run) -> tuple[Path, int]:
             step = resume_step(resume_at)
             run.event(0, "setup", "sft_resumed", f"the SFT warm start continues from its checkpoint at step {step} of "
                       f"{recipe.sft_steps}, not from zero", key=f"0/sft-resumed/{step}", step=step)
-        # a preset trained by us is cached (keyed by settings + code version); a user's checkpoint is not ours to key
+        sft_n, why = sft_threads(cfg, task)
+        # a preset trained by us is cached (keyed by settings, threads + code version); a user's checkpoint is not ours
         model, tok, hit, key, m = warmstart.warm_start(
             task, cfg.policy.preset or "", run.style, env, seeds, recipe, seed=cfg.seed,
             progress=progress_cb(run, 0, "setup"), model_tok=(model, tok) if cfg.policy.checkpoint else None,
             tensorboard_dir=run.run_dir / TENSORBOARD_DIR / "s0" / "sft",
             resume_dir=run.path("checkpoints", warmstart.RESUME_DIR),
-            threads=lambda tok, pairs: sft_threads(cfg, task, tok, pairs, recipe.sft_batch_size,
-                                                   say=lambda m: run.event(0, "setup", "threads", m)))
+            threads=sft_n)
         if hit is not None:
             run.event(0, "setup", "cache", f"warm start loaded from the cache: {hit} (same settings and code version; "
                       "`evotrainer cache clear` or EVOTRAINER_WARMSTART_CACHE=0 retrains)", path=str(hit))
         if m is not None:
+            shown = sft_n if sft_n is not None else "the run's own"
+            run.event(0, "setup", "threads", f"torch threads for the SFT warm start: {shown} ({why})")
             run.charge(0, "policy", "sft", seconds=m.wall_s, steps=m.steps)
     run.save(model, tok, out)
     if key and hit is None:

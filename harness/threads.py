@@ -4,7 +4,7 @@ environment variable `EVOTRAINER_THREADS` (same values) overrides the config (th
 arithmetic does not depend on the host's measurement).
 
     n, why = apply_threads(run.config, run.task)     # at every start and resume of a run, before anything trains
-    with sft_threads(run.config, run.task, tok, pairs, batch=32):   # the SFT warm start's own choice, then back
+    n, why = sft_threads(run.config, run.task)      # the SFT warm start's own count (None: the run's), fixed
 
 `auto` times the step's shapes (`policies.threads.time_threads`: a forward+backward and a decoding run over a
 GRPO-sized batch) at 1, 2, 4, ... threads up to the cores this process may use, on a randomly initialised model of the
@@ -13,9 +13,9 @@ by more than MARGIN (`pick`); a later run on the same host with the same model s
 reads the cache. Why: for the project's small models the best count depends on the host (one thread about twice as
 fast as two on this AMD host for the tiny preset, two faster on the Intel host of earlier sessions), and torch's
 default (every core) was the slow one here. Models above AUTO_MAX_PARAMS, and runs on a GPU, keep torch's default.
-Arms on Ray use their own `arm_resources.num_cpus` threads, as before. The SFT warm start is measured apart
-(`sft_threads`: its forward+backward at its batch and the demonstrations' length, no decoding) and runs at its own
-choice, then the run's count is restored. The probe's choice is then checked on the run's first GRPO steps
+Arms on Ray use their own `arm_resources.num_cpus` threads, as before. The SFT warm start is not measured: under
+auto it trains on SFT_AUTO_THREADS (at most the cores; `sft_threads`), because its weights, which the warm-start cache
+keeps across runs, depend on the thread count; then the run's count is restored. The probe's choice is then checked on the run's first GRPO steps
 (`step_trial`: each count for a few real steps, under the run's own other work on the cores) and the entry is marked
 confirmed with the step times; a confirmed choice is not checked again. A measurement taken while other jobs held
 the cores sticks until `threads.json` is deleted.
@@ -287,41 +287,31 @@ def _auto_wanted(run_config: Any) -> bool:
     return (env or run_config.scale.threads) == "auto"
 
 
-def sft_threads(run_config: Any, task: Any, tok: Any, pairs: list[dict[str, str]], batch: int,
-                say=lambda msg: None):
-    """The SFT warm start's own thread count under `scale.threads: auto`, as a context manager that sets it for
-    the SFT and restores the run's count after: the SFT's forward+backward over `batch` demonstrations of their
-    median length is measured at 1, 2, ... threads (no decoding) and cached per host, model shape and that shape.
-    Why a second choice: the GRPO probe's small decode-dominated shapes chose 1 thread on this AMD host, where the
-    SFT's long fixed batches run faster on 2 (BENCHMARKS.md, "Threads chosen per host"). A number, `default`, a GPU,
-    one core or a large model: nothing changes (a no-op context). `say(message)` is called once with the choice."""
-    from contextlib import contextmanager, nullcontext
+SFT_AUTO_THREADS = 2  # the SFT warm start's thread count under auto (at most the cores): fixed, not measured
 
+
+def sft_threads(run_config: Any, task: Any) -> tuple[int | None, str]:
+    """(the torch thread count the SFT warm start trains at, why); None: the process's own count, unchanged.
+
+    Under `scale.threads: auto` on a CPU with two or more cores the SFT trains on SFT_AUTO_THREADS (at most the cores),
+    fixed rather than measured: the warm start's weights depend on the thread count (a matrix product's sums are split
+    differently over 1 and 2 threads: differences of ~1e-6 a step that 700 steps grow into another warm start, 31.0%
+    against 35.0% greedy on the demo's suite from two fresh clones on one host whose timing probe chose 1 and then 2,
+    BENCHMARKS.md), and a measured choice flips where two counts time alike. Two was also the faster count for the
+    SFT on every host measured (34% on the AMD host, 19-23% on the Intel one), and `harness.warmstart` keys its cache
+    on the count, so a warm start is reused only where it would be trained the same. A number, `default`, a GPU, one
+    core or a model above AUTO_MAX_PARAMS: the process's count."""
     import torch
 
-    from policies import cpu_threads
-
-    if not _auto_wanted(run_config) or torch.cuda.is_available() or cores() <= 1 or not pairs:
-        return nullcontext()
+    if not _auto_wanted(run_config):
+        return None, "scale.threads is not auto: the run's own count"
+    if torch.cuda.is_available():
+        return None, "a GPU trains"
+    if cores() <= 1:
+        return None, "one core"
     made, why = _measurement_model(run_config, task)
     if made is None:
-        return nullcontext()
-    sig, build = made
-    lengths = sorted(len(tok(x["prompt"] + x["completion"], add_special_tokens=False)["input_ids"])
-                     for x in pairs[:64])
-    seq = max(8, -(-lengths[len(lengths) // 2] // 16) * 16)  # the median, rounded up to 16 (a stable cache key)
-    best, why = _choice(f"{host_key()}|{sig}|sft:b{batch}:s{seq}",
-                        lambda: time_threads_for(build(), options(cores()), batch=batch, seq=seq, decode_steps=0),
-                        f"SFT step ({batch} x {seq} tokens)", "this model and SFT shape")
-    was = torch.get_num_threads()
-    say(f"torch threads for the SFT warm start: {best} ({why}); {was} again after it")
-
-    @contextmanager
-    def phase():
-        cpu_threads(best)
-        try:
-            yield best
-        finally:
-            cpu_threads(was)
-
-    return phase()
+        return None, f"torch's default ({why})"
+    n = min(SFT_AUTO_THREADS, cores())
+    return n, (f"{n}, fixed under auto (not measured): the warm start's weights depend on the thread count, and "
+               f"its cache is keyed on it")

@@ -11,7 +11,8 @@ Location: `$EVOTRAINER_HOME/warmstart/<key>/` (default `~/.evotrainer/warmstart`
 `evotrainer cache clear` or `rm -rf ~/.evotrainer/warmstart`; `EVOTRAINER_WARMSTART_CACHE=0` turns it off.
 
 The key hashes every setting that changes the trained weights (task, model preset, prompt style, generator config,
-the demonstrations' seeds, SFT steps / learning rate / batch size, seed) and the code version: the source of the
+the demonstrations' seeds, SFT steps / learning rate / batch size, seed, and where it trains: the GPU or the number of
+CPU threads, `trained_on`) and the code version: the source of the
 policy layer and of the task (tokeniser, model presets, trainer, generator, expert), plus the torch, transformers and
 trl versions. Editing any of those files makes a new key, so a stale checkpoint is never reused. A checkpoint from a
 local model (`policy.checkpoint`) is not cached: its bytes are the user's, not ours to key.
@@ -23,7 +24,7 @@ import hashlib
 import json
 import os
 import shutil
-from contextlib import nullcontext
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,28 @@ def code_version() -> str:
             h.update(str(f.relative_to(ROOT)).encode())
             h.update(f.read_bytes())
     return h.hexdigest()[:16]
+
+
+def trained_on(threads: int) -> str:
+    """Where an SFT runs, as far as its weights go: the GPU, or this many CPU threads."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else f"cpu x{threads}"
+
+
+@contextmanager
+def thread_count(n: int):
+    """Torch CPU threads `n` inside, the process's count again after."""
+    import torch
+
+    from policies import cpu_threads
+
+    was = torch.get_num_threads()
+    cpu_threads(n)
+    try:
+        yield n
+    finally:
+        cpu_threads(was)
 
 
 def cache_key(**settings: Any) -> str:
@@ -123,24 +146,29 @@ def warm_start(task: Any, preset: str, style: str, env: Any, seeds: list[int], r
     a kill continues from the last checkpoint (`policies.train.train_sft`). The caller removes the folder once the
     warm start's result is saved (in a run, `harness.retention` does once setup is recorded).
 
-    `threads(tok, pairs)`: a context manager the SFT runs in when it trains (not on a cache hit), e.g. the SFT's own
-    torch thread count (`harness.threads.sft_threads`)."""
+    `threads`: the torch CPU thread count the SFT trains at (None: this process's count), set for the SFT only and
+    restored after (`harness.threads.sft_threads`). It is part of the key (`trained_on`) with the device: a matrix
+    product's sums split over another thread count, or run on a GPU, land differently, and 700 SFT steps grow that into
+    another warm start, so a checkpoint is reused only where it would be trained the same."""
+    import torch
+
     from harness.policy_glue import sft_pairs
     from policies.model import build_model, load_policy
     from policies.train import train_sft
 
+    n_threads = threads or torch.get_num_threads()
     key = None
     if cacheable and model_tok is None:
         key = cache_key(task=task.name, preset=preset, style=style, seed=seed, env=env.model_dump(mode="json"),
                         seeds=list(seeds), sft_steps=recipe.sft_steps, sft_learning_rate=recipe.sft_learning_rate,
-                        sft_batch_size=recipe.sft_batch_size)
+                        sft_batch_size=recipe.sft_batch_size, trained_on=trained_on(n_threads))
         hit = lookup(key)
         if hit is not None:
             model, tok = load_policy(hit)
             return model, tok, hit, key, None
     model, tok = model_tok or build_model(preset, task.spec.alphabet, words=list(task.spec.words), seed=seed)
     pairs = sft_pairs(task, env, list(seeds), style)
-    with threads(tok, pairs) if threads is not None else nullcontext():
+    with thread_count(n_threads):
         m = train_sft(model, tok, pairs, recipe, progress=progress, tensorboard_dir=tensorboard_dir,
                       resume_dir=resume_dir, save_every=save_every(recipe.sft_steps) if resume_dir is not None else 0)
     return model, tok, None, key, m

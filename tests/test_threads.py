@@ -74,74 +74,63 @@ def test_a_bad_threads_value_names_the_field(bad):
         parse_config({**TINY, "scale": {"threads": bad}}, "test")
 
 
-def test_the_sft_warm_start_gets_its_own_thread_choice_and_the_run_its_own_back(restore_threads, monkeypatch):
-    """Under auto the SFT's long fixed batches are measured apart from the GRPO probe (no decoding, the
-    demonstrations' median length) and may choose another count; it holds for the SFT only, then the run's count is
-    back; it is cached by that shape; a number or `default` changes nothing. Would catch the SFT running at the GRPO
-    choice (the eighteenth session's 385 s on 1 thread against 295 s on 2), a choice that leaks into the stages, or
-    a measurement on every start."""
+def test_the_sft_warm_start_trains_on_a_fixed_count_under_auto_and_the_run_gets_its_own_back(restore_threads,
+                                                                                              monkeypatch):
+    """Under auto the SFT trains on SFT_AUTO_THREADS (at most the cores) without measuring anything: its weights depend
+    on the count, and a measured choice flipped between fresh clones on one host (two warm starts, 31.0% and 35.0%).
+    A number or `default` leaves the run's count. Would catch a measured (so host-noise-dependent) SFT count, or one
+    that leaks into the stages."""
     from harness import threads
-    from policies.model import build_model
 
     if threads.cores() < 2:
         pytest.skip("one core: there is nothing to choose")
-    shapes = []
 
-    def fake(model, opts, batch=64, seq=64, decode_steps=8):
-        shapes.append((batch, seq, decode_steps))
-        best = 2 if decode_steps == 0 else 1  # the SFT's shapes prefer 2 threads, the GRPO probe's 1
-        return {n: (0.01 if n == best else 0.02) for n in opts}
+    def measured(*a, **kw):
+        raise AssertionError("the SFT's count must not be measured")
 
-    monkeypatch.setattr(threads, "time_threads_for", fake)
     cfg = parse_config(TINY, "test")
+    monkeypatch.setattr(threads, "time_threads_for", lambda model, opts, **kw: {n: 0.01 * n for n in opts})
     assert threads.apply_threads(cfg, MAPF)[0] == 1 == torch.get_num_threads()
-    _, tok = build_model("tiny", MAPF.spec.alphabet, words=list(MAPF.spec.words))
-    pairs = [{"prompt": "x" * 150, "completion": "y" * 40}] * 10
-    said: list[str] = []
-    with threads.sft_threads(cfg, MAPF, tok, pairs, 32, say=said.append) as n:
-        assert n == 2 == torch.get_num_threads()
-    assert torch.get_num_threads() == 1 and shapes[-1] == (32, 192, 0)
-    assert len(said) == 1 and said[0].startswith("torch threads for the SFT warm start: 2 (measured now")
-    assert any("|sft:b32:s192" in k for k in json.loads(threads.cache_path().read_text()))
-    with threads.sft_threads(cfg, MAPF, tok, pairs, 32, say=said.append):  # cached: not measured again
-        assert torch.get_num_threads() == 2
-    assert len(shapes) == 2 and "measured on this host" in said[-1]
-    fixed = parse_config({**TINY, "scale": {"threads": 1}}, "test")
-    with threads.sft_threads(fixed, MAPF, tok, pairs, 32, say=said.append):
-        assert torch.get_num_threads() == 1
+    monkeypatch.setattr(threads, "time_threads_for", measured)
+    n, why = threads.sft_threads(cfg, MAPF)
+    assert n == min(2, threads.cores()) and "fixed" in why
+    assert torch.get_num_threads() == 1  # deciding changes nothing: the warm start sets it around its SFT only
+    assert threads.sft_threads(parse_config({**TINY, "scale": {"threads": 1}}, "test"), MAPF)[0] is None
     monkeypatch.setenv("EVOTRAINER_THREADS", "default")
-    with threads.sft_threads(cfg, MAPF, tok, pairs, 32, say=said.append):
-        assert torch.get_num_threads() == 1
-    assert len(said) == 2
+    assert threads.sft_threads(cfg, MAPF)[0] is None
 
 
-def test_the_warm_start_enters_the_threads_context_only_when_it_trains(tmp_path, monkeypatch):
-    """`warmstart.warm_start(threads=...)` wraps the SFT it trains, and a cache hit trains nothing and enters
-    nothing (so a cached warm start measures nothing)."""
-    from contextlib import contextmanager
-
+def test_the_warm_start_trains_at_its_thread_count_and_keys_its_cache_on_it(tmp_path, monkeypatch, restore_threads):
+    """`warmstart.warm_start(threads=n)` trains its SFT at n threads and restores the process's count; a cache hit
+    trains nothing; a warm start trained on another count is another cache entry (two counts give two sets of
+    weights: the sums are split differently). Would catch a cache that hands a 1-thread warm start to a 2-thread run
+    (the demo's warm start then depends on which ran first on a machine), or the SFT's count leaking out."""
     from harness import warmstart
+    from harness.seeds import seeds
     from policies.train import Recipe
 
     monkeypatch.setenv("EVOTRAINER_HOME", str(tmp_path / "home"))
-    entered: list[int] = []
+    seen: list[int] = []
+    from policies import train
 
-    @contextmanager
-    def ctx(tok, pairs):
-        entered.append(len(pairs))
-        yield
+    real = train.train_sft
 
+    def spy(*a, **kw):
+        seen.append(torch.get_num_threads())
+        return real(*a, **kw)
+
+    monkeypatch.setattr(train, "train_sft", spy)
+    torch.set_num_threads(1)
     env = MAPF.spec.config_model.model_validate({"sizes": [{"size": 3, "agents": 2}]})
-    from harness.seeds import seeds
-
     recipe = Recipe(sft_steps=1, sft_batch_size=4)
-    model, tok, hit, key, m = warmstart.warm_start(MAPF, "tiny", MAPF.spec.styles[0], env, seeds("train", 4), recipe,
-                                                   threads=ctx)
-    assert hit is None and m is not None and entered == [4]
+    args = (MAPF, "tiny", MAPF.spec.styles[0], env, seeds("train", 4), recipe)
+    model, tok, hit, key, m = warmstart.warm_start(*args, threads=2)
+    assert hit is None and m is not None and seen == [2] and torch.get_num_threads() == 1
     warmstart.store(key, _save(model, tok, tmp_path / "ws"), {})
-    _, _, hit, _, m = warmstart.warm_start(MAPF, "tiny", MAPF.spec.styles[0], env, seeds("train", 4), recipe,
-                                           threads=ctx)
-    assert hit is not None and m is None and entered == [4]
+    _, _, hit, key2, m = warmstart.warm_start(*args, threads=2)
+    assert hit is not None and m is None and key2 == key and seen == [2]
+    _, _, hit, key1, m = warmstart.warm_start(*args)  # the process's count, 1: not the 2-thread entry
+    assert hit is None and m is not None and key1 != key and seen == [2, 1]
 
 
 def _save(model, tok, path):

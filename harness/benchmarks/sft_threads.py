@@ -6,7 +6,8 @@ auto` chooses for it and for the stages (issue 34: the GRPO probe's choice made 
 For each thread count (1, 2, ... up to the cores, then again in reverse order, the faster of the two kept): a fresh
 model of the config's preset (same seed) trained `STEPS` SFT steps on the config's demonstrations (its round-0 env,
 its SFT batch and learning rate), the steps timed apart from the trainer's setup; then the choices
-`harness.threads` makes (the SFT probe and the stages' probe, measured now, not read from a cache). Prints `key:
+`harness.threads` makes (the SFT's fixed count under auto, and the stages' probe, measured now, not read from a
+cache). Prints `key:
 value` lines. Run it on an idle machine: the figures are ratios between thread counts.
 """
 
@@ -64,13 +65,10 @@ def main(config: str | Path = ROOT / "examples" / "mapf_quick.yaml", steps: int 
     with tempfile.TemporaryDirectory() as home:  # the choices measured now, not read from the user's cache
         os.environ["EVOTRAINER_HOME"] = home
         os.environ.pop(threads.ENV, None)
-        _, tok = build_model(cfg.policy.preset, task.spec.alphabet, words=list(task.spec.words))
-        said: list[str] = []
-        with threads.sft_threads(cfg, task, tok, pairs, recipe.sft_batch_size, say=said.append) as chosen:
-            out["auto_sft_threads"] = float(chosen or torch.get_num_threads())
+        chosen, why = threads.sft_threads(cfg, task)
+        out["auto_sft_threads"] = float(chosen or torch.get_num_threads())
         out["auto_stage_threads"] = float(threads.apply_threads(cfg, task)[0])
-        for line in said:
-            print(f"auto_sft: {line}", flush=True)
+        print(f"auto_sft: {chosen} ({why})", flush=True)
     best = min((v, k) for k, v in out.items() if k.startswith("sft_seconds_per_step"))[1]
     print(f"auto_sft_threads: {out['auto_sft_threads']:.0f}\nauto_stage_threads: {out['auto_stage_threads']:.0f}\n"
           f"fastest_sft: {best}", flush=True)
