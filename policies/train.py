@@ -713,7 +713,7 @@ def keep_live_groups(batch: dict[str, Any], group: int, keep: int,
     so the step still runs (with a zero policy gradient). Returns (batch, live)."""
     adv = batch["advantages"]
     n = adv.shape[0]
-    live = (adv.view(-1, group).abs() > 0).any(dim=1).nonzero().flatten()[:keep]
+    live = (adv.view(-1, group) != 0).any(dim=1).nonzero().flatten()[:keep]
     chosen = live if live.numel() else torch.zeros(1, dtype=torch.long)
     rows = (chosen[:, None] * group + torch.arange(group)).flatten()
     out: dict[str, Any] = {}

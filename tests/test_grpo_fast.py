@@ -313,3 +313,17 @@ def test_pruning_is_refused_where_it_would_not_be_exact(warm):
     assert prunable(ok) is None
     kl = _grpo_trainer(model, tok, rows, reward, Recipe(steps=1, batch_size=8, num_generations=4, beta=0.04), None, [])
     assert "beta" in prunable(kl)
+
+
+def test_a_group_with_an_undefined_advantage_is_never_pruned():
+    """A reward that came back NaN makes its group's advantages NaN; pruning must not hide it (the step then fails or
+    trains on it exactly as the whole batch would), only groups whose advantages are all exactly 0 leave. Would catch
+    a liveness test like `abs() > 0`, which is False for NaN and dropped the group without a word."""
+    from policies.train import keep_live_groups
+
+    adv = torch.tensor([0.0, 0.0, float("nan"), float("nan"), 0.5, -0.5, 0.0, 0.0])
+    batch = {"advantages": adv, "completion_ids": torch.ones(8, 3, dtype=torch.long),
+             "completion_mask": torch.ones(8, 3, dtype=torch.long), "num_items_in_batch": torch.tensor(24.0)}
+    out, live = keep_live_groups(batch, 2, 4, renormalise=False)
+    assert live == 2 and out["advantages"].shape[0] == 4 and bool(torch.isnan(out["advantages"][:2]).all())
+    assert float(out["num_items_in_batch"]) == 24.0  # the whole batch's normaliser, kept
