@@ -21,6 +21,7 @@ trained from scratch. On a CUDA GPU bf16 is used when supported. `import trl` is
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 import warnings
@@ -534,7 +535,12 @@ def _wrap_reward(reward_fn: RewardFn, scale: float, counter: list[int]):
         out = reward_fn(raw_prompts, texts, **columns)
         if len(out) != len(texts):
             raise ValueError(f"reward function returned {len(out)} rewards for {len(texts)} completions")
-        return [float(r) * scale for r in out]
+        values = [float(r) * scale for r in out]
+        bad = next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
+        if bad is not None:  # TRL would sum a NaN away as 0 (its "no reward" marker) and train on it silently
+            raise ValueError(f"reward function {getattr(reward_fn, '__name__', 'reward')} returned {out[bad]!r} for "
+                             f"completion {bad} ({texts[bad][:60]!r}); rewards must be finite numbers")
+        return values
 
     reward.__name__ = getattr(reward_fn, "__name__", "reward")
     return reward

@@ -327,3 +327,18 @@ def test_a_group_with_an_undefined_advantage_is_never_pruned():
     out, live = keep_live_groups(batch, 2, 4, renormalise=False)
     assert live == 2 and out["advantages"].shape[0] == 4 and bool(torch.isnan(out["advantages"][:2]).all())
     assert float(out["num_items_in_batch"]) == 24.0  # the whole batch's normaliser, kept
+
+
+def test_a_reward_that_is_not_a_finite_number_stops_the_step_with_its_name(warm):
+    """TRL sums a NaN reward away as 0 (its marker for "no reward"), so a scorer that divides by zero would train on
+    silent zeros. Would catch the NaN passed through."""
+    from policies.train import train_grpo
+
+    model, tok = warm
+
+    def broken_scorer(prompts, completions, **kw):
+        return [float("nan") if i == 3 else 1.0 for i in range(len(completions))]
+
+    recipe = Recipe(steps=1, batch_size=8, num_generations=4, max_completion_length=6, beta=0.0, warmup_ratio=0.0)
+    with pytest.raises(ValueError, match=r"broken_scorer returned nan for completion 3 .*finite numbers"):
+        train_grpo(model, tok, [{"prompt": w} for w in WORDS[:2]], broken_scorer, recipe)
