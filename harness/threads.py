@@ -313,5 +313,5 @@ def sft_threads(run_config: Any, task: Any) -> tuple[int | None, str]:
     if made is None:
         return None, f"torch's default ({why})"
     n = min(SFT_AUTO_THREADS, cores())
-    return n, (f"{n}, fixed under auto (not measured): the warm start's weights depend on the thread count, and "
-               f"its cache is keyed on it")
+    return n, ("fixed under auto, not measured: the warm start's weights depend on the thread count, and its cache "
+               "is keyed on it")

@@ -166,7 +166,8 @@ class GRPOStep(BaseModel):
     loss: float | None = None
     seconds: float = Field(..., description="wall time of this step")
     tokens_generated: int
-    live_groups: float | None = Field(None, description="groups trained on this step (drop_dead_groups)")
+    live_groups: float | None = Field(None, description="groups whose rows the loss trained on this step "
+                                      "(drop_dead_groups or prune_dead_groups; None when every group was)")
     replayed_groups: float | None = Field(None, description="groups of this step drawn from the replay pool (replay)")
     generation_seconds: float | None = Field(None, description="of `seconds`, the rollouts' decoding (our engine)")
     clipped_ratio: float | None = Field(None, description="share of this step's completions that hit "
@@ -788,7 +789,8 @@ def _pruned_trainer(base, recipe: Recipe):
             n = batch["advantages"].shape[0]
             mask = batch["completion_mask"] if batch.get("tool_mask") is None \
                 else batch["completion_mask"] * batch["tool_mask"]
-            out, _ = keep_live_groups(batch, group, n // group, renormalise=False)
+            out, live = keep_live_groups(batch, group, n // group, renormalise=False)
+            self._metrics["train"]["live_groups"].append(float(live))
             kept = out["completion_mask"] if out.get("tool_mask") is None else out["completion_mask"] * out["tool_mask"]
             # a 0-dim tensor: TRL's shuffle and split of a generation batch pass those through whole
             out["_loss_scale"] = torch.tensor(float(_PRUNED_SCALE[self.loss_type](

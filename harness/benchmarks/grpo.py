@@ -16,7 +16,8 @@ completions are somewhat shorter). Both paths train a fresh copy of it with the 
 Runs alternate reference, fast, reference, fast, ... (`--repeats` pairs), so a machine shared with other work slows
 both alike; a run's seconds per step is the median of its steps after the first (warm-up), and `speedup_vs_reference`
 is the median over pairs of reference / fast. FLOP/s are useful work, not executed work: 2N FLOPs per position decoded
-or prefilled and 6N per position trained (N = matmul parameters, the tied LM head included; attention excluded), the
+or prefilled and 6N per position of the batch (the work the reference's loss does; the fast path's loss runs only
+the live groups, `<path>_loss_group_share` of them, for the same gradient) (N = matmul parameters, the tied LM head included; attention excluded), the
 positions being each step's distinct prompts plus its generated tokens; divided by the seconds of generation (our
 engine's timer) and of the rest of the step (loss forward, backward, optimiser, reward, TRL bookkeeping). The roofline
 is `torch.matmul` of (8192 x hidden) @ (hidden x mlp) in this process with the same threads, fp32, and bf16 where the
@@ -87,7 +88,10 @@ def _one(model, tok, rows, reward, recipe, fast: bool) -> dict[str, Any]:
     return {"s_per_step": statistics.median(s.seconds for s in steps),
             "gen_s": statistics.median(s.generation_seconds or 0.0 for s in steps),
             "tokens": statistics.median(s.tokens_generated for s in steps),
-            "reward": [s.reward_mean for s in m.steps], "wall_s": m.wall_s}
+            "reward": [s.reward_mean for s in m.steps], "wall_s": m.wall_s,
+            "live_share": statistics.median(
+                (s.live_groups if s.live_groups is not None else r.batch_size // r.num_generations)
+                / (r.batch_size // r.num_generations) for s in steps)}
 
 
 def run(out: Path = Path("runs/bench-grpo"), preset: str = "tiny", recipe: str = "demo", steps: int = 8,
@@ -175,6 +179,7 @@ def run(out: Path = Path("runs/bench-grpo"), preset: str = "tiny", recipe: str =
         _say(f"{path}_generation_s", sm["generation_s"])
         _say(f"{path}_train_s", sm["train_s"])
         _say(f"{path}_generated_tokens_per_s", sm["generated_tokens_per_s"])
+        _say(f"{path}_loss_group_share", statistics.median(r.get("live_share", 1.0) for r in done))
         for part in ("generation", "train"):
             _say(f"{path}_{part}_gflops", sm[f"{part}_flops"] / 1e9)
             _say(f"{path}_{part}_fraction_of_fp32_roofline", sm[f"{part}_flops"] / res["roofline_fp32_flops"])
