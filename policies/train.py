@@ -111,7 +111,9 @@ class Recipe(BaseModel):
                                     "gradient (a tied group's advantages are zero), less work when groups are dead. "
                                     "Only where that is exact (beta 0, no entropy mask or bonus; `prunable`); TRL's "
                                     "logged entropy and clip ratios then cover the live groups. Unlike "
-                                    "drop_dead_groups it changes nothing the step learns")
+                                    "drop_dead_groups it changes nothing a step learns from its batch (with TRL's "
+                                    "own generation, later batches are drawn as under another seed: its shuffle of "
+                                    "a smaller batch advances torch's global generator differently)")
     sampler: Literal["inverse_cdf", "multinomial"] = Field(
         "inverse_cdf", description="how our rollout loop draws each token (`policies.rollout.SamplingParams."
         "sampler`): inverse_cdf = one uniform per row (exact); multinomial = torch.multinomial, one random number "
