@@ -84,14 +84,14 @@ def _one(model, tok, rows, reward, recipe, fast: bool) -> dict[str, Any]:
 
     r = Recipe(**{**recipe, **({} if fast else REFERENCE)})
     m = train_grpo(copy.deepcopy(model), tok, rows, reward, r)
+    groups = r.prompts_per_step // r.oversample
     steps = m.steps[1:] or m.steps  # the first step pays one-off costs
     return {"s_per_step": statistics.median(s.seconds for s in steps),
             "gen_s": statistics.median(s.generation_seconds or 0.0 for s in steps),
             "tokens": statistics.median(s.tokens_generated for s in steps),
             "reward": [s.reward_mean for s in m.steps], "wall_s": m.wall_s,
-            "live_share": statistics.median(
-                (s.live_groups if s.live_groups is not None else r.batch_size // r.num_generations)
-                / (r.batch_size // r.num_generations) for s in steps)}
+            "live_share": statistics.median(  # of the groups a step's loss holds (the sampled ones, oversampling aside)
+                (s.live_groups if s.live_groups is not None else groups) / groups for s in steps)}
 
 
 def run(out: Path = Path("runs/bench-grpo"), preset: str = "tiny", recipe: str = "demo", steps: int = 8,
