@@ -16,8 +16,9 @@ completions are somewhat shorter). Both paths train a fresh copy of it with the 
 Runs alternate reference, fast, reference, fast, ... (`--repeats` pairs), so a machine shared with other work slows
 both alike; a run's seconds per step is the median of its steps after the first (warm-up), and `speedup_vs_reference`
 is the median over pairs of reference / fast. FLOP/s are useful work, not executed work: 2N FLOPs per position decoded
-or prefilled and 6N per position of the batch (the work the reference's loss does; the fast path's loss runs only
-the live groups, `<path>_loss_group_share` of them, for the same gradient) (N = matmul parameters, the tied LM head included; attention excluded), the
+or prefilled and 6N per position of the batch trained (N = matmul parameters, the tied LM head included; attention
+excluded; the whole batch is the work the reference's loss does, while the fast path's loss runs only the live
+groups, `<path>_loss_group_share` of them, for the same gradient), the
 positions being each step's distinct prompts plus its generated tokens; divided by the seconds of generation (our
 engine's timer) and of the rest of the step (loss forward, backward, optimiser, reward, TRL bookkeeping). The roofline
 is `torch.matmul` of (8192 x hidden) @ (hidden x mlp) in this process with the same threads, fp32, and bf16 where the

@@ -7,8 +7,7 @@ For each thread count (1, 2, ... up to the cores, then again in reverse order, t
 model of the config's preset (same seed) trained `STEPS` SFT steps on the config's demonstrations (its round-0 env,
 its SFT batch and learning rate), the steps timed apart from the trainer's setup; then the choices
 `harness.threads` makes (the SFT's fixed count under auto, and the stages' probe, measured now, not read from a
-cache). Prints `key:
-value` lines. Run it on an idle machine: the figures are ratios between thread counts.
+cache). Prints `key: value` lines. Run it on an idle machine: the figures are ratios between thread counts.
 """
 
 from __future__ import annotations
