@@ -16,8 +16,8 @@ default (every core) was the slow one here. Models above AUTO_MAX_PARAMS, and ru
 Arms on Ray use their own `arm_resources.num_cpus` threads, as before. The SFT warm start is not measured: under
 auto it trains on SFT_AUTO_THREADS (at most the cores; `sft_threads`), because its weights, which the warm-start cache
 keeps across runs, depend on the thread count; then the run's count is restored. The probe's choice is then checked
-on the run's first GRPO steps (`step_trial`: each count for a few real steps, under the run's own other work on the cores) and the entry is marked
-confirmed with the step times; a confirmed choice is not checked again. A measurement taken while other jobs held
+on the run's first GRPO steps (`step_trial`: each count for a few real steps, under the run's own other work on the
+cores) and the entry is marked confirmed with the step times; a confirmed choice is not checked again. A measurement taken while other jobs held
 the cores sticks until `threads.json` is deleted.
 """
 
