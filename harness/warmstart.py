@@ -24,7 +24,6 @@ import hashlib
 import json
 import os
 import shutil
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -67,21 +66,6 @@ def trained_on(threads: int) -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else f"cpu x{threads}"
-
-
-@contextmanager
-def thread_count(n: int):
-    """Torch CPU threads `n` inside, the process's count again after."""
-    import torch
-
-    from policies import cpu_threads
-
-    was = torch.get_num_threads()
-    cpu_threads(n)
-    try:
-        yield n
-    finally:
-        cpu_threads(was)
 
 
 def cache_key(**settings: Any) -> str:
@@ -153,6 +137,7 @@ def warm_start(task: Any, preset: str, style: str, env: Any, seeds: list[int], r
     import torch
 
     from harness.policy_glue import sft_pairs
+    from policies import thread_count
     from policies.model import build_model, load_policy
     from policies.train import train_sft
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import contextmanager
 
 # Idle OpenMP threads sleep instead of spinning. Set at package import, which precedes every torch import made through
 # policies (model, rollout, train): on a shared 2-core machine spinning threads made training steps 10-20x slower.
@@ -19,3 +20,16 @@ def cpu_threads(n: int) -> None:
     import torch
 
     torch.set_num_threads(n)
+
+
+@contextmanager
+def thread_count(n: int):
+    """`n` torch CPU threads inside (`cpu_threads`), the process's count again after."""
+    import torch
+
+    was = torch.get_num_threads()
+    cpu_threads(n)
+    try:
+        yield n
+    finally:
+        cpu_threads(was)

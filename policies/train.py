@@ -712,6 +712,18 @@ def _shared_prompt_trainer(base):
     return SharedPromptGRPOTrainer
 
 
+def live_group_mask(advantages: torch.Tensor, group: int) -> torch.Tensor:
+    """Per group (rows contiguous, `group` each): whether any advantage is nonzero. A tied group's advantages are all
+    exactly 0; a NaN counts as live, so a bad reward is never dropped out of sight."""
+    return (advantages.view(-1, group) != 0).any(dim=1)
+
+
+def _loss_mask(batch: dict[str, Any]) -> torch.Tensor:
+    """The tokens the GRPO loss counts: completion tokens, less tool-call tokens when there are any."""
+    tool = batch.get("tool_mask")
+    return batch["completion_mask"] if tool is None else batch["completion_mask"] * tool
+
+
 def keep_live_groups(batch: dict[str, Any], group: int, keep: int,
                      renormalise: bool = True) -> tuple[dict[str, Any], int]:
     """Rows of the first `keep` groups of `batch` (a scored GRPO generation batch, groups contiguous) whose advantages
@@ -722,7 +734,7 @@ def keep_live_groups(batch: dict[str, Any], group: int, keep: int,
     so the step still runs (with a zero policy gradient). Returns (batch, live)."""
     adv = batch["advantages"]
     n = adv.shape[0]
-    live = (adv.view(-1, group) != 0).any(dim=1).nonzero().flatten()[:keep]
+    live = live_group_mask(adv, group).nonzero().flatten()[:keep]
     chosen = live if live.numel() else torch.zeros(1, dtype=torch.long)
     rows = (chosen[:, None] * group + torch.arange(group)).flatten()
     out: dict[str, Any] = {}
@@ -733,7 +745,7 @@ def keep_live_groups(batch: dict[str, Any], group: int, keep: int,
             out[k] = [v[i] for i in rows.tolist()]
         else:
             out[k] = v
-    mask = out["completion_mask"] if out.get("tool_mask") is None else out["completion_mask"] * out["tool_mask"]
+    mask = _loss_mask(out)
     width = int(mask.sum(0).nonzero().max()) + 1 if mask.any() else 1  # drop all-padding columns
     for k in ("completion_ids", "completion_mask", "old_per_token_logps", "sampling_per_token_logps",
               "ref_per_token_logps", "tool_mask", "importance_sampling_ratio"):
@@ -746,16 +758,12 @@ def keep_live_groups(batch: dict[str, Any], group: int, keep: int,
     return out, int(live.numel())
 
 
-# what a pruned batch must scale its loss by to equal the whole batch's: the loss types whose normaliser is not the
-# whole generation batch's token count (`num_items_in_batch`, which a pruned batch keeps) average over rows or tokens
-# of the batch they are given (TRL 1.x `GRPOTrainer._compute_loss`)
-_PRUNED_SCALE = {
-    "dapo": lambda rows, full_rows, tokens, full_tokens: 1.0,
-    "cispo": lambda rows, full_rows, tokens, full_tokens: 1.0,
-    "grpo": lambda rows, full_rows, tokens, full_tokens: rows / full_rows,  # mean over rows of per-row means
-    "dr_grpo": lambda rows, full_rows, tokens, full_tokens: rows / full_rows,  # sum / (rows x max length)
-    "bnpo": lambda rows, full_rows, tokens, full_tokens: tokens / full_tokens,  # sum / the batch's tokens
-}
+# what a pruned batch's loss is scaled by to equal the whole batch's, per TRL 1.x loss type (`GRPOTrainer.
+# _compute_loss`): None for the types normalised by the generation batch's token count (`num_items_in_batch`, which
+# a pruned batch keeps); "rows" for those averaging over the rows they are given (grpo: a mean of per-row means;
+# dr_grpo: sum / (rows x max length)); "tokens" for bnpo (sum / the given batch's tokens)
+_PRUNED_SCALE: dict[str, str | None] = {"dapo": None, "cispo": None, "grpo": "rows", "dr_grpo": "rows",
+                                        "bnpo": "tokens"}
 
 
 def prunable(trainer) -> str | None:
@@ -789,14 +797,12 @@ def _pruned_trainer(base, recipe: Recipe):
             if not self.model.training or prunable(self) is not None:
                 return batch
             n = batch["advantages"].shape[0]
-            mask = batch["completion_mask"] if batch.get("tool_mask") is None \
-                else batch["completion_mask"] * batch["tool_mask"]
             out, live = keep_live_groups(batch, group, n // group, renormalise=False)
             self._metrics["train"]["live_groups"].append(float(live))
-            kept = out["completion_mask"] if out.get("tool_mask") is None else out["completion_mask"] * out["tool_mask"]
-            # a 0-dim tensor: TRL's shuffle and split of a generation batch pass those through whole
-            out["_loss_scale"] = torch.tensor(float(_PRUNED_SCALE[self.loss_type](
-                out["advantages"].shape[0], n, float(kept.sum()), float(mask.sum().clamp(min=1)))))
+            by = _PRUNED_SCALE[self.loss_type]
+            scale = 1.0 if by is None else out["advantages"].shape[0] / n if by == "rows" \
+                else float(_loss_mask(out).sum()) / float(_loss_mask(batch).sum().clamp(min=1))
+            out["_loss_scale"] = torch.tensor(scale)  # 0-dim: TRL's shuffle and split of a batch pass it through whole
             return out
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -857,7 +863,7 @@ def _live_groups_trainer(base, recipe: Recipe):
             batch = super()._generate_and_score_completions(inputs)
             if pool is not None and self.model.training:
                 adv = batch["advantages"]
-                pool.add(inputs, (adv.view(-1, group).abs() > 0).any(dim=1).nonzero().flatten().tolist())
+                pool.add(inputs, live_group_mask(adv, group).nonzero().flatten().tolist())
                 self._metrics[split]["replayed_groups"].append(float(replayed))
             out, live = keep_live_groups(batch, group, keep)
             self._metrics[split]["live_groups"].append(float(live))
