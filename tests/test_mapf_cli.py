@@ -117,3 +117,21 @@ def test_bench_grpo_times_a_given_checkpoint_on_a_given_configs_problems(tmp_pat
     out = json.loads((tmp_path / "out" / "grpo.json").read_text())
     assert out["task"] == "math" and out["checkpoint"] == str(tmp_path / "ckpt") and out["preset"] is None
     assert not (tmp_path / "out" / "warmstart-1500-300").exists()  # the bench's own warm start was not trained
+
+
+def test_bench_ladder_noisy_warm_start_reaches_rung3_with_the_teachers_size_or_the_given_one(tmp_path, monkeypatch):
+    """`--warm noisy` hands rung 3 the noisy teacher's demonstrations and SFT steps, and an explicit `--sft-steps` or
+    `--sft-examples` wins over the teacher's. Caught: `--warm noisy` crashed with "got multiple values for keyword
+    argument 'sft_steps'" once `--sft-steps` was passed through (every documented rung-3 command of BENCHMARKS.md)."""
+    from harness.benchmarks import ladder
+
+    seen: list[dict] = []
+    monkeypatch.setattr(ladder, "rung3", lambda out, **kw: seen.append(kw) or {})
+    for extra in ([], ["--sft-steps", "300"], ["--sft-examples", "500", "--blind-share", "0.4"]):
+        res = runner.invoke(app, ["bench", "ladder", "--rungs", "3", "--warm", "noisy", "--out", str(tmp_path),
+                                  "--threads", "1", *extra])
+        assert res.exit_code == 0, res.output
+    assert [(k["sft_examples"], k["sft_steps"], k["blind_share"]) for k in seen] == [
+        (8000, 2400, 0.6), (8000, 300, 0.6), (500, 2400, 0.4)]
+    res = runner.invoke(app, ["bench", "ladder", "--rungs", "3", "--out", str(tmp_path), "--threads", "1"])
+    assert res.exit_code == 0 and not {"blind_share", "sft_steps", "sft_examples"} & set(seen[-1]), seen[-1]

@@ -535,15 +535,12 @@ def run(out: str | Path = "runs/bench-ladder", rungs: tuple[int, ...] = (1, 2, 3
     if 2 in rungs:
         res["rung2"] = rung2(seed=seed, recipe_kw=recipe_kw)
     if 3 in rungs:
-        if warm == "noisy":
-            teacher = {**NOISY_TEACHER, **({} if blind_share is None else {"blind_share": blind_share})}
-            res["rung3"] = rung3(out, budget_s=budget_s, max_steps=max_steps, preset=preset, learner=learner,
-                                 recipe_kw=recipe_kw, curve_every=curve_every, seed=seed, sft_steps=sft_steps,
-                                 anneal=anneal, **{**teacher, **({} if sft_examples is None
-                                                                 else {"sft_examples": sft_examples})})
-        else:
-            res["rung3"] = rung3(out, budget_s=budget_s, max_steps=max_steps, preset=preset, learner=learner,
-                                 recipe_kw=recipe_kw, curve_every=curve_every, seed=seed, family=family,
-                                 sft_steps=sft_steps, anneal=anneal, sft_examples=sft_examples)
+        # the noisy teacher's size unless --sft-examples / --sft-steps say otherwise (given, they win)
+        warm_kw = {**(NOISY_TEACHER if warm == "noisy" else {}),
+                   **({} if blind_share is None else {"blind_share": blind_share}),
+                   **{k: v for k, v in (("sft_steps", sft_steps), ("sft_examples", sft_examples)) if v is not None}}
+        res["rung3"] = rung3(out, budget_s=budget_s, max_steps=max_steps, preset=preset, learner=learner,
+                             recipe_kw=recipe_kw, curve_every=curve_every, seed=seed, family=family, anneal=anneal,
+                             **warm_kw)
     (out / "ladder.json").write_text(json.dumps(res, indent=1, default=float))
     return res
