@@ -117,6 +117,12 @@ class BacktestConfig(_Strict):
         "default): every further pair waits for a re-test in a later stage. Off by default: on the gameable-reward "
         "scenario's second pass (3 seeds) it cost 32% more compute and promoted the fix in none, where the first pass "
         "without it promoted it at stage 3 (BENCHMARKS.md, twenty-first session)")
+    carry_on: Literal["plan", "looks"] = Field(
+        "plan", description="the instances which checkpoint continues is decided on (`harness.results.continues_from`:"
+        " the decided arm against the stage's start on the target): plan (the default) = all `n` of them, the arms "
+        "judged on the rest after the gate stopped at an earlier look (judging only, charged; the verdicts stand); "
+        "looks = only those the verdicts used, so a winner stopped at the first look was carried on n/4 instances "
+        "(the behaviour before; BENCHMARKS.md, thirty-fifth session)")
 
 
 class SandboxConfig(_Strict):

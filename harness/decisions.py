@@ -151,6 +151,40 @@ def look_until_decided(run: Run, k: int, arms: dict[str, Any], main_files: dict[
     return out, c_eval, evals
 
 
+def judge_whole_plan(run: Run, k: int, arms: dict[str, Any], c_eval: ArmEval | Exception,
+                     evals: dict[str, ArmEval | Exception]) -> tuple[ArmEval | Exception, dict[str, ArmEval | Exception]]:
+    """The control arm and every judged candidate arm of the stage's first pair, extended to all of the stage's
+    backtest instances (`backtest.carry_on: plan`): the sequential looks stop as soon as a VERDICT is clear, but which
+    checkpoint continues (`continues_from`, via `judge_start`, `fell_below_start`, `arms_vs_start`) is a different
+    question, the arm against the stage's start, and a winner stopped at the first look was carried on a quarter of
+    the instances the run is configured to spend (seen in the demo's seeds: winners carried on 40 instances with an
+    estimate level with the start's, whose greedy test valid then fell 5-7 points). The verdicts are not revisited.
+    The extra batches are the looks the loop would have taken (`judge_more`: the same look numbers, instances and
+    sampling seeds for every arm, so the pairs stay paired; recorded, charged, read back on a resume)."""
+    if isinstance(c_eval, Exception) or run.config.backtest.carry_on != "plan":
+        return c_eval, evals
+    plan = run.config.gate.plan(run.config.backtest.n)
+    seeds = backtest_seeds(run, k)
+
+    def whole(name: str, ev: ArmEval) -> ArmEval:
+        while len(ev.seeds) < len(seeds) and (len(ev.seeds) - plan.min_n) % plan.batch == 0 \
+                and ev.seeds == seeds[: len(ev.seeds)]:
+            have = len(ev.seeds)
+            ev = ev.extend(judge_more(run, k, name, arms[name].checkpoint, seeds[have: have + plan.batch],
+                                      (have - plan.min_n) // plan.batch + 1))
+        return ev
+
+    short = {name: len(ev.seeds) for name, ev in (("control", c_eval), *evals.items())
+             if isinstance(ev, ArmEval) and len(ev.seeds) < len(seeds)}
+    if not short:
+        return c_eval, evals
+    run.event(k, "backtest", "carry_looks", f"which checkpoint continues is decided on all {len(seeds)} backtest "
+              "instances: " + ", ".join(f"{name} (judged on {n})" for name, n in short.items())
+              + " judged on the rest; the verdicts stand", key=f"{k}/carry-looks")
+    return whole("control", c_eval), {cid: whole(cid, ev) if isinstance(ev, ArmEval) else ev
+                                      for cid, ev in evals.items()}
+
+
 def stage_pairs(ev: Evidence, judge: str) -> list[Any]:
     """The PairEvidence of one recorded verdict: this stage's earlier pairs of it, then its own."""
     return prior_pairs([ev], judge)[0]

@@ -39,6 +39,7 @@ from harness.decisions import (
     arms_vs_start,
     escalate,
     fell_below_start,
+    judge_whole_plan,
     look_until_decided,
     on_learning_signal,
     runners_up,
@@ -363,6 +364,7 @@ def node_backtest(run: Run, state: State) -> State:
                           f"({cut(v.reason, 200)}); the first pair's verdict stands", key=f"{k}/second-failed/{v.candidate}")
         vs = [redone.get(v.candidate, v) for v in vs]
     vs = on_learning_signal(run, k, vs, arms, comparisons=len(cand_files))  # an env change's second route
+    c_eval, evals = judge_whole_plan(run, k, arms, c_eval, evals)  # what continues reads every planned instance
     # the STAGE's start (not the arms'): the stage's training watched only the training mix, so the target's
     # comparison covers the whole stage (its training and the arms' steps); it is what continues if no arm is carried
     start = None if isinstance(c_eval, Exception) else judge_start(run, k, state["policy"], c_eval)

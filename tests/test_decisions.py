@@ -424,3 +424,69 @@ def test_replaying_futility_on_a_recorded_run_counts_the_stops_the_saved_re_test
     assert (got["saved_pairs"], got["lost_promotions"], got["stops"][0]["lost"]) == (1, 1, ["s2c1"])
     off = replay_runs([run_dir], futility=0.0)
     assert (off["continued_tests"], off["stopped"], off["lost_promotions"]) == (2, 0, 0)
+
+
+def test_what_continues_is_decided_on_the_whole_plan_when_the_gate_stopped_at_the_first_look(run, monkeypatch):
+    """`backtest.carry_on: plan`: a candidate that wins at the first look (its verdict stands) has its arm and the
+    control judged on the rest of the stage's backtest instances, look by look with the loop's own look numbers and
+    sampling seeds (paired), recorded and read back on a resume; the carry comparison then reads all of them. Here the
+    winner solves the first look's instances and none after: on the looks alone it is above a start that solves half
+    of every look, on the whole plan below it, so its checkpoint is not carried. Caught: a carry decided on n/4
+    instances (the demo's winners carried on 40 whose greedy test valid then fell), extra looks that are not paired
+    (different sampling seeds per arm) or judged again on a resume, and `carry_on: looks` judging anything."""
+    from harness import arms as arms_mod
+    from harness.arms import backtest_seeds
+    from harness.backtest import ArmEval
+    from harness.decisions import fell_below_start, judge_whole_plan, look_until_decided
+    from harness.results import ArmLook, ArmRecord
+
+    _propose(run, "s1c1", LR, 1)
+    plan = run.config.gate.plan(run.config.backtest.n)
+    seeds = backtest_seeds(run, 1)
+    assert plan.min_n < len(seeds)
+    arms = {}
+    for name, valid in (("control", 0.0), ("s1c1", 1.0)):
+        path = write_rollouts(run.path("rollouts", f"s1-{name}.jsonl.gz"), _arm_rollouts(run, 1, valid, plan.min_n))
+        arms[name] = ArmRecord(checkpoint=str(run.path("checkpoints", f"s1-{name}")), rollouts=str(path), valid=valid)
+    ws = run.workspace()
+    [v], c_eval, evals = look_until_decided(run, 1, arms, ws.files("main"), {"s1c1": ws.files("cand/s1c1")})
+    assert v.decision == "promoted" and v.evidence.n == plan.min_n, v.reason  # stopped at the first look
+
+    calls: list[tuple[str, int, int]] = []
+
+    def fake_judge(model, tok, task, instances, judge, sampling_seed, style=None, backend="transformers"):
+        name = model.rsplit("s1-", 1)[-1]  # run.policy below hands the checkpoint path through as the "model"
+        calls.append((name, instances[0].seed, sampling_seed))
+        out = []
+        for g, inst in enumerate(instances):
+            text = MAPF.expert(inst) if name == "control" else "garbage"
+            o = MAPF.score(inst, text, MAPF.spec.shaping_model())
+            out += [Rollout(seed=inst.seed, group=g, instance=inst.model_dump(mode="json"), prompt=MAPF.prompt(inst),
+                            completion=text, valid=o.valid, optimal=o.optimal, reward=o.reward, failure=o.failure,
+                            where=o.where, metrics=o.metrics, slices=MAPF.slices(inst), tokens=1)
+                    for _ in range(judge.samples)]
+        return ArmEval.from_rollouts(out, [float(name == "control")] * len(instances), judge.samples)
+
+    monkeypatch.setattr(arms_mod, "judge_arm", fake_judge)
+    monkeypatch.setattr(run, "policy", lambda ckpt: (ckpt, None))
+    looks_only = run.config.model_copy(update={"backtest": run.config.backtest.model_copy(update={"carry_on": "looks"})})
+    monkeypatch.setattr(run, "config", looks_only)
+    assert judge_whole_plan(run, 1, arms, c_eval, evals) == (c_eval, evals) and not calls
+    monkeypatch.setattr(run, "config", looks_only.model_copy(update={"backtest": run.config.backtest.model_copy(
+        update={"carry_on": "plan"})}))
+
+    whole_c, whole = judge_whole_plan(run, 1, arms, c_eval, evals)
+    assert whole_c.seeds == seeds and whole["s1c1"].seeds == seeds
+    assert whole_c.outcomes[: plan.min_n] == c_eval.outcomes and whole["s1c1"].outcomes[: plan.min_n] == evals[
+        "s1c1"].outcomes
+    by_arm = {name: [(s, ss) for n, s, ss in calls if n == name] for name in ("control", "s1c1")}
+    assert by_arm["control"] == by_arm["s1c1"] and len(by_arm["control"]) == -(-(len(seeds) - plan.min_n) // plan.batch)
+    assert [ss for _, ss in by_arm["control"]] == [run.config.seed + 1 + 100_003 * j  # the loop's look numbers
+                                                   for j in range(1, len(by_arm["control"]) + 1)]
+    assert run.result(1, ArmLook, node="arm:s1c1:look1") is not None
+    start = ArmEval(seeds=seeds, outcomes=[0.5] * len(seeds), slices=[{}] * len(seeds))
+    assert not fell_below_start(start, evals["s1c1"]) and fell_below_start(start, whole["s1c1"])
+    n_calls = len(calls)
+    again_c, again = judge_whole_plan(run, 1, arms, c_eval, evals)  # a resume reads the recorded looks back
+    assert len(calls) == n_calls and again["s1c1"].outcomes == whole["s1c1"].outcomes and again_c.seeds == seeds
+    assert any(e["kind"] == "carry_looks" for e in run.store.events("r")), "the review shows the extra looks"
