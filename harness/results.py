@@ -193,11 +193,12 @@ def continues_from(start: str, trained: str, probe_regressed: bool, backtest: Ba
     unless the probe saw training lower the policy (then the stage's `start`). After the backtest (the next stage),
     one rule: the decided arm (the winner's, else the control arm) is carried only when its estimate on the backtest
     instances (the TARGET) is not below the judged start's (`backtest.start`, the stage's start), else that start
-    continues. A probe that regressed also keeps the start. Why the point estimate and not "beyond noise": the probe
-    watches the training MIX, so when the mix is wrong for the target a stage can lower the target a little at a time
-    (too little for one stage's n to call), and carrying by default compounds it stage after stage; choosing the
-    better of two estimates loses little when training helps (a small gain is sometimes left behind) and stops the
-    slide when it does not.
+    continues. Those estimates read every instance of the stage's plan (`backtest.carry_on: plan`,
+    `harness.decisions.judge_whole_plan`), not only the looks a verdict needed. A probe that regressed also keeps the
+    start. Why the point estimate and not "beyond noise": the probe watches the training MIX, so when the mix is wrong
+    for the target a stage can lower the target a little at a time (too little for one stage's n to call), and
+    carrying by default compounds it stage after stage; choosing the better of two estimates loses little when
+    training helps (a small gain is sometimes left behind) and stops the slide when it does not.
 
     With no winner, a candidate arm that is confidently above the stage's start on the target (its paired interval
     against the start above 0) and above the control arm's estimate continues instead (`Backtested.
