@@ -313,9 +313,11 @@ def judge_start(run: Run, k: int, ckpt: str, control: ArmEval) -> StartJudged:
     run.record_eval(k, "start", "backtest", n=len(ev.rollouts), valid=ev.valid,
                     optimal=float(np.mean([x.optimal for x in ev.rollouts])))
     reg = regression(ev.outcomes, control.outcomes, cfg.gate, np.random.default_rng([cfg.seed, k, 7]))
+    rule = cfg.backtest.carry_greedy and bool(ev.greedy) and len(control.greedy) == len(ev.greedy)
     r = StartJudged(checkpoint=ckpt, n=len(control.seeds), valid=reg.before, control_valid=reg.after,
                     change=reg.change, change_ci=[reg.ci_low, reg.ci_high], control_regressed=reg.regressed,
-                    outcomes=ev.outcomes)
+                    outcomes=ev.outcomes, greedy=list(ev.greedy), greedy_rule=rule,
+                    control_greedy_change=float(np.mean(control.greedy) - np.mean(ev.greedy)) if rule else None)
     if reg.regressed:
         run.event(k, "backtest", "regression",
                   f"the stage's training and the control arm ({cfg.backtest.arm_steps} more steps under the incumbent "
@@ -324,10 +326,13 @@ def judge_start(run: Run, k: int, ckpt: str, control: ArmEval) -> StartJudged:
                   f"n={r.n}); unless a candidate is promoted the next stage starts from {Path(ckpt).name}, not from "
                   "the control arm, and its engineer gets the finding grpo.policy_regressed", key=f"{k}/control-regression")
     elif r.control_below:
+        what = (f"estimate on the target is below the stage's start ({r.valid:.3f} -> {r.control_valid:.3f}, effect "
+                f"{reg.change:+.3f} [{reg.ci_low:+.3f}, {reg.ci_high:+.3f}], n={r.n}; within noise)") if r.change < 0 \
+            else (f"greedy estimate on the target is below the stage's start ({np.mean(r.greedy):.3f} -> "
+                  f"{np.mean(r.greedy) + r.control_greedy_change:.3f}, n={r.n}; sampled {r.valid:.3f} -> "
+                  f"{r.control_valid:.3f}; backtest.carry_greedy)")
         run.event(k, "backtest", "not_carried",
-                  f"the control arm's estimate on the target is below the stage's start ({r.valid:.3f} -> "
-                  f"{r.control_valid:.3f}, effect {reg.change:+.3f} [{reg.ci_low:+.3f}, {reg.ci_high:+.3f}], n={r.n}; "
-                  f"within noise): unless a candidate is promoted the next stage starts from {Path(ckpt).name}, not "
+                  f"the control arm's {what}: unless a candidate is promoted the next stage starts from {Path(ckpt).name}, not "
                   "from the control arm (a checkpoint is carried only when the target's estimate did not fall)",
                   key=f"{k}/control-below-start")
     run.save_result(k, r)

@@ -123,6 +123,12 @@ class BacktestConfig(_Strict):
         "judged on the rest after the gate stopped at an earlier look (judging only, charged; the verdicts stand); "
         "looks = only those the verdicts used, so a winner stopped at the first look was carried on n/4 instances "
         "(the behaviour before; BENCHMARKS.md, thirty-fifth session)")
+    carry_greedy: bool = Field(
+        True, description="a checkpoint continues only when its GREEDY estimate on the same instances is not below "
+        "the stage's start's either (the judge decodes each instance greedily once besides its samples; the test "
+        "suite is greedy). false: the sampled estimate alone, as before. On the demo's ten seeds the sampled estimate "
+        "held for carried arms whose greedy test valid fell 2-6 points (BENCHMARKS.md, thirty-sixth session). No "
+        "effect when the judge does not decode greedily")
 
 
 class SandboxConfig(_Strict):

@@ -308,12 +308,14 @@ def second_pairs(run: Run, k: int, vs: list[Verdict]) -> dict[str, str]:
 def fell_below_start(start: Any, arm: ArmEval) -> bool:
     """Is this (promoted) arm's estimate below the judged start's (the stage's start), on the instances it was judged
     on? A change can beat a collapsing control and still lower the policy: its harness is promoted, its checkpoint
-    is not carried (`harness.results.continues_from`, whose rule this is: the point estimate, not "beyond noise")."""
+    is not carried (`harness.results.continues_from`, whose rule this is: the point estimate, not "beyond noise";
+    sampled, and greedy too under `backtest.carry_greedy`)."""
     import numpy as np
 
     if start is None or len(start.outcomes) < len(arm.outcomes) or not arm.outcomes:
         return False
-    return float(np.mean(arm.outcomes)) < float(np.mean(start.outcomes[: len(arm.outcomes)]))
+    return float(np.mean(arm.outcomes)) < float(np.mean(start.outcomes[: len(arm.outcomes)])) \
+        or start.greedy_below(arm.greedy)
 
 
 def arms_vs_start(run: Run, k: int, start: Any, verdicts: list[Verdict], arms: dict[str, Any],
@@ -332,7 +334,7 @@ def arms_vs_start(run: Run, k: int, start: Any, verdicts: list[Verdict], arms: d
         reg = regression(start.outcomes[: len(ev.outcomes)], ev.outcomes, run.config.gate,
                          np.random.default_rng([run.config.seed, k, 11]))
         out.append(ArmVsStart(candidate=v.candidate, checkpoint=arm.checkpoint, change=reg.change,
-                              change_ci=[reg.ci_low, reg.ci_high]))
+                              change_ci=[reg.ci_low, reg.ci_high], greedy_below=start.greedy_below(ev.greedy)))
     return out
 
 

@@ -121,11 +121,25 @@ class StartJudged(NodeResult):
     control_regressed: bool
     outcomes: list[float] = Field(default_factory=list, description="the start's per-instance outcomes on those "
                                                                        "instances (a promoted arm is compared too)")
+    greedy: list[float] = Field(default_factory=list, description="the start's per-instance greedy outcomes on "
+                                "those instances (empty when the judge does not decode greedily)")
+    greedy_rule: bool = Field(False, description="the greedy estimate also decides what continues "
+                              "(`backtest.carry_greedy` at the time this was judged; a resume reads the same rule)")
+    control_greedy_change: float | None = Field(None, description="control arm minus start, greedy, same instances")
 
     @property
     def control_below(self) -> bool:
-        """The control arm's estimate is below the start's: it is not carried (`continues_from`)."""
-        return self.change < 0
+        """The control arm's estimate is below the start's (sampled, or greedy under `greedy_rule`): it is not
+        carried (`continues_from`)."""
+        return self.change < 0 or (self.greedy_rule and self.control_greedy_change is not None
+                                   and self.control_greedy_change < 0)
+
+    def greedy_below(self, greedy: list[float]) -> bool:
+        """Is an arm's greedy estimate below the start's on the instances it was judged on? False when the rule is
+        off or either side was not decoded greedily."""
+        if not (self.greedy_rule and greedy and len(self.greedy) >= len(greedy)):
+            return False
+        return sum(greedy) / len(greedy) < sum(self.greedy[: len(greedy)]) / len(greedy)
 
 
 class ArmVsStart(BaseModel):
@@ -136,11 +150,13 @@ class ArmVsStart(BaseModel):
     checkpoint: str
     change: float
     change_ci: list[float]
+    greedy_below: bool = Field(False, description="its greedy estimate is below the start's (`backtest.carry_greedy`)")
 
     @property
     def above(self) -> bool:
-        """Confidently above the start: its checkpoint may continue (`continues_from`), its harness is not promoted."""
-        return self.change_ci[0] > 0
+        """Confidently above the start (and, under `backtest.carry_greedy`, not below it greedily): its checkpoint
+        may continue (`continues_from`), its harness is not promoted."""
+        return self.change_ci[0] > 0 and not self.greedy_below
 
 
 class Backtested(NodeResult):
@@ -194,7 +210,9 @@ def continues_from(start: str, trained: str, probe_regressed: bool, backtest: Ba
     one rule: the decided arm (the winner's, else the control arm) is carried only when its estimate on the backtest
     instances (the TARGET) is not below the judged start's (`backtest.start`, the stage's start), else that start
     continues. Those estimates read every instance of the stage's plan (`backtest.carry_on: plan`,
-    `harness.decisions.judge_whole_plan`), not only the looks a verdict needed. A probe that regressed also keeps the
+    `harness.decisions.judge_whole_plan`), not only the looks a verdict needed; "not below" holds for the greedy
+    estimate on the same instances too (`backtest.carry_greedy`, the default: the test suite is greedy, and on the
+    demo's seeds arms whose sampled estimate held lost 2-6 points greedily). A probe that regressed also keeps the
     start. Why the point estimate and not "beyond noise": the probe watches the training MIX, so when the mix is wrong
     for the target a stage can lower the target a little at a time (too little for one stage's n to call), and
     carrying by default compounds it stage after stage; choosing the better of two estimates loses little when

@@ -438,7 +438,7 @@ def test_what_continues_is_decided_on_the_whole_plan_when_the_gate_stopped_at_th
     from harness.arms import backtest_seeds
     from harness.backtest import ArmEval
     from harness.decisions import fell_below_start, judge_whole_plan, look_until_decided
-    from harness.results import ArmLook, ArmRecord
+    from harness.results import ArmLook, ArmRecord, StartJudged
 
     _propose(run, "s1c1", LR, 1)
     plan = run.config.gate.plan(run.config.backtest.n)
@@ -484,9 +484,42 @@ def test_what_continues_is_decided_on_the_whole_plan_when_the_gate_stopped_at_th
     assert [ss for _, ss in by_arm["control"]] == [run.config.seed + 1 + 100_003 * j  # the loop's look numbers
                                                    for j in range(1, len(by_arm["control"]) + 1)]
     assert run.result(1, ArmLook, node="arm:s1c1:look1") is not None
-    start = ArmEval(seeds=seeds, outcomes=[0.5] * len(seeds), slices=[{}] * len(seeds))
+    start = StartJudged(checkpoint="start", n=len(seeds), valid=0.5, control_valid=0.5, change=0.0,
+                        change_ci=[-0.1, 0.1], control_regressed=False, outcomes=[0.5] * len(seeds))
     assert not fell_below_start(start, evals["s1c1"]) and fell_below_start(start, whole["s1c1"])
     n_calls = len(calls)
     again_c, again = judge_whole_plan(run, 1, arms, c_eval, evals)  # a resume reads the recorded looks back
     assert len(calls) == n_calls and again["s1c1"].outcomes == whole["s1c1"].outcomes and again_c.seeds == seeds
     assert any(e["kind"] == "carry_looks" for e in run.store.events("r")), "the review shows the extra looks"
+
+
+def test_the_start_judge_records_greedy_outcomes_and_keeps_a_control_whose_greedy_estimate_fell(run, monkeypatch):
+    """`arms.judge_start` under `backtest.carry_greedy` (the default): the start's greedy outcomes are recorded beside
+    its sampled ones, and a control arm level with the start on the sampled estimate but below it greedily is not
+    carried, with an event that says greedy; with the rule off the same control arm is carried, and a resume reads
+    the recorded rule back. Caught: the greedy decodes thrown away (they were, before: only the arms kept theirs)."""
+    from harness import arms as arms_mod
+    from harness.arms import judge_start
+    from harness.backtest import ArmEval
+    from harness.results import StartJudged
+
+    rolls = _arm_rollouts(run, 1, 0.5, 8)
+    control = ArmEval.from_rollouts(rolls, [0.0] * 8, run.judge.samples)  # sampled: half solved; greedy: none
+
+    def fake_judge(model, tok, task, instances, judge, sampling_seed, style=None, backend="transformers"):
+        assert [i.seed for i in instances] == control.seeds  # the control arm's instances, in order
+        return ArmEval.from_rollouts(rolls, [1.0] * 4 + [0.0] * 4, judge.samples) \
+            .model_copy(update={"seconds": 0.0, "tokens": 0})
+
+    monkeypatch.setattr(arms_mod, "judge_arm", fake_judge)
+    monkeypatch.setattr(run, "policy", lambda ckpt: (ckpt, None))
+    r = judge_start(run, 1, "ckpt/start", control)
+    assert r.change == 0.0 and r.greedy == [1.0] * 4 + [0.0] * 4 and r.greedy_rule
+    assert r.control_greedy_change == -0.5 and r.control_below
+    assert any(e["kind"] == "not_carried" and "greedy" in e["message"] for e in run.store.events("r"))
+    assert judge_start(run, 1, "ckpt/other", control) == r  # a resume reads it back, rule and all
+    off = run.config.model_copy(update={"backtest": run.config.backtest.model_copy(update={"carry_greedy": False})})
+    monkeypatch.setattr(run, "config", off)
+    r2 = judge_start(run, 2, "ckpt/start", control)
+    assert r2.greedy and not r2.greedy_rule and not r2.control_below
+    assert run.result(2, StartJudged).greedy == r2.greedy

@@ -47,7 +47,7 @@ def _old_keys(got, old):
     if not isinstance(got, dict) or not isinstance(old, dict):
         return got
     extra = {k: v for k, v in got.items() if k not in old}
-    assert all(v in ([], {}, None) for v in extra.values()), extra
+    assert all(v in ([], {}, None) or v is False for v in extra.values()), extra
     return {k: _old_keys(got[k], old[k]) for k in old if k in got}
 
 
@@ -158,3 +158,32 @@ def test_each_unpromoted_arm_is_compared_with_the_start_on_the_instances_it_was_
     assert set(got) == {"up", "flat"}
     assert got["up"].above and got["up"].checkpoint == "up-ckpt" and got["up"].change > 0.15
     assert not got["flat"].above and got["flat"].change == 0.0
+
+
+def test_a_checkpoint_whose_greedy_estimate_fell_is_not_carried_under_carry_greedy():
+    """`backtest.carry_greedy`: the control arm, a promoted arm and a confidently-above arm each continue only when their
+    greedy estimate on the stage's instances is not below the start's as well; with the rule off (or a judge that
+    decodes no greedy) the sampled estimate decides alone, as before. Would catch the greedy outcomes recorded but
+    not read, compared on misaligned instances, or read when the rule was off when the start was judged (a resume
+    must apply the rule the stage was judged under)."""
+    from harness.backtest import ArmEval
+    from harness.decisions import fell_below_start
+
+    def start(rule, control_greedy_change):
+        return StartJudged(checkpoint="start", n=4, valid=0.5, control_valid=0.5, change=0.0, change_ci=[-0.1, 0.1],
+                           control_regressed=False, outcomes=[0.5] * 4, greedy=[1.0, 1.0, 0.0, 0.0],
+                           greedy_rule=rule, control_greedy_change=control_greedy_change)
+
+    bt = Backtested(verdicts=[], control="control", start=start(True, -0.25))
+    assert bt.start.control_below and continues_from("start", "trained", False, bt) == "start"
+    assert continues_from("start", "trained", False, bt.model_copy(update={"start": start(True, 0.0)})) == "control"
+    assert continues_from("start", "trained", False, bt.model_copy(update={"start": start(False, None)})) == "control"
+    # a promoted arm: sampled level with the start, greedy below it on the instances it was judged on
+    arm = ArmEval(seeds=[0, 1], outcomes=[0.5, 0.5], slices=[{}, {}], greedy=[1.0, 0.0])
+    assert fell_below_start(start(True, 0.0), arm) and not fell_below_start(start(False, None), arm)
+    assert not fell_below_start(start(True, 0.0), arm.model_copy(update={"greedy": [1.0, 1.0]}))
+    assert not fell_below_start(start(True, 0.0), arm.model_copy(update={"greedy": []}))  # not decoded: sampled only
+    # a candidate arm confidently above the start on the sampled estimate, but below it greedily: not `above`
+    up = ArmVsStart(candidate="c", checkpoint="c-arm", change=0.1, change_ci=[0.02, 0.2], greedy_below=True)
+    assert not up.above and up.model_copy(update={"greedy_below": False}).above
+    assert start(True, 0.0).greedy_below([0.0]) and not start(True, 0.0).greedy_below([1.0, 1.0, 0.0])
