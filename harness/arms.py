@@ -332,8 +332,8 @@ def judge_start(run: Run, k: int, ckpt: str, control: ArmEval) -> StartJudged:
                   f"{np.mean(r.greedy) + r.control_greedy_change:.3f}, n={r.n}; sampled {r.valid:.3f} -> "
                   f"{r.control_valid:.3f}; backtest.carry_greedy)")
         run.event(k, "backtest", "not_carried",
-                  f"the control arm's {what}: unless a candidate is promoted the next stage starts from {Path(ckpt).name}, not "
-                  "from the control arm (a checkpoint is carried only when the target's estimate did not fall)",
+                  f"the control arm's {what}: unless a candidate is promoted the next stage starts from "
+                  f"{Path(ckpt).name}, not from the control arm (a checkpoint is carried only when the target's estimate did not fall)",
                   key=f"{k}/control-below-start")
     run.save_result(k, r)
     return r

@@ -126,9 +126,10 @@ class BacktestConfig(_Strict):
     carry_greedy: bool = Field(
         True, description="a checkpoint continues only when its GREEDY estimate on the same instances is not below "
         "the stage's start's either (the judge decodes each instance greedily once besides its samples; the test "
-        "suite is greedy). false: the sampled estimate alone, as before. On the demo's ten seeds the sampled estimate "
-        "held for carried arms whose greedy test valid fell 2-6 points (BENCHMARKS.md, thirty-sixth session). No "
-        "effect when the judge does not decode greedily")
+        "suite is greedy). false: the sampled estimate alone, as before. Added after the demo's carried arms held the "
+        "sampled estimate while greedy test valid fell 2-6 points; on those ten seeds it changed no carry (their "
+        "greedy estimate on the 160 judge instances held too: BENCHMARKS.md, thirty-sixth session). No effect when "
+        "the judge does not decode greedily")
 
 
 class SandboxConfig(_Strict):

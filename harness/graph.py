@@ -377,8 +377,9 @@ def node_backtest(run: Run, state: State) -> State:
         if v.decision == "promoted" and fell_below_start(start, evals[v.candidate]):
             fell.append(arms[v.candidate].checkpoint)
             run.event(k, "backtest", "regression", f"{v.candidate}'s arm beat the control arm but its estimate on the "
-                      "target (sampled, or greedy: backtest.carry_greedy) is below the stage's start: if it wins, its harness is promoted and its checkpoint is not "
-                      f"carried (the next stage starts from {Path(start.checkpoint).name})",
+                      "target (sampled, or greedy: backtest.carry_greedy) is below the stage's start: if it wins, its "
+                      "harness is promoted and its checkpoint is not carried (the next stage starts from "
+                      f"{Path(start.checkpoint).name})",
                       key=f"{k}/winner-regression/{v.candidate}")
     above = [] if start is None else arms_vs_start(run, k, start, vs, arms, evals)
     _finish(run, k, Backtested(verdicts=[*vs, *diag_vs], control=None if start is None else control.checkpoint,

@@ -212,7 +212,7 @@ def continues_from(start: str, trained: str, probe_regressed: bool, backtest: Ba
     continues. Those estimates read every instance of the stage's plan (`backtest.carry_on: plan`,
     `harness.decisions.judge_whole_plan`), not only the looks a verdict needed; "not below" holds for the greedy
     estimate on the same instances too (`backtest.carry_greedy`, the default: the test suite is greedy, and on the
-    demo's seeds arms whose sampled estimate held lost 2-6 points greedily). A probe that regressed also keeps the
+    demo's seeds arms whose sampled estimate held lost 2-6 points on the greedy test suite). A probe that regressed also keeps the
     start. Why the point estimate and not "beyond noise": the probe watches the training MIX, so when the mix is wrong
     for the target a stage can lower the target a little at a time (too little for one stage's n to call), and
     carrying by default compounds it stage after stage; choosing the better of two estimates loses little when
