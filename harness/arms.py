@@ -47,7 +47,7 @@ def progress_cb(run: Run, stage: int, node: str):
 def warm_start(run: Run) -> tuple[Path, int]:
     """The run's starting policy (`checkpoints/warmstart`): the config's checkpoint or a fresh preset, SFT on
     `warm_start.sft_examples` expert demonstrations of the train split under `warm_start.env` (default: the round-0
-    env); a preset's is cached across runs by settings, that env and code version (`harness.warmstart`). Returns (its
+    env; `warm_start.teacher_noise` of them from the task's imperfect teacher); a preset's is cached across runs by settings, that env and code version (`harness.warmstart`). Returns (its
     path, demonstrations used)."""
     from harness import warmstart
     from harness.threads import sft_threads
@@ -81,7 +81,7 @@ def warm_start(run: Run) -> tuple[Path, int]:
             progress=progress_cb(run, 0, "setup"), model_tok=(model, tok) if cfg.policy.checkpoint else None,
             tensorboard_dir=run.run_dir / TENSORBOARD_DIR / "s0" / "sft",
             resume_dir=run.path("checkpoints", warmstart.RESUME_DIR),
-            threads=sft_n)
+            threads=sft_n, teacher_noise=cfg.warm_start.teacher_noise)
         if hit is not None:
             run.event(0, "setup", "cache", f"warm start loaded from the cache: {hit} (same settings and code version; "
                       "`evotrainer cache clear` or EVOTRAINER_WARMSTART_CACHE=0 retrains)", path=str(hit))
@@ -91,7 +91,8 @@ def warm_start(run: Run) -> tuple[Path, int]:
             run.charge(0, "policy", "sft", seconds=m.wall_s, steps=m.steps)
     run.save(model, tok, out)
     if key and hit is None:
-        entry = warmstart.store(key, out, {"run": run.id, "sft_examples": n, "sft_steps": recipe.sft_steps})
+        entry = warmstart.store(key, out, {"run": run.id, "sft_examples": n, "sft_steps": recipe.sft_steps,
+                                           "teacher_noise": cfg.warm_start.teacher_noise})
         if entry:
             run.event(0, "setup", "cache", f"warm start cached at {entry} (a later run with the same settings loads "
                       "it; clear with `evotrainer cache clear`)", path=str(entry))

@@ -64,6 +64,11 @@ class WarmStartConfig(_Strict):
     env: dict[str, Any] | None = Field(None, description="the distribution the SFT warm start's demonstrations come "
                                        "from (the task's config model); default: the round-0 env. The warm-start "
                                        "cache keys on it, so runs that warm-start on the same env share the cache")
+    teacher_noise: float = Field(0.0, ge=0.0, lt=1.0, description="the share of the demonstrations drawn from the "
+                                 "task's imperfect teacher instead of its expert (MAPF: plans that ignore holes), "
+                                 "seeded by the run's seed: a partial warm start that samples the right behaviour "
+                                 "without preferring it, so GRPO has something to sharpen (the demo uses 0.6; "
+                                 "BENCHMARKS.md). Families without an imperfect teacher refuse a share above 0")
 
 
 class BudgetConfig(_Strict):
@@ -383,6 +388,13 @@ class RunConfig(_Strict):
             _nested("backtest.env", task.spec.config_model, self.backtest.env)
         if self.warm_start.env is not None:
             _nested("warm_start.env", task.spec.config_model, self.warm_start.env)
+        if self.warm_start.teacher_noise:
+            from harness.tasks.base import ImperfectTeacher
+
+            if not isinstance(task, ImperfectTeacher):
+                raise ValueError(f"warm_start.teacher_noise: task {self.task} has no imperfect teacher to draw "
+                                 f"{self.warm_start.teacher_noise:g} of the demonstrations from; remove the field or "
+                                 "set it to 0")
         _nested("reward", task.spec.shaping_model, self.reward)
         _nested("recipe", Recipe, self.recipe)
         if self.eval.env is not None:

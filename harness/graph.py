@@ -114,7 +114,9 @@ def node_setup(run: Run, state: State) -> State:
     if (r := run.result(0, SetUp)) is not None:
         return {"policy": r.policy, **first}
     t0 = time.time()
-    run.event(0, "setup", "node_start", "building the policy and warm-starting it on expert demonstrations")
+    noise = run.config.warm_start.teacher_noise
+    run.event(0, "setup", "node_start", "building the policy and warm-starting it on expert demonstrations"
+              + (f" ({noise:.0%} of them from the task's imperfect teacher)" if noise else ""))
     out, n = warm_start(run)
     # per-run fixed costs paid once here, not by stage 1: the report suite (and the warm start's score on it, the
     # curve's starting point) and the round-0 env statistics

@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from harness.records import RewardBatch, Rollout
@@ -56,14 +57,27 @@ def checkpoint_style(task: Task, path: str | Path, tok) -> str:
     return "chat" if has_chat_template(tok) and "chat" in task.spec.styles else task.spec.styles[0]
 
 
-def sft_pairs(task: Task, config: BaseModel, seed_list: list[int], style: str | None = None) -> list[dict[str, str]]:
-    """Expert demonstrations `{"prompt", "completion"}` on train-split seeds."""
+def sft_pairs(task: Task, config: BaseModel, seed_list: list[int], style: str | None = None,
+              teacher_noise: float = 0.0, noise_seed: int = 0) -> list[dict[str, str]]:
+    """Expert demonstrations `{"prompt", "completion"}` on train-split seeds. `teacher_noise` > 0: each comes from
+    the task's imperfect teacher (`harness.tasks.base.ImperfectTeacher`) with that probability instead, one uniform
+    draw per seed in order from `numpy.random.default_rng(noise_seed)` (reproducible); a family without one raises."""
+    from harness.tasks.base import ImperfectTeacher
+
     check_split(seed_list, "train")
     style = _style(task, style)
+    if not 0.0 <= teacher_noise < 1.0:
+        raise ValueError(f"teacher_noise {teacher_noise}: a share in [0, 1)")
+    if teacher_noise and not isinstance(task, ImperfectTeacher):
+        raise ValueError(f"teacher_noise {teacher_noise}: task {task.name!r} has no imperfect teacher (a family "
+                         "opts in with an `imperfect` method); use 0")
+    rng = np.random.default_rng(noise_seed) if teacher_noise else None
     out = []
     for s in seed_list:
         inst = task.generate(config, s)
-        out.append({"prompt": task.prompt(inst, style), "completion": task.expert(inst, style)})
+        noisy = rng is not None and rng.random() < teacher_noise
+        out.append({"prompt": task.prompt(inst, style),
+                    "completion": task.imperfect(inst, style) if noisy else task.expert(inst, style)})
     return out
 
 

@@ -120,7 +120,7 @@ def save_every(sft_steps: int) -> int:
 
 def warm_start(task: Any, preset: str, style: str, env: Any, seeds: list[int], recipe: Any, seed: int = 0,
                progress=None, cacheable: bool = True, model_tok: tuple[Any, Any] | None = None,
-               tensorboard_dir=None, resume_dir=None, threads=None):
+               tensorboard_dir=None, resume_dir=None, threads=None, teacher_noise: float = 0.0):
     """The SFT warm start of a preset model on expert demonstrations of `seeds` (train split) under `env`: loaded from
     the cache when an entry with the same key exists, else trained. Returns (model, tok, cache_hit_dir or None,
     key or None, SFTMetrics or None). `model_tok` (a model already built or loaded) is trained instead of a fresh
@@ -133,7 +133,10 @@ def warm_start(task: Any, preset: str, style: str, env: Any, seeds: list[int], r
     `threads`: the torch CPU thread count the SFT trains at (None: this process's count), set for the SFT only and
     restored after (`harness.threads.sft_threads`). It is part of the key (`trained_on`) with the device: a matrix
     product's sums split over another thread count, or run on a GPU, land differently, and 700 SFT steps grow that into
-    another warm start, so a checkpoint is reused only where it would be trained the same."""
+    another warm start, so a checkpoint is reused only where it would be trained the same.
+
+    `teacher_noise`: the share of demonstrations from the task's imperfect teacher (`policy_glue.sft_pairs`, drawn
+    with `seed`); part of the key when above 0 (a key without it is the same as before the field existed)."""
     import torch
 
     from harness.policy_glue import sft_pairs
@@ -146,13 +149,14 @@ def warm_start(task: Any, preset: str, style: str, env: Any, seeds: list[int], r
     if cacheable and model_tok is None:
         key = cache_key(task=task.name, preset=preset, style=style, seed=seed, env=env.model_dump(mode="json"),
                         seeds=list(seeds), sft_steps=recipe.sft_steps, sft_learning_rate=recipe.sft_learning_rate,
-                        sft_batch_size=recipe.sft_batch_size, trained_on=trained_on(n_threads))
+                        sft_batch_size=recipe.sft_batch_size, trained_on=trained_on(n_threads),
+                        **({"teacher_noise": teacher_noise} if teacher_noise else {}))
         hit = lookup(key)
         if hit is not None:
             model, tok = load_policy(hit)
             return model, tok, hit, key, None
     model, tok = model_tok or build_model(preset, task.spec.alphabet, words=list(task.spec.words), seed=seed)
-    pairs = sft_pairs(task, env, list(seeds), style)
+    pairs = sft_pairs(task, env, list(seeds), style, teacher_noise=teacher_noise, noise_seed=seed)
     with thread_count(n_threads):
         m = train_sft(model, tok, pairs, recipe, progress=progress, tensorboard_dir=tensorboard_dir,
                       resume_dir=resume_dir, save_every=save_every(recipe.sft_steps) if resume_dir is not None else 0)

@@ -101,6 +101,40 @@ def test_training_data_only_from_train_seeds_and_reward_sees_instance():
     assert r([x["prompt"] for x in rows], comps, instance=[x["instance"] for x in rows]) == [1.0, 0.25, 0.0]
 
 
+def test_an_imperfect_teacher_draws_its_share_of_demonstrations_reproducibly_and_a_family_without_one_refuses():
+    """`sft_pairs(teacher_noise=p)` (a run's `warm_start.teacher_noise`): on MAPF each demonstration is the hole-blind
+    plan with probability p, else the expert's; the same draws for the same seed, others for another; 0 is exactly the
+    expert's list. Would catch noise ignored, applied to every pair, not seeded, or a family without an imperfect
+    teacher silently trained on its expert alone."""
+    from harness.tasks import get_task
+    from harness.tasks.base import ImperfectTeacher
+    from harness.tasks.mapf import hole_blind
+
+    mapf = get_task("mapf")
+    assert isinstance(mapf, ImperfectTeacher) and not isinstance(TASK, ImperfectTeacher)
+    cfg = mapf.spec.config_model.model_validate({"sizes": [{"size": s, "agents": 2, "hole_ratio": 0.2}
+                                                           for s in (3, 4, 5)]})
+    sl = seeds("train", 240)
+    insts = [mapf.generate(cfg, s) for s in sl]
+    differ = [i for i, inst in enumerate(insts) if hole_blind(inst, "trace") != mapf.expert(inst, "trace")]
+    assert len(differ) > 80  # enough boards where the two teachers disagree to count the share on
+    clean = sft_pairs(mapf, cfg, sl, "trace")
+    assert all(p["completion"] == mapf.expert(i, "trace") for p, i in zip(clean, insts))
+    noisy = sft_pairs(mapf, cfg, sl, "trace", teacher_noise=0.6, noise_seed=3)
+    assert [p["prompt"] for p in noisy] == [p["prompt"] for p in clean]
+    blind = [i for i in differ if noisy[i]["completion"] == hole_blind(insts[i], "trace")]
+    share = len(blind) / len(differ)
+    assert 0.45 < share < 0.75, share  # 0.6 within about 3 standard errors at n > 80
+    assert all(noisy[i]["completion"] in (mapf.expert(insts[i], "trace"), hole_blind(insts[i], "trace"))
+               for i in range(len(sl)))
+    assert noisy == sft_pairs(mapf, cfg, sl, "trace", teacher_noise=0.6, noise_seed=3)
+    assert noisy != sft_pairs(mapf, cfg, sl, "trace", teacher_noise=0.6, noise_seed=4)
+    with pytest.raises(ValueError, match="task 'rev' has no imperfect teacher"):
+        sft_pairs(TASK, TASK.default_config(), seeds("train", 3), teacher_noise=0.5)
+    with pytest.raises(ValueError, match=r"a share in \[0, 1\)"):
+        sft_pairs(mapf, cfg, sl[:2], "trace", teacher_noise=1.0)
+
+
 def test_suite_instances_are_test_split_and_distinct():
     insts = suite_instances(TASK, "small")
     assert len(insts) == 12 and all(split_of(i.seed) == "test" for i in insts)

@@ -362,6 +362,12 @@ def test_config_typo_names_the_field(tmp_path):
         parse_config(dict(TINY, backtest={"env": bad_env["env"]}), "x.yaml")
     with pytest.raises(ConfigError, match=r"policy\.style.*'trac'.*trace, compact, chat"):
         parse_config(dict(TINY, policy={"preset": "tiny", "style": "trac"}), "x.yaml")
+    # an imperfect teacher only where the family has one; a share of 1 would leave no expert demonstration
+    assert parse_config(dict(TINY, warm_start={"teacher_noise": 0.6})).warm_start.teacher_noise == 0.6
+    with pytest.raises(ConfigError, match=r"warm_start\.teacher_noise: .*less than 1"):
+        parse_config(dict(TINY, warm_start={"teacher_noise": 1.0}), "x.yaml")
+    with pytest.raises(ConfigError, match=r"warm_start\.teacher_noise: task math has no imperfect teacher"):
+        parse_config({"task": "math", "warm_start": {"teacher_noise": 0.5}}, "x.yaml")
     assert parse_config(dict(TINY, policy={"preset": "tiny"})).style == "trace"  # char models: the task's first style
     assert parse_config(dict(TINY, policy={"checkpoint": str(tmp_path)})).style == "chat"
     (tmp_path / "evotrainer.json").write_text('{"task": "mapf", "style": "trace"}')  # one of ours: its own style

@@ -197,3 +197,37 @@ def test_the_probes_choice_is_checked_on_the_runs_own_grpo_steps(restore_threads
     assert threads.step_trial() is None  # confirmed in this process
     torch.set_num_threads(1)
     assert threads.apply_threads(cfg, MAPF)[0] == best and threads.step_trial() is None  # and at the next start
+
+
+def test_a_warm_start_from_an_imperfect_teacher_trains_on_its_draws_and_is_its_own_cache_entry(tmp_path, monkeypatch,
+                                                                                              restore_threads):
+    """`warmstart.warm_start(teacher_noise=p)` trains on the noisy demonstrations drawn with the run's seed and keys
+    the cache on p (a noiseless run must never load the noisy warm start, nor the reverse); p = 0 keeps the key it had
+    before the field existed. Would catch the share dropped on its way to the SFT or left out of the key."""
+    from harness import warmstart
+    from harness.policy_glue import sft_pairs
+    from harness.seeds import seeds
+    from policies import train
+    from policies.train import Recipe
+
+    monkeypatch.setenv("EVOTRAINER_HOME", str(tmp_path / "home"))
+    seen: list[list[dict]] = []
+    real = train.train_sft
+
+    def spy(model, tok, pairs, *a, **kw):
+        seen.append(pairs)
+        return real(model, tok, pairs, *a, **kw)
+
+    monkeypatch.setattr(train, "train_sft", spy)
+    env = MAPF.spec.config_model.model_validate({"sizes": [{"size": 4, "agents": 2, "hole_ratio": 0.3}]})
+    sl = seeds("train", 40)
+    args = (MAPF, "tiny", "trace", env, sl, Recipe(sft_steps=1, sft_batch_size=4))
+    *_, key0, _ = warmstart.warm_start(*args, seed=5, threads=1)
+    *_, key6, _ = warmstart.warm_start(*args, seed=5, threads=1, teacher_noise=0.6)
+    assert seen[0] == sft_pairs(MAPF, env, sl, "trace")
+    assert seen[1] == sft_pairs(MAPF, env, sl, "trace", teacher_noise=0.6, noise_seed=5) != seen[0]
+    assert key6 != key0
+    assert key0 == warmstart.cache_key(task="mapf", preset="tiny", style="trace", seed=5,
+                                       env=env.model_dump(mode="json"), seeds=list(sl), sft_steps=1,
+                                       sft_learning_rate=args[-1].sft_learning_rate, sft_batch_size=4,
+                                       trained_on=warmstart.trained_on(1))

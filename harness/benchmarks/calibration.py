@@ -96,7 +96,8 @@ def start_checkpoint(config, out: Path, files: dict[str, str]) -> tuple[Path, bo
 
     model, tok, hit, key, _ = warmstart.warm_start(task, config.policy.preset, config.style, env,
                                                    seeds("train", config.warm_start.sft_examples), recipe,
-                                                   seed=config.seed, progress=progress)
+                                                   seed=config.seed, progress=progress,
+                                                   teacher_noise=config.warm_start.teacher_noise)
     ckpt = out / "start"
     save_policy(model, tok, ckpt)
     if key and hit is None:

@@ -239,28 +239,21 @@ def rung2(sft_steps: int = 600, steps: int = 100, negative_control: bool = True,
 
 
 def hole_blind_plan(inst) -> str:
-    """The noisy teacher's plan: an optimal plan for the same starts and goals on the board WITHOUT its holes (a
-    planner that ignores holes), in the trace style. Valid whenever the holes happen not to lie on its paths."""
-    from harness.tasks.mapf import format_plan
-    from harness.tasks.mapf_cbs import solve
+    """The noisy teacher's plan in the trace style (`harness.tasks.mapf.hole_blind`: an optimal plan on the board
+    WITHOUT its holes)."""
+    from harness.tasks.mapf import hole_blind
 
-    n = inst.size
-    sol = solve(n, np.ones(n * n, dtype=bool), [r * n + c for r, c in inst.starts],
-                [r * n + c for r, c in inst.goals], check_wait=False)
-    return format_plan(sol.moves, "trace", inst.starts)
+    return hole_blind(inst, "trace")
 
 
 def noisy_teacher_pairs(task, cfg, seed_list: list[int], blind_share: float, seed: int = 0) -> list[dict[str, str]]:
     """SFT demonstrations from a noisy teacher: each is the hole-blind plan with probability `blind_share`, else the
     expert's. The rung-2 toy's recipe applied to MAPF: a policy that has seen the right behaviour often enough to
-    sample it, and the wrong one more often, so the gap is one a reward can close without new capacity."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for s in seed_list:
-        inst = task.generate(cfg, s)
-        comp = hole_blind_plan(inst) if rng.random() < blind_share else task.expert(inst, "trace")
-        out.append({"prompt": task.prompt(inst, "trace"), "completion": comp})
-    return out
+    sample it, and the wrong one more often, so the gap is one a reward can close without new capacity. The same
+    draws as a run's `warm_start.teacher_noise` (`harness.policy_glue.sft_pairs`)."""
+    from harness.policy_glue import sft_pairs
+
+    return sft_pairs(task, cfg, seed_list, "trace", teacher_noise=blind_share, noise_seed=seed)
 
 
 # the noisy-teacher warm start of rung 3 (`--warm noisy`): 8000 demonstrations, 60% from the hole-blind planner (rung

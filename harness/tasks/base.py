@@ -130,6 +130,17 @@ class VetConfigs(Protocol):
 
 
 @runtime_checkable
+class ImperfectTeacher(Protocol):
+    """A plausible teacher that is sometimes wrong in a way the task's reward can train out (MAPF: a plan that ignores
+    the board's holes). A run's `warm_start.teacher_noise` draws that share of its SFT demonstrations from it
+    (`harness.policy_glue.sft_pairs`), so the warm start samples the right behaviour often enough for GRPO to find it
+    but does not yet prefer it: a partial policy with reach, where an undertrained expert SFT is partial without it
+    (BENCHMARKS.md, rung 3 and the demo). `imperfect` returns the completion in `style`, like `expert`."""
+
+    def imperfect(self, instance: Instance, style: str = ...) -> str: ...
+
+
+@runtime_checkable
 class Mixture(Protocol):
     """The generator config is a weighted mixture along the task's difficulty slice (`TaskSpec.difficulty_slice`):
     one entry per slice value with its share of the instances. `mixture` reads the weights ({slice value: weight}, as

@@ -461,6 +461,18 @@ def expert(inst: MAPFInstance, style: str = "compact") -> str:
     return format_plan(inst.plan, style, inst.starts)
 
 
+def hole_blind(inst: MAPFInstance, style: str = "compact") -> str:
+    """The imperfect teacher's plan (`ImperfectTeacher`): an optimal plan for the same starts and goals on the board
+    WITHOUT its holes, a planner that ignores holes. Valid whenever the holes happen not to lie on its paths; where
+    they do, the reward (validity) tells it from the expert's."""
+    from harness.tasks.mapf_cbs import solve
+
+    n = inst.size
+    sol = solve(n, np.ones(n * n, dtype=bool), [r * n + c for r, c in inst.starts],
+                [r * n + c for r, c in inst.goals], check_wait=False)
+    return format_plan(sol.moves, style, inst.starts)
+
+
 _LINE = re.compile(r"^(?:agent\s*)?([a-z])\s*[:=]\s*(.*)$", re.IGNORECASE | re.ASCII)
 _TRACE_CELL = re.compile(r"(?<=[UDLRW])\s*\(?\s*-?\d+\s*,\s*-?\d+\s*\)?", re.IGNORECASE)
 _WORD = {"UP": "U", "DOWN": "D", "LEFT": "L", "RIGHT": "R", "WAIT": "W", "STAY": "W"}
@@ -748,6 +760,9 @@ class MAPFTask:
 
     def expert(self, instance: MAPFInstance, style: str = "compact") -> str:
         return expert(instance, style)
+
+    def imperfect(self, instance: MAPFInstance, style: str = "compact") -> str:
+        return hole_blind(instance, style)
 
     def score(self, instance: MAPFInstance, completion: str, shaping: MAPFShaping | None = None) -> Outcome:
         return score(instance, completion, shaping)
