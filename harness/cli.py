@@ -499,7 +499,9 @@ def bench_ladder(
                                                     "learning rate anneals over the budget's seconds)")] = 1500,
     out: Annotated[Path, typer.Option(help="work dir (rung-3 warm start cached here, ladder.json)")] = Path(
         "runs/bench-ladder"),
-    threads: Annotated[int, typer.Option(min=1, help="torch CPU threads")] = 2,
+    threads: Annotated[str, typer.Option(help="torch CPU threads: a number, or auto (the count a run of rung 3's "
+                                              "model uses on this host: measured once, cached; on a 2-vCPU host "
+                                              "a second thread made rung 3's step 2.2x slower, BENCHMARKS.md)")] = "auto",
     preset: Annotated[str, typer.Option(help="rung 3: model preset, tiny (1.1M) or small (6.4M)")] = "tiny",
     warm: Annotated[str, typer.Option(help="rung 3's partial warm start: undertrained (few SFT steps on expert "
                                            "plans) or noisy (trained to convergence on a teacher whose plans ignore "
@@ -574,7 +576,10 @@ def bench_ladder(
         fail("--seed picks rung 2's or rung 3's seed; add 2 or 3 to --rungs or drop --seed")
     if (sft_steps is not None or sft_examples is not None or not anneal) and 3 not in want:
         fail("--sft-steps, --sft-examples and --no-anneal change rung 3; add 3 to --rungs or drop them")
-    res = ladder(out=out, rungs=want, budget_s=budget, threads=threads, max_steps=max_steps, preset=preset, warm=warm,
+    if threads != "auto" and not (threads.isdigit() and int(threads) >= 1):
+        fail(f"--threads {threads!r}: a number of threads (1 or more) or auto")
+    res = ladder(out=out, rungs=want, budget_s=budget, threads=threads if threads == "auto" else int(threads),
+                 max_steps=max_steps, preset=preset, warm=warm,
                  blind_share=blind_share, learner=learner, recipe_kw=recipe_kw, curve_every=curve_every, seed=seed,
                  family=task, sft_steps=sft_steps, anneal=anneal, sft_examples=sft_examples)
     if not all(r["passed"] for r in res.values() if "passed" in r):  # the sft reference passes or fails nothing

@@ -177,6 +177,29 @@ def apply_threads(run_config: Any, task: Any) -> tuple[int, str]:
     return best, why
 
 
+def auto_for_model(model: Any) -> tuple[int, str]:
+    """`auto` for a model already built outside a run (the benches: `bench ladder --threads auto`): the count a run of
+    this model's shape uses on this host (the same cache entry and measurement as `apply_threads`), set on this
+    process; (threads, why)."""
+    import torch
+
+    from policies import cpu_threads
+
+    if torch.cuda.is_available():
+        return torch.get_num_threads(), "a GPU trains: torch's default"
+    n_cores = cores()
+    if n_cores <= 1:
+        cpu_threads(1)
+        return 1, "one core"
+    sig, params = _shape(model.config)
+    if params > AUTO_MAX_PARAMS:
+        return torch.get_num_threads(), f"torch's default (a {params / 1e6:.0f}M-parameter model uses every core)"
+    best, why = _choice(f"{host_key()}|{sig}", lambda: time_threads_for(model, options(n_cores)), "probe step",
+                        "this model shape")
+    cpu_threads(best)
+    return best, why
+
+
 # --- the choice checked on the run's own GRPO steps ------------------------------------------------------------------
 
 _UNCONFIRMED: str | None = None  # the cache key of this process's probe-based choice, until real steps confirm it

@@ -135,3 +135,5 @@ def test_bench_ladder_noisy_warm_start_reaches_rung3_with_the_teachers_size_or_t
         (8000, 2400, 0.6), (8000, 300, 0.6), (500, 2400, 0.4)]
     res = runner.invoke(app, ["bench", "ladder", "--rungs", "3", "--out", str(tmp_path), "--threads", "1"])
     assert res.exit_code == 0 and not {"blind_share", "sft_steps", "sft_examples"} & set(seen[-1]), seen[-1]
+    res = runner.invoke(app, ["bench", "ladder", "--rungs", "3", "--out", str(tmp_path), "--threads", "two"])
+    assert res.exit_code == 2 and "--threads 'two': a number of threads (1 or more) or auto" in res.output

@@ -231,3 +231,26 @@ def test_a_warm_start_from_an_imperfect_teacher_trains_on_its_draws_and_is_its_o
                                        env=env.model_dump(mode="json"), seeds=list(sl), sft_steps=1,
                                        sft_learning_rate=args[-1].sft_learning_rate, sft_batch_size=4,
                                        trained_on=warmstart.trained_on(1))
+
+
+def test_a_bench_reads_and_writes_the_runs_choice_for_its_models_shape(restore_threads, monkeypatch):
+    """`auto_for_model` (what `bench ladder --threads auto` uses) picks from the same cache entry a run of that model
+    shape uses on this host, measured once, and sets it on the process. Would catch a bench that measures into
+    another key (a run and the bench disagreeing on one host) or that leaves torch's count unset."""
+    from harness import threads
+    from policies.model import build_model
+
+    cfg = parse_config(TINY, "test")
+    n, _ = threads.apply_threads(cfg, MAPF)  # a run measures and caches its shape's count
+
+    def no_timing(*a, **k):
+        raise AssertionError("measured again although the cache holds this host and shape")
+
+    monkeypatch.setattr(threads, "time_threads_for", no_timing)
+    torch.set_num_threads(max(1, 3 - n))
+    model, _ = build_model("tiny", MAPF.spec.alphabet, words=list(MAPF.spec.words))
+    got, why = threads.auto_for_model(model)
+    assert got == n == torch.get_num_threads() and "measured on this host" in why
+    small, _ = build_model("small", MAPF.spec.alphabet, words=list(MAPF.spec.words))
+    with pytest.raises(AssertionError, match="measured again"):  # another shape is its own entry
+        threads.auto_for_model(small)

@@ -514,12 +514,21 @@ def rung3(out: Path, budget_s: float = 600.0, max_steps: int = 1500, sft_example
 
 
 def run(out: str | Path = "runs/bench-ladder", rungs: tuple[int, ...] = (1, 2, 3), budget_s: float = 600.0,
-        threads: int = 2, max_steps: int = 1500, preset: str = "tiny", warm: str = "undertrained",
+        threads: int | str = "auto", max_steps: int = 1500, preset: str = "tiny", warm: str = "undertrained",
         blind_share: float | None = None, learner: str = "grpo",
         recipe_kw: dict[str, Any] | None = None, curve_every: float | None = None, seed: int = 0,
         family: str = "mapf", sft_steps: int | None = None, anneal: bool = True,
         sft_examples: int | None = None) -> dict[str, Any]:
-    cpu_threads(threads)
+    if threads == "auto":  # the count a run of rung 3's model uses on this host (harness.threads)
+        from harness.tasks import get_task
+        from harness.threads import auto_for_model
+        from policies.model import build_model
+
+        spec = get_task(family).spec
+        threads, why = auto_for_model(build_model(preset, spec.alphabet, words=list(spec.words))[0])
+        _say("threads", f"{threads} ({why})")
+    else:
+        cpu_threads(int(threads))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     res: dict[str, Any] = {}
