@@ -138,6 +138,20 @@ def _measurement_model(run_config: Any, task: Any):
     return (sig, lambda: model), None
 
 
+def _nothing_to_measure() -> tuple[int, str] | None:
+    """(threads, why) where `auto` has nothing to measure: a GPU trains (torch's default) or one core (1, set)."""
+    import torch
+
+    from policies import cpu_threads
+
+    if torch.cuda.is_available():
+        return torch.get_num_threads(), "a GPU trains: torch's default"
+    if cores() <= 1:
+        cpu_threads(1)
+        return 1, "one core"
+    return None
+
+
 def apply_threads(run_config: Any, task: Any) -> tuple[int, str]:
     """Set this process's torch threads from `scale.threads`; returns (threads, why) for the run's log."""
     import torch
@@ -160,12 +174,9 @@ def apply_threads(run_config: Any, task: Any) -> tuple[int, str]:
             raise ValueError(f"{source} must be at least 1, not {n}")
         cpu_threads(n)
         return n, source
-    if torch.cuda.is_available():
-        return torch.get_num_threads(), "a GPU trains: torch's default"
+    if (fixed := _nothing_to_measure()) is not None:
+        return fixed
     n_cores = cores()
-    if n_cores <= 1:
-        cpu_threads(1)
-        return 1, "one core"
     made, why = _measurement_model(run_config, task)
     if made is None:
         return torch.get_num_threads(), f"torch's default ({why})"
@@ -185,12 +196,9 @@ def auto_for_model(model: Any) -> tuple[int, str]:
 
     from policies import cpu_threads
 
-    if torch.cuda.is_available():
-        return torch.get_num_threads(), "a GPU trains: torch's default"
+    if (fixed := _nothing_to_measure()) is not None:
+        return fixed
     n_cores = cores()
-    if n_cores <= 1:
-        cpu_threads(1)
-        return 1, "one core"
     sig, params = _shape(model.config)
     if params > AUTO_MAX_PARAMS:
         return torch.get_num_threads(), f"torch's default (a {params / 1e6:.0f}M-parameter model uses every core)"
