@@ -47,8 +47,8 @@ def progress_cb(run: Run, stage: int, node: str):
 def warm_start(run: Run) -> tuple[Path, int]:
     """The run's starting policy (`checkpoints/warmstart`): the config's checkpoint or a fresh preset, SFT on
     `warm_start.sft_examples` expert demonstrations of the train split under `warm_start.env` (default: the round-0
-    env; `warm_start.teacher_noise` of them from the task's imperfect teacher); a preset's is cached across runs by settings, that env and code version (`harness.warmstart`). Returns (its
-    path, demonstrations used)."""
+    env; a `warm_start.teacher_noise` share of them from the task's imperfect teacher); a preset's is cached across
+    runs by settings, that env and code version (`harness.warmstart`). Returns (its path, demonstrations used)."""
     from harness import warmstart
     from harness.threads import sft_threads
     from policies.model import build_model

@@ -67,8 +67,9 @@ class WarmStartConfig(_Strict):
     teacher_noise: float = Field(0.0, ge=0.0, lt=1.0, description="the share of the demonstrations drawn from the "
                                  "task's imperfect teacher instead of its expert (MAPF: plans that ignore holes), "
                                  "seeded by the run's seed: a partial warm start that samples the right behaviour "
-                                 "without preferring it, so GRPO has something to sharpen (the demo uses 0.6; "
-                                 "BENCHMARKS.md). Families without an imperfect teacher refuse a share above 0")
+                                 "without preferring it, so GRPO has something to sharpen (0.6 tried as the demo's: "
+                                 "BENCHMARKS.md, thirty-seventh session). Families without an imperfect teacher "
+                                 "refuse a share above 0")
 
 
 class BudgetConfig(_Strict):
