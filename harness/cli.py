@@ -499,9 +499,12 @@ def bench_ladder(
                                                     "learning rate anneals over the budget's seconds)")] = 1500,
     out: Annotated[Path, typer.Option(help="work dir (rung-3 warm start cached here, ladder.json)")] = Path(
         "runs/bench-ladder"),
-    threads: Annotated[str, typer.Option(help="torch CPU threads: a number, or auto (the count a run of rung 3's "
-                                              "model uses on this host: measured once, cached; on a 2-vCPU host "
-                                              "a second thread made rung 3's step 2.2x slower, BENCHMARKS.md)")] = "auto",
+    threads: Annotated[str, typer.Option(help="torch CPU threads: a number, or auto (the count runs of rung 3's "
+                                              "model use on this host: the runs' probe, measured once and cached). "
+                                              "Default 1: rung 3's budget is CPU-minutes, and on a 2-vCPU host a "
+                                              "second thread made its step 2.2x slower while the probe, a "
+                                              "training-heavy step, chose 2 in one of two readings "
+                                              "(BENCHMARKS.md)")] = "1",
     preset: Annotated[str, typer.Option(help="rung 3: model preset, tiny (1.1M) or small (6.4M)")] = "tiny",
     warm: Annotated[str, typer.Option(help="rung 3's partial warm start: undertrained (few SFT steps on expert "
                                            "plans) or noisy (trained to convergence on a teacher whose plans ignore "

@@ -514,7 +514,7 @@ def rung3(out: Path, budget_s: float = 600.0, max_steps: int = 1500, sft_example
 
 
 def run(out: str | Path = "runs/bench-ladder", rungs: tuple[int, ...] = (1, 2, 3), budget_s: float = 600.0,
-        threads: int | str = "auto", max_steps: int = 1500, preset: str = "tiny", warm: str = "undertrained",
+        threads: int | str = 1, max_steps: int = 1500, preset: str = "tiny", warm: str = "undertrained",
         blind_share: float | None = None, learner: str = "grpo",
         recipe_kw: dict[str, Any] | None = None, curve_every: float | None = None, seed: int = 0,
         family: str = "mapf", sft_steps: int | None = None, anneal: bool = True,
@@ -529,6 +529,7 @@ def run(out: str | Path = "runs/bench-ladder", rungs: tuple[int, ...] = (1, 2, 3
         _say("threads", f"{threads} ({why})")
     else:
         cpu_threads(int(threads))
+        _say("threads", int(threads))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     res: dict[str, Any] = {}
