@@ -29,9 +29,17 @@ def test_the_noisy_teacher_ignores_holes_and_nothing_else():
     come from it. Caught: a blind planner that also broke conflicts or the format (a different habit to unlearn)."""
     import collections
 
-    from harness.benchmarks.ladder import RUNG3_ENV, hole_blind_plan, noisy_teacher_pairs
+    from harness.benchmarks.ladder import RUNG3_ENV
+    from harness.policy_glue import sft_pairs
     from harness.seeds import seeds
     from harness.tasks import get_task, score_all
+    from harness.tasks.mapf import hole_blind
+
+    def hole_blind_plan(inst):
+        return hole_blind(inst, "trace")
+
+    def noisy_teacher_pairs(task, cfg, seed_list, blind_share):
+        return sft_pairs(task, cfg, seed_list, "trace", teacher_noise=blind_share)
 
     task = get_task("mapf")
     cfg = task.spec.config_model.model_validate(RUNG3_ENV)

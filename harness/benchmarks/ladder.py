@@ -238,24 +238,6 @@ def rung2(sft_steps: int = 600, steps: int = 100, negative_control: bool = True,
 # --- rung 3: MAPF -----------------------------------------------------------------------------------------------------
 
 
-def hole_blind_plan(inst) -> str:
-    """The noisy teacher's plan in the trace style (`harness.tasks.mapf.hole_blind`: an optimal plan on the board
-    WITHOUT its holes)."""
-    from harness.tasks.mapf import hole_blind
-
-    return hole_blind(inst, "trace")
-
-
-def noisy_teacher_pairs(task, cfg, seed_list: list[int], blind_share: float, seed: int = 0) -> list[dict[str, str]]:
-    """SFT demonstrations from a noisy teacher: each is the hole-blind plan with probability `blind_share`, else the
-    expert's. The rung-2 toy's recipe applied to MAPF: a policy that has seen the right behaviour often enough to
-    sample it, and the wrong one more often, so the gap is one a reward can close without new capacity. The same
-    draws as a run's `warm_start.teacher_noise` (`harness.policy_glue.sft_pairs`)."""
-    from harness.policy_glue import sft_pairs
-
-    return sft_pairs(task, cfg, seed_list, "trace", teacher_noise=blind_share, noise_seed=seed)
-
-
 # the noisy-teacher warm start of rung 3 (`--warm noisy`): 8000 demonstrations, 60% from the hole-blind planner (rung
 # 2's 60/40 split), trained to convergence (2400 SFT steps): 27.3% greedy valid on the 300 boards, pass@16 at T 1 56%.
 # `--blind-share 0.8` (25.3% greedy, pass@16 45%) leaves GRPO less to sharpen (BENCHMARKS.md, rung 3 fourth session)
@@ -285,8 +267,9 @@ def partial_warm_start(out: Path, family: str = "mapf", sft_examples: int | None
     cfg = task.spec.config_model.model_validate(fam.warm_env or fam.env)
     model, tok = build_model(preset, task.spec.alphabet, words=list(task.spec.words))
     seed_list = seeds("train", sft_examples)
-    pairs = (noisy_teacher_pairs(task, cfg, seed_list, blind_share) if blind_share
-             else sft_pairs(task, cfg, seed_list, task.spec.styles[0]))
+    # blind_share > 0: the noisy teacher, MAPF's imperfect teacher (`harness.tasks.mapf.hole_blind`), as a run's
+    # `warm_start.teacher_noise` draws it
+    pairs = sft_pairs(task, cfg, seed_list, task.spec.styles[0], teacher_noise=blind_share)
     train_sft(model, tok, pairs, Recipe(sft_steps=sft_steps))
     save_policy(model, tok, ck)
     return load_policy(ck)
