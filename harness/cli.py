@@ -406,7 +406,9 @@ def bench_grpo(
     recipe: Annotated[str, typer.Option(help="GRPO recipe: demo (examples/mapf_quick.yaml) or rung3")] = "demo",
     steps: Annotated[int, typer.Option(min=1, help="timed GRPO steps per run (one warm-up step is added)")] = 8,
     repeats: Annotated[int, typer.Option(min=1, help="interleaved (reference, fast) pairs")] = 3,
-    threads: Annotated[int, typer.Option(min=1, help="torch CPU threads")] = 2,
+    threads: Annotated[int, typer.Option(min=1, help="torch CPU threads, both paths alike. Default 1: on every "
+                                              "2-core host measured (BENCHMARKS.md) one thread ran the fast path's "
+                                              "step faster than two, and the ratios on record are at 1")] = 1,
     sft_steps: Annotated[int, typer.Option(min=1, help="SFT steps of the partial warm start (cached in --out)")] = 300,
     reference: Annotated[bool, typer.Option(help="also run today's path (the reference) for speedup_vs_reference")] = True,
     out: Annotated[Path, typer.Option(help="work dir (warm start cache, grpo.json)")] = Path("runs/bench-grpo"),
@@ -500,10 +502,9 @@ def bench_ladder(
     out: Annotated[Path, typer.Option(help="work dir (rung-3 warm start cached here, ladder.json)")] = Path(
         "runs/bench-ladder"),
     threads: Annotated[str, typer.Option(help="torch CPU threads: a number, or auto (the count runs of rung 3's "
-                                              "model use on this host: the runs' probe, measured once and cached). "
-                                              "Default 1: rung 3's budget is CPU-minutes, and on a 2-vCPU host a "
-                                              "second thread made its step 2.2x slower while the probe, a "
-                                              "training-heavy step, chose 2 in one of two readings "
+                                              "model and step use on this host: the runs' probe, measured once and "
+                                              "cached). Default 1: rung 3's budget is CPU-minutes, and on the 2-vCPU "
+                                              "hosts measured a second thread made its step about 2x slower "
                                               "(BENCHMARKS.md)")] = "1",
     preset: Annotated[str, typer.Option(help="rung 3: model preset, tiny (1.1M) or small (6.4M)")] = "tiny",
     warm: Annotated[str, typer.Option(help="rung 3's partial warm start: undertrained (few SFT steps on expert "

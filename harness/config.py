@@ -161,8 +161,9 @@ class ScaleConfig(_Strict):
                              "(killed, out of memory); an arm that raises is not retried: its decision fails")
     threads: Literal["auto", "default"] | int = Field(
         "auto", description="torch CPU threads of the run process (its training, probes and judging; Ray arms use "
-        "arm_resources.num_cpus): a number; 'default' leaves torch's; 'auto' measures 1, 2, 4, ... threads on the "
-        "run's model shape once per host and keeps the fastest (cached in $EVOTRAINER_HOME/threads.json). The "
+        "arm_resources.num_cpus): a number; 'default' leaves torch's; 'auto' times the run's GRPO step (its decoding "
+        "and loss at the round-0 recipe's batch and the task's token lengths) at 1, 2, 4, ... threads once per host, "
+        "model and step shape and keeps the fastest (cached in $EVOTRAINER_HOME/threads.json). The "
         "environment variable EVOTRAINER_THREADS overrides it")
 
     @field_validator("threads")

@@ -106,6 +106,19 @@ def fit_budget(config: RunConfig, judge: Any, budget: int) -> tuple[Any, list[st
     return judge, notes
 
 
+def template_files() -> dict[str, str]:
+    """The starting harness as {path: text} (what `Workspace.files('main')` returns for a fresh run)."""
+    from sandbox.workspace import TEMPLATE_DIR
+
+    return {str(p.relative_to(TEMPLATE_DIR)): p.read_text(encoding="utf-8") for p in sorted(TEMPLATE_DIR.rglob("*"))
+            if p.is_file() and "__pycache__" not in p.parts}
+
+
+def round0_files(config: RunConfig) -> dict[str, str]:
+    """A run config's whole round-0 harness as {path: text}: the template with the config's overrides written in."""
+    return {**template_files(), **initial_files(config)}
+
+
 def initial_files(config: RunConfig) -> dict[str, str]:
     """The round-0 harness: the template, with the run config's env / recipe / reward overrides written in."""
     from sandbox.workspace import TEMPLATE_DIR

@@ -6,13 +6,14 @@ arithmetic does not depend on the host's measurement).
     n, why = apply_threads(run.config, run.task)     # at every start and resume of a run, before anything trains
     n, why = sft_threads(run.config, run.task)      # the SFT warm start's own count (None: the run's), fixed
 
-`auto` times the step's shapes (`policies.threads.time_threads`: a forward+backward and a decoding run over a
-GRPO-sized batch) at 1, 2, 4, ... threads up to the cores this process may use, on a randomly initialised model of the
-run's architecture (10-20 s for the tiny preset on 2 cores), and keeps the fewest threads that no larger count beats
-by more than MARGIN (`pick`); a later run on the same host with the same model shape and torch version
-reads the cache. Why: for the project's small models the best count depends on the host (one thread about twice as
-fast as two on this AMD host for the tiny preset, two faster on the Intel host of earlier sessions), and torch's
-default (every core) was the slow one here. Models above AUTO_MAX_PARAMS, and runs on a GPU, keep torch's default.
+`auto` times the run's GRPO step (`policies.threads.time_step`: the prefill, compact decoding and shared-prompt
+loss forward and backward the step runs, at its shapes: `step_shape`, from the round-0 recipe's batch and the
+expert answers' token lengths on a few round-0 instances) at 1, 2, 4, ... threads up to the cores this process may
+use, on a randomly initialised model of the run's architecture (about 10 s for the tiny preset on 2 cores), and keeps
+the fewest threads that no larger count beats by more than MARGIN (`pick`); a later run on the same host with the
+same model shape, step shape and torch version reads the cache. Why: for the project's small models the best count
+depends on the host (one thread about twice as fast as two on an AMD host for the tiny preset, two faster on the
+Intel host of earlier sessions), and torch's default (every core) was the slow one there. Models above AUTO_MAX_PARAMS, and runs on a GPU, keep torch's default.
 Arms on Ray use their own `arm_resources.num_cpus` threads, as before. The SFT warm start is not measured: under
 auto it trains on SFT_AUTO_THREADS (at most the cores; `sft_threads`), because its weights, which the warm-start cache
 keeps across runs, depend on the thread count; then the run's count is restored. The probe's choice is then checked
@@ -115,11 +116,11 @@ def _shape(config: Any) -> tuple[str, int]:
 
 
 def _measurement_model(run_config: Any, task: Any):
-    """A model of the run's architecture with random weights (cheap at the sizes `auto` measures), or None with the
-    reason when `auto` keeps torch's default."""
+    """((a signature of the model's shape, a builder of a model of the run's architecture with random weights: cheap
+    at the sizes `auto` measures), the run's tokenizer), or (None, the reason `auto` keeps torch's default)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from policies.model import build_model
+    from policies.model import build_model, load_tokenizer
 
     pol = run_config.policy
     if pol.checkpoint:
@@ -130,12 +131,57 @@ def _measurement_model(run_config: Any, task: Any):
         sig, params = _shape(cfg)
         if params > AUTO_MAX_PARAMS:
             return None, f"a {params / 1e6:.0f}M-parameter model uses every core"
-        return (sig, lambda: AutoModelForCausalLM.from_config(cfg)), None
-    model, _ = build_model(pol.preset, task.spec.alphabet, words=list(task.spec.words))
+        try:
+            tok = load_tokenizer(pol.checkpoint)
+        except Exception as exc:  # noqa: BLE001 - as above
+            return None, f"its tokenizer could not be read ({type(exc).__name__})"
+        return (sig, lambda: AutoModelForCausalLM.from_config(cfg), tok), None
+    model, tok = build_model(pol.preset, task.spec.alphabet, words=list(task.spec.words))
     sig, params = _shape(model.config)
     if params > AUTO_MAX_PARAMS:
         return None, f"a {params / 1e6:.0f}M-parameter model uses every core"
-    return (sig, lambda: model), None
+    return (sig, lambda: model, tok), None
+
+
+SHAPE_INSTANCES = 16  # round-0 instances whose prompts and expert answers give the probe's token lengths
+DEFAULT_LENGTHS = (64, 32)  # (prompt, completion) tokens when the task cannot say (its instances failed to generate)
+
+
+def _round8(x: float) -> int:
+    return max(8, 8 * round(x / 8))
+
+
+def step_shape(task: Any, env: Any, recipe: Any, tok: Any, style: str) -> tuple[Any, str | None]:
+    """(the `policies.threads.StepShape` of a GRPO step under `recipe` on `env`'s instances, a note when the lengths
+    are a default). Rows from the recipe (prompts_per_step x num_generations decoded, batch_size trained); token
+    lengths from the prompts and expert answers of SHAPE_INSTANCES train-split instances (a warm-started policy
+    answers about as long as its teacher), completions capped at the recipe's budget, both rounded to a multiple of 8
+    so a small change of board or problem mix reads the same cache entry."""
+    from harness.policy_glue import sft_pairs
+    from harness.seeds import seeds
+    from policies.model import format_prompt
+    from policies.threads import StepShape
+
+    note = None
+    try:
+        pairs = sft_pairs(task, env, seeds("train", SHAPE_INSTANCES), style)
+        prompt = sum(len(tok(format_prompt(tok, x["prompt"]))["input_ids"]) for x in pairs) / len(pairs)
+        answer = sum(len(tok(x["completion"])["input_ids"]) + 1 for x in pairs) / len(pairs)  # + its end token
+    except Exception as exc:  # noqa: BLE001 - the run's own generation reports a broken generator where it matters
+        prompt, answer = DEFAULT_LENGTHS
+        note = f"token lengths a default {DEFAULT_LENGTHS} ({type(exc).__name__} on the round-0 instances)"
+    rows = recipe.prompts_per_step * recipe.num_generations
+    return StepShape(prompts=recipe.prompts_per_step, rows=rows, loss_rows=recipe.batch_size,
+                     prompt_len=_round8(prompt),
+                     completion_len=min(_round8(answer), recipe.max_completion_length)), note
+
+
+def _run_step_shape(run_config: Any, task: Any, tok: Any) -> tuple[Any, str | None]:
+    """`step_shape` of the run's round-0 harness (its env and recipe, as the first stage trains on them)."""
+    from harness.round0 import harness_models, round0_files
+
+    env, recipe, _ = harness_models(round0_files(run_config), task)
+    return step_shape(task, env, recipe, tok, run_config.style)
 
 
 def _nothing_to_measure() -> tuple[int, str] | None:
@@ -180,18 +226,22 @@ def apply_threads(run_config: Any, task: Any) -> tuple[int, str]:
     made, why = _measurement_model(run_config, task)
     if made is None:
         return torch.get_num_threads(), f"torch's default ({why})"
-    sig, build = made
-    key = f"{host_key()}|{sig}"
-    best, why = _choice(key, lambda: time_threads_for(build(), options(n_cores)), "probe step", "this model shape")
+    sig, build, tok = made
+    shape, note = _run_step_shape(run_config, task, tok)
+    key = f"{host_key()}|{sig}|{shape.key()}"
+    best, why = _choice(key, lambda: time_threads_for(build(), options(n_cores), shape), "probe step",
+                        "this model and step shape")
+    if note:
+        why = f"{why}; {note}"
     cpu_threads(best)
     _UNCONFIRMED = None if _read_cache().get(key, {}).get("confirmed") else key
     return best, why
 
 
-def auto_for_model(model: Any) -> tuple[int, str]:
+def auto_for_model(model: Any, shape: Any) -> tuple[int, str]:
     """`auto` for a model already built outside a run (the benches: `bench ladder --threads auto`): the count a run of
-    this model's shape uses on this host (the same cache entry and measurement as `apply_threads`), set on this
-    process; (threads, why)."""
+    this model's shape and this step shape (`step_shape`) uses on this host (the same cache entry and measurement as
+    `apply_threads`), set on this process; (threads, why)."""
     import torch
 
     from policies import cpu_threads
@@ -202,8 +252,8 @@ def auto_for_model(model: Any) -> tuple[int, str]:
     sig, params = _shape(model.config)
     if params > AUTO_MAX_PARAMS:
         return torch.get_num_threads(), f"torch's default (a {params / 1e6:.0f}M-parameter model uses every core)"
-    best, why = _choice(f"{host_key()}|{sig}", lambda: time_threads_for(model, options(n_cores)), "probe step",
-                        "this model shape")
+    best, why = _choice(f"{host_key()}|{sig}|{shape.key()}", lambda: time_threads_for(model, options(n_cores), shape),
+                        "probe step", "this model and step shape")
     cpu_threads(best)
     return best, why
 
@@ -307,10 +357,10 @@ def _choice(key: str, measure, what: str, shape: str) -> tuple[int, str]:
     return best, f"measured now, per {what} {shown}; cached in {cache_path()}"
 
 
-def time_threads_for(model: Any, opts: list[int], **shape: int) -> dict[int, float]:
-    from policies.threads import time_threads
+def time_threads_for(model: Any, opts: list[int], shape: Any) -> dict[int, float]:
+    from policies.threads import time_step
 
-    return time_threads(model, opts, **shape)
+    return time_step(model, opts, shape)
 
 
 def _auto_wanted(run_config: Any) -> bool:

@@ -89,7 +89,7 @@ def test_the_sft_warm_start_trains_on_a_fixed_count_under_auto_and_the_run_gets_
         raise AssertionError("the SFT's count must not be measured")
 
     cfg = parse_config(TINY, "test")
-    monkeypatch.setattr(threads, "time_threads_for", lambda model, opts, **kw: {n: 0.01 * n for n in opts})
+    monkeypatch.setattr(threads, "time_threads_for", lambda model, opts, shape: {n: 0.01 * n for n in opts})
     assert threads.apply_threads(cfg, MAPF)[0] == 1 == torch.get_num_threads()
     monkeypatch.setattr(threads, "time_threads_for", measured)
     n, why = threads.sft_threads(cfg, MAPF)
@@ -164,7 +164,7 @@ def test_the_probes_choice_is_checked_on_the_runs_own_grpo_steps(restore_threads
 
     if threads.cores() < 2:
         pytest.skip("one core: there is nothing to choose")
-    monkeypatch.setattr(threads, "time_threads_for", lambda model, opts, **kw: {n: 0.01 * n for n in opts})
+    monkeypatch.setattr(threads, "time_threads_for", lambda model, opts, shape: {n: 0.01 * n for n in opts})
     cfg = parse_config(TINY, "test")
     assert threads.apply_threads(cfg, MAPF)[0] == 1 == torch.get_num_threads()
 
@@ -235,8 +235,8 @@ def test_a_warm_start_from_an_imperfect_teacher_trains_on_its_draws_and_is_its_o
 
 def test_a_bench_reads_and_writes_the_runs_choice_for_its_models_shape(restore_threads, monkeypatch):
     """`auto_for_model` (what `bench ladder --threads auto` uses) picks from the same cache entry a run of that model
-    shape uses on this host, measured once, and sets it on the process. Would catch a bench that measures into
-    another key (a run and the bench disagreeing on one host) or that leaves torch's count unset."""
+    and step shape uses on this host, measured once, and sets it on the process. Would catch a bench that measures
+    into another key (a run and the bench disagreeing on one host) or that leaves torch's count unset."""
     from harness import threads
     from policies.model import build_model
 
@@ -248,9 +248,97 @@ def test_a_bench_reads_and_writes_the_runs_choice_for_its_models_shape(restore_t
 
     monkeypatch.setattr(threads, "time_threads_for", no_timing)
     torch.set_num_threads(max(1, 3 - n))
-    model, _ = build_model("tiny", MAPF.spec.alphabet, words=list(MAPF.spec.words))
-    got, why = threads.auto_for_model(model)
+    model, tok = build_model("tiny", MAPF.spec.alphabet, words=list(MAPF.spec.words))
+    shape, _ = threads._run_step_shape(cfg, MAPF, tok)
+    got, why = threads.auto_for_model(model, shape)
     assert got == n == torch.get_num_threads() and "measured on this host" in why
     small, _ = build_model("small", MAPF.spec.alphabet, words=list(MAPF.spec.words))
-    with pytest.raises(AssertionError, match="measured again"):  # another shape is its own entry
-        threads.auto_for_model(small)
+    with pytest.raises(AssertionError, match="measured again"):  # another model shape is its own entry
+        threads.auto_for_model(small, shape)
+    with pytest.raises(AssertionError, match="measured again"):  # and so is another step shape
+        threads.auto_for_model(model, shape._replace(rows=2 * shape.rows))
+
+
+def test_the_probe_is_shaped_like_the_runs_grpo_step(restore_threads, monkeypatch):
+    """`auto` times the step the run will take: rows and groups from its round-0 recipe (oversampled rows decoded,
+    batch_size trained), token lengths from its task's prompts and expert answers (completions capped at the recipe's
+    budget), and the probe runs the step's own code at that shape: `completion_len` compact decode steps over every
+    decoded row and the shared-prompt loss over the trained rows. A run with another batch measures again. Would catch
+    the training-heavy probe this replaced (a 64 x 64 forward and backward, 8 decode steps whatever the run: it chose
+    2 threads where the demo's steps were 1.7x slower on 2), a shape not read from the run, or a probe that does not
+    decode through the compact loop."""
+    from harness import threads
+    from policies import rollout, train
+    from policies.model import build_model
+
+    recipe = {"batch_size": 16, "num_generations": 4, "oversample": 3, "drop_dead_groups": True,
+              "max_completion_length": 96}
+    cfg = parse_config({**TINY, "recipe": recipe}, "test")
+    _, tok = build_model("tiny", MAPF.spec.alphabet, words=list(MAPF.spec.words))
+    shape, note = threads._run_step_shape(cfg, MAPF, tok)
+    assert note is None and (shape.prompts, shape.rows, shape.loss_rows) == (12, 48, 16)
+    assert shape.prompt_len % 8 == 0 and shape.completion_len % 8 == 0 and 8 <= shape.completion_len <= 96
+    big = parse_config({**TINY, "env": {"sizes": [{"size": 7, "agents": 3, "hole_ratio": 0.2}]},
+                        "recipe": recipe}, "test")
+    longer, _ = threads._run_step_shape(big, MAPF, tok)  # bigger boards: longer prompts and plans
+    assert longer.prompt_len > shape.prompt_len and longer.completion_len > shape.completion_len
+    capped, _ = threads._run_step_shape(parse_config({**TINY, "env": big.env, "recipe": {
+        **recipe, "max_completion_length": 8}}, "test"), MAPF, tok)
+    assert capped.completion_len == 8
+
+    decoded, trained = [], []
+    step, logps = rollout.CompactLlama.step, train.shared_prompt_logps
+
+    def spy_step(self, tokens, positions):
+        decoded.append(tokens.shape[0])
+        return step(self, tokens, positions)
+
+    def spy_loss(model, prompt_ids, prompt_mask, completion_ids, completion_mask, *a, **kw):
+        trained.append((tuple(prompt_ids.shape), tuple(completion_ids.shape)))
+        return logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask, *a, **kw)
+
+    monkeypatch.setattr(rollout.CompactLlama, "step", spy_step)
+    monkeypatch.setattr(train, "shared_prompt_logps", spy_loss)
+    secs = threads.time_threads_for(build_model("tiny", "ab", words=[])[0], [1], shape)
+    probes = 4  # a warm-up and three timed
+    assert set(secs) == {1} and secs[1] > 0
+    assert decoded == [shape.rows] * shape.completion_len * probes
+    assert trained == [((shape.loss_rows, shape.prompt_len), (shape.loss_rows, shape.completion_len))] * probes
+
+    monkeypatch.setattr(threads, "time_threads_for", lambda model, opts, shape: {n: 0.01 * n for n in opts})
+    threads.apply_threads(cfg, MAPF)
+
+    def no_timing(*a, **k):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(threads, "time_threads_for", no_timing)
+    threads.apply_threads(cfg, MAPF)  # the same run shape: cached
+    with pytest.raises(AssertionError, match="measured again"):
+        threads.apply_threads(parse_config({**TINY, "recipe": {**recipe, "batch_size": 32}}, "test"), MAPF)
+
+
+def test_the_probe_runs_the_models_own_forward_where_the_compact_paths_do_not_apply():
+    """A checkpoint of another architecture (GPT-2 here) is probed through its own forward, decoding and loss alike,
+    instead of failing the run's start. Would catch a probe that assumes the Llama layout."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from policies.threads import StepShape, time_step
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=40, n_positions=64))
+    secs = time_step(model, [1], StepShape(prompts=2, rows=8, loss_rows=4, prompt_len=8, completion_len=8), reps=1)
+    assert set(secs) == {1} and secs[1] > 0 and model.training and all(p.grad is None for p in model.parameters())
+
+
+def test_a_task_whose_instances_fail_gives_the_default_lengths_and_says_so(restore_threads, monkeypatch):
+    """The probe's token lengths come from the task's instances; when they cannot be generated the probe uses
+    DEFAULT_LENGTHS and the run's threads event says so, rather than failing the run's start (its own generation
+    reports a broken generator where it matters)."""
+    from harness import policy_glue, threads
+
+    def broken(*a, **kw):
+        raise RuntimeError("no instance")
+
+    monkeypatch.setattr(policy_glue, "sft_pairs", broken)
+    monkeypatch.setattr(threads, "time_threads_for", lambda model, opts, shape: {n: 0.01 * n for n in opts})
+    n, why = threads.apply_threads(parse_config(TINY, "test"), MAPF)
+    assert n == 1 and f"token lengths a default {threads.DEFAULT_LENGTHS} (RuntimeError" in why

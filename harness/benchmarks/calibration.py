@@ -56,26 +56,14 @@ import yaml
 from harness.backtest import judge_fingerprint, prior_pairs, read_harness, verdicts
 from harness.decisions import signal_verdict
 from harness.records import Verdict
+from harness.round0 import round0_files
 from harness.scale import ArmJob, ArmOutput, execute_arm, policy_loader
 from harness.seeds import check_split, seeds
 
-TEMPLATE = Path(__file__).resolve().parents[2] / "sandbox" / "template"
 ROOT = Path(__file__).resolve().parents[2]
 PLANTED_ENV = {"sizes": [{"size": 7, "agents": 2, "hole_ratio": 0.2, "wait_ratio": 0.5}]}
 PLANTED_LR_FACTOR = 2.0
 DEFAULT_CONFIG = ROOT / "examples" / "mapf_backtest.yaml"
-
-
-def template_files() -> dict[str, str]:
-    """The starting harness as {path: text} (what `Workspace.files('main')` returns for a fresh run)."""
-    return {str(p.relative_to(TEMPLATE)): p.read_text(encoding="utf-8") for p in sorted(TEMPLATE.rglob("*"))
-            if p.is_file() and "__pycache__" not in p.parts}
-
-
-def round0_files(config) -> dict[str, str]:
-    from harness.round0 import initial_files
-
-    return {**template_files(), **initial_files(config)}
 
 
 def start_checkpoint(config, out: Path, files: dict[str, str]) -> tuple[Path, bool]:

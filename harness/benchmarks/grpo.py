@@ -96,7 +96,7 @@ def _one(model, tok, rows, reward, recipe, fast: bool) -> dict[str, Any]:
 
 
 def run(out: Path = Path("runs/bench-grpo"), preset: str = "tiny", recipe: str = "demo", steps: int = 8,
-        repeats: int = 3, threads: int = 2, sft_steps: int = 300, sft_examples: int = 1500,
+        repeats: int = 3, threads: int = 1, sft_steps: int = 300, sft_examples: int = 1500,
         reference: bool = True, checkpoint: Path | None = None, config: Path | None = None) -> dict[str, Any]:
     """`checkpoint`: a saved policy (ours, or a Hugging Face Llama-style causal LM) instead of the bench's partial
     MAPF warm start; `config`: a run config whose task, round-0 env (the boards or problems) and prompt style the
@@ -113,9 +113,8 @@ def run(out: Path = Path("runs/bench-grpo"), preset: str = "tiny", recipe: str =
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     if config is not None:
-        from harness.benchmarks.calibration import round0_files
         from harness.config import load_config
-        from harness.round0 import harness_models
+        from harness.round0 import harness_models, round0_files
 
         run_cfg = load_config(config)
         task = get_task(run_cfg.task)

@@ -504,11 +504,16 @@ def run(out: str | Path = "runs/bench-ladder", rungs: tuple[int, ...] = (1, 2, 3
         sft_examples: int | None = None) -> dict[str, Any]:
     if threads == "auto":  # the count a run of rung 3's model uses on this host (harness.threads)
         from harness.tasks import get_task
-        from harness.threads import auto_for_model
+        from harness.threads import auto_for_model, step_shape
         from policies.model import build_model
+        from policies.train import Recipe
 
-        spec = get_task(family).spec
-        threads, why = auto_for_model(build_model(preset, spec.alphabet, words=list(spec.words))[0])
+        task, fam = get_task(family), RUNGS[family]
+        model, tok = build_model(preset, task.spec.alphabet, words=list(task.spec.words))
+        shape, note = step_shape(task, task.spec.config_model.model_validate(fam.env),
+                                 Recipe(**{**fam.recipe, **(recipe_kw or {})}), tok, task.spec.styles[0])
+        threads, why = auto_for_model(model, shape)
+        why = f"{why}; {note}" if note else why
         _say("threads", f"{threads} ({why})")
     else:
         cpu_threads(int(threads))

@@ -27,9 +27,9 @@ def main(config: str | Path = ROOT / "examples" / "mapf_quick.yaml", steps: int 
 
     from harness import threads
     from harness.backtest import read_harness
-    from harness.benchmarks.calibration import round0_files
     from harness.config import load_config
     from harness.policy_glue import sft_pairs
+    from harness.round0 import round0_files
     from harness.seeds import seeds
     from harness.tasks import get_task
     from policies.model import build_model
