@@ -1,25 +1,25 @@
 """The run process's torch CPU threads (`scale.threads`): a number, `default` (leave torch's setting as it is), or
-`auto` (the default), measured once per host and model shape and cached in `$EVOTRAINER_HOME/threads.json`. The
+`auto` (the default), measured once per host, model and step shape and cached in `$EVOTRAINER_HOME/threads.json`. The
 environment variable `EVOTRAINER_THREADS` (same values) overrides the config (the test suite sets `default`, so its
 arithmetic does not depend on the host's measurement).
 
     n, why = apply_threads(run.config, run.task)     # at every start and resume of a run, before anything trains
     n, why = sft_threads(run.config, run.task)      # the SFT warm start's own count (None: the run's), fixed
 
-`auto` times the run's GRPO step (`policies.threads.time_step`: the prefill, compact decoding and shared-prompt
-loss forward and backward the step runs, at its shapes: `step_shape`, from the round-0 recipe's batch and the
-expert answers' token lengths on a few round-0 instances) at 1, 2, 4, ... threads up to the cores this process may
-use, on a randomly initialised model of the run's architecture (about 10 s for the tiny preset on 2 cores), and keeps
-the fewest threads that no larger count beats by more than MARGIN (`pick`); a later run on the same host with the
-same model shape, step shape and torch version reads the cache. Why: for the project's small models the best count
-depends on the host (one thread about twice as fast as two on an AMD host for the tiny preset, two faster on the
-Intel host of earlier sessions), and torch's default (every core) was the slow one there. Models above AUTO_MAX_PARAMS, and runs on a GPU, keep torch's default.
-Arms on Ray use their own `arm_resources.num_cpus` threads, as before. The SFT warm start is not measured: under
-auto it trains on SFT_AUTO_THREADS (at most the cores; `sft_threads`), because its weights, which the warm-start cache
-keeps across runs, depend on the thread count; then the run's count is restored. The probe's choice is then checked
-on the run's first GRPO steps (`step_trial`: each count for a few real steps, under the run's own other work on the
-cores) and the entry is marked confirmed with the step times; a confirmed choice is not checked again. A measurement taken while other jobs held
-the cores sticks until `threads.json` is deleted.
+`auto` times the run's GRPO step (`policies.threads.time_step`: the prefill, compact decoding and shared-prompt loss
+forward and backward the step runs, at its shapes: `step_shape`, from the round-0 recipe's batch and the expert
+answers' token lengths on a few round-0 instances) at 1, 2, 4, ... threads up to the cores this process may use, on a
+randomly initialised model of the run's architecture (about 10 s for the tiny preset on 2 cores), and keeps the fewest
+threads that no larger count beats by more than MARGIN (`pick`); a later run on the same host with the same model
+shape, step shape and torch version reads the cache. Why: for the project's small models the best count depends on the
+host (one thread about twice as fast as two on an AMD host for the tiny preset, two faster on the Intel host of
+earlier sessions), and torch's default (every core) was the slow one there. Models above AUTO_MAX_PARAMS, and runs on
+a GPU, keep torch's default. Arms on Ray use their own `arm_resources.num_cpus` threads, as before. The SFT warm start
+is not measured: under auto it trains on SFT_AUTO_THREADS (at most the cores; `sft_threads`), because its weights,
+which the warm-start cache keeps across runs, depend on the thread count; then the run's count is restored. The
+probe's choice is then checked on the run's first GRPO steps (`step_trial`: each count for a few real steps, under the
+run's own other work on the cores) and the entry is marked confirmed with the step times; a confirmed choice is not
+checked again. A measurement taken while other jobs held the cores sticks until `threads.json` is deleted.
 """
 
 from __future__ import annotations
