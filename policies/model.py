@@ -14,6 +14,8 @@ their prompts rendered through it instead.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -308,3 +310,15 @@ def format_prompt(tok, text: str) -> str:
 
 def has_chat_template(tok) -> bool:
     return bool(getattr(tok, "chat_template", None))
+
+
+def cache_kw(model, cache) -> dict:
+    """`{name: cache}` for a forward of `model` (a causal LM or its backbone) that reads and extends a KV cache. The
+    name follows the installed transformers: `cache` where the forward takes it (5.x, where `past_key_values` is
+    deprecated and goes in 5.40), `past_key_values` before (the project allows transformers >= 4.56)."""
+    return {_cache_name(type(model)): cache}
+
+
+@functools.cache
+def _cache_name(cls) -> str:
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"

@@ -30,7 +30,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from policies.model import format_prompt, has_chat_template, stop_token_ids
+from policies.model import cache_kw, format_prompt, has_chat_template, stop_token_ids
 
 log = logging.getLogger(__name__)
 
@@ -379,7 +379,7 @@ def _generate_loop(model, tok, prompt_ids: list[list[int]], params: SamplingPara
         input_ids, attn = input_ids.to(device), attn.to(device)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=model.config)
-        logits = model(input_ids=input_ids, attention_mask=attn, position_ids=pos, past_key_values=cache,
+        logits = model(input_ids=input_ids, attention_mask=attn, position_ids=pos, **cache_kw(model, cache),
                        use_cache=True, logits_to_keep=1).logits[:, -1]
         fast = CompactLlama(model, cache, attn, n, params.max_new_tokens) if compact else None
         if n > 1:  # prefill once per prompt, then fan the cache out to the n samples (the compact loop shares it)
@@ -426,7 +426,7 @@ def _generate_loop(model, tok, prompt_ids: list[list[int]], params: SamplingPara
                 continue
             attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=1)
             logits = model(input_ids=nxt[:, None], attention_mask=attn, position_ids=last_pos[:, None],
-                           past_key_values=cache, use_cache=True).logits[:, -1]
+                           **cache_kw(model, cache), use_cache=True).logits[:, -1]
     seconds = time.perf_counter() - t0
     if was_training:
         model.train()

@@ -50,6 +50,7 @@ def time_step(model, options: Sequence[int], shape: StepShape, reps: int = 3) ->
     import torch
     from transformers import DynamicCache
 
+    from policies.model import cache_kw
     from policies.rollout import CompactLlama, _sample, compact_supported
     from policies.train import shared_prompt_logps, shared_prompt_supported
 
@@ -67,7 +68,7 @@ def time_step(model, options: Sequence[int], shape: StepShape, reps: int = 3) ->
     def decode() -> None:
         attn = torch.ones_like(prompts)
         cache = DynamicCache(config=model.config)
-        logits = model(input_ids=prompts, attention_mask=attn, past_key_values=cache, use_cache=True,
+        logits = model(input_ids=prompts, attention_mask=attn, **cache_kw(model, cache), use_cache=True,
                        logits_to_keep=1).logits[:, -1].repeat_interleave(n, dim=0)
         pos = torch.full((logits.shape[0],), p - 1)
         fast = CompactLlama(model, cache, attn, n, c) if compact else None
@@ -82,7 +83,7 @@ def time_step(model, options: Sequence[int], shape: StepShape, reps: int = 3) ->
             else:
                 attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=1)
                 logits = model(input_ids=nxt[:, None], attention_mask=attn, position_ids=pos[:, None],
-                               past_key_values=cache, use_cache=True).logits[:, -1]
+                               **cache_kw(model, cache), use_cache=True).logits[:, -1]
 
     def loss() -> None:
         if shared:

@@ -32,7 +32,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from policies.model import format_prompt, has_chat_template, save_policy
+from policies.model import cache_kw, format_prompt, has_chat_template, save_policy
 
 Progress = Callable[[str, int, int, dict], None]
 RewardFn = Callable[..., list[float]]
@@ -663,7 +663,7 @@ def shared_prompt_logps(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
     uniq, owner = torch.unique(torch.cat([prompt_ids, prompt_mask], dim=1), dim=0, return_inverse=True)
     p = prompt_ids.shape[1]
     cache = DynamicCache(config=model.config)
-    hidden = core(input_ids=uniq[:, :p], attention_mask=uniq[:, p:], past_key_values=cache, use_cache=True
+    hidden = core(input_ids=uniq[:, :p], attention_mask=uniq[:, p:], **cache_kw(core, cache), use_cache=True
                   ).last_hidden_state[:, -1]  # predicts each completion's first token
     lengths = [int(x) for x in completion_mask.sum(1).tolist()]
     logps = completion_ids.new_zeros((b, c), dtype=torch.float32)
@@ -676,7 +676,7 @@ def shared_prompt_logps(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
         for i, layer in enumerate(cache.layers):
             sub.layers[i].update(layer.keys[src], layer.values[src])
         ids, cmask = completion_ids[idx, :width], completion_mask[idx, :width]
-        out = core(input_ids=ids, attention_mask=torch.cat([prompt_mask[idx], cmask], dim=1), past_key_values=sub,
+        out = core(input_ids=ids, attention_mask=torch.cat([prompt_mask[idx], cmask], dim=1), **cache_kw(core, sub),
                    use_cache=True, position_ids=torch.arange(p, p + width, device=ids.device).expand(len(rows), -1)
                    ).last_hidden_state
         h = torch.cat([hidden[src][:, None], out[:, :-1]], dim=1)  # the state before each completion token

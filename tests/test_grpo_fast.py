@@ -348,3 +348,26 @@ def test_a_reward_that_is_not_a_finite_number_stops_the_step_with_its_name(warm)
     recipe = Recipe(steps=1, batch_size=8, num_generations=4, max_completion_length=6, beta=0.0, warmup_ratio=0.0)
     with pytest.raises(ValueError, match=r"broken_scorer returned nan for completion 3 .*finite numbers"):
         train_grpo(model, tok, [{"prompt": w} for w in WORDS[:2]], broken_scorer, recipe)
+
+
+def test_our_forwards_pass_the_kv_cache_by_the_name_the_installed_transformers_takes(recwarn):
+    """Decoding (both loops), the shared-prompt loss and the thread probe hand the KV cache to the model under the name
+    its forward declares (`policies.model.cache_kw`): `cache` on transformers 5.x, where `past_key_values` is
+    deprecated and removed in 5.40 (the project allows any transformers >= 4.56), `past_key_values` before. Would
+    catch a call site left on the deprecated name: it warns today and breaks decoding on 5.40."""
+    import inspect
+
+    from policies.model import build_model, cache_kw
+    from policies.rollout import SamplingParams, generate
+    from policies.threads import StepShape, time_step
+    from policies.train import shared_prompt_logps
+
+    model, tok = build_model("tiny", "ab#", words=[])
+    name = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+    assert list(cache_kw(model, None)) == [name] and list(cache_kw(model.model, None)) == [name]
+    for compact in (True, False):
+        generate(model, tok, ["ab#", "ba"], SamplingParams(n=2, max_new_tokens=4, compact=compact))
+    ids = torch.tensor([[1, 2, 3], [1, 2, 3]])
+    shared_prompt_logps(model, ids, torch.ones_like(ids), ids, torch.ones_like(ids))[0].sum().backward()
+    time_step(model, [1], StepShape(prompts=1, rows=2, loss_rows=2, prompt_len=4, completion_len=2), reps=1)
+    assert not [w for w in recwarn if "past_key_values" in str(w.message)]
