@@ -65,11 +65,11 @@ class WarmStartConfig(_Strict):
                                        "from (the task's config model); default: the round-0 env. The warm-start "
                                        "cache keys on it, so runs that warm-start on the same env share the cache")
     teacher_noise: float = Field(0.0, ge=0.0, lt=1.0, description="the share of the demonstrations drawn from the "
-                                 "task's imperfect teacher instead of its expert (a plausible teacher that is sometimes wrong), "
-                                 "seeded by the run's seed: a partial warm start that samples the right behaviour "
-                                 "without preferring it, so GRPO has something to sharpen (0.6 tried as the demo's: "
-                                 "BENCHMARKS.md, thirty-seventh session). Families without an imperfect teacher "
-                                 "refuse a share above 0")
+                                 "task's imperfect teacher instead of its expert (a plausible teacher that is "
+                                 "sometimes wrong), seeded by the run's seed: a partial warm start that samples the "
+                                 "right behaviour without preferring it, so GRPO has something to sharpen (0.6 tried "
+                                 "as the demo's: BENCHMARKS.md, thirty-seventh session). Families without an "
+                                 "imperfect teacher refuse a share above 0")
 
 
 class BudgetConfig(_Strict):

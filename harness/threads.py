@@ -184,6 +184,11 @@ def _run_step_shape(run_config: Any, task: Any, tok: Any) -> tuple[Any, str | No
     return step_shape(task, env, recipe, tok, run_config.style)
 
 
+def _cache_key(sig: str, shape: Any) -> str:
+    """`threads.json`'s key for a model shape and a step shape on this host: runs and benches read the same entry."""
+    return f"{host_key()}|{sig}|{shape.key()}"
+
+
 def _nothing_to_measure() -> tuple[int, str] | None:
     """(threads, why) where `auto` has nothing to measure: a GPU trains (torch's default) or one core (1, set)."""
     import torch
@@ -228,7 +233,7 @@ def apply_threads(run_config: Any, task: Any) -> tuple[int, str]:
         return torch.get_num_threads(), f"torch's default ({why})"
     sig, build, tok = made
     shape, note = _run_step_shape(run_config, task, tok)
-    key = f"{host_key()}|{sig}|{shape.key()}"
+    key = _cache_key(sig, shape)
     best, why = _choice(key, lambda: time_threads_for(build(), options(n_cores), shape), "probe step",
                         "this model and step shape")
     if note:
@@ -252,7 +257,7 @@ def auto_for_model(model: Any, shape: Any) -> tuple[int, str]:
     sig, params = _shape(model.config)
     if params > AUTO_MAX_PARAMS:
         return torch.get_num_threads(), f"torch's default (a {params / 1e6:.0f}M-parameter model uses every core)"
-    best, why = _choice(f"{host_key()}|{sig}|{shape.key()}", lambda: time_threads_for(model, options(n_cores), shape),
+    best, why = _choice(_cache_key(sig, shape), lambda: time_threads_for(model, options(n_cores), shape),
                         "probe step", "this model and step shape")
     cpu_threads(best)
     return best, why
