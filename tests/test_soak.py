@@ -25,11 +25,23 @@ def test_an_orphan_that_outlived_its_parent_is_found_by_the_tag(tmp_path):
     subprocess.run(["bash", "-c", "sleep 60 >/dev/null 2>&1 & echo $! > pid"], cwd=tmp_path, env=env, check=True)
     pid = int((tmp_path / "pid").read_text())
     try:
+        # the orphan may still be inside exec (its /proc environ reads empty there: a clean-clone CI run caught it)
+        deadline = time.monotonic() + 5
+        while not _cmdline(pid).startswith(b"sleep") and time.monotonic() < deadline:
+            time.sleep(0.01)
         found = tagged(tag)
         assert [x["pid"] for x in found] == [pid] and "sleep 60" in found[0]["cmd"]
         assert tagged(uuid.uuid4().hex) == []  # another soak's tag finds nothing
     finally:
         os.kill(pid, signal.SIGKILL)
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
 
 
 def test_a_sample_reads_the_process_tree_and_the_run_folder(tmp_path):
