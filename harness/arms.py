@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from harness.backtest import ArmEval, judge_arm, regression, train_arm
+from harness.backtest import ArmEval, judge_arm, judge_greedy, regression, train_arm
 from harness.records import RewardBatch, cut, read_rollouts, write_reward_batches, write_rollouts
-from harness.results import ArmLook, ArmRecord, StartJudged, Trained
+from harness.results import ArmLook, ArmRecord, CarryBatch, StartJudged, Trained
 from harness.round0 import harness_models
 from harness.run import Run
 from harness.threads import step_trial
@@ -213,6 +213,22 @@ def judge_more(run: Run, k: int, name: str, ckpt: str, seeds: list[int], look: i
     run.charge(k, name, "eval", seconds=ev.seconds, tokens=ev.tokens, label=f"backtest look {look}")
     run.save_result(k, ArmLook(rollouts=str(path), greedy=ev.greedy, n=len(seeds)), node=node)
     return ArmEval.from_rollouts(ev.rollouts, ev.greedy, samples)
+
+
+def judge_carry_batch(run: Run, k: int, name: str, ckpt: str, seeds: list[int], batch: int) -> list[float]:
+    """One batch of stage k's carry confirmation (`harness.decisions.confirm_carry`): checkpoint `ckpt` (`name`: the
+    chosen arm, or `start`) decoded greedily on `seeds` of the judge's distribution. Recorded (ledger, node
+    `carry:<name>:b<batch>`) and read back on a resume."""
+    node = f"carry:{name}:b{batch}"
+    if (r := run.result(k, CarryBatch, node=node)) is not None:
+        return r.greedy
+    model, tok = run.policy(ckpt)
+    t0 = time.perf_counter()
+    greedy, tokens = judge_greedy(model, tok, run.task, run.instances(run.judge.config(run.task), seeds), run.judge,
+                                  run.style, run.config.policy.backend)
+    run.charge(k, name, "eval", seconds=time.perf_counter() - t0, tokens=tokens, label=f"carry confirmation {batch}")
+    run.save_result(k, CarryBatch(checkpoint=ckpt, greedy=greedy), node=node)
+    return greedy
 
 
 def record_arm(run: Run, k: int, name: str, out) -> ArmRecord:

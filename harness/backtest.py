@@ -250,16 +250,26 @@ def judge_arm(model, tok, task: Any, instances: list, judge: Judge, sampling_see
     tokens = rep.new_tokens
     greedy: list[float] = []
     if judge.greedy:
-        g = evaluate(model, tok, task, instances, style, params=SamplingParams(
-            temperature=0.0, max_new_tokens=judge.max_new_tokens, batch_size=batch_size, backend=backend))
-        gv = np.zeros(len(instances))
-        for r in g.rollouts:
-            gv[r.group] = r.valid
-        greedy = gv.tolist()
-        tokens += g.new_tokens
+        greedy, more = judge_greedy(model, tok, task, instances, judge, style, backend, batch_size)
+        tokens += more
     return ArmEval(seeds=seeds_, outcomes=(valid / judge.samples).tolist(), slices=[task.slices(i) for i in instances],
                    greedy=greedy, samples=judge.samples, temperature=judge.temperature, rollouts=rep.rollouts,
                    seconds=time.perf_counter() - t0, tokens=tokens)
+
+
+def judge_greedy(model, tok, task: Any, instances: list, judge: Judge, style: str | None = None,
+                 backend: str = "transformers", batch_size: int = 64) -> tuple[list[float], int]:
+    """(per-instance greedy validity, new tokens): one greedy completion per instance at the judge's completion budget,
+    unshaped (the task's own scorer), as the held-out test suite decodes."""
+    from harness.policy_glue import evaluate
+    from policies.rollout import SamplingParams
+
+    g = evaluate(model, tok, task, instances, style, params=SamplingParams(
+        temperature=0.0, max_new_tokens=judge.max_new_tokens, batch_size=batch_size, backend=backend))
+    gv = np.zeros(len(instances))
+    for r in g.rollouts:
+        gv[r.group] = r.valid
+    return gv.tolist(), g.new_tokens
 
 
 def arm_vetoes(control_files: dict[str, str], candidate_files: dict[str, str], control: ArmEval,

@@ -37,6 +37,7 @@ from harness.arms import arm_name, judge_start, prefetch_arms, prefetch_stage, r
 from harness.backtest import ArmEval, choose_winner, regression
 from harness.decisions import (
     arms_vs_start,
+    confirm_carry,
     escalate,
     fell_below_start,
     judge_whole_plan,
@@ -451,6 +452,7 @@ def node_decide(run: Run, state: State) -> State:
     merged = _merge_diagnostics(run, diag)
     next_policy = continues_from(state["policy"], run.result(k, Trained).checkpoint, run.result(k, Probed).regressed,
                                  bt, run.result(k, ArmRecord, node=f"arm:{winner.candidate}") if winner else None)
+    next_policy, check = confirm_carry(run, k, next_policy, bt)  # fresh instances, not the ones it was chosen on
     if winner is None and (arm := next((a for a in bt.arms_vs_start if a.checkpoint == next_policy), None)):
         run.event(k, "decide", "carried_arm",
                   f"no candidate beat the control arm with confidence, but {arm.candidate}'s arm is confidently above "
@@ -458,7 +460,8 @@ def node_decide(run: Run, state: State) -> State:
                   f"{arm.change_ci[1]:+.3f}]) and above the control arm ({bt.start.change:+.3f}): its checkpoint "
                   f"continues; its harness is NOT promoted (the next stage trains under harness@main)",
                   key=f"{k}/carried-arm")
-    result = Decided(winner=winner.candidate if winner else None, next_policy=next_policy, decided=len(vs) + len(diag))
+    result = Decided(winner=winner.candidate if winner else None, next_policy=next_policy, decided=len(vs) + len(diag),
+                     carry_check=check)
     msg = (f"promoted {winner.candidate}" if winner else "no promotion") + (
         f"; diagnostic(s) merged: {', '.join(merged)}" if merged else "")
     _finish(run, k, result, t0, msg)

@@ -184,6 +184,28 @@ class Backtested(NodeResult):
         return best if not control_carriable or best.change > self.start.change else None
 
 
+class CarryBatch(NodeResult):
+    """One batch of a carry confirmation (row `carry:<name>:b<j>`): a checkpoint decoded greedily on the next batch of
+    the stage's confirmation instances (`harness.decisions.confirm_carry`)."""
+
+    NODE: ClassVar[str] = "carry"
+    checkpoint: str
+    greedy: list[float] = Field(default_factory=list)
+
+
+class CarryChecked(BaseModel):
+    """What the carry confirmation read: the chosen checkpoint against the stage's start, greedy, on fresh instances."""
+
+    chosen: str
+    start: str
+    n: int = Field(..., description="confirmation instances judged (both checkpoints, paired)")
+    chosen_valid: float
+    start_valid: float
+    change: float = Field(..., description="chosen minus start, greedy valid, paired over the n instances")
+    se: float
+    confirmed: bool = Field(..., description="the chosen checkpoint continues (change >= 0); else the start does")
+
+
 class GateAnswer(NodeResult):
     NODE: ClassVar[str] = "gate"
     action: str = Field(..., description="auto (no gate), approve, revise or abort")
@@ -197,6 +219,8 @@ class Decided(NodeResult):
     winner: str | None = None
     next_policy: str
     decided: int = 0
+    carry_check: CarryChecked | None = Field(None, description="the carry confirmation, when a trained checkpoint "
+                                             "was chosen to continue (`backtest.carry_confirm`)")
 
 
 class Remembered(NodeResult):
@@ -224,7 +248,11 @@ def continues_from(start: str, trained: str, probe_regressed: bool, backtest: Ba
     checkpoint is the best policy the judge has seen, measured where it matters. This is model selection on the
     backtest split (never the test suite), like early stopping on a validation set: when the incumbent harness is
     wrong for the target its own arm falls and nothing would be carried, so a stage whose right fix is still
-    inconclusive against the control no longer throws away the training that fix did."""
+    inconclusive against the control no longer throws away the training that fix did.
+
+    What this chooses over the start is then confirmed on fresh instances before it continues
+    (`harness.decisions.confirm_carry`, `backtest.carry_confirm`): the estimates above were read on the instances the
+    choice was made on."""
     arms_start = start if probe_regressed else trained
     ref = backtest.start.checkpoint if backtest is not None and backtest.start is not None else arms_start
     if winner is not None:  # the winner's arm, unless its estimate fell below the start (a collapse is never carried)

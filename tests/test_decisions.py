@@ -523,3 +523,65 @@ def test_the_start_judge_records_greedy_outcomes_and_keeps_a_control_whose_greed
     r2 = judge_start(run, 2, "ckpt/start", control)
     assert r2.greedy and not r2.greedy_rule and not r2.control_below
     assert run.result(2, StartJudged).greedy == r2.greedy
+
+
+def test_a_chosen_checkpoint_continues_only_when_fresh_instances_confirm_it(run, monkeypatch):
+    """`backtest.carry_confirm`: the checkpoint `continues_from` chose is decoded greedily beside the stage's start on
+    FRESH backtest instances (their own keyed draw, disjoint from the stage's verdict instances), batch by batch,
+    stopping once the sign is clear; it continues only when it is not below the start there. Here an arm that solves
+    a quarter of the fresh instances against the start's half is stopped after one batch and the start continues (an
+    event says why; the result records what was read); an arm level with the start everywhere is never clear, is
+    judged on every batch and continues; one above the start by less than one standard error of the difference does
+    not (`carry_margin`: 1), and does with `carry_margin: 0`; a resume judges nothing again; `carry_confirm: 0`
+    judges nothing. Caught: a
+    confirmation read on the instances the arm was chosen on (the selection bias it exists for), on another split,
+    judged again on a resume, or deciding the wrong way round."""
+    from harness import arms as arms_mod
+    from harness.arms import backtest_seeds
+    from harness.decisions import confirm_carry, confirm_clear
+    from harness.results import Backtested, CarryBatch, StartJudged
+
+    calls: list[tuple[str, list[int]]] = []
+
+    def fake_greedy(model, tok, task, instances, judge, style=None, backend="transformers", batch_size=64):
+        seeds_ = [i.seed for i in instances]
+        calls.append((model, seeds_))
+        if model == "ckpt/start" or model.endswith("level"):
+            return [float(j % 2 == 0) for j in range(len(seeds_))], 7   # half solved
+        if model.endswith("edge"):  # the start's, with four instances more and three fewer per batch: +1 / batch
+            return [1.0 if j in (1, 3, 5, 7) else 0.0 if j in (0, 2, 4) else float(j % 2 == 0)
+                    for j in range(len(seeds_))], 7
+        return [float(j % 4 == 0) for j in range(len(seeds_))], 7       # a quarter solved
+
+    monkeypatch.setattr(arms_mod, "judge_greedy", fake_greedy)
+    monkeypatch.setattr(run, "policy", lambda ckpt: (ckpt, None))
+    start = StartJudged(checkpoint="ckpt/start", n=64, valid=0.5, control_valid=0.5, change=0.0,
+                        change_ci=[-0.1, 0.1], control_regressed=False)
+    bt = Backtested(start=start, control="ckpt/s1-control")
+
+    got, check = confirm_carry(run, 1, "ckpt/s1-control", bt)
+    assert got == "ckpt/start" and check is not None and not check.confirmed
+    assert check.n == run.config.backtest.n and check.change == pytest.approx(-0.25)  # one batch: clear already
+    fresh = calls[0][1]
+    assert calls == [("ckpt/s1-control", fresh), ("ckpt/start", fresh)]
+    assert all(s % 4 == 2 for s in fresh) and not set(fresh) & set(backtest_seeds(run, 1))  # backtest split, fresh
+    assert run.result(1, CarryBatch, node="carry:control:b1").greedy[:2] == [1.0, 0.0]
+    assert any(e["kind"] == "not_carried" and "carry_confirm" in e["message"] for e in run.store.events("r"))
+    n = len(calls)
+    assert confirm_carry(run, 1, "ckpt/s1-control", bt) == (got, check) and len(calls) == n  # a resume: read back
+
+    got2, check2 = confirm_carry(run, 2, "ckpt/s2-level", bt.model_copy())
+    batches = -(-run.config.backtest.carry_confirm // run.config.backtest.n)
+    assert got2 == "ckpt/s2-level" and check2.confirmed and check2.change == 0.0
+    assert check2.n == run.config.backtest.carry_confirm and len(calls) == n + 2 * batches  # never clear: all of it
+    assert confirm_carry(run, 2, "ckpt/start", bt) == ("ckpt/start", None)  # the start itself: nothing to confirm
+    got4, check4 = confirm_carry(run, 4, "ckpt/s4-edge", bt)  # above the start, by less than one standard error
+    assert got4 == "ckpt/start" and 0 < check4.change < check4.se and check4.n == run.config.backtest.carry_confirm
+    zero = run.config.model_copy(update={"backtest": run.config.backtest.model_copy(update={"carry_margin": 0.0})})
+    monkeypatch.setattr(run, "config", zero)
+    assert confirm_carry(run, 5, "ckpt/s5-edge", bt)[0] == "ckpt/s5-edge"  # "not below" carries it
+    n = len(calls)
+    off = run.config.model_copy(update={"backtest": run.config.backtest.model_copy(update={"carry_confirm": 0})})
+    monkeypatch.setattr(run, "config", off)
+    assert confirm_carry(run, 3, "ckpt/s3-control", bt) == ("ckpt/s3-control", None) and len(calls) == n
+    assert confirm_clear([1.0] * 5) and not confirm_clear([0.0] * 50) and not confirm_clear([1.0, -1.0] * 20)
