@@ -569,6 +569,19 @@ def test_a_chosen_checkpoint_continues_only_when_fresh_instances_confirm_it(run,
     assert any(e["kind"] == "not_carried" and "carry_confirm" in e["message"] for e in run.store.events("r"))
     n = len(calls)
     assert confirm_carry(run, 1, "ckpt/s1-control", bt) == (got, check) and len(calls) == n  # a resume: read back
+    from io import StringIO
+
+    from rich.console import Console
+
+    from harness.report import print_summary
+    from harness.results import SetUp
+
+    run.save_result(0, SetUp(policy="ckpt/start"))
+    run.store.start_stage("r", 1)
+    run.store.end_stage("r", 1, checkpoint="ckpt/start")  # stage 1 kept its start
+    out = StringIO()
+    print_summary(run.run_dir, Console(file=out, width=400))
+    assert "carried_nothing: stages 1\n  not carried, stage 1: s1-control against the stage's start" in out.getvalue()
 
     got2, check2 = confirm_carry(run, 2, "ckpt/s2-level", bt.model_copy())
     batches = -(-run.config.backtest.carry_confirm // run.config.backtest.n)
