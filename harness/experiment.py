@@ -429,7 +429,7 @@ def summarize(results: dict[str, list[dict[str, Any]]], blocks: list[str], warm:
               hard: list[str]) -> dict[str, Any]:
     """Per arm: final held-out valid (overall, harder half, easier half, per block), optimal, compute; and paired
     per-seed differences of the evolved arms against each baseline."""
-    from harness.backtest import paired_bootstrap
+    from harness.backtest import two_way_bootstrap
 
     hard_set, easy_set = set(hard), set(blocks) - set(hard)
     names = list(dict.fromkeys(blocks))
@@ -466,12 +466,12 @@ def summarize(results: dict[str, list[dict[str, Any]]], blocks: list[str], warm:
                          for e, b in pairs]
                 if not keep:
                     continue
-                ctrl = np.concatenate([[v for v, bb in zip(b["final_per_instance"], blocks, strict=True) if bb in keep]
-                                       for _, b in pairs])
-                cand = np.concatenate([[v for v, bb in zip(e["final_per_instance"], blocks, strict=True) if bb in keep]
-                                       for e, _ in pairs])
-                eff, lo, hi = paired_bootstrap(ctrl, cand, 2000, 0.025, np.random.default_rng(0))
-                out[part] = {"seeds": mean_ci(diffs), "instances": (eff, lo, hi), "n_instances": len(ctrl)}
+                ctrl = [[v for v, bb in zip(b["final_per_instance"], blocks, strict=True) if bb in keep]
+                        for _, b in pairs]
+                cand = [[v for v, bb in zip(e["final_per_instance"], blocks, strict=True) if bb in keep]
+                        for e, _ in pairs]  # every seed on the same test instances: seeds x instances, two-way
+                eff, lo, hi = two_way_bootstrap(ctrl, cand, 2000, 0.025, np.random.default_rng(0))
+                out[part] = {"seeds": mean_ci(diffs), "instances": (eff, lo, hi), "n_instances": sum(map(len, ctrl))}
             comparisons[f"{evo} vs {base}"] = out
     return {"arms": arms, "warm_start": arms_ws, "hard_blocks": hard, "comparisons": comparisons}
 
@@ -747,8 +747,8 @@ def table(s: dict[str, Any]) -> str:
     for arm, why in s.get("skipped", {}).items():
         lines.append(f"| {arm} | skipped: {why} | | | | | |")
     if s["comparisons"]:
-        lines += ["", ("| comparison | valid, points (seeds) | harder half (seeds) | valid (instances, paired bootstrap) "
-                  "| harder half (instances) |"), "|---|---|---|---|---|"]
+        lines += ["", ("| comparison | valid, points (seeds) | harder half (seeds) | valid (seeds x instances, "
+                       "pigeonhole bootstrap) | harder half (seeds x instances) |"), "|---|---|---|---|---|"]
         for name, c in s["comparisons"].items():
             lines.append(f"| {name} | {_pct(c['valid']['seeds'])} | {_pct(c['hard']['seeds'])} | "
                          f"{_pct(c['valid']['instances'])} | {_pct(c['hard']['instances'])} |")

@@ -27,9 +27,11 @@ arm's measured compute as every other arm's budget, resume) is the experiment's.
 target the generator cannot draw from, a warm-start checkpoint that does not exist.
 
 The bench's table (`summarize`): per scenario and arm, final test valid (mean over seeds); the **gap** (oracle minus
-fixed-template) and each arm's difference from fixed-template, paired over seeds x test instances (paired bootstrap,
-Efron & Tibshirani 1993 ch. 16: every test instance of every seed is one pair, resampled together), and each arm's
-**recovery** of the gap ((arm - fixed) / gap, when the gap's interval excludes 0).
+fixed-template) and each arm's difference from fixed-template, paired over seeds x test instances (the pigeonhole
+bootstrap, Owen 2007: seeds and test instances resampled independently, since every seed is judged on the same
+instances; until the thirty-ninth session every (seed, instance) cell was resampled as an independent pair, which
+understated the intervals), and each arm's **recovery** of the gap ((arm - fixed) / gap, when the gap's interval
+excludes 0).
 """
 
 from __future__ import annotations
@@ -297,11 +299,16 @@ AUTOMATIC = ("plr", "learnability", "bandit", "pbt")  # what a person would use 
 
 
 def paired(a: list[list[float]], b: list[list[float]], rng_seed: int = 0) -> tuple[float, float, float]:
-    """Mean of a - b with a 95% paired-bootstrap interval over every (seed, test instance) pair."""
-    from harness.backtest import paired_bootstrap
+    """Mean of a - b with a 95% interval over seeds x test instances: the pigeonhole bootstrap (seeds and instances
+    resampled independently, `harness.backtest.two_way_bootstrap`), since every seed is judged on the same test
+    instances. Seeds whose lists differ in length (not the same test set) fall back to the paired bootstrap over every
+    (seed, instance) pair."""
+    from harness.backtest import paired_bootstrap, two_way_bootstrap
 
-    x, y = np.concatenate(b), np.concatenate(a)
-    return paired_bootstrap(x, y, 2000, 0.025, np.random.default_rng(rng_seed))
+    rng = np.random.default_rng(rng_seed)
+    if len({len(x) for x in (*a, *b)}) == 1:
+        return two_way_bootstrap(b, a, 2000, 0.025, rng)
+    return paired_bootstrap(np.concatenate(b), np.concatenate(a), 2000, 0.025, rng)
 
 
 def _vs(per: dict[str, dict[int, list[float]]], arm: str, other: str) -> tuple[float, float, float] | None:
