@@ -64,18 +64,18 @@ def paired_bootstrap(control: list[float] | np.ndarray, candidate: list[float] |
 
 def two_way_bootstrap(control: list[list[float]] | np.ndarray, candidate: list[list[float]] | np.ndarray,
                       n_boot: int, alpha: float, rng: np.random.Generator) -> tuple[float, float, float]:
-    """Effect (mean of candidate - control over a seeds x instances grid: every seed judged on the SAME instances) and
+    """Effect (mean of candidate - control over a seeds x instances table: every seed judged on the SAME instances) and
     its alpha and 1 - alpha percentile bounds from the pigeonhole bootstrap, which resamples seeds and instances
     independently, each with replacement (Owen, "The pigeonhole bootstrap", Annals of Applied Statistics 1(2), 2007).
-    Why not the paired bootstrap over the flattened grid: an instance's outcomes are correlated across seeds (arms that
+    Why not the paired bootstrap over the flattened table: an instance's outcomes are correlated across seeds (arms that
     share a warm start solve and miss the same instances), so resampling (seed, instance) cells independently treats
     one instance's luck as several independent draws and understates the interval. Owen shows the pigeonhole variance
     is mildly conservative. One seed: the paired bootstrap over instances."""
     c = np.asarray(control, dtype=np.float64)
     k = np.asarray(candidate, dtype=np.float64)
     if c.shape != k.shape or c.ndim != 2:
-        raise GateError(f"a seeds x instances grid of paired outcomes is needed, got {c.shape} and {k.shape}")
-    if c.size == 0:
+        raise GateError(f"a seeds x instances table of paired outcomes is needed, got {c.shape} and {k.shape}")
+    if 0 in c.shape:
         raise GateError("no paired outcomes: evaluate both arms on at least one instance")
     if not 0.0 < alpha < 0.5:
         raise GateError(f"alpha must be in (0, 0.5), got {alpha}")
@@ -84,8 +84,8 @@ def two_way_bootstrap(control: list[list[float]] | np.ndarray, candidate: list[l
     if np.all(d == d.flat[0]):
         return effect, effect, effect
     s, n = d.shape
-    rows = rng.multinomial(s, np.full(s, 1.0 / s), size=n_boot) if s > 1 else np.ones((n_boot, 1))
-    cols = rng.multinomial(n, np.full(n, 1.0 / n), size=n_boot)
+    rows = rng.multinomial(s, np.full(s, 1.0 / s), n_boot) if s > 1 else np.ones((n_boot, 1))
+    cols = rng.multinomial(n, np.full(n, 1.0 / n), n_boot)
     means = ((rows @ d) * cols).sum(axis=1) / (s * n)
     lo, hi = np.quantile(means, [alpha, 1.0 - alpha])
     return effect, float(lo), float(hi)

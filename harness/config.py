@@ -140,17 +140,19 @@ class BacktestConfig(_Strict):
         288, ge=0, description="fresh backtest instances (never seen by the verdicts or by the choice of the arm) on "
         "which a checkpoint chosen to continue must confirm it: the chosen arm and the stage's start are decoded "
         "greedily on them, in batches of `n`, stopping early when the sign is clear (|z| >= 2.5), and the arm "
-        "continues only when its greedy estimate there is not below the start's (`harness.decisions.confirm_carry`; "
-        "judging only, charged). Why: the arm is chosen on the same instances that estimate it, so a chosen arm "
-        "reads high (selection bias), and at n=96 a greedy difference has a standard error near 5 points; on the "
-        "too-hard MAPF scenario every carried checkpoint that lowered held-out valid 6-9 points had read level or "
-        "above on its 96 (one +10.4), and read -3 to -9 on 384 fresh ones. 0: off (the rule before)")
+        "continues only when its greedy estimate there is above the start's by `carry_margin` standard errors "
+        "(`harness.decisions.confirm_carry`; judging only, charged). Why: the arm is chosen on the instances that "
+        "estimate it, so a chosen arm reads high (selection bias), and at n=96 a greedy difference has a standard "
+        "error near 5 points; on the too-hard-mix scenario of the reference family every carried checkpoint that "
+        "lowered held-out valid 6-9 points had read level or above on its 96 (one +10.4), and -3 to -9 on 384 fresh "
+        "ones. 0: off (the rule before)")
     carry_margin: float = Field(
         1.0, ge=0, description="how far above the start, in standard errors of the confirmation's paired difference, "
         "the chosen checkpoint must read there to continue (the one-standard-error rule: keep the status quo unless "
-        "the change is better by more than its own noise). 0: not below the start. Why not 0: on the too-hard MAPF "
-        "scenario three confirmations of 288 instances read +0.000, +0.000 and +0.014 (se 0.025-0.029) for "
-        "checkpoints 2-5 points below the start on 1,920 instances (BENCHMARKS.md, thirty-ninth session)")
+        "the change is better by more than its own noise). 0: not below the start. Why not 0: on the too-hard-mix "
+        "scenario of the reference family three confirmations of 288 instances read +0.000, +0.000 and +0.014 "
+        "(se 0.025-0.029) for checkpoints 2-5 points below the start on 1,920 instances (BENCHMARKS.md, "
+        "thirty-ninth session)")
 
 
 class SandboxConfig(_Strict):

@@ -337,8 +337,8 @@ def confirm_carry(run: Run, k: int, chosen: str, bt: Any) -> tuple[str, Any]:
     (selection bias: Cawley & Talbot, "On over-fitting in model selection and subsequent selection bias in
     performance evaluation", JMLR 2010; the holdout re-estimate is the standard remedy). At n=96 a paired greedy
     difference has a standard error near 5 points, so "not below the start" passes a checkpoint 4-8 points worse
-    often enough that a three-stage run carries one: on the too-hard MAPF scenario all three seeds did, reading
-    level or above on their 96 instances (one +10.4) and -3 to -9 on 384 fresh ones. And why a margin: with "not
+    often enough that a three-stage run carries one: on the too-hard-mix scenario of the reference family all three
+    seeds did, reading level or above on their 96 instances (one +10.4) and -3 to -9 on 384 fresh ones. And why a margin: with "not
     below" (`carry_margin: 0`) the three confirmations there read +0.000, +0.000 and +0.014 (se 0.025-0.029) for
     checkpoints 2-5 points below the start on 1,920 instances; a 288-instance confirmation passes a true change of 0
     about half the time and of -3 points about one time in seven, while with one standard error (about 2.7 points)

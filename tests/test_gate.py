@@ -52,7 +52,7 @@ def test_the_two_way_bootstrap_covers_an_effect_that_instances_share_across_seed
         cover["flat"] += lo <= 0.0 <= hi
     assert cover["two-way"] / reps >= 0.88, cover
     assert cover["flat"] / reps <= cover["two-way"] / reps - 0.10, cover  # 95% against 80% here
-    with pytest.raises(GateError, match="seeds x instances"):
+    with pytest.raises(GateError, match="seeds x instances table"):
         two_way_bootstrap([1.0, 0.0], [1.0, 0.0], 100, 0.05, rng)
     eff, lo, hi = two_way_bootstrap([[0.0, 1.0]], [[1.0, 1.0]], 200, 0.025, rng)  # one seed: over instances
     assert eff == 0.5 and lo <= eff <= hi
