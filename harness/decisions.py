@@ -338,11 +338,12 @@ def confirm_carry(run: Run, k: int, chosen: str, bt: Any) -> tuple[str, Any]:
     performance evaluation", JMLR 2010; the holdout re-estimate is the standard remedy). At n=96 a paired greedy
     difference has a standard error near 5 points, so "not below the start" passes a checkpoint 4-8 points worse
     often enough that a three-stage run carries one: on the too-hard-mix scenario of the reference family all three
-    seeds did, reading level or above on their 96 instances (one +10.4) and -3 to -9 on 384 fresh ones. And why a margin: with "not
-    below" (`carry_margin: 0`) the three confirmations there read +0.000, +0.000 and +0.014 (se 0.025-0.029) for
-    checkpoints 2-5 points below the start on 1,920 instances; a 288-instance confirmation passes a true change of 0
-    about half the time and of -3 points about one time in seven, while with one standard error (about 2.7 points)
-    those fall to about 16% and 2%, and a true +5 still passes about 80%. A selection rule, not a test."""
+    seeds did, reading level or above on their 96 instances (one +10.4) and -3 to -9 on 384 fresh ones. And why a
+    margin: with "not below" (`carry_margin: 0`) the three confirmations there read +0.000, +0.000 and +0.014 (se
+    0.025-0.029) for checkpoints 2-5 points below the start on 1,920 instances; a 288-instance confirmation passes a
+    true change of 0 about half the time and of -3 points about one time in seven, while with one standard error
+    (about 2.7 points) those fall to about 16% and 2%, and a true +5 still passes about 80%. A selection rule, not a
+    test."""
     from harness.arms import judge_carry_batch
     from harness.results import CarryChecked
 
