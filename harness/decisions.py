@@ -29,7 +29,7 @@ import numpy as np
 from harness.arms import arm_eval, arm_name, backtest_seeds, judge_more
 from harness.backtest import ArmEval, judge_fingerprint, prior_pairs, regression, verdicts
 from harness.records import RECURRING, Evidence, Verdict, cut
-from harness.results import ArmVsStart
+from harness.results import ArmVsStart, Backtested, CarryChecked
 from harness.run import Run
 
 
@@ -309,19 +309,22 @@ def second_pairs(run: Run, k: int, vs: list[Verdict]) -> dict[str, str]:
 CONFIRM_Z = 2.5  # a carry confirmation stops before its last batch once |mean / se| of the paired differences is this
 
 
+def _mean_se(diffs: list[float]) -> tuple[float, float]:
+    """Mean of paired differences and its standard error (0 with fewer than two)."""
+    d = np.asarray(diffs, dtype=float)
+    return float(d.mean()), float(d.std(ddof=1)) / np.sqrt(len(d)) if len(d) > 1 else 0.0
+
+
 def confirm_clear(diffs: list[float]) -> bool:
     """Is the sign of a carry confirmation's paired greedy differences clear (so no further batch is judged)? |z| >=
     CONFIRM_Z on the normal approximation; all differences equal and non-zero is clear, all zero is not."""
-    d = np.asarray(diffs, dtype=float)
-    if len(d) < 2:
+    if len(diffs) < 2:
         return False
-    se = float(d.std(ddof=1)) / np.sqrt(len(d))
-    if se == 0.0:
-        return bool(d.mean() != 0.0)
-    return abs(float(d.mean())) / se >= CONFIRM_Z
+    mean, se = _mean_se(diffs)
+    return mean != 0.0 if se == 0.0 else abs(mean) / se >= CONFIRM_Z
 
 
-def confirm_carry(run: Run, k: int, chosen: str, bt: Any) -> tuple[str, Any]:
+def confirm_carry(run: Run, k: int, chosen: str, bt: Backtested) -> tuple[str, CarryChecked | None]:
     """(the checkpoint that continues, what the confirmation read or None): a trained checkpoint that
     `harness.results.continues_from` chose over the stage's start must confirm it on FRESH backtest instances
     (`backtest.carry_confirm` of them, drawn under their own key): both decoded greedily, in batches of `backtest.n`,
@@ -345,10 +348,9 @@ def confirm_carry(run: Run, k: int, chosen: str, bt: Any) -> tuple[str, Any]:
     (about 2.7 points) those fall to about 16% and 2%, and a true +5 still passes about 80%. A selection rule, not a
     test."""
     from harness.arms import judge_carry_batch
-    from harness.results import CarryChecked
 
     cfg = run.config.backtest
-    start = getattr(bt, "start", None)
+    start = bt.start
     if cfg.carry_confirm == 0 or start is None or chosen == start.checkpoint:
         return chosen, None
     seeds = run.draw_seeds("backtest", cfg.carry_confirm, key=f"s{k}/carry")
@@ -363,11 +365,10 @@ def confirm_carry(run: Run, k: int, chosen: str, bt: Any) -> tuple[str, Any]:
         theirs += judge_carry_batch(run, k, "start", start.checkpoint, part, j)
         if confirm_clear([a - b for a, b in zip(mine, theirs, strict=True)]):
             break
-    d = np.asarray(mine) - np.asarray(theirs)
-    se = float(d.std(ddof=1)) / np.sqrt(len(d)) if len(d) > 1 else 0.0
-    check = CarryChecked(chosen=chosen, start=start.checkpoint, n=len(d), chosen_valid=float(np.mean(mine)),
-                         start_valid=float(np.mean(theirs)), change=float(d.mean()), se=se,
-                         confirmed=bool(d.mean() >= cfg.carry_margin * se))
+    change, se = _mean_se([a - b for a, b in zip(mine, theirs, strict=True)])
+    check = CarryChecked(chosen=chosen, start=start.checkpoint, n=len(mine), chosen_valid=float(np.mean(mine)),
+                         start_valid=float(np.mean(theirs)), change=change, se=se,
+                         confirmed=change >= cfg.carry_margin * se)
     said = (f"{base} against the stage's start {Path(start.checkpoint).name}, greedy on {check.n} fresh backtest "
             f"instances of {len(seeds)}: {check.chosen_valid:.3f} vs {check.start_valid:.3f} (change "
             f"{check.change:+.3f}, se {check.se:.3f}; it must read at least {cfg.carry_margin:g} se above)")

@@ -203,7 +203,8 @@ class CarryChecked(BaseModel):
     start_valid: float
     change: float = Field(..., description="chosen minus start, greedy valid, paired over the n instances")
     se: float
-    confirmed: bool = Field(..., description="the chosen checkpoint continues (change >= 0); else the start does")
+    confirmed: bool = Field(..., description="the chosen checkpoint continues (change >= backtest.carry_margin x se); "
+                            "else the start does")
 
 
 class GateAnswer(NodeResult):
