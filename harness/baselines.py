@@ -468,6 +468,19 @@ def run_baseline(run: Run, provider: Provider, budget: int, name: str,
     return rows
 
 
-def held_out(run: Run, k: int) -> list[float]:
-    """Per-instance held-out valid of stage k's policy (`report_eval`'s record; stage 0: the warm start)."""
-    return json.loads(run.path("stages", f"s{k}", "test.json").read_text())["valid"]
+def held_out(run: Run, k: int, ckpt: str | None = None) -> list[float]:
+    """Per-instance held-out valid of stage k's policy (`report_eval`'s record; stage 0: the warm start). A record
+    made on another test set (the run's `eval` changed since, e.g. a scenario's `test_n`) is never returned as this
+    one: with `ckpt` (the policy it scored) it is scored again on today's test set, else it is an error naming it."""
+    from harness.evaluation import report_eval
+
+    path = run.path("stages", f"s{k}", "test.json")
+    rec = json.loads(path.read_text())
+    want = [i.seed for i in run.suite()]
+    if rec.get("seeds", want) != want:
+        if ckpt is None:
+            raise ValueError(f"{path}: scored on another test set ({len(rec['seeds'])} instances, the run's eval now "
+                             f"draws {len(want)}): its eval config changed since; use a new output folder")
+        report_eval(run, k, ckpt)
+        rec = json.loads(path.read_text())
+    return rec["valid"]

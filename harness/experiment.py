@@ -267,7 +267,7 @@ def warm_start(rc0, out: Path, say: Callable[[str], None]) -> tuple[Path, list[f
     run = open_run(out / "warmstart", rc0)
     try:
         ckpt = Path(node_setup(run, {})["policy"])
-        per = held_out(run, 0)
+        per = held_out(run, 0, str(ckpt))  # scored again if the test set changed since it was made
     finally:
         run.close()
         run.store.close()
@@ -538,7 +538,7 @@ def run_experiments(exps: list[tuple[ExperimentConfig, Path]], say: Callable[[st
                         "suite": rc0.eval.name, "n_instances": len(blocks), "stages": rc0.budget.stages,
                         "seeds": cfg.seeds, "skipped": p["skipped"], "jobs": jobs,
                         "curves": {a: [r["curve"] for r in rows] for a, rows in by_arm.items()},
-                        "warm_valid": [w["valid"] for w in warm]})
+                        "warm_valid": [w["valid"] for w in warm], "warm_per_instance": warm_per})
         (out / "results.json").write_text(json.dumps(summary, indent=1, default=float))
         (out / "summary.md").write_text(table(summary))
         write_plot(summary, out)
@@ -596,6 +596,12 @@ def _schedule(units: dict[tuple, _Unit], preps: list, labels: list[str], say: Ca
         if not rf.exists():
             return False
         r = json.loads(rf.read_text())
+        n = len(results[(u.exp, "warm")]["per_instance"])
+        if len(r.get("final_per_instance") or []) != n:
+            raise ExperimentError(f"{rf}: tested on {len(r.get('final_per_instance') or [])} held-out instances, the "
+                                  f"experiment's test set now has {n} (its eval changed since): a result on another "
+                                  "test set cannot be compared; use a new --out, or remove that arm's folder to re-run "
+                                  "it")
         say(f"{_tag(labels, u.exp)}{u.kind} seed {u.seed}: done earlier (held-out valid {r['final']['valid']:.3f}), "
             "not re-run")
         done(u, r)

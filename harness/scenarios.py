@@ -10,7 +10,7 @@ A scenario file (`examples/scenarios/*.yaml`; the defect is a comment at its top
     run: base/mapf.yaml             # the run config every arm shares (policy, warm start, recipe sizing, stages,
                                     # backtest, gate, engineer): inline, or a path relative to this file
     target: {...}                   # a generator config: the judge's distribution (backtest.env) AND the test set
-    test_n: 200                     # test instances drawn from the target (test split, greedy)
+    test_n: 1000                    # test instances drawn from the target (test split, greedy)
     round0: {env: {...}, recipe: {...}, reward: {...}}    # the harness the run starts from (the broken one)
     oracle: {env: {...}, recipe: {...}, reward: {...}}    # the known-good harness a careful person would write
     control: false                  # true only for the healthy control, whose round0 IS the oracle
@@ -67,7 +67,9 @@ class Scenario(_Strict):
     scenario: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=60, description="the name")
     run: dict[str, Any] = Field(..., description="the run config every arm shares (inline, or a relative path)")
     target: dict[str, Any] = Field(..., description="generator config: the judge's distribution and the test set")
-    test_n: int = Field(200, ge=8, description="test instances drawn from the target (test split)")
+    # 1000: at 200 a greedy rate's standard error is ~3.3 points, as large as the differences the table compares, and
+    # an arm that keeps the shared warm start keeps that draw's luck (BENCHMARKS.md, "Fortieth session")
+    test_n: int = Field(1000, ge=8, description="test instances drawn from the target (test split)")
     round0: HarnessSpec = Field(..., description="the harness the run starts from")
     oracle: HarnessSpec = Field(..., description="the known-good harness (the oracle arm's)")
     control: bool = Field(False, description="the healthy control: round0 is the oracle")
@@ -317,16 +319,30 @@ def _vs(per: dict[str, dict[int, list[float]]], arm: str, other: str) -> tuple[f
     return paired([per[arm][s] for s in common], [per[other][s] for s in common]) if common else None
 
 
-def summarize(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
+WARM = "warm start"  # the shared start, as a row of `per` in `summarize`
+
+
+def summarize(rows: dict[str, dict[str, Any]], warm: dict[str, list[float]] | None = None) -> dict[str, Any]:
     """Per scenario: each arm's final valid (mean over seeds) and its paired difference from fixed-template; the gap
     (oracle - fixed-template) and each arm's recovery of it; each evolved arm paired against the scenario's best
-    automatic arm (`AUTOMATIC`). `rows[scenario][arm]` = [result.json of each seed]."""
+    automatic arm (`AUTOMATIC`). `rows[scenario][arm]` = [result.json of each seed].
+
+    With `warm[scenario]` (the shared warm start's per-instance test outcomes, the same for every seed) each arm also
+    gets its difference from the warm start (`vs_warm`), and the scenario says whether its oracle trained above it
+    (`oracle_learns`: the interval's lower bound above 0). An oracle that does not learn makes the gap the harm the
+    defect does, not learning a good harness adds: an arm that keeps its warm start then "recovers" the whole gap
+    (issue 33: "measure that each oracle is good before it anchors anything")."""
     from harness.experiment import EVOLVED
 
     out: dict[str, Any] = {}
     for name, arms in rows.items():
         per = {arm: {r["seed"]: r["final_per_instance"] for r in results} for arm, results in arms.items()}
         sc: dict[str, Any] = {"arms": {}}
+        w = (warm or {}).get(name)
+        if w is not None:
+            seeds = sorted({s for p in per.values() for s in p if len(p[s]) == len(w)})
+            per[WARM] = {s: list(w) for s in seeds}
+            sc["warm"] = float(np.mean(w))
         for arm, results in arms.items():
             a: dict[str, Any] = {"seeds": len(per[arm]),
                                  "valid": float(np.mean([np.mean(v) for v in per[arm].values()])),
@@ -335,9 +351,13 @@ def summarize(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
                                  "cpu_s": float(sum(r.get("cpu_s", 0.0) for r in results))}
             if arm != "fixed-template" and "fixed-template" in per and (m := _vs(per, arm, "fixed-template")):
                 a["vs_fixed"] = m
+            if WARM in per and (m := _vs(per, arm, WARM)):
+                a["vs_warm"] = m
             sc["arms"][arm] = a
         gap = sc["arms"].get("oracle", {}).get("vs_fixed")
         sc["gap"] = gap
+        if "vs_warm" in sc["arms"].get("oracle", {}):
+            sc["oracle_learns"] = bool(sc["arms"]["oracle"]["vs_warm"][1] > 0)
         if auto := [arm for arm in AUTOMATIC if arm in arms]:  # the loop's bar: the best curriculum or PBT arm
             best = sc["best_automatic"] = max(auto, key=lambda arm: sc["arms"][arm]["valid"])
             for arm in EVOLVED:
@@ -419,9 +439,11 @@ def _pts(m) -> str:
 
 
 def table(summary: dict[str, Any], arms: list[str]) -> str:
-    """Scenario x arm: final test valid %, then each arm's paired difference from fixed-template and its recovery."""
-    lines = ["| scenario | gap (oracle - fixed), points | " + " | ".join(arms) + " |",
-             "|---|---|" + "---|" * len(arms)]
+    """Scenario x arm: final test valid %, then each arm's paired difference from fixed-template and its recovery (the
+    oracle's cell: its difference from the warm start); the warm start's column when it is known; under the table,
+    each scenario whose oracle did not train above its warm start."""
+    lines = ["| scenario | gap (oracle - fixed), points | warm start | " + " | ".join(arms) + " |",
+             "|---|---|---|" + "---|" * len(arms)]
     for name, sc in summary.items():
         cells = []
         for arm in arms:
@@ -433,9 +455,15 @@ def table(summary: dict[str, Any], arms: list[str]) -> str:
             if "vs_fixed" in a and arm != "oracle":
                 cell += f" ({_pts(a['vs_fixed'])}"
                 cell += f"; {100 * a['recovery']:.0f}% of gap)" if "recovery" in a else ")"
+            elif arm == "oracle" and "vs_warm" in a:
+                cell += f" ({_pts(a['vs_warm'])} vs warm start)"
             cells.append(cell)
         gap = _pts(sc["gap"]) if sc["gap"] is not None else "(no oracle or fixed-template)"
-        lines.append(f"| {name} | {gap} | " + " | ".join(cells) + " |")
+        ws = f"{100 * sc['warm']:.1f}" if "warm" in sc else ""
+        lines.append(f"| {name} | {gap} | {ws} | " + " | ".join(cells) + " |")
+    if idle := [name for name, sc in summary.items() if sc.get("oracle_learns") is False]:
+        lines += ["", "Oracle not above its warm start beyond noise (the gap is harm the defect does, not learning a "
+                  "good harness adds; keeping the warm start recovers all of it): " + ", ".join(idle) + "."]
     return "\n".join(lines) + "\n"
 
 
@@ -470,7 +498,8 @@ def run_scenarios(files: list[Path], out: str | Path, arms: list[str], seeds: in
             res[arm] = [json.loads(p.read_text()) for s in range(seeds)
                         if (p := out / sc.scenario / arm / f"seed{s}" / "result.json").exists()]
         rows[sc.scenario] = {a: r for a, r in res.items() if r}
-    summary = summarize(rows)
+    summary = summarize(rows, warm_outcomes([out / sc.scenario for _, sc in loaded],
+                                            [sc.scenario for _, sc in loaded]))
     for _, sc in loaded:  # the evolved arms' promotions: what they changed, and when the defect was first fixed
         for arm, results in rows.get(sc.scenario, {}).items():
             if arm in EVOLVED:
@@ -486,6 +515,17 @@ def run_scenarios(files: list[Path], out: str | Path, arms: list[str], seeds: in
                                       f"thread): {cpu_h:.2f}; this call's wall: {doc['wall_s'] / 60:.1f} min\n")
     write_plot(summary, shown, out)
     return doc
+
+
+def warm_outcomes(dirs: list[Path], names: list[str]) -> dict[str, list[float]]:
+    """Each scenario's shared warm start, per test instance, from its experiment's results.json (written there since
+    the fortieth session; absent before, so older outputs have no warm-start column)."""
+    got = {}
+    for d, name in zip(dirs, names, strict=True):
+        p = d / "results.json"
+        if p.is_file() and (w := json.loads(p.read_text()).get("warm_per_instance")) is not None:
+            got[name] = [float(v) for v in w]
+    return got
 
 
 def write_plot(summary: dict[str, Any], arms: list[str], out: Path) -> None:

@@ -22,6 +22,7 @@ from harness.scenarios import (
     scenario_files,
     summarize,
     summary_md,
+    table,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -135,6 +136,30 @@ def test_recovery_is_the_share_of_the_oracles_gap():
     m = s["arms"]["evolved-rule"]["vs_best_automatic"]
     assert abs(m[0] + 0.5) < 1e-9 and m[2] < 0
     assert "| s | evolved-rule | plr | -50.0 [" in summary_md(summarize(rows), ["fixed-template", "evolved-rule", "plr"])
+
+
+def test_an_oracle_that_does_not_train_above_the_warm_start_is_named():
+    """The gap is oracle - fixed-template; when the oracle only holds its warm start, the gap is harm avoided, and an
+    arm that keeps the warm start "recovers" all of it: the table says so (issue 33: "measure that each oracle is good
+    before it anchors anything")."""
+    def r(seed, per):
+        return {"seed": seed, "final_per_instance": per, "compute": 10.0}
+    warm = [1, 1, 0, 0] * 8
+    rows = {"harm": {"fixed-template": [r(0, [0, 0, 0, 0] * 8), r(1, [1, 0, 0, 0] * 8)],
+                     "oracle": [r(0, warm), r(1, warm)], "evolved-rule": [r(0, warm), r(1, warm)]},
+            "learns": {"fixed-template": [r(0, warm), r(1, warm)],
+                       "oracle": [r(0, [1, 1, 1, 1] * 8), r(1, [1, 1, 1, 0] * 8)],
+                       "evolved-rule": [r(0, warm), r(1, warm)]}}
+    s = summarize(rows, {"harm": warm, "learns": warm})
+    assert s["harm"]["oracle_learns"] is False and s["learns"]["oracle_learns"] is True
+    assert abs(s["harm"]["warm"] - 0.5) < 1e-9 and s["harm"]["arms"]["evolved-rule"]["vs_warm"][0] == 0
+    assert abs(s["learns"]["arms"]["oracle"]["vs_warm"][0] - 0.375) < 1e-9
+    assert abs(s["harm"]["arms"]["evolved-rule"]["recovery"] - 1.0) < 1e-9  # all of a gap that is only harm
+    md = table(s, ["fixed-template", "oracle", "evolved-rule"])
+    assert "| harm | " in md and "| 50.0 | " in md and "vs warm start)" in md
+    assert md.rstrip().endswith("adds; keeping the warm start recovers all of it): harm."), md
+    # without the warm start (outputs written before it was kept) nothing is claimed either way
+    assert "oracle_learns" not in summarize(rows)["harm"] and "Oracle not above" not in table(summarize(rows), ["oracle"])
 
 
 def _texts(root: Path):
@@ -262,6 +287,17 @@ def test_a_tiny_scenario_runs_every_arm_at_equal_compute_no_arm_reads_the_defect
     assert "done earlier" in res.stdout and "scenario_tiny_gap:" in res.stdout and "/2:" not in res.stdout
     assert not (d / "s1").exists()
     assert [c["stage"] for c in json.loads((d / "result.json").read_text())["curve"]] == [1, 2]
+    # the warm start is a column of the table, every arm is paired against it, and the oracle is checked against it
+    assert "warm" in sc and all("vs_warm" in a for a in sc["arms"].values()) and isinstance(sc["oracle_learns"], bool)
+    assert "| warm start |" in (out / "scenarios.md").read_text()
+    # a changed test set: the warm start's held-out record is scored again on the new one (its checkpoint is there),
+    # and an arm tested on the old one is refused by name, never paired instance by instance with the new one
+    f.write_text(f.read_text().replace("test_n: 16", "test_n: 24"))
+    from harness.experiment import ExperimentError
+
+    with pytest.raises(ExperimentError, match=r"tested on 16 held-out instances, the experiment's test set now has 24"):
+        run_scenarios([f], out, arms, 1, False, say=said.append)
+    assert len(json.loads((exp / "warmstart" / "stages" / "s0" / "test.json").read_text())["valid"]) == 24
 
 
 @pytest.mark.slow
