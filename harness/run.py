@@ -31,6 +31,13 @@ MEMO_MAX_PARAMS = 100_000_000  # checkpoints of smaller models are also kept in 
 
 log = logging.getLogger(__name__)
 
+DRAW_STRIDE = 1_000_000  # indices of each split a run seed owns (a run drawing more overlaps the next seed's: harmless)
+
+
+def seed_stretch(seed: int) -> int:
+    """The first index of every split a run with this seed draws from (seed 0: 0, as every run did before)."""
+    return (seed % 10_000) * DRAW_STRIDE
+
 
 class RunError(ValueError):
     """A run that cannot be started or resumed; the message says why and what to do."""
@@ -196,8 +203,12 @@ class Run:
         self.store.record_eval(self.id, stage, arm, split, **metrics)
 
     def draw_seeds(self, split: str, n: int, key: str) -> list[int]:
-        """`n` keyed seeds of `split` (the same ones again for the same key: `RunStore.draw_seeds`)."""
-        return self.store.draw_seeds(self.id, split, n, key=key)
+        """`n` keyed seeds of `split` (the same ones again for the same key: `RunStore.draw_seeds`). Each run seed
+        draws from its own stretch of every split (`DRAW_STRIDE` indices from `seed_stretch`), so two runs that differ
+        only in `seed` train, probe and judge on different instances and are independent replicates of the whole run,
+        not only of its sampling; the test suite (`suite`) is the same for every seed, so arms and seeds stay paired
+        on it. Until the fortieth session every run drew from index 0, whatever its seed."""
+        return self.store.draw_seeds(self.id, split, n, key=key, first=seed_stretch(self.config.seed))
 
     def event(self, stage: int | None, node: str, kind: str, message: str, key: str | None = None, **data: Any):
         new = self.store.add_event(self.id, kind, message, stage=stage, node=node, data=data or None, key=key)

@@ -3,6 +3,8 @@
 Seed `i` of split `s` is `i * 4 + SPLITS.index(s)`, so a seed's split is `seed % 4` and no two splits ever share a seed.
 Training draws only from `train`; diagnosis rolls out on `probe`; each backtest decision draws FRESH `backtest` seeds
 (a cursor that only moves forward, persisted by the run store); `test` is for final reports and benchmark suites.
+A run's cursors start at its seed's stretch (`harness.run.seed_stretch`), so runs that differ only in seed draw
+different train, probe and backtest instances; the test suites are the same for every seed.
 """
 
 from __future__ import annotations

@@ -532,10 +532,11 @@ class RunStore:
 
     # --- seeds: a forward-only cursor per split -------------------------------------------------------------------------
 
-    def draw_seeds(self, run: str, split: str, n: int, *, key: str | None = None) -> list[int]:
+    def draw_seeds(self, run: str, split: str, n: int, *, key: str | None = None, first: int = 0) -> list[int]:
         """`n` seeds of `split` never drawn before in this run (the cursor only moves forward, atomically, and is
         persisted). With `key` (e.g. 'stage3/cand-2'), a repeated call returns the SAME seeds it drew the first time,
-        so a re-entered backtest node evaluates on what it already drew instead of burning fresh seeds."""
+        so a re-entered backtest node evaluates on what it already drew instead of burning fresh seeds. `first`: the
+        index a split's cursor starts at in this run (read once, when the run first draws from the split)."""
         if n <= 0:
             raise StoreError(f"draw at least one seed, got n={n}")
         seedlib.seed_for(split, 0)  # raises SplitError for an unknown split
@@ -548,7 +549,8 @@ class RunStore:
                         raise StoreError(f"seed draw {key!r} on {split} already drew {prior[1]} seeds, not {n}; "
                                          "use a new key for a different draw")
                     return seedlib.seeds(split, prior[1], start=prior[0])
-            self.db.execute("INSERT OR IGNORE INTO seed_cursor (run, split, next) VALUES (?, ?, 0)", [run, split])
+            self.db.execute("INSERT OR IGNORE INTO seed_cursor (run, split, next) VALUES (?, ?, ?)",
+                            [run, split, int(first)])
             start = self.db.execute("UPDATE seed_cursor SET next = next + ? WHERE run = ? AND split = ? "
                                     "RETURNING next", [n, run, split]).fetchone()[0] - n
             if key is not None:

@@ -181,6 +181,34 @@ def test_keyed_draw_is_stable_on_reentry_and_still_fresh(store: RunStore):
         store.draw_seeds("r1", "backtest", 4, key="s0/s0-c1")
 
 
+def test_runs_that_differ_only_in_seed_train_probe_and_judge_on_different_instances(tmp_path: Path, monkeypatch):
+    """A run's seed is a replicate of the whole run: each seed draws train, probe and backtest instances from its own
+    stretch of every split (seed 0 where every run drew before), the same seed draws the same ones, and the test suite
+    is every seed's (so seeds stay paired on it). Before, every seed drew the same instances in the same order."""
+    from harness.config import parse_config
+    from harness.lifecycle import open_run
+
+    monkeypatch.setenv("EVOTRAINER_HOME", str(tmp_path / "home"))
+    base = {"task": "mapf", "name": "r", "policy": {"preset": "tiny"}, "warm_start": {"sft_examples": 0},
+            "eval": {"suite": "small", "limit": 8}}
+    draws, suites = {}, {}
+    for name, seed in (("a", 0), ("b", 1), ("c", 1), ("d", 2)):
+        run = open_run(tmp_path / name, parse_config({**base, "seed": seed}, "t"))
+        try:
+            draws[name] = {sp: run.draw_seeds(sp, 16, key="k") for sp in ("train", "probe", "backtest")}
+            suites[name] = [i.seed for i in run.suite()]
+        finally:
+            run.close()
+            run.store.close()
+    assert draws["a"]["backtest"] == seedlib.seeds("backtest", 16)  # seed 0: unchanged
+    assert draws["b"] == draws["c"]  # the same seed: the same instances
+    for x, y in (("a", "b"), ("a", "d"), ("b", "d")):
+        for sp in ("train", "probe", "backtest"):
+            assert not set(draws[x][sp]) & set(draws[y][sp]), (x, y, sp)
+            seedlib.check_split(draws[x][sp], sp)
+    assert suites["a"] == suites["b"] == suites["d"]
+
+
 def test_concurrent_draws_from_two_processes_are_disjoint(tmp_path: Path):
     path = tmp_path / "run.db"
     code = """
