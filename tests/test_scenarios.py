@@ -199,6 +199,7 @@ def test_a_fix_is_a_promoted_change_that_touches_what_the_oracle_changed(tmp_pat
     assert promotions_table({"s": {"arms": {"oracle": {}}}}) == ""
 
 
+@pytest.mark.timeout(900)  # every arm end to end: 300-440 s in CI on 2 shared cores, beside the rest of the suite
 def test_a_tiny_scenario_runs_every_arm_at_equal_compute_no_arm_reads_the_defect_and_it_resumes(tmp_path, monkeypatch):
     """The experiment's and the bench's end to end test in one (one warm start, one evolved arm: CI time)."""
     from harness.baselines import Provided
