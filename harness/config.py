@@ -99,6 +99,15 @@ class StageConfig(_Strict):
     step_shrink: float = Field(0.5, gt=0, lt=1, description="multiplier on the engineer's change steps at each fallback")
     prefetch: bool = Field(True, description="generate the stage's probe, backtest and next train instances in a "
                                              "background process while the policy trains")
+    exploit_after_promotion: int = Field(
+        1, ge=0, description="stages after a promotion that EXPLOIT it: such a stage trains the policy under "
+        "harness@main for the compute its arms would have used (`recipe.steps` + (`candidates` + 1) x "
+        "`backtest.arm_steps` GRPO steps), proposes nothing and judges no arm; its checkpoint continues only when it "
+        "confirms on fresh backtest instances against the stage's start (`backtest.carry_confirm`), and its "
+        "diagnosis is kept for the stage after it. 0: every stage explores (the rule before). Why: after a fix was "
+        "promoted, a stage of arms (each discarded unless it wins) trained the carried policy at most 60 of its ~160 "
+        "step-equivalents, and on a warm start GRPO can raise, the loop lost the too-hard mix to a learnability "
+        "sampler that trained all of its budget (BENCHMARKS.md, fortieth session)")
 
 
 class BacktestConfig(_Strict):

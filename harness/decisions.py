@@ -324,7 +324,8 @@ def confirm_clear(diffs: list[float]) -> bool:
     return mean != 0.0 if se == 0.0 else abs(mean) / se >= CONFIRM_Z
 
 
-def confirm_carry(run: Run, k: int, chosen: str, bt: Backtested) -> tuple[str, CarryChecked | None]:
+def confirm_carry(run: Run, k: int, chosen: str, bt: Backtested, start: str | None = None
+                  ) -> tuple[str, CarryChecked | None]:
     """(the checkpoint that continues, what the confirmation read or None): a trained checkpoint that
     `harness.results.continues_from` chose over the stage's start must confirm it on FRESH backtest instances
     (`backtest.carry_confirm` of them, drawn under their own key): both decoded greedily, in batches of `backtest.n`,
@@ -346,12 +347,15 @@ def confirm_carry(run: Run, k: int, chosen: str, bt: Backtested) -> tuple[str, C
     0.025-0.029) for checkpoints 2-5 points below the start on 1,920 instances; a 288-instance confirmation passes a
     true change of 0 about half the time and of -3 points about one time in seven, while with one standard error
     (about 2.7 points) those fall to about 16% and 2%, and a true +5 still passes about 80%. A selection rule, not a
-    test."""
+    test.
+
+    `start`: the stage's start checkpoint when the stage judged no arm (`bt.start` is None: an exploit stage, or a
+    stage with nothing to backtest), so its trained checkpoint confirms against it all the same."""
     from harness.arms import judge_carry_batch
 
     cfg = run.config.backtest
-    start = bt.start
-    if cfg.carry_confirm == 0 or start is None or chosen == start.checkpoint:
+    ref = bt.start.checkpoint if bt.start is not None else start
+    if cfg.carry_confirm == 0 or ref is None or chosen == ref:
         return chosen, None
     seeds = run.draw_seeds("backtest", cfg.carry_confirm, key=f"s{k}/carry")
     size = max(1, min(cfg.n, cfg.carry_confirm))
@@ -362,23 +366,23 @@ def confirm_carry(run: Run, k: int, chosen: str, bt: Backtested) -> tuple[str, C
     for j, at in enumerate(range(0, len(seeds), size), 1):
         part = seeds[at: at + size]
         mine += judge_carry_batch(run, k, name, chosen, part, j)
-        theirs += judge_carry_batch(run, k, "start", start.checkpoint, part, j)
+        theirs += judge_carry_batch(run, k, "start", ref, part, j)
         if confirm_clear([a - b for a, b in zip(mine, theirs, strict=True)]):
             break
     change, se = _mean_se([a - b for a, b in zip(mine, theirs, strict=True)])
-    check = CarryChecked(chosen=chosen, start=start.checkpoint, n=len(mine), chosen_valid=float(np.mean(mine)),
+    check = CarryChecked(chosen=chosen, start=ref, n=len(mine), chosen_valid=float(np.mean(mine)),
                          start_valid=float(np.mean(theirs)), change=change, se=se,
                          confirmed=change >= cfg.carry_margin * se)
-    said = (f"{base} against the stage's start {Path(start.checkpoint).name}, greedy on {check.n} fresh backtest "
+    said = (f"{base} against the stage's start {Path(ref).name}, greedy on {check.n} fresh backtest "
             f"instances of {len(seeds)}: {check.chosen_valid:.3f} vs {check.start_valid:.3f} (change "
             f"{check.change:+.3f}, se {check.se:.3f}; it must read at least {cfg.carry_margin:g} se above)")
     if check.confirmed:
         run.event(k, "decide", "carry_confirmed", f"{said}: it continues", key=f"{k}/carry-confirm")
         return chosen, check
     run.event(k, "decide", "not_carried", f"{said}: not above the start by its noise on instances it was not chosen "
-              f"on, so the next stage starts from {Path(start.checkpoint).name} (backtest.carry_confirm)",
+              f"on, so the next stage starts from {Path(ref).name} (backtest.carry_confirm)",
               key=f"{k}/carry-confirm")
-    return start.checkpoint, check
+    return ref, check
 
 
 def fell_below_start(start: Any, arm: ArmEval) -> bool:
@@ -474,6 +478,31 @@ def carried_nothing(run: Run, k: int) -> list[int]:
 
 
 IDLE_STAGES = 2  # after this many stages in a row that carried no trained checkpoint, the next stage escalates
+
+
+def exploiting(run: Run, k: int) -> str | None:
+    """The promoted candidate stage k exploits (`stage.exploit_after_promotion`), or None when stage k explores: the
+    latest promotion at most that many stages back (the stages between are exploit stages, which promote nothing).
+    Such a stage trains under harness@main for the compute its arms would have used, proposes nothing, and its
+    checkpoint continues only when it confirms against the stage's start (`confirm_carry`): the explore/exploit
+    rhythm of population-based training (Jaderberg et al., "Population Based Training of Neural Networks", 2017),
+    where a member trains under what won for a while before the next change is tried. A human-revised or aborted
+    stage promotes nothing, so it starts no exploitation."""
+    from harness.results import Decided
+
+    n = run.config.stage.exploit_after_promotion
+    for j in range(k - 1, max(0, k - 1 - n), -1):
+        d = run.result(j, Decided)
+        if d is not None and d.winner:
+            return d.winner
+    return None
+
+
+def exploit_steps(run: Run, recipe_steps: int) -> int:
+    """The GRPO steps of an exploit stage: the stage's own plus what its arms would have trained (a control arm and
+    `stage.candidates` candidate arms of `backtest.arm_steps` each)."""
+    cfg = run.config
+    return recipe_steps + (cfg.stage.candidates + 1) * cfg.backtest.arm_steps
 
 
 def _causes(run: Run, k: int, diagnosis: Any, idle: list[int]) -> set[str]:

@@ -19,6 +19,11 @@ result), and every write it makes is keyed (candidate ids, git branches and tags
 tries), so a node re-entered after SIGKILL never duplicates a commit, a row or a skill update. The LangGraph state
 holds ids, paths and small summaries only; rollouts, checkpoints and evidence live on disk and in run.db.
 
+Explore and exploit: a stage explores (the engineer proposes, arms are judged, one change may win); the stage after a
+promotion exploits it (`stage.exploit_after_promotion`, `harness.decisions.exploiting`): its train node trains for the
+compute its arms would have used, it proposes nothing, and its checkpoint continues only when it confirms against the
+stage's start on fresh backtest instances (`harness.decisions.confirm_carry`, the rule every stage's carry obeys).
+
 Held-out hygiene: training draws only `train` seeds, the diagnosis sees only `probe` rollouts, every decision draws
 fresh `backtest` seeds (a forward-only cursor in run.db), and the `test` split is only used for per-stage reports.
 """
@@ -39,6 +44,8 @@ from harness.decisions import (
     arms_vs_start,
     confirm_carry,
     escalate,
+    exploit_steps,
+    exploiting,
     fell_below_start,
     judge_whole_plan,
     look_until_decided,
@@ -145,11 +152,21 @@ def node_train(run: Run, state: State) -> State:
     cfg, files = run.config, run.workspace().files("main")
     env, recipe, _ = harness_models(files, run.task)
     prefetch_stage(run, k, env, recipe)
-    run.event(k, "train", "node_start", f"GRPO {recipe.steps} steps under harness@main")
-    r = train_policy(run, k, "policy", state["policy"], files, recipe.steps, f"s{k}/train",
+    steps, exploits = recipe.steps, exploiting(run, k)
+    if exploits:  # the stage after a promotion trains under it for its arms' compute too (`stage.exploit_after_...`)
+        steps = exploit_steps(run, recipe.steps)
+        run.event(k, "train", "exploit", f"stage {k} exploits {exploits} (promoted at stage {k - 1} or before): "
+                  f"{steps} GRPO steps under harness@main ({recipe.steps} of the stage's own and the {steps - recipe.steps} "
+                  "its arms would have trained); it proposes nothing, and its checkpoint continues only when it "
+                  "confirms against the stage's start on fresh backtest instances (stage.exploit_after_promotion)",
+                  key=f"{k}/exploit")
+    run.event(k, "train", "node_start", f"GRPO {steps} steps under harness@main")
+    r = train_policy(run, k, "policy", state["policy"], files, steps, f"s{k}/train",
                      run.path("checkpoints", f"s{k}-train"), seed=cfg.seed + k)
-    _finish(run, k, r, t0, f"trained {recipe.steps} steps")
-    return {"train_ckpt": r.checkpoint, "log": [f"stage {k} train: {recipe.steps} GRPO steps"]}
+    r = r.model_copy(update={"exploits": exploits})
+    _finish(run, k, r, t0, f"trained {steps} steps" + (f" (exploiting {exploits})" if exploits else ""))
+    return {"train_ckpt": r.checkpoint, "log": [f"stage {k} train: {steps} GRPO steps"
+                                                + (f", exploiting {exploits}" if exploits else "")]}
 
 
 def node_probe(run: Run, state: State) -> State:
@@ -249,6 +266,10 @@ def node_propose(run: Run, state: State) -> State:
     from harness.vet import apply_change
 
     cfg = run.config
+    if (trained := run.result(k, Trained)) is not None and trained.exploits:
+        msg = f"none: the stage exploits {trained.exploits} (stage.exploit_after_promotion)"
+        _finish(run, k, Proposed(candidates=[], engineer="exploit"), t0, msg)
+        return {"candidates": [], "log": [f"stage {k} propose: {msg}"]}
     diag = Diagnosis.model_validate_json(Path(run.result(k, Diagnosed).diagnosis).read_text())
     skills = run.skills()
     try:
@@ -341,8 +362,10 @@ def node_backtest(run: Run, state: State) -> State:
     cfg, ws = run.config, run.workspace()
     diag_vs, vetted = judge_diagnostics(run, k, state.get("vetted", []))
     if not vetted:
+        trained = run.result(k, Trained)
         _finish(run, k, Backtested(verdicts=diag_vs), t0, f"{len(diag_vs)} diagnostic(s) judged; no arm to train"
-                if diag_vs else "nothing to backtest")
+                if diag_vs else f"no arm: the stage exploits {trained.exploits}" if trained is not None
+                and trained.exploits else "nothing to backtest")
         return {}
     steps = cfg.backtest.arm_steps
     main_files = ws.files("main")
@@ -452,7 +475,8 @@ def node_decide(run: Run, state: State) -> State:
     merged = _merge_diagnostics(run, diag)
     next_policy = continues_from(state["policy"], run.result(k, Trained).checkpoint, run.result(k, Probed).regressed,
                                  bt, run.result(k, ArmRecord, node=f"arm:{winner.candidate}") if winner else None)
-    next_policy, check = confirm_carry(run, k, next_policy, bt)  # fresh instances, not the ones it was chosen on
+    # fresh instances, not the ones it was chosen on; a stage that judged no arm confirms against its own start
+    next_policy, check = confirm_carry(run, k, next_policy, bt, start=state["policy"])
     if winner is None and (arm := next((a for a in bt.arms_vs_start if a.checkpoint == next_policy), None)):
         run.event(k, "decide", "carried_arm",
                   f"no candidate beat the control arm with confidence, but {arm.candidate}'s arm is confidently above "
@@ -498,7 +522,9 @@ def _decide_state(run: Run, state: State, r: Decided) -> State:
                   f"{rej} rejections in a row: back to the last promoted harness (main), smaller changes next",
                   key=f"{k}/fallback")
         rej = 0
-    nwp = 0 if r.winner else state.get("stages_without_promotion", 0) + 1
+    trained = run.result(k, Trained)
+    exploited = trained is not None and bool(trained.exploits)  # an exploit stage tries nothing: it is no failure
+    nwp = 0 if r.winner else state.get("stages_without_promotion", 0) + (0 if exploited else 1)
     return {"winner": r.winner, "next_policy": r.next_policy, "consecutive_rejections": rej,
             "stages_without_promotion": nwp}
 

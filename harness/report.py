@@ -189,12 +189,15 @@ def print_summary(run_dir: Path, console) -> dict[str, Any]:
         console.print(f"paused: waits at the {shown(st['waiting'])}: evotrainer approve {run} | evotrainer revise "
                       f"{run} \"feedback\" | evotrainer abort {run}", highlight=False)
     idle = [s["stage"] for s in st["stages"] if s.get("carried") is False]
+    store = RunStore.open(run_dir / "run.db")
+    try:
+        events = store.events(st["run"])
+    finally:
+        store.close()
+    for e in events:  # a stage that trained under the last promotion instead of judging arms
+        if e["kind"] == "exploit":
+            console.print(f"exploit, stage {e['stage']}: {shown(e['message'])}", highlight=False)
     if idle:  # a stage that carried no trained checkpoint, and what the loop did about it
-        store = RunStore.open(run_dir / "run.db")
-        try:
-            events = store.events(st["run"])
-        finally:
-            store.close()
         esc = [f"stage {e['stage']}: {e['message']}" for e in events if e["kind"] == "escalation"]
         why = [f"stage {e['stage']}: {e['message']}" for e in events  # why each idle stage kept its start
                if e["kind"] == "not_carried" and e["stage"] in idle]

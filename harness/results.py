@@ -48,6 +48,8 @@ class Trained(NodeResult):
     tokens: int = 0
     rewards: str | None = Field(None, description="the training rollouts' rewards, one `harness.records.RewardBatch` "
                                 "per GRPO scoring call (JSONL): per completion its instance's seed, level and reward")
+    exploits: str | None = Field(None, description="the promoted candidate this stage exploits (`stage."
+                                 "exploit_after_promotion`): it trained for its arms' compute too and proposes nothing")
 
 
 class Probed(NodeResult):

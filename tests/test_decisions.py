@@ -598,3 +598,31 @@ def test_a_chosen_checkpoint_continues_only_when_fresh_instances_confirm_it(run,
     monkeypatch.setattr(run, "config", off)
     assert confirm_carry(run, 3, "ckpt/s3-control", bt) == ("ckpt/s3-control", None) and len(calls) == n
     assert confirm_clear([1.0] * 5) and not confirm_clear([0.0] * 50) and not confirm_clear([1.0, -1.0] * 20)
+    # a stage that judged no arm (an exploit stage: `bt.start` is None) confirms against the start it is given
+    monkeypatch.setattr(run, "config", run.config.model_copy(update={"backtest": run.config.backtest.model_copy(
+        update={"carry_confirm": 64})}))
+    got6, check6 = confirm_carry(run, 6, "ckpt/s6-train", Backtested(), start="ckpt/start")
+    assert got6 == "ckpt/start" and check6 is not None and check6.start == "ckpt/start" and not check6.confirmed
+    assert confirm_carry(run, 7, "ckpt/s7-train", Backtested()) == ("ckpt/s7-train", None)  # no start: as before
+
+
+def test_the_stage_after_a_promotion_exploits_it(run, monkeypatch):
+    """`stage.exploit_after_promotion` (`harness.decisions.exploiting`): the n stages after a promotion exploit it; a
+    stage further away, or after a stage that promoted nothing, explores; 0 turns it off; an exploit stage trains
+    `recipe.steps` + (candidates + 1) x `arm_steps`. Caught: exploiting after a stage with no winner, exploiting
+    forever after one promotion, or an exploit stage that trains only its own steps (its arms' compute lost)."""
+    from harness.decisions import exploit_steps, exploiting
+    from harness.results import Decided
+
+    run.save_result(1, Decided(winner="s1c1", next_policy="ckpt/s1-s1c1"))
+    run.save_result(2, Decided(winner=None, next_policy="ckpt/s2-train"))
+    run.save_result(3, Decided(winner=None, next_policy="ckpt/s2-train"))
+    assert exploiting(run, 1) is None and exploiting(run, 2) == "s1c1" and exploiting(run, 3) is None
+    cfg = run.config
+    monkeypatch.setattr(run, "config", cfg.model_copy(update={"stage": cfg.stage.model_copy(
+        update={"exploit_after_promotion": 2})}))
+    assert exploiting(run, 3) == "s1c1" and exploiting(run, 4) is None
+    monkeypatch.setattr(run, "config", cfg.model_copy(update={"stage": cfg.stage.model_copy(
+        update={"exploit_after_promotion": 0})}))
+    assert exploiting(run, 2) is None
+    assert exploit_steps(run, 5) == 5 + (cfg.stage.candidates + 1) * cfg.backtest.arm_steps

@@ -443,6 +443,50 @@ def test_resume_of_a_run_killed_while_being_created(tmp_path):
     assert [s["stage"] for s in st["stages"]] == [1]
 
 
+def test_an_exploit_stage_trains_for_its_arms_compute_and_confirms_its_carry(tmp_path, monkeypatch):
+    """The stage after a promotion (`stage.exploit_after_promotion`; whether stage 1 promotes is up to real training,
+    so which stage exploits is fixed here): its policy trains `recipe.steps` + (candidates + 1) x `arm_steps` GRPO
+    steps under harness@main, it proposes nothing and trains no arm, the review says so, and its checkpoint continues
+    only after a greedy confirmation against the stage's start on fresh backtest instances. Caught: an exploit stage
+    that trains only its own steps, still proposes or trains arms, or carries its checkpoint unchecked (a stage
+    without arms had no target check before)."""
+    from harness import graph
+    from harness.results import Decided, Probed, Proposed, Trained
+
+    monkeypatch.setattr(graph, "exploiting", lambda run, k: "s1c1" if k == 2 else None)
+    cfg = parse_config({**TINY, "backtest": {**TINY["backtest"], "carry_confirm": 32}}, "test")
+    run_dir = start_run(cfg, tmp_path / "runs", run_id="exploit")
+    st = _check_consistent(run_dir)
+    store = RunStore.open(run_dir / "run.db")
+    try:
+        want = TINY["recipe"]["steps"] + (cfg.stage.candidates + 1) * cfg.backtest.arm_steps
+        grpo2 = [c for c in store.ledger("exploit") if c["stage"] == 2 and c["kind"] == "grpo"]
+        assert [(c["arm"], c["steps"]) for c in grpo2] == [("policy", want)], grpo2
+        assert len(store.result("exploit", 2, Trained).steps) == want
+        assert store.result("exploit", 2, Trained).exploits == "s1c1"
+        assert store.result("exploit", 2, Proposed).engineer == "exploit"
+        assert not [c for c in st["candidates"] if c["stage"] == 2] and [c for c in st["candidates"] if c["stage"] == 1]
+        assert any(e["kind"] == "exploit" and e["stage"] == 2 for e in st["events"])
+        dec, probe = store.result("exploit", 2, Decided), store.result("exploit", 2, Probed)
+        start = store.result("exploit", 1, Decided).next_policy
+        if not probe.regressed:  # the trained checkpoint was checked where it matters before it could continue
+            assert dec.carry_check is not None and dec.carry_check.start == start and dec.carry_check.n > 0
+            assert dec.next_policy == (dec.carry_check.chosen if dec.carry_check.confirmed else start)
+        else:
+            assert dec.next_policy == start
+    finally:
+        store.close()
+    from io import StringIO
+
+    from rich.console import Console
+
+    from harness.report import print_summary
+
+    out = StringIO()
+    print_summary(run_dir, Console(file=out, width=400))
+    assert "exploits s1c1" in out.getvalue(), out.getvalue()
+
+
 def test_a_recipe_that_collapses_the_policy_is_caught_and_not_carried_forward(tmp_path):
     """Bad input: a learning rate that destroys the policy. The warm start solves easy 3x3 boards; one stage of GRPO
     at lr 0.05 wrecks it. The probe sees the fall (paired, beyond noise), records grpo.policy_regressed, the arms and
