@@ -54,6 +54,7 @@ def gather(run_dir: Path) -> dict[str, Any]:
         store.close()
     stop = next((e["message"] for e in reversed(events) if e["kind"] == "finished"), None)
     warnings = [e for e in events if e["kind"] in ("warning", "regression")]
+    exploits = [e for e in events if e["kind"] == "exploit"]  # stages that trained under the last promotion
     diffs, evolved = {}, ""
     try:
         from sandbox.workspace import Workspace
@@ -68,7 +69,7 @@ def gather(run_dir: Path) -> dict[str, Any]:
     except Exception:  # noqa: BLE001 - a harness repo that cannot be read: the page says so
         evolved = None
     return {"status": st, "curve": curve(run_dir), "evals": evals, "slice_order": slice_order(st["task"]),
-            "training": dict(training), "findings": findings, "stop": stop, "warnings": warnings, "diffs": diffs,
+            "training": dict(training), "findings": findings, "stop": stop, "warnings": warnings, "exploits": exploits, "diffs": diffs,
             "evolved": evolved, "rows": cand_rows}
 
 
@@ -341,6 +342,9 @@ def build(run_dir: Path) -> str:
     decisions = "".join(_decision(c, d, gate_min) for c in sorted(st["candidates"],
                                                                   key=lambda c: (c["stage"], c["id"])))
     decisions = decisions or "<p class=note>none yet</p>"
+    if d.get("exploits"):  # an exploit stage proposes nothing: say why it has no decision
+        decisions = "<ul class=exploits>" + "".join(f"<li>stage {x['stage']}: {E(x['message'])}</li>"
+                                                    for x in d["exploits"]) + "</ul>" + decisions
     skills = defaultdict(list)
     for c in st["candidates"]:
         if c["skill"]:

@@ -485,6 +485,9 @@ def test_an_exploit_stage_trains_for_its_arms_compute_and_confirms_its_carry(tmp
     out = StringIO()
     print_summary(run_dir, Console(file=out, width=400))
     assert "exploits s1c1" in out.getvalue(), out.getvalue()
+    from harness.report_page import build
+
+    assert "<ul class=exploits><li>stage 2: stage 2 exploits s1c1" in build(run_dir)
 
 
 def test_a_recipe_that_collapses_the_policy_is_caught_and_not_carried_forward(tmp_path):
