@@ -100,11 +100,13 @@ class StageConfig(_Strict):
     prefetch: bool = Field(True, description="generate the stage's probe, backtest and next train instances in a "
                                              "background process while the policy trains")
     exploit_after_promotion: int = Field(
-        1, ge=0, description="stages after a promotion that EXPLOIT it: such a stage trains the policy under "
-        "harness@main for the compute its arms would have used (`recipe.steps` + (`candidates` + 1) x "
+        3, ge=0, description="at most this many stages in a row after a promotion EXPLOIT it: such a stage trains the "
+        "policy under harness@main for the compute its arms would have used (`recipe.steps` + (`candidates` + 1) x "
         "`backtest.arm_steps` GRPO steps), proposes nothing and judges no arm; its checkpoint continues only when it "
-        "confirms on fresh backtest instances against the stage's start (`backtest.carry_confirm`), and its "
-        "diagnosis is kept for the stage after it. 0: every stage explores (the rule before). Why: after a fix was "
+        "confirms on fresh backtest instances against the stage's start (`backtest.carry_confirm`, "
+        "`backtest.exploit_margin`), and the first one that does not hands the next stage back to exploring "
+        "(`harness.decisions.exploiting`); its diagnosis is kept for the stage after it. 0: every stage explores "
+        "(the rule before). Why: after a fix was "
         "promoted, a stage of arms (each discarded unless it wins) trained the carried policy at most 60 of its ~160 "
         "step-equivalents, and on a warm start GRPO can raise, the loop lost the too-hard mix to a learnability "
         "sampler that trained all of its budget (BENCHMARKS.md, fortieth session)")
@@ -162,6 +164,15 @@ class BacktestConfig(_Strict):
         "scenario of the reference family three confirmations of 288 instances read +0.000, +0.000 and +0.014 "
         "(se 0.025-0.029) for checkpoints 2-5 points below the start on 1,920 instances (BENCHMARKS.md, "
         "thirty-ninth session)")
+    exploit_margin: float = Field(
+        0.0, ge=0, description="`carry_margin` for the checkpoint of an exploit stage (`stage.exploit_after_promotion`"
+        "): 0 (the default) = it continues unless its greedy estimate on the fresh instances is below the start's. "
+        "Why lower than `carry_margin`: that margin guards a checkpoint CHOSEN among arms, or trained under a harness "
+        "no decision backed (the too-hard mix's control arms drifted 2-5 points down and read level on 288); an "
+        "exploit stage has one planned continuation, trained under a harness that won its backtest, so it is a "
+        "non-inferiority check. At se ~1.8 points a true +1.4 continues ~78% of the time with 0, ~41% with 1 "
+        "(the too-hard mix on a noisy-teacher warm start: its exploit stage read +1.4, se 1.8; BENCHMARKS.md, "
+        "forty-first session)")
 
 
 class SandboxConfig(_Strict):

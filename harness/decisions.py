@@ -324,8 +324,8 @@ def confirm_clear(diffs: list[float]) -> bool:
     return mean != 0.0 if se == 0.0 else abs(mean) / se >= CONFIRM_Z
 
 
-def confirm_carry(run: Run, k: int, chosen: str, bt: Backtested, start: str | None = None
-                  ) -> tuple[str, CarryChecked | None]:
+def confirm_carry(run: Run, k: int, chosen: str, bt: Backtested, start: str | None = None,
+                  margin: float | None = None) -> tuple[str, CarryChecked | None]:
     """(the checkpoint that continues, what the confirmation read or None): a trained checkpoint that
     `harness.results.continues_from` chose over the stage's start must confirm it on FRESH backtest instances
     (`backtest.carry_confirm` of them, drawn under their own key): both decoded greedily, in batches of `backtest.n`,
@@ -350,11 +350,14 @@ def confirm_carry(run: Run, k: int, chosen: str, bt: Backtested, start: str | No
     test.
 
     `start`: the stage's start checkpoint when the stage judged no arm (`bt.start` is None: an exploit stage, or a
-    stage with nothing to backtest), so its trained checkpoint confirms against it all the same."""
+    stage with nothing to backtest), so its trained checkpoint confirms against it all the same. `margin`: the
+    standard errors it must read above the start (default `backtest.carry_margin`; an exploit stage's is
+    `backtest.exploit_margin`)."""
     from harness.arms import judge_carry_batch
 
     cfg = run.config.backtest
     ref = bt.start.checkpoint if bt.start is not None else start
+    m = cfg.carry_margin if margin is None else margin
     if cfg.carry_confirm == 0 or ref is None or chosen == ref:
         return chosen, None
     seeds = run.draw_seeds("backtest", cfg.carry_confirm, key=f"s{k}/carry")
@@ -372,10 +375,11 @@ def confirm_carry(run: Run, k: int, chosen: str, bt: Backtested, start: str | No
     change, se = _mean_se([a - b for a, b in zip(mine, theirs, strict=True)])
     check = CarryChecked(chosen=chosen, start=ref, n=len(mine), chosen_valid=float(np.mean(mine)),
                          start_valid=float(np.mean(theirs)), change=change, se=se,
-                         confirmed=change >= cfg.carry_margin * se)
+                         confirmed=change >= m * se)
     said = (f"{base} against the stage's start {Path(ref).name}, greedy on {check.n} fresh backtest "
             f"instances of {len(seeds)}: {check.chosen_valid:.3f} vs {check.start_valid:.3f} (change "
-            f"{check.change:+.3f}, se {check.se:.3f}; it must read at least {cfg.carry_margin:g} se above)")
+            f"{check.change:+.3f}, se {check.se:.3f}; " + (f"it must read at least {m:g} se above)" if m else
+                                                  "it must not read below)"))
     if check.confirmed:
         run.event(k, "decide", "carry_confirmed", f"{said}: it continues", key=f"{k}/carry-confirm")
         return chosen, check
@@ -481,20 +485,28 @@ IDLE_STAGES = 2  # after this many stages in a row that carried no trained check
 
 
 def exploiting(run: Run, k: int) -> str | None:
-    """The promoted candidate stage k exploits (`stage.exploit_after_promotion`), or None when stage k explores: the
-    latest promotion at most that many stages back (the stages between are exploit stages, which promote nothing).
-    Such a stage trains under harness@main for the compute its arms would have used, proposes nothing, and its
-    checkpoint continues only when it confirms against the stage's start (`confirm_carry`): the explore/exploit
-    rhythm of population-based training (Jaderberg et al., "Population Based Training of Neural Networks", 2017),
-    where a member trains under what won for a while before the next change is tried. A human-revised or aborted
-    stage promotes nothing, so it starts no exploitation."""
-    from harness.results import Decided
+    """The promoted candidate stage k exploits (`stage.exploit_after_promotion`), or None when stage k explores.
+    After a promotion the next stage exploits it, and so does each stage after an exploit stage whose checkpoint
+    continued (it confirmed against its start: training under the promoted harness still pays), up to
+    `exploit_after_promotion` stages in a row; an exploit stage whose checkpoint did not continue (training under
+    that harness stopped paying, or lowered the policy) hands the next stage back to exploring, and so does the cap
+    (a long run still looks for the next change). An exploit stage trains under harness@main for the compute its
+    arms would have used and proposes nothing; its checkpoint continues only when it confirms (`confirm_carry`).
+    The explore/exploit rhythm of population-based training (Jaderberg et al., "Population Based Training of Neural
+    Networks", 2017: a member trains under what won until it is ready for the next change), with "ready" read from
+    the policy rather than a fixed interval. A human-revised or aborted stage promotes nothing, so it starts no
+    exploitation."""
+    from harness.results import Decided, Trained
 
-    n = run.config.stage.exploit_after_promotion
-    for j in range(k - 1, max(0, k - 1 - n), -1):
-        d = run.result(j, Decided)
-        if d is not None and d.winner:
-            return d.winner
+    cap = run.config.stage.exploit_after_promotion
+    for exploited, j in enumerate(range(k - 1, 0, -1)):  # `exploited`: exploit stages between j and k
+        d, t = run.result(j, Decided), run.result(j, Trained)
+        if d is None:
+            return None
+        if d.winner:
+            return d.winner if exploited < cap else None
+        if t is None or not t.exploits or d.next_policy != t.checkpoint:  # explored, or exploiting stopped paying
+            return None
     return None
 
 

@@ -590,6 +590,7 @@ def test_a_chosen_checkpoint_continues_only_when_fresh_instances_confirm_it(run,
     assert confirm_carry(run, 2, "ckpt/start", bt) == ("ckpt/start", None)  # the start itself: nothing to confirm
     got4, check4 = confirm_carry(run, 4, "ckpt/s4-edge", bt)  # above the start, by less than one standard error
     assert got4 == "ckpt/start" and 0 < check4.change < check4.se and check4.n == run.config.backtest.carry_confirm
+    assert confirm_carry(run, 8, "ckpt/s8-edge", bt, margin=0.0)[0] == "ckpt/s8-edge"  # an exploit stage's margin
     zero = run.config.model_copy(update={"backtest": run.config.backtest.model_copy(update={"carry_margin": 0.0})})
     monkeypatch.setattr(run, "config", zero)
     assert confirm_carry(run, 5, "ckpt/s5-edge", bt)[0] == "ckpt/s5-edge"  # "not below" carries it
@@ -607,22 +608,38 @@ def test_a_chosen_checkpoint_continues_only_when_fresh_instances_confirm_it(run,
 
 
 def test_the_stage_after_a_promotion_exploits_it(run, monkeypatch):
-    """`stage.exploit_after_promotion` (`harness.decisions.exploiting`): the n stages after a promotion exploit it; a
-    stage further away, or after a stage that promoted nothing, explores; 0 turns it off; an exploit stage trains
-    `recipe.steps` + (candidates + 1) x `arm_steps`. Caught: exploiting after a stage with no winner, exploiting
-    forever after one promotion, or an exploit stage that trains only its own steps (its arms' compute lost)."""
+    """`stage.exploit_after_promotion` (`harness.decisions.exploiting`): the stage after a promotion exploits it, and
+    so does each stage after an exploit stage whose checkpoint continued, up to the cap; an exploit stage whose
+    checkpoint did not continue, a stage after one that explored without a winner, and the stage past the cap
+    explore; 0 turns it off; an exploit stage trains `recipe.steps` + (candidates + 1) x `arm_steps`. Caught:
+    exploiting after a stage with no winner, exploiting on after exploitation stopped paying or forever, or an
+    exploit stage that trains only its own steps (its arms' compute lost)."""
     from harness.decisions import exploit_steps, exploiting
-    from harness.results import Decided
+    from harness.results import Decided, Trained
 
-    run.save_result(1, Decided(winner="s1c1", next_policy="ckpt/s1-s1c1"))
-    run.save_result(2, Decided(winner=None, next_policy="ckpt/s2-train"))
-    run.save_result(3, Decided(winner=None, next_policy="ckpt/s2-train"))
-    assert exploiting(run, 1) is None and exploiting(run, 2) == "s1c1" and exploiting(run, 3) is None
+    def stage(j: int, winner: str | None = None, exploits: str | None = None, carried: bool = True) -> None:
+        run.save_result(j, Trained(checkpoint=f"ckpt/s{j}-train", exploits=exploits))
+        run.save_result(j, Decided(winner=winner, next_policy=f"ckpt/s{j}-train" if carried else f"ckpt/s{j}-start"))
+
     cfg = run.config
-    monkeypatch.setattr(run, "config", cfg.model_copy(update={"stage": cfg.stage.model_copy(
-        update={"exploit_after_promotion": 2})}))
-    assert exploiting(run, 3) == "s1c1" and exploiting(run, 4) is None
-    monkeypatch.setattr(run, "config", cfg.model_copy(update={"stage": cfg.stage.model_copy(
-        update={"exploit_after_promotion": 0})}))
-    assert exploiting(run, 2) is None
+
+    def cap(n: int) -> None:
+        monkeypatch.setattr(run, "config", cfg.model_copy(update={"stage": cfg.stage.model_copy(
+            update={"exploit_after_promotion": n})}))
+
+    cap(2)
+    stage(1, winner="s1c1")
+    stage(2, exploits="s1c1")  # continued: exploitation goes on
+    stage(3, exploits="s1c1")  # continued, but the cap (2) is reached
+    assert exploiting(run, 1) is None and exploiting(run, 2) == "s1c1" and exploiting(run, 3) == "s1c1"
+    assert exploiting(run, 4) is None
+    cap(3)
+    assert exploiting(run, 4) == "s1c1"
+    stage(3, exploits="s1c1", carried=False)  # training under it stopped paying: back to exploring
+    assert exploiting(run, 4) is None
+    stage(4)  # explored, no winner
+    stage(5, winner="s5c2")
+    assert exploiting(run, 5) is None and exploiting(run, 6) == "s5c2"
+    cap(0)
+    assert exploiting(run, 6) is None and exploiting(run, 2) is None
     assert exploit_steps(run, 5) == 5 + (cfg.stage.candidates + 1) * cfg.backtest.arm_steps
