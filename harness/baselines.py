@@ -476,11 +476,14 @@ def held_out(run: Run, k: int, ckpt: str | None = None) -> list[float]:
 
     path = run.path("stages", f"s{k}", "test.json")
     rec = json.loads(path.read_text())
-    want = [i.seed for i in run.suite()]
-    if rec.get("seeds", want) != want:
+    want, name = [i.seed for i in run.suite()], run.config.eval.name
+    # the seeds and the test set's name (`eval.name`: a generator config's hash) together: a target edited in place
+    # keeps its seeds and draws other instances from them
+    if rec.get("seeds", want) != want or rec.get("suite", name) != name:
         if ckpt is None:
-            raise ValueError(f"{path}: scored on another test set ({len(rec['seeds'])} instances, the run's eval now "
-                             f"draws {len(want)}): its eval config changed since; use a new output folder")
+            raise ValueError(f"{path}: scored on another test set ({rec.get('suite', '?')}, {len(rec['seeds'])} "
+                             f"instances; the run's eval is now {name}, {len(want)} instances): its eval config "
+                             "changed since; use a new output folder")
         report_eval(run, k, ckpt)
         rec = json.loads(path.read_text())
     return rec["valid"]

@@ -110,7 +110,8 @@ def report_eval(run: Run, k: int, ckpt: str) -> None:
         per[r.group] = float(r.valid)
     # per-instance outcomes (same suite instances every stage): the report's paired stage-to-stage comparison
     out = run.path("stages", f"s{k}", "test.json")
-    out.write_text(json.dumps({"checkpoint": ckpt, "seeds": [i.seed for i in insts], "valid": per}))
+    out.write_text(json.dumps({"checkpoint": ckpt, "suite": run.config.eval.name, "seeds": [i.seed for i in insts],
+                               "valid": per}))
     for key, vals in rep.by_slice.items():
         for val, st in vals.items():
             run.record_eval(k, "policy", "test", n=st.n, valid=st.valid, optimal=st.optimal, slice_key=key,

@@ -596,12 +596,13 @@ def _schedule(units: dict[tuple, _Unit], preps: list, labels: list[str], say: Ca
         if not rf.exists():
             return False
         r = json.loads(rf.read_text())
-        n = len(results[(u.exp, "warm")]["per_instance"])
-        if len(r.get("final_per_instance") or []) != n:
-            raise ExperimentError(f"{rf}: tested on {len(r.get('final_per_instance') or [])} held-out instances, the "
-                                  f"experiment's test set now has {n} (its eval changed since): a result on another "
-                                  "test set cannot be compared; use a new --out, or remove that arm's folder to re-run "
-                                  "it")
+        warm = results[(u.exp, "warm")]
+        n, name = len(warm["per_instance"]), warm.get("suite")
+        if len(r.get("final_per_instance") or []) != n or (name and r.get("suite", name) != name):
+            raise ExperimentError(f"{rf}: tested on {len(r.get('final_per_instance') or [])} held-out instances of "
+                                  f"{r.get('suite', 'its test set')}, the experiment's test set is now {n} of "
+                                  f"{name or 'another'} (its eval changed since): a result on another test set cannot "
+                                  "be compared; use a new --out, or remove that arm's folder to re-run it")
         say(f"{_tag(labels, u.exp)}{u.kind} seed {u.seed}: done earlier (held-out valid {r['final']['valid']:.3f}), "
             "not re-run")
         done(u, r)
@@ -722,11 +723,13 @@ def _run_unit(kind: str, cfg_json: dict[str, Any], out: str, seed: int, arm: str
         rc0 = run_config(cfg, 0, plan(cfg)["arms"][0])
         ckpt, per = warm_start(rc0, out_p, say)
         say(f"warm start held-out valid {float(np.mean(per)):.3f}")
-        return {"checkpoint": str(ckpt), "per_instance": per, "t_start": t0, "t_end": time.time(), "pid": os.getpid()}
+        return {"checkpoint": str(ckpt), "per_instance": per, "suite": rc0.eval.name, "t_start": t0,
+                "t_end": time.time(), "pid": os.getpid()}
     if arm in EVOLVED:
         r = run_evolved(arm, cfg, seed, out_p / arm / f"seed{seed}", Path(ws), say, progress)
     else:
         r = run_baseline(arm, cfg, seed, int(budget), out_p / arm / f"seed{seed}", Path(ws), say)
+    r["suite"] = run_config(cfg, seed, arm, Path(ws)).eval.name  # the test set it was scored on (`read_back`)
     r["wall_s"] = time.time() - t0
     r["cpu_s"] = time.process_time() - c0  # this process's CPU (every torch thread), not its subprocesses'
     r["pid"], r["t_start"], r["t_end"] = os.getpid(), t0, time.time()

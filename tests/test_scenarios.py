@@ -296,9 +296,18 @@ def test_a_tiny_scenario_runs_every_arm_at_equal_compute_no_arm_reads_the_defect
     f.write_text(f.read_text().replace("test_n: 16", "test_n: 24"))
     from harness.experiment import ExperimentError
 
-    with pytest.raises(ExperimentError, match=r"tested on 16 held-out instances, the experiment's test set now has 24"):
+    with pytest.raises(ExperimentError, match=r"tested on 16 held-out instances of env:\w+, the experiment's test set "
+                       r"is now 24 of env:"):
         run_scenarios([f], out, arms, 1, False, say=said.append)
     assert len(json.loads((exp / "warmstart" / "stages" / "s0" / "test.json").read_text())["valid"]) == 24
+    # a target edited in place with the same test_n: the same seeds draw other instances; the test set's name (the
+    # target's hash) tells them apart, so the old arms are refused all the same
+    old = json.loads((d / "result.json").read_text())["suite"]
+    f.write_text(f.read_text().replace("test_n: 24", "test_n: 16").replace("hole_ratio: 0.2", "hole_ratio: 0.3"))
+    with pytest.raises(ExperimentError, match=rf"tested on 16 held-out instances of {old}, the experiment's test set is "
+                       r"now 16 of env:(?!" + old.split(":")[1] + ")"):
+        run_scenarios([f], out, arms, 1, False, say=said.append)
+    assert json.loads((exp / "warmstart" / "stages" / "s0" / "test.json").read_text())["suite"] != old
 
 
 @pytest.mark.slow
