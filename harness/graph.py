@@ -155,7 +155,8 @@ def node_train(run: Run, state: State) -> State:
     steps, exploits = recipe.steps, exploiting(run, k)
     if exploits:  # the stage after a promotion trains under it for its arms' compute too (`stage.exploit_after_...`)
         steps = exploit_steps(run, recipe.steps)
-        run.event(k, "train", "exploit", f"stage {k} exploits {exploits} (promoted at stage {k - 1} or before): "
+        at = (run.store.candidate(exploits) or {}).get("stage", "?")
+        run.event(k, "train", "exploit", f"stage {k} exploits {exploits} (promoted at stage {at}): "
                   f"{steps} GRPO steps under harness@main ({recipe.steps} of the stage's own and the {steps - recipe.steps} "
                   "its arms would have trained); it proposes nothing, and its checkpoint continues only when it "
                   "confirms against the stage's start on fresh backtest instances (stage.exploit_after_promotion)",
