@@ -1110,7 +1110,7 @@ def review(
 ) -> None:
     """The timeline of candidates (factor, rationale, evidence, verdict), or the diff of one candidate."""
     from harness.lifecycle import find_run
-    from harness.report import timeline
+    from harness.report import exploit_stages, timeline
     from harness.terminal import plain, shown
 
     run_dir = find_run(run_ref, runs_dir)
@@ -1119,7 +1119,10 @@ def review(
 
         print(plain(Workspace(run_dir / "harness", read_only=True).diff(candidate)))
         return
+    exploits = exploit_stages(run_dir)
     for c in timeline(run_dir):
+        while exploits and exploits[0]["stage"] < c["stage"]:
+            _print_exploit(exploits.pop(0))
         iv = c.get("interval")
         ev = f" effect {c['effect']:+.3f} [{iv[0]:+.3f}, {iv[1]:+.3f}]" if iv else ""
         console.print(f"[bold]{shown(c['id'])}[/] stage {shown(c['stage'])} · {shown(c['factor'])} · "
@@ -1127,6 +1130,16 @@ def review(
         console.print(f"  change: {shown(c['summary'])}\n  why: {shown(c['rationale'])}\n  verdict: {shown(c['reason'])}"
                       + (f"\n  commit: {shown(c['sha'][:10])} {shown(c['tag'] or '')}" if c.get("sha") else ""),
                       highlight=False)
+    for x in exploits:
+        _print_exploit(x)
+
+
+def _print_exploit(x: dict) -> None:
+    """One exploit stage of `review`: it has no candidate, so it is a line of its own between the stages'."""
+    from harness.terminal import shown
+
+    console.print(f"[bold]stage {x['stage']}[/] · exploit · trained {x['steps']} GRPO steps under {shown(x['exploits'])}"
+                  f" (promoted): {shown(x['outcome'])}", highlight=False)
 
 
 @app.command()

@@ -213,6 +213,39 @@ def print_summary(run_dir: Path, console) -> dict[str, Any]:
     return st
 
 
+def exploit_stages(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's exploit stages (`stage.exploit_after_promotion`), each with what it trained and whether its
+    checkpoint continued: {stage, exploits, steps, outcome}. They propose nothing, so the candidate timeline has no
+    row for them."""
+    from harness.results import Decided, Probed, Trained
+
+    store = RunStore.open(run_dir / "run.db")
+    try:
+        run_id = status(run_dir)["run"]
+        out = []
+        for s in store.stages(run_id):
+            k = s["stage"]
+            t = store.result(run_id, k, Trained)
+            if t is None or not t.exploits:
+                continue
+            d, p = store.result(run_id, k, Decided), store.result(run_id, k, Probed)
+            if d is None:
+                outcome = "not decided yet"
+            elif p is not None and p.regressed:
+                outcome = (f"its training lowered the probe beyond noise ({p.change:+.3f}): not carried, the next "
+                           "stage explores")
+            elif (c := d.carry_check) is not None:
+                outcome = (f"{'continues' if c.confirmed else 'not carried, the next stage explores'}: "
+                           f"{c.change:+.3f} (se {c.se:.3f}) against the stage's start, greedy on {c.n} fresh "
+                           "backtest instances")
+            else:
+                outcome = f"continues: {Path(d.next_policy).name}"
+            out.append({"stage": k, "exploits": t.exploits, "steps": len(t.steps), "outcome": outcome})
+        return out
+    finally:
+        store.close()
+
+
 def timeline(run_dir: Path) -> list[dict[str, Any]]:
     from sandbox.workspace import Workspace
 

@@ -274,12 +274,15 @@ def test_a_promoted_diagnostic_is_merged_beside_the_training_winner_and_reaches_
     store = RunStore.open(run_dir / "run.db")
     store.create_run("r", {})
     ws = Workspace.create(run_dir / "harness", files_override={"env.yaml": MAPF.spec.round0_env})
-    run = Run(run_dir=run_dir, config=parse_config(TINY, "test"), store=store)
+    # the stages' checkpoints here are names, not models: no carry confirmation (a stage whose backtest judged no
+    # start confirms its carry against the stage's start: tests/test_decisions.py), and the target probe
+    # (tests/test_target.py) is not rolled out
+    run = Run(run_dir=run_dir, config=parse_config({**TINY, "backtest": {**TINY["backtest"], "carry_confirm": 0}},
+                                                   "test"), store=store)
     from harness.lifecycle import make_judge
     from harness.run import JUDGE_FILE
 
     (run_dir / JUDGE_FILE).write_text(make_judge(run.config, ws.files("main")).model_dump_json())
-    # the stages' checkpoints here are names, not models: the target probe (tests/test_target.py) is not rolled out
     monkeypatch.setattr("harness.graph.target_probe", lambda *a, **k: None)
     write_rollouts(run.path("rollouts", "s1-probe.jsonl.gz"), rollouts("probe", 0, 24, SHAPED))
     write_rollouts(run.path("rollouts", "s1-control-backtest.jsonl.gz"), rollouts("backtest", 0, 24, SHAPED, seed=1))

@@ -490,7 +490,21 @@ def test_an_exploit_stage_trains_for_its_arms_compute_and_confirms_its_carry(tmp
     assert "exploits s1c1" in out.getvalue(), out.getvalue()
     from harness.report_page import build
 
-    assert "<ul class=exploits><li>stage 2: stage 2 exploits s1c1" in build(run_dir)
+    assert "<ul class=exploits><li>stage 2: stage 2 exploits s1c1 (promoted at stage 1)" in build(run_dir)
+    # `evotrainer review`: the exploit stage is a line of its own after stage 1's candidates, with what it trained
+    # and whether its checkpoint continued
+    from typer.testing import CliRunner
+
+    from harness.cli import app
+    from harness.report import exploit_stages
+
+    xs = exploit_stages(run_dir)
+    assert [(x["stage"], x["exploits"], x["steps"]) for x in xs] == [(2, "s1c1", want)], xs
+    res = CliRunner().invoke(app, ["review", str(run_dir)], env={"COLUMNS": "400"})
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    at = next(i for i, x in enumerate(lines) if x.startswith("stage 2 · exploit"))
+    assert f"trained {want} GRPO steps under s1c1" in lines[at] and any(x.startswith("s1c1 stage 1") for x in lines[:at])
 
 
 def test_a_recipe_that_collapses_the_policy_is_caught_and_not_carried_forward(tmp_path):
