@@ -477,7 +477,7 @@ def node_decide(run: Run, state: State) -> State:
     next_policy = continues_from(state["policy"], run.result(k, Trained).checkpoint, run.result(k, Probed).regressed,
                                  bt, run.result(k, ArmRecord, node=f"arm:{winner.candidate}") if winner else None)
     # fresh instances, not the ones it was chosen on; a stage that judged no arm confirms against its own start
-    exploited = run.result(k, Trained).exploits  # a planned continuation under a promoted harness: non-inferiority
+    exploited = run.result(k, Trained).exploits  # a planned continuation: its own margin (`backtest.exploit_margin`)
     next_policy, check = confirm_carry(run, k, next_policy, bt, start=state["policy"],
                                        margin=run.config.backtest.exploit_margin if exploited else None)
     if winner is None and (arm := next((a for a in bt.arms_vs_start if a.checkpoint == next_policy), None)):
