@@ -164,10 +164,11 @@ class BacktestConfig(_Strict):
         "scenario of the reference family three confirmations of 288 instances read +0.000, +0.000 and +0.014 "
         "(se 0.025-0.029) for checkpoints 2-5 points below the start on 1,920 instances (BENCHMARKS.md, "
         "thirty-ninth session)")
-    exploit_margin: float = Field(
-        1.0, ge=0, description="`carry_margin` for the checkpoint of an exploit stage (`stage.exploit_after_promotion`"
+    exploit_margin: float | None = Field(
+        None, ge=0, description="`carry_margin` for the checkpoint of an exploit stage (`stage.exploit_after_promotion`"
         "): it continues when its greedy estimate on the fresh instances is above the start's by this many standard "
-        "errors. 1 (the default) is the one-standard-error rule every carry obeys. 0 (not below the start) lets more "
+        "errors. Default: `carry_margin` (the one-standard-error rule every carry obeys). 0 (not below the start) "
+        "lets more "
         "of a slow gain through: on the too-hard mix over a noisy-teacher warm start one exploit stage read +1.4 "
         "(se 1.8) and continued only with 0, and that seed ended 2.1 points higher; but the promoted harness only "
         "beat its control arm, which may itself be falling, and on the demo (whose promoted rate harms the warm start "

@@ -69,8 +69,8 @@ def gather(run_dir: Path) -> dict[str, Any]:
     except Exception:  # noqa: BLE001 - a harness repo that cannot be read: the page says so
         evolved = None
     return {"status": st, "curve": curve(run_dir), "evals": evals, "slice_order": slice_order(st["task"]),
-            "training": dict(training), "findings": findings, "stop": stop, "warnings": warnings, "exploits": exploits, "diffs": diffs,
-            "evolved": evolved, "rows": cand_rows}
+            "training": dict(training), "findings": findings, "stop": stop, "warnings": warnings,
+            "exploits": exploits, "diffs": diffs, "evolved": evolved, "rows": cand_rows}
 
 
 # --- charts (matplotlib -> inline SVG) -------------------------------------------------------------------------------

@@ -472,9 +472,11 @@ def test_an_exploit_stage_trains_for_its_arms_compute_and_confirms_its_carry(tmp
         if not probe.regressed:  # the trained checkpoint was checked where it matters before it could continue
             assert dec.carry_check is not None and dec.carry_check.start == start and dec.carry_check.n > 0
             assert dec.next_policy == (dec.carry_check.chosen if dec.carry_check.confirmed else start)
-            # a planned continuation under a promoted harness: not below the start (`backtest.exploit_margin`)
-            assert dec.carry_check.confirmed == (dec.carry_check.change >= cfg.backtest.exploit_margin
-                                                 * dec.carry_check.se)
+            # a planned continuation under a promoted harness: its own margin (`backtest.exploit_margin`, default
+            # `carry_margin`)
+            margin = cfg.backtest.exploit_margin
+            margin = cfg.backtest.carry_margin if margin is None else margin
+            assert dec.carry_check.confirmed == (dec.carry_check.change >= margin * dec.carry_check.se)
         else:
             assert dec.next_policy == start
     finally:
