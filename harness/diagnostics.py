@@ -37,7 +37,7 @@ from pydantic import BaseModel
 from harness.records import Diagnosis, DiagnosticResult, Finding, HistoryItem, Rollout, TargetSlice, TargetView
 from harness.seeds import SplitError, check_split, split_of
 from harness.tasks.base import EnvStats, Instance, Mixture, TaskSpec
-from harness.tasks.knobs import ENTRY, entry_diff_text, entry_differences
+from harness.tasks.knobs import ENTRY, TARGET, config_differences, entry_diff_text, entry_differences
 from sandbox.runner import Limits, RunResult, SandboxUnavailable, run_function
 
 # --- thresholds -------------------------------------------------------------------------------------------------------
@@ -615,7 +615,7 @@ def builtin_diagnostics(rollouts: list[Rollout], train_metrics: list[dict[str, f
 # --- the target: the judge's distribution next to the training mix ---------------------------------------------------
 
 TARGET_CODES = ("target.slice_fails", "target.uncovered", "target.underweighted", "target.mastered", "target.falling",
-                "target.mix_all_fail", "target.mix_far", "target.entry_differs")
+                "target.mix_all_fail", "target.mix_far", "target.entry_differs", "target.differs")
 
 
 def _shares(weights: dict[str, float]) -> dict[str, float]:
@@ -664,7 +664,8 @@ def target_view(task: Any, target: list[Rollout], target_config: Any, train_conf
         by_slice.update(slice_stats(target, k))
     return TargetView(slice_key=key, overall=overall_stats(target), slices=slices, by_slice=by_slice,
                       previous_valid=overall_stats(previous)["valid"] if previous else None, train_valid=train_valid,
-                      shares_from=src)
+                      shares_from=src, config=target_config.model_dump(mode="json"),
+                      differs=config_differences(train_config, target_config, task.spec.entry_key))
 
 
 def _fell(now: float, n_now: int, before: float, n_before: int) -> bool:
@@ -687,6 +688,8 @@ def target_findings(view: TargetView | None, probe: list[Rollout], previous: lis
     while the mix still trains on it; rate = valid), `falling` (valid fell since the previous stage's target probe
     beyond noise while the training reward rose; rate = the drop), `entry_differs` (the mix's entry for a target slice
     the policy has not mastered is made differently from the target's: other field values, listed; rate = 1 - valid),
+    `differs` (the training env is not the target's generator config: critical when it differs in two or more ways,
+    `harness.tasks.knobs.config_differences`, so no finer knob reaches it; rate = 1 - valid on the target),
     and `mix_all_fail` from the training mix's probe:
     ALL_FAIL of its groups fail every sample (the mix is too hard: no learning signal; rate = that share)."""
     findings: list[Finding] = []
@@ -724,6 +727,17 @@ def target_findings(view: TargetView | None, probe: list[Rollout], previous: lis
             message=f"the training mix is far from the target: total variation {tv:.2f} between their {k} shares "
                     f"(mix vs target: {shares}) while the target's valid is {target_valid:.2f}: the policy learns a "
                     "distribution it is not judged on; re-weight the mix before tuning GRPO on it"))
+    if view.differs and view.config is not None and target_valid < MASTERED:
+        # the training env is not the judge's distribution in more than one way: no single finer change (the weights,
+        # one entry, one field) reaches it, and the one change that does, train on the target, is the first
+        # experiment a careful person runs (critical: the finer findings are then its parts); one way only: that
+        # finer change is this one already (warn)
+        findings.append(Finding(
+            code="target.differs", severity="critical" if len(view.differs) >= 2 else "warn",
+            count=sum(s.n for s in view.slices), rate=round(1 - target_valid, 4), knobs=[TARGET],
+            message=f"the training env is not the target in {len(view.differs)} way(s): {'; '.join(view.differs)}; "
+                    f"the target's valid is {target_valid:.2f}. {TARGET} trains on the target itself (every "
+                    "difference at once)"))
     for s in view.slices:
         metrics[f"target.valid.{k}={s.value}"] = s.valid
         if s.n < min_n:

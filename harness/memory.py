@@ -107,7 +107,7 @@ def passed_gate(row: dict[str, Any]) -> bool:
 
 def remember_skills(run: Run, k: int) -> None:
     """Record each decided candidate's try on its skill; file an engineer-invented change that won as a new skill."""
-    from harness.tasks.knobs import ENTRY, MIXTURE
+    from harness.tasks.knobs import ENTRY, MIXTURE, TARGET
     from skills.model import Evidence as SkillEvidence
     from skills.model import Intervention, Provenance, Skill, Trigger
 
@@ -131,9 +131,11 @@ def remember_skills(run: Run, k: int) -> None:
                 name = "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in name.lower())
                 # a whole-mixture change is filed as what it did, re-weight the mix toward the target: its weights
                 # belong to this run's target, the aim carries to the next
-                # (and a whole-entry change as: make the failing slice's entry the target's)
+                # (and a whole-entry change as: make the failing slice's entry the target's; a whole-target change
+                # as: train on the target's learnable part, which is the target itself where every slice is)
                 iv = Intervention(knob=MIXTURE, op="mix", value="target") if cand.change.knob == MIXTURE else \
                     Intervention(knob=ENTRY, op="adopt") if cand.change.knob == ENTRY else \
+                    Intervention(knob=TARGET, op="adopt", value="frontier") if cand.change.knob == TARGET else \
                     Intervention(knob=cand.change.knob, op="code" if cand.change.code else "set",
                                  value=cand.change.value, code=cand.change.code)
                 lib.add(Skill(

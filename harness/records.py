@@ -185,6 +185,10 @@ class TargetView(BaseModel):
                                                   "{valid, n, ...} on the target")
     shares_from: str = Field("config", description="config: shares from the task's Mixture capability; rollouts: "
                              "estimated from the slices the rollouts drew")
+    config: dict[str, Any] | None = Field(None, description="the target's generator config (the judge's distribution, "
+                                          "as JSON): what `env.target` makes the training env")
+    differs: list[str] = Field(default_factory=list, description="the ways the training env differs from the target, "
+                               "in words, one per finer change (`harness.tasks.knobs.config_differences`)")
 
 
 class Diagnosis(BaseModel):
@@ -246,6 +250,8 @@ class Candidate(BaseModel):
         """The one-line subject of its commit."""
         if self.change.kind == "diagnostic":
             return f"{self.change.knob}: add/revise diagnostic"
+        if self.change.knob == "env.target":  # harness.tasks.knobs.TARGET: the value is a whole config
+            return f"{self.change.knob}: train on the target's generator config"
         return f"{self.change.knob}: {self.old_value} -> {self.change.value}"
 
 

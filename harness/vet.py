@@ -37,7 +37,7 @@ from harness import diagnostics as D
 from harness.records import Candidate, Change, Rollout
 from harness.seeds import seeds
 from harness.tasks.base import Mixture, VetConfigs
-from harness.tasks.knobs import ENTRY, MIXTURE, WEIGHT, canonical_mixture, keyed_list, with_entry
+from harness.tasks.knobs import ENTRY, MIXTURE, TARGET, WEIGHT, canonical_mixture, keyed_list, with_entry
 from harness.yamledit import set_leaf_text
 from sandbox.runner import Limits
 
@@ -179,6 +179,8 @@ def apply_change(files: dict[str, str], change: Change, task: Any) -> dict[str, 
         if knob == ENTRY:
             return {ENV_FILE: _apply_entry(files[ENV_FILE], task.spec.config_model.model_validate(raw), change.value,
                                            task)}
+        if knob == TARGET:
+            return {ENV_FILE: _apply_target(files[ENV_FILE], base, change.value, task)}
         old = set_path(base, parts, change.value, knob, task.spec.entry_key)
         _check_value(knob, old, change.value)
         try:
@@ -284,6 +286,21 @@ def _apply_entry(original: str, base: BaseModel, value: Any, task: Any) -> str:
     lst = keyed_list(want, key)
     (slot, fields), = value.items()
     return _edit_leaves(original, [([lst, str(slot), f], v) for f, v in fields.items()], want, task)
+
+
+def _apply_target(original: str, base: dict[str, Any], value: Any, task: Any) -> str:
+    """env.yaml made the target's generator config as a whole (`env.target`): its header comments kept, the rest
+    written from the validated config. The value is the config itself (the diagnosis' `TargetView.config`)."""
+    if not isinstance(value, dict) or not value:
+        raise VetError(f"{TARGET} takes the target's generator config (an object), got {value!r:.120}")
+    try:
+        want = task.spec.config_model.model_validate(value).model_dump(mode="json")
+    except (ValidationError, ValueError) as exc:
+        raise VetError(f"{TARGET}: the target config does not validate as {task.name}'s generator config: "
+                       f"{_validation_msg(exc)}") from None
+    if want == base:
+        raise VetError(f"{TARGET}: the training env is the target already: the change does nothing")
+    return _dump_yaml(original, want)
 
 
 def _top_functions(tree: ast.Module) -> set[str]:

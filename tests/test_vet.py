@@ -294,6 +294,12 @@ def _instantiate(skill, files: dict[str, str], task: str) -> Change:
         cur = t.mixture(t.spec.config_model.model_validate(yaml.safe_load(files["env.yaml"])))
         first = next(iter(cur))
         return Change(kind="env", knob=iv.knob, value={**cur, first: 2 * cur[first]})
+    if iv.op == "adopt" and iv.knob == "env.target":  # the env made a target config: here its own, first weight doubled
+        cfg = t.spec.config_model.model_validate(yaml.safe_load(files["env.yaml"]))
+        cur = t.mixture(cfg)
+        first = next(iter(cur))
+        return Change(kind="env", knob=iv.knob, value=t.with_mixture(cfg, {**cur, first: 2 * cur[first]}).model_dump(
+            mode="json"))
     if iv.op == "adopt":  # one entry made like another config's: here its entry 5 / 2 with one field moved
         value = {"mapf": {"5": {"hole_ratio": 0.3, "agents": 3}}, "math": {"2": {"terms": 3}}}[task]
         return Change(kind="env", knob=iv.knob, value=value)

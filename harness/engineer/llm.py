@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.engineer.proposal import Knob, Proposal, entry_text, mixture_text, space_text
+from harness.engineer.proposal import Knob, Proposal, entry_text, mixture_text, space_text, target_text
 from harness.records import Diagnosis
 
 Messages = list[dict[str, str]]
@@ -79,7 +79,7 @@ def build_messages(diagnosis: Diagnosis, space: dict[str, Knob], max_candidates:
     schema = json.dumps(Proposal.model_json_schema(), indent=1)
     known = (f"Skills from the library that match these findings (what worked before; adapt a template's "
              f"{{slice}} to this diagnosis, or propose something else):\n{skills_text(skills, diagnosis.task)}\n\n") if skills else ""
-    mix = "\n".join(t for t in (mixture_text(diagnosis), entry_text(diagnosis)) if t)
+    mix = "\n".join(t for t in (mixture_text(diagnosis), entry_text(diagnosis), target_text(diagnosis)) if t)
     user = (f"{diagnosis_text(diagnosis)}\n\nAllowed knobs (path, current value, range):\n{space_text(space)}\n"
             f"{mix + chr(10) if mix else ''}\n"
             f"{known}{RULES}\n\nPropose at most {max_candidates} candidate(s), best first. Reply with a JSON object matching "

@@ -25,7 +25,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from harness.records import Candidate, Change, Diagnosis, cut
-from harness.tasks.knobs import ENTRY, MIXTURE, canonical_mixture, entry_diff_text, with_entry
+from harness.tasks.knobs import ENTRY, MIXTURE, TARGET, canonical_mixture, entry_diff_text, with_entry
 
 # --- errors -----------------------------------------------------------------------------------------------------------
 
@@ -48,10 +48,10 @@ class ProposedChange(BaseModel):
     model_config = ConfigDict(extra="forbid")
     knob: str = Field(..., max_length=200, description="ONE knob path from the allowed list (e.g. "
                       "env.<list>.<key>.<field>, recipe.temperature) or diagnostics/<name>.py for a diagnostic file")
-    value: float | int | dict[str, float] | dict[str, dict[str, float | int | str | bool]] | None = Field(
+    value: float | int | dict[str, float] | dict[str, dict[str, float | int | str | bool]] | str | None = Field(
         None, description="the NEW value (not a delta), within the knob's range; for env.mixture an object "
         "{slice value: weight} (the whole mix); for env.entry {slice value: {field: value}} (one entry's fields); "
-        "omit for a diagnostic")
+        "for env.target the word \"target\" (the training env becomes the target's config); omit for a diagnostic")
     code: str | None = Field(None, max_length=100_000, description="Python source of the diagnostic file; only for "
                              "diagnostics/<name>.py")
     rationale: str = Field(..., min_length=1, max_length=4000, description="which finding this addresses and why "
@@ -74,7 +74,7 @@ class ProposedChange(BaseModel):
             for x in v.values():
                 cls._finite(x)
             return v
-        if v is None or isinstance(v, bool):
+        if v is None or isinstance(v, bool | str):  # a word (env.target's "target") has no magnitude to check
             return v
         try:
             ok = abs(float(v)) < 1e15
@@ -192,6 +192,17 @@ def entry_text(diagnosis: Diagnosis) -> str:
     where = "; ".join(f"{view.slice_key} {s.value}: {entry_diff_text(s.entry_diff)}" for s in diffs)
     return (f"- {ENTRY}  value: an object {{<{view.slice_key}>: {{field: value, ...}}}}: ONE entry's fields set "
             f"together as ONE change (its weight kept). The mix's entries differ from the target's here: {where}")
+
+
+def target_text(diagnosis: Diagnosis) -> str:
+    """The prompt line for the train-on-the-target knob, when the training env is not the target (else empty)."""
+    view = diagnosis.target
+    if view is None or view.config is None or not view.differs:
+        return ""
+    return (f"- {TARGET}  value: \"target\" or \"frontier\": the training env made the target's generator config as "
+            "a whole, ONE change (every difference at once): train on what the policy is judged on (\"frontier\": "
+            "its entries weighted to the slices the policy partly solves, the rest at a floor). The training env "
+            f"differs from the target in {len(view.differs)} way(s): {'; '.join(view.differs)}")
 
 
 def space_text(space: dict[str, Knob]) -> str:
@@ -382,8 +393,8 @@ def _check_single_factor(i: int, raw: Any) -> None:
         why = f"it has {multi}"
     elif isinstance(knob, list):
         why = f"'knob' is a list of {len(knob)}"
-    elif isinstance(value, list) or (isinstance(value, dict) and knob not in (MIXTURE, ENTRY)):
-        why = "'value' is a " + type(value).__name__ + (f" (only {MIXTURE} and {ENTRY} take an object)"
+    elif isinstance(value, list) or (isinstance(value, dict) and knob not in (MIXTURE, ENTRY, TARGET)):
+        why = "'value' is a " + type(value).__name__ + (f" (only {MIXTURE}, {ENTRY} and {TARGET} take an object)"
                                                         if isinstance(value, dict) else "")
     elif isinstance(knob, str) and re.search(r"[,;+&]|\s(and)\s", knob):
         why = f"'knob' names several knobs: {cut(repr(knob), 80)}"
@@ -430,6 +441,28 @@ def _validate_entry(i: int, pc: ProposedChange, diagnosis: Diagnosis) -> tuple[C
     return Change(kind="env", knob=ENTRY, value=pc.value), old
 
 
+def _validate_target(i: int, pc: ProposedChange, diagnosis: Diagnosis) -> tuple[Change, Any]:
+    """`env.target`: the value is the word "target" or "frontier" (`harness.engineer.rule.target_toward`; or the
+    target's config itself); the change carries the config."""
+    from harness.engineer.aims import TARGET_AIMS, target_toward
+
+    view = diagnosis.target
+    if view is None or view.config is None:
+        raise ProposalError(f"candidate #{i}: {TARGET} needs a run with a target (the judge's generator config); this "
+                            "diagnosis has none")
+    if pc.code is not None:
+        raise ProposalError(f"two factors in one candidate #{i}: a knob change with 'code'; drop 'code'")
+    aim = "target" if pc.value is None or pc.value == view.config else pc.value
+    if aim not in TARGET_AIMS:
+        raise ProposalError(f"candidate #{i}: {TARGET} takes the value \"target\" (the training env becomes the "
+                            "target's config as a whole) or \"frontier\" (the target's entries weighted to what the "
+                            f"policy partly solves), got {cut(repr(pc.value), 120)}")
+    made = target_toward(diagnosis, aim) if view.differs else "the training env is the target already"
+    if isinstance(made, str):
+        raise ProposalError(f"candidate #{i}: {TARGET} = {aim!r}: {made}; no change")
+    return Change(kind="env", knob=TARGET, value=made), diagnosis.env_config
+
+
 def _validate_change(i: int, pc: ProposedChange, space: dict[str, Knob], diagnosis: Diagnosis | None = None
                      ) -> tuple[Change, Any]:
     if pc.knob.startswith("diagnostics/"):
@@ -449,6 +482,8 @@ def _validate_change(i: int, pc: ProposedChange, space: dict[str, Knob], diagnos
         return _validate_mixture(i, pc, diagnosis)
     if pc.knob == ENTRY and diagnosis is not None:
         return _validate_entry(i, pc, diagnosis)
+    if pc.knob == TARGET and diagnosis is not None:
+        return _validate_target(i, pc, diagnosis)
     if pc.knob not in space:
         names = [*space, *([MIXTURE] if diagnosis is not None and current_mixture(diagnosis) is not None else [])]
         near = difflib.get_close_matches(pc.knob, names, n=3, cutoff=0.6)
@@ -459,7 +494,7 @@ def _validate_change(i: int, pc: ProposedChange, space: dict[str, Knob], diagnos
         raise ProposalError(f"two factors in one candidate #{i}: a knob change with 'code'; drop 'code'")
     k = space[pc.knob]
     v = pc.value
-    if v is None or isinstance(v, bool | dict):
+    if v is None or isinstance(v, bool | dict | str):
         raise ProposalError(f"candidate #{i}: {pc.knob} needs a numeric 'value' in [{k.lo:g}, {k.hi:g}]")
     if not k.lo <= v <= k.hi:
         raise ProposalError(f"out of range: {pc.knob} = {v:g} in candidate #{i}; allowed range [{k.lo:g}, {k.hi:g}] "

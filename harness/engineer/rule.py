@@ -10,7 +10,9 @@ skill costs itself, never the proposal.
 The skill's intervention template (`env.<list>.{<slice>}.<field>`, op add/mul/set, value)
 becomes a concrete Change: `{<slice>}` from the finding's slice, the step scaled by the diagnosis' `step_scale`, the new
 value clamped to the knob's range. A whole-mixture skill (`env.mixture`, op `mix`, value the aim) becomes the training
-mix re-weighted from the diagnosis' target view (`mixture_toward`), moved `step_scale` of the way.
+mix re-weighted from the diagnosis' target view (`mixture_toward`), moved `step_scale` of the way. A whole-entry
+skill (`env.entry`, op `adopt`) makes the finding's slice's entry the target's; a whole-target skill (`env.target`, op
+`adopt`, value `target` or `frontier`) makes the training env the target's generator config (`target_toward`).
 
 Choice: Thompson sampling over each skill's promotion record, Beta(1 + promotions, 1 + tries - promotions), one draw
 per skill from the caller's seeded rng; in-family skills (domains include the task, or no domains) rank before any
@@ -28,9 +30,10 @@ from typing import Any
 
 import numpy as np
 
+from harness.engineer.aims import AIMS, FLOOR, TARGET_AIMS, _goal, target_toward  # noqa: F401 - re-exported
 from harness.engineer.proposal import Knob, change_key, current_mixture, make_candidate, vet_error
 from harness.records import RECURRING, Candidate, Change, Diagnosis, Finding
-from harness.tasks.knobs import ENTRY, MIXTURE, canonical_mixture, fill
+from harness.tasks.knobs import ENTRY, MIXTURE, TARGET, canonical_mixture, fill
 from skills.library import SkillError, condition_holds
 from skills.model import SEVERITY_MAX, Skill
 
@@ -70,37 +73,6 @@ def resolve_knob(template: str, task: str | None) -> str | None:
 
 # --- the whole mixture: where to move it ------------------------------------------------------------------------------
 
-AIMS = ("target", "frontier", "mastered")
-FLOOR = 0.1  # a target slice the aim does not favour keeps this fraction of its target share (never dropped)
-
-
-def _goal(view, cur: dict[str, float], aim: str) -> dict[str, float] | str:
-    """The mixture an aim points to, from the target view (`harness.records.TargetView`) and the current mix."""
-    from harness.diagnostics import MASTERED, TOO_HARD
-
-    sl = {s.value: s for s in view.slices if s.target_share > 0}
-    if aim == "target":  # every target slice at its target share, the failing ones up by how much they fail, among
-        # those the policy can learn from: a slice it (almost) never solves gives all-fail groups, no GRPO signal
-        # (SFL's learnability p(1 - p) is ~0 there), so it keeps the floor until it comes within reach; when no slice
-        # is within reach, every failure is scaled up (nothing else to aim at)
-        reach = {v for v, s in sl.items() if s.valid > TOO_HARD} or set(sl)
-        return {v: s.target_share * ((1.0 - s.valid + FLOOR) if v in reach else FLOOR) for v, s in sl.items()}
-    if aim == "frontier":  # the target slices the policy can learn from (partly solved) first
-        front = {v for v, s in sl.items() if TOO_HARD < s.valid < MASTERED}
-        reach = front or {v for v, s in sl.items() if s.valid > TOO_HARD}
-        if not reach:  # nothing solved anywhere: the easiest target slice
-            from harness.tasks.knobs import order_key
-
-            reach = {min(sl, key=order_key)} if sl else set()
-        return {v: s.target_share * (1.0 if v in reach else FLOOR) for v, s in sl.items()}
-    if aim == "mastered":  # the mastered slices' shares halved (never to zero), the rest keeps its proportions
-        done = {v for v, s in sl.items() if s.valid >= MASTERED}
-        if not done & set(cur) or not set(cur) - done:
-            return "no mastered slice to move away from (or nothing else in the mix)"
-        return {v: w * (0.5 if v in done else 1.0) for v, w in cur.items()}
-    return f"unknown mixture aim {aim!r}; one of {', '.join(AIMS)}"
-
-
 def mixture_toward(diagnosis: Diagnosis, aim: str, step_scale: float = 1.0) -> tuple[dict[str, float], Any] | str:
     """The training mix moved toward `aim` (AIMS), `step_scale` of the way from the current weights (1: all the way),
     as a canonical mixture ({slice value: weight}, sum 1), with the current weights; or why it cannot. Needs the
@@ -139,6 +111,17 @@ def adopt_entry(name: str, knob: str, finding: Finding, diagnosis: Diagnosis | N
             {value: {f: m for f, (m, _) in diff.items()}})
 
 
+def adopt_target(name: str, aim: Any, diagnosis: Diagnosis | None) -> tuple[Change, Any] | str:
+    """The training env made the target's generator config as a whole (`env.target`, `target_toward`); or why it
+    cannot."""
+    if diagnosis is None or diagnosis.target is None or not diagnosis.target.differs:
+        return f"{name}: the training env is the target already (or the run has none)"
+    made = target_toward(diagnosis, aim)
+    if isinstance(made, str):
+        return f"{name}: {made}"
+    return Change(kind="env", knob=TARGET, value=made), diagnosis.env_config
+
+
 def _rounded(new: float, k: Knob) -> float | int:
     """A knob's new value as proposed: whole for an integer knob, else six significant figures (a learning rate of
     6.25e-5 stays 6.25e-5; six decimals made it 6.3e-5 and a rate below 5e-7 zero)."""
@@ -162,6 +145,8 @@ def instantiate(skill: Skill, finding: Finding, space: dict[str, Knob], step_sca
     whole-mixture skill (op `mix`) needs the `diagnosis` (its target view and env config)."""
     iv = skill.intervention
     if iv.op == "adopt":
+        if iv.knob == TARGET:
+            return adopt_target(skill.name, iv.value, diagnosis)
         return adopt_entry(skill.name, iv.knob, finding, diagnosis)
     if iv.op == "mix":
         if iv.knob != MIXTURE or diagnosis is None:
@@ -328,6 +313,11 @@ def thompson_scores(skills: list[Skill], rng: np.random.Generator) -> dict[str, 
 # distribution)
 ROOT_CAUSES = ("grpo.policy_regressed", "grpo.reward_misaligned", "grpo.reward_diluted", "grpo.malformed",
                "target.mix_all_fail", "target.mix_far", "target.entry_differs")
+# ranked before every other root cause when critical: the training env is not the target in two or more ways, so the
+# finer changes (the weights, one entry) each fix a part, and the one that fixes them all (train on the target) is the
+# reference point the parts are measured against; tested first, a finer change beside it in a two-candidate stage.
+# A warning (one way only: the finer change is this one already) ranks as any warning, after the root causes
+WHOLE_FIRST = ("target.differs",)
 
 
 def _options_of(skill: Skill, borrowed: bool, findings: list[Finding], diagnosis: Diagnosis, space: dict[str, Knob],
@@ -348,7 +338,8 @@ def _options_of(skill: Skill, borrowed: bool, findings: list[Finding], diagnosis
             continue
         # a root cause (the other findings are then its symptoms) comes first, then critical findings, then the rest; among skills for findings of one rank, Thompson sampling
         # explores
-        crit = 0 if f.code in ROOT_CAUSES else 1 if f.severity == "critical" else 2
+        crit = -1 if f.code in WHOLE_FIRST and f.severity == "critical" else 0 if f.code in ROOT_CAUSES else \
+            1 if f.severity == "critical" else 2
         out.append(((int(borrowed), crit, -theta[skill.name], fi, skill.name), skill, f, change, old))
     return out
 
@@ -394,11 +385,12 @@ def propose_rule(diagnosis: Diagnosis, in_family: list[Skill], fallback: list[Sk
         knobs.add(change.knob)
         where = ", ".join(f"{k}={v}" for k, v in f.slice.items()) or "all"
         fam = f" (borrowed from {', '.join(skill.domains)})" if borrowed else ""
-        new = "new file" if change.kind == "diagnostic" else f"{old} -> {change.value}"
+        new = "new file" if change.kind == "diagnostic" else "-> the target's generator config" \
+            if change.knob == TARGET else f"{old} -> {change.value}"
         rationale = (f"{f.code} on {where}: rate {f.rate:.2f}, count {f.count} ({f.severity}); skill {skill.name}{fam}"
                      f" [{skill.evidence.promotions}/{skill.evidence.tries} promoted, theta={theta[skill.name]:.2f}]: "
                      f"{change.knob} {new}{extended}"
-                     + (f". {f.message}" if change.knob == MIXTURE and f.message else ""))
+                     + (f". {f.message}" if change.knob in (MIXTURE, TARGET) and f.message else ""))
         out.append(make_candidate(diagnosis, change, old, rationale, skill.expected, skill.validation, "rule",
                                   skill=skill.name))
     if not out:

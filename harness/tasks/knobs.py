@@ -12,6 +12,7 @@ field with neither is not a knob.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,9 @@ MIXTURE_DIGITS = 3  # a mixture's weights are normalised to sum 1 and rounded to
 # `env.entry` names one keyed entry of the mixture as a whole: its value is {slice value: {field: value, ...}}, the
 # entry's fields set together (one factor: that slice's instances made like the target's), its weight untouched
 ENTRY = "env.entry"
+# `env.target` names the training env as a whole made the judge's distribution (the run's target generator config): its
+# value is that config, every field, entry and weight at once (one factor: "train on what you are judged on")
+TARGET = "env.target"
 
 
 class KnobError(ValueError):
@@ -291,6 +295,37 @@ def entry_differences(train: BaseModel, target: BaseModel, entry_key: str,
         diff = {f: [mine[k].get(f), v] for f, v in e.items() if f not in (entry_key, weight) and mine[k].get(f) != v}
         if diff:
             out[k] = diff
+    return out
+
+
+def config_differences(train: BaseModel, target: BaseModel, entry_key: str | None,
+                       weight: str = WEIGHT) -> list[str]:
+    """The ways the training config differs from the target, in words, one per change a finer knob would make: the
+    weights of the keyed entries (`env.mixture`, an entry only one side weighs included), each entry both have made
+    differently (`env.entry`), each other field (its own knob). Empty when the two draw the same instances."""
+    a, b = train.model_dump(mode="json"), target.model_dump(mode="json")
+    la = keyed_list(a, entry_key) if entry_key else None
+    lb = keyed_list(b, entry_key) if entry_key else None
+    out: list[str] = []
+    for f in [*a, *(f for f in b if f not in a)]:
+        if f in (la, lb) and la is not None and lb is not None:
+            continue
+        if a.get(f) != b.get(f):
+            out.append(f"{f} {json.dumps(a.get(f))[:80]} (target {json.dumps(b.get(f))[:80]})")
+    if la is None or lb is None:
+        return out
+    wa = {str(e[entry_key]): float(e.get(weight, 1.0)) for e in a[la]}
+    wb = {str(e[entry_key]): float(e.get(weight, 1.0)) for e in b[lb]}
+    try:
+        ca, cb = canonical_mixture(wa), canonical_mixture(wb)
+    except ValueError:
+        ca, cb = wa, wb
+    if ca != cb:
+        out.append("weights " + ", ".join(f"{entry_key}={k} {ca.get(k, 0.0):.2f} (target {cb.get(k, 0.0):.2f})"
+                                          for k in sorted({*ca, *cb}, key=order_key)))
+    for k, diff in entry_differences(train, target, entry_key, weight).items():
+        if cb.get(k, 0.0) > 0:  # an entry the target never draws is no difference on the target
+            out.append(f"{entry_key}={k}: {entry_diff_text(diff)}")
     return out
 
 
