@@ -51,7 +51,8 @@ class ProposedChange(BaseModel):
     value: float | int | dict[str, float] | dict[str, dict[str, float | int | str | bool]] | str | None = Field(
         None, description="the NEW value (not a delta), within the knob's range; for env.mixture an object "
         "{slice value: weight} (the whole mix); for env.entry {slice value: {field: value}} (one entry's fields); "
-        "for env.target the word \"target\" (the training env becomes the target's config); omit for a diagnostic")
+        "for env.target the word \"target\" or \"frontier\" (the training env becomes the target's config, as the "
+        "judge weighs it or weighted to the policy's frontier); omit for a diagnostic")
     code: str | None = Field(None, max_length=100_000, description="Python source of the diagnostic file; only for "
                              "diagnostics/<name>.py")
     rationale: str = Field(..., min_length=1, max_length=4000, description="which finding this addresses and why "
@@ -442,7 +443,7 @@ def _validate_entry(i: int, pc: ProposedChange, diagnosis: Diagnosis) -> tuple[C
 
 
 def _validate_target(i: int, pc: ProposedChange, diagnosis: Diagnosis) -> tuple[Change, Any]:
-    """`env.target`: the value is the word "target" or "frontier" (`harness.engineer.rule.target_toward`; or the
+    """`env.target`: the value is the word "target" or "frontier" (`harness.engineer.aims.target_toward`; or the
     target's config itself); the change carries the config."""
     from harness.engineer.aims import TARGET_AIMS, target_toward
 
