@@ -157,6 +157,18 @@ class BacktestConfig(_Strict):
         "error near 5 points; on the too-hard-mix scenario of the reference family every carried checkpoint that "
         "lowered held-out valid 6-9 points had read level or above on its 96 (one +10.4), and -3 to -9 on 384 fresh "
         "ones. 0: off (the rule before)")
+    carry_confirm_max: int | None = Field(
+        None, ge=0, description="the most fresh instances a carry confirmation may judge: when its planned "
+        "`carry_confirm` read the chosen checkpoint above the start but not clearly (0 < z < 2.5), it judges further "
+        "batches of `n` until the sign is clear or this many are judged, and then applies `carry_margin` to all of "
+        "them (`harness.decisions.confirm_carry`; judging only, charged). Default: three times `carry_confirm`; equal "
+        "to it: never extend (the rule before). Why: at 288 instances a greedy difference has a standard error near "
+        "2.2 points, so one stage's real gain of 1.5-3 points reads below one standard error 35-60% of the time and "
+        "is thrown away with the stage's compute (on the too-hard mix with a noisy-teacher warm start, four of five "
+        "first exploit stages read -1.0 to +1.7 and did not continue); simulated at that spread, judging on to 864 "
+        "carries a real +3 points 85% of the time instead of 65%, a true 0 13% instead of 17%, a true -1.5 1% "
+        "instead of 5% (`tests/test_decisions.py`, BENCHMARKS.md forty-third session); each further batch of 96 "
+        "costs about 3 GRPO step-equivalents")
     carry_margin: float = Field(
         1.0, ge=0, description="how far above the start, in standard errors of the confirmation's paired difference, "
         "the chosen checkpoint must read there to continue (the one-standard-error rule: keep the status quo unless "
@@ -174,6 +186,19 @@ class BacktestConfig(_Strict):
         "beat its control arm, which may itself be falling, and on the demo (whose promoted rate harms the warm start "
         "less rather than not at all) an exploit stage read +2.4 (se 2.6) on its 288 fresh instances, continued with "
         "0, and the test suite read it 4.0 points below the start (BENCHMARKS.md, forty-first session)")
+
+    @model_validator(mode="after")
+    def _confirm_max_not_below_planned(self) -> BacktestConfig:
+        if self.carry_confirm_max is not None and self.carry_confirm_max < self.carry_confirm:
+            raise ValueError(f"carry_confirm_max ({self.carry_confirm_max}) is below carry_confirm "
+                             f"({self.carry_confirm}): a confirmation judges at least its planned instances; set it "
+                             f"to {self.carry_confirm} to never extend, or drop it for three times carry_confirm")
+        return self
+
+    @property
+    def confirm_most(self) -> int:
+        """The most instances a carry confirmation may judge (`carry_confirm_max`, default 3 x `carry_confirm`)."""
+        return 3 * self.carry_confirm if self.carry_confirm_max is None else self.carry_confirm_max
 
 
 class SandboxConfig(_Strict):

@@ -21,6 +21,7 @@ the same way: evidence from elsewhere buys evidence now, never a lower bar.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -324,12 +325,45 @@ def confirm_clear(diffs: list[float]) -> bool:
     return mean != 0.0 if se == 0.0 else abs(mean) / se >= CONFIRM_Z
 
 
+def confirm_batches(judge: Callable[[int, int, int], list[float]], planned: int, most: int,
+                    size: int) -> list[float]:
+    """The paired differences (chosen minus start) a carry confirmation judges: batch j (from 1) holds the instances
+    at indices [at, end) (batches of `size`, the planned instances' last one cut at `planned`), `judge(j, at, end)`
+    returns their differences; it stops once the sign is clear (`confirm_clear`), past the `planned` instances unless
+    `confirm_extends`, and at `most`."""
+    starts = [*range(0, planned, size), *range(planned, most, size)]
+    diffs: list[float] = []
+    for j, (at, end) in enumerate(zip(starts, [*starts[1:], most], strict=True), 1):
+        if at >= planned and not confirm_extends(diffs):
+            break
+        diffs += judge(j, at, end)
+        if confirm_clear(diffs):
+            break
+    return diffs
+
+
+def confirm_extends(diffs: list[float]) -> bool:
+    """Does a carry confirmation that has judged its planned `backtest.carry_confirm` instances judge another batch
+    (up to `backtest.carry_confirm_max`)? When the chosen checkpoint reads above the start but its sign is not clear
+    yet (0 < z < CONFIRM_Z): the reading a real gain of one stage most often gives at the planned size, and the one
+    whose decision more evidence can change. A reading at or below the start stops (more instances would rarely lift
+    it over the margin), and a clear one has stopped already. A selection rule with a stop on |z| at every batch and
+    the margin at the last, not a test: repeated looks make a nominal rate meaningless (Armitage, McPherson & Rowe,
+    "Repeated significance tests on accumulating data", JRSS A 1969), so what bounds a false carry is measured, by
+    simulation in `tests/test_decisions.py`."""
+    if len(diffs) < 2:
+        return False
+    mean, se = _mean_se(diffs)
+    return mean > 0.0 and se > 0.0 and mean / se < CONFIRM_Z
+
+
 def confirm_carry(run: Run, k: int, chosen: str, bt: Backtested, start: str | None = None,
                   margin: float | None = None) -> tuple[str, CarryChecked | None]:
     """(the checkpoint that continues, what the confirmation read or None): a trained checkpoint that
     `harness.results.continues_from` chose over the stage's start must confirm it on FRESH backtest instances
     (`backtest.carry_confirm` of them, drawn under their own key): both decoded greedily, in batches of `backtest.n`,
-    stopping early once the sign is clear (`confirm_clear`); the chosen one continues only when its greedy estimate
+    stopping early once the sign is clear (`confirm_clear`), and going on past the planned size up to
+    `backtest.carry_confirm_max` while it reads above the start without a clear sign (`confirm_extends`); the chosen one continues only when its greedy estimate
     there is above the start's by at least `backtest.carry_margin` standard errors of the paired difference, else the
     start continues: the one-standard-error rule (Breiman, Friedman, Olshen & Stone, "Classification and Regression
     Trees", 1984, section 3.4.3; Hastie, Tibshirani & Friedman, "The Elements of Statistical Learning", section 7.10),
@@ -360,24 +394,26 @@ def confirm_carry(run: Run, k: int, chosen: str, bt: Backtested, start: str | No
     m = cfg.carry_margin if margin is None else margin
     if cfg.carry_confirm == 0 or ref is None or chosen == ref:
         return chosen, None
-    seeds = run.draw_seeds("backtest", cfg.carry_confirm, key=f"s{k}/carry")
+    seeds = run.draw_seeds("backtest", cfg.confirm_most, key=f"s{k}/carry")
     size = max(1, min(cfg.n, cfg.carry_confirm))
     base = Path(chosen).name
     name = base.removeprefix(f"s{k}-")
     mine: list[float] = []
     theirs: list[float] = []
-    for j, at in enumerate(range(0, len(seeds), size), 1):
-        part = seeds[at: at + size]
-        mine += judge_carry_batch(run, k, name, chosen, part, j)
-        theirs += judge_carry_batch(run, k, "start", ref, part, j)
-        if confirm_clear([a - b for a, b in zip(mine, theirs, strict=True)]):
-            break
-    change, se = _mean_se([a - b for a, b in zip(mine, theirs, strict=True)])
+
+    def judge(j: int, at: int, end: int) -> list[float]:
+        part = seeds[at: end]
+        a, b = judge_carry_batch(run, k, name, chosen, part, j), judge_carry_batch(run, k, "start", ref, part, j)
+        mine.extend(a)
+        theirs.extend(b)
+        return [x - y for x, y in zip(a, b, strict=True)]
+
+    change, se = _mean_se(confirm_batches(judge, cfg.carry_confirm, len(seeds), size))
     check = CarryChecked(chosen=chosen, start=ref, n=len(mine), chosen_valid=float(np.mean(mine)),
                          start_valid=float(np.mean(theirs)), change=change, se=se,
                          confirmed=change >= m * se)
     said = (f"{base} against the stage's start {Path(ref).name}, greedy on {check.n} fresh backtest "
-            f"instances of {len(seeds)}: {check.chosen_valid:.3f} vs {check.start_valid:.3f} (change "
+            f"instances ({cfg.carry_confirm} planned, at most {len(seeds)}): {check.chosen_valid:.3f} vs {check.start_valid:.3f} (change "
             f"{check.change:+.3f}, se {check.se:.3f}; " + (f"it must read at least {m:g} se above)" if m else
                                                   "it must not read below)"))
     if check.confirmed:
