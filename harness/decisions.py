@@ -394,7 +394,10 @@ def confirm_carry(run: Run, k: int, chosen: str, bt: Backtested, start: str | No
     m = cfg.carry_margin if margin is None else margin
     if cfg.carry_confirm == 0 or ref is None or chosen == ref:
         return chosen, None
-    seeds = run.draw_seeds("backtest", cfg.confirm_most, key=f"s{k}/carry")
+    # the planned instances under their own key, the extension's under another, drawn only when it judges on: a
+    # confirmation that does not extend moves the forward-only backtest cursor exactly as before the extension existed
+    seeds = run.draw_seeds("backtest", cfg.carry_confirm, key=f"s{k}/carry")
+    most = cfg.confirm_most
     size = max(1, min(cfg.n, cfg.carry_confirm))
     base = Path(chosen).name
     name = base.removeprefix(f"s{k}-")
@@ -402,18 +405,20 @@ def confirm_carry(run: Run, k: int, chosen: str, bt: Backtested, start: str | No
     theirs: list[float] = []
 
     def judge(j: int, at: int, end: int) -> list[float]:
+        if end > len(seeds):
+            seeds.extend(run.draw_seeds("backtest", most - cfg.carry_confirm, key=f"s{k}/carry-more"))
         part = seeds[at: end]
         a, b = judge_carry_batch(run, k, name, chosen, part, j), judge_carry_batch(run, k, "start", ref, part, j)
         mine.extend(a)
         theirs.extend(b)
         return [x - y for x, y in zip(a, b, strict=True)]
 
-    change, se = _mean_se(confirm_batches(judge, cfg.carry_confirm, len(seeds), size))
+    change, se = _mean_se(confirm_batches(judge, cfg.carry_confirm, most, size))
     check = CarryChecked(chosen=chosen, start=ref, n=len(mine), chosen_valid=float(np.mean(mine)),
                          start_valid=float(np.mean(theirs)), change=change, se=se,
                          confirmed=change >= m * se)
     said = (f"{base} against the stage's start {Path(ref).name}, greedy on {check.n} fresh backtest "
-            f"instances ({cfg.carry_confirm} planned, at most {len(seeds)}): {check.chosen_valid:.3f} vs {check.start_valid:.3f} (change "
+            f"instances ({cfg.carry_confirm} planned, at most {most}): {check.chosen_valid:.3f} vs {check.start_valid:.3f} (change "
             f"{check.change:+.3f}, se {check.se:.3f}; " + (f"it must read at least {m:g} se above)" if m else
                                                   "it must not read below)"))
     if check.confirmed:

@@ -600,6 +600,12 @@ def test_a_chosen_checkpoint_continues_only_when_fresh_instances_confirm_it(run,
     got9, check9 = confirm_carry(run, 9, "ckpt/s9-edge", bt)  # the same +1/64 a batch, now over 1 se: it continues
     assert got9 == "ckpt/s9-edge" and check9.confirmed and check9.n == 3 * run.config.backtest.carry_confirm
     assert check9.change == pytest.approx(check4.change, abs=0.005) and check9.se < check4.se
+    # the extension's instances are drawn under their own key, only when it judges on: a confirmation that stops at
+    # its planned size (s2: level, s4: no room) moves the backtest cursor exactly as before the extension existed
+    draws = dict(run.store.db.execute("SELECT key, n FROM seed_draws WHERE run = 'r' AND split = 'backtest'"))
+    planned_n = run.config.backtest.carry_confirm
+    assert draws["s9/carry"] == draws["s2/carry"] == draws["s4/carry"] == planned_n
+    assert draws["s9/carry-more"] == 2 * planned_n and "s2/carry-more" not in draws and "s4/carry-more" not in draws
     zero = run.config.model_copy(update={"backtest": run.config.backtest.model_copy(update={"carry_margin": 0.0})})
     monkeypatch.setattr(run, "config", zero)
     assert confirm_carry(run, 5, "ckpt/s5-edge", bt)[0] == "ckpt/s5-edge"  # "not below" carries it
