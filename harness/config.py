@@ -164,11 +164,10 @@ class BacktestConfig(_Strict):
         "them (`harness.decisions.confirm_carry`; judging only, charged). Default: three times `carry_confirm`; equal "
         "to it: never extend (the rule before). Why: at 288 instances a greedy difference has a standard error near "
         "2.2 points, so one stage's real gain of 1.5-3 points reads below one standard error 35-60% of the time and "
-        "is thrown away with the stage's compute (on the too-hard mix with a noisy-teacher warm start, four of five "
-        "first exploit stages read -1.0 to +1.7 and did not continue); simulated at that spread, judging on to 864 "
-        "carries a real +3 points 85% of the time instead of 65%, a true 0 13% instead of 17%, a true -1.5 1% "
-        "instead of 5% (`tests/test_decisions.py`, BENCHMARKS.md forty-third session); each further batch of 96 "
-        "costs about 3 GRPO step-equivalents")
+        "is thrown away with the stage's compute; simulated at the spread of the too-hard mix's confirmations, "
+        "judging on to 864 carries a real +3 points 85% of the time instead of 65%, a true 0 13% instead of 17%, "
+        "a true -1.5 1% instead of 5% (`tests/test_decisions.py`, BENCHMARKS.md forty-third session); each further "
+        "batch of 96 costs about 3 GRPO step-equivalents")
     carry_margin: float = Field(
         1.0, ge=0, description="how far above the start, in standard errors of the confirmation's paired difference, "
         "the chosen checkpoint must read there to continue (the one-standard-error rule: keep the status quo unless "

@@ -363,9 +363,10 @@ def confirm_carry(run: Run, k: int, chosen: str, bt: Backtested, start: str | No
     `harness.results.continues_from` chose over the stage's start must confirm it on FRESH backtest instances
     (`backtest.carry_confirm` of them, drawn under their own key): both decoded greedily, in batches of `backtest.n`,
     stopping early once the sign is clear (`confirm_clear`), and going on past the planned size up to
-    `backtest.carry_confirm_max` while it reads above the start without a clear sign (`confirm_extends`); the chosen one continues only when its greedy estimate
-    there is above the start's by at least `backtest.carry_margin` standard errors of the paired difference, else the
-    start continues: the one-standard-error rule (Breiman, Friedman, Olshen & Stone, "Classification and Regression
+    `backtest.carry_confirm_max` while it reads above the start without a clear sign (`confirm_extends`, the extra
+    instances drawn under their own key); the chosen one continues only when its greedy estimate there is above the
+    start's by at least `backtest.carry_margin` standard errors of the paired difference, else the start continues:
+    the one-standard-error rule (Breiman, Friedman, Olshen & Stone, "Classification and Regression
     Trees", 1984, section 3.4.3; Hastie, Tibshirani & Friedman, "The Elements of Statistical Learning", section 7.10),
     with the start as the simpler model. The harness decision is untouched (a promoted change stays promoted); only
     which weights continue is checked.
@@ -418,9 +419,9 @@ def confirm_carry(run: Run, k: int, chosen: str, bt: Backtested, start: str | No
                          start_valid=float(np.mean(theirs)), change=change, se=se,
                          confirmed=change >= m * se)
     said = (f"{base} against the stage's start {Path(ref).name}, greedy on {check.n} fresh backtest "
-            f"instances ({cfg.carry_confirm} planned, at most {most}): {check.chosen_valid:.3f} vs {check.start_valid:.3f} (change "
-            f"{check.change:+.3f}, se {check.se:.3f}; " + (f"it must read at least {m:g} se above)" if m else
-                                                  "it must not read below)"))
+            f"instances ({cfg.carry_confirm} planned, at most {most}): {check.chosen_valid:.3f} vs "
+            f"{check.start_valid:.3f} (change {check.change:+.3f}, se {check.se:.3f}; "
+            + (f"it must read at least {m:g} se above)" if m else "it must not read below)"))
     if check.confirmed:
         run.event(k, "decide", "carry_confirmed", f"{said}: it continues", key=f"{k}/carry-confirm")
         return chosen, check
