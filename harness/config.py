@@ -102,14 +102,26 @@ class StageConfig(_Strict):
     exploit_after_promotion: int = Field(
         3, ge=0, description="at most this many stages in a row after a promotion EXPLOIT it: such a stage trains the "
         "policy under harness@main for the compute its arms would have used (`recipe.steps` + (`candidates` + 1) x "
-        "`backtest.arm_steps` GRPO steps), proposes nothing and judges no arm; its checkpoint continues only when it "
-        "confirms on fresh backtest instances against the stage's start (`backtest.carry_confirm`, "
-        "`backtest.exploit_margin`), and the first one that does not hands the next stage back to exploring "
+        "`backtest.arm_steps` GRPO steps), proposes nothing and judges no arm; its checkpoint is read on fresh backtest "
+        "instances (`backtest.carry_confirm`, `backtest.exploit_margin`; against the anchor under `keep_training`), "
+        "and the first one whose checkpoint does not continue hands the next stage back to exploring "
         "(`harness.decisions.exploiting`); its diagnosis is kept for the stage after it. 0: every stage explores "
         "(the rule before). Why: after a fix was "
         "promoted, a stage of arms (each discarded unless it wins) trained the carried policy at most 60 of its ~160 "
         "step-equivalents, and on a warm start GRPO can raise, the loop lost the too-hard mix to a learnability "
         "sampler that trained all of its budget (BENCHMARKS.md, fortieth session)")
+    keep_training: bool = Field(
+        True, description="keep training, keep the best: the run holds two checkpoints, the LINEAGE the next stage "
+        "trains from and the ANCHOR, its best confirmed one (what each stage's report scores and what the run "
+        "delivers). The stage's decided arm (the winner's, else the best arm above the start, else the control arm; "
+        "none when the stage collapsed the policy beyond noise) is compared with the anchor on fresh instances "
+        "(`backtest.carry_confirm`): above it by `backtest.carry_margin` standard errors, it becomes the anchor; "
+        "not below it by as much, its lineage trains on and the anchor stays; below, the lineage goes back to the "
+        "anchor (`harness.decisions.confirm_carry`). false: one checkpoint, which moves only when a trained one "
+        "confirms above the stage's start (the rule before). Why: a stage's real gain of 1-2 points reads below "
+        "one standard error of a few hundred instances most of the time, so under the old rule the loop's policy "
+        "stopped moving after its first carried checkpoint while arms that carry every stage went on climbing "
+        "(BENCHMARKS.md, forty-third and forty-fourth sessions)")
 
 
 class BacktestConfig(_Strict):

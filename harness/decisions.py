@@ -357,8 +357,17 @@ def confirm_extends(diffs: list[float]) -> bool:
     return mean > 0.0 and se > 0.0 and mean / se < CONFIRM_Z
 
 
+def carry_reading(change: float, se: float, margin: float, against_anchor: bool) -> tuple[bool, bool]:
+    """(confirmed, kept) for a carry confirmation's paired greedy reading `change` (standard error `se`): confirmed
+    when it reads at least `margin` standard errors above what it was compared with (and, against the anchor, above it
+    at all: a level reading never replaces the anchor); kept (against the anchor only, `stage.keep_training`) when
+    not confirmed but not below it by `margin` standard errors either: the lineage trains on."""
+    confirmed = change >= margin * se and (not against_anchor or change > 0)
+    return confirmed, against_anchor and not confirmed and change >= -margin * se
+
+
 def confirm_carry(run: Run, k: int, chosen: str, bt: Backtested, start: str | None = None,
-                  margin: float | None = None) -> tuple[str, CarryChecked | None]:
+                  margin: float | None = None, anchor: str | None = None) -> tuple[str, CarryChecked | None]:
     """(the checkpoint that continues, what the confirmation read or None): a trained checkpoint that
     `harness.results.continues_from` chose over the stage's start must confirm it on FRESH backtest instances
     (`backtest.carry_confirm` of them, drawn under their own key): both decoded greedily, in batches of `backtest.n`,
@@ -387,13 +396,21 @@ def confirm_carry(run: Run, k: int, chosen: str, bt: Backtested, start: str | No
     `start`: the stage's start checkpoint when the stage judged no arm (`bt.start` is None: an exploit stage, or a
     stage with nothing to backtest), so its trained checkpoint confirms against it all the same. `margin`: the
     standard errors it must read above the start (default `backtest.carry_margin`; an exploit stage's is
-    `backtest.exploit_margin`)."""
+    `backtest.exploit_margin`).
+
+    `anchor` (`stage.keep_training`: the run's best confirmed checkpoint): the chosen checkpoint is read against it
+    instead of the stage's start, with three outcomes: above it by the margin, it continues and becomes the anchor
+    (`confirmed`); not below it by the margin either, it continues and the anchor stays (`kept`: the lineage keeps
+    training); below, the anchor continues. A checkpoint that is the stage's start, or the anchor, is not read again.
+    Keep the best, as early stopping keeps the best validation checkpoint while training goes on (Prechelt, "Early
+    Stopping - But When?", 1998), with the one-standard-error rule deciding what counts as better or worse."""
     from harness.arms import judge_carry_batch
 
     cfg = run.config.backtest
-    ref = bt.start.checkpoint if bt.start is not None else start
+    ref = anchor if anchor is not None else bt.start.checkpoint if bt.start is not None else start
     m = cfg.carry_margin if margin is None else margin
-    if cfg.carry_confirm == 0 or ref is None or chosen == ref:
+    stage_start = bt.start.checkpoint if bt.start is not None else start
+    if cfg.carry_confirm == 0 or ref is None or chosen == ref or (anchor is not None and chosen == stage_start):
         return chosen, None
     # the planned instances under their own key, the extension's under another, drawn only when it judges on: a
     # confirmation that does not extend moves the forward-only backtest cursor exactly as before the extension existed
@@ -409,26 +426,50 @@ def confirm_carry(run: Run, k: int, chosen: str, bt: Backtested, start: str | No
         if end > len(seeds):
             seeds.extend(run.draw_seeds("backtest", most - cfg.carry_confirm, key=f"s{k}/carry-more"))
         part = seeds[at: end]
-        a, b = judge_carry_batch(run, k, name, chosen, part, j), judge_carry_batch(run, k, "start", ref, part, j)
+        a, b = (judge_carry_batch(run, k, name, chosen, part, j),
+                judge_carry_batch(run, k, "start" if anchor is None else "anchor", ref, part, j))
         mine.extend(a)
         theirs.extend(b)
         return [x - y for x, y in zip(a, b, strict=True)]
 
     change, se = _mean_se(confirm_batches(judge, cfg.carry_confirm, most, size))
+    confirmed, kept = carry_reading(change, se, m, against_anchor=anchor is not None)
     check = CarryChecked(chosen=chosen, start=ref, n=len(mine), chosen_valid=float(np.mean(mine)),
-                         start_valid=float(np.mean(theirs)), change=change, se=se,
-                         confirmed=change >= m * se)
-    said = (f"{base} against the stage's start {Path(ref).name}, greedy on {check.n} fresh backtest "
+                         start_valid=float(np.mean(theirs)), change=change, se=se, confirmed=confirmed,
+                         against_anchor=anchor is not None, kept=kept)
+    said = (f"{base} against {'the anchor' if anchor is not None else 'the stage' + chr(39) + 's start'} "
+            f"{Path(ref).name}, greedy on {check.n} fresh backtest "
             f"instances ({cfg.carry_confirm} planned, at most {most}): {check.chosen_valid:.3f} vs "
             f"{check.start_valid:.3f} (change {check.change:+.3f}, se {check.se:.3f}; "
             + (f"it must read at least {m:g} se above)" if m else "it must not read below)"))
     if check.confirmed:
-        run.event(k, "decide", "carry_confirmed", f"{said}: it continues", key=f"{k}/carry-confirm")
+        run.event(k, "decide", "carry_confirmed", f"{said}: it continues"
+                  + (" and becomes the anchor (the run's best confirmed checkpoint)" if anchor is not None else ""),
+                  key=f"{k}/carry-confirm")
         return chosen, check
-    run.event(k, "decide", "not_carried", f"{said}: not above the start by its noise on instances it was not chosen "
-              f"on, so the next stage starts from {Path(ref).name} (backtest.carry_confirm)",
-              key=f"{k}/carry-confirm")
+    if check.kept:
+        run.event(k, "decide", "lineage_kept", f"{said}: not above the anchor by its noise, nor below it by as "
+                  f"much, so the next stage trains on from {base} and the anchor stays {Path(ref).name} "
+                  "(stage.keep_training)", key=f"{k}/carry-confirm")
+        return chosen, check
+    run.event(k, "decide", "not_carried", f"{said}: " + (
+        f"below the anchor by more than its noise, so the next stage starts from the anchor {Path(ref).name} "
+        "(stage.keep_training)" if anchor is not None else
+        f"not above the start by its noise on instances it was not chosen on, so the next stage starts from "
+        f"{Path(ref).name} (backtest.carry_confirm)"), key=f"{k}/carry-confirm")
     return ref, check
+
+
+def anchor_at(run: Run, k: int) -> str | None:
+    """The run's anchor when stage k starts (`stage.keep_training`): the last decided stage's (`Decided.anchor`, or its
+    `next_policy` in a stage recorded without one), else the warm start; None before setup."""
+    from harness.results import Decided, SetUp
+
+    for j in range(k - 1, 0, -1):
+        if (d := run.result(j, Decided)) is not None:
+            return d.anchor or d.next_policy
+    setup = run.result(0, SetUp)
+    return setup.policy if setup is not None else None
 
 
 def fell_below_start(start: Any, arm: ArmEval) -> bool:

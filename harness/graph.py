@@ -21,8 +21,13 @@ holds ids, paths and small summaries only; rollouts, checkpoints and evidence li
 
 Explore and exploit: a stage explores (the engineer proposes, arms are judged, one change may win); the stage after a
 promotion exploits it (`stage.exploit_after_promotion`, `harness.decisions.exploiting`): its train node trains for the
-compute its arms would have used, it proposes nothing, and its checkpoint continues only when it confirms against the
-stage's start on fresh backtest instances (`harness.decisions.confirm_carry`, the rule every stage's carry obeys).
+compute its arms would have used, it proposes nothing, and its checkpoint is read on fresh backtest instances like
+every stage's (`harness.decisions.confirm_carry`).
+
+Keep training, keep the best (`stage.keep_training`): the run holds two checkpoints, the lineage (`State.policy`,
+what the next stage trains from) and the anchor (`Decided.anchor`, its best confirmed checkpoint: what each stage's
+report scores and what the run delivers). A stage's decided arm continues the lineage unless it reads below the anchor
+by more than its noise on fresh instances, and replaces the anchor only when it reads above it by as much.
 
 Held-out hygiene: training draws only `train` seeds, the diagnosis sees only `probe` rollouts, every decision draws
 fresh `backtest` seeds (a forward-only cursor in run.db), and the `test` split is only used for per-stage reports.
@@ -41,6 +46,7 @@ import numpy as np
 from harness.arms import arm_name, judge_start, prefetch_arms, prefetch_stage, run_arms, train_policy, warm_start
 from harness.backtest import ArmEval, choose_winner, regression
 from harness.decisions import (
+    anchor_at,
     arms_vs_start,
     confirm_carry,
     escalate,
@@ -474,12 +480,17 @@ def node_decide(run: Run, state: State) -> State:
         if winner is None or v.candidate != winner.candidate:
             _reject(run, v.candidate, v)
     merged = _merge_diagnostics(run, diag)
+    keep = run.config.stage.keep_training
     next_policy = continues_from(state["policy"], run.result(k, Trained).checkpoint, run.result(k, Probed).regressed,
-                                 bt, run.result(k, ArmRecord, node=f"arm:{winner.candidate}") if winner else None)
+                                 bt, run.result(k, ArmRecord, node=f"arm:{winner.candidate}") if winner else None,
+                                 keep_training=keep)
     # fresh instances, not the ones it was chosen on; a stage that judged no arm confirms against its own start
     exploited = run.result(k, Trained).exploits  # a planned continuation: its own margin (`backtest.exploit_margin`)
+    anchor = anchor_at(run, k) if keep else None  # keep training, keep the best (`stage.keep_training`)
     next_policy, check = confirm_carry(run, k, next_policy, bt, start=state["policy"],
-                                       margin=run.config.backtest.exploit_margin if exploited else None)
+                                       margin=run.config.backtest.exploit_margin if exploited else None, anchor=anchor)
+    if anchor is not None and check is not None and check.confirmed:
+        anchor = check.chosen
     if winner is None and (arm := next((a for a in bt.arms_vs_start if a.checkpoint == next_policy), None)):
         run.event(k, "decide", "carried_arm",
                   f"no candidate beat the control arm with confidence, but {arm.candidate}'s arm is confidently above "
@@ -487,8 +498,8 @@ def node_decide(run: Run, state: State) -> State:
                   f"{arm.change_ci[1]:+.3f}]) and above the control arm ({bt.start.change:+.3f}): its checkpoint "
                   f"continues; its harness is NOT promoted (the next stage trains under harness@main)",
                   key=f"{k}/carried-arm")
-    result = Decided(winner=winner.candidate if winner else None, next_policy=next_policy, decided=len(vs) + len(diag),
-                     carry_check=check)
+    result = Decided(winner=winner.candidate if winner else None, next_policy=next_policy, anchor=anchor,
+                     decided=len(vs) + len(diag), carry_check=check)
     msg = (f"promoted {winner.candidate}" if winner else "no promotion") + (
         f"; diagnostic(s) merged: {', '.join(merged)}" if merged else "")
     _finish(run, k, result, t0, msg)
@@ -538,11 +549,12 @@ def node_remember(run: Run, state: State) -> State:
     if run.result(k, Remembered) is None:
         t0 = time.time()
         remember_skills(run, k)
-        policy = state["next_policy"]
-        report_eval(run, k, policy)
-        run.release_engines(keep=[policy])  # every other checkpoint of this stage is superseded
+        d = run.result(k, Decided)
+        anchor = (d.anchor if d is not None else None) or state["next_policy"]  # what the run delivers so far
+        report_eval(run, k, anchor)
+        run.release_engines(keep=[state["next_policy"], anchor])  # every other checkpoint of this stage is superseded
         apply_retention(run, k)  # the decision is recorded: delete what retention lets go
-        run.store.end_stage(run.id, k, checkpoint=policy, metrics=stage_metrics(run, k, time.time() - t0))
+        run.store.end_stage(run.id, k, checkpoint=anchor, metrics=stage_metrics(run, k, time.time() - t0))
         _finish(run, k, Remembered(), t0, "stage recorded")
     stop = stop_reason(run, k, state.get("stages_without_promotion", 0))
     out: State = {"policy": state["next_policy"], "stage": k + 1, "candidates": [], "vetted": [], "winner": None}

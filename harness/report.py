@@ -235,9 +235,11 @@ def exploit_stages(run_dir: Path) -> list[dict[str, Any]]:
                 outcome = (f"its training lowered the probe beyond noise ({p.change:+.3f}): not carried, the next "
                            "stage explores")
             elif (c := d.carry_check) is not None:
-                outcome = (f"{'continues' if c.confirmed else 'not carried, the next stage explores'}: "
-                           f"{c.change:+.3f} (se {c.se:.3f}) against the stage's start, greedy on {c.n} fresh "
-                           "backtest instances")
+                said = ("continues" + (" and becomes the anchor" if c.against_anchor else "") if c.confirmed
+                        else "trains on, the anchor stays" if c.kept else "not carried, the next stage explores")
+                outcome = (f"{said}: {c.change:+.3f} (se {c.se:.3f}) against "
+                           f"{'the anchor' if c.against_anchor else 'the stage' + chr(39) + 's start'}, greedy on {c.n} "
+                           "fresh backtest instances")
             else:
                 outcome = f"continues: {Path(d.next_policy).name}"
             out.append({"stage": k, "exploits": t.exploits, "steps": len(t.steps), "outcome": outcome})

@@ -196,17 +196,21 @@ class CarryBatch(NodeResult):
 
 
 class CarryChecked(BaseModel):
-    """What the carry confirmation read: the chosen checkpoint against the stage's start, greedy, on fresh instances."""
+    """What the carry confirmation read: the chosen checkpoint against the stage's start (or, under
+    `stage.keep_training`, the run's anchor: its best confirmed checkpoint), greedy, on fresh instances."""
 
     chosen: str
-    start: str
+    start: str = Field(..., description="what it was compared with: the stage's start, or the anchor")
     n: int = Field(..., description="confirmation instances judged (both checkpoints, paired)")
     chosen_valid: float
     start_valid: float
     change: float = Field(..., description="chosen minus start, greedy valid, paired over the n instances")
     se: float
     confirmed: bool = Field(..., description="the chosen checkpoint continues (change >= backtest.carry_margin x se); "
-                            "else the start does")
+                            "else the start does. Under `stage.keep_training`: it becomes the anchor")
+    against_anchor: bool = Field(False, description="compared with the anchor (`stage.keep_training`)")
+    kept: bool = Field(False, description="under `stage.keep_training`, not confirmed but not below the anchor by "
+                       "more than `carry_margin` se either: its lineage trains on, the anchor stays")
 
 
 class GateAnswer(NodeResult):
@@ -216,11 +220,13 @@ class GateAnswer(NodeResult):
 
 
 class Decided(NodeResult):
-    """Which candidate won (if any) and which checkpoint continues."""
+    """Which candidate won (if any), which checkpoint the next stage trains from, and the run's anchor."""
 
     NODE: ClassVar[str] = "decide"
     winner: str | None = None
-    next_policy: str
+    next_policy: str = Field(..., description="the checkpoint the next stage trains from (its lineage)")
+    anchor: str | None = Field(None, description="the run's best confirmed checkpoint after this stage, what its "
+                               "report scores and a run delivers (`stage.keep_training`); None: `next_policy`")
     decided: int = 0
     carry_check: CarryChecked | None = Field(None, description="the carry confirmation, when a trained checkpoint "
                                              "was chosen to continue (`backtest.carry_confirm`)")
@@ -231,7 +237,7 @@ class Remembered(NodeResult):
 
 
 def continues_from(start: str, trained: str, probe_regressed: bool, backtest: Backtested | None = None,
-                   winner: ArmRecord | None = None) -> str:
+                   winner: ArmRecord | None = None, keep_training: bool = False) -> str:
     """The checkpoint the next step starts from. Without a backtest (the arms' start): the stage's trained checkpoint,
     unless the probe saw training lower the policy (then the stage's `start`). After the backtest (the next stage),
     one rule: the decided arm (the winner's, else the control arm) is carried only when its estimate on the backtest
@@ -255,14 +261,21 @@ def continues_from(start: str, trained: str, probe_regressed: bool, backtest: Ba
 
     What this chooses over the start is then confirmed on fresh instances before it continues
     (`harness.decisions.confirm_carry`, `backtest.carry_confirm`): the estimates above were read on the instances the
-    choice was made on."""
+    choice was made on.
+
+    `keep_training` (`stage.keep_training`): the point-estimate filters above are left to that confirmation, which
+    then reads the decided arm against the run's best confirmed checkpoint (the anchor) instead of the stage's start:
+    the winner's arm, else the best arm above the start, else the control arm continues its lineage unless the stage
+    collapsed the policy beyond noise (the probe regressed, or the control arm is confidently below the start)."""
     arms_start = start if probe_regressed else trained
     ref = backtest.start.checkpoint if backtest is not None and backtest.start is not None else arms_start
     if winner is not None:  # the winner's arm, unless its estimate fell below the start (a collapse is never carried)
-        return ref if backtest is not None and winner.checkpoint in backtest.regressed_arms else winner.checkpoint
+        return ref if backtest is not None and winner.checkpoint in backtest.regressed_arms and not keep_training \
+            else winner.checkpoint
     if backtest is None or backtest.control is None or backtest.start is None:
         return arms_start
-    control_ok = not (probe_regressed or backtest.start.control_regressed or backtest.start.control_below)
+    control_ok = not (probe_regressed or backtest.start.control_regressed
+                      or (backtest.start.control_below and not keep_training))
     if (arm := backtest.best_arm_above_start(control_ok)) is not None:
         return arm.checkpoint
     return backtest.control if control_ok else ref

@@ -36,19 +36,20 @@ def _resume_dir() -> str:
 
 
 def deletable(names: list[str], *, decided: set[int], incumbent: str, promoted: list[str], keep_promoted: int | str,
-              delete_superseded: bool, setup_done: bool) -> list[str]:
+              delete_superseded: bool, setup_done: bool, anchor: str | None = None) -> list[str]:
     """The checkpoint folder names among `names` that may be deleted (sorted).
 
     `decided`: stages whose decision is recorded. `incumbent`: the checkpoint the next stage starts from. `promoted`:
     the promoted checkpoints, oldest first. `keep_promoted`: "all" or how many of the newest promoted ones to keep
     (>= 1: the incumbent is often the newest). `delete_superseded`: delete the other checkpoints of decided stages.
-    `setup_done`: the warm start's result is recorded (its resumable SFT checkpoints are no longer needed)."""
+    `setup_done`: the warm start's result is recorded (its resumable SFT checkpoints are no longer needed). `anchor`:
+    the run's best confirmed checkpoint when it is not the incumbent (`stage.keep_training`), kept like it."""
     if keep_promoted != "all" and int(keep_promoted) < 1:
         raise ValueError("keep_promoted must be 'all' or at least 1")
     kept_promoted = set(promoted if keep_promoted == "all" else promoted[-int(keep_promoted):])
     out = []
     for name in names:
-        if name in (WARM_START, incumbent) or name in kept_promoted:
+        if name in (WARM_START, incumbent, anchor) or name in kept_promoted:
             continue
         if name == _resume_dir():
             if setup_done:
@@ -78,7 +79,8 @@ def run_checkpoints(run: Any, upto: int) -> dict[str, Any]:
             arm = run.store.node_result(run.id, j, f"arm:{r['winner']}") or {}
             promoted.append(Path(arm.get("checkpoint") or f"s{j}-{r['winner']}").name)
     incumbent = Path(decided[max(decided)]["next_policy"]).name if decided else WARM_START
-    return {"decided": set(decided), "incumbent": incumbent, "promoted": promoted,
+    anchor = Path(decided[max(decided)].get("anchor") or incumbent).name if decided else WARM_START
+    return {"decided": set(decided), "incumbent": incumbent, "anchor": anchor, "promoted": promoted,
             "setup_done": run.store.node_result(run.id, 0, "setup") is not None}
 
 

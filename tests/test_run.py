@@ -447,7 +447,7 @@ def test_an_exploit_stage_trains_for_its_arms_compute_and_confirms_its_carry(tmp
     """The stage after a promotion (`stage.exploit_after_promotion`; whether stage 1 promotes is up to real training,
     so which stage exploits is fixed here): its policy trains `recipe.steps` + (candidates + 1) x `arm_steps` GRPO
     steps under harness@main, it proposes nothing and trains no arm, the review says so, and its checkpoint continues
-    only after a greedy confirmation against the stage's start on fresh backtest instances. Caught: an exploit stage
+    only after a greedy reading against the run's anchor on fresh backtest instances (`stage.keep_training`). Caught: an exploit stage
     that trains only its own steps, still proposes or trains arms, or carries its checkpoint unchecked (a stage
     without arms had no target check before)."""
     from harness import graph
@@ -468,16 +468,20 @@ def test_an_exploit_stage_trains_for_its_arms_compute_and_confirms_its_carry(tmp
         assert not [c for c in st["candidates"] if c["stage"] == 2] and [c for c in st["candidates"] if c["stage"] == 1]
         assert any(e["kind"] == "exploit" and e["stage"] == 2 for e in st["events"])
         dec, probe = store.result("exploit", 2, Decided), store.result("exploit", 2, Probed)
-        start = store.result("exploit", 1, Decided).next_policy
-        if not probe.regressed:  # the trained checkpoint was checked where it matters before it could continue
-            assert dec.carry_check is not None and dec.carry_check.start == start and dec.carry_check.n > 0
-            assert dec.next_policy == (dec.carry_check.chosen if dec.carry_check.confirmed else start)
+        one = store.result("exploit", 1, Decided)
+        start, anchor = one.next_policy, one.anchor or one.next_policy
+        if not probe.regressed and start == anchor:  # checked where it matters, against the anchor, to continue
+            c = dec.carry_check
+            assert c is not None and c.start == anchor and c.against_anchor and c.n > 0
+            assert dec.next_policy == (c.chosen if c.confirmed or c.kept else anchor)
+            assert dec.anchor == (c.chosen if c.confirmed else anchor)  # `stage.keep_training`: keep the best
             # a planned continuation under a promoted harness: its own margin (`backtest.exploit_margin`, default
             # `carry_margin`)
             margin = cfg.backtest.exploit_margin
             margin = cfg.backtest.carry_margin if margin is None else margin
-            assert dec.carry_check.confirmed == (dec.carry_check.change >= margin * dec.carry_check.se)
-        else:
+            assert c.confirmed == (c.change >= margin * c.se and c.change > 0)
+            assert c.kept == (not c.confirmed and c.change >= -margin * c.se)
+        elif probe.regressed:
             assert dec.next_policy == start
     finally:
         store.close()
