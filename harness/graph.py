@@ -47,6 +47,7 @@ from harness.arms import arm_name, judge_start, prefetch_arms, prefetch_stage, r
 from harness.backtest import ArmEval, choose_winner, regression
 from harness.decisions import (
     anchor_at,
+    final_pick,
     arms_vs_start,
     confirm_carry,
     escalate,
@@ -164,8 +165,8 @@ def node_train(run: Run, state: State) -> State:
         at = (run.store.candidate(exploits) or {}).get("stage", "?")
         run.event(k, "train", "exploit", f"stage {k} exploits {exploits} (promoted at stage {at}): "
                   f"{steps} GRPO steps under harness@main ({recipe.steps} of the stage's own and the {steps - recipe.steps} "
-                  "its arms would have trained); it proposes nothing, and its checkpoint continues only when it "
-                  "confirms against the stage's start on fresh backtest instances (stage.exploit_after_promotion)",
+                  "its arms would have trained); it proposes nothing, and its checkpoint is read on fresh backtest "
+                  "instances before it continues (stage.exploit_after_promotion)",
                   key=f"{k}/exploit")
     run.event(k, "train", "node_start", f"GRPO {steps} steps under harness@main")
     r = train_policy(run, k, "policy", state["policy"], files, steps, f"s{k}/train",
@@ -546,17 +547,19 @@ def _decide_state(run: Run, state: State, r: Decided) -> State:
 def node_remember(run: Run, state: State) -> State:
     """Skill evidence, a new skill for a promoted change that had none, the stage's held-out report, budget check."""
     k = state["stage"]
+    stop = stop_reason(run, k, state.get("stages_without_promotion", 0))
     if run.result(k, Remembered) is None:
         t0 = time.time()
         remember_skills(run, k)
         d = run.result(k, Decided)
         anchor = (d.anchor if d is not None else None) or state["next_policy"]  # what the run delivers so far
+        if stop and run.config.stage.keep_training:  # the last stage: the lineage or the anchor, read once more
+            anchor = final_pick(run, k, state["next_policy"], anchor)
         report_eval(run, k, anchor)
         run.release_engines(keep=[state["next_policy"], anchor])  # every other checkpoint of this stage is superseded
         apply_retention(run, k)  # the decision is recorded: delete what retention lets go
         run.store.end_stage(run.id, k, checkpoint=anchor, metrics=stage_metrics(run, k, time.time() - t0))
         _finish(run, k, Remembered(), t0, "stage recorded")
-    stop = stop_reason(run, k, state.get("stages_without_promotion", 0))
     out: State = {"policy": state["next_policy"], "stage": k + 1, "candidates": [], "vetted": [], "winner": None}
     if stop:
         run.store.set_run_status(run.id, "finished")

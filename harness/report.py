@@ -199,10 +199,11 @@ def print_summary(run_dir: Path, console) -> dict[str, Any]:
             console.print(f"exploit, stage {e['stage']}: {shown(e['message'])}", highlight=False)
     if idle:  # a stage that carried no trained checkpoint, and what the loop did about it
         esc = [f"stage {e['stage']}: {e['message']}" for e in events if e["kind"] == "escalation"]
-        why = [f"stage {e['stage']}: {e['message']}" for e in events  # why each idle stage kept its start
-               if e["kind"] == "not_carried" and e["stage"] in idle]
+        why = [(f"{'lineage kept' if e['kind'] == 'lineage_kept' else 'not carried'}, stage {e['stage']}: "
+                f"{e['message']}") for e in events  # why each idle stage kept its start (or its anchor)
+               if e["kind"] in ("not_carried", "lineage_kept") and e["stage"] in idle]
         console.print(f"carried_nothing: stages {', '.join(map(str, idle))}"
-                      + "".join(f"\n  not carried, {shown(x)}" for x in why) + (
+                      + "".join(f"\n  {shown(x)}" for x in why) + (
             "".join(f"\n  escalation, {shown(x)}" for x in esc) if esc else "\n  no escalation"), highlight=False)
     promoted = sum(1 for x in st["candidates"] if x["verdict"] == "promoted")
     console.print(f"candidates: {len(st['candidates'])}\npromoted: {promoted}\nharness: {shown(st['harness'])}\n"

@@ -213,6 +213,14 @@ class CarryChecked(BaseModel):
                        "more than `carry_margin` se either: its lineage trains on, the anchor stays")
 
 
+class FinalPicked(NodeResult):
+    """The last stage's pick between the lineage and the anchor (`harness.decisions.final_pick`)."""
+
+    NODE: ClassVar[str] = "final"
+    picked: str = Field(..., description="what the run delivers: the lineage or the anchor")
+    check: CarryChecked
+
+
 class GateAnswer(NodeResult):
     NODE: ClassVar[str] = "gate"
     action: str = Field(..., description="auto (no gate), approve, revise or abort")
