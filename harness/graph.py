@@ -47,13 +47,13 @@ from harness.arms import arm_name, judge_start, prefetch_arms, prefetch_stage, r
 from harness.backtest import ArmEval, choose_winner, regression
 from harness.decisions import (
     anchor_at,
-    final_pick,
     arms_vs_start,
     confirm_carry,
     escalate,
     exploit_steps,
     exploiting,
     fell_below_start,
+    final_pick,
     judge_whole_plan,
     look_until_decided,
     on_learning_signal,
