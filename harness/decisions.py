@@ -326,15 +326,16 @@ def confirm_clear(diffs: list[float]) -> bool:
 
 
 def confirm_batches(judge: Callable[[int, int, int], list[float]], planned: int, most: int,
-                    size: int) -> list[float]:
+                    size: int, extends: Callable[[list[float]], bool] | None = None) -> list[float]:
     """The paired differences (chosen minus start) a carry confirmation judges: batch j (from 1) holds the instances
     at indices [at, end) (batches of `size`, the planned instances' last one cut at `planned`), `judge(j, at, end)`
     returns their differences; it stops once the sign is clear (`confirm_clear`), past the `planned` instances unless
-    `confirm_extends`, and at `most`."""
+    `extends` (default `confirm_extends`), and at `most`."""
+    extends = confirm_extends if extends is None else extends
     starts = [*range(0, planned, size), *range(planned, most, size)]
     diffs: list[float] = []
     for j, (at, end) in enumerate(zip(starts, [*starts[1:], most], strict=True), 1):
-        if at >= planned and not confirm_extends(diffs):
+        if at >= planned and not extends(diffs):
             break
         diffs += judge(j, at, end)
         if confirm_clear(diffs):
@@ -460,11 +461,17 @@ def confirm_carry(run: Run, k: int, chosen: str, bt: Backtested, start: str | No
     return ref, check
 
 
+def pick_extends(diffs: list[float]) -> bool:
+    """Does the final pick (`final_pick`) judge on past its planned instances? While the sign is not clear, unless
+    every difference so far is zero (two checkpoints that decode alike: more instances would read the same)."""
+    return not confirm_clear(diffs) and any(diffs)
+
+
 def final_pick(run: Run, k: int, lineage: str, anchor: str) -> str:
     """What a run under `stage.keep_training` delivers when it stops after stage k with its lineage apart from its
-    anchor: the two read greedily on up to `backtest.carry_confirm_max` fresh backtest instances (their own draw,
-    batches of `backtest.n`, stopping once the sign is clear), and the lineage is delivered unless it reads below the
-    anchor. No status-quo margin here: both are candidates for one delivery, the lineage was never below the anchor
+    anchor: the two read greedily on `backtest.carry_confirm` fresh backtest instances (their own draw, batches of
+    `backtest.n`, stopping once the sign is clear) and on up to `backtest.carry_confirm_max` while it is not
+    (`pick_extends`), and the lineage is delivered unless it reads below the anchor. No status-quo margin here: both are candidates for one delivery, the lineage was never below the anchor
     by its noise at any stage, and it has trained more; a real gain too slow for any one stage's reading to confirm
     (the lineage drifting up by a point over several stages) is what the margin kept out of the anchor. Simulated over
     six stages (`tests/test_decisions.py`) it keeps +0.2 to +0.5 points more of a steady gain and costs under 0.2 of a
@@ -476,13 +483,15 @@ def final_pick(run: Run, k: int, lineage: str, anchor: str) -> str:
         return r.picked
     cfg = run.config.backtest
     most = cfg.confirm_most
-    if most == 0 or lineage == anchor:
+    if cfg.carry_confirm == 0 or lineage == anchor:
         return anchor
-    seeds = run.draw_seeds("backtest", most, key=f"s{k}/final")
+    seeds = run.draw_seeds("backtest", cfg.carry_confirm, key=f"s{k}/final")
     mine: list[float] = []
     theirs: list[float] = []
 
     def judge(j: int, at: int, end: int) -> list[float]:
+        if end > len(seeds):  # the extension's instances under their own key, drawn only when it judges on
+            seeds.extend(run.draw_seeds("backtest", most - cfg.carry_confirm, key=f"s{k}/final-more"))
         part = seeds[at: end]
         a = judge_carry_batch(run, k, "final-lineage", lineage, part, j)
         b = judge_carry_batch(run, k, "final-anchor", anchor, part, j)
@@ -490,7 +499,8 @@ def final_pick(run: Run, k: int, lineage: str, anchor: str) -> str:
         theirs.extend(b)
         return [x - y for x, y in zip(a, b, strict=True)]
 
-    change, se = _mean_se(confirm_batches(judge, most, most, max(1, min(cfg.n, most))))
+    change, se = _mean_se(confirm_batches(judge, cfg.carry_confirm, most, max(1, min(cfg.n, cfg.carry_confirm)),
+                                          extends=pick_extends))
     picked = lineage if change >= 0 else anchor
     check = CarryChecked(chosen=lineage, start=anchor, n=len(mine), chosen_valid=float(np.mean(mine)),
                          start_valid=float(np.mean(theirs)), change=change, se=se, confirmed=picked == lineage,

@@ -693,7 +693,8 @@ def test_keep_training_keep_the_best_reads_the_chosen_checkpoint_against_the_anc
     assert final_pick(run, 7, "ckpt/s7-down", "ckpt/anchor") == "ckpt/anchor" and len(calls) == n  # read back
     assert final_pick(run, 8, "ckpt/anchor", "ckpt/anchor") == "ckpt/anchor" and len(calls) == n
     draws = dict(run.store.db.execute("SELECT key, n FROM seed_draws WHERE run = 'r' AND split = 'backtest'"))
-    assert draws["s6/final"] == run.config.backtest.confirm_most
+    assert draws["s6/final"] == run.config.backtest.carry_confirm and "s6/final-more" not in draws  # all zero: no more
+    assert draws["s7/final"] == run.config.backtest.carry_confirm  # a quarter against a half: clear at once
     assert any(e["kind"] == "final_pick" and "delivers s7-down" not in e["message"] for e in run.store.events("r"))
     names = ["warmstart", "s1-up", "s2-level", "s2-control"]
     assert deletable(names, decided={1, 2}, incumbent="s2-level", anchor="s1-up", promoted=[], keep_promoted="all",
@@ -714,17 +715,17 @@ def test_keep_training_moves_the_policy_on_small_real_gains_and_holds_the_best_w
     (it slides with a harmful lineage), a lineage never reset (it drifts away)."""
     import numpy as np
 
-    from harness.decisions import _mean_se, carry_reading, confirm_batches
+    from harness.decisions import _mean_se, carry_reading, confirm_batches, pick_extends
 
     rng = np.random.default_rng(11)
 
-    def read(delta: float, planned: int = 288) -> tuple[float, float]:
+    def read(delta: float, extends=None) -> tuple[float, float]:
         a, b = (0.14 + delta) / 2, (0.14 - delta) / 2
 
         def judge(j: int, at: int, end: int) -> list[float]:
             u = rng.random(end - at)
             return list(np.where(u < a, 1.0, np.where(u < a + b, -1.0, 0.0)))
-        return _mean_se(confirm_batches(judge, planned, 864, 96))
+        return _mean_se(confirm_batches(judge, 288, 864, 96, extends=extends))
 
     def final(gain: float, keep: bool, pick: bool = False, runs: int = 400, stages: int = 6) -> float:
         out = []
@@ -741,7 +742,7 @@ def test_keep_training_moves_the_policy_on_small_real_gains_and_holds_the_best_w
                 else:
                     lineage = anchor
             if pick and lineage != anchor:  # `final_pick`: up to 864 fresh instances, the lineage unless below
-                change, _ = read(lineage - anchor, planned=864)
+                change, _ = read(lineage - anchor, extends=pick_extends)
                 anchor = lineage if change >= 0 else anchor
             out.append(anchor)
         return float(np.mean(out))
