@@ -471,9 +471,10 @@ def final_pick(run: Run, k: int, lineage: str, anchor: str) -> str:
     """What a run under `stage.keep_training` delivers when it stops after stage k with its lineage apart from its
     anchor: the two read greedily on `backtest.carry_confirm` fresh backtest instances (their own draw, batches of
     `backtest.n`, stopping once the sign is clear) and on up to `backtest.carry_confirm_max` while it is not
-    (`pick_extends`), and the lineage is delivered unless it reads below the anchor. No status-quo margin here: both are candidates for one delivery, the lineage was never below the anchor
-    by its noise at any stage, and it has trained more; a real gain too slow for any one stage's reading to confirm
-    (the lineage drifting up by a point over several stages) is what the margin kept out of the anchor. Simulated over
+    (`pick_extends`), and the lineage is delivered unless it reads below the anchor. No status-quo margin here: both
+    are candidates for one delivery, the lineage was never below the anchor by its noise at any stage, and it has
+    trained more; a real gain too slow for any one stage's reading to confirm (the lineage drifting up by a point over
+    several stages) is what the margin kept out of the anchor. Simulated over
     six stages (`tests/test_decisions.py`) it keeps +0.2 to +0.5 points more of a steady gain and costs under 0.2 of a
     steady harm. Recorded (node `final`) and read back on a resume."""
     from harness.arms import judge_carry_batch
@@ -508,8 +509,8 @@ def final_pick(run: Run, k: int, lineage: str, anchor: str) -> str:
     run.event(k, "remember", "final_pick", f"the run stops: its lineage {Path(lineage).name} against its anchor "
               f"{Path(anchor).name}, greedy on {check.n} fresh backtest instances: {check.chosen_valid:.3f} vs "
               f"{check.start_valid:.3f} (change {change:+.3f}, se {se:.3f}): the run delivers "
-              f"{Path(picked).name} ({'the lineage: not below the anchor' if picked == lineage else 'the anchor: the lineage reads below it'})",
-              key=f"{k}/final-pick")
+              f"{Path(picked).name} (" + ("the lineage: not below the anchor" if picked == lineage
+                                          else "the anchor: the lineage reads below it") + ")", key=f"{k}/final-pick")
     run.save_result(k, FinalPicked(picked=picked, check=check))
     return picked
 
