@@ -30,8 +30,8 @@ TINY_RUN = {
     "recipe": {"steps": 1, "batch_size": 8, "num_generations": 4, "learning_rate": 1e-4, "temperature": 0.7,
                "beta": 0.0, "max_completion_length": 24},  # short: an untrained policy rambles to the cap
     "budget": {"stages": 2}, "stage": {"train_instances": 16, "probe_n": 4, "probe_samples": 2},
-    "backtest": {"arm_steps": 1, "n": 8, "samples": 2}, "engineer": {"kind": "rule"},
-    "eval": {"suite": "small", "limit": 32},
+    "backtest": {"arm_steps": 1, "n": 8, "samples": 2, "carry_confirm": 24},  # small: it is the baselines' budget
+    "engineer": {"kind": "rule"}, "eval": {"suite": "small", "limit": 32},
 }
 
 
