@@ -31,7 +31,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # the crash benchmark's tiny config, one candidate per stage, completions capped at 24 tokens (an 8-step warm start
 # rambles to the cap, and generation is most of these tests' time; the collapse test, which needs valid plans, keeps 48)
 TINY = {**BENCH_TINY, "name": "t", "stage": {**BENCH_TINY["stage"], "candidates": 1},
-        "recipe": {**BENCH_TINY["recipe"], "max_completion_length": 24}}
+        "recipe": {**BENCH_TINY["recipe"], "max_completion_length": 24},
+        # carry confirmations of 48 (three batches), not 288: `stage.keep_training` reads one every stage and a final
+        # pick, and at 288 they were most of these tests' time
+        "backtest": {**BENCH_TINY["backtest"], "carry_confirm": 48}}
 
 
 @pytest.fixture(autouse=True)
