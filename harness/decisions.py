@@ -517,10 +517,13 @@ def final_pick(run: Run, k: int, lineage: str, anchor: str) -> str:
 
 def anchor_at(run: Run, k: int) -> str | None:
     """The run's anchor when stage k starts (`stage.keep_training`): the last decided stage's (`Decided.anchor`, or its
-    `next_policy` in a stage recorded without one), else the warm start; None before setup."""
-    from harness.results import Decided, SetUp
+    `next_policy` in a stage recorded without one; a stage the run stopped after delivers its `final_pick`, which a run
+    resumed with a larger budget goes on from), else the warm start; None before setup."""
+    from harness.results import Decided, FinalPicked, SetUp
 
     for j in range(k - 1, 0, -1):
+        if (f := run.result(j, FinalPicked)) is not None:
+            return f.picked
         if (d := run.result(j, Decided)) is not None:
             return d.anchor or d.next_policy
     setup = run.result(0, SetUp)

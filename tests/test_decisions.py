@@ -696,6 +696,8 @@ def test_keep_training_keep_the_best_reads_the_chosen_checkpoint_against_the_anc
     assert draws["s6/final"] == run.config.backtest.carry_confirm and "s6/final-more" not in draws  # all zero: no more
     assert draws["s7/final"] == run.config.backtest.carry_confirm  # a quarter against a half: clear at once
     assert any(e["kind"] == "final_pick" and "delivers s7-down" not in e["message"] for e in run.store.events("r"))
+    run.save_result(6, Decided(next_policy="ckpt/s6-level", anchor="ckpt/anchor"))
+    assert anchor_at(run, 7) == "ckpt/s6-level"  # a run resumed past its last stage goes on from what it delivered
     names = ["warmstart", "s1-up", "s2-level", "s2-control"]
     assert deletable(names, decided={1, 2}, incumbent="s2-level", anchor="s1-up", promoted=[], keep_promoted="all",
                      delete_superseded=True, setup_done=True) == ["s2-control"]
