@@ -367,6 +367,36 @@ def carry_reading(change: float, se: float, margin: float, against_anchor: bool)
     return confirmed, against_anchor and not confirmed and change >= -margin * se
 
 
+def read_pair(run: Run, k: int, key: str, chosen: tuple[str, str], ref: tuple[str, str],
+              extends: Callable[[list[float]], bool] | None = None) -> tuple[list[float], list[float], float, float]:
+    """Two checkpoints, `chosen` and `ref` ((node name, path) each), decoded greedily on stage k's fresh backtest
+    instances in batches (`confirm_batches`: `backtest.carry_confirm` planned under key `s{k}/<key>`, up to
+    `backtest.carry_confirm_max` while `extends`, those drawn under `s{k}/<key>-more` only when it judges on; each
+    batch recorded by `harness.arms.judge_carry_batch`). Returns (chosen's outcomes, ref's, mean paired difference,
+    its standard error)."""
+    from harness.arms import judge_carry_batch
+
+    cfg = run.config.backtest
+    most = cfg.confirm_most
+    seeds = run.draw_seeds("backtest", cfg.carry_confirm, key=f"s{k}/{key}")
+    mine: list[float] = []
+    theirs: list[float] = []
+
+    def judge(j: int, at: int, end: int) -> list[float]:
+        if end > len(seeds):
+            seeds.extend(run.draw_seeds("backtest", most - cfg.carry_confirm, key=f"s{k}/{key}-more"))
+        part = seeds[at: end]
+        a, b = judge_carry_batch(run, k, chosen[0], chosen[1], part, j), judge_carry_batch(run, k, ref[0], ref[1],
+                                                                                             part, j)
+        mine.extend(a)
+        theirs.extend(b)
+        return [x - y for x, y in zip(a, b, strict=True)]
+
+    change, se = _mean_se(confirm_batches(judge, cfg.carry_confirm, most, max(1, min(cfg.n, cfg.carry_confirm)),
+                                          extends=extends))
+    return mine, theirs, change, se
+
+
 def confirm_carry(run: Run, k: int, chosen: str, bt: Backtested, start: str | None = None,
                   margin: float | None = None, anchor: str | None = None) -> tuple[str, CarryChecked | None]:
     """(the checkpoint that continues, what the confirmation read or None): a trained checkpoint that
@@ -405,7 +435,6 @@ def confirm_carry(run: Run, k: int, chosen: str, bt: Backtested, start: str | No
     training); below, the anchor continues. A checkpoint that is the stage's start, or the anchor, is not read again.
     Keep the best, as early stopping keeps the best validation checkpoint while training goes on (Prechelt, "Early
     Stopping - But When?", 1998), with the one-standard-error rule deciding what counts as better or worse."""
-    from harness.arms import judge_carry_batch
 
     cfg = run.config.backtest
     ref = anchor if anchor is not None else bt.start.checkpoint if bt.start is not None else start
@@ -415,25 +444,10 @@ def confirm_carry(run: Run, k: int, chosen: str, bt: Backtested, start: str | No
         return chosen, None
     # the planned instances under their own key, the extension's under another, drawn only when it judges on: a
     # confirmation that does not extend moves the forward-only backtest cursor exactly as before the extension existed
-    seeds = run.draw_seeds("backtest", cfg.carry_confirm, key=f"s{k}/carry")
     most = cfg.confirm_most
-    size = max(1, min(cfg.n, cfg.carry_confirm))
     base = Path(chosen).name
-    name = base.removeprefix(f"s{k}-")
-    mine: list[float] = []
-    theirs: list[float] = []
-
-    def judge(j: int, at: int, end: int) -> list[float]:
-        if end > len(seeds):
-            seeds.extend(run.draw_seeds("backtest", most - cfg.carry_confirm, key=f"s{k}/carry-more"))
-        part = seeds[at: end]
-        a, b = (judge_carry_batch(run, k, name, chosen, part, j),
-                judge_carry_batch(run, k, "start" if anchor is None else "anchor", ref, part, j))
-        mine.extend(a)
-        theirs.extend(b)
-        return [x - y for x, y in zip(a, b, strict=True)]
-
-    change, se = _mean_se(confirm_batches(judge, cfg.carry_confirm, most, size))
+    mine, theirs, change, se = read_pair(run, k, "carry", (base.removeprefix(f"s{k}-"), chosen),
+                                         ("start" if anchor is None else "anchor", ref))
     confirmed, kept = carry_reading(change, se, m, against_anchor=anchor is not None)
     check = CarryChecked(chosen=chosen, start=ref, n=len(mine), chosen_valid=float(np.mean(mine)),
                          start_valid=float(np.mean(theirs)), change=change, se=se, confirmed=confirmed,
@@ -477,31 +491,15 @@ def final_pick(run: Run, k: int, lineage: str, anchor: str) -> str:
     several stages) is what the margin kept out of the anchor. Simulated over
     six stages (`tests/test_decisions.py`) it keeps +0.2 to +0.5 points more of a steady gain and costs under 0.2 of a
     steady harm. Recorded (node `final`) and read back on a resume."""
-    from harness.arms import judge_carry_batch
     from harness.results import FinalPicked
 
     if (r := run.result(k, FinalPicked)) is not None:
         return r.picked
     cfg = run.config.backtest
-    most = cfg.confirm_most
     if cfg.carry_confirm == 0 or lineage == anchor:
         return anchor
-    seeds = run.draw_seeds("backtest", cfg.carry_confirm, key=f"s{k}/final")
-    mine: list[float] = []
-    theirs: list[float] = []
-
-    def judge(j: int, at: int, end: int) -> list[float]:
-        if end > len(seeds):  # the extension's instances under their own key, drawn only when it judges on
-            seeds.extend(run.draw_seeds("backtest", most - cfg.carry_confirm, key=f"s{k}/final-more"))
-        part = seeds[at: end]
-        a = judge_carry_batch(run, k, "final-lineage", lineage, part, j)
-        b = judge_carry_batch(run, k, "final-anchor", anchor, part, j)
-        mine.extend(a)
-        theirs.extend(b)
-        return [x - y for x, y in zip(a, b, strict=True)]
-
-    change, se = _mean_se(confirm_batches(judge, cfg.carry_confirm, most, max(1, min(cfg.n, cfg.carry_confirm)),
-                                          extends=pick_extends))
+    mine, theirs, change, se = read_pair(run, k, "final", ("final-lineage", lineage), ("final-anchor", anchor),
+                                         extends=pick_extends)
     picked = lineage if change >= 0 else anchor
     check = CarryChecked(chosen=lineage, start=anchor, n=len(mine), chosen_valid=float(np.mean(mine)),
                          start_valid=float(np.mean(theirs)), change=change, se=se, confirmed=picked == lineage,
