@@ -600,21 +600,22 @@ def addresses(run: Run, row: dict[str, Any], codes: set[str] | frozenset[str]) -
 
 def carried_nothing(run: Run, k: int) -> list[int]:
     """The stages just before stage k, latest first and in an unbroken run, that carried no trained checkpoint: each
-    ended with the next stage starting from the checkpoint it started from (`Decided.next_policy`)."""
+    ended with the next stage starting from a checkpoint the run held before it (`Decided.next_policy`: its own
+    start, or under `stage.keep_training` the anchor a lineage was sent back to)."""
     from harness.results import Decided, SetUp
 
     setup = run.result(0, SetUp)
-    starts = {1: setup.policy if setup is not None else None}
-    ends: dict[int, str] = {}
+    seen = {setup.policy if setup is not None else None}
+    idle: dict[int, bool] = {}
     for j in range(1, k):
         d = run.result(j, Decided)
         if d is None:
             break
-        ends[j] = d.next_policy
-        starts[j + 1] = d.next_policy
+        idle[j] = d.next_policy in seen
+        seen |= {d.next_policy, d.anchor}
     out = []
     for j in range(k - 1, 0, -1):
-        if j not in ends or starts.get(j) is None or ends[j] != starts[j]:
+        if not idle.get(j):
             break
         out.append(j)
     return out

@@ -24,18 +24,25 @@ def status(run_dir: Path) -> dict[str, Any]:
     try:
         run_id = run_dir.name
         run = store.get_run(run_id)
-        from harness.results import SetUp
+        from harness.results import Decided, SetUp
 
         stages = []
         setup = store.result(run_id, 0, SetUp)
         prev = setup.policy if setup is not None else None
+        seen = {prev}
         for s in store.stages(run_id):
             m = s.get("metrics") or {}
-            carried = None if s["status"] != "done" or not s.get("checkpoint") or s["stage"] == 0 else \
-                s.get("checkpoint") != prev
+            done = s["status"] == "done" and bool(s.get("checkpoint")) and s["stage"] != 0
+            anchored = s.get("checkpoint") != prev if done else None  # the stage's checkpoint: the run's anchor
+            d = store.result(run_id, s["stage"], Decided) if s["stage"] else None
+            # carried: the next stage trains from a checkpoint this stage trained (the lineage moved; a run before
+            # `stage.keep_training` has lineage == anchor), not one the run held before (a lineage sent back to its
+            # anchor carried nothing)
+            carried = (d.next_policy not in seen if d is not None else anchored) if done else None
+            seen |= {s.get("checkpoint"), d.next_policy if d is not None else None}
             prev = s.get("checkpoint") or prev
             stages.append({"stage": s["stage"], "status": s["status"], "checkpoint": s.get("checkpoint"),
-                           "carried": carried,
+                           "carried": carried, "anchored": anchored,
                            "valid": m.get("valid"), "optimal": m.get("optimal"), "wall_s": m.get("wall_s"),
                            "overhead_share": m.get("overhead_share")})
         cands = [{"id": c["id"], "stage": c["stage"], "kind": c["kind"], "factor": c["knob"],
@@ -197,11 +204,16 @@ def print_summary(run_dir: Path, console) -> dict[str, Any]:
     for e in events:  # a stage that trained under the last promotion instead of judging arms
         if e["kind"] == "exploit":
             console.print(f"exploit, stage {e['stage']}: {shown(e['message'])}", highlight=False)
+    kept = [s["stage"] for s in st["stages"] if s.get("carried") and s.get("anchored") is False]
+    if kept:  # the lineage trained on from these stages' checkpoints; the anchor (what the report scores) stayed
+        console.print(f"lineage_kept: stages {', '.join(map(str, kept))} (trained on, not above the anchor by its "
+                      "noise: the anchor stays)" + "".join(f"\n  stage {e['stage']}: {shown(e['message'])}"
+                                                         for e in events if e["kind"] == "lineage_kept"
+                                                         and e["stage"] in kept), highlight=False)
     if idle:  # a stage that carried no trained checkpoint, and what the loop did about it
         esc = [f"stage {e['stage']}: {e['message']}" for e in events if e["kind"] == "escalation"]
-        why = [(f"{'lineage kept' if e['kind'] == 'lineage_kept' else 'not carried'}, stage {e['stage']}: "
-                f"{e['message']}") for e in events  # why each idle stage kept its start (or its anchor)
-               if e["kind"] in ("not_carried", "lineage_kept") and e["stage"] in idle]
+        why = [f"not carried, stage {e['stage']}: {e['message']}" for e in events  # why each idle stage kept its start
+               if e["kind"] == "not_carried" and e["stage"] in idle]
         console.print(f"carried_nothing: stages {', '.join(map(str, idle))}"
                       + "".join(f"\n  {shown(x)}" for x in why) + (
             "".join(f"\n  escalation, {shown(x)}" for x in esc) if esc else "\n  no escalation"), highlight=False)

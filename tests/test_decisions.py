@@ -218,6 +218,11 @@ def test_two_stages_that_carried_nothing_escalate_to_the_fix_for_their_root_caus
     run.save_result(2, Decided(next_policy="ckpt/s1-control"))
     assert carried_nothing(run, 3) == [2]
     assert escalate(run, 3, diag, [other], 1) == [other]  # one idle stage is not yet a pattern
+    # keep training: stage 1's lineage trained on (its anchor stayed), stage 2's reading sent it back to the anchor:
+    # stage 2 carried nothing, though its next policy differs from its start
+    run.save_result(1, Decided(next_policy="ckpt/s1-arm", anchor="ckpt/warm"))
+    run.save_result(2, Decided(next_policy="ckpt/warm", anchor="ckpt/warm"))
+    assert carried_nothing(run, 3) == [2]
     for j in (1, 2):
         run.save_result(j, Decided(next_policy="ckpt/warm"))
     assert carried_nothing(run, 3) == [2, 1]
@@ -675,6 +680,25 @@ def test_keep_training_keep_the_best_reads_the_chosen_checkpoint_against_the_anc
     run.save_result(1, Decided(next_policy="ckpt/s1-up", anchor="ckpt/s1-up"))
     run.save_result(2, Decided(next_policy="ckpt/s2-level", anchor="ckpt/s1-up"))
     assert anchor_at(run, 3) == "ckpt/s1-up" and anchor_at(run, 2) == "ckpt/s1-up"
+    # the review: stage 2's lineage trained on (its anchor did not move); stage 3's went back to the anchor, so it
+    # carried nothing (its next policy is not its start, but a checkpoint the run held before)
+    from io import StringIO
+
+    from rich.console import Console
+
+    from harness.report import print_summary, status
+
+    run.save_result(3, Decided(next_policy="ckpt/s1-up", anchor="ckpt/s1-up"))
+    for j, ckpt in ((1, "ckpt/s1-up"), (2, "ckpt/s1-up"), (3, "ckpt/s1-up")):
+        run.store.start_stage("r", j)
+        run.store.end_stage("r", j, checkpoint=ckpt)
+    rows = {s["stage"]: s for s in status(run.run_dir)["stages"]}
+    assert [(rows[j]["carried"], rows[j]["anchored"]) for j in (1, 2, 3)] == [(True, True), (True, False),
+                                                                            (False, False)]
+    out = StringIO()
+    print_summary(run.run_dir, Console(file=out, width=400))
+    assert "lineage_kept: stages 2 " in out.getvalue() and "\n  stage 2: s2-level against the anchor" in out.getvalue()
+    assert "carried_nothing: stages 3\n  not carried, stage 3: s3-down against the anchor" in out.getvalue()
     run.save_result(3, Decided(next_policy="ckpt/s3-old"))  # a stage recorded before the anchor existed
     assert anchor_at(run, 4) == "ckpt/s3-old"
     # the chosen arm: a dip below the stage's start on the point estimate is left to the reading, a collapse is not
