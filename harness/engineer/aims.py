@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.records import Diagnosis
+from harness.records import Change, Diagnosis
 from harness.tasks.knobs import TARGET, canonical_mixture
 
 AIMS = ("target", "frontier", "mastered")
@@ -43,6 +43,18 @@ def _goal(view, cur: dict[str, float], aim: str) -> dict[str, float] | str:
 
 
 TARGET_AIMS = ("target", "frontier")
+
+
+def target_change(diagnosis: Diagnosis | None, aim: Any = "target") -> tuple[Change, Any] | str:
+    """`env.target`'s change and the env it replaces (the training env made the target's generator config as a
+    whole, `target_toward`), or why there is none: what the rule engineer's skill and an engineer's reply both make."""
+    view = diagnosis.target if diagnosis is not None else None
+    if view is not None and view.config is not None and not view.differs:
+        return "the training env is the target already"
+    made = target_toward(diagnosis, aim)
+    if isinstance(made, str):
+        return made
+    return Change(kind="env", knob=TARGET, value=made), diagnosis.env_config
 
 
 def target_toward(diagnosis: Diagnosis | None, aim: Any = "target") -> dict[str, Any] | str:

@@ -445,7 +445,7 @@ def _validate_entry(i: int, pc: ProposedChange, diagnosis: Diagnosis) -> tuple[C
 def _validate_target(i: int, pc: ProposedChange, diagnosis: Diagnosis) -> tuple[Change, Any]:
     """`env.target`: the value is the word "target" or "frontier" (`harness.engineer.aims.target_toward`; or the
     target's config itself); the change carries the config."""
-    from harness.engineer.aims import TARGET_AIMS, target_toward
+    from harness.engineer.aims import TARGET_AIMS, target_change
 
     view = diagnosis.target
     if view is None or view.config is None:
@@ -458,10 +458,10 @@ def _validate_target(i: int, pc: ProposedChange, diagnosis: Diagnosis) -> tuple[
         raise ProposalError(f"candidate #{i}: {TARGET} takes the value \"target\" (the training env becomes the "
                             "target's config as a whole) or \"frontier\" (the target's entries weighted to what the "
                             f"policy partly solves), got {cut(repr(pc.value), 120)}")
-    made = target_toward(diagnosis, aim) if view.differs else "the training env is the target already"
+    made = target_change(diagnosis, aim)
     if isinstance(made, str):
         raise ProposalError(f"candidate #{i}: {TARGET} = {aim!r}: {made}; no change")
-    return Change(kind="env", knob=TARGET, value=made), diagnosis.env_config
+    return made
 
 
 def _validate_change(i: int, pc: ProposedChange, space: dict[str, Knob], diagnosis: Diagnosis | None = None

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.engineer.aims import AIMS, FLOOR, TARGET_AIMS, _goal, target_toward  # noqa: F401 - re-exported
+from harness.engineer.aims import AIMS, FLOOR, TARGET_AIMS, _goal, target_change, target_toward  # noqa: F401 - re-exported
 from harness.engineer.proposal import Knob, change_key, current_mixture, make_candidate, vet_error
 from harness.records import RECURRING, Candidate, Change, Diagnosis, Finding
 from harness.tasks.knobs import ENTRY, MIXTURE, TARGET, canonical_mixture, fill
@@ -114,12 +114,8 @@ def adopt_entry(name: str, knob: str, finding: Finding, diagnosis: Diagnosis | N
 def adopt_target(name: str, aim: Any, diagnosis: Diagnosis | None) -> tuple[Change, Any] | str:
     """The training env made the target's generator config as a whole (`env.target`, `target_toward`); or why it
     cannot."""
-    if diagnosis is None or diagnosis.target is None or not diagnosis.target.differs:
-        return f"{name}: the training env is the target already (or the run has none)"
-    made = target_toward(diagnosis, aim)
-    if isinstance(made, str):
-        return f"{name}: {made}"
-    return Change(kind="env", knob=TARGET, value=made), diagnosis.env_config
+    made = target_change(diagnosis, aim)
+    return f"{name}: {made}" if isinstance(made, str) else made
 
 
 def _rounded(new: float, k: Knob) -> float | int:
