@@ -48,6 +48,7 @@ def gather(run_dir: Path) -> dict[str, Any]:
                 if isinstance(curve_, list) and curve_:
                     training[k][arm] = curve_
         findings = {k: [f.model_dump() for f in store.findings(run_id, k)] for k in stages}
+        lineage = lineage_rows(store, run_id, stages)
         events = store.events(run_id)
         cand_rows = {c["id"]: c for c in store.candidates(run_id)}
     finally:
@@ -70,7 +71,70 @@ def gather(run_dir: Path) -> dict[str, Any]:
         evolved = None
     return {"status": st, "curve": curve(run_dir), "evals": evals, "slice_order": slice_order(st["task"]),
             "training": dict(training), "findings": findings, "stop": stop, "warnings": warnings,
-            "exploits": exploits, "diffs": diffs, "evolved": evolved, "rows": cand_rows}
+            "exploits": exploits, "diffs": diffs, "evolved": evolved, "rows": cand_rows, "lineage": lineage}
+
+
+def lineage_rows(store: RunStore, run_id: str, stages: list[int]) -> list[dict[str, Any]]:
+    """Each stage's reading of its decided checkpoint against the anchor (`stage.keep_training`; against the
+    stage's start before it) and what followed, then the last stage's pick between lineage and anchor:
+    {stage, what, chosen, against, change, se, n, outcome}."""
+    from harness.results import Decided, FinalPicked
+
+    rows = []
+    for k in stages:
+        d = store.result(run_id, k, Decided) if k else None
+        c = d.carry_check if d is not None else None
+        if c is not None:
+            outcome = ("new anchor" if c.confirmed and c.against_anchor else "carried" if c.confirmed else
+                       "lineage trains on, anchor stays" if c.kept else
+                       "back to the anchor" if c.against_anchor else "back to the stage's start")
+            rows.append({"stage": k, "what": "carry", "chosen": c.chosen, "against": c.start, "change": c.change,
+                         "se": c.se, "n": c.n, "outcome": outcome})
+        f = store.result(run_id, k, FinalPicked) if k else None
+        if f is not None:
+            rows.append({"stage": k, "what": "final pick", "chosen": f.check.chosen, "against": f.check.start,
+                         "change": f.check.change, "se": f.check.se, "n": f.check.n,
+                         "outcome": "delivers the lineage" if f.picked == f.check.chosen else "delivers the anchor"})
+    return rows
+
+
+def lineage_chart(rows: list[dict[str, Any]]) -> str | None:
+    """Each reading's change against what it was compared with (points of greedy valid, +-1 se), coloured by what
+    followed: the picture of a lineage that trains on while the anchor holds the best confirmed checkpoint."""
+    if not rows:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 2.8))
+    colour = {"new anchor": "#2a7", "carried": "#2a7", "lineage trains on, anchor stays": "#37c",
+              "delivers the lineage": "#37c", "delivers the anchor": "#c73"}
+    seen = set()
+    for r in rows:
+        x = r["stage"] + (0.3 if r["what"] == "final pick" else 0.0)
+        col = colour.get(r["outcome"], "#c33")
+        ax.errorbar([x], [100 * r["change"]], yerr=[100 * r["se"]], fmt="*" if r["what"] == "final pick" else "o",
+                    color=col, capsize=3, label=None if r["outcome"] in seen else r["outcome"])
+        seen.add(r["outcome"])
+    ax.axhline(0, color="#999", lw=0.8)
+    ax.set_xlabel("stage (a star: the last stage's pick)")
+    ax.set_ylabel("points vs anchor (+-1 se)")
+    ax.set_xticks(sorted({r["stage"] for r in rows}))
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return _svg(fig, "lineage")
+
+
+def lineage_html(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "<p class=note>no checkpoint was read against the anchor (nothing trained was chosen to continue)</p>"
+    short = lambda p: E(Path(str(p)).name)
+    body = "".join(f"<tr><td>{r['stage']}</td><td>{E(r['what'])}</td><td>{short(r['chosen'])}</td>"
+                   f"<td>{short(r['against'])}</td><td>{100 * r['change']:+.1f} (se {100 * r['se']:.1f})</td>"
+                   f"<td>{r['n']}</td><td>{E(r['outcome'])}</td></tr>" for r in rows)
+    return ((lineage_chart(rows) or "") + "<table><tr><th>stage</th><th>reading</th><th>checkpoint</th>"
+            "<th>against</th><th>change, points</th><th>n</th><th>what followed</th></tr>" + body + "</table>"
+            "<p class=note>greedy valid on fresh backtest instances, paired. The lineage is what the next stage trains "
+            "from; the anchor is the run's best confirmed checkpoint, what the held-out suite above scores "
+            "(<code>stage.keep_training</code>)</p>")
 
 
 # --- charts (matplotlib -> inline SVG) -------------------------------------------------------------------------------
@@ -366,13 +430,14 @@ def build(run_dir: Path) -> str:
 <h1>Run {E(st['run'])}</h1><p>task {E(str(st['task']))} &middot; harness repo <code>{E(st['harness'])}</code>
 (<code>git log --all --decorate</code>) &middot; created {E(str(st['created']))}</p>
 <nav><a href=#summary>summary</a><a href=#heldout>held-out</a><a href=#training>training</a>
-<a href=#decisions>decisions</a><a href=#evolved>evolved harness</a><a href=#skills>skills</a></nav>
+<a href=#decisions>decisions</a><a href=#lineage>lineage</a><a href=#evolved>evolved harness</a><a href=#skills>skills</a></nav>
 {partial}{_summary(d, gate_min)}
 {warnings}
 <section id=heldout><h2>Held-out valid per stage and slice (test suite)</h2>{heldout}
 <pre>{E(curve_text(d['curve']))}</pre></section>
 <section id=training><h2>Training curves per stage and arm</h2>{training}</section>
 <section id=decisions><h2>Decisions ({len(st['candidates'])})</h2>{decisions}</section>
+<section id=lineage><h2>Lineage and anchor</h2>{lineage_html(d.get('lineage') or [])}</section>
 <section id=evolved><h2>The evolved harness against round 0</h2>{evolved_html}</section>
 <section id=skills><h2>Skills used</h2>{skills_html}</section>
 </body></html>

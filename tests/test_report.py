@@ -71,7 +71,7 @@ def run_dir(tmp_path_factory):
 
 def test_report_sections_hold_real_data(run_dir):
     page = write_html(run_dir).read_text()
-    for section in ("summary", "heldout", "training", "decisions", "evolved", "skills"):
+    for section in ("summary", "heldout", "training", "decisions", "lineage", "evolved", "skills"):
         assert f"<section id={section}>" in page, section
     store = RunStore.open(run_dir / "run.db")
     cands = store.candidates("rep")
@@ -116,3 +116,35 @@ def test_a_report_of_an_unfinished_run_says_it_is_partial(run_dir, tmp_path):
     page = write_html(copy).read_text()
     assert "Partial report" in page and "interrupted" in page
     assert "<section id=decisions>" in page  # what exists still renders
+
+
+def test_the_lineage_section_shows_each_reading_against_the_anchor_and_the_final_pick(tmp_path):
+    """The page's "Lineage and anchor" section: one row per stage that read its decided checkpoint against the
+    anchor, with what followed (a new anchor, a lineage that trains on, back to the anchor), and the last stage's
+    pick; a chart of the readings. Could catch: a kept lineage shown as carried nothing (or as a new anchor), a
+    final pick missing from the review, readings on the wrong stage."""
+    from harness.report_page import lineage_html, lineage_rows
+    from harness.results import CarryChecked, Decided, FinalPicked
+
+    store = RunStore.open(tmp_path / "run.db")
+    store.create_run("r", {})
+
+    def check(chosen, change, **kw):
+        return CarryChecked(chosen=chosen, start="runs/r/checkpoints/anchor", n=288, chosen_valid=0.3 + change,
+                            start_valid=0.3, change=change, se=0.02, against_anchor=True, **kw)
+
+    store.save_result("r", 1, Decided(next_policy="c/s1", anchor="c/s1", carry_check=check("c/s1", 0.05,
+                                                                                         confirmed=True)))
+    store.save_result("r", 2, Decided(next_policy="c/s2", anchor="c/s1", carry_check=check("c/s2", -0.01,
+                                                                                         confirmed=False, kept=True)))
+    store.save_result("r", 3, Decided(next_policy="c/s1", anchor="c/s1", carry_check=check("c/s3", -0.06,
+                                                                                         confirmed=False)))
+    store.save_result("r", 3, FinalPicked(picked="c/s3", check=check("c/s3", 0.0, confirmed=False)))
+    rows = lineage_rows(store, "r", [0, 1, 2, 3])
+    store.close()
+    assert [(r["stage"], r["what"], r["outcome"]) for r in rows] == [
+        (1, "carry", "new anchor"), (2, "carry", "lineage trains on, anchor stays"), (3, "carry", "back to the anchor"),
+        (3, "final pick", "delivers the lineage")]
+    page = lineage_html(rows)
+    assert 'data-chart="lineage"' in page and "<td>+5.0 (se 2.0)</td>" in page and "<td>anchor</td>" in page
+    assert lineage_html([]).startswith("<p class=note>no checkpoint was read")
