@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from harness.config import parse_config
 from harness.scenarios import (
+    QUICK_CONFIRM,
     ScenarioError,
     check,
     harness_of,
@@ -72,6 +74,12 @@ def test_every_shipped_scenario_loads_and_passes_its_checks():
             steps = sc.quick["recipe"]["steps"]
             assert run_dict(sc, True)["recipe"]["steps"] == steps == harness_of(sc, "oracle", True)["recipe"]["steps"]
         assert "defect" in f.read_text().split("scenario:")[0].lower() or load_scenario(f).control  # a comment
+        # --quick confirms carries on a smoke's few instances (the set must run in 30 minutes), the full size on 288
+        assert run_dict(sc, True)["backtest"]["carry_confirm"] <= QUICK_CONFIRM
+        assert parse_config(run_dict(sc), "x").backtest.carry_confirm == 288
+    low = load_scenario(files[0])  # a run already sized below the quick size keeps its own
+    low.run["backtest"] = {**(low.run.get("backtest") or {}), "carry_confirm": 24}
+    assert run_dict(low, True)["backtest"]["carry_confirm"] == 24
 
 
 def test_a_typo_is_one_line_naming_the_field(tmp_path):
