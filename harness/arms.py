@@ -348,9 +348,15 @@ def judge_start(run: Run, k: int, ckpt: str, control: ArmEval) -> StartJudged:
             else (f"greedy estimate on the target is below the stage's start ({np.mean(r.greedy):.3f} -> "
                   f"{np.mean(r.greedy) + r.control_greedy_change:.3f}, n={r.n}; sampled {r.valid:.3f} -> "
                   f"{r.control_valid:.3f}; backtest.carry_greedy)")
-        run.event(k, "backtest", "not_carried",
-                  f"the control arm's {what}: unless a candidate is promoted the next stage starts from "
-                  f"{Path(ckpt).name}, not from the control arm (a checkpoint is carried only when the target's estimate did not fall)",
-                  key=f"{k}/control-below-start")
+        if cfg.stage.keep_training:  # a dip within noise is left to the carry reading against the anchor
+            run.event(k, "backtest", "control_below",
+                      f"the control arm's {what}: not a collapse, so the carry reading against the run's anchor on "
+                      "fresh instances decides whether the stage's arm continues (stage.keep_training)",
+                      key=f"{k}/control-below-start")
+        else:
+            run.event(k, "backtest", "not_carried",
+                      f"the control arm's {what}: unless a candidate is promoted the next stage starts from "
+                      f"{Path(ckpt).name}, not from the control arm (a checkpoint is carried only when the target's "
+                      "estimate did not fall)", key=f"{k}/control-below-start")
     run.save_result(k, r)
     return r
