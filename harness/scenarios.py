@@ -190,7 +190,8 @@ def run_dict(sc: Scenario, quick: bool = False) -> dict[str, Any]:
 # --quick is a smoke and a first reading, sized so the whole set runs in 30 minutes on 2 cores: under it a carried
 # checkpoint is confirmed on QUICK_CONFIRM fresh instances (up to three times that while unclear), not the full
 # size's 288. At 288 the confirmations and the last stage's pick read ~12,000 tokens a stage against its ~29,000 of
-# GRPO (the 45th session's quick set: 40 minutes, every baseline's budget following the evolved arm's compute). A
+# GRPO (the 45th session's quick set: 33.4 minutes, every baseline's budget following the evolved arm's compute; 31.4
+# with this, the rest being each arm's fixed cost: BENCHMARKS.md, "Forty-fifth session"). A
 # scenario's own `quick:` block may set `backtest.carry_confirm` itself; a run config sized smaller keeps its own.
 QUICK_CONFIRM = 64
 
