@@ -372,8 +372,9 @@ def read_pair(run: Run, k: int, key: str, chosen: tuple[str, str], ref: tuple[st
     """Two checkpoints, `chosen` and `ref` ((node name, path) each), decoded greedily on stage k's fresh backtest
     instances in batches (`confirm_batches`: `backtest.carry_confirm` planned under key `s{k}/<key>`, up to
     `backtest.carry_confirm_max` while `extends`, those drawn under `s{k}/<key>-more` only when it judges on; each
-    batch recorded by `harness.arms.judge_carry_batch`). Returns (chosen's outcomes, ref's, mean paired difference,
-    its standard error)."""
+    batch recorded by `harness.arms.judge_carry_batch`; a reading that does not extend moves the forward-only
+    backtest cursor only by its planned instances). Returns (chosen's outcomes, ref's, mean paired difference, its
+    standard error)."""
     from harness.arms import judge_carry_batch
 
     cfg = run.config.backtest
@@ -435,15 +436,12 @@ def confirm_carry(run: Run, k: int, chosen: str, bt: Backtested, start: str | No
     training); below, the anchor continues. A checkpoint that is the stage's start, or the anchor, is not read again.
     Keep the best, as early stopping keeps the best validation checkpoint while training goes on (Prechelt, "Early
     Stopping - But When?", 1998), with the one-standard-error rule deciding what counts as better or worse."""
-
     cfg = run.config.backtest
     ref = anchor if anchor is not None else bt.start.checkpoint if bt.start is not None else start
     m = cfg.carry_margin if margin is None else margin
     stage_start = bt.start.checkpoint if bt.start is not None else start
     if cfg.carry_confirm == 0 or ref is None or chosen == ref or (anchor is not None and chosen == stage_start):
         return chosen, None
-    # the planned instances under their own key, the extension's under another, drawn only when it judges on: a
-    # confirmation that does not extend moves the forward-only backtest cursor exactly as before the extension existed
     most = cfg.confirm_most
     base = Path(chosen).name
     mine, theirs, change, se = read_pair(run, k, "carry", (base.removeprefix(f"s{k}-"), chosen),
@@ -602,20 +600,13 @@ def carried_nothing(run: Run, k: int) -> list[int]:
     """The stages just before stage k, latest first and in an unbroken run, that carried no trained checkpoint: each
     ended with the next stage starting from a checkpoint the run held before it (`Decided.next_policy`: its own
     start, or under `stage.keep_training` the anchor a lineage was sent back to)."""
-    from harness.results import Decided, SetUp
+    from harness.results import Decided, SetUp, carried_flags
 
     setup = run.result(0, SetUp)
-    seen = {setup.policy if setup is not None else None}
-    idle: dict[int, bool] = {}
-    for j in range(1, k):
-        d = run.result(j, Decided)
-        if d is None:
-            break
-        idle[j] = d.next_policy in seen
-        seen |= {d.next_policy, d.anchor}
+    flags = carried_flags(setup.policy if setup is not None else None, [run.result(j, Decided) for j in range(1, k)])
     out = []
     for j in range(k - 1, 0, -1):
-        if not idle.get(j):
+        if flags[j - 1] is not False:  # carried, or not decided
             break
         out.append(j)
     return out

@@ -24,22 +24,22 @@ def status(run_dir: Path) -> dict[str, Any]:
     try:
         run_id = run_dir.name
         run = store.get_run(run_id)
-        from harness.results import Decided, SetUp
+        from harness.results import Decided, SetUp, carried_flags
 
         stages = []
         setup = store.result(run_id, 0, SetUp)
         prev = setup.policy if setup is not None else None
-        seen = {prev}
-        for s in store.stages(run_id):
+        rows = store.stages(run_id)
+        last = max([s["stage"] for s in rows], default=0)
+        flags = carried_flags(prev, [store.result(run_id, j, Decided) for j in range(1, last + 1)])
+        for s in rows:
             m = s.get("metrics") or {}
             done = s["status"] == "done" and bool(s.get("checkpoint")) and s["stage"] != 0
             anchored = s.get("checkpoint") != prev if done else None  # the stage's checkpoint: the run's anchor
-            d = store.result(run_id, s["stage"], Decided) if s["stage"] else None
-            # carried: the next stage trains from a checkpoint this stage trained (the lineage moved; a run before
-            # `stage.keep_training` has lineage == anchor), not one the run held before (a lineage sent back to its
-            # anchor carried nothing)
-            carried = (d.next_policy not in seen if d is not None else anchored) if done else None
-            seen |= {s.get("checkpoint"), d.next_policy if d is not None else None}
+            # carried: the next stage trains from a checkpoint this stage trained (`carried_flags`; a stage without
+            # a recorded decision: whether its recorded checkpoint moved)
+            flag = flags[s["stage"] - 1] if s["stage"] else None
+            carried = (flag if flag is not None else anchored) if done else None
             prev = s.get("checkpoint") or prev
             stages.append({"stage": s["stage"], "status": s["status"], "checkpoint": s.get("checkpoint"),
                            "carried": carried, "anchored": anchored,

@@ -240,6 +240,20 @@ class Decided(NodeResult):
                                              "was chosen to continue (`backtest.carry_confirm`)")
 
 
+def carried_flags(start: str | None, decided: list[Decided | None]) -> list[bool | None]:
+    """Per stage (1, 2, ...), whether it carried a trained checkpoint: the next stage trains from one the run did
+    not hold before (`Decided.next_policy` is not the run's start, an earlier stage's lineage or an anchor; under
+    `stage.keep_training` a lineage sent back to the anchor carried nothing); None for a stage not decided, and for
+    every stage after it. One rule for escalation (`harness.decisions.carried_nothing`) and the review."""
+    seen, out, gap = {start}, [], False
+    for d in decided:
+        gap = gap or d is None
+        out.append(None if gap else d.next_policy not in seen)
+        if not gap:
+            seen |= {d.next_policy, d.anchor}
+    return out
+
+
 class Remembered(NodeResult):
     NODE: ClassVar[str] = "remember"
 
