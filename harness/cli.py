@@ -30,7 +30,8 @@ skills_app = typer.Typer(help="The skill library shared by runs: list, show, exp
 app.add_typer(env_app, name="env")
 app.add_typer(bench_app, name="bench")
 app.add_typer(skills_app, name="skills")
-cache_app = typer.Typer(help="The warm-start cache ($EVOTRAINER_HOME/warmstart): where it is, what it holds, clear it.",
+cache_app = typer.Typer(help="The warm-start cache ($EVOTRAINER_HOME/warmstart) and the held-out reading cache "
+                        "($EVOTRAINER_HOME/evalcache): where they are, what they hold, clear them.",
                         no_args_is_help=True)
 app.add_typer(cache_app, name="cache")
 
@@ -635,16 +636,23 @@ def cache_show() -> None:
         meta = _json.loads((p / "warmstart.json").read_text()) if (p / "warmstart.json").exists() else {}
         size = sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
         console.print(f"  {shown(p.name)}  {size / 1e6:.1f} MB  {shown(meta)}", highlight=False)
+    from harness import evalcache
+
+    ev = evalcache.cache_root()
+    n = sum(1 for _ in ev.glob("*.json")) if ev.is_dir() else 0
+    console.print(f"held-out readings: {shown(ev)}  ({n} reading(s) of a checkpoint on a test set)", highlight=False)
 
 
 @cache_app.command("clear")
 def cache_clear() -> None:
-    """Delete every cached warm start (the next run retrains its own)."""
-    from harness import warmstart
+    """Delete every cached warm start (the next run retrains its own) and every cached held-out reading."""
+    from harness import evalcache, warmstart
     from harness.terminal import shown
 
     root, n = warmstart.clear()
     console.print(f"removed {n} cached warm start(s) from {shown(root)}", highlight=False)
+    root, n = evalcache.clear()
+    console.print(f"removed {n} cached held-out reading(s) from {shown(root)}", highlight=False)
 
 
 @bench_app.command("all")

@@ -94,20 +94,31 @@ def report_eval(run: Run, k: int, ckpt: str) -> None:
     shorter `max_completion_length` changes how it trains, not how its test set is scored."""
     if not run.config.eval.enabled:
         return
+    from harness import evalcache
     from harness.policy_glue import evaluate
-    from policies.rollout import SamplingParams
+    from policies.rollout import SamplingParams, resolve_backend
 
     insts = run.suite()
-    model, tok = run.policy(ckpt)
-    t0 = time.perf_counter()
-    rep = evaluate(model, tok, run.task, insts, run.style,
-                   params=SamplingParams(temperature=0.0, max_new_tokens=run.judge.max_new_tokens, batch_size=64,
-                                         backend=run.config.policy.backend))
-    run.charge(k, "policy", "eval", seconds=time.perf_counter() - t0, tokens=rep.new_tokens, label="test")
+    ckey = evalcache.key_of(ckpt, task=run.config.task, style=run.style, suite=run.config.eval.name,
+                           seeds=[i.seed for i in insts], max_new_tokens=run.judge.max_new_tokens,
+                           backend=resolve_backend(run.config.policy.backend))
+    if (hit := evalcache.lookup(ckey)) is not None:  # these weights were read on this test set before: not again
+        rep, per = hit
+        run.event(k, "report", "cache", f"held-out reading of {Path(ckpt).name} reused: the same weights were "
+                  f"scored on this test set before (valid {rep.valid:.3f}; `evotrainer cache clear` drops it)",
+                  key=f"{k}/test-cache")
+    else:
+        model, tok = run.policy(ckpt)
+        t0 = time.perf_counter()
+        rep = evaluate(model, tok, run.task, insts, run.style,
+                       params=SamplingParams(temperature=0.0, max_new_tokens=run.judge.max_new_tokens, batch_size=64,
+                                             backend=run.config.policy.backend))
+        run.charge(k, "policy", "eval", seconds=time.perf_counter() - t0, tokens=rep.new_tokens, label="test")
+        per = [0.0] * len(insts)
+        for r in rep.rollouts:
+            per[r.group] = float(r.valid)
+        evalcache.store(ckey, rep, per, {"run": run.id, "stage": k})
     run.record_eval(k, "policy", "test", n=rep.n, valid=rep.valid, optimal=rep.optimal)
-    per = [0.0] * len(insts)
-    for r in rep.rollouts:
-        per[r.group] = float(r.valid)
     # per-instance outcomes (same suite instances every stage): the report's paired stage-to-stage comparison
     out = run.path("stages", f"s{k}", "test.json")
     out.write_text(json.dumps({"checkpoint": ckpt, "suite": run.config.eval.name, "seeds": [i.seed for i in insts],

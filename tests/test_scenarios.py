@@ -237,6 +237,19 @@ def test_a_tiny_scenario_runs_every_arm_at_equal_compute_no_arm_reads_the_defect
             # within one step-equivalent per stage of the evolved arm's (a curriculum pays its probes)
             assert abs(r["compute"] - evo["compute"]) <= 2 + 1e-9, (arm, r["compute"], evo["compute"])
             assert len(r["curve"]) == 2
+    # the shared warm start is read on the test set once: every arm's stage-0 reading is that one, reused from the
+    # held-out reading cache (no arm pays a second pass over the same weights and instances)
+    warm = json.loads((exp / "warmstart" / "stages" / "s0" / "test.json").read_text())["valid"]
+    for arm in arms:
+        d = Path(json.loads((exp / arm / "seed0" / "result.json").read_text()).get("run_dir", exp / arm / "seed0"))
+        assert json.loads((d / "stages" / "s0" / "test.json").read_text())["valid"] == warm, arm
+        store = RunStore.open(d / "run.db")
+        try:
+            rid = store.runs()[0]
+            assert not [r for r in store.ledger(rid) if r["stage"] == 0 and r["label"] == "test"], arm
+            assert any("held-out reading" in e["message"] for e in store.events(rid, stage=0, kind="cache")), arm
+        finally:
+            store.close()
 
     def stage_recipe(arm):
         store = RunStore.open(exp / arm / "seed0" / "run.db")
