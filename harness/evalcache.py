@@ -9,7 +9,9 @@
 A greedy reading is a function of the weights, the test set, the completion budget, the prompt style, the rollout
 engine and the code that decodes and scores, and every one of those is in the key: the checkpoint's bytes (not its
 path), the test set's name and seeds, the code version of `harness.warmstart.code_version` (policy layer, tasks, glue,
-library versions) and the device (a GPU's sums land differently from a CPU's). So the same weights read twice are
+library versions) and the device (a GPU's sums land differently from a CPU's). The CPU thread count is not: a greedy
+reading at another count can differ on an instance whose two likeliest tokens tie within rounding, and a reused
+reading is one such reading, the same for every arm that starts from those weights. So the same weights read twice are
 read once: every arm of an experiment starts from the shared warm start and its stage-0 reading (a pass over 1,000
 scenario instances per arm), and a keep-training stage whose anchor did not move reads that same anchor again.
 
