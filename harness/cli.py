@@ -412,6 +412,9 @@ def bench_grpo(
                                               "step faster than two, and the ratios on record are at 1")] = 1,
     sft_steps: Annotated[int, typer.Option(min=1, help="SFT steps of the partial warm start (cached in --out)")] = 300,
     reference: Annotated[bool, typer.Option(help="also run today's path (the reference) for speedup_vs_reference")] = True,
+    pipeline: Annotated[bool, typer.Option(help="also run the fast path with recipe.pipeline (the next step's "
+                                                "rollouts generated in a second thread while a step trains: two "
+                                                "cores at --threads 1) and print its ratios")] = False,
     out: Annotated[Path, typer.Option(help="work dir (warm start cache, grpo.json)")] = Path("runs/bench-grpo"),
     checkpoint: Annotated[Path | None, typer.Option(help="time this saved policy (ours or a local Hugging Face "
                                                          "Llama-style checkpoint) instead of the bench's partial "
@@ -439,7 +442,7 @@ def bench_grpo(
         except (ConfigError, OSError) as exc:
             fail(f"--config {config}: {exc}")
     run(out=out, preset=preset, recipe=recipe, steps=steps, repeats=repeats, threads=threads, sft_steps=sft_steps,
-        reference=reference, checkpoint=checkpoint, config=config)
+        reference=reference, checkpoint=checkpoint, config=config, pipeline=pipeline)
 
 
 @bench_app.command("scenarios")

@@ -20,6 +20,7 @@ trained from scratch. On a CUDA GPU bf16 is used when supported. `import trl` is
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import os
@@ -118,6 +119,13 @@ class Recipe(BaseModel):
         "inverse_cdf", description="how our rollout loop draws each token (`policies.rollout.SamplingParams."
         "sampler`): inverse_cdf = one uniform per row (exact); multinomial = torch.multinomial, one random number "
         "per vocabulary entry (the reference path)")
+    pipeline: bool = Field(False, description="generate the next step's rollouts in a second thread, from the "
+                           "weights before this step's update, while this step scores and trains (`_Pipeline`): "
+                           "each batch but the first is one update off-policy, and the loss's PPO ratio is then "
+                           "taken against its sampling log-probabilities (clipped at epsilon). Two loops at the "
+                           "process's torch thread count: for a process with a core to spare (one torch thread on "
+                           "two cores), not for arms side by side. Only with our rollout engine on a CPU, top_p 1 "
+                           "and one optimiser pass per batch; elsewhere the steps run in turn as before")
 
     @model_validator(mode="after")
     def _check(self) -> Recipe:
@@ -171,7 +179,10 @@ class GRPOStep(BaseModel):
     live_groups: float | None = Field(None, description="groups whose rows the loss trained on this step "
                                       "(drop_dead_groups or prune_dead_groups; None when every group was)")
     replayed_groups: float | None = Field(None, description="groups of this step drawn from the replay pool (replay)")
-    generation_seconds: float | None = Field(None, description="of `seconds`, the rollouts' decoding (our engine)")
+    generation_seconds: float | None = Field(None, description="of `seconds`, the rollouts' decoding (our engine; "
+                                             "with `pipeline`, the wait for the rollouts generated in the background)")
+    pipelined: float | None = Field(None, description="1 when this step trained on rollouts generated in the "
+                                    "background during the step before (`pipeline`), 0 when it generated its own")
     clipped_ratio: float | None = Field(None, description="share of this step's completions that hit "
                                         "max_completion_length before their end (truncated)")
     valid_live_share: float | None = Field(None, description="share of this step's groups with valid and invalid "
@@ -553,25 +564,189 @@ def _rollout_func(tok, recipe: Recipe):
     """TRL `rollout_func` backed by policies.rollout's decoding loop (same sampling, batch shrinks at <eos>). TRL hands
     over each prompt `num_generations` times in a row: each distinct prompt is prefilled once and its KV cache fanned
     out to the group. Returns the sampling log-probabilities too (TRL keeps them as `sampling_per_token_logps`)."""
-    from policies.rollout import SamplingParams, _generate_loop
-
-    g = recipe.num_generations
+    from policies.rollout import _generate_loop
 
     def rollout(prompts: list[str], trainer) -> dict[str, Any]:
-        grouped = len(prompts) % g == 0 and all(prompts[i] == prompts[i - i % g] for i in range(len(prompts)))
-        unique = prompts[::g] if grouped else prompts
-        ids = [tok(p)["input_ids"] for p in unique]
-        params = SamplingParams(temperature=recipe.temperature, top_p=recipe.top_p, n=g if grouped else 1,
-                                batch_size=len(prompts), max_new_tokens=recipe.max_completion_length,
-                                seed=recipe.seed * 1_000_003 + trainer.state.global_step,
-                                compact=recipe.compact_decode, sampler=recipe.sampler)
-        unwrapped = trainer.accelerator.unwrap_model(trainer.model_wrapped)
-        res = _generate_loop(unwrapped, tok, ids, params)
-        trainer._metrics["train" if trainer.model.training else "eval"]["generation_seconds"].append(res.seconds)
+        mode = "train" if trainer.model.training else "eval"
+        ready = getattr(trainer, "_ready", None)
+        if ready is not None and ready.prompts == prompts:  # generated in the background during the step before
+            ids, res = ready.ids, ready.result
+            trainer._metrics[mode]["generation_seconds"].append(ready.waited)
+        else:
+            ids, params = rollout_plan(tok, recipe, prompts, trainer.state.global_step)
+            res = _generate_loop(trainer.accelerator.unwrap_model(trainer.model_wrapped), tok, ids, params)
+            trainer._metrics[mode]["generation_seconds"].append(res.seconds)
         prompt_ids = [ids[i] for i in res.prompt_index]
         return {"prompt_ids": prompt_ids, "completion_ids": res.completion_ids, "logprobs": res.logprobs}
 
     return rollout
+
+
+def rollout_plan(tok, recipe: Recipe, prompts: list[str], step: int):
+    """The token ids of a step's distinct prompts and its sampling parameters (the step's seed): TRL hands each
+    prompt over `num_generations` times in a row, and each distinct one is prefilled once."""
+    from policies.rollout import SamplingParams
+
+    g = recipe.num_generations
+    grouped = len(prompts) % g == 0 and all(prompts[i] == prompts[i - i % g] for i in range(len(prompts)))
+    unique = prompts[::g] if grouped else prompts
+    ids = [tok(p)["input_ids"] for p in unique]
+    return ids, SamplingParams(temperature=recipe.temperature, top_p=recipe.top_p, n=g if grouped else 1,
+                               batch_size=len(prompts), max_new_tokens=recipe.max_completion_length,
+                               seed=recipe.seed * 1_000_003 + step, compact=recipe.compact_decode,
+                               sampler=recipe.sampler)
+
+
+# --- the pipeline: the next step's rollouts generated while this step trains ------------------------------------------
+
+
+class _Peeking:
+    """The trainer's dataloader, fetched one batch ahead: while batch t is being trained, batch t+1 (or None at the
+    end) is in `holder.peek`, so its rollouts can start. Everything else is the wrapped loader's."""
+
+    def __init__(self, loader, holder) -> None:
+        self._loader, self._holder = loader, holder
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def __getattr__(self, name: str):
+        return getattr(self._loader, name)
+
+    def __iter__(self):
+        it = iter(self._loader)
+        try:
+            cur = next(it)
+        except StopIteration:
+            return
+        while True:
+            nxt = next(it, None)
+            self._holder.peek = nxt
+            yield cur
+            if nxt is None:
+                return
+            cur = nxt
+
+
+class _Pending(BaseModel):
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    prompts: list[Any]
+    ids: list[list[int]]
+    future: Any
+
+
+class _Ready(BaseModel):
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    prompts: list[Any]
+    ids: list[list[int]]
+    result: Any
+    waited: float
+
+
+class _Pipeline:
+    """One step's rollouts generated in a background thread while the step before scores and trains: asynchronous
+    RL with a staleness of one update (the actor/learner split of IMPALA, Espeholt et al. 2018, with the PPO ratio
+    against the behaviour policy's log-probabilities as the off-policy correction, as PipelineRL and AReaL do for LLM
+    GRPO). The thread decodes with a shadow copy of the policy whose weights are copied in before each launch (the
+    learner never writes what the actor reads). torch releases the GIL inside its kernels, so the two loops run on
+    two cores. A step whose prompts are not the ones launched for it (a replay pool's mix, the epoch's end) generates
+    its own, on-policy, as without the pipeline."""
+
+    def __init__(self, tok, recipe: Recipe) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.tok, self.recipe = tok, recipe
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="grpo-rollouts")
+        self.shadow = None
+        self.pending: _Pending | None = None
+
+    def take(self, prompts: list[Any]) -> _Ready | None:
+        """The rollouts launched for `prompts` (waiting for them), or None when none were."""
+        p, self.pending = self.pending, None
+        if p is None:
+            return None
+        t0 = time.perf_counter()
+        res = p.future.result()
+        return _Ready(prompts=p.prompts, ids=p.ids, result=res, waited=time.perf_counter() - t0) \
+            if p.prompts == prompts else None
+
+    def launch(self, model, rows: list[dict[str, Any]] | None, step: int) -> None:
+        """Start step `step`'s rollouts for `rows` from `model`'s weights as they are now."""
+        from policies.rollout import _generate_loop
+
+        if rows is None:
+            return
+        prompts = [r["prompt"] for r in rows]
+        ids, params = rollout_plan(self.tok, self.recipe, prompts, step)
+        with torch.no_grad():
+            if self.shadow is None:
+                self.shadow = copy.deepcopy(model).requires_grad_(False)
+            else:
+                for mine, theirs in zip(self.shadow.parameters(), model.parameters(), strict=True):
+                    mine.copy_(theirs)
+        self.pending = _Pending(prompts=prompts, ids=ids,
+                                future=self.pool.submit(_generate_loop, self.shadow, self.tok, ids, params))
+
+    def close(self) -> None:
+        self.pending = None
+        self.pool.shutdown(wait=True)
+
+
+def pipelinable(trainer, recipe: Recipe) -> str | None:
+    """Why this trainer's steps cannot overlap (None: they can): the pipeline needs our rollout engine, a CPU (a GPU
+    overlaps within itself), top_p 1 (the sampling log-probability is then the policy's own, which the ratio needs),
+    and one optimiser pass per generated batch."""
+    if trainer.rollout_func is None:
+        return "TRL's own generation (rollout_engine trl, or a chat template)"
+    if torch.cuda.is_available():
+        return "a CUDA device"
+    if recipe.top_p < 1.0:
+        return "top_p < 1"
+    if trainer.args.steps_per_generation != 1 or trainer.num_iterations != 1:
+        return "several optimiser passes per generated batch"
+    return None
+
+
+def _pipelined_trainer(base, tok, recipe: Recipe):
+    """GRPOTrainer whose next step's rollouts are generated while a step trains (`Recipe.pipeline`, `_Pipeline`).
+    Innermost of the trainer's wrappers: it sees the prompts a step really scores (after a replay pool's mix)."""
+
+    class PipelinedGRPOTrainer(base):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.peek = None
+            self._ready = None
+            why = pipelinable(self, recipe)
+            self._pipe = _Pipeline(copy.deepcopy(tok), recipe) if why is None else None
+            if why is not None:
+                warnings.warn(f"recipe.pipeline: the steps run in turn ({why})", stacklevel=2)
+
+        def get_train_dataloader(self):
+            loader = super().get_train_dataloader()
+            return _Peeking(loader, self) if self._pipe is not None else loader
+
+        def _generate_and_score_completions(self, inputs):
+            if self._pipe is None or not self.model.training:
+                return super()._generate_and_score_completions(inputs)
+            ready = self._pipe.take([r["prompt"] for r in inputs])
+            step = self.state.global_step
+            if step + 1 < self.state.max_steps:  # the next step's rollouts, from the weights before this update
+                self._pipe.launch(self.accelerator.unwrap_model(self.model_wrapped), self.peek, step + 1)
+            self._ready = ready
+            try:
+                batch = super()._generate_and_score_completions(inputs)
+            finally:
+                self._ready = None
+            if ready is not None:  # one update off-policy: the ratio is taken against the sampling policy
+                batch["old_per_token_logps"] = batch["sampling_per_token_logps"]
+            self._metrics["train"]["pipelined"].append(float(ready is not None))
+            return batch
+
+        def close_pipeline(self) -> None:
+            if self._pipe is not None:
+                self._pipe.close()
+
+    return PipelinedGRPOTrainer
 
 
 def _check_rows(rows: list[dict[str, Any]]) -> None:
@@ -610,6 +785,8 @@ def _grpo_trainer(model, tok, rows: list[dict[str, Any]], reward, recipe: Recipe
         model.config._name_or_path = str(ref_dir)
     use_ours = recipe.rollout_engine == "policies" and not chat
     cls = _shared_prompt_trainer(GRPOTrainer) if recipe.shared_prompt_loss else GRPOTrainer
+    if recipe.pipeline:
+        cls = _pipelined_trainer(cls, tok, recipe)
     if recipe.drop_dead_groups:
         cls = _live_groups_trainer(cls, recipe)
     elif recipe.prune_dead_groups:
@@ -893,6 +1070,7 @@ def train_grpo(model, tok, rows: list[dict[str, Any]], reward_fn: RewardFn, reci
             loss=logs.get("loss"), seconds=sink[-1]["_seconds"], tokens_generated=counter[0] - seen[0],
             live_groups=logs.get("live_groups"), replayed_groups=logs.get("replayed_groups"),
             generation_seconds=logs.get("generation_seconds"), clipped_ratio=logs.get("completions/clipped_ratio"),
+            pipelined=logs.get("pipelined"),
         ))
         seen[0] = counter[0]
         if progress is not None:
@@ -901,7 +1079,11 @@ def train_grpo(model, tok, rows: list[dict[str, Any]], reward_fn: RewardFn, reci
     trainer = _grpo_trainer(model, tok, rows, _wrap_reward(reward_fn, recipe.reward_scale, counter), recipe, out_dir,
                             [_callback("grpo", recipe.steps, _record, sink), *(callbacks or []),
                              *tensorboard_callbacks(tensorboard_dir)])
-    wall = _train(trainer, model, tok, out_dir)
+    try:
+        wall = _train(trainer, model, tok, out_dir)
+    finally:
+        if hasattr(trainer, "close_pipeline"):
+            trainer.close_pipeline()
     return GRPOMetrics(steps=steps, wall_s=wall, tokens_generated=counter[0],
                        out_dir=str(out_dir) if out_dir else None)
 

@@ -371,3 +371,95 @@ def test_our_forwards_pass_the_kv_cache_by_the_name_the_installed_transformers_t
     shared_prompt_logps(model, ids, torch.ones_like(ids), ids, torch.ones_like(ids))[0].sum().backward()
     time_step(model, [1], StepShape(prompts=1, rows=2, loss_rows=2, prompt_len=4, completion_len=2), reps=1)
     assert not [w for w in recwarn if "past_key_values" in str(w.message)]
+
+
+# --- the pipeline: the next step's rollouts generated while a step trains ---------------------------------------------
+
+
+def _pipeline_run(model, tok, recipe: Recipe, rows, spy_loss: list | None = None):
+    """`train_grpo` on a copy of `model`, recording the completions each step's reward saw (in order) and, with
+    `spy_loss`, per step the loss inputs' old and sampling log-probabilities and the policy's own at that step."""
+    import copy
+
+    from policies import train
+
+    seen: list[list[str]] = []
+
+    def reward(prompts, completions, **kw):
+        seen.append(list(completions))
+        return [float(c.count("a")) + 0.1 * len(c) for c in completions]
+
+    cls_of = train._grpo_trainer
+
+    def spying(*a, **kw):
+        trainer = cls_of(*a, **kw)
+        if spy_loss is not None:
+            inner = trainer.compute_loss
+
+            def compute_loss(model, inputs, *args, **kwargs):
+                with torch.no_grad():
+                    own = trainer._get_per_token_logps_and_entropies(
+                        model, torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1),
+                        torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1),
+                        inputs["completion_ids"].shape[1])[0]
+                spy_loss.append({"old": inputs.get("old_per_token_logps"), "mask": inputs["completion_mask"],
+                                 "sampling": inputs.get("sampling_per_token_logps"), "own": own})
+                return inner(model, inputs, *args, **kwargs)
+
+            trainer.compute_loss = compute_loss
+        return trainer
+
+    train._grpo_trainer = spying
+    try:
+        m = train.train_grpo(copy.deepcopy(model), tok, rows, reward, recipe)
+    finally:
+        train._grpo_trainer = cls_of
+    return m, seen
+
+
+PIPE = {"steps": 4, "batch_size": 16, "num_generations": 4, "max_completion_length": 10, "beta": 0.0,
+        "warmup_ratio": 0.0, "temperature": 1.0, "lr_schedule": "constant"}
+
+
+def test_the_pipeline_draws_what_the_steps_in_turn_draw_when_the_weights_stay(warm):
+    """With a learning rate too small to move a weight, a pipelined run's rollouts (each step's but the first drawn in
+    the background during the step before, by the shadow policy, with that step's own seed) are exactly the
+    sequential run's, step by step, and every step after the first trained on them. Would catch the background
+    rollouts paired with another step's prompts, drawn under another step's seed, or never used."""
+    model, tok = warm
+    rows = [{"prompt": w} for w in WORDS[:8]] * 2
+    seq, seq_seen = _pipeline_run(model, tok, Recipe(**PIPE, learning_rate=1e-12), rows)
+    pip, pip_seen = _pipeline_run(model, tok, Recipe(**PIPE, learning_rate=1e-12, pipeline=True), rows)
+    assert [s.pipelined for s in pip.steps] == [0.0, 1.0, 1.0, 1.0]
+    assert all(s.pipelined is None for s in seq.steps)
+    assert len(seq_seen) == len(pip_seen) == 4 and pip_seen == seq_seen
+    assert pip.tokens_generated == seq.tokens_generated
+
+
+def test_a_pipelined_step_takes_its_ratio_against_the_policy_that_drew_its_batch(warm):
+    """At a real learning rate, each pipelined step's batch was drawn before the last update: its loss is handed
+    the sampling log-probabilities as the PPO ratio's denominator, and the policy has moved from them (ratio != 1),
+    by about what one update moves it; the first step is on-policy (no old log-probabilities: ratio 1). Would catch
+    a stale batch trained as if on-policy, or a batch drawn from the current weights (no staleness at all)."""
+    model, tok = warm
+    rows = [{"prompt": w} for w in WORDS[:8]] * 2
+    spied: list[dict] = []
+    m, _ = _pipeline_run(model, tok, Recipe(**PIPE, learning_rate=3e-3, pipeline=True), rows, spied)
+    assert len(spied) == 4 and spied[0]["old"] is None
+    for s in spied[1:]:
+        assert s["old"] is not None and torch.equal(s["old"], s["sampling"])
+        mask = s["mask"].bool()
+        moved = (s["own"] - s["old"])[mask].abs()
+        assert float(moved.max()) > 10 * logprob_tolerance(), "the batch was drawn by the current weights"
+    assert [st.pipelined for st in m.steps] == [0.0, 1.0, 1.0, 1.0]
+
+
+def test_the_pipeline_stands_down_where_its_ratio_would_not_be_the_policys(warm):
+    """top_p < 1 samples from a truncated distribution whose log-probabilities are not the policy's: the steps run
+    in turn, with a warning naming why."""
+    model, tok = warm
+    rows = [{"prompt": w} for w in WORDS[:8]] * 2
+    with pytest.warns(UserWarning, match=r"recipe.pipeline: the steps run in turn \(top_p < 1\)"):
+        m, _ = _pipeline_run(model, tok, Recipe(**{**PIPE, "steps": 2}, learning_rate=1e-3, pipeline=True, top_p=0.9),
+                             rows)
+    assert all(s.pipelined is None for s in m.steps)

@@ -80,10 +80,13 @@ def matmul_params(model) -> int:
     return n + (head.weight.numel() if not isinstance(head, torch.nn.Linear) else 0)
 
 
-def _one(model, tok, rows, reward, recipe, fast: bool) -> dict[str, Any]:
+PATHS: dict[str, dict[str, Any]] = {"reference": REFERENCE, "fast": {}, "pipelined": {"pipeline": True}}
+
+
+def _one(model, tok, rows, reward, recipe, path: str) -> dict[str, Any]:
     from policies.train import Recipe, train_grpo
 
-    r = Recipe(**{**recipe, **({} if fast else REFERENCE)})
+    r = Recipe(**{**recipe, **PATHS[path]})
     m = train_grpo(copy.deepcopy(model), tok, rows, reward, r)
     groups = r.prompts_per_step // r.oversample
     steps = m.steps[1:] or m.steps  # the first step pays one-off costs
@@ -91,13 +94,15 @@ def _one(model, tok, rows, reward, recipe, fast: bool) -> dict[str, Any]:
             "gen_s": statistics.median(s.generation_seconds or 0.0 for s in steps),
             "tokens": statistics.median(s.tokens_generated for s in steps),
             "reward": [s.reward_mean for s in m.steps], "wall_s": m.wall_s,
+            "pipelined": statistics.mean(s.pipelined or 0.0 for s in steps),
             "live_share": statistics.median(  # of the groups a step's loss holds (the sampled ones, oversampling aside)
                 (s.live_groups if s.live_groups is not None else groups) / groups for s in steps)}
 
 
 def run(out: Path = Path("runs/bench-grpo"), preset: str = "tiny", recipe: str = "demo", steps: int = 8,
         repeats: int = 3, threads: int = 1, sft_steps: int = 300, sft_examples: int = 1500,
-        reference: bool = True, checkpoint: Path | None = None, config: Path | None = None) -> dict[str, Any]:
+        reference: bool = True, checkpoint: Path | None = None, config: Path | None = None,
+        pipeline: bool = False) -> dict[str, Any]:
     """`checkpoint`: a saved policy (ours, or a Hugging Face Llama-style causal LM) instead of the bench's partial
     MAPF warm start; `config`: a run config whose task, round-0 env (the boards or problems) and prompt style the
     steps train on, instead of MAPF's rung-3 boards in the trace style. Its recipe is not used: `recipe` picks it."""
@@ -151,10 +156,11 @@ def run(out: Path = Path("runs/bench-grpo"), preset: str = "tiny", recipe: str =
     _say("cpu_capability", res["cpu"])
     _say("roofline_fp32_gflops", res["roofline_fp32_flops"] / 1e9)
     _say("roofline_bf16_gflops", res["roofline_bf16_flops"] / 1e9 if res["bf16_native"] else "n/a (no native bf16)")
-    runs: dict[str, list[dict[str, Any]]] = {"reference": [], "fast": []}
+    order = [p for p in PATHS if (p != "reference" or reference) and (p != "pipelined" or pipeline)]
+    runs: dict[str, list[dict[str, Any]]] = {p: [] for p in order}
     for i in range(repeats):
-        for path in (("reference", "fast") if reference else ("fast",)):
-            r = _one(model, tok, rows, reward, base, fast=path == "fast")
+        for path in order:
+            r = _one(model, tok, rows, reward, base, path)
             runs[path].append(r)
             _say(f"repeat{i}_{path}_s_per_step", r["s_per_step"])
     res["runs"] = runs
@@ -189,5 +195,16 @@ def run(out: Path = Path("runs/bench-grpo"), preset: str = "tiny", recipe: str =
         res["speedup_vs_reference"] = statistics.median(ratios)
         _say("speedup_pairs", " ".join(f"{x:.2f}" for x in ratios))
         _say("speedup_vs_reference", res["speedup_vs_reference"])
+    if pipeline:
+        _say("pipelined_step_share", statistics.median(r["pipelined"] for r in runs["pipelined"]))
+        ratios = [a["s_per_step"] / b["s_per_step"] for a, b in zip(runs["fast"], runs["pipelined"])]
+        res["pipelined_vs_fast"] = statistics.median(ratios)
+        _say("pipelined_vs_fast_pairs", " ".join(f"{x:.2f}" for x in ratios))
+        _say("pipelined_vs_fast", res["pipelined_vs_fast"])
+        if reference:
+            ratios = [a["s_per_step"] / b["s_per_step"] for a, b in zip(runs["reference"], runs["pipelined"])]
+            res["pipelined_speedup_vs_reference"] = statistics.median(ratios)
+            _say("pipelined_speedup_pairs", " ".join(f"{x:.2f}" for x in ratios))
+            _say("pipelined_speedup_vs_reference", res["pipelined_speedup_vs_reference"])
     (out / "grpo.json").write_text(json.dumps(res, indent=1))
     return res
