@@ -447,3 +447,26 @@ def test_suites_come_from_the_test_split():
     assert draw_suite(TASK, "small", per_entry=2)[2:4] == drawn[first.n:first.n + 2]
     with pytest.raises(ValueError, match="small"):
         TASK.suite("huge")
+
+
+def test_a_test_set_is_drawn_once_per_process_and_each_eval_section_is_its_own(monkeypatch):
+    """`draw_test` generates an eval section's instances once per process (each experiment arm's setup used to draw
+    the same 1,000 boards again): the second call returns the same instances without generating, and another `n`,
+    limit or generator config is a draw of its own. Would catch a memo keyed by the config's name alone (`env:<hash>`
+    leaves `n` out) handing a 500-instance run a 1,000-instance test set."""
+    from harness.config import EvalConfig
+    from harness.tasks import suites
+
+    monkeypatch.setattr(suites, "_DRAWN", {})
+    made = []
+    real = TASK.generate
+    monkeypatch.setattr(type(TASK), "generate", lambda self, c, s: made.append(s) or real(c, s))
+    env = {"min_distance": 1, "sizes": [{"size": 3, "data_ratio": 1.0, "hole_ratio": 0.2, "agents": 2}]}
+    a = suites.draw_test(TASK, EvalConfig(env=env, n=12))
+    assert len(a) == 12 and len(made) == 12
+    b = suites.draw_test(TASK, EvalConfig(env=env, n=12))
+    assert b == a and b is not a and len(made) == 12  # the memo's list is not handed out to be mutated
+    assert len(suites.draw_test(TASK, EvalConfig(env=env, n=6))) == 6 and len(made) == 18
+    assert len(suites.draw_test(TASK, EvalConfig(env=env, n=12, limit=4))) == 4
+    other = {**env, "sizes": [{**env["sizes"][0], "hole_ratio": 0.3}]}
+    assert suites.draw_test(TASK, EvalConfig(env=other, n=12)) != a

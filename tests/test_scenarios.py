@@ -16,6 +16,7 @@ import yaml
 from harness.config import parse_config
 from harness.scenarios import (
     QUICK_CONFIRM,
+    QUICK_TEST_N,
     ScenarioError,
     check,
     harness_of,
@@ -77,6 +78,9 @@ def test_every_shipped_scenario_loads_and_passes_its_checks():
         # --quick confirms carries on a smoke's few instances (the set must run in 30 minutes), the full size on 288
         assert run_dict(sc, True)["backtest"]["carry_confirm"] <= QUICK_CONFIRM
         assert parse_config(run_dict(sc), "x").backtest.carry_confirm == 288
+        # ... and tests on the first QUICK_TEST_N of the target's test instances, the full size on all of them
+        assert parse_config(run_dict(sc, True), "x").eval.n == min(sc.test_n, QUICK_TEST_N) < sc.test_n
+        assert parse_config(run_dict(sc), "x").eval.n == sc.test_n
     low = load_scenario(files[0])  # a run already sized below the quick size keeps its own
     low.run["backtest"] = {**(low.run.get("backtest") or {}), "carry_confirm": 24}
     assert run_dict(low, True)["backtest"]["carry_confirm"] == 24

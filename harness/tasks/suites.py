@@ -25,11 +25,23 @@ def draw_env(task: Task, config: dict, n: int, split: str = "test") -> list[tupl
     return out
 
 
+_DRAWN: dict[tuple[str, str], list[tuple[str, Instance]]] = {}  # draw_test's memo, per process
+_DRAWN_MAX = 8
+
+
 def draw_test(task: Task, eval_cfg) -> list[tuple[str, Instance]]:
     """The held-out test set of a run's `eval` section (`harness.config.EvalConfig`): its generator config's `n`
-    instances, or its named suite; cut to `eval.limit`."""
-    out = draw_env(task, eval_cfg.env, eval_cfg.n) if eval_cfg.env is not None else draw_suite(task, eval_cfg.suite)
-    return out[: eval_cfg.limit] if eval_cfg.limit else out
+    instances, or its named suite; cut to `eval.limit`. Drawn once per process for a task and eval section (a
+    generator is a function of its config and seed): an experiment's worker runs arm after arm on one test set, and
+    drawing 1,000 MAPF boards with their optimal plans took ~5 s of each arm's setup."""
+    key = (task.name, eval_cfg.model_dump_json())
+    if key not in _DRAWN:
+        out = draw_env(task, eval_cfg.env, eval_cfg.n) if eval_cfg.env is not None \
+            else draw_suite(task, eval_cfg.suite)
+        while len(_DRAWN) >= _DRAWN_MAX:
+            _DRAWN.pop(next(iter(_DRAWN)))
+        _DRAWN[key] = out[: eval_cfg.limit] if eval_cfg.limit else out
+    return list(_DRAWN[key])
 
 
 def draw_suite(task: Task, name: str, split: str = "test", start: int = 0,
