@@ -109,10 +109,14 @@ def test_bench_grpo_times_a_given_checkpoint_on_a_given_configs_problems(tmp_pat
     save_policy(model, tok, tmp_path / "ckpt")
     res = runner.invoke(app, ["bench", "grpo", "--checkpoint", str(tmp_path / "ckpt"), "--config",
                               "examples/math_quick.yaml", "--steps", "1", "--repeats", "1", "--threads", "1",
-                              "--out", str(tmp_path / "out")])
+                              "--pipeline", "--out", str(tmp_path / "out")])
     assert res.exit_code == 0, res.output
-    for key in ("reference_s_per_step", "fast_s_per_step", "speedup_vs_reference", "roofline_fp32_gflops"):
+    for key in ("reference_s_per_step", "fast_s_per_step", "speedup_vs_reference", "roofline_fp32_gflops",
+                "pipelined_s_per_step", "pipelined_vs_fast", "pipelined_speedup_vs_reference"):
         assert re.search(rf"^{key}: [0-9.]+$", res.output, re.MULTILINE), key
+    # the timed step after the warm-up one trained on rollouts generated while the warm-up step trained
+    assert re.search(r"^pipelined_step_share: 1$", res.output, re.MULTILINE), res.output
+    assert "pipelined_generation_gflops" not in res.output  # its generation seconds are a wait, not its work
     assert "task: math (examples/math_quick.yaml" in res.output
     out = json.loads((tmp_path / "out" / "grpo.json").read_text())
     assert out["task"] == "math" and out["checkpoint"] == str(tmp_path / "ckpt") and out["preset"] is None
