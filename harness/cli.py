@@ -641,9 +641,8 @@ def cache_show() -> None:
         console.print(f"  {shown(p.name)}  {size / 1e6:.1f} MB  {shown(meta)}", highlight=False)
     from harness import evalcache
 
-    ev = evalcache.cache_root()
-    n = sum(1 for _ in ev.glob("*.json")) if ev.is_dir() else 0
-    console.print(f"held-out readings: {shown(ev)}  ({n} reading(s) of a checkpoint on a test set)", highlight=False)
+    console.print(f"held-out readings: {shown(evalcache.cache_root())}  ({len(evalcache.entries())} reading(s) of a "
+                  "checkpoint on a test set)", highlight=False)
 
 
 @cache_app.command("clear")

@@ -104,9 +104,7 @@ def lookup(key: str | None):
         from harness.policy_glue import EvalReport
 
         return EvalReport.model_validate(doc["report"]), [float(v) for v in doc["per_instance"]]
-    except FileNotFoundError:
-        return None
-    except Exception:  # noqa: BLE001  a torn or older entry: scored again and overwritten
+    except Exception:  # noqa: BLE001  none stored, or a torn or older entry: scored again and overwritten
         return None
 
 
@@ -124,10 +122,15 @@ def store(key: str | None, report, per_instance: list[float], meta: dict[str, An
     return final
 
 
-def clear() -> tuple[Path, int]:
-    """Delete every cached reading; returns (the cache folder, entries removed)."""
+def entries() -> list[Path]:
+    """The stored readings (a half-written one, `.<key>.<pid>.tmp`, is not one)."""
     root = cache_root()
-    n = sum(1 for _ in root.glob("*.json")) if root.is_dir() else 0
+    return sorted(root.glob("*.json")) if root.is_dir() else []
+
+
+def clear() -> tuple[Path, int]:
+    """Delete every cached reading (and any half-written one); returns (the cache folder, readings removed)."""
+    root, n = cache_root(), len(entries())
     for p in root.glob("*") if root.is_dir() else []:
         p.unlink(missing_ok=True)
     return root, n

@@ -54,7 +54,6 @@ class Run:
     progress: Callable[[str, dict[str, Any]], None] = lambda event, data: None
     _ws: Any = None
     _instances: dict[str, dict[int, Any]] = field(default_factory=dict)  # env config JSON -> seed -> instance
-    _suite: dict[str, list] = field(default_factory=dict)  # report suite name -> instances (lives for the process)
     _env_stats: dict[str, dict] = field(default_factory=dict)  # env config JSON -> task.env_stats (per process)
     _seeds_synced: bool = False
     _pool: Any = None  # the prefetch worker process (harness.tasks.worker.InstanceWorker), started on first use
@@ -153,13 +152,10 @@ class Run:
 
     def suite(self) -> list:
         """The report's test set (a named suite or `eval.env`'s instances, test split, cut to `eval.limit`), generated
-        once per process (in setup, so no stage pays for it)."""
-        name = self.config.eval.name
-        if name not in self._suite:
-            from harness.tasks.suites import draw_test
+        once per process (`draw_test`'s memo; setup draws it first, so no stage pays for it)."""
+        from harness.tasks.suites import draw_test
 
-            self._suite[name] = [inst for _, inst in draw_test(self.task, self.config.eval)]
-        return self._suite[name]
+        return [inst for _, inst in draw_test(self.task, self.config.eval)]
 
     def env_stats(self, config) -> dict:
         """`task.env_stats` of an env config, once per config per process (the config changes only on promotion)."""

@@ -197,7 +197,7 @@ QUICK_CONFIRM = 64
 # ... and its arms are tested on the first QUICK_TEST_N of the target's test instances (the full size's `test_n`, 1,000,
 # cut to 500): every arm reads the test set after each of its stages, and at 1,000 those passes were ~12 of a quick MAPF
 # arm's ~55 seconds (the 46th session's quick set: 34.8 minutes on a host a third slower than the 45th's). A paired
-# difference over 500 instances is still read to about +-2.5 points.
+# difference over 500 instances is still read to about +-3 to 4 points (95%; +-2.5 to 3 at 1,000).
 QUICK_TEST_N = 500
 
 
