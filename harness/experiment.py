@@ -81,6 +81,7 @@ from harness.baselines import (  # noqa: F401 - plr_weights, random_env: the bas
 )
 from harness.pbt import PBTConfig
 from harness.stagebook import step_equivalents
+from policies import CORES_ENV, cores
 
 ARMS: tuple[str, ...] = ("fixed-random", "fixed-template", "oracle", "plr", "learnability", "bandit", "pbt",
                          "evolved-rule", "evolved-llm")  # BASELINES + POPULATIONS + EVOLVED
@@ -620,9 +621,10 @@ def _schedule(units: dict[tuple, _Unit], preps: list, labels: list[str], say: Ca
     import multiprocessing as mp
 
     threads = max(1, (os.cpu_count() or 1) // jobs)
-    saved = {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
+    saved = {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", CORES_ENV)}
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     os.environ["OMP_NUM_THREADS"] = str(threads)
+    os.environ[CORES_ENV] = str(threads)  # each worker's share: nothing in it may count on a core to spare
     say(f"{len(units)} units, {jobs} side by side ({threads} torch thread(s) each)")
     pool = cf.ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"), initializer=_worker_init,
                                   initargs=(threads,))
@@ -733,6 +735,7 @@ def _run_unit(kind: str, cfg_json: dict[str, Any], out: str, seed: int, arm: str
     r["wall_s"] = time.time() - t0
     r["cpu_s"] = time.process_time() - c0  # this process's CPU (every torch thread), not its subprocesses'
     r["pid"], r["t_start"], r["t_end"] = os.getpid(), t0, time.time()
+    r["cores"] = cores()  # the share of the machine it ran on (one per worker side by side: no rollout pipeline)
     (out_p / arm / f"seed{seed}" / "result.json").write_text(json.dumps(r))
     return r
 

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from policies import CORES_ENV
+
 log = logging.getLogger(__name__)
 
 
@@ -128,6 +130,7 @@ def _ray_arm(job: ArmJob, start: dict[str, bytes], threads: int) -> tuple[ArmOut
     from policies.rollout import release_vllm_engines
 
     torch.set_num_threads(max(1, threads))
+    os.environ[CORES_ENV] = str(max(1, threads))  # arms run side by side: this one's share of the machine
     with tempfile.TemporaryDirectory(prefix=f"evotrainer-arm-{job.name}-") as d:
         model, tok = load_policy(write_tree(start, Path(d) / "start"))
         out, tb = Path(d) / "out", Path(d) / "tb"

@@ -50,11 +50,10 @@ def pick(secs: dict[int, float]) -> int:
 
 
 def cores() -> int:
-    """CPUs this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+    """CPUs this process may run on (`policies.cores`: its share where a scheduler set `EVOTRAINER_CORES`)."""
+    from policies import cores as share
+
+    return share()
 
 
 def options(n_cores: int) -> list[int]:

@@ -12,6 +12,33 @@ from contextlib import contextmanager
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+CORES_ENV = "EVOTRAINER_CORES"  # the cores this process's work may use, where a scheduler shares the machine
+
+
+def cores() -> int:
+    """The CPUs this process's own work may use: `EVOTRAINER_CORES` where whatever started the process runs several
+    jobs side by side and gave this one a share (`harness.experiment`'s workers, Ray arms), else the CPUs the process
+    may run on (its affinity)."""
+    raw = os.environ.get(CORES_ENV, "").strip()
+    if raw:
+        try:
+            return max(1, int(raw))
+        except ValueError:
+            raise ValueError(f"{CORES_ENV}={raw!r}: a whole number of cores") from None
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def spare_cores() -> int:
+    """Cores of this process's share that its torch threads leave idle (`cores()` minus torch's thread count): what a
+    second loop in the process, such as `policies.train`'s rollout pipeline, may run on without slowing the first."""
+    import torch
+
+    return max(0, cores() - torch.get_num_threads())
+
+
 def cpu_threads(n: int) -> None:
     """Use `n` torch CPU threads. Before torch is first imported, also make idle OpenMP threads sleep instead of spin
     (OMP_WAIT_POLICY=PASSIVE): on a shared 2-core machine spinning threads made a training step 10-20x slower."""

@@ -119,13 +119,16 @@ class Recipe(BaseModel):
         "inverse_cdf", description="how our rollout loop draws each token (`policies.rollout.SamplingParams."
         "sampler`): inverse_cdf = one uniform per row (exact); multinomial = torch.multinomial, one random number "
         "per vocabulary entry (the reference path)")
-    pipeline: bool = Field(False, description="generate the next step's rollouts in a second thread, from the "
-                           "weights before this step's update, while this step scores and trains (`_Pipeline`): "
-                           "each batch but the first is one update off-policy, and the loss's PPO ratio is then "
-                           "taken against its sampling log-probabilities (clipped at epsilon). Two loops at the "
-                           "process's torch thread count: for a process with a core to spare (one torch thread on "
-                           "two cores), not for arms side by side. Only with our rollout engine on a CPU, top_p 1 "
-                           "and one optimiser pass per batch; elsewhere the steps run in turn as before")
+    pipeline: bool | Literal["auto"] = Field(
+        "auto", description="generate the next step's rollouts in a second thread, from the weights before this "
+        "step's update, while this step scores and trains (`_Pipeline`): each batch but the first is one update "
+        "off-policy, and the loss's PPO ratio is then taken against its sampling log-probabilities (clipped at "
+        "epsilon). The two loops each run at the process's torch thread count. auto (the default): on when the "
+        "process's cores leave that many idle (`policies.spare_cores`: one torch thread on two cores, a run or "
+        "benchmark training alone), off where jobs share the machine side by side (the experiment's workers and Ray "
+        "arms get their share in EVOTRAINER_CORES) or torch already uses every core (models above the thread probe's "
+        "size). Only with our rollout engine on a CPU, top_p 1 and one optimiser pass per batch; elsewhere the steps "
+        "run in turn (true warns once where it cannot, auto stands down silently)")
 
     @model_validator(mode="after")
     def _check(self) -> Recipe:
@@ -707,6 +710,17 @@ def pipelinable(trainer, recipe: Recipe) -> str | None:
     return None
 
 
+def pipeline_wanted(recipe: Recipe) -> bool:
+    """Whether a GRPO call overlaps its steps (before `pipelinable`'s check of the trainer): `recipe.pipeline` when it
+    says so; under auto, when this process's cores leave its torch thread count idle for the rollout loop
+    (`policies.spare_cores`). Decided once per call, when the trainer is built."""
+    if recipe.pipeline != "auto":
+        return bool(recipe.pipeline)
+    from policies import spare_cores
+
+    return spare_cores() >= torch.get_num_threads()
+
+
 def _pipelined_trainer(base, tok, recipe: Recipe):
     """GRPOTrainer whose next step's rollouts are generated while a step trains (`Recipe.pipeline`, `_Pipeline`).
     Innermost of the trainer's wrappers: it sees the prompts a step really scores (after a replay pool's mix)."""
@@ -718,7 +732,7 @@ def _pipelined_trainer(base, tok, recipe: Recipe):
             self._ready = None
             why = pipelinable(self, recipe)
             self._pipe = _Pipeline(copy.deepcopy(tok), recipe) if why is None else None
-            if why is not None:
+            if why is not None and recipe.pipeline is True:
                 warnings.warn(f"recipe.pipeline: the steps run in turn ({why})", stacklevel=2)
 
         def get_train_dataloader(self):
@@ -785,7 +799,7 @@ def _grpo_trainer(model, tok, rows: list[dict[str, Any]], reward, recipe: Recipe
         model.config._name_or_path = str(ref_dir)
     use_ours = recipe.rollout_engine == "policies" and not chat
     cls = _shared_prompt_trainer(GRPOTrainer) if recipe.shared_prompt_loss else GRPOTrainer
-    if recipe.pipeline:
+    if pipeline_wanted(recipe):
         cls = _pipelined_trainer(cls, tok, recipe)
     if recipe.drop_dead_groups:
         cls = _live_groups_trainer(cls, recipe)

@@ -15,6 +15,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # idle OpenMP threads sleep
 # runs leave torch's threads as the test set them (harness/threads.py): no per-host measurement in the suite's
 # arithmetic; tests/test_threads.py unsets it to test `auto`
 os.environ.setdefault("EVOTRAINER_THREADS", "default")
+# pytest-xdist runs workers side by side: each worker's share of the cores (`policies.cores`), so `recipe.pipeline: auto`
+# does not start a second loop in every worker on a machine they already fill
+if (_workers := os.environ.get("PYTEST_XDIST_WORKER_COUNT")) and "EVOTRAINER_CORES" not in os.environ:
+    os.environ["EVOTRAINER_CORES"] = str(max(1, len(os.sched_getaffinity(0)) // max(1, int(_workers))))
 
 
 @pytest.fixture(autouse=True, scope="session")

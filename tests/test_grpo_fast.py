@@ -428,7 +428,7 @@ def test_the_pipeline_draws_what_the_steps_in_turn_draw_when_the_weights_stay(wa
     rollouts paired with another step's prompts, drawn under another step's seed, or never used."""
     model, tok = warm
     rows = [{"prompt": w} for w in WORDS[:8]] * 2
-    seq, seq_seen = _pipeline_run(model, tok, Recipe(**PIPE, learning_rate=1e-12), rows)
+    seq, seq_seen = _pipeline_run(model, tok, Recipe(**PIPE, learning_rate=1e-12, pipeline=False), rows)
     pip, pip_seen = _pipeline_run(model, tok, Recipe(**PIPE, learning_rate=1e-12, pipeline=True), rows)
     assert [s.pipelined for s in pip.steps] == [0.0, 1.0, 1.0, 1.0]
     assert all(s.pipelined is None for s in seq.steps)
@@ -463,3 +463,35 @@ def test_the_pipeline_stands_down_where_its_ratio_would_not_be_the_policys(warm)
         m, _ = _pipeline_run(model, tok, Recipe(**{**PIPE, "steps": 2}, learning_rate=1e-3, pipeline=True, top_p=0.9),
                              rows)
     assert all(s.pipelined is None for s in m.steps)
+
+
+def test_auto_overlaps_the_steps_only_where_the_process_has_a_core_to_spare(warm, monkeypatch):
+    """`pipeline: auto` (the default) overlaps a call's steps when the process's cores leave its torch thread count
+    idle (one thread on a two-core share: a run training alone), and runs them in turn where a scheduler gave the
+    process one core (EVOTRAINER_CORES: the experiment's workers, Ray arms) or torch already uses every core. Would
+    catch auto read as on (or off) everywhere, or a share the scheduler set being ignored."""
+    from policies import cores, spare_cores
+    from policies.train import pipeline_wanted
+
+    model, tok = warm
+    rows = [{"prompt": w} for w in WORDS[:8]] * 2
+    assert Recipe().pipeline == "auto"
+    was = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        monkeypatch.setenv("EVOTRAINER_CORES", "2")
+        assert cores() == 2 and spare_cores() == 1 and pipeline_wanted(Recipe())
+        m, _ = _pipeline_run(model, tok, Recipe(**PIPE, learning_rate=1e-3), rows)
+        assert [s.pipelined for s in m.steps] == [0.0, 1.0, 1.0, 1.0]
+        monkeypatch.setenv("EVOTRAINER_CORES", "1")  # a worker's share: no second loop
+        assert not pipeline_wanted(Recipe()) and pipeline_wanted(Recipe(pipeline=True))
+        m, _ = _pipeline_run(model, tok, Recipe(**PIPE, learning_rate=1e-3), rows)
+        assert all(s.pipelined is None for s in m.steps)
+        torch.set_num_threads(2)
+        monkeypatch.setenv("EVOTRAINER_CORES", "2")  # every core already in torch's threads
+        assert not pipeline_wanted(Recipe()) and not pipeline_wanted(Recipe(pipeline=False))
+        monkeypatch.setenv("EVOTRAINER_CORES", "two")
+        with pytest.raises(ValueError, match="EVOTRAINER_CORES='two': a whole number"):
+            cores()
+    finally:
+        torch.set_num_threads(was)

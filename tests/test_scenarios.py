@@ -358,6 +358,7 @@ def test_scenarios_run_side_by_side_in_workers_one_warm_start_and_resume(tmp_pat
         fixed = json.loads((out / name / "fixed-template" / "seed0" / "result.json").read_text())
         assert fixed["budget"] == round(evo["compute"]) and fixed["t_start"] >= evo["t_end"] - 1e-6
         assert evo["cpu_s"] > 0 and len(fixed["final_per_instance"]) == 16
+        assert evo["cores"] == fixed["cores"] == max(1, (os.cpu_count() or 1) // 2)  # each worker's share
         pids |= {evo["pid"], fixed["pid"]}
         assert doc["scenarios"][name]["gap"] is None  # no oracle arm: no gap, no recovery
     assert os.getpid() not in pids and len(pids) >= 2  # in workers, more than one

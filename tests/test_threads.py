@@ -24,6 +24,7 @@ MAPF = get_task("mapf")
 @pytest.fixture
 def restore_threads(monkeypatch, tmp_path):
     monkeypatch.delenv("EVOTRAINER_THREADS", raising=False)
+    monkeypatch.delenv("EVOTRAINER_CORES", raising=False)  # these tests measure the host's cores, not a worker's share
     monkeypatch.setenv("EVOTRAINER_HOME", str(tmp_path / "home"))
     was = torch.get_num_threads()
     yield

@@ -167,11 +167,16 @@ def toy_success(model, tok, held: list[str], temperature: float, n: int = 4) -> 
     return sum(c == held[i] for c, i in zip(res.completions, res.prompt_index)) / len(res.completions)
 
 
+# the rungs count CPU time on one loop: `recipe.pipeline`'s auto would add a second core where one thread leaves it idle
+# (`--recipe pipeline=true` asks for it)
+ONE_LOOP = {"pipeline": False}
+
+
 def toy_recipe(steps: int = 100, **kw: Any):
     from policies.train import Recipe
 
     return Recipe(**{"learning_rate": 1e-4, "temperature": 1.0, "beta": 0.0, "batch_size": 32, "num_generations": 8,
-                     "max_completion_length": 12, "steps": steps, "warmup_ratio": 0.05, **kw})
+                     "max_completion_length": 12, "steps": steps, "warmup_ratio": 0.05, **ONE_LOOP, **kw})
 
 
 def rung1(model=None, tok=None, prompts: list[str] | None = None) -> dict[str, Any]:
@@ -414,7 +419,7 @@ def rung3(out: Path, budget_s: float = 600.0, max_steps: int = 1500, sft_example
     _say(f"rung3_pass@{HEADROOM[1]}_before", f"{(reach_before > 0).mean():.3f} (T {HEADROOM[0]}: the ceiling "
                                              "sharpening alone can lift greedy valid to)")
     cfg = task.spec.config_model.model_validate(fam.env)
-    recipe = Recipe(**{**fam.recipe, **(recipe_kw or {}), "steps": max_steps, "seed": seed})
+    recipe = Recipe(**{**fam.recipe, **ONE_LOOP, **(recipe_kw or {}), "steps": max_steps, "seed": seed})
     prompts = max_steps * recipe.prompts_per_step
     if learner == "sft":  # the expert's plans for fresh training boards (made before the clock starts, like GRPO's rows)
         pairs = sft_pairs(task, cfg, seeds("train", SFT_REFERENCE_BOARDS, start=100_000), task.spec.styles[0])
