@@ -181,7 +181,9 @@ class BacktestConfig(_Strict):
         "is thrown away with the stage's compute; simulated at the spread of the too-hard mix's confirmations, "
         "judging on to 864 carries a real +3 points 85% of the time instead of 65%, a true 0 13% instead of 17%, "
         "a true -1.5 1% instead of 5% (`tests/test_decisions.py`, BENCHMARKS.md forty-third session); each further "
-        "batch of 96 costs about 3 GRPO step-equivalents")
+        "batch of 96 costs about 3 GRPO step-equivalents. Under `stage.keep_training` a reading against the anchor "
+        "judges on only while it would make the checkpoint the new anchor (carry_margin <= z < 2.5; "
+        "`harness.decisions.anchor_extends`): below that the lineage trains on whatever more instances say")
     carry_margin: float = Field(
         1.0, ge=0, description="how far above the start, in standard errors of the confirmation's paired difference, "
         "the chosen checkpoint must read there to continue (the one-standard-error rule: keep the status quo unless "
