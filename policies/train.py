@@ -238,8 +238,16 @@ def _precision(precision: str = "auto") -> str:
     return precision
 
 
+_SAID_CPU_PRECISION: set[str] = set()
+
+
 def _device_args(precision: str = "auto") -> dict[str, Any]:
     p = _precision(precision)
+    if precision in ("bf16", "fp16") and p == "fp32" and precision not in _SAID_CPU_PRECISION:
+        _SAID_CPU_PRECISION.add(precision)  # once a process: every stage and arm would repeat it
+        warnings.warn(f"recipe.precision {precision}: no CUDA GPU, so training runs in fp32 (CPU autocast was "
+                      "slower and less exact than fp32 at these models' shapes, even with AMX: BENCHMARKS.md)",
+                      stacklevel=2)
     return {"use_cpu": not torch.cuda.is_available(), "bf16": p == "bf16", "fp16": p == "fp16"}
 
 

@@ -495,3 +495,24 @@ def test_auto_overlaps_the_steps_only_where_the_process_has_a_core_to_spare(warm
             cores()
     finally:
         torch.set_num_threads(was)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's fallback; a GPU trains in what the recipe asks")
+def test_half_precision_asked_on_a_cpu_trains_in_fp32_and_says_so_once(monkeypatch):
+    """A recipe asking bf16 (or fp16) on a machine without a CUDA GPU trains in fp32 with one warning line a process,
+    not one per stage and arm, and not none."""
+    import warnings as w
+
+    from policies import train
+
+    monkeypatch.setattr(train, "_SAID_CPU_PRECISION", set())
+    with w.catch_warnings(record=True) as said:
+        w.simplefilter("always")
+        args = train._device_args("bf16")
+        train._device_args("bf16")
+    msgs = [str(x.message) for x in said if "recipe.precision" in str(x.message)]
+    assert len(msgs) == 1 and msgs[0].startswith("recipe.precision bf16: no CUDA GPU, so training runs in fp32"), msgs
+    assert args == {"use_cpu": True, "bf16": False, "fp16": False}
+    with w.catch_warnings():
+        w.simplefilter("error")
+        train._device_args("auto")  # the default says nothing
