@@ -56,6 +56,15 @@ def cores() -> int:
     return share()
 
 
+def machine_cores() -> int:
+    """CPUs of the machine this process may run on, whatever share a scheduler gave it (its affinity): what fixes
+    the SFT warm start's thread count, so the warm start is the same whether it trains alone or in a worker."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def options(n_cores: int) -> list[int]:
     """1, 2, 4, ... up to the cores, and the cores themselves."""
     out, n = [], 1
@@ -385,18 +394,20 @@ def sft_threads(run_config: Any, task: Any) -> tuple[int | None, str]:
     BENCHMARKS.md), and a measured choice flips where two counts time alike. Two was also the faster count for the
     SFT on every host measured (34% on the AMD host, 19-23% on the Intel one), and `harness.warmstart` keys its cache
     on the count, so a warm start is reused only where it would be trained the same. A number, `default`, a GPU, one
-    core or a model above AUTO_MAX_PARAMS: the process's count."""
+    core or a model above AUTO_MAX_PARAMS: the process's count. The machine's cores, not a worker's share
+    (`EVOTRAINER_CORES`): a warm start trained in an experiment's worker at `--jobs 2` once took one thread and came
+    out another checkpoint (23.2% against 22.8% greedy on the too-hard target, BENCHMARKS.md forty-seventh session)."""
     import torch
 
     if not _auto_wanted(run_config):
         return None, "scale.threads is not auto: the run's own count"
     if torch.cuda.is_available():
         return None, "a GPU trains"
-    if cores() <= 1:
+    if machine_cores() <= 1:
         return None, "one core"
     made, why = _measurement_model(run_config, task)
     if made is None:
         return None, f"torch's default ({why})"
-    n = min(SFT_AUTO_THREADS, cores())
+    n = min(SFT_AUTO_THREADS, machine_cores())  # not the worker's share: one warm start whatever the schedule
     return n, ("fixed under auto, not measured: the warm start's weights depend on the thread count, and its cache "
                "is keyed on it")

@@ -96,6 +96,9 @@ def test_the_sft_warm_start_trains_on_a_fixed_count_under_auto_and_the_run_gets_
     n, why = threads.sft_threads(cfg, MAPF)
     assert n == min(2, threads.cores()) and "fixed" in why
     assert torch.get_num_threads() == 1  # deciding changes nothing: the warm start sets it around its SFT only
+    monkeypatch.setenv("EVOTRAINER_CORES", "1")  # trained in a worker of a side-by-side schedule: the same count
+    assert threads.sft_threads(cfg, MAPF)[0] == n
+    monkeypatch.delenv("EVOTRAINER_CORES")
     assert threads.sft_threads(parse_config({**TINY, "scale": {"threads": 1}}, "test"), MAPF)[0] is None
     monkeypatch.setenv("EVOTRAINER_THREADS", "default")
     assert threads.sft_threads(cfg, MAPF)[0] is None
