@@ -274,6 +274,7 @@ def auto_for_model(model: Any, shape: Any) -> tuple[int, str]:
 # --- the choice checked on the run's own GRPO steps ------------------------------------------------------------------
 
 _UNCONFIRMED: str | None = None  # the cache key of this process's probe-based choice, until real steps confirm it
+_SAID_PIPELINED = [False]  # step_trial said once that a pipelined run's steps are not a trial's to time
 TRIAL_WARMUP = 2  # GRPO steps at the probe's choice before the trial (the first step pays one-off setup)
 TRIAL_ROUNDS = 2  # each count runs 2 x TRIAL_ROUNDS steps, in ABBA order (a drift in step cost cancels)
 
@@ -291,8 +292,12 @@ def step_trial(say=lambda msg: None):
     steps, each thread count runs 2 x TRIAL_ROUNDS steps in ABBA order (at 2 counts, 8 steps: ~4 at the slower
     count), the median step times are `pick`ed (the same margin), the count is set for the rest of the run and the
     cache entry is marked confirmed with the step times, so later runs on this host skip the trial. A training call
-    too short to finish the trial leaves the count and the cache as they were (the next call tries again).
-    `say(message)` is called once with the outcome."""
+    too short to finish the trial leaves the count and the cache as they were (the next call tries again). A call
+    whose rollouts run in a background thread (`recipe.pipeline` auto on the core the probe's count leaves idle) is
+    not a trial: at a higher count both loops would share the cores, and the comparison that matters, one thread
+    pipelined against two in turn, is not one a trial can make within a call (on the demo's warm start, `bench grpo`:
+    0.328 s a step pipelined at one thread, 0.435 in turn at two; a trial inside a pipelined call once chose two,
+    BENCHMARKS.md forty-seventh session). `say(message)` is called once with the outcome."""
     if _UNCONFIRMED is None or cores() <= 1:
         return None
     import statistics
@@ -311,6 +316,17 @@ def step_trial(say=lambda msg: None):
             self.times: dict[int, list[float]] = {c: [] for c in counts}
             self.t0: float | None = None
             self.done = False
+
+        def on_train_begin(self, args, state, control, **kw):
+            from policies.train import pipeline_active
+
+            if pipeline_active():  # its steps time two loops: not the layouts the choice is between
+                self.done = True
+                if not _SAID_PIPELINED[0]:
+                    _SAID_PIPELINED[0] = True
+                    say(f"torch threads not checked on this run's GRPO steps: at {was} thread(s) they generate "
+                        "the next step's rollouts on the core left idle (recipe.pipeline auto), which a trial at "
+                        "other counts would share; the probe's choice stands")
 
         def _slot(self, step: int) -> int | None:
             i = step - TRIAL_WARMUP

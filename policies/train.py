@@ -718,6 +718,15 @@ def pipelinable(trainer, recipe: Recipe) -> str | None:
     return None
 
 
+_PIPELINES_OPEN = [0]  # pipelined GRPO calls training in this process now (`pipeline_active`)
+
+
+def pipeline_active() -> bool:
+    """Whether a GRPO call in this process is training with its rollouts in a background thread right now: a
+    callback that times steps at other thread counts (`harness.threads.step_trial`) would time both loops."""
+    return _PIPELINES_OPEN[0] > 0
+
+
 def pipeline_wanted(recipe: Recipe) -> bool:
     """Whether a GRPO call overlaps its steps (before `pipelinable`'s check of the trainer): `recipe.pipeline` when it
     says so; under auto, when this process's cores leave its torch thread count idle for the rollout loop
@@ -740,6 +749,8 @@ def _pipelined_trainer(base, tok, recipe: Recipe):
             self._ready = None
             why = pipelinable(self, recipe)
             self._pipe = _Pipeline(copy.deepcopy(tok), recipe) if why is None else None
+            if self._pipe is not None:
+                _PIPELINES_OPEN[0] += 1
             if why is not None and recipe.pipeline is True:
                 warnings.warn(f"recipe.pipeline: the steps run in turn ({why})", stacklevel=2)
 
@@ -767,6 +778,8 @@ def _pipelined_trainer(base, tok, recipe: Recipe):
         def close_pipeline(self) -> None:
             if self._pipe is not None:
                 self._pipe.close()
+                self._pipe = None
+                _PIPELINES_OPEN[0] -= 1
 
     return PipelinedGRPOTrainer
 

@@ -160,8 +160,10 @@ def test_the_probes_choice_is_checked_on_the_runs_own_grpo_steps(restore_threads
     order), the faster by the margin is kept for the rest of the run and cached as confirmed, so the next start
     checks nothing; a training call too short for the whole trial leaves the count and the cache as they were.
     The step clock is faked (2 threads twice as fast as 1, the probe saying 1) so the outcome does not depend on the
-    machine; the steps are a real tiny GRPO run. Would catch a trial that never switches threads (both counts would
-    time alike and the fewer be kept), a result not applied or not cached, or a trial run again."""
+    machine; the steps are a real tiny GRPO run. A call whose rollouts are pipelined (auto, one thread on two cores)
+    is not a trial: it says so once and confirms nothing. Would catch a trial that never switches threads (both
+    counts would time alike and the fewer be kept), a result not applied or not cached, a trial run again, or one
+    timed inside a pipelined call (where a higher count oversubscribes the cores)."""
     from harness import threads
     from policies.model import build_model
     from policies.train import Recipe, train_grpo
@@ -184,16 +186,24 @@ def test_the_probes_choice_is_checked_on_the_runs_own_grpo_steps(restore_threads
 
     def grpo(steps, trial):
         recipe = Recipe(steps=steps, batch_size=8, num_generations=4, max_completion_length=4, beta=0.0,
-                        warmup_ratio=0.0, temperature=1.0)
+                        warmup_ratio=0.0, temperature=1.0, pipeline=pipeline[0])
         return train_grpo(model, tok, rows, lambda p, c, **kw: [float(x.count("a")) for x in c], recipe,
                           callbacks=[trial])
 
     said: list[str] = []
+    pipeline = ["auto"]  # one thread on two cores: the steps are pipelined, and no trial times them
+    monkeypatch.setattr(threads, "_SAID_PIPELINED", [False])
+    n_trial = threads.TRIAL_WARMUP + 2 * threads.TRIAL_ROUNDS * len(threads.options(threads.cores())) + 1
+    m = grpo(n_trial, threads.step_trial(said.append))
+    assert any(s.pipelined == 1.0 for s in m.steps) and torch.get_num_threads() == 1  # (an epoch of 2 steps)
+    assert len(said) == 1 and "not checked" in said[0], said
+    assert "confirmed" not in next(iter(json.loads(threads.cache_path().read_text()).values()))
+    said.clear()
+    pipeline[0] = False  # steps in turn: the trial below
     grpo(5, threads.step_trial(said.append))  # 2 warm-up + 3 of the 8 trial steps: no decision
     assert said == [] and torch.get_num_threads() == 1
     assert "confirmed" not in next(iter(json.loads(threads.cache_path().read_text()).values()))
-    grpo(threads.TRIAL_WARMUP + 2 * threads.TRIAL_ROUNDS * len(threads.options(threads.cores())) + 1,
-         threads.step_trial(said.append))
+    grpo(n_trial, threads.step_trial(said.append))
     best = 2  # every count above 1 is twice as fast on this clock: the fewest of them
     assert torch.get_num_threads() == best and len(said) == 1 and "the probe said 1" in said[0], said
     entry = next(iter(json.loads(threads.cache_path().read_text()).values()))
