@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from policies import cores, machine_cores  # this process's share of the cores; its machine's
+
 AUTO_MAX_PARAMS = 50_000_000  # above this, matmuls are large enough to use every core: no measurement
 ENV = "EVOTRAINER_THREADS"
 
@@ -47,22 +49,6 @@ def pick(secs: dict[int, float]) -> int:
         if secs[n] < secs[best] * (1.0 - MARGIN):
             best = n
     return best
-
-
-def cores() -> int:
-    """CPUs this process may run on (`policies.cores`: its share where a scheduler set `EVOTRAINER_CORES`)."""
-    from policies import cores as share
-
-    return share()
-
-
-def machine_cores() -> int:
-    """CPUs of the machine this process may run on, whatever share a scheduler gave it (its affinity): what fixes
-    the SFT warm start's thread count, so the warm start is the same whether it trains alone or in a worker."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def options(n_cores: int) -> list[int]:

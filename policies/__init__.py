@@ -15,20 +15,24 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 CORES_ENV = "EVOTRAINER_CORES"  # the cores this process's work may use, where a scheduler shares the machine
 
 
+def machine_cores() -> int:
+    """The CPUs this process may run on (its affinity), whatever share a scheduler gave it."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def cores() -> int:
     """The CPUs this process's own work may use: `EVOTRAINER_CORES` where whatever started the process runs several
-    jobs side by side and gave this one a share (`harness.experiment`'s workers, Ray arms), else the CPUs the process
-    may run on (its affinity)."""
+    jobs side by side and gave this one a share (`harness.experiment`'s workers, Ray arms), else `machine_cores()`."""
     raw = os.environ.get(CORES_ENV, "").strip()
     if raw:
         try:
             return max(1, int(raw))
         except ValueError:
             raise ValueError(f"{CORES_ENV}={raw!r}: a whole number of cores") from None
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+    return machine_cores()
 
 
 def spare_cores() -> int:

@@ -18,7 +18,9 @@ os.environ.setdefault("EVOTRAINER_THREADS", "default")
 # pytest-xdist runs workers side by side: each worker's share of the cores (`policies.cores`), so `recipe.pipeline: auto`
 # does not start a second loop in every worker on a machine they already fill
 if (_workers := os.environ.get("PYTEST_XDIST_WORKER_COUNT")) and "EVOTRAINER_CORES" not in os.environ:
-    os.environ["EVOTRAINER_CORES"] = str(max(1, len(os.sched_getaffinity(0)) // max(1, int(_workers))))
+    from policies import machine_cores
+
+    os.environ["EVOTRAINER_CORES"] = str(max(1, machine_cores() // max(1, int(_workers))))
 
 
 @pytest.fixture(autouse=True, scope="session")
