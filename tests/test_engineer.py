@@ -199,6 +199,30 @@ def test_a_step_scaled_with_the_rate_grows_with_the_finding_within_its_bounds(li
         Intervention(knob="recipe.temperature", op="add", value=0.2, scale_with_rate=0.0)
 
 
+def test_a_shrinking_step_scaled_with_the_rate_divides_and_never_reaches_zero(tmp_path):
+    """A `mul` step under 1 scaled by the finding (the seed skill lower-learning-rate-on-regression: a fall of 5
+    points halves the rate, 10 divides it by 3, 15 or more by 4) is the mirror of a growing one, a division by
+    1 + (1 / v - 1) x scale, so it stays positive at every scale; a fallback's smaller step still shrinks it less.
+    Would catch the growth formula applied to a factor under 1 (at twice the reference rate it proposed 0, and the
+    knob's lower bound), a scale ignored for shrinks, or a seed skill that lost its scaled step."""
+    lib = SkillLibrary.open(tmp_path / "skills.db")  # the shipped seed skills
+    space = {"recipe.learning_rate": Knob(path="recipe.learning_rate", kind="recipe", lo=1e-7, hi=1e-2,
+                                          current=2e-4)}
+
+    def proposed(fall, step_scale=1.0):
+        d = Diagnosis(task="mapf", stage=2, state="abc", step_scale=step_scale,
+                      findings=[Finding(code="grpo.policy_regressed", severity="critical", count=64, rate=fall)])
+        res = propose(EngineerConfig(), d, lib, 3, np.random.default_rng(0), space=space)
+        return [c.change.value for c in res.candidates if c.skill == "lower-learning-rate-on-regression"]
+
+    assert proposed(0.03) == [pytest.approx(1e-4)]  # a small fall: the skill's own halving
+    assert proposed(0.05) == [pytest.approx(1e-4)]
+    assert proposed(0.10) == [pytest.approx(2e-4 / 3, rel=1e-5)]  # twice the reference fall: divided by 3
+    assert proposed(0.40) == [pytest.approx(5e-5)]  # capped at SEVERITY_MAX: divided by 4
+    assert proposed(0.10, step_scale=0.5) == [pytest.approx(1e-4)]  # half the scaled step: divided by 2
+    assert proposed(0.05, step_scale=0.5) == [pytest.approx(2e-4 / 1.5, rel=1e-5)]
+
+
 def test_a_step_stops_at_the_skills_own_limit(lib):
     """`stop_at`: a scaled step down stops at the limit, a knob already at or past it proposes nothing, and a step
     up stops there too. Would catch the malformed-answer skill cooling a sampler into identical groups (0.5 -> 0.1

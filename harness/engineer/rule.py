@@ -171,7 +171,11 @@ def instantiate(skill: Skill, finding: Finding, space: dict[str, Knob], step_sca
     if iv.op == "add":
         new = cur + float(iv.value) * scale
     elif iv.op == "mul":
-        new = cur * (1.0 + (float(iv.value) - 1.0) * scale)
+        v = float(iv.value)
+        # a growth by v takes 1 + (v - 1) x scale; a shrink is its mirror, a division by 1 + (1 / v - 1) x scale
+        # (a halving at twice the reference rate divides by 3, at SEVERITY_MAX by 4), so no scale drives a positive
+        # knob to zero or below, as the growth's formula applied to a factor under 1 would (0.5 at scale 2: x0)
+        new = cur * (1.0 + (v - 1.0) * scale) if v >= 1.0 or v <= 0.0 else cur / (1.0 + (1.0 / v - 1.0) * scale)
     else:  # set
         new = float(iv.value)
     if iv.stop_at is not None and new != cur:
