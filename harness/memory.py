@@ -4,7 +4,8 @@ this stage's verdicts.
 
     history(run)                        # HistoryItem per decided candidate (the engineer never repeats a refuted one)
     human_feedback(run, before=k)       # `revise` feedback of stages before k
-    regression_findings(run, k, probe)  # grpo.policy_regressed: this stage's training or the last control arm fell
+    regression_findings(run, k, probe)  # grpo.policy_regressed: this stage's training, the last control arm or the
+                                        # last stage's exploit training fell
     remember_skills(run, k)             # skill evidence for tried skills; a new skill for an invented change that won
 """
 
@@ -14,7 +15,7 @@ import hashlib
 from typing import Any
 
 from harness.records import Candidate, Change, Finding, HistoryItem
-from harness.results import Backtested, Decided, GateAnswer, Probed
+from harness.results import Backtested, Decided, GateAnswer, Probed, Trained
 from harness.run import Run
 
 
@@ -81,17 +82,37 @@ def carried_regression(k: int, prev_backtest: Backtested | None, prev_decide: De
                  f"{start.change_ci[1]:+.3f}); it was not carried forward"))
 
 
+def exploit_regression(k: int, prev_trained: Trained | None, prev_probe: Probed | None,
+                       probe_n: int) -> Finding | None:
+    """`grpo.policy_regressed` for stage k when stage k-1 exploited a promoted change (`stage.exploit_after_promotion`)
+    and its training lowered the probe beyond noise. An exploit stage proposes nothing, so its own engineer never acts
+    on the finding; the harness that lowered the policy is still the incumbent, and without this the next stage's
+    engineer, whose own 30 steps may fall within noise, never hears of it (a demo seed promoted a group size at
+    stage 1, its 130-step exploit stage fell 0.285 -> 0.086, and stage 3 proposed a hole ratio)."""
+    if prev_trained is None or not prev_trained.exploits or prev_probe is None or not prev_probe.regressed:
+        return None
+    return Finding(
+        code="grpo.policy_regressed", severity="critical", count=probe_n, rate=round(-prev_probe.change, 4),
+        knobs=["recipe.learning_rate"],
+        message=(f"stage {k - 1} exploited {prev_trained.exploits} and its training lowered probe valid "
+                 f"{prev_probe.start_valid:.3f} -> {prev_probe.valid:.3f} (upper bound {prev_probe.change_ci[1]:+.3f}) "
+                 "under the harness this stage trains under; it was not carried forward"))
+
+
 def regression_findings(run: Run, k: int, probe: Probed) -> list[Finding]:
     """`grpo.policy_regressed` when this stage's training lowered the probe (the checkpoint was discarded), else when
-    the previous stage's control arm fell below its start and nothing was promoted (`carried_regression`)."""
+    the previous stage's control arm fell below its start and nothing was promoted (`carried_regression`), else when
+    the previous stage exploited a promotion and its training fell (`exploit_regression`)."""
     if probe.regressed:
         return [Finding(
             code="grpo.policy_regressed", severity="critical", count=run.config.stage.probe_n,
             rate=round(-probe.change, 4), knobs=["recipe.learning_rate"],
             message=(f"this stage's GRPO lowered probe valid {probe.start_valid:.3f} -> {probe.valid:.3f} "
                      f"(upper bound {probe.change_ci[1]:+.3f}); the trained checkpoint was discarded"))]
-    found = carried_regression(k, run.result(k - 1, Backtested), run.result(k - 1, Decided),
-                               run.config.backtest.arm_steps) if k > 1 else None
+    found = (carried_regression(k, run.result(k - 1, Backtested), run.result(k - 1, Decided),
+                                run.config.backtest.arm_steps)
+             or exploit_regression(k, run.result(k - 1, Trained), run.result(k - 1, Probed), run.config.stage.probe_n)
+             ) if k > 1 else None
     return [found] if found else []
 
 

@@ -574,6 +574,27 @@ def test_a_control_arm_below_its_start_is_the_next_stage_finding_unless_somethin
     assert carried_regression(2, Backtested(verdicts=[]), None, arm_steps=50) is None  # nothing was backtested
 
 
+def test_an_exploit_stage_that_lowered_the_policy_is_the_next_stage_finding():
+    """Stage k-1 exploited a promoted change and its training lowered the probe beyond noise; an exploit stage proposes
+    nothing, so stage k's engineer gets grpo.policy_regressed with those figures (and so can lower the learning rate)
+    even when stage k's own 30 steps fell within noise. Not when stage k-1 explored (its own engineer had the finding)
+    or its exploit training held. Would catch the demo seed whose exploit stage fell 0.285 -> 0.086 and whose next
+    stage, hearing nothing of it, proposed a hole ratio."""
+    from harness.memory import exploit_regression
+    from harness.results import Probed, Trained
+
+    fell = Probed(rollouts="r", valid=0.086, start_valid=0.285, change=-0.199, change_ci=[-0.277, -0.117],
+                  regressed=True)
+    exploit = Trained(checkpoint="s2-train", exploits="s1c1")
+    f = exploit_regression(3, exploit, fell, probe_n=64)
+    assert f is not None and f.code == "grpo.policy_regressed" and f.rate == 0.199 and f.count == 64
+    assert "stage 2 exploited s1c1" in f.message and "0.285 -> 0.086" in f.message
+    assert exploit_regression(3, Trained(checkpoint="s2-train"), fell, probe_n=64) is None  # it explored
+    held = fell.model_copy(update={"regressed": False, "valid": 0.27, "change": -0.015})
+    assert exploit_regression(3, exploit, held, probe_n=64) is None
+    assert exploit_regression(3, None, None, probe_n=64) is None
+
+
 def test_a_second_run_loads_the_warm_start_from_the_cache(tmp_path):
     """Run 1 trains the SFT warm start and stores it under $EVOTRAINER_HOME/warmstart; run 2 with the same settings and
     code loads it (no SFT charged, same weights, the path printed as an event); other settings or other code make
