@@ -16,7 +16,8 @@ Every pair is two `harness.scale.ArmJob`s run by `harness.scale.execute_arm` (tr
 and the function the live loop submits for its arms (`harness.arms`); every look is one call of
 `harness.backtest.verdicts`, the loop's verdict function. The run config fixes the arm length, recipe, reward, judge
 (backtest.env / samples / temperature, fixed as a run fixes it) and gate. The start checkpoint is the config's own SFT
-warm start (the warm-start cache: the same checkpoint `make demo` trains or loads).
+warm start (the warm-start cache: the default config's is the demo's warm start until the forty-eighth session,
+expert demonstrations only, on which every calibration figure in BENCHMARKS.md was measured).
 
 - `aa`: control and candidate are the SAME harness (the config's round 0); only training randomness differs (arm
   seeds 2q and 2q+1 for the q-th pair of the benchmark), and both are judged on the same fresh backtest seeds.
@@ -26,7 +27,7 @@ warm start (the warm-start cache: the same checkpoint `make demo` trains or load
 - `power`: a planted change with a known real benefit; the candidate is the config's round-0 harness, the control is
   a broken copy of it (paired design as in the loop: same arm seed). Every rejection is a miss. `--planted`:
   - `lr` (default): the control's learning rate is doubled (`PLANTED_LR_FACTOR`), the setting measured to collapse
-    the tiny MAPF policy (BENCHMARKS.md): the fix the demo's loop finds.
+    the tiny MAPF policy (BENCHMARKS.md): the kind of fix the demo's loop finds.
   - `env`: the control trains only on boards the evaluation does not contain (`PLANTED_ENV`: 7x7 boards, which the
     warm start almost never solves, so its groups give no gradient and it stays at the start).
 
