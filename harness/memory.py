@@ -87,8 +87,8 @@ def exploit_regression(k: int, prev_trained: Trained | None, prev_probe: Probed 
     """`grpo.policy_regressed` for stage k when stage k-1 exploited a promoted change (`stage.exploit_after_promotion`)
     and its training lowered the probe beyond noise. An exploit stage proposes nothing, so its own engineer never acts
     on the finding; the harness that lowered the policy is still the incumbent, and without this the next stage's
-    engineer, whose own 30 steps may fall within noise, never hears of it (a demo seed promoted a group size at
-    stage 1, its 130-step exploit stage fell 0.285 -> 0.086, and stage 3 proposed a hole ratio)."""
+    engineer, whose own shorter training may fall within noise, never hears of it (a run promoted an unrelated
+    recipe change at stage 1, its 130-step exploit stage fell 0.285 -> 0.086, and stage 3 proposed an env knob)."""
     if prev_trained is None or not prev_trained.exploits or prev_probe is None or not prev_probe.regressed:
         return None
     return Finding(
