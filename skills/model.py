@@ -54,7 +54,8 @@ class Intervention(BaseModel):
     code: str | None = Field(None, description="source of a diagnostic file, for kind=diagnostic")
     scale_with_rate: float | None = Field(
         None, gt=0.0, le=1.0, description="an add or mul step that grows with the finding: at this finding rate the "
-        "step is `value`'s, at a rate k times as high k times as large (at most SEVERITY_MAX times, never smaller). "
+        "step is `value`'s, at a rate k times as high k times as large (at most SEVERITY_MAX times, never smaller; a mul "
+        "factor v under 1 scales as the mirror of a growth, a division by 1 + (1 / v - 1) x k). "
         "A symptom that holds for every group calls for a larger move than one that holds for a third of them: from "
         "a temperature of 0.1 where 64 of 64 groups are identical, +0.2 leaves them identical (BENCHMARKS.md, the "
         "cold-temperature scenarios). None: the step is `value`'s whatever the rate")
