@@ -148,6 +148,16 @@ class BacktestConfig(_Strict):
         "default): every further pair waits for a re-test in a later stage. Off by default: on the gameable-reward "
         "scenario's second pass (3 seeds) it cost 32% more compute and promoted the fix in none, where the first pass "
         "without it promoted it at stage 3 (BENCHMARKS.md, twenty-first session)")
+    settle_pair: bool = Field(
+        True, description="a candidate whose first arm pair of the stage already clears the promotion bar on the main "
+        "metric (its lower bound above `gate.promote_above`) but ends `not yet clear` (a slice's lower bound past "
+        "`gate.slice_tolerance`, or too few instances differing) while its plan has a pair left gets that pair now, "
+        "in the same stage (two more arms, charged), pooled with the first under the same sequential plan "
+        "(`harness.decisions.second_pairs`). The error bound is the plan's, as for a re-test a stage later; what "
+        "changes is that a clear effect is settled before the stage ends instead of costing the run a stage without "
+        "its fix. false: such a pair waits for a re-test in a later stage (the rule before). Why: the demo's planted "
+        "fix read +0.163 [+0.063, +0.250] at its first pair and was held back by one slice's lower bound, -0.109 "
+        "against a tolerance of 0.10, so its lineage was carried a stage late (BENCHMARKS.md, forty-ninth session)")
     carry_on: Literal["plan", "looks"] = Field(
         "plan", description="the instances which checkpoint continues is decided on (`harness.results.continues_from`:"
         " the decided arm against the stage's start on the target): plan (the default) = all `n` of them, the arms "

@@ -2,7 +2,7 @@
 
     vs, control = look_until_decided(run, k, arms, main_files, cand_files)   # batches of instances until decided
     prior, pooled, note = pooled_evidence(run, cid)                          # earlier inconclusive tests of a change
-    more = second_pairs(run, k, vs)                                          # backed candidates: a 2nd pair now
+    more = second_pairs(run, k, vs)                                          # clear effect, unsure slice: a 2nd pair now
     retest = most_promising_inconclusive(run, state, causes)                 # what escalation re-tests
     cands = runners_up(run, k, diagnosis, cands, slots)                      # last stage's beaten gate-passers
 
@@ -16,7 +16,10 @@ a refuted change is never re-proposed; or the loop re-tests it on purpose when a
 pooled with them under the same judge fingerprint, the error still controlled across every look. With
 `backtest.second_pair: backed` (off by default), a BACKED candidate (its skill was promoted in another run) that ends
 its first pair inconclusive with a positive estimate gets a second arm pair in the same stage (`second_pairs`), pooled
-the same way: evidence from elsewhere buys evidence now, never a lower bar.
+the same way: evidence from elsewhere buys evidence now, never a lower bar. And (`backtest.settle_pair`, on by
+default) a candidate whose main effect already clears the bar but whose first pair ends "not yet clear" (a slice's
+bound, too few differing instances) gets its next pair in the same stage too: the plan would pool that pair a stage
+later anyway, and a clear effect settled now saves the run a stage without its fix.
 """
 
 from __future__ import annotations
@@ -294,17 +297,31 @@ def signal_verdict(v: Verdict, control_live: list[float], candidate_live: list[f
 
 
 def second_pairs(run: Run, k: int, vs: list[Verdict]) -> dict[str, str]:
-    """Candidates of stage k's first arm pair that get a second pair now (`backtest.second_pair`): inconclusive,
-    asking for a new pair, with a positive estimate, and backed (`backed`). candidate -> why."""
-    if run.config.backtest.second_pair == "never":
-        return {}
+    """Candidates of stage k's first arm pair that get a second pair now, each inconclusive and asking for a new pair
+    (its plan has one left): SETTLED (`backtest.settle_pair`, on by default) when the main effect already clears the
+    promotion bar and only a check that more evidence settles held it back (a slice's lower bound past the slice
+    tolerance, too few instances differing: `harness.sequential.decide`'s "not yet clear"); BACKED
+    (`backtest.second_pair: backed`) when its estimate is positive and its skill was promoted in another run
+    (`backed`). Either way the pair is pooled under the same sequential plan, so the error bound is the one a re-test
+    a stage later would have. candidate -> why."""
+    bt, bar = run.config.backtest, run.config.gate.promote_above
     out = {}
     for v in vs:
         ev = v.evidence
-        if (v.decision == "inconclusive" and ev is not None and ev.next_step == "new_pair" and ev.effect > 0
-                and (why := backed(run, v.candidate)) is not None):
-            out[v.candidate] = why
+        if v.decision != "inconclusive" or ev is None or ev.next_step != "new_pair":
+            continue
+        if bt.settle_pair and ev.ci_low > bar:
+            out[v.candidate] = (f"its effect is clear (lower bound {ev.ci_low:+.3f} > {bar:.3f}) and only "
+                                f"{_unsure(v.reason)} held it back (backtest.settle_pair)")
+        elif bt.second_pair == "backed" and ev.effect > 0 and (why := backed(run, v.candidate)) is not None:
+            out[v.candidate] = f"it is backed ({why}) and its first pair was inconclusive with a positive estimate"
     return out
+
+
+def _unsure(reason: str) -> str:
+    """What a "not yet clear" verdict's reason says is unsettled, without its numbers' parenthesis."""
+    head = reason.split(" (effect ", 1)[0]
+    return head.removeprefix("not yet clear: ") or "a check"
 
 
 CONFIRM_Z = 2.5  # a carry confirmation stops before its last batch once |mean / se| of the paired differences is this

@@ -382,10 +382,10 @@ def node_backtest(run: Run, state: State) -> State:
     arms = run_arms(run, k, [("control", main_files), *cand_files.items()], state["train_ckpt"], steps)
     vs, c_eval, evals = look_until_decided(run, k, arms, main_files, cand_files)  # batches of instances until decided
     if not isinstance(c_eval, Exception) and (second := second_pairs(run, k, vs)):
-        # a backed candidate still undecided: its second arm pair now, pooled with the first (`harness.decisions`)
+        # a clear effect held back by a slice, or a backed candidate: its second arm pair now, pooled with the first
         for cid, why in second.items():
-            run.event(k, "backtest", "second_pair", f"{cid} is backed ({why}) and its first pair was inconclusive "
-                      "with a positive estimate: a second arm pair in this stage", key=f"{k}/second/{cid}")
+            run.event(k, "backtest", "second_pair", f"{cid}: {why}: a second arm pair in this stage",
+                      key=f"{k}/second/{cid}")
         arms2 = run_arms(run, k, [(arm_name("control", 2), main_files),
                                   *((arm_name(cid, 2), cand_files[cid]) for cid in second)], state["train_ckpt"], steps,
                          pair=2)

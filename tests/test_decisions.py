@@ -368,7 +368,7 @@ def test_a_backed_candidate_gets_a_second_arm_pair_in_the_same_stage_pooled_with
     one, two = _pair_arms(run, 1, "s1c1", 1, 0.30, 0.33), _pair_arms(run, 1, "s1c1", 2, 0.30, 0.33)
     [first], _, _ = look_until_decided(run, 1, one, ws.files("main"), files)
     assert first.decision == "inconclusive" and first.evidence.next_step == "new_pair", first.reason
-    assert second_pairs(run, 1, [first]) == {"s1c1": backed(run, "s1c1")}
+    assert set(second_pairs(run, 1, [first])) == {"s1c1"} and backed(run, "s1c1") in second_pairs(run, 1, [first])["s1c1"]
     low = first.model_copy(update={"evidence": first.evidence.model_copy(update={"effect": -0.01})})
     assert second_pairs(run, 1, [low]) == {}  # a negative estimate waits for a later re-test, as any other
     assert not set(backtest_seeds(run, 1, 2)) & set(backtest_seeds(run, 1))  # fresh instances for the second pair
@@ -394,6 +394,78 @@ def test_a_backed_candidate_gets_a_second_arm_pair_in_the_same_stage_pooled_with
 
     never = run.config.model_copy(update={"backtest": run.config.backtest.model_copy(update={"second_pair": "never"})})
     object.__setattr__(run, "config", never)
+    assert second_pairs(run, 1, [first]) == {}
+
+
+def _slice_arms(run, k: int, cid: str, pair: int, fails: dict[str, set[int]], size: str = "3") -> dict:
+    """Recorded arms of stage k's `pair`-th pair where the candidate solves every board of the other sizes and the
+    control none, and on boards of `size` each arm fails the j-th one (counted within the pair) when j % 32 is in its
+    set."""
+    from harness.arms import backtest_seeds
+    from harness.results import ArmRecord
+
+    cfg, n = run.judge.config(MAPF), run.config.gate.plan(run.config.backtest.n).max_n
+    out = {}
+    for name in ("control", cid):
+        rows, j = [], 0
+        for g, seed in enumerate(backtest_seeds(run, k, pair)[:n]):
+            inst = MAPF.generate(cfg, seed)
+            if MAPF.slices(inst)["size"] == size:
+                ok, j = j % 32 not in fails[name], j + 1
+            else:
+                ok = name == cid
+            text = MAPF.expert(inst) if ok else "garbage"
+            o = MAPF.score(inst, text, MAPF.spec.shaping_model())
+            rows += [Rollout(seed=seed, group=g, instance=inst.model_dump(mode="json"), prompt=MAPF.prompt(inst),
+                             completion=text, valid=o.valid, optimal=o.optimal, reward=o.reward, failure=o.failure,
+                             where=o.where, metrics=o.metrics, slices=MAPF.slices(inst), tokens=len(text))
+                     ] * run.judge.samples
+        arm = name if pair == 1 else f"{name}-p{pair}"
+        path = write_rollouts(run.path("rollouts", f"s{k}-{arm}.jsonl.gz"), rows)
+        out[arm] = ArmRecord(checkpoint=str(run.path("checkpoints", f"s{k}-{arm}")), rollouts=str(path), valid=0.5)
+        run.save_result(k, out[arm], node=f"arm:{arm}")
+    return out
+
+
+def test_a_clear_effect_held_back_by_a_slice_is_settled_by_a_second_pair_in_the_same_stage(run):
+    """A candidate whose main effect clears the bar at its first pair but one slice's lower bound is past the
+    tolerance (`not yet clear`) gets its next pair in the same stage (`backtest.settle_pair`, on by default), pooled
+    with the first: here the pooled slice clears and the change is promoted in the stage that proposed it. Would
+    catch: a settle pair for an effect that does not clear the bar, for an evidence-spent verdict or with the option
+    off; the node not asking for it; the pair judged without the first pair's evidence."""
+    from harness.decisions import look_until_decided, second_pairs
+    from harness.graph import node_backtest
+    from harness.results import Backtested, StartJudged
+
+    assert run.config.backtest.settle_pair
+    gate = run.config.gate.model_copy(update={"slice_tolerance": 0.1, "min_slice_n": 10})
+    object.__setattr__(run, "config", run.config.model_copy(update={"gate": gate}))
+    _propose(run, "s1c1", LR, 1)
+    files, main = {"s1c1": run.workspace().files("cand/s1c1")}, run.workspace().files("main")
+    fails = {"s1c1": {0}, "control": {1, 6, 11, 16, 21, 26}}  # size=3: the candidate a little ahead
+    one = _slice_arms(run, 1, "s1c1", 1, fails)
+    _slice_arms(run, 1, "s1c1", 2, fails)  # the second pair's arms, recorded: the node reads them back, trains none
+    [first], _, _ = look_until_decided(run, 1, one, main, files)
+    ev = first.evidence
+    assert first.decision == "inconclusive" and ev.next_step == "new_pair", first.reason
+    assert ev.ci_low > 0 and first.reason.startswith("not yet clear: slice size=3"), first.reason
+    why = second_pairs(run, 1, [first])["s1c1"]
+    assert "its effect is clear" in why and "slice size=3" in why and "(effect" not in why, why
+    for update in ({"ci_low": -0.01}, {"next_step": "stop"}):  # not clear; or no pair left in the plan
+        other = first.model_copy(update={"evidence": ev.model_copy(update=update)})
+        assert second_pairs(run, 1, [other]) == {}
+
+    run.save_result(1, StartJudged(checkpoint="ckpt/start", n=64, valid=0.3, control_valid=0.3, change=0.0,
+                                   change_ci=[-0.05, 0.05], control_regressed=False))
+    node_backtest(run, {"stage": 1, "vetted": ["s1c1"], "train_ckpt": "ckpt/start", "policy": "ckpt/start"})
+    [v] = run.result(1, Backtested).verdicts
+    assert v.decision == "promoted" and v.evidence.pairs == 2, v.reason
+    assert v.evidence.stage_pairs == [{"diffs": ev.diffs, "slices": ev.slices}]
+    assert v.evidence.by_slice["size=3"]["ci_low"] > -0.1 > ev.by_slice["size=3"]["ci_low"]
+    assert any(e["kind"] == "second_pair" and "settle_pair" in e["message"] for e in run.store.events("r"))
+
+    off = run.config.model_copy(update={"backtest": run.config.backtest.model_copy(update={"settle_pair": False})})
+    object.__setattr__(run, "config", off)
     assert second_pairs(run, 1, [first]) == {}
 
 
