@@ -64,16 +64,17 @@ def _record(run, cid: str, decision: str, diffs: list[float], judge: str, next_s
     run.store.set_candidate_verdict(v, tag=tag)
 
 
-def _arm_rollouts(run, k: int, valid: float, n: int, pair: int = 1, every: int = 0) -> list[Rollout]:
+def _arm_rollouts(run, k: int, valid: float, n: int, pair: int = 1, every: int = 0, solved=None) -> list[Rollout]:
     """Rollouts of one arm on the first `n` backtest instances of stage k's `pair`-th pair: the first valid * n
-    instances solved, or (every > 0) every `every`-th one."""
+    instances solved, or (every > 0) every `every`-th one, or (`solved`) those where solved(index, instance) holds."""
     from harness.arms import backtest_seeds
 
     cfg = run.judge.config(MAPF)
     out = []
     for g, seed in enumerate(backtest_seeds(run, k, pair)[:n]):
         inst = MAPF.generate(cfg, seed)
-        text = MAPF.expert(inst) if (g % every == 0 if every else g < valid * n) else "garbage"
+        ok = solved(g, inst) if solved else g % every == 0 if every else g < valid * n
+        text = MAPF.expert(inst) if ok else "garbage"
         o = MAPF.score(inst, text, MAPF.spec.shaping_model())
         for _ in range(run.judge.samples):
             out.append(Rollout(seed=seed, group=g, instance=inst.model_dump(mode="json"), prompt=MAPF.prompt(inst),
@@ -315,16 +316,17 @@ def test_a_change_beaten_at_the_gate_is_re_tested_first_in_the_next_stage_from_t
     assert runners_up(run, 1, diag, own, 2) == own
 
 
-def _pair_arms(run, k: int, cid: str, pair: int, control: float, cand: float) -> dict:
+def _pair_arms(run, k: int, cid: str, pair: int, control: float, cand: float, solved: dict | None = None) -> dict:
     """Recorded arms of stage k's `pair`-th pair (as a resumed stage reads them back: `run_arms` trains none of them),
-    judged on every instance a pair may use."""
+    judged on every instance a pair may use (`solved`: arm -> which instances it solves, see `_arm_rollouts`)."""
     from harness.results import ArmRecord
 
     out = {}
     n = run.config.gate.plan(run.config.backtest.n).max_n
-    for name, valid in (("control", control), (cid, cand)):
-        name = name if pair == 1 else f"{name}-p{pair}"
-        path = write_rollouts(run.path("rollouts", f"s{k}-{name}.jsonl.gz"), _arm_rollouts(run, k, valid, n, pair=pair))
+    for arm, valid in (("control", control), (cid, cand)):
+        name = arm if pair == 1 else f"{arm}-p{pair}"
+        rows = _arm_rollouts(run, k, valid, n, pair=pair, solved=(solved or {}).get(arm))
+        path = write_rollouts(run.path("rollouts", f"s{k}-{name}.jsonl.gz"), rows)
         out[name] = ArmRecord(checkpoint=str(run.path("checkpoints", f"s{k}-{name}")), rollouts=str(path), valid=valid)
         run.save_result(k, out[name], node=f"arm:{name}")
     return out
@@ -398,33 +400,20 @@ def test_a_backed_candidate_gets_a_second_arm_pair_in_the_same_stage_pooled_with
 
 
 def _slice_arms(run, k: int, cid: str, pair: int, fails: dict[str, set[int]], size: str = "3") -> dict:
-    """Recorded arms of stage k's `pair`-th pair where the candidate solves every board of the other sizes and the
-    control none, and on boards of `size` each arm fails the j-th one (counted within the pair) when j % 32 is in its
-    set."""
+    """`_pair_arms` where the candidate solves every board of the other sizes and the control none, and on boards of
+    `size` each arm fails the j-th one (counted within the pair) when j % 32 is in its set."""
     from harness.arms import backtest_seeds
-    from harness.results import ArmRecord
 
     cfg, n = run.judge.config(MAPF), run.config.gate.plan(run.config.backtest.n).max_n
-    out = {}
-    for name in ("control", cid):
-        rows, j = [], 0
-        for g, seed in enumerate(backtest_seeds(run, k, pair)[:n]):
-            inst = MAPF.generate(cfg, seed)
-            if MAPF.slices(inst)["size"] == size:
-                ok, j = j % 32 not in fails[name], j + 1
-            else:
-                ok = name == cid
-            text = MAPF.expert(inst) if ok else "garbage"
-            o = MAPF.score(inst, text, MAPF.spec.shaping_model())
-            rows += [Rollout(seed=seed, group=g, instance=inst.model_dump(mode="json"), prompt=MAPF.prompt(inst),
-                             completion=text, valid=o.valid, optimal=o.optimal, reward=o.reward, failure=o.failure,
-                             where=o.where, metrics=o.metrics, slices=MAPF.slices(inst), tokens=len(text))
-                     ] * run.judge.samples
-        arm = name if pair == 1 else f"{name}-p{pair}"
-        path = write_rollouts(run.path("rollouts", f"s{k}-{arm}.jsonl.gz"), rows)
-        out[arm] = ArmRecord(checkpoint=str(run.path("checkpoints", f"s{k}-{arm}")), rollouts=str(path), valid=0.5)
-        run.save_result(k, out[arm], node=f"arm:{arm}")
-    return out
+    j: dict[int, int] = {}
+    for g, seed in enumerate(backtest_seeds(run, k, pair)[:n]):
+        if MAPF.slices(MAPF.generate(cfg, seed))["size"] == size:
+            j[g] = len(j)
+
+    def solves(arm: str):
+        return lambda g, _inst: j[g] % 32 not in fails[arm] if g in j else arm == cid
+
+    return _pair_arms(run, k, cid, pair, 0.5, 0.5, solved={"control": solves("control"), cid: solves(cid)})
 
 
 def test_a_clear_effect_held_back_by_a_slice_is_settled_by_a_second_pair_in_the_same_stage(run):
