@@ -110,13 +110,30 @@ class CandidateRecord:
 
 
 def _trailers(message: str) -> dict[str, str]:
-    """Key: value lines of a message (the last paragraph for commits; every such line for verdict blocks)."""
+    """Key: value lines of a message (every such line: for verdict blocks and tag messages, whose lines the code
+    writes itself). A candidate commit's message carries the engineer's free-text rationale, which may hold lines
+    like "Stage: early collapse": read its trailers with `_commit_trailers`."""
     out = {}
     for line in message.splitlines():
         m = _TRAILER.match(line.strip())
         if m:
             out.setdefault(m.group(1), m.group(2))
     return out
+
+
+def _commit_trailers(message: str) -> dict[str, str]:
+    """The trailers of a candidate or merge commit: its LAST paragraph only (what `propose` and `promote` write after
+    the rationale), so a rationale line that looks like a trailer never stands in for one."""
+    return _trailers(message.rstrip("\n").rsplit("\n\n", 1)[-1])
+
+
+def _stage_of(info: dict[str, str], where: str) -> str:
+    """The Stage trailer as a decimal integer (it names the promotion tag): a damaged one is refused by name."""
+    stage = info.get("Stage", "0").strip()
+    if not stage.isdigit():
+        raise WorkspaceDamaged(f"{where} has Stage trailer {stage!r}, not a whole number: the promotion tag "
+                               "promoted/<stage>-<id> cannot be named from it")
+    return str(int(stage))
 
 
 def _evidence_dict(evidence: Any) -> dict[str, Any]:
@@ -333,10 +350,11 @@ class Workspace:
                                            "a rejected change cannot be promoted, propose it again under a new id")
         if done is not None:
             return done
-        info = _trailers(cand.message)
+        info = _commit_trailers(cand.message)
+        stage = _stage_of(info, f"candidate {cand_id!r} ({cand.hexsha[:12]})")  # before the merge: never half-promoted
         ev = _evidence_dict(evidence)
         block = _verdict_block("promoted", reason, ev)
-        msg = (f"Promote {cand_id}: {cand.summary}\n\n{block}\n\nCandidate: {cand_id}\nStage: {info.get('Stage', '0')}"
+        msg = (f"Promote {cand_id}: {cand.summary}\n\n{block}\n\nCandidate: {cand_id}\nStage: {stage}"
                f"\nFactor: {info.get('Factor', '')}\n")
         msg_file = Path(self.repo.git_dir) / "EVOTRAINER_MSG"
         msg_file.write_text(msg, encoding="utf-8")
@@ -349,7 +367,7 @@ class Workspace:
         finally:
             msg_file.unlink(missing_ok=True)
         merge = self.head()
-        tag = f"promoted/{info.get('Stage', '0')}-{cand_id}"
+        tag = f"promoted/{stage}-{cand_id}"
         self.repo.git.tag("-a", tag, merge, "-m", f"Promoted {cand_id}: {cand.summary}\n\n{block}\n")
         self.repo.git.branch("-D", f"cand/{cand_id}")
         return Decision(cand_id, "promoted", tag, merge, cand.hexsha, reason, ev)
@@ -447,8 +465,12 @@ class Workspace:
             if len(c.parents) != 2:
                 continue
             info = _trailers(c.message)
-            cid, stage = info.get("Candidate"), info.get("Stage", "0")
-            if info.get("Verdict") == "promoted" and cid and f"promoted/{stage}-{cid}" not in tags:
+            tail = _commit_trailers(c.message)
+            cid = tail.get("Candidate")
+            if info.get("Verdict") != "promoted" or not cid:
+                continue
+            stage = _stage_of(tail, f"promotion merge {c.hexsha[:12]}")
+            if f"promoted/{stage}-{cid}" not in tags:
                 block = c.message.split("\n\n", 1)[1].rsplit("\n\nCandidate:", 1)[0]
                 self.repo.git.tag("-a", f"promoted/{stage}-{cid}", c.hexsha,
                                   "-m", f"Promoted {cid}: {c.parents[1].summary}\n\n{block}\n")
@@ -522,7 +544,7 @@ class Workspace:
         return [r.id for r in self.history()]
 
     def _record(self, commit: git.Commit, verdict: str, tag: Any, merge: str | None) -> CandidateRecord:
-        info = _trailers(commit.message.rsplit("\n\n", 1)[-1])
+        info = _commit_trailers(commit.message)
         body = commit.message.split("\n\n", 1)[1] if "\n\n" in commit.message else ""
         rationale = body.rsplit("\n\n", 1)[0].strip() if "\n\n" in body.strip() else ""
         tinfo = _trailers(tag.tag.message) if tag is not None else {}

@@ -329,3 +329,29 @@ def test_a_reader_between_a_promotions_merge_and_its_tag_changes_nothing(ws):
     assert _snapshot(ws.path) == before
     writer = Workspace(ws.path)
     assert any("untagged promotion of p" in r for r in writer.repairs) and writer.pending() == []
+
+
+def test_a_rationale_line_that_looks_like_a_trailer_names_no_tag(ws):
+    """An engineer's free text ("Stage: early collapse", "Stage: 7", "Factor: ...") is not a trailer: before, the first
+    match in the whole message won, so the promotion merged and then failed to create the tag
+    `promoted/early collapse-<id>` (the stage crashed, and every reopen failed again repairing it), or tagged a stage-1
+    candidate `promoted/7-<id>`."""
+    for cid, line in (("s1-c1", "Stage: early collapse"), ("s1-c2", "Stage: 7\nFactor: recipe.beta")):
+        ws.propose(cid, temp_change(ws, "0.7") if cid == "s1-c1" else
+                   {"recipe.yaml": ws.read("recipe.yaml").replace("temperature: 0.7", "temperature: 0.6")},
+                   "Lower temperature", f"Finding: grpo.dead_groups\n{line}\nHotter sampling.", "recipe.temperature", 1)
+        assert ws.promote(cid, EV, "won").tag == f"promoted/1-{cid}"
+    assert [(r.id, r.stage, r.factor, r.tag) for r in ws.history()] == [
+        ("s1-c1", 1, "recipe.temperature", "promoted/1-s1-c1"), ("s1-c2", 1, "recipe.temperature", "promoted/1-s1-c2")]
+    assert Workspace(ws.path).repairs == [] and fsck_clean(ws.path)
+
+
+def test_a_damaged_stage_trailer_is_refused_before_the_merge(ws):
+    cand = ws.propose("s1-c1", temp_change(ws, "0.7"), "Lower temperature", "r", "recipe.temperature", 1)
+    msg = ws.repo.commit(cand).message.replace("Stage: 1", "Stage: one")
+    forged = sh(ws.path, "commit-tree", ws.repo.commit(cand).tree.hexsha, "-p", ws.head(), "-m", msg).strip()
+    sh(ws.path, "update-ref", "refs/heads/cand/s1-c1", forged)
+    head = ws.head()
+    with pytest.raises(WorkspaceDamaged, match="Stage trailer 'one'"):
+        ws.promote("s1-c1", EV, "won")
+    assert ws.head() == head and ws.pending() == ["s1-c1"]  # nothing merged: never half-promoted
