@@ -32,7 +32,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from harness.records import Diagnosis, DiagnosticResult, Finding, HistoryItem, Rollout, TargetSlice, TargetView
 from harness.seeds import SplitError, check_split, split_of
@@ -833,23 +833,53 @@ def _rollout_json(rollouts: list[Rollout]) -> list[dict[str, Any]]:
     return [r.model_dump(mode="json") for r in rollouts]
 
 
+_CODE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+MESSAGE_CHARS = 500  # a finding's message as the engineer reads it, every stage: long enough to say why, no longer
+
+
 def _parse_result(name: str, value: Any) -> DiagnosticResult:
-    """Validate an evolved diagnostic's JSON answer; codes are namespaced `evolved.<name>.<code>`."""
+    """Validate an evolved diagnostic's JSON answer; codes are namespaced `evolved.<name>.<code>`. Anything the loop
+    could not store, re-read or show (a non-list `findings`, a non-dict `metrics`, a code that is not an identifier,
+    a count past 64 bits, a NaN rate, a slice the store cannot key) is a DiagnosticError naming it: the diagnostic's
+    fault, never the loop's crash. (Examples are checked for held-out instances where they reach the engineer,
+    `build_diagnosis`: the diagnostic judge runs it on held-out rollouts on purpose.)"""
     if not isinstance(value, dict) or not set(value) <= {"findings", "metrics"}:
         raise DiagnosticError('diagnose() must return {"findings": [...], "metrics": {...}}, got '
                               f"{type(value).__name__} {str(value)[:120]}")
+    raw_findings, raw_metrics = value.get("findings") or [], value.get("metrics") or {}
+    if not isinstance(raw_findings, list):
+        raise DiagnosticError(f"`findings` must be a list, got {type(raw_findings).__name__}")
+    if not isinstance(raw_metrics, dict):
+        raise DiagnosticError(f"`metrics` must be an object (name -> number), got {type(raw_metrics).__name__}")
     findings = []
-    for f in value.get("findings", []) or []:
+    for f in raw_findings:
         if not isinstance(f, dict) or not f.get("code"):
             raise DiagnosticError(f"each finding must be a dict with a `code`, got {str(f)[:120]}")
+        if not isinstance(f["code"], str) or not _CODE.fullmatch(f["code"]):
+            raise DiagnosticError(f"finding code {str(f['code'])[:80]!r} must be an identifier (letters, digits, "
+                                  "'_', '.', '-'; at most 64 characters)")
+        examples = f.get("examples") or []
+        if not isinstance(examples, list):
+            raise DiagnosticError(f"finding {f['code']}: `examples` must be a list of strings, got "
+                                  f"{type(examples).__name__}")
         f = dict(f)
         f["code"] = f"evolved.{name}.{f['code']}"
-        f["examples"] = [str(e)[:EXAMPLE_CHARS] for e in f.get("examples", [])][:3]
-        findings.append(Finding.model_validate(f))
+        f["examples"] = [str(e)[:EXAMPLE_CHARS] for e in examples][:3]
+        if isinstance(f.get("message"), str):
+            f["message"] = f["message"][:MESSAGE_CHARS]
+        if isinstance(f.get("count"), bool):
+            raise DiagnosticError(f"finding {f['code']}: `count` must be a whole number, got {f['count']!r}")
+        try:
+            finding = Finding.model_validate(f)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(x) for x in first["loc"])
+            raise DiagnosticError(f"finding {f['code']}: {where}: {first['msg']}") from None
+        findings.append(finding)
     metrics = {}
-    for k, v in (value.get("metrics", {}) or {}).items():
+    for k, v in raw_metrics.items():
         if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-            raise DiagnosticError(f"metric {k!r} must be a finite number, got {v!r}")
+            raise DiagnosticError(f"metric {str(k)[:80]!r} must be a finite number, got {str(v)[:80]!r}")
         metrics[str(k)] = float(v)
     return DiagnosticResult(name=f"evolved.{name}", findings=findings, metrics=metrics)
 
@@ -864,7 +894,7 @@ def run_evolved(path: str, source: str, rollouts: list[Rollout], limits: Limits 
         return DiagnosticResult(name=f"evolved.{name}", error=f"{res.status}: {res.error} ({res.isolation})")
     try:
         return _parse_result(name, res.value)
-    except (DiagnosticError, ValueError) as exc:
+    except (DiagnosticError, ValueError, TypeError, AttributeError) as exc:  # belt and braces: never the loop's crash
         return DiagnosticResult(name=f"evolved.{name}", error=f"bad output: {exc}")
 
 
@@ -911,10 +941,13 @@ def veto_one(path: str, source: str, control_rollouts: list[Rollout], candidate_
                       candidate_metrics], limits or DIAGNOSTIC_LIMITS)
     if res.status != "ok":
         return f"{name}: veto failed: {res.status}: {res.error}"
-    reason = (res.value or {}).get("reason")
+    if not isinstance(res.value, dict) or "reason" not in res.value:  # the driver's shape, unless the code replaced it
+        return f"{name}: veto failed: bad output: expected the veto driver's {{'reason': ...}}, got " \
+               f"{type(res.value).__name__}"
+    reason = res.value["reason"]
     if reason is None:
         return None
-    return f"{name}: {str(reason)[:300]}"
+    return f"{name}: {' '.join(str(reason).split())[:300]}"
 
 
 def run_vetoes(files: dict[str, str] | None, control_rollouts: list[Rollout], candidate_rollouts: list[Rollout],
@@ -998,7 +1031,12 @@ def build_diagnosis(task: Any, stage: int, rollouts: list[Rollout], env_config: 
         check_split([r.seed for r in start_rollouts], "probe")
     results = builtin_diagnostics(rollouts, train_metrics, valid_history, start_rollouts)
     results.append(target_findings(view, rollouts, previous_target, target, train_metrics))
-    results += run_evolved_all(diagnostics_files, rollouts)
+    for res in run_evolved_all(diagnostics_files, rollouts):
+        try:
+            check_examples(res.findings)
+        except SplitError as exc:  # the file's fault (its text names a held-out seed): its result is an error
+            res = DiagnosticResult(name=res.name, error=f"bad output: {exc}")
+        results.append(res)
     findings = [f for res in results for f in res.findings]
     sev = {"critical": 0, "warn": 1, "info": 2}
     findings.sort(key=lambda f: (sev[f.severity], -f.rate))

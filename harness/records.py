@@ -11,7 +11,7 @@ import gzip
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 # --- rollouts ---------------------------------------------------------------------------------------------------------
 
@@ -115,15 +115,25 @@ Severity = Literal["info", "warn", "critical"]
 class Finding(BaseModel):
     """One diagnosed failure pattern. `code` is namespaced: `mapf.hole`, `grpo.dead_groups`, `evolved.<name>.<code>`."""
 
-    model_config = ConfigDict(extra="forbid")
-    code: str
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    code: str = Field(min_length=1, max_length=200)
     severity: Severity = "warn"
-    count: int = 0
-    rate: float = 0.0
+    count: int = Field(0, ge=0, le=2**63 - 1, description="a count SQLite can store")
+    rate: float = Field(0.0, ge=-1e6, le=1e6, description="finite: NaN does not round-trip through JSON or SQLite")
     slice: dict[str, str] = Field(default_factory=dict, description="the slice it concerns, e.g. {'size': '5'}; {} = all")
     examples: list[str] = Field(default_factory=list, max_length=3, description="up to 3 abbreviated trajectories")
     knobs: list[str] = Field(default_factory=list, description="knob paths it suggests (skills/model.py convention)")
     message: str = ""
+
+    @field_validator("slice")
+    @classmethod
+    def _storable_slice(cls, v: dict[str, str]) -> dict[str, str]:
+        """The store keeps a slice as `k=v,k=v`: a key or value with ',' or '=' (or empty) could not be read back."""
+        for k, x in v.items():
+            if not k or any(ch in s for s in (k, x) for ch in ",=\n"):
+                raise ValueError(f"slice {k!r}={x!r}: a key must be non-empty and neither may hold ',', '=' or a newline "
+                                 "(the store writes a slice as k=v,k=v)")
+        return v
 
 
 class DiagnosticResult(BaseModel):

@@ -295,6 +295,69 @@ def test_broken_evolved_diagnostic_gives_error_and_caller_goes_on(src, status):
     assert out[1].error is None and out[1].metrics["hole_share"] == 0.5  # the next one still ran
 
 
+def _returns(body: str) -> str:
+    return f"def diagnose(rollouts):\n    return {body}\n"
+
+
+@pytest.mark.parametrize("body,names", [
+    ('{"findings": [], "metrics": [1]}', "`metrics` must be an object"),
+    ('{"findings": 5}', "`findings` must be a list"),
+    ('{"findings": [{"code": "x", "examples": 5}]}', "`examples` must be a list"),
+    ('{"findings": [{"code": "x", "count": 10**30}]}', "count"),
+    ('{"findings": [{"code": "x", "rate": float("nan")}]}', "rate"),
+    ('{"findings": [{"code": "x", "rate": float("inf")}]}', "rate"),
+    ('{"findings": [{"code": "x", "slice": {"a,b": "x"}}]}', "slice"),
+    ('{"findings": [{"code": "x", "slice": {"size": "4=5"}}]}', "slice"),
+    ('{"findings": [{"code": "x", "slice": []}]}', "slice"),
+    ('{"findings": [{"code": "two words\\nand a line"}]}', "must be an identifier"),
+    ('{"findings": [{"code": "x", "count": True}]}', "count"),
+])
+def test_an_evolved_result_the_loop_could_not_store_or_reread_is_bad_output_naming_the_field(body, names):
+    """Before, these passed into the loop and crashed it later: a list `metrics` raised AttributeError out of
+    run_evolved (whose contract is never to raise), a 10**30 count overflowed SQLite in record_findings, a NaN rate broke
+    the Diagnosis' JSON round trip in node_propose, a slice key with ',' broke every later store.findings()."""
+    res = D.run_evolved("diagnostics/d.py", _returns(body), [mk(5, "hole"), mk(5)], FAST)
+    assert res.error and res.error.startswith("bad output") and names in res.error, res.error
+    assert res.findings == []
+
+
+def test_a_long_message_is_cut_and_a_good_result_round_trips_through_the_store(tmp_path):
+    from harness.store import RunStore
+
+    res = D.run_evolved("diagnostics/d.py", _returns(
+        '{"findings": [{"code": "slow", "count": 3, "rate": 0.5, "slice": {"size": "5"}, "message": "x" * 200000}]}'),
+        [mk(5, "hole"), mk(5)], FAST)
+    assert res.error is None and len(res.findings[0].message) == D.MESSAGE_CHARS
+    store = RunStore.open(tmp_path / "run.db")
+    store.create_run("r", {})
+    store.record_findings("r", 1, res.findings)
+    assert store.findings("r", stage=1) == res.findings
+
+
+def test_an_evolved_example_that_names_a_held_out_seed_is_that_diagnostics_error_not_the_diagnosis_crash():
+    """Before, `build_diagnosis` raised SplitError for the whole stage (and again on every resume, the file being on
+    main): any text with `seed=<n>` of a backtest or test seed did it."""
+    seed = seed_for("backtest", 7)
+    leak = _returns('{"findings": [{"code": "note", "severity": "info", "examples": ["retry with seed=' + str(seed)
+                    + '"]}]}')
+    d = D.build_diagnosis(MAPF, 2, _probe_set(), ENV, {}, [], stages_left=1, budget_left_s=None,
+                          diagnostics_files={"diagnostics/leak.py": leak, "diagnostics/holes.py": GOOD})
+    assert "backtest instance" in d.diagnostic_errors["evolved.leak"]
+    assert not any(f.code.startswith("evolved.leak") for f in d.findings)
+    assert any(f.code == "evolved.holes.holes" for f in d.findings)  # the other file still speaks
+
+
+def test_a_veto_that_forges_the_drivers_answer_blocks_with_a_reason_instead_of_raising():
+    forge = ("import sys\n_m = sys.modules['__main__']\n_orig = _m._dumps\n"
+             "def _forge(v, _orig=_orig):\n"
+             "    return '[\"not a dict\"]' if isinstance(v, dict) and 'has_veto' in v else _orig(v)\n"
+             "_m._dumps = _forge\n"
+             "def veto(control, candidate):\n    return None\n")
+    rs = [mk(5, "hole"), mk(5)]
+    why = D.veto_one("diagnostics/forge.py", forge, rs, rs, D.arm_metrics(rs), D.arm_metrics(rs), FAST)
+    assert why is not None and why.startswith("forge: veto failed: bad output"), why
+
+
 def test_without_bubblewrap_evolved_code_is_refused_unless_the_config_says_so(monkeypatch):
     from sandbox import runner
 
