@@ -171,6 +171,13 @@ def planted_invalid_arm(control: list[Rollout], candidate: list[Rollout], heldou
     return control, cand, label
 
 
+def _kind(error: str) -> str:
+    """What went wrong with a diagnostic run on held-out rollouts, without its words ("timeout", "error", "bad output"):
+    the reason reaches the engineer, and the code's own text (an exception message, a repr of what it returned) may
+    quote a held-out instance. The whole error goes to the run's events (`judge_diagnostic`'s `details`)."""
+    return error.split(":", 1)[0].strip()[:40] + " (its message stays in the run's records: it ran on held-out rollouts)"
+
+
 def _arm_text(rs: list[Rollout]) -> str:
     m = D.overall_stats(rs)
     return f"valid {m.get('valid', 0.0):.2f}, reward {m.get('reward', 0.0):.2f}"
@@ -180,9 +187,12 @@ def _arm_text(rs: list[Rollout]) -> str:
 
 
 def judge_diagnostic(candidate: str, path: str, source: str, heldout: list[Rollout], alpha: float,
-                     limits: Limits | None = None, seed: int = 0) -> Verdict:
+                     limits: Limits | None = None, seed: int = 0, details: list[str] | None = None) -> Verdict:
     """Promote or reject one diagnostic candidate on held-out rollouts (see the module docstring for the procedure).
-    The reason names the numbers of the first check that failed, or of every check that passed."""
+    The reason names the numbers of the first check that failed, or of every check that passed; it reaches the
+    engineer, so what the code itself said on held-out rollouts (an error's text, a veto's words) is appended to
+    `details` for the run's records instead."""
+    details = details if details is not None else []
     def rejected(why: str) -> Verdict:
         return Verdict(candidate=candidate, decision="rejected", stage_reached="backtest",
                        reason=cut(f"diagnostic judge: {why}"))
@@ -195,12 +205,14 @@ def judge_diagnostic(candidate: str, path: str, source: str, heldout: list[Rollo
     where = f"{len(heldout)} held-out rollouts ({len(units)} instances)"
     res = D.run_evolved(path, source, heldout, limits)
     if res.error:
-        return rejected(f"{path} does not run on {where}: {res.error}")
+        details.append(res.error)
+        return rejected(f"{path} does not run on {where}: {_kind(res.error)}")
     solved = [r for r in heldout if r.valid]
     if solved:
         on_solved = D.run_evolved(path, source, solved, limits)
         if on_solved.error:
-            return rejected(f"{path} fails on the {len(solved)} solved held-out rollouts: {on_solved.error}")
+            details.append(on_solved.error)
+            return rejected(f"{path} fails on the {len(solved)} solved held-out rollouts: {_kind(on_solved.error)}")
         if flags := [f for f in on_solved.findings if f.severity != "info"]:
             return rejected(f"{flags[0].code} ({flags[0].severity}) fires on the {len(solved)} solved held-out "
                             "rollouts, where nothing fails")
@@ -221,8 +233,9 @@ def judge_diagnostic(candidate: str, path: str, source: str, heldout: list[Rollo
                 if why := D.veto_one(path, source, c, k, D.arm_metrics(c), D.arm_metrics(k), limits):
                     blocked.append(why)
         if blocked:
+            details.append(blocked[0])
             return rejected(f"its veto blocks {len(blocked)} of {2 * len(pairs)} A/A pairs (two halves of {where}, "
-                            f"the same policies): {blocked[0]}")
+                            f"the same policies){' (it failed to run)' if 'veto failed' in blocked[0] else ''}")
         ctrl, cand, label = planted_invalid_arm(*pairs[0], heldout)
         why = D.veto_one(path, source, ctrl, cand, D.arm_metrics(ctrl), D.arm_metrics(cand), limits)
         if not why:
@@ -258,10 +271,13 @@ def judge_diagnostics(run: Run, k: int, vetted: list[str]) -> tuple[list[Verdict
     for i, cid in enumerate(diag):
         t0 = time.perf_counter()
         change = candidate_from_row(run.store.candidate(cid)).change
-        v = judge_diagnostic(cid, change.knob, change.code or "", held, run.config.gate.alpha, seed=k * 1000 + i)
+        details: list[str] = []
+        v = judge_diagnostic(cid, change.knob, change.code or "", held, run.config.gate.alpha, seed=k * 1000 + i,
+                             details=details)
         run.charge(k, cid, "eval", seconds=time.perf_counter() - t0, label="diagnostic judge")
         run.store.set_candidate_status(cid, "backtested")
-        run.event(k, "backtest", "verdict", f"{cid}: {v.decision}: {v.reason}", key=f"{k}/verdict/{cid}")
+        run.event(k, "backtest", "verdict", f"{cid}: {v.decision}: {v.reason}"
+                  + "".join(f" | what it said on held-out rollouts: {d[:300]}" for d in details), key=f"{k}/verdict/{cid}")
         out.append(v)
     return out, [c for c in vetted if c not in diag]
 

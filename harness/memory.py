@@ -26,6 +26,18 @@ def candidate_from_row(row: dict[str, Any]) -> Candidate:
                      skill=row["skill"], engineer=row["engineer"] or "rule")
 
 
+def engineer_reason(row: dict) -> str:
+    """A decided candidate's reason as the engineer may read it. A veto is code that ran on the BACKTEST arms' rollouts,
+    and what it says is free text (it may quote a held-out board, problem or program), so the engineer is told which
+    veto blocked the change, never its words; the run's records and the review keep them whole."""
+    vetoes = (row.get("evidence") or {}).get("vetoes") or []
+    if not vetoes:
+        return row.get("reason") or ""
+    names = sorted({str(v).split(":", 1)[0].strip() for v in vetoes})
+    return (f"veto: blocked by {', '.join(names)} (what a veto says stays in the run's records: it saw held-out "
+            "rollouts)")
+
+
 def history(run: Run) -> list[HistoryItem]:
     """Every decided candidate of the run, keyed by the harness state it started from (`change_key`). `verdict` says
     what may follow: inconclusive (re-testable, its evidence pooled) or final (promoted, rejected)."""
@@ -46,7 +58,7 @@ def history(run: Run) -> list[HistoryItem]:
                                change=f"{c['knob']} -> {(c['patch'] or {}).get('value')}",
                                verdict=verdict,
                                effect=c.get("effect"), ci=(lo, hi) if lo is not None and hi is not None else None,
-                               reason=c.get("reason") or "", key=key, value=(c["patch"] or {}).get("value"),
+                               reason=engineer_reason(c), key=key, value=(c["patch"] or {}).get("value"),
                                old=c.get("old_value"), spent=spent))
     # a change is final from a state once any test of it there was (spent, refuted, promoted): its earlier
     # inconclusive tests hold only part of that evidence and are final too, so no one (engineer, escalation, a

@@ -113,6 +113,38 @@ def test_a_veto_that_fires_on_an_a_a_pair_is_rejected(shaped):
     assert "its veto blocks" in v.reason and "of 6 A/A pairs" in v.reason
 
 
+# quotes a held-out board in its exception message
+QUOTING_ERROR = """
+def diagnose(rollouts):
+    raise ValueError("cannot read " + rollouts[0]["prompt"])
+"""
+
+
+def test_what_code_said_on_held_out_rollouts_never_reaches_the_reason_the_engineer_reads(shaped):
+    """A diagnostic's error text and a veto's words come from code that saw held-out rollouts: before, the judge's
+    reason quoted them (an exception's message with a backtest board in it reached the next engineer's prompt)."""
+    board = shaped[-1].prompt  # a backtest instance's board, in the held-out set
+    details: list[str] = []
+    v = J.judge_diagnostic("c1", "diagnostics/d.py", QUOTING_ERROR, shaped, ALPHA, FAST, details=details)
+    assert v.decision == "rejected" and "does not run" in v.reason and "error" in v.reason
+    assert "cannot read" not in v.reason and "cannot read" in details[0]  # the person still sees it, in the events
+    noisy = NOISY_VETO.replace('return f"reward', 'return "blocked: " + str(control) + f"reward')
+    details = []
+    v = J.judge_diagnostic("c1", "diagnostics/d.py", noisy, shaped, ALPHA, FAST, details=details)
+    assert v.decision == "rejected" and "A/A pairs" in v.reason and "blocked:" not in v.reason
+    assert details and "blocked:" in details[0]
+    assert board.splitlines()[0] not in v.reason
+
+
+def test_the_engineer_reads_which_veto_blocked_a_change_never_its_words():
+    from harness.memory import engineer_reason
+
+    row = {"reason": "refuted: veto: leak: LEAK prompt='.a..A...'", "evidence": {"vetoes": ["leak: LEAK prompt='.a..A...'"]}}
+    said = engineer_reason(row)
+    assert "leak" in said and "LEAK" not in said and ".a..A" not in said
+    assert engineer_reason({"reason": "refuted: effect -0.1", "evidence": {"vetoes": []}}) == "refuted: effect -0.1"
+
+
 def test_the_planted_arm_is_invalid_high_scoring_and_built_from_real_rollouts(shaped, binary):
     a, b = J._split(shaped, random.Random(0))
     assert {r.seed for r in a}.isdisjoint({r.seed for r in b}) and len(a) + len(b) == len(shaped)
