@@ -66,6 +66,8 @@ def main() -> None:
         fail(_problems(exc), exit_with=sys.exit)
     except (UserError, ValueError, FileNotFoundError, WorkspaceError) as exc:  # they carry their fix
         fail(" ".join(str(exc).split()), exit_with=sys.exit)
+    except (FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError) as exc:  # a path the user gave
+        fail(f"{exc.filename}: {exc.strerror.lower() if exc.strerror else exc}; choose another path", exit_with=sys.exit)
 
 
 def _problems(exc) -> str:
@@ -790,6 +792,8 @@ def eval_cmd(
     style = style or checkpoint_style(t, ckpt, tok)
     require_chat_template(tok, str(ckpt), style)
     if env is not None:
+        from pydantic import ValidationError
+
         from harness.config import EvalConfig
         from harness.tasks.suites import draw_env
         from sandbox.yamlload import YamlError, load_yaml
@@ -800,6 +804,8 @@ def eval_cmd(
             data = load_yaml(env) or {}
             data = data.get("target", data) if isinstance(data, dict) and "scenario" in data else data
             t.spec.config_model.model_validate(data)
+        except ValidationError as exc:  # the fields, as `env stats` names them
+            raise UserError(f"--env {env}: not a {task} generator config: {_problems(exc)}") from None
         except (YamlError, ValueError) as exc:
             raise UserError(f"--env {env}: not a {task} generator config: {str(exc).splitlines()[0]}") from None
         drawn = draw_env(t, data, n)
@@ -955,11 +961,11 @@ def run(
     from harness.lifecycle import start_run
 
     cfg = load_config(config)
-    if budget or stages or engineer:
+    if budget is not None or stages is not None or engineer:
         data = cfg.model_dump(mode="json", exclude_unset=False)
-        if budget:
+        if budget is not None:
             data["budget"]["wall_clock"] = budget
-        if stages:
+        if stages is not None:  # --stages 0 is refused by the budget's own check, never silently ignored
             data["budget"]["stages"] = stages
         if engineer:
             data["engineer"]["kind"] = engineer

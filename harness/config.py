@@ -9,6 +9,7 @@ The gate lives here, not in the harness repo: nothing a run evolves can relax it
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -28,16 +29,24 @@ _UNIT_S = {None: 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600,
 
 def parse_duration(value: str | float | None) -> float | None:
     """'90s', '15m', '8h', '1.5h' or a number of seconds -> seconds."""
-    if value is None or isinstance(value, (int, float)):
-        return None if value is None else float(value)
-    m = _DURATION.match(str(value))
-    if not m:
-        raise ValueError(f"cannot read duration {value!r}; write e.g. '90s', '15m' or '8h'")
-    return float(m.group(1)) * _UNIT_S[m.group(2)]
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ValueError(f"cannot read duration {value!r}; write e.g. '90s', '15m' or '8h'")  # noqa: TRY004 - pydantic turns ValueError into a field error
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        m = _DURATION.match(str(value))
+        if not m:
+            raise ValueError(f"cannot read duration {value!r}; write e.g. '90s', '15m' or '8h'")
+        seconds = float(m.group(1)) * _UNIT_S[m.group(2)]
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"duration {value!r} must be a finite time above 0, e.g. '90s', '15m' or '8h'")
+    return seconds
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class PolicyConfig(_Strict):
@@ -325,14 +334,14 @@ class RetentionConfig(_Strict):
 class HumanAfterFailures(BaseModel):
     """Turn the human gate on once this many stages in a row ended without a promotion."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
     after_failures: int = Field(..., ge=1, description="consecutive stages without a promotion before a human decides")
 
 
 class GateConfig(BaseModel):
     """The promotion rule. Fixed by the run's config; never part of the evolvable harness."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
     min_effect: float = Field(0.02, ge=0.0, le=1.0,
                               description="the smallest main-metric effect worth having: a change confidently below "
                                           "it is refuted (never re-proposed from that state), and the evidence is "
@@ -418,7 +427,7 @@ class GateConfig(BaseModel):
 class EngineerConfig(BaseModel):
     """Which engineer proposes changes, and how to reach it."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     kind: Literal["rule", "llm", "scripted"] = Field("rule", description="rule (no LLM), llm, or scripted (replays)")
     base_url: str | None = Field(None, description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1 (llm)")
     model: str | None = Field(None, description="model name at the endpoint (llm with base_url)")
@@ -447,7 +456,7 @@ class RunConfig(_Strict):
     task: str = Field(DEFAULT_TASK, description="task family (a name in harness.tasks.TASKS)")
     name: str = Field("run", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=80,
                       description="run id prefix (the id adds -YYYYmmdd-HHMMSS)")
-    seed: int = Field(0, description="seed for the engineer's choices and model initialisation")
+    seed: int = Field(0, ge=0, le=2**32 - 1, description="seed for the engineer's choices and model initialisation")
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     env: dict[str, Any] | None = Field(None, description="round-0 generator config (the task's config model); "
                                                          "default: the task's round-0 env.yaml")

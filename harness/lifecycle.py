@@ -99,6 +99,13 @@ def start_run(config: RunConfig, runs_dir: str | Path = "runs", run_id: str | No
         except RolloutBackendError as exc:
             raise RunError(f"policy.backend: {exc}") from None
     _check_scale(config)
+    script = config.engineer.script if config.engineer.kind == "scripted" else None
+    if script and not Path(script).is_file():  # else every stage would quietly fall back to the rule engineer
+        raise RunError(f"engineer.script {script} not found (relative paths are read from {Path.cwd()}); point it at "
+                       "the .yaml/.jsonl file of replies, or use engineer.kind: rule")
+    from harness.threads import check_env
+
+    check_env()  # a bad thread or core count in the environment is refused before the run folder exists
     if Path(runs_dir).exists() and not Path(runs_dir).is_dir():
         raise RunError(f"--runs-dir {runs_dir} is not a folder; pass a folder for runs/<id>/ (created if missing)")
     run_dir = Path(runs_dir) / run_id
@@ -248,9 +255,9 @@ def _drive_prepared(run_dir: Path, config: RunConfig, progress, first_input: dic
             if not _has_checkpoint(run_dir, run.id):  # killed before the graph's first checkpoint
                 first_input = {"run_id": run.id, "stage": 0, "log": []}
         run.store.set_run_status(run.id, "running")
-        _announce_sandbox(run)
-        _apply_threads(run)
-        try:
+        try:  # a bad EVOTRAINER_THREADS / EVOTRAINER_CORES raises here: the run is then interrupted, not "running"
+            _announce_sandbox(run)
+            _apply_threads(run)
             out = _drive(run, first_input)
         except BaseException:
             run.store.set_run_status(run.id, "interrupted")

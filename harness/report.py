@@ -20,7 +20,7 @@ def status(run_dir: Path) -> dict[str, Any]:
     run folder's disk use (`harness.retention.disk_usage`)."""
     from harness.retention import disk_usage
 
-    store = RunStore.open(run_dir / "run.db")
+    store = RunStore.open(run_dir / "run.db", create=False)
     try:
         run_id = run_dir.name
         run = store.get_run(run_id)
@@ -196,7 +196,7 @@ def print_summary(run_dir: Path, console) -> dict[str, Any]:
         console.print(f"paused: waits at the {shown(st['waiting'])}: evotrainer approve {run} | evotrainer revise "
                       f"{run} \"feedback\" | evotrainer abort {run}", highlight=False)
     idle = [s["stage"] for s in st["stages"] if s.get("carried") is False]
-    store = RunStore.open(run_dir / "run.db")
+    store = RunStore.open(run_dir / "run.db", create=False)
     try:
         events = store.events(st["run"])
     finally:
@@ -232,7 +232,7 @@ def exploit_stages(run_dir: Path) -> list[dict[str, Any]]:
     row for them."""
     from harness.results import Decided, Probed, Trained
 
-    store = RunStore.open(run_dir / "run.db")
+    store = RunStore.open(run_dir / "run.db", create=False)
     try:
         run_id = status(run_dir)["run"]
         out = []

@@ -34,7 +34,7 @@ def gather(run_dir: Path) -> dict[str, Any]:
     """Everything the page shows, read from run.db, the stage files and the harness repo (read-only)."""
     st = status(run_dir)
     run_id = st["run"]
-    store = RunStore.open(run_dir / "run.db")
+    store = RunStore.open(run_dir / "run.db", create=False)
     try:
         evals = [e for e in store.evaluations(run_id) if e["split"] == "test" and e["arm"] == "policy"]
         training: dict[int, dict[str, list[dict]]] = defaultdict(dict)

@@ -166,6 +166,11 @@ def _check_sections(sc: Scenario, path: Path) -> None:
         RunConfig.model_validate(run_dict(sc))
     except ValidationError as exc:
         raise _one_line(path, exc, "run") from None
+    if sc.quick:  # --quick's sizing is checked now, under its own name, not first seen as "oracle: ..." mid-call
+        try:
+            RunConfig.model_validate(_merge(sc.run, sc.quick))
+        except ValidationError as exc:
+            raise _one_line(path, exc, "quick") from None
 
 
 def harness_of(sc: Scenario, which: str, quick: bool = False) -> dict[str, Any]:
@@ -215,16 +220,30 @@ def quick_overrides(sc: Scenario) -> dict[str, Any]:
 SAMPLING_KNOBS = ("batch_size", "oversample")
 
 
+def _trained_as(sc: Scenario, which: str) -> dict[str, Any]:
+    """A harness as the arms train under it: each section through the model that reads it, so `4e-4` written as text
+    and `4.0e-4`, or a field set to its default and one left out, are the same harness."""
+    from harness.tasks import get_task
+    from policies.train import Recipe
+
+    spec = get_task(sc.task).spec
+    h = harness_of(sc, which)
+    return {"env": spec.config_model.model_validate(h["env"]).model_dump(mode="json"),
+            "recipe": Recipe.model_validate(h["recipe"]).model_dump(mode="json"),
+            "reward": spec.shaping_model.model_validate(h["reward"]).model_dump(mode="json")}
+
+
 def check(sc: Scenario, path: str | Path) -> None:
     """The refusals a scenario gets before any arm trains, each naming the fix."""
     from harness.config import parse_config
     from harness.tasks import get_task
     from harness.tasks.suites import draw_env
 
-    if not sc.control and harness_of(sc, "round0") == harness_of(sc, "oracle"):
+    same = _trained_as(sc, "round0") == _trained_as(sc, "oracle")
+    if not sc.control and same:
         raise ScenarioError(f"{path}: oracle: identical to round0, so the scenario has no defect to fix; change the "
                             "round-0 harness (or set control: true for the healthy control)")
-    if sc.control and harness_of(sc, "round0") != harness_of(sc, "oracle"):
+    if sc.control and not same:
         raise ScenarioError(f"{path}: control: true, but oracle differs from round0; the healthy control's round-0 "
                             "harness is its oracle (copy oracle: into round0:, or drop control)")
     from policies.train import Recipe
@@ -302,13 +321,14 @@ def scenario_files(where: list[str | Path], only: list[str] | None = None) -> li
 
 def _name(path: Path) -> str:
     """A scenario file's name without validating the rest (selecting by name must not fail on another broken file)."""
-    import yaml
+    from sandbox.yamlload import YamlError, load_yaml
 
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError:
+        data = load_yaml(path)  # bounded (no alias bombs); a broken file is named when it is loaded, if selected
+    except (YamlError, OSError, ValueError):
         return path.stem
-    return str(data.get("scenario", path.stem)) if isinstance(data, dict) else path.stem
+    name = data.get("scenario", path.stem) if isinstance(data, dict) else path.stem
+    return name if isinstance(name, str) else path.stem
 
 
 AUTOMATIC = ("plr", "learnability", "bandit", "pbt")  # what a person would use instead of the loop: curricula, PBT
@@ -390,7 +410,7 @@ def defect_knobs(sc: Scenario) -> set[str]:
     """Where the round-0 harness differs from the oracle's: "env" when the generator config differs (a mix defect:
     every env knob is a way to fix it), "recipe.<knob>" / "reward.<knob>" for each differing recipe or reward knob.
     What a promoted change must touch to count as a fix of the defect (`is_fix`). Empty for the healthy control."""
-    r0, orc = harness_of(sc, "round0"), harness_of(sc, "oracle")
+    r0, orc = _trained_as(sc, "round0"), _trained_as(sc, "oracle")  # as trained: a default spelt out is no defect
     out = {"env"} if r0["env"] != orc["env"] else set()
     for part in ("recipe", "reward"):
         out |= {f"{part}.{k}" for k in set(r0[part]) | set(orc[part]) if r0[part].get(k) != orc[part].get(k)}

@@ -271,12 +271,23 @@ class RunStore:
         self.db, self.path = db, path
 
     @classmethod
-    def open(cls, path: str | Path) -> RunStore:
-        """Open (creating folders and the file when missing) and migrate to the latest schema."""
+    def open(cls, path: str | Path, create: bool = True) -> RunStore:
+        """Open (creating folders and the file when missing, unless `create` is false: a reader such as `status` must
+        not leave an empty database in a folder whose own was lost) and migrate to the latest schema. A file that is
+        not a readable SQLite database is a StoreError naming it, not a traceback."""
         path = Path(path)
+        if not create and not path.is_file():
+            raise StoreError(f"{path} not found: {path.parent} is not a run folder, or its database was deleted "
+                             "(restore run.db from a backup; the checkpoints and harness/ alone cannot be read as a run)")
         path.parent.mkdir(parents=True, exist_ok=True)
-        db = open_db(path)
-        migrate(db)
+        try:
+            db = open_db(path)
+            migrate(db)
+        except sqlite3.DatabaseError as exc:
+            if isinstance(exc, sqlite3.OperationalError):  # busy or locked: a real condition, not a damaged file
+                raise
+            raise StoreError(f"{path} is not a readable run database ({exc}); restore it from a backup, or move it "
+                             "aside to start the run afresh") from None
         return cls(db, path)
 
     def close(self) -> None:

@@ -197,6 +197,22 @@ def _nothing_to_measure() -> tuple[int, str] | None:
     return None
 
 
+def check_env() -> None:
+    """Refuse a bad `EVOTRAINER_THREADS` or `EVOTRAINER_CORES` before a run makes its folder (`harness.lifecycle.
+    start_run`): the same checks `apply_threads` and `policies.cores` make later, said before anything is written."""
+    from policies import cores
+
+    env = os.environ.get(ENV, "").strip()
+    if env and env not in ("auto", "default"):
+        try:
+            n = int(env)
+        except ValueError:
+            raise ValueError(f"{ENV} must be auto, default or a number of threads, not {env!r}") from None
+        if n < 1:
+            raise ValueError(f"{ENV} must be at least 1, not {n}")
+    cores()
+
+
 def apply_threads(run_config: Any, task: Any) -> tuple[int, str]:
     """Set this process's torch threads from `scale.threads`; returns (threads, why) for the run's log."""
     import torch

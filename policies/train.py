@@ -48,7 +48,7 @@ class RecipeError(ValueError):
 class Recipe(BaseModel):
     """The training recipe: every knob of the SFT warm start and the GRPO stage. Defaults work on CPU and GPU."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     # SFT warm start
     sft_learning_rate: float = Field(1e-3, gt=0, description="SFT peak learning rate (1e-3 suits tiny from-scratch models)")
     sft_steps: int = Field(300, ge=0, description="SFT optimiser steps (0 = skip the warm start)")

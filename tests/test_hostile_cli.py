@@ -283,6 +283,61 @@ def test_bad_names_and_folders_are_one_line(tmp_path, main):
     assert not (tmp_path / "runs").exists() and not (tmp_path / "exp").exists()
 
 
+@pytest.mark.parametrize("over,field", [
+    ({"seed": -1}, "seed"),
+    ({"budget": {"stages": 2, "wall_clock": -5}}, "budget.wall_clock"),
+    ({"budget": {"stages": 2, "wall_clock": float("inf")}}, "budget.wall_clock"),
+    ({"budget": {"stages": 2, "wall_clock": 0}}, "budget.wall_clock"),
+    ({"recipe": {**TINY["recipe"], "learning_rate": float("inf")}}, "learning_rate"),
+    ({"env": {"min_distance": 1, "sizes": [{"size": 3, "data_ratio": float("nan")}]}}, "env.sizes.0.data_ratio"),
+])
+def test_nonsense_numbers_are_refused_before_the_run_folder_exists(tmp_path, main, over, field):
+    """Before: a negative seed trained a warm start and a stage, then crashed in the probe naming nothing; a negative
+    or infinite wall clock and a NaN data ratio trained; an infinite learning rate passed its "> 0" check."""
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump({**TINY, **over}))
+    one_line_error(main("run", str(cfg), "--runs-dir", str(tmp_path / "runs")), field)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_bad_environment_and_a_missing_script_are_refused_before_the_run_folder_exists(tmp_path, main, monkeypatch):
+    """Before: a bad EVOTRAINER_THREADS left a run marked "running" forever, a missing engineer script was found after
+    training (each stage then fell back to the rule engineer and the run exited 0), and `--stages 0` was ignored."""
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump(TINY))
+    runs = tmp_path / "runs"
+    monkeypatch.setenv("EVOTRAINER_THREADS", "abc")
+    one_line_error(main("run", str(cfg), "--runs-dir", str(runs)), "EVOTRAINER_THREADS")
+    monkeypatch.delenv("EVOTRAINER_THREADS")
+    monkeypatch.setenv("EVOTRAINER_CORES", "two")
+    one_line_error(main("run", str(cfg), "--runs-dir", str(runs)), "EVOTRAINER_CORES")
+    monkeypatch.delenv("EVOTRAINER_CORES")
+    cfg.write_text(yaml.safe_dump({**TINY, "engineer": {"kind": "scripted", "script": str(tmp_path / "no.jsonl")}}))
+    one_line_error(main("run", str(cfg), "--runs-dir", str(runs)), "engineer.script")
+    cfg.write_text(yaml.safe_dump(TINY))
+    one_line_error(main("run", str(cfg), "--runs-dir", str(runs), "--stages", "0"), "budget.stages")
+    assert not runs.exists()
+
+
+def test_a_damaged_or_missing_run_database_is_one_line_and_readers_write_nothing(tmp_path, main):
+    """Before: a corrupt run.db was a sqlite3 traceback in status/review/report, and `status` on a folder whose run.db
+    was lost created an empty one (and said to start the run)."""
+    d = tmp_path / "r1"
+    d.mkdir()
+    (d / RUN_MARKER).write_text("r1\n")
+    (d / "config.yaml").write_text(yaml.safe_dump(TINY))
+    for cmd in ("status", "review", "report"):
+        one_line_error(main(cmd, str(d)), "run.db not found")
+        assert not (d / "run.db").exists()
+    (d / "run.db").write_bytes(os.urandom(8192))
+    for cmd in ("status", "review", "report"):
+        one_line_error(main(cmd, str(d)), "is not a readable run database")
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    one_line_error(main("bench", "scenarios", str(ROOT / "examples/scenarios/mapf-healthy.yaml"), "--quick", "--out",
+                        str(afile)), "afile")
+
+
 # --- end to end: a hostile engineer endpoint through `run` and `resume` ----------------------------------------------
 
 

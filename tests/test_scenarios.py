@@ -132,6 +132,31 @@ def test_scenarios_that_cannot_run_are_refused_with_the_fix(tmp_path):
         scenario_files([tmp_path], ["nope"])
 
 
+def test_a_quick_block_typo_and_an_oracle_equal_to_round0_as_trained_are_refused_by_name(tmp_path):
+    """Before: a typo in `quick:` passed the checks and surfaced mid-call as "oracle: invalid run config: bugdet"
+    (and never without --quick); an oracle whose rate was written `4e-4` (YAML text, the same float once validated) or
+    that spelt out a default (`drop_dead_groups: false`) passed as a defect, so every arm would have trained one
+    harness."""
+    p = _write(tmp_path, quick={"bugdet": {"stages": 1}})
+    assert "quick.bugdet: unknown key" in _error(p)
+    assert "quick.stage.prob_n: unknown key" in _error(_write(tmp_path, quick={"stage": {"prob_n": 4}}))
+    text = _write(tmp_path, "txt").read_text()
+    q = tmp_path / "txt.yaml"
+    q.write_text(text.replace("learning_rate: 0.0001", "learning_rate: 4e-4", 1).replace("    lr_schedule: cosine\n", ""))
+    assert isinstance(yaml.safe_load(q.read_text())["oracle"]["recipe"]["learning_rate"], str)  # YAML's text "4e-4"
+    assert "identical to round0" in _error(q)
+    default = _write(tmp_path, "dflt", oracle={"env": ENV, "recipe": {"learning_rate": 4e-4, "drop_dead_groups": False}})
+    assert "identical to round0" in _error(default)
+
+
+def test_selecting_by_name_skips_another_broken_file(tmp_path):
+    _write(tmp_path, "good")
+    (tmp_path / "broken.yaml").write_bytes(b"scenario: \xff\xfe\n")
+    (tmp_path / "bomb.yaml").write_text("a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a]\n"
+                                        "c: &c [*b, *b, *b, *b, *b, *b, *b, *b]\nscenario: [*c, *c, *c, *c, *c, *c]\n")
+    assert [f.name for f in scenario_files([tmp_path], ["good"])] == ["good.yaml"]
+
+
 def test_recovery_is_the_share_of_the_oracles_gap():
     def r(seed, per, comp=10.0):
         return {"seed": seed, "final_per_instance": per, "compute": comp}

@@ -42,7 +42,7 @@ OPS = ("+", "-", "*")
 class LevelEntry(BaseModel):
     """One difficulty level of the training mix (knob paths `env.levels.<digits>.<field>`)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
     digits: int = Field(..., ge=1, le=6, description="digits per operand, 1..6 (the level's key and its difficulty)")
     data_ratio: float = Field(1.0, ge=0.0, le=1.0, description="share of training instances at this level "
                               "(normalised over levels)")
@@ -67,7 +67,7 @@ class LevelEntry(BaseModel):
 class MathConfig(BaseModel):
     """The generator config: a mixture of difficulty levels."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
     levels: list[LevelEntry] = Field(..., description="per-digit-count entries of the mixture; digits unique")
 
     @field_validator("levels")
@@ -79,7 +79,7 @@ class MathConfig(BaseModel):
 class MathShaping(BaseModel):
     """Reward shaping for math. The task's own scorer (exact match) always decides `valid`; shaping only sets reward."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
     valid_reward: float = Field(1.0, ge=0.0, le=2.0, description="reward of an exactly right answer")
     partial_credit: float = Field(0.0, ge=0.0, le=1.0, description="for a wrong integer of the right length: this "
                                   "times the share of right digits (0: binary reward)")

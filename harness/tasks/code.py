@@ -134,7 +134,7 @@ MAX_VOCAB = max(len(LIST_STEPS), len(STR_STEPS))
 class LevelEntry(BaseModel):
     """One difficulty level of the training mix (knob paths `env.levels.<depth>.<field>`)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
     depth: int = Field(..., ge=1, le=4, description="steps per pipeline, 1..4 (the level's key and its difficulty)")
     data_ratio: float = Field(1.0, ge=0.0, le=1.0, description="share of training problems at this level "
                               "(normalised over levels)")
@@ -150,7 +150,7 @@ class LevelEntry(BaseModel):
 class CodeConfig(BaseModel):
     """The generator config: a mixture of difficulty levels, or (`source: humaneval`) the HumanEval problems."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
     levels: list[LevelEntry] = Field(default_factory=lambda: [LevelEntry(depth=1)],
                                      description="per-depth entries of the mixture; depths unique")
     source: Literal["procedural", "humaneval"] = Field(
@@ -166,7 +166,7 @@ class CodeConfig(BaseModel):
 class CodeShaping(BaseModel):
     """Reward shaping for code. Passing every hidden test always decides `valid`; shaping only sets reward."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
     valid_reward: float = Field(1.0, ge=0.0, le=2.0, description="reward of a program that passes every hidden test")
     partial_credit: float = Field(0.0, ge=0.0, le=1.0, description="for a program that runs: this times the share "
                                   "of hidden tests passed (0: binary reward)")

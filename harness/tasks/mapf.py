@@ -105,7 +105,7 @@ def hole_count(size: int, hole_ratio: float) -> int:
 class SizeEntry(BaseModel):
     """One map size of the training mixture (knob paths `env.sizes.<size>.<field>`)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
     size: int = Field(..., description="side of the square lake, 3..16 (the paper uses 3..10)")
     data_ratio: float = Field(1.0, description="mixture weight of this size (>= 0; normalised over sizes; the "
                               "engineer moves it within 0..1)", json_schema_extra={"knob_range": [0.0, 1.0]})
@@ -173,7 +173,7 @@ class SizeEntry(BaseModel):
 class MAPFConfig(BaseModel):
     """The generator config: a mixture of per-size entries plus a global minimum start-goal distance."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
     sizes: list[SizeEntry] = Field(..., description="per-size entries of the mixture; sizes unique")
     min_distance: int = Field(1, description="minimum shortest-path distance from an agent's start to its goal, >= 1",
                               json_schema_extra={"knob_range": [1, 30]})
@@ -536,7 +536,7 @@ def alphabet() -> str:
 class MAPFShaping(BaseModel):
     """The shaped training reward (knob paths `reward.<field>`). Valid and optimal themselves never change."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
     valid_reward: float = Field(1.0, ge=0.0, le=2.0, description="reward of a valid plan")
     optimal_bonus: float = Field(0.5, description="added when the valid plan also has the optimal makespan")
     partial_credit: float = Field(0.5, ge=0.0, le=1.0, description="for an invalid but parsed plan: this times the "
