@@ -37,6 +37,7 @@ excludes 0).
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -95,6 +96,9 @@ def _one_line(path: Path, exc: ValidationError, prefix: str = "") -> ScenarioErr
     e = exc.errors()[0]
     where = ".".join([p for p in [prefix] if p] + [str(p) for p in e["loc"]]) or "(top level)"
     msg = "unknown key (typo?)" if e["type"] == "extra_forbidden" else e["msg"].removeprefix("Value error, ")
+    section = {"target": "target.", "round0.env": "round0.env.", "oracle.env": "oracle.env."}.get(prefix)
+    if section:  # a generator config's own fix names its fields as a run config's `env.`: name the scenario's
+        msg = re.sub(r"\benv\.", section, msg)
     return ScenarioError(f"{path}: {where}: {msg}")
 
 
@@ -261,8 +265,9 @@ def check(sc: Scenario, path: str | Path) -> None:
     try:
         draw_env(task, sc.target, 8)
     except Exception as exc:  # noqa: BLE001 - any refusal of the generator is the scenario's error
+        said = re.sub(r"\benv\.", "target.", str(exc).splitlines()[0][:200])  # the generator names its own config
         raise ScenarioError(f"{path}: target: the {sc.task} generator cannot draw instances from it: "
-                            f"{str(exc).splitlines()[0][:200]}; fix the target config") from None
+                            f"{said}; fix the target config") from None
     rc = parse_config(run_dict(sc), str(path))
     ck = rc.policy.checkpoint
     if ck and not (Path(ck) / "config.json").is_file():

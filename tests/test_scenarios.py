@@ -147,6 +147,9 @@ def test_a_quick_block_typo_and_an_oracle_equal_to_round0_as_trained_are_refused
     assert "identical to round0" in _error(q)
     default = _write(tmp_path, "dflt", oracle={"env": ENV, "recipe": {"learning_rate": 4e-4, "drop_dead_groups": False}})
     assert "identical to round0" in _error(default)
+    far = _write(tmp_path, "far", target={**ENV, "min_distance": 10})  # the generator's fix names the scenario's field
+    msg = _error(far)
+    assert "lower target.min_distance" in msg and " env." not in msg, msg
 
 
 def test_selecting_by_name_skips_another_broken_file(tmp_path):
