@@ -567,7 +567,10 @@ def load_config(path: str | Path) -> RunConfig:
     from sandbox.yamlload import YamlError, load_yaml
 
     try:
-        data = load_yaml(path) or {}
+        data = load_yaml(path)
     except YamlError as exc:
         raise ConfigError(str(exc)) from None
+    if data is None:  # an empty file would train every default: almost certainly the wrong file or a failed write
+        raise ConfigError(f"{path}: the run config is empty; write at least `task:` (see examples/mapf_quick.yaml), "
+                          "or pass `task: mapf` alone to run on the built-in defaults")
     return parse_config(data, str(path))

@@ -186,7 +186,8 @@ class Workspace:
     def __init__(self, path: str | Path, read_only: bool = False):
         self.path = Path(path)
         if not (self.path / ".git").is_dir():
-            raise NotAHarnessRepo(f"{self.path} is not a harness repo (no .git): create one with Workspace.create(path)")
+            raise NotAHarnessRepo(f"{self.path} is not a harness repo (no .git): a run makes one when it starts "
+                                  "(`evotrainer run`); for a run folder, restore its harness/ from a backup")
         self.repo = git.Repo(self.path)
         with self.repo.config_reader("repository") as cfg:
             marked = cfg.get_value("evotrainer", "harness", default=False)

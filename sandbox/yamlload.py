@@ -9,7 +9,8 @@ Why bounded: YAML aliases repeat an anchored node without copying it, so ~700 by
 (pydantic validation of a free-form mapping, a dump, an error message that prints the input), hanging the CLI until
 memory runs out. Here the composed node graph is measured as if every alias were expanded, before anything is
 constructed, and a document above `MAX_NODES` is refused; so is an alias that refers to its own anchor (a cycle) and
-nesting deeper than Python can walk. The measure costs one pass over the distinct nodes.
+nesting deeper than Python can walk. The measure costs one pass over the distinct nodes; the same pass refuses a mapping
+that names one key twice (PyYAML would keep the last without a word).
 """
 
 from __future__ import annotations
@@ -43,6 +44,13 @@ def _expanded_size(root: yaml.Node, source: str) -> int:
             children = node.value
         elif isinstance(node, yaml.MappingNode):
             children = [c for pair in node.value for c in pair]
+            seen: dict[str, int] = {}
+            for k, _ in node.value:  # PyYAML keeps the last of two equal keys without a word: a typo's silent twin
+                if isinstance(k, yaml.ScalarNode) and k.tag != "tag:yaml.org,2002:merge":
+                    if k.value in seen:
+                        raise YamlError(f"{source}: key {k.value!r} appears twice in one mapping (lines "
+                                        f"{seen[k.value] + 1} and {k.start_mark.line + 1}); keep one")
+                    seen[k.value] = k.start_mark.line
         else:
             children = []
         for child in children:

@@ -319,6 +319,17 @@ def test_bad_environment_and_a_missing_script_are_refused_before_the_run_folder_
     assert not runs.exists()
 
 
+def test_a_key_written_twice_or_an_empty_config_is_refused_in_one_line(tmp_path, main):
+    """Before: PyYAML kept the last of two equal keys (`task: mapf` ... `task: math` trained math), and an empty file
+    trained every built-in default."""
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump(TINY) + "task: math\n")
+    one_line_error(main("run", str(cfg), "--runs-dir", str(tmp_path / "runs")), "'task' appears twice")
+    cfg.write_text("")
+    one_line_error(main("run", str(cfg), "--runs-dir", str(tmp_path / "runs")), "empty")
+    assert not (tmp_path / "runs").exists()
+
+
 def test_a_damaged_or_missing_run_database_is_one_line_and_readers_write_nothing(tmp_path, main):
     """Before: a corrupt run.db was a sqlite3 traceback in status/review/report, and `status` on a folder whose run.db
     was lost created an empty one (and said to start the run)."""
