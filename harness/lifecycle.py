@@ -208,6 +208,28 @@ def _prepare(run_dir: Path, config: RunConfig, progress) -> Run:
     return run
 
 
+def _say_judge_edits(run: Run, config: RunConfig, harness: Path) -> None:
+    """On a resume: the judge is fixed at run start (judge.json), so a config.yaml edited since then cannot move it. Say
+    which of the judge's settings the edit would have changed, instead of resuming as if it applied."""
+    from harness.backtest import Judge
+    from sandbox.workspace import Workspace
+
+    try:
+        ws = Workspace(harness)
+        root = ws.repo.git.rev_list("--max-parents=0", "main").split()[0]
+        now = make_judge(config, ws.files(root), [])
+        fixed = Judge.model_validate_json((run.run_dir / JUDGE_FILE).read_text())
+    except Exception:  # noqa: BLE001 - a note, never a reason to refuse a resume: the fixed judge is what counts
+        return
+    edits = [f"{k} {getattr(fixed, k)!r} -> {getattr(now, k)!r}" for k in Judge.model_fields
+             if k != "env" and getattr(fixed, k) != getattr(now, k)] + (["env"] if fixed.env != now.env else [])
+    if edits:
+        run.event(None, "resume", "warning",
+                  f"config.yaml's judge settings differ from the run's fixed judge ({JUDGE_FILE}): "
+                  f"{', '.join(edits)}; the judge never changes within a run, so this edit has no effect (start a new "
+                  "run to judge differently)")
+
+
 def _apply_threads(run: Run) -> None:
     """The run process's torch threads (`harness.threads`), said once per start or resume."""
     from harness.threads import apply_threads
@@ -252,6 +274,7 @@ def _drive_prepared(run_dir: Path, config: RunConfig, progress, first_input: dic
             for r in run.workspace().repairs:
                 run.event(None, "resume", "repair", r)
             run.event(None, "resume", "resumed", f"resumed {run.id}")
+            _say_judge_edits(run, config, run_dir / "harness")
             if not _has_checkpoint(run_dir, run.id):  # killed before the graph's first checkpoint
                 first_input = {"run_id": run.id, "stage": 0, "log": []}
         run.store.set_run_status(run.id, "running")

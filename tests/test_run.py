@@ -630,3 +630,21 @@ def test_a_second_run_loads_the_warm_start_from_the_cache(tmp_path):
         assert warmstart.lookup(entries[0].name) is None
     finally:
         del os.environ["EVOTRAINER_WARMSTART_CACHE"]
+
+
+def test_a_resume_says_which_judge_settings_an_edited_config_cannot_change(tmp_path):
+    """The judge is fixed at run start (judge.json): before, an edited `backtest.samples` in config.yaml resumed in
+    silence, as if it applied."""
+    from harness.lifecycle import _say_judge_edits, open_run
+
+    cfg = parse_config(TINY, "test")
+    run = open_run(tmp_path / "runs" / "j", cfg)
+    try:
+        _say_judge_edits(run, cfg, run.run_dir / "harness")
+        edited = parse_config({**TINY, "backtest": {**TINY["backtest"], "samples": 3}}, "test")
+        _say_judge_edits(run, edited, run.run_dir / "harness")
+        said = [e["message"] for e in run.store.events(run.id) if e["kind"] == "warning" and "fixed judge" in e["message"]]
+    finally:
+        run.close()
+        run.store.close()
+    assert len(said) == 1 and "samples 4 -> 3" in said[0] and "no effect" in said[0], said  # the unedited one: silent
