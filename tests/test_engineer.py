@@ -142,6 +142,12 @@ def test_scripted_jsonl_and_missing_file(tmp_path, lib):
     assert res.engineer_used == "rule" and any("not found" in n for n in res.notes)
     with pytest.raises(ValueError, match="needs script"):
         EngineerConfig(kind="scripted")
+    for name, line in (("deep", "[" * 100_000), ("digits", "9" * 5000)):  # past the stack; past int's digit limit
+        bad = tmp_path / f"{name}.jsonl"
+        bad.write_text(line + "\n")
+        res = propose(EngineerConfig(kind="scripted", script=str(bad)), _diag(stage=0), lib, 1,
+                      np.random.default_rng(0), space=SPACE)  # before: RecursionError / ValueError out of propose()
+        assert res.engineer_used == "rule" and any("cannot hold" in n for n in res.notes), res.notes
 
 
 # --- rule engineer ----------------------------------------------------------------------------------------------------

@@ -47,6 +47,9 @@ def load_script(path: Path) -> list[Any]:
             except json.JSONDecodeError as exc:
                 raise ScriptError(f"engineer script {path} line {n}: not JSON ({exc.msg}); each line is one stage's "
                                   "reply (an object, a string, or a list of attempts)") from None
+            except (RecursionError, ValueError) as exc:  # nesting past Python's stack, a number past int's digit limit
+                raise ScriptError(f"engineer script {path} line {n}: JSON this reader cannot hold "
+                                  f"({type(exc).__name__}: {str(exc)[:120]}); shorten that line") from None
         return rounds
     raise ScriptError(f"engineer script {path}: unknown extension {path.suffix!r}; use .yaml, .yml or .jsonl")
 
