@@ -787,6 +787,13 @@ def eval_cmd(
 
     model, tok = load_policy(ckpt)  # a missing checkpoint is the first error the user sees
     t = get_task(task)
+    from harness.policy_glue import read_policy_meta
+    from harness.terminal import shown
+
+    if (trained := read_policy_meta(ckpt).get("task")) and trained != task:
+        err.print(f"warning: {shown(str(ckpt))} was trained on task {shown(str(trained))} (its evotrainer.json), and "
+                  f"is scored here on {task}: pass --task {shown(str(trained))} to score it on its own task",
+                  highlight=False)
     if style is not None and style not in t.spec.styles:
         raise UserError(f"unknown --style {style!r}; choose one of: {', '.join(t.spec.styles)}")
     style = style or checkpoint_style(t, ckpt, tok)
