@@ -14,11 +14,16 @@ from them. It lives outside the sandbox, next to the gate (`harness.backtest`): 
 The procedure, at the gate's alpha (`gate.confidence`):
 - it runs without error on the held-out rollouts and on their solved subset, where it raises no warn/critical finding
   (a finding must stay silent where nothing fails);
-- a VETO must block a planted invalid high-scoring arm (control: half of the held-out instances; candidate: the other
-  half, every rollout made a failure and scored as this run's reward can score it: paid more than any held-out
-  rollout, or, when the reward is validity itself (`diagnostics.reward_is_validity`), paid the failure's reward,
-  since then no failing arm can score high) and must block none of `AA_SPLITS` x 2 A/A pairs (two halves of the same
-  held-out rollouts, so the same policies, split at random by instance, in both orders);
+- a VETO must block a planted invalid high-scoring arm (control: one side of an A/A pair; candidate: the other side,
+  every rollout made a failure and scored as this run's reward can score it: paid more than any held-out rollout,
+  or, when the reward is validity itself (`diagnostics.reward_is_validity`), paid the failure's reward, since then
+  no failing arm can score high) and must block none of its A/A pairs, each in both orders, the same policies on
+  both sides: `AA_SPLITS` halves of the held-out rollouts by instance (`_split`, noisier than sampling alone, as live
+  arms differ by their training), and, once earlier stages left enough backtest rollouts, `AA_SPLITS` pairs shaped
+  as the live gate's (`_live_split`: both arms on the same backtest instances, each instance's samples dealt between
+  them). A veto is code and can still tell a replay from a live pair by something no replay copies (half the
+  samples per instance, say): the check bounds honest mistakes and the plain ways of gaming it, not every deception,
+  and a veto can only ever block;
 - a FINDING (warn or critical) that fires on the held-out rollouts must hold there. A finding on a slice claims that
   the slice fails more than the rest: with one rollout per instance (the first seen, so the units are independent
   draws) the slice's failure rate must exceed the rest's with one-sided Wilson score bounds (Wilson 1927; Brown, Cai
@@ -51,7 +56,7 @@ from typing import TYPE_CHECKING
 
 from harness import diagnostics as D
 from harness.records import Finding, Rollout, Verdict, cut, read_rollouts
-from harness.seeds import check_split
+from harness.seeds import check_split, split_of
 from sandbox.runner import Limits
 
 if TYPE_CHECKING:
@@ -139,11 +144,35 @@ def slice_claim(f: Finding, units: list[Rollout], alpha: float) -> tuple[bool | 
 
 
 def _split(rollouts: list[Rollout], rng: random.Random) -> tuple[list[Rollout], list[Rollout]]:
-    """Two halves of the rollouts by instance (every rollout of a seed on the same side): an A/A pair."""
+    """Two halves of the rollouts by instance (every rollout of a seed on the same side): an A/A pair whose two sides
+    differ by which instances they hold, as two live arms differ by their training (noisier than sampling alone)."""
     seeds = sorted({r.seed for r in rollouts})
     rng.shuffle(seeds)
-    a = set(seeds[: len(seeds) // 2])
-    return [r for r in rollouts if r.seed in a], [r for r in rollouts if r.seed not in a]
+    first = set(seeds[: len(seeds) // 2])
+    return [r for r in rollouts if r.seed in first], [r for r in rollouts if r.seed not in first]
+
+
+def _live_split(rollouts: list[Rollout], rng: random.Random) -> tuple[list[Rollout], list[Rollout]] | None:
+    """An A/A pair shaped as the live gate's pairs are: both sides on the SAME backtest instances, each group's samples
+    (one arm's completions of one instance) dealt at random between them, so a veto sees backtest seeds only and one
+    seed set in both arms, as at the gate. A veto that blocked only what looks live (no probe seed, one seed set)
+    passed the instance halves, was promoted, and then blocked every live candidate. None while earlier stages have
+    left fewer than MIN_HELDOUT_INSTANCES backtest instances with two or more samples."""
+    groups: dict[int, list[Rollout]] = {}
+    for r in rollouts:
+        if split_of(r.seed) == "backtest":
+            groups.setdefault(r.group, []).append(r)
+    live = [g for _, g in sorted(groups.items()) if len(g) >= 2]
+    if len({g[0].seed for g in live}) < MIN_HELDOUT_INSTANCES:
+        return None
+    a: list[Rollout] = []
+    b: list[Rollout] = []
+    for g in live:
+        g = list(g)
+        rng.shuffle(g)
+        a += g[: len(g) // 2]
+        b += g[len(g) // 2:]
+    return a, b
 
 
 def planted_invalid_arm(control: list[Rollout], candidate: list[Rollout], heldout: list[Rollout]
@@ -227,15 +256,16 @@ def judge_diagnostic(candidate: str, path: str, source: str, heldout: list[Rollo
     if D._defines(source, "veto"):  # the same parse the gate's `veto_one` uses to skip files without a veto
         rng = random.Random(seed)
         blocked = []
-        pairs = [_split(heldout, rng) for _ in range(AA_SPLITS)]
+        pairs = [_split(heldout, rng) for _ in range(AA_SPLITS)]  # noisier than sampling: honest noise shows
+        pairs += [p for _ in range(AA_SPLITS) if (p := _live_split(heldout, rng)) is not None]  # the gate's shape
         for a, b in pairs:
             for c, k in ((a, b), (b, a)):
                 if why := D.veto_one(path, source, c, k, D.arm_metrics(c), D.arm_metrics(k), limits):
                     blocked.append(why)
         if blocked:
             details.append(blocked[0])
-            return rejected(f"its veto blocks {len(blocked)} of {2 * len(pairs)} A/A pairs (two halves of {where}, "
-                            f"the same policies){' (it failed to run)' if 'veto failed' in blocked[0] else ''}")
+            return rejected(f"its veto blocks {len(blocked)} of {2 * len(pairs)} A/A pairs (from {where}, "
+                            f"the same policies on both sides){' (it failed to run)' if 'veto failed' in blocked[0] else ''}")
         ctrl, cand, label = planted_invalid_arm(*pairs[0], heldout)
         why = D.veto_one(path, source, ctrl, cand, D.arm_metrics(ctrl), D.arm_metrics(cand), limits)
         if not why:

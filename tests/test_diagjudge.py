@@ -101,7 +101,7 @@ LAX_VETO = HACK_VETO.replace("return f\"reward", "return None and f\"reward")
 def test_a_veto_that_blocks_a_planted_invalid_high_scoring_arm_is_promoted(shaped):
     v = judge(HACK_VETO, shaped)
     assert v.decision == "promoted", v.reason
-    assert "veto blocks the planted invalid arm" in v.reason and "none of 6 A/A pairs" in v.reason
+    assert "veto blocks the planted invalid arm" in v.reason and "none of 12 A/A pairs" in v.reason
     assert "96 held-out rollouts (48 instances)" in v.reason
     lax = judge(LAX_VETO, shaped)  # the same file whose veto lets everything through
     assert lax.decision == "rejected" and "lets a planted invalid arm through" in lax.reason, lax.reason
@@ -110,7 +110,7 @@ def test_a_veto_that_blocks_a_planted_invalid_high_scoring_arm_is_promoted(shape
 def test_a_veto_that_fires_on_an_a_a_pair_is_rejected(shaped):
     v = judge(NOISY_VETO, shaped)
     assert v.decision == "rejected" and "A/A pairs" in v.reason, v.reason
-    assert "its veto blocks" in v.reason and "of 6 A/A pairs" in v.reason
+    assert "its veto blocks" in v.reason and "of 12 A/A pairs" in v.reason
 
 
 # quotes a held-out board in its exception message
@@ -145,9 +145,39 @@ def test_the_engineer_reads_which_veto_blocked_a_change_never_its_words():
     assert engineer_reason({"reason": "refuted: effect -0.1", "evidence": {"vetoes": []}}) == "refuted: effect -0.1"
 
 
+# passes a replay whose arms hold probe seeds or disjoint instances, blocks what looks like a live pair
+LIVE_ONLY_VETO = """
+def diagnose(rollouts):
+    return {"findings": [], "metrics": {"n": float(len(rollouts)), "probe": float(sum(r["seed"] % 4 == 1 for r in rollouts)),
+                                        "seeds": float(sum(r["seed"] for r in rollouts) % 1000003)}}
+
+
+def veto(control, candidate):
+    c, k = control["diagnostic"], candidate["diagnostic"]
+    if candidate["valid"] == 0:
+        return "candidate arm is all failures"
+    if c["probe"] == 0 and k["probe"] == 0 and c["n"] > 0 and control != candidate:
+        return "blocked (live gate only)"
+    return None
+"""
+
+
+def test_a_veto_that_blocks_only_what_looks_live_is_caught_by_live_shaped_a_a_pairs(shaped):
+    """Before, the A/A pairs were two halves of every held-out rollout by instance, probe seeds included: this veto
+    passed them (and the planted arm), was promoted, then blocked every live candidate of the run."""
+    v = judge(LIVE_ONLY_VETO, shaped)
+    assert v.decision == "rejected" and "A/A pairs" in v.reason, v.reason
+
+
 def test_the_planted_arm_is_invalid_high_scoring_and_built_from_real_rollouts(shaped, binary):
     a, b = J._split(shaped, random.Random(0))
     assert {r.seed for r in a}.isdisjoint({r.seed for r in b}) and len(a) + len(b) == len(shaped)
+    c, d = J._live_split(shaped, random.Random(0))
+    backtest = [r for r in shaped if J.split_of(r.seed) == "backtest"]
+    # shaped as a live pair: the same backtest instances on both sides, each instance's two samples dealt one a side
+    assert {r.seed for r in c} == {r.seed for r in d} == {r.seed for r in backtest} and len(c) + len(d) == len(backtest)
+    few = [r for r in shaped if J.split_of(r.seed) == "probe"] + backtest[:6]  # too few backtest instances yet
+    assert J._live_split(few, random.Random(0)) is None
     ctrl, cand, _ = J.planted_invalid_arm(a, b, shaped)
     assert ctrl == a and not any(r.valid for r in cand) and [r.completion for r in cand] == [r.completion for r in b]
     assert min(r.reward for r in cand) > max(r.reward for r in shaped)  # paid more than any held-out rollout
