@@ -66,8 +66,11 @@ def main() -> None:
         fail(_problems(exc), exit_with=sys.exit)
     except (UserError, ValueError, FileNotFoundError, WorkspaceError) as exc:  # they carry their fix
         fail(" ".join(str(exc).split()), exit_with=sys.exit)
-    except (FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError) as exc:  # a path the user gave
-        fail(f"{exc.filename}: {exc.strerror.lower() if exc.strerror else exc}; choose another path", exit_with=sys.exit)
+    except (FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError) as exc:  # a path, named
+        if exc.filename is None:
+            raise
+        fail(f"cannot use {exc.filename}: {(exc.strerror or str(exc)).lower()}; check the path (an --out or --runs-dir "
+             "that is a file, a folder without write permission)", exit_with=sys.exit)
 
 
 def _problems(exc) -> str:

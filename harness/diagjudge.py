@@ -129,8 +129,8 @@ def slice_claim(f: Finding, units: list[Rollout], alpha: float) -> tuple[bool | 
     where = ",".join(f"{k}={v}" for k, v in f.slice.items()) or "all"
     if not f.slice or not rest:
         return None, f"{f.code} ({where}) names no slice apart from the rest"
-    if not inside:
-        return False, f"{f.code} claims slice {where}, which no held-out instance has"
+    if not inside:  # its values are then the code's own text, not a slice of the held-out data: keys only
+        return False, f"{f.code} claims a slice on {', '.join(sorted(f.slice))[:80]} that no held-out instance has"
     ki, kr = sum(not r.valid for r in inside), sum(not r.valid for r in rest)
     lo = wilson_bound(ki, len(inside), alpha / 2, upper=False)
     hi = wilson_bound(kr, len(rest), alpha / 2, upper=True)

@@ -835,6 +835,7 @@ def _rollout_json(rollouts: list[Rollout]) -> list[dict[str, Any]]:
 
 _CODE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 MESSAGE_CHARS = 500  # a finding's message as the engineer reads it, every stage: long enough to say why, no longer
+SLICE_CHARS = 60  # a slice's key and value together: a category (size=5, digits=3), never an instance's text
 
 
 def _parse_result(name: str, value: Any) -> DiagnosticResult:
@@ -867,6 +868,10 @@ def _parse_result(name: str, value: Any) -> DiagnosticResult:
         f["examples"] = [str(e)[:EXAMPLE_CHARS] for e in examples][:3]
         if isinstance(f.get("message"), str):
             f["message"] = f["message"][:MESSAGE_CHARS]
+        if isinstance(f.get("slice"), dict) and any(len(str(k)) + len(str(v)) > SLICE_CHARS
+                                                    for k, v in f["slice"].items()):
+            raise DiagnosticError(f"finding {f['code']}: a slice key and value of at most {SLICE_CHARS} characters "
+                                  "(a slice names a category of instances, e.g. size=5)")
         if isinstance(f.get("count"), bool):
             raise DiagnosticError(f"finding {f['code']}: `count` must be a whole number, got {f['count']!r}")
         try:

@@ -208,26 +208,25 @@ def _prepare(run_dir: Path, config: RunConfig, progress) -> Run:
     return run
 
 
-def _say_judge_edits(run: Run, config: RunConfig, harness: Path) -> None:
-    """On a resume: the judge is fixed at run start (judge.json), so a config.yaml edited since then cannot move it. Say
-    which of the judge's settings the edit would have changed, instead of resuming as if it applied."""
-    from harness.backtest import Judge
-    from sandbox.workspace import Workspace
+JUDGE_INPUTS = ("env", "samples", "temperature", "max_new_tokens")  # the backtest settings the judge is made from
 
+
+def _say_judge_edits(run: Run, config: RunConfig) -> None:
+    """On a resume: the judge is fixed at run start (judge.json), so a config.yaml edited since then cannot move it. Say
+    which of the judge's settings were edited (config.yaml against the config run.db recorded at start), instead of
+    resuming as if the edit applied."""
     try:
-        ws = Workspace(harness)
-        root = ws.repo.git.rev_list("--max-parents=0", "main").split()[0]
-        now = make_judge(config, ws.files(root), [])
-        fixed = Judge.model_validate_json((run.run_dir / JUDGE_FILE).read_text())
+        started = (run.store.get_run(run.id)["config"] or {}).get("backtest") or {}
     except Exception:  # noqa: BLE001 - a note, never a reason to refuse a resume: the fixed judge is what counts
         return
-    edits = [f"{k} {getattr(fixed, k)!r} -> {getattr(now, k)!r}" for k in Judge.model_fields
-             if k != "env" and getattr(fixed, k) != getattr(now, k)] + (["env"] if fixed.env != now.env else [])
+    now = config.backtest.model_dump(mode="json")
+    edits = [f"backtest.{k} {started.get(k)!r} -> {now.get(k)!r}" if k != "env" else "backtest.env"
+             for k in JUDGE_INPUTS if k in started and started.get(k) != now.get(k)]
     if edits:
         run.event(None, "resume", "warning",
-                  f"config.yaml's judge settings differ from the run's fixed judge ({JUDGE_FILE}): "
-                  f"{', '.join(edits)}; the judge never changes within a run, so this edit has no effect (start a new "
-                  "run to judge differently)")
+                  f"config.yaml's judge settings were edited since the run started: {', '.join(edits)}; the judge is "
+                  f"fixed at start ({JUDGE_FILE}) and never changes within a run, so the edit has no effect (start a "
+                  "new run to judge differently)")
 
 
 def _apply_threads(run: Run) -> None:
@@ -274,7 +273,7 @@ def _drive_prepared(run_dir: Path, config: RunConfig, progress, first_input: dic
             for r in run.workspace().repairs:
                 run.event(None, "resume", "repair", r)
             run.event(None, "resume", "resumed", f"resumed {run.id}")
-            _say_judge_edits(run, config, run_dir / "harness")
+            _say_judge_edits(run, config)
             if not _has_checkpoint(run_dir, run.id):  # killed before the graph's first checkpoint
                 first_input = {"run_id": run.id, "stage": 0, "log": []}
         run.store.set_run_status(run.id, "running")
@@ -363,7 +362,7 @@ def answer_gate(ref: str | Path, action: str, feedback: str = "", runs_dir: str 
     run_dir = find_run(ref, runs_dir)
     lock = acquire_lock(run_dir, run_dir.name)
     try:
-        store = RunStore.open(run_dir / "run.db")
+        store = RunStore.open(run_dir / "run.db", create=False)
         try:
             status = store.get_run(run_dir.name)["status"]
         finally:

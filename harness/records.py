@@ -128,11 +128,12 @@ class Finding(BaseModel):
     @field_validator("slice")
     @classmethod
     def _storable_slice(cls, v: dict[str, str]) -> dict[str, str]:
-        """The store keeps a slice as `k=v,k=v`: a key or value with ',' or '=' (or empty) could not be read back."""
+        """The store keeps a slice as `k=v,k=v` and reads each pair at its first '=': a ',' anywhere, an '=' in a key
+        or an empty key could not be read back (an '=' in a value can: `range=<=5`)."""
         for k, x in v.items():
-            if not k or any(ch in s for s in (k, x) for ch in ",=\n"):
-                raise ValueError(f"slice {k!r}={x!r}: a key must be non-empty and neither may hold ',', '=' or a newline "
-                                 "(the store writes a slice as k=v,k=v)")
+            if not k or "=" in k or any(ch in s for s in (k, x) for ch in ",\n"):
+                raise ValueError(f"slice {k!r}={x!r}: a key must be non-empty without '='; neither may hold ',' or a "
+                                 "newline (the store writes a slice as k=v,k=v)")
         return v
 
 

@@ -98,7 +98,7 @@ def _one_line(path: Path, exc: ValidationError, prefix: str = "") -> ScenarioErr
     msg = "unknown key (typo?)" if e["type"] == "extra_forbidden" else e["msg"].removeprefix("Value error, ")
     section = {"target": "target.", "round0.env": "round0.env.", "oracle.env": "oracle.env."}.get(prefix)
     if section:  # a generator config's own fix names its fields as a run config's `env.`: name the scenario's
-        msg = re.sub(r"\benv\.", section, msg)
+        msg = re.sub(r"(?<![\w.])env\.", section, msg)  # not inside `backtest.env.`
     return ScenarioError(f"{path}: {where}: {msg}")
 
 
@@ -172,7 +172,7 @@ def _check_sections(sc: Scenario, path: Path) -> None:
         raise _one_line(path, exc, "run") from None
     if sc.quick:  # --quick's sizing is checked now, under its own name, not first seen as "oracle: ..." mid-call
         try:
-            RunConfig.model_validate(_merge(sc.run, sc.quick))
+            RunConfig.model_validate(run_dict(sc, quick=True))  # what --quick runs, its own overrides included
         except ValidationError as exc:
             raise _one_line(path, exc, "quick") from None
 
@@ -265,7 +265,7 @@ def check(sc: Scenario, path: str | Path) -> None:
     try:
         draw_env(task, sc.target, 8)
     except Exception as exc:  # noqa: BLE001 - any refusal of the generator is the scenario's error
-        said = re.sub(r"\benv\.", "target.", str(exc).splitlines()[0][:200])  # the generator names its own config
+        said = re.sub(r"(?<![\w.])env\.", "target.", str(exc).splitlines()[0][:200])  # the generator names its own config
         raise ScenarioError(f"{path}: target: the {sc.task} generator cannot draw instances from it: "
                             f"{said}; fix the target config") from None
     rc = parse_config(run_dict(sc), str(path))

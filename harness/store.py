@@ -280,12 +280,15 @@ class RunStore:
             raise StoreError(f"{path} not found: {path.parent} is not a run folder, or its database was deleted "
                              "(restore run.db from a backup; the checkpoints and harness/ alone cannot be read as a run)")
         path.parent.mkdir(parents=True, exist_ok=True)
+        db = None
         try:
             db = open_db(path)
             migrate(db)
         except sqlite3.DatabaseError as exc:
-            if isinstance(exc, sqlite3.OperationalError):  # busy or locked: a real condition, not a damaged file
+            if type(exc) is not sqlite3.DatabaseError:  # locked, a migration's integrity error: not a damaged file
                 raise
+            if db is not None:
+                db.close()
             raise StoreError(f"{path} is not a readable run database ({exc}); restore it from a backup, or move it "
                              "aside to start the run afresh") from None
         return cls(db, path)

@@ -130,7 +130,7 @@ def _commit_trailers(message: str) -> dict[str, str]:
 def _stage_of(info: dict[str, str], where: str) -> str:
     """The Stage trailer as a decimal integer (it names the promotion tag): a damaged one is refused by name."""
     stage = info.get("Stage", "0").strip()
-    if not stage.isdigit():
+    if not re.fullmatch(r"[0-9]+", stage):
         raise WorkspaceDamaged(f"{where} has Stage trailer {stage!r}, not a whole number: the promotion tag "
                                "promoted/<stage>-<id> cannot be named from it")
     return str(int(stage))
@@ -461,16 +461,17 @@ class Workspace:
     def _repair_decisions(self) -> list[str]:
         done = []
         tags = {t.name for t in self.repo.tags}
+        tagged = {t.commit.hexsha for t in self.repo.tags if t.name.startswith("promoted/")}
         # a promotion merged into main but not yet tagged (crash between merge and tag)
         for c in self.repo.iter_commits("main", first_parent=True):
             if len(c.parents) != 2:
                 continue
             info = _trailers(c.message)
-            tail = _commit_trailers(c.message)
-            cid = tail.get("Candidate")
-            if info.get("Verdict") != "promoted" or not cid:
-                continue
-            stage = _stage_of(tail, f"promotion merge {c.hexsha[:12]}")
+            cid = _commit_trailers(c.message).get("Candidate")
+            if info.get("Verdict") != "promoted" or not cid or c.hexsha in tagged:
+                continue  # tagged already (a repo an older version wrote may carry a non-numeric stage in its tag)
+            # the candidate commit's own Stage (what `propose` wrote, a whole number), not the merge's copy of it
+            stage = _stage_of(_commit_trailers(c.parents[1].message), f"candidate commit {c.parents[1].hexsha[:12]}")
             if f"promoted/{stage}-{cid}" not in tags:
                 block = c.message.split("\n\n", 1)[1].rsplit("\n\nCandidate:", 1)[0]
                 self.repo.git.tag("-a", f"promoted/{stage}-{cid}", c.hexsha,

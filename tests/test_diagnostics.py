@@ -307,7 +307,8 @@ def _returns(body: str) -> str:
     ('{"findings": [{"code": "x", "rate": float("nan")}]}', "rate"),
     ('{"findings": [{"code": "x", "rate": float("inf")}]}', "rate"),
     ('{"findings": [{"code": "x", "slice": {"a,b": "x"}}]}', "slice"),
-    ('{"findings": [{"code": "x", "slice": {"size": "4=5"}}]}', "slice"),
+    ('{"findings": [{"code": "x", "slice": {"a=b": "5"}}]}', "slice"),
+    ('{"findings": [{"code": "x", "slice": {"size": "B....a.." * 20}}]}', "a slice key and value of at most"),
     ('{"findings": [{"code": "x", "slice": []}]}', "slice"),
     ('{"findings": [{"code": "two words\\nand a line"}]}', "must be an identifier"),
     ('{"findings": [{"code": "x", "count": True}]}', "count"),
@@ -332,6 +333,9 @@ def test_a_long_message_is_cut_and_a_good_result_round_trips_through_the_store(t
     store.create_run("r", {})
     store.record_findings("r", 1, res.findings)
     assert store.findings("r", stage=1) == res.findings
+    ranged = [D.Finding(code="evolved.d.r", slice={"range": "<=5"})]  # an '=' in a value reads back at the first '='
+    store.record_findings("r", 2, ranged)
+    assert store.findings("r", stage=2) == ranged
 
 
 def test_an_evolved_example_that_names_a_held_out_seed_is_that_diagnostics_error_not_the_diagnosis_crash():

@@ -640,11 +640,11 @@ def test_a_resume_says_which_judge_settings_an_edited_config_cannot_change(tmp_p
     cfg = parse_config(TINY, "test")
     run = open_run(tmp_path / "runs" / "j", cfg)
     try:
-        _say_judge_edits(run, cfg, run.run_dir / "harness")
+        _say_judge_edits(run, cfg)
         edited = parse_config({**TINY, "backtest": {**TINY["backtest"], "samples": 3}}, "test")
-        _say_judge_edits(run, edited, run.run_dir / "harness")
-        said = [e["message"] for e in run.store.events(run.id) if e["kind"] == "warning" and "fixed judge" in e["message"]]
+        _say_judge_edits(run, edited)
+        said = [e["message"] for e in run.store.events(run.id) if e["kind"] == "warning" and "judge settings" in e["message"]]
     finally:
         run.close()
         run.store.close()
-    assert len(said) == 1 and "samples 4 -> 3" in said[0] and "no effect" in said[0], said  # the unedited one: silent
+    assert len(said) == 1 and "backtest.samples 4 -> 3" in said[0] and "no effect" in said[0], said  # the unedited one: silent

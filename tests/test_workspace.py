@@ -355,3 +355,23 @@ def test_a_damaged_stage_trailer_is_refused_before_the_merge(ws):
     with pytest.raises(WorkspaceDamaged, match="Stage trailer 'one'"):
         ws.promote("s1-c1", EV, "won")
     assert ws.head() == head and ws.pending() == ["s1-c1"]  # nothing merged: never half-promoted
+
+
+def test_a_repo_an_older_version_wrote_with_a_non_numeric_stage_still_reopens(ws):
+    """Before this version, a rationale line `Stage: v2` was copied into the merge and tagged `promoted/v2-<id>`; a
+    crash between such a merge and its tag left `Stage: early collapse` in an untagged merge. Both must reopen: the
+    tagged one as it is, the untagged one tagged from its candidate commit's own (numeric) stage."""
+    ws.propose("a", temp_change(ws, "0.7"), "s", "r", "recipe.temperature", 1)
+    ws.propose("b", {"recipe.yaml": ws.read("recipe.yaml").replace("steps: 50", "steps: 9")}, "s", "r",
+               "recipe.steps", 2)
+    for cid, stage, tag in (("a", "v2", True), ("b", "early collapse", False)):
+        msg = (f"Promote {cid}: s\n\nVerdict: promoted\nReason: won\nEvidence: {{}}\n\nCandidate: {cid}\n"
+               f"Stage: {stage}\nFactor: x\n")
+        sh(ws.path, "merge", "--no-ff", "--no-verify", "-m", msg, f"cand/{cid}")
+        sh(ws.path, "branch", "-D", f"cand/{cid}")
+        if tag:
+            sh(ws.path, "tag", "-a", f"promoted/{stage}-{cid}", "HEAD", "-m", f"Promoted {cid}: s\n\n"
+               "Verdict: promoted\nReason: won\nEvidence: {}\n")
+    ws2 = Workspace(ws.path)
+    assert ws2.repairs == ["tagged the untagged promotion of b (promoted/2-b)"], ws2.repairs
+    assert "promoted/v2-a" in sh(ws.path, "tag")
