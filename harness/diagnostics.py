@@ -662,10 +662,15 @@ def target_view(task: Any, target: list[Rollout], target_config: Any, train_conf
     by_slice: dict[str, dict[str, float]] = {}
     for k in slice_keys_of(target):
         by_slice.update(slice_stats(target, k))
+    every = {*tshare, *mshare}  # a mix value the target lacks is weight spent off the target: it counts too
+    distance = 0.5 * sum(abs(mshare.get(v, 0.0) - tshare.get(v, 0.0)) for v in every)
+    mix_only = {v: round(w, 4) for v, w in sorted(mshare.items(), key=lambda x: _order_key(x[0]))
+                if v not in tshare and w > 0}
     return TargetView(slice_key=key, overall=overall_stats(target), slices=slices, by_slice=by_slice,
                       previous_valid=overall_stats(previous)["valid"] if previous else None, train_valid=train_valid,
                       shares_from=src, config=target_config.model_dump(mode="json"),
-                      differs=config_differences(train_config, target_config, task.spec.entry_key))
+                      differs=config_differences(train_config, target_config, task.spec.entry_key),
+                      mix_distance=round(distance, 4), mix_only=mix_only)
 
 
 def _fell(now: float, n_now: int, before: float, n_before: int) -> bool:
@@ -716,11 +721,13 @@ def target_findings(view: TargetView | None, probe: list[Rollout], previous: lis
     for r in previous or []:
         prev_by[r.slices.get(view.slice_key)].append(r)
     k = view.slice_key
-    tv = 0.5 * sum(abs(s.mix_share - s.target_share) for s in view.slices)
+    tv = view.mix_distance if view.mix_distance is not None else \
+        0.5 * sum(abs(s.mix_share - s.target_share) for s in view.slices)
     metrics["target_mix_distance"] = round(tv, 4)
     target_valid = view.overall.get("valid", 0.0)
     if tv >= MIX_FAR and target_valid < MASTERED:
-        shares = ", ".join(f"{k}={s.value} {s.mix_share:.2f} vs {s.target_share:.2f}" for s in view.slices)
+        shares = ", ".join([f"{k}={s.value} {s.mix_share:.2f} vs {s.target_share:.2f}" for s in view.slices]
+                           + [f"{k}={v} {w:.2f} vs 0.00 (not in the target)" for v, w in view.mix_only.items()])
         findings.append(Finding(
             code="target.mix_far", severity="critical", count=sum(s.n for s in view.slices), rate=round(tv, 4),
             knobs=["env.mixture"],

@@ -200,6 +200,11 @@ class TargetView(BaseModel):
                                           "as JSON): what `env.target` makes the training env")
     differs: list[str] = Field(default_factory=list, description="the ways the training env differs from the target, "
                                "in words, one per finer change (`harness.tasks.knobs.config_differences`)")
+    mix_distance: float | None = Field(None, description="total variation between the mix's and the target's shares "
+                                       "over every value of slice_key either has (the mix's weight on values the "
+                                       "target lacks included); None in diagnoses written before it")
+    mix_only: dict[str, float] = Field(default_factory=dict, description="the mix's shares on values of slice_key "
+                                       "the target does not have")
 
 
 class Diagnosis(BaseModel):

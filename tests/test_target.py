@@ -441,3 +441,18 @@ def test_the_too_hard_example_loads_and_shares_the_demos_warm_start():
     assert (hard.policy, hard.seed, hard.style) == (demo.policy, demo.seed, demo.style)
     share = ("sft_examples", "sft_steps", "teacher_noise")
     assert [getattr(hard.warm_start, k) for k in share] == [getattr(demo.warm_start, k) for k in share]
+
+
+def test_the_mix_distance_counts_the_mixs_weight_on_slices_the_target_lacks():
+    """Before, the total variation summed only over the target's slices, so a mix 45% off the target (its weight on
+    3x3 boards, which the target has none of) read 0.225 and `target.mix_far` (0.3) stayed silent; a mix that missed
+    the target entirely read 0.50 beside shares of 0.00 vs 1.00."""
+    entry = {"hole_ratio": 0.2, "wait_ratio": 0.5, "agents": 2}
+    four = {"min_distance": 1, "sizes": [{"size": 4, "data_ratio": 1.0, **entry}]}
+    mix = {"min_distance": 1, "sizes": [{"size": 3, "data_ratio": 0.45, **entry}, {"size": 4, "data_ratio": 0.55, **entry}]}
+    recipe = yaml.safe_load((ROOT / "sandbox" / "template" / "recipe.yaml").read_text())
+    d = D.build_diagnosis(MAPF, 1, roll(mix, {3: 0.5, 4: 0.25}, n=16), mix, recipe, [], 2, None, state="s0",
+                          env_stats={}, target=roll(four, {4: 0.25}, n=16, start=100), target_config=four)
+    assert d.metrics["target_mix_distance"] == pytest.approx(0.45)
+    far = [f for f in d.findings if f.code == "target.mix_far"]
+    assert far and far[0].rate == pytest.approx(0.45) and "size=3 0.45 vs 0.00 (not in the target)" in far[0].message
