@@ -180,9 +180,10 @@ def _prepare(run_dir: Path, config: RunConfig, progress) -> Run:
     from sandbox.workspace import NotAHarnessRepo, Workspace
 
     harness = run_dir / "harness"
+    repaired: list[str] = []
     if harness.exists():
         try:
-            Workspace(harness)
+            repaired = Workspace(harness).repairs  # a crash's leftovers, repaired on this first open: said below
         except NotAHarnessRepo:
             if not (is_run_dir(run_dir) and harness.is_dir() and not harness.is_symlink()
                     and (not any(harness.iterdir()) or _half_made_harness(harness, config))):
@@ -190,6 +191,8 @@ def _prepare(run_dir: Path, config: RunConfig, progress) -> Run:
                                "move it away, or point evotrainer at a run folder it created") from None
             shutil.rmtree(harness)
     run = _open(run_dir, config, progress)
+    for r in repaired:  # before: the driver asked a second open, which had nothing left to repair, so none was said
+        run.event(None, "resume", "repair", r)
     if not harness.exists():
         Workspace.create(harness, files_override=initial_files(config) or None)
     notes: list[str] = []

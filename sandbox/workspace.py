@@ -426,6 +426,14 @@ class Workspace:
         if lock.exists():
             lock.unlink()
             done.append("removed a stale .git/index.lock (a git command was interrupted)")
+        # a git command killed while updating refs leaves its lock (and packed-refs' temp file): every later ref update
+        # then fails ("Unable to create ... .lock: File exists"). Only the run's driver repairs, under the run lock, so
+        # no live git process owns them; removing a lock keeps the ref as it was before the interrupted update.
+        stale = [gd / "packed-refs.lock", gd / "packed-refs.new", gd / "HEAD.lock", gd / "config.lock",
+                 *sorted((gd / "refs").rglob("*.lock"))]
+        for f in (f for f in stale if f.is_file()):
+            f.unlink()
+            done.append(f"removed a stale .git/{f.relative_to(gd)} (a git command was interrupted)")
         if (gd / "MERGE_HEAD").exists():
             self.repo.git.merge("--abort")
             done.append("aborted an interrupted merge")

@@ -648,3 +648,22 @@ def test_a_resume_says_which_judge_settings_an_edited_config_cannot_change(tmp_p
         run.close()
         run.store.close()
     assert len(said) == 1 and "backtest.samples 4 -> 3" in said[0] and "no effect" in said[0], said  # the unedited one: silent
+
+
+def test_what_reopening_a_run_repaired_is_in_its_events(tmp_path):
+    """Before, `_prepare` repaired on its first open of the harness repo and dropped the list, and the driver logged
+    the repairs of a second open, which had nothing left to repair: a resume's repairs were never said."""
+    from harness.lifecycle import open_run
+
+    cfg = parse_config(TINY, "test")
+    run = open_run(tmp_path / "runs" / "rp", cfg)
+    run.close()
+    run.store.close()
+    (tmp_path / "runs" / "rp" / "harness" / ".git" / "index.lock").write_text("")
+    run = open_run(tmp_path / "runs" / "rp", cfg)
+    try:
+        said = [e["message"] for e in run.store.events(run.id) if e["kind"] == "repair"]
+    finally:
+        run.close()
+        run.store.close()
+    assert any("index.lock" in m for m in said), said

@@ -375,3 +375,22 @@ def test_a_repo_an_older_version_wrote_with_a_non_numeric_stage_still_reopens(ws
     ws2 = Workspace(ws.path)
     assert ws2.repairs == ["tagged the untagged promotion of b (promoted/2-b)"], ws2.repairs
     assert "promoted/v2-a" in sh(ws.path, "tag")
+
+
+def test_a_kill_inside_a_ref_update_leaves_locks_that_a_reopen_removes(ws):
+    """A kill -9 inside `reject`'s `git branch -D` (3 ms after the tag appeared) left packed-refs.lock and an empty
+    packed-refs.new; inside `promote`, refs/heads/cand/<id>.lock: every reopen then failed repairing ("Unable to create
+    '.../packed-refs.lock': File exists") and the run could not be resumed."""
+    cand = ws.propose("q", temp_change(ws, "0.7"), "s", "r", "recipe.temperature", 1)
+    sh(ws.path, "pack-refs", "--all")
+    sh(ws.path, "tag", "-a", "rejected/q", cand, "-m", "Rejected q\n\nVerdict: rejected\nReason: lost\nEvidence: {}")
+    gd = ws.path / ".git"
+    (gd / "packed-refs.lock").write_text("")
+    (gd / "packed-refs.new").write_text("")
+    (gd / "refs" / "heads" / "cand").mkdir(parents=True, exist_ok=True)
+    (gd / "refs" / "heads" / "cand" / "q.lock").write_text("")
+    ws2 = Workspace(ws.path)
+    text = "\n".join(ws2.repairs)
+    assert "packed-refs.lock" in text and "packed-refs.new" in text and "cand/q.lock" in text, text
+    assert ws2.pending() == [] and [(r.id, r.verdict) for r in ws2.history()] == [("q", "rejected")]
+    assert not list(gd.rglob("*.lock")) and fsck_clean(ws.path)
