@@ -8,8 +8,9 @@ One driver per run (a lock file); the LangGraph checkpoints live in graph.db, ev
 Errors a user can fix are `RunError`s naming the fix.
 
 Nothing the tool did not create is deleted or overwritten: a run id is a plain name (`check_run_id`), a new run goes
-into an absent or empty folder, a run folder is recognised by the marker `start_run` writes first plus its config or
-database (`is_run_dir`), and a `harness/` folder is removed only when it is a half-made repo of that run.
+into an absent or empty folder (or one holding only a killed start's lock), a run folder is recognised by the marker
+`start_run` writes once its config.yaml is whole, plus its config or database (`is_run_dir`), and a `harness/` folder
+is removed only when it is a half-made repo of that run.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from harness.store import RunStore, acquire_lock
 __all__ = ["RUN_MARKER", "RunError", "answer_gate", "check_run_id", "find_run", "is_run_dir", "load_run_config",
            "new_run_id", "open_run", "resume_run", "start_run"]
 
-RUN_MARKER = ".evotrainer-run"  # written first into a new run folder: what makes a folder one of ours
+RUN_MARKER = ".evotrainer-run"  # written into a new run folder once its config.yaml is whole: what makes a folder one of ours
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
@@ -111,7 +112,8 @@ def start_run(config: RunConfig, runs_dir: str | Path = "runs", run_id: str | No
     run_dir = Path(runs_dir) / run_id
     if (run_dir / "run.db").exists():
         raise RunError(f"run {run_id} already exists in {runs_dir}; resume it with `evotrainer resume {run_dir}`")
-    if run_dir.is_dir() and any(run_dir.iterdir()):
+    leftovers = {"lock", "config.yaml.tmp"}  # a start killed before its marker: its own lock (and config draft) only
+    if run_dir.is_dir() and any(p.name not in leftovers for p in run_dir.iterdir()):
         raise RunError(f"{run_dir} already exists and is not empty; nothing was written: pick another --run-id or "
                        f"--runs-dir" + (f" (or `evotrainer resume {run_dir}`: it is a run killed while being created)"
                                         if is_run_dir(run_dir) else ""))
@@ -121,8 +123,12 @@ def start_run(config: RunConfig, runs_dir: str | Path = "runs", run_id: str | No
         raise RunError(f"cannot create the run folder {run_dir}: {exc.strerror}; pass a writable --runs-dir") from None
     lock = acquire_lock(run_dir, run_id)
     try:
+        # config.yaml whole before the marker: a folder with the marker always has a config a resume can read (a kill
+        # between the two used to leave the marker beside an empty config.yaml, which neither run nor resume took)
+        tmp = run_dir / "config.yaml.tmp"
+        tmp.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+        tmp.replace(run_dir / "config.yaml")
         (run_dir / RUN_MARKER).write_text(f"{run_id}\n")
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
         _drive_prepared(run_dir, config, progress, {"run_id": run_id, "stage": 0, "log": []})
     finally:
         lock.release()
@@ -267,8 +273,10 @@ def _drive_prepared(run_dir: Path, config: RunConfig, progress, first_input: dic
     run = _prepare(run_dir, config, progress)
     try:
         if run.store.get_run(run.id)["status"] == "finished":
+            missing = "" if (run_dir / "report.html").is_file() else \
+                f" (its report.html was not written: `evotrainer report {run_dir}` writes it)"
             raise RunError(f"run {run.id} already finished; start a new one with `evotrainer run CONFIG` "
-                           f"or review it with `evotrainer review {run_dir}`")
+                           f"or review it with `evotrainer review {run_dir}`{missing}")
         if first_input is None and run.store.get_run(run.id)["status"] == "paused":
             raise RunError(f"run {run.id} waits at the human gate: answer with `evotrainer approve {run.id}`, "
                            f"`evotrainer revise {run.id} \"feedback\"` or `evotrainer abort {run.id}`")
@@ -294,7 +302,7 @@ def _drive_prepared(run_dir: Path, config: RunConfig, progress, first_input: dic
 
 
 def is_run_dir(d: Path) -> bool:
-    """A folder `start_run` made: its marker (written first) next to config.yaml or run.db; or, for runs made before the
+    """A folder `start_run` made: its marker (written once its config.yaml is whole) next to config.yaml or run.db; or, for runs made before the
     marker existed, a config.yaml next to a run.db whose runs table holds this folder's id. One stray config.yaml or
     run.db is not enough."""
     d = Path(d)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from harness.store import RunStore
+from harness.store import RunStore, driver_dead
 
 
 def status(run_dir: Path) -> dict[str, Any]:
@@ -62,7 +62,10 @@ def status(run_dir: Path) -> dict[str, Any]:
         if run["status"] == "paused":
             ev = store.events(run_id, kind="gate_waiting")
             waiting = f"human gate, stage {ev[-1]['stage']}" if ev else "human gate"
-        return {"run": run_id, "status": run["status"], "waiting": waiting, "created": run.get("created"),
+        status_ = run["status"]
+        if status_ == "running" and driver_dead(run_dir) is not None:  # killed -9: nothing could record it
+            status_ = "interrupted"  # what `evotrainer resume` continues, as after any other stop
+        return {"run": run_id, "status": status_, "waiting": waiting, "created": run.get("created"),
                 "updated": run.get("updated"), "task": (run.get("config") or {}).get("task"),
                 "stages": stages, "candidates": cands, "compute": store.compute(run_id),
                 "harness": str(run_dir / "harness"), "report": str(run_dir / "report.html"),

@@ -261,6 +261,18 @@ def _read_pid(fd: int) -> int | None:
     return int(raw) if raw.isdigit() else None
 
 
+def driver_dead(run_dir: Path) -> int | None:
+    """The PID of a driver that was killed while it held `run_dir/lock` (its PID is left in the file; a clean release
+    empties it), or None when the lock is free and empty or its holder lives. Read-only: a status reader must not
+    take the lock a starting driver needs."""
+    try:
+        raw = (Path(run_dir) / "lock").read_text(errors="replace").strip()
+    except OSError:
+        return None
+    pid = int(raw) if raw.isdigit() else None
+    return pid if pid is not None and pid != os.getpid() and not _pid_alive(pid) else None
+
+
 # --- the store ----------------------------------------------------------------------------------------------------------
 
 

@@ -81,6 +81,17 @@ def lookup(key: str) -> Path | None:
     return d if (d / "DONE").is_file() and (d / "config.json").is_file() else None
 
 
+def _sweep(root: Path) -> None:
+    """Remove the half-made copies of writers that died (`.<key>.<pid>.tmp` whose pid is gone): a kill -9 mid-copy
+    left them for good, a checkpoint's size each (gigabytes for a real model). A live writer's copy is left alone."""
+    from harness.store import _pid_alive
+
+    for d in root.glob(".*.tmp"):
+        pid = d.name.rsplit(".", 2)[-2] if d.name.count(".") >= 3 else ""
+        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            shutil.rmtree(d, ignore_errors=True)
+
+
 def store(key: str, checkpoint: Path, meta: dict[str, Any]) -> Path | None:
     """Copy `checkpoint` into the cache (atomically: a half-written entry is never found). Returns the entry."""
     if not enabled():
@@ -92,6 +103,7 @@ def store(key: str, checkpoint: Path, meta: dict[str, Any]) -> Path | None:
         return final
     tmp = root / f".{key}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
+    _sweep(root)
     shutil.copytree(checkpoint, tmp)
     (tmp / "warmstart.json").write_text(json.dumps(meta, indent=1, default=str))
     (tmp / "DONE").write_text("ok\n")

@@ -667,3 +667,53 @@ def test_what_reopening_a_run_repaired_is_in_its_events(tmp_path):
         run.close()
         run.store.close()
     assert any("index.lock" in m for m in said), said
+
+
+def test_status_says_interrupted_when_the_runs_driver_was_killed(tmp_path):
+    """A kill -9 leaves run.db saying "running" (nothing could record the stop) and the dead driver's PID in the lock
+    file: before, `status`, `runs` and the review said "running" forever."""
+    from harness.lifecycle import open_run
+    from harness.report import status
+
+    cfg = parse_config(TINY, "test")
+    run = open_run(tmp_path / "runs" / "dead", cfg)
+    run.store.set_run_status(run.id, "running")
+    run.close()
+    run.store.close()
+    lock = tmp_path / "runs" / "dead" / "lock"
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    lock.write_text(child.stdout.strip() + "\n")  # a PID that no longer lives
+    assert status(tmp_path / "runs" / "dead")["status"] == "interrupted"
+    lock.write_text(f"{os.getpid()}\n")  # a live holder: running
+    assert status(tmp_path / "runs" / "dead")["status"] == "running"
+
+
+def test_a_warm_start_copy_left_by_a_killed_writer_is_swept(tmp_path, monkeypatch):
+    """A kill -9 mid-copy left `$EVOTRAINER_HOME/warmstart/.<key>.<pid>.tmp` for good (a checkpoint's size each);
+    the next store removes it, and never a live writer's copy."""
+    from harness import warmstart
+
+    monkeypatch.setenv("EVOTRAINER_HOME", str(tmp_path / "home"))
+    root = warmstart.cache_root()
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead, live = root / f".abc.{child.stdout.strip()}.tmp", root / f".abd.{os.getppid()}.tmp"
+    for d in (dead, live):
+        d.mkdir(parents=True)
+        (d / "config.json").write_text("{}")
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    assert warmstart.store("k1", ckpt, {}) == root / "k1"
+    assert not dead.exists() and live.exists()
+
+
+def test_a_start_killed_before_its_marker_leaves_a_folder_a_new_run_takes(tmp_path):
+    """A kill right after the run lock was taken left a folder holding only `lock`: `run` refused it as not empty and
+    `resume` as not a run folder, so only deleting it by hand helped; and the marker was written before config.yaml,
+    so a kill between them left a marker beside an empty config that neither took."""
+    run_dir = tmp_path / "runs" / "born"
+    run_dir.mkdir(parents=True)
+    (run_dir / "lock").write_text("999999999\n")
+    (run_dir / "config.yaml.tmp").write_text("task: ma")
+    start_run(parse_config(dict(TINY, budget={"stages": 1}), "test"), tmp_path / "runs", run_id="born")
+    assert [s["stage"] for s in _check_consistent(run_dir)["stages"]] == [1] and not (run_dir / "config.yaml.tmp").exists()
