@@ -681,7 +681,8 @@ def test_status_says_interrupted_when_the_runs_driver_was_killed(tmp_path):
     run.close()
     run.store.close()
     lock = tmp_path / "runs" / "dead" / "lock"
-    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], check=True, capture_output=True,
+                           text=True)
     lock.write_text(child.stdout.strip() + "\n")  # a PID that no longer lives
     assert status(tmp_path / "runs" / "dead")["status"] == "interrupted"
     lock.write_text(f"{os.getpid()}\n")  # a live holder: running
@@ -695,7 +696,8 @@ def test_a_warm_start_copy_left_by_a_killed_writer_is_swept(tmp_path, monkeypatc
 
     monkeypatch.setenv("EVOTRAINER_HOME", str(tmp_path / "home"))
     root = warmstart.cache_root()
-    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], check=True, capture_output=True,
+                           text=True)
     dead, live = root / f".abc.{child.stdout.strip()}.tmp", root / f".abd.{os.getppid()}.tmp"
     for d in (dead, live):
         d.mkdir(parents=True)
