@@ -571,6 +571,6 @@ def load_config(path: str | Path) -> RunConfig:
     except YamlError as exc:
         raise ConfigError(str(exc)) from None
     if data is None:  # an empty file would train every default: almost certainly the wrong file or a failed write
-        raise ConfigError(f"{path}: the run config is empty; write at least `task:` (see examples/mapf_quick.yaml), "
-                          "or pass `task: mapf` alone to run on the built-in defaults")
+        raise ConfigError(f"{path}: the run config is empty; write at least `task: <family>` (alone it runs on the "
+                          "built-in defaults; the examples/ folder has full configs)")
     return parse_config(data, str(path))

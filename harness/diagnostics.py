@@ -842,7 +842,7 @@ def _rollout_json(rollouts: list[Rollout]) -> list[dict[str, Any]]:
 
 _CODE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 MESSAGE_CHARS = 500  # a finding's message as the engineer reads it, every stage: long enough to say why, no longer
-SLICE_CHARS = 60  # a slice's key and value together: a category (size=5, digits=3), never an instance's text
+SLICE_CHARS = 60  # a slice's key and value together: a category of instances, never an instance's text
 
 
 def _parse_result(name: str, value: Any) -> DiagnosticResult:
@@ -864,7 +864,7 @@ def _parse_result(name: str, value: Any) -> DiagnosticResult:
         if not isinstance(f, dict) or not f.get("code"):
             raise DiagnosticError(f"each finding must be a dict with a `code`, got {str(f)[:120]}")
         if not isinstance(f["code"], str) or not _CODE.fullmatch(f["code"]):
-            raise DiagnosticError(f"finding code {str(f['code'])[:80]!r} must be an identifier (letters, digits, "
+            raise DiagnosticError(f"finding code {str(f['code'])[:80]!r} must be an identifier (letters, numbers, "
                                   "'_', '.', '-'; at most 64 characters)")
         examples = f.get("examples") or []
         if not isinstance(examples, list):
@@ -878,7 +878,7 @@ def _parse_result(name: str, value: Any) -> DiagnosticResult:
         if isinstance(f.get("slice"), dict) and any(len(str(k)) + len(str(v)) > SLICE_CHARS
                                                     for k, v in f["slice"].items()):
             raise DiagnosticError(f"finding {f['code']}: a slice key and value of at most {SLICE_CHARS} characters "
-                                  "(a slice names a category of instances, e.g. size=5)")
+                                  "(a slice names a category of instances, never one instance's text)")
         if isinstance(f.get("count"), bool):
             raise DiagnosticError(f"finding {f['code']}: `count` must be a whole number, got {f['count']!r}")
         try:
