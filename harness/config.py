@@ -439,6 +439,9 @@ class EngineerConfig(BaseModel):
     temperature: float = Field(0.7, ge=0, le=2, description="sampling temperature of the engineer")
     max_tokens: int = Field(1024, ge=16, description="reply budget in tokens")
     timeout_s: float = Field(120.0, gt=0, description="seconds allowed for one endpoint reply")
+    preflight: bool = Field(True, description="llm: before anything trains, check that the endpoint answers (one "
+                                              "1-token completion) or the local checkpoint loads; false starts anyway "
+                                              "(stages it cannot answer fall back to the rule engineer)")
 
     @model_validator(mode="after")
     def _check(self) -> EngineerConfig:

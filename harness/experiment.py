@@ -212,6 +212,18 @@ def plan(cfg: ExperimentConfig) -> dict[str, Any]:
             arms.remove("evolved-llm")
             skipped["evolved-llm"] = ("no LLM endpoint configured: set run.engineer.base_url (an OpenAI-compatible "
                                       "endpoint, e.g. vllm serve) or run.engineer.model_path to run this arm")
+        elif eng.get("preflight", True):  # an arm whose every stage fell back to the rule engineer would be
+            # reported as the LLM's: refused before anything trains
+            from harness.config import EngineerConfig
+            from harness.engineer import preflight
+
+            try:
+                why = preflight(EngineerConfig.model_validate({**eng, "kind": "llm"}))
+            except ValueError:
+                why = None  # a malformed engineer section is named by run_config below
+            if why is not None:
+                raise ExperimentError(f"arm evolved-llm: the engineer cannot answer: {why}; start it, fix "
+                                      "run.engineer, or drop evolved-llm from arms")
     if "oracle" in arms and cfg.oracle is None:
         arms.remove("oracle")
         skipped["oracle"] = "no known-good harness: the oracle arm runs a scenario's oracle (evotrainer bench scenarios)"

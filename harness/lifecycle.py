@@ -107,6 +107,7 @@ def start_run(config: RunConfig, runs_dir: str | Path = "runs", run_id: str | No
     from harness.threads import check_env
 
     check_env()  # a bad thread or core count in the environment is refused before the run folder exists
+    _check_engineer(config)
     if Path(runs_dir).exists() and not Path(runs_dir).is_dir():
         raise RunError(f"--runs-dir {runs_dir} is not a folder; pass a folder for runs/<id>/ (created if missing)")
     run_dir = Path(runs_dir) / run_id
@@ -145,6 +146,28 @@ def open_run(run_dir: Path, config: RunConfig, progress: Callable[[str, dict[str
         (run_dir / RUN_MARKER).write_text(f"{run_dir.name}\n")
         (run_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
     return _prepare(run_dir, config, progress)
+
+
+def _engineer_problem(config: RunConfig) -> str | None:
+    """Why the run's LLM engineer cannot answer now (`harness.engineer.preflight`), or None (also when the check is
+    off: `engineer.preflight: false`)."""
+    if config.engineer.kind != "llm" or not config.engineer.preflight:
+        return None
+    from harness.engineer import preflight
+
+    return preflight(config.engineer)
+
+
+def _check_engineer(config: RunConfig) -> None:
+    """An LLM engineer that cannot answer at start is one line with the fix, before anything trains: an overnight
+    run would otherwise train all night with every stage's proposal falling back to the rule engineer."""
+    why = _engineer_problem(config)
+    if why is None:
+        return
+    fix = ("start the server (e.g. `vllm serve MODEL`) or fix engineer.base_url / model / api_key_env"
+           if config.engineer.base_url else "point engineer.model_path at a save_pretrained checkpoint folder")
+    raise RunError(f"engineer: {why}; {fix}, use engineer.kind: rule, or set engineer.preflight: false to start anyway "
+                   "(a stage the engineer cannot answer falls back to the rule engineer)")
 
 
 def _check_scale(config: RunConfig) -> None:
@@ -285,6 +308,11 @@ def _drive_prepared(run_dir: Path, config: RunConfig, progress, first_input: dic
                 run.event(None, "resume", "repair", r)
             run.event(None, "resume", "resumed", f"resumed {run.id}")
             _say_judge_edits(run, config)
+            if (why := _engineer_problem(config)) is not None:  # a warning, not a refusal: a resume after a kill
+                # (often unattended) keeps training; each stage tries the engineer again
+                run.event(None, "resume", "warning",
+                          f"the LLM engineer cannot answer now ({why}); until it can, each stage's proposal falls back "
+                          "to the rule engineer (stop and resume once it answers to keep it out of the run)")
             if not _has_checkpoint(run_dir, run.id):  # killed before the graph's first checkpoint
                 first_input = {"run_id": run.id, "stage": 0, "log": []}
         run.store.set_run_status(run.id, "running")

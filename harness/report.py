@@ -58,6 +58,15 @@ def status(run_dir: Path) -> dict[str, Any]:
                   "engineer": c["engineer"], "skill": c["skill"], "commit": c["commit_sha"], "tag": c["tag"],
                   "rationale": c["rationale"]}
                  for c in store.candidates(run_id)]
+        kind = ((run.get("config") or {}).get("engineer") or {}).get("kind", "rule")
+        fallbacks = []  # stages an llm or scripted engineer was asked and the rule engineer proposed: and why
+        if kind != "rule":
+            for s in rows:
+                prop = store.node_result(run_id, s["stage"], "propose") if s["stage"] else None
+                if prop and prop.get("engineer") == "rule":
+                    notes = [e["message"] for e in store.events(run_id, kind="engineer_note")
+                             if e["stage"] == s["stage"] and e["message"].startswith(f"{kind} engineer ")]
+                    fallbacks.append({"stage": s["stage"], "why": notes[0] if notes else None})
         waiting = None
         if run["status"] == "paused":
             ev = store.events(run_id, kind="gate_waiting")
@@ -67,7 +76,8 @@ def status(run_dir: Path) -> dict[str, Any]:
             status_ = "interrupted"  # what `evotrainer resume` continues, as after any other stop
         return {"run": run_id, "status": status_, "waiting": waiting, "created": run.get("created"),
                 "updated": run.get("updated"), "task": (run.get("config") or {}).get("task"),
-                "stages": stages, "candidates": cands, "compute": store.compute(run_id),
+                "stages": stages, "candidates": cands, "compute": store.compute(run_id), "engineer": kind,
+                "engineer_fallbacks": fallbacks,
                 "harness": str(run_dir / "harness"), "report": str(run_dir / "report.html"),
                 "disk": disk_usage(run_dir)}
     finally:
@@ -220,6 +230,11 @@ def print_summary(run_dir: Path, console) -> dict[str, Any]:
         console.print(f"carried_nothing: stages {', '.join(map(str, idle))}"
                       + "".join(f"\n  {shown(x)}" for x in why) + (
             "".join(f"\n  escalation, {shown(x)}" for x in esc) if esc else "\n  no escalation"), highlight=False)
+    if st["engineer_fallbacks"]:  # the morning's question: did the engineer I configured propose anything?
+        fb = st["engineer_fallbacks"]
+        console.print(f"engineer_fallbacks: the {shown(st['engineer'])} engineer did not propose in stages "
+                      f"{', '.join(str(x['stage']) for x in fb)}; the rule engineer did"
+                      + "".join(f"\n  stage {x['stage']}: {shown(x['why'])}" for x in fb if x["why"]), highlight=False)
     promoted = sum(1 for x in st["candidates"] if x["verdict"] == "promoted")
     console.print(f"candidates: {len(st['candidates'])}\npromoted: {promoted}\nharness: {shown(st['harness'])}\n"
                   f"report: {shown(st['report'])}", highlight=False)

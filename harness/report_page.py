@@ -334,6 +334,11 @@ def _summary(d: dict[str, Any], gate_min: float | None) -> str:
     stop = f" &middot; stop reason: {E(d['stop'])}" if d["stop"] else ""
     net = net or "<li>held-out change: fewer than two evaluated points</li>"
     names = E(", ".join(f"{c['id']} {c['factor']}" for c in promoted) or "none")
+    fb = st.get("engineer_fallbacks") or []
+    if fb:  # the engineer the run was configured with did not propose in these stages
+        net += (f"<li><b>the {E(st['engineer'])} engineer did not propose in stages "
+                f"{E(', '.join(str(x['stage']) for x in fb))}</b>; the rule engineer did"
+                + "".join(f" &middot; stage {x['stage']}: {E(x['why'])}" for x in fb if x["why"]) + "</li>")
     return f"""<section id=summary><h2>Summary</h2><ul>
 <li>status: <b>{E(st['status'])}</b>{stop}</li>
 {net}

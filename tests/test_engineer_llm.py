@@ -347,3 +347,85 @@ def test_work_does_not_grow_with_the_number_of_candidates_in_a_reply(lib, monkey
         assert any("1500 duplicate candidate(s) dropped" in n for n in res.notes)
         res = propose(_cfg(ep.url, max_retries=0), _diag(), lib, 2, np.random.default_rng(0), space=SPACE)
     assert res.engineer_used == "rule" and res.rejected_replies[0].reason.startswith("reply too long")
+
+
+def test_the_preflight_asks_the_endpoint_one_token_and_names_what_is_wrong(tmp_path, monkeypatch):
+    """`harness.engineer.preflight`: one 1-token completion through the run's own client; an HTTP error (an unknown
+    model is one at vLLM and OpenAI), a dead address, an unset key variable and a local checkpoint that is not one are
+    each named. Would catch: a check that never reaches the endpoint, or one that passes whatever it answers."""
+    from harness.engineer import preflight
+
+    with FakeEndpoint(["OK"]) as ep:
+        assert preflight(_cfg(ep.url)) is None
+        (req,) = ep.requests
+    assert req["path"] == "/v1/chat/completions" and req["body"]["model"] == "qwen-test"
+    assert req["body"]["max_tokens"] == 1 and req["body"]["temperature"] == 0.0
+    with FakeEndpoint([404]) as ep:
+        assert "answered HTTP 404" in preflight(_cfg(ep.url))
+        url = ep.url
+    assert "unreachable" in preflight(_cfg(url, timeout_s=2))  # the server is gone
+    monkeypatch.delenv("EVOTRAINER_NO_SUCH_KEY", raising=False)
+    with FakeEndpoint(["OK"]) as ep:
+        why = preflight(_cfg(ep.url, api_key_env="EVOTRAINER_NO_SUCH_KEY"))
+        assert "EVOTRAINER_NO_SUCH_KEY is not set" in why and not ep.requests
+    why = preflight(EngineerConfig(kind="llm", model_path=str(tmp_path / "nowhere")))
+    assert why.startswith("model_path:") and "config.json" in why
+    assert preflight(EngineerConfig(kind="llm", model_path="policy")) is None  # the run's own checkpoint
+    assert preflight(EngineerConfig(kind="rule")) is None
+
+
+def test_a_run_whose_engineer_cannot_answer_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    """An overnight run with a dead endpoint used to train all night, every stage falling back to the rule engineer;
+    now the start is one line with the fix and no run folder, `engineer.preflight: false` starts anyway, a resume only
+    warns (it keeps training unattended), and the experiment refuses an evolved-llm arm that would be the rule
+    engineer's under the LLM's name."""
+    import yaml
+
+    from harness.benchmarks.run import TINY
+    from harness.config import parse_config
+    from harness.experiment import ExperimentError, load_experiment, plan
+    from harness.lifecycle import RunError, _check_engineer, start_run
+
+    monkeypatch.setenv("EVOTRAINER_HOME", str(tmp_path / "home"))
+    with FakeEndpoint([]) as ep:
+        dead = ep.url
+    eng = {"kind": "llm", "base_url": dead, "model": "qwen-test", "timeout_s": 2}
+    cfg = parse_config({**TINY, "name": "pf", "engineer": eng})
+    with pytest.raises(RunError, match=r"^engineer: engineer endpoint .* unreachable.*start the server.*"
+                                       r"engineer\.preflight: false"):
+        start_run(cfg, runs_dir=tmp_path / "runs")
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "home").exists()
+    _check_engineer(parse_config({**TINY, "engineer": {**eng, "preflight": False}}))  # asked not to check: passes
+
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(yaml.safe_dump({"run": {**TINY, "engineer": eng}, "arms": ["fixed-template", "evolved-llm"]}))
+    with pytest.raises(ExperimentError, match=r"arm evolved-llm: the engineer cannot answer: .*unreachable"):
+        plan(load_experiment(exp))
+
+
+def test_a_resume_with_an_engineer_that_cannot_answer_warns_and_goes_on(tmp_path, monkeypatch):
+    from harness import lifecycle
+    from harness.benchmarks.run import TINY
+    from harness.config import parse_config
+    from harness.store import RunStore
+
+    monkeypatch.setenv("EVOTRAINER_HOME", str(tmp_path / "home"))
+    with FakeEndpoint([]) as ep:
+        dead = ep.url
+    cfg = parse_config({**TINY, "name": "pfr", "engineer": {"kind": "llm", "base_url": dead, "model": "m",
+                                                             "timeout_s": 2}})
+    run_dir = tmp_path / "runs" / "pfr-1"
+    made = lifecycle.open_run(run_dir, cfg)
+    made.close()
+    made.store.close()
+    driven = []
+    monkeypatch.setattr(lifecycle, "_drive", lambda run, first: driven.append(first) or {})
+    lifecycle.resume_run(run_dir)
+    assert driven, "the resume went on"
+    store = RunStore.open(run_dir / "run.db", create=False)
+    try:
+        warn = [e["message"] for e in store.events(store.runs()[0]) if e["kind"] == "warning"]
+    finally:
+        store.close()
+    assert any(w.startswith("the LLM engineer cannot answer now (engineer endpoint") and "rule engineer" in w
+               for w in warn), warn

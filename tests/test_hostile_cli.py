@@ -402,7 +402,8 @@ def test_run_and_resume_survive_hostile_replies_and_print_them_as_text(tmp_path)
     Stage 1's reply is rejected (its reason quotes the knob); stage 2's request is held open and the run SIGKILLed
     there; the resume re-enters stage 2's propose, gets the 500, and finishes."""
     bad_knob = json.dumps({"candidates": [{"knob": "[/x]", "value": 1, "rationale": HOSTILE, "expected": "e"}]})
-    with _Endpoint([_chat(bad_knob), "hold", (500, "<s>[INST] hi [/INST] " + HOSTILE)]) as ep:
+    # each start and resume first asks for one token (the engineer pre-flight): "OK" before each stage reply
+    with _Endpoint([_chat("OK"), _chat(bad_knob), "hold", _chat("OK"), (500, "<s>[INST] hi [/INST] " + HOSTILE)]) as ep:
         url = f"http://127.0.0.1:{ep.server.server_address[1]}/v1"
         cfg = tmp_path / "cfg.yaml"
         cfg.write_text(yaml.safe_dump(dict(TINY, engineer={"kind": "llm", "base_url": url, "model": "m",
@@ -414,7 +415,7 @@ def test_run_and_resume_survive_hostile_replies_and_print_them_as_text(tmp_path)
                                      "--run-id", "h"], env=env, stdout=fh, stderr=subprocess.STDOUT)
             try:
                 t0 = time.time()
-                while len(ep.requests) < 2:  # stage 2's propose is waiting on the endpoint
+                while len(ep.requests) < 3:  # stage 2's propose is waiting on the endpoint
                     assert proc.poll() is None, out.read_text()[-3000:]
                     assert time.time() - t0 < 600, "stage 2 never asked the engineer"
                     time.sleep(0.2)
@@ -428,6 +429,10 @@ def test_run_and_resume_survive_hostile_replies_and_print_them_as_text(tmp_path)
         r = cli("resume", str(runs / "h"), home=home, timeout=600)
         assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
         assert "[/INST]" in r.stdout and "\\x1b]0;pwned\\x07" in r.stdout, r.stdout[-3000:]
+        assert "engineer_fallbacks: the llm engineer did not propose in stages 1, 2; the rule engineer did" in r.stdout
+        assert "stage 2: llm engineer attempt 0: EndpointError" in r.stdout, r.stdout[-3000:]
+        page = (runs / "h" / "report.html").read_text()
+        assert "the llm engineer did not propose in stages 1, 2</b>" in page and "<script" not in page.split("<body")[-1]
         assert not any(c in r.stdout + r.stderr for c in RAW)
         store = RunStore.open(runs / "h" / "run.db")
         assert store.get_run("h")["status"] == "finished"

@@ -38,7 +38,7 @@ from harness.records import Diagnosis
 
 MAX_PROMPT_SKILLS = 8  # skills shown to an LLM engineer (in-family first, then other families')
 
-__all__ = ["EngineerConfig", "EngineerError", "ProposalResult", "change_key", "knob_space", "propose"]
+__all__ = ["EngineerConfig", "EngineerError", "ProposalResult", "change_key", "knob_space", "preflight", "propose"]
 
 
 class EngineerError(ValueError):
@@ -54,6 +54,40 @@ def _reply_fn(cfg: EngineerConfig, diagnosis: Diagnosis, policy_ckpt: Path | Non
     if path is None:
         raise EngineerError("engineer model_path 'policy' needs the current policy checkpoint (policy_ckpt)")
     return local_model(path, cfg.temperature, cfg.max_tokens, seed)
+
+
+PREFLIGHT_TIMEOUT_S = 60.0  # the longest a start waits for the endpoint's first word (engineer.timeout_s if shorter)
+
+
+def preflight(cfg: EngineerConfig) -> str | None:
+    """Why the configured engineer cannot answer, or None: what a run checks before anything trains, so an overnight
+    run does not discover in the morning that every stage fell back to the rule engineer. An endpoint (`base_url`)
+    gets one tiny chat completion (`max_tokens` 1, temperature 0) through the run's own client (`chat_endpoint`: the
+    API key from its variable, a deadline, no redirects): that checks the address, the key and the model name at once
+    (an unknown model is an HTTP error from vLLM and OpenAI alike). A local `model_path` must be a loadable
+    checkpoint (`policies.model.check_checkpoint`: config, architecture, tokenizer; the weights are not read);
+    'policy' is the run's own checkpoint, always there. The rule and scripted engineers need nothing here (a scripted
+    file is checked by `start_run`)."""
+    if cfg.kind != "llm":
+        return None
+    if cfg.base_url:
+        try:
+            reply = chat_endpoint(cfg.base_url, cfg.model, cfg.api_key_env, 0.0, 1,
+                                  min(cfg.timeout_s, PREFLIGHT_TIMEOUT_S))
+            reply([{"role": "user", "content": "Reply with the word OK."}], 0)
+        except EndpointError as exc:
+            return str(exc)
+        return None
+    if cfg.model_path != "policy":
+        from policies.model import PolicyLoadError, check_checkpoint
+
+        try:
+            check_checkpoint(cfg.model_path)
+        except PolicyLoadError as exc:
+            return f"model_path: {exc}"
+        except OSError as exc:
+            return f"model_path {cfg.model_path!r}: {exc.strerror or exc}"
+    return None
 
 
 def propose(engineer_cfg: EngineerConfig, diagnosis: Diagnosis, skills_library: Any, max_candidates: int,
