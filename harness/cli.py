@@ -66,11 +66,21 @@ def main() -> None:
         fail(_problems(exc), exit_with=sys.exit)
     except (UserError, ValueError, FileNotFoundError, WorkspaceError) as exc:  # they carry their fix
         fail(" ".join(str(exc).split()), exit_with=sys.exit)
+    except git_error() as exc:  # a harness repo git cannot read (a damaged object): what failed, not a traceback
+        why = " ".join(str(getattr(exc, "stderr", "") or exc).split()).removeprefix("stderr: ").strip("'")
+        fail(f"the run's harness repo could not be read by git ({why[:300]}); `git -C <run>/harness fsck` shows what "
+             "is damaged; status and report still read the run's database", exit_with=sys.exit)
     except (FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError) as exc:  # a path, named
         if exc.filename is None:
             raise
         fail(f"cannot use {exc.filename}: {(exc.strerror or str(exc)).lower()}; check the path (an --out or --runs-dir "
              "that is a file, a folder without write permission)", exit_with=sys.exit)
+
+
+def git_error() -> type[BaseException]:
+    import git
+
+    return git.GitCommandError
 
 
 def _problems(exc) -> str:
@@ -1153,7 +1163,8 @@ def review(
         ev = f" effect {c['effect']:+.3f} [{iv[0]:+.3f}, {iv[1]:+.3f}]" if iv else ""
         console.print(f"[bold]{shown(c['id'])}[/] stage {shown(c['stage'])} · {shown(c['factor'])} · "
                       f"[bold]{shown(c['verdict'])}[/]{ev}", highlight=False)
-        console.print(f"  change: {shown(c['summary'])}\n  why: {shown(c['rationale'])}\n  verdict: {shown(c['reason'])}"
+        why = "\n       | ".join(shown(line) for line in str(c["rationale"] or "").splitlines() or [""])
+        console.print(f"  change: {shown(c['summary'])}\n  why: {why}\n  verdict: {shown(c['reason'])}"
                       + (f"\n  commit: {shown(c['sha'][:10])} {shown(c['tag'] or '')}" if c.get("sha") else ""),
                       highlight=False)
     for x in exploits:

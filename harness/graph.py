@@ -355,7 +355,8 @@ def _reject(run: Run, cid: str, verdict: Verdict) -> None:
     from sandbox.workspace import UnknownCandidate
 
     try:
-        tag = run.workspace().reject(cid, verdict.reason, evidence=verdict.evidence).tag
+        tag = run.workspace().reject(cid, verdict.reason, evidence=verdict.evidence,
+                                     verdict="inconclusive" if verdict.decision == "inconclusive" else "rejected").tag
     except UnknownCandidate:  # never committed: its patch did not apply
         tag = None
     run.store.set_candidate_verdict(verdict, tag=tag)

@@ -376,10 +376,41 @@ def load_run_config(run_dir: Path) -> RunConfig:
     return parse_config(data, str(run_dir / "config.yaml"))
 
 
+def created_as(run_dir: Path) -> str | None:
+    """The id a run folder was created with (its marker, `start_run`), or None (an older run without one)."""
+    try:
+        text = (Path(run_dir) / RUN_MARKER).read_text().strip()
+    except OSError:
+        return None
+    return text if _RUN_ID.fullmatch(text) else None
+
+
+def _check_named(run_dir: Path) -> None:
+    """A run folder renamed since its start is refused by the commands that drive it: run.db, graph.db and the harness
+    repo know the run by the id it was created with (the folder's name then), so driving it under the new name would
+    start a second run inside the first one's folder. `status`, `review` and `report` read it as it is."""
+    first = created_as(run_dir)
+    if first is None and (run_dir / "run.db").is_file():  # an older run: the ids its database holds
+        try:
+            store = RunStore.open(run_dir / "run.db", read_only=True)
+            try:
+                ids = store.runs()
+            finally:
+                store.close()
+        except Exception:  # noqa: BLE001 - an unreadable database is named by the driver's own open
+            ids = []
+        first = ids[0] if len(ids) == 1 else None
+    if first is not None and first != run_dir.name:
+        raise RunError(f"{run_dir} holds run {first!r}, created under that name and renamed since: its records know it "
+                       f"by that id, so it is driven only under it; rename the folder back (mv {run_dir} "
+                       f"{run_dir.parent / first}) to resume it (status, review and report read it as it is)")
+
+
 def resume_run(ref: str | Path, runs_dir: str | Path = "runs",
                progress: Callable[[str, dict[str, Any]], None] | None = None) -> Path:
     """Continue an interrupted run from its last LangGraph checkpoint (the interrupted node runs again)."""
     run_dir = find_run(ref, runs_dir)
+    _check_named(run_dir)
     lock = acquire_lock(run_dir, run_dir.name)
     try:
         _drive_prepared(run_dir, load_run_config(run_dir), progress, None)
@@ -399,6 +430,7 @@ def answer_gate(ref: str | Path, action: str, feedback: str = "", runs_dir: str 
     if action == "revise" and not feedback.strip():
         raise RunError("revise needs feedback: evotrainer revise RUN \"what to change and why\"")
     run_dir = find_run(ref, runs_dir)
+    _check_named(run_dir)
     lock = acquire_lock(run_dir, run_dir.name)
     try:
         store = RunStore.open(run_dir / "run.db", create=False)

@@ -15,14 +15,48 @@ from typing import Any
 from harness.store import RunStore, driver_dead
 
 
+def _gate_pending(store: RunStore, run_id: str, cands: list[dict[str, Any]]) -> None:
+    """A candidate whose stage waits at the human gate (or was stopped between its backtest and its decision) has its
+    gate verdict in the stage's backtest result, not yet on its row: fill effect, interval, n and reason from there
+    and say the decision is pending (`verdict` "<decision> (pending: not applied yet)"), so the person at the gate
+    reads the evidence they are asked to decide on."""
+    from harness.results import Backtested
+
+    undecided = [c for c in cands if c["verdict"] is None and c["status"] not in ("rejected_vet",)]
+    for k in sorted({c["stage"] for c in undecided}):
+        bt = store.result(run_id, k, Backtested)
+        got = {v.candidate: v for v in (bt.verdicts if bt is not None else [])}
+        for c in (c for c in undecided if c["stage"] == k and c["id"] in got):
+            v = got[c["id"]]
+            c["verdict"] = f"{v.decision} (pending: not applied yet)"
+            c["reason"] = v.reason
+            if (ev := v.evidence) is not None:
+                c.update(effect=ev.effect, interval=[ev.ci_low, ev.ci_high] if ev.ci_low is not None else None,
+                         n=ev.n, looks=ev.model_dump().get("looks") or [], mde=ev.model_dump().get("mde"))
+
+
+def _run_id(store: RunStore, run_dir: Path) -> str:
+    """The run a folder holds: its name, or (a folder renamed or copied under another name) the id it was created
+    with (its marker), or the one run its database holds; else its name, whose lookup then says what is there."""
+    from harness.lifecycle import created_as
+
+    ids = store.runs()
+    if run_dir.name in ids:
+        return run_dir.name
+    first = created_as(run_dir)
+    if first in ids:
+        return first
+    return ids[0] if len(ids) == 1 else run_dir.name
+
+
 def status(run_dir: Path) -> dict[str, Any]:
     """Stages (held-out metrics) and candidates (id, factor, verdict, reason, effect, interval, commit, tag), and the
     run folder's disk use (`harness.retention.disk_usage`)."""
     from harness.retention import disk_usage
 
-    store = RunStore.open(run_dir / "run.db", create=False)
+    store = RunStore.open(run_dir / "run.db", read_only=True)
     try:
-        run_id = run_dir.name
+        run_id = _run_id(store, run_dir)
         run = store.get_run(run_id)
         from harness.results import Decided, SetUp, carried_flags
 
@@ -58,6 +92,7 @@ def status(run_dir: Path) -> dict[str, Any]:
                   "engineer": c["engineer"], "skill": c["skill"], "commit": c["commit_sha"], "tag": c["tag"],
                   "rationale": c["rationale"]}
                  for c in store.candidates(run_id)]
+        _gate_pending(store, run_id, cands)
         kind = ((run.get("config") or {}).get("engineer") or {}).get("kind", "rule")
         fallbacks = []  # stages an llm or scripted engineer was asked and the rule engineer proposed: and why
         if kind != "rule":
@@ -77,6 +112,7 @@ def status(run_dir: Path) -> dict[str, Any]:
         return {"run": run_id, "status": status_, "waiting": waiting, "created": run.get("created"),
                 "updated": run.get("updated"), "task": (run.get("config") or {}).get("task"),
                 "stages": stages, "candidates": cands, "compute": store.compute(run_id), "engineer": kind,
+                "warm_start": setup.policy if setup is not None else None,
                 "engineer_fallbacks": fallbacks,
                 "harness": str(run_dir / "harness"), "report": str(run_dir / "report.html"),
                 "disk": disk_usage(run_dir)}
@@ -209,7 +245,7 @@ def print_summary(run_dir: Path, console) -> dict[str, Any]:
         console.print(f"paused: waits at the {shown(st['waiting'])}: evotrainer approve {run} | evotrainer revise "
                       f"{run} \"feedback\" | evotrainer abort {run}", highlight=False)
     idle = [s["stage"] for s in st["stages"] if s.get("carried") is False]
-    store = RunStore.open(run_dir / "run.db", create=False)
+    store = RunStore.open(run_dir / "run.db", read_only=True)
     try:
         events = store.events(st["run"])
     finally:
@@ -235,6 +271,16 @@ def print_summary(run_dir: Path, console) -> dict[str, Any]:
         console.print(f"engineer_fallbacks: the {shown(st['engineer'])} engineer did not propose in stages "
                       f"{', '.join(str(x['stage']) for x in fb)}; the rule engineer did"
                       + "".join(f"\n  stage {x['stage']}: {shown(x['why'])}" for x in fb if x["why"]), highlight=False)
+    delivered = [e for e in events if e["kind"] == "final_pick"]
+    done = [s for s in st["stages"] if s["stage"] and s["status"] == "done" and s.get("checkpoint")]
+    if delivered:  # what the run hands over, said by its last read of lineage against anchor
+        console.print(f"delivered: {shown(delivered[-1]['message'].split(': the run delivers ')[-1])}", highlight=False)
+    elif done:
+        console.print(f"delivered: {shown(Path(done[-1]['checkpoint']).name)}", highlight=False)
+    if done and st["warm_start"] and all(s["checkpoint"] == st["warm_start"] for s in done):
+        console.print("anchor_never_moved: every stage's test reading is the warm start's own (no trained checkpoint "
+                      "became the anchor), so the curve above is one checkpoint scored again, not a flat learner",
+                      highlight=False)
     promoted = sum(1 for x in st["candidates"] if x["verdict"] == "promoted")
     console.print(f"candidates: {len(st['candidates'])}\npromoted: {promoted}\nharness: {shown(st['harness'])}\n"
                   f"report: {shown(st['report'])}", highlight=False)
@@ -250,7 +296,7 @@ def exploit_stages(run_dir: Path) -> list[dict[str, Any]]:
     row for them."""
     from harness.results import Decided, Probed, Trained
 
-    store = RunStore.open(run_dir / "run.db", create=False)
+    store = RunStore.open(run_dir / "run.db", read_only=True)
     try:
         run_id = status(run_dir)["run"]
         out = []
@@ -286,8 +332,11 @@ def timeline(run_dir: Path) -> list[dict[str, Any]]:
     out = []
     for rec in Workspace(run_dir / "harness", read_only=True).history():
         row = st.get(rec.id, {})
+        # run.db's verdict first: it is three-valued (a `rejected/` tag of an older version covers inconclusive
+        # too) and holds a gate's verdict before it is applied (`_gate_pending`); git's otherwise
         out.append({"id": rec.id, "stage": rec.stage, "factor": rec.factor, "summary": rec.summary,
-                    "rationale": rec.rationale, "verdict": rec.verdict, "reason": rec.reason,
+                    "rationale": rec.rationale, "verdict": row.get("verdict") or rec.verdict,
+                    "reason": rec.reason or row.get("reason") or "",
                     "evidence": rec.evidence, "sha": rec.sha, "tag": rec.tag, "skill": rec.skill,
                     "engineer": rec.engineer, "effect": row.get("effect"), "interval": row.get("interval")})
     # candidates rejected before a commit existed (a patch that did not apply) are in run.db only

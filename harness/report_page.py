@@ -23,8 +23,14 @@ from harness.config import load_config
 from harness.report import curve, curve_text, status
 from harness.store import RunStore
 from harness.tasks import TASKS, get_task
+from harness.terminal import plain
 
-E = html.escape
+
+def E(text: object, quote: bool = True) -> str:  # the page's one escape, short for use inside f-strings
+    """Outside text as HTML: escaped, with control characters and the bidirectional overrides that reorder what the
+    reader sees (U+202E before "exe.live" renders it as "evil.exe") shown as visible escapes
+    (`harness.terminal.plain`)."""
+    return html.escape(plain(text), quote=quote)
 
 
 # --- data -------------------------------------------------------------------------------------------------------------
@@ -34,7 +40,7 @@ def gather(run_dir: Path) -> dict[str, Any]:
     """Everything the page shows, read from run.db, the stage files and the harness repo (read-only)."""
     st = status(run_dir)
     run_id = st["run"]
-    store = RunStore.open(run_dir / "run.db", create=False)
+    store = RunStore.open(run_dir / "run.db", read_only=True)
     try:
         evals = [e for e in store.evaluations(run_id) if e["split"] == "test" and e["arm"] == "policy"]
         training: dict[int, dict[str, list[dict]]] = defaultdict(dict)
@@ -319,6 +325,8 @@ def _summary(d: dict[str, Any], gate_min: float | None) -> str:
     cands = st["candidates"]
     promoted = [c for c in cands if c["verdict"] == "promoted"]
     rejected = [c for c in cands if c["verdict"] == "rejected"]
+    undecided = [c for c in cands if c["verdict"] == "inconclusive"]
+    pending = [c for c in cands if (c["verdict"] or "").endswith("(pending: not applied yet)")]
     compute = st["compute"]
     secs = sum((v.get("seconds") or 0) for v in compute.values())
     comp = ", ".join(f"{k} {v.get('seconds') or 0:.0f} s" for k, v in compute.items())
@@ -343,7 +351,10 @@ def _summary(d: dict[str, Any], gate_min: float | None) -> str:
 <li>status: <b>{E(st['status'])}</b>{stop}</li>
 {net}
 <li>candidates: {len(cands)} &middot; <b>{len(promoted)} promoted</b> ({names})
-&middot; {len(rejected)} rejected</li>
+&middot; {len(rejected)} rejected &middot; {len(undecided)} inconclusive (evidence kept for a re-test)
+{f"&middot; {len(pending)} judged, awaiting the decision" if pending else ""}
+{f"&middot; {len(cands) - len(promoted) - len(rejected) - len(undecided) - len(pending)} not judged"
+ if len(cands) - len(promoted) - len(rejected) - len(undecided) - len(pending) else ""}</li>
 <li>compute: {secs:.0f} s in all ({E(comp) or 'none recorded'})</li>
 <li>disk: {st['disk']['bytes'] / 1e6:.1f} MB ({st['disk']['checkpoints']} checkpoints,
 {st['disk']['checkpoint_bytes'] / 1e6:.1f} MB; see the run config's retention)</li></ul>
@@ -370,7 +381,12 @@ def _looks(c: dict[str, Any]) -> str:
 def _decision(c: dict[str, Any], d: dict[str, Any], gate_min: float | None) -> str:
     row = d["rows"].get(c["id"], {})
     ev = row.get("evidence") or {}
+    if not ev and c.get("effect") is not None and c.get("interval"):  # a gate verdict not applied yet (`_gate_pending`)
+        ev = {"effect": c["effect"], "ci_low": c["interval"][0], "ci_high": c["interval"][1]}
     chart = forest_chart(c["id"], ev, gate_min) if {"effect", "ci_low", "ci_high"} <= set(ev) else None
+    none = ("rejected before the backtest" if c["status"] == "rejected_vet" or c["verdict"] == "rejected" else
+            "not judged: the run stopped, or is still running, before this candidate's decision"
+            if c["verdict"] is None else "no arm-pair evidence (judged as a diagnostic, or before its arms trained)")
     fnd = d["findings"].get(c["stage"], [])
     flist = "".join(f"<li><code>{E(f['code'])}</code> {E(json.dumps(f.get('slice') or {}))} "
                     f"{E(f.get('severity') or '')} rate {f.get('rate') or 0:.2f}</li>" for f in fnd[:8])
@@ -382,13 +398,14 @@ def _decision(c: dict[str, Any], d: dict[str, Any], gate_min: float | None) -> s
 {_pts((c['interval'] or [None, None])[1])}] &middot; minimum detectable effect {_pts(c['mde'])} &middot;
 n {c['n'] or '-'} &middot; engineer {E(str(c['engineer']))} &middot; skill {E(str(c['skill'] or 'none'))}</p>
 <p><b>reason:</b> {E(c['reason'] or '')}</p><p><b>rationale:</b> {E(c['rationale'] or '')}</p>
-{_looks(c)}{chart or '<p class=note>no backtest evidence (rejected before the backtest)</p>'}
-<details><summary>findings of stage {c['stage']} ({len(fnd)})</summary><ul>{flist}</ul></details>
+{_looks(c)}{chart or f'<p class=note>no backtest evidence ({none})</p>'}
+<details><summary>findings of stage {c['stage']} ({len(fnd)}{', the first 8 shown' if len(fnd) > 8 else ''})</summary>
+<ul>{flist}</ul></details>
 <details><summary>diff</summary><pre class=diff>{E(diff) if diff else 'no commit (the change never applied)'}</pre>
 </details></article>"""
 
 
-CSS = """body{font:14px system-ui,sans-serif;margin:2em auto;max-width:1250px;padding:0 1em;color:#222}
+CSS = """body{font:14px system-ui,sans-serif;margin:2em auto;max-width:1250px;padding:0 1em;color:#222;overflow-wrap:anywhere}
 h1{margin-bottom:.2em}table{border-collapse:collapse;margin:.6em 0}caption{text-align:left;color:#555}
 td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td:first-child,th:first-child{text-align:left}
 .partial{background:#fff3cd;border:1px solid #e0c060;padding:.6em 1em}figure.chart{margin:.5em 0;overflow-x:auto}
@@ -404,9 +421,13 @@ def build(run_dir: Path) -> str:
         gate_min = load_config(run_dir / "config.yaml").gate.min_effect
     except Exception:  # noqa: BLE001 - a run dir without a readable config still renders
         gate_min = None
+    what = {"running": "still going: run <code>evotrainer report</code> again later",
+            "paused": "waiting at the human gate: answer with <code>evotrainer approve|revise|abort</code>",
+            "interrupted": "stopped before its end: <code>evotrainer resume</code> continues it"}
     partial = "" if st["status"] == "finished" else (
-        f"<p class=partial>Partial report: the run is <b>{E(st['status'])}</b> (still going, interrupted or "
-        "killed); this page renders what exists so far. Run <code>evotrainer report</code> again later.</p>")
+        f"<p class=partial>Partial report: the run is <b>{E(st['status'])}</b> "
+        f"({what.get(st['status'], 'not finished: <code>evotrainer resume</code> continues it')}); this page renders "
+        "what exists so far.</p>")
     heldout = heldout_chart(d["evals"], d["slice_order"]) or "<p class=note>no held-out evaluation yet</p>"
     training = "".join(training_chart(k, arms) or "" for k, arms in sorted(d["training"].items())) or \
         "<p class=note>no training steps recorded yet</p>"

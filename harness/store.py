@@ -192,6 +192,54 @@ def open_db(path: Path) -> Database:
     return db
 
 
+def _pending_migrations(db: Database) -> bool:
+    if not db["_migrations"].exists():
+        return True
+    done = {r[0] for r in db.execute("SELECT name FROM _migrations").fetchall()}
+    return any(f.__name__ not in done for f in MIGRATIONS)
+
+
+def _open_read_only(path: Path) -> tuple[Database, Path | None]:
+    """run.db for a reader, written by nothing: SQLite's read-only mode (`mode=ro`), so closing the connection does not
+    checkpoint a killed driver's WAL into the file and delete it (only the -shm index may be rebuilt). On a read-only
+    file system, where a WAL database cannot be opened without its -shm file, a private copy of run.db and its WAL in
+    a temporary folder is read instead (returned second, for `close` to remove). A database written by an older
+    version (a schema migration pending) is migrated once by a writable open when the folder allows it, as before;
+    else read as it is. A file that is not a readable database is a StoreError naming it."""
+    import shutil
+    import tempfile
+    from urllib.parse import quote
+
+    def connect(target: Path, flags: str) -> Database:
+        conn = sqlite3.connect(f"file:{quote(str(target.resolve()))}?{flags}", uri=True, timeout=BUSY_TIMEOUT_S)
+        db = Database(conn)
+        db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        db.execute("SELECT count(*) FROM sqlite_master").fetchone()  # fails here on a file that is no database
+        return db
+
+    db, tmp = None, None
+    try:
+        try:
+            db = connect(path, "mode=ro")
+        except sqlite3.OperationalError:  # a read-only file system: no -shm can be made for the WAL
+            tmp = Path(tempfile.mkdtemp(prefix="evotrainer-read-"))
+            for suffix in ("", "-wal"):
+                if (src := path.with_name(path.name + suffix)).is_file():
+                    shutil.copyfile(src, tmp / ("run.db" + suffix))
+            db = connect(tmp / "run.db", "mode=rw")
+        if tmp is None and _pending_migrations(db) and os.access(path, os.W_OK) and os.access(path.parent, os.W_OK):
+            db.close()
+            db = open_db(path)
+            migrate(db)
+    except (sqlite3.DatabaseError, OSError) as exc:
+        if db is not None:
+            db.close()
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise StoreError(f"{path} is not a readable run database ({exc}); restore it from a backup") from None
+    return db, tmp
+
+
 # --- the run lock -------------------------------------------------------------------------------------------------------
 
 
@@ -261,16 +309,34 @@ def _read_pid(fd: int) -> int | None:
     return int(raw) if raw.isdigit() else None
 
 
+def _flock_held(path: Path) -> bool | None:
+    """Whether any process holds a flock on `path`, from the kernel's table (/proc/locks: device and inode), without
+    taking one; None where that table cannot be read (not Linux)."""
+    try:
+        st = os.stat(path)
+        table = Path("/proc/locks").read_text()
+    except OSError:
+        return None
+    ident = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    return any(len(f := line.split()) > 5 and f[1] == "FLOCK" and f[5] == ident for line in table.splitlines())
+
+
 def driver_dead(run_dir: Path) -> int | None:
     """The PID of a driver that was killed while it held `run_dir/lock` (its PID is left in the file; a clean release
     empties it), or None when the lock is free and empty or its holder lives. Read-only: a status reader must not
-    take the lock a starting driver needs."""
+    take the lock a starting driver needs. Whether the driver lives is read from the kernel's lock table where there
+    is one: after a reboot, or in a run folder copied from another machine, the PID left in the file may name some
+    other live process, which a PID check alone took for the driver ("running" for ever)."""
+    path = Path(run_dir) / "lock"
     try:
-        raw = (Path(run_dir) / "lock").read_text(errors="replace").strip()
+        raw = path.read_text(errors="replace").strip()
     except OSError:
         return None
     pid = int(raw) if raw.isdigit() else None
-    return pid if pid is not None and pid != os.getpid() and not _pid_alive(pid) else None
+    if pid is None or pid == os.getpid():
+        return None
+    held = _flock_held(path)
+    return pid if (not held if held is not None else not _pid_alive(pid)) else None
 
 
 # --- the store ----------------------------------------------------------------------------------------------------------
@@ -281,16 +347,23 @@ class RunStore:
 
     def __init__(self, db: Database, path: Path):
         self.db, self.path = db, path
+        self._copy: Path | None = None  # a read-only open's private copy (a read-only file system), removed on close
 
     @classmethod
-    def open(cls, path: str | Path, create: bool = True) -> RunStore:
+    def open(cls, path: str | Path, create: bool = True, read_only: bool = False) -> RunStore:
         """Open (creating folders and the file when missing, unless `create` is false: a reader such as `status` must
         not leave an empty database in a folder whose own was lost) and migrate to the latest schema. A file that is
-        not a readable SQLite database is a StoreError naming it, not a traceback."""
+        not a readable SQLite database is a StoreError naming it, not a traceback. `read_only` (the readers: `status`,
+        `review`, `report`, `runs`) never writes the file or its WAL (`_open_read_only`); it implies `create=False`."""
         path = Path(path)
-        if not create and not path.is_file():
+        if (read_only or not create) and not path.is_file():
             raise StoreError(f"{path} not found: {path.parent} is not a run folder, or its database was deleted "
                              "(restore run.db from a backup; the checkpoints and harness/ alone cannot be read as a run)")
+        if read_only:
+            db, tmp = _open_read_only(path)
+            store = cls(db, path)
+            store._copy = tmp
+            return store
         path.parent.mkdir(parents=True, exist_ok=True)
         db = None
         try:
@@ -307,6 +380,11 @@ class RunStore:
 
     def close(self) -> None:
         self.db.close()
+        if self._copy is not None:
+            import shutil
+
+            shutil.rmtree(self._copy, ignore_errors=True)
+            self._copy = None
 
     def __enter__(self) -> Self:
         return self

@@ -163,6 +163,26 @@ def _reason(reason: str) -> str:
     return text
 
 
+# C0 controls but \t and \n, DEL, C1 controls, bidi embeddings/overrides/isolates (as `harness.terminal.plain`)
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
+
+
+def _quote(rationale: str) -> str:
+    """The engineer's rationale as a commit body: every line quoted ("> "), control characters as visible escapes, so
+    in `git log` no line of it can pass for a trailer, a verdict or another commit, and no escape reaches the
+    reader's terminal. `_unquote` reads it back."""
+    text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}",
+                        rationale.strip())
+    return "\n".join(f"> {line}".rstrip() for line in text.splitlines())
+
+
+def _unquote(body: str) -> str:
+    lines = body.splitlines()
+    if lines and all(line.startswith(">") for line in lines):  # quoted (`_quote`); older commits hold it as it was
+        return "\n".join(line[2:] if line.startswith("> ") else line[1:] for line in lines)
+    return body
+
+
 def _verdict_block(verdict: str, reason: str, evidence: dict[str, Any]) -> str:
     lines = [f"Verdict: {verdict}", f"Reason: {reason}"]
     num = (int, float)
@@ -299,7 +319,7 @@ class Workspace:
         CandidateConflict."""
         self._writer("propose")
         _check_id(cand_id)
-        summary = _one_line(summary, "summary")
+        summary = _CONTROL.sub(lambda m: f"\\u{ord(m.group()):04x}", _one_line(summary, "summary"))
         factor = _one_line(factor, "factor")
         if not rationale or not rationale.strip():
             raise ValueError("rationale must be non-empty: say why this change should help")
@@ -320,7 +340,7 @@ class Workspace:
         tree = self._tree_with(base, files)
         if tree == self.repo.commit(base).tree.hexsha:
             raise ValueError(f"candidate {cand_id!r} changes nothing on main: files are identical to main's")
-        msg = (f"{summary}\n\n{rationale.strip()}\n\nFactor: {factor}\nCandidate: {cand_id}\nStage: {stage}\n"
+        msg = (f"{summary}\n\n{_quote(rationale)}\n\nFactor: {factor}\nCandidate: {cand_id}\nStage: {stage}\n"
                f"Parent: {base}\nSkill: {skill or 'none'}\nEngineer: {engineer}\n")
         sha = self._commit_tree(tree, [base], msg)
         self.repo.git.update_ref(f"refs/heads/cand/{cand_id}", sha, "0" * 40)  # create only: never move a branch
@@ -373,18 +393,22 @@ class Workspace:
         self.repo.git.branch("-D", f"cand/{cand_id}")
         return Decision(cand_id, "promoted", tag, merge, cand.hexsha, reason, ev)
 
-    def reject(self, cand_id: str, reason: str, evidence: Any = None) -> Decision:
-        """Tag rejected/<id> (annotated: reason + evidence) on the candidate commit and delete its branch.
-        Rejecting twice returns the same Decision; a promoted or unknown id raises."""
+    def reject(self, cand_id: str, reason: str, evidence: Any = None, verdict: str = "rejected") -> Decision:
+        """Tag rejected/<id> (annotated: reason + evidence) on the candidate commit and delete its branch: the tag of
+        every candidate not merged, whose `Verdict` says which of the two it was (`rejected`, or `inconclusive`: its
+        evidence is kept and a re-test pools with it). Rejecting twice returns the same Decision; a promoted or
+        unknown id raises."""
         self._writer("reject")
+        if verdict not in ("rejected", "inconclusive"):
+            raise ValueError(f"verdict must be 'rejected' or 'inconclusive', got {verdict!r}")
         reason = _reason(reason)
         done, cand = self._pending_or_done(cand_id, "rejected", "undo a promotion by proposing the reverse change")
         if done is not None:
             return done
         ev = _evidence_dict(evidence)
-        block = _verdict_block("rejected", reason, ev)
+        block = _verdict_block(verdict, reason, ev)
         tag = f"rejected/{cand_id}"
-        self.repo.git.tag("-a", tag, cand.hexsha, "-m", f"Rejected {cand_id}: {cand.summary}\n\n{block}\n")
+        self.repo.git.tag("-a", tag, cand.hexsha, "-m", f"{verdict.capitalize()} {cand_id}: {cand.summary}\n\n{block}\n")
         self.repo.git.branch("-D", f"cand/{cand_id}")
         return Decision(cand_id, "rejected", tag, cand.hexsha, cand.hexsha, reason, ev)
 
@@ -400,7 +424,8 @@ class Workspace:
                 merge = tag.commit
                 records.append(self._record(merge.parents[1], "promoted", tag, merge.hexsha))
             elif tag.name.startswith("rejected/"):
-                records.append(self._record(tag.commit, "rejected", tag, None))
+                said = _trailers(tag.tag.message).get("Verdict") if tag.tag is not None else None
+                records.append(self._record(tag.commit, said if said == "inconclusive" else "rejected", tag, None))
             else:
                 continue
             seen.add(records[-1].id)
@@ -556,7 +581,7 @@ class Workspace:
     def _record(self, commit: git.Commit, verdict: str, tag: Any, merge: str | None) -> CandidateRecord:
         info = _commit_trailers(commit.message)
         body = commit.message.split("\n\n", 1)[1] if "\n\n" in commit.message else ""
-        rationale = body.rsplit("\n\n", 1)[0].strip() if "\n\n" in body.strip() else ""
+        rationale = _unquote(body.rsplit("\n\n", 1)[0].strip()) if "\n\n" in body.strip() else ""
         tinfo = _trailers(tag.tag.message) if tag is not None else {}
         return CandidateRecord(
             id=info.get("Candidate", ""), stage=int(info.get("Stage", "0")), factor=info.get("Factor", ""),

@@ -148,3 +148,12 @@ def test_the_lineage_section_shows_each_reading_against_the_anchor_and_the_final
     page = lineage_html(rows)
     assert 'data-chart="lineage"' in page and "<td>+5.0 (se 2.0)</td>" in page and "<td>anchor</td>" in page
     assert lineage_html([]).startswith("<p class=note>no checkpoint was read")
+
+
+def test_the_page_shows_reordering_and_control_characters_as_escapes():
+    """U+202E before "exe.live" renders as "evil.exe" in a browser; html.escape leaves it alone. Would catch: the
+    page escaping markup only."""
+    from harness.report_page import E
+
+    out = E('<b>\u202eexe.live\u202c \x1b[2J "q"')
+    assert out == "&lt;b&gt;\\u202eexe.live\\u202c \\x1b[2J &quot;q&quot;"

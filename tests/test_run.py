@@ -283,6 +283,16 @@ def test_human_gate_revise_reaches_the_engineer_and_abort_stops_the_run(tmp_path
     cfg = parse_config(dict(TINY, budget={"stages": 3}, gate={"human": "always"}), "test")
     run_dir = start_run(cfg, tmp_path / "runs", run_id="gated")  # returns when it pauses at stage 1's gate
     assert _run_status(run_dir, "gated") == "paused"
+    # the person at the gate reads the evidence they decide on: the gate's verdicts are on no candidate row yet
+    from harness.report import status
+    from harness.report_page import build
+
+    waiting = [c for c in status(run_dir)["candidates"] if c["stage"] == 1 and c["status"] != "rejected_vet"]
+    assert waiting and all(c["verdict"].endswith("(pending: not applied yet)") and c["effect"] is not None
+                           and c["interval"] and c["reason"] for c in waiting), waiting
+    page = build(run_dir)
+    assert "judged, awaiting the decision" in page and "waiting at the human gate" in page
+    assert "rejected before the backtest" not in page
     with pytest.raises(RunError, match="waits at the human gate"):
         resume_run(run_dir)
     answer_gate(run_dir, "revise", "fewer holes on 5x5, please")
@@ -303,6 +313,14 @@ def test_human_gate_revise_reaches_the_engineer_and_abort_stops_the_run(tmp_path
                for e in st["events"])
     with pytest.raises(RunError, match="not waiting at a gate"):  # twice, or on a finished run: nothing changes
         answer_gate(run_dir, "approve")
+    # a run folder renamed (or copied under another name): read as it is, never driven under the new name
+    import shutil
+
+    moved = tmp_path / "elsewhere" / "gated-copy"
+    shutil.copytree(run_dir, moved)
+    assert status(moved)["run"] == "gated" and status(moved)["candidates"]
+    with pytest.raises(RunError, match=r"holds run 'gated', created under that name and renamed since.*mv "):
+        resume_run(moved)
 
 
 def test_a_paused_run_survives_sigkill_and_approve_continues_it(tmp_path):

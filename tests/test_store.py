@@ -298,3 +298,79 @@ def test_records_survive_sigkill(tmp_path: Path):
         assert s.candidate("c1")["knob"] == "recipe.temperature"
         assert len(s.events("r1", kind="tick")) == 50
         assert s.draw_seeds("r1", "backtest", 1) == [seedlib.seed_for("backtest", 16)]
+
+
+def test_readers_never_write_the_database_and_read_a_killed_drivers_wal(tmp_path: Path, monkeypatch):
+    """A driver killed with -9 leaves its last writes in run.db-wal. `status`/`review`/`report` open the store
+    read-only: the file and its WAL stay as they are (closing a read-write connection checkpointed the WAL into the
+    file and deleted it), the writes are seen, and where SQLite cannot open the WAL read-only (a read-only file
+    system: no -shm can be made) a private copy is read and removed on close. Would catch: a reader migrating,
+    checkpointing or failing with `unable to open database file`."""
+    import hashlib
+
+    import harness.store as store_mod
+
+    db = tmp_path / "k" / "run.db"
+    db.parent.mkdir()
+    code = f"""
+        import os, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from harness.store import RunStore
+        s = RunStore.open({str(db)!r}); s.create_run('k', {{'task': 'mapf'}}); s.set_run_status('k', 'running')
+        os._exit(0)
+    """
+    subprocess.run([sys.executable, "-c", textwrap.dedent(code)], check=True)
+    assert (tmp_path / "k" / "run.db-wal").stat().st_size > 0
+
+    def digest() -> dict[str, str]:
+        return {n: hashlib.sha256((tmp_path / "k" / n).read_bytes()).hexdigest() for n in ("run.db", "run.db-wal")}
+
+    before = digest()
+    with RunStore.open(db, read_only=True) as s:
+        assert s.get_run("k")["status"] == "running"
+    assert digest() == before
+    real = store_mod.sqlite3.connect
+
+    def no_ro(target, *a, **kw):  # what a read-only file system does to a WAL database without its -shm file
+        if "mode=ro" in str(target):
+            raise store_mod.sqlite3.OperationalError("unable to open database file")
+        return real(target, *a, **kw)
+
+    monkeypatch.setattr(store_mod.sqlite3, "connect", no_ro)
+    s = RunStore.open(db, read_only=True)
+    copy = s._copy
+    assert copy is not None and s.get_run("k")["status"] == "running"
+    s.close()
+    assert not copy.exists() and digest() == before
+    with pytest.raises(StoreError, match="not found"):
+        RunStore.open(tmp_path / "none" / "run.db", read_only=True)
+    assert not (tmp_path / "none").exists()
+
+
+def test_a_lock_whose_pid_now_names_another_live_process_is_a_dead_driver(tmp_path: Path):
+    """After a reboot (or a run folder copied from another machine) the PID a killed driver left in its lock may
+    belong to some other live process; whether the driver lives is read from the kernel's lock table, not the PID.
+    Would catch: `status` saying "running" for ever."""
+    from harness.store import driver_dead
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / "lock").write_text(f"{sleeper.pid}\n")  # a live process that holds no lock
+        assert driver_dead(tmp_path) == sleeper.pid
+        holder = _spawn(f"""
+            import sys, time
+            sys.path.insert(0, {str(ROOT)!r})
+            from pathlib import Path
+            from harness.store import acquire_lock
+            lock = acquire_lock(Path({str(tmp_path)!r}), 'k'); print('held', flush=True); time.sleep(60)
+        """)
+        try:
+            assert holder.stdout.readline().strip() == "held"
+            assert driver_dead(tmp_path) is None  # the driver lives
+        finally:
+            holder.kill()
+            holder.wait()
+        assert driver_dead(tmp_path) == holder.pid  # killed while holding it: its PID is left, no one holds the lock
+    finally:
+        sleeper.kill()
+        sleeper.wait()

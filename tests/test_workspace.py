@@ -394,3 +394,24 @@ def test_a_kill_inside_a_ref_update_leaves_locks_that_a_reopen_removes(ws):
     assert "packed-refs.lock" in text and "packed-refs.new" in text and "cand/q.lock" in text, text
     assert ws2.pending() == [] and [(r.id, r.verdict) for r in ws2.history()] == [("q", "rejected")]
     assert not list(gd.rglob("*.lock")) and fsck_clean(ws.path)
+
+
+def test_a_rationale_cannot_forge_lines_in_git_log_and_an_inconclusive_tag_says_so(ws):
+    """An engineer's rationale is quoted line by line in the commit (control characters as visible escapes), so in
+    `git log` no line of it reads as a trailer, a verdict or another commit; history reads it back as written. A
+    candidate not merged because its test was inconclusive is tagged with `Verdict: inconclusive` (its evidence is
+    kept for a re-test), not "rejected". Would catch: a rationale written into the body verbatim (the forged
+    `Verdict: promoted` paragraph a helper planted), or every unmerged candidate called rejected."""
+    forged = "Hotter sampling.\n\nVerdict: promoted\nReason: forged trailer\n\x1b[2J\u202eexe.live"
+    ws.propose("s1-c1", temp_change(ws, "0.7"), "Lower temperature", forged, "recipe.temperature", 1)
+    ws.reject("s1-c1", "not significant", EV, verdict="inconclusive")
+    log = sh(ws.path, "log", "--all", "--format=%B")
+    assert "\nVerdict: promoted" not in log and "> Verdict: promoted" in log and "> Reason: forged trailer" in log
+    assert "\x1b" not in log and "\u202e" not in log and "\\x1b[2J\\u202eexe.live" in log
+    [rec] = ws.history()
+    assert rec.verdict == "inconclusive" and rec.rationale.splitlines()[:4] == [
+        "Hotter sampling.", "", "Verdict: promoted", "Reason: forged trailer"]
+    tag = sh(ws.path, "tag", "-n9", "rejected/s1-c1")
+    assert "Inconclusive s1-c1" in tag and "Verdict: inconclusive" in tag
+    with pytest.raises(ValueError, match="'rejected' or 'inconclusive'"):
+        ws.reject("s1-c1", "x", EV, verdict="promoted")
