@@ -81,6 +81,7 @@ def start_run(config: RunConfig, runs_dir: str | Path = "runs", run_id: str | No
     """Create runs/<id>/ (run.db, harness repo, graph.db) and drive the graph to the end of the budget. The folder
     must be absent or empty: a new run never writes into a folder it did not make."""
     run_id = check_run_id(run_id if run_id is not None else new_run_id(config))
+    config = _pinned(config)
     ckpt = config.policy.checkpoint
     if ckpt and not Path(ckpt).is_dir():
         raise RunError(f"policy.checkpoint {ckpt} does not exist; point it at a local Hugging Face model directory "
@@ -134,6 +135,24 @@ def start_run(config: RunConfig, runs_dir: str | Path = "runs", run_id: str | No
     finally:
         lock.release()
     return run_dir
+
+
+def _pinned(config: RunConfig) -> RunConfig:
+    """The config as the run keeps it (config.yaml, run.db): what could read differently later made fixed now. Paths
+    the user gave relative to where they started it (`policy.checkpoint`, `engineer.script`, `engineer.model_path`)
+    made absolute, so a resume from another folder finds them; the prompt style, which for a checkpoint is read from
+    its `evotrainer.json`, written out (`policy.style`), so a checkpoint deleted, moved or retrained after the start
+    cannot switch the run's prompts halfway (the resumed stages prompted in another style, silently)."""
+    def absolute(p: str | None) -> str | None:
+        return str(Path(p).expanduser().absolute()) if p else p
+
+    policy = config.policy.model_copy(update={"checkpoint": absolute(config.policy.checkpoint),
+                                              "style": config.policy.style or config.style})
+    eng = config.engineer
+    eng = eng.model_copy(update={"script": absolute(eng.script),
+                                 "model_path": eng.model_path if eng.model_path in (None, "policy")
+                                 else absolute(eng.model_path)})
+    return config.model_copy(update={"policy": policy, "engineer": eng})
 
 
 def open_run(run_dir: Path, config: RunConfig, progress: Callable[[str, dict[str, Any]], None] | None = None) -> Run:

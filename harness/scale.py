@@ -131,7 +131,11 @@ def _ray_arm(job: ArmJob, start: dict[str, bytes], threads: int) -> tuple[ArmOut
 
     torch.set_num_threads(max(1, threads))
     os.environ[CORES_ENV] = str(max(1, threads))  # arms run side by side: this one's share of the machine
-    with tempfile.TemporaryDirectory(prefix=f"evotrainer-arm-{job.name}-") as d:
+    from policies.train import SCRATCH_PREFIX
+
+    # named as the trainer's scratch (this worker's pid first), so a worker killed with its run leaves a folder the
+    # next training call sweeps (`policies.train._sweep_orphans`) instead of a checkpoint copy in /tmp for good
+    with tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-arm-{job.name}-") as d:
         model, tok = load_policy(write_tree(start, Path(d) / "start"))
         out, tb = Path(d) / "out", Path(d) / "tb"
 

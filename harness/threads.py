@@ -119,7 +119,7 @@ def _measurement_model(run_config: Any, task: Any):
     pol = run_config.policy
     if pol.checkpoint:
         try:
-            cfg = AutoConfig.from_pretrained(pol.checkpoint)
+            cfg = AutoConfig.from_pretrained(pol.checkpoint, local_files_only=True)  # never the Hub: a local run
         except Exception as exc:  # noqa: BLE001 - the policy's own load reports a bad checkpoint properly
             return None, f"its config could not be read ({type(exc).__name__})"
         sig, params = _shape(cfg)

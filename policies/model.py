@@ -263,14 +263,56 @@ def check_checkpoint(path: str | Path, style: str | None = None):
         raise PolicyLoadError(f"checkpoint {str(path)!r} has no config.json, so it is not a save_pretrained checkpoint; "
                               "point at the directory that holds config.json, the weights and the tokenizer files")
     check_architecture(path)
+    check_weights(path)
     try:
         tok = load_tokenizer(path)
+    except PolicyLoadError:  # its own fix (no pad and no EOS), not "save the tokenizer"
+        raise
     except (OSError, ValueError) as exc:
         raise PolicyLoadError(f"checkpoint {str(path)!r}: its tokenizer does not load ({' '.join(str(exc).split())[:160]}"
                               "); save the tokenizer next to the model (tokenizer.save_pretrained(DIR))") from None
+    if tok.eos_token_id is None:  # GRPO's generation needs the tokenizer's EOS (generation_config's is not read there)
+        raise PolicyLoadError(f"checkpoint {str(path)!r}: its tokenizer has no EOS token; set eos_token in its "
+                              "tokenizer_config.json (the token its completions end with)")
     if style is not None:
         require_chat_template(tok, str(path), style)
     return tok
+
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def check_weights(path: str | Path) -> None:
+    """`PolicyLoadError` (one line) when a checkpoint folder holds no weights transformers would load, or a
+    safetensors file whose header cannot be read (truncated by a copy, say): cheap, before anything trains, where
+    loading found it after the warm start's run folder existed, as a long traceback."""
+    path = Path(path)
+    found = [n for n in WEIGHT_FILES if (path / n).is_file()]
+    if not found:
+        raise PolicyLoadError(f"checkpoint {str(path)!r} holds no weights ({', '.join(WEIGHT_FILES[::2])}); copy the "
+                              "model's weight files next to its config.json (model.save_pretrained(DIR))")
+    files = [path / "model.safetensors"] if found[0] == "model.safetensors" else []
+    if found[0] == "model.safetensors.index.json":
+        import json
+
+        try:
+            shards = sorted(set(json.loads((path / found[0]).read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise PolicyLoadError(f"checkpoint {str(path)!r}: {found[0]} does not read ({exc})") from None
+        missing = [s for s in shards if not (path / s).is_file()]
+        if missing:
+            raise PolicyLoadError(f"checkpoint {str(path)!r}: {found[0]} names {len(missing)} weight file(s) that are "
+                                  f"not there ({missing[0]}, ...); copy every shard")
+        files = [path / s for s in shards]
+    from safetensors import safe_open
+
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as fh:
+                fh.keys()
+        except Exception as exc:  # noqa: BLE001 - SafetensorError and friends: the file, and why, in one line
+            raise PolicyLoadError(f"checkpoint {str(path)!r}: {f.name} cannot be read "
+                                  f"({' '.join(str(exc).split())[:160]}); copy it again") from None
 
 
 def load_tokenizer(path: str | Path):

@@ -385,3 +385,45 @@ def test_the_gpu_example_with_a_chat_checkpoint_fails_on_nothing_but_the_hardwar
     msg = str(err.value)
     assert msg.startswith("policy.backend: rollout backend 'vllm' cannot run here") and "\n" not in msg, msg
     assert not (tmp_path / "runs" / "gpu").exists()
+
+
+def test_missing_or_damaged_weights_and_no_eos_are_one_line_before_a_run_folder_exists(chat_ckpt, tmp_path):
+    """A checkpoint folder without weights, with a truncated safetensors file, or whose tokenizer has no EOS (GRPO's
+    generation needs it) is refused by `start_run` before the run folder exists. Before: the first two trained a warm
+    start's folder and died in a 95-line traceback; the third trained the warm start and died at stage 1's first
+    GRPO step, and every resume did it again."""
+    from harness.config import parse_config
+    from harness.lifecycle import RunError, start_run
+
+    nowt = _variant(chat_ckpt, tmp_path / "nowt", drop=("model.safetensors",))
+    cut = _variant(chat_ckpt, tmp_path / "cut")
+    data = (cut / "model.safetensors").read_bytes()
+    (cut / "model.safetensors").write_bytes(data[: len(data) // 2])
+    noeos = _variant(chat_ckpt, tmp_path / "noeos", tok_cfg={"eos_token": None})
+    for ck, why in ((nowt, "holds no weights"), (cut, "model.safetensors cannot be read"),
+                    (noeos, "its tokenizer has no EOS token")):
+        cfg = parse_config({"task": "math", "policy": {"checkpoint": str(ck)}}, "t")
+        with pytest.raises(RunError, match=f"policy.checkpoint: .*{why}"):
+            start_run(cfg, tmp_path / "runs", run_id=ck.name)
+        assert not (tmp_path / "runs" / ck.name).exists()
+
+
+def test_a_run_keeps_the_style_and_the_absolute_checkpoint_path_it_started_with(chat_ckpt, tmp_path, monkeypatch):
+    """The prompt style of a checkpoint is read from its evotrainer.json; a run pins it (and makes relative paths
+    absolute) in the config it keeps, so a checkpoint deleted or retrained after the start, or a resume from another
+    folder, cannot switch the run's prompts halfway. Would catch: config.yaml saving `style: null` and `ck/base`."""
+    import shutil
+
+    from harness.config import parse_config
+    from harness.lifecycle import _pinned
+    from harness.policy_glue import write_policy_meta
+
+    shutil.copytree(chat_ckpt, tmp_path / "ck")
+    write_policy_meta(tmp_path / "ck", "math", "plain")
+    monkeypatch.chdir(tmp_path)
+    cfg = _pinned(parse_config({"task": "math", "policy": {"checkpoint": "ck"},
+                                "engineer": {"kind": "llm", "model_path": "ck"}}, "t"))
+    assert cfg.policy.style == "plain" and cfg.policy.checkpoint == str(tmp_path / "ck")
+    assert cfg.engineer.model_path == str(tmp_path / "ck")
+    shutil.rmtree(tmp_path / "ck")  # gone after the start: the kept config still says plain
+    assert parse_config(cfg.model_dump(mode="json"), "config.yaml").style == "plain"
