@@ -227,6 +227,10 @@ def plan(cfg: ExperimentConfig) -> dict[str, Any]:
     if "oracle" in arms and cfg.oracle is None:
         arms.remove("oracle")
         skipped["oracle"] = "no known-good harness: the oracle arm runs a scenario's oracle (evotrainer bench scenarios)"
+    if any(a in EVOLVED for a in arms) and cfg.budget_steps is not None:
+        raise ExperimentError(f"budget_steps {cfg.budget_steps} with an evolved arm: every baseline's budget is the "
+                              "evolved arm's measured compute (equal compute), so a fixed budget would make them "
+                              "unequal; remove budget_steps, or drop the evolved arms")
     if not any(a in EVOLVED for a in arms) and cfg.budget_steps is None:
         raise ExperimentError("no evolved arm to measure the budget from: set budget_steps (GRPO step-equivalents "
                               "per arm) or add evolved-rule to arms")
@@ -544,12 +548,13 @@ def run_experiments(exps: list[tuple[ExperimentConfig, Path]], say: Callable[[st
         warm_per = results[(i, "warm")]["per_instance"]
         warm = [{"valid": float(np.mean(warm_per)), "per_instance": warm_per}]
         by_arm = {a: [results[(i, s, a)] for s in range(cfg.seeds)] for a in p["arms"]}
+        by_arm = _with_earlier_parts(cfg, out, p["arms"], by_arm, results, i, say)
         hard = harder_half(blocks, [w["per_instance"] for w in warm])
         summary = summarize(by_arm, blocks, warm, hard)
         summary.update({"wall_s": wall, "unit_s": results[(i, "warm")]["t_end"] - results[(i, "warm")]["t_start"]
                         + sum(r.get("wall_s", 0.0) for rows in by_arm.values() for r in rows),
                         "suite": rc0.eval.name, "n_instances": len(blocks), "stages": rc0.budget.stages,
-                        "seeds": cfg.seeds, "skipped": p["skipped"], "jobs": jobs,
+                        "seeds": cfg.seeds, "skipped": p["skipped"], "jobs": jobs, "arms_reported": list(by_arm),
                         "curves": {a: [r["curve"] for r in rows] for a, rows in by_arm.items()},
                         "warm_valid": [w["valid"] for w in warm], "warm_per_instance": warm_per})
         (out / "results.json").write_text(json.dumps(summary, indent=1, default=float))
@@ -557,6 +562,96 @@ def run_experiments(exps: list[tuple[ExperimentConfig, Path]], say: Callable[[st
         write_plot(summary, out)
         summaries.append(summary)
     return summaries
+
+
+MADE_FROM = "made_from.json"  # beside an arm x seed's result.json: what it was made from
+
+
+def made_from(cfg: ExperimentConfig, arm: str, seed: int, budget: int | None) -> dict[str, Any]:
+    """What an arm x seed's result depends on: its run config (the harness it trains under, --quick's sizing merged
+    in), the experiment's settings for its kind (a curriculum's, the oracle's files, overrides, the skill mode) and its
+    compute budget (a baseline's: that seed's evolved arm's compute). Not which other arms or how many seeds a call
+    runs, so an experiment can be run in parts."""
+    d = cfg.model_dump(mode="json")
+    section = {"fixed-random": "random"}.get(arm, arm)  # a baseline's own settings (plr, learnability, bandit, pbt)
+    exp = {"overrides": d["overrides"].get(arm), "own": d.get(section) if section in ("random", "plr", "learnability",
+           "bandit", "pbt") else None, "oracle": d["oracle"] if arm == "oracle" else None,
+           "skills": d["skills"] if arm in EVOLVED else None}
+    return {"arm": arm, "seed": seed, "run": run_config(cfg, seed, arm).model_dump(mode="json"), "experiment": exp,
+            "budget": budget}
+
+
+def _digest(d: dict[str, Any]) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _first_diff(a: Any, b: Any, path: str) -> str | None:
+    """The first setting two records differ in, or None. A key only one side has is no difference: a newer version's
+    new setting (at its default) must not orphan the parts an older one ran."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) & set(b), key=str):
+            if (d := _first_diff(a.get(k), b.get(k), f"{path}.{k}" if path else str(k))) is not None:
+                return d
+        return None
+    if a == b:
+        return None
+    if isinstance(a, str) and isinstance(b, str) and "\n" in a + b:  # a file's text: its first line that differs
+        x, y = a.splitlines(), b.splitlines()
+        j = next((j for j, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
+        a, b = (x[j] if j < len(x) else "(end)"), (y[j] if j < len(y) else "(end)")
+        path += f" line {j + 1}"
+    return f"{path} ({json.dumps(a, default=str)[:60]} then, {json.dumps(b, default=str)[:60]} now)"
+
+
+def check_made_from(folder: Path, now: dict[str, Any]) -> None:
+    """An arm x seed folder made from something other than what this call would run (a scenario or experiment edited
+    between parts, --quick beside the full size, another budget) is refused, naming the first difference: its result
+    is never pooled with this call's, nor its killed run resumed under the new settings. A folder an older version
+    wrote (no record) is taken as it is."""
+    f = folder / MADE_FROM
+    if not f.is_file():
+        return
+    try:
+        then = json.loads(f.read_text())["made_from"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ExperimentError(f"{f}: unreadable; remove {folder} to re-run that arm") from None
+    if _first_diff(then, now, "") is not None:
+        raise ExperimentError(f"{folder}: made from other settings than this call's: {_first_diff(then, now, '')}; "
+                              "its results cannot be pooled with these: use a new --out, or remove that folder to "
+                              "re-run it")
+
+
+def _record_made_from(folder: Path, now: dict[str, Any]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    if not (folder / MADE_FROM).is_file():
+        (folder / MADE_FROM).write_text(json.dumps({"digest": _digest(now), "made_from": now}, default=str))
+
+
+def _with_earlier_parts(cfg: ExperimentConfig, out: Path, arms: list[str], by_arm: dict[str, list[dict[str, Any]]],
+                        results: dict[tuple, dict[str, Any]], i: int, say: Callable[[str], None]
+                        ) -> dict[str, list[dict[str, Any]]]:
+    """This call's arms and every other arm an earlier call finished into the same --out for all of this call's
+    seeds, made from these settings and, for a baseline, at this call's evolved compute (`check_made_from`): an
+    experiment run in parts (`--arms` a subset per call) reports all of them, in ARMS order."""
+    evolved = [a for a in arms if a in EVOLVED]
+    got = dict(by_arm)
+    for arm in (a for a in ARMS if a not in arms):
+        files = [out / arm / f"seed{s}" / "result.json" for s in range(cfg.seeds)]
+        if not all(f.is_file() for f in files):
+            continue
+        try:
+            for s, f in enumerate(files):
+                budget = None if arm in EVOLVED else (cfg.budget_steps or round(results[(i, s, evolved[0])]["compute"]))
+                check_made_from(f.parent, made_from(cfg, arm, s, budget))
+        except ExperimentError as exc:
+            say(f"{arm}: an earlier part, left out of the table: {exc}")
+            continue
+        except (KeyError, IndexError):
+            continue
+        got[arm] = [json.loads(f.read_text()) for f in files]
+    return {a: got[a] for a in ARMS if a in got}
 
 
 class _Unit:
@@ -583,17 +678,26 @@ def _schedule(units: dict[tuple, _Unit], preps: list, labels: list[str], say: Ca
     results: dict[tuple, dict[str, Any]] = {}
     pending = dict(units)
 
-    def args(u: _Unit) -> tuple:
-        cfg, out, _ = preps[u.exp]
-        if u.kind == "warm":
-            return ("warm", cfg.model_dump(mode="json"), str(out), 0, "", "", None, labels[u.exp])
-        ws = results[(u.exp, "warm")]["checkpoint"]
+    def budget_of(u: _Unit) -> int | None:
+        cfg = preps[u.exp][0]
         budget = cfg.budget_steps
         if u.kind not in EVOLVED and budget is None:
             ev = [results[k] for k in u.after if k in results and k[-1] in EVOLVED]
             budget = round(ev[0]["compute"]) if ev else None
             if budget is None:
                 raise ExperimentError("no budget: the evolved arm recorded no compute")
+        return budget
+
+    def args(u: _Unit) -> tuple:
+        cfg, out, _ = preps[u.exp]
+        if u.kind == "warm":
+            return ("warm", cfg.model_dump(mode="json"), str(out), 0, "", "", None, labels[u.exp])
+        ws = results[(u.exp, "warm")]["checkpoint"]
+        budget = budget_of(u)
+        now = made_from(cfg, u.kind, u.seed, budget)
+        folder = out / u.kind / f"seed{u.seed}"
+        check_made_from(folder, now)  # a killed run of other settings is not resumed under these
+        _record_made_from(folder, now)
         return (u.kind, cfg.model_dump(mode="json"), str(out), u.seed, u.kind, ws, budget, labels[u.exp])
 
     def done(u: _Unit, r: dict[str, Any]) -> None:
@@ -616,6 +720,7 @@ def _schedule(units: dict[tuple, _Unit], preps: list, labels: list[str], say: Ca
                                   f"{r.get('suite', 'its test set')}, the experiment's test set is now {n} of "
                                   f"{name or 'another'} (its eval changed since): a result on another test set cannot "
                                   "be compared; use a new --out, or remove that arm's folder to re-run it")
+        check_made_from(rf.parent, made_from(preps[u.exp][0], u.kind, u.seed, budget_of(u)))
         say(f"{_tag(labels, u.exp)}{u.kind} seed {u.seed}: done earlier (held-out valid {r['final']['valid']:.3f}), "
             "not re-run")
         done(u, r)

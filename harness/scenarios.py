@@ -158,6 +158,9 @@ def _check_sections(sc: Scenario, path: Path) -> None:
                                                                                            "oracle", "quick"})
     if bad:
         raise ScenarioError(f"{path}: baselines.{bad[0]}: not a baseline's settings (plr, random, ...)")
+    if "budget_steps" in sc.baselines:  # the bench always runs an evolved arm, whose compute is every budget
+        raise ScenarioError(f"{path}: baselines.budget_steps: every arm's budget is the evolved arm's measured "
+                            "compute (equal compute); remove it")
     try:
         ExperimentConfig.model_validate({**sc.baselines, "run": {}})
     except ValidationError as exc:
@@ -268,11 +271,13 @@ def check(sc: Scenario, path: str | Path) -> None:
         said = re.sub(r"(?<![\w.])env\.", "target.", str(exc).splitlines()[0][:200])  # the generator names its own config
         raise ScenarioError(f"{path}: target: the {sc.task} generator cannot draw instances from it: "
                             f"{said}; fix the target config") from None
-    rc = parse_config(run_dict(sc), str(path))
-    ck = rc.policy.checkpoint
-    if ck and not (Path(ck) / "config.json").is_file():
-        raise ScenarioError(f"{path}: run.policy.checkpoint: {ck} is not a checkpoint (no config.json there); train "
-                            "it first or point at an existing one, or use a preset with warm_start")
+    for where, data in (("run", run_dict(sc)), ("quick", run_dict(sc, quick=True) if sc.quick else None)):
+        if data is None:
+            continue
+        ck = parse_config(data, str(path)).policy.checkpoint  # --quick's own checkpoint too, before anything trains
+        if ck and not (Path(ck) / "config.json").is_file():
+            raise ScenarioError(f"{path}: {where}.policy.checkpoint: {ck} is not a checkpoint (no config.json there); "
+                                "train it first or point at an existing one, or use a preset with warm_start")
 
 
 # --- the oracle arm ---------------------------------------------------------------------------------------------------
@@ -513,7 +518,7 @@ def run_scenarios(files: list[Path], out: str | Path, arms: list[str], seeds: in
     """Every scenario's experiment (resumed where it stopped), then scenarios.json / .md / .png / .html in `out`.
     The scenarios' arms are one schedule (`harness.experiment.run_experiments`): `jobs` > 1 runs that many arms side
     by side, across scenarios."""
-    from harness.experiment import EVOLVED, run_experiments
+    from harness.experiment import EVOLVED
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -521,20 +526,41 @@ def run_scenarios(files: list[Path], out: str | Path, arms: list[str], seeds: in
     for f in files:  # every refusal before anything trains
         sc = load_scenario(f)
         check(sc, f)
+        if same := next((g for g, other in loaded if other.scenario == sc.scenario), None):
+            raise ScenarioError(f"{f}: scenario {sc.scenario!r} is also the name of {same}: each scenario's results go "
+                                f"to <out>/<name>, so two files of one name would pool; rename one")
         loaded.append((f, sc))
     run_arms = list(arms)
     if not any(a in EVOLVED for a in run_arms):  # the evolved arm's compute is every arm's budget
         run_arms.insert(0, "evolved-rule")
         say("arms: evolved-rule added (its measured compute is every other arm's budget; a finished one is reused)")
+    from harness.store import RunLockedError, acquire_lock
+
+    try:  # one call per --out at a time: two would train the same baselines into the same folders
+        lock = acquire_lock(out, "bench")
+    except RunLockedError as exc:
+        pid = re.search(r"pid (\d+)", str(exc))
+        raise ScenarioError(f"--out {out} is in use by another bench call{f' (pid {pid.group(1)})' if pid else ''}; "
+                            "wait for it to end, or give this call another --out") from None
+    try:
+        return _run_scenarios(loaded, out, run_arms, seeds, quick, say, progress, jobs, skills)
+    finally:
+        lock.release()
+
+
+def _run_scenarios(loaded: list, out: Path, run_arms: list[str], seeds: int, quick: bool, say, progress, jobs: int,
+                   skills: str | None) -> dict[str, Any]:
+    from harness.experiment import EVOLVED, run_experiments
+
     t0 = time.time()
     for f, sc in loaded:
         say(f"scenario {sc.scenario} ({f}): arms {', '.join(run_arms)}, {seeds} seed(s){', quick' if quick else ''}")
-    run_experiments([(experiment_config(sc, run_arms, seeds, quick, skills), out / sc.scenario) for _, sc in loaded],
-                    say, progress, jobs, labels=[sc.scenario for _, sc in loaded])
+    done = run_experiments([(experiment_config(sc, run_arms, seeds, quick, skills), out / sc.scenario)
+                            for _, sc in loaded], say, progress, jobs, labels=[sc.scenario for _, sc in loaded])
     rows: dict[str, dict[str, Any]] = {}
-    for _, sc in loaded:
+    for (_, sc), exp in zip(loaded, done, strict=True):  # this call's arms and earlier parts' (`_with_earlier_parts`)
         res: dict[str, list[dict[str, Any]]] = {}
-        for arm in run_arms:
+        for arm in exp.get("arms_reported", run_arms):
             res[arm] = [json.loads(p.read_text()) for s in range(seeds)
                         if (p := out / sc.scenario / arm / f"seed{s}" / "result.json").exists()]
         rows[sc.scenario] = {a: r for a, r in res.items() if r}
@@ -544,7 +570,9 @@ def run_scenarios(files: list[Path], out: str | Path, arms: list[str], seeds: in
         for arm, results in rows.get(sc.scenario, {}).items():
             if arm in EVOLVED:
                 summary[sc.scenario]["arms"][arm]["promotions"] = {r["seed"]: promotions(sc, r) for r in results}
-    shown = [a for a in run_arms if any(a in sc["arms"] for sc in summary.values())]
+    from harness.experiment import ARMS
+
+    shown = [a for a in ARMS if any(a in sc["arms"] for sc in summary.values())]
     arm_h = sum(a["wall_s"] for sc in summary.values() for a in sc["arms"].values()) / 3600
     cpu_h = sum(a["cpu_s"] for sc in summary.values() for a in sc["arms"].values()) / 3600
     doc = {"scenarios": summary, "arms": shown, "seeds": seeds, "quick": quick, "wall_s": time.time() - t0,

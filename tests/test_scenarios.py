@@ -345,13 +345,24 @@ def test_a_tiny_scenario_runs_every_arm_at_equal_compute_no_arm_reads_the_defect
     assert "done earlier" in res.stdout and "scenario_tiny_gap:" in res.stdout and "/2:" not in res.stdout
     assert not (d / "s1").exists()
     assert [c["stage"] for c in json.loads((d / "result.json").read_text())["curve"]] == [1, 2]
+    # in parts: a call with one arm reports every arm an earlier call finished (same settings, same budget) ...
+    doc3 = run_scenarios([f], out, ["oracle"], 1, False, say=said.append)
+    assert set(doc3["scenarios"]["tiny"]["arms"]) == set(arms) and doc3["arms"] == arms
+    # ... and an arm made from other settings (the oracle edited between parts) is refused, never pooled or resumed
+    text = f.read_text()
+    f.write_text(text.replace("lr_schedule: cosine", "lr_schedule: linear"))
+    from harness.experiment import ExperimentError
+
+    with pytest.raises(ExperimentError, match=r"oracle/seed0: made from other settings than this call's: "
+                                              r"(run|experiment)\..*lr_schedule.*remove that folder"):
+        run_scenarios([f], out, ["oracle"], 1, False, say=said.append)
+    f.write_text(text)
     # the warm start is a column of the table, every arm is paired against it, and the oracle is checked against it
     assert "warm" in sc and all("vs_warm" in a for a in sc["arms"].values()) and isinstance(sc["oracle_learns"], bool)
     assert "| warm start |" in (out / "scenarios.md").read_text()
     # a changed test set: the warm start's held-out record is scored again on the new one (its checkpoint is there),
     # and an arm tested on the old one is refused by name, never paired instance by instance with the new one
     f.write_text(f.read_text().replace("test_n: 16", "test_n: 24"))
-    from harness.experiment import ExperimentError
 
     with pytest.raises(ExperimentError, match=r"tested on 16 held-out instances of env:\w+, the experiment's test set "
                        r"is now 24 of env:"):
@@ -416,3 +427,29 @@ def test_a_scenario_runs_config_reads_back_so_a_killed_arm_resumes(tmp_path):
     assert load_run_config(tmp_path).eval.env == ENV
     with pytest.raises(ValueError, match="not both"):
         parse_config({**run_dict(load_scenario(_write(tmp_path))), "eval": {"suite": "small", "env": ENV}}, "y")
+
+
+def test_one_name_twice_a_fixed_budget_a_missing_quick_checkpoint_and_a_busy_out_are_refused(tmp_path):
+    """Each before anything trains, in one line. Would catch: two files named `dup` pooled into one row, a
+    `baselines.budget_steps` that quietly replaced equal compute, `--quick`'s own checkpoint first found missing after
+    other scenarios trained, and two calls into one --out training the same baselines side by side."""
+    from harness.scenarios import run_scenarios
+    from harness.store import acquire_lock
+
+    a = _write(tmp_path, "dup")
+    (tmp_path / "other").mkdir()
+    b = _write(tmp_path / "other", "dup", round0={"env": ENV, "recipe": {"learning_rate": 8e-4}})
+    with pytest.raises(ScenarioError, match=r"other/dup.yaml: scenario 'dup' is also the name of .*dup.yaml.*rename"):
+        run_scenarios([a, b], tmp_path / "out", ["fixed-template"], 1, False, say=lambda m: None)
+    assert "baselines.budget_steps: every arm's budget is the evolved arm's" in _error(
+        _write(tmp_path, "fixed", baselines={"budget_steps": 5}))
+    assert "quick.policy.checkpoint: /nonexistent/ckpt is not a checkpoint" in _error(_write(
+        tmp_path, "qck", quick={"policy": {"checkpoint": "/nonexistent/ckpt", "preset": None},
+                                "warm_start": {"sft_examples": 0}}))
+    (tmp_path / "busy").mkdir()
+    held = acquire_lock(tmp_path / "busy", "bench")
+    try:
+        with pytest.raises(ScenarioError, match=r"--out .*busy is in use by another bench call \(pid \d+\)"):
+            run_scenarios([a], tmp_path / "busy", ["fixed-template"], 1, False, say=lambda m: None)
+    finally:
+        held.release()
