@@ -93,6 +93,8 @@ def start_run(config: RunConfig, runs_dir: str | Path = "runs", run_id: str | No
             check_checkpoint(ckpt, config.style)
         except PolicyLoadError as exc:
             raise RunError(f"policy.checkpoint: {exc}") from None
+        if why := _task_fits_checkpoint(config):
+            raise RunError(f"policy.checkpoint: {why}")
     if config.policy.backend == "vllm":  # fail before any training, naming the setting and the fix
         from policies.rollout import RolloutBackendError, resolve_backend
 
@@ -135,6 +137,65 @@ def start_run(config: RunConfig, runs_dir: str | Path = "runs", run_id: str | No
     finally:
         lock.release()
     return run_dir
+
+
+FIT_SAMPLE = 32  # instances of each distribution whose prompts and expert answers a checkpoint is checked against
+
+
+def _task_fits_checkpoint(config: RunConfig) -> str | None:
+    """Why a user's checkpoint cannot do this run's task, or None, from its tokenizer and config alone (no weights):
+    the longest prompt of the round-0 mix and the target (the run's prompt style, its chat template applied) plus
+    the longest completion the run asks for (the recipe's and the judge's budgets, or 1.5 x the expert's longest
+    answer when that is more: what the judge is fitted to) beyond the model's positions (before: the warm start
+    trained, then the first held-out reading died in an index error); or a tokenizer that cannot write the task's
+    answers (the expert's answer, encoded and decoded, no longer scores valid: a vocabulary without the symbols the
+    answers use, or a decoder that drops spaces; before: the run trained all night at 0% valid)."""
+    import json
+    import math
+
+    from harness.round0 import harness_models
+    from harness.seeds import seeds
+    from harness.tasks import get_task
+    from policies.model import format_prompt, load_tokenizer
+
+    task = get_task(config.task)
+    try:
+        tok = load_tokenizer(config.policy.checkpoint)
+        meta = json.loads((Path(config.policy.checkpoint) / "config.json").read_text())
+    except Exception:  # noqa: BLE001 - check_checkpoint has said what is wrong with the folder itself
+        return None
+    limit = next((meta[k] for k in ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len",
+                                    "seq_length") if isinstance(meta.get(k), int)), None)
+    try:
+        from sandbox.workspace import TEMPLATE_DIR
+
+        files = {"recipe.yaml": (TEMPLATE_DIR / "recipe.yaml").read_text(), **initial_files(config)}
+        env0, recipe, _ = harness_models(files, task)  # the round-0 mix and recipe, as the run will have them
+        target = task.spec.config_model.model_validate(config.backtest.env) if config.backtest.env else env0
+    except Exception:  # noqa: BLE001 - a bad harness is named where the run builds it
+        return None
+    style, longest_prompt, longest_answer = config.style, 0, 0
+    for env in (env0, target):
+        for s in seeds("probe", FIT_SAMPLE):
+            inst = task.generate(env, s)
+            text = task.prompt(inst, style)
+            prompt = format_prompt(tok, text) if style == "chat" else text
+            longest_prompt = max(longest_prompt, len(tok(prompt, add_special_tokens=False)["input_ids"]))
+            expert = task.expert(inst, style)
+            ids = tok(expert, add_special_tokens=False)["input_ids"]
+            longest_answer = max(longest_answer, len(ids) + 1)
+            back = tok.decode(ids, skip_special_tokens=True)
+            if back != expert and task.score(inst, expert).valid and not task.score(inst, back).valid:
+                return (f"its tokenizer cannot write {config.task}'s answers: the expert's answer {expert[:60]!r} "
+                        f"comes back as {back[:60]!r}, which no longer scores valid (a vocabulary without the symbols "
+                        "the answers use, or a decoder that drops spaces); use a tokenizer that round-trips them")
+    completion = max(recipe.max_completion_length, config.backtest.max_new_tokens or 0,
+                     math.ceil(1.5 * longest_answer))
+    if limit is not None and longest_prompt + completion > limit:
+        return (f"{config.task}'s prompts take up to {longest_prompt} tokens in style {style} and completions up to "
+                f"{completion} (the recipe's and the judge's budgets), more than the model's {limit} positions; use a "
+                "checkpoint with a longer context, or a shorter prompt style or max_completion_length")
+    return None
 
 
 def _pinned(config: RunConfig) -> RunConfig:

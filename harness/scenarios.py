@@ -578,9 +578,13 @@ def _run_scenarios(loaded: list, out: Path, run_arms: list[str], seeds: int, qui
     doc = {"scenarios": summary, "arms": shown, "seeds": seeds, "quick": quick, "wall_s": time.time() - t0,
            "arm_hours": arm_h, "cpu_hours": cpu_h, "jobs": jobs}
     (out / "scenarios.json").write_text(json.dumps(doc, indent=1, default=float))
-    (out / "scenarios.md").write_text(summary_md(summary, shown) + f"\nArm hours (each arm's own wall time, summed over arms and seeds, "
+    skipped = {a: why for exp in done for a, why in (exp.get("skipped") or {}).items()}
+    doc["skipped"] = skipped  # asked for and not run (an LLM arm without an endpoint): said, never a silent gap
+    (out / "scenarios.md").write_text(summary_md(summary, shown) + "".join(
+        f"\nSkipped: {a}: {why}\n" for a, why in skipped.items()) + f"\nArm hours (each arm's own wall time, summed over arms and seeds, "
                                       f"{jobs} side by side): {arm_h:.2f}; CPU hours (the arms' processes, every "
-                                      f"thread): {cpu_h:.2f}; this call's wall: {doc['wall_s'] / 60:.1f} min\n")
+                                      f"thread; not the warm starts' SFT): {cpu_h:.2f}; this call's wall: "
+                                      f"{doc['wall_s'] / 60:.1f} min\n")
     write_plot(summary, shown, out)
     return doc
 

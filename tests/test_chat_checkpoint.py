@@ -427,3 +427,26 @@ def test_a_run_keeps_the_style_and_the_absolute_checkpoint_path_it_started_with(
     assert cfg.engineer.model_path == str(tmp_path / "ck")
     shutil.rmtree(tmp_path / "ck")  # gone after the start: the kept config still says plain
     assert parse_config(cfg.model_dump(mode="json"), "config.yaml").style == "plain"
+
+
+def test_a_checkpoint_too_short_for_the_task_or_unable_to_spell_its_answers_is_refused_at_start(chat_ckpt, tmp_path):
+    """From the tokenizer and config alone, before the run folder exists: prompts plus the completions the run asks
+    for beyond the model's positions (before: the warm start trained, then the first held-out reading died in an
+    index error), and a tokenizer whose round trip breaks the expert's answers (before: a run trained all night at 0%
+    valid). Would catch: a check that reads neither the positions nor a decoded answer."""
+    from tokenizers import decoders
+
+    from harness.config import parse_config
+    from harness.lifecycle import RunError, start_run
+
+    short = _variant(chat_ckpt, tmp_path / "short", cfg={"max_position_embeddings": 64})
+    mute = _variant(chat_ckpt, tmp_path / "mute")
+    tok = load_tokenizer(mute)
+    tok.backend_tokenizer.decoder = decoders.BPEDecoder()  # a decoder that does not undo the byte-level encoding
+    tok.save_pretrained(mute)
+    for ck, why in ((short, r"mapf.s prompts take up to \d+ tokens .* more than the model's 64 positions"),
+                    (mute, r"its tokenizer cannot write mapf's answers: the expert's answer .* no longer scores")):
+        cfg = parse_config({"task": "mapf", "policy": {"checkpoint": str(ck)}}, "t")
+        with pytest.raises(RunError, match=f"policy.checkpoint: {why}"):
+            start_run(cfg, tmp_path / "runs", run_id=ck.name)
+        assert not (tmp_path / "runs" / ck.name).exists()
