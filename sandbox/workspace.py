@@ -167,12 +167,17 @@ def _reason(reason: str) -> str:
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
 
 
+def _visible(text: str) -> str:
+    """Control characters as their visible escapes (`\\x1b`, `\\u202e`), as `harness.terminal.plain` shows them."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}",
+                        text)
+
+
 def _quote(rationale: str) -> str:
     """The engineer's rationale as a commit body: every line quoted ("> "), control characters as visible escapes, so
     in `git log` no line of it can pass for a trailer, a verdict or another commit, and no escape reaches the
     reader's terminal. `_unquote` reads it back."""
-    text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}",
-                        rationale.strip())
+    text = _visible(rationale.strip())
     return "\n".join(f"> {line}".rstrip() for line in text.splitlines())
 
 
@@ -319,7 +324,7 @@ class Workspace:
         CandidateConflict."""
         self._writer("propose")
         _check_id(cand_id)
-        summary = _CONTROL.sub(lambda m: f"\\u{ord(m.group()):04x}", _one_line(summary, "summary"))
+        summary = _visible(_one_line(summary, "summary"))
         factor = _one_line(factor, "factor")
         if not rationale or not rationale.strip():
             raise ValueError("rationale must be non-empty: say why this change should help")

@@ -439,8 +439,9 @@ def test_run_and_resume_survive_hostile_replies_and_print_them_as_text(tmp_path)
         store.close()
 
 
-def _fake_run(runs: Path, run_id: str, rationale: str) -> Path:
-    """A finished run folder without training: marker, config, run.db, a harness repo with one rejected candidate."""
+def _finished_fake_run(runs: Path, run_id: str, rationale: str) -> Path:
+    """A finished run folder without training: marker, config, run.db, a harness repo with one rejected candidate
+    whose rationale is `rationale` (`_fake_run` above is a running one with a half-made promotion)."""
     from harness.benchmarks.run import TINY as T
     from harness.lifecycle import RUN_MARKER
 
@@ -466,7 +467,7 @@ def test_review_quotes_a_rationale_and_a_damaged_repo_is_one_line(main, tmp_path
     Would catch: the rationale printed with its newlines as they are; GitCommandError escaping `main`."""
     forge = ("lower the rate\n  verdict: promoted (forged)\n  commit: deadbeef00 promoted/1-s1-c9\n"
              "s1-c9 stage 1 · recipe.temperature · promoted effect +0.500 [+0.400, +0.600]")
-    run_dir = _fake_run(tmp_path / "runs", "f1", forge)
+    run_dir = _finished_fake_run(tmp_path / "runs", "f1", forge)
     r = main("review", str(run_dir))
     assert r.returncode in (0, None), r.stderr
     lines = r.stdout.splitlines()
