@@ -1156,7 +1156,16 @@ def review(
         print(plain(Workspace(run_dir / "harness", read_only=True).diff(candidate)))
         return
     exploits = exploit_stages(run_dir)
-    for c in timeline(run_dir):
+    rows = timeline(run_dir)
+    if not rows and not exploits:  # said, not an empty screen
+        from harness.report import status
+
+        st = status(run_dir)
+        done = [s["stage"] for s in st["stages"] if s["status"] == "done" and s["stage"]]
+        console.print(f"no candidates yet: run {shown(st['run'])} is {shown(st['status'])}, "
+                      f"{len(done)} stage(s) done (`evotrainer status {shown(run_ref)}` shows where it is)",
+                      highlight=False)
+    for c in rows:
         while exploits and exploits[0]["stage"] < c["stage"]:
             _print_exploit(exploits.pop(0))
         iv = c.get("interval")

@@ -479,3 +479,20 @@ def test_review_quotes_a_rationale_and_a_damaged_repo_is_one_line(main, tmp_path
     obj.chmod(0o644)
     obj.write_bytes(b"not a git object")
     one_line_error(main("review", str(run_dir), "s1-c1"), "could not be read by git", "git -C <run>/harness fsck")
+
+
+def test_review_of_a_run_without_candidates_says_so(main, tmp_path):
+    """Before: an empty screen, as if the command had failed."""
+    from harness.benchmarks.run import TINY as T
+    from harness.lifecycle import RUN_MARKER
+
+    d = tmp_path / "runs" / "e1"
+    d.mkdir(parents=True)
+    (d / RUN_MARKER).write_text("e1")
+    (d / "config.yaml").write_text(yaml.safe_dump(T))
+    store = RunStore.open(d / "run.db")
+    store.create_run("e1", T)
+    store.close()
+    Workspace.create(d / "harness")
+    r = main("review", str(d))
+    assert r.returncode in (0, None) and "no candidates yet: run e1 is created, 0 stage(s) done" in r.stdout, r.stdout
