@@ -275,8 +275,9 @@ def print_summary(run_dir: Path, console) -> dict[str, Any]:
     done = [s for s in st["stages"] if s["stage"] and s["status"] == "done" and s.get("checkpoint")]
     if delivered:  # what the run hands over, said by its last read of lineage against anchor
         console.print(f"delivered: {shown(delivered[-1]['message'].split(': the run delivers ')[-1])}", highlight=False)
-    elif done:
-        console.print(f"delivered: {shown(Path(done[-1]['checkpoint']).name)}", highlight=False)
+    elif done:  # the anchor: what the run delivers when it ends now (a finished run without a final pick: it)
+        label = "delivered" if st["status"] == "finished" else "anchor_now"
+        console.print(f"{label}: {shown(Path(done[-1]['checkpoint']).name)}", highlight=False)
     if done and st["warm_start"] and all(s["checkpoint"] == st["warm_start"] for s in done):
         console.print("anchor_never_moved: every stage's test reading is the warm start's own (no trained checkpoint "
                       "became the anchor), so the curve above is one checkpoint scored again, not a flat learner",
