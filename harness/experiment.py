@@ -607,7 +607,7 @@ def _first_diff(a: Any, b: Any, path: str) -> str | None:
 
 def check_made_from(folder: Path, now: dict[str, Any]) -> None:
     """An arm x seed folder made from something other than what this call would run (a scenario or experiment edited
-    between parts, --quick beside the full size, another budget) is refused, naming the first difference: its result
+    between parts, --quick beside the full run, another budget) is refused, naming the first difference: its result
     is never pooled with this call's, nor its killed run resumed under the new settings. A folder an older version
     wrote (no record) is taken as it is."""
     f = folder / MADE_FROM

@@ -28,12 +28,11 @@ from harness.config import EvalConfig, RunConfig, parse_config
 from harness.graph import GATE_ACTIONS, build_graph
 from harness.round0 import initial_files, make_judge
 from harness.run import JUDGE_FILE, Run, RunError
-from harness.store import RunStore, acquire_lock
+from harness.store import RUN_MARKER, RunStore, acquire_lock, created_as
 
 __all__ = ["RUN_MARKER", "RunError", "answer_gate", "check_run_id", "find_run", "is_run_dir", "load_run_config",
            "new_run_id", "open_run", "resume_run", "start_run"]
 
-RUN_MARKER = ".evotrainer-run"  # written into a new run folder once its config.yaml is whole: what makes a folder one of ours
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
@@ -454,15 +453,6 @@ def load_run_config(run_dir: Path) -> RunConfig:
     if isinstance(ev, dict) and ev.get("env") is not None and ev.get("suite") == unused:
         ev.pop("suite")
     return parse_config(data, str(run_dir / "config.yaml"))
-
-
-def created_as(run_dir: Path) -> str | None:
-    """The id a run folder was created with (its marker, `start_run`), or None (an older run without one)."""
-    try:
-        text = (Path(run_dir) / RUN_MARKER).read_text().strip()
-    except OSError:
-        return None
-    return text if _RUN_ID.fullmatch(text) else None
 
 
 def _check_named(run_dir: Path) -> None:

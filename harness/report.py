@@ -38,7 +38,7 @@ def _gate_pending(store: RunStore, run_id: str, cands: list[dict[str, Any]]) -> 
 def _run_id(store: RunStore, run_dir: Path) -> str:
     """The run a folder holds: its name, or (a folder renamed or copied under another name) the id it was created
     with (its marker), or the one run its database holds; else its name, whose lookup then says what is there."""
-    from harness.lifecycle import created_as
+    from harness.store import created_as
 
     ids = store.runs()
     if run_dir.name in ids:
@@ -266,7 +266,7 @@ def print_summary(run_dir: Path, console) -> dict[str, Any]:
         console.print(f"carried_nothing: stages {', '.join(map(str, idle))}"
                       + "".join(f"\n  {shown(x)}" for x in why) + (
             "".join(f"\n  escalation, {shown(x)}" for x in esc) if esc else "\n  no escalation"), highlight=False)
-    if st["engineer_fallbacks"]:  # the morning's question: did the engineer I configured propose anything?
+    if st["engineer_fallbacks"]:  # did the engineer the run was configured with propose at all?
         fb = st["engineer_fallbacks"]
         console.print(f"engineer_fallbacks: the {shown(st['engineer'])} engineer did not propose in stages "
                       f"{', '.join(str(x['stage']) for x in fb)}; the rule engineer did"

@@ -23,6 +23,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import sqlite3
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -238,6 +239,19 @@ def _open_read_only(path: Path) -> tuple[Database, Path | None]:
             shutil.rmtree(tmp, ignore_errors=True)
         raise StoreError(f"{path} is not a readable run database ({exc}); restore it from a backup") from None
     return db, tmp
+
+
+RUN_MARKER = ".evotrainer-run"  # written into a new run folder once its config.yaml is whole: what makes a folder one of ours
+_RUN_ID_TEXT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+def created_as(run_dir: Path) -> str | None:
+    """The id a run folder was created with (its marker, `harness.lifecycle.start_run`), or None (an older run)."""
+    try:
+        text = (Path(run_dir) / RUN_MARKER).read_text().strip()
+    except OSError:
+        return None
+    return text if _RUN_ID_TEXT.fullmatch(text) else None
 
 
 # --- the run lock -------------------------------------------------------------------------------------------------------
