@@ -323,23 +323,28 @@ def _read_pid(fd: int) -> int | None:
     return int(raw) if raw.isdigit() else None
 
 
-def _flock_held(path: Path) -> bool | None:
-    """Whether any process holds a flock on `path`, from the kernel's table (/proc/locks: device and inode), without
-    taking one; None where that table cannot be read (not Linux)."""
+def _has_open(pid: int, path: Path) -> bool | None:
+    """Whether process `pid` holds `path` open (its /proc/<pid>/fd links), without touching the file; None where that
+    cannot be read (not Linux, another user's process). Paths, not device numbers: right on overlay file systems too."""
     try:
-        st = os.stat(path)
-        table = Path("/proc/locks").read_text()
+        target = str(path.resolve())
+        fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
         return None
-    ident = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    return any(len(f := line.split()) > 5 and f[1] == "FLOCK" and f[5] == ident for line in table.splitlines())
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def driver_dead(run_dir: Path) -> int | None:
     """The PID of a driver that was killed while it held `run_dir/lock` (its PID is left in the file; a clean release
     empties it), or None when the lock is free and empty or its holder lives. Read-only: a status reader must not
-    take the lock a starting driver needs. Whether the driver lives is read from the kernel's lock table where there
-    is one: after a reboot, or in a run folder copied from another machine, the PID left in the file may name some
+    take the lock a starting driver needs. A live process of that PID is the driver only if it holds the lock file
+    open: after a reboot, or in a run folder copied from another machine, the PID left in the file may name some
     other live process, which a PID check alone took for the driver ("running" for ever)."""
     path = Path(run_dir) / "lock"
     try:
@@ -349,8 +354,9 @@ def driver_dead(run_dir: Path) -> int | None:
     pid = int(raw) if raw.isdigit() else None
     if pid is None or pid == os.getpid():
         return None
-    held = _flock_held(path)
-    return pid if (not held if held is not None else not _pid_alive(pid)) else None
+    if not _pid_alive(pid):
+        return pid
+    return pid if _has_open(pid, path) is False else None  # alive, but not the driver: the PID was reused
 
 
 # --- the store ----------------------------------------------------------------------------------------------------------

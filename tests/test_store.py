@@ -349,7 +349,7 @@ def test_readers_never_write_the_database_and_read_a_killed_drivers_wal(tmp_path
 
 def test_a_lock_whose_pid_now_names_another_live_process_is_a_dead_driver(tmp_path: Path):
     """After a reboot (or a run folder copied from another machine) the PID a killed driver left in its lock may
-    belong to some other live process; whether the driver lives is read from the kernel's lock table, not the PID.
+    belong to some other live process; it is the driver only if it holds the lock file open.
     Would catch: `status` saying "running" for ever."""
     from harness.store import driver_dead
 
