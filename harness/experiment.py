@@ -617,8 +617,8 @@ def check_made_from(folder: Path, now: dict[str, Any]) -> None:
         then = json.loads(f.read_text())["made_from"]
     except (OSError, ValueError, KeyError, TypeError):
         raise ExperimentError(f"{f}: unreadable; remove {folder} to re-run that arm") from None
-    if _first_diff(then, now, "") is not None:
-        raise ExperimentError(f"{folder}: made from other settings than this call's: {_first_diff(then, now, '')}; "
+    if (diff := _first_diff(then, now, "")) is not None:
+        raise ExperimentError(f"{folder}: made from other settings than this call's: {diff}; "
                               "its results cannot be pooled with these: use a new --out, or remove that folder to "
                               "re-run it")
 

@@ -96,19 +96,26 @@ def _harness_snapshot(repo: Path) -> dict[str, bytes]:
     return {str(p.relative_to(repo)): p.read_bytes() for p in sorted(repo.rglob("*")) if p.is_file()}
 
 
-def _fake_run(runs: Path, run_id: str = "r1") -> Path:
-    """A run folder as `evotrainer run` leaves it, without training: marker, config, run.db, and a harness repo with one
-    rejected candidate whose summary, rationale and reason are hostile, and one promotion merged but not yet tagged
-    (the state between a promotion's merge and its tag)."""
+def _run_folder(runs: Path, run_id: str, status: str | None) -> tuple[Path, Workspace]:
+    """A run folder as `evotrainer run` makes it, without training: marker, config, run.db (the run row, in `status`
+    unless None) and an empty harness repo."""
     run_dir = runs / run_id
     run_dir.mkdir(parents=True)
     (run_dir / RUN_MARKER).write_text(run_id)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(TINY))
     store = RunStore.open(run_dir / "run.db")
     store.create_run(run_id, TINY)
-    store.set_run_status(run_id, "running")
+    if status is not None:
+        store.set_run_status(run_id, status)
     store.close()
-    ws = Workspace.create(run_dir / "harness")
+    return run_dir, Workspace.create(run_dir / "harness")
+
+
+def _fake_run(runs: Path, run_id: str = "r1") -> Path:
+    """A run folder as `evotrainer run` leaves it, without training: marker, config, run.db, and a harness repo with one
+    rejected candidate whose summary, rationale and reason are hostile, and one promotion merged but not yet tagged
+    (the state between a promotion's merge and its tag)."""
+    run_dir, ws = _run_folder(runs, run_id, "running")
     recipe = ws.read("recipe.yaml")
     ws.propose("s1-c1", {"recipe.yaml": recipe.replace("temperature: 1.0", "temperature: 0.7")},
                summary="[/x] lower \x1b[2J temperature", rationale=HOSTILE, factor="recipe.temperature", stage=1)
@@ -442,18 +449,7 @@ def test_run_and_resume_survive_hostile_replies_and_print_them_as_text(tmp_path)
 def _finished_fake_run(runs: Path, run_id: str, rationale: str) -> Path:
     """A finished run folder without training: marker, config, run.db, a harness repo with one rejected candidate
     whose rationale is `rationale` (`_fake_run` above is a running one with a half-made promotion)."""
-    from harness.benchmarks.run import TINY as T
-    from harness.lifecycle import RUN_MARKER
-
-    run_dir = runs / run_id
-    run_dir.mkdir(parents=True)
-    (run_dir / RUN_MARKER).write_text(run_id)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(T))
-    store = RunStore.open(run_dir / "run.db")
-    store.create_run(run_id, T)
-    store.set_run_status(run_id, "finished")
-    store.close()
-    ws = Workspace.create(run_dir / "harness")
+    run_dir, ws = _run_folder(runs, run_id, "finished")
     recipe = ws.read("recipe.yaml")
     ws.propose("s1-c1", {"recipe.yaml": recipe.replace("temperature: 1.0", "temperature: 0.7")},
                summary="recipe.temperature: 1.0 -> 0.7", rationale=rationale, factor="recipe.temperature", stage=1)
@@ -483,16 +479,6 @@ def test_review_quotes_a_rationale_and_a_damaged_repo_is_one_line(main, tmp_path
 
 def test_review_of_a_run_without_candidates_says_so(main, tmp_path):
     """Before: an empty screen, as if the command had failed."""
-    from harness.benchmarks.run import TINY as T
-    from harness.lifecycle import RUN_MARKER
-
-    d = tmp_path / "runs" / "e1"
-    d.mkdir(parents=True)
-    (d / RUN_MARKER).write_text("e1")
-    (d / "config.yaml").write_text(yaml.safe_dump(T))
-    store = RunStore.open(d / "run.db")
-    store.create_run("e1", T)
-    store.close()
-    Workspace.create(d / "harness")
+    d, _ = _run_folder(tmp_path / "runs", "e1", None)
     r = main("review", str(d))
     assert r.returncode in (0, None) and "no candidates yet: run e1 is created, 0 stage(s) done" in r.stdout, r.stdout
