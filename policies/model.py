@@ -200,11 +200,17 @@ def ensure_pad_token(tok, source: str = "the checkpoint") -> None:
     if tok.eos_token is None:
         raise PolicyLoadError(f"tokenizer of {source} has neither a pad nor an EOS token; set pad_token and eos_token "
                               "in its tokenizer_config.json")
+    tok.pad_token = tok.eos_token
+    if source in _PAD_WARNED:  # once a process per checkpoint: a run loads it for the SFT, the probe and every arm
+        return
+    _PAD_WARNED.add(source)
     import warnings
 
     warnings.warn(f"tokenizer of {source} has no pad token: using its EOS {tok.eos_token!r} as pad; set pad_token in "
                   "its tokenizer_config.json to a distinct token to silence this", stacklevel=2)
-    tok.pad_token = tok.eos_token
+
+
+_PAD_WARNED: set[str] = set()
 
 
 _MARKER = "\u2581evotrainer-turn\u2581"

@@ -21,6 +21,7 @@ trained from scratch. On a CUDA GPU bf16 is used when supported. `import trl` is
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import math
 import os
@@ -166,6 +167,8 @@ class SFTMetrics(BaseModel):
     wall_s: float
     out_dir: str | None = None
     resumed_from: int = Field(0, description="the step of the resumable checkpoint this call continued from (0: none)")
+    # wall_s: the whole SFT's seconds, a resumed one's included up to the checkpoint it continued from (what a kill
+    # lost after that checkpoint is retrained, and counted, once more)
 
 
 class GRPOStep(BaseModel):
@@ -468,7 +471,7 @@ def train_sft(model, tok, pairs: list[dict[str, str]], recipe: Recipe, out_dir: 
         rows = [{"prompt": format_prompt(tok, p["prompt"]), "completion": p["completion"]} for p in pairs]
     sink: list[dict] = []
     common = _common_args(_scratch_dir(out_dir), recipe, schedule)
-    resume_from, saver = None, []
+    resume_from, saver, earlier = None, [], 0.0
     if resume_dir is not None and save_every > 0:
         resume_dir = Path(resume_dir)
         resume_from = latest_resume_checkpoint(resume_dir)
@@ -477,7 +480,8 @@ def train_sft(model, tok, pairs: list[dict[str, str]], recipe: Recipe, out_dir: 
 
         shutil.rmtree(staging, ignore_errors=True)  # a write a kill interrupted: never complete, never read
         common.update(output_dir=str(staging), save_strategy="steps", save_steps=save_every)
-        saver = [_atomic_saver(resume_dir)]
+        earlier = _earlier_wall(resume_from)  # read now: the saver deletes this checkpoint once a newer one lands
+        saver = [_atomic_saver(resume_dir, earlier)]
     args = SFTConfig(
         **common, learning_rate=recipe.sft_learning_rate,
         max_steps=recipe.sft_steps, per_device_train_batch_size=recipe.sft_batch_size, completion_only_loss=True,
@@ -486,7 +490,9 @@ def train_sft(model, tok, pairs: list[dict[str, str]], recipe: Recipe, out_dir: 
     trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok,
                          callbacks=[_callback("sft", recipe.sft_steps, progress, sink), *(callbacks or []),
                                     *tensorboard_callbacks(tensorboard_dir), *saver])
-    wall = _train(trainer, model, tok, out_dir, resume_from=resume_from)
+    for cb in saver:
+        cb.start = time.perf_counter()  # the saver's clock starts with the training, as `_train`'s does
+    wall = _train(trainer, model, tok, out_dir, resume_from=resume_from) + earlier
     return SFTMetrics(steps=trainer.state.global_step, examples=len(pairs), wall_s=wall, out_dir=str(out_dir) if out_dir else None,
                       loss=[r["loss"] for r in sink if "loss" in r],
                       token_accuracy=[r["mean_token_accuracy"] for r in sink if "mean_token_accuracy" in r],
@@ -520,18 +526,36 @@ def clear_resume(resume_dir: str | Path) -> None:
     shutil.rmtree(resume_dir, ignore_errors=True)
 
 
-def _atomic_saver(resume_dir: Path):
-    """A TrainerCallback that, after the trainer has written `checkpoint-N` into the staging folder, renames it to
+WALL_FILE = "evotrainer_wall.json"  # in an SFT resume checkpoint: the training seconds spent up to it, every call's
+
+
+def _earlier_wall(checkpoint: Path | None) -> float:
+    """The training seconds that led to a resume checkpoint (0 without one, or one an older version wrote)."""
+    if checkpoint is None:
+        return 0.0
+    try:
+        return max(0.0, float(json.loads((Path(checkpoint) / WALL_FILE).read_text())["wall_s"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0.0
+
+
+def _atomic_saver(resume_dir: Path, earlier_s: float = 0.0):
+    """A TrainerCallback that, after the trainer has written `checkpoint-N` into the staging folder, records the
+    training seconds so far in it (`earlier_s`, what the calls before this one spent, plus this call's since its
+    `start`: a resumed SFT is charged its whole time, not only the part after the kill), renames it to
     `resume_dir/step-N` (one rename on one filesystem: atomic) and then deletes older steps."""
     import shutil
 
     from transformers import TrainerCallback
 
     class AtomicCheckpoint(TrainerCallback):
+        start = time.perf_counter()
+
         def on_save(self, args, state, control, **kw):
             staged = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             if not staged.is_dir():
                 return
+            (staged / WALL_FILE).write_text(json.dumps({"wall_s": earlier_s + time.perf_counter() - self.start}))
             dest = resume_dir / f"{_STEP}{state.global_step:08d}"
             shutil.rmtree(dest, ignore_errors=True)
             os.replace(staged, dest)

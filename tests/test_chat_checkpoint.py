@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -345,6 +346,10 @@ def test_a_tokenizer_without_a_pad_token_pads_with_eos_and_says_so(chat_ckpt, tm
     with pytest.warns(UserWarning, match="has no pad token: using its EOS '<\\|endoftext\\|>' as pad; set pad_token"):
         model, tok = load_policy(nopad)
     assert tok.pad_token_id == tok.eos_token_id
+    with warnings.catch_warnings(record=True) as again:  # once per checkpoint and process, not at every load
+        warnings.simplefilter("always")
+        _, tok2 = load_policy(nopad)
+    assert tok2.pad_token_id == tok2.eos_token_id and not [w for w in again if "no pad token" in str(w.message)]
     _always(model, tok.convert_tokens_to_ids(IM_END))
     res = generate(model, tok, ["What is 2+3?", "Hi"], SamplingParams(temperature=0.0, max_new_tokens=6))
     assert res.tokens == [1, 1]

@@ -10,6 +10,7 @@ changes them.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ import torch
 from transformers import TrainerCallback
 
 from policies.model import build_model
-from policies.train import STAGING, Recipe, latest_resume_checkpoint, train_sft
+from policies.train import STAGING, WALL_FILE, Recipe, latest_resume_checkpoint, train_sft
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -78,9 +79,14 @@ def test_a_killed_sft_resumes_from_its_last_checkpoint_and_ends_where_an_unbroke
     with pytest.raises(Killed):
         train_sft(model, tok, PAIRS, RECIPE, resume_dir=resume, save_every=3, callbacks=[KillAt(5)])
     assert latest_resume_checkpoint(resume).name == "step-00000003"
+    before = json.loads((latest_resume_checkpoint(resume) / WALL_FILE).read_text())["wall_s"]
+    assert before > 0
     model, tok = _fresh()  # a restarted process: nothing survives but the disk
     m = train_sft(model, tok, PAIRS, RECIPE, resume_dir=resume, save_every=3)
     assert m.steps == 8 and len(m.loss) == 5 and m.resumed_from == 3  # what the run's `sft_resumed` event reports
+    # the ledger's SFT seconds are the whole warm start's: the killed call's part up to its checkpoint included
+    # (the last checkpoint holds the seconds up to it: the killed call's and this one's)
+    assert json.loads((latest_resume_checkpoint(resume) / WALL_FILE).read_text())["wall_s"] <= m.wall_s + 0.05
     assert _same(model, reference)
     # the trainer also checkpoints its last step; older steps are deleted as newer ones land
     assert [p.name for p in resume.glob("step-*")] == ["step-00000008"]
