@@ -777,7 +777,8 @@ def train(
 @app.command("eval")
 def eval_cmd(
     ckpt: Annotated[Path, typer.Argument(help="checkpoint directory (save_pretrained)")],
-    task: Annotated[str, typer.Option(help="task family")] = "mapf",
+    task: Annotated[str | None, typer.Option(help="task family; default: the one the checkpoint was trained on (its "
+                                             "evotrainer.json), else mapf")] = None,
     suite: Annotated[str, typer.Option(help="benchmark suite name (test-split seeds)")] = "small",
     env: Annotated[Path | None, typer.Option(help="a generator config YAML (the task's env.yaml, e.g. a scenario's "
                                             "target) as the test set instead of --suite: --n instances, test "
@@ -799,11 +800,13 @@ def eval_cmd(
     from policies.rollout import SamplingParams
 
     model, tok = load_policy(ckpt)  # a missing checkpoint is the first error the user sees
-    t = get_task(task)
     from harness.policy_glue import read_policy_meta
     from harness.terminal import shown
 
-    if (trained := read_policy_meta(ckpt).get("task")) and trained != task:
+    trained = read_policy_meta(ckpt).get("task")
+    task = task or (trained if isinstance(trained, str) and trained else "mapf")
+    t = get_task(task)
+    if trained and trained != task:
         err.print(f"warning: {shown(str(ckpt))} was trained on task {shown(str(trained))} (its evotrainer.json), and "
                   f"is scored here on {task}: pass --task {shown(str(trained))} to score it on its own task",
                   highlight=False)

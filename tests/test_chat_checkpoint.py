@@ -216,10 +216,11 @@ def test_train_eval_and_run_on_the_chat_checkpoint(chat_ckpt, tmp_path):
     assert "sft_loss:" in res.output and "grpo_reward:" in res.output
     assert json.loads((out / "evotrainer.json").read_text()) == {"task": "math", "style": "chat"}
     assert load_tokenizer(out).chat_template == QWEN_CHAT_TEMPLATE
-    res = runner.invoke(app, ["eval", str(out), "--task", "math", "--suite", "small", "--max-new-tokens", "8",
-                              "--threads", "1"])
+    # without --task the checkpoint's own task (its evotrainer.json) is scored, not the mapf default
+    res = runner.invoke(app, ["eval", str(out), "--suite", "small", "--max-new-tokens", "8", "--threads", "1"])
     assert res.exit_code == 0, res.output
-    assert "(chat prompts)" in res.output and "valid:" in res.output
+    assert "math suite 'small' (chat prompts)" in res.output and "valid:" in res.output
+    assert "was trained on task" not in res.output
 
     cfg = {"task": "math", "name": "chat", "policy": {"checkpoint": str(chat_ckpt)},
            "warm_start": {"sft_examples": 16, "sft_steps": 2},
