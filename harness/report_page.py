@@ -60,7 +60,8 @@ def gather(run_dir: Path) -> dict[str, Any]:
     finally:
         store.close()
     stop = next((e["message"] for e in reversed(events) if e["kind"] == "finished"), None)
-    warnings = [e for e in events if e["kind"] in ("warning", "regression")]
+    # what a reviewer must not miss: warnings, a stage that lowered the policy, a checkpoint not carried forward
+    warnings = [e for e in events if e["kind"] in ("warning", "regression", "not_carried", "control_below")]
     exploits = [e for e in events if e["kind"] == "exploit"]  # stages that trained under the last promotion
     diffs, evolved = {}, ""
     try:

@@ -157,3 +157,20 @@ def test_the_page_shows_reordering_and_control_characters_as_escapes():
 
     out = E('<b>\u202eexe.live\u202c \x1b[2J "q"')
     assert out == "&lt;b&gt;\\u202eexe.live\\u202c \\x1b[2J &quot;q&quot;"
+
+
+def test_a_checkpoint_not_carried_is_among_the_pages_warnings(run_dir, tmp_path):
+    """A stage whose control arm read below its start and was not carried (or was left to the carry reading) is what
+    a reviewer must see first, with the warnings. Would catch: those events shown only in `status`."""
+    copy = tmp_path / "rep"
+    shutil.copytree(run_dir, copy)
+    store = RunStore.open(copy / "run.db")
+    store.add_event("rep", "not_carried", "the control arm's estimate on the target is below the stage's start",
+                    stage=2, node="backtest")
+    store.add_event("rep", "control_below", "the control arm's greedy estimate is below the stage's start",
+                    stage=1, node="backtest")
+    store.close()
+    page = write_html(copy).read_text()
+    warn = page.split("<section id=warnings>", 1)[1].split("</section>", 1)[0]
+    assert "stage 2: the control arm&#x27;s estimate on the target is below" in warn
+    assert "stage 1: the control arm&#x27;s greedy estimate" in warn
