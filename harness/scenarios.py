@@ -610,7 +610,12 @@ def write_plot(summary: dict[str, Any], arms: list[str], out: Path) -> None:
     width = 0.8 / max(1, len(arms))
     for i, arm in enumerate(arms):
         ys = [100 * summary[n]["arms"].get(arm, {}).get("valid", float("nan")) for n in names]
-        ax.bar([j + i * width for j in range(len(names))], ys, width, label=arm)
+        xs = [j + i * width for j in range(len(names))]
+        bars = ax.bar(xs, ys, width, label=arm)
+        for x, y in zip(xs, ys, strict=True):  # a measured 0.0 is a bar of no height: labelled, it is not a gap
+            if y == 0:
+                ax.annotate("0", (x, 0), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom",
+                            fontsize=7, color=bars.patches[0].get_facecolor())
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))], names, rotation=20, ha="right", fontsize=8)
     ax.set_ylabel("test valid % (target, greedy)")
     ax.legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars, never on them

@@ -453,3 +453,19 @@ def test_one_name_twice_a_fixed_budget_a_missing_quick_checkpoint_and_a_busy_out
             run_scenarios([a], tmp_path / "busy", ["fixed-template"], 1, False, say=lambda m: None)
     finally:
         held.release()
+
+
+def test_the_plot_labels_a_measured_zero_and_leaves_an_arm_that_did_not_run_empty(tmp_path, monkeypatch):
+    """A 0.0 bar has no height: without a label it reads as an arm that did not run. Would catch: the label lost, or
+    put on a missing arm too."""
+    import harness.report_page as rp
+    from harness import scenarios
+
+    figs = []
+    monkeypatch.setattr(rp, "plot_page", lambda fig, *a, **k: figs.append(fig) or "<html></html>")
+    summary = {"a": {"arms": {"fixed-template": {"valid": 0.0}, "oracle": {"valid": 0.3}}},
+               "b": {"arms": {"oracle": {"valid": 0.2}}}}
+    monkeypatch.setattr(scenarios, "summary_md", lambda s, a: "")
+    scenarios.write_plot(summary, ["fixed-template", "oracle"], tmp_path)
+    labels = [t for t in figs[0].axes[0].texts if t.get_text() == "0"]
+    assert len(labels) == 1 and labels[0].xy == (0.0, 0)
