@@ -141,6 +141,7 @@ def passed_gate(row: dict[str, Any]) -> bool:
 def remember_skills(run: Run, k: int) -> None:
     """Record each decided candidate's try on its skill; file an engineer-invented change that won as a new skill."""
     from harness.tasks.knobs import ENTRY, MIXTURE, TARGET
+    from skills.library import UnknownSkillError
     from skills.model import Evidence as SkillEvidence
     from skills.model import Intervention, Provenance, Skill, Trigger
 
@@ -153,9 +154,15 @@ def remember_skills(run: Run, k: int) -> None:
             promoted = c["status"] == "promoted"
             interval = (c["ci_low"], c["ci_high"]) if c.get("ci_low") is not None else None
             if cand.skill:  # a change that passed the gate and lost to a better one worked: a success for its skill
-                lib.record_try(cand.skill, promoted=promoted or passed_gate(c), effect=c.get("effect") or 0.0,
-                               interval=interval,
-                               family=run.config.task, run=run.uid, candidate=cand.id, commit=c.get("commit_sha"))
+                try:
+                    lib.record_try(cand.skill, promoted=promoted or passed_gate(c), effect=c.get("effect") or 0.0,
+                                   interval=interval, family=run.config.task, run=run.uid, candidate=cand.id,
+                                   commit=c.get("commit_sha"))
+                except UnknownSkillError:  # removed, or the run resumed under another home: the run goes on
+                    run.event(k, "remember", "warning",
+                              f"candidate {cand.id}'s skill {cand.skill!r} is no longer in the skill library "
+                              f"({lib.path}: removed or replaced since it was proposed, or the run resumed under "
+                              "another EVOTRAINER_HOME): its try is not recorded", key=f"{k}/orphan-try/{cand.id}")
             elif promoted:  # an engineer-invented change that worked becomes a skill
                 codes = [f.code for f in run.store.findings(run.id, stage=k)][:3]
                 uid = hashlib.sha256(run.uid.encode()).hexdigest()[:6]  # ids repeat across folders; the uid does not

@@ -165,10 +165,13 @@ class Run:
         return self._env_stats[key]
 
     def skills(self):
-        """The skill library; the seed skills are synced on the first open of the process only."""
+        """The skill library; the seed skills are synced on the first open of the process, and again when the
+        library holds none (deleted or replaced while the run went on)."""
         from skills.library import SEED_DIR, SkillLibrary
 
-        lib = SkillLibrary.open(seed_dir=None if self._seeds_synced else SEED_DIR)
+        lib = SkillLibrary.open(seed_dir=None)
+        if not self._seeds_synced or not lib.has_seeds():  # a library removed or replaced since: seeds back first
+            lib.sync_seeds(SEED_DIR)
         self._seeds_synced = True
         return lib
 

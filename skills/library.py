@@ -460,6 +460,10 @@ class SkillLibrary:
             raise UnknownSkillError(f"no skill named {name!r} in {self.path}{hint}")
         return self._skill(row)
 
+    def has_seeds(self) -> bool:
+        """Does the library hold any seed skill (one synced from a seed file)?"""
+        return self.db.execute("SELECT 1 FROM skills WHERE seed_hash IS NOT NULL LIMIT 1").fetchone() is not None
+
     def names(self) -> list[str]:
         return [r[0] for r in self.db.execute("SELECT name FROM skills ORDER BY name").fetchall()]
 

@@ -1003,3 +1003,38 @@ def test_a_confirmation_that_reads_a_little_above_the_start_judges_on_and_carrie
     assert BacktestConfig(carry_confirm=96, carry_confirm_max=96).confirm_most == 96
     with pytest.raises(ValueError, match="carry_confirm_max .* below carry_confirm"):
         BacktestConfig(carry_confirm=288, carry_confirm_max=100)
+
+
+def test_a_skill_gone_from_the_library_costs_its_try_not_the_run(run):
+    """The library was deleted (or the run resumed under another EVOTRAINER_HOME) between a candidate's proposal and
+    `remember`: before, `record_try` raised "no skill named ..." and the run could never finish (every resume failed
+    again at remember). Now the try is dropped with a warning naming it, the seeds are back in the recreated library,
+    and the other candidates' tries are recorded. Would catch either half lost."""
+    import os
+
+    from harness.memory import remember_skills
+    from skills.library import default_path
+
+    lib = run.skills()
+    try:
+        seed = lib.all()[0].name
+    finally:
+        lib.close()
+    for cid, skill, knob in (("s1c1", "an-imported-skill", "recipe.learning_rate"), ("s1c2", seed, "recipe.beta")):
+        c = Candidate(id=cid, stage=1, change=Change(kind="recipe", knob=knob, value=0.5), old_value=1.0,
+                      rationale="r", skill=skill)
+        run.store.upsert_candidate("r", c, commit=None)
+        ev = Evidence(n=40, control=0.2, candidate=0.2, effect=0.0, ci_low=-0.1, ci_high=0.1,
+                      looks=[{"n": 40, "decision": "refuted"}])
+        run.store.set_candidate_verdict(Verdict(candidate=cid, decision="rejected", reason="gate", evidence=ev))
+    for f in default_path().parent.glob("skills.db*"):
+        os.remove(f)
+    remember_skills(run, 1)
+    remember_skills(run, 1)  # as a resume re-runs the node
+    lib = run.skills()
+    try:
+        assert [t["candidate"] for t in lib.tries(seed)] == ["s1c2"] and lib.has_seeds()
+    finally:
+        lib.close()
+    warned = [e for e in run.store.events("r") if e["kind"] == "warning" and "an-imported-skill" in e["message"]]
+    assert len(warned) == 1 and "no longer in the skill library" in warned[0]["message"]
