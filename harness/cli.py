@@ -851,7 +851,20 @@ SkillsHome = Annotated[Path | None, typer.Option("--home", help=_HOME_HELP)]
 def _skill_library(home: Path | None):
     from skills.library import SkillLibrary
 
-    return SkillLibrary.open(home / "skills.db" if home is not None else None)
+    lib = SkillLibrary.open(home / "skills.db" if home is not None else None)
+    try:
+        lib.check()  # a damaged page is one line naming the file and the fix, not a traceback from a later read
+    except Exception:
+        lib.close()
+        raise
+    return lib
+
+
+def _say_skipped(skipped: list[str]) -> None:
+    from harness.terminal import plain
+
+    for line in skipped:
+        err.print(plain(line), highlight=False, markup=False)
 
 
 @skills_app.command("list")
@@ -867,8 +880,10 @@ def skills_list(
 
     from harness.terminal import shown
 
+    skipped: list[str] = []
     with _skill_library(home) as lib:
-        skills = lib.all(task)
+        skills = lib.all(task, skipped=skipped)
+    _say_skipped(skipped)
     if as_json:
         print(json.dumps([{**s.model_dump(mode="json"), "general": s.general} for s in skills], indent=2))
         return
@@ -906,25 +921,34 @@ def skills_export(
     home: SkillsHome = None,
 ) -> None:
     """Export every skill as one Markdown file with YAML front matter (evidence included)."""
+    skipped: list[str] = []
     with _skill_library(home) as lib:
-        paths = lib.export(out_dir)
-    print(f"exported: {len(paths)} skills to {out_dir}")
+        paths = lib.export(out_dir, skipped=skipped)
+    _say_skipped(skipped)
+    print(f"exported: {len(paths)} skills to {out_dir}" + (f" ({len(skipped)} that do not read back left out)"
+                                                           if skipped else ""))
 
 
 @skills_app.command("import")
 def skills_import(
     paths: Annotated[list[Path], typer.Argument(help="skill files or folders of *.md skill files")],
+    replace: Annotated[bool, typer.Option("--replace", help="a file may replace the definition of a skill the "
+                                          "library has (its evidence then starts again from nothing)")] = False,
     home: SkillsHome = None,
 ) -> None:
     """Import skill files; all are checked first, so one malformed file imports nothing (the error names it).
-    Definitions are trusted once checked; the evidence a file claims is shown as `imported`, never ranked."""
+    Definitions are trusted once checked; the evidence a file claims is shown as `imported`, never ranked. A file
+    whose skill the library has with another definition is refused unless --replace."""
     from skills.library import IMPORT_TRUST
 
+    replaced: list[str] = []
     with _skill_library(home) as lib:
-        names = lib.import_files(paths)
+        names = lib.import_files(paths, replace=replace, replaced=replaced)
     from harness.terminal import plain
 
     print(plain(f"imported: {len(names)} skills: {', '.join(names)}"))
+    if replaced:
+        print(plain(f"replaced: {', '.join(replaced)} (another definition: their evidence starts again from nothing)"))
     print(f"trust: {IMPORT_TRUST}")
 
 

@@ -110,6 +110,7 @@ def start_run(config: RunConfig, runs_dir: str | Path = "runs", run_id: str | No
 
     check_env()  # a bad thread or core count in the environment is refused before the run folder exists
     _check_engineer(config)
+    _check_library()
     if Path(runs_dir).exists() and not Path(runs_dir).is_dir():
         raise RunError(f"--runs-dir {runs_dir} is not a folder; pass a folder for runs/<id>/ (created if missing)")
     run_dir = Path(runs_dir) / run_id
@@ -247,6 +248,19 @@ def _check_engineer(config: RunConfig) -> None:
            if config.engineer.base_url else "point engineer.model_path at a save_pretrained checkpoint folder")
     raise RunError(f"engineer: {why}; {fix}, use engineer.kind: rule, or set engineer.preflight: false to start anyway "
                    "(a stage the engineer cannot answer falls back to the rule engineer)")
+
+
+def _check_library() -> None:
+    """The skill library opens, takes its seeds and passes SQLite's quick check: a damaged file or a read-only home
+    is one line with the fix before anything trains (it used to crash the first stage's proposal, after the warm
+    start and the stage's training)."""
+    from skills.library import SkillLibrary, SkillLibraryError
+
+    try:
+        with SkillLibrary.open() as lib:
+            lib.check()
+    except SkillLibraryError as exc:
+        raise RunError(str(exc)) from None
 
 
 def _check_scale(config: RunConfig) -> None:
@@ -481,6 +495,7 @@ def resume_run(ref: str | Path, runs_dir: str | Path = "runs",
     """Continue an interrupted run from its last LangGraph checkpoint (the interrupted node runs again)."""
     run_dir = find_run(ref, runs_dir)
     _check_named(run_dir)
+    _check_library()
     lock = acquire_lock(run_dir, run_dir.name)
     try:
         _drive_prepared(run_dir, load_run_config(run_dir), progress, None)

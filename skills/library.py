@@ -59,6 +59,18 @@ class SkillFileError(SkillError):
     """A skill file that cannot be read: the message names the file and the field."""
 
 
+class SkillLibraryError(SkillError):
+    """The library's file cannot be opened, written or read (damaged, not a database, a read-only home)."""
+
+
+def library_error(path: Path, why: object) -> SkillLibraryError:
+    what = why.strerror if isinstance(why, OSError) and why.strerror else str(why)
+    return SkillLibraryError(
+        f"the skill library {path} cannot be used: {what}; if it is damaged, move it aside (mv {path} {path}.bad) and "
+        "an empty one (the seed skills) is made at the next start, then `evotrainer skills import` an export of it if "
+        "you have one; if its folder is read-only, point EVOTRAINER_HOME at a writable one")
+
+
 class UnknownSkillError(SkillError, KeyError):
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0])
@@ -385,15 +397,30 @@ class SkillLibrary:
         """Open (creating and migrating) the library at `path` (default `$EVOTRAINER_HOME/skills.db`) and sync the
         seed skills from `seed_dir` (None: no seeds)."""
         path = Path(path) if path is not None else default_path()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        db = Database(sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S))
-        db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-        db.enable_wal()
-        _migrate(db)
-        lib = cls(db, path)
-        if seed_dir is not None and Path(seed_dir).is_dir():
-            lib.sync_seeds(Path(seed_dir))
+        db = None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            db = Database(sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S))
+            db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+            db.enable_wal()
+            _migrate(db)
+            lib = cls(db, path)
+            if seed_dir is not None and Path(seed_dir).is_dir():
+                lib.sync_seeds(Path(seed_dir))
+        except (sqlite3.Error, OSError) as exc:
+            if db is not None:
+                db.close()
+            raise library_error(path, exc) from None
         return lib
+
+    def check(self) -> None:
+        """SQLite's quick check of the file (a damaged page raises `SkillLibraryError` naming the fix)."""
+        try:
+            rows = [r[0] for r in self.db.execute("PRAGMA quick_check").fetchall()]
+        except sqlite3.Error as exc:
+            raise library_error(self.path, exc) from None
+        if rows != ["ok"]:
+            raise library_error(self.path, "; ".join(map(str, rows[:3])))
 
     def close(self) -> None:
         self.db.close()
@@ -467,9 +494,18 @@ class SkillLibrary:
     def names(self) -> list[str]:
         return [r[0] for r in self.db.execute("SELECT name FROM skills ORDER BY name").fetchall()]
 
-    def all(self, task: str | None = None) -> list[Skill]:
-        """Every skill (that fits `task`: its domains include it, it has no domains, or it is general), by name."""
-        skills = [self._skill(r) for r in self.db["skills"].rows_where(order_by="name")]
+    def all(self, task: str | None = None, skipped: list[str] | None = None) -> list[Skill]:
+        """Every skill (that fits `task`: its domains include it, it has no domains, or it is general), by name.
+        With a `skipped` list a stored skill that does not read back is named there and left out, instead of
+        raising (a listing or an export of a library with one bad row still shows the rest)."""
+        skills = []
+        for r in self.db["skills"].rows_where(order_by="name"):
+            try:
+                skills.append(self._skill(r))
+            except SkillError as exc:
+                if skipped is None:
+                    raise
+                skipped.append(f"skill {r['name']} skipped: {exc}")
         return [s for s in skills if _fits(s, task)]
 
     def tries(self, name: str) -> list[dict[str, Any]]:
@@ -630,11 +666,12 @@ class SkillLibrary:
 
     # --- export / import ------------------------------------------------------------------------------------------------
 
-    def export(self, out_dir: str | Path, names: Iterable[str] | None = None) -> list[Path]:
-        """Write `<name>.md` per skill (all, or `names`) into `out_dir`; returns the paths."""
+    def export(self, out_dir: str | Path, names: Iterable[str] | None = None,
+               skipped: list[str] | None = None) -> list[Path]:
+        """Write `<name>.md` per skill (all, or `names`) into `out_dir`; returns the paths. `skipped`: as `all`."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        skills = [self.get(n) for n in names] if names is not None else self.all()
+        skills = [self.get(n) for n in names] if names is not None else self.all(skipped=skipped)
         paths = []
         for s in skills:
             p = out / f"{s.name}.md"
@@ -642,12 +679,16 @@ class SkillLibrary:
             paths.append(p)
         return paths
 
-    def import_files(self, paths: Iterable[str | Path]) -> list[str]:
+    def import_files(self, paths: Iterable[str | Path], *, replace: bool = False,
+                     replaced: list[str] | None = None) -> list[str]:
         """Import skill files (a folder means its *.md). All files are checked before anything is written (the
         Skill fields, the trigger condition's grammar, types and size), so a malformed file imports nothing.
         Evidence is not trusted (IMPORT_TRUST): a new skill starts with no evidence of its own and keeps the file's
-        claim as `imported` (its `evidence`, else its own `imported`), shown but never ranked; an existing one gets
-        the file's definition and keeps its evidence. Returns the names imported."""
+        claim as `imported` (its `evidence`, else its own `imported`), shown but never ranked. A file naming a skill
+        the library has with the same definition changes nothing (an export brought back keeps what was earned
+        here); with another definition it is refused unless `replace`: then the definition is the file's and the
+        evidence starts again from nothing (what the old definition earned does not rank the new one; its tries
+        stay in the history), and the name is added to `replaced`. Returns the names imported."""
         files: list[Path] = []
         for p in map(Path, paths):
             if p.is_dir():
@@ -670,12 +711,23 @@ class SkillLibrary:
         dupes = {s.name for s in parsed if [x.name for x in parsed].count(s.name) > 1}
         if dupes:
             raise SkillFileError(f"two files define skill {min(dupes)!r}; keep one")
+        differ = [s.name for s in parsed if (row := self._row(s.name)) is not None
+                  and row["definition"] != self._definition_row(s)["definition"]]
+        if differ and not replace:
+            raise SkillFileError(
+                f"the library already has skill(s) {', '.join(differ[:5])} with another definition; importing would "
+                "replace what they do while keeping the evidence they earned. Rename the file's skill, or pass "
+                "--replace (the definition is replaced and its evidence starts again from nothing)")
         with _immediate(self.db):
             for skill in parsed:
                 if self._row(skill.name) is None:
                     self._insert(skill)
-                else:
-                    self.db["skills"].update(skill.name, {**self._definition_row(skill), "seed_hash": None})
+                elif skill.name in differ:
+                    self.db["skills"].update(skill.name, {
+                        **self._definition_row(skill), **self._evidence_row(Evidence()), "seed_hash": None,
+                        "imported_evidence": skill.imported.model_dump_json() if skill.imported else None})
+                    if replaced is not None:
+                        replaced.append(skill.name)
         return [s.name for s in parsed]
 
     def import_dir(self, folder: str | Path) -> list[str]:

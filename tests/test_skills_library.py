@@ -298,8 +298,15 @@ def test_cli_list_show_export_import(tmp_path: Path, home: Path, seed_dir: Path)
     _write_seeds(tmp_path / "in")
     runner = CliRunner()
     other = tmp_path / "other-home"
+    # the test's seeds redefine a shipped seed skill of the same name: refused without --replace, nothing written
     r = runner.invoke(app, ["skills", "import", str(tmp_path / "in"), "--home", str(other)])
+    assert r.exit_code == 1 and "already has skill(s) raise-temperature-on-dead-groups with another definition" \
+        in str(r.exception)
+    with SkillLibrary.open(other / "skills.db", seed_dir=None) as lib:
+        assert "raise-hole-ratio" not in lib.names()
+    r = runner.invoke(app, ["skills", "import", str(tmp_path / "in"), "--replace", "--home", str(other)])
     assert r.exit_code == 0 and r.output.startswith(f"imported: {len(SEEDS)} skills"), r.output
+    assert "replaced: raise-temperature-on-dead-groups (another definition" in r.output
     assert "\ntrust: " in r.output and "not trusted: evidence" in r.output  # the import says what it trusts
     r = runner.invoke(app, ["skills", "list", "--task", "math", "--json", "--home", str(other)])
     assert r.exit_code == 0, r.output
@@ -477,3 +484,57 @@ def test_a_copy_learns_apart_and_merges_back_each_try_once(tmp_path: Path, lib: 
         assert lib.get("raise-hole-ratio").evidence.tries == 3
     finally:
         own.close()
+
+
+def test_a_damaged_library_is_one_line_at_start_and_in_the_cli_and_a_bad_row_costs_itself(tmp_path, monkeypatch):
+    """A skills.db that is not a database: `run` refuses before the run folder exists (before: it crashed at the
+    first stage's proposal, after the warm start and the training), and `skills list` is one line naming the file and
+    the fix. One row that does not read back: `list`/`export` name it and show the rest. Would catch a check that
+    runs after training, a traceback, or one bad row hiding the library."""
+    from harness.benchmarks.run import TINY
+    from harness.cli import app
+    from harness.config import parse_config
+    from harness.lifecycle import RunError, start_run
+
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("EVOTRAINER_HOME", str(home))
+    (home / "skills.db").write_bytes(b"this is not a database" * 100)
+    with pytest.raises(RunError, match=r"the skill library .*skills.db cannot be used: .*move it aside"):
+        start_run(parse_config(dict(TINY, name="x"), "t"), tmp_path / "runs", run_id="x")
+    assert not (tmp_path / "runs" / "x").exists()
+    r = CliRunner().invoke(app, ["skills", "list", "--home", str(home)])
+    assert r.exit_code == 1 and "cannot be used" in str(r.exception) and "mv " in str(r.exception)
+    (home / "skills.db").unlink()
+    with SkillLibrary.open(home / "skills.db") as lib:
+        n = len(lib.names())
+        lib.db.execute("UPDATE skills SET definition = '{broken' WHERE name = ?", [lib.names()[0]])
+        lib.db.conn.commit()
+    r = CliRunner().invoke(app, ["skills", "list", "--json", "--home", str(home)])
+    assert r.exit_code == 0 and len(json.loads(r.stdout)) == n - 1
+    assert "skipped: skill" in r.stderr and "does not read back" in r.stderr
+    r = CliRunner().invoke(app, ["skills", "export", str(tmp_path / "out"), "--home", str(home)])
+    assert r.exit_code == 0 and f"exported: {n - 1} skills" in r.stdout and "1 that do not read back" in r.stdout
+
+
+def test_an_import_cannot_take_over_a_skill_and_its_evidence(tmp_path: Path, lib: SkillLibrary):
+    """A shared file named like a skill that earned 3 of 3 but doing something else: refused; with replace, the new
+    definition starts from no evidence. The library's own export brought back changes nothing. Would catch the
+    takeover (before: the definition was replaced silently and kept the 3/3 that ranked it first)."""
+    for c in ("c1", "c2", "c3"):
+        _try(lib, "raise-hole-ratio", True, "mapf", "r1", c)
+    [own] = lib.export(tmp_path / "own", names=["raise-hole-ratio"])
+    assert lib.import_files([own]) == ["raise-hole-ratio"]
+    assert lib.get("raise-hole-ratio").evidence.promotions == 3  # the same definition: nothing changes
+    evil = tmp_path / "evil.md"
+    text = own.read_text()
+    evil.write_text(text.replace("op: add", "op: mul").replace("value: 0.1", "value: 8.0"))
+    assert evil.read_text() != own.read_text()
+    with pytest.raises(SkillFileError, match="already has skill\\(s\\) raise-hole-ratio with another definition"):
+        lib.import_files([evil])
+    assert lib.get("raise-hole-ratio").evidence.promotions == 3
+    replaced: list[str] = []
+    lib.import_files([evil], replace=True, replaced=replaced)
+    s = lib.get("raise-hole-ratio")
+    assert replaced == ["raise-hole-ratio"] and (s.evidence.tries, s.evidence.promotions) == (0, 0)
+    assert len(lib.tries("raise-hole-ratio")) == 3  # the history stays
