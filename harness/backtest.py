@@ -424,7 +424,7 @@ def sequential_verdict(cid: str, control: ArmEval, arm: ArmEval, gate: GateConfi
                         greedy_control=float(np.mean(ctrl.greedy)) if ctrl.greedy else None,
                         greedy_candidate=float(np.mean(arm.greedy)) if arm.greedy else None, judge=judge,
                         diffs=[round(d, 6) for d in diffs], slices=ctrl.slices, pairs=look.pairs,
-                        pooled=list(pooled or []), looks=record,
+                        pooled=list(pooled or []), looks=record, comparisons=comparisons,
                         next_step=None if look.decision in ("promoted", "refuted") else look.next_step)
     decision = {"promoted": "promoted", "refuted": "rejected"}.get(look.decision, "inconclusive")
     return Verdict(candidate=cid, decision=decision, evidence=evidence, reason=look.reason)
@@ -434,12 +434,15 @@ def verdicts(control: ArmEval | Exception, control_files: dict[str, str],
              candidates: list[tuple[str, dict[str, str], ArmEval | Exception]], gate: GateConfig, *,
              samples: int = 1, plan: Any = None, judge: str = "", prior: dict[str, list[Any]] | None = None,
              pooled: dict[str, list[str]] | None = None, looks: dict[str, list[dict[str, Any]]] | None = None,
-             comparisons: int | None = None, **_: Any) -> list[Verdict]:
+             comparisons: int | None = None, at_least: dict[str, int] | None = None, **_: Any) -> list[Verdict]:
     """The verdict of every candidate arm against the control arm of one decision, at this look, in order: an arm
     that failed (an exception instead of its outcomes) is rejected with the reason (every arm, when the control arm
     failed); every other one is judged by the sequential procedure (`sequential_verdict`) on its paired outcomes, pooled
     with `prior[cid]` (earlier inconclusive tests of the same change), Bonferroni over the decision's candidates, with
-    the vetoes of both trees (`arm_vetoes`). `plan` defaults to the gate's plan at the control arm's n. The live loop
+    the vetoes of both trees (`arm_vetoes`); `at_least[cid]`: the largest Bonferroni count its pooled evidence was
+    judged at before (a re-test in a stage with fewer candidates must not judge the pooled looks at a larger share of
+    alpha than they were spent at: a reviewer's simulation read a family error of 0.10 for four candidates re-tested
+    alone, against 0.05). `plan` defaults to the gate's plan at the control arm's n. The live loop
     (`harness.graph` node_backtest, once per look) and the calibration benchmark both decide here."""
     if isinstance(control, Exception):  # without a control there is no decision: every candidate fails with the reason
         return [Verdict(candidate=cid, decision="rejected", stage_reached="backtest",
@@ -455,7 +458,8 @@ def verdicts(control: ArmEval | Exception, control_files: dict[str, str],
             continue
         ctrl = control.prefix(len(arm.seeds))
         out.append(sequential_verdict(cid, control, arm, gate, plan, judge, (prior or {}).get(cid, []),
-                                      arm_vetoes(control_files, files, ctrl, arm), comparisons, samples,
+                                      arm_vetoes(control_files, files, ctrl, arm),
+                                      max(comparisons, (at_least or {}).get(cid, 1)), samples,
                                       (pooled or {}).get(cid), (looks or {}).get(cid)))
     return out
 

@@ -96,11 +96,15 @@ def look_until_decided(run: Run, k: int, arms: dict[str, Any], main_files: dict[
     prior: dict[str, list[Any]] = {}
     pooled: dict[str, list[str]] = {}
     looks: dict[str, list[dict[str, Any]]] = {cid: [] for cid in cand_files}
+    at_least: dict[str, int] = {}  # the largest Bonferroni count each one's pooled evidence was judged at
     for cid in cand_files:
         prior[cid], pooled[cid], note = pooled_evidence(run, cid)
+        at_least[cid] = max([1, *(int((run.store.candidate(e).get("evidence") or {}).get("comparisons") or 1)
+                                  for e in pooled[cid])])
         if (before := earlier.get(cid)) is not None and before.evidence is not None:
             prior[cid] = [*prior[cid], *stage_pairs(before.evidence, fp)]
             looks[cid] = list(before.evidence.looks)
+            at_least[cid] = max(at_least[cid], before.evidence.comparisons)
             run.event(k, "backtest", "second_pair", f"{cid}: arm pair {pair} of this stage, pooled with the "
                       f"{len(before.evidence.diffs)} paired instances of its pair {pair - 1}", key=f"{k}/pair{pair}/{cid}")
         elif note:
@@ -114,7 +118,7 @@ def look_until_decided(run: Run, k: int, arms: dict[str, Any], main_files: dict[
     while True:
         vs = verdicts(c_eval, main_files, [(cid, cand_files[cid], evals[cid]) for cid in cand_files], cfg.gate,
                       samples=samples, plan=plan, judge=fp, prior=prior, pooled=pooled, looks=looks,
-                      comparisons=comparisons or len(cand_files))
+                      comparisons=comparisons or len(cand_files), at_least=at_least)
         for v in vs:
             if v.evidence is not None:
                 looks[v.candidate] = v.evidence.looks

@@ -132,12 +132,14 @@ def node_setup(run: Run, state: State) -> State:
     noise = run.config.warm_start.teacher_noise
     run.event(0, "setup", "node_start", "building the policy and warm-starting it on expert demonstrations"
               + (f" ({noise:.0%} of them from the task's imperfect teacher)" if noise else ""))
-    from harness.sequential import max_evidence_warning
+    from harness.sequential import arm_noise_warning, max_evidence_warning
 
     if warn := max_evidence_warning(run.config.gate.plan(run.config.backtest.n),
                                     comparisons=max(1, run.config.stage.candidates)):
         # once, before the warm start's minutes, with the n it would need
         run.event(0, "setup", "warning", warn, key="max-evidence")
+    if warn := arm_noise_warning(run.config.gate.plan(run.config.backtest.n)):
+        run.event(0, "setup", "warning", warn, key="arm-noise")
     out, n = warm_start(run)
     # per-run fixed costs paid once here, not by stage 1: the report suite (and the warm start's score on it, the
     # curve's starting point) and the round-0 env statistics

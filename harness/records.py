@@ -296,6 +296,8 @@ class Evidence(BaseModel):
                                                                  "(kept so a re-test can pool them)")
     slices: list[dict[str, str]] = Field(default_factory=list, description="this pair's instances' slices")
     pairs: int = Field(1, description="arm pairs pooled in the decision (1 + earlier inconclusive tests)")
+    comparisons: int = Field(1, description="the Bonferroni count the decision was judged at (alpha / comparisons); "
+                                            "a re-test pooling it is never judged at a larger share of alpha")
     stage_pairs: list[dict[str, list[Any]]] = Field(
         default_factory=list, description="earlier arm pairs of this same candidate in this same stage (a second pair "
         "for a backed candidate), oldest first, each {diffs, slices}: pooled like `diffs` by a later re-test")

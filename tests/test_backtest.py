@@ -384,3 +384,26 @@ def test_the_judge_budget_is_fitted_to_the_targets_expert_answers_only_when_roun
     assert fitted(longest)[1:] == (longest, [])  # exactly long enough: nothing moves
     few = lengths[-2] if lengths[-2] < longest else longest - 1  # cuts only the longest answer or two: nothing moves
     assert sum(n > few for n in lengths) / len(lengths) < CUT_SHARE and fitted(few)[1:] == (few, [])
+
+
+def test_a_re_test_keeps_the_bonferroni_count_its_pooled_evidence_was_judged_at():
+    """Evidence first judged among four candidates (alpha / 4) and re-tested alone later must not be judged at alpha
+    on all its looks: that undid the split (a family error of 0.10 for a claimed 0.05 in a reviewer's simulation).
+    The verdict records the count it used and uses the larger one. Would catch the count taken from the re-test's
+    stage alone."""
+    from harness.backtest import ArmEval, verdicts
+    from harness.config import GateConfig
+
+    rng = np.random.default_rng(0)
+    ctrl_out = list(rng.uniform(0.2, 0.5, 160).round(2))
+    arm_out = [min(1.0, x + 0.06) for x in ctrl_out]
+    ctrl = ArmEval(seeds=list(range(160)), outcomes=ctrl_out, slices=[{}] * 160)
+    arm = ArmEval(seeds=list(range(160)), outcomes=[round(x + float(e), 2) for x, e in
+                                                    zip(arm_out, rng.normal(0, 0.3, 160).clip(-0.3, 0.3),
+                                                        strict=True)], slices=[{}] * 160)
+    arm = ArmEval(seeds=arm.seeds, outcomes=[min(1.0, max(0.0, x)) for x in arm.outcomes], slices=arm.slices)
+    gate = GateConfig(arm_noise_sd=0.0)
+    [alone] = verdicts(ctrl, {}, [("c", {}, arm)], gate, comparisons=1)
+    [kept] = verdicts(ctrl, {}, [("c", {}, arm)], gate, comparisons=1, at_least={"c": 4})
+    assert alone.evidence.comparisons == 1 and kept.evidence.comparisons == 4
+    assert kept.evidence.ci_low < alone.evidence.ci_low  # the wider promotion bound of alpha / 4
