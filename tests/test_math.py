@@ -45,6 +45,11 @@ def test_exact_match_only_and_the_failure_taxonomy():
     assert shaped.reward == pytest.approx((len(ans) - 1) / len(ans)) and not shaped.valid
     assert final_answer("12 + 3 = 15.") == "15"
     assert set(TASK.slices(inst)) == set(TASK.spec.slice_keys)
+    # a degenerate rollout of thousands of digits is a wrong length, not a crash (int() refuses > 4300 digits);
+    # other scripts' digits are not an integer here
+    assert TASK.score(inst, "9" * 5000).failure == "wrong_length"
+    assert TASK.score(inst, "".join(chr(0x0660 + int(c)) for c in ans)).failure == "parse_error"
+    assert TASK.score(inst, f"+00{ans}").valid == (inst.answer >= 0)
 
 
 def test_bad_configs_and_knobs_name_the_field():

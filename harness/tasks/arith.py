@@ -4,7 +4,8 @@ An instance is an expression of `terms` integers of `digits` digits joined by +,
 The generator's knobs, per difficulty level (one entry per digit count, knob paths `env.levels.<digits>.<field>`):
 `data_ratio` (the level's share of training), `terms` (2..4), `sub_ratio` and `mul_ratio` (the chance that an operator
 is - or *; the rest are +). Scoring is EXACT match of the final answer, the integer after the last `=` or, without
-one, the whole completion stripped: an answer that merely contains the right number is wrong.
+one, the whole completion stripped (ASCII digits; a sign or leading zeros are read as the integer they write): an
+answer that merely contains the right number is wrong.
 
 Failure taxonomy (what the diagnostics act on): `no_answer` (empty), `parse_error` (not an integer; the name MAPF
 uses too, so skills about format errors carry across families), `wrong_length`
@@ -177,7 +178,15 @@ def expert(inst: MathInstance, style: str = "trace") -> str:
     return str(inst.answer) if style == "plain" else f"= {inst.answer}"
 
 
-_INT = re.compile(r"^[+-]?\d+$")
+_INT = re.compile(r"^[+-]?[0-9]+$")  # ASCII digits only: `\d` also matches other scripts' digits, which int() reads
+
+
+def canonical_int(text: str) -> str:
+    """An integer's text as `str(int(text))` writes it (sign, no leading zeros), without int(): Python refuses to
+    convert more than 4300 digits, and one degenerate rollout of that length crashed a run's scoring."""
+    neg = text.startswith("-")
+    digits = text.lstrip("+-").lstrip("0") or "0"
+    return ("-" if neg and digits != "0" else "") + digits
 
 
 def final_answer(completion: str) -> str:
@@ -198,7 +207,7 @@ def score(inst: MathInstance, completion: str, shaping: MathShaping | None = Non
     if not _INT.match(got):
         return Outcome(failure="parse_error", reward=sh.format_penalty, detail=f"not an integer: {got[:40]!r}",
                        metrics=metrics)
-    g = str(int(got))
+    g = canonical_int(got)
     if g == want:
         return Outcome(valid=True, optimal=True, reward=sh.valid_reward, metrics={**metrics, "digits_right": 1.0})
     if len(g) != len(want):
