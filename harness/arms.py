@@ -91,8 +91,13 @@ def warm_start(run: Run) -> tuple[Path, int]:
             run.charge(0, "policy", "sft", seconds=m.wall_s, steps=m.steps)
     run.save(model, tok, out)
     if key and hit is None:
-        entry = warmstart.store(key, out, {"run": run.id, "sft_examples": n, "sft_steps": recipe.sft_steps,
-                                           "teacher_noise": cfg.warm_start.teacher_noise})
+        try:
+            entry = warmstart.store(key, out, {"run": run.id, "sft_examples": n, "sft_steps": recipe.sft_steps,
+                                               "teacher_noise": cfg.warm_start.teacher_noise})
+        except warmstart.CacheWriteError as exc:  # the run has its warm start; only a later run's reuse is lost
+            entry = None
+            run.event(0, "setup", "warning", f"{exc}; the run goes on (a later run with these settings trains its "
+                      "own)", key="0/warmstart-not-cached")
         if entry:
             run.event(0, "setup", "cache", f"warm start cached at {entry} (a later run with the same settings loads "
                       "it; clear with `evotrainer cache clear`)", path=str(entry))

@@ -651,7 +651,10 @@ def cache_show() -> None:
     console.print(f"cache: {shown(root)}  ({len(entries)} warm start(s); clear with `evotrainer cache clear`)",
                   highlight=False)
     for p in entries:
-        meta = _json.loads((p / "warmstart.json").read_text()) if (p / "warmstart.json").exists() else {}
+        try:
+            meta = _json.loads((p / "warmstart.json").read_text()) if (p / "warmstart.json").exists() else {}
+        except (OSError, ValueError) as exc:  # one damaged entry is named, the others still listed
+            meta = f"(its warmstart.json does not read: {type(exc).__name__})"
         size = sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
         console.print(f"  {shown(p.name)}  {size / 1e6:.1f} MB  {shown(meta)}", highlight=False)
     from harness import evalcache

@@ -109,16 +109,21 @@ def lookup(key: str | None):
 
 
 def store(key: str | None, report, per_instance: list[float], meta: dict[str, Any] | None = None) -> Path | None:
-    """Store a reading (atomically: a half-written entry is never read). Returns the entry's path."""
+    """Store a reading (atomically: a half-written entry is never read). Returns the entry's path, or None when it
+    cannot be written (a full disk, a read-only home): the cache only saves a later reading, so a run goes on."""
     if key is None:
         return None
     root = cache_root()
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"{key}.json"
     tmp = root / f".{key}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps({"report": report.model_dump(mode="json", exclude={"rollouts"}),
-                               "per_instance": per_instance, "meta": meta or {}}))
-    os.replace(tmp, final)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps({"report": report.model_dump(mode="json", exclude={"rollouts"}),
+                                   "per_instance": per_instance, "meta": meta or {}}))
+        os.replace(tmp, final)
+    except OSError:
+        tmp.unlink(missing_ok=True) if tmp.parent.is_dir() else None
+        return None
     return final
 
 

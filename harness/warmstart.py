@@ -92,24 +92,48 @@ def _sweep(root: Path) -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
+class CacheWriteError(OSError):
+    """The warm start could not be cached (a full disk, a read-only home): the run goes on without the cache."""
+
+
 def store(key: str, checkpoint: Path, meta: dict[str, Any]) -> Path | None:
-    """Copy `checkpoint` into the cache (atomically: a half-written entry is never found). Returns the entry."""
+    """Copy `checkpoint` into the cache (atomically: a half-written entry is never found). Returns the entry (None
+    with the cache off); `CacheWriteError` naming the cause when it cannot be written, its half-made copy removed."""
     if not enabled():
         return None
     root = cache_root()
-    root.mkdir(parents=True, exist_ok=True)
     final = root / key
-    if (final / "DONE").is_file():
-        return final
     tmp = root / f".{key}.{os.getpid()}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    _sweep(root)
-    shutil.copytree(checkpoint, tmp)
-    (tmp / "warmstart.json").write_text(json.dumps(meta, indent=1, default=str))
-    (tmp / "DONE").write_text("ok\n")
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        if (final / "DONE").is_file():
+            return final
+        shutil.rmtree(tmp, ignore_errors=True)
+        _sweep(root)
+        shutil.copytree(checkpoint, tmp)
+        (tmp / "warmstart.json").write_text(json.dumps(meta, indent=1, default=str))
+        (tmp / "DONE").write_text("ok\n")
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+    except (OSError, shutil.Error) as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0][:200]
+        raise CacheWriteError(f"the warm start could not be cached in {root}: {why}") from None
     return final
+
+
+def set_aside(entry: Path, why: str) -> Path | None:
+    """Move a cached entry that does not load out of the way (`<key>.bad-<pid>`), so the next run retrains instead of
+    failing on it again; returns where it went (None when it could not be moved: it is then removed if possible)."""
+    dest = entry.with_name(f"{entry.name}.bad-{os.getpid()}")
+    try:
+        os.replace(entry, dest)
+        (dest / "DONE").unlink(missing_ok=True)  # no longer an entry: `cache show` and lookups pass it by
+        (dest / "WHY").write_text(why + "\n")
+        return dest
+    except OSError:
+        shutil.rmtree(entry, ignore_errors=True)
+        return None
 
 
 def clear() -> tuple[Path, int]:
@@ -165,8 +189,16 @@ def warm_start(task: Any, preset: str, style: str, env: Any, seeds: list[int], r
                         **({"teacher_noise": teacher_noise} if teacher_noise else {}))
         hit = lookup(key)
         if hit is not None:
-            model, tok = load_policy(hit)
-            return model, tok, hit, key, None
+            try:
+                model, tok = load_policy(hit)
+                return model, tok, hit, key, None
+            except Exception as exc:  # noqa: BLE001 - a damaged entry (weights cut short, a bad file): trained again
+                why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+                moved = set_aside(hit, why)
+                import warnings
+
+                warnings.warn(f"the cached warm start {hit} does not load ({why}); "
+                              + (f"moved to {moved}" if moved else "removed") + " and trained again", stacklevel=2)
     model, tok = model_tok or build_model(preset, task.spec.alphabet, words=list(task.spec.words), seed=seed)
     pairs = sft_pairs(task, env, list(seeds), style, teacher_noise=teacher_noise, noise_seed=seed)
     with thread_count(n_threads):

@@ -57,3 +57,7 @@ def test_a_stored_reading_comes_back_and_a_torn_one_is_read_again(tmp_path, monk
     evalcache.store(key, rep, [1.0, 0.0, 1.0])
     root, n = evalcache.clear()
     assert n == 1 and evalcache.lookup(key) is None and root == tmp_path / "home" / "evalcache"
+    # a cache that cannot be written (here: its folder is a file) saves nothing and stops nothing
+    root.rmdir() if root.is_dir() else None
+    root.write_text("not a folder")
+    assert evalcache.store(key, rep, [1.0, 0.0, 1.0]) is None

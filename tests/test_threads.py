@@ -135,6 +135,19 @@ def test_the_warm_start_trains_at_its_thread_count_and_keys_its_cache_on_it(tmp_
     assert hit is not None and m is None and key2 == key and seen == [2]
     _, _, hit, key1, m = warmstart.warm_start(*args)  # the process's count, 1: not the 2-thread entry
     assert hit is None and m is not None and key1 != key and seen == [2, 1]
+    # a damaged entry (weights cut short, DONE still there) is set aside and trained again, not a crash every run
+    entry = warmstart.lookup(key)
+    weights = next(entry.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.warns(UserWarning, match="does not load .* moved to .*bad-.* and trained again"):
+        _, _, hit, key3, m = warmstart.warm_start(*args, threads=2)
+    assert hit is None and m is not None and key3 == key and warmstart.lookup(key) is None
+    # a cache that cannot be written is an error the run turns into a warning, its half-made copy removed
+    monkeypatch.setattr(warmstart.shutil, "copytree", lambda *a, **k: (_ for _ in ()).throw(OSError(28, "No space "
+                                                                                                       "left on device")))
+    with pytest.raises(warmstart.CacheWriteError, match="could not be cached in .*No space left on device"):
+        warmstart.store(key, _save(model, tok, tmp_path / "ws2"), {})
+    assert not list(warmstart.cache_root().glob(".*.tmp"))
 
 
 def _save(model, tok, path):

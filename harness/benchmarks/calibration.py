@@ -90,7 +90,10 @@ def start_checkpoint(config, out: Path, files: dict[str, str]) -> tuple[Path, bo
     ckpt = out / "start"
     save_policy(model, tok, ckpt)
     if key and hit is None:
-        warmstart.store(key, ckpt, {"bench": "calibration", "sft_steps": recipe.sft_steps})
+        try:
+            warmstart.store(key, ckpt, {"bench": "calibration", "sft_steps": recipe.sft_steps})
+        except warmstart.CacheWriteError as exc:  # the benchmark has its warm start: only its reuse is lost
+            print(f"warning: {exc}", flush=True)
     return ckpt, hit is not None
 
 
