@@ -517,6 +517,7 @@ def answer_gate(ref: str | Path, action: str, feedback: str = "", runs_dir: str 
     run_dir = find_run(ref, runs_dir)
     _check_named(run_dir)
     lock = acquire_lock(run_dir, run_dir.name)
+    untouched = True
     try:
         store = RunStore.open(run_dir / "run.db", create=False)
         try:
@@ -524,11 +525,15 @@ def answer_gate(ref: str | Path, action: str, feedback: str = "", runs_dir: str 
         finally:
             store.close()
         if status != "paused":
+            if status == "running" and lock.stale_pid is not None:  # its driver was killed: what `status` says
+                status = f"interrupted: its driver, pid {lock.stale_pid}, died; `evotrainer resume {run_dir}`"
+            untouched = True
             raise RunError(f"run {run_dir.name} is not waiting at a gate (status: {status}); nothing changed")
+        untouched = False
         _drive_prepared(run_dir, load_run_config(run_dir), progress,
                         Command(resume={"action": action, "feedback": feedback}))
     finally:
-        lock.release()
+        lock.release(untouched=untouched)
     return run_dir
 
 

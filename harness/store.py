@@ -276,10 +276,14 @@ class RunLock:
     def __init__(self, path: Path, run: str, fd: int, stale_pid: int | None):
         self.path, self.run, self._fd, self.stale_pid = path, run, fd, stale_pid
 
-    def release(self) -> None:
+    def release(self, untouched: bool = False) -> None:
+        """Unlock. `untouched`: this process changed nothing (a refused command), so a dead driver's PID goes back
+        into the file; emptied, the run read as cleanly stopped ("running" for ever) instead of interrupted."""
         if self._fd is None:
             return
         os.ftruncate(self._fd, 0)
+        if untouched and self.stale_pid is not None:
+            os.pwrite(self._fd, f"{self.stale_pid}\n".encode(), 0)
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         os.close(self._fd)
         self._fd = None

@@ -482,3 +482,20 @@ def test_review_of_a_run_without_candidates_says_so(main, tmp_path):
     d, _ = _run_folder(tmp_path / "runs", "e1", None)
     r = main("review", str(d))
     assert r.returncode in (0, None) and "no candidates yet: run e1 is created, 0 stage(s) done" in r.stdout, r.stdout
+
+
+def test_a_gate_answer_to_a_killed_run_leaves_it_interrupted(tmp_path):
+    """`approve` on a run whose driver was killed (status row still "running", the dead PID in its lock file) is
+    refused, and must leave the run as it found it: before, taking and releasing the lock emptied the dead PID, and
+    the run read "running" for ever after. Would catch the PID lost or the message saying "running"."""
+    from harness.lifecycle import answer_gate
+    from harness.store import driver_dead
+
+    run_dir, _ = _run_folder(tmp_path / "runs", "k1", "running")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (run_dir / "lock").write_text(f"{dead.pid}\n")
+    assert driver_dead(run_dir) == dead.pid
+    with pytest.raises(RunError, match=f"status: interrupted: its driver, pid {dead.pid}, died; `evotrainer resume"):
+        answer_gate(run_dir, "approve")
+    assert driver_dead(run_dir) == dead.pid  # still read as interrupted
