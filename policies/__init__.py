@@ -29,9 +29,12 @@ def cores() -> int:
     raw = os.environ.get(CORES_ENV, "").strip()
     if raw:
         try:
-            return max(1, int(raw))
+            n = int(raw)
         except ValueError:
             raise ValueError(f"{CORES_ENV}={raw!r}: a whole number of cores") from None
+        if n < 1:
+            raise ValueError(f"{CORES_ENV}={raw!r}: at least 1 core (unset it to use the machine's)")
+        return n
     return machine_cores()
 
 

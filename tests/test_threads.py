@@ -67,6 +67,12 @@ def test_a_number_default_and_the_environment(restore_threads, monkeypatch):
     monkeypatch.setenv("EVOTRAINER_THREADS", "lots")
     with pytest.raises(ValueError, match="EVOTRAINER_THREADS must be auto, default or a number"):
         apply_threads(keep, MAPF)
+    from harness.threads import check_env
+
+    monkeypatch.setenv("EVOTRAINER_THREADS", "1")
+    monkeypatch.setenv("EVOTRAINER_CORES", "0")  # was read as 1 without a word
+    with pytest.raises(ValueError, match="EVOTRAINER_CORES='0': at least 1 core"):
+        check_env()
 
 
 @pytest.mark.parametrize("bad", [0, "fast"])
