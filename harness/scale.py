@@ -157,8 +157,9 @@ def ray_installed() -> bool:
     return importlib.util.find_spec("ray") is not None
 
 
-def check(cfg) -> None:
-    """Refuse a scale config that cannot run, in one line with the fix, before anything trains."""
+def check(cfg, probe: bool = True) -> None:
+    """Refuse a scale config that cannot run, in one line with the fix, before anything trains (`probe`: join the
+    cluster of a configured address once, `_probe_join`)."""
     if cfg.backend != "ray":
         return
     if not ray_installed():
@@ -176,6 +177,35 @@ def check(cfg) -> None:
             raise ScaleError(f"scale.address {addr!r} cannot be reached ({exc.strerror or exc}): start the cluster "
                              f"there (`ray start --head --port={port}`), fix the address, or leave scale.address out "
                              "to start a local cluster") from None
+    if addr and probe:
+        _probe_join(addr)
+
+
+JOIN_TIMEOUT_S = 60.0  # joining a live cluster takes a few seconds; a port that is not Ray's never answers
+
+
+def _probe_join(addr: str) -> None:
+    """Join the cluster at `addr` once, in a child process with a time limit, and leave: an open port that is not a
+    Ray head (it hung the run's first backtest for ever) or `auto` with no cluster running (a traceback after the first
+    stage's training) is one line here instead. A child, so a hang is killed and this process never holds a
+    connection the run would have to undo."""
+    import subprocess
+    import sys
+
+    code = ("import logging, os, sys, ray\nos.environ.setdefault('RAY_USAGE_STATS_ENABLED', '0')\n"
+            "ray.init(address=sys.argv[1], include_dashboard=False, logging_level=logging.ERROR, "
+            "log_to_driver=False)\nray.shutdown()\n")
+    fix = ("start the cluster (`ray start --head`), fix scale.address, or leave it out to start a local cluster")
+    try:
+        res = subprocess.run([sys.executable, "-c", code, addr], capture_output=True, text=True,
+                             timeout=JOIN_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        raise ScaleError(f"scale.address {addr!r}: no Ray cluster answered within {JOIN_TIMEOUT_S:.0f} s (is it a "
+                         f"Ray head's port?): {fix}") from None
+    if res.returncode != 0:
+        lines = [ln.strip() for ln in (res.stderr or res.stdout).splitlines() if ln.strip()]
+        why = next((ln for ln in reversed(lines) if "Error" in ln or "error" in ln), lines[-1] if lines else "")
+        raise ScaleError(f"scale.address {addr!r}: could not join the Ray cluster ({why[:300]}): {fix}")
 
 
 class RayArms:
@@ -192,7 +222,7 @@ class RayArms:
 
         if self._fn is not None:
             return ray
-        check(self.cfg)
+        check(self.cfg, probe=False)  # the start checked the cluster; here the connection itself says
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage report: nothing leaves the machine
         if not ray.is_initialized():
             kw: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.ERROR,

@@ -230,6 +230,24 @@ def test_ray_missing_or_unreachable_is_one_line_before_anything_trains(tmp_path,
         start_run(parse_config({**BASE, "scale": {"backend": "ray", "address": "127.0.0.1:1"}}, "test"),
                   tmp_path / "runs", run_id="far")
     assert time.time() - t0 < 10 and not (tmp_path / "runs" / "far").exists()
+    # `auto` with no cluster running, and an open port that is not a Ray head (an HTTP server: it hung the first
+    # backtest for ever): joined once at start, in a child with a time limit
+    from http.server import HTTPServer, SimpleHTTPRequestHandler
+
+    with pytest.raises(RunError, match=r"scale.address 'auto': could not join the Ray cluster .*ray start --head"):
+        start_run(parse_config({**BASE, "scale": {"backend": "ray", "address": "auto"}}, "test"),
+                  tmp_path / "runs", run_id="auto")
+    server = HTTPServer(("127.0.0.1", 0), SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(S, "JOIN_TIMEOUT_S", 20.0)
+    try:
+        with pytest.raises(RunError, match=r"no Ray cluster answered within 20 s|could not join the Ray cluster"):
+            start_run(parse_config({**BASE, "scale": {"backend": "ray",
+                                                      "address": f"127.0.0.1:{server.server_port}"}}, "test"),
+                      tmp_path / "runs", run_id="http")
+    finally:
+        server.shutdown()
+    assert not (tmp_path / "runs" / "auto").exists() and not (tmp_path / "runs" / "http").exists()
     monkeypatch.setattr(S, "ray_installed", lambda: False)
     with pytest.raises(RunError, match=r"Ray is not installed: pip install 'evotrainer\[ray\]'.*scale.backend: local"):
         start_run(parse_config({**BASE, "scale": {"backend": "ray"}}, "test"), tmp_path / "runs", run_id="none")
