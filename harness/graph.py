@@ -474,7 +474,11 @@ def node_decide(run: Run, state: State) -> State:
     if human is not None and human.action in ("revise", "abort"):  # a person overrode the gate: nothing is promoted
         said = {"revise": "revised", "abort": "aborted"}[human.action] + " by a human at the gate" + (
             f": {human.feedback}" if human.feedback else "")
+        # what the gate would have promoted is rejected by the person; an inconclusive change keeps its verdict and
+        # its evidence (a re-test pools with it), a refuted one stays refuted: a revision is not a refutation
         vs = [v.model_copy(update={"decision": "rejected", "reason": cut(f"{said} (the gate said: {v.reason})")})
+              if v.decision == "promoted" else v.model_copy(update={"reason": cut(f"{v.reason} (the gate was "
+                                                                                  f"answered: {said})")})
               for v in vs]
     diag, vs = split_verdicts(run, vs)  # diagnostics do not change training: merged beside the winner, not instead
     winner, others = choose_winner(vs)

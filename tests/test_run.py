@@ -301,8 +301,13 @@ def test_human_gate_revise_reaches_the_engineer_and_abort_stops_the_run(tmp_path
     s1 = store.candidates("gated", stage=1)
     decisions = [e for e in store.events("gated") if e["kind"] == "gate_decision"]
     store.close()
-    assert s1 and all(c["status"] in ("rejected", "rejected_vet") for c in s1)
+    # nothing is promoted; a change the gate found inconclusive keeps that verdict (and its evidence for a re-test):
+    # a person's revision is not a refutation
+    assert s1 and all(c["status"] in ("rejected", "rejected_vet", "inconclusive") for c in s1), s1
     assert any("revised by a human at the gate: fewer holes on 5x5, please" in c["reason"] for c in s1), s1
+    assert all(c["status"] == "inconclusive" for c in s1 if "(pending" not in c["reason"]
+               and c["status"] != "rejected_vet" and c.get("evidence")
+               and (c["evidence"].get("looks") or [{}])[-1].get("decision") == "inconclusive"), s1
     assert decisions[0]["data"] == {"action": "revise", "feedback": "fewer holes on 5x5, please"}
     diag = Diagnosis.model_validate_json((run_dir / "stages" / "s2" / "diagnosis.json").read_text())
     assert "human reviewer feedback (stage 1): fewer holes on 5x5, please" in diagnosis_text(diag)  # the prompt
