@@ -677,7 +677,9 @@ def cache_clear() -> None:
 
 @bench_app.command("all")
 def bench_all(ctx: typer.Context) -> None:
-    """Every benchmark with its defaults, in turn (long: the policy and calibration benches train models)."""
+    """The core benchmarks with their defaults, in turn: mapf, sandbox, code, run, policy, ladder, calibration and
+    scale (long: the policy and calibration benches train models); grpo, soak, rollout and scenarios run on their
+    own."""
     for name in ("mapf", "sandbox", "code", "run", "policy", "ladder", "calibration", "scale"):
         cmd = next((c for c in bench_app.registered_commands if c.name == name), None)
         if cmd is None:

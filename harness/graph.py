@@ -411,7 +411,9 @@ def node_backtest(run: Run, state: State) -> State:
     for v in vs:
         if v.evidence is not None:  # judged (its arm and the control arm both came back)
             run.store.set_candidate_status(v.candidate, "backtested")
-        run.event(k, "backtest", "verdict", f"{v.candidate}: {v.decision}: {v.reason}", key=f"{k}/verdict/{v.candidate}")
+        # the reason often starts with the decision's word ("promoted: lower bound ..."): not said twice
+        said = v.reason if v.reason.startswith(f"{v.decision}:") else f"{v.decision}: {v.reason}"
+        run.event(k, "backtest", "verdict", f"{v.candidate}: {said}", key=f"{k}/verdict/{v.candidate}")
         if v.decision == "promoted" and fell_below_start(start, evals[v.candidate]):
             fell.append(arms[v.candidate].checkpoint)
             run.event(k, "backtest", "regression", f"{v.candidate}'s arm beat the control arm but its estimate on the "

@@ -235,7 +235,9 @@ def print_summary(run_dir: Path, console) -> dict[str, Any]:
                                (x["reason"] or "").split(":")[0][:60])))
     console.print(c)
     for s in st["stages"]:
-        console.print(f"stage_{s['stage']}_valid: {s['valid'] if s['valid'] is not None else 'nan'}", highlight=False)
+        # key: value lines for scripts; a stage not measured yet (paused at the gate, still running) says so
+        console.print(f"stage_{s['stage']}_valid: {s['valid'] if s['valid'] is not None else 'not measured yet'}",
+                      highlight=False)
     cv = curve(run_dir)
     console.print(curve_text(cv), highlight=False)
     if cv and "first_to_last" in cv:
@@ -284,7 +286,9 @@ def print_summary(run_dir: Path, console) -> dict[str, Any]:
                       highlight=False)
     promoted = sum(1 for x in st["candidates"] if x["verdict"] == "promoted")
     console.print(f"candidates: {len(st['candidates'])}\npromoted: {promoted}\nharness: {shown(st['harness'])}\n"
-                  f"report: {shown(st['report'])}", highlight=False)
+                  f"report: {shown(st['report'])}" + ("" if Path(st["report"]).is_file() else
+                                                         " (not written yet: `evotrainer report RUN`)"),
+                  highlight=False)
     disk = st["disk"]
     console.print(f"disk_mb: {disk['bytes'] / 1e6:.1f}\ncheckpoints: {disk['checkpoints']} "
                   f"({disk['checkpoint_bytes'] / 1e6:.1f} MB)", highlight=False)

@@ -359,7 +359,8 @@ def _summary(d: dict[str, Any], gate_min: float | None) -> str:
 <li>compute: {secs:.0f} s in all ({E(comp) or 'none recorded'})</li>
 <li>disk: {st['disk']['bytes'] / 1e6:.1f} MB ({st['disk']['checkpoints']} checkpoints,
 {st['disk']['checkpoint_bytes'] / 1e6:.1f} MB; see the run config's retention)</li></ul>
-<table><caption>held-out test suite: start (first evaluated stage) and end (last stage {last_stage})</caption>
+<table><caption>held-out test suite: start (first evaluated stage) and end ({f"last stage {last_stage}" if last_stage is not None
+ else "no stage evaluated yet"})</caption>
 <tr><th>slice</th><th>value</th><th>valid start</th><th>valid end</th><th>optimal start</th><th>optimal end</th>
 <th>n</th></tr>{rows}</table></section>"""
 
