@@ -281,7 +281,21 @@ def warm_start(rc0, out: Path, say: Callable[[str], None]) -> tuple[Path, list[f
     from harness.lifecycle import open_run
 
     t0 = time.time()
-    run = open_run(out / "warmstart", rc0)
+    folder = out / "warmstart"
+    now = warm_made_from(rc0)
+    if (folder / "config.yaml").is_file():  # made by an earlier call: only from these settings is it this call's
+        try:
+            from harness.config import RunConfig
+
+            then = warm_made_from(RunConfig.model_validate(yaml.safe_load((folder / "config.yaml").read_text())))
+        except Exception as exc:  # noqa: BLE001 - an unreadable record is not taken on trust
+            raise ExperimentError(f"{folder}/config.yaml: unreadable ({type(exc).__name__}); remove {folder} to "
+                                  "make the warm start again") from None
+        if (diff := _first_diff(then, now, "")) is not None:
+            raise ExperimentError(f"{folder}: the shared warm start was made from other settings than this call's: "
+                                  f"{diff}; every arm would start from it (a --quick warm start under a full-size "
+                                  "run): use a new --out, or remove that folder (and the arms made from it)")
+    run = open_run(folder, rc0)
     try:
         ckpt = Path(node_setup(run, {})["policy"])
         per = held_out(run, 0, str(ckpt))  # scored again if the test set changed since it was made
@@ -290,6 +304,15 @@ def warm_start(rc0, out: Path, say: Callable[[str], None]) -> tuple[Path, list[f
         run.store.close()
     say(f"warm start: {ckpt} ({time.time() - t0:.0f}s), shared by every arm and seed")
     return ckpt, per
+
+
+def warm_made_from(rc) -> dict[str, Any]:
+    """What a shared warm start is made from: the task, seed, policy, warm-start section, round-0 env and the SFT's
+    recipe fields (what the stage's setup trains it from)."""
+    d = rc.model_dump(mode="json")
+    return {"task": d["task"], "seed": d["seed"], "policy": d["policy"], "warm_start": d["warm_start"],
+            "env": d.get("env"), "recipe": {k: v for k, v in (d.get("recipe") or {}).items()
+                                            if str(k).startswith("sft_")}}
 
 
 def run_baseline(arm: str, cfg: ExperimentConfig, seed: int, budget: int, out: Path, warm: Path,

@@ -194,3 +194,22 @@ def test_each_evolved_run_learns_in_its_own_copy_of_the_library_and_hands_it_bac
     assert snapshot_skills(one, tmp_path) is None
     with own_skills(one, exp / "evolved-rule" / "seed9", exp, say=lambda m: None):
         assert default_path() == shared
+
+
+def test_a_shared_warm_start_made_from_other_settings_is_refused(tmp_path):
+    """`--quick` then the full size in one --out: the full call reopened the quick warm start and every arm started
+    from it, while their records said the full one. Now the difference is named before anything trains. Would catch
+    a warm start folder reopened without comparing what it was made from."""
+    import yaml
+
+    from harness.benchmarks.run import TINY
+    from harness.config import parse_config
+    from harness.experiment import ExperimentError, warm_start
+
+    quick = parse_config({**TINY, "warm_start": {"sft_examples": 16, "sft_steps": 4}}, "t")
+    full = parse_config({**TINY, "warm_start": {"sft_examples": 32, "sft_steps": 8}}, "t")
+    folder = tmp_path / "out" / "warmstart"
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text(yaml.safe_dump(quick.model_dump(mode="json")))
+    with pytest.raises(ExperimentError, match=r"made from other settings than this call's: warm_start.sft_examples"):
+        warm_start(full, tmp_path / "out", print)
