@@ -79,6 +79,7 @@ def start_run(config: RunConfig, runs_dir: str | Path = "runs", run_id: str | No
               progress: Callable[[str, dict[str, Any]], None] | None = None) -> Path:
     """Create runs/<id>/ (run.db, harness repo, graph.db) and drive the graph to the end of the budget. The folder
     must be absent or empty: a new run never writes into a folder it did not make."""
+    auto = run_id is None  # a made-up id: two runs started in the same second each get a folder of their own
     run_id = check_run_id(run_id if run_id is not None else new_run_id(config))
     config = _pinned(config)
     ckpt = config.policy.checkpoint
@@ -115,6 +116,19 @@ def start_run(config: RunConfig, runs_dir: str | Path = "runs", run_id: str | No
     if Path(runs_dir).exists() and not Path(runs_dir).is_dir():
         raise RunError(f"--runs-dir {runs_dir} is not a folder; pass a folder for runs/<id>/ (created if missing)")
     run_dir = Path(runs_dir) / run_id
+    if auto:
+        base = run_id
+        for i in range(2, 1000):
+            try:
+                Path(runs_dir).mkdir(parents=True, exist_ok=True)
+                run_dir.mkdir()  # atomic: of two starts in one second, one gets `base`, the other `base-2`
+                break
+            except FileExistsError:
+                run_id = f"{base}-{i}"
+                run_dir = Path(runs_dir) / run_id
+            except OSError as exc:
+                raise RunError(f"cannot create the run folder {run_dir}: {exc.strerror}; pass a writable "
+                               "--runs-dir") from None
     if (run_dir / "run.db").exists():
         raise RunError(f"run {run_id} already exists in {runs_dir}; resume it with `evotrainer resume {run_dir}`")
     leftovers = {"lock", "config.yaml.tmp"}  # a start killed before its marker: its own lock (and config draft) only

@@ -499,3 +499,21 @@ def test_a_gate_answer_to_a_killed_run_leaves_it_interrupted(tmp_path):
     with pytest.raises(RunError, match=f"status: interrupted: its driver, pid {dead.pid}, died; `evotrainer resume"):
         answer_gate(run_dir, "approve")
     assert driver_dead(run_dir) == dead.pid  # still read as interrupted
+
+
+def test_two_runs_started_in_one_second_get_a_folder_each(tmp_path, monkeypatch):
+    """A made-up run id is the config's name and the second: a scripted sweep starting two runs at once collided
+    ("already exists ... resume it", about a run live in the other process). The second now gets `<id>-2`; an id the
+    user chose is still refused when taken. Would catch the folder claimed without an atomic mkdir."""
+    import harness.lifecycle as lc
+    from harness.config import parse_config
+
+    monkeypatch.setattr(lc, "new_run_id", lambda config: "sweep-20261203-090531")
+    monkeypatch.setattr(lc, "_drive_prepared", lambda run_dir, *a, **k: None)
+    cfg = parse_config(dict(BENCH_TINY, name="sweep"), "t")
+    first = lc.start_run(cfg, tmp_path / "runs")
+    second = lc.start_run(cfg, tmp_path / "runs")
+    assert (first.name, second.name) == ("sweep-20261203-090531", "sweep-20261203-090531-2")
+    assert (second / RUN_MARKER).read_text().strip() == second.name
+    with pytest.raises(RunError, match="already exists"):
+        lc.start_run(cfg, tmp_path / "runs", run_id=first.name)
