@@ -818,7 +818,8 @@ def eval_cmd(
     if style is not None and style not in t.spec.styles:
         raise UserError(f"unknown --style {style!r}; choose one of: {', '.join(t.spec.styles)}")
     style = style or checkpoint_style(t, ckpt, tok)
-    require_chat_template(tok, str(ckpt), style)
+    if read_policy_meta(ckpt).get("style") != style:  # trained in this style (a preset on chat prompts): as trained
+        require_chat_template(tok, str(ckpt), style)
     if env is not None:
         from pydantic import ValidationError
 

@@ -456,3 +456,16 @@ def test_a_checkpoint_too_short_for_the_task_or_unable_to_spell_its_answers_is_r
         with pytest.raises(RunError, match=f"policy.checkpoint: {why}"):
             start_run(cfg, tmp_path / "runs", run_id=ck.name)
         assert not (tmp_path / "runs" / ck.name).exists()
+
+
+def test_a_preset_trained_on_chat_prompts_is_evaluated_as_trained(tmp_path):
+    """`train --style chat` on a preset (no template: its chat prompts are plain text plus its separator, as `run`
+    trains them) wrote a checkpoint `eval` then refused ("has no chat template"). Eval reads a checkpoint in the style
+    it was trained in; asking a template-less checkpoint for another style's chat prompts is still refused."""
+    out = tmp_path / "preset-chat"
+    res = runner.invoke(app, ["train", "--out", str(out), "--task", "math", "--style", "chat", "--sft-examples", "8",
+                              "--sft-steps", "1", "--grpo-steps", "0", "--threads", "1"])
+    assert res.exit_code == 0, res.output
+    assert json.loads((out / "evotrainer.json").read_text())["style"] == "chat"
+    res = runner.invoke(app, ["eval", str(out), "--suite", "small", "--max-new-tokens", "4", "--threads", "1"])
+    assert res.exit_code == 0 and "(chat prompts)" in res.output, res.output
