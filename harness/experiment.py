@@ -293,7 +293,7 @@ def warm_start(rc0, out: Path, say: Callable[[str], None]) -> tuple[Path, list[f
                                   "make the warm start again") from None
         if (diff := _first_diff(then, now, "")) is not None:
             raise ExperimentError(f"{folder}: the shared warm start was made from other settings than this call's: "
-                                  f"{diff}; every arm would start from it (a --quick warm start under a full-size "
+                                  f"{diff}; every arm would start from it (a --quick warm start under a whole "
                                   "run): use a new --out, or remove that folder (and the arms made from it)")
     run = open_run(folder, rc0)
     try:

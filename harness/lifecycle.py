@@ -108,9 +108,16 @@ def start_run(config: RunConfig, runs_dir: str | Path = "runs", run_id: str | No
     if script and not Path(script).is_file():  # else every stage would quietly fall back to the rule engineer
         raise RunError(f"engineer.script {script} not found (relative paths are read from {Path.cwd()}); point it at "
                        "the .yaml/.jsonl file of replies, or use engineer.kind: rule")
+    from harness.tasks import get_task
+    from harness.tasks.base import CheckEnvironment
     from harness.threads import check_env
 
     check_env()  # a bad thread or core count in the environment is refused before the run folder exists
+    if isinstance(task := get_task(config.task), CheckEnvironment):  # and the task's own settings
+        try:
+            task.check_environment()
+        except ValueError as exc:
+            raise RunError(str(exc)) from None
     _check_engineer(config)
     _check_library()
     if Path(runs_dir).exists() and not Path(runs_dir).is_dir():
@@ -267,8 +274,8 @@ def _check_engineer(config: RunConfig) -> None:
 
 def _check_judge_env(config: RunConfig) -> None:
     """The judge's distribution (`backtest.env`) must give instances on the splits the loop draws it on (the target's
-    probe and the backtest): a generator that refuses a split (an evaluation set such as code's humaneval, which only
-    the test split may draw) is one line naming the field here, not an error after the first stage's training."""
+    probe and the backtest): a generator that refuses a split (an evaluation set, which only the test split may
+    draw) is one line naming the field here, not an error after the first stage's training."""
     if not config.backtest.env:
         return
     from harness.seeds import seeds

@@ -346,3 +346,20 @@ def test_the_cli_samples_code_problems_and_benches_the_scorer(tmp_path):
     res = runner.invoke(app, ["bench", "code", "--n", "8", "--workers", "2"])
     assert res.exit_code == 0, res.output
     assert "agreement: 1.0" in res.output and "valid: 6" in res.output, res.output
+
+
+def test_a_bad_code_setting_in_the_environment_is_one_line_at_start(tmp_path, monkeypatch):
+    """EVOTRAINER_CODE_WORKERS=abc was an int() error naming no variable, after the warm start; an unknown isolation
+    the same. Both are refused at start, naming the variable."""
+    from harness.config import parse_config
+    from harness.lifecycle import RunError, start_run
+
+    cfg = parse_config({"task": "code"}, "t")
+    monkeypatch.setenv("EVOTRAINER_CODE_WORKERS", "abc")
+    with pytest.raises(RunError, match="EVOTRAINER_CODE_WORKERS='abc': a whole number"):
+        start_run(cfg, tmp_path / "runs", run_id="w")
+    monkeypatch.delenv("EVOTRAINER_CODE_WORKERS")
+    monkeypatch.setenv("EVOTRAINER_CODE_ISOLATION", "none")
+    with pytest.raises(RunError, match="EVOTRAINER_CODE_ISOLATION='none'; choose bwrap"):
+        start_run(cfg, tmp_path / "runs", run_id="w")
+    assert not (tmp_path / "runs" / "w").exists()

@@ -141,6 +141,14 @@ class ImperfectTeacher(Protocol):
 
 
 @runtime_checkable
+class CheckEnvironment(Protocol):
+    """Optional: the task reads settings from the environment (a worker count, an isolation switch); a bad one raises
+    ValueError naming the variable, called when a run starts, before anything trains."""
+
+    def check_environment(self) -> None: ...
+
+
+@runtime_checkable
 class Mixture(Protocol):
     """The generator config is a weighted mixture along the task's difficulty slice (`TaskSpec.difficulty_slice`):
     one entry per slice value with its share of the instances. `mixture` reads the weights ({slice value: weight}, as

@@ -562,7 +562,22 @@ def isolation() -> str:
 def workers() -> int:
     """Parallel sandbox jobs when scoring a batch (EVOTRAINER_CODE_WORKERS, default 2 x CPUs: jobs are bound by start
     latency)."""
-    return max(1, int(os.environ.get("EVOTRAINER_CODE_WORKERS", 2 * (os.cpu_count() or 1))))
+    raw = os.environ.get("EVOTRAINER_CODE_WORKERS", "").strip()
+    if not raw:
+        return 2 * (os.cpu_count() or 1)
+    try:
+        n = int(raw)
+    except ValueError:
+        raise ValueError(f"EVOTRAINER_CODE_WORKERS={raw!r}: a whole number of parallel sandbox jobs") from None
+    if n < 1:
+        raise ValueError(f"EVOTRAINER_CODE_WORKERS={raw!r}: at least 1 (unset it for 2 x the CPUs)")
+    return n
+
+
+def check_environment() -> None:
+    """The environment's code-family settings, checked at a run's start (`harness.tasks.base.CheckEnvironment`)."""
+    isolation()
+    workers()
 
 
 def _limits():
@@ -810,6 +825,9 @@ class CodeTask:
 
     name = "code"
     spec = SPEC
+
+    def check_environment(self) -> None:
+        check_environment()
 
     def default_config(self) -> CodeConfig:
         return default_config()

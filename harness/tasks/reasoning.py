@@ -394,6 +394,11 @@ class ReasoningTask:
     name = "reasoning"
     spec = SPEC
 
+    def check_environment(self) -> None:  # its verifiers run in the code family's sandbox, under its switches
+        from harness.tasks.code import check_environment
+
+        check_environment()
+
     def default_config(self) -> ReasoningConfig:
         return default_config()
 
