@@ -70,7 +70,13 @@ def two_way_bootstrap(control: list[list[float]] | np.ndarray, candidate: list[l
     Why not the paired bootstrap over the flattened table: an instance's outcomes are correlated across seeds (arms that
     share a warm start solve and miss the same instances), so resampling (seed, instance) cells independently treats
     one instance's luck as several independent draws and understates the interval. Owen shows the pigeonhole variance
-    is mildly conservative. One seed: the paired bootstrap over instances."""
+    is mildly conservative. One seed: the paired bootstrap over instances.
+
+    With few seeds that holds only asymptotically: resampling 3 seeds gives 10 distinct seed sets and shrinks the seed
+    variance by (S - 1) / S, and a reviewer's simulation (fifty-second session; 3 seeds x 200 binary instances, a
+    seed-to-seed sd of the difference of 0.10-0.19) read 76-85% coverage for the 95% interval. So from two seeds on
+    the interval is at least as wide as Student's t over the seeds' mean differences (S - 1 degrees of freedom), which
+    covered 94-95% there: the wider of the two bounds on each side."""
     c = np.asarray(control, dtype=np.float64)
     k = np.asarray(candidate, dtype=np.float64)
     if c.shape != k.shape or c.ndim != 2:
@@ -88,6 +94,11 @@ def two_way_bootstrap(control: list[list[float]] | np.ndarray, candidate: list[l
     cols = rng.multinomial(n, np.full(n, 1.0 / n), n_boot)
     means = ((rows @ d) * cols).sum(axis=1) / (s * n)
     lo, hi = np.quantile(means, [alpha, 1.0 - alpha])
+    if s > 1:
+        from harness.sequential import t_quantile
+
+        half = t_quantile(s - 1, alpha) * float(d.mean(axis=1).std(ddof=1)) / np.sqrt(s)
+        lo, hi = min(lo, effect - half), max(hi, effect + half)
     return effect, float(lo), float(hi)
 
 

@@ -274,12 +274,43 @@ def _solve(prob: Callable[[float], float], target: float) -> float:
     return hi
 
 
+def t_cdf(t: float, dof: int) -> float:
+    """P(T <= t) for Student's t with a whole number of degrees of freedom, exactly, by the finite series of
+    Abramowitz and Stegun 26.7.3 (odd dof) and 26.7.4 (even dof) for A(t | dof) = P(|T| <= |t|)."""
+    if dof < 1:
+        return _N.cdf(t)
+    theta = math.atan(abs(t) / math.sqrt(dof))
+    c2, sn = math.cos(theta) ** 2, math.sin(theta)
+    if dof % 2:
+        term, acc = 1.0, 1.0 if dof > 1 else 0.0
+        for k in range(1, (dof - 1) // 2):  # 1 + 2/3 cos^2 + 2*4/(3*5) cos^4 + ... up to cos^(dof-3)
+            term *= c2 * (2 * k) / (2 * k + 1)
+            acc += term
+        a = 2.0 / math.pi * (theta + (sn * math.cos(theta) * acc if dof > 1 else 0.0))
+    else:
+        term = acc = 1.0
+        for k in range(1, dof // 2):  # 1 + 1/2 cos^2 + 1*3/(2*4) cos^4 + ... up to cos^(dof-2)
+            term *= c2 * (2 * k - 1) / (2 * k)
+            acc += term
+        a = sn * acc
+    return 0.5 + (a if t >= 0 else -a) / 2.0
+
+
 def t_quantile(dof: float, alpha: float) -> float:
-    """Student's t_{dof, 1-alpha} by the Cornish-Fisher expansion around the normal quantile (Abramowitz and Stegun
-    26.7.5); the normal quantile when dof <= 0."""
+    """Student's t_{dof, 1-alpha}: exact (bisection on `t_cdf`) for a whole dof up to 30, where the Cornish-Fisher
+    expansion around the normal quantile (Abramowitz and Stegun 26.7.5), used above that, is poor (dof 1: 4.59 for
+    6.31; a reviewer's check, fifty-second session); the normal quantile when dof <= 0."""
     z = _N.inv_cdf(1 - alpha)
     if dof <= 0:
         return z
+    if dof <= 30 and float(dof).is_integer():
+        lo, hi = z, max(z, 1.0) * 1e4
+        for _ in range(200):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if t_cdf(mid, int(dof)) < 1 - alpha else (lo, mid)
+            if hi - lo < 1e-10 * hi:
+                break
+        return (lo + hi) / 2
     return z + (z**3 + z) / (4 * dof) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * dof**2)
 
 
