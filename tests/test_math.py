@@ -100,6 +100,9 @@ def test_a_skill_promoted_on_mapf_is_borrowed_tried_and_recorded_on_math(tmp_pat
                    "temperature": 1.2},
         "budget": {"stages": 1}, "stage": {"train_instances": 16, "probe_n": 16, "probe_samples": 2, "candidates": 8},
         "backtest": {"arm_steps": 1, "n": 16}, "engineer": {"kind": "rule"}, "eval": {"suite": "small", "limit": 4},
+        # a minimum effect 16 instances can refute: the borrowed try must be decided (an inconclusive one is kept
+        # for a re-test, not recorded on the skill)
+        "gate": {"min_effect": 0.4},
     }, "test")
     run_dir = start_run(cfg, tmp_path / "runs", run_id="borrow")
     store = RunStore.open(run_dir / "run.db")

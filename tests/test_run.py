@@ -93,7 +93,7 @@ def test_tiny_run_end_to_end(tmp_path):
     # the engineer proposed, every candidate got a verdict with a reason, and git tells the story
     assert st["candidates"], "the rule engineer proposed nothing on a fresh policy"
     for c in st["candidates"]:
-        assert c["status"] in ("promoted", "rejected", "rejected_vet"), c
+        assert c["status"] in ("promoted", "rejected", "inconclusive", "rejected_vet"), c
         assert c["reason"]
     log = _git(run_dir / "harness", "log", "--all", "--format=%s%n%b")
     assert "Candidate: " + st["candidates"][0]["id"] in log
