@@ -23,19 +23,26 @@ def machine_cores() -> int:
         return os.cpu_count() or 1
 
 
+def env_count(name: str, what: str, unset: str) -> int | None:
+    """A whole number of at least 1 from environment variable `name` (None when unset or empty); ValueError naming the
+    variable, `what` it counts and what `unset` means otherwise."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        n = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: a whole number of {what}") from None
+    if n < 1:
+        raise ValueError(f"{name}={raw!r}: at least 1 (unset it for {unset})")
+    return n
+
+
 def cores() -> int:
     """The CPUs this process's own work may use: `EVOTRAINER_CORES` where whatever started the process runs several
     jobs side by side and gave this one a share (`harness.experiment`'s workers, Ray arms), else `machine_cores()`."""
-    raw = os.environ.get(CORES_ENV, "").strip()
-    if raw:
-        try:
-            n = int(raw)
-        except ValueError:
-            raise ValueError(f"{CORES_ENV}={raw!r}: a whole number of cores") from None
-        if n < 1:
-            raise ValueError(f"{CORES_ENV}={raw!r}: at least 1 core (unset it to use the machine's)")
-        return n
-    return machine_cores()
+    n = env_count(CORES_ENV, "cores", "the machine's cores")
+    return n if n is not None else machine_cores()
 
 
 def spare_cores() -> int:

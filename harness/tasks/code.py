@@ -562,16 +562,10 @@ def isolation() -> str:
 def workers() -> int:
     """Parallel sandbox jobs when scoring a batch (EVOTRAINER_CODE_WORKERS, default 2 x CPUs: jobs are bound by start
     latency)."""
-    raw = os.environ.get("EVOTRAINER_CODE_WORKERS", "").strip()
-    if not raw:
-        return 2 * (os.cpu_count() or 1)
-    try:
-        n = int(raw)
-    except ValueError:
-        raise ValueError(f"EVOTRAINER_CODE_WORKERS={raw!r}: a whole number of parallel sandbox jobs") from None
-    if n < 1:
-        raise ValueError(f"EVOTRAINER_CODE_WORKERS={raw!r}: at least 1 (unset it for 2 x the CPUs)")
-    return n
+    from policies import env_count
+
+    n = env_count("EVOTRAINER_CODE_WORKERS", "parallel sandbox jobs", "2 x the CPUs")
+    return n if n is not None else 2 * (os.cpu_count() or 1)
 
 
 def check_environment() -> None:
