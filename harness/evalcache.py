@@ -22,6 +22,7 @@ cost what a reading saves on a small model, and a user's large model rarely read
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -122,7 +123,8 @@ def store(key: str | None, report, per_instance: list[float], meta: dict[str, An
                                    "per_instance": per_instance, "meta": meta or {}}))
         os.replace(tmp, final)
     except OSError:
-        tmp.unlink(missing_ok=True) if tmp.parent.is_dir() else None
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
         return None
     return final
 
