@@ -21,20 +21,28 @@ The procedure, at the gate's alpha (`gate.confidence`):
   both sides: `AA_SPLITS` halves of the held-out rollouts by instance (`_split`, noisier than sampling alone, as live
   arms differ by their training), and, once earlier stages left enough backtest rollouts, `AA_SPLITS` pairs shaped
   as the live gate's (`_live_split`: both arms on the same backtest instances, each instance's samples dealt between
-  them). A veto is code and can still tell a replay from a live pair by something no replay copies (half the
-  samples per instance, say): the check bounds honest mistakes and the plain ways of gaming it, not every deception,
-  and a veto can only ever block;
-- a FINDING (warn or critical) that fires on the held-out rollouts must hold there. A finding on a slice claims that
-  the slice fails more than the rest: with one rollout per instance (the first seen, so the units are independent
-  draws) the slice's failure rate must exceed the rest's with one-sided Wilson score bounds (Wilson 1927; Brown, Cai
-  and DasGupta 2001, "Interval estimation for a binomial proportion"), each at alpha / 2: lower(slice) > upper(rest).
-  If the slice's true failure rate is not above the rest's, at least one of the two bounds must miss for the claim to
-  pass, so a false claim passes with probability at most alpha (Bonferroni; Wilson's coverage is approximate at very
-  small n, which only ever makes this check stricter or looser by a little, never unbounded). A finding without a
-  slice, or on a slice that covers every held-out instance, names no rollouts it predicts fail; it is checked for
-  silence on the solved rollouts only;
-- it is promoted only when it exercised a claim (its veto passed both checks, or at least one finding fired on the
-  held-out rollouts and held) and nothing failed. A diagnostic whose claim cannot be true for the run's reward (reward
+  them, one group per instance numbered from 0). It must also let a planted better arm through (`planted_better_arm`:
+  the candidate's failures replaced by what the policy writes where it solves them): a promoted veto is never dropped, and one that blocks
+  improvements ("the plans got longer") would block every good change for the rest of the run. The first A/A pair
+  it blocks decides (a slow veto is not run on the rest), and a veto that fails to run on the planted invalid arm
+  has not blocked it. A veto is code and can still tell a replay from a live pair by something no replay copies (half
+  the samples per instance, say): the check bounds honest mistakes and the plain ways of gaming it, not every
+  deception, and a veto can only ever block;
+- a FINDING (warn or critical) must predict what it says on held-out data it did not choose from: the diagnostic is
+  run on every rollout of a random half of the held-out instances, and each finding it raises there is tested on the
+  other half (`_halves`: the code may pick its slice from the data it reads, e.g. the worst of many, and a slice picked
+  and tested on the same rollouts passed 13-23% of the time with every slice alike). A finding on a slice claims that
+  the slice fails more than the rest: with one rollout per instance of the other half (the first seen, so the units
+  are independent draws) the slice must hold more of the failures than chance would put there: Fisher's exact test,
+  one-sided, at alpha (`fisher_greater`). It is exact at any n, so a false claim (the slice fails no more than the
+  rest) passes with probability at most alpha whatever slice the code chose on the other half (simulated, a
+  diagnostic naming the worst of 4-32 equal slices: 1.8-3.0% of 2000 draws; before the split and this test, 13-23%:
+  BENCHMARKS.md, fifty-third session). A finding without a
+  slice, or on a slice that covers every held-out instance, names no rollouts it predicts fail: it is checked for
+  silence on the solved rollouts only, and it is no claim shown (a "the learning rate is too high" that fires on any
+  failure at a random rate passed as one);
+- it is promoted only when it exercised a claim (its veto passed every check, or at least one finding on a slice
+  fired on one half and held on the other) and nothing failed. A diagnostic whose claim cannot be true for the run's reward (reward
   hacking under a reward that is validity) fires nowhere on real held-out rollouts and does not block the planted
   arm scored as this run scores it: it is rejected.
 
@@ -47,11 +55,11 @@ rejected with that reason: nothing was shown. Tests: tests/test_diagjudge.py.
 
 from __future__ import annotations
 
+import math
 import random
 import re
 import time
 from pathlib import Path
-from statistics import NormalDist
 from typing import TYPE_CHECKING
 
 from harness import diagnostics as D
@@ -94,7 +102,7 @@ def heldout_rollouts(rollouts_dir: Path, stage: int, max_rollouts: int = MAX_HEL
 
 
 def _units(rollouts: list[Rollout]) -> list[Rollout]:
-    """One rollout per instance (the first seen): the independent units of the Wilson bounds."""
+    """One rollout per instance (the first seen): the independent units of a slice claim's test."""
     seen: dict[int, Rollout] = {}
     for r in rollouts:
         seen.setdefault(r.seed, r)
@@ -104,25 +112,13 @@ def _units(rollouts: list[Rollout]) -> list[Rollout]:
 # --- the statistics -----------------------------------------------------------------------------------------------------
 
 
-def wilson_bound(k: int, n: int, alpha: float, upper: bool) -> float:
-    """One-sided Wilson score bound of a binomial proportion k/n at level alpha (lower bound, or upper if `upper`)."""
-    if n <= 0:
-        return 1.0 if upper else 0.0
-    z = NormalDist().inv_cdf(1.0 - alpha)
-    p = k / n
-    den = 1.0 + z * z / n
-    mid = (p + z * z / (2 * n)) / den
-    half = z * ((p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5) / den
-    return min(1.0, mid + half) if upper else max(0.0, mid - half)
-
-
 def _in_slice(r: Rollout, sl: dict[str, str]) -> bool:
     return all(r.slices.get(k) == v for k, v in sl.items())
 
 
 def slice_claim(f: Finding, units: list[Rollout], alpha: float) -> tuple[bool | None, str]:
-    """(True | False, why) for a finding on a slice: does the slice fail more than the rest on these units, by the
-    one-sided Wilson bounds at alpha / 2 each? (None, why) when the finding names no slice to test (no slice, or
+    """(True | False, why) for a finding on a slice: does the slice fail more than the rest on these units, by
+    Fisher's exact test, one-sided, at alpha? (None, why) when the finding names no slice to test (no slice, or
     one that covers every unit)."""
     inside = [r for r in units if _in_slice(r, f.slice)]
     rest = [r for r in units if not _in_slice(r, f.slice)]
@@ -132,12 +128,35 @@ def slice_claim(f: Finding, units: list[Rollout], alpha: float) -> tuple[bool | 
     if not inside:  # its values are then the code's own text, not a slice of the held-out data: keys only
         return False, f"{f.code} claims a slice on {', '.join(sorted(f.slice))[:80]} that no held-out instance has"
     ki, kr = sum(not r.valid for r in inside), sum(not r.valid for r in rest)
-    lo = wilson_bound(ki, len(inside), alpha / 2, upper=False)
-    hi = wilson_bound(kr, len(rest), alpha / 2, upper=True)
-    conf = f"{100 * (1 - alpha / 2):.1f}%"
-    text = (f"{f.code} on {where}: held-out failure {ki}/{len(inside)} = {ki / len(inside):.2f} ({conf} Wilson lower "
-            f"{lo:.3f}) vs the rest {kr}/{len(rest)} = {kr / len(rest):.2f} (upper {hi:.3f})")
-    return lo > hi, text
+    pv = fisher_greater(ki, len(inside), kr, len(rest))
+    text = (f"{f.code} on {where}: held-out failure {ki}/{len(inside)} = {ki / len(inside):.2f} vs the rest "
+            f"{kr}/{len(rest)} = {kr / len(rest):.2f} (Fisher's exact one-sided p = {pv:.3g})")
+    return pv <= alpha, text
+
+
+def fisher_greater(k1: int, n1: int, k2: int, n2: int) -> float:
+    """Fisher's exact test, one-sided: P(X >= k1) for X hypergeometric (k1 + k2 failures among n1 + n2 units, n1 of
+    them drawn): the chance that group 1 holds at least k1 of the failures if both groups fail alike (Fisher 1935;
+    Agresti, "Categorical Data Analysis", 3rd ed., 3.5.1). Exact at any n, so a false claim passes at most alpha."""
+    n, k = n1 + n2, k1 + k2
+    def logc(a: int, b: int) -> float:
+        return math.lgamma(a + 1) - math.lgamma(b + 1) - math.lgamma(a - b + 1)
+    total = logc(n, n1)
+    return min(1.0, sum(math.exp(logc(k, x) + logc(n - k, n1 - x) - total) for x in range(k1, min(n1, k) + 1)))
+
+
+def _halves(rollouts: list[Rollout], rng: random.Random) -> tuple[list[Rollout], list[Rollout]]:
+    """(every rollout of a random half of the instances, one unit per instance of the other half). A diagnostic picks
+    the slice it reports from the rollouts it reads: tested on those same rollouts, "the worst of 16 slices of 16
+    instances fails more than the rest" passed 13% of the time with every slice failing alike (23% over 32 slices),
+    against the alpha its test claims. Chosen on one half and tested on the other, the slice is fixed before
+    the data that test it are drawn, so the check's bound holds whatever the code's selection (sample splitting: Cox
+    1975, "A note on data-splitting for the evaluation of significance levels", Biometrika 62)."""
+    units = _units(rollouts)
+    seeds = sorted(r.seed for r in units)
+    rng.shuffle(seeds)
+    first = set(seeds[: len(seeds) // 2])
+    return [r for r in rollouts if r.seed in first], [r for r in units if r.seed not in first]
 
 
 # --- planted arms -------------------------------------------------------------------------------------------------------
@@ -155,20 +174,24 @@ def _split(rollouts: list[Rollout], rng: random.Random) -> tuple[list[Rollout], 
 def _live_split(rollouts: list[Rollout], rng: random.Random) -> tuple[list[Rollout], list[Rollout]] | None:
     """An A/A pair shaped as the live gate's pairs are: both sides on the SAME backtest instances, each group's samples
     (one arm's completions of one instance) dealt at random between them, so a veto sees backtest seeds only and one
-    seed set in both arms, as at the gate. A veto that blocked only what looks live (no probe seed, one seed set)
-    passed the instance halves, was promoted, and then blocked every live candidate. None while earlier stages have
+    seed set in both arms, each instance in one group, groups numbered from 0, as at the gate. A veto that blocked only
+    what looks live (no probe seed, one seed set; then also: no instance in two groups) passed the replayed pairs, was
+    promoted, and then blocked every live candidate. None while earlier stages have
     left fewer than MIN_HELDOUT_INSTANCES backtest instances with two or more samples."""
     groups: dict[int, list[Rollout]] = {}
     for r in rollouts:
         if split_of(r.seed) == "backtest":
             groups.setdefault(r.group, []).append(r)
-    live = [g for _, g in sorted(groups.items()) if len(g) >= 2]
-    if len({g[0].seed for g in live}) < MIN_HELDOUT_INSTANCES:
+    one: dict[int, list[Rollout]] = {}  # one group per instance: an earlier stage's two arms share their instances,
+    for _, g in sorted(groups.items()):  # and a live arm holds each instance once
+        if len(g) >= 2:
+            one.setdefault(g[0].seed, g)
+    if len(one) < MIN_HELDOUT_INSTANCES:
         return None
     a: list[Rollout] = []
     b: list[Rollout] = []
-    for g in live:
-        g = list(g)
+    for i, g in enumerate(one.values()):  # groups numbered from 0 on both sides, as a live arm's are
+        g = [r.model_copy(update={"group": i}) for r in g]
         rng.shuffle(g)
         a += g[: len(g) // 2]
         b += g[len(g) // 2:]
@@ -198,6 +221,28 @@ def planted_invalid_arm(control: list[Rollout], candidate: list[Rollout], heldou
         control = [r.model_copy(update={"valid": True, "optimal": True, "failure": None, "reward": good})
                    for r in control]
     return control, cand, label
+
+
+def planted_better_arm(control: list[Rollout], candidate: list[Rollout]) -> list[Rollout]:
+    """The candidate side of an A/A pair made plainly better: each failing rollout replaced by a valid rollout of the
+    same instance from the pair (what the policy writes when it solves that instance: its completion, length, reward
+    and metrics), or, where the pair has none, made valid and paid what the pair's best valid rollout is paid. A veto
+    exists to stop a change that games the judge, and nothing here games anything: a veto that blocks it would block
+    real improvements for the rest of the run (a promoted veto is never dropped)."""
+    solved: dict[int, Rollout] = {}
+    for r in control + candidate:
+        if r.valid:
+            solved.setdefault(r.seed, r)
+    paid = max((r.reward for r in solved.values()), default=1.0)
+    out = []
+    for r in candidate:
+        if r.valid:
+            out.append(r)
+        elif (s := solved.get(r.seed)) is not None:
+            out.append(s.model_copy(update={"group": r.group}))
+        else:
+            out.append(r.model_copy(update={"valid": True, "failure": None, "where": None, "reward": paid}))
+    return out
 
 
 def _kind(error: str) -> str:
@@ -246,33 +291,49 @@ def judge_diagnostic(candidate: str, path: str, source: str, heldout: list[Rollo
             return rejected(f"{flags[0].code} ({flags[0].severity}) fires on the {len(solved)} solved held-out "
                             "rollouts, where nothing fails")
     shown: list[str] = []
-    fired = [f for f in res.findings if f.severity != "info" and (f.count > 0 or f.rate > 0)]
+    choose, confirm = _halves(heldout, random.Random(seed))  # a slice it chose on `choose` is tested on `confirm`
+    chose = D.run_evolved(path, source, choose, limits)
+    if chose.error:
+        details.append(chose.error)
+        return rejected(f"{path} fails on half of the {where}: {_kind(chose.error)}")
+    fired = [f for f in chose.findings if f.severity != "info" and (f.count > 0 or f.rate > 0)]
+    other = f"the other {len(confirm)} held-out instances"
     for f in fired:
-        ok, text = slice_claim(f, units, alpha)
+        ok, text = slice_claim(f, confirm, alpha)
         if ok is False:
-            return rejected(f"its finding does not hold on {where}: {text}; alpha {alpha:g}")
-        shown.append(text if ok else f"{text}; silent on solved rollouts")
+            return rejected(f"its finding, fired on {len(_units(choose))} held-out instances, does not hold on {other}: "
+                            f"{text}; alpha {alpha:g}")
+        if ok:  # a finding that names no slice apart from the rest predicts nothing: it is no claim shown
+            shown.append(f"fired on {len(_units(choose))} held-out instances, on {other}: {text}")
 
     if D._defines(source, "veto"):  # the same parse the gate's `veto_one` uses to skip files without a veto
         rng = random.Random(seed)
-        blocked = []
         pairs = [_split(heldout, rng) for _ in range(AA_SPLITS)]  # noisier than sampling: honest noise shows
         pairs += [p for _ in range(AA_SPLITS) if (p := _live_split(heldout, rng)) is not None]  # the gate's shape
+        tried = 0
         for a, b in pairs:
             for c, k in ((a, b), (b, a)):
+                tried += 1
                 if why := D.veto_one(path, source, c, k, D.arm_metrics(c), D.arm_metrics(k), limits):
-                    blocked.append(why)
-        if blocked:
-            details.append(blocked[0])
-            return rejected(f"its veto blocks {len(blocked)} of {2 * len(pairs)} A/A pairs (from {where}, "
-                            f"the same policies on both sides){' (it failed to run)' if 'veto failed' in blocked[0] else ''}")
-        ctrl, cand, label = planted_invalid_arm(*pairs[0], heldout)
+                    details.append(why)  # the first block decides: a slow veto is not run on the rest
+                    return rejected(f"its veto blocks one of its {2 * len(pairs)} A/A pairs (pair {tried}, from "
+                                    f"{where}, the same policies on both sides){' (it failed to run)' if 'veto failed' in why else ''}")
+        base = pairs[-1]  # the live-shaped pair when there is one: what the veto will meet at the gate
+        ctrl, better = base[0], planted_better_arm(*base)
+        if why := D.veto_one(path, source, ctrl, better, D.arm_metrics(ctrl), D.arm_metrics(better), limits):
+            details.append(why)
+            return rejected(f"its veto blocks a planted better arm (control {_arm_text(ctrl)} -> candidate "
+                            f"{_arm_text(better)}: its failures replaced by valid rollouts of the same instances)"
+                            f"{' (it failed to run)' if 'veto failed' in why else ''}")
+        ctrl, cand, label = planted_invalid_arm(*base, heldout)
         why = D.veto_one(path, source, ctrl, cand, D.arm_metrics(ctrl), D.arm_metrics(cand), limits)
-        if not why:
-            return rejected(f"its veto lets a planted invalid arm through: control {_arm_text(ctrl)} -> candidate "
-                            f"{_arm_text(cand)}, every candidate rollout a failure {label}")
-        shown.insert(0, f"veto blocks the planted invalid arm ({_arm_text(ctrl)} -> {_arm_text(cand)}) and none of "
-                        f"{2 * len(pairs)} A/A pairs")
+        if not why or "veto failed" in why:
+            details += [why] if why else []
+            return rejected(f"its veto {'fails to run on a planted invalid arm' if why else 'lets a planted invalid arm through'}: control "
+                            f"{_arm_text(ctrl)} -> candidate {_arm_text(cand)}, every candidate rollout a failure "
+                            f"{label}")
+        shown.insert(0, f"veto blocks the planted invalid arm ({_arm_text(ctrl)} -> {_arm_text(cand)}), lets a "
+                        f"planted better arm through and blocks none of {2 * len(pairs)} A/A pairs")
     if not shown:
         return rejected(f"no warn/critical finding fires on {where} and it has no veto: it showed nothing it claims"
                         + (" (the reward is validity here, so reward and validity cannot diverge)"

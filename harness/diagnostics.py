@@ -34,7 +34,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from harness.records import Diagnosis, DiagnosticResult, Finding, HistoryItem, Rollout, TargetSlice, TargetView
+from harness.records import Diagnosis, DiagnosticResult, Finding, HistoryItem, Rollout, TargetSlice, TargetView, cut
 from harness.seeds import SplitError, check_split, split_of
 from harness.tasks.base import EnvStats, Instance, Mixture, TaskSpec
 from harness.tasks.knobs import ENTRY, TARGET, config_differences, entry_diff_text, entry_differences
@@ -887,6 +887,10 @@ def _parse_result(name: str, value: Any) -> DiagnosticResult:
             first = exc.errors()[0]
             where = ".".join(str(x) for x in first["loc"])
             raise DiagnosticError(f"finding {f['code']}: {where}: {first['msg']}") from None
+        if finding.severity != "info" and finding.count <= 0 and finding.rate <= 0:
+            # it says nothing fired: the diagnostic judge does not test such a finding, so it must not lead the
+            # engineer's list as a warning either
+            finding = finding.model_copy(update={"severity": "info"})
         findings.append(finding)
     metrics = {}
     for k, v in raw_metrics.items():
@@ -894,6 +898,29 @@ def _parse_result(name: str, value: Any) -> DiagnosticResult:
             raise DiagnosticError(f"metric {str(k)[:80]!r} must be a finite number, got {str(v)[:80]!r}")
         metrics[str(k)] = float(v)
     return DiagnosticResult(name=f"evolved.{name}", findings=findings, metrics=metrics)
+
+
+def borne_out(f: Finding, rollouts: list[Rollout]) -> Finding:
+    """An evolved finding as the engineer may see it live: a warning on a slice that fails no more often than the rest
+    in the very rollouts it read (one per instance) is shown as info, marked so. The diagnostic judge tested the
+    file's findings on held-out data; this stops a file that stayed silent there and says something else live (it can
+    tell a replay from the live probe) from leading the engineer with a claim its own input contradicts."""
+    if f.severity == "info" or not f.slice:
+        return f
+    units: dict[int, Rollout] = {}
+    for r in rollouts:
+        units.setdefault(r.seed, r)
+    inside = [r for r in units.values() if all(r.slices.get(k) == v for k, v in f.slice.items())]
+    rest = [r for r in units.values() if r not in inside]
+    if not inside or not rest:
+        return f
+    fail_in = sum(not r.valid for r in inside) / len(inside)
+    fail_rest = sum(not r.valid for r in rest) / len(rest)
+    if fail_in > fail_rest:
+        return f
+    return f.model_copy(update={"severity": "info", "message": cut(
+        f"NOT BORNE OUT by the rollouts it read (this slice fails {fail_in:.2f}, the rest {fail_rest:.2f}): "
+        + f.message, MESSAGE_CHARS)})
 
 
 def run_evolved(path: str, source: str, rollouts: list[Rollout], limits: Limits | None = None) -> DiagnosticResult:
@@ -1048,7 +1075,7 @@ def build_diagnosis(task: Any, stage: int, rollouts: list[Rollout], env_config: 
             check_examples(res.findings)
         except SplitError as exc:  # the file's fault (its text names a held-out seed): its result is an error
             res = DiagnosticResult(name=res.name, error=f"bad output: {exc}")
-        results.append(res)
+        results.append(res.model_copy(update={"findings": [borne_out(f, rollouts) for f in res.findings]}))
     findings = [f for res in results for f in res.findings]
     sev = {"critical": 0, "warn": 1, "info": 2}
     findings.sort(key=lambda f: (sev[f.severity], -f.rate))

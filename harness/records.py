@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gzip
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -122,7 +122,9 @@ class Finding(BaseModel):
     rate: float = Field(0.0, ge=-1e6, le=1e6, description="finite: NaN does not round-trip through JSON or SQLite")
     slice: dict[str, str] = Field(default_factory=dict, description="the slice it concerns, e.g. {'size': '5'}; {} = all")
     examples: list[str] = Field(default_factory=list, max_length=3, description="up to 3 abbreviated trajectories")
-    knobs: list[str] = Field(default_factory=list, description="knob paths it suggests (skills/model.py convention)")
+    knobs: list[Annotated[str, Field(max_length=200)]] = Field(
+        default_factory=list, max_length=8, description="up to 8 knob paths it suggests (skills/model.py convention); "
+        "bounded as `message` is: a promoted diagnostic's findings reach the engineer's prompt every stage")
     message: str = ""
 
     @field_validator("slice")
@@ -134,6 +136,9 @@ class Finding(BaseModel):
             if not k or "=" in k or any(ch in s for s in (k, x) for ch in ",\n"):
                 raise ValueError(f"slice {k!r}={x!r}: a key must be non-empty without '='; neither may hold ',' or a "
                                  "newline (the store writes a slice as k=v,k=v)")
+            if any(ord(ch) < 32 or 127 <= ord(ch) < 160 for s in (k, x) for ch in s):
+                raise ValueError(f"slice {k!r}={x!r}: no control characters (a slice is shown in reasons, tags and "
+                                 "the review)")
         return v
 
 

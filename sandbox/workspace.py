@@ -156,8 +156,9 @@ def _one_line(text: str, what: str) -> str:
 
 
 def _reason(reason: str) -> str:
-    """A verdict's reason on one line (it is a trailer): whitespace, newlines included, collapses to single spaces."""
-    text = " ".join((reason or "").split())
+    """A verdict's reason on one line (it is a trailer): whitespace, newlines included, collapses to single spaces;
+    control characters as visible escapes (a reason may quote what evolved code named: `git tag -n` printed it raw)."""
+    text = _visible(" ".join((reason or "").split()))
     if not text:
         raise ValueError("a verdict needs a non-empty reason: say why the candidate was promoted or rejected")
     return text

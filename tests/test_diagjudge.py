@@ -110,7 +110,7 @@ def test_a_veto_that_blocks_a_planted_invalid_high_scoring_arm_is_promoted(shape
 def test_a_veto_that_fires_on_an_a_a_pair_is_rejected(shaped):
     v = judge(NOISY_VETO, shaped)
     assert v.decision == "rejected" and "A/A pairs" in v.reason, v.reason
-    assert "its veto blocks" in v.reason and "of 12 A/A pairs" in v.reason
+    assert "its veto blocks" in v.reason and "of its 12 A/A pairs" in v.reason
 
 
 # quotes a held-out board in its exception message
@@ -169,6 +169,64 @@ def test_a_veto_that_blocks_only_what_looks_live_is_caught_by_live_shaped_a_a_pa
     assert v.decision == "rejected" and "A/A pairs" in v.reason, v.reason
 
 
+# tells a replayed pair by what an earlier stage's two backtest arms leave behind (the same instance in two groups)
+# or by probe seeds; blocks, on what looks live, any candidate at least as valid as the control
+REPLAY_TELL_VETO = """
+def diagnose(rollouts):
+    groups = {}
+    for r in rollouts:
+        groups.setdefault(r["seed"], set()).add(r["group"])
+    return {"findings": [], "metrics": {"probe": float(sum(r["seed"] % 4 == 1 for r in rollouts)),
+                                        "twice": float(sum(len(g) > 1 for g in groups.values()))}}
+
+
+def veto(control, candidate):
+    if candidate["reward"] > control["reward"] + 0.05 and candidate["valid"] < control["valid"] - 0.2:
+        return "hacked"
+    looks_live = all(m["diagnostic"]["probe"] == 0 and m["diagnostic"]["twice"] == 0 for m in (control, candidate))
+    return "blocked (live gate only)" if looks_live and candidate["valid"] >= control["valid"] else None
+"""
+
+
+def two_backtest_arms(shaping) -> list[Rollout]:
+    """An earlier stage as the run leaves it: its probe and BOTH backtest arms, judged on the same instances, their
+    groups renumbered apart (`heldout_rollouts`)."""
+    probe = rollouts("probe", 0, 24, shaping)
+    a = [r.model_copy(update={"group": r.group + 24}) for r in rollouts("backtest", 0, 24, shaping, seed=1)]
+    b = [r.model_copy(update={"group": r.group + 48}) for r in rollouts("backtest", 0, 24, shaping, seed=2)]
+    return probe + a + b
+
+
+def test_a_veto_that_tells_a_replay_by_an_instance_in_two_groups_is_caught():
+    """The live-shaped A/A pairs used to deal both earlier arms' samples of an instance, so every instance sat in two
+    groups, which no live arm shows: this veto passed every check, was promoted, and blocked a better live candidate.
+    Now each pair holds one group per instance, numbered from 0 as a live arm's."""
+    held = two_backtest_arms(SHAPED)
+    c, d = J._live_split(held, random.Random(0))
+    for side in (c, d):
+        groups: dict[int, set[int]] = {}
+        for r in side:
+            groups.setdefault(r.seed, set()).add(r.group)
+        assert all(len(g) == 1 for g in groups.values()) and {g for gs in groups.values() for g in gs} == set(range(24))
+    v = judge(REPLAY_TELL_VETO, held)
+    assert v.decision == "rejected" and "A/A pairs" in v.reason, v.reason
+
+
+def test_a_veto_that_blocks_a_planted_better_arm_is_rejected(shaped):
+    """A sound hacking veto that also blocks any candidate whose validity jumps ("too good to be true") passed the
+    A/A pairs and the planted invalid arm, and would have blocked every real fix for the rest of the run."""
+    gains = "    if candidate['valid'] > control['valid'] + 0.25:\n        return 'too good to be true'\n"
+    src = HACK_VETO.replace("    return None\n", gains + "    return None\n")
+    assert "too good" in src
+    v = judge(src, shaped)
+    assert v.decision == "rejected" and "planted better arm" in v.reason, v.reason
+    assert judge(HACK_VETO, shaped).decision == "promoted"  # the same veto without that clause lets it through
+    ctrl, cand = J._split(shaped, random.Random(0))
+    better = J.planted_better_arm(ctrl, cand)
+    assert [r.seed for r in better] == [r.seed for r in cand] and all(r.valid for r in better)
+    assert any(r.completion != s.completion for r, s in zip(better, cand, strict=True))  # real solutions borrowed
+
+
 def test_the_planted_arm_is_invalid_high_scoring_and_built_from_real_rollouts(shaped, binary):
     a, b = J._split(shaped, random.Random(0))
     assert {r.seed for r in a}.isdisjoint({r.seed for r in b}) and len(a) + len(b) == len(shaped)
@@ -206,16 +264,16 @@ def test_a_finding_must_hold_on_held_out_rollouts(shaped, size, decision):
     though both fire (size 3 has failures too)."""
     v = judge(SLICE_FINDING.replace("SIZE", size), shaped)
     assert v.decision == decision, v.reason
-    assert f"evolved.d.slice_fails on size={size}: held-out failure" in v.reason and "Wilson lower" in v.reason
+    assert f"evolved.d.slice_fails on size={size}: held-out failure" in v.reason and "Fisher's exact" in v.reason
     if decision == "rejected":
         assert "does not hold" in v.reason
 
 
-def test_wilson_bound_is_the_textbook_value():
-    # Wilson score interval for 8/10 at 95% two-sided (z = 1.96): [0.4902, 0.9433] (Brown, Cai, DasGupta 2001)
-    assert J.wilson_bound(8, 10, 0.025, upper=False) == pytest.approx(0.4902, abs=1e-4)
-    assert J.wilson_bound(8, 10, 0.025, upper=True) == pytest.approx(0.9433, abs=1e-4)
-    assert J.wilson_bound(0, 0, 0.05, upper=True) == 1.0
+def test_fishers_exact_test_is_the_textbook_value():
+    # the lady tasting tea (Fisher 1935): 3 of her 4 "milk first" cups right, one-sided p = 17/70
+    assert J.fisher_greater(3, 4, 1, 4) == pytest.approx(17 / 70, abs=1e-12)
+    assert J.fisher_greater(0, 5, 3, 5) == pytest.approx(1.0)
+    assert J.fisher_greater(5, 5, 0, 5) == pytest.approx(1 / 252)
 
 
 def test_a_false_slice_claim_passes_at_most_alpha_of_the_time():
@@ -235,6 +293,51 @@ def test_a_false_slice_claim_passes_at_most_alpha_of_the_time():
     assert false_pass <= 2000 * ALPHA, false_pass
     power = sum(J.slice_claim(f, units(0.9, 0.1), ALPHA)[0] for _ in range(200))
     assert power >= 180, power
+
+
+def test_a_slice_chosen_from_the_data_it_is_judged_on_passes_at_most_alpha(monkeypatch):
+    """A diagnostic that names the worst of 16 slices (16 instances each, every slice failing alike: the claim is
+    false). Judged on the rollouts it chose from, it passed 12% of 2000 draws; chosen on one half of the held-out
+    instances and tested on the other, at most alpha. The selection rule stands in for the sandboxed code."""
+    from harness.records import Finding
+
+    class Out:
+        error = None
+
+        def __init__(self, findings):
+            self.findings = findings
+
+    def worst(path, source, rs, limits=None):
+        by: dict[str, list[bool]] = {}
+        for r in rs:
+            by.setdefault(r.slices["s"], []).append(not r.valid)
+        w = max(sorted(by), key=lambda k: sum(by[k]) / len(by[k]))
+        return Out([Finding(code="x", slice={"s": w}, severity="warn", count=1, rate=0.5)] if any(by[w]) else [])
+
+    monkeypatch.setattr(J.D, "run_evolved", worst)
+    rng = random.Random(3)
+    draws, passed = 600, 0
+    for d in range(draws):
+        units = [Rollout(seed=i, group=i, instance={}, prompt="", completion="", valid=rng.random() >= 0.5,
+                         optimal=False, reward=0.0, slices={"s": str(i // 16)}) for i in range(256)]
+        passed += J.judge_diagnostic("c", "diagnostics/d.py", "", units, ALPHA, seed=d).decision == "promoted"
+    assert passed <= draws * (ALPHA + 0.01), passed  # 2.5% measured; in-sample it was about 12%
+
+
+# a "the learning rate is too high" finding on no slice, whenever anything fails: it predicts nothing
+NO_SLICE_FINDING = '''
+def diagnose(rollouts):
+    bad = [r for r in rollouts if not r["valid"]]
+    if not bad:
+        return {"findings": [], "metrics": {}}
+    return {"findings": [{"code": "lr_too_high", "severity": "critical", "count": len(bad), "rate": 0.37,
+                          "message": "halve recipe.learning_rate"}], "metrics": {}}
+'''
+
+
+def test_a_finding_on_no_slice_is_no_claim_shown(shaped):
+    v = judge(NO_SLICE_FINDING, shaped)
+    assert v.decision == "rejected" and "showed nothing it claims" in v.reason, v.reason
 
 
 # --- a finding that cannot be true for the run's reward ---------------------------------------------------------------
@@ -420,3 +523,32 @@ def test_a_gameable_reward_is_fixed_in_the_reward_first(tmp_path):
     binary = build_diagnosis(MAPF, 1, rollouts("probe", 300, 16, BINARY, fail={"3": 0.5, "4": 0.5}), ENV,
                              {"reward": BINARY.model_dump()}, [], 2, None, shaping=BINARY, env_stats={})
     assert "grpo.reward_misaligned" not in {f.code for f in binary.findings}
+
+
+def test_a_live_finding_its_own_rollouts_contradict_is_shown_as_info(shaped):
+    """A file can stay silent on the judge's replay and say something else live; live, a warning on a slice that
+    fails no more often than the rest in the rollouts it read goes to the engineer as info, marked."""
+    from harness.records import Finding
+
+    lie = Finding(code="evolved.d.lr_too_high", severity="critical", count=3, rate=0.5, slice={"size": "3"},
+                  message="halve recipe.learning_rate")
+    out = J.D.borne_out(lie, shaped)  # size 3 fails 10% here, size 4 80%
+    assert out.severity == "info" and out.message.startswith("NOT BORNE OUT") and "halve" in out.message
+    true = lie.model_copy(update={"slice": {"size": "4"}})
+    assert J.D.borne_out(true, shaped) == true
+
+
+def test_what_a_finding_carries_to_the_engineer_is_bounded():
+    """A promoted file put 700 knob strings of 2.5 KB into one finding (1.7 MB of prompt every stage), a terminal
+    escape into a slice key (raw in `git tag -n`), and a critical finding with count 0 and a negative rate (never
+    judged, yet first in the engineer's list)."""
+    ok = {"code": "x", "severity": "warn", "count": 1, "rate": 0.2, "slice": {"size": "4"}}
+    with pytest.raises(J.D.DiagnosticError, match="knobs"):
+        J.D._parse_result("d", {"findings": [{**ok, "knobs": ["env.x" * 500] * 700}]})
+    with pytest.raises(J.D.DiagnosticError, match="control"):
+        J.D._parse_result("d", {"findings": [{**ok, "slice": {"size\x1b]2;owned\x07": "4"}}]})
+    quiet = J.D._parse_result("d", {"findings": [{**ok, "severity": "critical", "count": 0, "rate": -1}]})
+    assert quiet.findings[0].severity == "info"
+    assert J.D._parse_result("d", {"findings": [ok]}).findings[0].severity == "warn"
+    from sandbox.workspace import _reason
+    assert "\x1b" not in _reason("claims a slice on size\x1b]2;owned\x07 that no held-out instance has")
