@@ -456,7 +456,7 @@ class EngineerConfig(BaseModel):
 
 
 class RunConfig(_Strict):
-    task: str = Field(DEFAULT_TASK, description="task family (a name in harness.tasks.TASKS)")
+    task: str = Field(DEFAULT_TASK, description="task family: a built-in one (harness.tasks.TASKS) or one registered through an `evotrainer.tasks` entry point or $EVOTRAINER_TASKS (harness.tasks.registry)")
     name: str = Field("run", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=80,
                       description="run id prefix (the id adds -YYYYmmdd-HHMMSS)")
     seed: int = Field(0, ge=0, le=2**32 - 1, description="seed for the engineer's choices and model initialisation")
@@ -478,12 +478,13 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
-        from harness.tasks import TASKS, get_task
+        from harness.tasks import UnknownTaskError, get_task
         from policies.train import Recipe
 
-        if self.task not in TASKS:
-            raise ValueError(f"task: unknown task {self.task!r}; choose one of {', '.join(sorted(TASKS))}")
-        task = get_task(self.task)
+        try:
+            task = get_task(self.task)
+        except UnknownTaskError as exc:
+            raise ValueError(f"task: {exc}") from None
         if self.env is not None:
             _nested("env", task.spec.config_model, self.env)
         if self.backtest.env is not None:
@@ -502,7 +503,13 @@ class RunConfig(_Strict):
         if self.eval.env is not None:
             _nested("eval.env", task.spec.config_model, self.eval.env)
         elif self.eval.suite:
-            task.suite(self.eval.suite)  # raises with the list of suites
+            try:
+                task.suite(self.eval.suite)  # raises with the list of suites
+            except ValueError as exc:
+                if "suite" in self.eval.model_fields_set:
+                    raise
+                raise ValueError(f"eval.suite: not set, so the default {self.eval.suite!r}, which task {self.task} "
+                                 f"does not have ({exc}); set `eval: {{suite: <one of them>}}`") from None
         if self.policy.style is not None and self.policy.style not in task.spec.styles:
             raise ValueError(f"policy.style: unknown style {self.policy.style!r} for task {self.task}; choose one of "
                              f"{', '.join(task.spec.styles)}")

@@ -78,10 +78,10 @@ def _task_of(rollouts: list[Rollout]) -> str:
 def _spec(rollouts: list[Rollout]) -> TaskSpec:
     """The registered task's spec of these rollouts (its slices, failure -> knob hints, near-miss rule); for a task that
     is not registered (evolved tests, foreign rollouts), a spec that knows nothing: no slices, no hints, no near miss."""
-    from harness.tasks import TASKS, get_task
+    from harness.tasks import get_task, known_task
 
     name = _task_of(rollouts)
-    return get_task(name).spec if name in TASKS else TaskSpec(config_model=BaseModel, shaping_model=BaseModel,
+    return get_task(name).spec if known_task(name) else TaskSpec(config_model=BaseModel, shaping_model=BaseModel,
                                                               instance_model=Instance, styles=(), alphabet="",
                                                               round0_env="")
 

@@ -234,6 +234,20 @@ def plan(cfg: ExperimentConfig) -> dict[str, Any]:
     if not any(a in EVOLVED for a in arms) and cfg.budget_steps is None:
         raise ExperimentError("no evolved arm to measure the budget from: set budget_steps (GRPO step-equivalents "
                               "per arm) or add evolved-rule to arms")
+    if levels := [a for a in arms if a in LEVEL_ARMS]:  # refused before the other arms train, not after them
+        from harness.baselines import BaselineError, _levels
+        from harness.tasks import get_task
+
+        rc = run_config(cfg, 0, levels[0])
+        task = get_task(rc.task)
+        # the entries a sampler re-weights (`baselines.level_env`): the target's, else the round-0 env's
+        data = rc.backtest.env if rc.backtest.env is not None else rc.env if rc.env is not None else \
+            yaml.safe_load(task.spec.round0_env)
+        env = task.spec.config_model.model_validate(data)
+        try:
+            _levels(task, env)
+        except BaselineError as exc:
+            raise ExperimentError(f"arm(s) {', '.join(levels)}: {exc}") from None
     for seed in range(cfg.seeds):
         for arm in arms:
             rc = run_config(cfg, seed, arm)  # a typo in the run config or an override fails here, before training
@@ -253,6 +267,7 @@ BASELINES: dict[str, Callable[[ExperimentConfig], Provider]] = {
     "learnability": lambda cfg: Learnability(cfg.learnability),
     "bandit": lambda cfg: Bandit(cfg.bandit),
 }
+LEVEL_ARMS = ("plr", "learnability", "bandit")  # level samplers: they need a weighted mixture of keyed entries
 POPULATIONS = ("pbt",)  # baselines that train a population per stage (their own driver on the stage's machinery)
 assert set(BASELINES) | set(POPULATIONS) | set(EVOLVED) == set(ARMS), "an arm is neither a baseline nor evolved"
 

@@ -95,6 +95,8 @@ def start_run(config: RunConfig, runs_dir: str | Path = "runs", run_id: str | No
             raise RunError(f"policy.checkpoint: {exc}") from None
         if why := _task_fits_checkpoint(config):
             raise RunError(f"policy.checkpoint: {why}")
+    elif why := _task_fits_alphabet(config):
+        raise RunError(why)
     if config.policy.backend == "vllm":  # fail before any training, naming the setting and the fix
         from policies.rollout import RolloutBackendError, resolve_backend
 
@@ -218,6 +220,39 @@ def _task_fits_checkpoint(config: RunConfig) -> str | None:
                 f"{completion} (the recipe's and the judge's budgets), more than the model's {limit} positions; use a "
                 "checkpoint with a longer context, or a shorter prompt style or max_completion_length")
     return None
+
+
+ALPHABET_SAMPLE = 8  # instances of each distribution whose characters a preset's alphabet is checked against
+
+
+def _task_fits_alphabet(config: RunConfig) -> str | None:
+    """Why a preset model cannot read or write this run's task, or None: a character of the prompts or the expert's
+    answers (round-0 mix and target, the run's style) that the family's `spec.alphabet` lacks is `<unk>` to the
+    preset's char tokenizer (a family whose alphabet missed two letters trained and scored 27% with no word said)."""
+    from harness.round0 import harness_models
+    from harness.seeds import seeds
+    from harness.tasks import get_task
+
+    task = get_task(config.task)
+    try:
+        from sandbox.workspace import TEMPLATE_DIR
+
+        files = {"recipe.yaml": (TEMPLATE_DIR / "recipe.yaml").read_text(), **initial_files(config)}
+        env0 = harness_models(files, task)[0]
+        target = task.spec.config_model.model_validate(config.backtest.env) if config.backtest.env else env0
+        seen: set[str] = set()
+        for env in (env0, target):
+            for s in seeds("probe", ALPHABET_SAMPLE):
+                inst = task.generate(env, s)
+                seen |= set(task.prompt(inst, config.style)) | set(task.expert(inst, config.style))
+    except Exception:  # noqa: BLE001 - a bad harness or generator is named where the run builds it
+        return None
+    missing = sorted(seen - set(task.spec.alphabet))
+    if not missing:
+        return None
+    return (f"task {config.task}: its prompts or answers (style {config.style}) use {len(missing)} character(s) its "
+            f"spec.alphabet lacks: {''.join(missing)[:40]!r}; the preset's char tokenizer reads them as <unk>. Add them "
+            "to the family's TaskSpec.alphabet")
 
 
 def _pinned(config: RunConfig) -> RunConfig:

@@ -249,7 +249,8 @@ class Change(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     kind: ChangeKind
-    knob: str = Field(..., description="env.sizes.5.hole_ratio | recipe.temperature | reward.x | diagnostics/<n>.py")
+    knob: str = Field(..., description="env.<list>.<entry key>.<field> (one field of one mixture entry) | "
+                      "recipe.temperature | reward.x | diagnostics/<n>.py")
     value: Any = Field(None, description="the new value (not a delta); None for a diagnostic")
     code: str | None = Field(None, description="diagnostic source, kind=diagnostic only")
 

@@ -135,12 +135,13 @@ def load_scenario(path: str | Path) -> Scenario:
 def _check_sections(sc: Scenario, path: Path) -> None:
     """Each section validated by the model that reads it, so an error names the scenario's own field."""
     from harness.config import RunConfig
-    from harness.tasks import TASKS, get_task
+    from harness.tasks import UnknownTaskError, get_task
     from policies.train import Recipe
 
-    if sc.task not in TASKS:
-        raise ScenarioError(f"{path}: run.task: unknown task {sc.task!r}; choose one of {', '.join(sorted(TASKS))}")
-    task = get_task(sc.task)
+    try:
+        task = get_task(sc.task)
+    except UnknownTaskError as exc:
+        raise ScenarioError(f"{path}: run.task: {exc}") from None
     sections = [("target", task.spec.config_model, sc.target)]
     for name in ("round0", "oracle"):
         h: HarnessSpec = getattr(sc, name)

@@ -213,3 +213,19 @@ def test_a_shared_warm_start_made_from_other_settings_is_refused(tmp_path):
     (folder / "config.yaml").write_text(yaml.safe_dump(quick.model_dump(mode="json")))
     with pytest.raises(ExperimentError, match=r"made from other settings than this call's: warm_start.sft_examples"):
         warm_start(full, tmp_path / "out", print)
+
+
+def test_level_samplers_on_a_family_without_a_mixture_are_refused_before_any_arm_trains(tmp_path, monkeypatch):
+    """A family whose generator config has no weighted mixture ran the evolved, random and template arms first and
+    then stopped at the first level sampler; now `plan` refuses, naming the arms to drop."""
+    import dataclasses
+
+    from harness.tasks import get_task
+
+    task = get_task("mapf")
+    cfg = load_experiment(_cfg(tmp_path, arms=["fixed-template", "plr", "bandit", "evolved-rule"]))
+    assert "plr" in plan(cfg)["arms"]
+    monkeypatch.setattr(task, "spec", dataclasses.replace(task.spec, entry_key=None))
+    with pytest.raises(ExperimentError, match=r"arm\(s\) plr, bandit: task mapf's generator config has no weighted "
+                                              r"mixture.*drop the level samplers"):
+        plan(cfg)

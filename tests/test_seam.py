@@ -216,3 +216,80 @@ def test_capabilities_are_declared_not_looked_up():
     found = {str(p.relative_to(ROOT)) for p in (ROOT / "harness").rglob("*.py")
              if CAPABILITY_LOOKUP.search(p.read_text())}
     assert found <= STILL_LOOKS_UP, sorted(found - STILL_LOOKS_UP)
+
+
+def test_a_family_of_ones_own_registers_without_editing_the_package(tmp_path, monkeypatch):
+    """Registering a family meant editing `harness/tasks/__init__.py`'s TASKS. Now an installed package's
+    `evotrainer.tasks` entry point, or $EVOTRAINER_TASKS (inherited by the workers), names it; a wrong one is one line."""
+    from harness.config import RunConfig
+    from harness.tasks import UnknownTaskError, known_task
+
+    site = tmp_path / "site"
+    (site / "myfam").mkdir(parents=True)
+    # a user's module holding their families (here the math family under other names)
+    (site / "myfam" / "__init__.py").write_text(
+        "import copy\nfrom harness.tasks.arith import TASK as MATH\n"
+        "SORTD = copy.copy(MATH)\nSORTD.name = 'sortd'\nREVW = copy.copy(MATH)\nREVW.name = 'revw'\n")
+    dist = site / "myfam-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: myfam\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[evotrainer.tasks]\nsortd = myfam:SORTD\nmath = harness.tasks.mapf:TASK\n")
+    monkeypatch.syspath_prepend(str(site))
+    assert get_task("sortd").name == "sortd" and known_task("sortd")  # an installed package's entry point
+    assert RunConfig.model_validate({"task": "sortd"}).task == "sortd"
+    assert get_task("math").name == "math"  # a built-in name is not taken over by a package
+    assert not known_task("revw")
+    monkeypatch.setenv("EVOTRAINER_TASKS", "revw=myfam:REVW")  # no install: the variable, which workers inherit
+    assert get_task("revw").name == "revw"
+    monkeypatch.setenv("EVOTRAINER_TASKS", "other=myfam:REVW")
+    with pytest.raises(UnknownTaskError, match="is named 'revw'; register it under that name"):
+        get_task("other")
+    monkeypatch.setenv("EVOTRAINER_TASKS", "revw=myfam:REVW; broken")
+    with pytest.raises(UnknownTaskError, match="not name=module:ATTRIBUTE"):
+        get_task("revw")
+    monkeypatch.setenv("EVOTRAINER_TASKS", "gone=myfam.nothere:TASK")
+    with pytest.raises(ValueError, match="task 'gone': cannot load"):
+        RunConfig.model_validate({"task": "gone"})
+
+
+def test_a_preset_run_refuses_a_family_whose_alphabet_misses_characters_of_its_task(tmp_path, monkeypatch):
+    """A family whose `spec.alphabet` lacked two letters its prompts use trained and scored 27% valid without a word
+    (the preset's char tokenizer read them as <unk>): now one line before the run folder exists."""
+    import dataclasses
+
+    from harness.config import RunConfig
+    from harness.lifecycle import RunError, start_run
+
+    task = get_task("math")
+    cfg = RunConfig.model_validate({"task": "math", "name": "alpha"})
+    assert start_run.__module__ == "harness.lifecycle"
+    from harness import lifecycle
+
+    assert lifecycle._task_fits_alphabet(cfg) is None
+    monkeypatch.setattr(task, "spec", dataclasses.replace(task.spec, alphabet=task.spec.alphabet.replace("=", "")))
+    with pytest.raises(RunError, match=r"1 character\(s\) its spec.alphabet lacks: '='"):
+        start_run(cfg, tmp_path / "runs", run_id="alpha")
+    assert not (tmp_path / "runs" / "alpha").exists()
+
+
+def test_a_family_without_a_small_suite_is_told_what_the_default_is(monkeypatch):
+    """`eval.suite` defaults to `small`; a family without one read "unknown suite 'small'" with no word of where that
+    name came from."""
+    from harness.config import RunConfig
+
+    task = get_task("math")
+    real = task.suite
+
+    def suite(name):
+        if name == "small":
+            raise ValueError("unknown suite 'small'; choose one of tiny")
+        return real("easy")
+
+    monkeypatch.setattr(task, "suite", suite)
+    with pytest.raises(ValueError, match=r"eval.suite: not set, so the default 'small'.*set `eval: \{suite: <one of "
+                                         r"them>\}`"):
+        RunConfig.model_validate({"task": "math"})
+    assert RunConfig.model_validate({"task": "math", "eval": {"suite": "tiny"}}).eval.suite == "tiny"
+    with pytest.raises(ValueError, match="unknown suite 'small'; choose one of tiny") as exc:
+        RunConfig.model_validate({"task": "math", "eval": {"suite": "small"}})
+    assert "not set" not in str(exc.value)

@@ -538,3 +538,20 @@ def test_an_import_cannot_take_over_a_skill_and_its_evidence(tmp_path: Path, lib
     s = lib.get("raise-hole-ratio")
     assert replaced == ["raise-hole-ratio"] and (s.evidence.tries, s.evidence.promotions) == (0, 0)
     assert len(lib.tries("raise-hole-ratio")) == 3  # the history stays
+
+
+def test_the_family_neutral_seed_skills_are_a_new_familys_own(home: Path):
+    """A family added after the seeds were written ("sortd") met a regression and a frontier level with the seed rate
+    cut and frontier skills counted as another family's (used only for slots its own could not fill): their
+    domains named the three families of the day. A family-neutral seed names no family."""
+    library = SkillLibrary.open(seed_dir=SEED_DIR)
+    try:
+        app = library.applicable(["grpo.policy_regressed", "sortd.frontier"], "sortd")
+        own = [s.name for s in app.in_family]
+        assert "lower-learning-rate-on-regression" in own and "data-ratio-toward-frontier" in own, own
+        for name in ("lower-learning-rate-on-regression", "data-ratio-toward-frontier"):
+            skill = library.get(name)
+            assert not skill.domains and not any(t.split(".")[0] in {"mapf", "math", "code"}
+                                                 for t in skill.trigger.findings), skill
+    finally:
+        library.close()

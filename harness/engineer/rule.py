@@ -64,9 +64,9 @@ def resolve_knob(template: str, task: str | None) -> str | None:
     task has none); any other template is returned as it is."""
     if template not in SYMBOLIC_KNOBS:
         return template
-    from harness.tasks import TASKS, get_task
+    from harness.tasks import get_task, known_task
 
-    if task not in TASKS:
+    if task is None or not known_task(task):
         return None
     return getattr(get_task(task).spec, SYMBOLIC_KNOBS[template])  # a TaskSpec field
 
@@ -329,7 +329,10 @@ def _options_of(skill: Skill, borrowed: bool, findings: list[Finding], diagnosis
             continue
         made = instantiate(skill, f, space, diagnosis.step_scale, diagnosis.task, diagnosis)
         if isinstance(made, str):
-            notes.append(made)
+            # said once per skill, and not at all for another family's skill that does not fit this one (its knob
+            # template names slice keys this family does not have): that is no news to the person reading the run
+            if not borrowed and made not in notes:
+                notes.append(made)
             continue
         change, old = made
         why = vet_error(diagnosis, change)

@@ -16,10 +16,52 @@ class UnknownTaskError(ValueError):
     pass
 
 
+ENTRY_POINTS = "evotrainer.tasks"  # a package's own family: `[project.entry-points."evotrainer.tasks"] name = "pkg.mod:TASK"`
+ENV_TASKS = "EVOTRAINER_TASKS"  # or, without installing anything: EVOTRAINER_TASKS="sortd=my_tasks.sortd:TASK;..."
+
+
+def registry() -> dict[str, str]:
+    """Every family a run config may name -> where its Task object lives (`module:ATTRIBUTE`, or a module whose `TASK`
+    it is): the built-in ones (`TASKS`), those installed packages declare under the `evotrainer.tasks` entry-point
+    group, and those `$EVOTRAINER_TASKS` names (`name=module:ATTRIBUTE`, `;`-separated; child processes inherit it).
+    A family of your own needs no edit in this package."""
+    import os
+    from importlib.metadata import entry_points
+
+    out = dict(TASKS)
+    for ep in entry_points(group=ENTRY_POINTS):
+        out.setdefault(ep.name, ep.value)
+    for item in filter(None, (x.strip() for x in os.environ.get(ENV_TASKS, "").split(";"))):
+        name, eq, where = item.partition("=")
+        if not eq or ":" not in where or not name.strip():
+            raise UnknownTaskError(f"{ENV_TASKS}: {item!r} is not name=module:ATTRIBUTE (e.g. "
+                                   "sortd=my_tasks.sortd:TASK)")
+        out.setdefault(name.strip(), where.strip())
+    return out
+
+
+def known_task(name: str) -> bool:
+    return name in registry()
+
+
 def get_task(name: str) -> Task:
-    if name not in TASKS:
-        raise UnknownTaskError(f"unknown task {name!r}; choose one of: {', '.join(sorted(TASKS))}")
-    return importlib.import_module(TASKS[name]).TASK
+    """The Task object of family `name` (see `registry` for where families come from)."""
+    reg = registry()
+    if name not in reg:
+        raise UnknownTaskError(f"unknown task {name!r}; choose one of {', '.join(sorted(reg))} (a family of your own: "
+                               f"an installed package's `{ENTRY_POINTS}` entry point, or {ENV_TASKS}="
+                               f"{name}=module:ATTRIBUTE)")
+    module, _, attr = reg[name].partition(":")
+    try:
+        obj = getattr(importlib.import_module(module), attr or "TASK")
+    except (ImportError, AttributeError) as exc:
+        raise UnknownTaskError(f"task {name!r}: cannot load {reg[name]!r}: {exc}") from None
+    if not isinstance(obj, Task):
+        raise UnknownTaskError(f"task {name!r}: {reg[name]} is a {type(obj).__name__}, not a Task "
+                               "(harness/tasks/base.py)")
+    if obj.name != name:  # workers and records find a family again by its name
+        raise UnknownTaskError(f"task {name!r}: {reg[name]} is named {obj.name!r}; register it under that name")
+    return obj
 
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"

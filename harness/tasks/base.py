@@ -4,7 +4,20 @@ A task is a plain module-level object satisfying `Task`: a name, a `TaskSpec` (i
 data) and seven functions. The loop never looks inside an instance: it generates instances from a typed generator
 config and a seed, renders prompts, scores completions into an `Outcome`, asks the expert for a demonstration (SFT warm
 start), groups results by the instance's slices and draws benchmark suites. What only some families have is a declared
-capability (`BatchScorer`, `EnvStats`, `VetConfigs`, `Mixture`), checked with `isinstance`, never found by `getattr`.
+capability (`BatchScorer`, `EnvStats`, `VetConfigs`, `Mixture`, `ImperfectTeacher`, `CheckEnvironment`), checked
+with `isinstance`, never found by `getattr`.
+
+A family of your own: one module with its Task object (copy `harness/tasks/arith.py`'s layout), registered without
+editing this package, either by an installed package's entry point (`[project.entry-points."evotrainer.tasks"]
+sortd = "my_tasks.sortd:TASK"`) or by `EVOTRAINER_TASKS="sortd=my_tasks.sortd:TASK"` (`harness.tasks.registry`; the
+object's `name` must be the registered name), plus seed skills of its own if it wants them (the family-neutral seeds
+already apply: `domains: []`). What the loop assumes of it:
+- `spec.alphabet` holds every character a prompt or an answer of any style can contain (the built-in presets' char
+  tokenizer maps anything else to `<unk>`; a run on a preset checks the demonstrations against it at start);
+- a weighted mixture (the level samplers, `env.mixture`, the mixture skills) is a list of entries keyed by
+  `spec.entry_key`, each weighed by a field named `data_ratio` (`knobs.WEIGHT`);
+- `suite("small")` is the default test set of a run (`eval.suite`); name yours so, or say `eval: {suite: ...}`;
+- `all` is not a slice value (the loop's own word for "every instance").
 
     from harness.tasks import get_task
     task = get_task("mapf")
