@@ -277,7 +277,8 @@ def signal_verdict(v: Verdict, control_live: list[float], candidate_live: list[f
     `takes_signal_route`): an inconclusive candidate of that kind whose arm
     trained on a larger share of live GRPO groups than the control arm, by at least `learning_signal` with confidence
     (`harness.backtest.learning_signal_bound`, at the gate's alpha split over the comparisons, Bonferroni as the
-    target test), whose target estimate is not below the control's and which no veto held back (it is inconclusive,
+    target test, and over `gate.max_pairs`: a change re-tested on new pairs is tested here again each time, and
+    uncorrected k looks at alpha pass a change at the threshold up to k x alpha of the time), whose target estimate is not below the control's and which no veto held back (it is inconclusive,
     so no slice was harmed beyond tolerance and it was not refuted), is promoted: the promoted verdict, else None. Why:
     a 30-step arm on the right mix moves the target by a few points at most, below what one pair of arms resolves,
     while the mix it corrects leaves most groups dead (no gradient at all); the target test still guards against
@@ -287,13 +288,16 @@ def signal_verdict(v: Verdict, control_live: list[float], candidate_live: list[f
     ev = v.evidence
     if gate.learning_signal is None or v.decision != "inconclusive" or ev is None or ev.effect < 0 or ev.vetoes:
         return None
-    gain, low = learning_signal_bound(control_live, candidate_live, gate.alpha / max(1, comparisons),
-                                      gate.learning_signal_arm_sd)
+    # a change may take this route at each of its arm pairs (a second pair, a pooled re-test): one test per pair, so
+    # Bonferroni over the pairs one change may be judged on as well as over the stage's comparisons
+    gain, low = learning_signal_bound(control_live, candidate_live,
+                                      gate.alpha / (max(1, comparisons) * gate.max_pairs), gate.learning_signal_arm_sd)
     if not low >= gate.learning_signal:  # nan (too few steps) is not a route
         return None
     reason = (f"promoted on learning signal: live GRPO groups {np.mean(candidate_live):.0%} of the arm's training "
               f"against the control's {np.mean(control_live):.0%} (gain {gain:+.2f}, lower bound {low:+.2f} >= "
-              f"{gate.learning_signal:.2f}; Welch over {len(candidate_live)} + {len(control_live)} steps, arm noise "
+              f"{gate.learning_signal:.2f}; Welch over {len(candidate_live)} + {len(control_live)} steps at alpha "
+              f"{gate.alpha / (max(1, comparisons) * gate.max_pairs):.3g}, arm noise "
               f"{gate.learning_signal_arm_sd:g}), target not "
               f"below the control (effect {ev.effect:+.3f} [{ev.ci_low:+.3f}, {ev.ci_high:+.3f}], n={ev.n}); was: "
               f"{v.reason}")
