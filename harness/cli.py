@@ -75,6 +75,16 @@ def main() -> None:
             raise
         fail(f"cannot use {exc.filename}: {(exc.strerror or str(exc)).lower()}; check the path (an --out or --runs-dir "
              "that is a file, a folder without write permission)", exit_with=sys.exit)
+    except MemoryError:  # a size the config allows but the machine cannot hold (batch, completion length, threads)
+        fail("out of memory: a size in the config (recipe.batch_size, max_completion_length, stage or backtest "
+             "instances) or the thread count is more than this machine can hold; lower it. What the run recorded "
+             "is kept: `evotrainer resume` continues it", exit_with=sys.exit)
+    except RuntimeError as exc:
+        if "can't allocate" not in str(exc) and "out of memory" not in str(exc).lower():
+            raise
+        fail(f"out of memory ({' '.join(str(exc).split())[:160]}): a size in the config (recipe.batch_size, "
+             "max_completion_length, stage or backtest instances) is more than this machine can hold; lower it. What "
+             "the run recorded is kept: `evotrainer resume` continues it", exit_with=sys.exit)
 
 
 def git_error() -> type[BaseException]:

@@ -542,6 +542,8 @@ def _nested(prefix: str, model: type[BaseModel], data: Any) -> None:
         for e in exc.errors():
             loc = ".".join([prefix, *(str(p) for p in e["loc"])])
             msg = e["msg"].removeprefix("Value error, ")
+            if prefix.endswith(".env"):  # a generator names its own knobs `env.<...>`: here they are `<prefix>.<...>`
+                msg = re.sub(r"(?<![\w.])env\.", f"{prefix}.", msg)
             lines.append(f"{loc}: unknown key (typo?)" if e["type"] == "extra_forbidden" else f"{loc}: {msg}")
         raise ValueError("; ".join(lines)) from None
 

@@ -254,6 +254,13 @@ def plan(cfg: ExperimentConfig) -> dict[str, Any]:
             if not rc.eval.enabled:
                 raise ExperimentError("run.eval.suite is empty: every arm is judged on the held-out suite after each "
                                       "stage; set run.eval.suite (e.g. small) or run.eval.env (a generator config)")
+    if arms:  # what `run` checks at start, for the run config every arm shares, before the shared warm start trains
+        from harness.lifecycle import RunError, preflight
+
+        try:
+            preflight(run_config(cfg, 0, arms[0]))
+        except RunError as exc:
+            raise ExperimentError(f"run: {exc}") from None
     return {"arms": arms, "skipped": skipped}
 
 

@@ -82,46 +82,7 @@ def start_run(config: RunConfig, runs_dir: str | Path = "runs", run_id: str | No
     auto = run_id is None  # a made-up id: two runs started in the same second each get a folder of their own
     run_id = check_run_id(run_id if run_id is not None else new_run_id(config))
     config = _pinned(config)
-    ckpt = config.policy.checkpoint
-    if ckpt and not Path(ckpt).is_dir():
-        raise RunError(f"policy.checkpoint {ckpt} does not exist; point it at a local Hugging Face model directory "
-                       "(with config.json and tokenizer files) or use policy.preset: tiny|small")
-    if ckpt:  # architecture, tokenizer, pad token, chat template: one line before anything trains
-        from policies.model import PolicyLoadError, check_checkpoint
-
-        try:
-            check_checkpoint(ckpt, config.style)
-        except PolicyLoadError as exc:
-            raise RunError(f"policy.checkpoint: {exc}") from None
-        if why := _task_fits_checkpoint(config):
-            raise RunError(f"policy.checkpoint: {why}")
-    elif why := _task_fits_alphabet(config):
-        raise RunError(why)
-    if config.policy.backend == "vllm":  # fail before any training, naming the setting and the fix
-        from policies.rollout import RolloutBackendError, resolve_backend
-
-        try:
-            resolve_backend("vllm")
-        except RolloutBackendError as exc:
-            raise RunError(f"policy.backend: {exc}") from None
-    _check_scale(config)
-    _check_judge_env(config)
-    script = config.engineer.script if config.engineer.kind == "scripted" else None
-    if script and not Path(script).is_file():  # else every stage would quietly fall back to the rule engineer
-        raise RunError(f"engineer.script {script} not found (relative paths are read from {Path.cwd()}); point it at "
-                       "the .yaml/.jsonl file of replies, or use engineer.kind: rule")
-    from harness.tasks import get_task
-    from harness.tasks.base import CheckEnvironment
-    from harness.threads import check_env
-
-    check_env()  # a bad thread or core count in the environment is refused before the run folder exists
-    if isinstance(task := get_task(config.task), CheckEnvironment):  # and the task's own settings
-        try:
-            task.check_environment()
-        except ValueError as exc:
-            raise RunError(str(exc)) from None
-    _check_engineer(config)
-    _check_library()
+    preflight(config)
     if Path(runs_dir).exists() and not Path(runs_dir).is_dir():
         raise RunError(f"--runs-dir {runs_dir} is not a folder; pass a folder for runs/<id>/ (created if missing)")
     run_dir = Path(runs_dir) / run_id
@@ -161,6 +122,54 @@ def start_run(config: RunConfig, runs_dir: str | Path = "runs", run_id: str | No
     finally:
         lock.release()
     return run_dir
+
+
+def preflight(config: RunConfig) -> None:
+    """Every check of a run config that needs no run folder, each a RunError of one line naming the field and the fix,
+    before anything trains: the checkpoint or the preset's alphabet, the rollout backend, the scale address, every
+    generator config on the splits it is drawn on, the scripted engineer's file, the thread and task environment
+    variables, the engineer's endpoint and the skill library. `start_run` calls it; so do `experiment` and `bench
+    scenarios` for the run config their arms share (they used to train a warm start, or whole arms, first)."""
+    ckpt = config.policy.checkpoint
+    if ckpt and not Path(ckpt).is_dir():
+        raise RunError(f"policy.checkpoint {ckpt} does not exist; point it at a local Hugging Face model directory "
+                       "(with config.json and tokenizer files) or use policy.preset: tiny|small")
+    if ckpt:  # architecture, tokenizer, pad token, chat template: one line before anything trains
+        from policies.model import PolicyLoadError, check_checkpoint
+
+        try:
+            check_checkpoint(ckpt, config.style)
+        except PolicyLoadError as exc:
+            raise RunError(f"policy.checkpoint: {exc}") from None
+        if why := _task_fits_checkpoint(config):
+            raise RunError(f"policy.checkpoint: {why}")
+    elif why := _task_fits_alphabet(config):
+        raise RunError(why)
+    if config.policy.backend == "vllm":  # fail before any training, naming the setting and the fix
+        from policies.rollout import RolloutBackendError, resolve_backend
+
+        try:
+            resolve_backend("vllm")
+        except RolloutBackendError as exc:
+            raise RunError(f"policy.backend: {exc}") from None
+    _check_scale(config)
+    _check_generators(config)
+    script = config.engineer.script if config.engineer.kind == "scripted" else None
+    if script and not Path(script).is_file():  # else every stage would quietly fall back to the rule engineer
+        raise RunError(f"engineer.script {script} not found (relative paths are read from {Path.cwd()}); point it at "
+                       "the .yaml/.jsonl file of replies, or use engineer.kind: rule")
+    from harness.tasks import get_task
+    from harness.tasks.base import CheckEnvironment
+    from harness.threads import check_env
+
+    check_env()  # a bad thread or core count in the environment is refused before the run folder exists
+    if isinstance(task := get_task(config.task), CheckEnvironment):  # and the task's own settings
+        try:
+            task.check_environment()
+        except ValueError as exc:
+            raise RunError(str(exc)) from None
+    _check_engineer(config)
+    _check_library()
 
 
 FIT_SAMPLE = 32  # instances of each distribution whose prompts and expert answers a checkpoint is checked against
@@ -307,22 +316,34 @@ def _check_engineer(config: RunConfig) -> None:
                    "(a stage the engineer cannot answer falls back to the rule engineer)")
 
 
-def _check_judge_env(config: RunConfig) -> None:
-    """The judge's distribution (`backtest.env`) must give instances on the splits the loop draws it on (the target's
-    probe and the backtest): a generator that refuses a split (an evaluation set, which only the test split may
-    draw) is one line naming the field here, not an error after the first stage's training."""
-    if not config.backtest.env:
-        return
+def _check_generators(config: RunConfig) -> None:
+    """Every generator config of the run must give instances on the splits the run draws it on: the round-0 `env`
+    (train, probe), `warm_start.env` (train), the judge's `backtest.env` (probe, backtest: a generator that refuses a
+    split, an evaluation set, which only the test split may draw) and `eval.env` (test). One that cannot is one line
+    naming its field here, not an error after the warm start trained (`eval.env`), or after the first stage's
+    training. The generator's own words name a knob as `env.<...>`: said here with the field's path."""
+    import re
+
     from harness.seeds import seeds
     from harness.tasks import get_task
 
     task = get_task(config.task)
-    try:
-        env = task.spec.config_model.model_validate(config.backtest.env)
-        for split in ("probe", "backtest"):
-            task.generate(env, seeds(split, 1)[0])
-    except ValueError as exc:  # a pydantic ValidationError is one
-        raise RunError(f"backtest.env: {' '.join(str(exc).split())[:400]}") from None
+    for field, data, splits in (("env", config.env, ("train", "probe")),
+                                ("warm_start.env", config.warm_start.env, ("train",)),
+                                ("backtest.env", config.backtest.env, ("probe", "backtest")),
+                                ("eval.env", config.eval.env, ("test",))):
+        if not data:
+            continue
+        try:
+            env = task.spec.config_model.model_validate(data)
+            for split in splits:
+                for seed in seeds(split, 2):
+                    task.generate(env, seed)
+        except ValueError as exc:  # a pydantic ValidationError is one
+            text = " ".join(str(exc).split())[:400]
+            if field != "env":
+                text = re.sub(r"(?<![\w.])env\.", f"{field}.", text)
+            raise RunError(f"{field}: {text}") from None
 
 
 def _check_library() -> None:

@@ -266,12 +266,16 @@ def check(sc: Scenario, path: str | Path) -> None:
                     f"(the run's recipe: {base}); compute is counted in steps, so the arms would not have equal "
                     f"compute. Set recipe.{knob} in the run config for every arm, or drop it here")
     task = get_task(sc.task)
-    try:
-        draw_env(task, sc.target, 8)
-    except Exception as exc:  # noqa: BLE001 - any refusal of the generator is the scenario's error
-        said = re.sub(r"(?<![\w.])env\.", "target.", str(exc).splitlines()[0][:200])  # the generator names its own config
-        raise ScenarioError(f"{path}: target: the {sc.task} generator cannot draw instances from it: "
-                            f"{said}; fix the target config") from None
+    # the target, and the env each arm trains on (round0's: the evolved and template arms; the oracle's): a generator
+    # that cannot draw from one failed after the shared warm start and a whole arm had trained
+    for field, data, split in (("target", sc.target, "test"), ("round0.env", harness_of(sc, "round0")["env"], "train"),
+                               ("oracle.env", harness_of(sc, "oracle")["env"], "train")):
+        try:
+            draw_env(task, data, 8, split)
+        except Exception as exc:  # noqa: BLE001 - any refusal of the generator is the scenario's error
+            said = re.sub(r"(?<![\w.])env\.", f"{field}.", str(exc).splitlines()[0][:200])  # the generator's own names
+            raise ScenarioError(f"{path}: {field}: the {sc.task} generator cannot draw instances from it: "
+                                f"{said}; fix the {field.split('.')[0]} config") from None
     for where, data in (("run", run_dict(sc)), ("quick", run_dict(sc, quick=True) if sc.quick else None)):
         if data is None:
             continue

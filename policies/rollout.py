@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 # --- config and result ------------------------------------------------------------------------------------------------
 
 
-class RolloutBackendError(RuntimeError):
+class RolloutBackendError(ValueError):
     """The chosen rollout backend cannot run here (vllm missing, no GPU, model not on disk)."""
 
 

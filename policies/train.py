@@ -92,7 +92,7 @@ class Recipe(BaseModel):
                               "to 0 at the end of each stage; constant keeps the peak (short stages and arms)")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
-    seed: int = Field(0, description="seed for data order, sampling and initialisation")
+    seed: int = Field(0, ge=0, le=2**32 - 1, description="seed for data order, sampling and initialisation")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
         "auto", description="arithmetic of GRPO and SFT on a CUDA GPU (a CPU always trains in fp32): auto = bf16 "
         "autocast where supported, fp16 = autocast with loss scaling, fp32 = none (twice the activation memory). "

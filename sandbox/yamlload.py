@@ -67,7 +67,10 @@ def _expanded_size(root: yaml.Node, source: str) -> int:
 
 def load_yaml_text(text: str, source: str) -> Any:
     """The value of one YAML document in `text` (None when empty); `source` names it in errors."""
-    loader = yaml.SafeLoader(text)
+    try:  # the reader checks the characters as the loader is made: a control character is a YAMLError there
+        loader = yaml.SafeLoader(text)
+    except yaml.YAMLError as exc:
+        raise YamlError(f"{source}: not valid YAML: {' '.join(str(exc).split())[:300]}") from None
     loader.name = source  # error marks name the file
     try:
         node = loader.get_single_node()

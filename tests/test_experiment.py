@@ -229,3 +229,16 @@ def test_level_samplers_on_a_family_without_a_mixture_are_refused_before_any_arm
     with pytest.raises(ExperimentError, match=r"arm\(s\) plr, bandit: task mapf's generator config has no weighted "
                                               r"mixture.*drop the level samplers"):
         plan(cfg)
+
+
+def test_what_run_checks_at_start_the_experiment_checks_before_its_shared_warm_start(tmp_path):
+    """`run.policy.backend: vllm` on a CPU machine, or an `eval.env` the generator cannot draw from, trained the
+    shared warm start first and then failed (a traceback for the backend); `plan` now runs `run`'s own checks."""
+    bad_backend = {**TINY_RUN, "policy": {"preset": "tiny", "backend": "vllm"}}
+    with pytest.raises(ExperimentError, match=r"^run: policy.backend: "):
+        plan(load_experiment(_cfg(tmp_path, run=bad_backend, arms=["evolved-rule"])))
+    tight = {"min_distance": 4, "sizes": [{"size": 3, "data_ratio": 1.0, "hole_ratio": 0.6, "wait_ratio": 1.0,
+                                           "agents": 2}]}  # a valid config the generator cannot draw from
+    bad_eval = {**TINY_RUN, "eval": {"env": tight, "n": 8}}
+    with pytest.raises(ExperimentError, match=r"^run: eval.env: .*eval.env.min_distance"):
+        plan(load_experiment(_cfg(tmp_path, run=bad_eval, arms=["evolved-rule"])))

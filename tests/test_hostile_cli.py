@@ -517,3 +517,24 @@ def test_two_runs_started_in_one_second_get_a_folder_each(tmp_path, monkeypatch)
     assert (second / RUN_MARKER).read_text().strip() == second.name
     with pytest.raises(RunError, match="already exists"):
         lc.start_run(cfg, tmp_path / "runs", run_id=first.name)
+
+
+@pytest.mark.parametrize("boom", [MemoryError(), RuntimeError("[enforce fail at alloc_cpu.cpp:121] DefaultCPUAllocator: "
+                                                              "can't allocate memory: you tried to allocate 8e12 bytes")])
+def test_a_size_the_machine_cannot_hold_is_one_line_not_a_traceback(monkeypatch, capsys, boom):
+    """`recipe.batch_size: 1e9` or `max_completion_length: 1e7` ended in an allocator traceback (after the warm start
+    for the second); whatever raised it, the command now says one line naming the sizes to lower."""
+    from harness import cli
+
+    def app():
+        raise boom
+
+    monkeypatch.setattr(cli, "app", app)
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    out = capsys.readouterr().err
+    assert exc.value.code == 2 and "out of memory" in out and "recipe.batch_size" in out and "Traceback" not in out
+    other = RuntimeError("some other failure")
+    monkeypatch.setattr(cli, "app", lambda: (_ for _ in ()).throw(other))
+    with pytest.raises(RuntimeError, match="some other failure"):  # not every RuntimeError is the user's
+        cli.main()

@@ -742,3 +742,29 @@ def test_a_start_killed_before_its_marker_leaves_a_folder_a_new_run_takes(tmp_pa
     (run_dir / "config.yaml.tmp").write_text("task: ma")
     start_run(parse_config(dict(TINY, budget={"stages": 1}), "test"), tmp_path / "runs", run_id="born")
     assert [s["stage"] for s in _check_consistent(run_dir)["stages"]] == [1] and not (run_dir / "config.yaml.tmp").exists()
+
+
+def test_every_generator_config_and_the_recipe_seed_are_checked_before_the_run_folder_exists(tmp_path):
+    """An `eval.env` or `warm_start.env` the generator cannot draw from failed after the warm start trained, its
+    message naming `env.`; a `recipe.seed` of -1 failed in the warm start with no field named; a control character
+    in a YAML file was a reader traceback. Each is one line before anything is made."""
+    from harness.config import ConfigError, load_config, parse_config
+    from harness.lifecycle import RunError, start_run
+
+    # valid as a config, but no 3x3 board with 60% holes keeps every agent 4 apart: the generator gives up
+    tight = {"min_distance": 4, "sizes": [{"size": 3, "data_ratio": 1.0, "hole_ratio": 0.6, "wait_ratio": 1.0,
+                                           "agents": 2}]}
+    for field, cfg in (("eval.env", {"eval": {"env": tight, "n": 8}}), ("warm_start.env", {"warm_start": {"env": tight}}),
+                       ("env", {"env": tight})):
+        with pytest.raises(RunError, match=rf"^{field}: .*{field}.min_distance") as exc:
+            start_run(parse_config({"task": "mapf", "name": "g", **cfg}, "x"), tmp_path / "runs", run_id="g")
+        assert "\n" not in str(exc.value) and not (tmp_path / "runs" / "g").exists()
+    far = {**tight, "min_distance": 10}  # refused by the config itself, in the field's own words
+    with pytest.raises(ConfigError, match=r"eval.env: min_distance 10 cannot fit .* lower eval.env.min_distance"):
+        parse_config({"task": "mapf", "eval": {"env": far, "n": 8}}, "x")
+    with pytest.raises(ConfigError, match="recipe.seed"):
+        parse_config({"task": "mapf", "recipe": {"seed": -1}}, "x")
+    p = tmp_path / "ctl.yaml"
+    p.write_text("task: mapf\nname: a\x1bb\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(p)

@@ -473,3 +473,14 @@ def test_the_plot_labels_a_measured_zero_and_leaves_an_arm_that_did_not_run_empt
     scenarios.write_plot(summary, ["fixed-template", "oracle"], tmp_path)
     labels = [t for t in figs[0].axes[0].texts if t.get_text() == "0"]
     assert len(labels) == 1 and labels[0].xy == (0.0, 0)
+
+
+def test_an_arms_env_the_generator_cannot_draw_from_is_refused_before_anything_trains(tmp_path):
+    """A round-0 or oracle env the generator refuses passed the checks and failed after the shared warm start and the
+    whole evolved arm had trained (68 s at tiny sizes, tens of minutes at real ones): named by its field now."""
+    bad = {"min_distance": 4, "sizes": [{"size": 3, "data_ratio": 1.0, "hole_ratio": 0.6, "wait_ratio": 1.0,
+                                         "agents": 2}]}  # valid as a config; no board of it keeps agents 4 apart
+    msg = _error(_write(tmp_path, "o", oracle={"env": bad, "recipe": {"learning_rate": 1e-4}}))
+    assert "o.yaml: oracle.env: the mapf generator cannot draw" in msg and "oracle.env.min_distance" in msg, msg
+    msg = _error(_write(tmp_path, "r", round0={"env": bad, "recipe": {"learning_rate": 4e-4}}))
+    assert "r.yaml: round0.env: the mapf generator cannot draw" in msg and "\n" not in msg, msg
