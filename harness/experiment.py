@@ -199,6 +199,16 @@ def plan(cfg: ExperimentConfig) -> dict[str, Any]:
     for arm, over in cfg.overrides.items():
         if arm not in ARMS:
             raise ExperimentError(f"overrides: unknown arm {arm!r}; choose from {', '.join(ARMS)}")
+        from pydantic import ValidationError
+
+        from policies.train import Recipe
+
+        try:  # checked whether or not the arm runs this time (an arm left out of `arms` kept a typo for later)
+            Recipe.model_validate({**(cfg.run.get("recipe") or {}), **over})
+        except ValidationError as exc:
+            e = exc.errors()[0]
+            what = "unknown key (typo?)" if e["type"] == "extra_forbidden" else e["msg"]
+            raise ExperimentError(f"overrides.{arm}.{'.'.join(map(str, e['loc']))}: {what}") from None
         bad = [k for k in over if k in COMPUTE_KNOBS]
         if bad:
             base = (cfg.run.get("recipe") or {}).get(bad[0], "the template's")

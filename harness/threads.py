@@ -197,6 +197,9 @@ def _nothing_to_measure() -> tuple[int, str] | None:
     return None
 
 
+SWITCH_WORDS = ("1", "0", "true", "false", "yes", "no", "on", "off")  # a cache switch's spellings
+
+
 def check_env() -> None:
     """Refuse a bad `EVOTRAINER_THREADS` or `EVOTRAINER_CORES` before a run makes its folder (`harness.lifecycle.
     start_run`): the same checks `apply_threads` and `policies.cores` make later, said before anything is written."""
@@ -211,6 +214,13 @@ def check_env() -> None:
         if n < 1:
             raise ValueError(f"{ENV} must be at least 1, not {n}")
     cores()
+    if any(os.environ.get(v) is not None for v in ("EVOTRAINER_VLLM_ENGINES", "EVOTRAINER_VLLM_GPU_MEMORY")):
+        from policies.rollout import vllm_settings
+
+        vllm_settings()
+    for var in ("EVOTRAINER_WARMSTART_CACHE", "EVOTRAINER_EVAL_CACHE"):  # "maybe" used to read as on
+        if (v := os.environ.get(var)) is not None and v.strip() and v.strip().lower() not in SWITCH_WORDS:
+            raise ValueError(f"{var} must be one of {', '.join(SWITCH_WORDS)}, not {v!r}")
 
 
 def apply_threads(run_config: Any, task: Any) -> tuple[int, str]:

@@ -446,8 +446,31 @@ def _generate_loop(model, tok, prompt_ids: list[list[int]], params: SamplingPara
 # --- vLLM backend -----------------------------------------------------------------------------------------------------
 
 _VLLM_ENGINES: dict[str, object] = {}  # checkpoint dir -> vllm.LLM, least recently used first
-VLLM_MAX_ENGINES = int(os.environ.get("EVOTRAINER_VLLM_ENGINES", "2"))  # a stage alternates two checkpoints at most
-VLLM_GPU_MEMORY = float(os.environ.get("EVOTRAINER_VLLM_GPU_MEMORY", "0.3"))  # per engine; training needs the rest
+def vllm_settings() -> tuple[int, float]:
+    """(engines kept at once, GPU memory share per engine) from `EVOTRAINER_VLLM_ENGINES` (default 2: a stage
+    alternates two checkpoints at most) and `EVOTRAINER_VLLM_GPU_MEMORY` (default 0.3; training needs the rest); a bad
+    value is a ValueError naming the variable (it was an int() error 15 s into a run, and 0 or 5 were taken)."""
+    raw_n = os.environ.get("EVOTRAINER_VLLM_ENGINES", "2").strip()
+    raw_m = os.environ.get("EVOTRAINER_VLLM_GPU_MEMORY", "0.3").strip()
+    try:
+        n = int(raw_n)
+    except ValueError:
+        raise ValueError(f"EVOTRAINER_VLLM_ENGINES must be a whole number of engines (>= 1), not {raw_n!r}") from None
+    try:
+        m = float(raw_m)
+    except ValueError:
+        m = float("nan")
+    if n < 1:
+        raise ValueError(f"EVOTRAINER_VLLM_ENGINES must be at least 1, not {n}")
+    if not 0 < m < 1:
+        raise ValueError(f"EVOTRAINER_VLLM_GPU_MEMORY must be a share of the GPU's memory between 0 and 1, not {raw_m!r}")
+    return n, m
+
+
+try:
+    VLLM_MAX_ENGINES, VLLM_GPU_MEMORY = vllm_settings()
+except ValueError:  # the defaults; a run refuses the bad value at start (`harness.threads.check_env`)
+    VLLM_MAX_ENGINES, VLLM_GPU_MEMORY = 2, 0.3
 
 
 def _vllm_engine(path: str, seed: int, factory=None):

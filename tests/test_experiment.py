@@ -242,3 +242,11 @@ def test_what_run_checks_at_start_the_experiment_checks_before_its_shared_warm_s
     bad_eval = {**TINY_RUN, "eval": {"env": tight, "n": 8}}
     with pytest.raises(ExperimentError, match=r"^run: eval.env: .*eval.env.min_distance"):
         plan(load_experiment(_cfg(tmp_path, run=bad_eval, arms=["evolved-rule"])))
+
+
+def test_an_override_for_an_arm_not_run_this_time_is_still_checked(tmp_path):
+    """`overrides: {plr: {bogus: 1}}` with plr left out of `arms` trained anyway, the typo kept for a later call."""
+    with pytest.raises(ExperimentError, match=r"overrides.plr.bogus: unknown key"):
+        plan(load_experiment(_cfg(tmp_path, arms=["evolved-rule", "fixed-template"], overrides={"plr": {"bogus": 1}})))
+    with pytest.raises(ExperimentError, match=r"overrides.bandit.learning_rate: "):
+        plan(load_experiment(_cfg(tmp_path, arms=["evolved-rule"], overrides={"bandit": {"learning_rate": -1}})))

@@ -375,3 +375,26 @@ def test_a_task_whose_instances_fail_gives_the_default_lengths_and_says_so(resto
     monkeypatch.setattr(threads, "time_threads_for", lambda model, opts, shape: {n: 0.01 * n for n in opts})
     n, why = threads.apply_threads(parse_config(TINY, "test"), MAPF)
     assert n == 1 and f"token lengths a default {threads.DEFAULT_LENGTHS} (RuntimeError" in why
+
+
+@pytest.mark.parametrize("var,value,said", [
+    ("EVOTRAINER_VLLM_ENGINES", "abc", "EVOTRAINER_VLLM_ENGINES must be a whole number"),
+    ("EVOTRAINER_VLLM_ENGINES", "0", "EVOTRAINER_VLLM_ENGINES must be at least 1"),
+    ("EVOTRAINER_VLLM_GPU_MEMORY", "5", "EVOTRAINER_VLLM_GPU_MEMORY must be a share"),
+    ("EVOTRAINER_VLLM_GPU_MEMORY", "nan", "EVOTRAINER_VLLM_GPU_MEMORY must be a share"),
+    ("EVOTRAINER_WARMSTART_CACHE", "maybe", "EVOTRAINER_WARMSTART_CACHE must be one of"),
+    ("EVOTRAINER_EVAL_CACHE", "maybe", "EVOTRAINER_EVAL_CACHE must be one of"),
+])
+def test_a_bad_environment_variable_is_named_at_start(monkeypatch, var, value, said):
+    """`EVOTRAINER_VLLM_ENGINES=abc` was an int() error naming no variable, 15 s into a run; 0 engines or a GPU share
+    of 5 were taken; a cache switch of "maybe" read as on. Each is refused before a run makes its folder."""
+    from harness.threads import check_env
+
+    monkeypatch.delenv("EVOTRAINER_THREADS", raising=False)
+    monkeypatch.delenv("EVOTRAINER_CORES", raising=False)
+    check_env()
+    monkeypatch.setenv(var, value)
+    with pytest.raises(ValueError, match=said):
+        check_env()
+    monkeypatch.setenv(var, {"EVOTRAINER_VLLM_GPU_MEMORY": "0.5"}.get(var, "off" if "CACHE" in var else "3"))
+    check_env()
