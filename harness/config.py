@@ -48,6 +48,13 @@ def parse_duration(value: str | float | None) -> float | None:
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, data):
+        from policies.train import no_bool_numbers
+
+        return no_bool_numbers(cls, data)
+
 
 class PolicyConfig(_Strict):
     preset: Literal["tiny", "small", "base"] | None = Field(
@@ -542,10 +549,15 @@ def _nested(prefix: str, model: type[BaseModel], data: Any) -> None:
         for e in exc.errors():
             loc = ".".join([prefix, *(str(p) for p in e["loc"])])
             msg = e["msg"].removeprefix("Value error, ")
+            if not e["loc"] and (m := _BOOL_NUMBER.match(msg)):  # `no_bool_numbers`: name its field
+                loc, msg = f"{prefix}.{m.group(1)}", m.group(2)
             if prefix.endswith(".env"):  # a generator names its own knobs `env.<...>`: here they are `<prefix>.<...>`
                 msg = re.sub(r"(?<![\w.])env\.", f"{prefix}.", msg)
             lines.append(f"{loc}: unknown key (typo?)" if e["type"] == "extra_forbidden" else f"{loc}: {msg}")
         raise ValueError("; ".join(lines)) from None
+
+
+_BOOL_NUMBER = re.compile(r"(\w+): ((?:true|false) is not a value of this field.*)")
 
 
 def _format_error(exc: ValidationError, source: str) -> str:
@@ -558,6 +570,8 @@ def _format_error(exc: ValidationError, source: str) -> str:
         loc = loc or "(top level)"
         if e["type"] == "extra_forbidden":
             lines.append(f"{loc}: unknown key (typo?); see `evotrainer run --help` and examples/*.yaml")
+        elif e["type"] == "value_error" and (m := _BOOL_NUMBER.match(e["msg"].removeprefix("Value error, "))):
+            lines.append(f"{loc}.{m.group(1)}: {m.group(2)}")  # `no_bool_numbers`, run by the section: its field
         else:
             lines.append(f"{loc}: {e['msg']}")
     return f"{source}: invalid run config:\n  " + "\n  ".join(lines)

@@ -218,6 +218,8 @@ def check_env() -> None:
         from policies.rollout import vllm_settings
 
         vllm_settings()
+    if (h := os.environ.get("EVOTRAINER_HOME")) is not None and not h.strip():  # silently meant ~/.evotrainer
+        raise ValueError("EVOTRAINER_HOME is set but empty; unset it to use ~/.evotrainer, or name a folder")
     for var in ("EVOTRAINER_WARMSTART_CACHE", "EVOTRAINER_EVAL_CACHE"):  # "maybe" used to read as on
         if (v := os.environ.get(var)) is not None and v.strip() and v.strip().lower() not in SWITCH_WORDS:
             raise ValueError(f"{var} must be one of {', '.join(SWITCH_WORDS)}, not {v!r}")

@@ -46,10 +46,35 @@ class RecipeError(ValueError):
     """A recipe whose settings cannot work together; raised when the recipe is built, before any training."""
 
 
+def _takes_bool(annotation) -> bool:
+    import typing
+
+    if annotation is bool or annotation is typing.Any or annotation is object:
+        return True
+    return any(_takes_bool(a) for a in typing.get_args(annotation))
+
+
+def no_bool_numbers(model: type[BaseModel], data):
+    """A `mode="before"` check for a config model: a YAML `true`/`false` given to a field that takes no bool is refused
+    by name (pydantic's lax mode read `steps: true` as one step and `wall_clock: true` as one second)."""
+    if isinstance(data, dict):
+        for name, value in data.items():
+            field = model.model_fields.get(name) if isinstance(name, str) else None
+            if isinstance(value, bool) and field is not None and not _takes_bool(field.annotation):
+                raise ValueError(f"{name}: {str(value).lower()} is not a value of this field (a number or a word; "
+                                 "true/false only switch a flag)")
+    return data
+
+
 class Recipe(BaseModel):
     """The training recipe: every knob of the SFT warm start and the GRPO stage. Defaults work on CPU and GPU."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, data):
+        return no_bool_numbers(cls, data)
     # SFT warm start
     sft_learning_rate: float = Field(1e-3, gt=0, description="SFT peak learning rate (1e-3 suits tiny from-scratch models)")
     sft_steps: int = Field(300, ge=0, description="SFT optimiser steps (0 = skip the warm start)")

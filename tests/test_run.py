@@ -768,3 +768,14 @@ def test_every_generator_config_and_the_recipe_seed_are_checked_before_the_run_f
     p.write_text("task: mapf\nname: a\x1bb\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(p)
+
+
+def test_a_yes_or_no_where_a_number_belongs_is_refused_by_name():
+    """`budget.wall_clock: true` was a one-second budget and `recipe.steps: true` one step (pydantic's lax mode); a
+    flag still takes true/false."""
+    from harness.config import ConfigError, parse_config
+
+    for section, field in (("budget", "wall_clock"), ("recipe", "steps"), ("stage", "probe_n")):
+        with pytest.raises(ConfigError, match=rf"{section}.{field}: true is not a value of this field"):
+            parse_config({"task": "mapf", section: {field: True}}, "x")
+    assert parse_config({"task": "mapf", "recipe": {"pipeline": False}}, "x").recipe["pipeline"] is False

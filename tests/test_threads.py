@@ -384,6 +384,7 @@ def test_a_task_whose_instances_fail_gives_the_default_lengths_and_says_so(resto
     ("EVOTRAINER_VLLM_GPU_MEMORY", "nan", "EVOTRAINER_VLLM_GPU_MEMORY must be a share"),
     ("EVOTRAINER_WARMSTART_CACHE", "maybe", "EVOTRAINER_WARMSTART_CACHE must be one of"),
     ("EVOTRAINER_EVAL_CACHE", "maybe", "EVOTRAINER_EVAL_CACHE must be one of"),
+    ("EVOTRAINER_HOME", " ", "EVOTRAINER_HOME is set but empty"),
 ])
 def test_a_bad_environment_variable_is_named_at_start(monkeypatch, var, value, said):
     """`EVOTRAINER_VLLM_ENGINES=abc` was an int() error naming no variable, 15 s into a run; 0 engines or a GPU share
@@ -396,5 +397,6 @@ def test_a_bad_environment_variable_is_named_at_start(monkeypatch, var, value, s
     monkeypatch.setenv(var, value)
     with pytest.raises(ValueError, match=said):
         check_env()
-    monkeypatch.setenv(var, {"EVOTRAINER_VLLM_GPU_MEMORY": "0.5"}.get(var, "off" if "CACHE" in var else "3"))
+    monkeypatch.setenv(var, {"EVOTRAINER_VLLM_GPU_MEMORY": "0.5", "EVOTRAINER_HOME": "/tmp/evotrainer-home"}.get(
+        var, "off" if "CACHE" in var else "3"))
     check_env()
