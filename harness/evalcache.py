@@ -41,7 +41,9 @@ def cache_root() -> Path:
 
 
 def enabled() -> bool:
-    return os.environ.get("EVOTRAINER_EVAL_CACHE", "1") not in ("0", "false", "no", "off")
+    from policies import env_switch
+
+    return env_switch("EVOTRAINER_EVAL_CACHE")
 
 
 def weights_digest(ckpt: str | Path) -> str | None:

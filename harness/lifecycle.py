@@ -186,7 +186,6 @@ def _task_fits_checkpoint(config: RunConfig) -> str | None:
     import json
     import math
 
-    from harness.round0 import harness_models
     from harness.seeds import seeds
     from harness.tasks import get_task
     from policies.model import format_prompt, load_tokenizer
@@ -200,11 +199,7 @@ def _task_fits_checkpoint(config: RunConfig) -> str | None:
     limit = next((meta[k] for k in ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len",
                                     "seq_length") if isinstance(meta.get(k), int)), None)
     try:
-        from sandbox.workspace import TEMPLATE_DIR
-
-        files = {"recipe.yaml": (TEMPLATE_DIR / "recipe.yaml").read_text(), **initial_files(config)}
-        env0, recipe, _ = harness_models(files, task)  # the round-0 mix and recipe, as the run will have them
-        target = task.spec.config_model.model_validate(config.backtest.env) if config.backtest.env else env0
+        env0, recipe, target = _round0_and_target(config, task)
     except Exception:  # noqa: BLE001 - a bad harness is named where the run builds it
         return None
     style, longest_prompt, longest_answer = config.style, 0, 0
@@ -231,6 +226,18 @@ def _task_fits_checkpoint(config: RunConfig) -> str | None:
     return None
 
 
+def _round0_and_target(config: RunConfig, task):
+    """(round-0 env, round-0 recipe, the target env) as the run will have them: the target is `backtest.env`, else
+    the round-0 env."""
+    from harness.round0 import harness_models
+    from sandbox.workspace import TEMPLATE_DIR
+
+    files = {"recipe.yaml": (TEMPLATE_DIR / "recipe.yaml").read_text(), **initial_files(config)}
+    env0, recipe, _ = harness_models(files, task)
+    target = task.spec.config_model.model_validate(config.backtest.env) if config.backtest.env else env0
+    return env0, recipe, target
+
+
 ALPHABET_SAMPLE = 8  # instances of each distribution whose characters a preset's alphabet is checked against
 
 
@@ -238,17 +245,12 @@ def _task_fits_alphabet(config: RunConfig) -> str | None:
     """Why a preset model cannot read or write this run's task, or None: a character of the prompts or the expert's
     answers (round-0 mix and target, the run's style) that the family's `spec.alphabet` lacks is `<unk>` to the
     preset's char tokenizer (a family whose alphabet missed two letters trained and scored 27% with no word said)."""
-    from harness.round0 import harness_models
     from harness.seeds import seeds
     from harness.tasks import get_task
 
     task = get_task(config.task)
     try:
-        from sandbox.workspace import TEMPLATE_DIR
-
-        files = {"recipe.yaml": (TEMPLATE_DIR / "recipe.yaml").read_text(), **initial_files(config)}
-        env0 = harness_models(files, task)[0]
-        target = task.spec.config_model.model_validate(config.backtest.env) if config.backtest.env else env0
+        env0, _, target = _round0_and_target(config, task)
         seen: set[str] = set()
         for env in (env0, target):
             for s in seeds("probe", ALPHABET_SAMPLE):

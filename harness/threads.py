@@ -197,9 +197,6 @@ def _nothing_to_measure() -> tuple[int, str] | None:
     return None
 
 
-SWITCH_WORDS = ("1", "0", "true", "false", "yes", "no", "on", "off")  # a cache switch's spellings
-
-
 def check_env() -> None:
     """Refuse a bad `EVOTRAINER_THREADS` or `EVOTRAINER_CORES` before a run makes its folder (`harness.lifecycle.
     start_run`): the same checks `apply_threads` and `policies.cores` make later, said before anything is written."""
@@ -220,9 +217,9 @@ def check_env() -> None:
         vllm_settings()
     if (h := os.environ.get("EVOTRAINER_HOME")) is not None and not h.strip():  # silently meant ~/.evotrainer
         raise ValueError("EVOTRAINER_HOME is set but empty; unset it to use ~/.evotrainer, or name a folder")
-    for var in ("EVOTRAINER_WARMSTART_CACHE", "EVOTRAINER_EVAL_CACHE"):  # "maybe" used to read as on
-        if (v := os.environ.get(var)) is not None and v.strip() and v.strip().lower() not in SWITCH_WORDS:
-            raise ValueError(f"{var} must be one of {', '.join(SWITCH_WORDS)}, not {v!r}")
+    from harness import evalcache, warmstart
+
+    warmstart.enabled(), evalcache.enabled()  # the cache switches: a word that is neither on nor off is refused
 
 
 def apply_threads(run_config: Any, task: Any) -> tuple[int, str]:

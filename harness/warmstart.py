@@ -38,7 +38,9 @@ def cache_root() -> Path:
 
 
 def enabled() -> bool:
-    return os.environ.get("EVOTRAINER_WARMSTART_CACHE", "1") not in ("0", "false", "no", "off")
+    from policies import env_switch
+
+    return env_switch("EVOTRAINER_WARMSTART_CACHE")
 
 
 def code_version() -> str:

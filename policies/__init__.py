@@ -12,6 +12,20 @@ from contextlib import contextmanager
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+SWITCH_ON, SWITCH_OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def env_switch(name: str, default: bool = True) -> bool:
+    """An on/off environment variable (`default` when unset or empty); ValueError naming it for any other word (a
+    cache switch of "maybe" or "OFF" used to read as on)."""
+    raw = os.environ.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in SWITCH_ON or raw in SWITCH_OFF:
+        return raw in SWITCH_ON
+    raise ValueError(f"{name} must be one of {', '.join(SWITCH_ON + SWITCH_OFF)}, not {os.environ[name]!r}")
+
+
 CORES_ENV = "EVOTRAINER_CORES"  # the cores this process's work may use, where a scheduler shares the machine
 
 

@@ -446,6 +446,8 @@ def _generate_loop(model, tok, prompt_ids: list[list[int]], params: SamplingPara
 # --- vLLM backend -----------------------------------------------------------------------------------------------------
 
 _VLLM_ENGINES: dict[str, object] = {}  # checkpoint dir -> vllm.LLM, least recently used first
+
+
 def vllm_settings() -> tuple[int, float]:
     """(engines kept at once, GPU memory share per engine) from `EVOTRAINER_VLLM_ENGINES` (default 2: a stage
     alternates two checkpoints at most) and `EVOTRAINER_VLLM_GPU_MEMORY` (default 0.3; training needs the rest); a bad

@@ -400,3 +400,14 @@ def test_a_bad_environment_variable_is_named_at_start(monkeypatch, var, value, s
     monkeypatch.setenv(var, {"EVOTRAINER_VLLM_GPU_MEMORY": "0.5", "EVOTRAINER_HOME": "/tmp/evotrainer-home"}.get(
         var, "off" if "CACHE" in var else "3"))
     check_env()
+
+
+def test_the_cache_switches_are_read_as_they_are_checked(monkeypatch):
+    """The start check and the caches read a switch through one function: `OFF` was accepted at start and then read as
+    on by the cache itself."""
+    from harness import evalcache, warmstart
+
+    for word, on in (("OFF", False), ("no", False), ("Yes", True), ("", True)):
+        monkeypatch.setenv("EVOTRAINER_WARMSTART_CACHE", word)
+        monkeypatch.setenv("EVOTRAINER_EVAL_CACHE", word)
+        assert warmstart.enabled() is on and evalcache.enabled() is on, word
