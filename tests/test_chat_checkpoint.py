@@ -226,7 +226,7 @@ def test_train_eval_and_run_on_the_chat_checkpoint(chat_ckpt, tmp_path):
            "warm_start": {"sft_examples": 16, "sft_steps": 2},
            "recipe": {"steps": 1, "batch_size": 8, "num_generations": 4, "max_completion_length": 8},
            "budget": {"stages": 1}, "stage": {"train_instances": 8, "probe_n": 4, "probe_samples": 2, "candidates": 1},
-           "backtest": {"arm_steps": 1, "n": 8, "samples": 1}, "engineer": {"kind": "rule"},
+           "backtest": {"arm_steps": 1, "n": 8, "samples": 1, "carry_confirm": 16}, "engineer": {"kind": "rule"},
            "eval": {"suite": "small", "limit": 4}}
     cfg_path = tmp_path / "run.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
@@ -262,7 +262,7 @@ def test_an_experiment_arm_and_the_policy_as_its_own_engineer_on_the_chat_checkp
            "warm_start": {"sft_examples": 16, "sft_steps": 2},
            "recipe": {"steps": 1, "batch_size": 8, "num_generations": 4, "max_completion_length": 8},
            "budget": {"stages": 1}, "stage": {"train_instances": 8, "probe_n": 4, "probe_samples": 2, "candidates": 1},
-           "backtest": {"arm_steps": 1, "n": 8, "samples": 1},
+           "backtest": {"arm_steps": 1, "n": 8, "samples": 1, "carry_confirm": 16},
            "engineer": {"kind": "llm", "model_path": "policy", "max_tokens": 16, "max_retries": 0},
            "eval": {"suite": "small", "limit": 4}}
     exp = tmp_path / "exp.yaml"

@@ -28,7 +28,8 @@ from sandbox.workspace import Workspace
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {**BENCH_TINY, "name": "t", "stage": {**BENCH_TINY["stage"], "candidates": 1},
-        "recipe": {**BENCH_TINY["recipe"], "max_completion_length": 24}}
+        "recipe": {**BENCH_TINY["recipe"], "max_completion_length": 24},
+        "backtest": {**BENCH_TINY["backtest"], "carry_confirm": 48}}  # as tests/test_run.py's: not 288-864 decodes
 # markup that raises MarkupError, markup that would restyle, OSC (retitle), CSI (clear screen), BEL, C1 CSI, bidi
 HOSTILE = "[/x] [/INST] [bold red]red[/] \x1b]0;pwned\x07 \x1b[2J \x9b31m \u202e"
 RAW = ("\x1b", "\x07", "\x9b", "\u202e")

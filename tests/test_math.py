@@ -99,7 +99,7 @@ def test_a_skill_promoted_on_mapf_is_borrowed_tried_and_recorded_on_math(tmp_pat
         "recipe": {"steps": 1, "batch_size": 8, "num_generations": 4, "max_completion_length": 12,
                    "temperature": 1.2},
         "budget": {"stages": 1}, "stage": {"train_instances": 16, "probe_n": 16, "probe_samples": 2, "candidates": 8},
-        "backtest": {"arm_steps": 1, "n": 16}, "engineer": {"kind": "rule"}, "eval": {"suite": "small", "limit": 4},
+        "backtest": {"arm_steps": 1, "n": 16, "carry_confirm": 32}, "engineer": {"kind": "rule"}, "eval": {"suite": "small", "limit": 4},
         # a minimum effect 16 instances can refute: the borrowed try must be decided (an inconclusive one is kept
         # for a re-test, not recorded on the skill)
         "gate": {"min_effect": 0.4},

@@ -43,7 +43,7 @@ SCRIPT = Path(tempfile.gettempdir()) / f"evotrainer-test-scale-{uuid.uuid4().hex
 BASE = {**TINY, "name": "sc", "env": EASY, "warm_start": {"sft_examples": 400, "sft_steps": 150},
         "recipe": {**TINY["recipe"], "learning_rate": 1e-3, "temperature": 1.0},
         "budget": {"stages": 1}, "stage": {**TINY["stage"], "candidates": 2},
-        "backtest": {"arm_steps": 2, "n": 16}, "eval": {"suite": "small", "limit": 4},
+        "backtest": {"arm_steps": 2, "n": 16, "carry_confirm": 32}, "eval": {"suite": "small", "limit": 4},
         "engineer": {"kind": "scripted", "script": str(SCRIPT)}}
 STAGE1 = {"candidates": [
     {"knob": "recipe.temperature", "value": 0.7, "rationale": "scripted", "expected": "a different arm"},

@@ -170,7 +170,8 @@ def test_the_tiny_loop_runs_on_every_family(family, tmp_path, monkeypatch):
         "recipe": {"steps": 2, "batch_size": 8, "num_generations": 4, "max_completion_length": s["max_completion_length"],
                    "temperature": 1.0},
         "budget": {"stages": 1}, "stage": {"train_instances": 16, "probe_n": 16, "probe_samples": 2, "candidates": 2},
-        "backtest": {"arm_steps": 1, "n": 16}, "engineer": {"kind": "rule"}, "eval": {"suite": "small", "limit": 12},
+        "backtest": {"arm_steps": 1, "n": 16, "carry_confirm": 32},  # not 288-864 greedy decodes of two checkpoints
+        "engineer": {"kind": "rule"}, "eval": {"suite": "small", "limit": 12},
     }, "test")
     run_dir = start_run(cfg, tmp_path / "runs", run_id=family)
     env = yaml.safe_load((run_dir / "harness" / "env.yaml").read_text())
