@@ -97,6 +97,21 @@ def test_already_rejected_and_over_limit_are_dropped_with_notes():
     assert any("already rejected" in n for n in notes) and any("over max_candidates=2" in n for n in notes)
 
 
+def test_a_refuted_value_respelt_is_the_same_change():
+    """2, 2.0 and 2.00000 set a float knob alike, so they are one change: a refuted one is not proposed again
+    respelt, and a re-test finds its earlier evidence (before: `2` and `2.0` had two keys, and a hostile engineer got a
+    fresh test of a refuted change by writing it as a float). Values apart beyond 6 significant digits stay apart."""
+    d = _diag()
+    for refuted, respelt in ((2, 2.0), (2.0, 2), (1.5, 1.50000)):
+        key = change_key("abc123", Change(kind="recipe", knob="recipe.temperature", value=refuted))
+        with pytest.raises(ProposalError, match=r"recipe.temperature -> \S+ was already rejected from this state"):
+            parse_reply(json.dumps([_one("recipe.temperature", respelt)]), d, SPACE, 2, "llm", rejected_keys={key})
+    cands, _ = parse_reply(json.dumps([_one("recipe.temperature", 2)]), d, SPACE, 2, "llm")
+    assert cands[0].change.value == 2.0 and isinstance(cands[0].change.value, float)  # the file says 2.0 as well
+    assert change_key("s", Change(kind="recipe", knob="recipe.temperature", value=1.2)) != \
+        change_key("s", Change(kind="recipe", knob="recipe.temperature", value=1.21))
+
+
 def test_diagnostic_candidate_is_one_file():
     src = "def diagnose(rollouts):\n    return {'findings': [], 'metrics': {}}\n"
     cands, _ = parse_reply(json.dumps({"knob": "diagnostics/plan_len.py", "code": src, "rationale": "r",

@@ -300,12 +300,25 @@ def test_a_mix_entry_unlike_the_targets_is_found_and_adopted_as_one_change(tmp_p
     assert cfg.entry(3) == MAPF.spec.config_model.model_validate(TOO_HARD).entry(3)
     space = knob_space(d)
     assert "env.entry  value:" in build_messages(d, space, 2)[1]["content"]
-    reply = ('{"candidates": [{"knob": "env.entry", "value": {"5": {"agents": 2}}, "rationale": "r", "expected": "e"}]}')
+    reply = ('{"candidates": [{"knob": "env.entry", "value": {"5": {"agents": 2, "hole_ratio": 0.2}}, "rationale": "r", '
+             '"expected": "e"}]}')
     cands, _ = parse_reply(reply, d, space, 2, "llm")
-    assert cands[0].change.value == {"5": {"agents": 2}} and cands[0].old_value == {"5": {"agents": 3}}
-    with pytest.raises(ProposalError, match="weight, not one of its fields"):
+    assert cands[0].change.value == {"5": {"agents": 2, "hole_ratio": 0.2}}
+    assert cands[0].old_value == {"5": {"agents": 3, "hole_ratio": 0.45}}
+    # one field is that field's own knob, keyed as it: a refuted plain change cannot come back as an entry
+    one, _ = parse_reply(reply.replace(', "hole_ratio": 0.2', ""), d, space, 2, "llm")
+    assert (one[0].change.knob, one[0].change.value, one[0].old_value) == ("env.sizes.5.agents", 2, 3)
+    plain = reply.replace('"env.entry", "value": {"5": {"agents": 2, "hole_ratio": 0.2}}', '"env.sizes.5.agents", '
+                          '"value": 2.0')
+    assert change_key(d.state, parse_reply(plain, d, space, 2, "llm")[0][0].change) == change_key(d.state,
+                                                                                                   one[0].change)
+    # an entry is made the target's, nothing else: free values are several factors in one candidate
+    with pytest.raises(ProposalError, match=r"sets an entry's fields to the target's \(5: hole_ratio 0.2, agents 2\); "
+                       r"\{'agents': 3\} is not that"):
+        parse_reply(reply.replace('"agents": 2', '"agents": 3'), d, space, 2, "llm")
+    with pytest.raises(ProposalError, match="is not that"):
         parse_reply(reply.replace('"agents": 2', '"data_ratio": 0.3'), d, space, 2, "llm")
-    with pytest.raises(ProposalError, match="no entry with size 6"):
+    with pytest.raises(ProposalError, match=r"entry 6: that entry is the target's already \(entries that differ: 5\)"):
         parse_reply(reply.replace('"5"', '"6"'), d, space, 2, "llm")
     near = diagnose(TARGET, {3: 0.5, 4: 0.5, 5: 0.2}, {3: 0.5, 4: 0.25, 5: 0.2})
     assert not [f for f in near.findings if f.code == "target.entry_differs"]  # the mix's entries ARE the target's

@@ -218,8 +218,14 @@ DIAGNOSTIC_PATH = re.compile(r"^diagnostics/[a-z_][a-z0-9_]*\.py$")
 
 
 def _canon(value: Any) -> str:
-    if isinstance(value, float):
-        return repr(float(f"{value:.6g}"))
+    """A value's spelling in a change's key: a number is keyed as a float to 6 significant digits whether it was
+    written 2, 2.0 or 2.00000 (an int and a float of one value set the knob alike: before, `2` and `2.0` were two
+    changes, so a refuted one came back respelt and got a fresh test instead of its pooled one)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return repr(float(f"{float(value):.6g}"))
+    if isinstance(value, dict):
+        return json.dumps({str(k): json.loads(_canon(v)) if isinstance(v, int | float | dict) and not isinstance(
+            v, bool) else v for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}, sort_keys=True)
     return json.dumps(value, sort_keys=True)
 
 
@@ -423,8 +429,15 @@ def _validate_mixture(i: int, pc: ProposedChange, diagnosis: Diagnosis) -> tuple
     return Change(kind="env", knob=MIXTURE, value=value), cur
 
 
-def _validate_entry(i: int, pc: ProposedChange, diagnosis: Diagnosis) -> tuple[Change, Any]:
+def _validate_entry(i: int, pc: ProposedChange, diagnosis: Diagnosis, space: dict[str, Knob]
+                    ) -> tuple[Change, Any]:
+    """`env.entry`: ONE entry made the target's, as one change (`entry_text` offers it only where the mix's entries
+    differ from the target's). Its fields must be among those that differ and each set to the target's value: any
+    other value is a bundle of free factors (three fields moved at will in one candidate), and a field's own value
+    has its own knob. One field is that field's own knob, so it is keyed as it (a refuted `env.sizes.3.hole_ratio`
+    cannot come back as an entry)."""
     from harness.tasks import get_task
+    from harness.tasks.knobs import keyed_list
 
     task = get_task(diagnosis.task)
     if not task.spec.entry_key or not diagnosis.env_config:
@@ -432,6 +445,29 @@ def _validate_entry(i: int, pc: ProposedChange, diagnosis: Diagnosis) -> tuple[C
                             "change one knob from the allowed list")
     if pc.code is not None:
         raise ProposalError(f"two factors in one candidate #{i}: a knob change with 'code'; drop 'code'")
+    view = diagnosis.target
+    diffs = {s.value: s.entry_diff for s in (view.slices if view is not None else []) if s.entry_diff}
+    if not diffs:
+        raise ProposalError(f"candidate #{i}: {ENTRY} makes an entry the target's, and no entry of the mix differs "
+                            "from the target's; change one field with its own knob")
+    if isinstance(pc.value, dict) and len(pc.value) == 1:
+        (key, fields), = pc.value.items()
+        diff = diffs.get(str(key))
+        if diff is None:
+            raise ProposalError(f"candidate #{i}: {ENTRY} {key}: that entry is the target's already (entries that "
+                                f"differ: {', '.join(diffs)}); change one field with its own knob")
+        if isinstance(fields, dict):
+            off = {f: v for f, v in fields.items() if f not in diff or not _same(v, diff[f][1])}
+            if off:
+                want = ", ".join(f"{f} {t}" for f, (_, t) in diff.items())
+                raise ProposalError(f"candidate #{i}: {ENTRY} sets an entry's fields to the target's ({key}: {want}); "
+                                    f"{cut(repr(off), 120)} is not that: change one field with its own knob")
+            if len(fields) == 1:
+                (f, v), = fields.items()
+                lst = keyed_list(diagnosis.env_config, task.spec.entry_key)
+                plain = f"env.{lst}.{key}.{f}"
+                if plain in space:
+                    return _validate_change(i, pc.model_copy(update={"knob": plain, "value": v}), space, diagnosis)
     try:
         _, old = with_entry(task.spec.config_model.model_validate(diagnosis.env_config), task.spec.entry_key, pc.value)
     except ValidationError as exc:
@@ -440,6 +476,13 @@ def _validate_entry(i: int, pc: ProposedChange, diagnosis: Diagnosis) -> tuple[C
     except ValueError as exc:
         raise ProposalError(f"candidate #{i}: {exc}") from None
     return Change(kind="env", knob=ENTRY, value=pc.value), old
+
+
+def _same(a: Any, b: Any) -> bool:
+    """One value written two ways (2 and 2.0; floats to 6 significant digits)."""
+    if isinstance(a, int | float) and isinstance(b, int | float) and not isinstance(a, bool) and not isinstance(b, bool):
+        return _canon(a) == _canon(b)
+    return a == b
 
 
 def _validate_target(i: int, pc: ProposedChange, diagnosis: Diagnosis) -> tuple[Change, Any]:
@@ -482,7 +525,7 @@ def _validate_change(i: int, pc: ProposedChange, space: dict[str, Knob], diagnos
     if pc.knob == MIXTURE and diagnosis is not None:
         return _validate_mixture(i, pc, diagnosis)
     if pc.knob == ENTRY and diagnosis is not None:
-        return _validate_entry(i, pc, diagnosis)
+        return _validate_entry(i, pc, diagnosis, space)
     if pc.knob == TARGET and diagnosis is not None:
         return _validate_target(i, pc, diagnosis)
     if pc.knob not in space:
@@ -504,6 +547,8 @@ def _validate_change(i: int, pc: ProposedChange, space: dict[str, Knob], diagnos
         if float(v) != int(v):
             raise ProposalError(f"candidate #{i}: {pc.knob} takes an integer, got {v:g}")
         v = int(v)
+    else:  # a float knob written as an int is that float (its file and its key alike)
+        v = float(v)
     if v == k.current:
         raise ProposalError(f"candidate #{i}: {pc.knob} = {v:g} is its current value: no change")
     return Change(kind=k.kind, knob=pc.knob, value=v), k.current
