@@ -116,22 +116,32 @@ def _in_slice(r: Rollout, sl: dict[str, str]) -> bool:
     return all(r.slices.get(k) == v for k, v in sl.items())
 
 
-def slice_claim(f: Finding, units: list[Rollout], alpha: float) -> tuple[bool | None, str]:
+def slice_claim(f: Finding, units: list[Rollout], alpha: float, label: str | None = None) -> tuple[bool | None, str]:
     """(True | False, why) for a finding on a slice: does the slice fail more than the rest on these units, by
     Fisher's exact test, one-sided, at alpha? (None, why) when the finding names no slice to test (no slice, or
-    one that covers every unit)."""
+    one that covers every unit). `label` names the finding in `why` (default its code). Only a slice the held-out
+    rollouts have is quoted (their own slice values: aggregates); the code's own keys and values are not."""
+    label = label or f.code
     inside = [r for r in units if _in_slice(r, f.slice)]
     rest = [r for r in units if not _in_slice(r, f.slice)]
-    where = ",".join(f"{k}={v}" for k, v in f.slice.items()) or "all"
     if not f.slice or not rest:
-        return None, f"{f.code} ({where}) names no slice apart from the rest"
-    if not inside:  # its values are then the code's own text, not a slice of the held-out data: keys only
-        return False, f"{f.code} claims a slice on {', '.join(sorted(f.slice))[:80]} that no held-out instance has"
+        return None, f"{label} names no slice apart from the rest"
+    if not inside:  # its keys and values are then the code's own text, not a slice of the held-out data
+        return False, f"{label} claims a slice that no held-out instance has"
+    where = ",".join(f"{k}={v}" for k, v in f.slice.items())  # every key and value a held-out rollout's own
     ki, kr = sum(not r.valid for r in inside), sum(not r.valid for r in rest)
     pv = fisher_greater(ki, len(inside), kr, len(rest))
-    text = (f"{f.code} on {where}: held-out failure {ki}/{len(inside)} = {ki / len(inside):.2f} vs the rest "
+    text = (f"{label} on {where}: held-out failure {ki}/{len(inside)} = {ki / len(inside):.2f} vs the rest "
             f"{kr}/{len(rest)} = {kr / len(rest):.2f} (Fisher's exact one-sided p = {pv:.3g})")
     return pv <= alpha, text
+
+
+def _label(f: Finding, i: int, details: list[str]) -> str:
+    """How the judge's reason names a finding the code produced on held-out rollouts: by its place and severity,
+    never by its code (text the code chose there: it can spell a held-out board, problem or program, and the reason
+    reaches the engineer). The code itself goes to the run's records."""
+    details.append(f"finding {i + 1}: {f.code}")
+    return f"its finding {i + 1} ({f.severity})"
 
 
 def fisher_greater(k1: int, n1: int, k2: int, n2: int) -> float:
@@ -287,21 +297,21 @@ def judge_diagnostic(candidate: str, path: str, source: str, heldout: list[Rollo
         if on_solved.error:
             details.append(on_solved.error)
             return rejected(f"{path} fails on the {len(solved)} solved held-out rollouts: {_kind(on_solved.error)}")
-        if flags := [f for f in on_solved.findings if f.severity != "info"]:
-            return rejected(f"{flags[0].code} ({flags[0].severity}) fires on the {len(solved)} solved held-out "
-                            "rollouts, where nothing fails")
+        if flags := [(i, f) for i, f in enumerate(on_solved.findings) if f.severity != "info"]:
+            return rejected(f"{_label(flags[0][1], flags[0][0], details)} fires on the {len(solved)} solved "
+                            "held-out rollouts, where nothing fails")
     shown: list[str] = []
     choose, confirm = _halves(heldout, random.Random(seed))  # a slice it chose on `choose` is tested on `confirm`
     chose = D.run_evolved(path, source, choose, limits)
     if chose.error:
         details.append(chose.error)
         return rejected(f"{path} fails on half of the {where}: {_kind(chose.error)}")
-    fired = [f for f in chose.findings if f.severity != "info" and (f.count > 0 or f.rate > 0)]
+    fired = [(i, f) for i, f in enumerate(chose.findings) if f.severity != "info" and (f.count > 0 or f.rate > 0)]
     other = f"the other {len(confirm)} held-out instances"
-    for f in fired:
-        ok, text = slice_claim(f, confirm, alpha)
+    for i, f in fired:
+        ok, text = slice_claim(f, confirm, alpha, _label(f, i, details))
         if ok is False:
-            return rejected(f"its finding, fired on {len(_units(choose))} held-out instances, does not hold on {other}: "
+            return rejected(f"a finding fired on {len(_units(choose))} held-out instances does not hold on {other}: "
                             f"{text}; alpha {alpha:g}")
         if ok:  # a finding that names no slice apart from the rest predicts nothing: it is no claim shown
             shown.append(f"fired on {len(_units(choose))} held-out instances, on {other}: {text}")

@@ -264,7 +264,7 @@ def test_a_finding_must_hold_on_held_out_rollouts(shaped, size, decision):
     though both fire (size 3 has failures too)."""
     v = judge(SLICE_FINDING.replace("SIZE", size), shaped)
     assert v.decision == decision, v.reason
-    assert f"evolved.d.slice_fails on size={size}: held-out failure" in v.reason and "Fisher's exact" in v.reason
+    assert f"its finding 1 (warn) on size={size}: held-out failure" in v.reason and "Fisher's exact" in v.reason
     if decision == "rejected":
         assert "does not hold" in v.reason
 
@@ -338,6 +338,38 @@ def diagnose(rollouts):
 def test_a_finding_on_no_slice_is_no_claim_shown(shaped):
     v = judge(NO_SLICE_FINDING, shaped)
     assert v.decision == "rejected" and "showed nothing it claims" in v.reason, v.reason
+
+
+LEAK = '''
+import re
+def diagnose(rollouts):
+    if all(x["valid"] for x in rollouts):
+        return {"findings": [], "metrics": {}}
+    r = rollouts[0]
+    code = "leak_" + re.sub("[^A-Za-z0-9]+", "_", r["prompt"])[:50]
+    word = re.sub("[^A-Za-z0-9]+", "_", r["prompt"])[:70]
+    return {"findings": [{"code": code, "severity": "critical", "count": 1, "rate": 0.5,
+                          "slice": SLICE}], "metrics": {}}
+'''
+
+
+@pytest.mark.parametrize("slice_", ['{}', '{"size": "4"}', '{word[:30]: "4"}', '{"size": word[:30]}'])
+def test_a_reason_never_quotes_what_the_code_chose_on_held_out_rollouts(shaped, slice_):
+    """A diagnostic runs on earlier stages' BACKTEST rollouts, and its verdict's reason reaches the engineer: a
+    finding code or slice spelt from a held-out prompt (its board, starts and goals) must not reach it. Before: the
+    reason quoted the code ("... fires on the N solved held-out rollouts", "... on size=4: ...") and a slice's keys,
+    so eight such diagnostics carried a whole held-out board into the next stage's prompt. The run's records keep
+    the code (`details`)."""
+    import re
+
+    details: list[str] = []
+    v = J.judge_diagnostic("c1", "diagnostics/d.py", LEAK.replace("SLICE", slice_), shaped, ALPHA, FAST,
+                           details=details)
+    words = {re.sub("[^A-Za-z0-9]+", "_", r.prompt)[:50] for r in shaped}
+    words |= {w[:12] for w in words}  # any long stretch of one
+    assert not [w for w in words if w in v.reason or w.replace("_", "") in v.reason.replace("_", "")], v.reason
+    assert "its finding 1 (critical)" in v.reason or "showed nothing" in v.reason, v.reason
+    assert any(d.startswith("finding 1: evolved.d.leak_") for d in details) or "showed nothing" in v.reason, details
 
 
 # --- a finding that cannot be true for the run's reward ---------------------------------------------------------------
