@@ -178,9 +178,15 @@ def remember_skills(run: Run, k: int) -> None:
                     Intervention(knob=TARGET, op="adopt", value="frontier") if cand.change.knob == TARGET else \
                     Intervention(knob=cand.change.knob, op="code" if cand.change.code else "set",
                                  value=cand.change.value, code=cand.change.code)
+                # what it is expected to do is what it was measured to do, in the loop's words: the engineer's
+                # own `expected` (free text from an endpoint) would be printed into every later run's prompt, on
+                # every family that shares the library; its rationale is kept as the description, for people
+                eff = c.get("effect") or 0.0
+                measured = f"valid {eff:+.3f}" + (f" [{interval[0]:+.3f}, {interval[1]:+.3f}]" if interval else "")
                 lib.add(Skill(
                     name=name, kind=cand.change.kind, trigger=Trigger(findings=codes), intervention=iv,
-                    expected=cand.expected or f"raises {cand.target_metric}", validation=cand.target_metric,
+                    expected=f"{measured} against its control when promoted ({run.config.task}, stage {k})",
+                    validation="valid",
                     domains=[run.config.task],
                     evidence=SkillEvidence(tries=1, promotions=1, mean_effect=c.get("effect") or 0.0,
                                            last_interval=interval, families=[run.config.task]),
