@@ -5,9 +5,20 @@ Training draws only from `train`; diagnosis rolls out on `probe`; each backtest 
 (a cursor that only moves forward, persisted by the run store); `test` is for final reports and benchmark suites.
 A run's cursors start at its seed's stretch (`harness.run.seed_stretch`), so runs that differ only in seed draw
 different train, probe and backtest instances; the test suites are the same for every seed.
+
+Disjoint seeds are not disjoint instances: a generator maps seeds into a finite space of instances, and two seeds of
+different splits can draw the same one (before this was enforced, 5% to 63% of the shipped examples' backtest
+instances had a training twin, most on their smallest levels: BENCHMARKS.md, fifty-fourth session). So every
+family's `generate` keeps its instances apart by content (`held_apart`, or the same `content_split` test inside its
+own draw): an instance belongs to the split its prompt hashes to, and a seed whose draw belongs elsewhere draws
+again, so no prompt is ever both a training and a held-out one.
 """
 
 from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 SPLITS: tuple[str, ...] = ("train", "probe", "backtest", "test")
 
@@ -46,3 +57,39 @@ def check_split(seed_list: list[int], split: str) -> None:
     bad = [s for s in seed_list if split_of(s) != split]
     if bad:
         raise SplitError(f"{len(bad)} seed(s) not from the {split!r} split, e.g. {bad[:3]}: held-out hygiene violated")
+
+
+T = TypeVar("T")
+APART_TRIES = 64  # draws per seed before a level too small to hold apart is given up on: (3/4)^64 ~ 1e-8 otherwise
+
+
+def content_split(key: str) -> str:
+    """The split an instance belongs to, from its content (its prompt): a stable hash, the same on every machine."""
+    return SPLITS[int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big") % len(SPLITS)]
+
+
+def draw_seed(seed: int, attempt: int) -> int:
+    """The seed a family's generator draws with on `attempt` for `seed`: the seed itself first (so an instance that
+    already belongs to its seed's split is the one it always was), then 32-bit seeds of their own."""
+    if attempt == 0:
+        return seed
+    return int.from_bytes(hashlib.blake2b(f"apart/{seed}/{attempt}".encode(), digest_size=4).digest(), "big")
+
+
+def held_apart(draw: Callable[[int], T], key: Callable[[T], str], seed: int, restamp: Callable[[T, int], T]) -> T:
+    """The instance of `seed` kept in its seed's split by content: `draw(draw_seed(seed, a))` for a = 0, 1, ... until
+    `content_split(key(instance))` is `split_of(seed)`; `restamp(instance, seed)` gives it back its seed. A level with
+    too few distinct instances to hold apart (a level of one instance) returns its last draw after `APART_TRIES`. Every
+    family's `generate` goes through it; a family of one's own should too (`harness/tasks/base.py`)."""
+    want = split_of(seed)
+    inst: Any = None
+    for attempt in range(APART_TRIES):
+        inst = draw(draw_seed(seed, attempt))
+        if content_split(key(inst)) == want:
+            break
+    return restamp(inst, seed)
+
+
+def restamp_seed(inst: Any, seed: int) -> Any:
+    """An instance (a frozen pydantic model with a `seed`) with its seed set back to the one asked for."""
+    return inst if inst.seed == seed else inst.model_copy(update={"seed": seed})

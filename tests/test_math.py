@@ -88,7 +88,9 @@ def test_a_skill_promoted_on_mapf_is_borrowed_tried_and_recorded_on_math(tmp_pat
     with SkillLibrary.open(seed_dir=SEED_DIR) as lib:
         lib.add(Skill(name="mapf-shorter-completions-on-parse-errors", kind="recipe",
                       trigger=Trigger(findings=["mapf.parse_error"]),
-                      intervention=Intervention(knob="recipe.max_completion_length", op="mul", value=0.75),
+                      # a knob no seed skill takes on these findings (the truncation seed takes the completion
+                      # budget when this tiny policy's answers run to the cap, and one candidate per knob)
+                      intervention=Intervention(knob="recipe.top_p", op="mul", value=0.9),
                       expected="fewer unparseable completions", domains=["mapf"]))
         lib.record_try("mapf-shorter-completions-on-parse-errors", promoted=True, effect=0.06,
                        interval=(0.02, 0.1), family="mapf", run="mapf-run", candidate="s2c1")
@@ -111,7 +113,7 @@ def test_a_skill_promoted_on_mapf_is_borrowed_tried_and_recorded_on_math(tmp_pat
         cands = {c["skill"]: c for c in store.candidates("borrow")}
         c = cands.get("mapf-shorter-completions-on-parse-errors")
         assert c is not None, sorted(cands)
-        assert "borrowed from mapf" in c["rationale"] and c["knob"] == "recipe.max_completion_length"
+        assert "borrowed from mapf" in c["rationale"] and c["knob"] == "recipe.top_p"
         assert c["status"] in ("promoted", "rejected") and c["reason"]
     finally:
         store.close()

@@ -218,7 +218,7 @@ DIAGNOSTIC_PATH = re.compile(r"^diagnostics/[a-z_][a-z0-9_]*\.py$")
 
 
 def _canon(value: Any) -> str:
-    """A value's spelling in a change's key: a number is keyed as a float to 6 significant digits whether it was
+    """A value's spelling in a change's key: a number is keyed as a float to 6 significant figures whether it was
     written 2, 2.0 or 2.00000 (an int and a float of one value set the knob alike: before, `2` and `2.0` were two
     changes, so a refuted one came back respelt and got a fresh test instead of its pooled one)."""
     if isinstance(value, int | float) and not isinstance(value, bool):
@@ -434,7 +434,7 @@ def _validate_entry(i: int, pc: ProposedChange, diagnosis: Diagnosis, space: dic
     """`env.entry`: ONE entry made the target's, as one change (`entry_text` offers it only where the mix's entries
     differ from the target's). Its fields must be among those that differ and each set to the target's value: any
     other value is a bundle of free factors (three fields moved at will in one candidate), and a field's own value
-    has its own knob. One field is that field's own knob, so it is keyed as it (a refuted `env.sizes.3.hole_ratio`
+    has its own knob. One field is that field's own knob, so it is keyed as it (a refuted change of that knob
     cannot come back as an entry)."""
     from harness.tasks import get_task
     from harness.tasks.knobs import keyed_list
@@ -479,7 +479,7 @@ def _validate_entry(i: int, pc: ProposedChange, diagnosis: Diagnosis, space: dic
 
 
 def _same(a: Any, b: Any) -> bool:
-    """One value written two ways (2 and 2.0; floats to 6 significant digits)."""
+    """One value written two ways (2 and 2.0; floats to 6 significant figures)."""
     if isinstance(a, int | float) and isinstance(b, int | float) and not isinstance(a, bool) and not isinstance(b, bool):
         return _canon(a) == _canon(b)
     return a == b

@@ -28,6 +28,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from harness.seeds import held_apart, restamp_seed
 from harness.tasks import knobs
 from harness.tasks.base import Instance, Outcome, SuiteEntry, TaskSpec
 
@@ -139,6 +140,11 @@ def value(nums: list[int], ops: list[str]) -> int:
 
 
 def generate(config: MathConfig, seed: int) -> MathInstance:
+    """The instance for (config, seed), kept in its seed's split by content (`harness.seeds.held_apart`)."""
+    return held_apart(lambda s: _generate(config, s), prompt, seed, restamp_seed)
+
+
+def _generate(config: MathConfig, seed: int) -> MathInstance:
     rng = np.random.default_rng([seed, 0x3A7])
     lv = knobs.pick(config.levels, rng)
     if lv.source != "builtin":

@@ -17,7 +17,9 @@ already apply: `domains: []`). What the loop assumes of it:
 - a weighted mixture (the level samplers, `env.mixture`, the mixture skills) is a list of entries keyed by
   `spec.entry_key`, each weighed by a field named `data_ratio` (`knobs.WEIGHT`);
 - `suite("small")` is the default test set of a run (`eval.suite`); name yours so, or say `eval: {suite: ...}`;
-- `all` is not a slice value (the loop's own word for "every instance").
+- `all` is not a slice value (the loop's own word for "every instance");
+- `generate` keeps an instance in its seed's split by content: wrap the draw in `harness.seeds.held_apart` (two
+  seeds of different splits must never draw the same prompt, or a held-out instance is a training one).
 
     from harness.tasks import get_task
     task = get_task("mapf")

@@ -69,6 +69,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from harness.seeds import held_apart, restamp_seed
 from harness.tasks import knobs
 from harness.tasks.base import Instance, Outcome, SuiteEntry, TaskSpec
 
@@ -228,8 +229,14 @@ def _header(phrases: list[str], shown: list[tuple[Any, Any]]) -> str:
 
 
 def generate(config: CodeConfig, seed: int) -> CodeInstance:
+    """The instance for (config, seed), kept in its seed's split by content (`harness.seeds.held_apart`); HumanEval
+    is an evaluation set drawn on test seeds only (`_humaneval`), never split further."""
     if config.source == "humaneval":
         return _humaneval(seed)
+    return held_apart(lambda s: _generate(config, s), prompt, seed, restamp_seed)
+
+
+def _generate(config: CodeConfig, seed: int) -> CodeInstance:
     rng = np.random.default_rng([seed, 0xC0DE])
     lv = knobs.pick(config.levels, rng)
     domain = "str" if rng.random() < lv.str_ratio else "list"

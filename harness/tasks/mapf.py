@@ -67,6 +67,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from harness.seeds import content_split, split_of
 from harness.tasks import knobs
 from harness.tasks.base import Instance, Outcome, SuiteEntry, TaskSpec
 from harness.tasks.knobs import KnobError
@@ -81,6 +82,8 @@ STYLES = ("trace", "compact", "chat")  # the first is the default for char-level
 LABELS = string.ascii_uppercase[:16]
 WORDS = {"U": "UP", "D": "DOWN", "L": "LEFT", "R": "RIGHT", "W": "WAIT"}
 MAX_ATTEMPTS = 300  # draws per instance before the generator gives up and names the knob
+APART_DRAWS = 3000  # layouts of another split's content skipped (unsolved, cheap) before a level too small to hold
+# apart keeps any: at 64 a 3x3 level that needs a wait (a few layouts in a hundred qualify) ran out and kept a twin
 WARN_ATTEMPTS = 50  # draws after which a resampling warning is logged
 
 # --- config ----------------------------------------------------------------------------------------------------------
@@ -322,8 +325,18 @@ def _draw_layout(rng: np.random.Generator, n: int, holes: int, k: int, min_dista
 
 
 def generate(config: MAPFConfig, seed: int) -> MAPFInstance:
-    """The instance for (config, seed): deterministic, solvable, with its optimal makespan and wait need. Resamples
-    layouts until one fits; raises UnsatisfiableConfigError naming the knob after MAX_ATTEMPTS draws."""
+    """The instance for (config, seed): deterministic, solvable, with its optimal makespan and wait need, and kept in
+    its seed's split by content (`harness.seeds.held_apart`: a 3x3 board drawn by a training seed is never also a
+    held-out one). Resamples layouts until one fits; raises UnsatisfiableConfigError naming the knob after
+    MAX_ATTEMPTS draws."""
+    return _generate(config, seed, split_of(seed))
+
+
+def _generate(config: MAPFConfig, seed: int, split: str | None = None) -> MAPFInstance:
+    """`generate`'s draw. With `split`, a layout whose prompt belongs to another split by content
+    (`harness.seeds.content_split`) is drawn again before it is solved (the solve is most of a draw's time: holding
+    apart by whole redraws made generation 4.5x slower); after `APART_DRAWS` such draws (a level too small to hold
+    apart) any layout is kept."""
     rng = np.random.default_rng(seed)
     weights = np.array([e.data_ratio for e in config.sizes], dtype=float)
     entry = config.sizes[int(rng.choice(len(weights), p=weights / weights.sum()))]
@@ -333,12 +346,21 @@ def generate(config: MAPFConfig, seed: int) -> MAPFInstance:
     n = entry.size
     holes = hole_count(n, entry.hole_ratio)
     rejected: Counter[str] = Counter()
-    for attempt in range(1, MAX_ATTEMPTS + 1):
+    apart = 0
+    for attempt in range(1, MAX_ATTEMPTS + APART_DRAWS + 1):
         layout = _draw_layout(rng, n, holes, k, config.min_distance, cross=want_wait and bool(rng.random() < 0.8))
         if layout is None:
             rejected["no room for start/goal"] += 1
             continue
         free, starts, goals = layout
+        if split is not None and apart < APART_DRAWS:
+            grid = ["".join("." if free[r * n + c] else "#" for c in range(n)) for r in range(n)]
+            draft = MAPFInstance(seed=seed, size=n, grid=grid, starts=[divmod(s, n) for s in starts],
+                                 goals=[divmod(g, n) for g in goals], optimal_makespan=0, sum_of_costs=0,
+                                 needs_wait=False, plan=[])
+            if content_split(render_compact(draft)) != split:
+                apart += 1
+                continue
         try:
             sol = solve(n, free, starts, goals)
         except SolverBudgetExceeded:
@@ -350,14 +372,14 @@ def generate(config: MAPFConfig, seed: int) -> MAPFInstance:
         if sol.needs_wait != want_wait:
             rejected["needs no wait" if want_wait else "needs a wait"] += 1
             continue
-        if attempt > WARN_ATTEMPTS:
+        if attempt - apart > WARN_ATTEMPTS:
             log.warning("mapf generator: size %d, %d agents, seed %d took %d draws (%s)", n, k, seed, attempt,
                         dict(rejected))
         grid = ["".join("." if free[r * n + c] else "#" for c in range(n)) for r in range(n)]
         return MAPFInstance(seed=seed, size=n, grid=grid, starts=[divmod(s, n) for s in starts],
                             goals=[divmod(g, n) for g in goals], optimal_makespan=sol.makespan,
                             sum_of_costs=sol.sum_of_costs, needs_wait=bool(sol.needs_wait), plan=sol.moves,
-                            attempts=attempt)
+                            attempts=attempt - apart)
     top = rejected.most_common(1)[0][0] if rejected else "?"
     knob = {"needs no wait": f"env.sizes.{n}.wait_ratio (lower it) or env.sizes.{n}.agents (raise it)",
             "needs a wait": f"env.sizes.{n}.wait_ratio (raise it) or env.sizes.{n}.hole_ratio (lower it)",

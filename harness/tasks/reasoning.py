@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from harness.seeds import held_apart, restamp_seed
 from harness.tasks import knobs
 from harness.tasks.base import Instance, Outcome, SuiteEntry, TaskSpec
 
@@ -121,6 +122,11 @@ class ReasoningInstance(Instance):
 
 
 def generate(config: ReasoningConfig, seed: int) -> ReasoningInstance:
+    """The instance for (config, seed), kept in its seed's split by content (`harness.seeds.held_apart`)."""
+    return held_apart(lambda s: _generate(config, s), prompt, seed, restamp_seed)
+
+
+def _generate(config: ReasoningConfig, seed: int) -> ReasoningInstance:
     rng = np.random.default_rng([seed, 0x46])
     ds = knobs.pick(config.datasets, rng)
     params = json.dumps(ds.params, sort_keys=True)
