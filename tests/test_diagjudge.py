@@ -378,16 +378,17 @@ def test_a_reason_never_quotes_what_the_code_chose_on_held_out_rollouts(shaped, 
 def test_the_seed_reward_hacking_veto_is_judged_false_when_the_reward_is_validity(shaped, binary):
     """Under a reward that is validity no failing arm can score high, so the seed veto (reward up while valid down)
     blocks nothing it could meet in this run; where the reward can pay for failing, a veto of the same kind is
-    promoted (`HACK_VETO`: the seed's own thresholds, +0.02 reward and -0.01 valid, also block an A/A pair of these
-    small halves, so it is rejected there too, for that reason)."""
+    promoted (`HACK_VETO`), and so is the seed itself on these halves (its thresholds, +0.02 reward and -0.01 valid,
+    blocked one of the A/A pairs on the instance draws before the fifty-fourth session and none of 12 on six draws of
+    today's: a threshold that close to noise is the seed's, not the judge's)."""
     code = seed_skill_code("veto-reward-hacking")
     v = judge(code, binary)
     assert v.decision == "rejected", v.reason
     assert "lets a planted invalid arm through" in v.reason and "reward is validity" in v.reason
     assert judge(HACK_VETO, shaped).decision == "promoted"
     assert judge(HACK_VETO, binary).decision == "rejected"
-    noisy = judge(code, shaped)
-    assert noisy.decision == "rejected" and "A/A pairs" in noisy.reason, noisy.reason
+    seed = judge(code, shaped)
+    assert seed.decision == "promoted" and "blocks none of 12 A/A pairs" in seed.reason, seed.reason
 
 
 REWARD_HACKING_FINDING = '''
@@ -416,12 +417,13 @@ def test_the_seed_veto_skill_is_not_proposed_under_a_binary_reward(tmp_path):
     from harness.engineer import propose
     from skills.library import SkillLibrary
 
-    probe = rollouts("probe", 200, 12, BINARY)
+    probe = rollouts("probe", 200, 24, BINARY)  # at 12 the shaped draws paid every failure alike (0.25): then the
+    # reward is a function of validity on them, and no hacking can be read (`reward_is_validity`)
     steps = [{"reward": 0.1 + 0.05 * i, "valid": 0.3} for i in range(9)]  # reward up 0.3, valid flat
     lib = SkillLibrary.open(tmp_path / "skills.db")  # the seed skills, veto-reward-hacking among them
     assert "veto-reward-hacking" in lib.names()
     for shaping, fires in ((BINARY, False), (SHAPED, True)):
-        rs = probe if shaping is BINARY else rollouts("probe", 200, 12, SHAPED)
+        rs = probe if shaping is BINARY else rollouts("probe", 200, 24, SHAPED)
         d = build_diagnosis(MAPF, 2, rs, ENV, {}, [], 1, None, train_metrics=steps, shaping=shaping, env_stats={})
         assert any(f.code == "grpo.reward_hacking" for f in d.findings) == fires
         names = {c.skill for c in propose(EngineerConfig(kind="rule"), d, lib, 8, np.random.default_rng(0)).candidates}
