@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from harness.backtest import ArmEval, judge_arm, judge_greedy, regression, train_arm
+from harness.faults import stop_on_machine_fault
 from harness.records import RewardBatch, cut, read_rollouts, write_reward_batches, write_rollouts
 from harness.results import ArmLook, ArmRecord, CarryBatch, StartJudged, Trained
 from harness.round0 import harness_models
@@ -286,6 +287,7 @@ def _local_arms(run: Run, k: int, todo: list[tuple[str, dict[str, str]]], start:
                               tensorboard_dir=run.run_dir / TENSORBOARD_DIR / f"s{k}" / name)
             out[name] = record_arm(run, k, name, res)
         except Exception as exc:  # noqa: BLE001 - one arm's failure is its decision's, not the run's
+            stop_on_machine_fault(exc, f"arm {name} of stage {k}", str(run.run_dir))  # ... unless the machine's
             log.warning("arm %s of stage %d failed: %s", name, k, exc)
             out[name] = exc
     return out
@@ -299,11 +301,13 @@ def _ray_arms(run: Run, k: int, todo: list[tuple[str, dict[str, str]]], start: s
         try:
             jobs.append(arm_job(run, k, name, files, start, steps, pair))
         except Exception as exc:  # noqa: BLE001 - an arm whose instances cannot be made fails its decision
+            stop_on_machine_fault(exc, f"arm {name} of stage {k}", str(run.run_dir))
             out[name] = exc
     run.event(k, "backtest", "scale", f"{len(jobs)} arm(s) submitted to Ray: {', '.join(j.name for j in jobs)}")
     for name, res in run.ray().run_into(jobs, lambda n: run.path("checkpoints", f"s{k}-{n}", "x").parent,
                                         lambda n: run.path(TENSORBOARD_DIR, f"s{k}", n, "x").parent):
         if isinstance(res, Exception):
+            stop_on_machine_fault(res, f"arm {name} of stage {k} (on Ray)", str(run.run_dir))
             out[name] = res
             run.event(k, "backtest", "scale", f"arm {name} failed on Ray: {cut(str(res), 300)}")
             continue

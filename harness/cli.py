@@ -58,6 +58,7 @@ def main() -> None:
     """Console-script entry point: user errors become one line on stderr and exit code 2."""
     from pydantic import ValidationError
 
+    from harness.faults import MachineFault, machine_fault
     from sandbox.workspace import WorkspaceError
 
     try:
@@ -75,6 +76,8 @@ def main() -> None:
             raise
         fail(f"cannot use {exc.filename}: {(exc.strerror or str(exc)).lower()}; check the path (an --out or --runs-dir "
              "that is a file, a folder without write permission)", exit_with=sys.exit)
+    except MachineFault as exc:  # a full disk inside the run: nothing decided on it, the run interrupted
+        fail(" ".join(str(exc).split()), exit_with=sys.exit)
     except MemoryError:  # a size the config allows but the machine cannot hold (batch, completion length, threads)
         fail("out of memory: a size in the config (recipe.batch_size, max_completion_length, stage or backtest "
              "instances) or the thread count is more than this machine can hold; lower it. What the run recorded "
@@ -85,6 +88,11 @@ def main() -> None:
         fail(f"out of memory ({' '.join(str(exc).split())[:160]}): a size in the config (recipe.batch_size, "
              "max_completion_length, stage or backtest instances) is more than this machine can hold; lower it. What "
              "the run recorded is kept: `evotrainer resume` continues it", exit_with=sys.exit)
+    except Exception as exc:  # a full disk at a write outside any arm (a checkpoint, the run's database)
+        if (why := machine_fault(exc)) is None:
+            raise
+        fail(f"the machine failed: {why} ({type(exc).__name__}). What the run recorded is kept: free space (or fix "
+             "the file system), then `evotrainer resume RUN` continues it", exit_with=sys.exit)
 
 
 def git_error() -> type[BaseException]:

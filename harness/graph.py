@@ -62,6 +62,7 @@ from harness.decisions import (
 )
 from harness.diagjudge import judge_diagnostics, split_verdicts
 from harness.evaluation import previous_target, report_eval, rollouts, target_probe
+from harness.faults import stop_on_machine_fault
 from harness.memory import candidate_from_row, history, human_feedback, regression_findings, remember_skills
 from harness.records import Verdict, cut, read_rollouts, write_rollouts
 from harness.results import (
@@ -312,6 +313,7 @@ def node_propose(run: Run, state: State) -> State:
             sha = ws.propose(cand.id, changed, summary=cand.summary, rationale=cand.rationale,
                              factor=cand.change.knob, stage=k, skill=cand.skill, engineer=cand.engineer)
         except Exception as exc:  # noqa: BLE001 - one bad candidate costs itself, never the stage
+            stop_on_machine_fault(exc, f"committing candidate {cand.id}", str(run.run_dir))  # not the candidate's
             run.store.set_candidate_verdict(Verdict(candidate=cand.id, decision="rejected", stage_reached="vet",
                                                     reason=cut(f"could not be committed: {type(exc).__name__}: "
                                                                 f"{exc}")))
@@ -340,6 +342,7 @@ def node_vet(run: Run, state: State) -> State:
         try:
             res = vet(candidate_from_row(row), main_files, run.task, probe_rollouts)
         except Exception as exc:  # noqa: BLE001 - vet promises not to raise; if it does, the candidate pays
+            stop_on_machine_fault(exc, f"the vet step of {cid}", str(run.run_dir))  # ... unless the machine failed
             res = VetResult(ok=False, stage="vet", reason=cut(f"the vet step failed on it: {type(exc).__name__}: "
                                                                f"{exc}"))
         if res.ok:

@@ -15,6 +15,7 @@ is removed only when it is a half-made repo of that run.
 
 from __future__ import annotations
 
+import logging
 import re
 import sqlite3
 import time
@@ -29,6 +30,8 @@ from harness.graph import GATE_ACTIONS, build_graph
 from harness.round0 import initial_files, make_judge
 from harness.run import JUDGE_FILE, Run, RunError
 from harness.store import RUN_MARKER, RunStore, acquire_lock, created_as
+
+log = logging.getLogger(__name__)
 
 __all__ = ["RUN_MARKER", "RunError", "answer_gate", "check_run_id", "find_run", "is_run_dir", "load_run_config",
            "new_run_id", "open_run", "resume_run", "start_run"]
@@ -85,7 +88,10 @@ def start_run(config: RunConfig, runs_dir: str | Path = "runs", run_id: str | No
     preflight(config)
     if Path(runs_dir).exists() and not Path(runs_dir).is_dir():
         raise RunError(f"--runs-dir {runs_dir} is not a folder; pass a folder for runs/<id>/ (created if missing)")
-    run_dir = Path(runs_dir) / run_id
+    # absolute: what the run records (checkpoints, rollouts, its diagnosis) names files by path, and a path as typed
+    # (`--runs-dir runs`) failed a resume from any other working directory (BENCHMARKS.md, fifty-fourth session)
+    runs_dir = Path(runs_dir).absolute()
+    run_dir = runs_dir / run_id
     if auto:
         base = run_id
         for i in range(2, 1000):
@@ -95,7 +101,7 @@ def start_run(config: RunConfig, runs_dir: str | Path = "runs", run_id: str | No
                 break
             except FileExistsError:
                 run_id = f"{base}-{i}"
-                run_dir = Path(runs_dir) / run_id
+                run_dir = runs_dir / run_id
             except OSError as exc:
                 raise RunError(f"cannot create the run folder {run_dir}: {exc.strerror}; pass a writable "
                                "--runs-dir") from None
@@ -512,7 +518,10 @@ def _drive_prepared(run_dir: Path, config: RunConfig, progress, first_input: dic
             _apply_threads(run)
             out = _drive(run, first_input)
         except BaseException:
-            run.store.set_run_status(run.id, "interrupted")
+            try:  # best effort: on a full disk this write fails too, and the run's own error is the one to show
+                run.store.set_run_status(run.id, "interrupted")
+            except sqlite3.Error as exc:
+                log.warning("run %s: could not record it as interrupted: %s", run.id, exc)
             raise
         if out and out.get("__interrupt__"):  # paused at the human gate: the pause is in graph.db
             run.store.set_run_status(run.id, "paused")
