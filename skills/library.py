@@ -65,6 +65,11 @@ class SkillLibraryError(SkillError):
 
 def library_error(path: Path, why: object) -> SkillLibraryError:
     what = why.strerror if isinstance(why, OSError) and why.strerror else str(why)
+    if "locked" in what or "busy" in what:  # busy, not damaged: moving it aside would drop every run's evidence
+        return SkillLibraryError(
+            f"the skill library {path} is busy: another process holds a write lock on it (a run at its propose or "
+            f"remember step, `evotrainer skills import`, sqlite3 or Datasette with a transaction open) and it stayed "
+            f"locked for {BUSY_TIMEOUT_S:g} s; nothing is damaged: close that, then retry (a run: `evotrainer resume`)")
     return SkillLibraryError(
         f"the skill library {path} cannot be used: {what}; if it is damaged, move it aside (mv {path} {path}.bad) and "
         "an empty one (the seed skills) is made at the next start, then `evotrainer skills import` an export of it if "
@@ -345,7 +350,10 @@ def m002_imported_evidence(db: Database) -> None:
 
 @contextlib.contextmanager
 def _immediate(db: Database) -> Iterator[Database]:
-    db.execute("BEGIN IMMEDIATE")
+    try:
+        db.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError as exc:  # busy past the timeout: named, not a traceback out of a live run
+        raise library_error(Path(db.conn.execute("PRAGMA database_list").fetchone()[2]), exc) from None
     try:
         yield db
     except BaseException:
@@ -537,8 +545,12 @@ class SkillLibrary:
             text = f.read_text(encoding="utf-8")
             parsed.append((parse_skill(text, str(f))[0], hashlib.sha256(text.encode()).hexdigest()))
         changed = []
+        stale = [(sk, d) for sk, d in parsed if (row := self._row(sk.name)) is None
+                 or (row["seed_hash"] is not None and row["seed_hash"] != d)]
+        if not stale:  # nothing to write: no write lock (a second run, or a person's sqlite3, may hold one)
+            return changed
         with _immediate(self.db):
-            for skill, digest in parsed:
+            for skill, digest in stale:
                 row = self._row(skill.name)
                 if row is None:
                     self._insert(skill, seed_hash=digest)

@@ -555,3 +555,32 @@ def test_the_family_neutral_seed_skills_are_a_new_familys_own(home: Path):
                                                  for t in skill.trigger.findings), skill
     finally:
         library.close()
+
+
+def test_a_busy_library_is_named_busy_and_a_synced_one_is_read_under_anothers_lock(tmp_path, monkeypatch):
+    """Another process holds a write lock on the home's library (a second run at remember, `skills import`, a
+    person's sqlite3). Before: every open took a write lock to sync the seeds, so a live run crashed at propose with a
+    traceback, and a start was refused with advice to move the library aside as damaged (which drops every run's
+    evidence). Now an open with nothing to sync writes nothing, and a write that stays locked is named busy, with no
+    such advice. Would catch the seed sync taking the lock again, or the damaged-file message for a busy one."""
+    import sqlite3
+
+    import skills.library as L
+
+    monkeypatch.setattr(L, "BUSY_TIMEOUT_S", 0.5)
+    path = tmp_path / "skills.db"
+    with SkillLibrary.open(path) as lib:
+        n = len(lib.all())
+    holder = sqlite3.connect(str(path), isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with SkillLibrary.open(path) as lib:  # the seeds are in: nothing to write, nothing waits
+            assert len(lib.all()) == n
+            with pytest.raises(L.SkillLibraryError, match=r"is busy: another process holds a write lock .* nothing is "
+                                                          r"damaged") as exc:
+                lib.record_try(lib.all()[0].name, promoted=True, effect=0.1, interval=None, family="mapf", run="r",
+                               candidate="c")
+            assert "move it aside" not in str(exc.value)
+    finally:
+        holder.rollback()
+        holder.close()
