@@ -373,7 +373,7 @@ def _generate(config: MAPFConfig, seed: int, split: str | None = None) -> MAPFIn
             rejected["needs no wait" if want_wait else "needs a wait"] += 1
             continue
         if attempt - apart > WARN_ATTEMPTS:
-            log.warning("mapf generator: size %d, %d agents, seed %d took %d draws (%s)", n, k, seed, attempt,
+            log.warning("mapf generator: size %d, %d agents, seed %d took %d draws (%s)", n, k, seed, attempt - apart,
                         dict(rejected))
         grid = ["".join("." if free[r * n + c] else "#" for c in range(n)) for r in range(n)]
         return MAPFInstance(seed=seed, size=n, grid=grid, starts=[divmod(s, n) for s in starts],
