@@ -29,7 +29,6 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from harness.config import GateConfig
-from harness.faults import MachineFault, machine_fault
 from harness.records import Evidence, Rollout, Verdict, cut, valid_live_share
 from harness.seeds import check_split
 
@@ -456,11 +455,6 @@ def verdicts(control: ArmEval | Exception, control_files: dict[str, str],
     alpha than they were spent at: a reviewer's simulation read a family error of 0.10 for four candidates re-tested
     alone, against 0.05). `plan` defaults to the gate's plan at the control arm's n. The live loop
     (`harness.graph` node_backtest, once per look) and the calibration benchmark both decide here."""
-    for failed in [control, *(arm for _, _, arm in candidates)]:  # the machine's fault decides nothing
-        if isinstance(failed, Exception) and (why := machine_fault(failed)) is not None:
-            raise MachineFault(f"a backtest arm failed because the machine did: {why}; nothing was decided on it. "
-                               "Free space (or fix the file system), then `evotrainer resume RUN` trains it again"
-                               ) from failed
     if isinstance(control, Exception):  # without a control there is no decision: every candidate fails with the reason
         return [Verdict(candidate=cid, decision="rejected", stage_reached="backtest",
                         reason=cut(f"the control arm failed, so nothing could be compared: "

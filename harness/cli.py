@@ -83,6 +83,9 @@ def main() -> None:
              "instances) or the thread count is more than this machine can hold; lower it. What the run recorded "
              "is kept: `evotrainer resume` continues it", exit_with=sys.exit)
     except RuntimeError as exc:
+        if (why := machine_fault(exc)) is not None:  # a safetensors write to a full disk is a RuntimeError
+            fail(f"the machine failed: {why} ({type(exc).__name__}). What the run recorded is kept: free space (or "
+                 "fix the file system), then `evotrainer resume RUN` continues it", exit_with=sys.exit)
         if "can't allocate" not in str(exc) and "out of memory" not in str(exc).lower():
             raise
         fail(f"out of memory ({' '.join(str(exc).split())[:160]}): a size in the config (recipe.batch_size, "

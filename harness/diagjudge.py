@@ -137,11 +137,12 @@ def slice_claim(f: Finding, units: list[Rollout], alpha: float, label: str | Non
 
 
 def _label(f: Finding, i: int, details: list[str]) -> str:
-    """How the judge's reason names a finding the code produced on held-out rollouts: by its place and severity,
-    never by its code (text the code chose there: it can spell a held-out board, problem or program, and the reason
-    reaches the engineer). The code itself goes to the run's records."""
+    """How the judge's reason names a finding the code produced on held-out rollouts: by its severity only, never by
+    its code (text the code chose there: it can spell a held-out board, problem or program, and the reason reaches the
+    engineer) nor by its place in the list (padding with info findings would spell a number of the code's choosing).
+    The code and its place go to the run's records."""
     details.append(f"finding {i + 1}: {f.code}")
-    return f"its finding {i + 1} ({f.severity})"
+    return f"a finding ({f.severity})"
 
 
 def fisher_greater(k1: int, n1: int, k2: int, n2: int) -> float:

@@ -13,11 +13,14 @@ more than the machine holds (a larger group, a longer completion) is that candid
 from __future__ import annotations
 
 import errno
-import sqlite3
+import os
+import shutil
+from pathlib import Path
 
 FAULT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO}
 FAULT_WORDS = ("no space left on device", "os error 28", "disk quota exceeded", "read-only file system",
-               "input/output error", "database or disk is full")
+               "input/output error", "disk is full", "disk i/o error", "attempt to write a readonly database",
+               "outofdiskerror")
 
 
 class MachineFault(RuntimeError):
@@ -25,29 +28,39 @@ class MachineFault(RuntimeError):
     run stops interrupted, and a resume after the fix re-enters the interrupted node."""
 
 
-def machine_fault(exc: BaseException) -> str | None:
-    """What in the machine failed, when `exc` (or an exception it was raised from, or its text: a safetensors or Ray
-    error carries the OS's words) is a full disk, a read-only or failing file system; else None."""
+def machine_fault(exc: BaseException, where: Path | None = None) -> str | None:
+    """What in the machine failed, when `exc` (or an exception it was raised from) is a full disk, a read-only or
+    failing file system; else None. An OSError's errno is the machine's word for it; the OS's words in an exception's
+    text (a safetensors or Ray error carries no errno) count only when the file system at `where` (the run folder)
+    bears them out: nearly full or not writable. Without that check a sandboxed program that filled its own small
+    scratch (text from inside bubblewrap) would read as the machine, and every resume would fail the same way."""
     seen: set[int] = set()
     e: BaseException | None = exc
     while e is not None and id(e) not in seen:
         seen.add(id(e))
         if isinstance(e, OSError) and e.errno in FAULT_ERRNOS:
             return (e.strerror or str(e)).lower()
-        if isinstance(e, sqlite3.OperationalError) and "disk is full" in str(e).lower():
-            return "database or disk is full"
         text = str(e).lower()
         for w in FAULT_WORDS:
-            if w in text:
+            if w in text and (where is None or _bears_out(where)):
                 return w
         e = e.__cause__ or e.__context__
     return None
 
 
+def _bears_out(where: Path) -> bool:
+    """The file system at `where` is nearly full (under 1 GiB or 2% free) or cannot be written."""
+    try:
+        use = shutil.disk_usage(where)
+    except OSError:
+        return True
+    return use.free < max(1 << 30, 0.02 * use.total) or not os.access(where, os.W_OK)
+
+
 def stop_on_machine_fault(exc: BaseException, what: str, where: str) -> None:
     """Raise `MachineFault` (from `exc`) when `exc` is a fault of the machine: `what` failed (an arm, a commit), in
     `where` (the run folder), and nothing may be decided on it."""
-    if (why := machine_fault(exc)) is not None:
+    if (why := machine_fault(exc, Path(where))) is not None:
         raise MachineFault(f"{what} failed because the machine did: {why} (in or under {where}); nothing was decided "
                            f"on it. Free space (or fix the file system), then `evotrainer resume {where}` does it "
                            "again") from exc

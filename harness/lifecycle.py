@@ -597,11 +597,40 @@ def _check_named(run_dir: Path) -> None:
                        f"{run_dir.parent / first}) to resume it (status, review and report read it as it is)")
 
 
+def _check_not_moved(run_dir: Path) -> None:
+    """A run folder moved or copied since its start is refused by the commands that drive it: its records name the
+    checkpoints and rollouts it wrote by absolute path, so a moved folder resumed into "No such file" mid-stage and a
+    copy beside the original trained on the original's checkpoints (BENCHMARKS.md, fifty-fourth session). Records
+    from before paths were absolute say nothing here."""
+    import re
+
+    try:
+        con = sqlite3.connect(f"{(run_dir / 'run.db').resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            rows = con.execute("SELECT result FROM nodes WHERE run = ? LIMIT 50", [run_dir.name]).fetchall()
+        finally:
+            con.close()
+    except sqlite3.Error:  # no nodes yet, or a database the driver's own open names
+        return
+    pat = re.compile(r'"(/[^"]*?)/' + re.escape(run_dir.name) + r'/(?:checkpoints|rollouts|stages)/')
+    for (text,) in rows:
+        m = pat.search(text or "")
+        if m is None:
+            continue
+        made = Path(m.group(1)) / run_dir.name
+        if made.resolve() != run_dir.resolve():
+            raise RunError(f"{run_dir} was made as {made} and moved or copied since: its records name its checkpoints "
+                           f"and rollouts by that path, so driving it here would read {made}'s files or none; move it "
+                           f"back (mv {run_dir} {made}) to resume it (status, review and report read it as it is)")
+        return
+
+
 def resume_run(ref: str | Path, runs_dir: str | Path = "runs",
                progress: Callable[[str, dict[str, Any]], None] | None = None) -> Path:
     """Continue an interrupted run from its last LangGraph checkpoint (the interrupted node runs again)."""
     run_dir = find_run(ref, runs_dir)
     _check_named(run_dir)
+    _check_not_moved(run_dir)
     _check_library()
     lock = acquire_lock(run_dir, run_dir.name)
     try:
@@ -623,6 +652,7 @@ def answer_gate(ref: str | Path, action: str, feedback: str = "", runs_dir: str 
         raise RunError("revise needs feedback: evotrainer revise RUN \"what to change and why\"")
     run_dir = find_run(ref, runs_dir)
     _check_named(run_dir)
+    _check_not_moved(run_dir)
     lock = acquire_lock(run_dir, run_dir.name)
     untouched = True
     try:

@@ -17,6 +17,7 @@ again, so no prompt is ever both a training and a held-out one.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -86,7 +87,11 @@ def held_apart(draw: Callable[[int], T], key: Callable[[T], str], seed: int, res
     for attempt in range(APART_TRIES):
         inst = draw(draw_seed(seed, attempt))
         if content_split(key(inst)) == want:
-            break
+            return restamp(inst, seed)
+    logging.getLogger(__name__).warning(
+        "seed %d (%s): no instance of its level belongs to the %s split in %d draws: a level with this few distinct "
+        "instances cannot be held out, so this one may also be drawn by another split (widen the level)", seed, want,
+        want, APART_TRIES)
     return restamp(inst, seed)
 
 

@@ -70,6 +70,9 @@ def library_error(path: Path, why: object) -> SkillLibraryError:
             f"the skill library {path} is busy: another process holds a write lock on it (a run at its propose or "
             f"remember step, `evotrainer skills import`, sqlite3 or Datasette with a transaction open) and it stayed "
             f"locked for {BUSY_TIMEOUT_S:g} s; nothing is damaged: close that, then retry (a run: `evotrainer resume`)")
+    if "disk is full" in what.lower() or "no space" in what.lower():  # full, not damaged: keep it
+        return SkillLibraryError(f"the skill library {path} cannot be written: the disk is full ({what}); nothing is "
+                                 "damaged: free space, then retry (a run: `evotrainer resume`)")
     return SkillLibraryError(
         f"the skill library {path} cannot be used: {what}; if it is damaged, move it aside (mv {path} {path}.bad) and "
         "an empty one (the seed skills) is made at the next start, then `evotrainer skills import` an export of it if "

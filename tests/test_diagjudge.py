@@ -264,7 +264,7 @@ def test_a_finding_must_hold_on_held_out_rollouts(shaped, size, decision):
     though both fire (size 3 has failures too)."""
     v = judge(SLICE_FINDING.replace("SIZE", size), shaped)
     assert v.decision == decision, v.reason
-    assert f"its finding 1 (warn) on size={size}: held-out failure" in v.reason and "Fisher's exact" in v.reason
+    assert f"a finding (warn) on size={size}: held-out failure" in v.reason and "Fisher's exact" in v.reason
     if decision == "rejected":
         assert "does not hold" in v.reason
 
@@ -368,7 +368,7 @@ def test_a_reason_never_quotes_what_the_code_chose_on_held_out_rollouts(shaped, 
     words = {re.sub("[^A-Za-z0-9]+", "_", r.prompt)[:50] for r in shaped}
     words |= {w[:12] for w in words}  # any long stretch of one
     assert not [w for w in words if w in v.reason or w.replace("_", "") in v.reason.replace("_", "")], v.reason
-    assert "its finding 1 (critical)" in v.reason or "showed nothing" in v.reason, v.reason
+    assert "a finding (critical)" in v.reason or "showed nothing" in v.reason, v.reason
     assert any(d.startswith("finding 1: evolved.d.leak_") for d in details) or "showed nothing" in v.reason, details
 
 

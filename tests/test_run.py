@@ -284,6 +284,9 @@ def test_a_full_disk_inside_an_arm_decides_nothing_and_a_resume_trains_it_again(
         return real_save(self, model, tok, ckpt, *a, **kw)
 
     monkeypatch.setattr(R.Run, "save", save)
+    import harness.faults as F
+
+    monkeypatch.setattr(F, "_bears_out", lambda where: full["on"])  # the disk, as the OS reports it: full
     cfg = parse_config(dict(TINY, budget={"stages": 1}), "test")
     with pytest.raises(MachineFault, match=r"arm control of stage 1 failed because the machine did: no space left on "
                                            r"device .*nothing was decided on it.*evotrainer resume"):
@@ -302,7 +305,7 @@ def test_a_full_disk_inside_an_arm_decides_nothing_and_a_resume_trains_it_again(
     assert all(c["status"] in ("rejected", "promoted", "inconclusive", "rejected_vet") for c in st["candidates"])
     # what counts as the machine's fault: the disk and the file system, by errno or by the OS's words; not memory
     assert machine_fault(OSError(errno.ENOSPC, "No space left on device")) == "no space left on device"
-    assert machine_fault(sqlite3.OperationalError("database or disk is full")) == "database or disk is full"
+    assert machine_fault(sqlite3.OperationalError("database or disk is full")) == "disk is full"
     try:
         try:
             raise OSError(errno.EROFS, "Read-only file system")
@@ -311,6 +314,12 @@ def test_a_full_disk_inside_an_arm_decides_nothing_and_a_resume_trains_it_again(
     except RuntimeError as outer:
         assert machine_fault(outer) == "read-only file system"
     assert machine_fault(MemoryError()) is None and machine_fault(RuntimeError("arm exploded")) is None
+    # the OS's words in a text count only where the run folder's file system bears them out: a sandboxed program
+    # that filled its own scratch says "No space left on device" too, and that is the candidate's failure
+    monkeypatch.setattr(F, "_bears_out", lambda where: False)
+    said = RuntimeError("cannot start in the sandbox: No space left on device")
+    assert machine_fault(said, tmp_path) is None and machine_fault(said) == "no space left on device"
+    assert machine_fault(OSError(errno.ENOSPC, "No space left on device"), tmp_path) == "no space left on device"
 
 
 def test_a_run_started_with_a_relative_runs_dir_records_paths_any_working_directory_can_read(tmp_path, monkeypatch):
@@ -329,6 +338,16 @@ def test_a_run_started_with_a_relative_runs_dir_records_paths_any_working_direct
     finally:
         store.close()
     assert ckpts and all(Path(c).is_absolute() and Path(c).exists() for c in ckpts), ckpts
+    # a copy (or a moved folder) is refused by name: its records name the original's files, which it would read
+    import shutil
+
+    copy = tmp_path / "elsewhere" / "rel"
+    shutil.copytree(run_dir, copy)
+    (copy / "lock").unlink(missing_ok=True)
+    with pytest.raises(RunError, match=r"was made as .*runs/rel and moved or copied since.*move it back"):
+        resume_run(copy)
+    with pytest.raises(RunError, match="already finished"):  # the folder where it was made is itself
+        resume_run(run_dir)
 
 
 # --- the human gate ----------------------------------------------------------------------------------------------------

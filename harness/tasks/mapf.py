@@ -347,16 +347,20 @@ def _generate(config: MAPFConfig, seed: int, split: str | None = None) -> MAPFIn
     holes = hole_count(n, entry.hole_ratio)
     rejected: Counter[str] = Counter()
     apart = 0
-    for attempt in range(1, MAX_ATTEMPTS + APART_DRAWS + 1):
+    for attempt in range(1, MAX_ATTEMPTS + APART_DRAWS + 2):
+        if attempt - apart > MAX_ATTEMPTS:  # the draws that count, not the layouts of another split skipped
+            break
         layout = _draw_layout(rng, n, holes, k, config.min_distance, cross=want_wait and bool(rng.random() < 0.8))
         if layout is None:
             rejected["no room for start/goal"] += 1
             continue
         free, starts, goals = layout
         if split is not None and apart < APART_DRAWS:
+            # keyed on the puzzle, not on how its agents are labelled: A and B swapped is the same board to solve
             grid = ["".join("." if free[r * n + c] else "#" for c in range(n)) for r in range(n)]
-            draft = MAPFInstance(seed=seed, size=n, grid=grid, starts=[divmod(s, n) for s in starts],
-                                 goals=[divmod(g, n) for g in goals], optimal_makespan=0, sum_of_costs=0,
+            pairs = sorted(zip(starts, goals, strict=True))
+            draft = MAPFInstance(seed=seed, size=n, grid=grid, starts=[divmod(s, n) for s, _ in pairs],
+                                 goals=[divmod(g, n) for _, g in pairs], optimal_makespan=0, sum_of_costs=0,
                                  needs_wait=False, plan=[])
             if content_split(render_compact(draft)) != split:
                 apart += 1
