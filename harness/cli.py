@@ -83,19 +83,25 @@ def main() -> None:
              "instances) or the thread count is more than this machine can hold; lower it. What the run recorded "
              "is kept: `evotrainer resume` continues it", exit_with=sys.exit)
     except RuntimeError as exc:
-        if (why := machine_fault(exc)) is not None:  # a safetensors write to a full disk is a RuntimeError
-            fail(f"the machine failed: {why} ({type(exc).__name__}). What the run recorded is kept: free space (or "
-                 "fix the file system), then `evotrainer resume RUN` continues it", exit_with=sys.exit)
+        if machine_fault(exc) is not None:  # a safetensors write to a full disk is a RuntimeError
+            _machine_failed(exc)
         if "can't allocate" not in str(exc) and "out of memory" not in str(exc).lower():
             raise
         fail(f"out of memory ({' '.join(str(exc).split())[:160]}): a size in the config (recipe.batch_size, "
              "max_completion_length, stage or backtest instances) is more than this machine can hold; lower it. What "
              "the run recorded is kept: `evotrainer resume` continues it", exit_with=sys.exit)
     except Exception as exc:  # a full disk at a write outside any arm (a checkpoint, the run's database)
-        if (why := machine_fault(exc)) is None:
+        if machine_fault(exc) is None:
             raise
-        fail(f"the machine failed: {why} ({type(exc).__name__}). What the run recorded is kept: free space (or fix "
-             "the file system), then `evotrainer resume RUN` continues it", exit_with=sys.exit)
+        _machine_failed(exc)
+
+
+def _machine_failed(exc: BaseException) -> None:
+    """One line for a full disk or a failing file system met outside an arm (`harness.faults`), then exit 2."""
+    from harness.faults import machine_fault
+
+    fail(f"the machine failed: {machine_fault(exc)} ({type(exc).__name__}). What the run recorded is kept: free space "
+         "(or fix the file system), then `evotrainer resume RUN` continues it", exit_with=sys.exit)
 
 
 def git_error() -> type[BaseException]:

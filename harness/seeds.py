@@ -77,24 +77,27 @@ def draw_seed(seed: int, attempt: int) -> int:
     return int.from_bytes(hashlib.blake2b(f"apart/{seed}/{attempt}".encode(), digest_size=4).digest(), "big")
 
 
-def held_apart(draw: Callable[[int], T], key: Callable[[T], str], seed: int, restamp: Callable[[T, int], T]) -> T:
+def held_apart(draw: Callable[[int], T], key: Callable[[T], str], seed: int) -> T:
     """The instance of `seed` kept in its seed's split by content: `draw(draw_seed(seed, a))` for a = 0, 1, ... until
-    `content_split(key(instance))` is `split_of(seed)`; `restamp(instance, seed)` gives it back its seed. A level with
-    too few distinct instances to hold apart (a level of one instance) returns its last draw after `APART_TRIES`. Every
-    family's `generate` goes through it; a family of one's own should too (`harness/tasks/base.py`)."""
+    `content_split(key(instance))` is `split_of(seed)`, given back with its own seed (instances are frozen pydantic
+    models with a `seed`). `draw` must not pick the level again on each call (a redraw that did weighed each level,
+    in each split, by how its instances hash: a level weighed 0.50 read 0.42 on backtest seeds): pick it once from
+    the seed and draw within it (`harness.tasks.knobs.one_entry`). A level with too few distinct instances to hold
+    apart (a level of one instance) returns its last draw after `APART_TRIES`, with a warning. Every family's
+    `generate` goes through it; a family of one's own should too (`harness/tasks/base.py`)."""
     want = split_of(seed)
     inst: Any = None
     for attempt in range(APART_TRIES):
         inst = draw(draw_seed(seed, attempt))
         if content_split(key(inst)) == want:
-            return restamp(inst, seed)
+            return _restamp(inst, seed)
     logging.getLogger(__name__).warning(
         "seed %d (%s): no instance of its level belongs to the %s split in %d draws: a level with this few distinct "
         "instances cannot be held out, so this one may also be drawn by another split (widen the level)", seed, want,
         want, APART_TRIES)
-    return restamp(inst, seed)
+    return _restamp(inst, seed)
 
 
-def restamp_seed(inst: Any, seed: int) -> Any:
+def _restamp(inst: Any, seed: int) -> Any:
     """An instance (a frozen pydantic model with a `seed`) with its seed set back to the one asked for."""
     return inst if inst.seed == seed else inst.model_copy(update={"seed": seed})

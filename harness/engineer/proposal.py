@@ -217,16 +217,23 @@ def space_text(space: dict[str, Knob]) -> str:
 DIAGNOSTIC_PATH = re.compile(r"^diagnostics/[a-z_][a-z0-9_]*\.py$")
 
 
+def _norm(value: Any) -> Any:
+    """A value as a change's key sees it: every number a float to 6 significant figures, nested ones too."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(f"{float(value):.6g}")
+    if isinstance(value, dict):
+        return {str(k): _norm(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_norm(v) for v in value]
+    return value
+
+
 def _canon(value: Any) -> str:
     """A value's spelling in a change's key: a number is keyed as a float to 6 significant figures whether it was
     written 2, 2.0 or 2.00000 (an int and a float of one value set the knob alike: before, `2` and `2.0` were two
     changes, so a refuted one came back respelt and got a fresh test instead of its pooled one)."""
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return repr(float(f"{float(value):.6g}"))
-    if isinstance(value, dict):
-        return json.dumps({str(k): json.loads(_canon(v)) if isinstance(v, int | float | dict) and not isinstance(
-            v, bool) else v for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}, sort_keys=True)
-    return json.dumps(value, sort_keys=True)
+    v = _norm(value)
+    return repr(v) if isinstance(v, float) else json.dumps(v, sort_keys=True)
 
 
 def change_key(state: str, change: Change) -> str:
@@ -480,9 +487,7 @@ def _validate_entry(i: int, pc: ProposedChange, diagnosis: Diagnosis, space: dic
 
 def _same(a: Any, b: Any) -> bool:
     """One value written two ways (2 and 2.0; floats to 6 significant figures)."""
-    if isinstance(a, int | float) and isinstance(b, int | float) and not isinstance(a, bool) and not isinstance(b, bool):
-        return _canon(a) == _canon(b)
-    return a == b
+    return _norm(a) == _norm(b)
 
 
 def _validate_target(i: int, pc: ProposedChange, diagnosis: Diagnosis) -> tuple[Change, Any]:

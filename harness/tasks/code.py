@@ -69,7 +69,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from harness.seeds import held_apart, restamp_seed
+from harness.seeds import held_apart
 from harness.tasks import knobs
 from harness.tasks.base import Instance, Outcome, SuiteEntry, TaskSpec
 
@@ -233,11 +233,8 @@ def generate(config: CodeConfig, seed: int) -> CodeInstance:
     is an evaluation set drawn on test seeds only (`_humaneval`), never split further."""
     if config.source == "humaneval":
         return _humaneval(seed)
-    # the level is picked once, from the seed itself, and only instances of that level are drawn again: a redraw
-    # that picked its level again shifted each split's mix by how the levels' instances hash (a review read a
-    # backtest share of 0.42 for a level weighed 0.50)
-    one = config.model_copy(update={"levels": [knobs.pick(config.levels, np.random.default_rng([seed, 0xC0DE]))]})
-    return held_apart(lambda s: _generate(one, s), prompt, seed, restamp_seed)
+    one = knobs.one_entry(config, "levels", np.random.default_rng([seed, 0xC0DE]))  # the level, picked once
+    return held_apart(lambda s: _generate(one, s), prompt, seed)
 
 
 def _generate(config: CodeConfig, seed: int) -> CodeInstance:

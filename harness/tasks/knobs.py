@@ -194,6 +194,12 @@ def pick(entries: list, rng, weight: str = WEIGHT):
     return entries[int(rng.choice(len(w), p=w / w.sum()))]
 
 
+def one_entry(config: BaseModel, field: str, rng, weight: str = WEIGHT) -> BaseModel:
+    """`config` with its weighted list `field` cut to the one entry `rng` picks (`pick`): a level chosen once, so a
+    generator that draws again within it (`harness.seeds.held_apart`) keeps the configured mix in every split."""
+    return config.model_copy(update={field: [pick(getattr(config, field), rng, weight)]})
+
+
 def entry_configs(config: BaseModel, list_field: str, entry_key: str, knob: str,
                   weight: str = WEIGHT) -> list[tuple[str, BaseModel]]:
     """One config per keyed entry a knob touches, that entry alone at full weight: a per-entry knob

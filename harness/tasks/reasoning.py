@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from harness.seeds import held_apart, restamp_seed
+from harness.seeds import held_apart
 from harness.tasks import knobs
 from harness.tasks.base import Instance, Outcome, SuiteEntry, TaskSpec
 
@@ -123,11 +123,8 @@ class ReasoningInstance(Instance):
 
 def generate(config: ReasoningConfig, seed: int) -> ReasoningInstance:
     """The instance for (config, seed), kept in its seed's split by content (`harness.seeds.held_apart`)."""
-    # the level is picked once, from the seed itself, and only instances of that level are drawn again: a redraw
-    # that picked its level again shifted each split's mix by how the levels' instances hash (a review read a
-    # backtest share of 0.42 for a level weighed 0.50)
-    one = config.model_copy(update={"datasets": [knobs.pick(config.datasets, np.random.default_rng([seed, 0x46]))]})
-    return held_apart(lambda s: _generate(one, s), prompt, seed, restamp_seed)
+    one = knobs.one_entry(config, "datasets", np.random.default_rng([seed, 0x46]))  # the level, picked once
+    return held_apart(lambda s: _generate(one, s), prompt, seed)
 
 
 def _generate(config: ReasoningConfig, seed: int) -> ReasoningInstance:
