@@ -30,7 +30,7 @@ TABLES: dict[str, tuple[str, dict[str, str]]] = {
         "(or diagnostics/<name>.py) it changes", "patch": "JSON of the change (knob, value or code)", "old_value":
         "the knob's value before", "rationale": "why the engineer proposed it", "expected": "the expected effect",
         "engineer": "rule | llm | scripted", "skill": "the skill it came from, if any", "commit_sha":
-        "its commit in the harness repo", "tag": "promoted/<id> or rejected/<id>", "status":
+        "its commit in the harness repo", "tag": "promoted/<stage>-<id>, rejected/<id> or inconclusive/<id>", "status":
         "proposed | vetted | backtested | promoted | rejected | rejected_vet", "reason": "the verdict's reason",
         "effect": "paired effect on backtest valid (candidate - control)", "ci_low": "lower bound of its interval",
         "ci_high": "upper bound", "n": "backtest instances (paired)", "evidence":

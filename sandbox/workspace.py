@@ -13,7 +13,7 @@
 
 Layout of the repo (see template/README.md): a candidate is a branch `cand/<id>` off `main` with ONE commit (summary,
 rationale, trailers Factor/Candidate/Stage/Parent/Skill/Engineer). Promote = no-ff merge into main + annotated tag
-`promoted/<stage>-<id>`; reject = annotated tag `rejected/<id>`, branch deleted. Verdict, reason and evidence are in
+`promoted/<stage>-<id>`; reject = annotated tag `rejected/<id>` (refuted) or `inconclusive/<id>`, branch deleted. Verdict, reason and evidence are in
 the merge commit message and in the tag. Candidate commits are built with plumbing (a temporary index, commit-tree,
 update-ref with "must not exist"), so the main worktree is never switched and a crash never leaves a half commit.
 The author identity lives in the repo's own config: no global git configuration is needed.
@@ -77,6 +77,7 @@ AUTHOR_NAME, AUTHOR_EMAIL = "evotrainer", "evotrainer@localhost"
 TEMPLATE_DIR = Path(__file__).parent / "template"
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
 _PROMOTED = re.compile(r"^promoted/(\d+)-(.+)$")
+_NOT_MERGED = ("rejected/", "inconclusive/")  # the tags of candidates not merged: refuted, or kept for pooling
 _TRAILER = re.compile(r"^([A-Z][A-Za-z-]*): ?(.*)$")
 
 
@@ -309,7 +310,8 @@ class Workspace:
         sha = self._find_candidate(cand_id)
         if sha is None:
             raise UnknownCandidate(f"no candidate {cand_id!r}: expected a branch cand/{cand_id} or a tag "
-                                   f"promoted/<stage>-{cand_id} / rejected/{cand_id}; known: {self._known_ids()}")
+                                   f"promoted/<stage>-{cand_id}, rejected/{cand_id} or inconclusive/{cand_id}; "
+                                   f"known: {self._known_ids()}")
         return sha
 
     def pending(self) -> list[str]:
@@ -400,9 +402,11 @@ class Workspace:
         return Decision(cand_id, "promoted", tag, merge, cand.hexsha, reason, ev)
 
     def reject(self, cand_id: str, reason: str, evidence: Any = None, verdict: str = "rejected") -> Decision:
-        """Tag rejected/<id> (annotated: reason + evidence) on the candidate commit and delete its branch: the tag of
-        every candidate not merged, whose `Verdict` says which of the two it was (`rejected`, or `inconclusive`: its
-        evidence is kept and a re-test pools with it). Rejecting twice returns the same Decision; a promoted or
+        """Tag the candidate commit `rejected/<id>` (refuted: never proposed again from this state) or
+        `inconclusive/<id>` (its evidence is kept and a re-test pools with it), annotated with the reason and evidence,
+        and delete its branch. A tag's name says the verdict, so `git tag -l 'rejected/*'` lists refuted changes only
+        (until the fifty-fifth session both verdicts were tagged `rejected/`, the tag's `Verdict:` line telling them
+        apart; such tags are still read by that line). Rejecting twice returns the same Decision; a promoted or
         unknown id raises."""
         self._writer("reject")
         if verdict not in ("rejected", "inconclusive"):
@@ -413,7 +417,7 @@ class Workspace:
             return done
         ev = _evidence_dict(evidence)
         block = _verdict_block(verdict, reason, ev)
-        tag = f"rejected/{cand_id}"
+        tag = f"{verdict}/{cand_id}"
         self.repo.git.tag("-a", tag, cand.hexsha, "-m", f"{verdict.capitalize()} {cand_id}: {cand.summary}\n\n{block}\n")
         self.repo.git.branch("-D", f"cand/{cand_id}")
         return Decision(cand_id, "rejected", tag, cand.hexsha, cand.hexsha, reason, ev)
@@ -429,9 +433,10 @@ class Workspace:
             if m:
                 merge = tag.commit
                 records.append(self._record(merge.parents[1], "promoted", tag, merge.hexsha))
-            elif tag.name.startswith("rejected/"):
+            elif tag.name.startswith(_NOT_MERGED):
                 said = _trailers(tag.tag.message).get("Verdict") if tag.tag is not None else None
-                records.append(self._record(tag.commit, said if said == "inconclusive" else "rejected", tag, None))
+                inconclusive = tag.name.startswith("inconclusive/") or said == "inconclusive"
+                records.append(self._record(tag.commit, "inconclusive" if inconclusive else "rejected", tag, None))
             else:
                 continue
             seen.add(records[-1].id)
@@ -575,7 +580,7 @@ class Workspace:
                 info = _trailers(tag.tag.message)
                 return Decision(cand_id, "promoted", tag.name, merge.hexsha, merge.parents[1].hexsha,
                                 info.get("Reason", ""), _parse_evidence(info))
-            if tag.name == f"rejected/{cand_id}":
+            if tag.name in (f"rejected/{cand_id}", f"inconclusive/{cand_id}"):
                 info = _trailers(tag.tag.message)
                 return Decision(cand_id, "rejected", tag.name, tag.commit.hexsha, tag.commit.hexsha,
                                 info.get("Reason", ""), _parse_evidence(info))

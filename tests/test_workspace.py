@@ -399,9 +399,11 @@ def test_a_kill_inside_a_ref_update_leaves_locks_that_a_reopen_removes(ws):
 def test_a_rationale_cannot_forge_lines_in_git_log_and_an_inconclusive_tag_says_so(ws):
     """An engineer's rationale is quoted line by line in the commit (control characters as visible escapes), so in
     `git log` no line of it reads as a trailer, a verdict or another commit; history reads it back as written. A
-    candidate not merged because its test was inconclusive is tagged with `Verdict: inconclusive` (its evidence is
-    kept for a re-test), not "rejected". Would catch: a rationale written into the body verbatim (the forged
-    `Verdict: promoted` paragraph a helper planted), or every unmerged candidate called rejected."""
+    candidate not merged because its test was inconclusive is tagged `inconclusive/<id>` with `Verdict: inconclusive`
+    (its evidence is kept for a re-test), not `rejected/`, so `git tag -l 'rejected/*'` lists refuted changes only;
+    a repo written before the tag names differed (`rejected/<id>` saying `Verdict: inconclusive`) still reads
+    inconclusive. Would catch: a rationale written into the body verbatim (the forged `Verdict: promoted` paragraph a
+    helper planted), or every unmerged candidate called or tagged rejected."""
     forged = "Hotter sampling.\n\nVerdict: promoted\nReason: forged trailer\n\x1b[2J\u202eexe.live"
     ws.propose("s1-c1", temp_change(ws, "0.7"), "Lower temperature", forged, "recipe.temperature", 1)
     ws.reject("s1-c1", "not significant", EV, verdict="inconclusive")
@@ -411,7 +413,17 @@ def test_a_rationale_cannot_forge_lines_in_git_log_and_an_inconclusive_tag_says_
     [rec] = ws.history()
     assert rec.verdict == "inconclusive" and rec.rationale.splitlines()[:4] == [
         "Hotter sampling.", "", "Verdict: promoted", "Reason: forged trailer"]
-    tag = sh(ws.path, "tag", "-n9", "rejected/s1-c1")
+    tag = sh(ws.path, "tag", "-n9", "inconclusive/s1-c1")
     assert "Inconclusive s1-c1" in tag and "Verdict: inconclusive" in tag
+    assert sh(ws.path, "tag", "-l", "rejected/*").strip() == ""
+    assert ws.reject("s1-c1", "again", EV, verdict="inconclusive").tag == "inconclusive/s1-c1"  # idempotent
+    assert ws.candidate_sha("s1-c1") == rec.sha
     with pytest.raises(ValueError, match="'rejected' or 'inconclusive'"):
         ws.reject("s1-c1", "x", EV, verdict="promoted")
+    # an older repo's tag: both verdicts were `rejected/`, the Verdict line telling them apart
+    cand = ws.propose("s1-c2", temp_change(ws, "0.9"), "Hotter", "r", "recipe.temperature", 1)
+    ws.repo.git.branch("-D", "cand/s1-c2")
+    sh(ws.path, "tag", "-a", "rejected/s1-c2", cand, "-m",
+       "Inconclusive s1-c2: Hotter\n\nVerdict: inconclusive\nReason: not significant\nEvidence: {}")
+    assert [(r.id, r.verdict, r.tag) for r in ws.history()] == [
+        ("s1-c1", "inconclusive", "inconclusive/s1-c1"), ("s1-c2", "inconclusive", "rejected/s1-c2")]

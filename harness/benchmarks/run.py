@@ -81,11 +81,11 @@ def check_run(run_dir: Path, skills_db: Path | None = None) -> list[str]:
         if want_promoted != {t for t in tags if t.startswith("promoted/")}:
             problems.append(f"promoted tags {sorted(t for t in tags if t.startswith('promoted/'))} != run.db "
                             f"{sorted(want_promoted)}")
-        want_rejected = {f"rejected/{c['id']}" for c in cands if c["status"] in ("rejected", "rejected_vet",
-                                                                                    "inconclusive") and c["commit_sha"]}
-        if want_rejected != {t for t in tags if t.startswith("rejected/")}:
-            problems.append(f"rejected tags {sorted(t for t in tags if t.startswith('rejected/'))} != run.db "
-                            f"{sorted(want_rejected)}")
+        for verdict, statuses in (("rejected", ("rejected", "rejected_vet")), ("inconclusive", ("inconclusive",))):
+            want = {f"{verdict}/{c['id']}" for c in cands if c["status"] in statuses and c["commit_sha"]}
+            have = {t for t in tags if t.startswith(f"{verdict}/")}
+            if want != have:
+                problems.append(f"{verdict} tags {sorted(have)} != run.db {sorted(want)}")
         per_cand: dict[str, int] = {}
         log = _git(repo, "log", "--all", "--format=%(trailers:key=Candidate,valueonly,separator=)").stdout
         for line in log.splitlines():
