@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 from itertools import pairwise
 from pathlib import Path
 from typing import Annotated, TypedDict
@@ -282,26 +283,33 @@ def node_propose(run: Run, state: State) -> State:
         msg = f"none: the stage exploits {trained.exploits} (stage.exploit_after_promotion)"
         _finish(run, k, Proposed(candidates=[], engineer="exploit"), t0, msg)
         return {"candidates": [], "log": [f"stage {k} propose: {msg}"]}
-    diag = Diagnosis.model_validate_json(Path(run.result(k, Diagnosed).diagnosis).read_text())
-    skills = run.skills()
-    try:
-        res = propose(cfg.engineer, diag, skills, cfg.stage.candidates, np.random.default_rng([cfg.seed, k]),
-                      policy_ckpt=Path(state["train_ckpt"]))
-    finally:
-        skills.close()
-    for note in res.notes:
-        run.event(k, "propose", "engineer_note", note, key=f"{k}/note/{note[:80]}")
-    for bad in res.rejected_replies:
-        run.event(k, "propose", "reply_rejected", bad.reason, key=f"{k}/bad/{bad.attempt}")
-    res.candidates = runners_up(run, k, diag, res.candidates, cfg.stage.candidates)  # then escalation's, first
-    res.candidates = escalate(run, k, diag, res.candidates, cfg.stage.candidates)
+    if recorded := proposed_before(run, k):
+        # an earlier attempt at this node asked the engineer and recorded its candidates, then was stopped before
+        # the node finished: the same candidates again, not a fresh reply (an LLM's second answer differs, and its
+        # candidates would collide with the first's commits under the same ids)
+        cands, engineer_used = recorded, Counter(c.engineer for c in recorded).most_common(1)[0][0]
+        run.event(k, "propose", "resumed", f"the engineer's {len(cands)} candidate(s) recorded before the run stopped "
+                  "are committed as they were; the engineer is not asked again", key=f"{k}/propose-resumed")
+    else:
+        diag = Diagnosis.model_validate_json(Path(run.result(k, Diagnosed).diagnosis).read_text())
+        skills = run.skills()
+        try:
+            res = propose(cfg.engineer, diag, skills, cfg.stage.candidates, np.random.default_rng([cfg.seed, k]),
+                          policy_ckpt=Path(state["train_ckpt"]))
+        finally:
+            skills.close()
+        for note in res.notes:
+            run.event(k, "propose", "engineer_note", note, key=f"{k}/note/{note[:80]}")
+        for bad in res.rejected_replies:
+            run.event(k, "propose", "reply_rejected", bad.reason, key=f"{k}/bad/{bad.attempt}")
+        cands = runners_up(run, k, diag, res.candidates, cfg.stage.candidates)  # then escalation's, first
+        cands = escalate(run, k, diag, cands, cfg.stage.candidates)
+        cands = [c.model_copy(update={"id": f"s{k}c{i + 1}", "stage": k}) for i, c in enumerate(cands)]
+        run.store.upsert_candidates(run.id, cands)  # all at once, before any commit: a resume finds all or none
+        engineer_used = res.engineer_used
     ws = run.workspace()
     main_files = ws.files("main")
-    ids = []
-    for i, cand in enumerate(res.candidates):
-        cand = cand.model_copy(update={"id": f"s{k}c{i + 1}", "stage": k})
-        ids.append(cand.id)
-        run.store.upsert_candidate(run.id, cand)
+    for cand in cands:
         try:
             new_files = apply_change(main_files, cand.change, run.task)
         except ValueError as exc:  # a patch that does not apply is a vet rejection, recorded without a commit
@@ -319,9 +327,16 @@ def node_propose(run: Run, state: State) -> State:
                                                                 f"{exc}")))
             continue
         run.store.upsert_candidate(run.id, cand, commit=sha)
-    msg = ", ".join(f"{i}: {c.change.knob}" for i, c in zip(ids, res.candidates)) or "no candidate"
-    _finish(run, k, Proposed(candidates=ids, engineer=res.engineer_used), t0, msg)
-    return {"candidates": ids, "log": [f"stage {k} propose ({res.engineer_used}): {msg}"]}
+    ids = [c.id for c in cands]
+    msg = ", ".join(f"{c.id}: {c.change.knob}" for c in cands) or "no candidate"
+    _finish(run, k, Proposed(candidates=ids, engineer=engineer_used), t0, msg)
+    return {"candidates": ids, "log": [f"stage {k} propose ({engineer_used}): {msg}"]}
+
+
+def proposed_before(run: Run, k: int) -> list:
+    """The candidates an earlier attempt at stage `k`'s propose node recorded in run.db (before it committed them),
+    in the order it proposed them; [] when it recorded none."""
+    return [candidate_from_row(r) for r in run.store.candidates(run.id, stage=k)]
 
 
 def node_vet(run: Run, state: State) -> State:
@@ -356,7 +371,8 @@ def node_vet(run: Run, state: State) -> State:
 
 
 def _reject(run: Run, cid: str, verdict: Verdict) -> None:
-    """Tag rejected/<id> (idempotent: a re-entered node gets the same tag back) and record the verdict."""
+    """Tag rejected/<id> or inconclusive/<id> (idempotent: a re-entered node gets the same tag back) and record the
+    verdict."""
     from sandbox.workspace import UnknownCandidate
 
     try:

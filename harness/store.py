@@ -501,6 +501,12 @@ class RunStore:
                 row["created"] = row["updated"]
             self.db["candidates"].upsert(row, pk="id")
 
+    def upsert_candidates(self, run: str, candidates: list[Candidate]) -> None:
+        """`upsert_candidate` for each, in one transaction: a reader (or a resumed propose node) sees all or none."""
+        with self.db.atomic():
+            for c in candidates:
+                self.upsert_candidate(run, c)
+
     def set_candidate_status(self, candidate_id: str, status: CandidateStatus, *, reason: str | None = None,
                              commit: str | None = None, tag: str | None = None) -> None:
         if status not in CANDIDATE_STATUSES:

@@ -1065,3 +1065,57 @@ def test_an_engineer_invented_win_is_filed_in_the_loops_words_not_the_replys(run
     assert "ALWAYS" not in text and "ALWAYS" not in sk.expected and "ALWAYS" not in sk.validation
     assert sk.expected == "valid +0.100 [+0.040, +0.160] against its control when promoted (mapf, stage 1)"
     assert sk.description.startswith("why: ALWAYS")  # kept for the person reviewing the library
+
+
+def test_a_propose_node_stopped_between_the_reply_and_its_commits_commits_the_same_candidates(run, monkeypatch):
+    """The engineer's reply is recorded before any commit; a run stopped between the two (here: while committing the
+    second candidate) commits the SAME candidates on resume and does not ask the engineer again. Would catch: the
+    node asking again on re-entry (an LLM answers differently: its first candidate's id then collides with the first
+    reply's commit, CandidateConflict, and the change is rejected as 'could not be committed', with run.db holding
+    the second reply's patch and git the first's)."""
+    from pathlib import Path
+
+    from harness.engineer.proposal import ProposalResult
+    from harness.graph import node_propose
+    from harness.results import Diagnosed, Proposed, Trained
+    from sandbox.workspace import Workspace
+
+    k = 1
+    diag = run.path("diagnosis", "s1.json")
+    Path(diag).parent.mkdir(parents=True, exist_ok=True)
+    Path(diag).write_text(Diagnosis(task="mapf", stage=k).model_dump_json())
+    run.save_result(k, Trained(checkpoint="ckpt/s1-train"))
+    run.save_result(k, Diagnosed(diagnosis=str(diag)))
+    asked = []
+
+    def engineer(*a, **kw):  # a different answer each time it is asked, as an LLM's would be
+        t = [0.7, 1.3][len(asked)]
+        asked.append(t)
+        cands = [Candidate(id="x", stage=k, change=Change(kind="recipe", knob="recipe.temperature", value=t),
+                           old_value=1.0, rationale=f"try {t}", engineer="llm"),
+                 Candidate(id="y", stage=k, change=Change(kind="recipe", knob="recipe.top_p", value=0.9),
+                           old_value=1.0, rationale="narrower", engineer="llm")]
+        return ProposalResult(candidates=cands, engineer_used="llm")
+
+    monkeypatch.setattr("harness.engineer.propose", engineer)
+    real = Workspace.propose
+
+    def stopped(self, cand_id, *a, **kw):
+        if cand_id == "s1c2":
+            raise KeyboardInterrupt("stopped while committing")
+        return real(self, cand_id, *a, **kw)
+
+    monkeypatch.setattr(Workspace, "propose", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        node_propose(run, {"stage": k, "train_ckpt": "ckpt/s1-train"})
+    assert run.result(k, Proposed) is None and run.workspace().pending() == ["s1c1"]
+    monkeypatch.setattr(Workspace, "propose", real)
+    out = node_propose(run, {"stage": k, "train_ckpt": "ckpt/s1-train"})
+    assert asked == [0.7] and out["candidates"] == ["s1c1", "s1c2"]
+    assert run.result(k, Proposed).engineer == "llm"
+    rows = {c["id"]: c for c in run.store.candidates("r", stage=k)}
+    assert rows["s1c1"]["patch"]["value"] == 0.7 and rows["s1c1"]["status"] != "rejected"
+    assert all(rows[c]["commit_sha"] for c in ("s1c1", "s1c2"))
+    ws = run.workspace()
+    assert "temperature: 0.7" in ws.files("cand/s1c1")["recipe.yaml"] and ws.pending() == ["s1c1", "s1c2"]
+    assert any(e["kind"] == "resumed" for e in run.store.events("r"))
