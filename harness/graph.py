@@ -77,6 +77,7 @@ from harness.results import (
     Proposed,
     Remembered,
     SetUp,
+    StopChecked,
     Trained,
     Vetted,
     continues_from,
@@ -306,10 +307,12 @@ def node_propose(run: Run, state: State) -> State:
         cands = escalate(run, k, diag, cands, cfg.stage.candidates)
         cands = [c.model_copy(update={"id": f"s{k}c{i + 1}", "stage": k}) for i, c in enumerate(cands)]
         run.store.upsert_candidates(run.id, cands)  # all at once, before any commit: a resume finds all or none
+        cands = proposed_before(run, k)  # committed as run.db holds them, on this path and on a resume's alike
         engineer_used = res.engineer_used
     ws = run.workspace()
     main_files = ws.files("main")
-    for cand in cands:
+    done_before = {c["id"] for c in run.store.candidates(run.id, stage=k, status="rejected_vet")}
+    for cand in (c for c in cands if c.id not in done_before):  # an earlier attempt's vet rejection stands
         try:
             new_files = apply_change(main_files, cand.change, run.task)
         except ValueError as exc:  # a patch that does not apply is a vet rejection, recorded without a commit
@@ -468,7 +471,8 @@ def node_gate(run: Run, state: State) -> State:
     msg = (f"stage {k} waits at the human gate; the gate's verdicts: " + "; ".join(lines)
            + f". Answer with `evotrainer approve {run.id}`, `evotrainer revise {run.id} \"feedback\"` or "
            f"`evotrainer abort {run.id}`")
-    run.store.set_run_status(run.id, "paused")
+    # the run's status becomes `paused` when the graph stops here (`lifecycle._drive_prepared`), not in this node:
+    # it runs again to take the answer, and a kill then must leave the answer (kept in graph.db) to a plain resume
     run.event(k, "gate", "gate_waiting", msg, key=f"{k}/gate/waiting")
     answer = interrupt({"stage": k, "message": msg})  # returns the answer when the run is continued
     action = answer.get("action") if isinstance(answer, dict) else None
@@ -540,7 +544,7 @@ def _merge_diagnostics(run: Run, verdicts: list[Verdict]) -> list[str]:
     """Merge every promoted diagnostic into main (after the winner: its branch touches only its diagnostics/ file, so
     the merges do not conflict) and reject the others; returns the merged ids. One that no longer merges (another
     diagnostic of this stage changed the same file first) is rejected with the reason."""
-    from sandbox.workspace import MergeConflict
+    from sandbox.workspace import AlreadyDecided, MergeConflict
 
     merged = []
     for v in verdicts:
@@ -549,6 +553,9 @@ def _merge_diagnostics(run: Run, verdicts: list[Verdict]) -> list[str]:
                 d = run.workspace().promote(v.candidate, evidence=None, reason=v.reason)
             except MergeConflict as exc:
                 v = v.model_copy(update={"decision": "rejected", "reason": cut(f"{exc} (it was: {v.reason})")})
+            except AlreadyDecided:  # an earlier attempt at this node rejected it (its merge conflicted): it stays so
+                earlier = run.workspace().decision(v.candidate)
+                v = v.model_copy(update={"decision": "rejected", "reason": earlier.reason if earlier else v.reason})
             else:
                 run.store.set_candidate_verdict(v, tag=d.tag)
                 merged.append(v.candidate)
@@ -576,7 +583,12 @@ def _decide_state(run: Run, state: State, r: Decided) -> State:
 def node_remember(run: Run, state: State) -> State:
     """Skill evidence, a new skill for a promoted change that had none, the stage's held-out report, budget check."""
     k = state["stage"]
-    stop = stop_reason(run, k, state.get("stages_without_promotion", 0))
+    if (said := run.result(k, StopChecked)) is None:  # decided once, before this node's own charges and draws: a
+        # re-entered node (killed after `report_eval` charged the test reading, or after `_finish`) must not decide
+        # otherwise, nor skip the final pick a stopping stage makes
+        said = StopChecked(reason=stop_reason(run, k, state.get("stages_without_promotion", 0)))
+        run.save_result(k, said)
+    stop = said.reason
     if run.result(k, Remembered) is None:
         t0 = time.time()
         remember_skills(run, k)

@@ -254,6 +254,15 @@ def carried_flags(start: str | None, decided: list[Decided | None]) -> list[bool
     return out
 
 
+class StopChecked(NodeResult):
+    """Whether the run stops after this stage (`harness.stagebook.stop_reason`), decided once when the remember node
+    is first entered: a re-entered node reads it back instead of deciding again on a ledger and clock its own first
+    attempt has since moved."""
+
+    NODE: ClassVar[str] = "stop"
+    reason: str | None = Field(None, description="why the run stops after this stage; None: it goes on")
+
+
 class Remembered(NodeResult):
     NODE: ClassVar[str] = "remember"
 

@@ -586,9 +586,11 @@ class RunStore:
             where, args, order_by="stage, arm, split, slice_key, slice_value"))
 
     def record_findings(self, run: str, stage: int, findings: list[Finding]) -> None:
-        """Upsert findings by (run, stage, code, slice), all in one transaction."""
+        """The stage's findings, replacing any it had (a re-entered diagnosis writes its own set, not a union with the
+        first attempt's), keyed by (run, stage, code, slice), all in one transaction."""
         t = now()
         with self.db.atomic():
+            self.db.execute("DELETE FROM findings WHERE run = ? AND stage = ?", [run, stage])
             for f in findings:
                 self.db["findings"].upsert(
                     {"run": run, "stage": stage, "code": f.code, "slice": _slice_key(f.slice), "severity": f.severity,

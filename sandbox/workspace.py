@@ -359,7 +359,7 @@ class Workspace:
     def _pending_or_done(self, cand_id: str, verdict: str, hint: str) -> tuple[Decision | None, git.Commit | None]:
         """(the earlier Decision, None) when `cand_id` already got `verdict` (idempotent), else (None, its commit).
         Raises when it got the other verdict or is not a pending candidate."""
-        done = self._decision(cand_id)
+        done = self.decision(cand_id)
         if done is not None:
             if done.verdict == verdict:
                 return done, None
@@ -390,8 +390,10 @@ class Workspace:
         try:
             self.repo.git.merge("--no-ff", "--no-verify", "-F", str(msg_file), f"cand/{cand_id}")
         except git.GitCommandError as exc:
+            both = self.repo.git.diff("--name-only", "--diff-filter=U").split()  # git says CONFLICT on stdout
             self.repo.git.merge("--abort")
-            raise MergeConflict(f"candidate {cand_id!r} no longer merges cleanly into main: {exc.stderr.strip()[:300]}; "
+            said = f"conflict in {', '.join(both)}" if both else (exc.stderr or exc.stdout or "").strip()[:300]
+            raise MergeConflict(f"candidate {cand_id!r} no longer merges cleanly into main ({said}); "
                                 "reject it and propose the change again from the current main") from exc
         finally:
             msg_file.unlink(missing_ok=True)
@@ -524,7 +526,7 @@ class Workspace:
         for cid in self.pending():
             branch = f"cand/{cid}"
             tip = self.repo.heads[branch].commit.hexsha
-            decided = self._decision(cid)
+            decided = self.decision(cid)
             own = self.repo.git.rev_list(f"main..{branch}").split()
             if decided is not None:
                 if decided.candidate_sha != tip:
@@ -569,10 +571,11 @@ class Workspace:
     def _find_candidate(self, cand_id: str) -> str | None:
         if f"cand/{cand_id}" in [h.name for h in self.repo.heads]:
             return self.repo.heads[f"cand/{cand_id}"].commit.hexsha
-        done = self._decision(cand_id)
+        done = self.decision(cand_id)
         return done.candidate_sha if done else None
 
-    def _decision(self, cand_id: str) -> Decision | None:
+    def decision(self, cand_id: str) -> Decision | None:
+        """The verdict `cand_id` got in git (its promoted/, rejected/ or inconclusive/ tag), None while pending."""
         for tag in self.repo.tags:
             m = _PROMOTED.match(tag.name)
             if m and m.group(2) == cand_id:

@@ -1119,3 +1119,104 @@ def test_a_propose_node_stopped_between_the_reply_and_its_commits_commits_the_sa
     ws = run.workspace()
     assert "temperature: 0.7" in ws.files("cand/s1c1")["recipe.yaml"] and ws.pending() == ["s1c1", "s1c2"]
     assert any(e["kind"] == "resumed" for e in run.store.events("r"))
+
+
+def test_a_decide_node_re_entered_keeps_a_diagnostic_it_rejected_for_a_merge_conflict(run):
+    """Two promoted diagnostics that change one file: the first merges, the second's merge conflicts and it is
+    rejected. A kill before the node finished re-enters it with the same verdicts: the same merge, the same rejection.
+    Would catch: the second promote raising AlreadyDecided (not MergeConflict) on re-entry, so the run could never
+    get past the decide node."""
+    from harness.graph import _merge_diagnostics
+    from sandbox.workspace import Workspace
+
+    for cid, body in (("s1c1", "def diagnose(r):\n    return []\n"), ("s1c2", "def diagnose(r):\n    return [1]\n")):
+        c = Candidate(id=cid, stage=1, change=Change(kind="diagnostic", knob="diagnostics/d.py", code=body),
+                      rationale="x")
+        run.store.upsert_candidate("r", c, commit=run.workspace().propose(
+            cid, {"diagnostics/d.py": body}, summary=c.summary, rationale="x", factor="diagnostics/d.py", stage=1))
+    vs = [Verdict(candidate=c, decision="promoted", reason="fires where its claim holds") for c in ("s1c1", "s1c2")]
+    assert _merge_diagnostics(run, vs) == ["s1c1"]
+    first = {c["id"]: (c["status"], c["reason"]) for c in run.store.candidates("r")}
+    assert first["s1c2"][0] == "rejected" and "conflict" in first["s1c2"][1].lower(), first
+    run._ws = None  # a resumed process opens the repo again
+    assert _merge_diagnostics(run, vs) == ["s1c1"]
+    assert {c["id"]: (c["status"], c["reason"]) for c in run.store.candidates("r")} == first
+    assert [r.verdict for r in Workspace(run.run_dir / "harness", read_only=True).history()] == ["promoted",
+                                                                                                 "rejected"]
+
+
+def test_a_remember_node_re_entered_keeps_its_first_stop_decision(run, monkeypatch):
+    """The remember node decides once whether the run stops after the stage: killed after its test reading charged
+    the ledger, it re-enters with the decision it made before that charge (the run goes on), not a new one on the
+    moved ledger. Would catch: `stop_reason` read again on re-entry (the run then stops a stage early, on compute its
+    own killed attempt spent, and its last stage makes no final pick)."""
+    import harness.graph as g
+    from harness.results import Decided, Remembered, StopChecked
+
+    budget = 1000.0
+    spent = lambda: run.store.seconds_spent("r")
+    monkeypatch.setattr(g, "stop_reason", lambda r, k, n: "compute budget reached" if spent() >= budget else None)
+    picks, evals = [], []
+    monkeypatch.setattr(g, "remember_skills", lambda r, k: None)
+    monkeypatch.setattr(g, "final_pick", lambda r, k, lineage, anchor: picks.append(k) or anchor)
+    monkeypatch.setattr(g, "apply_retention", lambda r, k: None)
+    monkeypatch.setattr(g, "stage_metrics", lambda r, k, s: {})
+    monkeypatch.setattr(run, "release_engines", lambda keep: None, raising=False)
+
+    def report_eval(r, k, ckpt):  # the test reading charges the ledger, then the process is killed
+        r.charge(k, "policy", "eval", seconds=60, label="test")
+        evals.append(k)
+        if len(evals) == 1:
+            raise KeyboardInterrupt("killed after the test reading")
+
+    monkeypatch.setattr(g, "report_eval", report_eval)
+    run.store.start_stage("r", 2)
+    run.charge(2, "policy", "grpo", seconds=950)
+    run.save_result(2, Decided(next_policy="ckpt/s2", anchor="ckpt/s2"))
+    state = {"stage": 2, "next_policy": "ckpt/s2", "stages_without_promotion": 0}
+    with pytest.raises(KeyboardInterrupt):
+        g.node_remember(run, state)
+    assert run.result(2, StopChecked).reason is None and run.result(2, Remembered) is None
+    out = g.node_remember(run, state)
+    assert spent() >= budget and not out.get("done") and out["stage"] == 3 and picks == [] and evals == [2, 2]
+
+
+def test_a_gate_node_killed_after_its_answer_leaves_the_answer_to_a_plain_resume(run, monkeypatch):
+    """The gate node runs again to take a person's answer; killed there (after `interrupt` returned it, before the
+    node finished), the run must not read `paused` (a resume would be refused and the person asked again, a second
+    answer silently replacing the first): the answer is in graph.db, and a plain resume takes it. Would catch: the
+    node setting the status to `paused` itself, on the run that takes the answer too."""
+    import sqlite3
+
+    from langgraph.checkpoint.sqlite import SqliteSaver
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import Command
+
+    import harness.graph as g
+    from harness.results import GateAnswer
+
+    run.config = run.config.model_copy(update={"gate": run.config.gate.model_copy(update={"human": "always"})})
+    sg = StateGraph(g.State)
+    sg.add_node("gate", lambda s: g.node_gate(run, s))
+    sg.add_edge(START, "gate")
+    sg.add_edge("gate", END)
+    con = sqlite3.connect(run.run_dir / "gate-graph.db", check_same_thread=False)
+    app, thread = sg.compile(checkpointer=SqliteSaver(con)), {"configurable": {"thread_id": "r"}}
+    assert app.invoke({"stage": 1}, thread, durability="sync").get("__interrupt__")
+    run.store.set_run_status("r", "paused")  # what the driver records when the graph stops at the gate
+    run.store.set_run_status("r", "running")  # `evotrainer approve`: the driver runs the graph again
+    event = run.event
+
+    def killed(k, node, kind, *a, **kw):  # the kill lands while the node re-enters, before the answer is taken
+        if kind == "gate_waiting":
+            raise KeyboardInterrupt("killed while the gate node took the answer")
+        return event(k, node, kind, *a, **kw)
+
+    monkeypatch.setattr(run, "event", killed)
+    with pytest.raises(KeyboardInterrupt):
+        app.invoke(Command(resume={"action": "approve"}), thread, durability="sync")
+    assert run.store.get_run("r")["status"] != "paused"
+    monkeypatch.setattr(run, "event", event)
+    assert app.invoke(None, thread, durability="sync")["human"] == "approve"  # a plain resume
+    assert run.result(1, GateAnswer).action == "approve"
+    con.close()

@@ -96,6 +96,11 @@ def test_upserts_do_not_duplicate_rows(store: RunStore):
     assert store.node_result("r1", 0, "propose") == {"candidates": ["s0-c1"]}
     found = store.findings("r1", 0)
     assert [(f.code, f.slice) for f in found] == [("mapf.hole", {"size": "5"}), ("mapf.hole", {})]
+    # a re-entered diagnosis that finds less (an evolved diagnostic timed out this time) replaces the stage's
+    # findings: the next stage's escalation and new skills read these rows. Would catch: findings only ever upserted
+    store.record_findings("r1", 1, [Finding(code="grpo.dead_groups", count=3, rate=0.5)])
+    store.record_findings("r1", 0, [Finding(code="mapf.hole", slice={}, count=12, rate=0.2)])
+    assert [(f.code, f.slice) for f in store.findings("r1")] == [("mapf.hole", {}), ("grpo.dead_groups", {})]
 
 
 def test_reupsert_keeps_the_verdict(store: RunStore):
