@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections import Counter
 from itertools import pairwise
 from pathlib import Path
 from typing import Annotated, TypedDict
@@ -68,6 +67,7 @@ from harness.memory import candidate_from_row, history, human_feedback, regressi
 from harness.records import Verdict, cut, read_rollouts, write_rollouts
 from harness.results import (
     ArmRecord,
+    Asked,
     Backtested,
     Decided,
     Diagnosed,
@@ -284,11 +284,11 @@ def node_propose(run: Run, state: State) -> State:
         msg = f"none: the stage exploits {trained.exploits} (stage.exploit_after_promotion)"
         _finish(run, k, Proposed(candidates=[], engineer="exploit"), t0, msg)
         return {"candidates": [], "log": [f"stage {k} propose: {msg}"]}
-    if recorded := proposed_before(run, k):
-        # an earlier attempt at this node asked the engineer and recorded its candidates, then was stopped before
-        # the node finished: the same candidates again, not a fresh reply (an LLM's second answer differs, and its
+    if (asked := run.result(k, Asked)) is not None:
+        # an earlier attempt at this node asked the engineer and recorded its answer, then was stopped before the
+        # node finished: the same candidates again, not a fresh reply (an LLM's second answer differs, and its
         # candidates would collide with the first's commits under the same ids)
-        cands, engineer_used = recorded, Counter(c.engineer for c in recorded).most_common(1)[0][0]
+        cands = proposed_before(run, k, asked)
         run.event(k, "propose", "resumed", f"the engineer's {len(cands)} candidate(s) recorded before the run stopped "
                   "are committed as they were; the engineer is not asked again", key=f"{k}/propose-resumed")
     else:
@@ -306,9 +306,9 @@ def node_propose(run: Run, state: State) -> State:
         cands = runners_up(run, k, diag, res.candidates, cfg.stage.candidates)  # then escalation's, first
         cands = escalate(run, k, diag, cands, cfg.stage.candidates)
         cands = [c.model_copy(update={"id": f"s{k}c{i + 1}", "stage": k}) for i, c in enumerate(cands)]
-        run.store.upsert_candidates(run.id, cands)  # all at once, before any commit: a resume finds all or none
-        cands = proposed_before(run, k)  # committed as run.db holds them, on this path and on a resume's alike
-        engineer_used = res.engineer_used
+        asked = Asked(candidates=[c.id for c in cands], engineer=res.engineer_used)
+        run.store.record_proposal(run.id, k, cands, asked)  # before any commit: a resume finds all of it or none
+        cands = proposed_before(run, k, asked)  # committed as run.db holds them, on this path and a resume's alike
     ws = run.workspace()
     main_files = ws.files("main")
     done_before = {c["id"] for c in run.store.candidates(run.id, stage=k, status="rejected_vet")}
@@ -332,14 +332,14 @@ def node_propose(run: Run, state: State) -> State:
         run.store.upsert_candidate(run.id, cand, commit=sha)
     ids = [c.id for c in cands]
     msg = ", ".join(f"{c.id}: {c.change.knob}" for c in cands) or "no candidate"
-    _finish(run, k, Proposed(candidates=ids, engineer=engineer_used), t0, msg)
-    return {"candidates": ids, "log": [f"stage {k} propose ({engineer_used}): {msg}"]}
+    _finish(run, k, Proposed(candidates=ids, engineer=asked.engineer), t0, msg)
+    return {"candidates": ids, "log": [f"stage {k} propose ({asked.engineer}): {msg}"]}
 
 
-def proposed_before(run: Run, k: int) -> list:
-    """The candidates an earlier attempt at stage `k`'s propose node recorded in run.db (before it committed them),
-    in the order it proposed them; [] when it recorded none."""
-    return [candidate_from_row(r) for r in run.store.candidates(run.id, stage=k)]
+def proposed_before(run: Run, k: int, asked: Asked) -> list:
+    """The candidates of stage `k`'s recorded answer, as run.db holds them, in the order proposed."""
+    rows = {r["id"]: r for r in run.store.candidates(run.id, stage=k)}
+    return [candidate_from_row(rows[cid]) for cid in asked.candidates]
 
 
 def node_vet(run: Run, state: State) -> State:
@@ -554,6 +554,8 @@ def _merge_diagnostics(run: Run, verdicts: list[Verdict]) -> list[str]:
             except MergeConflict as exc:
                 v = v.model_copy(update={"decision": "rejected", "reason": cut(f"{exc} (it was: {v.reason})")})
             except AlreadyDecided:  # an earlier attempt at this node rejected it (its merge conflicted): it stays so
+                if run.store.candidate(v.candidate)["status"] == "rejected":
+                    continue  # recorded whole by that attempt
                 earlier = run.workspace().decision(v.candidate)
                 v = v.model_copy(update={"decision": "rejected", "reason": earlier.reason if earlier else v.reason})
             else:

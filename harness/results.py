@@ -73,6 +73,15 @@ class Diagnosed(NodeResult):
     findings: int = 0
 
 
+class Asked(NodeResult):
+    """What the engineer answered at this stage, recorded (with the candidates' rows) before any of them is
+    committed: a propose node re-entered after a kill commits these and does not ask again."""
+
+    NODE: ClassVar[str] = "propose:asked"
+    candidates: list[str] = Field(default_factory=list, description="the candidate ids, in the order proposed")
+    engineer: str = Field(..., description="the engineer that answered (`ProposalResult.engineer_used`)")
+
+
 class Proposed(NodeResult):
     NODE: ClassVar[str] = "propose"
     candidates: list[str] = Field(default_factory=list)
@@ -257,7 +266,8 @@ def carried_flags(start: str | None, decided: list[Decided | None]) -> list[bool
 class StopChecked(NodeResult):
     """Whether the run stops after this stage (`harness.stagebook.stop_reason`), decided once when the remember node
     is first entered: a re-entered node reads it back instead of deciding again on a ledger and clock its own first
-    attempt has since moved."""
+    attempt has since moved (a budget edited before a resume, or the time a machine was down, counts from the next
+    stage on)."""
 
     NODE: ClassVar[str] = "stop"
     reason: str | None = Field(None, description="why the run stops after this stage; None: it goes on")

@@ -501,11 +501,13 @@ class RunStore:
                 row["created"] = row["updated"]
             self.db["candidates"].upsert(row, pk="id")
 
-    def upsert_candidates(self, run: str, candidates: list[Candidate]) -> None:
-        """`upsert_candidate` for each, in one transaction: a reader (or a resumed propose node) sees all or none."""
+    def record_proposal(self, run: str, stage: int, candidates: list[Candidate], asked: NodeResult) -> None:
+        """`upsert_candidate` for each and the engineer's answer (`harness.results.Asked`) as the stage's node row,
+        in one transaction: a reader (or a resumed propose node) sees all of it or none."""
         with self.db.atomic():
             for c in candidates:
                 self.upsert_candidate(run, c)
+            self.save_result(run, stage, asked)
 
     def set_candidate_status(self, candidate_id: str, status: CandidateStatus, *, reason: str | None = None,
                              commit: str | None = None, tag: str | None = None) -> None:

@@ -84,7 +84,7 @@ _TRAILER = re.compile(r"^([A-Z][A-Za-z-]*): ?(.*)$")
 @dataclass
 class Decision:
     candidate: str
-    verdict: str  # promoted | rejected
+    verdict: str  # promoted | rejected | inconclusive
     tag: str
     sha: str  # the merge commit (promoted) or the candidate commit (rejected): what the tag points at
     candidate_sha: str
@@ -409,12 +409,13 @@ class Workspace:
         and delete its branch. A tag's name says the verdict, so `git tag -l 'rejected/*'` lists refuted changes only
         (until the fifty-fifth session both verdicts were tagged `rejected/`, the tag's `Verdict:` line telling them
         apart; such tags are still read by that line). Rejecting twice returns the same Decision; a promoted or
-        unknown id raises."""
+        unknown id, or one that got the other of the two verdicts, raises."""
         self._writer("reject")
         if verdict not in ("rejected", "inconclusive"):
             raise ValueError(f"verdict must be 'rejected' or 'inconclusive', got {verdict!r}")
         reason = _reason(reason)
-        done, cand = self._pending_or_done(cand_id, "rejected", "undo a promotion by proposing the reverse change")
+        done, cand = self._pending_or_done(cand_id, verdict, "a verdict is not changed: undo a promotion by proposing "
+                                           "the reverse change, re-test an inconclusive one under a new id")
         if done is not None:
             return done
         ev = _evidence_dict(evidence)
@@ -422,7 +423,7 @@ class Workspace:
         tag = f"{verdict}/{cand_id}"
         self.repo.git.tag("-a", tag, cand.hexsha, "-m", f"{verdict.capitalize()} {cand_id}: {cand.summary}\n\n{block}\n")
         self.repo.git.branch("-D", f"cand/{cand_id}")
-        return Decision(cand_id, "rejected", tag, cand.hexsha, cand.hexsha, reason, ev)
+        return Decision(cand_id, verdict, tag, cand.hexsha, cand.hexsha, reason, ev)
 
     # --- history ---
 
@@ -585,7 +586,9 @@ class Workspace:
                                 info.get("Reason", ""), _parse_evidence(info))
             if tag.name in (f"rejected/{cand_id}", f"inconclusive/{cand_id}"):
                 info = _trailers(tag.tag.message)
-                return Decision(cand_id, "rejected", tag.name, tag.commit.hexsha, tag.commit.hexsha,
+                said = "inconclusive" if tag.name.startswith("inconclusive/") or info.get("Verdict") == "inconclusive" \
+                    else "rejected"  # an older repo's rejected/ tag says which in its Verdict line
+                return Decision(cand_id, said, tag.name, tag.commit.hexsha, tag.commit.hexsha,
                                 info.get("Reason", ""), _parse_evidence(info))
         return None
 

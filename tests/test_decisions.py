@@ -1089,35 +1089,34 @@ def test_a_propose_node_stopped_between_the_reply_and_its_commits_commits_the_sa
     asked = []
 
     def engineer(*a, **kw):  # a different answer each time it is asked, as an LLM's would be
-        t = [0.7, 1.3][len(asked)]
+        t, p = [(0.7, 0.9), (1.3, 0.8)][len(asked)]
         asked.append(t)
         cands = [Candidate(id="x", stage=k, change=Change(kind="recipe", knob="recipe.temperature", value=t),
-                           old_value=1.0, rationale=f"try {t}", engineer="llm"),
-                 Candidate(id="y", stage=k, change=Change(kind="recipe", knob="recipe.top_p", value=0.9),
+                           old_value=1.0, rationale=f"try {t}", engineer="rule"),  # e.g. a runner-up's copy
+                 Candidate(id="y", stage=k, change=Change(kind="recipe", knob="recipe.top_p", value=p),
                            old_value=1.0, rationale="narrower", engineer="llm")]
         return ProposalResult(candidates=cands, engineer_used="llm")
 
     monkeypatch.setattr("harness.engineer.propose", engineer)
     real = Workspace.propose
 
-    def stopped(self, cand_id, *a, **kw):
-        if cand_id == "s1c2":
-            raise KeyboardInterrupt("stopped while committing")
-        return real(self, cand_id, *a, **kw)
+    def stopped(self, cand_id, *a, **kw):  # killed while committing the FIRST candidate: none is committed yet
+        raise KeyboardInterrupt("stopped while committing")
 
     monkeypatch.setattr(Workspace, "propose", stopped)
     with pytest.raises(KeyboardInterrupt):
         node_propose(run, {"stage": k, "train_ckpt": "ckpt/s1-train"})
-    assert run.result(k, Proposed) is None and run.workspace().pending() == ["s1c1"]
+    assert run.result(k, Proposed) is None and run.workspace().pending() == []
     monkeypatch.setattr(Workspace, "propose", real)
     out = node_propose(run, {"stage": k, "train_ckpt": "ckpt/s1-train"})
     assert asked == [0.7] and out["candidates"] == ["s1c1", "s1c2"]
-    assert run.result(k, Proposed).engineer == "llm"
+    assert run.result(k, Proposed).engineer == "llm"  # the engineer that answered, not the candidates' majority
     rows = {c["id"]: c for c in run.store.candidates("r", stage=k)}
-    assert rows["s1c1"]["patch"]["value"] == 0.7 and rows["s1c1"]["status"] != "rejected"
-    assert all(rows[c]["commit_sha"] for c in ("s1c1", "s1c2"))
+    assert rows["s1c1"]["patch"]["value"] == 0.7 and rows["s1c2"]["patch"]["value"] == 0.9
+    assert all(rows[c]["commit_sha"] and rows[c]["status"] != "rejected" for c in ("s1c1", "s1c2"))
     ws = run.workspace()
     assert "temperature: 0.7" in ws.files("cand/s1c1")["recipe.yaml"] and ws.pending() == ["s1c1", "s1c2"]
+    assert "top_p: 0.9" in ws.files("cand/s1c2")["recipe.yaml"]
     assert any(e["kind"] == "resumed" for e in run.store.events("r"))
 
 

@@ -417,6 +417,9 @@ def test_a_rationale_cannot_forge_lines_in_git_log_and_an_inconclusive_tag_says_
     assert "Inconclusive s1-c1" in tag and "Verdict: inconclusive" in tag
     assert sh(ws.path, "tag", "-l", "rejected/*").strip() == ""
     assert ws.reject("s1-c1", "again", EV, verdict="inconclusive").tag == "inconclusive/s1-c1"  # idempotent
+    assert ws.decision("s1-c1").verdict == "inconclusive"
+    with pytest.raises(AlreadyDecided, match="was inconclusive"):  # a verdict is not changed by a second call
+        ws.reject("s1-c1", "refuted after all", EV)
     assert ws.candidate_sha("s1-c1") == rec.sha
     with pytest.raises(ValueError, match="'rejected' or 'inconclusive'"):
         ws.reject("s1-c1", "x", EV, verdict="promoted")
@@ -427,3 +430,4 @@ def test_a_rationale_cannot_forge_lines_in_git_log_and_an_inconclusive_tag_says_
        "Inconclusive s1-c2: Hotter\n\nVerdict: inconclusive\nReason: not significant\nEvidence: {}")
     assert [(r.id, r.verdict, r.tag) for r in ws.history()] == [
         ("s1-c1", "inconclusive", "inconclusive/s1-c1"), ("s1-c2", "inconclusive", "rejected/s1-c2")]
+    assert ws.decision("s1-c2").verdict == "inconclusive" and ws.reject("s1-c2", "x", EV, verdict="inconclusive")
