@@ -337,8 +337,7 @@ def timeline(run_dir: Path) -> list[dict[str, Any]]:
     out = []
     for rec in Workspace(run_dir / "harness", read_only=True).history():
         row = st.get(rec.id, {})
-        # run.db's verdict first: it is three-valued (a `rejected/` tag before the fifty-fifth session covers inconclusive
-        # too) and holds a gate's verdict before it is applied (`_gate_pending`); git's otherwise
+        # run.db's verdict first: it holds a gate's verdict before it is applied (`_gate_pending`); git's otherwise
         out.append({"id": rec.id, "stage": rec.stage, "factor": rec.factor, "summary": rec.summary,
                     "rationale": rec.rationale, "verdict": row.get("verdict") or rec.verdict,
                     "reason": rec.reason or row.get("reason") or "",

@@ -13,8 +13,8 @@
 
 Layout of the repo (see template/README.md): a candidate is a branch `cand/<id>` off `main` with ONE commit (summary,
 rationale, trailers Factor/Candidate/Stage/Parent/Skill/Engineer). Promote = no-ff merge into main + annotated tag
-`promoted/<stage>-<id>`; reject = annotated tag `rejected/<id>` (refuted) or `inconclusive/<id>`, branch deleted. Verdict, reason and evidence are in
-the merge commit message and in the tag. Candidate commits are built with plumbing (a temporary index, commit-tree,
+`promoted/<stage>-<id>`; reject = annotated tag `rejected/<id>` (refuted) or `inconclusive/<id>`, branch deleted.
+Verdict, reason and evidence are in the merge commit message and in the tag. Candidate commits are built with plumbing (a temporary index, commit-tree,
 update-ref with "must not exist"), so the main worktree is never switched and a crash never leaves a half commit.
 The author identity lives in the repo's own config: no global git configuration is needed.
 One writer at a time: opening repairs (it removes a stale index.lock, tags an untagged promotion), so a writer must not
@@ -78,6 +78,13 @@ TEMPLATE_DIR = Path(__file__).parent / "template"
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
 _PROMOTED = re.compile(r"^promoted/(\d+)-(.+)$")
 _NOT_MERGED = ("rejected/", "inconclusive/")  # the tags of candidates not merged: refuted, or kept for pooling
+
+
+def _unmerged_verdict(tag: Any) -> str:
+    """`rejected` or `inconclusive`, for a candidate not merged: its tag's name says which, or, in a repo written before
+    the names differed (both tagged `rejected/`), the tag's `Verdict:` line."""
+    said = _trailers(tag.tag.message).get("Verdict") if tag.tag is not None else None
+    return "inconclusive" if tag.name.startswith("inconclusive/") or said == "inconclusive" else "rejected"
 _TRAILER = re.compile(r"^([A-Z][A-Za-z-]*): ?(.*)$")
 
 
@@ -437,9 +444,7 @@ class Workspace:
                 merge = tag.commit
                 records.append(self._record(merge.parents[1], "promoted", tag, merge.hexsha))
             elif tag.name.startswith(_NOT_MERGED):
-                said = _trailers(tag.tag.message).get("Verdict") if tag.tag is not None else None
-                inconclusive = tag.name.startswith("inconclusive/") or said == "inconclusive"
-                records.append(self._record(tag.commit, "inconclusive" if inconclusive else "rejected", tag, None))
+                records.append(self._record(tag.commit, _unmerged_verdict(tag), tag, None))
             else:
                 continue
             seen.add(records[-1].id)
@@ -586,9 +591,7 @@ class Workspace:
                                 info.get("Reason", ""), _parse_evidence(info))
             if tag.name in (f"rejected/{cand_id}", f"inconclusive/{cand_id}"):
                 info = _trailers(tag.tag.message)
-                said = "inconclusive" if tag.name.startswith("inconclusive/") or info.get("Verdict") == "inconclusive" \
-                    else "rejected"  # an older repo's rejected/ tag says which in its Verdict line
-                return Decision(cand_id, said, tag.name, tag.commit.hexsha, tag.commit.hexsha,
+                return Decision(cand_id, _unmerged_verdict(tag), tag.name, tag.commit.hexsha, tag.commit.hexsha,
                                 info.get("Reason", ""), _parse_evidence(info))
         return None
 
