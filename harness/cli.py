@@ -30,8 +30,9 @@ skills_app = typer.Typer(help="The skill library shared by runs: list, show, exp
 app.add_typer(env_app, name="env")
 app.add_typer(bench_app, name="bench")
 app.add_typer(skills_app, name="skills")
-cache_app = typer.Typer(help="The warm-start cache ($EVOTRAINER_HOME/warmstart) and the held-out reading cache "
-                        "($EVOTRAINER_HOME/evalcache): where they are, what they hold, clear them.",
+cache_app = typer.Typer(help="The warm-start cache ($EVOTRAINER_HOME/warmstart), the held-out reading cache "
+                        "($EVOTRAINER_HOME/evalcache) and the drawn instances ($EVOTRAINER_HOME/instances): where "
+                        "they are, what they hold, clear them.",
                         no_args_is_help=True)
 app.add_typer(cache_app, name="cache")
 
@@ -688,11 +689,17 @@ def cache_show() -> None:
 
     console.print(f"held-out readings: {shown(evalcache.cache_root())}  ({len(evalcache.entries())} reading(s) of a "
                   "checkpoint on a test set)", highlight=False)
+    from harness.tasks import drawn
+
+    kept = drawn.entries()
+    console.print(f"drawn instances: {shown(drawn.cache_root())}  ({sum(n for _, n in kept)} instance(s) in "
+                  f"{len(kept)} code version(s); off with {drawn.SWITCH}=0)", highlight=False)
 
 
 @cache_app.command("clear")
 def cache_clear() -> None:
-    """Delete every cached warm start (the next run retrains its own) and every cached held-out reading."""
+    """Delete every cached warm start (the next run retrains its own), every cached held-out reading and every kept
+    drawn instance."""
     from harness import evalcache, warmstart
     from harness.terminal import shown
 
@@ -700,6 +707,10 @@ def cache_clear() -> None:
     console.print(f"removed {n} cached warm start(s) from {shown(root)}", highlight=False)
     root, n = evalcache.clear()
     console.print(f"removed {n} cached held-out reading(s) from {shown(root)}", highlight=False)
+    from harness.tasks import drawn
+
+    root, n = drawn.clear()
+    console.print(f"removed {n} drawn instance(s) from {shown(root)}", highlight=False)
 
 
 @bench_app.command("all")

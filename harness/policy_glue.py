@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from harness.records import RewardBatch, Rollout
 from harness.seeds import check_split, seeds
 from harness.tasks.base import Instance, Task
+from harness.tasks.drawn import draw
 
 # --- training data ----------------------------------------------------------------------------------------------------
 
@@ -73,8 +74,7 @@ def sft_pairs(task: Task, config: BaseModel, seed_list: list[int], style: str | 
                          "opts in with an `imperfect` method); use 0")
     rng = np.random.default_rng(noise_seed) if teacher_noise else None
     out = []
-    for s in seed_list:
-        inst = task.generate(config, s)
+    for s, inst in zip(seed_list, draw(task, config, seed_list), strict=True):
         noisy = rng is not None and rng.random() < teacher_noise
         out.append({"prompt": task.prompt(inst, style),
                     "completion": task.imperfect(inst, style) if noisy else task.expert(inst, style)})
@@ -88,7 +88,7 @@ def grpo_rows(task: Task, config: BaseModel, seed_list: list[int], style: str | 
     check_split(seed_list, "train")
     style = _style(task, style)
     if instances is None:
-        instances = [task.generate(config, s) for s in seed_list]
+        instances = draw(task, config, seed_list)
     elif [i.seed for i in instances] != list(seed_list):
         raise ValueError("grpo_rows: instances do not match seed_list")
     return [{"prompt": task.prompt(inst, style), "instance": inst.model_dump_json()} for inst in instances]

@@ -101,7 +101,8 @@ class Run:
     def instances(self, config, seeds: list[int]) -> list:
         """Task instances, memoised per (config, seed) within a stage: both backtest arms, and a recipe candidate's
         longer prompt prefix, reuse what is already generated (each may cost an expert solve). Instances `prefetch`ed in
-        the background are collected here; anything missing is generated in this process."""
+        the background are collected here; anything missing is drawn in this process, read from the instance cache where an
+        earlier stage, arm or run drew it before (`harness.tasks.drawn`)."""
         cj = config.model_dump_json()
         memo = self._instances.setdefault(cj, {})
         want = set(seeds) - set(memo)
@@ -111,9 +112,11 @@ class Run:
                     memo.setdefault(inst.seed, inst)
             except Exception as exc:  # noqa: BLE001  # a broken worker costs only the time: generate here instead
                 log.warning("instance prefetch failed (%s); generating in the run process", exc)
-        for s in seeds:
-            if s not in memo:
-                memo[s] = self.task.generate(config, s)
+        missing = [s for s in dict.fromkeys(seeds) if s not in memo]
+        if missing:
+            from harness.tasks.drawn import draw
+
+            memo.update(zip(missing, draw(self.task, config, missing), strict=True))
         return [memo[s] for s in seeds]
 
     def prefetch(self, config, seeds: list[int]) -> None:

@@ -458,6 +458,7 @@ def test_a_test_set_is_drawn_once_per_process_and_each_eval_section_is_its_own(m
     from harness.tasks import suites
 
     monkeypatch.setattr(suites, "_DRAWN", {})
+    monkeypatch.setenv("EVOTRAINER_INSTANCE_CACHE", "0")  # the per-process memo alone (the disk cache: test_drawn.py)
     made = []
     real = TASK.generate
     monkeypatch.setattr(type(TASK), "generate", lambda self, c, s: made.append(s) or real(c, s))

@@ -97,9 +97,11 @@ def score_all(task: Task, pairs: list[tuple[Instance, str]], shaping=None) -> li
 def generate_many(task_name: str, config_json: str, seeds: list[int]) -> list[Instance]:
     """The task's instances for `seeds` under a config given as JSON: the body of the run's background prefetch
     worker (a spawned process that imports only this package, not torch)."""
+    from harness.tasks.drawn import draw
+
     task = get_task(task_name)
     config = task.spec.config_model.model_validate_json(config_json)
-    return [task.generate(config, s) for s in seeds]
+    return draw(task, config, seeds)
 
 
 __all__ = ["DEFAULT_TASK", "TASKS", "BatchScorer", "EnvStats", "Instance", "Mixture", "Outcome", "SuiteEntry", "Task", "TaskSpec",

@@ -12,17 +12,15 @@ from __future__ import annotations
 
 from harness.seeds import seeds
 from harness.tasks.base import Instance, Task
+from harness.tasks.drawn import draw
 
 
 def draw_env(task: Task, config: dict, n: int, split: str = "test") -> list[tuple[str, Instance]]:
     """[(block, instance)] for `n` instances of a generator config (a scenario's target used as a test set), seeds
     `0..n-1` of `split`. An instance's block is its slices (`size=3,agents=2`), so a per-block table still reads."""
     cfg = task.spec.config_model.model_validate(config)
-    out = []
-    for seed in seeds(split, n):
-        inst = task.generate(cfg, seed)
-        out.append((",".join(f"{k}={v}" for k, v in sorted(task.slices(inst).items())) or "all", inst))
-    return out
+    return [(",".join(f"{k}={v}" for k, v in sorted(task.slices(inst).items())) or "all", inst)
+            for inst in draw(task, cfg, seeds(split, n))]
 
 
 _DRAWN: dict[tuple[str, str], list[tuple[str, Instance]]] = {}  # draw_test's memo, per process
@@ -51,7 +49,7 @@ def draw_suite(task: Task, name: str, split: str = "test", start: int = 0,
     out: list[tuple[str, Instance]] = []
     offset = start
     for entry in task.suite(name):
-        for seed in seeds(split, min(entry.n, per_entry if per_entry is not None else entry.n), offset):
-            out.append((entry.name, task.generate(entry.config, seed)))
+        want = seeds(split, min(entry.n, per_entry if per_entry is not None else entry.n), offset)
+        out += [(entry.name, inst) for inst in draw(task, entry.config, want)]
         offset += entry.n
     return out
