@@ -64,10 +64,11 @@ def expert_tokens(config: RunConfig, env: Any) -> list[int] | None:
 
             tok = build_char_tokenizer(task.spec.alphabet, task.spec.words)
         from harness.seeds import seeds
+        from harness.tasks.drawn import draw
 
         style = config.style
-        return [1 + len(tok(task.expert(task.generate(env, s), style), add_special_tokens=False)["input_ids"])
-                for s in seeds("probe", EXPERT_SAMPLE)]
+        return [1 + len(tok(task.expert(inst, style), add_special_tokens=False)["input_ids"])
+                for inst in draw(task, env, seeds("probe", EXPERT_SAMPLE))]
     except Exception:  # noqa: BLE001 - a length check, never a reason to refuse a run
         return None
 

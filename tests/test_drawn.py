@@ -7,6 +7,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -116,34 +117,66 @@ def test_the_switch_a_family_of_ones_own_and_an_unusable_home_all_draw_every_tim
     assert drawn.draw(task, cfg, want) == [task.generate(cfg, s) for s in want] and len(made) == 8
 
 
-def test_the_cache_is_bounded_in_rows_and_in_code_versions(home, monkeypatch):
-    """Past `MAX_ROWS` the oldest rows go (and are drawn again when asked); opening a new code version's file keeps
-    only the `KEEP_VERSIONS` newest files. Would catch a cache that grows without end over an overnight run or across
-    checkouts."""
+def test_the_cache_is_bounded_in_bytes_and_in_code_versions(home, monkeypatch):
+    """Past `MAX_BYTES` of live pages the oldest rows go (and are drawn again when asked) while the newest stay;
+    opening a code version's file keeps only the `KEEP_VERSIONS` most recently opened files, never one opened within
+    `IN_USE_S` (another process may be drawing into it). Would catch a cache that grows without end over an overnight
+    run or across checkouts, or one that deletes a file a side-by-side arm is writing."""
     task = get_task("math")
     cfg = task.default_config()
-    monkeypatch.setattr(drawn, "MAX_ROWS", 10)
-    first = seeds("train", 8)
+    monkeypatch.setattr(drawn, "MAX_BYTES", 64 << 10)
+    first, last = seeds("train", 100), seeds("train", 100, start=5000)
     drawn.draw(task, cfg, first)
-    drawn.draw(task, cfg, seeds("train", 8, start=100))
-    (_, n), = drawn.entries()
-    assert n <= 10
+    for k in range(1, 8):
+        drawn.draw(task, cfg, seeds("train", 100, start=1000 * k))
+    drawn.draw(task, cfg, last)
+    db = drawn.cache_root() / f"{drawn.code_version()}.db"
+    assert db.stat().st_size < 4 * drawn.MAX_BYTES  # the file stays near its bound (freed pages are reused)
     made = _counting(monkeypatch, task)
+    drawn.draw(task, cfg, last)
+    assert made == []  # the newest kept
     drawn.draw(task, cfg, first)
-    assert made  # the oldest were dropped
+    assert len(made) == len(first)  # the oldest dropped
 
-    root = drawn.cache_root()
-    for i in range(drawn.KEEP_VERSIONS + 2):
-        (root / f"old{i}.db").write_bytes(b"")
-        os.utime(root / f"old{i}.db", (1000 + i, 1000 + i))
     drawn.clear()
-    for i in range(drawn.KEEP_VERSIONS + 2):
+    root = drawn.cache_root()
+    n_old = drawn.KEEP_VERSIONS + 2
+    for i in range(n_old):
         (root / f"old{i}.db").write_bytes(b"")
-        os.utime(root / f"old{i}.db", (1000 + i, 1000 + i))
+        os.utime(root / f"old{i}.db", (1000 + i, 1000 + i))  # opened long ago, old0 first
+    (root / "busy.db").write_bytes(b"")  # opened a minute ago by another process: kept, whatever its rank
+    os.utime(root / "busy.db", (time.time() - 60,) * 2)
     drawn.draw(task, cfg, first[:1])
-    left = sorted(p.name for p in root.glob("*.db"))
-    assert len(left) == drawn.KEEP_VERSIONS and f"{drawn.code_version()}.db" in left
-    assert f"old{drawn.KEEP_VERSIONS + 1}.db" in left and "old0.db" not in left  # the newest others kept
+    left = {p.name for p in root.glob("*.db")}
+    assert f"{drawn.code_version()}.db" in left and "busy.db" in left
+    kept_old = sorted(n for n in left if n.startswith("old"))
+    assert kept_old == [f"old{i}.db" for i in range(n_old - drawn.KEEP_VERSIONS + 2, n_old)]  # the newest others
+
+
+def test_a_file_that_is_not_a_database_is_replaced_and_a_failed_open_is_tried_again(home, monkeypatch):
+    """A code version's file that is not SQLite (a torn copy, a stray file) is replaced and the cache works again; a
+    cache that could not be opened once (the home not there yet) is tried again at the next draw rather than turned
+    off for the rest of the process. Would catch a cache disabled for good by one bad moment."""
+    task = get_task("math")
+    cfg = task.default_config()
+    root = drawn.cache_root()
+    root.mkdir(parents=True)
+    (root / f"{drawn.code_version()}.db").write_bytes(b"not sqlite at all " * 100)
+    want = seeds("train", 5)
+    drawn.draw(task, cfg, want)
+    made = _counting(monkeypatch, task)
+    assert [i.seed for i in drawn.draw(task, cfg, want)] == want and made == []
+
+    drawn.clear()
+    root.rmdir()
+    blocker = root.parent / "instances"
+    blocker.write_text("a file where the cache's folder goes")
+    drawn.draw(task, cfg, want)  # cannot be opened: drawn
+    blocker.unlink()
+    made.clear()
+    drawn.draw(task, cfg, want)  # opened now: stored
+    drawn.draw(task, cfg, want)
+    assert len(made) == len(want)  # the second draw generated and stored, the third read (off for good: both drew)
 
 
 def test_cache_show_and_clear_name_the_drawn_instances(home):

@@ -6,6 +6,9 @@ from __future__ import annotations
 import importlib
 
 from harness.tasks.base import BatchScorer, EnvStats, Instance, Mixture, Outcome, SuiteEntry, Task, TaskSpec, VetConfigs
+from harness.tasks.drawn import code_version
+
+code_version()  # the drawn-instance cache's key is the generators' code as this process imports it, not as edited later
 
 DEFAULT_TASK = "mapf"  # a run config without `task:` runs this family
 TASKS = {"mapf": "harness.tasks.mapf", "math": "harness.tasks.arith", "code": "harness.tasks.code",

