@@ -583,16 +583,7 @@ def run_experiments(exps: list[tuple[ExperimentConfig, Path]], say: Callable[[st
         say(f"experiment{' ' + labels[i] if len(exps) > 1 else ''}: arms {', '.join(arms)}; {cfg.seeds} seed(s); "
             f"{rc0.budget.stages} stages each; held-out suite {rc0.eval.name} ({len(suite_blocks(rc0))} instances); "
             f"out {out}")
-        wkey = _warm_group(rc0)
-        units[(i, "warm")] = _Unit((i, "warm"), "warm", i, after=[first_warm[wkey]] if wkey in first_warm else [])
-        first_warm.setdefault(wkey, (i, "warm"))
-        for seed in range(cfg.seeds):
-            evolved = [a for a in arms if a in EVOLVED]
-            for arm in sorted(arms, key=lambda a: a not in EVOLVED):  # evolved first: its compute is the budget
-                after = [(i, "warm")]
-                if arm not in EVOLVED and cfg.budget_steps is None:
-                    after += [(i, seed, a) for a in evolved[:1]]
-                units[(i, seed, arm)] = _Unit((i, seed, arm), arm, i, seed, after)
+        add_units(units, first_warm, i, _warm_group(rc0), arms, cfg.seeds, cfg.budget_steps is None)
     t_start = time.time()
     results = _schedule(units, preps, labels, say, progress, jobs)
     wall = time.time() - t_start  # the whole schedule's (shared by its experiments when they ran side by side)
@@ -725,11 +716,52 @@ def _warm_group(rc) -> str:
                        "env": None if ws.get("env") else d.get("env")}, sort_keys=True, default=str)
 
 
+def add_units(units: dict[tuple, _Unit], first_warm: dict[str, tuple], i: int, wkey: str, arms: list[str], seeds: int,
+              budget_from_evolved: bool) -> None:
+    """Experiment i's units: its warm start (after the first experiment's of the same warm-start key, whose cache entry
+    it then loads: one warm start is never trained twice side by side), then per seed each arm after the warm start,
+    and a baseline after that seed's evolved arm when the evolved arm's compute is its budget."""
+    units[(i, "warm")] = _Unit((i, "warm"), "warm", i, after=[first_warm[wkey]] if wkey in first_warm else [])
+    first_warm.setdefault(wkey, (i, "warm"))
+    evolved = [a for a in arms if a in EVOLVED]
+    for seed in range(seeds):
+        for arm in sorted(arms, key=lambda a: a not in EVOLVED):  # evolved first: its compute is the budget
+            after = [(i, "warm")]
+            if arm not in EVOLVED and budget_from_evolved:
+                after += [(i, seed, a) for a in evolved[:1]]
+            units[(i, seed, arm)] = _Unit((i, seed, arm), arm, i, seed, after)
+
+
+def priorities(units: dict[tuple, _Unit]) -> dict[tuple, tuple[int, int]]:
+    """Each unit's place among the units ready at once: the one that more units wait on (directly or through others)
+    first, then the order the units were made in: a list schedule whose priority is the number of successors (Adam,
+    Chandy and Dickson 1974, "A comparison of list schedules for parallel processing systems", Comm. ACM 17(12),
+    compare such priorities; unit times are not known before a unit runs, so none is estimated). A scenario set's
+    warm starts go before any arm, so a family's warm start is not left to the end of the schedule with a core idle
+    beside it, and every evolved arm (whose compute its baselines wait for) before any baseline, so the schedule ends
+    on short baseline units that share both cores instead of on one scenario's evolved arm and then its baselines.
+    Replayed with the unit times of a whole `--quick` set (BENCHMARKS.md, fifty-seventh session): 802 s in insertion
+    order, 781 s this way, the two-core lower bound being 780."""
+    waiting: dict[tuple, set[tuple]] = {k: set() for k in units}
+    for k, u in units.items():
+        for a in u.after:
+            waiting.setdefault(a, set()).add(k)
+    below: dict[tuple, set[tuple]] = {}
+
+    def under(k: tuple) -> set[tuple]:  # every unit that waits on k, directly or not (the graph is acyclic, shallow)
+        if k not in below:
+            below[k] = set().union(*({j} | under(j) for j in waiting.get(k, ()))) if waiting.get(k) else set()
+        return below[k]
+
+    return {k: (-len(under(k)), i) for i, k in enumerate(units)}
+
+
 def _schedule(units: dict[tuple, _Unit], preps: list, labels: list[str], say: Callable[[str], None], progress,
               jobs: int) -> dict[tuple, dict[str, Any]]:
     """Run every unit once its prerequisites are done: in this process (jobs = 1) or in a pool of `jobs` worker
-    processes. A unit whose result.json exists is read back, not run (the experiment resumes). The first failure stops
-    the schedule (units running keep their runs; a re-run resumes them) and is raised."""
+    processes, the ready unit that most others wait on first (`priorities`). A unit whose result.json exists is read
+    back, not run (the experiment resumes). The first failure stops the schedule (units running keep their runs; a
+    re-run resumes them) and is raised."""
     results: dict[tuple, dict[str, Any]] = {}
     pending = dict(units)
 
@@ -758,8 +790,10 @@ def _schedule(units: dict[tuple, _Unit], preps: list, labels: list[str], say: Ca
     def done(u: _Unit, r: dict[str, Any]) -> None:
         results[u.key] = r
 
+    rank = priorities(units)
+
     def ready() -> list[_Unit]:
-        return [u for u in pending.values() if all(k in results for k in u.after)]
+        return sorted((u for u in pending.values() if all(k in results for k in u.after)), key=lambda u: rank[u.key])
 
     def read_back(u: _Unit) -> bool:
         if u.kind == "warm":

@@ -13,10 +13,12 @@ import yaml
 
 from harness.experiment import (
     ExperimentError,
+    add_units,
     harder_half,
     load_experiment,
     plan,
     plr_weights,
+    priorities,
     random_env,
 )
 
@@ -250,3 +252,54 @@ def test_an_override_for_an_arm_not_run_this_time_is_still_checked(tmp_path):
         plan(load_experiment(_cfg(tmp_path, arms=["evolved-rule", "fixed-template"], overrides={"plr": {"bogus": 1}})))
     with pytest.raises(ExperimentError, match=r"overrides.bandit.learning_rate: "):
         plan(load_experiment(_cfg(tmp_path, arms=["evolved-rule"], overrides={"bandit": {"learning_rate": -1}})))
+
+
+def _replay(units, order_key, secs, jobs=2):
+    """A list schedule of `units` on `jobs` workers with known unit times, as `_schedule` runs it: whenever a worker
+    is free, the first ready unit by `order_key`. Returns each unit's (start, end)."""
+    import heapq
+
+    done, when, running, t = set(), {}, [], 0.0
+    pending = dict(units)
+    while pending or running:
+        ready = sorted((k for k, u in pending.items() if all(a in done for a in u.after)), key=order_key)
+        for k in ready[:jobs - len(running)]:
+            del pending[k]
+            when[k] = (t, t + secs(k))
+            heapq.heappush(running, (t + secs(k), k))
+        t, k = heapq.heappop(running)
+        done.add(k)
+    return when
+
+
+def test_the_schedule_runs_first_what_most_units_wait_on():
+    """A scenario set's shape (two code scenarios, ten MAPF, two math; four arms, one seed) with the unit times of a
+    `--quick` set (BENCHMARKS.md, fifty-seventh session). Made in file order and run in that order, the math warm start
+    was ready from the start and ran last, one core idle beside it; the schedule now runs every warm start before
+    any arm and every evolved arm (three baselines wait for its compute) before any baseline."""
+    units, first = {}, {}
+    fams = ["code"] * 2 + ["mapf"] * 10 + ["math"] * 2
+    for i, fam in enumerate(fams):
+        add_units(units, first, i, fam, ["fixed-template", "oracle", "evolved-rule", "plr"], 1, True)
+    assert len(units) == 14 * 5 and units[(3, "warm")].after == [(2, "warm")]
+    assert units[(3, 0, "plr")].after == [(3, "warm"), (3, 0, "evolved-rule")]
+    rank = priorities(units)
+    order = sorted(units, key=rank.get)
+    assert order[:3] == [(2, "warm"), (0, "warm"), (12, "warm")]  # most waited on first, then the order made
+    kinds = [units[k].kind for k in order]
+    assert kinds == ["warm"] * 14 + ["evolved-rule"] * 14 + [k for k in kinds if k not in ("warm", "evolved-rule")]
+    assert [k for k in order if units[k].kind == "oracle"] == [(i, 0, "oracle") for i in range(14)]
+
+    warm_s = {"code": 167.0, "mapf": 235.0, "math": 41.0}
+    def secs(k):
+        fam = fams[k[0]]
+        if k[1] == "warm":
+            return warm_s[fam] if first[fam] == k else 1.0
+        return {"math": 7.0}.get(fam, 25.0 if k[2] == "evolved-rule" else 20.0)
+    made = _replay(units, lambda k: k[0] * 10 + (0 if k[1] == "warm" else 1 + (k[2] != "evolved-rule")), secs)
+    now = _replay(units, rank.get, secs)
+    end = lambda when: max(e for _, e in when.values())
+    baselines = [k for k in units if units[k].kind not in ("warm", "evolved-rule")]
+    assert now[(12, "warm")][0] < min(now[k][0] for k in baselines)  # the math warm start no longer waits to the end
+    assert made[(12, "warm")][0] > max(made[(i, 0, "evolved-rule")][0] for i in range(12))  # as it was: near the end
+    assert end(now) < end(made) and end(now) <= sum(map(secs, units)) / 2 + max(secs(k) for k in baselines)
