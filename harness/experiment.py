@@ -759,9 +759,9 @@ def priorities(units: dict[tuple, _Unit]) -> dict[tuple, tuple[int, int]]:
 def _schedule(units: dict[tuple, _Unit], preps: list, labels: list[str], say: Callable[[str], None], progress,
               jobs: int) -> dict[tuple, dict[str, Any]]:
     """Run every unit once its prerequisites are done: in this process (jobs = 1) or in a pool of `jobs` worker
-    processes, the ready unit that most others wait on first (`priorities`). A unit whose result.json exists is read
-    back, not run (the experiment resumes). The first failure stops the schedule (units running keep their runs; a
-    re-run resumes them) and is raised."""
+    processes, where the ready unit that most others wait on goes first (`priorities`). A unit whose result.json
+    exists is read back, not run (the experiment resumes). The first failure stops the schedule (units running keep
+    their runs; a re-run resumes them) and is raised."""
     results: dict[tuple, dict[str, Any]] = {}
     pending = dict(units)
 
@@ -790,7 +790,9 @@ def _schedule(units: dict[tuple, _Unit], preps: list, labels: list[str], say: Ca
     def done(u: _Unit, r: dict[str, Any]) -> None:
         results[u.key] = r
 
-    rank = priorities(units)
+    # one worker: in the order made (each experiment whole before the next, so a call stopped midway leaves whole
+    # scenarios; the total time is the same in any order); several: what most units wait on first
+    rank = priorities(units) if jobs > 1 else {k: (0, i) for i, k in enumerate(units)}
 
     def ready() -> list[_Unit]:
         return sorted((u for u in pending.values() if all(k in results for k in u.after)), key=lambda u: rank[u.key])
