@@ -227,7 +227,8 @@ def env_stats(
 def demo(
     n: Annotated[int, typer.Option(min=1, help="instances from the `small` suite (test seeds)")] = 8,
 ) -> None:
-    """The main job (for now: sample, solve and score instances of the MAPF `small` suite; prints valid:/optimal:)."""
+    """A smoke of the MAPF testbed, no training: sample, solve and score instances of the `small` suite (prints
+    valid:/optimal:). The main job is `make demo`: `evotrainer run examples/mapf_quick.yaml`."""
     import statistics
     import time
 
