@@ -732,16 +732,17 @@ def add_units(units: dict[tuple, _Unit], first_warm: dict[str, tuple], i: int, w
             units[(i, seed, arm)] = _Unit((i, seed, arm), arm, i, seed, after)
 
 
-def priorities(units: dict[tuple, _Unit]) -> dict[tuple, tuple[int, int]]:
-    """Each unit's place among the units ready at once: the one that more units wait on (directly or through others)
-    first, then the order the units were made in: a list schedule whose priority is the number of successors (Adam,
-    Chandy and Dickson 1974, "A comparison of list schedules for parallel processing systems", Comm. ACM 17(12),
-    compare such priorities; unit times are not known before a unit runs, so none is estimated). A scenario set's
-    warm starts go before any arm, so a family's warm start is not left to the end of the schedule with a core idle
-    beside it, and every evolved arm (whose compute its baselines wait for) before any baseline, so the schedule ends
-    on short baseline units that share both cores instead of on one scenario's evolved arm and then its baselines.
-    Replayed with the unit times of a whole `--quick` set (BENCHMARKS.md, fifty-seventh session): 802 s in insertion
-    order, 781 s this way, the two-core lower bound being 780."""
+def priorities(units: dict[tuple, _Unit]) -> dict[tuple, tuple[int, int, int]]:
+    """Each unit's place among the units ready at once with several workers: warm starts first, the one more units
+    wait on (directly or through the warm starts that load it from the cache) before the others, then every arm in the
+    order made (each experiment's evolved arm, then its baselines, experiment by experiment, so scenarios finish whole
+    and in file order). Made order alone ran a scenario set's math warm start, ready from the first second, after
+    every MAPF arm, with a core idle beside it; ordering the warm starts by their successors (a list-schedule priority,
+    Adam, Chandy and Dickson 1974, "A comparison of list schedules for parallel processing systems", Comm. ACM 17(12))
+    starts it as soon as a core frees. Replayed with the unit times of a whole `--quick` set (BENCHMARKS.md,
+    fifty-seventh session): 802 s in made order, 781 s this way, the two-core lower bound being 780; every unit
+    ordered by its successors (evolved arms of every scenario before any baseline) read the same 781 and would leave a
+    call stopped midway with no whole scenario."""
     waiting: dict[tuple, set[tuple]] = {k: set() for k in units}
     for k, u in units.items():
         for a in u.after:
@@ -753,13 +754,13 @@ def priorities(units: dict[tuple, _Unit]) -> dict[tuple, tuple[int, int]]:
             below[k] = set().union(*({j} | under(j) for j in waiting.get(k, ()))) if waiting.get(k) else set()
         return below[k]
 
-    return {k: (-len(under(k)), i) for i, k in enumerate(units)}
+    return {k: (0, -len(under(k)), i) if u.kind == "warm" else (1, 0, i) for i, (k, u) in enumerate(units.items())}
 
 
 def _schedule(units: dict[tuple, _Unit], preps: list, labels: list[str], say: Callable[[str], None], progress,
               jobs: int) -> dict[tuple, dict[str, Any]]:
     """Run every unit once its prerequisites are done: in this process (jobs = 1) or in a pool of `jobs` worker
-    processes, where the ready unit that most others wait on goes first (`priorities`). A unit whose result.json
+    processes, where warm starts go first, the one most units wait on first (`priorities`). A unit whose result.json
     exists is read back, not run (the experiment resumes). The first failure stops the schedule (units running keep
     their runs; a re-run resumes them) and is raised."""
     results: dict[tuple, dict[str, Any]] = {}
@@ -790,9 +791,8 @@ def _schedule(units: dict[tuple, _Unit], preps: list, labels: list[str], say: Ca
     def done(u: _Unit, r: dict[str, Any]) -> None:
         results[u.key] = r
 
-    # one worker: in the order made (each experiment whole before the next, so a call stopped midway leaves whole
-    # scenarios; the total time is the same in any order); several: what most units wait on first
-    rank = priorities(units) if jobs > 1 else {k: (0, i) for i, k in enumerate(units)}
+    # one worker: in the order made (the total time is the same in any order); several: warm starts first
+    rank = priorities(units) if jobs > 1 else {k: (0, 0, i) for i, k in enumerate(units)}
 
     def ready() -> list[_Unit]:
         return sorted((u for u in pending.values() if all(k in results for k in u.after)), key=lambda u: rank[u.key])
