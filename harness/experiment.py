@@ -734,10 +734,10 @@ def add_units(units: dict[tuple, _Unit], first_warm: dict[str, tuple], i: int, w
 
 def priorities(units: dict[tuple, _Unit]) -> dict[tuple, tuple[int, int, int]]:
     """Each unit's place among the units ready at once with several workers: warm starts first, the one more units
-    wait on (directly or through the warm starts that load it from the cache) before the others, then every arm in the
+    depend on (directly or through the warm starts that load it from the cache) before the others, then every arm in the
     order made (each experiment's evolved arm, then its baselines, experiment by experiment, so scenarios finish whole
-    and in file order). Made order alone ran a scenario set's math warm start, ready from the first second, after
-    every MAPF arm, with a core idle beside it; ordering the warm starts by their successors (a list-schedule priority,
+    and in file order). Made order alone ran the warm start of a scenario set's last
+    family, ready from the first second, after every arm of the families before it, with a core idle beside it; ordering the warm starts by their successors (a list-schedule priority,
     Adam, Chandy and Dickson 1974, "A comparison of list schedules for parallel processing systems", Comm. ACM 17(12))
     starts it as soon as a core frees. Replayed with the unit times of a whole `--quick` set (BENCHMARKS.md,
     fifty-seventh session): 802 s in made order, 781 s this way, the two-core lower bound being 780; every unit
@@ -760,7 +760,7 @@ def priorities(units: dict[tuple, _Unit]) -> dict[tuple, tuple[int, int, int]]:
 def _schedule(units: dict[tuple, _Unit], preps: list, labels: list[str], say: Callable[[str], None], progress,
               jobs: int) -> dict[tuple, dict[str, Any]]:
     """Run every unit once its prerequisites are done: in this process (jobs = 1) or in a pool of `jobs` worker
-    processes, where warm starts go first, the one most units wait on first (`priorities`). A unit whose result.json
+    processes, where warm starts go first, the one most units depend on first (`priorities`). A unit whose result.json
     exists is read back, not run (the experiment resumes). The first failure stops the schedule (units running keep
     their runs; a re-run resumes them) and is raised."""
     results: dict[tuple, dict[str, Any]] = {}
