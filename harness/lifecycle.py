@@ -354,6 +354,38 @@ def _check_generators(config: RunConfig) -> None:
             raise RunError(f"{field}: {text}") from None
 
 
+APART_CHECK_N = 64  # train and test instances a family of one's own is drawn for at a run's first start
+
+
+def held_apart_note(config: RunConfig) -> str | None:
+    """For a family of one's own (not defined under harness/tasks): a warning when a test-split instance of the run's
+    test distribution (`eval.env`, else the round-0 env) has the prompt of a train-split instance of the round-0 env,
+    among APART_CHECK_N of each: held-out readings would then score instances the policy trains on. A built-in family
+    holds its splits apart by content (`harness.seeds.held_apart`, tested for each); a user's `generate` must wrap its
+    draw the same way (harness/tasks/base.py), and nothing else checks that it does. A warning, not a refusal: a level
+    with too few distinct instances collides even when held apart (`held_apart` says so itself)."""
+    from harness.seeds import seeds
+    from harness.tasks import get_task
+    from harness.tasks.drawn import built_in
+
+    task = get_task(config.task)
+    if built_in(task):
+        return None
+    model = task.spec.config_model
+    env = model.model_validate(config.env) if config.env else task.default_config()
+    target = model.model_validate(config.eval.env) if config.eval.env else env
+    style = config.style
+    train = {task.prompt(task.generate(env, s), style) for s in seeds("train", APART_CHECK_N)}
+    shared = sum(task.prompt(task.generate(target, s), style) in train for s in seeds("test", APART_CHECK_N))
+    if not shared:
+        return None
+    return (f"task {config.task}: {shared} of {APART_CHECK_N} test-split instances of "
+            f"{'eval.env' if config.eval.env else 'the round-0 env'} have the prompt of one of {APART_CHECK_N} "
+            "train-split instances of the round-0 env, so held-out readings would score instances the policy trains "
+            "on: wrap the family's draw in `harness.seeds.held_apart` (harness/tasks/base.py), or widen a level with "
+            "too few distinct instances")
+
+
 def _check_library() -> None:
     """The skill library opens, takes its seeds and passes SQLite's quick check: a damaged file or a read-only home
     is one line with the fix before anything trains (it used to crash the first stage's proposal, after the warm
@@ -425,6 +457,7 @@ def _prepare(run_dir: Path, config: RunConfig, progress) -> Run:
     if not (run_dir / JUDGE_FILE).exists():  # fixed once, from the round-0 harness, before any stage can change it
         files = Workspace(harness).files("main")
         judge = make_judge(config, files, notes)
+        notes += [n for n in [held_apart_note(config)] if n]
         tmp = run_dir / (JUDGE_FILE + ".tmp")
         tmp.write_text(judge.model_dump_json(indent=1))
         tmp.replace(run_dir / JUDGE_FILE)

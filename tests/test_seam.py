@@ -334,3 +334,30 @@ def test_holding_instances_apart_keeps_each_splits_mix():
         got = Counter(task.generate(cfg, s).digits for s in seeds(split, 2000))
         for d, share in want.items():
             assert abs(got[d] / 2000 - share) < 0.04, (split, d, got)  # binomial sd 0.011
+
+
+def test_a_family_of_ones_own_that_does_not_hold_its_splits_apart_is_named_at_the_first_start(tmp_path, monkeypatch):
+    """A user's `generate` that does not wrap its draw in `harness.seeds.held_apart` draws test instances that are
+    training instances, and every held-out reading then scores what the policy trained on; nothing said so. Now the
+    run's first start draws 64 of each split and warns with the count and the fix. Would catch a check that never
+    draws (always silent), one that flags a family that holds apart (the same subclass, `generate` inherited), or one
+    that looks at built-in families only."""
+    from harness.config import RunConfig
+    from harness.lifecycle import APART_CHECK_N, held_apart_note
+
+    site = tmp_path / "site"
+    (site / "myfam2").mkdir(parents=True)
+    (site / "myfam2" / "__init__.py").write_text(
+        "from harness.tasks.arith import MathTask\n"
+        "class Apart(MathTask):\n    name = 'apartfam'\n"
+        "class Leaky(MathTask):\n    name = 'leakyfam'\n"
+        "    def generate(self, config, seed):  # one draw for ten seeds, whatever their split\n"
+        "        return super().generate(config, 3 * (seed // 30))\n"
+        "APART, LEAKY = Apart(), Leaky()\n")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("EVOTRAINER_TASKS", "apartfam=myfam2:APART; leakyfam=myfam2:LEAKY")
+    note = held_apart_note(RunConfig.model_validate({"task": "leakyfam"}))
+    assert note is not None and note.startswith("task leakyfam: ") and "harness.seeds.held_apart" in note
+    assert int(note.split()[2]) > APART_CHECK_N // 2
+    assert held_apart_note(RunConfig.model_validate({"task": "apartfam"})) is None
+    assert held_apart_note(RunConfig.model_validate({"task": "math"})) is None  # built in: held apart by construction

@@ -82,13 +82,17 @@ def code_version() -> str:
     return h.hexdigest()
 
 
-def cacheable(task: Any) -> bool:
-    """Whether `task`'s instances are kept: a family whose class is defined under `harness/tasks/` (its code is in the
-    version), with the cache on."""
+def built_in(task: Any) -> bool:
+    """Whether `task` is one of this package's families: its class is defined in a module under `harness/tasks/`."""
     import sys
 
     where = getattr(sys.modules.get(type(task).__module__), "__file__", None)
-    return bool(where) and Path(where).resolve().parent == Path(__file__).resolve().parent and enabled()
+    return bool(where) and Path(where).resolve().parent == Path(__file__).resolve().parent
+
+
+def cacheable(task: Any) -> bool:
+    """Whether `task`'s instances are kept: a built-in family (its code is in the version), with the cache on."""
+    return built_in(task) and enabled()
 
 
 _lock = threading.Lock()
