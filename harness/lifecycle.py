@@ -354,36 +354,46 @@ def _check_generators(config: RunConfig) -> None:
             raise RunError(f"{field}: {text}") from None
 
 
-APART_CHECK_N = 64  # train and test instances a family of one's own is drawn for at a run's first start
+APART_CHECK_N = 64  # training instances a family of one's own is drawn for at a run's first start
+_apart_notes: dict[str, str | None] = {}  # per process: an experiment's arms open one run folder each
 
 
-def held_apart_note(config: RunConfig) -> str | None:
-    """For a family of one's own (not defined under harness/tasks): a warning when a test-split instance of the run's
-    test distribution (`eval.env`, else the round-0 env) has the prompt of a train-split instance of the round-0 env,
-    among APART_CHECK_N of each: held-out readings would then score instances the policy trains on. A built-in family
-    holds its splits apart by content (`harness.seeds.held_apart`, tested for each); a user's `generate` must wrap its
-    draw the same way (harness/tasks/base.py), and nothing else checks that it does. A warning, not a refusal: a level
-    with too few distinct instances collides even when held apart (`held_apart` says so itself)."""
+def held_apart_note(config: RunConfig, files: dict[str, str]) -> str | None:
+    """For a family of one's own (not defined under harness/tasks): a warning when an instance of the run's test set
+    (`eval`: its generator config or named suite, as the run draws it) has the prompt of one of APART_CHECK_N
+    train-split instances of the round-0 env (the harness repo's env.yaml, `files`): held-out readings would then score
+    instances the policy trains on. A built-in family holds its splits apart by content (`harness.seeds.held_apart`,
+    tested for each); a user's `generate` must wrap its draw the same way (harness/tasks/base.py), and nothing else
+    checks that it does. A warning, not a refusal (a level with too few distinct instances collides even when held
+    apart, and `held_apart` says so itself); a generator that cannot draw either side (a training-only bank, say) is
+    not checked: the run's own draws say what is wrong with it. Once per process for one setting."""
+    import json
+
+    from harness.round0 import harness_models
     from harness.seeds import seeds
     from harness.tasks import get_task
     from harness.tasks.drawn import built_in
+    from harness.tasks.suites import draw_test
 
     task = get_task(config.task)
     if built_in(task):
         return None
-    model = task.spec.config_model
-    env = model.model_validate(config.env) if config.env else task.default_config()
-    target = model.model_validate(config.eval.env) if config.eval.env else env
-    style = config.style
-    train = {task.prompt(task.generate(env, s), style) for s in seeds("train", APART_CHECK_N)}
-    shared = sum(task.prompt(task.generate(target, s), style) in train for s in seeds("test", APART_CHECK_N))
-    if not shared:
-        return None
-    return (f"task {config.task}: {shared} of {APART_CHECK_N} test-split instances of "
-            f"{'eval.env' if config.eval.env else 'the round-0 env'} have the prompt of one of {APART_CHECK_N} "
-            "train-split instances of the round-0 env, so held-out readings would score instances the policy trains "
-            "on: wrap the family's draw in `harness.seeds.held_apart` (harness/tasks/base.py), or widen a level with "
-            "too few distinct instances")
+    key = json.dumps([config.task, files.get("env.yaml"), config.eval.model_dump(mode="json"), config.style])
+    if key not in _apart_notes:
+        try:
+            env = harness_models(files, task)[0]
+            train = {task.prompt(task.generate(env, s), config.style) for s in seeds("train", APART_CHECK_N)}
+            test = draw_test(task, config.eval)
+            shared = sum(task.prompt(inst, config.style) in train for _, inst in test)
+        except Exception as exc:  # noqa: BLE001 (a check that advises: a family's own error is the run's to report)
+            log.debug("held-apart check of %s skipped: %s", config.task, exc)
+            shared, test = 0, []
+        _apart_notes[key] = None if not shared else (
+            f"task {config.task}: {shared} of the {len(test)} test instances have the prompt of one of "
+            f"{APART_CHECK_N} train-split instances of the round-0 env, so held-out readings would score instances "
+            "the policy trains on: wrap the family's draw in `harness.seeds.held_apart` (harness/tasks/base.py), or "
+            "widen a level with too few distinct instances")
+    return _apart_notes[key]
 
 
 def _check_library() -> None:
@@ -457,7 +467,7 @@ def _prepare(run_dir: Path, config: RunConfig, progress) -> Run:
     if not (run_dir / JUDGE_FILE).exists():  # fixed once, from the round-0 harness, before any stage can change it
         files = Workspace(harness).files("main")
         judge = make_judge(config, files, notes)
-        notes += [n for n in [held_apart_note(config)] if n]
+        notes += [n for n in [held_apart_note(config, files)] if n]
         tmp = run_dir / (JUDGE_FILE + ".tmp")
         tmp.write_text(judge.model_dump_json(indent=1))
         tmp.replace(run_dir / JUDGE_FILE)

@@ -338,26 +338,42 @@ def test_holding_instances_apart_keeps_each_splits_mix():
 
 def test_a_family_of_ones_own_that_does_not_hold_its_splits_apart_is_named_at_the_first_start(tmp_path, monkeypatch):
     """A user's `generate` that does not wrap its draw in `harness.seeds.held_apart` draws test instances that are
-    training instances, and every held-out reading then scores what the policy trained on; nothing said so. Now the
-    run's first start draws 64 of each split and warns with the count and the fix. Would catch a check that never
-    draws (always silent), one that flags a family that holds apart (the same subclass, `generate` inherited), or one
-    that looks at built-in families only."""
+    training instances, and every held-out reading then scores what the policy trained on; nothing said so. Now a run
+    folder's first start compares its test set with 64 training instances of its round-0 env and warns with the count
+    and the fix. Would catch a check that never draws or is not called (no warning), one that flags a family that
+    holds apart (the same subclass, `generate` inherited), or one that crashes the start on a generator that will not
+    draw the test split (advice must not stop a run)."""
+    from harness import lifecycle
     from harness.config import RunConfig
-    from harness.lifecycle import APART_CHECK_N, held_apart_note
 
     site = tmp_path / "site"
     (site / "myfam2").mkdir(parents=True)
     (site / "myfam2" / "__init__.py").write_text(
+        "from harness.seeds import split_of\n"
         "from harness.tasks.arith import MathTask\n"
         "class Apart(MathTask):\n    name = 'apartfam'\n"
         "class Leaky(MathTask):\n    name = 'leakyfam'\n"
-        "    def generate(self, config, seed):  # one draw for ten seeds, whatever their split\n"
+        "    def generate(self, config, seed):  # one draw for thirty seeds, whatever their split\n"
         "        return super().generate(config, 3 * (seed // 30))\n"
-        "APART, LEAKY = Apart(), Leaky()\n")
+        "class TrainOnly(MathTask):\n    name = 'trainonly'\n"
+        "    def generate(self, config, seed):\n"
+        "        if split_of(seed) == 'test':\n            raise ValueError('a training bank: no test split')\n"
+        "        return super().generate(config, seed)\n"
+        "APART, LEAKY, TRAIN_ONLY = Apart(), Leaky(), TrainOnly()\n")
     monkeypatch.syspath_prepend(str(site))
-    monkeypatch.setenv("EVOTRAINER_TASKS", "apartfam=myfam2:APART; leakyfam=myfam2:LEAKY")
-    note = held_apart_note(RunConfig.model_validate({"task": "leakyfam"}))
-    assert note is not None and note.startswith("task leakyfam: ") and "harness.seeds.held_apart" in note
-    assert int(note.split()[2]) > APART_CHECK_N // 2
-    assert held_apart_note(RunConfig.model_validate({"task": "apartfam"})) is None
-    assert held_apart_note(RunConfig.model_validate({"task": "math"})) is None  # built in: held apart by construction
+    monkeypatch.setenv("EVOTRAINER_TASKS", "apartfam=myfam2:APART; leakyfam=myfam2:LEAKY; trainonly=myfam2:TRAIN_ONLY")
+
+    def warnings(task: str) -> list[str]:
+        env = get_task("math").default_config().model_dump(mode="json")
+        cfg = RunConfig.model_validate({"task": task, "eval": {"env": env, "n": 40}})
+        run = lifecycle.open_run(tmp_path / "runs" / task, cfg)
+        try:
+            return [e["message"] for e in run.store.events(run.id, kind="warning") if "held_apart" in e["message"]]
+        finally:
+            run.close()
+            run.store.close()
+
+    [leak] = warnings("leakyfam")
+    assert leak.startswith("task leakyfam: ") and " of the 40 test instances " in leak
+    assert int(leak.split()[2]) > 20
+    assert warnings("apartfam") == [] and warnings("trainonly") == []
