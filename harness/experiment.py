@@ -847,8 +847,9 @@ def _schedule(units: dict[tuple, _Unit], preps: list, labels: list[str], say: Ca
                         break
                     del pending[u.key]
                     moved = True
-                    if not read_back(u):
-                        running[pool.submit(_run_unit, *args(u), tag=_tag(labels, u.exp))] = u
+                    if read_back(u):  # what it makes ready may go before the rest of this list: take it again
+                        break
+                    running[pool.submit(_run_unit, *args(u), tag=_tag(labels, u.exp))] = u
             if not running:
                 if pending:  # nothing runs and nothing is ready: a prerequisite is missing (a bug, not an input)
                     raise ExperimentError(f"schedule stuck: {sorted(map(str, pending))}")
