@@ -193,7 +193,8 @@ def run_config(cfg: ExperimentConfig, seed: int, arm: str, warm: Path | None = N
 
 def plan(cfg: ExperimentConfig) -> dict[str, Any]:
     """Checks made before anything trains: every arm's compute per step is the same, the budget is defined, the
-    LLM arm has an endpoint. Returns {"arms": runnable arms, "skipped": {arm: why}}."""
+    LLM arm has an endpoint, the shared run config passes `run`'s start checks. Returns {"arms": runnable arms,
+    "skipped": {arm: why}, "notes": warnings to say once (a family of one's own whose splits are not held apart)}."""
     skipped: dict[str, str] = {}
     arms = list(cfg.arms)
     for arm, over in cfg.overrides.items():
@@ -264,14 +265,17 @@ def plan(cfg: ExperimentConfig) -> dict[str, Any]:
             if not rc.eval.enabled:
                 raise ExperimentError("run.eval.suite is empty: every arm is judged on the held-out suite after each "
                                       "stage; set run.eval.suite (e.g. small) or run.eval.env (a generator config)")
+    notes: list[str] = []
     if arms:  # what `run` checks at start, for the run config every arm shares, before the shared warm start trains
-        from harness.lifecycle import RunError, preflight
+        from harness.lifecycle import RunError, held_apart_note, preflight
 
+        rc = run_config(cfg, 0, arms[0])
         try:
-            preflight(run_config(cfg, 0, arms[0]))
+            preflight(rc)
         except RunError as exc:
             raise ExperimentError(f"run: {exc}") from None
-    return {"arms": arms, "skipped": skipped}
+        notes += [n for n in [held_apart_note(rc)] if n]  # said once, not only in arms' run.db
+    return {"arms": arms, "skipped": skipped, "notes": notes}
 
 
 # --- the arms: baselines through the stage's machinery, the evolved arm through the loop -----------------------------
@@ -577,6 +581,8 @@ def run_experiments(exps: list[tuple[ExperimentConfig, Path]], say: Callable[[st
     for i, (cfg, out, p) in enumerate(preps):
         for arm, why in p["skipped"].items():
             say(f"{arm}: skipped: {why}")
+        for note in p["notes"]:
+            say(f"warning: {note}")
         arms = p["arms"]
         (out / "experiment.json").write_text(json.dumps(cfg.model_dump(mode="json"), indent=1))
         rc0 = run_config(cfg, 0, arms[0])

@@ -358,18 +358,18 @@ APART_CHECK_N = 64  # training instances a family of one's own is drawn for at a
 _apart_notes: dict[str, str | None] = {}  # per process: an experiment's arms open one run folder each
 
 
-def held_apart_note(config: RunConfig, files: dict[str, str]) -> str | None:
+def held_apart_note(config: RunConfig, files: dict[str, str] | None = None) -> str | None:
     """For a family of one's own (not defined under harness/tasks): a warning when an instance of the run's test set
     (`eval`: its generator config or named suite, as the run draws it) has the prompt of one of APART_CHECK_N
-    train-split instances of the round-0 env (the harness repo's env.yaml, `files`): held-out readings would then score
-    instances the policy trains on. A built-in family holds its splits apart by content (`harness.seeds.held_apart`,
-    tested for each); a user's `generate` must wrap its draw the same way (harness/tasks/base.py), and nothing else
-    checks that it does. A warning, not a refusal (a level with too few distinct instances collides even when held
+    train-split instances of the round-0 env (the harness repo's env.yaml in `files`, by default the round-0 harness the
+    config makes): held-out readings would then score instances the policy trains on. A built-in family holds its
+    splits apart by content (`harness.seeds.held_apart`, tested for each); a user's `generate` must wrap its draw the
+    same way (harness/tasks/base.py), and nothing else checks that it does. `start_run` and `experiment` say it. A warning, not a refusal (a level with too few distinct instances collides even when held
     apart, and `held_apart` says so itself); a generator that cannot draw either side (a training-only bank, say) is
     not checked: the run's own draws say what is wrong with it. Once per process for one setting."""
     import json
 
-    from harness.round0 import harness_models
+    from harness.round0 import harness_models, initial_files
     from harness.seeds import seeds
     from harness.tasks import get_task
     from harness.tasks.drawn import built_in
@@ -378,6 +378,7 @@ def held_apart_note(config: RunConfig, files: dict[str, str]) -> str | None:
     task = get_task(config.task)
     if built_in(task):
         return None
+    files = files if files is not None else initial_files(config)
     key = json.dumps([config.task, files.get("env.yaml"), config.eval.model_dump(mode="json"), config.style])
     if key not in _apart_notes:
         try:

@@ -377,3 +377,12 @@ def test_a_family_of_ones_own_that_does_not_hold_its_splits_apart_is_named_at_th
     assert leak.startswith("task leakyfam: ") and " of the 40 test instances " in leak
     assert int(leak.split()[2]) > 20
     assert warnings("apartfam") == [] and warnings("trainonly") == []
+
+    from harness.experiment import ExperimentConfig, plan  # an experiment says it once, before its warm start
+
+    env = get_task("math").default_config().model_dump(mode="json")
+    exp = {"seeds": 1, "arms": ["fixed-template"], "budget_steps": 8,
+           "run": {"task": "leakyfam", "eval": {"env": env, "n": 40}}}
+    assert plan(ExperimentConfig.model_validate(exp))["notes"] == [leak]
+    exp["run"]["task"] = "apartfam"
+    assert plan(ExperimentConfig.model_validate(exp))["notes"] == []
