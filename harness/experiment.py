@@ -740,15 +740,15 @@ def add_units(units: dict[tuple, _Unit], first_warm: dict[str, tuple], i: int, w
 
 def priorities(units: dict[tuple, _Unit]) -> dict[tuple, tuple[int, int, int]]:
     """Each unit's place among the units ready at once with several workers: warm starts first, the one more units
-    depend on (directly or through the warm starts that load it from the cache) before the others, then every arm in the
-    order made (each experiment's evolved arm, then its baselines, experiment by experiment, so scenarios finish whole
-    and in file order). Made order alone ran the warm start of a scenario set's last
-    family, ready from the first second, after every arm of the families before it, with a core idle beside it; ordering the warm starts by their successors (a list-schedule priority,
-    Adam, Chandy and Dickson 1974, "A comparison of list schedules for parallel processing systems", Comm. ACM 17(12))
-    starts it as soon as a core frees. Replayed with the unit times of a whole `--quick` set (BENCHMARKS.md,
-    fifty-seventh session): 802 s in made order, 781 s this way, the two-core lower bound being 780; every unit
-    ordered by its successors (evolved arms of every scenario before any baseline) read the same 781 and would leave a
-    call stopped midway with no whole scenario."""
+    depend on (directly or through the warm starts that load it from the cache) before the others, then every arm in
+    the order made (each experiment's evolved arm, then its baselines, experiment by experiment, so scenarios finish
+    whole and in file order). Made order alone ran the warm start of a scenario set's last family, ready from the first
+    second, after every arm of the families before it, with a core idle beside it; ordering the warm starts by their
+    successors (a list-schedule priority, Adam, Chandy and Dickson 1974, "A comparison of list schedules for parallel
+    processing systems", Comm. ACM 17(12)) starts it as soon as a core frees. Replayed with the unit times of a whole
+    `--quick` set (BENCHMARKS.md, fifty-seventh session): 802 s in made order, 781 s this way, the two-core lower bound
+    being 780; every unit ordered by its successors (evolved arms of every scenario before any baseline) read the same
+    781 and would leave a call stopped midway with no whole scenario."""
     waiting: dict[tuple, set[tuple]] = {k: set() for k in units}
     for k, u in units.items():
         for a in u.after:

@@ -361,12 +361,13 @@ _apart_notes: dict[str, str | None] = {}  # per process: an experiment's arms op
 def held_apart_note(config: RunConfig, files: dict[str, str] | None = None) -> str | None:
     """For a family of one's own (not defined under harness/tasks): a warning when an instance of the run's test set
     (`eval`: its generator config or named suite, as the run draws it) has the prompt of one of APART_CHECK_N
-    train-split instances of the round-0 env (the harness repo's env.yaml in `files`, by default the round-0 harness the
-    config makes): held-out readings would then score instances the policy trains on. A built-in family holds its
+    train-split instances of the round-0 env (the harness repo's env.yaml in `files`, by default the round-0 harness
+    the config makes): held-out readings would then score instances the policy trains on. A built-in family holds its
     splits apart by content (`harness.seeds.held_apart`, tested for each); a user's `generate` must wrap its draw the
-    same way (harness/tasks/base.py), and nothing else checks that it does. `start_run` and `experiment` say it. A warning, not a refusal (a level with too few distinct instances collides even when held
-    apart, and `held_apart` says so itself); a generator that cannot draw either side (a training-only bank, say) is
-    not checked: the run's own draws say what is wrong with it. Once per process for one setting."""
+    same way (harness/tasks/base.py), and nothing else checks that it does. `start_run` and `experiment` say it. A
+    warning, not a refusal (a level with too few distinct instances collides even when held apart, and `held_apart`
+    says so itself); a generator that cannot draw either side (a training-only bank, say) is not checked: the run's
+    own draws say what is wrong with it. Once per process for one setting."""
     import json
 
     from harness.round0 import harness_models, initial_files

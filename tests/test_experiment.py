@@ -303,4 +303,5 @@ def test_the_schedule_runs_warm_starts_first_and_scenarios_whole():
     end = lambda when: max(e for _, e in when.values())
     assert made[(12, "warm")][0] > max(made[(i, 0, "evolved-rule")][0] for i in range(12))  # as it was: near the end
     assert now[(12, "warm")][0] <= now[(0, 0, "fixed-template")][0]  # now: as soon as a core frees
-    assert end(now) < end(made) and end(now) <= sum(map(secs, units)) / 2 + max(secs(k) for k in units if k[1] != "warm")
+    longest_arm = max(secs(k) for k in units if k[1] != "warm")
+    assert end(now) < end(made) and end(now) <= sum(map(secs, units)) / 2 + longest_arm

@@ -362,9 +362,9 @@ def test_a_family_of_ones_own_that_does_not_hold_its_splits_apart_is_named_at_th
         "APART, LEAKY, TRAIN_ONLY = Apart(), Leaky(), TrainOnly()\n")
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.setenv("EVOTRAINER_TASKS", "apartfam=myfam2:APART; leakyfam=myfam2:LEAKY; trainonly=myfam2:TRAIN_ONLY")
+    env = get_task("math").default_config().model_dump(mode="json")  # every family here draws math's instances
 
     def warnings(task: str) -> list[str]:
-        env = get_task("math").default_config().model_dump(mode="json")
         cfg = RunConfig.model_validate({"task": task, "eval": {"env": env, "n": 40}})
         run = lifecycle.open_run(tmp_path / "runs" / task, cfg)
         try:
@@ -380,7 +380,6 @@ def test_a_family_of_ones_own_that_does_not_hold_its_splits_apart_is_named_at_th
 
     from harness.experiment import ExperimentConfig, plan  # an experiment says it once, before its warm start
 
-    env = get_task("math").default_config().model_dump(mode="json")
     exp = {"seeds": 1, "arms": ["fixed-template"], "budget_steps": 8,
            "run": {"task": "leakyfam", "eval": {"env": env, "n": 40}}}
     assert plan(ExperimentConfig.model_validate(exp))["notes"] == [leak]
