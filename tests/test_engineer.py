@@ -472,6 +472,34 @@ def test_a_diluting_partial_credit_is_turned_off_first(tmp_path, task):
     assert [(c.change.knob, c.change.value) for c in res.candidates] == [("reward.partial_credit", 0.0)], res.notes
 
 
+@pytest.mark.parametrize("task", ["mapf", "math", "code"])
+def test_a_budget_that_cuts_answers_off_is_raised_before_its_symptoms(tmp_path, task):
+    """`grpo.truncated` is a root cause: answers cut off before their end score as unfinished, so every group fails
+    and the critical symptoms (all-fail groups, failing target slices) would otherwise share the one slot with it on
+    a Thompson draw. Over ten draws the budget comes first each time. Would catch the finding ranked beside its
+    symptoms (the shipped cut-off scenario's second `--quick` pass, with the library the first left behind, tried the
+    group size at stage 1 twice and never fixed the budget its first pass had fixed at stage 1)."""
+    from pathlib import Path
+
+    from harness.tasks import get_task
+
+    template = Path(__file__).resolve().parents[1] / "sandbox" / "template"
+    recipe = {**yaml.safe_load((template / "recipe.yaml").read_text()), "max_completion_length": 12}
+    d = _diag(task=task, env_config=yaml.safe_load(get_task(task).spec.round0_env), recipe=recipe,
+              findings=[Finding(code="target.slice_fails", severity="critical", count=80, rate=1.0,
+                                knobs=["env.mixture"]),
+                        Finding(code="grpo.dead_groups", severity="critical", count=56, rate=0.875,
+                                knobs=["recipe.num_generations"]),
+                        Finding(code="grpo.truncated", severity="critical", count=230, rate=0.9,
+                                knobs=["recipe.max_completion_length"])])
+    firsts = []
+    with SkillLibrary.open(tmp_path / "skills.db") as lib:
+        for seed in range(10):
+            res = propose(EngineerConfig(), d, lib, 1, np.random.default_rng(seed))
+            firsts.append(tuple((c.change.knob, c.skill) for c in res.candidates))
+    assert set(firsts) == {(("recipe.max_completion_length", "raise-completion-budget-on-truncation"),)}, firsts
+
+
 # --- hostile skills (issue 36) ----------------------------------------------------------------------------------------
 
 

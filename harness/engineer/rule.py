@@ -308,11 +308,12 @@ def thompson_scores(skills: list[Skill], rng: np.random.Generator) -> dict[str, 
 
 # root causes come first: the stage's own training lowered the probe; the reward pays invalid answers as well as valid
 # ones, or spreads wrong ones more than it separates right from wrong; the sampler writes answers that cannot be
-# checked at all (its all-fail groups follow); the training mix is too hard to learn from at all, far from the target,
-# or its entries are not the target's (its GRPO health findings are then symptoms of training on the wrong reward or
-# distribution)
+# checked at all, or the completion budget cuts answers off before their end while their length did not grow (the
+# all-fail groups follow either way: the diagnosis already withholds the sampler findings under a cut-off budget); the
+# training mix is too hard to learn from at all, far from the target, or its entries are not the target's (its GRPO
+# health findings are then symptoms of training on the wrong reward or distribution)
 ROOT_CAUSES = ("grpo.policy_regressed", "grpo.reward_misaligned", "grpo.reward_diluted", "grpo.malformed",
-               "target.mix_all_fail", "target.mix_far", "target.entry_differs")
+               "grpo.truncated", "target.mix_all_fail", "target.mix_far", "target.entry_differs")
 # ranked before every other root cause when critical: the training env is not the target in two or more ways, so the
 # finer changes (the weights, one entry) each fix a part, and the one that fixes them all (train on the target) is the
 # reference point the parts are measured against; tested first, a finer change beside it in a two-candidate stage.
