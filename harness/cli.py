@@ -1113,11 +1113,22 @@ def experiment(
 def resume(
     run_ref: Annotated[str, typer.Argument(help="run directory or run id")],
     runs_dir: Annotated[str, typer.Option(help="where runs/<id>/ folders are")] = "runs",
+    stages: Annotated[int | None, typer.Option(min=1, help="raise budget.stages to this total; reopens a finished "
+                                               "run for more stages")] = None,
+    wall_clock: Annotated[str | None, typer.Option(help="set budget.wall_clock ('12h'; counted from the run's "
+                                                   "start)")] = None,
+    compute_s: Annotated[float | None, typer.Option(min=0.0, help="set budget.compute_s (seconds of the compute "
+                                                    "ledger, from the run's start)")] = None,
+    plateau: Annotated[int | None, typer.Option(min=0, help="set budget.plateau (0: never stop on a plateau)")] = None,
 ) -> None:
-    """Continue an interrupted run from its last checkpoint; the interrupted node runs again, nothing is duplicated."""
+    """Continue an interrupted run from its last checkpoint; the interrupted node runs again, nothing is duplicated.
+    With a budget option (`--stages 6`) the run's config.yaml budget is raised first, and a finished run goes on from
+    where its last stage left the policy and the harness."""
     from harness.lifecycle import resume_run
 
-    run_dir = resume_run(run_ref, runs_dir, progress=_run_progress())
+    budget = {k: v for k, v in {"stages": stages, "wall_clock": wall_clock, "compute_s": compute_s,
+                                "plateau": plateau}.items() if v is not None}
+    run_dir = resume_run(run_ref, runs_dir, progress=_run_progress(), budget=budget or None)
     _finish_run(run_dir)
 
 

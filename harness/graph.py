@@ -606,7 +606,7 @@ def node_remember(run: Run, state: State) -> State:
     out: State = {"policy": state["next_policy"], "stage": k + 1, "candidates": [], "vetted": [], "winner": None}
     if stop:
         run.store.set_run_status(run.id, "finished")
-        run.event(k, "remember", "finished", stop, key="finished")
+        run.event(k, "remember", "finished", stop, key=f"finished-{k}")  # a reopened run finishes again later
         out.update(done=True, stop_reason=stop)
     return out
 

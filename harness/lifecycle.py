@@ -50,7 +50,10 @@ def check_run_id(run_id: str) -> str:
     return run_id
 
 
-def _drive(run: Run, first_input: dict[str, Any] | None) -> dict[str, Any]:
+def _drive(run: Run, first_input: dict[str, Any] | None, reopen: bool = False) -> dict[str, Any]:
+    """Run the graph from `first_input` (a new run) or from its last checkpoint (None). `reopen`: the run's graph
+    ended (a finished run whose budget `resume_run` raised): its last `remember` is marked not done, so the graph's
+    own edge from `remember` goes on to the next stage's `train`."""
     from harness.graphstore import BoundedSqliteSaver, prune
 
     conn = sqlite3.connect(run.run_dir / "graph.db", check_same_thread=False)
@@ -62,6 +65,8 @@ def _drive(run: Run, first_input: dict[str, Any] | None) -> dict[str, Any]:
                       f"resume needs only the latest)")
         graph = build_graph(run, saver)
         cfg = {"configurable": {"thread_id": run.id}, "recursion_limit": 10_000}
+        if reopen and not graph.get_state(cfg).next:
+            graph.update_state(cfg, {"done": False}, as_node="remember")
         return graph.invoke(first_input, cfg, durability="sync")
     finally:
         run.close()
@@ -533,15 +538,18 @@ def _announce_sandbox(run: Run) -> None:
     run.event(None, "setup", "sandbox" if p["isolation"] == "bwrap" else "warning", msg)
 
 
-def _drive_prepared(run_dir: Path, config: RunConfig, progress, first_input: dict[str, Any] | None) -> None:
+def _drive_prepared(run_dir: Path, config: RunConfig, progress, first_input: dict[str, Any] | None,
+                    reopen: bool = False) -> None:
     _check_scale(config)
     run = _prepare(run_dir, config, progress)
     try:
-        if run.store.get_run(run.id)["status"] == "finished":
+        finished = run.store.get_run(run.id)["status"] == "finished"
+        if finished and not reopen:
             missing = "" if (run_dir / "report.html").is_file() else \
                 f" (its report.html was not written: `evotrainer report {run_dir}` writes it)"
-            raise RunError(f"run {run.id} already finished; start a new one with `evotrainer run CONFIG` "
-                           f"or review it with `evotrainer review {run_dir}`{missing}")
+            raise RunError(f"run {run.id} already finished; give it more stages with `evotrainer resume {run_dir} "
+                           f"--stages N`, start a new one with `evotrainer run CONFIG` or review it with "
+                           f"`evotrainer review {run_dir}`{missing}")
         if first_input is None and run.store.get_run(run.id)["status"] == "paused":
             raise RunError(f"run {run.id} waits at the human gate: answer with `evotrainer approve {run.id}`, "
                            f"`evotrainer revise {run.id} \"feedback\"` or `evotrainer abort {run.id}`")
@@ -561,7 +569,7 @@ def _drive_prepared(run_dir: Path, config: RunConfig, progress, first_input: dic
         try:  # a bad EVOTRAINER_THREADS / EVOTRAINER_CORES raises here: the run is then interrupted, not "running"
             _announce_sandbox(run)
             _apply_threads(run)
-            out = _drive(run, first_input)
+            out = _drive(run, first_input, reopen=finished)
         except BaseException:
             try:  # best effort: on a full disk this write fails too, and the run's own error is the one to show
                 run.store.set_run_status(run.id, "interrupted")
@@ -670,19 +678,97 @@ def _check_not_moved(run_dir: Path) -> None:
         return
 
 
+BUDGET_KEYS = ("stages", "wall_clock", "compute_s", "plateau")  # what `resume_run(budget=...)` may raise
+
+
 def resume_run(ref: str | Path, runs_dir: str | Path = "runs",
-               progress: Callable[[str, dict[str, Any]], None] | None = None) -> Path:
-    """Continue an interrupted run from its last LangGraph checkpoint (the interrupted node runs again)."""
+               progress: Callable[[str, dict[str, Any]], None] | None = None,
+               budget: dict[str, Any] | None = None) -> Path:
+    """Continue an interrupted run from its last LangGraph checkpoint (the interrupted node runs again).
+
+    `budget` ({"stages": 6}, any of `BUDGET_KEYS`; `evotrainer resume RUN --stages 6`): the run's budget is edited
+    first (its config.yaml, one line a key; said in its events), so an interrupted run goes on to the new budget and a
+    FINISHED one is reopened: its next stage starts from the policy its last stage left (the lineage, as any next
+    stage would) under harness@main, with every recorded decision, skill and seed cursor as it was. A budget that
+    would stop the run again at once (`harness.stagebook.budget_stop`: the wall clock and the plateau count from the
+    run's start), a run a person aborted, and a config the budget edit makes invalid are refused before anything
+    changes, naming the fix."""
     run_dir = find_run(ref, runs_dir)
     _check_named(run_dir)
     _check_not_moved(run_dir)
     _check_library()
     lock = acquire_lock(run_dir, run_dir.name)
     try:
-        _drive_prepared(run_dir, load_run_config(run_dir), progress, None)
+        if budget:
+            _raise_budget(run_dir, budget)
+        _drive_prepared(run_dir, load_run_config(run_dir), progress, None, reopen=bool(budget))
     finally:
         lock.release()
     return run_dir
+
+
+def _raise_budget(run_dir: Path, budget: dict[str, Any]) -> None:
+    """Edit the run's budget in its config.yaml (see `resume_run`); RunError, with nothing changed, when the edit is
+    not valid or would not let a finished run run one more stage."""
+    from datetime import datetime
+
+    from harness.config import ConfigError
+    from harness.graphstore import BoundedSqliteSaver
+    from harness.stagebook import budget_stop
+    from harness.yamledit import set_leaf_text
+
+    if unknown := sorted(set(budget) - set(BUDGET_KEYS)):
+        raise RunError(f"unknown budget key(s) {', '.join(unknown)}: one of {', '.join(BUDGET_KEYS)}")
+    path = run_dir / "config.yaml"
+    old_text = path.read_text()
+    old = load_run_config(run_dir)
+    data = old.model_dump(mode="json")
+    data["budget"] = {**data["budget"], **budget}
+    try:
+        new = parse_config(data, str(path))
+    except ConfigError as exc:
+        raise RunError(f"run {run_dir.name}: the budget edit is not valid: {exc}; nothing changed") from None
+    store = RunStore.open(run_dir / "run.db", create=False)
+    try:
+        row = store.get_run(run_dir.name)
+        if row["status"] == "finished":
+            conn = sqlite3.connect(run_dir / "graph.db")
+            try:
+                tup = BoundedSqliteSaver(conn).get_tuple({"configurable": {"thread_id": run_dir.name}})
+            finally:
+                conn.close()
+            values = (tup.checkpoint.get("channel_values") or {}) if tup is not None else {}
+            said = str(values.get("stop_reason") or "")
+            if not values.get("done") or "stage" not in values:
+                raise RunError(f"run {run_dir.name} is marked finished but its graph did not record an end; "
+                               "nothing changed (start a new run with `evotrainer run CONFIG`)")
+            if said.startswith("aborted"):
+                raise RunError(f"run {run_dir.name} was {said}; a person stopped it, so it is not reopened: start a "
+                               "new run with `evotrainer run CONFIG`; nothing changed")
+            k = int(values["stage"]) - 1
+            elapsed = time.time() - datetime.fromisoformat(row["created"]).timestamp()
+            why = budget_stop(new.budget, k, elapsed, lambda: store.seconds_spent(run_dir.name),
+                              int(values.get("stages_without_promotion") or 0))
+            if why is not None:
+                hint = {"stage": f"--stages above {k}", "wall": "--wall-clock above " + (f"{elapsed / 3600:.1f}h" if elapsed >= 3600
+                                                                   else f"{elapsed / 60:.0f}m")
+                        + " (it counts from the run's start)", "compute": "--compute-s above what the ledger spent",
+                        "plateau": "--plateau above the stages it went without a promotion, or 0"}
+                fix = next((v for key, v in hint.items() if why.startswith(key)), "a larger budget")
+                raise RunError(f"run {run_dir.name} finished after stage {k} ({said}); with the new budget it would "
+                               f"stop again at once ({why}): pass {fix}; nothing changed")
+        text = old_text
+        for key, value in budget.items():
+            text = set_leaf_text(text, ["budget", key], value)
+        tmp = path.with_name("config.yaml.tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+        before, after = old.budget.model_dump(mode="json"), new.budget.model_dump(mode="json")
+        edits = ", ".join(f"budget.{key} {before[key]!r} -> {after[key]!r}" for key in budget)
+        store.add_event(run_dir.name, "extended", f"{edits} ({row['status']} run"
+                        + (", reopened for more stages)" if row["status"] == "finished" else ")"))
+    finally:
+        store.close()
 
 
 def answer_gate(ref: str | Path, action: str, feedback: str = "", runs_dir: str | Path = "runs",

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
+from harness.config import BudgetConfig
 from harness.results import GateAnswer, NodeTiming
 from harness.run import Run
 from harness.store import RunStore
@@ -36,15 +38,24 @@ def stage_metrics(run: Run, k: int, remember_s: float) -> dict[str, float]:
 
 def stop_reason(run: Run, k: int, stages_without_promotion: int) -> str | None:
     """Why the run stops after stage k, or None to go on."""
-    b = run.config.budget
     if (g := run.result(k, GateAnswer)) is not None and g.action == "abort":
         return f"aborted by a human at the gate (stage {k})"
+    return budget_stop(run.config.budget, k, time.time() - run.store_started(),
+                       lambda: run.store.seconds_spent(run.id), stages_without_promotion)
+
+
+def budget_stop(b: BudgetConfig, k: int, elapsed_s: float, spent_s: Callable[[], float],
+                stages_without_promotion: int) -> str | None:
+    """Which part of the budget `b` is spent after stage k, or None: the stage count, the wall clock since the run
+    started (`elapsed_s`), the compute ledger's seconds (`spent_s`, read only when a compute budget is set), the
+    plateau of stages without a promotion. Also what `evotrainer resume RUN --stages N` checks before it reopens a
+    finished run."""
     if k >= b.stages:
         return f"stage budget reached ({b.stages} stages)"
     wall = b.wall_clock_s
-    if wall is not None and time.time() - run.store_started() >= wall:
+    if wall is not None and elapsed_s >= wall:
         return f"wall-clock budget reached ({b.wall_clock})"
-    if b.compute_s is not None and run.store.seconds_spent(run.id) >= b.compute_s:
+    if b.compute_s is not None and spent_s() >= b.compute_s:
         return f"compute budget reached ({b.compute_s:.0f} s)"
     if b.plateau and stages_without_promotion >= b.plateau:
         return f"plateau: {b.plateau} stages without a promotion"

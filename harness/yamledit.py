@@ -16,10 +16,14 @@ mapping); a missing intermediate raises KeyError, and callers fall back to rewri
 from __future__ import annotations
 
 import io
+import re
 from typing import Any
 
 from ruamel.yaml import YAML
+from ruamel.yaml.representer import RoundTripRepresenter
 from ruamel.yaml.util import load_yaml_guess_indent
+
+_NULL = re.compile(r"(?m)(?::|^\s*-)[ \t]+(null|~)[ \t]*(?:#.*)?$")
 
 
 def _yaml(text: str) -> tuple[YAML, Any]:
@@ -30,7 +34,21 @@ def _yaml(text: str) -> tuple[YAML, Any]:
     indent = indent or 2
     offset = block_seq_indent or 0
     y.indent(mapping=indent, sequence=max(indent, offset + 2), offset=offset)
+    # ruamel writes every null as an empty value, so a file that spells them `null` (what PyYAML writes: a run's
+    # config.yaml) or `~` would change on every line that holds one; keep the file's own spelling
+    if m := _NULL.search(text):
+        y.Representer = _NULL_AS[m.group(1)]
     return y, y.load(text)
+
+
+def _spelling(token: str) -> type:
+    """A round-trip representer that writes null as `token` (a subclass: ruamel's registry is per class)."""
+    cls = type(f"NullAs{token.title()}", (RoundTripRepresenter,), {})
+    cls.add_representer(type(None), lambda r, _: r.represent_scalar("tag:yaml.org,2002:null", token))
+    return cls
+
+
+_NULL_AS = {"null": _spelling("null"), "~": _spelling("~")}
 
 
 def set_leaf_text(text: str, parts: list[str], value: Any, entry_key: str | None = None) -> str:

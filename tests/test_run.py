@@ -143,9 +143,44 @@ def test_tiny_run_end_to_end(tmp_path):
     # held-out hygiene: train seeds only from `train`, probe from `probe`, backtest from `backtest`
     assert set(store.seed_cursors("e2e")) <= {"train", "probe", "backtest"}
     store.close()
-    # a finished run cannot be resumed
-    with pytest.raises(RunError, match="already finished"):
+    # a finished run cannot be resumed as it is, and the error names the way to give it more stages
+    with pytest.raises(RunError, match="already finished; give it more stages with `evotrainer resume"):
         resume_run(run_dir)
+    _more_stages_for_a_finished_run(run_dir)
+
+
+def _more_stages_for_a_finished_run(run_dir: Path) -> None:
+    """`evotrainer resume RUN --stages N` reopens a finished run (before, a finished run could not be extended, and a
+    budget edited into its config.yaml was never read): a budget that would stop it again at once, an invalid one and
+    an unknown key are refused with nothing changed; then one more stage runs from the policy the last one left, the
+    run is whole (`check_run`), finished again, and config.yaml differs by the one budget line."""
+    from harness.results import Backtested, Decided
+
+    text = (run_dir / "config.yaml").read_text()
+    for budget, said in [({"stages": 2}, (r"stop again at once \(stage budget reached \(2 stages\)\): pass --stages "
+                                          r"above 2; nothing changed")),
+                         ({"wall_clock": "soon"}, "the budget edit is not valid"),
+                         ({"stage": 3}, "unknown budget key")]:
+        with pytest.raises(RunError, match=said):
+            resume_run(run_dir, budget=budget)
+        assert (run_dir / "config.yaml").read_text() == text, budget
+    resume_run(run_dir, budget={"stages": 3})
+    st = _check_consistent(run_dir)
+    assert [(s["stage"], s["status"]) for s in st["stages"]] == [(1, "done"), (2, "done"), (3, "done")]
+    changed = [(a, b) for a, b in zip(text.splitlines(), (run_dir / "config.yaml").read_text().splitlines()) if a != b]
+    assert [b.strip() for _, b in changed] == ["stages: 3"], changed
+    assert [e["message"] for e in st["events"] if e["kind"] == "extended"] == \
+        ["budget.stages 2 -> 3 (finished run, reopened for more stages)"]
+    assert [e["stage"] for e in st["events"] if e["kind"] == "finished"] == [2, 3]
+    store = RunStore.open(run_dir / "run.db")
+    try:
+        assert store.get_run(run_dir.name)["status"] == "finished"
+        dec2, bt3 = store.result(run_dir.name, 2, Decided), store.result(run_dir.name, 3, Backtested)
+    finally:
+        store.close()
+    assert Path(dec2.next_policy).is_dir()  # retention kept the checkpoint the next stage starts from
+    if bt3 is not None and bt3.start is not None:  # stage 3 trained from where stage 2 left the policy
+        assert bt3.start.checkpoint == dec2.next_policy, (bt3.start.checkpoint, dec2.next_policy)
 
 
 def test_backtests_judge_the_run_config_target_not_the_incumbent_env(tmp_path):
