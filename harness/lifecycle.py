@@ -50,10 +50,12 @@ def check_run_id(run_id: str) -> str:
     return run_id
 
 
-def _drive(run: Run, first_input: dict[str, Any] | None, reopen: bool = False) -> dict[str, Any]:
-    """Run the graph from `first_input` (a new run) or from its last checkpoint (None). `reopen`: the run's graph
-    ended (a finished run whose budget `resume_run` raised): its last `remember` is marked not done, so the graph's
-    own edge from `remember` goes on to the next stage's `train`."""
+def _drive(run: Run, first_input: dict[str, Any] | None, reopen: str | None = None) -> dict[str, Any]:
+    """Run the graph from `first_input` (a new run) or from its last checkpoint (None). `reopen` (what the budget edit
+    said, from `resume_run(budget=...)`): when the graph has ended, its last `remember` is marked not done, so the
+    graph's own edge from `remember` goes on to the next stage's `train`, and the edit is said in the run's events.
+    A graph found at its end is the run finished, whatever run.db said (a reopen that failed before it reopened, a
+    driver killed between the graph's end and the status)."""
     from harness.graphstore import BoundedSqliteSaver, prune
 
     conn = sqlite3.connect(run.run_dir / "graph.db", check_same_thread=False)
@@ -65,9 +67,18 @@ def _drive(run: Run, first_input: dict[str, Any] | None, reopen: bool = False) -
                       f"resume needs only the latest)")
         graph = build_graph(run, saver)
         cfg = {"configurable": {"thread_id": run.id}, "recursion_limit": 10_000}
-        if reopen and not graph.get_state(cfg).next:
+
+        def ended() -> bool:
+            snap = graph.get_state(cfg)
+            return not snap.next and bool(snap.values.get("done"))
+
+        if reopen is not None and ended():
             graph.update_state(cfg, {"done": False}, as_node="remember")
-        return graph.invoke(first_input, cfg, durability="sync")
+            run.event(None, "resume", "extended", reopen)
+        out = graph.invoke(first_input, cfg, durability="sync")
+        if first_input is None and ended():
+            run.store.set_run_status(run.id, "finished")
+        return out
     finally:
         run.close()
         conn.close()
@@ -539,12 +550,12 @@ def _announce_sandbox(run: Run) -> None:
 
 
 def _drive_prepared(run_dir: Path, config: RunConfig, progress, first_input: dict[str, Any] | None,
-                    reopen: bool = False) -> None:
+                    reopen: str | None = None) -> None:
     _check_scale(config)
     run = _prepare(run_dir, config, progress)
     try:
         finished = run.store.get_run(run.id)["status"] == "finished"
-        if finished and not reopen:
+        if finished and reopen is None:
             missing = "" if (run_dir / "report.html").is_file() else \
                 f" (its report.html was not written: `evotrainer report {run_dir}` writes it)"
             raise RunError(f"run {run.id} already finished; give it more stages with `evotrainer resume {run_dir} "
@@ -569,7 +580,7 @@ def _drive_prepared(run_dir: Path, config: RunConfig, progress, first_input: dic
         try:  # a bad EVOTRAINER_THREADS / EVOTRAINER_CORES raises here: the run is then interrupted, not "running"
             _announce_sandbox(run)
             _apply_threads(run)
-            out = _drive(run, first_input, reopen=finished)
+            out = _drive(run, first_input, reopen=reopen)
         except BaseException:
             try:  # best effort: on a full disk this write fails too, and the run's own error is the one to show
                 run.store.set_run_status(run.id, "interrupted")
@@ -699,26 +710,32 @@ def resume_run(ref: str | Path, runs_dir: str | Path = "runs",
     _check_library()
     lock = acquire_lock(run_dir, run_dir.name)
     try:
-        if budget:
-            _raise_budget(run_dir, budget)
-        _drive_prepared(run_dir, load_run_config(run_dir), progress, None, reopen=bool(budget))
+        reopen = _raise_budget(run_dir, budget) if budget else None
+        _drive_prepared(run_dir, load_run_config(run_dir), progress, None, reopen=reopen)
     finally:
         lock.release()
     return run_dir
 
 
-def _raise_budget(run_dir: Path, budget: dict[str, Any]) -> None:
+def _raise_budget(run_dir: Path, budget: dict[str, Any]) -> str | None:
     """Edit the run's budget in its config.yaml (see `resume_run`); RunError, with nothing changed, when the edit is
-    not valid or would not let a finished run run one more stage."""
+    not valid, the run waits at the human gate, is not a loop run, or has ended and the new budget would not let it
+    run one more stage. Returns what the edit said when the run's graph has ended (the driver reopens it and says
+    so), else None (said here). A stage whose stop was decided under the old budget but not yet acted on (a run
+    killed late in its last `remember`) has its stop decided again under the new one."""
     from datetime import datetime
 
     from harness.config import ConfigError
     from harness.graphstore import BoundedSqliteSaver
+    from harness.results import StopChecked
     from harness.stagebook import budget_stop
     from harness.yamledit import set_leaf_text
 
     if unknown := sorted(set(budget) - set(BUDGET_KEYS)):
         raise RunError(f"unknown budget key(s) {', '.join(unknown)}: one of {', '.join(BUDGET_KEYS)}")
+    if not (run_dir / "graph.db").is_file():
+        raise RunError(f"{run_dir} has no graph.db: it is not a run of the loop (an experiment's baseline arm?), so "
+                       "it has no budget to raise; nothing changed")
     path = run_dir / "config.yaml"
     old_text = path.read_text()
     old = load_run_config(run_dir)
@@ -731,32 +748,45 @@ def _raise_budget(run_dir: Path, budget: dict[str, Any]) -> None:
     store = RunStore.open(run_dir / "run.db", create=False)
     try:
         row = store.get_run(run_dir.name)
-        if row["status"] == "finished":
-            conn = sqlite3.connect(run_dir / "graph.db")
-            try:
-                tup = BoundedSqliteSaver(conn).get_tuple({"configurable": {"thread_id": run_dir.name}})
-            finally:
-                conn.close()
-            values = (tup.checkpoint.get("channel_values") or {}) if tup is not None else {}
+        if row["status"] == "paused":
+            raise RunError(f"run {run_dir.name} waits at the human gate: answer it first (`evotrainer approve "
+                           f"{run_dir.name}`, `revise` or `abort`), then raise its budget; nothing changed")
+        conn = sqlite3.connect(run_dir / "graph.db")
+        try:
+            tup = BoundedSqliteSaver(conn).get_tuple({"configurable": {"thread_id": run_dir.name}})
+        finally:
+            conn.close()
+        values = (tup.checkpoint.get("channel_values") or {}) if tup is not None else {}
+        ended = bool(values.get("done")) and "stage" in values
+        if row["status"] == "finished" and not ended:
+            raise RunError(f"run {run_dir.name} is marked finished but its graph did not record an end; "
+                           "nothing changed (start a new run with `evotrainer run CONFIG`)")
+        elapsed = time.time() - datetime.fromisoformat(row["created"]).timestamp()
+        swp = int(values.get("stages_without_promotion") or 0)
+        redecided = ""
+        if ended:
             said = str(values.get("stop_reason") or "")
-            if not values.get("done") or "stage" not in values:
-                raise RunError(f"run {run_dir.name} is marked finished but its graph did not record an end; "
-                               "nothing changed (start a new run with `evotrainer run CONFIG`)")
             if said.startswith("aborted"):
                 raise RunError(f"run {run_dir.name} was {said}; a person stopped it, so it is not reopened: start a "
                                "new run with `evotrainer run CONFIG`; nothing changed")
             k = int(values["stage"]) - 1
-            elapsed = time.time() - datetime.fromisoformat(row["created"]).timestamp()
-            why = budget_stop(new.budget, k, elapsed, lambda: store.seconds_spent(run_dir.name),
-                              int(values.get("stages_without_promotion") or 0))
+            why = budget_stop(new.budget, k, elapsed, lambda: store.seconds_spent(run_dir.name), swp)
             if why is not None:
-                hint = {"stage": f"--stages above {k}", "wall": "--wall-clock above " + (f"{elapsed / 3600:.1f}h" if elapsed >= 3600
-                                                                   else f"{elapsed / 60:.0f}m")
-                        + " (it counts from the run's start)", "compute": "--compute-s above what the ledger spent",
+                hint = {"stage": f"--stages above {k}",
+                        "wall": "--wall-clock above " + (f"{elapsed / 3600:.1f}h" if elapsed >= 3600
+                                                         else f"{elapsed / 60:.0f}m")
+                        + " (it counts from the run's start)",
+                        "compute": "--compute-s above what the ledger spent",
                         "plateau": "--plateau above the stages it went without a promotion, or 0"}
                 fix = next((v for key, v in hint.items() if why.startswith(key)), "a larger budget")
                 raise RunError(f"run {run_dir.name} finished after stage {k} ({said}); with the new budget it would "
                                f"stop again at once ({why}): pass {fix}; nothing changed")
+        elif "stage" in values and (stop := store.result(run_dir.name, int(values["stage"]), StopChecked)) \
+                is not None and stop.reason and not stop.reason.startswith("aborted"):
+            k = int(values["stage"])
+            if budget_stop(new.budget, k, elapsed, lambda: store.seconds_spent(run_dir.name), swp) is None:
+                store.save_result(run_dir.name, k, StopChecked(reason=None))
+                redecided = f"; stage {k}'s stop ({stop.reason}) decided again: it goes on"
         text = old_text
         for key, value in budget.items():
             text = set_leaf_text(text, ["budget", key], value)
@@ -765,8 +795,10 @@ def _raise_budget(run_dir: Path, budget: dict[str, Any]) -> None:
         tmp.replace(path)
         before, after = old.budget.model_dump(mode="json"), new.budget.model_dump(mode="json")
         edits = ", ".join(f"budget.{key} {before[key]!r} -> {after[key]!r}" for key in budget)
-        store.add_event(run_dir.name, "extended", f"{edits} ({row['status']} run"
-                        + (", reopened for more stages)" if row["status"] == "finished" else ")"))
+        if ended:
+            return f"{edits} (finished run, reopened for more stages)"
+        store.add_event(run_dir.name, "extended", f"{edits} ({row['status']} run{redecided})")
+        return None
     finally:
         store.close()
 

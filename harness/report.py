@@ -273,8 +273,10 @@ def print_summary(run_dir: Path, console) -> dict[str, Any]:
         console.print(f"engineer_fallbacks: the {shown(st['engineer'])} engineer did not propose in stages "
                       f"{', '.join(str(x['stage']) for x in fb)}; the rule engineer did"
                       + "".join(f"\n  stage {x['stage']}: {shown(x['why'])}" for x in fb if x["why"]), highlight=False)
-    delivered = [e for e in events if e["kind"] == "final_pick"]
     done = [s for s in st["stages"] if s["stage"] and s["status"] == "done" and s.get("checkpoint")]
+    # the last stage's final pick only: a run reopened for more stages (`resume --stages`) picked at an earlier end
+    delivered = [e for e in events if e["kind"] == "final_pick" and st["status"] == "finished" and done
+                 and e["stage"] == done[-1]["stage"]]
     if delivered:  # what the run hands over, said by its last read of lineage against anchor
         console.print(f"delivered: {shown(delivered[-1]['message'].split(': the run delivers ')[-1])}", highlight=False)
     elif done:  # the anchor: what the run delivers when it ends now (a finished run without a final pick: it)

@@ -59,7 +59,8 @@ def gather(run_dir: Path) -> dict[str, Any]:
         cand_rows = {c["id"]: c for c in store.candidates(run_id)}
     finally:
         store.close()
-    stop = next((e["message"] for e in reversed(events) if e["kind"] == "finished"), None)
+    extended = max((e["id"] for e in events if e["kind"] == "extended"), default=-1)  # reopened since (resume --stages)
+    stop = next((e["message"] for e in reversed(events) if e["kind"] == "finished" and e["id"] > extended), None)
     # what a reviewer must not miss: warnings, a stage that lowered the policy, a checkpoint not carried forward
     warnings = [e for e in events if e["kind"] in ("warning", "regression", "not_carried", "control_below")]
     exploits = [e for e in events if e["kind"] == "exploit"]  # stages that trained under the last promotion

@@ -23,7 +23,15 @@ from ruamel.yaml import YAML
 from ruamel.yaml.representer import RoundTripRepresenter
 from ruamel.yaml.util import load_yaml_guess_indent
 
-_NULL = re.compile(r"(?m)(?::|^\s*-)[ \t]+(null|~)[ \t]*(?:#.*)?$")
+_NULL = re.compile(r"(?::|^\s*-)[ \t]+(null|~)[ \t]*$")
+
+
+def _null_spelling(text: str) -> str | None:
+    """How the file writes null where it writes it at all (`null` or `~`, the more frequent; comments left out), or
+    None: empty values, ruamel's own spelling."""
+    seen = [m.group(1) for line in text.splitlines() if not line.lstrip().startswith("#")
+            and (m := _NULL.search(re.sub(r"[ \t]+#.*$", "", line)))]
+    return max(("null", "~"), key=seen.count) if seen else None
 
 
 def _yaml(text: str) -> tuple[YAML, Any]:
@@ -36,8 +44,8 @@ def _yaml(text: str) -> tuple[YAML, Any]:
     y.indent(mapping=indent, sequence=max(indent, offset + 2), offset=offset)
     # ruamel writes every null as an empty value, so a file that spells them `null` (what PyYAML writes: a run's
     # config.yaml) or `~` would change on every line that holds one; keep the file's own spelling
-    if m := _NULL.search(text):
-        y.Representer = _NULL_AS[m.group(1)]
+    if spelled := _null_spelling(text):
+        y.Representer = _NULL_AS[spelled]
     return y, y.load(text)
 
 

@@ -270,6 +270,54 @@ def test_sigkill_then_resume_duplicates_nothing(tmp_path):
     assert "resumed" in kinds and kinds.count("finished") == 1
 
 
+def test_more_stages_for_a_run_killed_after_its_last_stop_was_decided(tmp_path, monkeypatch):
+    """A one-stage run dies in its last `remember` after that node decided to stop (StopChecked "stage budget reached")
+    but before the run ended; `resume --stages 2` must give it the second stage. Before the reviewer's fix the
+    re-entered node read its recorded stop back and finished: the new budget was written and ignored. Also: the
+    reopen said once in the events, and a plain resume of a run whose graph had ended finishes it (a failed reopen
+    used to leave "running" forever)."""
+    import harness.graph as G
+    from harness.results import StopChecked
+
+    real = G.report_eval
+    dead = {"on": True}
+
+    def report_eval(run, k, *a, **kw):
+        if dead["on"] and k == 1:
+            raise KeyboardInterrupt  # the driver killed in the stage's last node
+        return real(run, k, *a, **kw)
+
+    monkeypatch.setattr(G, "report_eval", report_eval)
+    run_dir = tmp_path / "runs" / "late"
+    with pytest.raises(KeyboardInterrupt):
+        start_run(parse_config(dict(TINY, budget={"stages": 1}), "test"), tmp_path / "runs", run_id="late")
+    dead["on"] = False
+    store = RunStore.open(run_dir / "run.db")
+    try:
+        assert store.get_run("late")["status"] == "interrupted"
+        assert store.result("late", 1, StopChecked).reason == "stage budget reached (1 stages)"
+    finally:
+        store.close()
+    resume_run(run_dir, budget={"stages": 2})
+    st = _check_consistent(run_dir)
+    assert [(s["stage"], s["status"]) for s in st["stages"]] == [(1, "done"), (2, "done")]
+    said = [e["message"] for e in st["events"] if e["kind"] == "extended"]
+    assert said == [("budget.stages 1 -> 2 (interrupted run; stage 1's stop (stage budget reached (1 stages)) decided "
+                     "again: it goes on)")], said
+    assert [e["stage"] for e in st["events"] if e["kind"] == "finished"] == [2]
+    # a run whose graph has ended but whose status says otherwise (a reopen that failed before it reopened) is
+    # finished by a plain resume, not left "running"
+    store = RunStore.open(run_dir / "run.db")
+    store.set_run_status("late", "interrupted")
+    store.close()
+    resume_run(run_dir)
+    store = RunStore.open(run_dir / "run.db")
+    try:
+        assert store.get_run("late")["status"] == "finished"
+    finally:
+        store.close()
+
+
 def test_a_node_that_fails_on_one_candidate_rejects_it_and_the_stage_goes_on(tmp_path, monkeypatch):
     import harness.arms as A
     import harness.vet as V

@@ -114,6 +114,22 @@ def test_the_all_fail_mix_is_reported_with_the_targets_frontier():
     assert not by(diagnose(TOO_HARD, {3: 0.25, 4: 0.25, 5: 0.25}, {3: 0.5}), "target.mix_all_fail")
 
 
+def test_a_cut_off_budget_and_not_the_mix_is_blamed_for_all_fail_probe_groups(tmp_path):
+    """The probe decodes under the recipe's completion budget, so a budget that cuts answers off (`grpo.truncated`)
+    also fails every probe group: `target.mix_all_fail`, another root cause, tied with it and took the one slot on
+    half of the Thompson draws (a reviewer's reproduction: 10 of 20). Now the all-fail finding waits for the budget:
+    ten draws, the budget's skill every time; the same probe without the cut-off still says the mix is too hard."""
+    cut = [{"completion_length": 12.0, "clipped_ratio": 0.95, "reward": 0.0} for _ in range(10)]
+    d = diagnose(TARGET, {}, {3: 0.5, 4: 0.25, 5: 0.0}, train_metrics=cut)  # training on the target itself
+    assert by(d, "grpo.truncated") and not by(d, "target.mix_all_fail")
+    assert d.metrics["mix_all_fail_masked"] == 1.0
+    with SkillLibrary.open(tmp_path / "skills.db") as lib:
+        firsts = {propose(EngineerConfig(), d, lib, 1, np.random.default_rng(seed)).candidates[0].change.knob
+                  for seed in range(10)}
+    assert firsts == {"recipe.max_completion_length"}, firsts
+    assert by(diagnose(TARGET, {}, {3: 0.5, 4: 0.25, 5: 0.0}), "target.mix_all_fail")
+
+
 def test_a_target_slice_falling_while_the_training_reward_rises():
     prev = roll(TARGET, {3: 1.0, 4: 1.0, 5: 0.5}, start=200)
     rising = [{"reward": r} for r in (0.1, 0.1, 0.2, 0.3, 0.4, 0.5)]

@@ -85,10 +85,10 @@ def test_a_one_knob_candidate_is_a_one_line_commit_and_comments_survive(tmp_path
 def test_a_one_leaf_edit_keeps_the_files_spelling_of_null(spelling):
     """ruamel writes every null as an empty value: a file that spells them `null` (PyYAML's spelling, so every run's
     config.yaml) or `~` changed on every line holding one for a one-leaf edit (found when `resume --stages` rewrote
-    20 lines of a run's config.yaml)."""
+    20 lines of a run's config.yaml); a null spelled only in a comment does not count."""
     from harness.yamledit import set_leaf_text
 
-    text = f"checkpoint: {spelling}  # a comment\nbudget:\n  stages: 2\n  wall_clock: {spelling}\n"
+    text = f"# a comment that says seed: null\ncheckpoint: {spelling}  # a comment\nbudget:\n  stages: 2\n  wall_clock: {spelling}\n"
     text = text.replace(" \n", "\n").replace(":   #", ":  #") + (f"sizes:\n- {spelling}\n" if spelling else "")
     new = set_leaf_text(text, ["budget", "stages"], 3)
     changed = [(a, b) for a, b in zip(text.splitlines(), new.splitlines()) if a != b]
