@@ -12,10 +12,14 @@ from pydantic import ValidationError
 
 pytest.importorskip("reasoning_gym", reason="reasoning-gym is not installed (pip install 'evotrainer[math]')")
 
+from pathlib import Path
+
 from harness.tasks import get_task, score_all
 from harness.tasks.reasoning import DatasetEntry, ReasoningConfig, final_answer
 
 TASK = get_task("reasoning")
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_mix_generation_is_deterministic_and_weighted():
@@ -27,6 +31,28 @@ def test_mix_generation_is_deterministic_and_weighted():
     assert 0.83 <= share <= 0.96, share
     assert all(TASK.score(i, TASK.expert(i, style)).valid for i in a[:40] for style in TASK.spec.styles)
     assert set(TASK.slices(a[0])) == set(TASK.spec.slice_keys)
+
+
+def test_an_instance_is_the_same_in_every_process_whatever_its_hash_seed(tmp_path):
+    """isomorphic_strings and knight_swap build their instances by iterating over sets of strings, so what they made
+    for a seed followed the interpreter's hash seed: an experiment's worker, a Ray arm or a resumed run (each its own
+    process, each its own random hash seed) drew another instance for the same seed (seen: seed 3 differed between
+    PYTHONHASHSEED 1 and 2). Now every instance is made under PYTHONHASHSEED=0. Two processes with other hash seeds
+    and this one must agree (`test_bad_names_and_params_are_one_clear_line` goes through the helper as well)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = ("import json, sys; from harness.tasks import get_task; from harness.tasks.reasoning import ReasoningConfig;"
+            "t = get_task('reasoning'); out = [t.generate(ReasoningConfig.model_validate({'datasets': [{'name': n}]}), "
+            "3).model_dump(mode='json') for n in ('isomorphic_strings', 'knight_swap')]; print(json.dumps(out))")
+    runs = [json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                      env={**os.environ, "PYTHONHASHSEED": h}, cwd=ROOT).stdout)
+            for h in ("1", "2")]
+    here = [TASK.generate(ReasoningConfig(datasets=[DatasetEntry(name=n)]), 3).model_dump(mode="json")
+            for n in ("isomorphic_strings", "knight_swap")]
+    assert runs[0] == runs[1] == here
 
 
 def test_exact_match_or_full_marks_never_partial_credit():

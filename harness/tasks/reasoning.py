@@ -40,8 +40,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import string
+import subprocess
+import sys
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -132,14 +135,66 @@ def _generate(config: ReasoningConfig, seed: int) -> ReasoningInstance:
     rng = np.random.default_rng([seed, 0x46])
     ds = knobs.pick(config.datasets, rng)
     params = json.dumps(ds.params, sort_keys=True)
-    try:
-        entry = _rg().create_dataset(ds.name, size=1, seed=seed, **ds.params)[0]
-    except Exception as exc:  # noqa: BLE001 -- a bad param, or a dataset needing what is not installed: name both
-        raise ValueError(f"reasoning-gym dataset {ds.name!r} with params {ds.params} failed: "
-                         f"{type(exc).__name__}: {exc}; fix env.datasets.{ds.name}.params") from None
+    entry = _entry(ds.name, seed, ds.params)
+    if "error" in entry:  # a bad param, or a dataset needing what is not installed: name both
+        raise ValueError(f"reasoning-gym dataset {ds.name!r} with params {ds.params} failed: {entry['error']}; fix "
+                         f"env.datasets.{ds.name}.params")
     return ReasoningInstance(task="reasoning", seed=seed, dataset=ds.name, params_json=params,
                              question=str(entry["question"]), answer=str(entry["answer"]),
                              entry_json=json.dumps(entry, default=str))
+
+
+# --- one instance for (dataset, seed, params) whatever the process --------------------------------------------------
+#
+# Some reasoning-gym datasets iterate over sets of strings while they build an instance (isomorphic_strings,
+# knight_swap, ...), so what they make for a seed depends on the interpreter's hash seed, which differs from process
+# to process unless PYTHONHASHSEED is set: an experiment's worker, a Ray arm or a resumed run would draw another
+# instance for the same seed. Every instance is therefore made under PYTHONHASHSEED=0: in this process when it runs
+# under it, else in one helper interpreter started with it (kept for the process's life; a line of JSON each way).
+
+_WORKER = """
+import json, sys
+import reasoning_gym
+for line in sys.stdin:
+    name, seed, params = json.loads(line)
+    try:
+        out = json.loads(json.dumps(reasoning_gym.create_dataset(name, size=1, seed=seed, **params)[0], default=str))
+    except Exception as exc:
+        out = {"error": f"{type(exc).__name__}: {exc}"}
+    sys.stdout.write(json.dumps(out) + "\\n")
+    sys.stdout.flush()
+"""
+_helper: dict[str, Any] = {}
+_helper_lock = threading.Lock()
+
+
+def _entry(name: str, seed: int, params: dict[str, Any]) -> dict[str, Any]:
+    """reasoning-gym's entry for (name, seed, params) as JSON types, made under PYTHONHASHSEED=0; {"error": ...} when
+    the dataset refuses the params."""
+    if os.environ.get("PYTHONHASHSEED") == "0":
+        try:
+            return json.loads(json.dumps(_rg().create_dataset(name, size=1, seed=seed, **params)[0], default=str))
+        except Exception as exc:  # noqa: BLE001 -- said by the caller, with the fix
+            return {"error": f"{type(exc).__name__}: {exc}"}
+    _rg()  # the clear error when reasoning-gym is not installed, before a helper is started for nothing
+    with _helper_lock:
+        for attempt in (0, 1):  # a helper that died (killed, out of memory) is started once more
+            proc = _helper.get("proc")
+            if proc is None or proc.poll() is not None:
+                proc = _helper["proc"] = subprocess.Popen(
+                    [sys.executable, "-c", _WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                    env={**os.environ, "PYTHONHASHSEED": "0"})
+            try:
+                proc.stdin.write(json.dumps([name, seed, params]) + "\n")
+                proc.stdin.flush()
+                line = proc.stdout.readline()
+            except (BrokenPipeError, OSError):
+                line = ""
+            if line:
+                return json.loads(line)
+            proc.kill()
+            _helper.pop("proc", None)
+    raise RuntimeError("the reasoning-gym helper interpreter (PYTHONHASHSEED=0) died twice while drawing an instance")
 
 
 def prompt(inst: ReasoningInstance, style: str = "plain") -> str:
