@@ -419,7 +419,7 @@ def test_a_resume_with_an_engineer_that_cannot_answer_warns_and_goes_on(tmp_path
     made.close()
     made.store.close()
     driven = []
-    monkeypatch.setattr(lifecycle, "_drive", lambda run, first: driven.append(first) or {})
+    monkeypatch.setattr(lifecycle, "_drive", lambda run, first, **kw: driven.append(first) or {})
     lifecycle.resume_run(run_dir)
     assert driven, "the resume went on"
     store = RunStore.open(run_dir / "run.db", create=False)
