@@ -555,7 +555,7 @@ def _drive_prepared(run_dir: Path, config: RunConfig, progress, first_input: dic
     run = _prepare(run_dir, config, progress)
     try:
         finished = run.store.get_run(run.id)["status"] == "finished"
-        if finished and reopen is None:
+        if finished and reopen is None and _graph_values(run_dir, run.id).get("done"):
             missing = "" if (run_dir / "report.html").is_file() else \
                 f" (its report.html was not written: `evotrainer report {run_dir}` writes it)"
             raise RunError(f"run {run.id} already finished; give it more stages with `evotrainer resume {run_dir} "
@@ -717,6 +717,20 @@ def resume_run(ref: str | Path, runs_dir: str | Path = "runs",
     return run_dir
 
 
+def _graph_values(run_dir: Path, run_id: str) -> dict[str, Any]:
+    """The run graph's state at its latest LangGraph checkpoint ({} before the first)."""
+    from harness.graphstore import BoundedSqliteSaver
+
+    if not (run_dir / "graph.db").is_file():
+        return {}
+    conn = sqlite3.connect(run_dir / "graph.db")
+    try:
+        tup = BoundedSqliteSaver(conn).get_tuple({"configurable": {"thread_id": run_id}})
+    finally:
+        conn.close()
+    return (tup.checkpoint.get("channel_values") or {}) if tup is not None else {}
+
+
 def _raise_budget(run_dir: Path, budget: dict[str, Any]) -> str | None:
     """Edit the run's budget in its config.yaml (see `resume_run`); RunError, with nothing changed, when the edit is
     not valid, the run waits at the human gate, is not a loop run, or has ended and the new budget would not let it
@@ -726,7 +740,6 @@ def _raise_budget(run_dir: Path, budget: dict[str, Any]) -> str | None:
     from datetime import datetime
 
     from harness.config import ConfigError
-    from harness.graphstore import BoundedSqliteSaver
     from harness.results import StopChecked
     from harness.stagebook import budget_stop
     from harness.yamledit import set_leaf_text
@@ -751,16 +764,9 @@ def _raise_budget(run_dir: Path, budget: dict[str, Any]) -> str | None:
         if row["status"] == "paused":
             raise RunError(f"run {run_dir.name} waits at the human gate: answer it first (`evotrainer approve "
                            f"{run_dir.name}`, `revise` or `abort`), then raise its budget; nothing changed")
-        conn = sqlite3.connect(run_dir / "graph.db")
-        try:
-            tup = BoundedSqliteSaver(conn).get_tuple({"configurable": {"thread_id": run_dir.name}})
-        finally:
-            conn.close()
-        values = (tup.checkpoint.get("channel_values") or {}) if tup is not None else {}
-        ended = bool(values.get("done")) and "stage" in values
-        if row["status"] == "finished" and not ended:
-            raise RunError(f"run {run_dir.name} is marked finished but its graph did not record an end; "
-                           "nothing changed (start a new run with `evotrainer run CONFIG`)")
+        values = _graph_values(run_dir, run_dir.name)
+        ended = bool(values.get("done")) and "stage" in values  # (a run killed between its "finished" status and
+        # the graph's last checkpoint has not ended: its last `remember` runs again, under the new budget)
         elapsed = time.time() - datetime.fromisoformat(row["created"]).timestamp()
         swp = int(values.get("stages_without_promotion") or 0)
         redecided = ""
@@ -781,18 +787,27 @@ def _raise_budget(run_dir: Path, budget: dict[str, Any]) -> str | None:
                 fix = next((v for key, v in hint.items() if why.startswith(key)), "a larger budget")
                 raise RunError(f"run {run_dir.name} finished after stage {k} ({said}); with the new budget it would "
                                f"stop again at once ({why}): pass {fix}; nothing changed")
-        elif "stage" in values and (stop := store.result(run_dir.name, int(values["stage"]), StopChecked)) \
-                is not None and stop.reason and not stop.reason.startswith("aborted"):
+        again = None  # a stage whose stop was decided under the old budget and not yet acted on
+        if not ended and "stage" in values and (stop := store.result(run_dir.name, int(values["stage"]),
+                                                                    StopChecked)) is not None \
+                and stop.reason and not stop.reason.startswith("aborted"):
             k = int(values["stage"])
             if budget_stop(new.budget, k, elapsed, lambda: store.seconds_spent(run_dir.name), swp) is None:
-                store.save_result(run_dir.name, k, StopChecked(reason=None))
+                again = k
                 redecided = f"; stage {k}'s stop ({stop.reason}) decided again: it goes on"
-        text = old_text
-        for key, value in budget.items():
-            text = set_leaf_text(text, ["budget", key], value)
+        try:
+            text = old_text
+            for key, value in budget.items():
+                text = set_leaf_text(text, ["budget", key], value)
+        except (KeyError, ValueError) as exc:
+            raise RunError(f"run {run_dir.name}: its config.yaml's budget cannot be edited in place ({type(exc).__name__}: "
+                           f"{exc}); edit config.yaml by hand or start a new run; nothing changed") from None
         tmp = path.with_name("config.yaml.tmp")
         tmp.write_text(text)
         tmp.replace(path)
+        store.set_run_budget(run_dir.name, new.budget.model_dump(mode="json"))
+        if again is not None:  # after the edit: a failed write leaves the old decision with the old budget
+            store.save_result(run_dir.name, again, StopChecked(reason=None))
         before, after = old.budget.model_dump(mode="json"), new.budget.model_dump(mode="json")
         edits = ", ".join(f"budget.{key} {before[key]!r} -> {after[key]!r}" for key in budget)
         if ended:

@@ -430,6 +430,11 @@ class RunStore:
             [run, _json(config), _json(budget or {}), t, t],
         )
 
+    def set_run_budget(self, run: str, budget: dict[str, Any]) -> None:
+        """The run's budget as raised later (`evotrainer resume RUN --stages N`); the config recorded at start stays."""
+        self._need_run(run)
+        self.db["runs"].update(run, {"budget": _json(budget), "updated": now()})
+
     def set_run_status(self, run: str, status: str) -> None:
         self._need_run(run)
         self.db["runs"].update(run, {"status": status, "updated": now()})

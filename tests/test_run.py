@@ -175,6 +175,7 @@ def _more_stages_for_a_finished_run(run_dir: Path) -> None:
     store = RunStore.open(run_dir / "run.db")
     try:
         assert store.get_run(run_dir.name)["status"] == "finished"
+        assert store.get_run(run_dir.name)["budget"]["stages"] == 3  # run.db says the budget it ran to
         dec2, bt3 = store.result(run_dir.name, 2, Decided), store.result(run_dir.name, 3, Backtested)
     finally:
         store.close()

@@ -38,6 +38,7 @@ can also cost time: its chunk re-run one answer per job, or its own time limit (
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -153,48 +154,57 @@ def _generate(config: ReasoningConfig, seed: int) -> ReasoningInstance:
 # under it, else in one helper interpreter started with it (kept for the process's life; a line of JSON each way).
 
 _WORKER = """
-import json, sys
+import json, os, sys
+# the protocol keeps private copies of fds 0 and 1; what a dataset prints goes to stderr and what it reads is empty
+# (reasoning-gym's bf prints a dot per draw, rectangle_count and others a line: on stdout they shifted every later reply)
+proto_in, proto_out = os.fdopen(os.dup(0), "r"), os.fdopen(os.dup(1), "w")
+os.dup2(2, 1)
+os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+sys.stdout, sys.stdin = sys.stderr, open(os.devnull)
 import reasoning_gym
-for line in sys.stdin:
-    name, seed, params = json.loads(line)
+for line in proto_in:
+    rid, name, seed, params = json.loads(line)
     try:
         out = json.loads(json.dumps(reasoning_gym.create_dataset(name, size=1, seed=seed, **params)[0], default=str))
     except Exception as exc:
         out = {"error": f"{type(exc).__name__}: {exc}"}
-    sys.stdout.write(json.dumps(out) + "\\n")
-    sys.stdout.flush()
+    proto_out.write(json.dumps([rid, out]) + "\\n")
+    proto_out.flush()
 """
-_helper: dict[str, Any] = {}
+_helper: dict[str, Any] = {"next": 0}
 _helper_lock = threading.Lock()
 
 
 def _entry(name: str, seed: int, params: dict[str, Any]) -> dict[str, Any]:
     """reasoning-gym's entry for (name, seed, params) as JSON types, made under PYTHONHASHSEED=0; {"error": ...} when
-    the dataset refuses the params."""
-    if os.environ.get("PYTHONHASHSEED") == "0":
+    the dataset refuses the params. Nothing a dataset prints reaches this process's stdout (a prefetch worker speaks
+    on it) or the helper's replies, and a reply is taken only for its own request."""
+    if sys.flags.hash_randomization == 0:  # this interpreter hashes as PYTHONHASHSEED=0 does
         try:
-            return json.loads(json.dumps(_rg().create_dataset(name, size=1, seed=seed, **params)[0], default=str))
+            with contextlib.redirect_stdout(sys.stderr):
+                return json.loads(json.dumps(_rg().create_dataset(name, size=1, seed=seed, **params)[0], default=str))
         except Exception as exc:  # noqa: BLE001 -- said by the caller, with the fix
             return {"error": f"{type(exc).__name__}: {exc}"}
     _rg()  # the clear error when reasoning-gym is not installed, before a helper is started for nothing
     with _helper_lock:
-        for attempt in (0, 1):  # a helper that died (killed, out of memory) is started once more
+        for _attempt in (0, 1):  # a helper that died or answered out of turn is started once more
             proc = _helper.get("proc")
             if proc is None or proc.poll() is not None:
                 proc = _helper["proc"] = subprocess.Popen(
                     [sys.executable, "-c", _WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                     env={**os.environ, "PYTHONHASHSEED": "0"})
+            rid = _helper["next"] = _helper["next"] + 1
             try:
-                proc.stdin.write(json.dumps([name, seed, params]) + "\n")
+                proc.stdin.write(json.dumps([rid, name, seed, params]) + "\n")
                 proc.stdin.flush()
-                line = proc.stdout.readline()
-            except (BrokenPipeError, OSError):
-                line = ""
-            if line:
-                return json.loads(line)
+                got, out = json.loads(proc.stdout.readline())
+                if got == rid:
+                    return out
+            except (OSError, ValueError, TypeError):  # a dead pipe, a torn or foreign line
+                pass
             proc.kill()
             _helper.pop("proc", None)
-    raise RuntimeError("the reasoning-gym helper interpreter (PYTHONHASHSEED=0) died twice while drawing an instance")
+    raise RuntimeError("the reasoning-gym helper interpreter (PYTHONHASHSEED=0) failed twice to draw an instance")
 
 
 def prompt(inst: ReasoningInstance, style: str = "plain") -> str:
