@@ -603,13 +603,21 @@ def builtin_diagnostics(rollouts: list[Rollout], train_metrics: list[dict[str, f
     out.append(reward_hacking(train_metrics, valid_history, rollouts=rollouts))
     out.append(reward_misaligned(rollouts))
     out.append(reward_diluted(rollouts))
-    if any(f.code == "grpo.truncated" for r in out for f in r.findings):
-        for r in out:
-            kept = [f for f in r.findings if f.code not in SAMPLER_CODES]
-            if len(kept) != len(r.findings):
-                r.findings = kept
-                r.metrics["sampler_findings_masked"] = 1.0
+    withhold_under_cut_off(out, SAMPLER_CODES, "sampler_findings_masked")
     return out
+
+
+def withhold_under_cut_off(results: list[DiagnosticResult], codes: Iterable[str], metric: str) -> None:
+    """When the stage's completions are cut off (`grpo.truncated` among `results`' findings), drop the findings of
+    `codes` (symptoms the cut-off makes) from every result, marking each result that lost one with `metric`."""
+    if not any(f.code == "grpo.truncated" for r in results for f in r.findings):
+        return
+    codes = set(codes)
+    for r in results:
+        kept = [f for f in r.findings if f.code not in codes]
+        if len(kept) != len(r.findings):
+            r.findings = kept
+            r.metrics[metric] = 1.0
 
 
 # --- the target: the judge's distribution next to the training mix ---------------------------------------------------
@@ -1070,13 +1078,9 @@ def build_diagnosis(task: Any, stage: int, rollouts: list[Rollout], env_config: 
         check_split([r.seed for r in start_rollouts], "probe")
     results = builtin_diagnostics(rollouts, train_metrics, valid_history, start_rollouts)
     results.append(target_findings(view, rollouts, previous_target, target, train_metrics))
-    if any(f.code == "grpo.truncated" for r in results for f in r.findings):
-        # the probe decodes under the same cut-off budget, so its all-fail groups say the budget, not the mix; a mix
-        # still too hard shows again once the budget is raised (as the sampler findings in `builtin_diagnostics`)
-        kept = [f for f in results[-1].findings if f.code != "target.mix_all_fail"]
-        if len(kept) != len(results[-1].findings):
-            results[-1].findings = kept
-            results[-1].metrics["mix_all_fail_masked"] = 1.0
+    # the probe decodes under the same cut-off budget, so its all-fail groups say the budget, not the mix; a mix still
+    # too hard shows again once the budget is raised (as the sampler findings in `builtin_diagnostics`)
+    withhold_under_cut_off(results, ["target.mix_all_fail"], "mix_all_fail_masked")
     for res in run_evolved_all(diagnostics_files, rollouts):
         try:
             check_examples(res.findings)

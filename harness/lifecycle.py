@@ -74,7 +74,7 @@ def _drive(run: Run, first_input: dict[str, Any] | None, reopen: str | None = No
 
         if reopen is not None and ended():
             graph.update_state(cfg, {"done": False}, as_node="remember")
-            run.event(None, "resume", "extended", reopen)
+            run.event(None, "resume", "extended", reopen, reopened=True)
         out = graph.invoke(first_input, cfg, durability="sync")
         if first_input is None and ended():
             run.store.set_run_status(run.id, "finished")
@@ -737,8 +737,6 @@ def _raise_budget(run_dir: Path, budget: dict[str, Any]) -> str | None:
     run one more stage. Returns what the edit said when the run's graph has ended (the driver reopens it and says
     so), else None (said here). A stage whose stop was decided under the old budget but not yet acted on (a run
     killed late in its last `remember`) has its stop decided again under the new one."""
-    from datetime import datetime
-
     from harness.config import ConfigError
     from harness.results import StopChecked
     from harness.stagebook import budget_stop
@@ -767,8 +765,12 @@ def _raise_budget(run_dir: Path, budget: dict[str, Any]) -> str | None:
         values = _graph_values(run_dir, run_dir.name)
         ended = bool(values.get("done")) and "stage" in values  # (a run killed between its "finished" status and
         # the graph's last checkpoint has not ended: its last `remember` runs again, under the new budget)
-        elapsed = time.time() - datetime.fromisoformat(row["created"]).timestamp()
+        elapsed = time.time() - store.started_at(run_dir.name)
         swp = int(values.get("stages_without_promotion") or 0)
+
+        def stops_after(k: int) -> str | None:  # what the new budget says after stage k
+            return budget_stop(new.budget, k, elapsed, lambda: store.seconds_spent(run_dir.name), swp)
+
         redecided = ""
         if ended:
             said = str(values.get("stop_reason") or "")
@@ -776,8 +778,7 @@ def _raise_budget(run_dir: Path, budget: dict[str, Any]) -> str | None:
                 raise RunError(f"run {run_dir.name} was {said}; a person stopped it, so it is not reopened: start a "
                                "new run with `evotrainer run CONFIG`; nothing changed")
             k = int(values["stage"]) - 1
-            why = budget_stop(new.budget, k, elapsed, lambda: store.seconds_spent(run_dir.name), swp)
-            if why is not None:
+            if (why := stops_after(k)) is not None:
                 hint = {"stage": f"--stages above {k}",
                         "wall": "--wall-clock above " + (f"{elapsed / 3600:.1f}h" if elapsed >= 3600
                                                          else f"{elapsed / 60:.0f}m")
@@ -792,7 +793,7 @@ def _raise_budget(run_dir: Path, budget: dict[str, Any]) -> str | None:
                                                                     StopChecked)) is not None \
                 and stop.reason and not stop.reason.startswith("aborted"):
             k = int(values["stage"])
-            if budget_stop(new.budget, k, elapsed, lambda: store.seconds_spent(run_dir.name), swp) is None:
+            if stops_after(k) is None:
                 again = k
                 redecided = f"; stage {k}'s stop ({stop.reason}) decided again: it goes on"
         try:

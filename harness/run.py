@@ -180,9 +180,7 @@ class Run:
 
     def store_started(self) -> float:
         """When the run was created (the wall-clock budget counts from here, across resumes)."""
-        from datetime import datetime
-
-        return datetime.fromisoformat(self.store.get_run(self.id)["created"]).timestamp()
+        return self.store.started_at(self.id)
 
     def path(self, *parts: str) -> Path:
         p = self.run_dir.joinpath(*parts)

@@ -430,6 +430,10 @@ class RunStore:
             [run, _json(config), _json(budget or {}), t, t],
         )
 
+    def started_at(self, run: str) -> float:
+        """When the run was created, as a Unix time (the wall-clock budget counts from here, across resumes)."""
+        return datetime.fromisoformat(self.get_run(run)["created"]).timestamp()
+
     def set_run_budget(self, run: str, budget: dict[str, Any]) -> None:
         """The run's budget as raised later (`evotrainer resume RUN --stages N`); the config recorded at start stays."""
         self._need_run(run)

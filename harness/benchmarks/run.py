@@ -102,7 +102,7 @@ def check_run(run_dir: Path, skills_db: Path | None = None) -> list[str]:
         if store.get_run(run)["status"] != "finished":
             problems.append(f"run status {store.get_run(run)['status']!r}, not finished")
         finished = [e["stage"] for e in store.events(run) if e["kind"] == "finished"]
-        reopened = sum("reopened" in e["message"] for e in store.events(run, kind="extended"))  # resume --stages
+        reopened = sum(bool(e["data"].get("reopened")) for e in store.events(run, kind="extended"))  # resume --stages
         if len(finished) != 1 + reopened or len(set(finished)) != len(finished):
             problems.append(f"{len(finished)} 'finished' events (stages {finished}) for {reopened} reopening(s)")
     finally:
