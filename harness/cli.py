@@ -1116,9 +1116,9 @@ def resume(
     stages: Annotated[int | None, typer.Option(min=1, help="raise budget.stages to this total; reopens a finished "
                                                "run for more stages")] = None,
     wall_clock: Annotated[str | None, typer.Option(help="set budget.wall_clock ('12h'; counted from the run's "
-                                                   "start)")] = None,
+                                                   "start; 'none': no wall-clock limit)")] = None,
     compute_s: Annotated[float | None, typer.Option(min=0.0, help="set budget.compute_s (seconds of the compute "
-                                                    "ledger, from the run's start)")] = None,
+                                                    "ledger, from the run's start; 0: no compute limit)")] = None,
     plateau: Annotated[int | None, typer.Option(min=0, help="set budget.plateau (0: never stop on a plateau)")] = None,
 ) -> None:
     """Continue an interrupted run from its last checkpoint; the interrupted node runs again, nothing is duplicated.
@@ -1126,8 +1126,12 @@ def resume(
     where its last stage left the policy and the harness."""
     from harness.lifecycle import resume_run
 
-    budget = {k: v for k, v in {"stages": stages, "wall_clock": wall_clock, "compute_s": compute_s,
-                                "plateau": plateau}.items() if v is not None}
+    budget: dict[str, object] = {k: v for k, v in {"stages": stages, "wall_clock": wall_clock, "compute_s": compute_s,
+                                                   "plateau": plateau}.items() if v is not None}
+    if str(budget.get("wall_clock", "")).strip().lower() in ("none", "null", "off", "never"):
+        budget["wall_clock"] = None  # the limit lifted (budget.wall_clock: null), not a duration named "none"
+    if budget.get("compute_s") == 0:
+        budget["compute_s"] = None  # budget.compute_s must be above 0 when set: 0 lifts it
     run_dir = resume_run(run_ref, runs_dir, progress=_run_progress(), budget=budget or None)
     _finish_run(run_dir)
 

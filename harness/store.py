@@ -453,8 +453,14 @@ class RunStore:
     def _need_run(self, run: str) -> dict[str, Any]:
         rows = list(self.db["runs"].rows_where("id = ?", [run]))
         if not rows:
-            known = ", ".join(self.runs()) or "none"
-            raise StoreError(f"no run {run!r} in {self.path} (known: {known}); start it with `evotrainer run`")
+            known = ", ".join(self.runs())
+            if not known:  # a going run's rows live in its -wal file until SQLite checkpoints them into run.db
+                raise StoreError(f"no run {run!r} in {self.path}: it holds no run at all. A run.db copied while its "
+                                 f"run was going on, without the {Path(self.path).name}-wal file beside it, has not "
+                                 "yet received the run's rows: copy the -wal file with it, or copy the folder again "
+                                 "after the run ends; else this is not a run's database")
+            raise StoreError(f"no run {run!r} in {self.path} (known: {known or 'none'}); start it with "
+                             "`evotrainer run`")
         return rows[0]
 
     def _touch(self, run: str) -> None:

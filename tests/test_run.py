@@ -164,6 +164,17 @@ def _more_stages_for_a_finished_run(run_dir: Path) -> None:
         with pytest.raises(RunError, match=said):
             resume_run(run_dir, budget=budget)
         assert (run_dir / "config.yaml").read_text() == text, budget
+    # `--wall-clock none` and `--compute-s 0` lift those limits (null in the file), not a duration called "none" and
+    # not a compute budget of 0 s (which the config refuses): here the stage budget still stops it, and that is said
+    from typer.testing import CliRunner
+
+    from harness.cli import app
+
+    res = CliRunner().invoke(app, ["resume", str(run_dir), "--wall-clock", "none", "--compute-s", "0"],
+                             env={"COLUMNS": "400"})
+    assert isinstance(res.exception, RunError), (res.exception, res.output)  # the entry point prints it as one line
+    assert "stop again at once (stage budget reached (2 stages))" in str(res.exception), res.exception
+    assert (run_dir / "config.yaml").read_text() == text
     resume_run(run_dir, budget={"stages": 3})
     st = _check_consistent(run_dir)
     assert [(s["stage"], s["status"]) for s in st["stages"]] == [(1, "done"), (2, "done"), (3, "done")]

@@ -379,3 +379,33 @@ def test_a_lock_whose_pid_now_names_another_live_process_is_a_dead_driver(tmp_pa
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_a_run_db_copied_without_its_wal_says_so(tmp_path: Path):
+    """A going run's rows live in run.db-wal until SQLite checkpoints them: a run.db copied on its own then holds no
+    run, and a reader says what to copy instead of "no run 'k' (known: none)", which read as a wrong name. Would
+    catch: the bare not-found message for a database that holds no run at all; the hint where another run is
+    known (a wrong name, not a lost WAL)."""
+    import shutil
+
+    db = tmp_path / "k" / "run.db"
+    db.parent.mkdir()
+    code = f"""
+        import os, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from harness.store import RunStore
+        s = RunStore.open({str(db)!r}); s.create_run('k', {{'task': 'mapf'}}); s.set_run_status('k', 'running')
+        os._exit(0)
+    """
+    subprocess.run([sys.executable, "-c", textwrap.dedent(code)], check=True)
+    assert (tmp_path / "k" / "run.db-wal").stat().st_size > 0
+    (tmp_path / "copy").mkdir()
+    shutil.copyfile(db, tmp_path / "copy" / "run.db")
+    for read_only in (True, False):
+        with (RunStore.open(tmp_path / "copy" / "run.db", create=False, read_only=read_only) as s,
+              pytest.raises(StoreError, match="holds no run at all.*without the run.db-wal file")):
+            s.get_run("k")
+    with RunStore.open(db, read_only=True) as s:  # the original, WAL beside it: the run is there
+        assert s.get_run("k")["status"] == "running"
+        with pytest.raises(StoreError, match=r"no run 'other' .*\(known: k\)"):
+            s.get_run("other")
