@@ -610,16 +610,30 @@ def arms_vs_start(run: Run, k: int, start: Any, verdicts: list[Verdict], arms: d
 def most_promising_inconclusive(run: Run, state: str, causes: set[str] | frozenset[str] = frozenset()
                                 ) -> dict[str, Any] | None:
     """The inconclusive candidate from harness state `state` with evidence left and a positive estimate that the loop
-    re-tests when a failure recurs: one proposed for a finding in `causes` (`addresses`) first, then the highest lower
-    bound. None when there is none."""
+    re-tests when a failure recurs: one proposed for a finding in `causes` (`addresses`) first, then the most
+    promising (`harness.sequential.promise`: the chance its remaining pairs, pooled with all its evidence so far, end
+    in a promotion), then the highest lower bound. Each change is read at its latest test (which pooled the earlier
+    ones). None when there is none."""
     from harness.memory import history
+    from harness.sequential import promise
 
-    best, best_key = None, None
+    cfg = run.config
+    plan, fp = cfg.gate.plan(cfg.backtest.n), fingerprint(run)
+    tests: dict[str, list[Any]] = {}
     for h in history(run):  # a change with a final test from this state is final in the history (never re-tested)
-        if h.verdict != "inconclusive" or not h.key.startswith(f"{state}|") or h.effect is None or h.effect <= 0:
+        if h.verdict == "inconclusive" and h.key.startswith(f"{state}|"):
+            tests.setdefault(h.key, []).append(h)
+    best, best_key = None, None
+    for hs in tests.values():
+        hs.sort(key=lambda h: h.stage)
+        h = hs[-1]
+        if h.effect is None or h.effect <= 0:
             continue
         row = run.store.candidate(h.candidate)
-        key = (int(bool(causes) and addresses(run, row, causes)), (h.ci or (-1, 0))[0])
+        evs = [Evidence.model_validate(ev) for x in hs if (ev := run.store.candidate(x.candidate).get("evidence"))]
+        pairs, _, _ = prior_pairs(evs, fp)
+        chance = promise(pairs, plan, int((row.get("evidence") or {}).get("comparisons") or 1)) if pairs else 0.0
+        key = (int(bool(causes) and addresses(run, row, causes)), round(chance, 6), (h.ci or (-1, 0))[0])
         if best_key is None or key > best_key:
             best, best_key = row, key
     return best

@@ -165,6 +165,35 @@ def test_a_change_whose_pooled_test_was_spent_is_never_re_tested_from_its_earlie
     assert pairs == [] and ids == [] and "final" in note
 
 
+def test_the_re_test_goes_to_the_change_most_likely_to_be_promoted_not_the_narrowest_interval(run):
+    """Two inconclusive fixes from one state, neither for a root cause: groups of 16 at about +0.012 on two pooled
+    pairs (lower bound -0.02: the narrower interval) and a temperature at about +0.05 on one pair (lower bound -0.05).
+    The re-test goes to the temperature: with two pairs of its plan left and its estimate above the bar, its chance
+    of a promotion (`harness.sequential.promise`) is far higher; the groups have one pair left for an estimate near 0.
+    Would catch: the lower-bound rank (a code-family run re-tested groups of 16 a third time at +0.009 and never the
+    temperature at +0.039), or reading a change at its first test instead of its latest, pooled one."""
+    from harness.decisions import fingerprint, most_promising_inconclusive
+    from harness.sequential import PairEvidence, promise
+
+    fp = fingerprint(run)
+    gens = Change(kind="recipe", knob="recipe.num_generations", value=16)
+    temp = Change(kind="recipe", knob="recipe.temperature", value=0.9)
+    small = [0.25, -0.25, 0.0, 0.05] * 12  # mean +0.0125
+    large = [0.25, -0.25, 0.0, 0.2] * 12  # mean +0.05
+    _propose(run, "s1c1", gens, 1)
+    _record(run, "s1c1", "inconclusive", small, fp, ci_low=-0.05)
+    _propose(run, "s1c2", temp, 1)
+    _record(run, "s1c2", "inconclusive", large, fp, ci_low=-0.05)
+    _propose(run, "s2c1", gens, 2)
+    _record(run, "s2c1", "inconclusive", small, fp, ci_low=-0.02)
+    state = run.workspace().head()
+    plan = run.config.gate.plan(run.config.backtest.n)
+    pe = lambda d: PairEvidence(judge=fp, diffs=d, slices=[{}] * len(d))
+    assert promise([pe(large)], plan) > 2 * promise([pe(small), pe(small)], plan) > 0
+    assert promise([pe(large)] * plan.max_pairs, plan) == 0.0  # no pair left
+    assert most_promising_inconclusive(run, state)["id"] == "s1c2"
+
+
 def test_a_recurring_regression_re_tests_the_most_promising_inconclusive_fix_first(run):
     from harness.decisions import escalate, fingerprint
     from harness.memory import history
