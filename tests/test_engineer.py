@@ -638,3 +638,44 @@ def test_a_knob_promoted_one_way_whose_regression_recurs_gets_a_larger_step_the_
     assert lr_of(promoted((1, 2.5e-4, 5e-4)), 5e-4)[0] == 2.5e-4  # promoted the other way: the plain half
     assert lr_of(promoted((1, 1e-3, 5e-4)), 4e-4)[0] == 2e-4  # the chain does not end at today's value
     assert lr_of(promoted((1, 1e-3, 5e-4)), 5e-4, rejected=(1.25e-4,))[0] == 2.5e-4  # larger step refuted: the half
+
+
+def test_a_number_near_an_inconclusive_one_continues_its_test_so_the_evidence_pools():
+    """A skill that sizes its step to the symptom proposes a slightly different number each stage (a code-family run:
+    temperature 0.1 -> 0.7, +0.039 on one pair; then 0.5948; then 0.6: three fresh changes, none with more than one
+    pair). A number within NUM_SAME_RATIO of an inconclusive change of the same knob from the same state, moved the
+    same way, with a positive estimate, becomes that change verbatim (same `change_key`, so the new pair pools).
+    Fails if 0.5948 goes through as itself, or if a far number, the other direction, a negative estimate, a spent
+    test, another state or another knob is continued, or if two candidates of a stage become one change."""
+    from harness.engineer.proposal import NUM_SAME_RATIO, continue_inconclusive
+    from harness.records import Candidate
+
+    state = "abc123"
+    temp = Change(kind="recipe", knob="recipe.temperature", value=0.7)
+
+    def hist(verdict="inconclusive", effect=0.039, value=0.7, knob="recipe.temperature", st=state):
+        return HistoryItem(stage=1, candidate="s1c1", knob=knob, change="x", verdict=verdict, effect=effect,
+                           ci=(-0.046, 0.107), value=value, old=0.1,
+                           key=change_key(st, Change(kind="recipe", knob=knob, value=value)))
+
+    def cand(value, knob="recipe.temperature", old=0.1, cid="s2c1"):
+        return Candidate(id=cid, stage=2, change=Change(kind="recipe", knob=knob, value=value), old_value=old,
+                         rationale="raise-temperature-on-collapse", skill="raise-temperature-on-collapse")
+
+    d = _diag(stage=2, history=[hist()])
+    out, notes = continue_inconclusive(d, [cand(0.5948)])
+    assert out[0].change.value == 0.7 and change_key(state, out[0].change) == change_key(state, temp), out
+    assert "continues s1c1" in out[0].rationale and "pools with its evidence" in notes[0]
+    assert out[0].id != "s2c1" and out[0].skill == "raise-temperature-on-collapse"
+    assert 0.7 / 0.5948 <= NUM_SAME_RATIO < 0.7 / 0.4
+    for h, c in [(hist(), cand(0.4)),  # far: another intent
+                 (hist(), cand(0.5948, old=0.9)),  # from 0.9 it is a cut, the earlier one a raise
+                 (hist(effect=-0.02), cand(0.5948)),  # a loser
+                 (hist(verdict="rejected"), cand(0.5948)),  # spent or refuted: final from this state
+                 (hist(st="other"), cand(0.5948)),  # another harness state
+                 (hist(knob="recipe.learning_rate", value=0.7), cand(0.5948))]:  # another knob
+        out, notes = continue_inconclusive(_diag(stage=2, history=[h]), [c])
+        assert out == [c] and not notes, (h, c, out)
+    # two candidates of one stage that would both become 0.7: only one does
+    out, _ = continue_inconclusive(d, [cand(0.62, cid="a"), cand(0.65, cid="b")])
+    assert [c.change.value for c in out] == [0.7, 0.65]  # the first takes it; the other stays itself

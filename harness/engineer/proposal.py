@@ -19,6 +19,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import math
 import re
 from typing import Any, Literal
 
@@ -257,10 +258,71 @@ def rejected_keys_from_history(diagnosis: Diagnosis) -> set[str]:
 
 
 MIX_SAME_TV = 0.1  # a proposed mixture this close (total variation) to an inconclusive one continues its test
+NUM_SAME_RATIO = 1.25  # a proposed number within this factor of an inconclusive one's, moved the same way, continues it
 
 
 def _tv(a: dict[str, float], b: dict[str, float]) -> float:
     return 0.5 * sum(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in {*a, *b})
+
+
+def _number(v: Any) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+def _near_number(new: float, old: float | None, earlier: float, earlier_old: float | None) -> bool:
+    """Is `new` (from `old`) the same intent as an `earlier` proposal for the knob (from `earlier_old`): both moved
+    it the same way, the two within NUM_SAME_RATIO of each other? Numbers of opposite signs, or a zero, are near only
+    when equal."""
+    before = earlier_old if earlier_old is not None else old
+    if old is not None and before is not None and (new - old) * (earlier - before) <= 0:
+        return False
+    if new == earlier:
+        return True
+    if new * earlier <= 0:
+        return False
+    return max(new / earlier, earlier / new) <= NUM_SAME_RATIO
+
+
+def continue_numbers(diagnosis: Diagnosis, cands: list[Candidate]) -> tuple[list[Candidate], list[str]]:
+    """A numeric proposal (a temperature, a rate, a group size) within NUM_SAME_RATIO of an inconclusive change of
+    the same knob from the same harness state, moved the same way from the current value, whose estimate was positive
+    becomes that change, verbatim (its `change_key`, so its new arm pair pools with the earlier evidence), as a mixture
+    near one does (`continue_inconclusive`). Why: a skill that sizes its step to the symptom proposes a slightly
+    different number each stage (a code-family run: temperature 0.1 -> 0.7 at stage 1, +0.039 on one pair; then
+    0.5948, then 0.6, each a fresh change decided on one pair, so no test of raising the temperature ever
+    accumulated evidence). The nearest earlier number is taken (then the higher lower bound)."""
+    earlier: list[tuple[str, float, float, str, Any, float | None]] = []  # knob, value, lower bound, candidate,
+    # value as proposed, the knob's value before it
+    for h in diagnosis.history:
+        v = _number(h.value)
+        if (h.verdict != "inconclusive" or v is None or h.effect is None or h.effect <= 0
+                or h.key != change_key(diagnosis.state, Change(kind="recipe", knob=h.knob, value=h.value))):
+            continue  # not a numeric change from this harness state with a positive estimate
+        earlier.append((h.knob, v, h.ci[0] if h.ci else -1.0, h.candidate, h.value, _number(h.old)))
+    if not earlier:
+        return cands, []
+    out, notes = [], []
+    taken = {change_key(diagnosis.state, c.change) for c in cands}  # never two candidates of one change in a stage
+    for c in cands:
+        mine, old = _number(c.change.value), _number(c.old_value)
+        near = [e for e in earlier
+                if mine is not None and e[0] == c.change.knob and _near_number(mine, old, e[1], e[5])]
+        if mine is None or not near or any(e[1] == mine for e in near):
+            out.append(c)
+            continue
+        knob, v, _, cid, value, _ = min(near, key=lambda e: (abs(math.log(mine / e[1])), -e[2]))
+        change = c.change.model_copy(update={"value": value})
+        if change_key(diagnosis.state, change) in taken:
+            out.append(c)
+            continue
+        taken.add(change_key(diagnosis.state, change))
+        note = (f"{knob} {mine:g} is within a factor {NUM_SAME_RATIO:g} of {cid}'s {v:g}, moved the same way "
+                f"(inconclusive, positive estimate): proposed as that change, so the new pair pools with its evidence")
+        fresh = make_candidate(diagnosis, change, c.old_value, "", c.expected, c.target_metric, c.engineer, c.skill)
+        out.append(c.model_copy(update={"id": fresh.id, "change": change,
+                                        "rationale": cut(f"{c.rationale} [continues {cid}: {note}]", 2000)}))
+        notes.append(note)
+    return out, notes
 
 
 def continue_inconclusive(diagnosis: Diagnosis, cands: list[Candidate]) -> tuple[list[Candidate], list[str]]:
@@ -282,7 +344,7 @@ def continue_inconclusive(diagnosis: Diagnosis, cands: list[Candidate]) -> tuple
         except ValueError:
             continue
     if not earlier:
-        return cands, []
+        return continue_numbers(diagnosis, cands)
     out, notes = [], []
     for c in cands:
         if c.change.knob != MIXTURE or not isinstance(c.change.value, dict):
@@ -306,7 +368,8 @@ def continue_inconclusive(diagnosis: Diagnosis, cands: list[Candidate]) -> tuple
         out.append(c.model_copy(update={"id": fresh.id, "change": change,
                                         "rationale": cut(f"{c.rationale} [continues {cid}: {note}]", 2000)}))
         notes.append(note)
-    return out, notes
+    out, more = continue_numbers(diagnosis, out)
+    return out, notes + more
 
 
 def make_candidate(diagnosis: Diagnosis, change: Change, old_value: Any, rationale: str, expected: str,
