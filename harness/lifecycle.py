@@ -689,6 +689,27 @@ def _check_not_moved(run_dir: Path) -> None:
         return
 
 
+def _check_has_run(run_dir: Path) -> None:
+    """A run that got as far as its graph (graph.db) has its row in run.db; without it (a folder copied while its run
+    was going on, without run.db-wal, or a -wal deleted) resuming would start the run again from setup on top of its
+    checkpoints and records and rewrite run.db. Refused before anything is written, naming the likely cause."""
+    if not (run_dir / "graph.db").is_file() or not (run_dir / "run.db").is_file():
+        return
+    try:
+        con = sqlite3.connect(f"{(run_dir / 'run.db').resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            row = con.execute("SELECT 1 FROM runs WHERE id = ?", [run_dir.name]).fetchone()
+        finally:
+            con.close()
+    except sqlite3.Error:
+        row = None
+    if row is None:
+        raise RunError(f"{run_dir}/run.db does not hold run {run_dir.name!r} although the run got past its start "
+                       "(graph.db): it was most likely copied while the run was going on without run.db-wal, or that "
+                       "file was deleted; copy the folder again with its -wal files (or after the run ended) and "
+                       "resume that; nothing changed")
+
+
 BUDGET_KEYS = ("stages", "wall_clock", "compute_s", "plateau")  # what `resume_run(budget=...)` may raise
 
 
@@ -707,6 +728,7 @@ def resume_run(ref: str | Path, runs_dir: str | Path = "runs",
     run_dir = find_run(ref, runs_dir)
     _check_named(run_dir)
     _check_not_moved(run_dir)
+    _check_has_run(run_dir)
     _check_library()
     lock = acquire_lock(run_dir, run_dir.name)
     try:
@@ -832,6 +854,7 @@ def answer_gate(ref: str | Path, action: str, feedback: str = "", runs_dir: str 
     run_dir = find_run(ref, runs_dir)
     _check_named(run_dir)
     _check_not_moved(run_dir)
+    _check_has_run(run_dir)
     lock = acquire_lock(run_dir, run_dir.name)
     untouched = True
     try:

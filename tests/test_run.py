@@ -967,3 +967,42 @@ def test_a_yes_or_no_where_a_number_belongs_is_refused_by_name():
         with pytest.raises(ConfigError, match=rf"{section}.{field}: true is not a value of this field"):
             parse_config({"task": "mapf", section: {field: True}}, "x")
     assert parse_config({"task": "mapf", "recipe": {"pipeline": False}}, "x").recipe["pipeline"] is False
+
+
+def test_a_run_copied_without_its_wal_is_not_resumed_over(tmp_path):
+    """A run folder copied while its run was going on, without run.db-wal: run.db holds no run, yet graph.db says the
+    run got past its start. `resume` (and a gate answer) used to start it again from setup on top of its records and
+    rewrite run.db (a reviewer: 4 KB -> 100 KB, after which even `status` read an empty run); now refused before
+    anything is written, naming the -wal file. Would catch: the guard missing from resume or approve, or a guard that
+    writes first."""
+    import hashlib
+    import shutil
+    import textwrap
+
+    from harness.lifecycle import answer_gate
+
+    src = tmp_path / "live" / "w1"
+    src.mkdir(parents=True)
+    code = f"""
+        import os, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from harness.store import RunStore
+        s = RunStore.open({str(src / 'run.db')!r}); s.create_run('w1', {{'task': 'mapf'}})
+        s.set_run_status('w1', 'running')
+        os._exit(0)
+    """
+    subprocess.run([sys.executable, "-c", textwrap.dedent(code)], check=True)
+    assert (src / "run.db-wal").stat().st_size > 0
+    dst = tmp_path / "runs" / "w1"
+    dst.mkdir(parents=True)
+    shutil.copyfile(src / "run.db", dst / "run.db")
+    (dst / "graph.db").write_bytes(b"")  # the run got as far as its graph
+    (dst / "config.yaml").write_text(yaml.safe_dump(dict(TINY)))
+    (dst / ".evotrainer-run").write_text("w1\n")
+    before = hashlib.sha256((dst / "run.db").read_bytes()).hexdigest()
+    with pytest.raises(RunError, match="does not hold run 'w1'.*without run.db-wal"):
+        resume_run(dst)
+    with pytest.raises(RunError, match="does not hold run 'w1'"):
+        answer_gate(dst, "approve")
+    assert hashlib.sha256((dst / "run.db").read_bytes()).hexdigest() == before
+    assert not (dst / "run.db-wal").exists() or (dst / "run.db-wal").stat().st_size == 0  # a reader's empty one
