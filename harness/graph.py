@@ -469,8 +469,8 @@ def node_gate(run: Run, state: State) -> State:
     lines = [f"{v.candidate}: {v.decision}: {cut(v.reason, 200)}" for v in bt.verdicts] or \
         ["no candidate reached the backtest"]
     msg = (f"stage {k} waits at the human gate; the gate's verdicts: " + "; ".join(lines)
-           + f". Answer with `evotrainer approve {run.id}`, `evotrainer revise {run.id} \"feedback\"` or "
-           f"`evotrainer abort {run.id}`")
+           + f". Answer with `evotrainer approve {run.run_dir}`, `evotrainer revise {run.run_dir} \"feedback\"` or "
+           f"`evotrainer abort {run.run_dir}`")  # the folder, not the id: an id is found only under --runs-dir
     # the run's status becomes `paused` when the graph stops here (`lifecycle._drive_prepared`), not in this node:
     # it runs again to take the answer, and a kill then must leave the answer (kept in graph.db) to a plain resume
     run.event(k, "gate", "gate_waiting", msg, key=f"{k}/gate/waiting")

@@ -562,8 +562,8 @@ def _drive_prepared(run_dir: Path, config: RunConfig, progress, first_input: dic
                            f"--stages N`, start a new one with `evotrainer run CONFIG` or review it with "
                            f"`evotrainer review {run_dir}`{missing}")
         if first_input is None and run.store.get_run(run.id)["status"] == "paused":
-            raise RunError(f"run {run.id} waits at the human gate: answer with `evotrainer approve {run.id}`, "
-                           f"`evotrainer revise {run.id} \"feedback\"` or `evotrainer abort {run.id}`")
+            raise RunError(f"run {run.id} waits at the human gate: answer with `evotrainer approve {run_dir}`, "
+                           f"`evotrainer revise {run_dir} \"feedback\"` or `evotrainer abort {run_dir}`")
         if first_input is None:  # a resume
             for r in run.workspace().repairs:
                 run.event(None, "resume", "repair", r)
@@ -783,7 +783,7 @@ def _raise_budget(run_dir: Path, budget: dict[str, Any]) -> str | None:
         row = store.get_run(run_dir.name)
         if row["status"] == "paused":
             raise RunError(f"run {run_dir.name} waits at the human gate: answer it first (`evotrainer approve "
-                           f"{run_dir.name}`, `revise` or `abort`), then raise its budget; nothing changed")
+                           f"{run_dir}`, `revise` or `abort`), then raise its budget; nothing changed")
         values = _graph_values(run_dir, run_dir.name)
         ended = bool(values.get("done")) and "stage" in values  # (a run killed between its "finished" status and
         # the graph's last checkpoint has not ended: its last `remember` runs again, under the new budget)

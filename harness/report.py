@@ -243,7 +243,7 @@ def print_summary(run_dir: Path, console) -> dict[str, Any]:
     if cv and "first_to_last" in cv:
         console.print(f"test_change_first_to_last: {cv['first_to_last']['effect']:+.4f}", highlight=False)
     if st["waiting"]:
-        run = shown(st["run"])
+        run = shown(str(run_dir))  # the folder, not the id: an id is found only under --runs-dir
         console.print(f"paused: waits at the {shown(st['waiting'])}: evotrainer approve {run} | evotrainer revise "
                       f"{run} \"feedback\" | evotrainer abort {run}", highlight=False)
     idle = [s["stage"] for s in st["stages"] if s.get("carried") is False]

@@ -474,8 +474,15 @@ def test_human_gate_revise_reaches_the_engineer_and_abort_stops_the_run(tmp_path
     page = build(run_dir)
     assert "judged, awaiting the decision" in page and "waiting at the human gate" in page
     assert "rejected before the backtest" not in page
-    with pytest.raises(RunError, match="waits at the human gate"):
+    with pytest.raises(RunError, match="waits at the human gate") as refused:
         resume_run(run_dir)
+    # the answers it names are the run's folder, which works wherever the run lives (an id alone is looked up only
+    # under ./runs, so a run started with --runs-dir was told a command that could not find it)
+    assert f"evotrainer approve {run_dir}`" in str(refused.value), refused.value
+    store = RunStore.open(run_dir / "run.db", read_only=True)
+    said = [e["message"] for e in store.events("gated") if e["kind"] == "gate_waiting"]
+    store.close()
+    assert said and f"evotrainer approve {run_dir}`" in said[0], said
     answer_gate(run_dir, "revise", "fewer holes on 5x5, please")
     assert _run_status(run_dir, "gated") == "paused"  # at stage 2's gate now
     store = RunStore.open(run_dir / "run.db")
