@@ -144,7 +144,8 @@ def load_policy(path_or_hf_id: str | Path, allow_hub: bool = False, dtype: torch
         else:
             raise PolicyLoadError(
                 f"policy checkpoint {str(path_or_hf_id)!r} does not exist; pass a directory written by save_pretrained "
-                "(e.g. one from `evotrainer train --out DIR`), or build a fresh model with a preset (--preset tiny)"
+                "(e.g. one from `evotrainer train --out DIR`), or build a fresh model from a preset (`evotrainer train --preset tiny`; `policy: {preset: tiny}` in a "
+                "run config)"
             )
     else:
         if not (path / "config.json").exists():
