@@ -661,6 +661,19 @@ def _check_named(run_dir: Path) -> None:
                        f"{run_dir.parent / first}) to resume it (status, review and report read it as it is)")
 
 
+def _peek(run_dir: Path, sql: str) -> list[Any] | None:
+    """Rows of one query about this run (its id the one parameter) from run.db opened read-only, before the driver's
+    own open (which migrates and writes); None when the file cannot be read or lacks the table."""
+    try:
+        con = sqlite3.connect(f"{(run_dir / 'run.db').resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            return con.execute(sql, [run_dir.name]).fetchall()
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return None
+
+
 def _check_not_moved(run_dir: Path) -> None:
     """A run folder moved or copied since its start is refused by the commands that drive it: its records name the
     checkpoints and rollouts it wrote by absolute path, so a moved folder resumed into "No such file" mid-stage and a
@@ -668,13 +681,8 @@ def _check_not_moved(run_dir: Path) -> None:
     from before paths were absolute say nothing here."""
     import re
 
-    try:
-        con = sqlite3.connect(f"{(run_dir / 'run.db').resolve().as_uri()}?mode=ro", uri=True)
-        try:
-            rows = con.execute("SELECT result FROM nodes WHERE run = ? LIMIT 50", [run_dir.name]).fetchall()
-        finally:
-            con.close()
-    except sqlite3.Error:  # no nodes yet, or a database the driver's own open names
+    rows = _peek(run_dir, "SELECT result FROM nodes WHERE run = ? LIMIT 50")
+    if rows is None:  # no nodes yet, or a database the driver's own open names
         return
     pat = re.compile(r'"(/[^"]*?)/' + re.escape(run_dir.name) + r'/(?:checkpoints|rollouts|stages)/')
     for (text,) in rows:
@@ -695,15 +703,7 @@ def _check_has_run(run_dir: Path) -> None:
     checkpoints and records and rewrite run.db. Refused before anything is written, naming the likely cause."""
     if not (run_dir / "graph.db").is_file() or not (run_dir / "run.db").is_file():
         return
-    try:
-        con = sqlite3.connect(f"{(run_dir / 'run.db').resolve().as_uri()}?mode=ro", uri=True)
-        try:
-            row = con.execute("SELECT 1 FROM runs WHERE id = ?", [run_dir.name]).fetchone()
-        finally:
-            con.close()
-    except sqlite3.Error:
-        row = None
-    if row is None:
+    if not _peek(run_dir, "SELECT 1 FROM runs WHERE id = ?"):
         raise RunError(f"{run_dir}/run.db does not hold run {run_dir.name!r} although the run got past its start "
                        "(graph.db): it was most likely copied while the run was going on without run.db-wal, or that "
                        "file was deleted; copy the folder again with its -wal files (or after the run ended) and "

@@ -984,22 +984,12 @@ def test_a_run_copied_without_its_wal_is_not_resumed_over(tmp_path):
     writes first."""
     import hashlib
     import shutil
-    import textwrap
+
+    from test_store import left_in_wal  # tests/ is on sys.path (rootdir-relative "prepend" imports)
 
     from harness.lifecycle import answer_gate
 
-    src = tmp_path / "live" / "w1"
-    src.mkdir(parents=True)
-    code = f"""
-        import os, sys
-        sys.path.insert(0, {str(ROOT)!r})
-        from harness.store import RunStore
-        s = RunStore.open({str(src / 'run.db')!r}); s.create_run('w1', {{'task': 'mapf'}})
-        s.set_run_status('w1', 'running')
-        os._exit(0)
-    """
-    subprocess.run([sys.executable, "-c", textwrap.dedent(code)], check=True)
-    assert (src / "run.db-wal").stat().st_size > 0
+    src = left_in_wal(tmp_path / "live" / "w1" / "run.db", "w1").parent
     dst = tmp_path / "runs" / "w1"
     dst.mkdir(parents=True)
     shutil.copyfile(src / "run.db", dst / "run.db")

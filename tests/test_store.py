@@ -46,6 +46,22 @@ def _spawn(code: str, *args: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def left_in_wal(db: Path, run: str) -> Path:
+    """run.db of a driver killed right after it created `run` (status running): the rows only in run.db-wal (a
+    process that exits without closing its connection never checkpoints)."""
+    db.parent.mkdir(parents=True, exist_ok=True)
+    code = f"""
+        import os, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from harness.store import RunStore
+        s = RunStore.open({str(db)!r}); s.create_run({run!r}, {{'task': 'mapf'}}); s.set_run_status({run!r}, 'running')
+        os._exit(0)
+    """
+    subprocess.run([sys.executable, "-c", textwrap.dedent(code)], check=True)
+    assert db.with_name(db.name + "-wal").stat().st_size > 0
+    return db
+
+
 # --- migrations ---------------------------------------------------------------------------------------------------------
 
 
@@ -315,17 +331,7 @@ def test_readers_never_write_the_database_and_read_a_killed_drivers_wal(tmp_path
 
     import harness.store as store_mod
 
-    db = tmp_path / "k" / "run.db"
-    db.parent.mkdir()
-    code = f"""
-        import os, sys
-        sys.path.insert(0, {str(ROOT)!r})
-        from harness.store import RunStore
-        s = RunStore.open({str(db)!r}); s.create_run('k', {{'task': 'mapf'}}); s.set_run_status('k', 'running')
-        os._exit(0)
-    """
-    subprocess.run([sys.executable, "-c", textwrap.dedent(code)], check=True)
-    assert (tmp_path / "k" / "run.db-wal").stat().st_size > 0
+    db = left_in_wal(tmp_path / "k" / "run.db", "k")
 
     def digest() -> dict[str, str]:
         return {n: hashlib.sha256((tmp_path / "k" / n).read_bytes()).hexdigest() for n in ("run.db", "run.db-wal")}
@@ -388,17 +394,7 @@ def test_a_run_db_copied_without_its_wal_says_so(tmp_path: Path):
     known (a wrong name, not a lost WAL)."""
     import shutil
 
-    db = tmp_path / "k" / "run.db"
-    db.parent.mkdir()
-    code = f"""
-        import os, sys
-        sys.path.insert(0, {str(ROOT)!r})
-        from harness.store import RunStore
-        s = RunStore.open({str(db)!r}); s.create_run('k', {{'task': 'mapf'}}); s.set_run_status('k', 'running')
-        os._exit(0)
-    """
-    subprocess.run([sys.executable, "-c", textwrap.dedent(code)], check=True)
-    assert (tmp_path / "k" / "run.db-wal").stat().st_size > 0
+    db = left_in_wal(tmp_path / "k" / "run.db", "k")
     (tmp_path / "copy").mkdir()
     shutil.copyfile(db, tmp_path / "copy" / "run.db")
     for read_only in (True, False):
