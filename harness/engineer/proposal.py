@@ -284,10 +284,10 @@ def _near_number(new: float, old: float | None, earlier: float, earlier_old: flo
 
 
 def continue_numbers(diagnosis: Diagnosis, cands: list[Candidate]) -> tuple[list[Candidate], list[str]]:
-    """A numeric proposal (a temperature, a rate, a group size) within NUM_SAME_RATIO of an inconclusive change of
+    """A numeric proposal (a temperature, a rate, the completions per group) within NUM_SAME_RATIO of an inconclusive change of
     the same knob from the same harness state, moved the same way from the current value, whose estimate was positive
     becomes that change, verbatim (its `change_key`, so its new arm pair pools with the earlier evidence), as a mixture
-    near one does (`continue_inconclusive`). Why: a skill that sizes its step to the symptom proposes a slightly
+    near one does (`continue_inconclusive`). Why: a skill that scales its step to the symptom proposes a slightly
     different number each stage (a code-family run: temperature 0.1 -> 0.7 at stage 1, +0.039 on one pair; then
     0.5948, then 0.6, each a fresh change decided on one pair, so no test of raising the temperature ever
     accumulated evidence). The nearest earlier number is taken (then the higher lower bound)."""
