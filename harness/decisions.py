@@ -618,21 +618,21 @@ def most_promising_inconclusive(run: Run, state: str, causes: set[str] | frozens
     from harness.sequential import promise
 
     cfg = run.config
-    plan, fp = cfg.gate.plan(cfg.backtest.n), fingerprint(run)
-    tests: dict[str, list[Any]] = {}
+    plan = cfg.gate.plan(cfg.backtest.n)
+    latest: dict[str, Any] = {}
     for h in history(run):  # a change with a final test from this state is final in the history (never re-tested)
-        if h.verdict == "inconclusive" and h.key.startswith(f"{state}|"):
-            tests.setdefault(h.key, []).append(h)
+        if h.verdict == "inconclusive" and h.key.startswith(f"{state}|") and (
+                h.key not in latest or h.stage >= latest[h.key].stage):
+            latest[h.key] = h
     best, best_key = None, None
-    for hs in tests.values():
-        hs.sort(key=lambda h: h.stage)
-        h = hs[-1]
+    for h in latest.values():
         if h.effect is None or h.effect <= 0:
             continue
         row = run.store.candidate(h.candidate)
-        evs = [Evidence.model_validate(ev) for x in hs if (ev := run.store.candidate(x.candidate).get("evidence"))]
-        pairs, _, _ = prior_pairs(evs, fp)
-        chance = promise(pairs, plan, int((row.get("evidence") or {}).get("comparisons") or 1)) if pairs else 0.0
+        earlier, _, _ = pooled_evidence(run, h.candidate)  # what a re-test of it would pool: every test of it so far
+        pairs = earlier + prior_pairs([Evidence.model_validate(row["evidence"])], fingerprint(run))[0] \
+            if row.get("evidence") else earlier
+        chance = promise(pairs, plan, int((row.get("evidence") or {}).get("comparisons") or 1))
         key = (int(bool(causes) and addresses(run, row, causes)), round(chance, 6), (h.ci or (-1, 0))[0])
         if best_key is None or key > best_key:
             best, best_key = row, key

@@ -364,6 +364,15 @@ def look_infos(ns: list[int], plan: Plan, s2: float) -> list[float]:
     return infos
 
 
+def _weighed(arrs: list[np.ndarray], plan: Plan) -> tuple[float, float, float, float]:
+    """(variance of a difference, pooled effect, its standard error, the boundaries' sd) of a change's pairs: the
+    pooled variance inflated for its degrees of freedom, the pairs weighed by `estimate`, and the sd on a 0.01 grid so
+    the boundaries can be cached. How `decide` and `promise` read the same evidence."""
+    s2 = _pooled_var(arrs) * _t_inflation(sum(len(a) - 1 for a in arrs), plan.alpha)
+    effect, se = estimate(arrs, plan, s2)
+    return s2, effect, se, round(max(math.sqrt(s2), 0.01), 2)
+
+
 # --- the decision ---------------------------------------------------------------------------------------------------------
 
 
@@ -387,9 +396,7 @@ def decide(pairs: list[PairEvidence], plan: Plan, vetoes: list[str] | None = Non
         return Look(decision="continue", reason=f"first look after {plan.min_n} instances ({last} so far)", n=n,
                     pairs=len(pairs), effect=float(np.concatenate(arrs).mean()) if n else 0.0, lo=-1.0, hi=1.0,
                     next_step="more_instances")
-    s2 = _pooled_var(arrs) * _t_inflation(sum(m - 1 for m in ns), plan.alpha)
-    effect, se = estimate(arrs, plan, s2)
-    sd = round(max(math.sqrt(s2), 0.01), 2)  # the boundaries' variance, on a 0.01 grid so they can be cached
+    s2, effect, se, sd = _weighed(arrs, plan)
     infos = look_infos(ns, plan, sd * sd)
     imax = plan.info_max(sd * sd)
     z_up, z_down = _boundaries_at(plan, tuple(ns), comparisons, sd)
@@ -466,11 +473,10 @@ def promise(pairs: list[PairEvidence], plan: Plan, comparisons: int = 1) -> floa
     arrs = [np.asarray(p.diffs, dtype=np.float64) for p in pairs if len(p.diffs) >= 2]
     if not arrs or len(pairs) >= plan.max_pairs:
         return 0.0
-    s2 = _pooled_var(arrs) * _t_inflation(sum(len(a) - 1 for a in arrs), plan.alpha)
-    effect, se = estimate(arrs, plan, s2)
+    _, effect, se, sd = _weighed(arrs, plan)
     if not math.isfinite(se) or se <= 0:
         return 0.0
-    return conditional_power(effect, se, plan, round(max(math.sqrt(s2), 0.01), 2), comparisons)
+    return conditional_power(effect, se, plan, sd, comparisons)
 
 
 def conditional_power(effect: float, se: float, plan: Plan, sd: float, comparisons: int = 1) -> float:

@@ -459,8 +459,7 @@ class RunStore:
                                  f"run was going on, without the {Path(self.path).name}-wal file beside it, has not "
                                  "yet received the run's rows: copy the -wal file with it, or copy the folder again "
                                  "after the run ends; else this is not a run's database")
-            raise StoreError(f"no run {run!r} in {self.path} (known: {known or 'none'}); start it with "
-                             "`evotrainer run`")
+            raise StoreError(f"no run {run!r} in {self.path} (known: {known}); start it with `evotrainer run`")
         return rows[0]
 
     def _touch(self, run: str) -> None:

@@ -283,6 +283,14 @@ def _near_number(new: float, old: float | None, earlier: float, earlier_old: flo
     return max(new / earlier, earlier / new) <= NUM_SAME_RATIO
 
 
+def _continuing(diagnosis: Diagnosis, c: Candidate, change: Change, cid: str, note: str) -> Candidate:
+    """Candidate `c` proposed as earlier candidate `cid`'s `change`: that change's id for this stage, its rationale
+    saying which test it continues and why."""
+    fresh = make_candidate(diagnosis, change, c.old_value, "", c.expected, c.target_metric, c.engineer, c.skill)
+    return c.model_copy(update={"id": fresh.id, "change": change,
+                                "rationale": cut(f"{c.rationale} [continues {cid}: {note}]", 2000)})
+
+
 def continue_numbers(diagnosis: Diagnosis, cands: list[Candidate]) -> tuple[list[Candidate], list[str]]:
     """A numeric proposal (a temperature, a rate, the completions per group) within NUM_SAME_RATIO of an inconclusive change of
     the same knob from the same harness state, moved the same way from the current value, whose estimate was positive
@@ -318,9 +326,7 @@ def continue_numbers(diagnosis: Diagnosis, cands: list[Candidate]) -> tuple[list
         taken.add(change_key(diagnosis.state, change))
         note = (f"{knob} {mine:g} is within a factor {NUM_SAME_RATIO:g} of {cid}'s {v:g}, moved the same way "
                 f"(inconclusive, positive estimate): proposed as that change, so the new pair pools with its evidence")
-        fresh = make_candidate(diagnosis, change, c.old_value, "", c.expected, c.target_metric, c.engineer, c.skill)
-        out.append(c.model_copy(update={"id": fresh.id, "change": change,
-                                        "rationale": cut(f"{c.rationale} [continues {cid}: {note}]", 2000)}))
+        out.append(_continuing(diagnosis, c, change, cid, note))
         notes.append(note)
     return out, notes
 
@@ -364,9 +370,7 @@ def continue_inconclusive(diagnosis: Diagnosis, cands: list[Candidate]) -> tuple
         note = (f"{MIXTURE} {json.dumps(mine)} is within total variation {_tv(mine, mix):.3f} of {cid}'s "
                 f"{json.dumps(mix)} (inconclusive, positive estimate): proposed as that change, so the new pair pools "
                 "with its evidence")
-        fresh = make_candidate(diagnosis, change, c.old_value, "", c.expected, c.target_metric, c.engineer, c.skill)
-        out.append(c.model_copy(update={"id": fresh.id, "change": change,
-                                        "rationale": cut(f"{c.rationale} [continues {cid}: {note}]", 2000)}))
+        out.append(_continuing(diagnosis, c, change, cid, note))
         notes.append(note)
     out, more = continue_numbers(diagnosis, out)
     return out, notes + more
