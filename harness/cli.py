@@ -8,6 +8,7 @@ typed errors into one clear line and an exit code. Heavy imports (torch, trl, la
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
 import sys
@@ -62,12 +63,17 @@ def main() -> None:
     from harness.faults import MachineFault, machine_fault
     from sandbox.workspace import WorkspaceError
 
+    debug = os.environ.get("EVOTRAINER_DEBUG", "").strip() not in ("", "0")
     try:
         app()
     except ValidationError as exc:  # its str() repeats the input, which may be huge: fields and reasons only
+        if debug:
+            raise
         fail(_problems(exc), exit_with=sys.exit)
     except (UserError, ValueError, FileNotFoundError, WorkspaceError) as exc:  # they carry their fix
-        fail(" ".join(str(exc).split()), exit_with=sys.exit)
+        if debug:  # EVOTRAINER_DEBUG=1: the traceback, for a report
+            raise
+        fail(" ".join(str(exc).split()) + _where_if_not_ours(exc), exit_with=sys.exit)
     except git_error() as exc:  # a harness repo git cannot read (a damaged object): what failed, not a traceback
         why = " ".join(str(getattr(exc, "stderr", "") or exc).split()).removeprefix("stderr: ").strip("'")
         fail(f"the run's harness repo could not be read by git ({why[:300]}); `git -C <run>/harness fsck` shows what "
@@ -95,6 +101,27 @@ def main() -> None:
         if machine_fault(exc) is None:
             raise
         _machine_failed(exc)
+
+
+_OURS = ("harness", "policies", "skills", "sandbox")
+
+
+def _where_if_not_ours(exc: BaseException) -> str:
+    """Our errors (a class of this package's: ConfigError, RunError, ...) carry their fix. A plain ValueError or
+    FileNotFoundError may be a bug's, not the input's: one line still, plus where it was raised and how to see the
+    traceback, so a report can say more than the message."""
+    if type(exc).__module__.split(".")[0] in _OURS:
+        return ""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return ""
+    module = str(tb.tb_frame.f_globals.get("__name__", ""))
+    if module.split(".")[0] in _OURS:  # raised by our code with its message (a plain ValueError naming the fix)
+        return ""
+    return (f" ({type(exc).__name__} raised in {module or '?'} line {tb.tb_lineno}, not by evotrainer's checks: if "
+            "the input looks right, EVOTRAINER_DEBUG=1 shows the traceback for a report)")
 
 
 def _machine_failed(exc: BaseException) -> None:
@@ -515,7 +542,10 @@ def bench_scenarios(
     from harness.scenarios import QUICK_ARMS, ScenarioError, run_scenarios, scenario_files
     from harness.terminal import plain
 
-    arm_list = [a.strip() for a in arms.split(",") if a.strip()] if arms else list(QUICK_ARMS if quick else ARMS)
+    arm_list = [a.strip() for a in arms.split(",") if a.strip()] if arms is not None else list(QUICK_ARMS if quick
+                                                                                               else ARMS)
+    if not arm_list:  # `--arms ""` (an unset shell variable) ran every arm: hours nobody asked for
+        fail(f"--arms names no arm; choose from {', '.join(ARMS)}, or leave it out for the default")
     bad = [a for a in arm_list if a not in ARMS]
     if bad:
         fail(f"--arms: unknown arm {bad[0]!r}; choose from {', '.join(ARMS)}")
@@ -783,10 +813,19 @@ def train(
     style: Annotated[str | None, typer.Option(help="prompt style (mapf: trace, compact, chat); default: trace for a "
                                               "preset, the checkpoint's own (or chat) for --init")] = None,
     threads: Annotated[int, typer.Option(min=1, help="torch CPU threads")] = 2,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="--out may be a folder that holds files (a "
+                                            "checkpoint): they are replaced")] = False,
 ) -> None:
     """Train a policy: expert SFT warm start on train-split seeds, then GRPO on the env config.
 
     The defaults are the CPU settings `evotrainer bench policy` measured (see BENCHMARKS.md)."""
+    if out.exists() and not out.is_dir():  # before any training: said after it, the minutes were lost
+        raise UserError(f"--out {out} is a file; pass a folder for the checkpoint (created if missing)")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        what = "a checkpoint" if (out / "config.json").is_file() else "files"
+        raise UserError(f"--out {out} already holds {what}; pass another --out, or --overwrite to replace "
+                        + ("it (--init may name it: the start is read before anything is written)" if what ==
+                           "a checkpoint" else "them"))
     from policies import cpu_threads
 
     cpu_threads(threads)
@@ -1028,6 +1067,34 @@ def _run_progress():
     return on_event
 
 
+@contextlib.contextmanager
+def _said_on_interrupt():
+    """Ctrl-C while a run is driven: one line naming how to go on (`evotrainer resume RUN_DIR`), exit 130 (the shell's
+    code for SIGINT), instead of a traceback or a bare "Aborted!" that leaves the user to find the run's folder."""
+    from harness.run import RunInterrupted
+
+    try:
+        yield
+    except RunInterrupted as exc:
+        fail(f"interrupted (Ctrl-C); what run {exc.run_dir.name} recorded is kept and the stage in progress runs "
+             f"again: `evotrainer resume {exc.run_dir}` continues it", code=130)
+
+
+def _cli_duration(value: str | None, option: str) -> str | None:
+    """A wall clock typed on the command line needs its unit: `--budget 8` read as 8 seconds ran one stage and
+    stopped, where the user meant 8 hours. A bare number is refused naming the three readings (config files keep
+    numbers as seconds, as documented there)."""
+    if value is None:
+        return None
+    text = value.strip()
+    try:
+        float(text)
+    except ValueError:
+        return value
+    fail(f"{option} {text}: give the unit, e.g. {text}h, {text}m or {text}s (a bare number would be seconds)")
+    return None
+
+
 def _finish_run(run_dir: Path) -> None:
     from harness.report import print_summary
     from harness.report_page import write_html
@@ -1052,6 +1119,12 @@ def run(
     from harness.config import load_config, parse_config
     from harness.lifecycle import start_run
 
+    budget = _cli_duration(budget, "--budget")
+    from harness.lifecycle import is_run_dir
+
+    if config.is_dir() and is_run_dir(config):
+        fail(f"{config} is a run's folder, not a run config: `evotrainer resume {config}` continues it; `evotrainer run "
+             f"{config / 'config.yaml'} --run-id NEW` starts a new run from its config")
     cfg = load_config(config)
     if budget is not None or stages is not None or engineer:
         data = cfg.model_dump(mode="json", exclude_unset=False)
@@ -1062,7 +1135,8 @@ def run(
         if engineer:
             data["engineer"]["kind"] = engineer
         cfg = parse_config(yaml.safe_load(yaml.safe_dump(data)), f"{config} (+ command-line overrides)")
-    run_dir = start_run(cfg, runs_dir, run_id, progress=_run_progress())
+    with _said_on_interrupt():
+        run_dir = start_run(cfg, runs_dir, run_id, progress=_run_progress())
     _finish_run(run_dir)
 
 
@@ -1086,11 +1160,13 @@ def experiment(
     from harness.experiment import ExperimentError, key_values, load_experiment, run_experiment, table
     from harness.terminal import plain
 
+    update: dict = {}
+    if arms is not None:
+        update["arms"] = [a.strip() for a in arms.split(",") if a.strip()]
+        if not update["arms"]:  # `--arms ""`: never the config's arms in its place
+            fail("--arms names no arm; leave it out for the config's arms")
     try:
         cfg = load_experiment(config, quick=quick)
-        update: dict = {}
-        if arms:
-            update["arms"] = [a.strip() for a in arms.split(",") if a.strip()]
         if seeds:
             update["seeds"] = seeds
         if update:
@@ -1130,9 +1206,12 @@ def resume(
                                                    "plateau": plateau}.items() if v is not None}
     if str(budget.get("wall_clock", "")).strip().lower() in ("none", "null", "off", "never"):
         budget["wall_clock"] = None  # the limit lifted (budget.wall_clock: null), not a duration named "none"
+    elif wall_clock is not None:
+        _cli_duration(wall_clock, "--wall-clock")
     if budget.get("compute_s") == 0:
         budget["compute_s"] = None  # budget.compute_s must be above 0 when set: 0 lifts it
-    run_dir = resume_run(run_ref, runs_dir, progress=_run_progress(), budget=budget or None)
+    with _said_on_interrupt():
+        run_dir = resume_run(run_ref, runs_dir, progress=_run_progress(), budget=budget or None)
     _finish_run(run_dir)
 
 
@@ -1160,7 +1239,8 @@ def _answer_gate(run_ref: str, runs_dir: str, action: str, feedback: str = "") -
     from harness.lifecycle import RunError, answer_gate
 
     try:
-        run_dir = answer_gate(run_ref, action, feedback, runs_dir, progress=_run_progress())
+        with _said_on_interrupt():
+            run_dir = answer_gate(run_ref, action, feedback, runs_dir, progress=_run_progress())
     except RunError as exc:
         fail(str(exc))
     _finish_run(run_dir)
@@ -1208,6 +1288,10 @@ def runs_cmd(
     from harness.report import list_runs
     from harness.terminal import shown
 
+    if not Path(runs_dir).is_dir() and (runs_dir != "runs" or Path(runs_dir).exists()):
+        # a folder named on purpose that is not there is a typo to say, not an empty list (exit 0 hid it from scripts)
+        fail(f"--runs-dir {runs_dir}: " + ("not a folder" if Path(runs_dir).exists() else "no such folder")
+             + " (runs are where `evotrainer run --runs-dir` put them; default ./runs)")
     rows = list_runs(Path(runs_dir))
     if as_json:
         print(_json.dumps(rows, indent=1, default=str))

@@ -588,6 +588,8 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> RunConfig:
 
 def load_config(path: str | Path) -> RunConfig:
     path = Path(path)
+    if path.is_dir():  # `evotrainer run .`: a folder is never a config (the CLI says more for a run's folder)
+        raise ConfigError(f"{path} is a folder, not a run config; pass a YAML file such as examples/mapf_quick.yaml")
     if not path.is_file():
         raise ConfigError(f"run config {path} not found; pass a YAML file such as examples/mapf_quick.yaml")
     from sandbox.yamlload import YamlError, load_yaml

@@ -28,7 +28,7 @@ import yaml
 from harness.config import EvalConfig, RunConfig, parse_config
 from harness.graph import GATE_ACTIONS, build_graph
 from harness.round0 import initial_files, make_judge
-from harness.run import JUDGE_FILE, Run, RunError
+from harness.run import JUDGE_FILE, Run, RunError, RunInterrupted
 from harness.store import RUN_MARKER, RunStore, acquire_lock, created_as
 
 log = logging.getLogger(__name__)
@@ -141,6 +141,8 @@ def start_run(config: RunConfig, runs_dir: str | Path = "runs", run_id: str | No
         tmp.replace(run_dir / "config.yaml")
         (run_dir / RUN_MARKER).write_text(f"{run_id}\n")
         _drive_prepared(run_dir, config, progress, {"run_id": run_id, "stage": 0, "log": []})
+    except KeyboardInterrupt:  # Ctrl-C: the CLI says how to go on, with the folder (a made-up id is not typed)
+        raise RunInterrupted(run_dir) from None
     finally:
         lock.release()
     return run_dir
@@ -690,6 +692,12 @@ def _check_not_moved(run_dir: Path) -> None:
         if m is None:
             continue
         made = Path(m.group(1)) / run_dir.name
+        if made.resolve() != run_dir.resolve() and is_run_dir(made):  # a copy beside its original: never `mv` over it
+            raise RunError(f"{run_dir} is a copy of the run {made}, which is still there: its records name that "
+                           f"folder's checkpoints and rollouts, so driving the copy would train on the original's "
+                           f"files; resume the original (`evotrainer resume {made}`), or start a new run from the "
+                           f"copy's config (`evotrainer run {run_dir}/config.yaml --run-id NEW`); status, review and "
+                           "report read the copy as it is")
         if made.resolve() != run_dir.resolve():
             raise RunError(f"{run_dir} was made as {made} and moved or copied since: its records name its checkpoints "
                            f"and rollouts by that path, so driving it here would read {made}'s files or none; move it "
@@ -708,6 +716,63 @@ def _check_has_run(run_dir: Path) -> None:
                        "(graph.db): it was most likely copied while the run was going on without run.db-wal, or that "
                        "file was deleted; copy the folder again with its -wal files (or after the run ended) and "
                        "resume that; nothing changed")
+
+
+# what config.yaml may change between a run's start and its resume: how long it runs, who proposes, where it runs,
+# what it keeps on disk, when a person is asked. The judge's inputs are fixed in judge.json (an edit is said and has
+# no effect: `_say_judge_edits`); anything else would change what the recorded stages and pooled evidence mean
+RESUME_EDITABLE = ("budget", "engineer", "scale", "retention", "gate.human")
+
+
+def _leaves(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict) and value:
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(_leaves(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: value}
+
+
+def config_edits(started: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """`path old -> new` for each setting of `now` (config.yaml as the resume reads it) that differs from `started`
+    (the config run.db recorded at the run's start), outside `RESUME_EDITABLE` and the judge's fixed inputs. A setting
+    the start did not record (a field added by a later version) is not an edit."""
+    fixed_judge = {f"backtest.{k}" for k in JUDGE_INPUTS}
+    before, after = _leaves(started), _leaves(now)
+    edits = []
+    for path, new in after.items():
+        if any(path == p or path.startswith(p + ".") for p in (*RESUME_EDITABLE, *fixed_judge)):
+            continue
+        known = [q for q in before if q == path or q.startswith(path + ".") or path.startswith(q + ".")]
+        if not known:
+            continue
+        old = before[path] if path in before else {q: before[q] for q in known}
+        if old != new:
+            edits.append(f"{path} {old!r} -> {new!r}")
+    return edits
+
+
+def _check_config_edits(run_dir: Path) -> None:
+    """A config.yaml edited since the run started, beyond what a resume may change (`RESUME_EDITABLE`), is refused
+    before anything is written, naming each edit: the run's stages, arms and pooled evidence were recorded under the
+    config it started with, and an edited task, env or recipe either changed the meaning of that evidence silently or
+    failed mid-stage with a message about something else (a task edit: a generator's field error)."""
+    import json as _json
+
+    rows = _peek(run_dir, "SELECT config FROM runs WHERE id = ?")
+    if not rows or not rows[0][0]:
+        return
+    try:
+        started = _json.loads(rows[0][0])
+        now = load_run_config(run_dir).model_dump(mode="json")
+    except (ValueError, TypeError):  # an unreadable config.yaml is named by the driver's own load
+        return
+    if edits := config_edits(started, now):
+        shown = "; ".join(edits[:5]) + (f"; and {len(edits) - 5} more" if len(edits) > 5 else "")
+        raise RunError(f"{run_dir}/config.yaml was edited since the run started: {shown}. A resume may change only "
+                       f"{', '.join(RESUME_EDITABLE)} (budget through `evotrainer resume RUN --stages N`); put the rest "
+                       f"back as it was, or start a new run from the edited file (`evotrainer run {run_dir}/config.yaml "
+                       "--run-id NEW`); nothing changed")
 
 
 BUDGET_KEYS = ("stages", "wall_clock", "compute_s", "plateau")  # what `resume_run(budget=...)` may raise
@@ -729,11 +794,14 @@ def resume_run(ref: str | Path, runs_dir: str | Path = "runs",
     _check_named(run_dir)
     _check_not_moved(run_dir)
     _check_has_run(run_dir)
+    _check_config_edits(run_dir)
     _check_library()
     lock = acquire_lock(run_dir, run_dir.name)
     try:
         reopen = _raise_budget(run_dir, budget) if budget else None
         _drive_prepared(run_dir, load_run_config(run_dir), progress, None, reopen=reopen)
+    except KeyboardInterrupt:
+        raise RunInterrupted(run_dir) from None
     finally:
         lock.release()
     return run_dir
@@ -855,6 +923,7 @@ def answer_gate(ref: str | Path, action: str, feedback: str = "", runs_dir: str 
     _check_named(run_dir)
     _check_not_moved(run_dir)
     _check_has_run(run_dir)
+    _check_config_edits(run_dir)
     lock = acquire_lock(run_dir, run_dir.name)
     untouched = True
     try:
@@ -871,6 +940,8 @@ def answer_gate(ref: str | Path, action: str, feedback: str = "", runs_dir: str 
         untouched = False
         _drive_prepared(run_dir, load_run_config(run_dir), progress,
                         Command(resume={"action": action, "feedback": feedback}))
+    except KeyboardInterrupt:
+        raise RunInterrupted(run_dir) from None
     finally:
         lock.release(untouched=untouched)
     return run_dir

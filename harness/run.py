@@ -43,6 +43,15 @@ class RunError(ValueError):
     """A run that cannot be started or resumed; the message says why and what to do."""
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) while a run was driven: a KeyboardInterrupt still, carrying the run's folder so the CLI can say
+    how to go on (`evotrainer resume RUN_DIR`) instead of printing a traceback. The run is recorded as interrupted."""
+
+    def __init__(self, run_dir) -> None:
+        super().__init__(str(run_dir))
+        self.run_dir = run_dir
+
+
 # --- the run context: everything a node needs that is not state --------------------------------------------------------
 
 

@@ -36,6 +36,7 @@ excludes 0).
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 import time
@@ -93,9 +94,15 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def _one_line(path: Path, exc: ValidationError, prefix: str = "") -> ScenarioError:
-    e = exc.errors()[0]
+    errs = exc.errors()
+    # an unknown key first: `oracel:` beside a missing `oracle:` is one typo, and "oracle: Field required" hid it
+    e = next((x for x in errs if x["type"] == "extra_forbidden"), errs[0])
     where = ".".join([p for p in [prefix] if p] + [str(p) for p in e["loc"]]) or "(top level)"
-    msg = "unknown key (typo?)" if e["type"] == "extra_forbidden" else e["msg"].removeprefix("Value error, ")
+    msg = e["msg"].removeprefix("Value error, ")
+    if e["type"] == "extra_forbidden":
+        missing = [str(x["loc"][-1]) for x in errs if x["type"] == "missing" and x["loc"][:-1] == e["loc"][:-1]]
+        close = difflib.get_close_matches(str(e["loc"][-1]), missing, n=1)
+        msg = f"unknown key (did you mean {close[0]}?)" if close else "unknown key (typo?)"
     section = {"target": "target.", "round0.env": "round0.env.", "oracle.env": "oracle.env."}.get(prefix)
     if section:  # a generator config's own fix names its fields as a run config's `env.`: name the scenario's
         msg = re.sub(r"(?<![\w.])env\.", section, msg)  # not inside `backtest.env.`
@@ -526,7 +533,6 @@ def run_scenarios(files: list[Path], out: str | Path, arms: list[str], seeds: in
     from harness.experiment import EVOLVED
 
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     loaded = []
     for f in files:  # every refusal before anything trains
         sc = load_scenario(f)
@@ -541,6 +547,7 @@ def run_scenarios(files: list[Path], out: str | Path, arms: list[str], seeds: in
         say("arms: evolved-rule added (its measured compute is every other arm's budget; a finished one is reused)")
     from harness.store import RunLockedError, acquire_lock
 
+    out.mkdir(parents=True, exist_ok=True)  # after every refusal above: a refused call leaves no empty --out behind
     try:  # one call per --out at a time: two would train the same baselines into the same folders
         lock = acquire_lock(out, "bench")
     except RunLockedError as exc:

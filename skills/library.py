@@ -707,7 +707,11 @@ class SkillLibrary:
         files: list[Path] = []
         for p in map(Path, paths):
             if p.is_dir():
-                files += sorted(p.glob("*.md"))
+                found = sorted(p.glob("*.md"))
+                if not found:  # an empty or wrong folder imported "0 skills" and exit 0: said, nothing written
+                    raise SkillFileError(f"{p}: a folder with no *.md skill files (`evotrainer skills export DIR` "
+                                         "writes one file per skill); nothing imported")
+                files += found
             elif p.exists():
                 files.append(p)
             else:

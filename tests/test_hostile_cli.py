@@ -539,3 +539,29 @@ def test_a_size_the_machine_cannot_hold_is_one_line_not_a_traceback(monkeypatch,
     monkeypatch.setattr(cli, "app", lambda: (_ for _ in ()).throw(other))
     with pytest.raises(RuntimeError, match="some other failure"):  # not every RuntimeError is the user's
         cli.main()
+
+
+def test_a_value_error_from_a_library_is_one_line_that_says_where_it_came_from(monkeypatch, capsys):
+    """The entry point reads a ValueError as the user's input (our checks raise them with their fix). One raised inside
+    a library (a bug's, not the input's) was shown as if it were a config problem, with nothing to report. Now its one
+    line names the module and line it came from and how to get the traceback; ours stay unchanged; with
+    EVOTRAINER_DEBUG=1 the traceback is shown. Would catch: the suffix on our own errors, or a library's without it."""
+    import json
+
+    from harness import cli
+    from harness.config import ConfigError
+
+    def lib_error():
+        json.loads("{")  # raised in json.decoder
+
+    for boom, suffix in [(lib_error, "raised in json.decoder line"), (ConfigError("run.yaml: seed: bad"), None)]:
+        monkeypatch.delenv("EVOTRAINER_DEBUG", raising=False)
+        monkeypatch.setattr(cli, "app", boom if callable(boom) else (lambda b=boom: (_ for _ in ()).throw(b)))
+        with pytest.raises(SystemExit) as exc:
+            cli.main()
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+        assert (suffix in err and "EVOTRAINER_DEBUG=1" in err) if suffix else "EVOTRAINER_DEBUG" not in err, err
+        monkeypatch.setenv("EVOTRAINER_DEBUG", "1")
+        with pytest.raises(ValueError):
+            cli.main()

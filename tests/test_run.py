@@ -439,10 +439,35 @@ def test_a_run_started_with_a_relative_runs_dir_records_paths_any_working_direct
     copy = tmp_path / "elsewhere" / "rel"
     shutil.copytree(run_dir, copy)
     (copy / "lock").unlink(missing_ok=True)
+    # beside its original, a copy is never told to `mv` over it (that advice moved it INTO the original's folder)
+    with pytest.raises(RunError, match=r"is a copy of the run .*runs/rel, which is still there.*resume the original"):
+        resume_run(copy)
+    moved = tmp_path / "runs" / "rel-moved"
+    run_dir.rename(moved)
     with pytest.raises(RunError, match=r"was made as .*runs/rel and moved or copied since.*move it back"):
         resume_run(copy)
+    moved.rename(run_dir)
     with pytest.raises(RunError, match="already finished"):  # the folder where it was made is itself
         resume_run(run_dir)
+    # config.yaml edited since the start: what a resume may change passes the check (and the run says it finished);
+    # anything else is refused by name before anything is written (a task or env edit failed mid-stage before)
+    text = (run_dir / "config.yaml").read_text()
+    data = yaml.safe_load(text)
+    data["engineer"]["kind"] = "rule"
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({**data, "budget": {**data["budget"], "plateau": 4}}))
+    with pytest.raises(RunError, match="already finished"):
+        resume_run(run_dir)
+    db = (run_dir / "run.db").read_bytes()
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({**data, "seed": data["seed"] + 1,
+                                                         "recipe": {**data["recipe"], "steps": 7}}))
+    with pytest.raises(RunError, match=r"config.yaml was edited since the run started: (seed 0 -> 1; recipe.steps "
+                                       r"\d+ -> 7|recipe.steps \d+ -> 7; seed 0 -> 1)\. A resume may change only budget"):
+        resume_run(run_dir)
+    from harness.lifecycle import answer_gate
+
+    with pytest.raises(RunError, match="edited since the run started"):
+        answer_gate(run_dir, "approve")
+    assert (run_dir / "run.db").read_bytes() == db
 
 
 # --- the human gate ----------------------------------------------------------------------------------------------------
@@ -607,6 +632,69 @@ def test_cli_bad_inputs_one_clear_line(tmp_path):
     r = cli("run", str(p), "--runs-dir", str(tmp_path / "runs"))
     assert r.returncode == 2 and "policy.backend" in r.stderr and "transformers" in r.stderr, r.stderr
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())  # nothing started
+
+
+def test_cli_inputs_that_ran_or_wrote_what_nobody_asked_for_are_refused_first(tmp_path, monkeypatch):
+    """Each of these ran with exit 0 or trained before refusing (a read-only review found them): `run --budget 8`
+    (8 seconds: one stage, where 8 hours was meant), `runs --runs-dir TYPO` ("no runs"), `skills import EMPTY_DIR`
+    ("imported: 0 skills"), `bench scenarios --arms ""` (every arm), `train --out` over a checkpoint (replaced it
+    silently) or a file (refused after training), `run RUN_DIR` ("not found"), and a Ctrl-C, which printed a worker's
+    traceback and no way on. Each is now one line, exit 2 (130 for Ctrl-C), nothing written."""
+    from typer.testing import CliRunner
+
+    from harness import lifecycle
+    from harness.cli import app
+    from harness.run import RunInterrupted
+
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
+
+    def cli(*args: str):
+        return runner.invoke(app, list(args), env={"COLUMNS": "400"})
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(TINY))
+    r = cli("run", str(cfg), "--budget", "8", "--runs-dir", "r")
+    assert r.exit_code == 2 and "--budget 8: give the unit, e.g. 8h, 8m or 8s" in r.output, r.output
+    r = cli("resume", "whatever", "--wall-clock", "12")
+    assert r.exit_code == 2 and "--wall-clock 12: give the unit" in r.output, r.output
+    r = cli("runs", "--runs-dir", "no-such")
+    assert r.exit_code == 2 and "--runs-dir no-such: no such folder" in r.output, r.output
+    r = cli("runs")  # the default folder not made yet: an empty list, said
+    assert r.exit_code == 0 and "no runs under runs/" in r.output, r.output
+    (tmp_path / "empty").mkdir()
+    r = cli("skills", "import", "empty", "--home", "h")
+    assert r.exit_code != 0 and "no *.md skill files" in str(r.exception), (r.exception, r.output)
+    r = cli("bench", "scenarios", "--arms", "", "--out", "o")
+    assert r.exit_code == 2 and "--arms names no arm" in r.output, r.output
+    r = cli("experiment", "examples/none.yaml", "--arms", " , ")
+    assert r.exit_code == 2 and "--arms names no arm" in r.output, r.output
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text("{}")
+    (tmp_path / "afile").write_text("x")
+    for out, said in [("ckpt", "already holds a checkpoint; pass another --out, or --overwrite"),
+                      ("afile", "is a file")]:
+        t0 = time.time()
+        r = cli("train", "--out", out, "--sft-examples", "8", "--grpo-steps", "0")
+        assert r.exit_code != 0 and said in str(r.exception), (out, r.exception, r.output)
+        assert time.time() - t0 < 30  # before the minutes of training, not after
+    assert (tmp_path / "ckpt" / "config.json").read_text() == "{}"
+    assert not (tmp_path / "r").exists() and not (tmp_path / "o").exists()
+    # a run's folder where a config belongs names the command meant
+    made = lifecycle.open_run(tmp_path / "runs" / "x", parse_config(TINY, "test"))
+    made.close()
+    made.store.close()
+    r = cli("run", "runs/x")
+    assert r.exit_code == 2 and "is a run's folder, not a run config: `evotrainer resume runs/x`" in r.output, r.output
+    # Ctrl-C while a run is driven: the run's folder and how to go on, exit 130 (the driver records it interrupted)
+    monkeypatch.setattr(lifecycle, "_drive_prepared", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(RunInterrupted) as got:
+        lifecycle.start_run(parse_config(TINY, "test"), tmp_path / "runs", run_id="ctrlc")
+    assert got.value.run_dir == tmp_path / "runs" / "ctrlc"
+    r = cli("run", str(cfg), "--runs-dir", "runs", "--run-id", "ctrlc2")
+    assert r.exit_code == 130, (r.exit_code, r.output)
+    assert "interrupted (Ctrl-C); what run ctrlc2 recorded is kept" in r.output and \
+        f"`evotrainer resume {tmp_path / 'runs' / 'ctrlc2'}` continues it" in r.output, r.output
 
 
 def test_second_process_on_same_run_is_locked(tmp_path):

@@ -93,7 +93,9 @@ def test_a_typo_is_one_line_naming_the_field(tmp_path):
     for good, bad, where in (("test_n:", "test_nn:", "test_nn: unknown key"),
                              ("learning_rate: 0.0004", "learnig_rate: 0.0004", "round0.recipe.learnig_rate: unknown"),
                              ("hole_ratio: 0.2", "hole_ratoi: 0.2", "target.sizes.0.hole_ratoi: unknown"),
-                             ("arm_steps: 1", "arm_step: 1", "run.backtest.arm_step: unknown")):
+                             ("arm_steps: 1", "arm_step: 1", "run.backtest.arm_step: unknown"),
+                             # a misspelt required section: the typo, not "oracle: Field required"
+                             ("\noracle:", "\noracel:", "oracel: unknown key (did you mean oracle?)")):
         q = tmp_path / "typo.yaml"
         q.write_text(p.read_text().replace(good, bad, 1))
         msg = _error(q)
@@ -447,6 +449,7 @@ def test_one_name_twice_a_fixed_budget_a_missing_quick_checkpoint_and_a_busy_out
     b = _write(tmp_path / "other", "dup", round0={"env": ENV, "recipe": {"learning_rate": 8e-4}})
     with pytest.raises(ScenarioError, match=r"other/dup.yaml: scenario 'dup' is also the name of .*dup.yaml.*rename"):
         run_scenarios([a, b], tmp_path / "out", ["fixed-template"], 1, False, say=lambda m: None)
+    assert not (tmp_path / "out").exists()  # refused before its --out is made: no empty folder left behind
     assert "baselines.budget_steps: every arm's budget is the evolved arm's" in _error(
         _write(tmp_path, "fixed", baselines={"budget_steps": 5}))
     assert "quick.policy.checkpoint: /nonexistent/ckpt is not a checkpoint" in _error(_write(

@@ -64,3 +64,19 @@ def test_worker_exits_when_its_parent_is_killed(tmp_path):
     while _alive(child) and time.time() < deadline:
         time.sleep(0.05)
     assert not _alive(child), "the worker outlived its SIGKILLed parent"
+
+
+def test_a_ctrl_c_leaves_the_worker_to_its_run():
+    """Ctrl-C reaches the terminal's whole process group: the worker died of it with a KeyboardInterrupt traceback
+    printed over the run's own message. Now it ignores SIGINT and goes on until the run closes its stdin."""
+    cj = TASK.default_config().model_dump_json()
+    w = InstanceWorker()
+    try:
+        assert w.submit("mapf", cj, [1]).result(timeout=60)  # started and serving (SIGINT ignored from its start)
+        os.kill(w._proc.pid, signal.SIGINT)
+        time.sleep(0.5)
+        assert w._proc.poll() is None, "the worker died of SIGINT"
+        assert [i.seed for i in w.submit("mapf", cj, [3]).result(timeout=60)] == [3]
+    finally:
+        w.close(timeout=30)
+    assert w._proc.returncode == 0

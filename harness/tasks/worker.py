@@ -23,8 +23,13 @@ NICENESS = 10
 
 
 def main() -> None:
+    import signal
+
     from harness.tasks import generate_many
 
+    # Ctrl-C in a terminal reaches the whole process group: the run handles it (and says how to resume); this child
+    # exits when the run closes its stdin, never with a KeyboardInterrupt traceback of its own over the run's message
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         os.nice(NICENESS)
     except OSError:
