@@ -549,7 +549,9 @@ def bench_scenarios(
     bad = [a for a in arm_list if a not in ARMS]
     if bad:
         fail(f"--arms: unknown arm {bad[0]!r}; choose from {', '.join(ARMS)}")
-    only = [x.strip() for x in scenarios.split(",") if x.strip()] if scenarios else None
+    only = [x.strip() for x in scenarios.split(",") if x.strip()] if scenarios is not None else None
+    if only == []:  # `--scenarios ""` ran every scenario (hours), broken files included
+        fail("--scenarios names no scenario; leave it out to run every scenario in the folders given")
     try:
         files = scenario_files(where or [Path("examples/scenarios")], only)
         doc = run_scenarios(files, out, arm_list, seeds or (1 if quick else 3), quick,
@@ -819,6 +821,8 @@ def train(
     """Train a policy: expert SFT warm start on train-split seeds, then GRPO on the env config.
 
     The defaults are the CPU settings `evotrainer bench policy` measured (see BENCHMARKS.md)."""
+    if not str(out).strip() or str(out) == ".":
+        raise UserError("--out names no folder (empty or '.'); give the checkpoint its own folder")
     if out.exists() and not out.is_dir():  # before any training: said after it, the minutes were lost
         raise UserError(f"--out {out} is a file; pass a folder for the checkpoint (created if missing)")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
@@ -1005,6 +1009,8 @@ def skills_export(
     home: SkillsHome = None,
 ) -> None:
     """Export every skill as one Markdown file with YAML front matter (evidence included)."""
+    if not str(out_dir).strip() or str(out_dir) == ".":  # `skills export ''` wrote 17 files into the working folder
+        fail("skills export needs a folder of its own (not empty, not '.'); e.g. `evotrainer skills export skills-out`")
     skipped: list[str] = []
     with _skill_library(home) as lib:
         paths = lib.export(out_dir, skipped=skipped)
@@ -1080,6 +1086,14 @@ def _said_on_interrupt():
              f"again: `evotrainer resume {exc.run_dir}` continues it", code=130)
 
 
+def _not_empty(*options: tuple[str, object]) -> None:
+    """An option given as "" (an unset shell variable) is refused: as a path it meant the working folder (`--runs-dir ''`
+    made a run in it, `train --out ''` trained into it), as a choice the config's value (`--engineer ''`)."""
+    for name, value in options:
+        if value is not None and not str(value).strip():
+            fail(f"{name} is empty; give a value or leave the option out")
+
+
 def _cli_duration(value: str | None, option: str) -> str | None:
     """A wall clock typed on the command line needs its unit: `--budget 8` read as 8 seconds ran one stage and
     stopped, where the user meant 8 hours. A bare number is refused naming the three readings (config files keep
@@ -1120,6 +1134,7 @@ def run(
     from harness.lifecycle import start_run
 
     budget = _cli_duration(budget, "--budget")
+    _not_empty(("--runs-dir", runs_dir), ("--engineer", engineer))  # an empty --run-id: check_run_id says
     from harness.lifecycle import is_run_dir
 
     if config.is_dir() and is_run_dir(config):

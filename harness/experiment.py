@@ -127,6 +127,8 @@ class ExperimentConfig(_Strict):
     @field_validator("arms")
     @classmethod
     def _known(cls, v: list[str]) -> list[str]:
+        if not v:  # `arms: []` ended in an IndexError traceback after experiment.json was written
+            raise ValueError(f"names no arm; list at least one of {', '.join(ARMS)}")
         bad = [a for a in v if a not in ARMS]
         if bad:
             raise ValueError(f"unknown arm {bad[0]!r}; choose from {', '.join(ARMS)}")
@@ -168,7 +170,7 @@ def load_experiment(path: str | Path, quick: bool = False) -> ExperimentConfig:
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        raise ExperimentError(f"{path}: {where}: {first['msg']}") from None
+        raise ExperimentError(f"{path}: {where}: {first['msg'].removeprefix('Value error, ')}") from None
     if quick and cfg.quick:
         cfg = cfg.model_copy(update={"run": _merge(cfg.run, cfg.quick)})
     return cfg
@@ -208,7 +210,7 @@ def plan(cfg: ExperimentConfig) -> dict[str, Any]:
             Recipe.model_validate({**(cfg.run.get("recipe") or {}), **over})
         except ValidationError as exc:
             e = exc.errors()[0]
-            what = "unknown key (typo?)" if e["type"] == "extra_forbidden" else e["msg"]
+            what = "unknown key (typo?)" if e["type"] == "extra_forbidden" else e["msg"].removeprefix("Value error, ")
             raise ExperimentError(f"overrides.{arm}.{'.'.join(map(str, e['loc']))}: {what}") from None
         bad = [k for k in over if k in COMPUTE_KNOBS]
         if bad:

@@ -12,7 +12,7 @@ Location: `$EVOTRAINER_HOME/warmstart/<key>/` (default `~/.evotrainer/warmstart`
 
 The key hashes every setting that changes the trained weights (task, model preset, prompt style, generator config,
 the demonstrations' seeds, SFT steps / learning rate / batch size, seed, and where it trains: the GPU or the number of
-CPU threads, `trained_on`) and the code version: the source of the
+CPU threads and the instruction set torch's kernels use, `trained_on`) and the code version: the source of the
 policy layer and of the task (tokeniser, model presets, trainer, generator, expert), plus the torch, transformers and
 trl versions. Editing any of those files makes a new key, so a stale checkpoint is never reused. A checkpoint from a
 local model (`policy.checkpoint`) is not cached: its bytes are the user's, not ours to key.
@@ -64,10 +64,14 @@ def code_version() -> str:
 
 
 def trained_on(threads: int) -> str:
-    """Where an SFT runs, as far as its weights go: the GPU, or this many CPU threads."""
+    """Where an SFT runs, as far as its weights go: the GPU, or this many CPU threads on this instruction set."""
     import torch
 
-    return "cuda" if torch.cuda.is_available() else f"cpu x{threads}"
+    if torch.cuda.is_available():
+        return "cuda"
+    # the kernels torch picks for this CPU (AVX2, AVX512, ...): another instruction set sums a matrix product in
+    # another order, so a cache copied from another host (a shared $EVOTRAINER_HOME) was a different warm start
+    return f"cpu x{threads} {torch.backends.cpu.get_cpu_capability()}"
 
 
 def cache_key(**settings: Any) -> str:

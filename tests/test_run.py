@@ -669,11 +669,23 @@ def test_cli_inputs_that_ran_or_wrote_what_nobody_asked_for_are_refused_first(tm
     assert r.exit_code == 2 and "--arms names no arm" in r.output, r.output
     r = cli("experiment", "examples/none.yaml", "--arms", " , ")
     assert r.exit_code == 2 and "--arms names no arm" in r.output, r.output
+    r = cli("bench", "scenarios", "--scenarios", "", "--out", "o")
+    assert r.exit_code == 2 and "--scenarios names no scenario" in r.output, r.output
+    for opt in ("--runs-dir", "--engineer"):  # "" meant the working folder, or the config's engineer
+        r = cli("run", str(cfg), opt, "")
+        assert r.exit_code == 2 and f"{opt} is empty" in r.output, (opt, r.output)
+    r = cli("skills", "export", "", "--home", "h")
+    assert r.exit_code == 2 and "needs a folder of its own" in r.output, r.output
+    from harness.experiment import ExperimentError, load_experiment
+
+    (tmp_path / "noarms.yaml").write_text(yaml.safe_dump({"run": {"task": "mapf"}, "arms": []}))
+    with pytest.raises(ExperimentError, match="arms: names no arm"):  # was an IndexError after writing its out
+        load_experiment(tmp_path / "noarms.yaml")
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "config.json").write_text("{}")
     (tmp_path / "afile").write_text("x")
     for out, said in [("ckpt", "already holds a checkpoint; pass another --out, or --overwrite"),
-                      ("afile", "is a file")]:
+                      ("afile", "is a file"), ("", "--out names no folder")]:
         t0 = time.time()
         r = cli("train", "--out", out, "--sft-examples", "8", "--grpo-steps", "0")
         assert r.exit_code != 0 and said in str(r.exception), (out, r.exception, r.output)

@@ -411,3 +411,18 @@ def test_the_cache_switches_are_read_as_they_are_checked(monkeypatch):
         monkeypatch.setenv("EVOTRAINER_WARMSTART_CACHE", word)
         monkeypatch.setenv("EVOTRAINER_EVAL_CACHE", word)
         assert warmstart.enabled() is on and evalcache.enabled() is on, word
+
+
+def test_a_warm_start_trained_on_another_instruction_set_is_another_cache_entry(monkeypatch):
+    """A shared $EVOTRAINER_HOME (or one copied from another host) handed an AVX-512 host the warm start an AVX2 host
+    had trained: torch's kernels for another instruction set sum in another order, so 700 SFT steps land elsewhere.
+    Would catch a key that names only the thread count."""
+    import torch
+
+    from harness import warmstart
+
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU the key names the device, not the CPU")
+    here = warmstart.trained_on(1)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "OTHER_ISA")
+    assert warmstart.trained_on(1) == "cpu x1 OTHER_ISA" != here
