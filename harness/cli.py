@@ -110,7 +110,7 @@ def _where_if_not_ours(exc: BaseException) -> str:
     """Our errors (a class of this package's: ConfigError, RunError, ...) carry their fix. A plain ValueError or
     FileNotFoundError may be a bug's, not the input's: one line still, plus where it was raised and how to see the
     traceback, so a report can say more than the message."""
-    if type(exc).__module__.split(".")[0] in _OURS:
+    if isinstance(exc, UserError) or type(exc).__module__.split(".")[0] in _OURS:
         return ""
     tb = exc.__traceback__
     while tb is not None and tb.tb_next is not None:
@@ -118,7 +118,13 @@ def _where_if_not_ours(exc: BaseException) -> str:
     if tb is None:
         return ""
     module = str(tb.tb_frame.f_globals.get("__name__", ""))
-    if module.split(".")[0] in _OURS:  # raised by our code with its message (a plain ValueError naming the fix)
+    root = Path(__file__).resolve().parents[1]  # by file, not name: under `python -m harness.cli` ours is __main__
+    try:
+        Path(tb.tb_frame.f_code.co_filename).resolve().relative_to(root)
+        inside = not Path(tb.tb_frame.f_code.co_filename).resolve().is_relative_to(root / ".venv")
+    except ValueError:
+        inside = False
+    if inside or module.split(".")[0] in _OURS:  # raised by our code with its message (a plain ValueError naming the fix)
         return ""
     return (f" ({type(exc).__name__} raised in {module or '?'} line {tb.tb_lineno}, not by evotrainer's checks: if "
             "the input looks right, EVOTRAINER_DEBUG=1 shows the traceback for a report)")

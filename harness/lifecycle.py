@@ -721,7 +721,7 @@ def _check_has_run(run_dir: Path) -> None:
 # what config.yaml may change between a run's start and its resume: how long it runs, who proposes, where it runs,
 # what it keeps on disk, when a person is asked. The judge's inputs are fixed in judge.json (an edit is said and has
 # no effect: `_say_judge_edits`); anything else would change what the recorded stages and pooled evidence mean
-RESUME_EDITABLE = ("budget", "engineer", "scale", "retention", "gate.human")
+RESUME_EDITABLE = ("budget", "engineer", "scale", "retention", "gate.human", "sandbox")
 
 
 def _leaves(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -746,9 +746,22 @@ def config_edits(started: dict[str, Any], now: dict[str, Any]) -> list[str]:
         known = [q for q in before if q == path or q.startswith(path + ".") or path.startswith(q + ".")]
         if not known:
             continue
-        old = before[path] if path in before else {q: before[q] for q in known}
+        old = before[path] if path in before else "(not set)" if all(path.startswith(q + ".") for q in known) \
+            else {q[len(path) + 1:]: before[q] for q in known}
         if old != new:
             edits.append(f"{path} {old!r} -> {new!r}")
+    # a key removed from a section that is still there (`env`, `recipe`, ... without one of its keys) falls back to
+    # its default: an edit too. Only where the parent is still a mapping now, so a field a later version dropped from
+    # a model (its whole section re-validated) is not one
+    for path, old in before.items():
+        parent = path.rpartition(".")[0]
+        if path in after or not parent or any(path == p or path.startswith(p + ".") for p in (*RESUME_EDITABLE,
+                                                                                             *fixed_judge)):
+            continue
+        free_form = parent.split(".")[0] in ("env", "recipe", "reward", "warm_start", "eval", "backtest")
+        if free_form and any(q.startswith(parent + ".") for q in after) and not any(
+                q == path or q.startswith(path + ".") for q in after):
+            edits.append(f"{path} {old!r} -> (removed)")
     return edits
 
 

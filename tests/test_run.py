@@ -1103,3 +1103,21 @@ def test_a_run_copied_without_its_wal_is_not_resumed_over(tmp_path):
         answer_gate(dst, "approve")
     assert hashlib.sha256((dst / "run.db").read_bytes()).hexdigest() == before
     assert not (dst / "run.db-wal").exists() or (dst / "run.db-wal").stat().st_size == 0  # a reader's empty one
+
+
+def test_config_edits_names_changed_added_and_removed_settings_and_lets_a_resume_change_its_own():
+    """What `resume` compares (config.yaml against run.db's start): a key removed from a section falls back to its
+    default, so it is an edit (a reviewer found it passed); what a resume may change (budget, engineer, scale,
+    retention, gate.human, sandbox: the run's own hint says to set sandbox.allow_unisolated_diagnostics) is not."""
+    from harness.lifecycle import config_edits
+
+    start = {"env": {"a": 1, "b": 2}, "recipe": {}, "budget": {"stages": 3}, "sandbox": {"x": False},
+             "gate": {"human": "never", "min_effect": 0.02}}
+    assert config_edits(start, start) == []
+    assert config_edits(start, {**start, "budget": {"stages": 9}, "sandbox": {"x": True},
+                                "gate": {"human": "always", "min_effect": 0.02}}) == []
+    assert config_edits(start, {**start, "env": {"a": 1}}) == ["env.b 2 -> (removed)"]
+    assert config_edits(start, {**start, "recipe": {"steps": 3}}) == ["recipe.steps '(not set)' -> 3"]
+    assert config_edits(start, {**start, "gate": {"human": "never", "min_effect": 0.05}}) == \
+        ["gate.min_effect 0.02 -> 0.05"]
+    assert config_edits(start, {**start, "new_section": {"k": 1}}) == []  # a field a later version added

@@ -44,8 +44,11 @@ def main() -> None:
             res: tuple[str, Any] = ("ok", generate_many(*req))
         except Exception as exc:  # noqa: BLE001  # reported to the caller's future, which falls back to generating itself
             res = ("err", f"{type(exc).__name__}: {exc}")
-        pickle.dump(res, out, protocol=pickle.HIGHEST_PROTOCOL)
-        out.flush()
+        try:
+            pickle.dump(res, out, protocol=pickle.HIGHEST_PROTOCOL)
+            out.flush()
+        except (BrokenPipeError, OSError):  # the run is gone (killed mid-solve): nobody to answer, nothing to print
+            return
 
 
 class WorkerError(RuntimeError):
