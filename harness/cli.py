@@ -118,14 +118,10 @@ def _where_if_not_ours(exc: BaseException) -> str:
     if tb is None:
         return ""
     module = str(tb.tb_frame.f_globals.get("__name__", ""))
-    root = Path(__file__).resolve().parents[1]  # by file, not name: under `python -m harness.cli` ours is __main__
-    try:
-        Path(tb.tb_frame.f_code.co_filename).resolve().relative_to(root)
-        inside = not Path(tb.tb_frame.f_code.co_filename).resolve().is_relative_to(root / ".venv")
-    except ValueError:
-        inside = False
-    if inside or module.split(".")[0] in _OURS:  # raised by our code with its message (a plain ValueError naming the fix)
-        return ""
+    # ours by file (under `python -m harness.cli` cli.py is __main__) or by name (an installed copy in site-packages)
+    root, file = Path(__file__).resolve().parents[1], Path(tb.tb_frame.f_code.co_filename).resolve()
+    if (file.is_relative_to(root) and not file.is_relative_to(root / ".venv")) or module.split(".")[0] in _OURS:
+        return ""  # raised by our code with its message (a plain ValueError naming the fix)
     return (f" ({type(exc).__name__} raised in {module or '?'} line {tb.tb_lineno}, not by evotrainer's checks: if "
             "the input looks right, EVOTRAINER_DEBUG=1 shows the traceback for a report)")
 
@@ -827,7 +823,7 @@ def train(
     """Train a policy: expert SFT warm start on train-split seeds, then GRPO on the env config.
 
     The defaults are the CPU settings `evotrainer bench policy` measured (see BENCHMARKS.md)."""
-    if not str(out).strip() or str(out) == ".":
+    if not str(out).strip() or str(out) == ".":  # "" is typer's Path('.'): the working folder
         raise UserError("--out names no folder (empty or '.'); give the checkpoint its own folder")
     if out.exists() and not out.is_dir():  # before any training: said after it, the minutes were lost
         raise UserError(f"--out {out} is a file; pass a folder for the checkpoint (created if missing)")
@@ -1137,12 +1133,10 @@ def run(
     import yaml
 
     from harness.config import load_config, parse_config
-    from harness.lifecycle import start_run
+    from harness.lifecycle import is_run_dir, start_run
 
     budget = _cli_duration(budget, "--budget")
     _not_empty(("--runs-dir", runs_dir), ("--engineer", engineer))  # an empty --run-id: check_run_id says
-    from harness.lifecycle import is_run_dir
-
     if config.is_dir() and is_run_dir(config):
         fail(f"{config} is a run's folder, not a run config: `evotrainer resume {config}` continues it; `evotrainer run "
              f"{config / 'config.yaml'} --run-id NEW` starts a new run from its config")
@@ -1309,10 +1303,13 @@ def runs_cmd(
     from harness.report import list_runs
     from harness.terminal import shown
 
-    if not Path(runs_dir).is_dir() and (runs_dir != "runs" or Path(runs_dir).exists()):
-        # a folder named on purpose that is not there is a typo to say, not an empty list (exit 0 hid it from scripts)
-        fail(f"--runs-dir {runs_dir}: " + ("not a folder" if Path(runs_dir).exists() else "no such folder")
-             + " (runs are where `evotrainer run --runs-dir` put them; default ./runs)")
+    if Path(runs_dir).exists() and not Path(runs_dir).is_dir():
+        fail(f"--runs-dir {runs_dir}: not a folder")
+    if not Path(runs_dir).exists() and Path(runs_dir).absolute() != Path("runs").absolute():
+        # a folder named on purpose that is not there is a typo to say, not an empty list (exit 0 hid it from scripts);
+        # the default (./runs, runs/) before any run is an empty list
+        fail(f"--runs-dir {runs_dir}: no such folder (runs are where `evotrainer run --runs-dir` put them; default "
+             "./runs)")
     rows = list_runs(Path(runs_dir))
     if as_json:
         print(_json.dumps(rows, indent=1, default=str))
