@@ -87,16 +87,16 @@ def main() -> None:
         fail(" ".join(str(exc).split()), exit_with=sys.exit)
     except MemoryError:  # a size the config allows but the machine cannot hold (batch, completion length, threads)
         fail("out of memory: a size in the config (recipe.batch_size, max_completion_length, stage or backtest "
-             "instances) or the thread count is more than this machine can hold; lower it. What the run recorded "
-             "is kept: `evotrainer resume` continues it", exit_with=sys.exit)
+             "instances), a count on the command line or the thread count is more than this machine can hold; lower "
+             "it." + _kept_hint(), exit_with=sys.exit)
     except RuntimeError as exc:
         if machine_fault(exc) is not None:  # a safetensors write to a full disk is a RuntimeError
             _machine_failed(exc)
         if "can't allocate" not in str(exc) and "out of memory" not in str(exc).lower():
             raise
         fail(f"out of memory ({' '.join(str(exc).split())[:160]}): a size in the config (recipe.batch_size, "
-             "max_completion_length, stage or backtest instances) is more than this machine can hold; lower it. What "
-             "the run recorded is kept: `evotrainer resume` continues it", exit_with=sys.exit)
+             "max_completion_length, stage or backtest instances) is more than this machine can hold; lower it."
+             + _kept_hint(), exit_with=sys.exit)
     except Exception as exc:  # a full disk at a write outside any arm (a checkpoint, the run's database)
         if machine_fault(exc) is None:
             raise
@@ -104,6 +104,19 @@ def main() -> None:
 
 
 _OURS = ("harness", "policies", "skills", "sandbox")
+MAX_DRAW = 1_000_000  # instances one command draws (env stats, eval --env): more is hours of generation and its memory
+MAX_SEED = 2**62  # a first seed SQLite (the drawn-instance cache) can store with room for the draw after it
+
+
+def _kept_hint(argv: list[str] | None = None) -> str:
+    """What survives a failure, said only by the commands that record something (`env stats` has no run to resume)."""
+    words = [w for w in (sys.argv[1:] if argv is None else argv) if not w.startswith("-")]
+    first = words[0] if words else ""
+    if first in ("run", "resume", "approve", "revise"):
+        return " What the run recorded is kept: `evotrainer resume` continues it"
+    if first in ("experiment", "bench"):
+        return " What it recorded is kept: the same command with the same --out resumes where it stopped"
+    return ""
 
 
 def _where_if_not_ours(exc: BaseException) -> str:
@@ -142,8 +155,11 @@ def git_error() -> type[BaseException]:
 
 def _problems(exc) -> str:
     """A pydantic ValidationError as one line of `field: reason`, without the input values (at most 5 problems)."""
-    errs = exc.errors(include_input=False, include_url=False)
-    out = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(top level)'}: {e['msg']}" for e in errs[:5])
+    from harness.config import union_merged
+
+    errs = union_merged(exc.errors(include_input=False, include_url=False))
+    out = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(top level)'}: {e['msg'].removeprefix('Value error, ')}"
+                    for e in errs[:5])
     return out + (f"; and {len(errs) - 5} more" if len(errs) > 5 else "")
 
 
@@ -183,10 +199,10 @@ def _env_config(task, path: Path | None):
 def env_sample(
     task: Annotated[str, typer.Option(help="task family")] = "mapf",
     config: Annotated[Path | None, typer.Option(help="generator config YAML (default: the task's default)")] = None,
-    n: Annotated[int, typer.Option(min=1, help="instances to print")] = 3,
+    n: Annotated[int, typer.Option(min=1, max=MAX_DRAW, help="instances to print")] = 3,
     style: Annotated[str | None, typer.Option(help="prompt style (mapf: trace, compact, chat; math: trace, plain, "
                                                     "chat; code: plain, chat); default: the task's first")] = None,
-    seed_start: Annotated[int, typer.Option(min=0, help="first seed")] = 0,
+    seed_start: Annotated[int, typer.Option(min=0, max=MAX_SEED, help="first seed")] = 0,
     checkpoint: Annotated[Path | None, typer.Option(help="render each prompt exactly as this checkpoint sees it: "
                                                     "through its chat template with the generation prompt (or its "
                                                     "prompt separator); only the tokenizer is loaded")] = None,
@@ -230,8 +246,8 @@ def env_sample(
 def env_stats(
     task: Annotated[str, typer.Option(help="task family")] = "mapf",
     config: Annotated[Path | None, typer.Option(help="generator config YAML (default: the task's default)")] = None,
-    n: Annotated[int, typer.Option(min=1, help="instances to draw")] = 200,
-    seed_start: Annotated[int, typer.Option(min=0, help="first seed")] = 0,
+    n: Annotated[int, typer.Option(min=1, max=MAX_DRAW, help="instances to draw")] = 200,
+    seed_start: Annotated[int, typer.Option(min=0, max=MAX_SEED, help="first seed")] = 0,
 ) -> None:
     """Print a config's distribution: the task's env_stats (MAPF: sizes, holes, needs-wait; math, code: per level)."""
     from harness.tasks import EnvStats
@@ -832,6 +848,13 @@ def train(
         raise UserError(f"--out {out} already holds {what}; pass another --out, or --overwrite to replace "
                         + ("it (--init may name it: the start is read before anything is written)" if what ==
                            "a checkpoint" else "them"))
+    if sft_examples == 0 and sft_steps:  # 500 steps over no demonstrations: an untrained checkpoint, exit 0
+        raise UserError(f"--sft-steps {sft_steps} with --sft-examples 0: the warm start has no demonstrations to "
+                        "train on; pass --sft-examples N, or --sft-steps 0 (GRPO only)")
+    if sft_examples == 0 and init is None:
+        err.print(f"warning: --sft-examples 0 from the {preset} preset: GRPO starts from random weights, whose "
+                  "completions rarely score, so most groups give no gradient; --init a checkpoint or keep the warm "
+                  "start", highlight=False)
     from policies import cpu_threads
 
     cpu_threads(threads)
@@ -868,11 +891,11 @@ def eval_cmd(
     ckpt: Annotated[Path, typer.Argument(help="checkpoint directory (save_pretrained)")],
     task: Annotated[str | None, typer.Option(help="task family; default: the one the checkpoint was trained on (its "
                                              "evotrainer.json), else mapf")] = None,
-    suite: Annotated[str, typer.Option(help="benchmark suite name (test-split seeds)")] = "small",
+    suite: Annotated[str | None, typer.Option(help="benchmark suite name (test-split seeds) [default: small]")] = None,
     env: Annotated[Path | None, typer.Option(help="a generator config YAML (the task's env.yaml, e.g. a scenario's "
                                             "target) as the test set instead of --suite: --n instances, test "
                                             "split")] = None,
-    n: Annotated[int, typer.Option(min=1, help="instances drawn from --env")] = 200,
+    n: Annotated[int | None, typer.Option(min=1, max=MAX_DRAW, help="instances drawn from --env [default: 200]")] = None,
     max_new_tokens: Annotated[int, typer.Option(min=1, help="completion budget in tokens")] = 256,
     style: Annotated[str | None, typer.Option(help="prompt style; default: the one the checkpoint was trained on "
                                               "(its evotrainer.json), else chat for chat models, else trace")] = None,
@@ -880,6 +903,12 @@ def eval_cmd(
 ) -> None:
     """Evaluate a checkpoint on a held-out suite (or a generator config's instances): valid and optimal rates per
     slice."""
+    if suite is not None and env is not None:  # one test set: --env was used and --suite silently ignored
+        raise UserError(f"--suite {suite} and --env {env} both name the test set; pass one")
+    if n is not None and env is None:  # a suite has its own size: --n was silently ignored
+        raise UserError(f"--n {n} sizes a draw from --env; a suite ({suite or 'small'}) has its own instances: pass "
+                        "--env <generator config> with --n, or drop --n")
+    suite, n = suite or "small", n or 200
     from policies import cpu_threads
 
     cpu_threads(threads)
@@ -938,9 +967,12 @@ _HOME_HELP = "folder holding skills.db (default: $EVOTRAINER_HOME, else ~/.evotr
 SkillsHome = Annotated[Path | None, typer.Option("--home", help=_HOME_HELP)]
 
 
-def _skill_library(home: Path | None):
+def _skill_library(home: Path | None, create: bool = False):
     from skills.library import SkillLibrary
 
+    if home is not None and not create and not (home / "skills.db").is_file():  # a typo made an empty library
+        raise UserError(f"--home {home} holds no skill library (no skills.db there); pass the folder that holds "
+                        "skills.db (a run's EVOTRAINER_HOME), or drop --home for the default")
     lib = SkillLibrary.open(home / "skills.db" if home is not None else None)
     try:
         lib.check()  # a damaged page is one line naming the file and the fix, not a traceback from a later read
@@ -972,6 +1004,16 @@ def skills_list(
 
     skipped: list[str] = []
     with _skill_library(home) as lib:
+        if task is not None:  # a typo listed the general skills as if they were that family's
+            from harness.tasks import registry
+
+            known = set(registry()) | {d for s in lib.all(skipped=[]) for d in (*s.domains, *s.evidence.families)}
+            if task not in known:
+                import difflib
+
+                near = difflib.get_close_matches(task, sorted(known), n=1)
+                raise UserError(f"--task {task}: no such task family" + (f" (did you mean {near[0]}?)" if near else "")
+                                + f"; known: {', '.join(sorted(known))}")
         skills = lib.all(task, skipped=skipped)
     _say_skipped(skipped)
     if as_json:
@@ -1009,13 +1051,15 @@ def skills_show(
 def skills_export(
     out_dir: Annotated[Path, typer.Argument(help="folder to write <name>.md files into (created if missing)")],
     home: SkillsHome = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="replace skill files there that say something else "
+                                            "(a hand edit, another library's export)")] = False,
 ) -> None:
     """Export every skill as one Markdown file with YAML front matter (evidence included)."""
     if not str(out_dir).strip() or str(out_dir) == ".":  # `skills export ''` wrote 17 files into the working folder
         fail("skills export needs a folder of its own (not empty, not '.'); e.g. `evotrainer skills export skills-out`")
     skipped: list[str] = []
     with _skill_library(home) as lib:
-        paths = lib.export(out_dir, skipped=skipped)
+        paths = lib.export(out_dir, skipped=skipped, overwrite=overwrite)
     _say_skipped(skipped)
     print(f"exported: {len(paths)} skills to {out_dir}" + (f" ({len(skipped)} that do not read back left out)"
                                                            if skipped else ""))
@@ -1034,7 +1078,7 @@ def skills_import(
     from skills.library import IMPORT_TRUST
 
     replaced: list[str] = []
-    with _skill_library(home) as lib:
+    with _skill_library(home, create=True) as lib:
         names = lib.import_files(paths, replace=replace, replaced=replaced)
     from harness.terminal import plain
 
@@ -1148,7 +1192,9 @@ def run(
         if stages is not None:  # --stages 0 is refused by the budget's own check, never silently ignored
             data["budget"]["stages"] = stages
         if engineer:
-            data["engineer"]["kind"] = engineer
+            from harness.config import switched
+
+            data["engineer"] = switched(data["engineer"], engineer)
         cfg = parse_config(yaml.safe_load(yaml.safe_dump(data)), f"{config} (+ command-line overrides)")
     with _said_on_interrupt():
         run_dir = start_run(cfg, runs_dir, run_id, progress=_run_progress())
@@ -1188,6 +1234,9 @@ def experiment(
             from harness.experiment import ExperimentConfig
 
             cfg = ExperimentConfig.model_validate({**cfg.model_dump(), **update})
+        if "oracle" in update.get("arms", ()) and cfg.oracle is None:  # asked for by name: refused, not skipped
+            fail(f"--arms oracle: {config} has no known-good harness (an oracle is a scenario's: `evotrainer bench "
+                 "scenarios DIR --scenarios NAME --arms oracle,...`); drop oracle from --arms")
         s = run_experiment(cfg, out, say=lambda m: console.print(plain(m), highlight=False, markup=False,
                                                                  soft_wrap=True),
                            progress=_run_progress(), jobs=jobs)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer, model_validator
 
@@ -75,7 +75,7 @@ class PolicyConfig(_Strict):
 
 
 class WarmStartConfig(_Strict):
-    sft_examples: int = Field(2000, ge=0, description="expert demonstrations (train split) for the SFT warm start; 0 = skip")
+    sft_examples: int = Field(2000, ge=0, le=10_000_000, description="expert demonstrations (train split) for the SFT warm start; 0 = skip")
     sft_steps: int | None = Field(None, ge=0, description="override recipe.sft_steps for the warm start")
     env: dict[str, Any] | None = Field(None, description="the distribution the SFT warm start's demonstrations come "
                                        "from (the task's config model); default: the round-0 env. The warm-start "
@@ -106,8 +106,8 @@ class BudgetConfig(_Strict):
 
 
 class StageConfig(_Strict):
-    train_instances: int = Field(256, ge=8, description="fresh train-split instances drawn for each stage's GRPO")
-    probe_n: int = Field(48, ge=4, description="probe-split instances rolled out for the diagnosis")
+    train_instances: int = Field(256, ge=8, le=10_000_000, description="fresh train-split instances drawn for each stage's GRPO")
+    probe_n: int = Field(48, ge=4, le=1_000_000, description="probe-split instances rolled out for the diagnosis")
     probe_samples: int = Field(4, ge=1, description="samples per probe instance (groups for GRPO-health diagnostics)")
     candidates: int = Field(1, ge=1, le=8, description="candidates the engineer may propose per stage")
     rejections_before_fallback: int = Field(3, ge=1, description="consecutive rejections before rolling back to the "
@@ -144,7 +144,7 @@ class StageConfig(_Strict):
 
 class BacktestConfig(_Strict):
     arm_steps: int = Field(8, ge=1, description="GRPO steps per arm (candidate and control get the same budget)")
-    n: int = Field(96, ge=8, description="fresh backtest-split instances per decision (both arms, paired)")
+    n: int = Field(96, ge=8, le=1_000_000, description="fresh backtest-split instances per decision (both arms, paired)")
     samples: int = Field(4, ge=1, description="completions sampled per backtest instance at `temperature`: the "
                                               "per-instance outcome is a success rate (greedy is also reported)")
     temperature: float | None = Field(None, gt=0, description="sampling temperature of the backtest judge; default: "
@@ -284,7 +284,7 @@ class EvalConfig(_Strict):
     env: dict[str, Any] | None = Field(None, description="a generator config as the held-out test set instead of a "
                                        "named suite: `n` instances drawn from it on the test split (a scenario's "
                                        "target); each instance's block is its slices")
-    n: int = Field(200, ge=1, description="test instances drawn from `env` (with env only)")
+    n: int = Field(200, ge=1, le=1_000_000, description="test instances drawn from `env` (with env only)")
 
     @model_validator(mode="after")
     def _one_test_set(self) -> EvalConfig:
@@ -461,6 +461,25 @@ class EngineerConfig(BaseModel):
             raise ValueError("engineer kind 'scripted' needs script: a .yaml/.jsonl file of replies")
         return self
 
+    ENDPOINT: ClassVar[tuple[str, ...]] = ("base_url", "model", "api_key_env", "model_path", "script")
+    USES: ClassVar[dict[str, tuple[str, ...]]] = {"rule": (), "scripted": ("script",),
+                                                  "llm": ("base_url", "model", "api_key_env", "model_path")}
+
+    def unused(self) -> list[str]:
+        """Set fields this kind never reads (a base_url under kind: rule, the default): said once at a run's start,
+        as a warning, not refused: a config may carry an endpoint it is not using yet. A kind switched on purpose
+        (`run --engineer`, an experiment's evolved-rule arm) drops them (`switched`)."""
+        return [f for f in self.ENDPOINT if getattr(self, f) and f not in self.USES[self.kind]]
+
+
+def switched(engineer: Any, kind: str) -> Any:
+    """A run config's engineer section with its kind set to `kind`, without the fields that kind never reads."""
+    if engineer is not None and not isinstance(engineer, dict):
+        return engineer  # not a section: the config's own check names it
+    keep = EngineerConfig.USES.get(kind, ())
+    return {**{k: v for k, v in (engineer or {}).items() if k not in EngineerConfig.ENDPOINT or k in keep},
+            "kind": kind}
+
 
 class RunConfig(_Strict):
     task: str = Field(DEFAULT_TASK, description="task family: a built-in one (harness.tasks.TASKS) or one registered through an `evotrainer.tasks` entry point or $EVOTRAINER_TASKS (harness.tasks.registry)")
@@ -546,7 +565,7 @@ def _nested(prefix: str, model: type[BaseModel], data: Any) -> None:
         model.model_validate(data)
     except ValidationError as exc:
         lines = []
-        for e in exc.errors():
+        for e in union_merged(exc.errors()):
             loc = ".".join([prefix, *(str(p) for p in e["loc"])])
             msg = e["msg"].removeprefix("Value error, ")
             if not e["loc"] and (m := _BOOL_NUMBER.match(msg)):  # `no_bool_numbers`: name its field
@@ -558,11 +577,51 @@ def _nested(prefix: str, model: type[BaseModel], data: Any) -> None:
 
 
 _BOOL_NUMBER = re.compile(r"(\w+): ((?:true|false) is not a value of this field.*)")
+# how pydantic names the member of a union a value failed (`literal['never','always']`, `HumanAfterFailures`, `int`):
+# never a field of ours (those are lower_snake), so a location part that looks like one is the union's, not a key
+_UNION_TAG = re.compile(r"^(literal\[.*\]|[A-Z]\w*|int|float|str|bool|none|list\[.*\]|dict\[.*\]|function-\w+\[.*\]|"
+                        r"constrained-\w+|tagged-union\[.*\])$")
+
+
+def union_merged(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Pydantic reports a value that fits no member of a union once per member, each under a location that ends in
+    the member's internal name (`gate.human.literal['never','always']: Input should be 'never' or 'always'
+    gate.human.HumanAfterFailures: Input should be a valid dictionary ...`). One reading per field instead: when a
+    member got as far as the value's own fields (a mapping with a typo or a bad number), only those errors, under
+    the field's location; else the members' messages joined with "; or ". Other errors pass through unchanged."""
+    def split(loc: tuple) -> int | None:
+        return next((i for i, p in enumerate(loc) if isinstance(p, str) and _UNION_TAG.match(p)), None)
+
+    deep = {tuple(e["loc"][:i]) for e in errors if (i := split(tuple(e["loc"]))) is not None and len(e["loc"]) > i + 1}
+    out: list[dict[str, Any]] = []
+    at: dict[tuple, dict[str, Any]] = {}
+    for e in errors:
+        loc = tuple(e["loc"])
+        i = split(loc)
+        if i is None:
+            out.append(e)
+            continue
+        field = loc[:i]
+        if len(loc) > i + 1:  # inside the member's own fields: the error that says what is wrong
+            out.append({**e, "loc": tuple(p for p in loc if not (isinstance(p, str) and _UNION_TAG.match(p)))})
+            continue
+        if field in deep:  # the value was meant for another member, which said what is wrong with it
+            continue
+        msg = e["msg"].removeprefix("Value error, ")
+        if "valid dictionary or instance of" in msg:  # the model member's: say what it takes, not its class
+            msg = "a mapping of its fields (see `evotrainer run --help` and examples/*.yaml)"
+        if field in at:
+            if msg not in at[field]["msg"]:
+                at[field]["msg"] += "; or " + msg
+            continue
+        at[field] = {**e, "loc": field, "msg": msg, "type": "union"}
+        out.append(at[field])
+    return out
 
 
 def _format_error(exc: ValidationError, source: str) -> str:
     lines = []
-    for e in exc.errors():
+    for e in union_merged(exc.errors()):
         loc = ".".join(str(p) for p in e["loc"])
         if not loc and e["type"] == "value_error":  # a whole-config check: its message names the field
             lines.append(e["msg"].removeprefix("Value error, "))

@@ -157,6 +157,10 @@ def load_experiment(path: str | Path, quick: bool = False) -> ExperimentConfig:
         if not isinstance(data, dict):
             raise ExperimentError(f"{path}: an experiment config is a YAML mapping (run:, arms:, seeds:, ...), got a "
                                   f"{type(data).__name__}; see examples/experiment_mapf.yaml")
+        if "scenario" in data and "target" in data:  # a scenario file is the bench's input, not an experiment
+            raise ExperimentError(f"{path} is a scenario file (scenario: {data['scenario']}), not an experiment "
+                                  f"config: `evotrainer bench scenarios {path.parent} --scenarios "
+                                  f"{data['scenario']} --arms ...` runs its arms (oracle included)")
         if isinstance(data.get("run"), str):
             rp = (path.parent / data["run"]).resolve()
             if not rp.is_file():
@@ -187,7 +191,9 @@ def run_config(cfg: ExperimentConfig, seed: int, arm: str, warm: Path | None = N
         data = _merge(data, {"policy": {"checkpoint": str(warm), "preset": None},
                              "warm_start": {"sft_examples": 0}})
     if arm in EVOLVED:
-        data = _merge(data, {"engineer": {"kind": "rule" if arm == "evolved-rule" else "llm"}})
+        from harness.config import switched
+
+        data = {**data, "engineer": switched(data.get("engineer"), "rule" if arm == "evolved-rule" else "llm")}
     if arm in cfg.overrides:
         data = _merge(data, {"recipe": cfg.overrides[arm]})
     return parse_config(data, f"experiment run config ({arm}, seed {seed})")

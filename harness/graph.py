@@ -143,6 +143,11 @@ def node_setup(run: Run, state: State) -> State:
         run.event(0, "setup", "warning", warn, key="max-evidence")
     if warn := arm_noise_warning(run.config.gate.plan(run.config.backtest.n)):
         run.event(0, "setup", "warning", warn, key="arm-noise")
+    if unused := run.config.engineer.unused():  # `base_url` under kind: rule (the default): an endpoint never asked
+        run.event(0, "setup", "warning", f"engineer.{', engineer.'.join(unused)} set, but engineer.kind is "
+                  f"{run.config.engineer.kind!r}, which does not use {'it' if len(unused) == 1 else 'them'}"
+                  + (": set engineer.kind: llm to have the endpoint propose changes" if run.config.engineer.kind ==
+                     "rule" and set(unused) & {"base_url", "model", "model_path"} else ""), key="engineer-unused")
     out, n = warm_start(run)
     # per-run fixed costs paid once here, not by stage 1: the report suite (and the warm start's score on it, the
     # curve's starting point) and the round-0 env statistics

@@ -542,8 +542,12 @@ def run_scenarios(files: list[Path], out: str | Path, arms: list[str], seeds: in
                                 f"to <out>/<name>, so two files of one name would pool; rename one")
         loaded.append((f, sc))
     run_arms = list(arms)
-    if not any(a in EVOLVED for a in run_arms):  # the evolved arm's compute is every arm's budget
+    added = not any(a in EVOLVED for a in run_arms)
+    if added:  # the evolved arm's compute is every arm's budget
         run_arms.insert(0, "evolved-rule")
+    # a seed count out of range or an arm listed twice is refused here, before anything is printed or made
+    configs = [experiment_config(sc, run_arms, seeds, quick, skills) for _, sc in loaded]
+    if added:
         say("arms: evolved-rule added (its measured compute is every other arm's budget; a finished one is reused)")
     from harness.store import RunLockedError, acquire_lock
 
@@ -555,20 +559,20 @@ def run_scenarios(files: list[Path], out: str | Path, arms: list[str], seeds: in
         raise ScenarioError(f"--out {out} is in use by another bench call{f' (pid {pid.group(1)})' if pid else ''}; "
                             "wait for it to end, or give this call another --out") from None
     try:
-        return _run_scenarios(loaded, out, run_arms, seeds, quick, say, progress, jobs, skills)
+        return _run_scenarios(loaded, configs, out, run_arms, seeds, quick, say, progress, jobs)
     finally:
         lock.release()
 
 
-def _run_scenarios(loaded: list, out: Path, run_arms: list[str], seeds: int, quick: bool, say, progress, jobs: int,
-                   skills: str | None) -> dict[str, Any]:
+def _run_scenarios(loaded: list, configs: list, out: Path, run_arms: list[str], seeds: int, quick: bool, say,
+                   progress, jobs: int) -> dict[str, Any]:
     from harness.experiment import EVOLVED, run_experiments
 
     t0 = time.time()
     for f, sc in loaded:
         say(f"scenario {sc.scenario} ({f}): arms {', '.join(run_arms)}, {seeds} seed(s){', quick' if quick else ''}")
-    done = run_experiments([(experiment_config(sc, run_arms, seeds, quick, skills), out / sc.scenario)
-                            for _, sc in loaded], say, progress, jobs, labels=[sc.scenario for _, sc in loaded])
+    done = run_experiments([(cfg, out / sc.scenario) for cfg, (_, sc) in zip(configs, loaded, strict=True)], say,
+                           progress, jobs, labels=[sc.scenario for _, sc in loaded])
     rows: dict[str, dict[str, Any]] = {}
     for (_, sc), exp in zip(loaded, done, strict=True):  # this call's arms and earlier parts' (`_with_earlier_parts`)
         res: dict[str, list[dict[str, Any]]] = {}

@@ -76,19 +76,19 @@ class Recipe(BaseModel):
     def _no_bool_numbers(cls, data):
         return no_bool_numbers(cls, data)
     # SFT warm start
-    sft_learning_rate: float = Field(1e-3, gt=0, description="SFT peak learning rate (1e-3 suits tiny from-scratch models)")
-    sft_steps: int = Field(300, ge=0, description="SFT optimiser steps (0 = skip the warm start)")
-    sft_batch_size: int = Field(32, ge=1, description="SFT sequences per optimiser step")
+    sft_learning_rate: float = Field(1e-3, gt=0, le=1.0, description="SFT peak learning rate (1e-3 suits tiny from-scratch models)")
+    sft_steps: int = Field(300, ge=0, le=10_000_000, description="SFT optimiser steps (0 = skip the warm start)")
+    sft_batch_size: int = Field(32, ge=1, le=65_536, description="SFT sequences per optimiser step")
     # GRPO
-    learning_rate: float = Field(1e-4, gt=0, description="GRPO learning rate (measured on the tiny MAPF policy: 1e-4 "
+    learning_rate: float = Field(1e-4, gt=0, le=1.0, description="GRPO learning rate (measured on the tiny MAPF policy: 1e-4 "
                                  "learns, 2e-4 collapses it within 100 steps; 1e-6..1e-5 for pretrained LMs)")
     beta: float = Field(0.01, ge=0, description="KL coefficient against the stage's starting policy (0 = no reference)")
-    num_generations: int = Field(8, ge=2, description="completions sampled per prompt (the GRPO group size)")
-    temperature: float = Field(1.0, gt=0, description="sampling temperature during GRPO rollouts")
+    num_generations: int = Field(8, ge=2, le=4096, description="completions sampled per prompt (the GRPO group size)")
+    temperature: float = Field(1.0, gt=0, le=10.0, description="sampling temperature during GRPO rollouts")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass during GRPO rollouts")
-    max_completion_length: int = Field(96, ge=1, description="completion budget in tokens; longer ones are truncated")
-    steps: int = Field(40, ge=1, description="GRPO optimiser steps")
-    batch_size: int = Field(32, ge=2, description="completions per GRPO step (prompts per step = batch_size / "
+    max_completion_length: int = Field(96, ge=1, le=1_048_576, description="completion budget in tokens; longer ones are truncated")
+    steps: int = Field(40, ge=1, le=10_000_000, description="GRPO optimiser steps")
+    batch_size: int = Field(32, ge=2, le=1_048_576, description="completions per GRPO step (prompts per step = batch_size / "
                             "num_generations); must be a multiple of num_generations")
     loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo"] = Field(
         "dapo", description="TRL loss aggregation (dapo = token-normalised over the batch, no length bias)")

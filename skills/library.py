@@ -682,17 +682,24 @@ class SkillLibrary:
     # --- export / import ------------------------------------------------------------------------------------------------
 
     def export(self, out_dir: str | Path, names: Iterable[str] | None = None,
-               skipped: list[str] | None = None) -> list[Path]:
-        """Write `<name>.md` per skill (all, or `names`) into `out_dir`; returns the paths. `skipped`: as `all`."""
+               skipped: list[str] | None = None, overwrite: bool = True) -> list[Path]:
+        """Write `<name>.md` per skill (all, or `names`) into `out_dir`; returns the paths. `skipped`: as `all`.
+        Without `overwrite`, a file there that says something else (a skill edited by hand, another library's
+        export) is a `SkillError` naming it, and nothing is written; a file that says the same is rewritten."""
         out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
         skills = [self.get(n) for n in names] if names is not None else self.all(skipped=skipped)
-        paths = []
-        for s in skills:
-            p = out / f"{s.name}.md"
-            p.write_text(dump_skill(s), encoding="utf-8")
-            paths.append(p)
-        return paths
+        texts = {out / f"{s.name}.md": dump_skill(s) for s in skills}
+        if not overwrite:
+            differ = [p.name for p, t in texts.items() if p.exists() and (not p.is_file() or p.read_bytes() !=
+                                                                           t.encode("utf-8"))]
+            if differ:
+                raise SkillError(f"{out} already holds {len(differ)} skill file(s) that say something else "
+                                 f"({', '.join(differ[:5])}{', ...' if len(differ) > 5 else ''}); export into another "
+                                 "folder, or pass --overwrite to replace them")
+        out.mkdir(parents=True, exist_ok=True)
+        for p, t in texts.items():
+            p.write_text(t, encoding="utf-8")
+        return list(texts)
 
     def import_files(self, paths: Iterable[str | Path], *, replace: bool = False,
                      replaced: list[str] | None = None) -> list[str]:

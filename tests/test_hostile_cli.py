@@ -298,6 +298,8 @@ def test_bad_names_and_folders_are_one_line(tmp_path, main):
     ({"budget": {"stages": 2, "wall_clock": 0}}, "budget.wall_clock"),
     ({"recipe": {**TINY["recipe"], "learning_rate": float("inf")}}, "learning_rate"),
     ({"env": {"min_distance": 1, "sizes": [{"size": 3, "data_ratio": float("nan")}]}}, "env.sizes.0.data_ratio"),
+    ({"recipe": {**TINY["recipe"], "learning_rate": 1e10}}, "recipe.learning_rate"),  # trained, to NaN
+    ({"stage": {**TINY["stage"], "train_instances": 10**9}}, "stage.train_instances"),  # drew until memory ran out
 ])
 def test_nonsense_numbers_are_refused_before_the_run_folder_exists(tmp_path, main, over, field):
     """Before: a negative seed trained a warm start and a stage, then crashed in the probe naming nothing; a negative
@@ -580,3 +582,89 @@ def test_our_errors_under_python_dash_m_carry_no_library_hint(tmp_path):
     r = subprocess.run([sys.executable, "-m", "harness.cli", "train", "--out", str(tmp_path / "f")],
                        capture_output=True, text=True, check=False)
     assert r.returncode == 2 and "is a file" in r.stderr and "EVOTRAINER_DEBUG" not in r.stderr, r.stderr
+
+
+def test_options_that_were_ignored_or_made_what_nobody_asked_for_are_refused_first(tmp_path, main):
+    """A read-only attack found each: `eval --n 5` without --env scored the 'small' suite; `eval --suite X --env Y`
+    scored Y; `env stats --seed-start 1e20` was an OverflowError traceback; `train --sft-examples 0 --sft-steps 500`
+    saved an untrained checkpoint with exit 0; `skills list --home TYPO` made an empty library there and `--task TYPO`
+    listed the general skills as that family's; `skills export` replaced hand-edited files; `bench scenarios --seeds
+    51` or an arm twice was refused after printing the plan and left --out/lock; `experiment SCENARIO.yaml` said
+    `oracle.env: Input should be a valid string`; `experiment --arms oracle` skipped it and trained the rest. Each is
+    now one line, exit 2, before anything is loaded, trained or written."""
+    one_line_error(main("eval", str(tmp_path / "no-ckpt"), "--n", "5"), "--n 5 sizes a draw from --env")
+    one_line_error(main("eval", str(tmp_path / "no-ckpt"), "--suite", "small", "--env", "t.yaml"),
+                   "both name the test set")
+    r = main("env", "stats", "--seed-start", str(10**20), "--n", "3")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "seed-start" in r.stderr, r.stderr
+    one_line_error(main("train", "--out", str(tmp_path / "ck"), "--sft-examples", "0", "--sft-steps", "500"),
+                   "no demonstrations to train on")
+    assert not (tmp_path / "ck").exists()
+    one_line_error(main("skills", "list", "--home", str(tmp_path / "typo")), "holds no skill library")
+    assert not (tmp_path / "typo").exists()
+    one_line_error(main("skills", "list", "--task", "mpaf"), "no such task family (did you mean mapf?)")
+    assert main("skills", "list", "--task", "math").returncode in (0, None)
+    out = tmp_path / "exported"
+    assert main("skills", "export", str(out)).returncode in (0, None)
+    assert main("skills", "export", str(out)).returncode in (0, None)  # the same text again: rewritten, no question
+    mine = min(out.glob("*.md"))
+    mine.write_text(mine.read_text() + "\n# my note\n")
+    one_line_error(main("skills", "export", str(out)), "say something else", mine.name, "--overwrite")
+    assert mine.read_text().endswith("# my note\n")
+    assert main("skills", "export", str(out), "--overwrite").returncode in (0, None)
+    assert "# my note" not in mine.read_text()
+    for args, said in [(("--seeds", "51"), "seeds:"), (("--arms", "oracle,oracle"), "an arm is listed twice")]:
+        r = main("bench", "scenarios", str(ROOT / "examples" / "scenarios"), "--scenarios", "mapf-too-hard", *args,
+                 "--out", str(tmp_path / "bs"))
+        one_line_error(r, said)
+        assert "Value error" not in r.stderr and "scenario mapf-too-hard" not in r.stdout, (r.stdout, r.stderr)
+        assert not (tmp_path / "bs").exists()
+    one_line_error(main("experiment", str(ROOT / "examples" / "scenarios" / "mapf-too-hard.yaml"), "--out",
+                        str(tmp_path / "ex")), "is a scenario file", "evotrainer bench scenarios")
+    one_line_error(main("experiment", str(ROOT / "examples" / "experiment_mapf.yaml"), "--arms",
+                        "oracle,fixed-template", "--out", str(tmp_path / "ex")), "--arms oracle", "no known-good")
+    assert not (tmp_path / "ex").exists()
+
+
+@pytest.mark.parametrize("human,said,not_said", [
+    ("sometimes", "gate.human: Input should be 'never' or 'always'; or a mapping of its fields", "literal["),
+    ({"after_failures": 0}, "gate.human.after_failures: Input should be greater than or equal to 1", "'never'"),
+    ({"after_failure": 2}, "gate.human.after_failure: unknown key", "HumanAfterFailures"),
+])
+def test_a_value_that_fits_no_member_of_a_union_is_one_reading_of_the_field(tmp_path, main, human, said, not_said):
+    """`gate.human: sometimes` read `gate.human.literal['never','always']: ... gate.human.HumanAfterFailures: Input
+    should be a valid dictionary or instance of HumanAfterFailures` (pydantic's names for a union's members); a
+    mapping with a typo read both members' complaints. Now the field's own path, and only what applies."""
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump({**TINY, "gate": {**TINY.get("gate", {}), "human": human}}))
+    r = main("run", str(cfg), "--runs-dir", str(tmp_path / "runs"))
+    one_line_error(r, said)
+    assert not_said not in r.stderr and "Value error" not in r.stderr, r.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_engineer_endpoint_its_kind_never_uses_is_said_and_a_switched_kind_drops_it():
+    """`engineer: {base_url: ..., model: ...}` without `kind: llm` ran the rule engineer and never said so. The run
+    now warns at its start (`EngineerConfig.unused`, read by the setup node); `run --engineer rule` and an
+    experiment's evolved-rule arm switch the kind on purpose and drop what it does not read (`switched`)."""
+    from harness.config import EngineerConfig, switched
+
+    eng = {"base_url": "http://127.0.0.1:1/v1", "model": "m", "temperature": 0.3}
+    assert EngineerConfig(**eng).unused() == ["base_url", "model"]
+    assert EngineerConfig(kind="llm", **eng).unused() == []
+    assert EngineerConfig(kind="scripted", script="r.yaml", model="m").unused() == ["model"]
+    assert switched({**eng, "kind": "llm"}, "rule") == {"temperature": 0.3, "kind": "rule"}
+    assert switched({**eng, "kind": "rule"}, "llm") == {**eng, "kind": "llm"}
+    assert switched(None, "rule") == {"kind": "rule"}
+    assert EngineerConfig(**switched({**eng, "kind": "llm"}, "rule")).unused() == []
+
+
+def test_only_commands_that_record_something_say_it_is_kept(monkeypatch):
+    """An out-of-memory line ended "What the run recorded is kept: `evotrainer resume` continues it" after `env stats
+    --n 1e11`, which has no run."""
+    from harness.cli import _kept_hint
+
+    assert "evotrainer resume" in _kept_hint(["run", "c.yaml"])
+    assert "evotrainer resume" in _kept_hint(["resume", "--stages", "4", "r"])
+    assert "same --out resumes" in _kept_hint(["bench", "scenarios"])
+    assert _kept_hint(["env", "stats", "--n", "100000000000"]) == "" and _kept_hint([]) == ""
