@@ -114,7 +114,8 @@ def _kept_hint(argv: list[str] | None = None) -> str:
     first = words[0] if words else ""
     if first in ("run", "resume", "approve", "revise"):
         return " What the run recorded is kept: `evotrainer resume` continues it"
-    if first in ("experiment", "bench"):
+    second = words[1] if len(words) > 1 else ""
+    if first == "experiment" or (first, second) in (("bench", "scenarios"), ("bench", "calibration")):
         return " What it recorded is kept: the same command with the same --out resumes where it stopped"
     return ""
 

@@ -577,20 +577,26 @@ def _nested(prefix: str, model: type[BaseModel], data: Any) -> None:
 
 
 _BOOL_NUMBER = re.compile(r"(\w+): ((?:true|false) is not a value of this field.*)")
-# how pydantic names the member of a union a value failed (`literal['never','always']`, `HumanAfterFailures`, `int`):
-# never a field of ours (those are lower_snake), so a location part that looks like one is the union's, not a key
-_UNION_TAG = re.compile(r"^(literal\[.*\]|[A-Z]\w*|int|float|str|bool|none|list\[.*\]|dict\[.*\]|function-\w+\[.*\]|"
-                        r"constrained-\w+|tagged-union\[.*\])$")
+# how pydantic names the member of a union a value failed: `literal['never','always']`, `function-after[...]`,
+# `tagged-union[...]` (brackets or hyphens: never a YAML key of a config) and, beside one of those at the same field,
+# a model member's class name (`HumanAfterFailures`). A capitalised key alone is a user's key, never a union's tag.
+_SURE_TAG = re.compile(r"^(literal|function-\w+|tagged-union|list|dict|set|tuple)\[.*\]$|^constrained-\w+$")
+_CLASS_TAG = re.compile(r"^([A-Z]\w*|int|float|str|bool|none)$")
 
 
 def union_merged(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Pydantic reports a value that fits no member of a union once per member, each under a location that ends in
     the member's internal name (`gate.human.literal['never','always']: Input should be 'never' or 'always'
-    gate.human.HumanAfterFailures: Input should be a valid dictionary ...`). One reading per field instead: when a
+    gate.human.HumanAfterFailures: Input should be a valid dictionary ...`). One reading per such field instead: when a
     member got as far as the value's own fields (a mapping with a typo or a bad number), only those errors, under
-    the field's location; else the members' messages joined with "; or ". Other errors pass through unchanged."""
+    the field's location; else the members' messages joined with "; or ". A field counts as a union only where one
+    of its members has a name no key can have (`_SURE_TAG`); every other error passes through unchanged."""
+    sites = {tuple(e["loc"][:i]) for e in errors for i, p in enumerate(e["loc"])
+             if isinstance(p, str) and _SURE_TAG.match(p)}
+
     def split(loc: tuple) -> int | None:
-        return next((i for i, p in enumerate(loc) if isinstance(p, str) and _UNION_TAG.match(p)), None)
+        return next((i for i, p in enumerate(loc) if tuple(loc[:i]) in sites and isinstance(p, str)
+                     and (_SURE_TAG.match(p) or _CLASS_TAG.match(p))), None)
 
     deep = {tuple(e["loc"][:i]) for e in errors if (i := split(tuple(e["loc"]))) is not None and len(e["loc"]) > i + 1}
     out: list[dict[str, Any]] = []
@@ -603,7 +609,7 @@ def union_merged(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         field = loc[:i]
         if len(loc) > i + 1:  # inside the member's own fields: the error that says what is wrong
-            out.append({**e, "loc": tuple(p for p in loc if not (isinstance(p, str) and _UNION_TAG.match(p)))})
+            out.append({**e, "loc": (*field, *loc[i + 1:])})
             continue
         if field in deep:  # the value was meant for another member, which said what is wrong with it
             continue

@@ -335,7 +335,7 @@ def warm_start(rc0, out: Path, say: Callable[[str], None]) -> tuple[Path, list[f
         except Exception as exc:  # noqa: BLE001 - an unreadable record is not taken on trust
             raise ExperimentError(f"{folder}/config.yaml: unreadable ({type(exc).__name__}); remove {folder} to "
                                   "make the warm start again") from None
-        if (diff := _first_diff(then, now, "")) is not None:
+        if (diff := _first_diff(_endpoint_free(then), _endpoint_free(now), "")) is not None:
             raise ExperimentError(f"{folder}: the shared warm start was made from other settings than this call's: "
                                   f"{diff}; every arm would start from it (a --quick warm start under a whole "
                                   "run): use a new --out, or remove that folder (and the arms made from it)")
@@ -677,10 +677,21 @@ def check_made_from(folder: Path, now: dict[str, Any]) -> None:
         then = json.loads(f.read_text())["made_from"]
     except (OSError, ValueError, KeyError, TypeError):
         raise ExperimentError(f"{f}: unreadable; remove {folder} to re-run that arm") from None
-    if (diff := _first_diff(then, now, "")) is not None:
+    if (diff := _first_diff(_endpoint_free(then), _endpoint_free(now), "")) is not None:
         raise ExperimentError(f"{folder}: made from other settings than this call's: {diff}; "
                               "its results cannot be pooled with these: use a new --out, or remove that folder to "
                               "re-run it")
+
+
+def _endpoint_free(x: Any) -> Any:
+    """A record with each engineer section stripped of the fields its kind never reads (`harness.config.switched`):
+    an evolved-rule arm recorded with the experiment's endpoint (before it was dropped) is the same arm."""
+    from harness.config import switched
+
+    if isinstance(x, dict):
+        return {k: (switched(v, v["kind"]) if k == "engineer" and isinstance(v, dict) and isinstance(v.get("kind"), str)
+                    else _endpoint_free(v)) for k, v in x.items()}
+    return x
 
 
 def _record_made_from(folder: Path, now: dict[str, Any]) -> None:

@@ -684,14 +684,23 @@ class SkillLibrary:
     def export(self, out_dir: str | Path, names: Iterable[str] | None = None,
                skipped: list[str] | None = None, overwrite: bool = True) -> list[Path]:
         """Write `<name>.md` per skill (all, or `names`) into `out_dir`; returns the paths. `skipped`: as `all`.
-        Without `overwrite`, a file there that says something else (a skill edited by hand, another library's
-        export) is a `SkillError` naming it, and nothing is written; a file that says the same is rewritten."""
+        Without `overwrite`, a file there whose skill is defined or described otherwise (a hand edit, another
+        library's skill of that name, a file that is not a skill) is a `SkillError` naming it, and nothing is
+        written; an earlier export of the same definition is refreshed (its evidence may have grown since)."""
         out = Path(out_dir)
         skills = [self.get(n) for n in names] if names is not None else self.all(skipped=skipped)
         texts = {out / f"{s.name}.md": dump_skill(s) for s in skills}
+
+        def same(path: Path, skill: Skill) -> bool:
+            try:
+                theirs, _ = parse_skill(path.read_text(encoding="utf-8"), str(path))
+            except (OSError, UnicodeDecodeError, ValueError):
+                return False
+            a, b = self._definition_row(theirs), self._definition_row(skill)
+            return (a["definition"], a["description"]) == (b["definition"], b["description"])
+
         if not overwrite:
-            differ = [p.name for p, t in texts.items() if p.exists() and (not p.is_file() or p.read_bytes() !=
-                                                                           t.encode("utf-8"))]
+            differ = [p.name for s in skills if (p := out / f"{s.name}.md").exists() and not same(p, s)]
             if differ:
                 raise SkillError(f"{out} already holds {len(differ)} skill file(s) that say something else "
                                  f"({', '.join(differ[:5])}{', ...' if len(differ) > 5 else ''}); export into another "

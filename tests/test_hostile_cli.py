@@ -667,4 +667,58 @@ def test_only_commands_that_record_something_say_it_is_kept(monkeypatch):
     assert "evotrainer resume" in _kept_hint(["run", "c.yaml"])
     assert "evotrainer resume" in _kept_hint(["resume", "--stages", "4", "r"])
     assert "same --out resumes" in _kept_hint(["bench", "scenarios"])
+    assert _kept_hint(["bench", "rollout"]) == ""  # records nothing, has no --out
     assert _kept_hint(["env", "stats", "--n", "100000000000"]) == "" and _kept_hint([]) == ""
+
+
+def test_a_capitalised_key_and_sibling_field_errors_are_never_read_as_a_union():
+    """The first `union_merged` took any capitalised location part for a union member's name: `recipe: {Temperature:
+    0.5}` read `recipe: Extra inputs are not permitted` (the key's name and "typo?" lost), two errors of a family's
+    own fields `N` and `K` were merged into one line, and an error beside a nested one was dropped."""
+    from pydantic import BaseModel, ConfigDict, Field
+
+    from harness.config import _nested, parse_config
+
+    with pytest.raises(ValueError) as exc:
+        parse_config({"task": "mapf", "recipe": {"Temperature": 0.5, "Foo": 1}}, "x")
+    assert "recipe.Temperature: unknown key" in str(exc.value) and "recipe.Foo: unknown key" in str(exc.value)
+
+    class GridCfg(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        w: int = Field(1, ge=1)
+
+    class Cfg(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        N: int = Field(4, ge=4)
+        K: int = Field(1, ge=1)
+        Grid: GridCfg = Field(default_factory=GridCfg)
+
+    Cfg.model_rebuild(_types_namespace={"GridCfg": GridCfg})
+    with pytest.raises(ValueError) as exc:
+        _nested("env", Cfg, {"N": 2, "K": 0, "Grid": {"w": 0}})
+    assert [x.split(":")[0] for x in str(exc.value).split("; ")] == ["env.N", "env.K", "env.Grid.w"], str(exc.value)
+
+
+def test_an_export_refreshes_after_the_library_learns_and_an_old_arm_record_with_an_endpoint_still_matches(tmp_path):
+    """Two review findings: re-exporting after a run recorded a try was refused as "says something else" (the check
+    compared text, evidence included; now definitions and descriptions), and an evolved-rule arm recorded before
+    `switched` dropped the experiment's endpoint was refused as made from other settings."""
+    from harness.experiment import check_made_from
+    from skills.library import SkillLibrary
+
+    lib = SkillLibrary.open(tmp_path / "skills.db")
+    try:
+        [path] = lib.export(tmp_path / "out", names=["adopt-target"], overwrite=False)
+        lib.record_try("adopt-target", promoted=True, effect=0.05, interval=(0.01, 0.09), run="r", candidate="c",
+                       family="mapf")
+        lib.export(tmp_path / "out", names=["adopt-target"], overwrite=False)  # refreshed, not refused
+        assert "promotions: 1" in path.read_text()
+    finally:
+        lib.close()
+    eng = {"kind": "rule", "base_url": "http://127.0.0.1:8000/v1", "model": "m"}
+    folder = tmp_path / "arm"
+    folder.mkdir()
+    (folder / "made_from.json").write_text(json.dumps({"made_from": {"run": {"engineer": eng, "seed": 1}}}))
+    check_made_from(folder, {"run": {"engineer": {"kind": "rule"}, "seed": 1}})
+    with pytest.raises(ValueError, match="run.seed"):
+        check_made_from(folder, {"run": {"engineer": {"kind": "rule"}, "seed": 2}})
