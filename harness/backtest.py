@@ -390,6 +390,34 @@ def learning_signal_bound(control: list[float], candidate: list[float], alpha: f
     return gain, gain - t_quantile(dof, alpha) * se
 
 
+def learning_signal_ratio_bound(control: list[float], candidate: list[float], ratio: float, alpha: float,
+                                arm_sd: float = 0.0) -> tuple[float, float]:
+    """(contrast, one-sided lower bound at 1 - alpha) of `candidate mean - ratio x control mean` over the arms'
+    per-step live-group shares: a bound above 0 says the candidate's share is more than `ratio` times the control's.
+    Welch's interval for a linear contrast of two means (Welch 1947; the Welch-Satterthwaite degrees of freedom of
+    a x mean1 + b x mean2, Satterthwaite 1946), as `learning_signal_bound` for the plain gain. The arm noise scales
+    with each arm's share: `arm_sd` is the arm sd of a share at 0.5, and an arm at share p gets `2 * arm_sd *
+    sqrt(p (1 - p))` (binomial scaling). Why scaled: at 1% live a constant 0.02 per arm would exceed the shares
+    themselves, and the live A/A pairs it was measured on ran at 33-45% live (BENCHMARKS.md, twenty-seventh session),
+    where the scaling gives 0.019-0.020, the configured value; a random effect on the logit scale shrinks faster
+    still toward 0 (as p (1 - p)), so the square root is the cautious of the two. (nan, nan) with fewer than 2 steps
+    a side."""
+    from harness.sequential import t_quantile
+
+    c, x = np.asarray(control, dtype=float), np.asarray(candidate, dtype=float)
+    if len(c) < 2 or len(x) < 2:
+        return float("nan"), float("nan")
+    pc, px = float(c.mean()), float(x.mean())
+    contrast = px - ratio * pc
+    vc, vx = ratio**2 * float(c.var(ddof=1)) / len(c), float(x.var(ddof=1)) / len(x)
+    arm = (2 * arm_sd) ** 2 * (px * (1 - px) + ratio**2 * pc * (1 - pc))
+    se = math.sqrt(vc + vx + arm)
+    if se == 0:
+        return contrast, contrast
+    dof = (vc + vx) ** 2 / (vc**2 / (len(c) - 1) + vx**2 / (len(x) - 1)) if vc or vx else float(len(c) + len(x) - 2)
+    return contrast, contrast - t_quantile(dof, alpha) * se
+
+
 def prior_pairs(earlier: list[Evidence], judge: str) -> tuple[list[Any], list[str], str | None]:
     """The PairEvidence of earlier inconclusive tests of the same change from the same state (oldest first), their
     ids are the caller's; refuses (returns no pairs and the reason) when any was recorded under another judge."""

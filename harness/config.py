@@ -392,6 +392,14 @@ class GateConfig(BaseModel):
         "above the control arm's by at least this, with confidence (Welch's one-sided test over steps), its target estimate not below the control's and no slice or veto against it. "
         "SFL's learnability: a mix the policy cannot learn from shows as dead groups long before a short arm moves "
         "the target. None: off (the target A/B alone decides)")
+    learning_signal_ratio: float | None = Field(
+        2.0, ge=1.0, le=100.0, description="the same route's second reading, for policies that rarely train on a live "
+        "group: also promoted when the arm's live-group share is at least this MULTIPLE of the control arm's, with "
+        "confidence (`harness.backtest.learning_signal_ratio_bound`: Welch on the contrast candidate - ratio x "
+        "control, each arm's noise scaled to its share), under the same guards. Why: GRPO learns only from live groups, "
+        "so their share is the step's learning signal; at 1% live (the code family's cold temperature: 0.4-0.8% at "
+        "0.1, 4.6-8.3% at 0.7) a tenfold rise never reaches the absolute margin of 0.10 that a mix at 5% -> 33% clears "
+        "(BENCHMARKS.md, sixty-second session). None: off (the absolute margin alone)")
     learning_signal_arm_sd: float = Field(
         0.02, ge=0.0, le=0.5, description="arm-training noise of an arm's mean live-group share (two arms of the "
         "same harness differ by more than their steps' scatter says: live A/A pairs, BENCHMARKS.md), added in "

@@ -278,29 +278,42 @@ def signal_verdict(v: Verdict, control_live: list[float], candidate_live: list[f
     trained on a larger share of live GRPO groups than the control arm, by at least `learning_signal` with confidence
     (`harness.backtest.learning_signal_bound`, at the gate's alpha split over the comparisons, Bonferroni as the
     target test, and over `gate.max_pairs`: a change re-tested on new pairs is tested here again each time, and
-    uncorrected k looks at alpha pass a change at the threshold up to k x alpha of the time), whose target estimate is not below the control's and which no veto held back (it is inconclusive,
+    uncorrected k looks at alpha pass a change at the threshold up to k x alpha of the time), or by more than
+    `learning_signal_ratio` times the control's share with confidence (`learning_signal_ratio_bound`: the same
+    reading for a policy that rarely meets a live group, where a tenfold rise stays below an absolute margin; the
+    two readings split the alpha, Bonferroni), whose target estimate is not below the control's and which no veto
+    held back (it is inconclusive,
     so no slice was harmed beyond tolerance and it was not refuted), is promoted: the promoted verdict, else None. Why:
     a 30-step arm on the right mix moves the target by a few points at most, below what one pair of arms resolves,
     while the mix it corrects leaves most groups dead (no gradient at all); the target test still guards against
     harm. The caller passes only the changes `takes_signal_route` admits."""
-    from harness.backtest import learning_signal_bound
+    from harness.backtest import learning_signal_bound, learning_signal_ratio_bound
 
     ev = v.evidence
     if gate.learning_signal is None or v.decision != "inconclusive" or ev is None or ev.effect < 0 or ev.vetoes:
         return None
     # a change may take this route at each of its arm pairs (a second pair, a pooled re-test): one test per pair, so
-    # Bonferroni over the pairs one change may be judged on as well as over the stage's comparisons
-    gain, low = learning_signal_bound(control_live, candidate_live,
-                                      gate.alpha / (max(1, comparisons) * gate.max_pairs), gate.learning_signal_arm_sd)
-    if not low >= gate.learning_signal:  # nan (too few steps) is not a route
+    # Bonferroni over the pairs one change may be judged on as well as over the stage's comparisons; the absolute and
+    # the ratio reading split that alpha between them (Bonferroni again) when both are on
+    readings = 2 if gate.learning_signal_ratio is not None else 1
+    alpha = gate.alpha / (max(1, comparisons) * gate.max_pairs * readings)
+    gain, low = learning_signal_bound(control_live, candidate_live, alpha, gate.learning_signal_arm_sd)
+    shares = (f"live GRPO groups {np.mean(candidate_live):.1%} of the arm's training against the control's "
+              f"{np.mean(control_live):.1%}" if len(candidate_live) and len(control_live) else "")
+    if low >= gate.learning_signal:  # nan (too few steps) is not a route
+        how = (f"{shares} (gain {gain:+.2f}, lower bound {low:+.2f} >= {gate.learning_signal:.2f}; Welch over "
+               f"{len(candidate_live)} + {len(control_live)} steps at alpha {alpha:.3g}, arm noise "
+               f"{gate.learning_signal_arm_sd:g})")
+    elif gate.learning_signal_ratio is not None and (ratio := learning_signal_ratio_bound(
+            control_live, candidate_live, gate.learning_signal_ratio, alpha, gate.learning_signal_arm_sd))[1] > 0:
+        how = (f"{shares}, more than {gate.learning_signal_ratio:g} times as many (candidate - "
+               f"{gate.learning_signal_ratio:g} x control {ratio[0]:+.3f}, lower bound {ratio[1]:+.3f} > 0; Welch over "
+               f"{len(candidate_live)} + {len(control_live)} steps at alpha {alpha:.3g}, arm noise "
+               f"{gate.learning_signal_arm_sd:g} at a share of 0.5, scaled to each arm's)")
+    else:
         return None
-    reason = (f"promoted on learning signal: live GRPO groups {np.mean(candidate_live):.0%} of the arm's training "
-              f"against the control's {np.mean(control_live):.0%} (gain {gain:+.2f}, lower bound {low:+.2f} >= "
-              f"{gate.learning_signal:.2f}; Welch over {len(candidate_live)} + {len(control_live)} steps at alpha "
-              f"{gate.alpha / (max(1, comparisons) * gate.max_pairs):.3g}, arm noise "
-              f"{gate.learning_signal_arm_sd:g}), target not "
-              f"below the control (effect {ev.effect:+.3f} [{ev.ci_low:+.3f}, {ev.ci_high:+.3f}], n={ev.n}); was: "
-              f"{v.reason}")
+    reason = (f"promoted on learning signal: {how}, target not below the control (effect {ev.effect:+.3f} "
+              f"[{ev.ci_low:+.3f}, {ev.ci_high:+.3f}], n={ev.n}); was: {v.reason}")
     return v.model_copy(update={"decision": "promoted", "reason": cut(reason)})
 
 

@@ -329,8 +329,9 @@ def test_calibration_replay_judges_recorded_pairs_under_another_gate(tmp_path):
 def test_calibration_replay_of_an_env_record_walks_the_learning_signal_route(tmp_path):
     """A recorded env-change run (planted env defect or the A/A's null env change) is replayed with the route live,
     from the per-step live shares it recorded: an inconclusive pair whose candidate trained on far more live groups is
-    promoted at the default `learning_signal` and not with the route off (a bar of 1.0); the same record marked as a
-    plain A/A (no env change) is never promoted on signal. Would catch a replay that drops the recorded live shares,
+    promoted at the default `learning_signal` and not with the route off (a bar of 1.0 and no ratio reading); a pair
+    at 1% against 8% live only on the ratio reading (`learning_signal_ratio`); the same record marked as a plain A/A
+    (no env change) is never promoted on signal. Would catch a replay that drops the recorded live shares,
     ignores the run's change, or cannot re-judge it under another threshold."""
     import json
 
@@ -349,7 +350,16 @@ def test_calibration_replay_of_an_env_record_walks_the_learning_signal_route(tmp
         f = tmp_path / f"calibration-{planted}.json"
         f.write_text(json.dumps({"summary": {"mode": "power", "planted": planted}, "decisions": [row]}))
         assert replay([str(f)])["sequential_promoted"] == expect, planted
-        assert replay([str(f)], learning_signal=1.0)["sequential_promoted"] == 0
+        # a bar of 1.0 leaves the ratio reading (40% live is 8 times 5%); with it off too, nothing passes
+        assert replay([str(f)], learning_signal=1.0)["sequential_promoted"] == expect, planted
+        assert replay([str(f)], learning_signal=1.0, learning_signal_ratio=None)["sequential_promoted"] == 0
+    # a policy that rarely meets a live group (code's cold temperature: 1% against 8%) passes only on the ratio
+    low = {"control": list(rng.binomial(8, 0.005, size=30) / 8), "candidate": list(rng.binomial(8, 0.08, size=30) / 8)}
+    f = tmp_path / "calibration-low.json"
+    f.write_text(json.dumps({"summary": {"mode": "power", "planted": "env"}, "decisions": [
+        {**row, "pairs": [{**pair, "live": low}] * 3}]}))
+    assert replay([str(f)])["sequential_promoted"] == 1
+    assert replay([str(f)], learning_signal_ratio=None)["sequential_promoted"] == 0
 
 
 def test_the_judge_budget_is_fitted_to_the_targets_expert_answers_only_when_round_0_cuts_them():
@@ -407,3 +417,17 @@ def test_a_re_test_keeps_the_bonferroni_count_its_pooled_evidence_was_judged_at(
     [kept] = verdicts(ctrl, {}, [("c", {}, arm)], gate, comparisons=1, at_least={"c": 4})
     assert alone.evidence.comparisons == 1 and kept.evidence.comparisons == 4
     assert kept.evidence.ci_low < alone.evidence.ci_low  # the wider promotion bound of alpha / 4
+
+
+def test_calibration_starts_from_the_configs_own_checkpoint_when_it_names_one(tmp_path):
+    """`bench calibration --config` on a run config with `policy.checkpoint` (a scenario's warm start, a user's model)
+    measures that checkpoint, with no SFT: it failed with "unknown preset None" before. Would catch the benchmark
+    training a warm start of its own instead of the checkpoint it was given."""
+    from harness.benchmarks.calibration import start_checkpoint
+    from harness.config import RunConfig
+
+    ckpt = tmp_path / "mine"
+    ckpt.mkdir()
+    cfg = RunConfig.model_validate({"task": "mapf", "policy": {"checkpoint": str(ckpt), "preset": None}})
+    assert start_checkpoint(cfg, tmp_path / "out", {}) == (ckpt, False)
+    assert not (tmp_path / "out").exists()

@@ -203,3 +203,42 @@ def test_a_change_tested_on_the_route_at_each_of_its_pairs_passes_at_most_alpha_
                 passed += 1
                 break
     assert passed / changes <= gate.alpha + 0.015, passed / changes
+
+
+def _scaled_arm(rng, p, arm_sd):
+    """An arm whose mean live share is drawn around p with the noise the ratio reading assumes at that share
+    (`2 * arm_sd * sqrt(p (1 - p))`), then 30 steps of 8 groups: the code scenarios' arms."""
+    return _steps(rng, float(np.clip(p + rng.normal(0, 2 * arm_sd * np.sqrt(p * (1 - p))), 0, 1)))
+
+
+def test_a_tenfold_rise_from_almost_no_live_groups_takes_the_ratio_reading_and_equal_arms_do_not():
+    """Code's cold temperature: the control arm trains on 0.4-0.8% live groups, the arm at 0.7 on 4.6-8.3%
+    (BENCHMARKS.md, sixty-second session), a tenfold rise that never reaches the absolute margin of 0.10. The ratio
+    reading (`gate.learning_signal_ratio`, 2) takes it in most changes over their three pairs; equal arms at any low
+    share, and a candidate at exactly twice the control's share, pass at most alpha over the three pairs; with the
+    reading off the rise is never promoted. Would catch a ratio bound without the control's variance scaled by the
+    ratio squared, without each arm's noise, with the two readings' alpha not split, or the reading ignored."""
+    from harness.decisions import signal_verdict
+
+    rng = np.random.default_rng(7)
+    gate, off = GateConfig(), GateConfig(learning_signal_ratio=None)
+    assert gate.learning_signal_ratio == pytest.approx(2.0)
+
+    def changes(pc, px, g, n=600):
+        passed = 0
+        for _ in range(n):
+            for _pair in range(g.max_pairs):
+                got = signal_verdict(_verdict("temp"), _scaled_arm(rng, pc, g.learning_signal_arm_sd),
+                                     _scaled_arm(rng, px, g.learning_signal_arm_sd), g, comparisons=2)
+                if got is not None:
+                    assert got.decision == "promoted" and ("times as many" in got.reason or px - pc >= 0.1)
+                    passed += 1
+                    break
+        return passed / n
+
+    for p in (0.003, 0.01, 0.03, 0.1, 0.4):
+        assert changes(p, p, gate) <= gate.alpha, p
+    # the reading's own null, exactly twice as many, which is the absolute margin's too (0.10 more): either may pass
+    assert changes(0.1, 0.2, gate, n=1500) <= gate.alpha
+    assert changes(0.008, 0.07, gate) > 0.6
+    assert changes(0.008, 0.07, off, n=200) == 0.0

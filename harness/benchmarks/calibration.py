@@ -69,11 +69,15 @@ DEFAULT_CONFIG = ROOT / "examples" / "mapf_backtest.yaml"
 
 def start_checkpoint(config, out: Path, files: dict[str, str]) -> tuple[Path, bool]:
     """The config's SFT warm start (cached under $EVOTRAINER_HOME/warmstart, shared with runs of the same config);
-    saved to `out/start`. Returns (path, loaded_from_cache)."""
+    saved to `out/start`; or the config's `policy.checkpoint` itself when it names one. Returns (path,
+    loaded_from_cache)."""
     from harness import warmstart
     from harness.tasks import get_task
     from policies.model import save_policy
 
+    if config.policy.checkpoint:  # a checkpoint of one's own (a scenario's warm start, a user's model): no SFT
+        print(f"start: the config's policy.checkpoint {config.policy.checkpoint}", flush=True)
+        return Path(config.policy.checkpoint), False
     task = get_task(config.task)
     env, recipe, _ = read_harness(files, task)
     if config.warm_start.sft_steps is not None:
@@ -543,12 +547,17 @@ if __name__ == "__main__":
         ap.add_argument("--futility", type=float, help="gate.futility (default: the config's)")
         ap.add_argument("--learning-signal", help="gate.learning_signal, a margin or 'none' (the route off)")
         ap.add_argument("--learning-signal-arm-sd", type=float, help="gate.learning_signal_arm_sd")
+        ap.add_argument("--learning-signal-ratio", help="gate.learning_signal_ratio, a multiple or 'none' (off)")
+        ap.add_argument("--config", default=str(DEFAULT_CONFIG), help="the run config the pairs were measured on")
         a = ap.parse_args(sys.argv[2:])
         gate = {k: v for k, v in (("futility", a.futility), ("learning_signal_arm_sd", a.learning_signal_arm_sd))
                 if v is not None}
         if a.learning_signal is not None:
             gate["learning_signal"] = None if a.learning_signal.lower() == "none" else float(a.learning_signal)
-        replay(a.files, **gate)
+        if a.learning_signal_ratio is not None:
+            gate["learning_signal_ratio"] = (None if a.learning_signal_ratio.lower() == "none"
+                                             else float(a.learning_signal_ratio))
+        replay(a.files, a.config, **gate)
     elif sys.argv[1:2] == ["replay-runs"]:  # replay-runs --futility 0.05 RUN_DIR ...
         import argparse
 
