@@ -391,7 +391,8 @@ def learning_signal_bound(control: list[float], candidate: list[float], alpha: f
 
 
 def learning_signal_ratio_bound(control: list[float], candidate: list[float], ratio: float, alpha: float,
-                                arm_sd: float = 0.0) -> tuple[float, float]:
+                                arm_sd: float = 0.0, earlier: list[tuple[list[float], list[float]]] = ()
+                                ) -> tuple[float, float]:
     """(contrast, one-sided lower bound at 1 - alpha) of `candidate mean - ratio x control mean` over the arms'
     per-step live-group shares: a bound above 0 says the candidate's share is more than `ratio` times the control's.
     Welch's interval for a linear contrast of two means (Welch 1947; the Welch-Satterthwaite degrees of freedom of
@@ -400,21 +401,29 @@ def learning_signal_ratio_bound(control: list[float], candidate: list[float], ra
     sqrt(p (1 - p))` (binomial scaling). Why scaled: at 1% live a constant 0.02 per arm would exceed the shares
     themselves, and the live A/A pairs it was measured on ran at 33-45% live (BENCHMARKS.md, twenty-seventh session),
     where the scaling gives 0.019-0.020, the configured value; a random effect on the logit scale shrinks faster
-    still toward 0 (as p (1 - p)), so the square root is the cautious of the two. (nan, nan) with fewer than 2 steps
-    a side."""
+    still toward 0 (as p (1 - p)), so the square root is the cautious of the two. `earlier`: the same change's
+    earlier arm pairs (control, candidate), each from its own start: the contrast is their mean with this pair's,
+    its variance the sum of theirs over the count squared, the degrees of freedom Satterthwaite's over every arm's
+    steps (one test of all the evidence, as the target's pooled re-test). (nan, nan) with fewer than 2 steps an arm."""
     from harness.sequential import t_quantile
 
-    c, x = np.asarray(control, dtype=float), np.asarray(candidate, dtype=float)
-    if len(c) < 2 or len(x) < 2:
-        return float("nan"), float("nan")
-    pc, px = float(c.mean()), float(x.mean())
-    contrast = px - ratio * pc
-    vc, vx = ratio**2 * float(c.var(ddof=1)) / len(c), float(x.var(ddof=1)) / len(x)
-    arm = (2 * arm_sd) ** 2 * (px * (1 - px) + ratio**2 * pc * (1 - pc))
-    se = math.sqrt(vc + vx + arm)
+    pairs = [*earlier, (control, candidate)]
+    contrasts, parts, arm = [], [], 0.0  # parts: (variance of a term of the contrast, its steps)
+    for ctrl, cand in pairs:
+        c, x = np.asarray(ctrl, dtype=float), np.asarray(cand, dtype=float)
+        if len(c) < 2 or len(x) < 2:
+            return float("nan"), float("nan")
+        pc, px = float(c.mean()), float(x.mean())
+        contrasts.append(px - ratio * pc)
+        parts += [(ratio**2 * float(c.var(ddof=1)) / len(c), len(c)), (float(x.var(ddof=1)) / len(x), len(x))]
+        arm += (2 * arm_sd) ** 2 * (px * (1 - px) + ratio**2 * pc * (1 - pc))
+    m = len(pairs)
+    contrast = float(np.mean(contrasts))
+    steps = sum(v for v, _ in parts)
+    se = math.sqrt(steps + arm) / m
     if se == 0:
         return contrast, contrast
-    dof = (vc + vx) ** 2 / (vc**2 / (len(c) - 1) + vx**2 / (len(x) - 1)) if vc or vx else float(len(c) + len(x) - 2)
+    dof = steps**2 / sum(v**2 / (n - 1) for v, n in parts) if steps else float(sum(n for _, n in parts) - 2 * m)
     return contrast, contrast - t_quantile(dof, alpha) * se
 
 

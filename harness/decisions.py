@@ -264,15 +264,36 @@ def on_learning_signal(run: Run, k: int, vs: list[Verdict], arms: dict[str, Any]
                 and takes_signal_route(row["kind"], row.get("knob", ""), row.get("old_value"),
                                        (row.get("patch") or {}).get("value"))):
             both = has_valid_live(control.curve) and has_valid_live(arm.curve)  # one count for both arms
-            got = signal_verdict(v, live_shares(control.curve, both), live_shares(arm.curve, both), gate, comparisons)
+            kl, cl = live_shares(control.curve, both), live_shares(arm.curve, both)
+            if v.evidence is not None:  # kept with the evidence: a pooled re-test's ratio reading reads them
+                v = v.model_copy(update={"evidence": v.evidence.model_copy(update={"live": {"control": kl,
+                                                                                           "candidate": cl}})})
+            got = signal_verdict(v, kl, cl, gate, comparisons, earlier=earlier_live(run, v))
         if got is not None:
             run.event(k, "backtest", "learning_signal", f"{v.candidate}: {got.reason}", key=f"{k}/signal/{v.candidate}")
         out.append(got or v)
     return out
 
 
-def signal_verdict(v: Verdict, control_live: list[float], candidate_live: list[float], gate: Any, comparisons: int
-                   ) -> Verdict | None:
+def earlier_live(run: Run, v: Verdict) -> list[tuple[list[float], list[float]]]:
+    """The per-step live shares (control, candidate) of the earlier tests a verdict pooled (`Evidence.pooled`), oldest
+    first, those that recorded them (`Evidence.live`); the ratio reading pools them with the verdict's own pair."""
+    from harness.store import StoreError
+
+    out = []
+    for pid in (v.evidence.pooled if v.evidence is not None else []):
+        try:
+            row = run.store.candidate(pid)
+        except StoreError:  # a test not on record pools nothing here (the target's pooling decided it)
+            row = None
+        live = ((row or {}).get("evidence") or {}).get("live") or {}
+        if live.get("control") and live.get("candidate"):
+            out.append((list(live["control"]), list(live["candidate"])))
+    return out
+
+
+def signal_verdict(v: Verdict, control_live: list[float], candidate_live: list[float], gate: Any, comparisons: int,
+                   earlier: list[tuple[list[float], list[float]]] = ()) -> Verdict | None:
     """The gate's second route for an ENV change or a sampling temperature (`gate.learning_signal`,
     `takes_signal_route`): an inconclusive candidate of that kind whose arm
     trained on a larger share of live GRPO groups than the control arm, by at least `learning_signal` with confidence
@@ -281,7 +302,8 @@ def signal_verdict(v: Verdict, control_live: list[float], candidate_live: list[f
     uncorrected k looks at alpha pass a change at the threshold up to k x alpha of the time), or by more than
     `learning_signal_ratio` times the control's share with confidence (`learning_signal_ratio_bound`: the same
     reading for a policy that rarely meets a live group, where a tenfold rise stays below an absolute margin; the
-    two readings split the alpha, Bonferroni), whose target estimate is not below the control's and which no veto
+    two readings split the alpha, Bonferroni; the ratio reading pools the `earlier` pairs of a re-test, as its target
+    evidence is pooled, each look still at alpha / max_pairs), whose target estimate is not below the control's and which no veto
     held back (it is inconclusive,
     so no slice was harmed beyond tolerance and it was not refuted), is promoted: the promoted verdict, else None. Why:
     a 30-step arm on the right mix moves the target by a few points at most, below what one pair of arms resolves,
@@ -305,11 +327,13 @@ def signal_verdict(v: Verdict, control_live: list[float], candidate_live: list[f
                f"{len(candidate_live)} + {len(control_live)} steps at alpha {alpha:.3g}, arm noise "
                f"{gate.learning_signal_arm_sd:g})")
     elif gate.learning_signal_ratio is not None and (ratio := learning_signal_ratio_bound(
-            control_live, candidate_live, gate.learning_signal_ratio, alpha, gate.learning_signal_arm_sd))[1] > 0:
+            control_live, candidate_live, gate.learning_signal_ratio, alpha, gate.learning_signal_arm_sd,
+            earlier))[1] > 0:
+        over = f", pooled over {len(earlier) + 1} arm pairs" if earlier else ""
         how = (f"{shares}, more than {gate.learning_signal_ratio:g} times as many (candidate - "
-               f"{gate.learning_signal_ratio:g} x control {ratio[0]:+.3f}, lower bound {ratio[1]:+.3f} > 0; Welch over "
-               f"{len(candidate_live)} + {len(control_live)} steps at alpha {alpha:.3g}, arm noise "
-               f"{gate.learning_signal_arm_sd:g} at a share of 0.5, scaled to each arm's)")
+               f"{gate.learning_signal_ratio:g} x control {ratio[0]:+.3f}{over}, lower bound {ratio[1]:+.3f} > 0; "
+               f"Welch over steps at alpha {alpha:.3g}, arm noise {gate.learning_signal_arm_sd:g} at a share of 0.5, "
+               "scaled to each arm's)")
     else:
         return None
     reason = (f"promoted on learning signal: {how}, target not below the control (effect {ev.effect:+.3f} "

@@ -308,6 +308,9 @@ class Evidence(BaseModel):
         default_factory=list, description="earlier arm pairs of this same candidate in this same stage (a second pair "
         "for a backed candidate), oldest first, each {diffs, slices}: pooled like `diffs` by a later re-test")
     pooled: list[str] = Field(default_factory=list, description="earlier candidates whose evidence was pooled")
+    live: dict[str, list[float]] = Field(
+        default_factory=dict, description="for a change the learning-signal route reads: this pair's per-step "
+        "live-group shares, {control, candidate}; a re-test's ratio reading pools them with its own")
     looks: list[dict[str, Any]] = Field(default_factory=list, description="every look: n, effect, bounds, decision")
     next_step: str | None = Field(None, description="where more evidence would come from (more_instances, new_pair, "
                                                     "stop: spent)")

@@ -242,3 +242,53 @@ def test_a_tenfold_rise_from_almost_no_live_groups_takes_the_ratio_reading_and_e
     assert changes(0.1, 0.2, gate, n=1500) <= gate.alpha
     assert changes(0.008, 0.07, gate) > 0.6
     assert changes(0.008, 0.07, off, n=200) == 0.0
+
+
+def test_a_re_test_pools_the_ratio_reading_over_the_changes_earlier_pairs():
+    """A change re-tested in a later stage pools its target evidence; the ratio reading pools the live shares its
+    earlier tests recorded (`Evidence.live`, read through `Evidence.pooled`) with its own pair. At 0.8% against 7%
+    live (code's cold temperature) one pair clears twice the control's share in about four of ten, three pooled pairs
+    in about nine; a candidate at exactly twice the control's share pooled over three pairs passes at most its look's
+    share of alpha. `on_learning_signal` records each eligible pair's shares on its evidence
+    and reads the earlier ones from run.db. Would catch the reading judging each pair alone (no power at 1% live over
+    a stage's 30 steps), pooling as if the earlier pairs were this pair's steps, or not keeping the shares."""
+    from harness.decisions import signal_verdict
+
+    rng = np.random.default_rng(9)
+    gate = GateConfig()
+    sd = gate.learning_signal_arm_sd
+
+    def pairs(pc, px, m):
+        return [(_scaled_arm(rng, pc, sd), _scaled_arm(rng, px, sd)) for _ in range(m)]
+
+    def passes(pc, px, m, n=400):
+        return np.mean([signal_verdict(_verdict("temp"), *ps[-1], gate, 2, earlier=ps[:-1]) is not None
+                        for ps in (pairs(pc, px, m) for _ in range(n))])
+
+    alone, pooled = passes(0.008, 0.07, 1), passes(0.008, 0.07, 3)
+    assert alone < 0.5 and pooled > 0.8, (alone, pooled)
+    # the reading's null (exactly twice as many) at the third look, pooled: at most alpha / max_pairs, each look's share
+    assert passes(0.05, 0.1, 3, n=1500) <= gate.alpha / gate.max_pairs + 0.01
+
+    # through the loop's function: the stage's pair alone falls short, the earlier test's recorded shares complete it
+    no, six = [0.0] * 30, [0.0] * 24 + [0.125] * 6  # no live group in 30 steps against one in six steps
+    old_c, old_x = list(no), list(six)
+    earlier = Evidence(n=96, control=0.25, candidate=0.26, effect=0.01, ci_low=-0.07, ci_high=0.09,
+                       live={"control": old_c, "candidate": old_x})
+
+    class Store(_Store):
+        def candidate(self, cid):
+            row = super().candidate(cid) if cid in self.kinds else {}
+            return {**row, "evidence": earlier.model_dump()} if cid == "s1c1" else row
+
+    run, _ = _run({"s2c1": ("recipe", "recipe.temperature", 0.1, 0.7)})
+    run.store = Store(run.store.kinds)
+    ctrl = [{"dead_group_share": 1 - s, "valid_live_share": s} for s in no]
+    cand = [{"dead_group_share": 1 - s, "valid_live_share": s} for s in six]
+    arms = {"control": SimpleNamespace(curve=ctrl), "s2c1": SimpleNamespace(curve=cand)}
+    v = _verdict("s2c1")
+    [alone] = on_learning_signal(run, 2, [v], arms, comparisons=1)
+    assert alone.decision == "inconclusive" and alone.evidence.live["candidate"] == [0.0] * 24 + [0.125] * 6
+    v = v.model_copy(update={"evidence": v.evidence.model_copy(update={"pooled": ["s1c1"]})})
+    [both] = on_learning_signal(run, 2, [v], arms, comparisons=1)
+    assert both.decision == "promoted" and "pooled over 2 arm pairs" in both.reason, both.reason
