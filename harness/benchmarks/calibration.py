@@ -207,10 +207,12 @@ def walk(pairs: list[Pair], more: Callable[[int], Pair], control_files: dict[str
          candidate_files: dict[str, str], gate, plan, judge_fp: str, samples: int, candidate_id: str) -> Walk:
     """The loop's sequential decision over arm pairs judged on `plan.max_n` instances each: looks at the schedule's
     prefixes of each pair (`plan.min_n`, then every `plan.batch`), each through `verdicts` with the earlier pairs'
-    evidence pooled (`prior_pairs`, as a re-test pools in the loop); a look that says `new_pair` gets the next pair
+    evidence pooled (`prior_pairs`, as a re-test pools in the loop; the learning-signal route's ratio reading pools
+    their live shares, `harness.decisions.earlier_live`'s); a look that says `new_pair` gets the next pair
     (`pairs[p]`, else `more(p)` trains it). Judging is charged per instance used (each pair was judged once on all
     `max_n`; its judge seconds pro rata), training per pair trained."""
     prior: list[Any] = []
+    live: list[tuple[list[float], list[float]]] = []  # earlier pairs' live shares: the ratio reading pools them
     looks: list[dict[str, Any]] = []
     seconds = 0.0
     used = 0
@@ -232,7 +234,9 @@ def walk(pairs: list[Pair], more: Callable[[int], Pair], control_files: dict[str
         used += m
         seconds += pair.judge_seconds * m / max(1, len(control.seeds))
         if v.decision == "inconclusive" and on_signal_route(control_files, candidate_files):  # the loop's second route
-            v = signal_verdict(v, step_live(pair.arms["control"]), step_live(pair.arms["candidate"]), gate, 1) or v
+            here = (step_live(pair.arms["control"]), step_live(pair.arms["candidate"]))
+            v = signal_verdict(v, *here, gate, 1, earlier=list(live)) or v
+            live.append(here)
         if v.decision != "inconclusive" or step != "new_pair" or p + 1 >= plan.max_pairs:
             return Walk(v, p + 1, used, seconds)
         prior += prior_pairs([v.evidence], judge_fp)[0]
