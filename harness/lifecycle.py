@@ -891,6 +891,13 @@ def _raise_budget(run_dir: Path, budget: dict[str, Any]) -> str | None:
                 fix = next((v for key, v in hint.items() if why.startswith(key)), "a larger budget")
                 raise RunError(f"run {run_dir.name} finished after stage {k} ({said}); with the new budget it would "
                                f"stop again at once ({why}): pass {fix}; nothing changed")
+        if not ended and "stage" in values and "stages" in budget and new.budget.stages < int(values["stage"]):
+            # an interrupted run is in stage k: a stage budget below k cannot end it where it says (the stage it is
+            # in runs to its end first, so the run would stop after k stages under a budget that says fewer)
+            k = int(values["stage"])
+            raise RunError(f"run {run_dir.name} was interrupted in stage {k}: a stage budget of "
+                           f"{new.budget.stages} is below the stages it has begun; pass --stages {k} to stop it "
+                           f"after the stage it is in (or more to go on); nothing changed")
         again = None  # a stage whose stop was decided under the old budget and not yet acted on
         if not ended and "stage" in values and (stop := store.result(run_dir.name, int(values["stage"]),
                                                                     StopChecked)) is not None \

@@ -282,6 +282,40 @@ def test_sigkill_then_resume_duplicates_nothing(tmp_path):
     assert "resumed" in kinds and kinds.count("finished") == 1
 
 
+def test_a_stage_budget_below_the_stage_an_interrupted_run_is_in_is_refused(tmp_path, monkeypatch):
+    """A two-stage run killed inside stage 2, resumed with `--stages 1`: before, the edit was taken silently, stage 2
+    ran to its end and the run "stopped at its budget of 1 stage" after two. Now refused with the stage it is in and
+    the budget that would stop it there; config.yaml and run.db unchanged; a plain resume then finishes both."""
+    import harness.graph as G
+
+    real = G.report_eval
+    dead = {"on": True}
+
+    def report_eval(run, k, *a, **kw):
+        if dead["on"] and k == 2:
+            raise KeyboardInterrupt  # the driver killed late in stage 2
+        return real(run, k, *a, **kw)
+
+    monkeypatch.setattr(G, "report_eval", report_eval)
+    run_dir = tmp_path / "runs" / "lower"
+    with pytest.raises(KeyboardInterrupt):
+        start_run(parse_config(dict(TINY, budget={"stages": 2}), "test"), tmp_path / "runs", run_id="lower")
+    dead["on"] = False
+    text = (run_dir / "config.yaml").read_text()
+    with pytest.raises(RunError, match=r"interrupted in stage 2: a stage budget of 1 is below the stages it has "
+                                       r"begun; pass --stages 2 to stop it after the stage it is in"):
+        resume_run(run_dir, budget={"stages": 1})
+    assert (run_dir / "config.yaml").read_text() == text
+    store = RunStore.open(run_dir / "run.db")
+    try:
+        assert store.get_run("lower")["budget"]["stages"] == 2
+    finally:
+        store.close()
+    resume_run(run_dir)
+    st = _check_consistent(run_dir)
+    assert [(s["stage"], s["status"]) for s in st["stages"]] == [(1, "done"), (2, "done")]
+
+
 def test_more_stages_for_a_run_killed_after_its_last_stop_was_decided(tmp_path, monkeypatch):
     """A one-stage run dies in its last `remember` after that node decided to stop (StopChecked "stage budget reached")
     but before the run ended; `resume --stages 2` must give it the second stage. Before the reviewer's fix the
