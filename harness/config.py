@@ -590,6 +590,7 @@ _BOOL_NUMBER = re.compile(r"(\w+): ((?:true|false) is not a value of this field.
 # a model member's class name (`HumanAfterFailures`). A capitalised key alone is a user's key, never a union's tag.
 _SURE_TAG = re.compile(r"^(literal|function-\w+|tagged-union|list|dict|set|tuple)\[.*\]$|^constrained-\w+$")
 _CLASS_TAG = re.compile(r"^([A-Z]\w*|int|float|str|bool|none)$")
+_PLAIN_TAGS = frozenset({"int", "float", "str", "bool", "none", "bytes"})
 
 
 def union_merged(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -598,9 +599,17 @@ def union_merged(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     gate.human.HumanAfterFailures: Input should be a valid dictionary ...`). One reading per such field instead: when a
     member got as far as the value's own fields (a mapping with a typo or a bad number), only those errors, under
     the field's location; else the members' messages joined with "; or ". A field counts as a union only where one
-    of its members has a name no key can have (`_SURE_TAG`); every other error passes through unchanged."""
+    of its members has a name no key can have (`_SURE_TAG`), or where two or more plain-type members (`str`, `float`)
+    fail at one location; every other error passes through unchanged."""
     sites = {tuple(e["loc"][:i]) for e in errors for i, p in enumerate(e["loc"])
              if isinstance(p, str) and _SURE_TAG.match(p)}
+    # a union of plain types (`str | float | None`) names its members `str`, `float`: a key could be called that, so
+    # such a field counts as a union only where two or more of those names end errors at one location
+    plain: dict[tuple, set[str]] = {}
+    for e in errors:
+        if e["loc"] and isinstance(e["loc"][-1], str) and e["loc"][-1] in _PLAIN_TAGS:
+            plain.setdefault(tuple(e["loc"][:-1]), set()).add(e["loc"][-1])
+    sites |= {loc for loc, names in plain.items() if len(names) > 1}
 
     def split(loc: tuple) -> int | None:
         return next((i for i, p in enumerate(loc) if tuple(loc[:i]) in sites and isinstance(p, str)

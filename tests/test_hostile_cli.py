@@ -722,3 +722,26 @@ def test_an_export_refreshes_after_the_library_learns_and_an_old_arm_record_with
     check_made_from(folder, {"run": {"engineer": {"kind": "rule"}, "seed": 1}})
     with pytest.raises(ValueError, match="run.seed"):
         check_made_from(folder, {"run": {"engineer": {"kind": "rule"}, "seed": 2}})
+
+
+def test_a_union_of_plain_types_is_one_reading_of_the_field_and_a_key_named_str_stays_a_key():
+    """`budget: {wall_clock: [1]}` read `budget.wall_clock.str: Input should be a valid string` and
+    `budget.wall_clock.float: ...` (pydantic's names for a `str | float | None` field's members); now the field's own
+    path once. A key of one's own called `str` is not taken for a union's member when it alone fails."""
+    from pydantic import BaseModel, ConfigDict, Field
+
+    from harness.config import _nested, parse_config
+
+    with pytest.raises(ValueError) as exc:
+        parse_config({"task": "mapf", "budget": {"stages": 2, "wall_clock": [1]}}, "x")
+    said = str(exc.value)
+    assert "budget.wall_clock: Input should be a valid string; or Input should be a valid number" in said, said
+    assert ".str:" not in said and ".float:" not in said, said
+
+    class Cfg(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        str: int = Field(1, ge=1)
+
+    with pytest.raises(ValueError) as exc:
+        _nested("env", Cfg, {"str": 0})
+    assert str(exc.value).split(":")[0] == "env.str", str(exc.value)
