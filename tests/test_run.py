@@ -282,25 +282,31 @@ def test_sigkill_then_resume_duplicates_nothing(tmp_path):
     assert "resumed" in kinds and kinds.count("finished") == 1
 
 
-def test_a_stage_budget_below_the_stage_an_interrupted_run_is_in_is_refused(tmp_path, monkeypatch):
-    """A two-stage run killed inside stage 2, resumed with `--stages 1`: before, the edit was taken silently, stage 2
-    ran to its end and the run "stopped at its budget of 1 stage" after two. Now refused with the stage it is in and
-    the budget that would stop it there; config.yaml and run.db unchanged; a plain resume then finishes both."""
+def _killed_in_report_eval(tmp_path, monkeypatch, stages: int, run_id: str) -> Path:
+    """Start a `stages`-stage run and kill its driver (KeyboardInterrupt) in the last stage's `report_eval`, the
+    stage's last node; returns the run's folder, the kill switched off for what follows."""
     import harness.graph as G
 
     real = G.report_eval
     dead = {"on": True}
 
     def report_eval(run, k, *a, **kw):
-        if dead["on"] and k == 2:
-            raise KeyboardInterrupt  # the driver killed late in stage 2
+        if dead["on"] and k == stages:
+            raise KeyboardInterrupt
         return real(run, k, *a, **kw)
 
     monkeypatch.setattr(G, "report_eval", report_eval)
-    run_dir = tmp_path / "runs" / "lower"
     with pytest.raises(KeyboardInterrupt):
-        start_run(parse_config(dict(TINY, budget={"stages": 2}), "test"), tmp_path / "runs", run_id="lower")
+        start_run(parse_config(dict(TINY, budget={"stages": stages}), "test"), tmp_path / "runs", run_id=run_id)
     dead["on"] = False
+    return tmp_path / "runs" / run_id
+
+
+def test_a_stage_budget_below_the_stage_an_interrupted_run_is_in_is_refused(tmp_path, monkeypatch):
+    """A two-stage run killed inside stage 2, resumed with `--stages 1`: before, the edit was taken silently, stage 2
+    ran to its end and the run "stopped at its budget of 1 stage" after two. Now refused with the stage it is in and
+    the budget that would stop it there; config.yaml and run.db unchanged; a plain resume then finishes both."""
+    run_dir = _killed_in_report_eval(tmp_path, monkeypatch, 2, "lower")  # late in stage 2
     text = (run_dir / "config.yaml").read_text()
     with pytest.raises(RunError, match=r"interrupted in stage 2: a stage budget of 1 is below the stages it has "
                                        r"begun; pass --stages 2 to stop it after the stage it is in"):
@@ -322,22 +328,9 @@ def test_more_stages_for_a_run_killed_after_its_last_stop_was_decided(tmp_path, 
     re-entered node read its recorded stop back and finished: the new budget was written and ignored. Also: the
     reopen said once in the events, and a plain resume of a run whose graph had ended finishes it (a failed reopen
     used to leave "running" forever)."""
-    import harness.graph as G
     from harness.results import StopChecked
 
-    real = G.report_eval
-    dead = {"on": True}
-
-    def report_eval(run, k, *a, **kw):
-        if dead["on"] and k == 1:
-            raise KeyboardInterrupt  # the driver killed in the stage's last node
-        return real(run, k, *a, **kw)
-
-    monkeypatch.setattr(G, "report_eval", report_eval)
-    run_dir = tmp_path / "runs" / "late"
-    with pytest.raises(KeyboardInterrupt):
-        start_run(parse_config(dict(TINY, budget={"stages": 1}), "test"), tmp_path / "runs", run_id="late")
-    dead["on"] = False
+    run_dir = _killed_in_report_eval(tmp_path, monkeypatch, 1, "late")  # in the stage's last node
     store = RunStore.open(run_dir / "run.db")
     try:
         assert store.get_run("late")["status"] == "interrupted"
