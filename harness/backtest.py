@@ -376,18 +376,27 @@ def learning_signal_bound(control: list[float], candidate: list[float], alpha: f
     0.02 in 7, 3.2%). The degrees of freedom stay the steps':
     the arm term is taken as known, as `gate.arm_noise_sd` is for the target. (nan, nan) with fewer than 2 steps a
     side."""
-    from harness.sequential import t_quantile
-
     c, x = np.asarray(control, dtype=float), np.asarray(candidate, dtype=float)
     if len(c) < 2 or len(x) < 2:
         return float("nan"), float("nan")
     gain = float(x.mean() - c.mean())
-    vc, vx = float(c.var(ddof=1)) / len(c), float(x.var(ddof=1)) / len(x)
-    se = math.sqrt(vc + vx + 2 * arm_sd**2)
+    parts = [(float(c.var(ddof=1)) / len(c), len(c)), (float(x.var(ddof=1)) / len(x), len(x))]
+    return gain, _welch_lower(gain, parts, 2 * arm_sd**2, 1.0, alpha)
+
+
+def _welch_lower(estimate: float, parts: list[tuple[float, int]], extra: float, scale: float, alpha: float) -> float:
+    """One-sided lower bound at 1 - alpha of `estimate`, whose variance is `scale**2` x (the sum of the `parts`'
+    variances, each (variance of a term, its count of samples), plus `extra`, a variance taken as known): the t quantile
+    at the parts' Welch-Satterthwaite degrees of freedom (Satterthwaite 1946), their pooled count's when every part
+    is constant. The estimate itself when the variance is 0."""
+    from harness.sequential import t_quantile
+
+    steps = sum(v for v, _ in parts)
+    se = math.sqrt(steps + extra) * scale
     if se == 0:
-        return gain, gain
-    dof = (vc + vx) ** 2 / (vc**2 / (len(c) - 1) + vx**2 / (len(x) - 1)) if vc or vx else float(len(c) + len(x) - 2)
-    return gain, gain - t_quantile(dof, alpha) * se
+        return estimate
+    dof = steps**2 / sum(v**2 / (n - 1) for v, n in parts) if steps else float(sum(n for _, n in parts) - len(parts))
+    return estimate - t_quantile(dof, alpha) * se
 
 
 def learning_signal_ratio_bound(control: list[float], candidate: list[float], ratio: float, alpha: float,
@@ -405,8 +414,6 @@ def learning_signal_ratio_bound(control: list[float], candidate: list[float], ra
     earlier arm pairs (control, candidate), each from its own start: the contrast is their mean with this pair's,
     its variance the sum of theirs over the count squared, the degrees of freedom Satterthwaite's over every arm's
     steps (one test of all the evidence, as the target's pooled re-test). (nan, nan) with fewer than 2 steps an arm."""
-    from harness.sequential import t_quantile
-
     pairs = [*earlier, (control, candidate)]
     contrasts, parts, arm = [], [], 0.0  # parts: (variance of a term of the contrast, its steps)
     for ctrl, cand in pairs:
@@ -417,14 +424,8 @@ def learning_signal_ratio_bound(control: list[float], candidate: list[float], ra
         contrasts.append(px - ratio * pc)
         parts += [(ratio**2 * float(c.var(ddof=1)) / len(c), len(c)), (float(x.var(ddof=1)) / len(x), len(x))]
         arm += (2 * arm_sd) ** 2 * (px * (1 - px) + ratio**2 * pc * (1 - pc))
-    m = len(pairs)
     contrast = float(np.mean(contrasts))
-    steps = sum(v for v, _ in parts)
-    se = math.sqrt(steps + arm) / m
-    if se == 0:
-        return contrast, contrast
-    dof = steps**2 / sum(v**2 / (n - 1) for v, n in parts) if steps else float(sum(n for _, n in parts) - 2 * m)
-    return contrast, contrast - t_quantile(dof, alpha) * se
+    return contrast, _welch_lower(contrast, parts, arm, 1 / len(pairs), alpha)
 
 
 def prior_pairs(earlier: list[Evidence], judge: str) -> tuple[list[Any], list[str], str | None]:
