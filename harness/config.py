@@ -174,6 +174,17 @@ class BacktestConfig(_Strict):
         "its fix. false: such a pair waits for a re-test in a later stage (the rule before). Why: the demo's planted "
         "fix read +0.163 [+0.063, +0.250] at its first pair and was held back by one slice's lower bound, -0.109 "
         "against a tolerance of 0.10, so its lineage was carried a stage late (BENCHMARKS.md, forty-ninth session)")
+    signal_pair: bool = Field(
+        True, description="a change the gate's learning-signal route reads (an env change, the sampling temperature, "
+        "a longer completion budget: `harness.decisions.takes_signal_route`) whose first arm pair of the stage ends "
+        "inconclusive with its target estimate not below the control's and its learning signal PROMISING (the arm's "
+        "live-group share at least `gate.learning_signal` above the control's, or above `gate.learning_signal_ratio` "
+        "times it, as point estimates, with the earlier pairs it pools) but not shown with confidence, while its plan "
+        "has a pair left, gets that pair now, in the same stage (two more arms, charged); both readings pool it with "
+        "the first (`harness.decisions.signal_pairs`). Each pair is still one look of the route at alpha / "
+        "`gate.max_pairs`, so the error bound is unchanged. false: such a pair waits for a re-test in a later stage. "
+        "Why: code's cold temperature read 7.5% live against 0.83% at its first pair (lower bound -0.005) and waited "
+        "two stages for its re-test, too late to recover its gap (BENCHMARKS.md, sixty-second session)")
     carry_on: Literal["plan", "looks"] = Field(
         "plan", description="the instances which checkpoint continues is decided on (`harness.results.continues_from`:"
         " the decided arm against the stage's start on the target): plan (the default) = all `n` of them, the arms "

@@ -3,6 +3,7 @@
     vs, control = look_until_decided(run, k, arms, main_files, cand_files)   # batches of instances until decided
     prior, pooled, note = pooled_evidence(run, cid)                          # earlier inconclusive tests of a change
     more = second_pairs(run, k, vs)                                          # clear effect, unsure slice: a 2nd pair now
+    more |= signal_pairs(run, k, vs, skip=set(more))                         # promising learning signal: a 2nd pair too
     retest = most_promising_inconclusive(run, state, causes)                 # what escalation re-tests
     cands = runners_up(run, k, diagnosis, cands, slots)                      # last stage's beaten gate-passers
 
@@ -19,7 +20,10 @@ its first pair inconclusive with a positive estimate gets a second arm pair in t
 the same way: evidence from elsewhere buys evidence now, never a lower bar. And (`backtest.settle_pair`, on by
 default) a candidate whose main effect already clears the bar but whose first pair ends "not yet clear" (a slice's
 bound, too few differing instances) gets its next pair in the same stage too: the plan would pool that pair a stage
-later anyway, and a clear effect settled now saves the run a stage without its fix.
+later anyway, and a clear effect settled now saves the run a stage without its fix. So (`backtest.signal_pair`, on by
+default) does a change the learning-signal route reads (`on_learning_signal`) whose first pair's signal is promising
+but not shown with confidence (`signal_pairs`): the route pools the two pairs' live shares as the target test pools
+their differences, each pair one look at alpha / `gate.max_pairs`.
 """
 
 from __future__ import annotations
@@ -151,7 +155,8 @@ def look_until_decided(run: Run, k: int, arms: dict[str, Any], main_files: dict[
         if v.evidence is not None and (before := earlier.get(v.candidate)) is not None and before.evidence is not None:
             b = before.evidence  # this stage's earlier pairs travel with the verdict, so a later re-test pools them
             v = v.model_copy(update={"evidence": v.evidence.model_copy(update={
-                "stage_pairs": [*b.stage_pairs, {"diffs": b.diffs, "slices": b.slices}]})})
+                "stage_pairs": [*b.stage_pairs, {"diffs": b.diffs, "slices": b.slices}],
+                "stage_live": [*b.stage_live, *([b.live] if b.live else [])]})})
         if v.decision == "inconclusive":
             spent = v.evidence is not None and v.evidence.next_step == "stop"
             v = v.model_copy(update={"reason": v.reason + ("; evidence spent: never re-proposed from this state"
@@ -244,21 +249,22 @@ def takes_signal_route(kind: str, knob: str, old: Any = None, new: Any = None) -
     return False
 
 
-def on_learning_signal(run: Run, k: int, vs: list[Verdict], arms: dict[str, Any], comparisons: int
-                       ) -> list[Verdict]:
+def on_learning_signal(run: Run, k: int, vs: list[Verdict], arms: dict[str, Any], comparisons: int, pair: int = 1,
+                       hold: set[str] | frozenset[str] = frozenset()) -> list[Verdict]:
     """The gate's second route for a change of what a group is made of (`gate.learning_signal`, `signal_verdict`,
-    `takes_signal_route`), applied to a stage's verdicts: the candidates' kinds and knobs come from run.db, the
-    per-step live shares from the arms' training curves. Returns the verdicts, converted ones replaced; each
-    conversion is an event."""
+    `takes_signal_route`), applied to a stage's verdicts of its `pair`-th arm pair (arms named by `arm_name`): the
+    candidates' kinds and knobs come from run.db, the per-step live shares from the arms' training curves, pooled
+    with the earlier pairs' (`earlier_live`). Returns the verdicts, converted ones replaced; each conversion is an
+    event. Those in `hold` only get their shares recorded (they are read after their next pair of this stage)."""
     from harness.backtest import has_valid_live, live_shares
 
     gate = run.config.gate
-    control = arms.get("control")
+    control = arms.get(arm_name("control", pair))
     if gate.learning_signal is None or control is None or isinstance(control, Exception):
         return vs
     out = []
     for v in vs:
-        arm, row = arms.get(v.candidate), run.store.candidate(v.candidate)
+        arm, row = arms.get(arm_name(v.candidate, pair)), run.store.candidate(v.candidate)
         got = None
         if (arm is not None and not isinstance(arm, Exception) and row is not None
                 and takes_signal_route(row["kind"], row.get("knob", ""), row.get("old_value"),
@@ -268,28 +274,33 @@ def on_learning_signal(run: Run, k: int, vs: list[Verdict], arms: dict[str, Any]
             if v.evidence is not None:  # kept with the evidence: a pooled re-test's ratio reading reads them
                 v = v.model_copy(update={"evidence": v.evidence.model_copy(update={"live": {"control": kl,
                                                                                            "candidate": cl}})})
-            got = signal_verdict(v, kl, cl, gate, comparisons, earlier=earlier_live(run, v))
+            if v.candidate not in hold:
+                got = signal_verdict(v, kl, cl, gate, comparisons, earlier=earlier_live(run, v))
         if got is not None:
-            run.event(k, "backtest", "learning_signal", f"{v.candidate}: {got.reason}", key=f"{k}/signal/{v.candidate}")
+            run.event(k, "backtest", "learning_signal", f"{v.candidate}: {got.reason}",
+                      key=f"{k}/signal/{v.candidate}" + (f"/p{pair}" if pair > 1 else ""))
         out.append(got or v)
     return out
 
 
 def earlier_live(run: Run, v: Verdict) -> list[tuple[list[float], list[float]]]:
-    """The per-step live shares (control, candidate) of the earlier tests a verdict pooled (`Evidence.pooled`), oldest
-    first, those that recorded them (`Evidence.live`); the ratio reading pools them with the verdict's own pair."""
+    """The per-step live shares (control, candidate) of the earlier arm pairs a verdict pools, oldest first: those of
+    the earlier tests it pooled (`Evidence.pooled`: each one's `stage_live` and `live`), then its own earlier pairs of
+    this stage (`Evidence.stage_live`), each that recorded them; the ratio reading pools them with the verdict's own
+    pair."""
     from harness.store import StoreError
 
-    out = []
-    for pid in (v.evidence.pooled if v.evidence is not None else []):
+    ev = v.evidence
+    found: list[dict[str, Any]] = []
+    for pid in (ev.pooled if ev is not None else []):
         try:
             row = run.store.candidate(pid)
         except StoreError:  # a test not on record pools nothing here (the target's pooling decided it)
             row = None
-        live = ((row or {}).get("evidence") or {}).get("live") or {}
-        if live.get("control") and live.get("candidate"):
-            out.append((list(live["control"]), list(live["candidate"])))
-    return out
+        old = (row or {}).get("evidence") or {}
+        found += [*(old.get("stage_live") or []), old.get("live") or {}]
+    found += list(ev.stage_live) if ev is not None else []
+    return [(list(x["control"]), list(x["candidate"])) for x in found if x.get("control") and x.get("candidate")]
 
 
 def signal_verdict(v: Verdict, control_live: list[float], candidate_live: list[float], gate: Any, comparisons: int,
@@ -360,6 +371,43 @@ def second_pairs(run: Run, k: int, vs: list[Verdict]) -> dict[str, str]:
                                 f"{_unsure(v.reason)} held it back (backtest.settle_pair)")
         elif bt.second_pair == "backed" and ev.effect > 0 and (why := backed(run, v.candidate)) is not None:
             out[v.candidate] = f"it is backed ({why}) and its first pair was inconclusive with a positive estimate"
+    return out
+
+
+def signal_pairs(run: Run, k: int, vs: list[Verdict], skip: set[str] | frozenset[str] = frozenset()
+                 ) -> dict[str, str]:
+    """Candidates of stage k's first arm pair (not in `skip`: those already getting one) that get a second pair now
+    on their learning signal (`backtest.signal_pair`, on by default): the route read their pair (`on_learning_signal`
+    recorded its shares, `Evidence.live`), the verdict is still inconclusive with a pair left in its plan, its target
+    estimate is not below the control's, no veto, and the signal is PROMISING: the candidate's live share at least
+    `gate.learning_signal` above the control's, or the ratio contrast `candidate - learning_signal_ratio x control`
+    above 0 (pooled with the earlier pairs it pools), as point estimates. The second pair is pooled by both the target
+    test and the route, each pair one look at the plan's alpha, so the error bound is the one a re-test a stage later
+    would have; what changes is that a change whose groups came alive is settled before its stage ends. candidate ->
+    why."""
+    from harness.backtest import learning_signal_ratio_bound
+
+    gate = run.config.gate
+    if not run.config.backtest.signal_pair or gate.learning_signal is None:
+        return {}
+    out = {}
+    for v in vs:
+        ev = v.evidence
+        if (v.candidate in skip or v.decision != "inconclusive" or ev is None or ev.next_step != "new_pair"
+                or ev.effect < 0 or ev.vetoes or not ev.live.get("control") or not ev.live.get("candidate")):
+            continue
+        kl, cl = ev.live["control"], ev.live["candidate"]
+        gain = float(np.mean(cl) - np.mean(kl))
+        if gain >= gate.learning_signal:
+            why = f"live share +{gain:.2f} above the control's, at least the route's margin {gate.learning_signal:.2f}"
+        elif gate.learning_signal_ratio is not None and (c := learning_signal_ratio_bound(
+                kl, cl, gate.learning_signal_ratio, 0.5, gate.learning_signal_arm_sd, earlier_live(run, v))[0]) > 0:
+            why = (f"live share {np.mean(cl):.1%} against the control's {np.mean(kl):.1%}, more than "
+                   f"{gate.learning_signal_ratio:g} times as many (contrast {c:+.3f})")
+        else:
+            continue
+        out[v.candidate] = (f"its learning signal is promising but not yet shown ({why}; target estimate "
+                            f"{ev.effect:+.3f} not below the control's) (backtest.signal_pair)")
     return out
 
 

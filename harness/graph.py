@@ -59,6 +59,7 @@ from harness.decisions import (
     on_learning_signal,
     runners_up,
     second_pairs,
+    signal_pairs,
 )
 from harness.diagjudge import judge_diagnostics, split_verdicts
 from harness.evaluation import previous_target, report_eval, rollouts, target_probe
@@ -412,8 +413,16 @@ def node_backtest(run: Run, state: State) -> State:
     prefetch_arms(run, k, main_files, list(cand_files.values()))
     arms = run_arms(run, k, [("control", main_files), *cand_files.items()], state["train_ckpt"], steps)
     vs, c_eval, evals = look_until_decided(run, k, arms, main_files, cand_files)  # batches of instances until decided
-    if not isinstance(c_eval, Exception) and (second := second_pairs(run, k, vs)):
-        # a clear effect held back by a slice, or a backed candidate: its second arm pair now, pooled with the first
+    comparisons = len(cand_files)
+    second = {} if isinstance(c_eval, Exception) else second_pairs(run, k, vs)
+    held = set(second)
+    # an env change's second route, read on this pair (those getting a second pair already are read after it)
+    vs = on_learning_signal(run, k, vs, arms, comparisons=comparisons, hold=held)
+    if not isinstance(c_eval, Exception):
+        second |= signal_pairs(run, k, vs, skip=held)
+    if second:
+        # a clear effect held back by a slice, a backed candidate, a promising learning signal: its second arm pair
+        # now, pooled with the first
         for cid, why in second.items():
             run.event(k, "backtest", "second_pair", f"{cid}: {why}: a second arm pair in this stage",
                       key=f"{k}/second/{cid}")
@@ -421,14 +430,17 @@ def node_backtest(run: Run, state: State) -> State:
                                   *((arm_name(cid, 2), cand_files[cid]) for cid in second)], state["train_ckpt"], steps,
                          pair=2)
         again, _, _ = look_until_decided(run, k, arms2, main_files, {cid: cand_files[cid] for cid in second}, pair=2,
-                                         earlier={v.candidate: v for v in vs}, comparisons=len(cand_files))
+                                         earlier={v.candidate: v for v in vs}, comparisons=comparisons)
+        again = on_learning_signal(run, k, again, arms2, comparisons=comparisons, pair=2)  # pooled with pair 1's
         redone = {v.candidate: v for v in again if v.evidence is not None}  # judged; a failed arm keeps pair 1's
         for v in again:
             if v.candidate not in redone:
                 run.event(k, "backtest", "second_pair", f"{v.candidate}: its second pair could not be judged "
                           f"({cut(v.reason, 200)}); the first pair's verdict stands", key=f"{k}/second-failed/{v.candidate}")
         vs = [redone.get(v.candidate, v) for v in vs]
-    vs = on_learning_signal(run, k, vs, arms, comparisons=len(cand_files))  # an env change's second route
+        if lost := [v for v in vs if v.candidate in held and v.candidate not in redone]:  # its pair 2 failed:
+            read = {v.candidate: v for v in on_learning_signal(run, k, lost, arms, comparisons=comparisons)}  # pair 1
+            vs = [read.get(v.candidate, v) for v in vs]
     c_eval, evals = judge_whole_plan(run, k, arms, c_eval, evals)  # what continues reads every planned instance
     # the STAGE's start (not the arms'): the stage's training watched only the training mix, so the target's
     # comparison covers the whole stage (its training and the arms' steps); it is what continues if no arm is carried

@@ -311,6 +311,9 @@ class Evidence(BaseModel):
     live: dict[str, list[float]] = Field(
         default_factory=dict, description="for a change the learning-signal route reads: this pair's per-step "
         "live-group shares, {control, candidate}; a re-test's ratio reading pools them with its own")
+    stage_live: list[dict[str, list[float]]] = Field(
+        default_factory=list, description="the live-group shares of this candidate's earlier arm pairs in this same "
+        "stage (as `stage_pairs` for the target), oldest first: the ratio reading pools them, here and in a re-test")
     looks: list[dict[str, Any]] = Field(default_factory=list, description="every look: n, effect, bounds, decision")
     next_step: str | None = Field(None, description="where more evidence would come from (more_instances, new_pair, "
                                                     "stop: spent)")

@@ -345,9 +345,11 @@ def test_a_change_beaten_at_the_gate_is_re_tested_first_in_the_next_stage_from_t
     assert runners_up(run, 1, diag, own, 2) == own
 
 
-def _pair_arms(run, k: int, cid: str, pair: int, control: float, cand: float, solved: dict | None = None) -> dict:
+def _pair_arms(run, k: int, cid: str, pair: int, control: float, cand: float, solved: dict | None = None,
+               live: dict | None = None) -> dict:
     """Recorded arms of stage k's `pair`-th pair (as a resumed stage reads them back: `run_arms` trains none of them),
-    judged on every instance a pair may use (`solved`: arm -> which instances it solves, see `_arm_rollouts`)."""
+    judged on every instance a pair may use (`solved`: arm -> which instances it solves, see `_arm_rollouts`);
+    `live`: arm -> its training curve's per-step live-group shares."""
     from harness.results import ArmRecord
 
     out = {}
@@ -356,7 +358,9 @@ def _pair_arms(run, k: int, cid: str, pair: int, control: float, cand: float, so
         name = arm if pair == 1 else f"{arm}-p{pair}"
         rows = _arm_rollouts(run, k, valid, n, pair=pair, solved=(solved or {}).get(arm))
         path = write_rollouts(run.path("rollouts", f"s{k}-{name}.jsonl.gz"), rows)
-        out[name] = ArmRecord(checkpoint=str(run.path("checkpoints", f"s{k}-{name}")), rollouts=str(path), valid=valid)
+        curve = [{"dead_group_share": 1 - x, "valid_live_share": x} for x in (live or {}).get(arm, [])]
+        out[name] = ArmRecord(checkpoint=str(run.path("checkpoints", f"s{k}-{name}")), rollouts=str(path), valid=valid,
+                              curve=curve)
         run.save_result(k, out[name], node=f"arm:{name}")
     return out
 
@@ -485,6 +489,57 @@ def test_a_clear_effect_held_back_by_a_slice_is_settled_by_a_second_pair_in_the_
     off = run.config.model_copy(update={"backtest": run.config.backtest.model_copy(update={"settle_pair": False})})
     object.__setattr__(run, "config", off)
     assert second_pairs(run, 1, [first]) == {}
+
+
+def test_a_promising_learning_signal_gets_a_second_pair_in_the_same_stage_and_both_readings_pool_it(run):
+    """A temperature change whose first pair trained on one live group in six steps against none (the ratio reading's
+    contrast positive, not shown at one pair) and whose target estimate is 0 gets its next pair in the same stage
+    (`backtest.signal_pair`, on by default): the route pools the two pairs' shares and promotes it in the stage that
+    proposed it; the verdict keeps the first pair's shares (`stage_live`) for a later re-test to pool. Off, or with
+    a negative target estimate, or no live share above the control's, it waits. Would catch: the node never asking
+    for the pair, the route reading the second pair alone or the first pair's arms again, the first pair's shares lost,
+    a pair for a change the route would never promote."""
+    from harness.decisions import earlier_live, on_learning_signal, signal_pairs
+    from harness.graph import node_backtest
+    from harness.results import Backtested, StartJudged
+
+    assert run.config.backtest.signal_pair and run.config.gate.learning_signal_ratio
+    temp = Change(kind="recipe", knob="recipe.temperature", value=0.7)
+    _propose(run, "s1c1", temp, 1)
+    none, six = [0.0] * 30, [0.0] * 24 + [0.125] * 6
+    live = {"control": none, "s1c1": six}
+    half = {"control": lambda g, _i: g % 2 == 0, "s1c1": lambda g, _i: g % 2 == 1}  # target: equal, noisy
+    one = _pair_arms(run, 1, "s1c1", 1, 0.5, 0.5, solved=half, live=live)
+    seven = [0.0] * 23 + [0.125] * 7
+    _pair_arms(run, 1, "s1c1", 2, 0.5, 0.5, solved=half, live={"control": none, "s1c1": seven})  # read back
+    from harness.decisions import look_until_decided
+
+    files, main = {"s1c1": run.workspace().files("cand/s1c1")}, run.workspace().files("main")
+    [first], _, _ = look_until_decided(run, 1, one, main, files)
+    assert first.decision == "inconclusive" and first.evidence.next_step == "new_pair", first.reason
+    assert first.evidence.effect == 0
+    [read] = on_learning_signal(run, 1, [first], one, comparisons=1)
+    assert read.decision == "inconclusive" and read.evidence.live["candidate"] == six  # one pair: not shown
+    why = signal_pairs(run, 1, [read])["s1c1"]
+    assert "promising" in why and "2 times as many" in why, why
+    worse = read.model_copy(update={"evidence": read.evidence.model_copy(update={"effect": -0.01})})
+    flat = read.model_copy(update={"evidence": read.evidence.model_copy(update={"live": {"control": six,
+                                                                                           "candidate": six}})})
+    assert signal_pairs(run, 1, [worse]) == signal_pairs(run, 1, [flat]) == {}
+    assert signal_pairs(run, 1, [read], skip={"s1c1"}) == {}
+
+    run.save_result(1, StartJudged(checkpoint="ckpt/start", n=64, valid=0.5, control_valid=0.5, change=0.0,
+                                   change_ci=[-0.05, 0.05], control_regressed=False))
+    node_backtest(run, {"stage": 1, "vetted": ["s1c1"], "train_ckpt": "ckpt/start", "policy": "ckpt/start"})
+    [v] = run.result(1, Backtested).verdicts
+    assert v.decision == "promoted" and "pooled over 2 arm pairs" in v.reason, v.reason
+    assert v.evidence.pairs == 2 and v.evidence.live == {"control": none, "candidate": seven}
+    assert v.evidence.stage_live == [{"control": none, "candidate": six}] and earlier_live(run, v) == [(none, six)]
+    assert any(e["kind"] == "second_pair" and "signal_pair" in e["message"] for e in run.store.events("r"))
+
+    off = run.config.model_copy(update={"backtest": run.config.backtest.model_copy(update={"signal_pair": False})})
+    object.__setattr__(run, "config", off)
+    assert signal_pairs(run, 1, [read]) == {}
 
 
 def test_replaying_futility_on_a_recorded_run_counts_the_stops_the_saved_re_tests_and_a_lost_promotion(run):
