@@ -811,7 +811,7 @@ def resume_run(ref: str | Path, runs_dir: str | Path = "runs",
     _check_library()
     lock = acquire_lock(run_dir, run_dir.name)
     try:
-        reopen = _raise_budget(run_dir, budget) if budget else None
+        reopen = _raise_budget(run_dir, budget, progress) if budget else None
         _drive_prepared(run_dir, load_run_config(run_dir), progress, None, reopen=reopen)
     except KeyboardInterrupt:
         raise RunInterrupted(run_dir) from None
@@ -834,11 +834,13 @@ def _graph_values(run_dir: Path, run_id: str) -> dict[str, Any]:
     return (tup.checkpoint.get("channel_values") or {}) if tup is not None else {}
 
 
-def _raise_budget(run_dir: Path, budget: dict[str, Any]) -> str | None:
+def _raise_budget(run_dir: Path, budget: dict[str, Any],
+                  progress: Callable[[str, dict[str, Any]], None] | None = None) -> str | None:
     """Edit the run's budget in its config.yaml (see `resume_run`); RunError, with nothing changed, when the edit is
     not valid, the run waits at the human gate, is not a loop run, or has ended and the new budget would not let it
     run one more stage. Returns what the edit said when the run's graph has ended (the driver reopens it and says
-    so), else None (said here). A stage whose stop was decided under the old budget but not yet acted on (a run
+    so), else None (said here, in run.db's events and to `progress`, with the stage that ends the run when the new
+    budget stops it after the stage it was interrupted in). A stage whose stop was decided under the old budget but not yet acted on (a run
     killed late in its last `remember`) has its stop decided again under the new one."""
     from harness.config import ConfigError
     from harness.results import StopChecked
@@ -906,6 +908,12 @@ def _raise_budget(run_dir: Path, budget: dict[str, Any]) -> str | None:
             if stops_after(k) is None:
                 again = k
                 redecided = f"; stage {k}'s stop ({stop.reason}) decided again: it goes on"
+        if not ended and again is None and "stage" in values and (why := stops_after(k := int(values["stage"]))) \
+                and why != budget_stop(old.budget, k, elapsed, lambda: store.seconds_spent(run_dir.name), swp):
+            # the edit ends the run: a budget stops new stages, never one begun, so the stage the run was
+            # interrupted in runs to its end first (said: it used to look as if the edit were ignored)
+            redecided = (f"; it stops after stage {k}, the stage it was interrupted in, which runs to its end first "
+                         f"({why})")
         try:
             text = old_text
             for key, value in budget.items():
@@ -923,7 +931,10 @@ def _raise_budget(run_dir: Path, budget: dict[str, Any]) -> str | None:
         edits = ", ".join(f"budget.{key} {before[key]!r} -> {after[key]!r}" for key in budget)
         if ended:
             return f"{edits} (finished run, reopened for more stages)"
-        store.add_event(run_dir.name, "extended", f"{edits} ({row['status']} run{redecided})")
+        said = f"{edits} ({row['status']} run{redecided})"
+        store.add_event(run_dir.name, "extended", said)
+        if progress is not None:
+            progress("event", {"message": said})
         return None
     finally:
         store.close()

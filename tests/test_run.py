@@ -305,7 +305,10 @@ def _killed_in_report_eval(tmp_path, monkeypatch, stages: int, run_id: str) -> P
 def test_a_stage_budget_below_the_stage_an_interrupted_run_is_in_is_refused(tmp_path, monkeypatch):
     """A two-stage run killed inside stage 2, resumed with `--stages 1`: before, the edit was taken silently, stage 2
     ran to its end and the run "stopped at its budget of 1 stage" after two. Now refused with the stage it is in and
-    the budget that would stop it there; config.yaml and run.db unchanged; a plain resume then finishes both."""
+    the budget that would stop it there; config.yaml and run.db unchanged. More stages under a wall clock already
+    spent is taken (a budget stops new stages, never one begun) and the resume says, in run.db and on the console,
+    that the stage it was interrupted in runs to its end first and then ends the run (it said only the edit, so the
+    run seemed to ignore it)."""
     run_dir = _killed_in_report_eval(tmp_path, monkeypatch, 2, "lower")  # late in stage 2
     text = (run_dir / "config.yaml").read_text()
     with pytest.raises(RunError, match=r"interrupted in stage 2: a stage budget of 1 is below the stages it has "
@@ -317,9 +320,16 @@ def test_a_stage_budget_below_the_stage_an_interrupted_run_is_in_is_refused(tmp_
         assert store.get_run("lower")["budget"]["stages"] == 2
     finally:
         store.close()
-    resume_run(run_dir)
+    shown = []
+    resume_run(run_dir, budget={"stages": 3, "wall_clock": "1s"},
+               progress=lambda kind, data: shown.append(data.get("message")))
     st = _check_consistent(run_dir)
     assert [(s["stage"], s["status"]) for s in st["stages"]] == [(1, "done"), (2, "done")]
+    said = [e["message"] for e in st["events"] if e["kind"] == "extended"]
+    assert len(said) == 1 and said[0].startswith("budget.stages 2 -> 3, budget.wall_clock None -> '1s' (interrupted "
+                                                 "run; it stops after stage 2, the stage it was interrupted in, which "
+                                                 "runs to its end first (wall"), said
+    assert said[0] in shown
 
 
 def test_more_stages_for_a_run_killed_after_its_last_stop_was_decided(tmp_path, monkeypatch):
