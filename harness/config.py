@@ -182,7 +182,9 @@ class BacktestConfig(_Strict):
         "times it, as point estimates, with the earlier pairs it pools) but not shown with confidence, while its plan "
         "has a pair left, gets that pair now, in the same stage (two more arms, charged); both readings pool it with "
         "the first (`harness.decisions.signal_pairs`). Each pair is still one look of the route at alpha / "
-        "`gate.max_pairs`, so the error bound is unchanged. false: such a pair waits for a re-test in a later stage. "
+        "`gate.max_pairs`, so the error bound is unchanged; and a change whose latest test still ends so (promising, "
+        "inconclusive, a pair left) is re-tested first in the next stage from the same harness "
+        "(`harness.decisions.signal_retest`). false: neither; such a pair waits for the engineer to propose it again. "
         "Why: code's cold temperature read 7.5% live against 0.83% at its first pair (lower bound -0.005) and waited "
         "two stages for its re-test, too late to recover its gap (BENCHMARKS.md, sixty-second session)")
     carry_on: Literal["plan", "looks"] = Field(

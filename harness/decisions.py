@@ -4,6 +4,7 @@
     prior, pooled, note = pooled_evidence(run, cid)                          # earlier inconclusive tests of a change
     more = second_pairs(run, k, vs)                                          # clear effect, unsure slice: a 2nd pair now
     more |= signal_pairs(run, k, vs, skip=set(more))                         # promising learning signal: a 2nd pair too
+    cands = signal_retest(run, k, diagnosis, cands, slots)                   # and its re-test first in the next stage
     retest = most_promising_inconclusive(run, state, causes)                 # what escalation re-tests
     cands = runners_up(run, k, diagnosis, cands, slots)                      # last stage's beaten gate-passers
 
@@ -385,30 +386,88 @@ def signal_pairs(run: Run, k: int, vs: list[Verdict], skip: set[str] | frozenset
     test and the route, each pair one look at the plan's alpha, so the error bound is the one a re-test a stage later
     would have; what changes is that a change whose groups came alive is settled before its stage ends. candidate ->
     why."""
-    from harness.backtest import learning_signal_ratio_bound
-
-    gate = run.config.gate
-    if not run.config.backtest.signal_pair or gate.learning_signal is None:
+    if not run.config.backtest.signal_pair:
         return {}
     out = {}
     for v in vs:
-        ev = v.evidence
-        if (v.candidate in skip or v.decision != "inconclusive" or ev is None or ev.next_step != "new_pair"
-                or ev.effect < 0 or ev.vetoes or not ev.live.get("control") or not ev.live.get("candidate")):
-            continue
-        kl, cl = ev.live["control"], ev.live["candidate"]
-        gain = float(np.mean(cl) - np.mean(kl))
-        if gain >= gate.learning_signal:
-            why = f"live share +{gain:.2f} above the control's, at least the route's margin {gate.learning_signal:.2f}"
-        elif gate.learning_signal_ratio is not None and (c := learning_signal_ratio_bound(
-                kl, cl, gate.learning_signal_ratio, 0.5, gate.learning_signal_arm_sd, earlier_live(run, v))[0]) > 0:
-            why = (f"live share {np.mean(cl):.1%} against the control's {np.mean(kl):.1%}, more than "
-                   f"{gate.learning_signal_ratio:g} times as many (contrast {c:+.3f})")
-        else:
-            continue
-        out[v.candidate] = (f"its learning signal is promising but not yet shown ({why}; target estimate "
-                            f"{ev.effect:+.3f} not below the control's) (backtest.signal_pair)")
+        if v.candidate not in skip and (why := signal_promising(run, v)) is not None:
+            out[v.candidate] = f"{why} (backtest.signal_pair)"
     return out
+
+
+def signal_promising(run: Run, v: Verdict) -> str | None:
+    """Why an inconclusive verdict's learning signal is promising but not yet shown (`signal_pairs`,
+    `signal_retest`), else None: the route read it (its evidence keeps the live shares, `Evidence.live`), a pair is
+    left in its plan, its target estimate is not below the control's, no veto, and the candidate's live share is at
+    least `gate.learning_signal` above the control's, or the ratio contrast `candidate - learning_signal_ratio x
+    control`, pooled with every earlier pair it pools (`earlier_live`), is above 0, as point estimates."""
+    from harness.backtest import learning_signal_ratio_bound
+
+    gate, ev = run.config.gate, v.evidence
+    if (gate.learning_signal is None or v.decision != "inconclusive" or ev is None or ev.next_step != "new_pair"
+            or ev.effect < 0 or ev.vetoes or not ev.live.get("control") or not ev.live.get("candidate")):
+        return None
+    kl, cl = ev.live["control"], ev.live["candidate"]
+    gain = float(np.mean(cl) - np.mean(kl))
+    if gain >= gate.learning_signal:
+        why = f"live share +{gain:.2f} above the control's, at least the route's margin {gate.learning_signal:.2f}"
+    elif gate.learning_signal_ratio is not None and (c := learning_signal_ratio_bound(
+            kl, cl, gate.learning_signal_ratio, 0.5, gate.learning_signal_arm_sd, earlier := earlier_live(run, v))[0]) > 0:
+        over = f" over {len(earlier) + 1} arm pairs" if earlier else ""
+        why = (f"live share {np.mean(cl):.1%} against the control's {np.mean(kl):.1%}, more than "
+               f"{gate.learning_signal_ratio:g} times as many (contrast {c:+.3f}{over})")
+    else:
+        return None
+    return f"its learning signal is promising but not yet shown ({why}; target estimate {ev.effect:+.3f} not below " \
+           "the control's)"
+
+
+def signal_retest(run: Run, k: int, diagnosis: Any, candidates: list[Any], slots: int) -> list[Any]:
+    """A change from this harness state whose latest test ended inconclusive with its learning signal promising
+    (`signal_promising`: the groups came alive, not yet with confidence, its target estimate not below the control's,
+    a pair left) is re-tested first (`backtest.signal_pair`), the most pairs' evidence first, ahead of the engineer's
+    own candidates (which fill the other slots, none on its knob); a runner-up and escalation's re-test, when the
+    stage escalates, still come before it (they run after). Its new pair is pooled with all its evidence, one look of
+    the route at alpha / `gate.max_pairs` as every pair's. Why: code's cold temperature read 6.2% and 7.5% live
+    against 0.8% and 1.7% over two pairs of its first stage (pooled contrast +0.044, lower bound below 0), and the
+    engineer, ranking the training's regression as the root cause, never proposed it again (BENCHMARKS.md,
+    sixty-third session). Returns the candidates to commit."""
+    from harness.engineer.proposal import change_key
+    from harness.memory import candidate_from_row
+
+    if k <= 1 or not run.config.backtest.signal_pair:
+        return candidates
+    found = []
+    for row in _latest_inconclusive(run, diagnosis.state):
+        if not row.get("evidence"):
+            continue
+        v = Verdict(candidate=row["id"], decision="inconclusive", reason=row.get("reason") or "",
+                    evidence=Evidence.model_validate(row["evidence"]))
+        if (why := signal_promising(run, v)) is not None:
+            found.append((v.evidence.pairs + len(v.evidence.stage_live), row, why))
+    if not found:
+        return candidates
+    _, row, why = max(found, key=lambda f: (f[0], f[1]["id"]))
+    old = candidate_from_row(row)
+    if any(change_key(diagnosis.state, c.change) == change_key(diagnosis.state, old.change) for c in candidates):
+        return candidates  # the engineer proposed it again itself: its pair pools all the same
+    said = f"{row['id']} ({old.change.knob} -> {old.change.value}): {why}: re-tested first, pooled with its evidence"
+    run.event(k, "propose", "signal_retest", said, key=f"{k}/signal-retest/{row['id']}")
+    retest = old.model_copy(update={"rationale": cut(f"signal re-test: {said}. Was: {old.rationale}", 2000)})
+    rest = [c for c in candidates if c.change.knob != old.change.knob]
+    return [retest, *rest][:max(slots, 1)]
+
+
+def _latest_inconclusive(run: Run, state: str) -> list[dict[str, Any]]:
+    """Each change's latest test from harness state `state` (which pooled the earlier ones), where it ended
+    inconclusive: their candidate rows."""
+    from harness.memory import history
+
+    latest: dict[str, Any] = {}
+    for h in history(run):  # a change with a final test from this state is final in the history (never re-tested)
+        if h.key.startswith(f"{state}|") and (h.key not in latest or h.stage >= latest[h.key].stage):
+            latest[h.key] = h
+    return [run.store.candidate(h.candidate) for h in latest.values() if h.verdict == "inconclusive"]
 
 
 def _unsure(reason: str) -> str:

@@ -60,6 +60,7 @@ from harness.decisions import (
     runners_up,
     second_pairs,
     signal_pairs,
+    signal_retest,
 )
 from harness.diagjudge import judge_diagnostics, split_verdicts
 from harness.evaluation import previous_target, report_eval, rollouts, target_probe
@@ -309,7 +310,8 @@ def node_propose(run: Run, state: State) -> State:
             run.event(k, "propose", "engineer_note", note, key=f"{k}/note/{note[:80]}")
         for bad in res.rejected_replies:
             run.event(k, "propose", "reply_rejected", bad.reason, key=f"{k}/bad/{bad.attempt}")
-        cands = runners_up(run, k, diag, res.candidates, cfg.stage.candidates)  # then escalation's, first
+        cands = signal_retest(run, k, diag, res.candidates, cfg.stage.candidates)  # then a runner-up's, escalation's
+        cands = runners_up(run, k, diag, cands, cfg.stage.candidates)  # first
         cands = escalate(run, k, diag, cands, cfg.stage.candidates)
         cands = [c.model_copy(update={"id": f"s{k}c{i + 1}", "stage": k}) for i, c in enumerate(cands)]
         asked = Asked(candidates=[c.id for c in cands], engineer=res.engineer_used)

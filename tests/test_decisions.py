@@ -542,6 +542,54 @@ def test_a_promising_learning_signal_gets_a_second_pair_in_the_same_stage_and_bo
     assert signal_pairs(run, 1, [read]) == {}
 
 
+def test_a_change_whose_signal_stays_promising_is_re_tested_first_in_the_next_stage(run):
+    """Stage 1's temperature change ended inconclusive over two pairs with its groups alive (6% and 7.5% live against
+    1-2%: the ratio reading's pooled contrast above 0, not shown) and a pair left; stage 2's engineer ranks other root
+    causes first and does not propose it. `signal_retest` puts it first, ahead of the engineer's (none on its knob),
+    so its third pair pools with both. Not re-tested: with its signal flat, its target estimate below the control's,
+    no pair left, a refuted test, or `backtest.signal_pair: false`. Would catch: a re-test chosen on the target alone
+    (the engineer's order), a re-test of a spent or refuted change, the earlier pair of the stage left out of the
+    reading, the option ignored."""
+    from harness.decisions import signal_retest
+    from harness.memory import history
+
+    temp = Change(kind="recipe", knob="recipe.temperature", value=0.7)
+    _propose(run, "s1c1", temp, 1)
+    _propose(run, "s1c2", LR, 1)
+    low, a, b = [0.0] * 28 + [0.25] * 2, [0.0] * 22 + [0.25] * 8, [0.0] * 20 + [0.25] * 10
+
+    def record(cid, decision="inconclusive", signal=True, **update):
+        ev = Evidence(n=192, control=0.4, candidate=0.41, effect=0.016, ci_low=-0.026, ci_high=0.053, pairs=2,
+                      next_step="new_pair", live={"control": low, "candidate": b} if signal else {},
+                      stage_live=[{"control": low, "candidate": a}] if signal else [])
+        ev = ev.model_copy(update=update)
+        tag = run.workspace().reject(cid, "recorded", evidence=ev).tag
+        run.store.set_candidate_verdict(Verdict(candidate=cid, decision=decision, reason="recorded", evidence=ev),
+                                        tag=tag)
+
+    record("s1c1")
+    record("s1c2", signal=False, effect=0.023)  # a better target estimate, no signal: not this rule's
+    ws = run.workspace()
+    diag = Diagnosis(task="mapf", stage=2, state=ws.head(), history=history(run), findings=[])
+    own = [Candidate(id="a", stage=2, change=LR, old_value=2.0e-4, rationale="the engineer's root cause"),
+           Candidate(id="b", stage=2, change=Change(kind="recipe", knob="recipe.temperature", value=0.3),
+                     old_value=0.1, rationale="another temperature")]
+    got = signal_retest(run, 2, diag, own, 2)
+    assert [c.change for c in got] == [temp, own[0].change], [c.change for c in got]
+    assert got[0].rationale.startswith("signal re-test: s1c1") and "over 2 arm pairs" in got[0].rationale
+    assert signal_retest(run, 1, diag, own, 2) == own
+    for update in ({"live": {"control": low, "candidate": low}, "stage_live": []}, {"effect": -0.01},
+                   {"next_step": "stop"}):
+        record("s1c1", **update)
+        assert signal_retest(run, 2, diag, own, 2) == own, update
+    record("s1c1", decision="rejected")
+    assert signal_retest(run, 2, diag, own, 2) == own
+    record("s1c1")
+    off = run.config.model_copy(update={"backtest": run.config.backtest.model_copy(update={"signal_pair": False})})
+    object.__setattr__(run, "config", off)
+    assert signal_retest(run, 2, diag, own, 2) == own
+
+
 def test_replaying_futility_on_a_recorded_run_counts_the_stops_the_saved_re_tests_and_a_lost_promotion(run):
     """`calibration.replay_runs` (how a `gate.futility` default is checked against live runs): a recorded test that
     continued to a new pair with a clearly negative estimate is stopped, its later pooled re-test is saved, and that
