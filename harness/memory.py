@@ -139,7 +139,11 @@ def passed_gate(row: dict[str, Any]) -> bool:
 
 
 def remember_skills(run: Run, k: int) -> None:
-    """Record each decided candidate's try on its skill; file an engineer-invented change that won as a new skill."""
+    """Record each decided candidate's try on its skill; file an engineer-invented change that won as a new skill. A
+    decision is a try when it has ended: promoted, refuted (or beaten, a success), or inconclusive with its evidence
+    spent (`next_step` stop: never re-proposed from that state; not promoted). An inconclusive test with a pair left
+    is not one yet: its re-test pools it, and the re-test's own verdict is the try (so a skill is never charged twice
+    for one decision, and a skill whose tests always end undecided no longer ranks as untried)."""
     from harness.tasks.knobs import ENTRY, MIXTURE, TARGET
     from skills.library import UnknownSkillError
     from skills.model import Evidence as SkillEvidence
@@ -148,7 +152,8 @@ def remember_skills(run: Run, k: int) -> None:
     lib = run.skills()
     try:
         for c in run.store.candidates(run.id, stage=k):
-            if c["status"] not in ("promoted", "rejected"):
+            spent = c["status"] == "inconclusive" and (c.get("evidence") or {}).get("next_step") == "stop"
+            if c["status"] not in ("promoted", "rejected") and not spent:
                 continue
             cand = candidate_from_row(c)
             promoted = c["status"] == "promoted"

@@ -267,7 +267,9 @@ def test_a_change_that_passed_the_gate_and_was_beaten_is_a_success_for_its_skill
     rejected, 'beaten by'. Its skill must count the try as a success (the skill's change worked), not a failure that
     lowers its Thompson draw; a plainly refuted candidate still counts as a failure. Would catch skills that win
     their test and are ranked down for it (seen in the too-hard run: the whole-mixture change passed at stage 2
-    behind a learning-rate change)."""
+    behind a learning-rate change). An inconclusive decision whose evidence is spent is a try that did not promote;
+    one with a pair left is not a try yet (its re-test's verdict will be): would catch a skill that is only ever
+    inconclusive ranking as untried, or one charged for a decision still going on."""
     from harness.backtest import choose_winner
     from harness.memory import remember_skills
 
@@ -286,9 +288,15 @@ def test_a_change_that_passed_the_gate_and_was_beaten_is_a_success_for_its_skill
                       looks=[{"n": 40, "decision": {"promoted": "promoted", "rejected": "refuted"}[decision]}])
         return Verdict(candidate=cid, decision=decision, reason="gate", evidence=ev)
 
+    for cid, knob in (("s1c4", "recipe.max_completion_length"), ("s1c5", "recipe.num_generations")):
+        run.store.upsert_candidate("r", Candidate(id=cid, stage=1, change=Change(kind="recipe", knob=knob, value=4),
+                                                  old_value=8, rationale="r", skill=skill), commit=None)
     _, out = choose_winner([v("s1c1", "promoted", 0.05), v("s1c2", "promoted", 0.03), v("s1c3", "rejected", -0.2)])
     for x in out:
         run.store.set_candidate_verdict(x)
+    for cid, step in (("s1c4", "stop"), ("s1c5", "new_pair")):  # inconclusive: its evidence spent; a pair left
+        ev = Evidence(n=40, control=0.2, candidate=0.21, effect=0.01, ci_low=-0.05, ci_high=0.07, next_step=step)
+        run.store.set_candidate_verdict(Verdict(candidate=cid, decision="inconclusive", reason="gate", evidence=ev))
     assert [run.store.candidate(c)["status"] for c in ("s1c1", "s1c2", "s1c3")] == ["promoted", "rejected", "rejected"]
     remember_skills(run, 1)
     lib = run.skills()
@@ -296,7 +304,7 @@ def test_a_change_that_passed_the_gate_and_was_beaten_is_a_success_for_its_skill
         tries = {t["candidate"]: t["promoted"] for t in lib.tries(skill)}
     finally:
         lib.close()
-    assert tries == {"s1c1": 1, "s1c2": 1, "s1c3": 0}, tries
+    assert tries == {"s1c1": 1, "s1c2": 1, "s1c3": 0, "s1c4": 0}, tries
 
 
 def test_a_change_beaten_at_the_gate_is_re_tested_first_in_the_next_stage_from_the_new_state(run):
