@@ -578,6 +578,8 @@ def _drive_prepared(run_dir: Path, config: RunConfig, progress, first_input: dic
                           "to the rule engineer (stop and resume once it answers to keep it out of the run)")
             if not _has_checkpoint(run_dir, run.id):  # killed before the graph's first checkpoint
                 first_input = {"run_id": run.id, "stage": 0, "log": []}
+                run.event(None, "resume", "fresh_start", f"run {run.id} was stopped before its first stage began "
+                          "(nothing of it was recorded): it starts from its setup now")
         run.store.set_run_status(run.id, "running")
         try:  # a bad EVOTRAINER_THREADS / EVOTRAINER_CORES raises here: the run is then interrupted, not "running"
             _announce_sandbox(run)

@@ -1158,3 +1158,30 @@ def test_config_edits_names_changed_added_and_removed_settings_and_lets_a_resume
     assert config_edits(start, {**start, "gate": {"human": "never", "min_effect": 0.05}}) == \
         ["gate.min_effect 0.02 -> 0.05"]
     assert config_edits(start, {**start, "new_section": {"k": 1}}) == []  # a field a later version added
+
+
+def test_a_run_stopped_before_its_first_stage_starts_from_its_setup_and_says_so(tmp_path, monkeypatch):
+    """A run killed after its folder was made but before the graph's first checkpoint (listed "creating" or
+    "interrupted" with nothing recorded): `resume` starts it from its setup, and now says so in run.db and on the
+    console (it used to say only "resumed", as if it went on from somewhere). Would catch a resume that feeds the graph
+    nothing (LangGraph then has no state to continue) or says nothing of the fresh start."""
+    from harness import lifecycle
+    from harness.lifecycle import RunInterrupted
+
+    real = lifecycle._drive_prepared
+    monkeypatch.setattr(lifecycle, "_drive_prepared", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(RunInterrupted):
+        start_run(parse_config(TINY, "test"), tmp_path / "runs", run_id="early")
+    monkeypatch.setattr(lifecycle, "_drive_prepared", real)
+    seen: dict = {}
+    monkeypatch.setattr(lifecycle, "_drive", lambda run, first, reopen=None: seen.update(first=first))
+    shown: list = []
+    resume_run(tmp_path / "runs" / "early", progress=lambda kind, data: shown.append(data.get("message")))
+    assert seen["first"] == {"run_id": "early", "stage": 0, "log": []}
+    store = RunStore.open(tmp_path / "runs" / "early" / "run.db")
+    try:
+        said = [e["message"] for e in store.events("early") if e["kind"] == "fresh_start"]
+    finally:
+        store.close()
+    want = "run early was stopped before its first stage began (nothing of it was recorded): it starts from its setup now"
+    assert said == [want] and want in shown, (said, shown)
