@@ -444,7 +444,7 @@ def signal_retest(run: Run, k: int, diagnosis: Any, candidates: list[Any], slots
         v = Verdict(candidate=row["id"], decision="inconclusive", reason=row.get("reason") or "",
                     evidence=Evidence.model_validate(row["evidence"]))
         if (why := signal_promising(run, v)) is not None:
-            found.append((v.evidence.pairs + len(v.evidence.stage_live), row, why))
+            found.append((v.evidence.pairs, row, why))
     if not found:
         return candidates
     _, row, why = max(found, key=lambda f: (f[0], f[1]["id"]))
