@@ -310,8 +310,10 @@ def node_propose(run: Run, state: State) -> State:
             run.event(k, "propose", "engineer_note", note, key=f"{k}/note/{note[:80]}")
         for bad in res.rejected_replies:
             run.event(k, "propose", "reply_rejected", bad.reason, key=f"{k}/bad/{bad.attempt}")
-        cands = signal_retest(run, k, diag, res.candidates, cfg.stage.candidates)  # then a runner-up's, escalation's
-        cands = runners_up(run, k, diag, cands, cfg.stage.candidates)  # first
+        # each call puts its own in front of what it is given: escalation's re-test, then a runner-up, then a
+        # promising signal's re-test, then the engineer's
+        cands = signal_retest(run, k, diag, res.candidates, cfg.stage.candidates)
+        cands = runners_up(run, k, diag, cands, cfg.stage.candidates)
         cands = escalate(run, k, diag, cands, cfg.stage.candidates)
         cands = [c.model_copy(update={"id": f"s{k}c{i + 1}", "stage": k}) for i, c in enumerate(cands)]
         asked = Asked(candidates=[c.id for c in cands], engineer=res.engineer_used)

@@ -842,8 +842,8 @@ def _raise_budget(run_dir: Path, budget: dict[str, Any],
     not valid, the run waits at the human gate, is not a loop run, or has ended and the new budget would not let it
     run one more stage. Returns what the edit said when the run's graph has ended (the driver reopens it and says
     so), else None (said here, in run.db's events and to `progress`, with the stage that ends the run when the new
-    budget stops it after the stage it was interrupted in). A stage whose stop was decided under the old budget but not yet acted on (a run
-    killed late in its last `remember`) has its stop decided again under the new one."""
+    budget stops it after the stage it was interrupted in). A stage whose stop was decided under the old budget but
+    not yet acted on (a run killed late in its last `remember`) has its stop decided again under the new one."""
     from harness.config import ConfigError
     from harness.results import StopChecked
     from harness.stagebook import budget_stop
