@@ -460,7 +460,7 @@ def signal_retest(run: Run, k: int, diagnosis: Any, candidates: list[Any], slots
 
 def _latest_inconclusive(run: Run, state: str) -> list[dict[str, Any]]:
     """Each change's latest test from harness state `state` (which pooled the earlier ones), where it ended
-    inconclusive: their candidate rows."""
+    inconclusive with its evidence left (what escalation and `signal_retest` may re-test): their candidate rows."""
     from harness.memory import history
 
     latest: dict[str, Any] = {}
@@ -758,26 +758,20 @@ def most_promising_inconclusive(run: Run, state: str, causes: set[str] | frozens
     promising (`harness.sequential.promise`: the chance its remaining pairs, pooled with all its evidence so far, end
     in a promotion), then the highest lower bound. Each change is read at its latest test (which pooled the earlier
     ones). None when there is none."""
-    from harness.memory import history
     from harness.sequential import promise
 
     cfg = run.config
     plan = cfg.gate.plan(cfg.backtest.n)
-    latest: dict[str, Any] = {}
-    for h in history(run):  # a change with a final test from this state is final in the history (never re-tested)
-        if h.verdict == "inconclusive" and h.key.startswith(f"{state}|") and (
-                h.key not in latest or h.stage >= latest[h.key].stage):
-            latest[h.key] = h
     best, best_key = None, None
-    for h in latest.values():
-        if h.effect is None or h.effect <= 0:
+    for row in _latest_inconclusive(run, state):
+        if row.get("effect") is None or row["effect"] <= 0:
             continue
-        row = run.store.candidate(h.candidate)
-        earlier, _, _ = pooled_evidence(run, h.candidate)  # what a re-test of it would pool: every test of it so far
+        earlier, _, _ = pooled_evidence(run, row["id"])  # what a re-test of it would pool: every test of it so far
         pairs = earlier + prior_pairs([Evidence.model_validate(row["evidence"])], fingerprint(run))[0] \
             if row.get("evidence") else earlier
         chance = promise(pairs, plan, int((row.get("evidence") or {}).get("comparisons") or 1))
-        key = (int(bool(causes) and addresses(run, row, causes)), round(chance, 6), (h.ci or (-1, 0))[0])
+        lo = row.get("ci_low") if row.get("ci_low") is not None and row.get("ci_high") is not None else -1
+        key = (int(bool(causes) and addresses(run, row, causes)), round(chance, 6), lo)
         if best_key is None or key > best_key:
             best, best_key = row, key
     return best
