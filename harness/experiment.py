@@ -317,6 +317,18 @@ def suite_blocks(rc) -> list[str]:
     return [block for block, _ in draw_test(get_task(rc.task), rc.eval)]
 
 
+def suite_clusters(rc) -> list[int]:
+    """The held-out test set's problem of every instance, in the report's order: the index of the first instance
+    with the same prompt. A generator over a small space draws one problem several times (the math family's
+    one-digit sums: 56 distinct among 336), and a policy solves or misses every copy alike, so intervals over the
+    test set resample problems, not copies (`harness.backtest.two_way_bootstrap`'s clusters)."""
+    from harness.tasks import get_task
+    from harness.tasks.suites import draw_test
+
+    task, first = get_task(rc.task), {}
+    return [first.setdefault(task.prompt(inst), i) for i, (_, inst) in enumerate(draw_test(task, rc.eval))]
+
+
 def warm_start(rc0, out: Path, say: Callable[[str], None]) -> tuple[Path, list[float]]:
     """The experiment's shared warm start, made by the stage's own setup in a run of its own (`<out>/warmstart`):
     (its checkpoint, its per-instance held-out valid)."""
@@ -510,9 +522,10 @@ def _part(per: list[float], blocks: list[str], keep: set[str]) -> float:
 
 
 def summarize(results: dict[str, list[dict[str, Any]]], blocks: list[str], warm: list[dict[str, Any]],
-              hard: list[str]) -> dict[str, Any]:
+              hard: list[str], clusters: list[int] | None = None) -> dict[str, Any]:
     """Per arm: final held-out valid (overall, harder half, easier half, per block), optimal, compute; and paired
-    per-seed differences of the evolved arms against each baseline."""
+    per-seed differences of the evolved arms against each baseline (over seeds x test problems: `clusters`, one
+    label per instance, groups the copies of one problem, `suite_clusters`)."""
     from harness.backtest import two_way_bootstrap
 
     hard_set, easy_set = set(hard), set(blocks) - set(hard)
@@ -554,7 +567,8 @@ def summarize(results: dict[str, list[dict[str, Any]]], blocks: list[str], warm:
                         for _, b in pairs]
                 cand = [[v for v, bb in zip(e["final_per_instance"], blocks, strict=True) if bb in keep]
                         for e, _ in pairs]  # every seed on the same test instances: seeds x instances, two-way
-                eff, lo, hi = two_way_bootstrap(ctrl, cand, 2000, 0.025, np.random.default_rng(0))
+                cl = None if clusters is None else [c for c, bb in zip(clusters, blocks, strict=True) if bb in keep]
+                eff, lo, hi = two_way_bootstrap(ctrl, cand, 2000, 0.025, np.random.default_rng(0), clusters=cl)
                 out[part] = {"seeds": mean_ci(diffs), "instances": (eff, lo, hi), "n_instances": sum(map(len, ctrl))}
             comparisons[f"{evo} vs {base}"] = out
     return {"arms": arms, "warm_start": arms_ws, "hard_blocks": hard, "comparisons": comparisons}
@@ -604,19 +618,20 @@ def run_experiments(exps: list[tuple[ExperimentConfig, Path]], say: Callable[[st
     summaries = []
     for i, (cfg, out, p) in enumerate(preps):
         rc0 = run_config(cfg, 0, p["arms"][0])
-        blocks = suite_blocks(rc0)
+        blocks, clusters = suite_blocks(rc0), suite_clusters(rc0)
         warm_per = results[(i, "warm")]["per_instance"]
         warm = [{"valid": float(np.mean(warm_per)), "per_instance": warm_per}]
         by_arm = {a: [results[(i, s, a)] for s in range(cfg.seeds)] for a in p["arms"]}
         by_arm = _with_earlier_parts(cfg, out, p["arms"], by_arm, results, i, say)
         hard = harder_half(blocks, [w["per_instance"] for w in warm])
-        summary = summarize(by_arm, blocks, warm, hard)
+        summary = summarize(by_arm, blocks, warm, hard, clusters)
         summary.update({"wall_s": wall, "unit_s": results[(i, "warm")]["t_end"] - results[(i, "warm")]["t_start"]
                         + sum(r.get("wall_s", 0.0) for rows in by_arm.values() for r in rows),
                         "suite": rc0.eval.name, "n_instances": len(blocks), "stages": rc0.budget.stages,
                         "seeds": cfg.seeds, "skipped": p["skipped"], "jobs": jobs, "arms_reported": list(by_arm),
                         "curves": {a: [r["curve"] for r in rows] for a, rows in by_arm.items()},
-                        "warm_valid": [w["valid"] for w in warm], "warm_per_instance": warm_per})
+                        "warm_valid": [w["valid"] for w in warm], "warm_per_instance": warm_per,
+                        "test_clusters": clusters})
         (out / "results.json").write_text(json.dumps(summary, indent=1, default=float))
         (out / "summary.md").write_text(table(summary))
         write_plot(summary, out)

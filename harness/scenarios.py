@@ -357,29 +357,35 @@ AUTOMATIC = ("plr", "learnability", "bandit", "pbt")  # what a person would use 
 # (harness.experiment's BASELINES less the fixed harnesses and the oracle, and its POPULATIONS)
 
 
-def paired(a: list[list[float]], b: list[list[float]], rng_seed: int = 0) -> tuple[float, float, float]:
+def paired(a: list[list[float]], b: list[list[float]], rng_seed: int = 0,
+           clusters: list[Any] | None = None) -> tuple[float, float, float]:
     """Mean of a - b with a 95% interval over seeds x test instances: the pigeonhole bootstrap (seeds and instances
     resampled independently, `harness.backtest.two_way_bootstrap`), since every seed is judged on the same test
     instances. Seeds whose lists differ in length (not the same test set) fall back to the paired bootstrap over every
-    (seed, instance) pair."""
+    (seed, instance) pair. `clusters` (one label per test instance; `harness.experiment.suite_clusters`) makes the
+    instance side resample test PROBLEMS, the copies of one drawn together."""
     from harness.backtest import paired_bootstrap, two_way_bootstrap
 
     rng = np.random.default_rng(rng_seed)
-    if len({len(x) for x in (*a, *b)}) == 1:
-        return two_way_bootstrap(b, a, 2000, 0.025, rng)
+    if len(lens := {len(x) for x in (*a, *b)}) == 1:
+        return two_way_bootstrap(b, a, 2000, 0.025, rng,
+                                 clusters=clusters if clusters is not None and len(clusters) in lens else None)
     return paired_bootstrap(np.concatenate(b), np.concatenate(a), 2000, 0.025, rng)
 
 
-def _vs(per: dict[str, dict[int, list[float]]], arm: str, other: str) -> tuple[float, float, float] | None:
+def _vs(per: dict[str, dict[int, list[float]]], arm: str, other: str,
+        clusters: list[Any] | None = None) -> tuple[float, float, float] | None:
     """`arm` - `other`, paired over their common seeds (`per[arm][seed]` = its final per-instance outcomes)."""
     common = sorted(set(per[arm]) & set(per[other]))
-    return paired([per[arm][s] for s in common], [per[other][s] for s in common]) if common else None
+    return paired([per[arm][s] for s in common], [per[other][s] for s in common],
+                  clusters=clusters) if common else None
 
 
 WARM = "warm start"  # the shared start, as a row of `per` in `summarize`
 
 
-def summarize(rows: dict[str, dict[str, Any]], warm: dict[str, list[float]] | None = None) -> dict[str, Any]:
+def summarize(rows: dict[str, dict[str, Any]], warm: dict[str, list[float]] | None = None,
+              clusters: dict[str, list[Any]] | None = None) -> dict[str, Any]:
     """Per scenario: each arm's final valid (mean over seeds) and its paired difference from fixed-template; the gap
     (oracle - fixed-template) and each arm's recovery of it; each evolved arm paired against the scenario's best
     automatic arm (`AUTOMATIC`). `rows[scenario][arm]` = [result.json of each seed].
@@ -388,14 +394,17 @@ def summarize(rows: dict[str, dict[str, Any]], warm: dict[str, list[float]] | No
     gets its difference from the warm start (`vs_warm`), and the scenario says whether its oracle trained above it
     (`oracle_learns`: the interval's lower bound above 0). An oracle that does not learn makes the gap the harm the
     defect does, not learning a good harness adds: an arm that keeps its warm start then "recovers" the whole gap
-    (issue 33: "measure that each oracle is good before it anchors anything")."""
+    (issue 33: "measure that each oracle is good before it anchors anything").
+
+    With `clusters[scenario]` (its test set's problem label per instance, `harness.experiment.suite_clusters`) every
+    interval resamples problems rather than copies of one (`paired`)."""
     from harness.experiment import EVOLVED
 
     out: dict[str, Any] = {}
     for name, arms in rows.items():
         per = {arm: {r["seed"]: r["final_per_instance"] for r in results} for arm, results in arms.items()}
         sc: dict[str, Any] = {"arms": {}}
-        w = (warm or {}).get(name)
+        w, cl = (warm or {}).get(name), (clusters or {}).get(name)
         if w is not None:
             seeds = sorted({s for p in per.values() for s in p if len(p[s]) == len(w)})
             per[WARM] = {s: list(w) for s in seeds}
@@ -406,9 +415,9 @@ def summarize(rows: dict[str, dict[str, Any]], warm: dict[str, list[float]] | No
                                  "compute": float(np.mean([r["compute"] for r in results])),
                                  "wall_s": float(sum(r.get("wall_s", 0.0) for r in results)),
                                  "cpu_s": float(sum(r.get("cpu_s", 0.0) for r in results))}
-            if arm != "fixed-template" and "fixed-template" in per and (m := _vs(per, arm, "fixed-template")):
+            if arm != "fixed-template" and "fixed-template" in per and (m := _vs(per, arm, "fixed-template", cl)):
                 a["vs_fixed"] = m
-            if WARM in per and (m := _vs(per, arm, WARM)):
+            if WARM in per and (m := _vs(per, arm, WARM, cl)):
                 a["vs_warm"] = m
             sc["arms"][arm] = a
         gap = sc["arms"].get("oracle", {}).get("vs_fixed")
@@ -418,7 +427,7 @@ def summarize(rows: dict[str, dict[str, Any]], warm: dict[str, list[float]] | No
         if auto := [arm for arm in AUTOMATIC if arm in arms]:  # the loop's bar: the best curriculum or PBT arm
             best = sc["best_automatic"] = max(auto, key=lambda arm: sc["arms"][arm]["valid"])
             for arm in EVOLVED:
-                if arm in arms and (m := _vs(per, arm, best)):
+                if arm in arms and (m := _vs(per, arm, best, cl)):
                     sc["arms"][arm]["vs_best_automatic"] = m
         if gap is not None and (gap[1] > 0 or gap[2] < 0):
             for arm, a in sc["arms"].items():
@@ -580,8 +589,8 @@ def _run_scenarios(loaded: list, configs: list, out: Path, run_arms: list[str], 
             res[arm] = [json.loads(p.read_text()) for s in range(seeds)
                         if (p := out / sc.scenario / arm / f"seed{s}" / "result.json").exists()]
         rows[sc.scenario] = {a: r for a, r in res.items() if r}
-    summary = summarize(rows, warm_outcomes([out / sc.scenario for _, sc in loaded],
-                                            [sc.scenario for _, sc in loaded]))
+    dirs, names = [out / sc.scenario for _, sc in loaded], [sc.scenario for _, sc in loaded]
+    summary = summarize(rows, warm_outcomes(dirs, names), warm_outcomes(dirs, names, "test_clusters"))
     for _, sc in loaded:  # the evolved arms' promotions: what they changed, and when the defect was first fixed
         for arm, results in rows.get(sc.scenario, {}).items():
             if arm in EVOLVED:
@@ -605,14 +614,15 @@ def _run_scenarios(loaded: list, configs: list, out: Path, run_arms: list[str], 
     return doc
 
 
-def warm_outcomes(dirs: list[Path], names: list[str]) -> dict[str, list[float]]:
+def warm_outcomes(dirs: list[Path], names: list[str], key: str = "warm_per_instance") -> dict[str, list[Any]]:
     """Each scenario's shared warm start, per test instance, from its experiment's results.json (written there since
-    the fortieth session; absent before, so older outputs have no warm-start column)."""
+    the fortieth session; absent before, so older outputs have no warm-start column); with `key="test_clusters"` its
+    test set's problem labels (since the sixty-fourth session; absent before: intervals over instances)."""
     got = {}
     for d, name in zip(dirs, names, strict=True):
         p = d / "results.json"
-        if p.is_file() and (w := json.loads(p.read_text()).get("warm_per_instance")) is not None:
-            got[name] = [float(v) for v in w]
+        if p.is_file() and (w := json.loads(p.read_text()).get(key)) is not None:
+            got[name] = [float(v) if key == "warm_per_instance" else v for v in w]
     return got
 
 

@@ -58,6 +58,33 @@ def test_the_two_way_bootstrap_covers_an_effect_that_instances_share_across_seed
     assert eff == 0.5 and lo <= eff <= hi
 
 
+def test_the_two_way_bootstrap_resamples_problems_when_a_test_set_repeats_them():
+    """A test set over a small space holds each problem several times (the math family's one-digit sums: 56 distinct
+    among 336), and one seed's policy solves or misses every copy alike. With true mean 0 and 40 problems each drawn
+    6 times (one seed, 240 instances), the interval that resamples instances covers 0 far less often than 95%; the
+    cluster bootstrap over problems covers it about as often, and its interval on a table of copies is the interval
+    on the table of problems, weighted by copies. Would catch the labels ignored, or clusters resampled without all
+    of their instances."""
+    rng = np.random.default_rng(11)
+    reps, cover = 300, {"problems": 0, "instances": 0}
+    labels = np.repeat(np.arange(40), 6)
+    for _ in range(reps):
+        d = rng.choice([-1.0, 0.0, 0.0, 1.0], size=40)[labels]  # each problem's difference, on every copy
+        cand, ctrl = np.clip(d, 0, 1)[None, :], np.clip(-d, 0, 1)[None, :]
+        _, lo, hi = two_way_bootstrap(ctrl, cand, 400, 0.025, rng, clusters=list(labels))
+        cover["problems"] += lo <= 0.0 <= hi
+        _, lo, hi = two_way_bootstrap(ctrl, cand, 400, 0.025, rng)
+        cover["instances"] += lo <= 0.0 <= hi
+    assert cover["problems"] / reps >= 0.90 and cover["instances"] / reps <= 0.75, cover
+    d = rng.choice([-1.0, 0.0, 1.0], size=40)
+    wide = two_way_bootstrap(np.clip(-d[labels], 0, 1)[None], np.clip(d[labels], 0, 1)[None], 4000, 0.025,
+                             np.random.default_rng(0), clusters=[f"p{i}" for i in labels])
+    dedup = two_way_bootstrap(np.clip(-d, 0, 1)[None], np.clip(d, 0, 1)[None], 4000, 0.025, np.random.default_rng(0))
+    assert wide == pytest.approx(dedup, abs=0.02)
+    with pytest.raises(GateError, match="cluster labels"):
+        two_way_bootstrap([[0.0, 1.0]], [[1.0, 1.0]], 10, 0.025, rng, clusters=[0])
+
+
 def test_with_three_seeds_and_a_real_seed_effect_the_interval_still_covers():
     """RL runs differ by seed: here each seed's true difference is drawn with sd 0.25 around 0 (three seeds, 200
     binary instances). Resampling three seeds cannot see that variance (a reviewer read 76% coverage); the interval

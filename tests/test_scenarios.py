@@ -184,6 +184,42 @@ def test_recovery_is_the_share_of_the_oracles_gap():
     assert "| s | evolved-rule | plr | -50.0 [" in summary_md(summarize(rows), ["fixed-template", "evolved-rule", "plr"])
 
 
+def test_intervals_resample_problems_when_the_test_set_repeats_them():
+    """With the test set's problem labels (`harness.experiment.suite_clusters`: copies of one problem share one), every
+    interval of the table resamples problems: 8 problems drawn 4 times each read wider than 32 independent instances,
+    with the same estimate; labels of another length (another test set) are not applied. Would catch the labels
+    never reaching the intervals."""
+    def r(seed, per):
+        return {"seed": seed, "final_per_instance": per, "compute": 10.0}
+    labels = [i % 8 for i in range(32)]
+    rows = {"s": {"fixed-template": [r(0, [0.0] * 32)], "oracle": [r(0, [1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0] * 4)],
+                  "evolved-rule": [r(0, [1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0] * 4)]}}
+    flat, grouped = summarize(rows)["s"], summarize(rows, clusters={"s": labels})["s"]
+    for arm in ("oracle", "evolved-rule"):
+        (e1, lo1, hi1), (e2, lo2, hi2) = flat["arms"][arm]["vs_fixed"], grouped["arms"][arm]["vs_fixed"]
+        assert e1 == e2 and hi2 - lo2 > 1.5 * (hi1 - lo1), (arm, flat["arms"][arm], grouped["arms"][arm])
+    assert summarize(rows, clusters={"s": labels[:16]})["s"]["gap"] == flat["gap"]
+
+
+def test_the_test_sets_problems_are_labelled_by_prompt():
+    """`suite_clusters`: one label per test instance, shared by every copy of a problem (the first copy's index). On
+    a math target of one-digit sums (a small space) 200 instances hold far fewer problems; each label's copies are
+    one prompt. Would catch labels by seed (every instance its own problem) or by block."""
+    from types import SimpleNamespace
+
+    from harness.config import EvalConfig
+    from harness.experiment import suite_clusters
+    from harness.tasks import get_task
+    from harness.tasks.suites import draw_test
+
+    ev = EvalConfig(env={"levels": [{"digits": 1, "data_ratio": 1.0, "terms": 2, "sub_ratio": 0.5}]}, n=200)
+    labels = suite_clusters(SimpleNamespace(task="math", eval=ev))
+    task, insts = get_task("math"), [i for _, i in draw_test(get_task("math"), ev)]
+    assert len(labels) == 200 and 5 < len(set(labels)) < 100
+    assert all(task.prompt(insts[i]) == task.prompt(insts[c]) for i, c in enumerate(labels))
+    assert len({task.prompt(insts[c]) for c in set(labels)}) == len(set(labels))
+
+
 def test_an_oracle_that_does_not_train_above_the_warm_start_is_named():
     """The gap is oracle - fixed-template; when the oracle only holds its warm start, the gap is harm avoided, and an
     arm that keeps the warm start "recovers" all of it: the table says so (issue 33: "measure that each oracle is good
@@ -269,6 +305,8 @@ def test_a_tiny_scenario_runs_every_arm_at_equal_compute_no_arm_reads_the_defect
     evo = json.loads((exp / "evolved-rule" / "seed0" / "result.json").read_text())
     assert evo["ledger"]["steps"] >= 2 * TINY["recipe"]["steps"]  # its own steps are counted...
     assert evo["compute"] > evo["ledger"]["steps"]  # ...and so are its probes' and backtests' tokens
+    labels = json.loads((exp / "results.json").read_text())["test_clusters"]  # the test set's problems, in order
+    assert len(labels) == 16 and all(labels[i] <= i for i in range(16))
     for arm in arms:
         r = json.loads((exp / arm / "seed0" / "result.json").read_text())
         assert len(r["final_per_instance"]) == 16  # the target's test_n instances
