@@ -97,7 +97,7 @@ def grpo_rows(task: Task, config: BaseModel, seed_list: list[int], style: str | 
 def reward_fn(task: Task, shaping: BaseModel | None = None, record: list[RewardBatch] | None = None):
     """A TRL-style reward `(prompts, completions, instance, **kw) -> list[float]`: the task's shaped reward. With
     `record` (a list), every call appends a `RewardBatch`: each completion's instance seed, level (the instance's
-    difficulty slice value), reward and validity, in the order scored."""
+    difficulty slice value), reward, validity and whether the task could check it, in the order scored."""
 
     def reward(prompts: list[str], completions: list[str], instance: list[str], **kw) -> list[float]:
         from harness.tasks import score_all
@@ -109,7 +109,9 @@ def reward_fn(task: Task, shaping: BaseModel | None = None, record: list[RewardB
         out = [o.reward for o in scored]
         if record is not None:
             key = task.spec.difficulty_slice
+            fmt = set(task.spec.format_failures)
             record.append(RewardBatch(seeds=[i.seed for i in insts], rewards=out, valid=[o.valid for o in scored],
+                                      checkable=[o.valid or o.failure not in fmt for o in scored],
                                       levels=[task.slices(i).get(key, "") if key else "" for i in insts]))
         return out
 

@@ -82,20 +82,28 @@ class RewardBatch(BaseModel):
     levels: list[str]
     rewards: list[float]
     valid: list[bool] = Field(default_factory=list, description="per completion (empty in files written before it)")
+    checkable: list[bool] = Field(default_factory=list, description="per completion: an answer the task could check "
+                                  "(its failure, if any, is not one of the task's `format_failures`: not empty, "
+                                  "unparseable or not a program); empty in files written before it")
 
 
 def valid_live_share(batch: RewardBatch, group: int) -> float | None:
-    """Share of the batch's groups (`group` consecutive completions of one prompt) whose completions are not all valid
-    or all invalid: live on VALIDITY, what the judge scores. The trainer's own live share counts reward spread, which
-    a shaped reward (partial credit, a format penalty, an optimal bonus) creates among answers that are all wrong (a
-    held-out code scenario with partial credit 1.0: a hotter sampler's arm had 79% of its groups live by reward, 56% on
-    validity, against the control's 25% and 10%). None when the batch has no validity or does not split into whole
-    groups."""
+    """Share of the batch's groups (`group` consecutive completions of one prompt) live on VALIDITY, what the judge
+    scores: a valid completion beside an invalid one that the task could CHECK (a wrong answer, not a malformed one;
+    `RewardBatch.checkable`; batches written before it count any invalid one). Why not reward spread, the trainer's
+    own live share: a shaped reward (partial credit, a format penalty, an optimal bonus) creates spread among answers
+    that are all wrong (a held-out code scenario with partial credit 1.0: a hotter sampler's arm had 79% of its
+    groups live by reward, 56% on validity, against the control's 25% and 10%). Why not a malformed answer beside a
+    valid one: that contrast is the sampler's noise, not the task's, and a hotter sampler makes it at will (a held-out
+    code scenario with groups of two: 1.0 -> 1.5 raised the live share from 5% to 21%, 70% of it valid beside
+    malformed, and 240 steps at 1.5 then raised nothing while 1.0 gained 8 points; BENCHMARKS.md, sixty-fourth
+    session). None when the batch has no validity or does not split into whole groups."""
     n = len(batch.valid)
     if group < 2 or n == 0 or n % group or n != len(batch.rewards):
         return None
-    gs = [batch.valid[i:i + group] for i in range(0, n, group)]
-    return sum(any(g) and not all(g) for g in gs) / len(gs)
+    check = batch.checkable if len(batch.checkable) == n else [True] * n
+    gs = [(batch.valid[i:i + group], check[i:i + group]) for i in range(0, n, group)]
+    return sum(any(v) and any(not ok and c for ok, c in zip(v, cs, strict=True)) for v, cs in gs) / len(gs)
 
 
 def write_reward_batches(path: Path, batches: list[RewardBatch]) -> Path:

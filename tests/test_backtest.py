@@ -177,7 +177,10 @@ def test_an_arms_steps_record_which_groups_were_live_on_validity(tmp_path):
     files["recipe.yaml"] += "\nbatch_size: 16\nnum_generations: 4\n"
     record: list = []
     m = train_arm(model, tok, task, files, 2, seeds("train", 8), 0, record=record)
-    assert len(record) == len(m.steps) == 2 and all(len(b.valid) == 16 for b in record)
+    assert len(record) == len(m.steps) == 2 and all(len(b.valid) == len(b.checkable) == 16 for b in record)
+    # an untrained policy writes malformed plans: each scored with its own failure, not all counted checkable
+    assert not all(c for b in record for c in b.checkable) and all(c for b in record for ok, c in
+                                                                  zip(b.valid, b.checkable) if ok)
     assert [s.valid_live_share for s in m.steps] == [valid_live_share(b, 4) for b in record]
     assert live_shares([s.model_dump() for s in m.steps]) == [s.valid_live_share for s in m.steps]
 

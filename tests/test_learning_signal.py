@@ -155,8 +155,10 @@ def test_the_route_is_part_of_the_gate_config_and_not_of_the_judge_fingerprint()
 def test_the_route_counts_groups_live_on_validity_not_on_a_shaped_rewards_spread():
     """Under partial credit, wrong answers earn different rewards, so a sampler can make groups "live" by reward
     without any valid answer among them (a held-out code scenario with partial credit 1.0: 79% live by reward against
-    25%; on validity 56% against 10%). The route reads the validity-live share when every step has one, and the
-    reward's otherwise (older curves). Would catch the route promoting on shaped-reward spread alone."""
+    25%; on validity 56% against 10%); and a hotter sampler makes a valid answer's group "live" with a malformed one
+    beside it (groups of two on code: 5% -> 21% live, 70% of it so). The route reads the validity-live share, a valid
+    answer beside a wrong but checkable one, when every step has one, and the reward's otherwise (older curves).
+    Would catch the route promoting on shaped-reward spread alone, or counting malformed answers as contrast."""
     from harness.records import RewardBatch, valid_live_share
 
     b = RewardBatch(seeds=[1] * 4 + [2] * 4, levels=[""] * 8, rewards=[0.2, 0.5, 0.7, 0.1, 1.0, 0.0, 0.0, 0.0],
@@ -164,6 +166,13 @@ def test_the_route_counts_groups_live_on_validity_not_on_a_shaped_rewards_spread
     assert valid_live_share(b, 4) == 0.5  # group 1: spread in reward, none valid (dead); group 2: live
     assert valid_live_share(b, 3) is None and valid_live_share(RewardBatch(seeds=[1], levels=[""], rewards=[1.0]),
                                                                   1) is None
+    # a valid answer beside a malformed one is the sampler's contrast, not the task's: live only beside a wrong but
+    # checkable answer (groups of two: valid + malformed, valid + wrong, valid + valid, malformed + wrong)
+    pairs = RewardBatch(seeds=[1, 1, 2, 2, 3, 3, 4, 4], levels=[""] * 8, rewards=[1.0, -0.5, 1.0, 0.0, 1.0, 1.0, -0.5, 0.0],
+                        valid=[True, False, True, False, True, True, False, False],
+                        checkable=[True, False, True, True, True, True, False, True])
+    assert valid_live_share(pairs, 2) == 0.25
+    assert valid_live_share(pairs.model_copy(update={"checkable": []}), 2) == 0.5  # files from before: any invalid
     rng = np.random.default_rng(2)
     control = [{"dead_group_share": 1 - s, "valid_live_share": v} for s, v in zip(_steps(rng, 0.25), _steps(rng, 0.1))]
     hotter = [{"dead_group_share": 1 - s, "valid_live_share": v} for s, v in zip(_steps(rng, 0.8), _steps(rng, 0.1))]
