@@ -20,6 +20,7 @@ same `verdicts`. Tests: tests/test_gate.py, tests/test_backtest.py.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from typing import Any
@@ -211,6 +212,18 @@ class ArmEval(BaseModel):
     @property
     def valid(self) -> float:
         return float(np.mean(self.outcomes)) if self.outcomes else 0.0
+
+    @property
+    def problems(self) -> list[str]:
+        """One label per instance (aligned with `seeds`): a short hash of its prompt, so copies of one problem (a
+        level with few distinct problems draws one again) share it and the gate counts them once
+        (`harness.sequential.PairEvidence.clusters`); [] when some instance has no rollout to read it from."""
+        first: dict[int, str] = {}
+        for r in self.rollouts:
+            first.setdefault(r.seed, r.prompt)
+        if any(s not in first for s in self.seeds):
+            return []
+        return [hashlib.sha1(first[s].encode()).hexdigest()[:12] for s in self.seeds]
 
     def extend(self, more: ArmEval) -> ArmEval:
         """This arm's outcomes followed by a later batch's (the looks of a sequential decision)."""
@@ -453,8 +466,9 @@ def prior_pairs(earlier: list[Evidence], judge: str) -> tuple[list[Any], list[st
         other = sorted({str(e.judge) for e in earlier if e.judge != judge})
         return [], [], (f"earlier evidence of this change was recorded under another judge ({', '.join(other)}; now "
                         f"{judge}): the run's backtest or gate config changed, so it is not pooled; judged afresh")
-    return [PairEvidence(judge=judge, diffs=d, slices=s) for e in earlier
-            for d, s in [*((p["diffs"], p["slices"]) for p in e.stage_pairs), (e.diffs, e.slices)] if d], [], None
+    return [PairEvidence(judge=judge, diffs=d, slices=s, clusters=c) for e in earlier
+            for d, s, c in [*((p["diffs"], p["slices"], p.get("clusters") or []) for p in e.stage_pairs),
+                            (e.diffs, e.slices, e.clusters)] if d], [], None
 
 
 def sequential_verdict(cid: str, control: ArmEval, arm: ArmEval, gate: GateConfig, plan: Any, judge: str,
@@ -473,7 +487,8 @@ def sequential_verdict(cid: str, control: ArmEval, arm: ArmEval, gate: GateConfi
         if any(not 0.0 <= float(x) <= 1.0 for x in xs):
             raise GateError(f"{name} outcomes must lie in [0, 1] (per-instance {gate.metric} rate)")
     diffs = [float(b - a) for a, b in zip(ctrl.outcomes, arm.outcomes, strict=True)]
-    pair = PairEvidence(judge=judge, diffs=diffs, slices=ctrl.slices)
+    problems = ctrl.problems or arm.problems
+    pair = PairEvidence(judge=judge, diffs=diffs, slices=ctrl.slices, clusters=problems)
     look = decide([*prior, pair], plan, vetoes=vetoes, comparisons=comparisons)
     c, k_ = np.asarray(ctrl.outcomes), np.asarray(arm.outcomes)
     by_slice = {key: {**v, "checked": v["checked"]} for key, v in look.by_slice.items()}
@@ -488,7 +503,7 @@ def sequential_verdict(cid: str, control: ArmEval, arm: ArmEval, gate: GateConfi
                         seeds=(min(ctrl.seeds), max(ctrl.seeds)) if ctrl.seeds else None, samples=samples, mde=mde,
                         greedy_control=float(np.mean(ctrl.greedy)) if ctrl.greedy else None,
                         greedy_candidate=float(np.mean(arm.greedy)) if arm.greedy else None, judge=judge,
-                        diffs=[round(d, 6) for d in diffs], slices=ctrl.slices, pairs=look.pairs,
+                        diffs=[round(d, 6) for d in diffs], slices=ctrl.slices, clusters=problems, pairs=look.pairs,
                         pooled=list(pooled or []), looks=record, comparisons=comparisons,
                         next_step=None if look.decision in ("promoted", "refuted") else look.next_step)
     decision = {"promoted": "promoted", "refuted": "rejected"}.get(look.decision, "inconclusive")

@@ -156,7 +156,7 @@ def look_until_decided(run: Run, k: int, arms: dict[str, Any], main_files: dict[
         if v.evidence is not None and (before := earlier.get(v.candidate)) is not None and before.evidence is not None:
             b = before.evidence  # this stage's earlier pairs travel with the verdict, so a later re-test pools them
             v = v.model_copy(update={"evidence": v.evidence.model_copy(update={
-                "stage_pairs": [*b.stage_pairs, {"diffs": b.diffs, "slices": b.slices}],
+                "stage_pairs": [*b.stage_pairs, {"diffs": b.diffs, "slices": b.slices, "clusters": b.clusters}],
                 "stage_live": [*b.stage_live, *([b.live] if b.live else [])]})})
         if v.decision == "inconclusive":
             spent = v.evidence is not None and v.evidence.next_step == "stop"
@@ -479,10 +479,19 @@ def _unsure(reason: str) -> str:
 CONFIRM_Z = 2.5  # a carry confirmation stops before its last batch once |mean / se| of the paired differences is this
 
 
-def _mean_se(diffs: list[float]) -> tuple[float, float]:
-    """Mean of paired differences and its standard error (0 with fewer than two)."""
+def _mean_se(diffs: list[float], problems: list[str] | None = None) -> tuple[float, float]:
+    """Mean of paired differences and its standard error (0 with fewer than two). `problems` (one label per
+    difference): copies of one problem, which greedy decoding scores identically, are counted once: the
+    cluster-robust standard error (`harness.sequential._ss_dof`), never below the plain one."""
     d = np.asarray(diffs, dtype=float)
-    return float(d.mean()), float(d.std(ddof=1)) / np.sqrt(len(d)) if len(d) > 1 else 0.0
+    if len(d) < 2:
+        return float(d.mean()) if len(d) else 0.0, 0.0
+    if problems:
+        from harness.sequential import _ss_dof
+
+        ss, dof = _ss_dof(d, list(problems))
+        return float(d.mean()), float(np.sqrt(ss / dof / len(d))) if dof > 0 else 0.0
+    return float(d.mean()), float(d.std(ddof=1)) / np.sqrt(len(d))
 
 
 def confirm_clear(diffs: list[float]) -> bool:
@@ -582,9 +591,18 @@ def read_pair(run: Run, k: int, key: str, chosen: tuple[str, str], ref: tuple[st
         theirs.extend(b)
         return [x - y for x, y in zip(a, b, strict=True)]
 
-    change, se = _mean_se(confirm_batches(judge, cfg.carry_confirm, most, max(1, min(cfg.n, cfg.carry_confirm)),
-                                          extends=extends))
+    diffs = confirm_batches(judge, cfg.carry_confirm, most, max(1, min(cfg.n, cfg.carry_confirm)), extends=extends)
+    change, se = _mean_se(diffs, problems(run, seeds[: len(diffs)]))
     return mine, theirs, change, se
+
+
+def problems(run: Run, seeds: list[int]) -> list[str]:
+    """One label per backtest seed of the judge's distribution: a short hash of its prompt, shared by copies of one
+    problem (`harness.backtest.ArmEval.problems`)."""
+    import hashlib
+
+    insts = run.instances(run.judge.config(run.task), list(seeds))
+    return [hashlib.sha1(run.task.prompt(i, run.style).encode()).hexdigest()[:12] for i in insts]
 
 
 def confirm_carry(run: Run, k: int, chosen: str, bt: Backtested, start: str | None = None,

@@ -309,12 +309,15 @@ class Evidence(BaseModel):
     diffs: list[float] = Field(default_factory=list, description="this pair's paired differences, in look order "
                                                                  "(kept so a re-test can pool them)")
     slices: list[dict[str, str]] = Field(default_factory=list, description="this pair's instances' slices")
+    clusters: list[str] = Field(default_factory=list, description="this pair's instances' problem labels (copies of "
+                                "one problem share one: the gate counts problems); empty in evidence recorded before")
     pairs: int = Field(1, description="arm pairs pooled in the decision (1 + earlier inconclusive tests)")
     comparisons: int = Field(1, description="the Bonferroni count the decision was judged at (alpha / comparisons); "
                                             "a re-test pooling it is never judged at a larger share of alpha")
     stage_pairs: list[dict[str, list[Any]]] = Field(
         default_factory=list, description="earlier arm pairs of this same candidate in this same stage (a second pair "
-        "for a backed candidate), oldest first, each {diffs, slices}: pooled like `diffs` by a later re-test")
+        "for a backed candidate), oldest first, each {diffs, slices, clusters}: pooled like `diffs` by a later "
+        "re-test")
     pooled: list[str] = Field(default_factory=list, description="earlier candidates whose evidence was pooled")
     live: dict[str, list[float]] = Field(
         default_factory=dict, description="for a change the learning-signal route reads: this pair's per-step "

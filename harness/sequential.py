@@ -51,7 +51,14 @@ on the nonzero differences at its level (`_few_discordant`): the normal bound is
   the density of the score S = Z sqrt(I) on the continuation region, carried from look to look on a grid. Looks are
   taken at `min_n`, then every `batch` instances, per pair; when the observed information passes I_max, the rest of
   alpha is spent.
-- *What it assumes.* Instances within a pair are independent (fresh seeds per decision give it); the arm-noise sd is
+- *What it assumes.* Instances within a pair are independent, except copies of one problem: fresh seeds give
+  independent draws, but a generator with few distinct problems in a level (one-digit sums: 56 in the math test set
+  of 336 instances) draws the same problem again, and two copies of one problem are scored alike by the same arms.
+  `PairEvidence.clusters` labels each instance by its problem; the within-pair variance is then the cluster-robust
+  (sandwich) one of Liang and Zeger ("Longitudinal data analysis using generalized linear models", Biometrika 1986),
+  with the G / (G - 1) small-sample factor of Cameron and Miller ("A practitioner's guide to cluster-robust
+  inference", J. Human Resources 2015, sec. VI.B), never below the plain variance, on G - 1 degrees of freedom; the
+  sign test counts problems, not copies. Without labels, or with every label distinct, nothing changes. The arm-noise sd is
   known (measured by `evotrainer bench calibration --mode aa`); s^2 is the pooled within-pair sample variance observed
   so far, plugged into the estimate's standard error and into every look's information fraction (the boundaries of
   earlier looks are recomputed with it, its sd rounded to 0.01 so they can be cached: a decision is a function of the
@@ -135,11 +142,17 @@ class PairEvidence(BaseModel):
                                         "temperature, scorer): evidence from different judges is never pooled")
     diffs: list[float] = Field(default_factory=list, description="candidate - control per instance, each in [-1, 1]")
     slices: list[dict[str, str]] = Field(default_factory=list, description="one slice dict per instance")
+    clusters: list[str] = Field(default_factory=list, description="one problem label per instance (copies of one "
+                                "problem share it: the variance and the sign test count problems); empty: every "
+                                "instance its own problem")
 
     @model_validator(mode="after")
     def _check(self) -> PairEvidence:
         if self.slices and len(self.slices) != len(self.diffs):
             raise ValueError(f"{len(self.slices)} slice labels for {len(self.diffs)} differences: one per instance")
+        if self.clusters and len(self.clusters) != len(self.diffs):
+            raise ValueError(f"{len(self.clusters)} cluster labels for {len(self.diffs)} differences: one per "
+                             "instance")
         if any(not -1.0 <= d <= 1.0 for d in self.diffs):
             raise ValueError("paired differences must lie in [-1, 1] (differences of per-instance rates)")
         return self
@@ -324,16 +337,44 @@ def _t_inflation(dof: int, alpha: float) -> float:
 # --- the pooled estimate ----------------------------------------------------------------------------------------------------
 
 
-def _pooled_var(pairs: list[np.ndarray]) -> float:
+def _ss_dof(d: np.ndarray, labels: list[str] | None) -> tuple[float, int]:
+    """(sum of squares, degrees of freedom) of one pair's differences about their mean, such that ss / dof estimates
+    n Var(mean): the plain n - 1 one, or with labels that repeat, the cluster-robust one (module docstring): G / (G -
+    1) x sum over problems of (their summed deviations)^2 / n, scaled to G - 1 degrees of freedom and never below the
+    plain variance (copies of one problem can only be scored alike in expectation; the floor drops the estimator's
+    own noise downward)."""
+    r = d - d.mean()
+    ss, dof = float((r**2).sum()), len(d) - 1
+    if not labels or len(set(labels)) == len(labels):
+        return ss, dof
+    sums: dict[str, float] = defaultdict(float)
+    for lab, x in zip(labels, r, strict=True):
+        sums[lab] += float(x)
+    g = len(sums)
+    if g < 2:
+        return ss, dof
+    robust = g / (g - 1) * sum(v * v for v in sums.values()) / len(d)
+    return max(ss / dof, robust) * (g - 1), g - 1
+
+
+def _dof(pairs: list[np.ndarray], clusters: list[list[str] | None] | None = None) -> int:
+    """Degrees of freedom of the pooled variance (`_ss_dof` summed over pairs of two or more instances)."""
+    labs = clusters or [None] * len(pairs)
+    return sum(_ss_dof(p, lab)[1] for p, lab in zip(pairs, labs, strict=True) if len(p) > 1)
+
+
+def _pooled_var(pairs: list[np.ndarray], clusters: list[list[str] | None] | None = None) -> float:
     """Within-pair sample variance of the differences (each pair's own mean removed: the arm offset is not noise),
     never below its value with Agresti and Min's pseudo-counts (Statistics in Medicine 2005, "Simple improved
     confidence intervals for comparing matched proportions": half an instance added to each cell of the paired
     table, i.e. one difference of +1 and one of -1 at half weight each, and one tie): when nearly every instance is
     tied (a ceiling or floor task) the plug-in variance is near zero and a real effect living on the few untied
     instances was refuted in 17-28% of decisions at min_effect (a reviewer's simulation, issue 32); the floor costs
-    a plug-in variance of a typical 0.1-0.3 about 1-5% at 40-160 instances."""
-    ss = sum(float(((p - p.mean()) ** 2).sum()) for p in pairs if len(p) > 1)
-    dof = sum(len(p) - 1 for p in pairs if len(p) > 1)
+    a plug-in variance of a typical 0.1-0.3 about 1-5% at 40-160 instances. `clusters` (one label list per pair, or
+    None): copies of one problem counted once (`_ss_dof`)."""
+    labs = clusters or [None] * len(pairs)
+    parts = [_ss_dof(p, lab) for p, lab in zip(pairs, labs, strict=True) if len(p) > 1]
+    ss, dof = sum(x for x, _ in parts), sum(m for _, m in parts)
     return max(ss / dof, (ss + 1.0) / (dof + 2.0), 1e-4) if dof > 0 else math.inf
 
 
@@ -364,11 +405,17 @@ def look_infos(ns: list[int], plan: Plan, s2: float) -> list[float]:
     return infos
 
 
-def _weighed(arrs: list[np.ndarray], plan: Plan) -> tuple[float, float, float, float]:
+def _labels(pairs: list[PairEvidence]) -> list[list[str] | None]:
+    """Each pair's problem labels where they group anything (two or more problems, not all distinct), else None."""
+    return [p.clusters if p.clusters and 2 <= len(set(p.clusters)) < len(p.clusters) else None for p in pairs]
+
+
+def _weighed(arrs: list[np.ndarray], plan: Plan, clusters: list[list[str] | None] | None = None
+             ) -> tuple[float, float, float, float]:
     """(variance of a difference, pooled effect, its standard error, the boundaries' sd) of a change's pairs: the
     pooled variance inflated for its degrees of freedom, the pairs weighed by `estimate`, and the sd on a 0.01 grid so
-    the boundaries can be cached. How `decide` and `promise` read the same evidence."""
-    s2 = _pooled_var(arrs) * _t_inflation(sum(len(a) - 1 for a in arrs), plan.alpha)
+    the boundaries can be cached. How `decide` and `promise` read the same evidence. `clusters`: `_pooled_var`'s."""
+    s2 = _pooled_var(arrs, clusters) * _t_inflation(_dof(arrs, clusters), plan.alpha)
     effect, se = estimate(arrs, plan, s2)
     return s2, effect, se, round(max(math.sqrt(s2), 0.01), 2)
 
@@ -396,7 +443,7 @@ def decide(pairs: list[PairEvidence], plan: Plan, vetoes: list[str] | None = Non
         return Look(decision="continue", reason=f"first look after {plan.min_n} instances ({last} so far)", n=n,
                     pairs=len(pairs), effect=float(np.concatenate(arrs).mean()) if n else 0.0, lo=-1.0, hi=1.0,
                     next_step="more_instances")
-    s2, effect, se, sd = _weighed(arrs, plan)
+    s2, effect, se, sd = _weighed(arrs, plan, _labels(pairs))
     infos = look_infos(ns, plan, sd * sd)
     imax = plan.info_max(sd * sd)
     z_up, z_down = _boundaries_at(plan, tuple(ns), comparisons, sd)
@@ -416,7 +463,7 @@ def decide(pairs: list[PairEvidence], plan: Plan, vetoes: list[str] | None = Non
         return Look(decision="refuted", reason=f"refuted: upper bound {hi:+.3f} < min effect {plan.min_effect:.3f} "
                                                f"({nums})", **base)
     bar = _bar(plan)
-    few = _few_discordant(arrs, plan.alpha / comparisons) if lo > plan.promote_above else None
+    few = _few_discordant(arrs, plan.alpha / comparisons, _labels(pairs)) if lo > plan.promote_above else None
     if few:
         unsure = [*unsure, few]
     if lo > plan.promote_above and not unsure:
@@ -437,13 +484,24 @@ def decide(pairs: list[PairEvidence], plan: Plan, vetoes: list[str] | None = Non
     return Look(decision="continue", reason=f"{why} ({nums})", next_step=step, **base)
 
 
-def _few_discordant(arrs: list[np.ndarray], alpha: float) -> str | None:
+def _few_discordant(arrs: list[np.ndarray], alpha: float, clusters: list[list[str] | None] | None = None
+                    ) -> str | None:
     """A guard on the normal bound where it is weakest: when only a handful of instances differ at all (two
     near-identical arms, 4 of 64 flipping the same way), the plug-in variance is tiny and the bound can clear 0 on
     chance alone. A promotion also needs the exact one-sided sign test on the nonzero differences (Dixon and Mood,
     "The statistical sign test", JASA 1946) at level alpha; it only removes promotions, so the error bound stands.
-    Returns the reason it blocks, or None."""
-    d = np.concatenate(arrs)
+    Returns the reason it blocks, or None. With `clusters`, the test counts problems: a pair's copies of one problem
+    are summed into one difference (two copies of a problem that flipped are one piece of evidence, not two)."""
+    if clusters and any(lab is not None for lab in clusters):
+        sums = []
+        for a, lab in zip(arrs, clusters, strict=True):
+            by: dict[str, float] = defaultdict(float)
+            for i, x in enumerate(a):
+                by[lab[i] if lab else str(i)] += float(x)
+            sums.extend(by.values())
+        d = np.asarray(sums)
+    else:
+        d = np.concatenate(arrs)
     pos, m = int((d > 0).sum()), int((d != 0).sum())
     if m == 0:
         return "no instance differs between the arms"
@@ -470,10 +528,11 @@ def promise(pairs: list[PairEvidence], plan: Plan, comparisons: int = 1) -> floa
     tested on more pairs has a narrower interval, so its lower bound climbs toward a small estimate, and a re-test
     ranked by it goes to the change that has already had most of its evidence and has least left to show (a
     code-family run re-tested groups of 16 at +0.009 on two pairs a third time, not a temperature at +0.039 on one)."""
-    arrs = [np.asarray(p.diffs, dtype=np.float64) for p in pairs if len(p.diffs) >= 2]
+    kept = [p for p in pairs if len(p.diffs) >= 2]
+    arrs = [np.asarray(p.diffs, dtype=np.float64) for p in kept]
     if not arrs or len(pairs) >= plan.max_pairs:
         return 0.0
-    _, effect, se, sd = _weighed(arrs, plan)
+    _, effect, se, sd = _weighed(arrs, plan, _labels(kept))
     if not math.isfinite(se) or se <= 0:
         return 0.0
     return conditional_power(effect, se, plan, sd, comparisons)
@@ -515,18 +574,21 @@ def _slices(pairs: list[PairEvidence], plan: Plan, s2: float, z_up: float, z_dow
     change whose noisy slice sat at -slice_tolerance was refuted as harming it in 7.9% of decisions (a reviewer's
     simulation, fifty-second session; 2.6% without the tied slice)."""
     groups: dict[str, list[list[float]]] = defaultdict(lambda: [[] for _ in pairs])
+    labels: dict[str, list[list[str]]] = defaultdict(lambda: [[] for _ in pairs])
     for j, p in enumerate(pairs):
-        for x, s in zip(p.diffs, p.slices, strict=False):
+        for i, (x, s) in enumerate(zip(p.diffs, p.slices, strict=False)):
             for k, v in sorted(s.items()):
                 groups[f"{k}={v}"][j].append(x)
+                labels[f"{k}={v}"][j].append(p.clusters[i] if p.clusters else f"#{i}")
     out: dict[str, dict[str, float]] = {}
     harmed: list[str] = []
     unsure: list[str] = []
     for key in sorted(groups):
         arrs = [np.asarray(x) for x in groups[key] if x]
+        labs: list[list[str] | None] = [lab for x, lab in zip(groups[key], labels[key], strict=True) if x]
         m = sum(len(a) for a in arrs)
-        dof = sum(len(a) - 1 for a in arrs if len(a) > 1)
-        own = _pooled_var(arrs) * _t_inflation(dof, plan.alpha) if dof > 0 else s2
+        dof = _dof(arrs, labs)
+        own = _pooled_var(arrs, labs) * _t_inflation(dof, plan.alpha) if dof > 0 else s2
         eff, se = estimate(arrs, plan, max(s2, own))
         lo = eff - (z_up if math.isfinite(z_up) else 8.0) * se
         hi = eff + (z_down if math.isfinite(z_down) else 8.0) * se

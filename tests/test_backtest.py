@@ -434,3 +434,35 @@ def test_calibration_starts_from_the_configs_own_checkpoint_when_it_names_one(tm
     cfg = RunConfig.model_validate({"task": "mapf", "policy": {"checkpoint": str(ckpt), "preset": None}})
     assert start_checkpoint(cfg, tmp_path / "out", {}) == (ckpt, False)
     assert not (tmp_path / "out").exists()
+
+
+def test_the_gate_counts_copies_of_one_problem_once_and_a_re_test_keeps_the_labels():
+    """A level with few distinct problems draws one again (the math test set: 336 instances of 56 problems). The
+    verdict labels each instance by its prompt (`ArmEval.problems`), records the labels with the evidence, and a
+    re-test pools them (`prior_pairs`); the same outcomes on copies read a wider interval than on distinct problems.
+    Would catch the labels dropped on the way from the arms to the decision, or from the record to a re-test."""
+    from harness.backtest import ArmEval, prior_pairs, verdicts
+    from harness.config import GateConfig
+
+    def arm(outcomes: list[float], prompts: list[str]) -> ArmEval:
+        rolls = [Rollout(seed=4 * i + 2, group=i, instance={}, prompt=p, completion="", valid=x > 0.5, optimal=False,
+                         reward=x) for i, (x, p) in enumerate(zip(outcomes, prompts, strict=True))]
+        return ArmEval(seeds=[4 * i + 2 for i in range(len(outcomes))], outcomes=outcomes,
+                       slices=[{}] * len(outcomes), rollouts=rolls)
+
+    rng = np.random.default_rng(5)
+    base = list(rng.uniform(0.2, 0.6, 24).round(2))
+    gain = list((rng.uniform(0.0, 0.3, 24) * rng.choice([-1, 1, 1], 24)).round(2))
+    ctrl = [x for x in base for _ in range(4)]  # 24 problems, four copies each, scored alike by each arm
+    cand = [min(1.0, max(0.0, x + g)) for x, g in zip(base, gain, strict=True) for _ in range(4)]
+    copies = [f"{i}+{i}=" for i in range(24) for _ in range(4)]
+    distinct = [f"{i}+{j}=" for i in range(24) for j in range(4)]
+    gate = GateConfig(arm_noise_sd=0.0)
+    [c] = verdicts(arm(ctrl, copies), {}, [("c", {}, arm(cand, copies))], gate, comparisons=1)
+    [d] = verdicts(arm(ctrl, distinct), {}, [("c", {}, arm(cand, distinct))], gate, comparisons=1)
+    assert len(set(c.evidence.clusters)) == 24 and len(set(d.evidence.clusters)) == 96
+    assert c.evidence.effect == pytest.approx(d.evidence.effect)
+    assert c.evidence.ci_high - c.evidence.ci_low > 1.5 * (d.evidence.ci_high - d.evidence.ci_low)
+    [pair], _, _ = prior_pairs([c.evidence], c.evidence.judge)
+    assert pair.clusters == c.evidence.clusters
+    assert ArmEval(seeds=[2], outcomes=[1.0], slices=[{}]).problems == []  # no rollout to read: unlabelled

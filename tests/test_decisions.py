@@ -419,7 +419,8 @@ def test_a_backed_candidate_gets_a_second_arm_pair_in_the_same_stage_pooled_with
     [again], _, _ = look_until_decided(run, 1, two, ws.files("main"), files, pair=2, earlier={"s1c1": first},
                                        comparisons=2)
     ev = again.evidence
-    assert ev.pairs == 2 and ev.stage_pairs == [{"diffs": first.evidence.diffs, "slices": first.evidence.slices}]
+    assert ev.pairs == 2 and ev.stage_pairs == [{"diffs": first.evidence.diffs, "slices": first.evidence.slices,
+                                              "clusters": first.evidence.clusters}]
     assert ev.looks[: len(first.evidence.looks)] == first.evidence.looks and len(ev.looks) > len(first.evidence.looks)
     assert ev.ci_high - ev.ci_low < first.evidence.ci_high - first.evidence.ci_low  # more information, a tighter bound
 
@@ -490,7 +491,8 @@ def test_a_clear_effect_held_back_by_a_slice_is_settled_by_a_second_pair_in_the_
     node_backtest(run, {"stage": 1, "vetted": ["s1c1"], "train_ckpt": "ckpt/start", "policy": "ckpt/start"})
     [v] = run.result(1, Backtested).verdicts
     assert v.decision == "promoted" and v.evidence.pairs == 2, v.reason
-    assert v.evidence.stage_pairs == [{"diffs": ev.diffs, "slices": ev.slices}]
+    assert v.evidence.stage_pairs == [{"diffs": ev.diffs, "slices": ev.slices, "clusters": ev.clusters}]
+    assert len(ev.clusters) == len(ev.diffs)  # the labels travel with the pair (copies of a problem counted once)
     assert v.evidence.by_slice["size=3"]["ci_low"] > -0.1 > ev.by_slice["size=3"]["ci_low"]
     assert any(e["kind"] == "second_pair" and "settle_pair" in e["message"] for e in run.store.events("r"))
 
