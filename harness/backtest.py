@@ -20,7 +20,6 @@ same `verdicts`. Tests: tests/test_gate.py, tests/test_backtest.py.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 from typing import Any
@@ -30,7 +29,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from harness.config import GateConfig
-from harness.records import Evidence, Rollout, Verdict, cut, valid_live_share
+from harness.records import Evidence, Rollout, Verdict, cut, problem_label, valid_live_share
 from harness.seeds import check_split
 
 
@@ -223,7 +222,7 @@ class ArmEval(BaseModel):
             first.setdefault(r.seed, r.prompt)
         if any(s not in first for s in self.seeds):
             return []
-        return [hashlib.sha1(first[s].encode()).hexdigest()[:12] for s in self.seeds]
+        return [problem_label(first[s]) for s in self.seeds]
 
     def extend(self, more: ArmEval) -> ArmEval:
         """This arm's outcomes followed by a later batch's (the looks of a sequential decision)."""

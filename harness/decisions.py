@@ -37,7 +37,7 @@ import numpy as np
 
 from harness.arms import arm_eval, arm_name, backtest_seeds, judge_more
 from harness.backtest import ArmEval, judge_fingerprint, prior_pairs, regression, verdicts
-from harness.records import RECURRING, Evidence, Verdict, cut
+from harness.records import RECURRING, Evidence, Verdict, cut, problem_label
 from harness.results import ArmVsStart, Backtested, CarryChecked
 from harness.run import Run
 
@@ -598,11 +598,9 @@ def read_pair(run: Run, k: int, key: str, chosen: tuple[str, str], ref: tuple[st
 
 def problems(run: Run, seeds: list[int]) -> list[str]:
     """One label per backtest seed of the judge's distribution: a short hash of its prompt, shared by copies of one
-    problem (`harness.backtest.ArmEval.problems`)."""
-    import hashlib
-
+    problem (`harness.records.problem_label`, as `harness.backtest.ArmEval.problems`)."""
     insts = run.instances(run.judge.config(run.task), list(seeds))
-    return [hashlib.sha1(run.task.prompt(i, run.style).encode()).hexdigest()[:12] for i in insts]
+    return [problem_label(run.task.prompt(i, run.style)) for i in insts]
 
 
 def confirm_carry(run: Run, k: int, chosen: str, bt: Backtested, start: str | None = None,

@@ -8,6 +8,7 @@ engineer reads. Big data (rollouts) lives in `runs/<id>/rollouts/*.jsonl.gz`, on
 from __future__ import annotations
 
 import gzip
+import hashlib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -27,6 +28,12 @@ def cut(text: Any, n: int = REASON_CHARS) -> str:
 
 RECURRING = ("grpo.policy_regressed",)  # the critical findings whose recurrence escalates (`harness.decisions`)
 # and presses a confirmed step further (`harness.engineer.rule.press_on`)
+
+
+def problem_label(prompt: str) -> str:
+    """The problem an instance poses, as a short hash of its prompt: copies of one problem (a level with few distinct
+    problems draws one again) share it, so the gate and the carry readings count them once."""
+    return hashlib.sha1(prompt.encode()).hexdigest()[:12]
 
 
 class Rollout(BaseModel):

@@ -357,13 +357,7 @@ def _ss_dof(d: np.ndarray, labels: list[str] | None) -> tuple[float, int]:
     return max(ss / dof, robust) * (g - 1), g - 1
 
 
-def _dof(pairs: list[np.ndarray], clusters: list[list[str] | None] | None = None) -> int:
-    """Degrees of freedom of the pooled variance (`_ss_dof` summed over pairs of two or more instances)."""
-    labs = clusters or [None] * len(pairs)
-    return sum(_ss_dof(p, lab)[1] for p, lab in zip(pairs, labs, strict=True) if len(p) > 1)
-
-
-def _pooled_var(pairs: list[np.ndarray], clusters: list[list[str] | None] | None = None) -> float:
+def _pooled_var(pairs: list[np.ndarray], clusters: list[list[str] | None] | None = None) -> tuple[float, int]:
     """Within-pair sample variance of the differences (each pair's own mean removed: the arm offset is not noise),
     never below its value with Agresti and Min's pseudo-counts (Statistics in Medicine 2005, "Simple improved
     confidence intervals for comparing matched proportions": half an instance added to each cell of the paired
@@ -371,11 +365,11 @@ def _pooled_var(pairs: list[np.ndarray], clusters: list[list[str] | None] | None
     tied (a ceiling or floor task) the plug-in variance is near zero and a real effect living on the few untied
     instances was refuted in 17-28% of decisions at min_effect (a reviewer's simulation, issue 32); the floor costs
     a plug-in variance of a typical 0.1-0.3 about 1-5% at 40-160 instances. `clusters` (one label list per pair, or
-    None): copies of one problem counted once (`_ss_dof`)."""
+    None): copies of one problem counted once (`_ss_dof`). Returns (the variance, its degrees of freedom)."""
     labs = clusters or [None] * len(pairs)
     parts = [_ss_dof(p, lab) for p, lab in zip(pairs, labs, strict=True) if len(p) > 1]
     ss, dof = sum(x for x, _ in parts), sum(m for _, m in parts)
-    return max(ss / dof, (ss + 1.0) / (dof + 2.0), 1e-4) if dof > 0 else math.inf
+    return (max(ss / dof, (ss + 1.0) / (dof + 2.0), 1e-4) if dof > 0 else math.inf), dof
 
 
 def estimate(pairs: list[np.ndarray], plan: Plan, s2: float) -> tuple[float, float]:
@@ -415,7 +409,8 @@ def _weighed(arrs: list[np.ndarray], plan: Plan, clusters: list[list[str] | None
     """(variance of a difference, pooled effect, its standard error, the boundaries' sd) of a change's pairs: the
     pooled variance inflated for its degrees of freedom, the pairs weighed by `estimate`, and the sd on a 0.01 grid so
     the boundaries can be cached. How `decide` and `promise` read the same evidence. `clusters`: `_pooled_var`'s."""
-    s2 = _pooled_var(arrs, clusters) * _t_inflation(_dof(arrs, clusters), plan.alpha)
+    var, dof = _pooled_var(arrs, clusters)
+    s2 = var * _t_inflation(dof, plan.alpha)
     effect, se = estimate(arrs, plan, s2)
     return s2, effect, se, round(max(math.sqrt(s2), 0.01), 2)
 
@@ -587,8 +582,8 @@ def _slices(pairs: list[PairEvidence], plan: Plan, s2: float, z_up: float, z_dow
         arrs = [np.asarray(x) for x in groups[key] if x]
         labs: list[list[str] | None] = [lab for x, lab in zip(groups[key], labels[key], strict=True) if x]
         m = sum(len(a) for a in arrs)
-        dof = _dof(arrs, labs)
-        own = _pooled_var(arrs, labs) * _t_inflation(dof, plan.alpha) if dof > 0 else s2
+        var, dof = _pooled_var(arrs, labs)
+        own = var * _t_inflation(dof, plan.alpha) if dof > 0 else s2
         eff, se = estimate(arrs, plan, max(s2, own))
         lo = eff - (z_up if math.isfinite(z_up) else 8.0) * se
         hi = eff + (z_down if math.isfinite(z_down) else 8.0) * se
