@@ -1421,10 +1421,12 @@ def review(
 
 def _print_exploit(x: dict) -> None:
     """One exploit stage of `review`: it has no candidate, so it is a line of its own between the stages'."""
+    from harness.decisions import INCUMBENT
     from harness.terminal import shown
 
+    why = "its training confirmed a gain" if x["exploits"] == INCUMBENT else "promoted"
     console.print(f"[bold]stage {x['stage']}[/] · exploit · trained {x['steps']} GRPO steps under {shown(x['exploits'])}"
-                  f" (promoted): {shown(x['outcome'])}", highlight=False)
+                  f" ({why}): {shown(x['outcome'])}", highlight=False)
 
 
 @app.command()

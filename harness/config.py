@@ -126,6 +126,14 @@ class StageConfig(_Strict):
         "promoted, a stage of arms (each discarded unless it wins) trained the carried policy at most 60 of its ~160 "
         "step-equivalents, and on a warm start GRPO can raise, the loop lost the too-hard mix to a learnability "
         "sampler that trained all of its budget (BENCHMARKS.md, fortieth session)")
+    exploit_after_gain: int = Field(
+        1, ge=0, description="at most this many stages in a row EXPLOIT harness@main (as after a promotion: "
+        "`exploit_after_promotion`) after an exploring stage that promoted nothing but whose own lineage confirmed a "
+        "gain on fresh target instances (`harness.decisions.exploiting`): the incumbent harness trains the policy, so "
+        "the next stage trains for its arms' compute too instead of judging changes; one whose checkpoint does not "
+        "continue hands the next stage back to exploring. 0: such a stage explores (the rule before). Why: on a "
+        "harness that needs no fix, judging every stage cost an evolved arm 5 points against a fixed arm that trained "
+        "all of that compute (BENCHMARKS.md, sixty-sixth session)")
     keep_training: bool = Field(
         True, description="keep training, keep the best: the run holds two checkpoints, the LINEAGE the next stage "
         "trains from and the ANCHOR, its best confirmed one (what each stage's report scores and what the run "

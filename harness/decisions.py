@@ -831,8 +831,12 @@ def carried_nothing(run: Run, k: int) -> list[int]:
 IDLE_STAGES = 2  # after this many stages in a row that carried no trained checkpoint, the next stage escalates
 
 
+INCUMBENT = "harness@main"  # what a stage exploits after an exploring stage whose own training confirmed a gain
+
+
 def exploiting(run: Run, k: int) -> str | None:
-    """The promoted candidate stage k exploits (`stage.exploit_after_promotion`), or None when stage k explores.
+    """The promoted candidate stage k exploits (`stage.exploit_after_promotion`), `INCUMBENT` when it exploits the
+    harness that just trained the policy up (`stage.exploit_after_gain`), or None when stage k explores.
     After a promotion the next stage exploits it, and so does each stage after an exploit stage whose checkpoint
     continued (it confirmed against its start: training under the promoted harness still pays), up to
     `exploit_after_promotion` stages in a row; an exploit stage whose checkpoint did not continue (training under
@@ -842,19 +846,44 @@ def exploiting(run: Run, k: int) -> str | None:
     The explore/exploit rhythm of population-based training (Jaderberg et al., "Population Based Training of Neural
     Networks", 2017: a member trains under what won until it is ready for the next change), with "ready" read from
     the policy rather than a fixed interval. A human-revised or aborted stage promotes nothing, so it starts no
-    exploitation."""
+    exploitation.
+
+    The same rhythm without a promotion: an exploring stage that promoted nothing but whose own lineage (its training
+    and control arm under harness@main, not a candidate's arm) confirmed a gain on fresh target instances
+    (`Decided.carry_check` confirmed: above the anchor, or the stage's start, by the carry margin) is evidence that the
+    incumbent harness trains the policy; the next `exploit_after_gain` stages in a row exploit it while their
+    checkpoints continue. What that buys: on a harness that needs no fix every exploring stage spends about two thirds
+    of its compute on arms and judging that are thrown away, so an arm that evolves nothing ended 5 points below one
+    that trained all of that compute under the same harness (BENCHMARKS.md, sixty-sixth session). A harness that
+    does not train the policy (a stall, a collapse, a mix that misses the target) confirms no gain and keeps
+    exploring."""
     from harness.results import Decided, Trained
 
-    cap = run.config.stage.exploit_after_promotion
+    cap, gain_cap = run.config.stage.exploit_after_promotion, run.config.stage.exploit_after_gain
     for exploited, j in enumerate(range(k - 1, 0, -1)):  # `exploited`: exploit stages between j and k
         d, t = run.result(j, Decided), run.result(j, Trained)
         if d is None:
             return None
         if d.winner:
             return d.winner if exploited < cap else None
-        if t is None or not t.exploits or d.next_policy != t.checkpoint:  # explored, or exploiting stopped paying
-            return None
+        if t is not None and t.exploits and d.next_policy == t.checkpoint:  # exploiting paid: what did it exploit?
+            continue
+        if t is not None and not t.exploits and exploited < gain_cap and gained(run, j, d):
+            return INCUMBENT
+        return None  # explored without a confirmed gain, or exploiting stopped paying
     return None
+
+
+def gained(run: Run, j: int, d: Any) -> bool:
+    """Did exploring stage j, promoting nothing, confirm a gain of its own lineage (`exploiting`)? Its carry reading
+    confirmed the checkpoint that continues, and that checkpoint is not a candidate's arm (`continues_from` may carry
+    an arm confidently above the start without promoting its harness: the gain is then not the incumbent's)."""
+    c = d.carry_check
+    if c is None or not c.confirmed or d.next_policy != c.chosen:
+        return False
+    bt = run.result(j, Backtested)
+    arms = {a.checkpoint for a in bt.arms_vs_start} | set(bt.regressed_arms) if bt is not None else set()
+    return c.chosen not in arms
 
 
 def exploit_steps(run: Run, recipe_steps: int) -> int:

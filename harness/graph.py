@@ -46,6 +46,7 @@ import numpy as np
 from harness.arms import arm_name, judge_start, prefetch_arms, prefetch_stage, run_arms, train_policy, warm_start
 from harness.backtest import ArmEval, choose_winner, regression
 from harness.decisions import (
+    INCUMBENT,
     anchor_at,
     arms_vs_start,
     confirm_carry,
@@ -175,8 +176,10 @@ def node_train(run: Run, state: State) -> State:
     steps, exploits = recipe.steps, exploiting(run, k)
     if exploits:  # the stage after a promotion trains under it for its arms' compute too (`stage.exploit_after_...`)
         steps = exploit_steps(run, recipe.steps)
-        at = (run.store.candidate(exploits) or {}).get("stage", "?")
-        run.event(k, "train", "exploit", f"stage {k} exploits {exploits} (promoted at stage {at}): "
+        why = ("the last exploring stage's own training under it confirmed a gain on the target and nothing was "
+               "promoted; stage.exploit_after_gain" if exploits == INCUMBENT else
+               f"promoted at stage {(run.store.candidate(exploits) or {}).get('stage', '?')}")
+        run.event(k, "train", "exploit", f"stage {k} exploits {exploits} ({why}): "
                   f"{steps} GRPO steps under harness@main ({recipe.steps} of the stage's own and the {steps - recipe.steps} "
                   "its arms would have trained); it proposes nothing, and its checkpoint is read on fresh backtest "
                   "instances before it continues (stage.exploit_after_promotion)",

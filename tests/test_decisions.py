@@ -1091,6 +1091,60 @@ def test_the_stage_after_a_promotion_exploits_it(run, monkeypatch):
     assert exploit_steps(run, 5) == 5 + (cfg.stage.candidates + 1) * cfg.backtest.arm_steps
 
 
+def test_a_stage_after_its_own_training_confirmed_a_gain_exploits_the_incumbent(run, monkeypatch):
+    """`stage.exploit_after_gain` (`harness.decisions.exploiting`, `gained`): an exploring stage that promoted nothing
+    but whose own lineage confirmed a gain on fresh instances hands the next stage to exploiting harness@main, which
+    goes on while its checkpoints continue, up to the cap; a gain only kept (not confirmed), a confirmed checkpoint
+    that is a candidate's arm (its harness is not the incumbent's), an exploiting stage that stopped paying, and 0
+    all explore. Caught: exploiting on a level reading (a stalled harness would never be fixed), on an arm's gain, on
+    and on past the cap, or the rule leaking into the promotion chain."""
+    from harness.decisions import INCUMBENT, exploiting
+    from harness.results import ArmVsStart, Backtested, CarryChecked, Decided, Trained
+
+    def check(ckpt: str, confirmed: bool, kept: bool = False) -> CarryChecked:
+        return CarryChecked(chosen=ckpt, start="ckpt/anchor", n=288, chosen_valid=0.5, start_valid=0.45,
+                            change=0.05 if confirmed else 0.0, se=0.01, confirmed=confirmed, against_anchor=True,
+                            kept=kept)
+
+    def stage(j: int, carried: str | None = None, confirmed: bool = True, kept: bool = False,
+              exploits: str | None = None, winner: str | None = None, arm: str | None = None) -> None:
+        run.save_result(j, Trained(checkpoint=f"ckpt/s{j}-train", exploits=exploits))
+        nxt = carried or "ckpt/anchor"
+        run.save_result(j, Backtested(arms_vs_start=[ArmVsStart(candidate=f"s{j}c1", checkpoint=arm, change=0.05,
+                                                                change_ci=[0.01, 0.09])] if arm else []))
+        run.save_result(j, Decided(winner=winner, next_policy=nxt,
+                                   carry_check=check(nxt, confirmed, kept) if carried else None))
+
+    cfg = run.config
+
+    def caps(gain: int, promotion: int = 3) -> None:
+        monkeypatch.setattr(run, "config", cfg.model_copy(update={"stage": cfg.stage.model_copy(
+            update={"exploit_after_gain": gain, "exploit_after_promotion": promotion})}))
+
+    caps(2)
+    stage(1, carried="ckpt/s1-control")  # explored, promoted nothing, its control arm confirmed above the anchor
+    assert exploiting(run, 2) == INCUMBENT
+    stage(2, carried="ckpt/s2-train", exploits=INCUMBENT)  # it continued: exploiting goes on, up to the cap
+    assert exploiting(run, 3) == INCUMBENT
+    stage(3, carried="ckpt/s3-train", exploits=INCUMBENT)
+    assert exploiting(run, 4) is None  # the cap (2) is reached: the next stage explores
+    stage(3, carried=None, exploits=INCUMBENT)  # training under it stopped paying: back to exploring
+    assert exploiting(run, 4) is None
+    caps(1)
+    stage(2, carried="ckpt/s2-train", exploits=INCUMBENT)
+    assert exploiting(run, 3) is None
+    stage(1, carried="ckpt/s1-control", confirmed=False, kept=True)  # level with the anchor: no evidence it trains
+    assert exploiting(run, 2) is None
+    stage(1, carried="ckpt/s1-s1c1", arm="ckpt/s1-s1c1")  # the gain was a candidate's arm, not harness@main's
+    assert exploiting(run, 2) is None
+    stage(1, carried="ckpt/s1-control")
+    caps(0)
+    assert exploiting(run, 2) is None  # off: the rule before
+    caps(1, promotion=0)
+    stage(1, carried="ckpt/s1-s1c1", winner="s1c1")  # a promotion with its exploitation off does not become this
+    assert exploiting(run, 2) is None
+
+
 def test_a_confirmation_that_reads_a_little_above_the_start_judges_on_and_carries_more_real_gains():
     """`backtest.carry_confirm_max` (`harness.decisions.confirm_batches`, `confirm_extends`): simulated paired greedy
     differences with the spread the too-hard-mix confirmations read (14% of instances discordant: se about 2.2 points
