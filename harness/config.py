@@ -132,8 +132,10 @@ class StageConfig(_Strict):
         "gain on fresh target instances (`harness.decisions.exploiting`): the incumbent harness trains the policy, so "
         "the next stage trains for its arms' compute too instead of judging changes; one whose checkpoint does not "
         "continue hands the next stage back to exploring. 0: such a stage explores (the rule before). Why: on a "
-        "harness that needs no fix, judging every stage cost an evolved arm 5 points against a fixed arm that trained "
-        "all of that compute (BENCHMARKS.md, sixty-sixth session)")
+        "harness that needs no fix an exploring stage trains the carried policy at most 60 of its ~170 "
+        "step-equivalents; measured at three stages on a held-out healthy code harness it gave the evolved arm +0.3 "
+        "points (within noise; BENCHMARKS.md, sixty-sixth session), and it changes nothing where the broken harness "
+        "confirms no gain")
     keep_training: bool = Field(
         True, description="keep training, keep the best: the run holds two checkpoints, the LINEAGE the next stage "
         "trains from and the ANCHOR, its best confirmed one (what each stage's report scores and what the run "

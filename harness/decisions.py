@@ -852,11 +852,13 @@ def exploiting(run: Run, k: int) -> str | None:
     and control arm under harness@main, not a candidate's arm) confirmed a gain on fresh target instances
     (`Decided.carry_check` confirmed: above the anchor, or the stage's start, by the carry margin) is evidence that the
     incumbent harness trains the policy; the next `exploit_after_gain` stages in a row exploit it while their
-    checkpoints continue. What that buys: on a harness that needs no fix every exploring stage spends about two thirds
-    of its compute on arms and judging that are thrown away, so an arm that evolves nothing ended 5 points below one
-    that trained all of that compute under the same harness (BENCHMARKS.md, sixty-sixth session). A harness that
-    does not train the policy (a stall, a collapse, a mix that misses the target) confirms no gain and keeps
-    exploring."""
+    checkpoints continue. Why: on a harness that needs no fix every exploring stage spends about two thirds of its
+    compute on arms and judging that are thrown away (an evolved arm that promoted nothing trained its lineage at
+    most 180 GRPO steps where the fixed arm at its compute trained 505-613, and ended 5 points below it). Measured
+    at three stages (BENCHMARKS.md, sixty-sixth session) it bought +0.3 points there, within noise: one of its two
+    exploit stages read below the anchor and was discarded. A harness that does not train the policy (a stall, a
+    collapse, a mix that misses the target) confirms no gain and keeps exploring: the cold-temperature code
+    scenario's three seeds were identical to the digit."""
     from harness.results import Decided, Trained
 
     cap, gain_cap = run.config.stage.exploit_after_promotion, run.config.stage.exploit_after_gain
