@@ -1415,3 +1415,22 @@ def test_a_gate_node_killed_after_its_answer_leaves_the_answer_to_a_plain_resume
     assert app.invoke(None, thread, durability="sync")["human"] == "approve"  # a plain resume
     assert run.result(1, GateAnswer).action == "approve"
     con.close()
+
+
+def test_review_says_why_a_stage_exploited_the_incumbent(monkeypatch):
+    """`evotrainer review`'s exploit line names the reason: a promoted change, or the incumbent harness whose own
+    training confirmed a gain (`stage.exploit_after_gain`). Caught: an incumbent exploit shown as "(promoted)"."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from harness import cli
+    from harness.decisions import INCUMBENT
+
+    out = StringIO()
+    monkeypatch.setattr(cli, "console", Console(file=out, width=400))
+    cli._print_exploit({"stage": 2, "exploits": INCUMBENT, "steps": 120, "outcome": "continues"})
+    cli._print_exploit({"stage": 3, "exploits": "s1c1", "steps": 120, "outcome": "continues"})
+    got = out.getvalue().splitlines()
+    assert "under harness@main (its training confirmed a gain): continues" in got[0], got
+    assert "under s1c1 (promoted): continues" in got[1], got
