@@ -879,9 +879,15 @@ def exploiting(run: Run, k: int) -> str | None:
 def gained(run: Run, j: int, d: Any) -> bool:
     """Did exploring stage j, promoting nothing, confirm a gain of its own lineage (`exploiting`)? Its carry reading
     confirmed the checkpoint that continues, and that checkpoint is not a candidate's arm (`continues_from` may carry
-    an arm confidently above the start without promoting its harness: the gain is then not the incumbent's)."""
+    an arm confidently above the start without promoting its harness: the gain is then not the incumbent's). A stage a
+    person revised or aborted at the gate starts no exploitation: the next stage's engineer must act on what they
+    said."""
+    from harness.results import GateAnswer
+
     c = d.carry_check
     if c is None or not c.confirmed or d.next_policy != c.chosen:
+        return False
+    if (human := run.result(j, GateAnswer)) is not None and human.action in ("revise", "abort"):
         return False
     bt = run.result(j, Backtested)
     arms = {a.checkpoint for a in bt.arms_vs_start} | set(bt.regressed_arms) if bt is not None else set()

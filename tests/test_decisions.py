@@ -1095,11 +1095,11 @@ def test_a_stage_after_its_own_training_confirmed_a_gain_exploits_the_incumbent(
     """`stage.exploit_after_gain` (`harness.decisions.exploiting`, `gained`): an exploring stage that promoted nothing
     but whose own lineage confirmed a gain on fresh instances hands the next stage to exploiting harness@main, which
     goes on while its checkpoints continue, up to the cap; a gain only kept (not confirmed), a confirmed checkpoint
-    that is a candidate's arm (its harness is not the incumbent's), an exploiting stage that stopped paying, and 0
-    all explore. Caught: exploiting on a level reading (a stalled harness would never be fixed), on an arm's gain, on
+    that is a candidate's arm (its harness is not the incumbent's), a stage a person revised at the gate, an exploiting
+    stage that stopped paying, and 0 all explore. Caught: exploiting on a level reading (a stalled harness would never be fixed), on an arm's gain, on
     and on past the cap, or the rule leaking into the promotion chain."""
     from harness.decisions import INCUMBENT, exploiting
-    from harness.results import ArmVsStart, Backtested, CarryChecked, Decided, Trained
+    from harness.results import ArmVsStart, Backtested, CarryChecked, Decided, GateAnswer, Trained
 
     def check(ckpt: str, confirmed: bool, kept: bool = False) -> CarryChecked:
         return CarryChecked(chosen=ckpt, start="ckpt/anchor", n=288, chosen_valid=0.5, start_valid=0.45,
@@ -1138,6 +1138,11 @@ def test_a_stage_after_its_own_training_confirmed_a_gain_exploits_the_incumbent(
     stage(1, carried="ckpt/s1-s1c1", arm="ckpt/s1-s1c1")  # the gain was a candidate's arm, not harness@main's
     assert exploiting(run, 2) is None
     stage(1, carried="ckpt/s1-control")
+    assert exploiting(run, 2) == INCUMBENT
+    run.save_result(1, GateAnswer(action="revise", feedback="try the mix"))  # a person asked for a revision: the
+    assert exploiting(run, 2) is None  # next stage's engineer must act on it, not skip proposing
+    run.save_result(1, GateAnswer(action="approve"))
+    assert exploiting(run, 2) == INCUMBENT
     caps(0)
     assert exploiting(run, 2) is None  # off: the rule before
     caps(1, promotion=0)
