@@ -38,7 +38,7 @@ import numpy as np
 from harness.arms import arm_eval, arm_name, backtest_seeds, judge_more
 from harness.backtest import ArmEval, judge_fingerprint, prior_pairs, regression, verdicts
 from harness.records import RECURRING, Evidence, Verdict, cut, problem_label
-from harness.results import ArmVsStart, Backtested, CarryChecked
+from harness.results import ArmVsStart, Backtested, CarryChecked, Decided, GateAnswer, Trained
 from harness.run import Run
 
 
@@ -723,7 +723,7 @@ def anchor_at(run: Run, k: int) -> str | None:
     """The run's anchor when stage k starts (`stage.keep_training`): the last decided stage's (`Decided.anchor`, or its
     `next_policy` in a stage recorded without one; a stage the run stopped after delivers its `final_pick`, which a run
     resumed with a larger budget goes on from), else the warm start; None before setup."""
-    from harness.results import Decided, FinalPicked, SetUp
+    from harness.results import FinalPicked, SetUp
 
     for j in range(k - 1, 0, -1):
         if (f := run.result(j, FinalPicked)) is not None:
@@ -816,7 +816,7 @@ def carried_nothing(run: Run, k: int) -> list[int]:
     """The stages just before stage k, latest first and in an unbroken run, that carried no trained checkpoint: each
     ended with the next stage starting from a checkpoint the run held before it (`Decided.next_policy`: its own
     start, or under `stage.keep_training` the anchor a lineage was sent back to)."""
-    from harness.results import Decided, SetUp, carried_flags
+    from harness.results import SetUp, carried_flags
 
     setup = run.result(0, SetUp)
     flags = carried_flags(setup.policy if setup is not None else None, [run.result(j, Decided) for j in range(1, k)])
@@ -859,8 +859,6 @@ def exploiting(run: Run, k: int) -> str | None:
     exploit stages read below the anchor and was discarded. A harness that does not train the policy (a stall, a
     collapse, a mix that misses the target) confirms no gain and keeps exploring: the cold-temperature code
     scenario's three seeds were identical to the digit."""
-    from harness.results import Decided, Trained
-
     cap, gain_cap = run.config.stage.exploit_after_promotion, run.config.stage.exploit_after_gain
     for exploited, j in enumerate(range(k - 1, 0, -1)):  # `exploited`: exploit stages between j and k
         d, t = run.result(j, Decided), run.result(j, Trained)
@@ -876,22 +874,19 @@ def exploiting(run: Run, k: int) -> str | None:
     return None
 
 
-def gained(run: Run, j: int, d: Any) -> bool:
+def gained(run: Run, j: int, d: Decided) -> bool:
     """Did exploring stage j, promoting nothing, confirm a gain of its own lineage (`exploiting`)? Its carry reading
     confirmed the checkpoint that continues, and that checkpoint is not a candidate's arm (`continues_from` may carry
     an arm confidently above the start without promoting its harness: the gain is then not the incumbent's). A stage a
     person revised or aborted at the gate starts no exploitation: the next stage's engineer must act on what they
     said."""
-    from harness.results import GateAnswer
-
     c = d.carry_check
     if c is None or not c.confirmed or d.next_policy != c.chosen:
         return False
     if (human := run.result(j, GateAnswer)) is not None and human.action in ("revise", "abort"):
         return False
     bt = run.result(j, Backtested)
-    arms = {a.checkpoint for a in bt.arms_vs_start} | set(bt.regressed_arms) if bt is not None else set()
-    return c.chosen not in arms
+    return bt is None or all(a.checkpoint != c.chosen for a in bt.arms_vs_start)
 
 
 def exploit_steps(run: Run, recipe_steps: int) -> int:
