@@ -858,20 +858,44 @@ def exploiting(run: Run, k: int) -> str | None:
     at three stages (BENCHMARKS.md, sixty-sixth session) it bought +0.3 points there, within noise: one of its two
     exploit stages read below the anchor and was discarded. A harness that does not train the policy (a stall, a
     collapse, a mix that misses the target) confirms no gain and keeps exploring: the cold-temperature code
-    scenario's three seeds were identical to the digit."""
+    scenario's three seeds were identical to the digit. Nor does a harness with a known root cause: when a
+    diagnosis since that exploring stage named one (`known_causes`: the mix misses the target, the reward pays
+    invalid answers, ...), a gain under it does not say that the fix is not needed, so the loop keeps exploring
+    (`exploit_held`)."""
+    return _exploit(run, k)[0]
+
+
+def exploit_held(run: Run, k: int) -> list[str]:
+    """The critical root causes that kept stage k exploring although the exploring stage before it confirmed a gain of
+    its own lineage (`exploiting`, `stage.exploit_after_gain`); empty when nothing was held back."""
+    return _exploit(run, k)[1]
+
+
+def known_causes(run: Run, stages: range) -> list[str]:
+    """The critical root-cause findings (`harness.engineer.rule.ROOT_CAUSES`: the training lowered the policy, the
+    reward pays invalid answers, the mix cannot teach or misses the target, ...) of these stages' diagnoses."""
+    from harness.engineer.rule import ROOT_CAUSES
+
+    return sorted({f.code for j in stages for f in run.store.findings(run.id, stage=j)
+                   if f.severity == "critical" and f.code in ROOT_CAUSES})
+
+
+def _exploit(run: Run, k: int) -> tuple[str | None, list[str]]:
+    """`exploiting` and `exploit_held` in one walk back from stage k."""
     cap, gain_cap = run.config.stage.exploit_after_promotion, run.config.stage.exploit_after_gain
     for exploited, j in enumerate(range(k - 1, 0, -1)):  # `exploited`: exploit stages between j and k
         d, t = run.result(j, Decided), run.result(j, Trained)
         if d is None:
-            return None
+            return None, []
         if d.winner:
-            return d.winner if exploited < cap else None
+            return (d.winner if exploited < cap else None), []
         if t is not None and t.exploits and d.next_policy == t.checkpoint:  # exploiting paid: what did it exploit?
             continue
         if t is not None and not t.exploits and exploited < gain_cap and gained(run, j, d):
-            return INCUMBENT
-        return None  # explored without a confirmed gain, or exploiting stopped paying
-    return None
+            causes = known_causes(run, range(j, k))
+            return (None, causes) if causes else (INCUMBENT, [])
+        return None, []  # explored without a confirmed gain, or exploiting stopped paying
+    return None, []
 
 
 def gained(run: Run, j: int, d: Decided) -> bool:

@@ -51,6 +51,7 @@ from harness.decisions import (
     arms_vs_start,
     confirm_carry,
     escalate,
+    exploit_held,
     exploit_steps,
     exploiting,
     fell_below_start,
@@ -174,6 +175,11 @@ def node_train(run: Run, state: State) -> State:
     env, recipe, _ = harness_models(files, run.task)
     prefetch_stage(run, k, env, recipe)
     steps, exploits = recipe.steps, exploiting(run, k)
+    if not exploits and (held := exploit_held(run, k)):
+        run.event(k, "train", "explore", f"stage {k} explores: the last exploring stage's own training confirmed a gain "
+                  f"on the target, but a diagnosis since named a root cause a change can fix ({', '.join(held)}), so "
+                  "the loop looks for that change instead of exploiting harness@main (stage.exploit_after_gain)",
+                  key=f"{k}/explore")
     if exploits:  # the stage after a promotion trains under it for its arms' compute too (`stage.exploit_after_...`)
         steps = exploit_steps(run, recipe.steps)
         why = ("the last exploring stage's own training under it confirmed a gain on the target and nothing was "

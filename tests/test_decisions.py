@@ -1096,9 +1096,11 @@ def test_a_stage_after_its_own_training_confirmed_a_gain_exploits_the_incumbent(
     but whose own lineage confirmed a gain on fresh instances hands the next stage to exploiting harness@main, which
     goes on while its checkpoints continue, up to the cap; a gain only kept (not confirmed), a confirmed checkpoint
     that is a candidate's arm (its harness is not the incumbent's), a stage a person revised at the gate, an exploiting
-    stage that stopped paying, and 0 all explore. Caught: exploiting on a level reading (a stalled harness would never be fixed), on an arm's gain, on
-    and on past the cap, or the rule leaking into the promotion chain."""
-    from harness.decisions import INCUMBENT, exploiting
+    stage that stopped paying, a diagnosis since that named a critical root cause, and 0 all explore. Caught:
+    exploiting on a level reading (a stalled harness would never be fixed), on an arm's gain, under a harness known to
+    be wrong, on and on past the cap, or the rule leaking into the promotion chain."""
+    from harness.decisions import INCUMBENT, exploit_held, exploiting
+    from harness.records import Finding
     from harness.results import ArmVsStart, Backtested, CarryChecked, Decided, GateAnswer, Trained
 
     def check(ckpt: str, confirmed: bool, kept: bool = False) -> CarryChecked:
@@ -1143,6 +1145,21 @@ def test_a_stage_after_its_own_training_confirmed_a_gain_exploits_the_incumbent(
     assert exploiting(run, 2) is None  # next stage's engineer must act on it, not skip proposing
     run.save_result(1, GateAnswer(action="approve"))
     assert exploiting(run, 2) == INCUMBENT
+    # a diagnosis that named a critical root cause (the mix misses the target): a gain under that harness does not say
+    # the fix is not needed, so the next stage explores; a symptom (dead groups) or a warning does not hold it back
+    run.store.record_findings(run.id, 1, [Finding(code="grpo.dead_groups", severity="critical"),
+                                          Finding(code="target.mix_far", severity="warn")])
+    assert exploiting(run, 2) == INCUMBENT and exploit_held(run, 2) == []
+    run.store.record_findings(run.id, 1, [Finding(code="grpo.dead_groups", severity="critical"),
+                                          Finding(code="target.mix_far", severity="critical")])
+    assert exploiting(run, 2) is None and exploit_held(run, 2) == ["target.mix_far"]
+    caps(2)
+    run.store.record_findings(run.id, 1, [])
+    stage(2, carried="ckpt/s2-train", exploits=INCUMBENT)
+    assert exploiting(run, 3) == INCUMBENT
+    run.store.record_findings(run.id, 2, [Finding(code="grpo.reward_misaligned", severity="critical")])
+    assert exploiting(run, 3) is None and exploit_held(run, 3) == ["grpo.reward_misaligned"]  # found while exploiting
+    run.store.record_findings(run.id, 2, [])
     caps(0)
     assert exploiting(run, 2) is None  # off: the rule before
     caps(1, promotion=0)
