@@ -860,9 +860,9 @@ def exploiting(run: Run, k: int) -> str | None:
     in 3 of 12 seed runs and changed what was delivered in one, by +0.5 (sixty-seventh). A harness that does not
     train the policy (a stall, a collapse, a mix that misses the target) confirms no gain and keeps exploring: the
     cold-temperature code scenario's three seeds were identical to the digit. Nor does a harness with a known root
-    cause: when a diagnosis since that exploring stage named one (`known_causes`: the mix misses the target, the reward pays
-    invalid answers, ...), a gain under it does not say that the fix is not needed, so the loop keeps exploring
-    (`exploit_held`)."""
+    cause: when a diagnosis since that exploring stage named one (`known_causes`: the mix misses the target, the
+    reward pays invalid answers, ...), a gain under it does not say that the fix is not needed, so the loop keeps
+    exploring (`exploit_held`)."""
     return _exploit(run, k)[0]
 
 
