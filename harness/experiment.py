@@ -80,7 +80,7 @@ from harness.baselines import (  # noqa: F401 - plr_weights, random_env: the bas
     random_env,
 )
 from harness.pbt import PBTConfig
-from harness.stagebook import step_equivalents
+from harness.stagebook import compute_shares, step_equivalents
 from policies import CORES_ENV, cores
 
 ARMS: tuple[str, ...] = ("fixed-random", "fixed-template", "oracle", "plr", "learnability", "bandit", "pbt",
@@ -388,12 +388,13 @@ def run_baseline(arm: str, cfg: ExperimentConfig, seed: int, budget: int, out: P
         per = baselines.held_out(run, rows[-1].stage)
         env = yaml.safe_load(run.result(rows[-1].stage, baselines.Provided).files["env.yaml"])  # the last stage's
         comp = step_equivalents(run.store, run.id)
+        shares = compute_shares(run.store, run.id)
     finally:
         run.close()
         run.store.close()
     curve = [r.model_dump(exclude={"checkpoint"}) for r in rows]
     return {"arm": arm, "seed": seed, "budget": budget, "compute": comp["compute"], "ledger": comp, "curve": curve,
-            "final": curve[-1], "final_per_instance": per, "env": env}
+            "final": curve[-1], "final_per_instance": per, "env": env, "shares": shares}
 
 
 SKILLS_START = "skills-start.db"  # an experiment's copy of the skill library as it stood when it began
@@ -468,6 +469,7 @@ def run_evolved(arm: str, cfg: ExperimentConfig, seed: int, out: Path, warm: Pat
     try:
         run_id = store.runs()[0]
         comp = step_equivalents(store, run_id)
+        shares = compute_shares(store, run_id)
         curve, spent = [], 0.0
         for k in range(1, rc.budget.stages + 1):
             d = store.result(run_id, k, Decided)
@@ -488,7 +490,7 @@ def run_evolved(arm: str, cfg: ExperimentConfig, seed: int, out: Path, warm: Pat
     if not curve:
         raise ExperimentError(f"{arm} seed {seed}: the run {run_dir} finished no stage; see its report")
     return {"arm": arm, "seed": seed, "budget": comp["compute"], "compute": comp["compute"], "ledger": comp,
-            "promoted": [c["winner"] for c in curve if c["winner"]], "run_dir": str(run_dir),
+            "shares": shares, "promoted": [c["winner"] for c in curve if c["winner"]], "run_dir": str(run_dir),
             "curve": [{k: v for k, v in r.items() if k != "per_instance"} for r in curve],
             "final": {k: v for k, v in curve[-1].items() if k != "per_instance"},
             "final_per_instance": curve[-1]["per_instance"]}
@@ -504,6 +506,15 @@ def mean_ci(xs: list[float]) -> tuple[float, float, float]:
         return float(a.mean()), float(a.mean()), float(a.mean())
     half = T95.get(len(a) - 1, 1.96) * a.std(ddof=1) / math.sqrt(len(a))
     return float(a.mean()), float(a.mean() - half), float(a.mean() + half)
+
+
+def _lineage_share(rows: list[dict[str, Any]]) -> tuple[float, float, float] | None:
+    """Mean [95% t-interval] over seeds of the share of an arm's compute that trained the policy it delivered
+    (`harness.stagebook.compute_shares`); None when a seed's result does not say (a result written before it was
+    recorded, or a lineage no record made)."""
+    got = [r["shares"]["lineage"] / r["shares"]["compute"] for r in rows
+           if (r.get("shares") or {}).get("lineage") is not None and r["shares"]["compute"]]
+    return mean_ci(got) if got and len(got) == len(rows) else None
 
 
 def harder_half(blocks: list[str], warm: list[list[float]]) -> list[str]:
@@ -542,6 +553,7 @@ def summarize(results: dict[str, list[dict[str, Any]]], blocks: list[str], warm:
             "optimal": mean_ci([r["final"]["optimal"] for r in rows]),
             "compute": mean_ci([r["compute"] for r in rows]),
             "budget": mean_ci([r["budget"] for r in rows]),
+            "lineage": _lineage_share(rows),
             "blocks": {b: float(np.mean([_part(f, blocks, {b}) for f in fin])) for b in names},
             "promoted": sum(len(r.get("promoted", [])) for r in rows) if arm in EVOLVED else None,
         }
@@ -998,15 +1010,17 @@ def table(s: dict[str, Any]) -> str:
     hard = ", ".join(s["hard_blocks"])
     lines = [(f"Held-out suite `{s['suite']}` ({s['n_instances']} instances, greedy), {s['seeds']} seed(s), "
              f"{s['stages']} stages; mean over seeds [95% t-interval]. Harder half: {hard}."), "",
-             "| arm | valid % | harder half % | easier half % | optimal % | compute (GRPO step-eq) | promotions |",
-             "|---|---|---|---|---|---|---|"]
+             ("| arm | valid % | harder half % | easier half % | optimal % | compute (GRPO step-eq) | trained the "
+              "delivered policy, % of compute | promotions |"),
+             "|---|---|---|---|---|---|---|---|"]
     w = s["warm_start"]
-    lines.append(f"| warm start | {_pct(w['valid'])} | {_pct(w['hard'])} | {_pct(w['easy'])} | | 0 | |")
+    lines.append(f"| warm start | {_pct(w['valid'])} | {_pct(w['hard'])} | {_pct(w['easy'])} | | 0 | | |")
     for arm, a in s["arms"].items():
         lines.append(f"| {arm} | {_pct(a['valid'])} | {_pct(a['hard'])} | {_pct(a['easy'])} | {_pct(a['optimal'])} "
-                     f"| {a['compute'][0]:.0f} | {'' if a['promoted'] is None else a['promoted']} |")
+                     f"| {a['compute'][0]:.0f} | {_pct(a['lineage']) if a.get('lineage') else '-'} "
+                     f"| {'' if a['promoted'] is None else a['promoted']} |")
     for arm, why in s.get("skipped", {}).items():
-        lines.append(f"| {arm} | skipped: {why} | | | | | |")
+        lines.append(f"| {arm} | skipped: {why} | | | | | | |")
     if s["comparisons"]:
         lines += ["", ("| comparison | valid, points (seeds) | harder half (seeds) | valid (seeds x instances, "
                        "pigeonhole bootstrap) | harder half (seeds x instances) |"), "|---|---|---|---|---|"]
@@ -1030,6 +1044,8 @@ def key_values(s: dict[str, Any]) -> list[str]:
         out += [f"experiment_{k}_valid: {a['valid'][0]:.4f} [{a['valid'][1]:.4f}, {a['valid'][2]:.4f}]",
                 f"experiment_{k}_hard: {a['hard'][0]:.4f} [{a['hard'][1]:.4f}, {a['hard'][2]:.4f}]",
                 f"experiment_{k}_compute: {a['compute'][0]:.1f}"]
+        if a.get("lineage"):
+            out.append(f"experiment_{k}_lineage_share: {a['lineage'][0]:.3f}")
     for name, c in s["comparisons"].items():
         k = name.replace(" vs ", "_vs_").replace("-", "_")
         for part in ("valid", "hard"):

@@ -53,6 +53,7 @@ def status(run_dir: Path) -> dict[str, Any]:
     """Stages (held-out metrics) and candidates (id, factor, verdict, reason, effect, interval, commit, tag), and the
     run folder's disk use (`harness.retention.disk_usage`)."""
     from harness.retention import disk_usage
+    from harness.stagebook import compute_shares
 
     store = RunStore.open(run_dir / "run.db", read_only=True)
     try:
@@ -112,6 +113,7 @@ def status(run_dir: Path) -> dict[str, Any]:
         return {"run": run_id, "status": status_, "waiting": waiting, "created": run.get("created"),
                 "updated": run.get("updated"), "task": (run.get("config") or {}).get("task"),
                 "stages": stages, "candidates": cands, "compute": store.compute(run_id), "engineer": kind,
+                "shares": compute_shares(store, run_id),
                 "warm_start": setup.policy if setup is not None else None,
                 "engineer_fallbacks": fallbacks,
                 "harness": str(run_dir / "harness"), "report": str(run_dir / "report.html"),
@@ -286,6 +288,10 @@ def print_summary(run_dir: Path, console) -> dict[str, Any]:
         console.print("anchor_never_moved: every stage's test reading is the warm start's own (no trained checkpoint "
                       "became the anchor), so the curve above is one checkpoint scored again, not a flat learner",
                       highlight=False)
+    if st["shares"]:  # the price of judging: what trained the delivered policy, what was thrown away, what judged
+        from harness.stagebook import shares_line
+
+        console.print(f"compute_shares: {shown(shares_line(st['shares']))}", highlight=False)
     promoted = sum(1 for x in st["candidates"] if x["verdict"] == "promoted")
     console.print(f"candidates: {len(st['candidates'])}\npromoted: {promoted}\nharness: {shown(st['harness'])}\n"
                   f"report: {shown(st['report'])}" + ("" if Path(st["report"]).is_file() else

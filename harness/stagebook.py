@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from harness.config import BudgetConfig
@@ -82,3 +83,82 @@ def step_equivalents(store: RunStore, run_id: str, before: int | None = None) ->
                                                                   0.0 if judge else r["steps"])
     return {"steps": steps, "train_tokens": train_tok, "judge_tokens": judge_tok, "tokens_per_step": tps,
             "compute": steps + (judge_tok / tps if tps else 0.0), "by_stage": by_stage}
+
+
+JUDGING_PARTS = ("probes", "arm evaluations", "carry readings", "other judging")
+
+
+def _judging_part(kind: str, label: str) -> str:
+    """Which `JUDGING_PARTS` a ledger row of generated tokens belongs to."""
+    if kind == "rollout":  # the stage's probes on the mix and the target, a baseline's level probes, PBT's fitness
+        return "probes"
+    if label.startswith("backtest"):
+        return "arm evaluations"
+    if label.startswith("carry"):
+        return "carry readings"
+    return "other judging"
+
+
+def compute_shares(store: RunStore, run_id: str) -> dict[str, Any] | None:
+    """Where a run's compute went, in `step_equivalents`' unit: the GRPO steps on the lineage of the policy the run
+    delivers (its last stage's checkpoint, what the held-out report scored), the GRPO steps of everything else it
+    trained (backtest arms and stages whose checkpoints did not continue), and the judging, by part (probes, arm
+    evaluations, carry readings, other). The price of judging in one line: a fixed harness at the same compute trains
+    its one policy for all of it. The lineage is walked back through the stages' records (a stage's training starts
+    from the previous stage's `Decided.next_policy`, its arms from `Probed.carried`); a delivered checkpoint that no
+    record made (a population member of PBT, say) leaves `lineage` None. None for a run with no finished stage."""
+    from harness.results import ArmRecord, Decided, Probed, SetUp, Trained
+
+    done = [s for s in store.stages(run_id) if s["stage"] and s.get("checkpoint")]
+    if not done:
+        return None
+    comp = step_equivalents(store, run_id)
+    tps = comp["tokens_per_step"]
+    steps_of: dict[tuple[int, str], int] = {}
+    judging = dict.fromkeys(JUDGING_PARTS, 0.0)
+    for r in store.ledger(run_id):
+        if r["kind"] == "grpo":
+            steps_of[(r["stage"], r["arm"])] = steps_of.get((r["stage"], r["arm"]), 0) + (r["steps"] or 0)
+        elif r["kind"] != "sft" and r["label"] != "test" and tps:
+            judging[_judging_part(r["kind"], r["label"])] += (r["tokens"] or 0) / tps
+    made: dict[str, tuple[int, str | None]] = {}  # checkpoint -> (its GRPO steps, what it was trained from)
+    setup = store.result(run_id, 0, SetUp)
+    start = setup.policy if setup is not None else None
+    for k in sorted({s["stage"] for s in store.stages(run_id) if s["stage"]}):
+        t = store.result(run_id, k, Trained)
+        if t is not None:
+            made[t.checkpoint] = (steps_of.get((k, "policy"), len(t.steps)), start)
+        p = store.result(run_id, k, Probed)
+        arms_from = p.carried if p is not None and p.carried else (t.checkpoint if t is not None else start)
+        for name in store.arm_nodes(run_id, k):
+            if ":" in name:  # a sequential look's record (`arm:<name>:look<i>`), not an arm
+                continue
+            if (a := store.result(run_id, k, ArmRecord, node=f"arm:{name}")) is not None:
+                made[a.checkpoint] = (steps_of.get((k, name), a.steps), arms_from)
+        d = store.result(run_id, k, Decided)
+        start = d.next_policy if d is not None else (t.checkpoint if t is not None else start)
+    delivered = done[-1]["checkpoint"]
+    lineage: int | None = 0
+    ckpt, seen = delivered, set()
+    while ckpt is not None and ckpt != (setup.policy if setup is not None else None) and ckpt not in seen:
+        seen.add(ckpt)
+        if ckpt not in made:
+            lineage = None
+            break
+        n, ckpt = made[ckpt]
+        lineage += n
+    return {"delivered": delivered, "compute": comp["compute"], "steps": comp["steps"], "lineage": lineage,
+            "other_training": None if lineage is None else comp["steps"] - lineage, "judging": judging}
+
+
+def shares_line(s: dict[str, Any]) -> str:
+    """`compute_shares` in one sentence for the report."""
+    total = s["compute"] or 1.0
+    judged = sum(s["judging"].values())
+    parts = ", ".join(f"{name} {v:.0f}" for name, v in s["judging"].items() if v >= 0.5)
+    trained = ("the delivered policy's lineage: unknown" if s["lineage"] is None else
+               f"{s['lineage']} ({100 * s['lineage'] / total:.0f}%) trained the delivered policy "
+               f"({Path(s['delivered']).name}), {s['other_training']} ({100 * s['other_training'] / total:.0f}%) "
+               "trained arms and stages that did not continue")
+    return (f"{s['compute']:.0f} GRPO step-equivalents: {trained}; {judged:.0f} ({100 * judged / total:.0f}%) judged"
+            + (f" ({parts})" if parts else ""))

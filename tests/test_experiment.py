@@ -124,6 +124,64 @@ def test_step_equivalents_count_steps_and_judging_tokens_but_not_the_warm_start_
     store.close()
 
 
+def test_compute_shares_walk_the_delivered_policy_back_through_the_stages(tmp_path):
+    """`compute_shares`: the GRPO steps on the delivered checkpoint's lineage (a stage's training starts from the last
+    stage's `next_policy`, its arms from `Probed.carried`), the rest of the training, and the judging by part. Stage
+    1 explores (its control arm continues), stage 2 exploits 120 steps, stage 3's training lowered the probe (its arms
+    start from the stage's start) and the anchor stays stage 2's. Caught: a lineage that counts every arm, follows the
+    stage's training where the arms started from its start, counts a look's record as an arm, or reads the last
+    `next_policy` instead of what the run delivers; judging filed under the wrong part."""
+    from harness.results import ArmLook, ArmRecord, Decided, Probed, SetUp, Trained
+    from harness.stagebook import compute_shares, shares_line
+    from harness.store import RunStore
+
+    store = RunStore.open(tmp_path / "run.db")
+    store.create_run("r", {})
+    ck = str(tmp_path / "checkpoints") + "/"
+
+    def probe(carried):
+        return Probed(rollouts="x", valid=0.5, start_valid=0.5, change=0.0, change_ci=[0.0, 0.0], regressed=False,
+                      carried=carried)
+
+    def arm(k, name, steps):
+        store.charge("r", k, name, "grpo", seconds=1, tokens=100 * steps, steps=steps)
+        store.save_result("r", k, ArmRecord(checkpoint=f"{ck}s{k}-{name}", rollouts="x", valid=0.5, steps=steps),
+                          node=f"arm:{name}")
+        store.save_result("r", k, ArmLook(rollouts="x", n=8), node=f"arm:{name}:look1")  # not an arm
+
+    store.save_result("r", 0, SetUp(policy=ck + "warmstart"))
+    store.end_stage("r", 0, checkpoint=ck + "warmstart")
+    for k, steps, carried, arms, nxt, anchor in (
+            (1, 30, "s1-train", {"control": 30, "s1c1": 30}, "s1-control", "s1-control"),
+            (2, 120, None, {}, "s2-train", "s2-train"),
+            (3, 30, "s2-train", {"control": 30, "s3c1": 30}, "s3-control", "s2-train")):
+        store.charge("r", k, "policy", "grpo", seconds=1, tokens=100 * steps, steps=steps)
+        store.save_result("r", k, Trained(checkpoint=f"{ck}s{k}-train"))
+        if carried:
+            store.save_result("r", k, probe(ck + carried))
+        for name, n in arms.items():
+            arm(k, name, n)
+        store.save_result("r", k, Decided(next_policy=ck + nxt, anchor=ck + anchor))
+        store.end_stage("r", k, checkpoint=ck + anchor)
+    store.charge("r", 1, "policy", "rollout", seconds=1, tokens=300, label="target-probe")
+    store.charge("r", 1, "control", "eval", seconds=1, tokens=200, label="backtest look 1")
+    store.charge("r", 3, "control", "eval", seconds=1, tokens=100, label="backtest")
+    store.charge("r", 2, "policy", "eval", seconds=1, tokens=400, label="carry confirmation 1")
+    store.charge("r", 3, "policy", "eval", seconds=1, tokens=9999, label="test")  # the report: nobody's compute
+    s = compute_shares(store, "r")
+    assert s["delivered"] == ck + "s2-train" and s["steps"] == 300
+    assert s["lineage"] == 30 + 30 + 120 and s["other_training"] == 120  # s1-train, s1-control, s2-train
+    assert s["judging"] == {"probes": 3.0, "arm evaluations": 3.0, "carry readings": 4.0, "other judging": 0.0}
+    assert s["compute"] == 310
+    line = shares_line(s)
+    assert "180 (58%) trained the delivered policy (s2-train)" in line and "10 (3%) judged" in line
+    store.end_stage("r", 3, checkpoint=ck + "s3-control")  # the lineage through a stage whose training fell
+    assert compute_shares(store, "r")["lineage"] == 30 + 120 + 30 + 30  # s3-control from s2-train, not s3-train
+    store.end_stage("r", 3, checkpoint=ck + "elsewhere")  # a checkpoint no record made: the lineage is unknown
+    assert compute_shares(store, "r")["lineage"] is None and "unknown" in shares_line(compute_shares(store, "r"))
+    store.close()
+
+
 def test_the_experiment_trains_judges_and_counts_only_through_the_stage():
     """The experiment's arms run on the stage's rooms (`arms.train_policy`, `evaluation.report_eval`, `arms.warm_start`
     via `graph.node_setup`, the ledger); a second training loop, suite evaluation, warm start or raw SQL ledger read in

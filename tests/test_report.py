@@ -22,6 +22,7 @@ import pytest
 from harness.benchmarks.run import TINY
 from harness.config import parse_config
 from harness.lifecycle import start_run
+from harness.report import status
 from harness.report_page import write_html
 from harness.store import RunStore
 
@@ -82,6 +83,10 @@ def test_report_sections_hold_real_data(run_dir):
     assert "diff --git" in page  # candidate diffs (and the evolved harness, when something was promoted)
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page), "the report must not fetch anything"
     assert "<script" not in page
+    shares = status(run_dir)["shares"]  # where the compute went, on a real run's records
+    assert shares["lineage"] is not None and shares["lineage"] + shares["other_training"] == shares["steps"] > 0
+    assert (shares["lineage"] == 0) == shares["delivered"].endswith("warmstart")
+    assert sum(shares["judging"].values()) > 0 and "where it went: " in page
 
 
 @needs_browser

@@ -346,6 +346,14 @@ def test_a_tiny_scenario_runs_every_arm_at_equal_compute_no_arm_reads_the_defect
     # the experiment's outputs per scenario, and the bench's across scenarios
     assert (exp / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "<svg" in (exp / "experiment.html").read_text() and "| evolved-rule |" in (exp / "summary.md").read_text()
+    # where each arm's compute went: a fixed harness trains its one policy with all of it, the loop judges too
+    for arm in ("fixed-template", "oracle"):
+        sh = json.loads((exp / arm / "seed0" / "result.json").read_text())["shares"]
+        assert sh["lineage"] == sh["steps"] > 0 and not sum(sh["judging"].values()), arm
+    assert evo["shares"]["lineage"] + evo["shares"]["other_training"] == evo["ledger"]["steps"]
+    assert sum(evo["shares"]["judging"].values()) > 0
+    summary = (exp / "summary.md").read_text()
+    assert "trained the delivered policy, % of compute" in summary and "| 100.0 [100.0, 100.0] |" in summary
     assert (out / "scenarios.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "<svg" in (out / "scenarios.html").read_text() and "| tiny |" in (out / "scenarios.md").read_text()
     # the evolved arm's promotions are read from its own run.db (whatever it promoted, the table says it)
