@@ -105,8 +105,9 @@ def compute_shares(store: RunStore, run_id: str) -> dict[str, Any] | None:
     trained (backtest arms and stages whose checkpoints did not continue), and the judging, by part (probes, arm
     evaluations, carry readings, other). The price of judging in one line: a fixed harness at the same compute trains
     its one policy for all of it. The lineage is walked back through the stages' records (a stage's training starts
-    from the previous stage's `Decided.next_policy`, its arms from `Probed.carried`); a delivered checkpoint that no
-    record made (a population member of PBT, say) leaves `lineage` None. None for a run with no finished stage."""
+    from the previous stage's `Decided.next_policy`, its arms from `Probed.carried`, a PBT member from the checkpoint
+    it continued: `harness.pbt.MemberStage`); a delivered checkpoint that no record made leaves `lineage` None. None
+    for a run with no finished stage."""
     from harness.results import ArmRecord, Decided, Probed, SetUp, Trained
 
     done = [s for s in store.stages(run_id) if s["stage"] and s.get("checkpoint")]
@@ -135,6 +136,8 @@ def compute_shares(store: RunStore, run_id: str) -> dict[str, Any] | None:
                 continue
             if (a := store.result(run_id, k, ArmRecord, node=f"arm:{name}")) is not None:
                 made[a.checkpoint] = (steps_of.get((k, name), a.steps), arms_from)
+        for ms in (store.node_result(run_id, k, "pbt") or {}).get("trained", []):  # `harness.pbt.MemberStage`
+            made[ms["checkpoint"]] = (ms["steps"], ms["start"])
         d = store.result(run_id, k, Decided)
         start = d.next_policy if d is not None else (t.checkpoint if t is not None else start)
     delivered = done[-1]["checkpoint"]

@@ -73,10 +73,19 @@ def test_pbt_trains_and_probes_only_through_the_stage():
     assert not found & banned and "execute(" not in text
 
 
+def _lineage(run, ckpt, rows):
+    """The checkpoints a PBT member's weights came through, newest first (each stage's `MemberStage.start`)."""
+    out = [ckpt]
+    for row in reversed(rows):
+        t = next(t for t in run.result(row.stage, Population).trained if t.checkpoint == out[-1])
+        out.append(t.start)
+    return out
+
+
 def test_a_population_of_two_shares_the_budget_reports_its_best_member_and_resumes(tmp_path, monkeypatch):
     from harness.config import parse_config
     from harness.lifecycle import open_run
-    from harness.stagebook import step_equivalents
+    from harness.stagebook import compute_shares, step_equivalents
 
     monkeypatch.setenv("EVOTRAINER_HOME", str(tmp_path / "home"))
     cfg, budget, said = PBTConfig(population=2, probe_n=2), 8, []
@@ -85,6 +94,11 @@ def test_a_population_of_two_shares_the_budget_reports_its_best_member_and_resum
         rows = run_pbt(run, cfg, budget, "pbt", said.append)
         assert [r.stage for r in rows] == [1, 2]
         comp = step_equivalents(run.store, run.id)
+        # the best member's lineage: its own steps and those of every member it continued, not the population's
+        sh = compute_shares(run.store, run.id)
+        assert sh["delivered"] == rows[-1].checkpoint and 0 < sh["lineage"] < comp["steps"]
+        assert sh["lineage"] == sum(t.steps for row in rows for t in run.result(row.stage, Population).trained
+                                    if t.checkpoint in _lineage(run, rows[-1].checkpoint, rows))
         # equal compute: the population's steps and fitness probes together meet the budget, within one
         # step-equivalent per member-stage
         assert abs(comp["compute"] - budget) <= 2 * 2, comp
