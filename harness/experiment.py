@@ -508,7 +508,7 @@ def mean_ci(xs: list[float]) -> tuple[float, float, float]:
     return float(a.mean()), float(a.mean() - half), float(a.mean() + half)
 
 
-def _lineage_share(rows: list[dict[str, Any]]) -> tuple[float, float, float] | None:
+def lineage_share(rows: list[dict[str, Any]]) -> tuple[float, float, float] | None:
     """Mean [95% t-interval] over seeds of the share of an arm's compute that trained the policy it delivered
     (`harness.stagebook.compute_shares`); None when a seed's result does not say (a result written before it was
     recorded, or a lineage no record made)."""
@@ -553,7 +553,7 @@ def summarize(results: dict[str, list[dict[str, Any]]], blocks: list[str], warm:
             "optimal": mean_ci([r["final"]["optimal"] for r in rows]),
             "compute": mean_ci([r["compute"] for r in rows]),
             "budget": mean_ci([r["budget"] for r in rows]),
-            "lineage": _lineage_share(rows),
+            "lineage": lineage_share(rows),
             "blocks": {b: float(np.mean([_part(f, blocks, {b}) for f in fin])) for b in names},
             "promoted": sum(len(r.get("promoted", [])) for r in rows) if arm in EVOLVED else None,
         }
@@ -1045,7 +1045,7 @@ def key_values(s: dict[str, Any]) -> list[str]:
                 f"experiment_{k}_hard: {a['hard'][0]:.4f} [{a['hard'][1]:.4f}, {a['hard'][2]:.4f}]",
                 f"experiment_{k}_compute: {a['compute'][0]:.1f}"]
         if a.get("lineage"):
-            out.append(f"experiment_{k}_lineage_share: {a['lineage'][0]:.3f}")
+            out.append(f"experiment_{k}lineage_share: {a['lineage'][0]:.3f}")
     for name, c in s["comparisons"].items():
         k = name.replace(" vs ", "_vs_").replace("-", "_")
         for part in ("valid", "hard"):

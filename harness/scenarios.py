@@ -398,7 +398,7 @@ def summarize(rows: dict[str, dict[str, Any]], warm: dict[str, list[float]] | No
 
     With `clusters[scenario]` (its test set's problem label per instance, `harness.experiment.suite_clusters`) every
     interval resamples problems rather than copies of one (`paired`)."""
-    from harness.experiment import EVOLVED
+    from harness.experiment import EVOLVED, lineage_share
 
     out: dict[str, Any] = {}
     for name, arms in rows.items():
@@ -419,6 +419,8 @@ def summarize(rows: dict[str, dict[str, Any]], warm: dict[str, list[float]] | No
                 a["vs_fixed"] = m
             if WARM in per and (m := _vs(per, arm, WARM, cl)):
                 a["vs_warm"] = m
+            if (share := lineage_share(results)) is not None:
+                a["lineage"] = share[0]
             sc["arms"][arm] = a
         gap = sc["arms"].get("oracle", {}).get("vs_fixed")
         sc["gap"] = gap
@@ -487,7 +489,10 @@ def promotions_table(summary: dict[str, Any]) -> str:
 
 
 def summary_md(summary: dict[str, Any], arms: list[str]) -> str:
-    """The bench's markdown: the scenario x arm table, then what the evolved arms promoted (scenarios.md and the page)."""
+    """The bench's markdown: the scenario x arm table, the evolved arms against the best automatic arm, the share of
+    their compute that trained what they delivered, then what they promoted (scenarios.md and the page)."""
+    from harness.experiment import EVOLVED
+
     md = table(summary, arms)
     vs = [(name, arm, sc["best_automatic"], a["vs_best_automatic"]) for name, sc in summary.items()
           for arm, a in sc["arms"].items() if "vs_best_automatic" in a]
@@ -495,6 +500,13 @@ def summary_md(summary: dict[str, Any], arms: list[str]) -> str:
         md += ("\nThe evolved arms against the best automatic arm (curriculum or PBT) of each scenario, points, paired "
                "over seeds x test instances:\n\n| scenario | evolved arm | best automatic arm | evolved - best [95% CI] |\n"
                "|---|---|---|---|\n" + "".join(f"| {n} | {a} | {b} | {_pts(m)} |\n" for n, a, b, m in vs))
+    shares = [(name, arm, a["lineage"]) for name, sc in summary.items() for arm, a in sc["arms"].items()
+              if "lineage" in a and arm in EVOLVED]
+    if shares:  # the price of judging: a fixed harness trains what it delivers with all of its compute
+        md += ("\nThe share of each evolved arm's compute that trained the policy it delivered (mean over seeds; the "
+               "rest trained arms and stages that did not continue, or judged; `evotrainer status RUN` says where):"
+               "\n\n| scenario | evolved arm | trained the delivered policy |\n|---|---|---|\n"
+               + "".join(f"| {n} | {a} | {100 * x:.0f}% |\n" for n, a, x in shares))
     if fixes := promotions_table(summary):
         md += "\nWhat the evolved arms promoted (from each run's run.db):\n\n" + fixes
     return md
