@@ -1045,7 +1045,7 @@ def key_values(s: dict[str, Any]) -> list[str]:
                 f"experiment_{k}_hard: {a['hard'][0]:.4f} [{a['hard'][1]:.4f}, {a['hard'][2]:.4f}]",
                 f"experiment_{k}_compute: {a['compute'][0]:.1f}"]
         if a.get("lineage"):
-            out.append(f"experiment_{k}lineage_share: {a['lineage'][0]:.3f}")
+            out.append(f"experiment_{k}_lineage_share: {a['lineage'][0]:.3f}")
     for name, c in s["comparisons"].items():
         k = name.replace(" vs ", "_vs_").replace("-", "_")
         for part in ("valid", "hard"):

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from harness.config import parse_config
+from harness.experiment import key_values
 from harness.scenarios import (
     QUICK_CONFIRM,
     QUICK_TEST_N,
@@ -356,6 +357,7 @@ def test_a_tiny_scenario_runs_every_arm_at_equal_compute_no_arm_reads_the_defect
     assert "trained the delivered policy, % of compute" in summary and "| 100.0 [100.0, 100.0] |" in summary
     assert f"| tiny | evolved-rule | {100 * evo['shares']['lineage'] / evo['compute']:.0f}% |" in (
         out / "scenarios.md").read_text()
+    assert "experiment_fixed_template_lineage_share: 1.000" in key_values(json.loads((exp / "results.json").read_text()))
     assert (out / "scenarios.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "<svg" in (out / "scenarios.html").read_text() and "| tiny |" in (out / "scenarios.md").read_text()
     # the evolved arm's promotions are read from its own run.db (whatever it promoted, the table says it)
