@@ -517,6 +517,27 @@ def lineage_share(rows: list[dict[str, Any]]) -> tuple[float, float, float] | No
     return mean_ci(got) if got and len(got) == len(rows) else None
 
 
+def pipelined_share(rows: list[dict[str, Any]]) -> float | None:
+    """Mean over seeds of the share of an arm's GRPO steps that ran pipelined (`compute_shares`' `pipelined`); None
+    when a seed's result does not say."""
+    got = [r["shares"]["pipelined"] for r in rows if (r.get("shares") or {}).get("pipelined") is not None]
+    return float(np.mean(got)) if got and len(got) == len(rows) else None
+
+
+def mixed_trainers(arms: dict[str, dict[str, Any]]) -> str | None:
+    """A warning when some arms trained with the rollout pipeline and others without (`recipe.pipeline: auto` turns
+    it on where a process has a spare core, so `--jobs` decides it on a small machine: `--jobs 1` on two cores
+    pipelines, `--jobs 2` does not): a one-step off-policy GRPO is another trainer, so such arms are not paired
+    seed by seed, whatever their configs say. None when they agree or do not say."""
+    said = {arm: a["pipelined"] for arm, a in arms.items() if a.get("pipelined") is not None}
+    on, off = sorted(a for a, x in said.items() if x >= 0.5), sorted(a for a, x in said.items() if x == 0)
+    if not (on and off):
+        return None
+    return (f"arms trained with two GRPO loops: {', '.join(on)} pipelined their rollouts (recipe.pipeline), "
+            f"{', '.join(off)} did not (`--jobs` decides `auto` on a small machine): their comparison mixes two "
+            "trainers; run the parts with one `--jobs`, or set recipe.pipeline in the config")
+
+
 def harder_half(blocks: list[str], warm: list[list[float]]) -> list[str]:
     """The half of the suite's blocks (rounded up) where the warm start is weakest, mean over seeds; ties go to the
     later block (suites list their harder blocks last)."""
@@ -554,6 +575,7 @@ def summarize(results: dict[str, list[dict[str, Any]]], blocks: list[str], warm:
             "compute": mean_ci([r["compute"] for r in rows]),
             "budget": mean_ci([r["budget"] for r in rows]),
             "lineage": lineage_share(rows),
+            "pipelined": pipelined_share(rows),
             "blocks": {b: float(np.mean([_part(f, blocks, {b}) for f in fin])) for b in names},
             "promoted": sum(len(r.get("promoted", [])) for r in rows) if arm in EVOLVED else None,
         }
@@ -1021,6 +1043,8 @@ def table(s: dict[str, Any]) -> str:
                      f"| {'' if a['promoted'] is None else a['promoted']} |")
     for arm, why in s.get("skipped", {}).items():
         lines.append(f"| {arm} | skipped: {why} | | | | | | |")
+    if mixed := mixed_trainers(s["arms"]):
+        lines += ["", f"**Warning**: {mixed}."]
     if s["comparisons"]:
         lines += ["", ("| comparison | valid, points (seeds) | harder half (seeds) | valid (seeds x instances, "
                        "pigeonhole bootstrap) | harder half (seeds x instances) |"), "|---|---|---|---|---|"]

@@ -398,7 +398,7 @@ def summarize(rows: dict[str, dict[str, Any]], warm: dict[str, list[float]] | No
 
     With `clusters[scenario]` (its test set's problem label per instance, `harness.experiment.suite_clusters`) every
     interval resamples problems rather than copies of one (`paired`)."""
-    from harness.experiment import EVOLVED, lineage_share
+    from harness.experiment import EVOLVED, lineage_share, pipelined_share
 
     out: dict[str, Any] = {}
     for name, arms in rows.items():
@@ -421,6 +421,8 @@ def summarize(rows: dict[str, dict[str, Any]], warm: dict[str, list[float]] | No
                 a["vs_warm"] = m
             if (share := lineage_share(results)) is not None:
                 a["lineage"] = share[0]
+            if (piped := pipelined_share(results)) is not None:
+                a["pipelined"] = piped
             sc["arms"][arm] = a
         gap = sc["arms"].get("oracle", {}).get("vs_fixed")
         sc["gap"] = gap
@@ -491,9 +493,11 @@ def promotions_table(summary: dict[str, Any]) -> str:
 def summary_md(summary: dict[str, Any], arms: list[str]) -> str:
     """The bench's markdown: the scenario x arm table, the evolved arms against the best automatic arm, the share of
     their compute that trained what they delivered, then what they promoted (scenarios.md and the page)."""
-    from harness.experiment import EVOLVED
+    from harness.experiment import EVOLVED, mixed_trainers
 
     md = table(summary, arms)
+    if mixed := [f"{name}: {m}" for name, sc in summary.items() if (m := mixed_trainers(sc["arms"]))]:
+        md += "\n**Warning**: " + "\n**Warning**: ".join(mixed) + ".\n"
     vs = [(name, arm, sc["best_automatic"], a["vs_best_automatic"]) for name, sc in summary.items()
           for arm, a in sc["arms"].items() if "vs_best_automatic" in a]
     if vs:

@@ -106,8 +106,11 @@ def compute_shares(store: RunStore, run_id: str) -> dict[str, Any] | None:
     evaluations, carry readings, other). The price of judging in one line: a fixed harness at the same compute trains
     its one policy for all of it. The lineage is walked back through the stages' records (a stage's training starts
     from the previous stage's `Decided.next_policy`, its arms from `Probed.carried`, a PBT member from the checkpoint
-    it continued: `harness.pbt.MemberStage`); a delivered checkpoint that no record made leaves `lineage` None. None
-    for a run with no finished stage."""
+    it continued: `harness.pbt.MemberStage`); a delivered checkpoint that no record made leaves `lineage` None.
+    `pipelined`: the share of its GRPO steps whose rollouts were generated while the step before trained
+    (`recipe.pipeline`, on under `auto` where the process's cores leave a spare one: a one-step off-policy GRPO, so
+    runs that differ in it trained differently; None when no step recorded it). None for a run with no finished
+    stage."""
     from harness.results import ArmRecord, Decided, Probed, SetUp, Trained
 
     done = [s for s in store.stages(run_id) if s["stage"] and s.get("checkpoint")]
@@ -123,12 +126,14 @@ def compute_shares(store: RunStore, run_id: str) -> dict[str, Any] | None:
         elif r["kind"] != "sft" and r["label"] != "test" and tps:
             judging[_judging_part(r["kind"], r["label"])] += (r["tokens"] or 0) / tps
     made: dict[str, tuple[int, str | None]] = {}  # checkpoint -> (its GRPO steps, what it was trained from)
+    curves: list[list[dict[str, Any]]] = []  # every GRPO call's per-step metrics
     setup = store.result(run_id, 0, SetUp)
     start = setup.policy if setup is not None else None
     for k in sorted({s["stage"] for s in store.stages(run_id) if s["stage"]}):
         t = store.result(run_id, k, Trained)
         if t is not None:
             made[t.checkpoint] = (steps_of.get((k, "policy"), len(t.steps)), start)
+            curves.append(t.steps)
         p = store.result(run_id, k, Probed)
         arms_from = p.carried if p is not None and p.carried else (t.checkpoint if t is not None else start)
         for name in store.arm_nodes(run_id, k):
@@ -136,8 +141,11 @@ def compute_shares(store: RunStore, run_id: str) -> dict[str, Any] | None:
                 continue
             if (a := store.result(run_id, k, ArmRecord, node=f"arm:{name}")) is not None:
                 made[a.checkpoint] = (steps_of.get((k, name), a.steps), arms_from)
+                curves.append(a.curve)
         for ms in (store.node_result(run_id, k, "pbt") or {}).get("trained", []):  # `harness.pbt.MemberStage`
             made[ms["checkpoint"]] = (ms["steps"], ms["start"])
+            if (mt := store.result(run_id, k, Trained, node=f"pbt:m{ms['member']}:train")) is not None:
+                curves.append(mt.steps)
         d = store.result(run_id, k, Decided)
         start = d.next_policy if d is not None else (t.checkpoint if t is not None else start)
     delivered = done[-1]["checkpoint"]
@@ -150,8 +158,10 @@ def compute_shares(store: RunStore, run_id: str) -> dict[str, Any] | None:
             break
         n, ckpt = made[ckpt]
         lineage += n
+    said = [x.get("pipelined") for c in curves for x in c if "pipelined" in x]
     return {"delivered": delivered, "compute": comp["compute"], "steps": comp["steps"], "lineage": lineage,
-            "other_training": None if lineage is None else comp["steps"] - lineage, "judging": judging}
+            "other_training": None if lineage is None else comp["steps"] - lineage, "judging": judging,
+            "pipelined": sum(1 for x in said if x) / len(said) if said else None}
 
 
 def shares_line(s: dict[str, Any]) -> str:

@@ -145,7 +145,8 @@ def test_compute_shares_walk_the_delivered_policy_back_through_the_stages(tmp_pa
 
     def arm(k, name, steps):
         store.charge("r", k, name, "grpo", seconds=1, tokens=100 * steps, steps=steps)
-        store.save_result("r", k, ArmRecord(checkpoint=f"{ck}s{k}-{name}", rollouts="x", valid=0.5, steps=steps),
+        store.save_result("r", k, ArmRecord(checkpoint=f"{ck}s{k}-{name}", rollouts="x", valid=0.5, steps=steps,
+                                            curve=[{"step": i, "pipelined": None} for i in range(steps)]),
                           node=f"arm:{name}")
         store.save_result("r", k, ArmLook(rollouts="x", n=8), node=f"arm:{name}:look1")  # not an arm
 
@@ -156,7 +157,8 @@ def test_compute_shares_walk_the_delivered_policy_back_through_the_stages(tmp_pa
             (2, 120, None, {}, "s2-train", "s2-train"),
             (3, 30, "s2-train", {"control": 30, "s3c1": 30}, "s3-control", "s2-train")):
         store.charge("r", k, "policy", "grpo", seconds=1, tokens=100 * steps, steps=steps)
-        store.save_result("r", k, Trained(checkpoint=f"{ck}s{k}-train"))
+        store.save_result("r", k, Trained(checkpoint=f"{ck}s{k}-train", steps=[  # stage 2's call pipelined
+            {"step": i, "pipelined": float(i > 0) if k == 2 else None} for i in range(steps)]))
         if carried:
             store.save_result("r", k, probe(ck + carried))
         for name, n in arms.items():
@@ -173,6 +175,7 @@ def test_compute_shares_walk_the_delivered_policy_back_through_the_stages(tmp_pa
     assert s["lineage"] == 30 + 30 + 120 and s["other_training"] == 120  # s1-train, s1-control, s2-train
     assert s["judging"] == {"probes": 3.0, "arm evaluations": 3.0, "carry readings": 4.0, "other judging": 0.0}
     assert s["compute"] == 310
+    assert s["pipelined"] == 119 / 300  # stage 2's 120 steps but its first (nothing was ready yet)
     line = shares_line(s)
     assert "180 (58%) trained the delivered policy (s2-train)" in line and "10 (3%) judged" in line
     store.end_stage("r", 3, checkpoint=ck + "s3-control")  # the lineage through a stage whose training fell
@@ -180,6 +183,22 @@ def test_compute_shares_walk_the_delivered_policy_back_through_the_stages(tmp_pa
     store.end_stage("r", 3, checkpoint=ck + "elsewhere")  # a checkpoint no record made: the lineage is unknown
     assert compute_shares(store, "r")["lineage"] is None and "unknown" in shares_line(compute_shares(store, "r"))
     store.close()
+
+
+def test_arms_trained_with_and_without_the_rollout_pipeline_are_named():
+    """`recipe.pipeline: auto` pipelines where a process has a spare core, so `--jobs` decides it on a small machine:
+    arms from parts run at different `--jobs` trained with two GRPO loops, and the summary says which. Caught: parts
+    mixed silently, or a warning where every arm agrees or an arm's result does not say."""
+    from harness.experiment import mixed_trainers, pipelined_share
+
+    assert pipelined_share([{"shares": {"pipelined": 0.9}}, {"shares": {"pipelined": 0.8}}]) == pytest.approx(0.85)
+    assert pipelined_share([{"shares": {"pipelined": 0.9}}, {}]) is None  # a seed that does not say
+    w = mixed_trainers({"fixed-template": {"pipelined": 0.0}, "oracle": {"pipelined": 0.0},
+                        "evolved-rule": {"pipelined": 0.97}})
+    assert w and "evolved-rule pipelined" in w and "fixed-template, oracle did not" in w and "--jobs" in w
+    assert mixed_trainers({"fixed-template": {"pipelined": 0.97}, "evolved-rule": {"pipelined": 0.96}}) is None
+    assert mixed_trainers({"fixed-template": {"pipelined": 0.0}, "evolved-rule": {"pipelined": None}}) is None
+    assert mixed_trainers({"fixed-template": {}, "evolved-rule": {"pipelined": 0.9}}) is None
 
 
 def test_the_experiment_trains_judges_and_counts_only_through_the_stage():

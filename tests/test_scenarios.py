@@ -357,6 +357,10 @@ def test_a_tiny_scenario_runs_every_arm_at_equal_compute_no_arm_reads_the_defect
     assert "trained the delivered policy, % of compute" in summary and "| 100.0 [100.0, 100.0] |" in summary
     assert f"| tiny | evolved-rule | {100 * evo['shares']['lineage'] / evo['compute']:.0f}% |" in (
         out / "scenarios.md").read_text()
+    # one process, one core layout: every arm trained with the same GRPO loop, and nothing warns
+    piped = {arm: json.loads((exp / arm / "seed0" / "result.json").read_text())["shares"]["pipelined"] for arm in arms}
+    assert None not in piped.values() and len({x > 0 for x in piped.values()}) == 1, piped
+    assert "Warning" not in summary and "Warning" not in (out / "scenarios.md").read_text()
     assert "experiment_fixed_template_lineage_share: 1.000" in key_values(json.loads((exp / "results.json").read_text()))
     assert (out / "scenarios.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "<svg" in (out / "scenarios.html").read_text() and "| tiny |" in (out / "scenarios.md").read_text()
