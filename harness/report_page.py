@@ -21,6 +21,7 @@ from typing import Any
 
 from harness.config import load_config
 from harness.report import curve, curve_text, status
+from harness.stagebook import shares_line
 from harness.store import RunStore
 from harness.tasks import TASKS, get_task
 from harness.terminal import plain
@@ -80,12 +81,6 @@ def gather(run_dir: Path) -> dict[str, Any]:
     return {"status": st, "curve": curve(run_dir), "evals": evals, "slice_order": slice_order(st["task"]),
             "training": dict(training), "findings": findings, "stop": stop, "warnings": warnings,
             "exploits": exploits, "diffs": diffs, "evolved": evolved, "rows": cand_rows, "lineage": lineage}
-
-
-def _shares_line(shares: dict[str, Any]) -> str:
-    from harness.stagebook import shares_line
-
-    return shares_line(shares)
 
 
 def lineage_rows(store: RunStore, run_id: str, stages: list[int]) -> list[dict[str, Any]]:
@@ -364,7 +359,7 @@ def _summary(d: dict[str, Any], gate_min: float | None) -> str:
 {f"&middot; {len(cands) - len(promoted) - len(rejected) - len(undecided) - len(pending)} not judged"
  if len(cands) - len(promoted) - len(rejected) - len(undecided) - len(pending) else ""}</li>
 <li>compute: {secs:.0f} s in all ({E(comp) or 'none recorded'})</li>
-{f"<li>where it went: {E(_shares_line(st['shares']))}</li>" if st.get("shares") else ""}
+{f"<li>where it went: {E(shares_line(st['shares']))}</li>" if st.get("shares") else ""}
 <li>disk: {st['disk']['bytes'] / 1e6:.1f} MB ({st['disk']['checkpoints']} checkpoints,
 {st['disk']['checkpoint_bytes'] / 1e6:.1f} MB; see the run config's retention)</li></ul>
 <table><caption>held-out test suite: start (first evaluated stage) and end ({f"last stage {last_stage}" if last_stage is not None

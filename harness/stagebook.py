@@ -63,28 +63,6 @@ def budget_stop(b: BudgetConfig, k: int, elapsed_s: float, spent_s: Callable[[],
     return None
 
 
-def step_equivalents(store: RunStore, run_id: str, before: int | None = None) -> dict[str, Any]:
-    """A run's compute from its ledger in GRPO step-equivalents (the experiment's unit): every GRPO step (the policy's
-    and every backtest arm's) plus every token generated to judge or steer (probes, backtest evaluations, a baseline's
-    level probes) at the run's training tokens per step. The SFT warm start and the held-out report (label `test`)
-    are left out: every arm pays them alike. `before`: only stages below it (what a stage has spent before it)."""
-    rows = [r for r in store.ledger(run_id) if before is None or r["stage"] < before]
-    steps = sum(r["steps"] for r in rows if r["kind"] == "grpo")
-    train_tok = sum(r["tokens"] for r in rows if r["kind"] == "grpo")
-    tps = train_tok / max(1, steps)
-    by_stage: dict[int, float] = {}
-    judge_tok = 0
-    for r in rows:
-        if r["kind"] == "sft" or r["label"] == "test":
-            continue
-        judge = r["kind"] != "grpo"
-        judge_tok += r["tokens"] if judge else 0
-        by_stage[r["stage"]] = by_stage.get(r["stage"], 0.0) + (r["tokens"] / tps if judge and tps else
-                                                                  0.0 if judge else r["steps"])
-    return {"steps": steps, "train_tokens": train_tok, "judge_tokens": judge_tok, "tokens_per_step": tps,
-            "compute": steps + (judge_tok / tps if tps else 0.0), "by_stage": by_stage}
-
-
 JUDGING_PARTS = ("probes", "arm evaluations", "carry readings", "other judging")
 
 
@@ -97,6 +75,31 @@ def _judging_part(kind: str, label: str) -> str:
     if label.startswith("carry"):
         return "carry readings"
     return "other judging"
+
+
+def step_equivalents(store: RunStore, run_id: str, before: int | None = None) -> dict[str, Any]:
+    """A run's compute from its ledger in GRPO step-equivalents (the experiment's unit): every GRPO step (the policy's
+    and every backtest arm's) plus every token generated to judge or steer (probes, backtest evaluations, a baseline's
+    level probes) at the run's training tokens per step. The SFT warm start and the held-out report (label `test`)
+    are left out: every arm pays them alike. `before`: only stages below it (what a stage has spent before it)."""
+    rows = [r for r in store.ledger(run_id) if before is None or r["stage"] < before]
+    steps = sum(r["steps"] for r in rows if r["kind"] == "grpo")
+    train_tok = sum(r["tokens"] for r in rows if r["kind"] == "grpo")
+    tps = train_tok / max(1, steps)
+    by_stage: dict[int, float] = {}
+    judge_tok = 0
+    judge_by_part = dict.fromkeys(JUDGING_PARTS, 0)  # `compute_shares`' split of the same tokens
+    for r in rows:
+        if r["kind"] == "sft" or r["label"] == "test":
+            continue
+        judge = r["kind"] != "grpo"
+        judge_tok += r["tokens"] if judge else 0
+        if judge:
+            judge_by_part[_judging_part(r["kind"], r["label"])] += r["tokens"] or 0
+        by_stage[r["stage"]] = by_stage.get(r["stage"], 0.0) + (r["tokens"] / tps if judge and tps else
+                                                                  0.0 if judge else r["steps"])
+    return {"steps": steps, "train_tokens": train_tok, "judge_tokens": judge_tok, "tokens_per_step": tps,
+            "compute": steps + (judge_tok / tps if tps else 0.0), "by_stage": by_stage, "judge_by_part": judge_by_part}
 
 
 def compute_shares(store: RunStore, run_id: str) -> dict[str, Any] | None:
@@ -118,13 +121,11 @@ def compute_shares(store: RunStore, run_id: str) -> dict[str, Any] | None:
         return None
     comp = step_equivalents(store, run_id)
     tps = comp["tokens_per_step"]
+    judging = {part: (tok / tps if tps else 0.0) for part, tok in comp["judge_by_part"].items()}
     steps_of: dict[tuple[int, str], int] = {}
-    judging = dict.fromkeys(JUDGING_PARTS, 0.0)
     for r in store.ledger(run_id):
         if r["kind"] == "grpo":
             steps_of[(r["stage"], r["arm"])] = steps_of.get((r["stage"], r["arm"]), 0) + (r["steps"] or 0)
-        elif r["kind"] != "sft" and r["label"] != "test" and tps:
-            judging[_judging_part(r["kind"], r["label"])] += (r["tokens"] or 0) / tps
     made: dict[str, tuple[int, str | None]] = {}  # checkpoint -> (its GRPO steps, what it was trained from)
     curves: list[list[dict[str, Any]]] = []  # every GRPO call's per-step metrics
     setup = store.result(run_id, 0, SetUp)
