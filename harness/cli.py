@@ -1424,7 +1424,8 @@ def _print_exploit(x: dict) -> None:
     from harness.decisions import INCUMBENT
     from harness.terminal import shown
 
-    why = "its training confirmed a gain" if x["exploits"] == INCUMBENT else "promoted"
+    why = (f"the last {x['backoff'][0]} exploring stages found nothing" if x.get("backoff") else
+           "its training confirmed a gain" if x["exploits"] == INCUMBENT else "promoted")
     console.print(f"[bold]stage {x['stage']}[/] · exploit · trained {x['steps']} GRPO steps under {shown(x['exploits'])}"
                   f" ({why}): {shown(x['outcome'])}", highlight=False)
 

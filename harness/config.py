@@ -139,6 +139,18 @@ class StageConfig(_Strict):
         "step-equivalents; measured at three stages on a held-out healthy code harness it gave the evolved arm +0.3 "
         "points (within noise; BENCHMARKS.md, sixty-sixth session), and it changes nothing where the broken harness "
         "confirms no gain")
+    explore_backoff: int = Field(
+        0, ge=0, description="after this many EXPLORING stages in a row found nothing (each promoted nothing, carried "
+        "no candidate's arm and confirmed no gain, while its own lineage under harness@main trained on: kept, not sent "
+        "back) the loop exploits harness@main for one stage before exploring again, and after each further such "
+        "stage for twice as many plus one (1, 3, 7, ...); a diagnosis since the last exploring stage that names a "
+        "critical finding that stage's did not ends the wait (`harness.decisions.backing_off`). Exploit stages are "
+        "those of `exploit_after_promotion`: their checkpoints must continue or the next stage explores. 0: every "
+        "such stage explores (the rule before). Why: a stage that explores trains what the run delivers with about "
+        "40% of its compute on a harness whose changes all read within noise (BENCHMARKS.md, sixty-eighth session); "
+        "exploring less often each time it finds nothing is the decaying exploration of a bandit (Auer, "
+        "Cesa-Bianchi & Fischer, \"Finite-time analysis of the multiarmed bandit problem\", 2002: epsilon-greedy "
+        "with epsilon_t ~ 1/t)")
     keep_training: bool = Field(
         True, description="keep training, keep the best: the run holds two checkpoints, the LINEAGE the next stage "
         "trains from and the ANCHOR, its best confirmed one (what each stage's report scores and what the run "

@@ -872,6 +872,65 @@ def exploit_held(run: Run, k: int) -> list[str]:
     return _exploit(run, k)[1]
 
 
+def backing_off(run: Run, k: int) -> tuple[int, int] | None:
+    """(exploring stages in a row that found nothing, exploit stages since the last of them) when stage k exploits
+    harness@main because exploring keeps finding nothing (`stage.explore_backoff`); None when stage k explores.
+
+    An exploring stage found nothing (`found_nothing`) when it promoted nothing, carried no candidate's arm, confirmed
+    no gain of its lineage (else `stage.exploit_after_gain` applies) and its own lineage under harness@main trained
+    on (its training or control arm continued: the harness did not lower the policy). After `explore_backoff` such
+    stages in a row, the loop exploits for 1 stage, after one more for 3, then 7: 2^(m+1) - 1 exploit stages after
+    the explore_backoff + m-th, walking back over exploit stages whose checkpoints continued (one that did not, a
+    promotion, or an exploring stage that found something ends the streak). Decaying exploration, as epsilon-greedy
+    with epsilon_t ~ 1/t (Auer, Cesa-Bianchi & Fischer, "Finite-time analysis of the multiarmed bandit problem",
+    Machine Learning 47, 2002): each null exploration halves how often the loop pays for the next. What ends the wait
+    early is new evidence: a diagnosis since the last exploring stage that names a critical finding that stage's
+    did not (its candidates answered the findings it saw, not this one)."""
+    b = run.config.stage.explore_backoff
+    if b == 0:
+        return None
+    nulls, since, last = 0, 0, None
+    for j in range(k - 1, 0, -1):
+        d, t = run.result(j, Decided), run.result(j, Trained)
+        if d is None or t is None:
+            return None
+        if t.exploits:
+            if t.exploits != INCUMBENT or d.next_policy != t.checkpoint:  # a promotion's, or one that stopped paying
+                break
+            since += nulls == 0
+            continue
+        if not found_nothing(run, j, d, t):
+            break
+        nulls, last = nulls + 1, last or j
+    if nulls < b or since >= 2 ** (nulls - b + 1) - 1:
+        return None
+    if new_findings(run, last, k):
+        return None
+    return nulls, since
+
+
+def found_nothing(run: Run, j: int, d: Decided, t: Trained) -> bool:
+    """Did exploring stage j find nothing while harness@main trained its lineage on (`backing_off`)?"""
+    from harness.results import Probed
+
+    if t.exploits or d.winner or gained(run, j, d):
+        return False
+    if (human := run.result(j, GateAnswer)) is not None and human.action in ("revise", "abort"):
+        return False
+    probed, bt = run.result(j, Probed), run.result(j, Backtested)
+    if probed is None or probed.regressed:
+        return False
+    return d.next_policy in {t.checkpoint, bt.control if bt is not None else None} - {None}
+
+
+def new_findings(run: Run, last: int, k: int) -> list[str]:
+    """The critical findings of the diagnoses after exploring stage `last` (up to stage k - 1) that stage `last`'s own
+    diagnosis did not name critical."""
+    seen = {f.code for f in run.store.findings(run.id, stage=last) if f.severity == "critical"}
+    return sorted({f.code for j in range(last + 1, k) for f in run.store.findings(run.id, stage=j)
+                   if f.severity == "critical" and f.code not in seen})
+
+
 def known_causes(run: Run, stages: range) -> list[str]:
     """The critical root-cause findings (`harness.engineer.rule.ROOT_CAUSES`: the training lowered the policy, the
     reward pays invalid answers, the mix cannot teach or misses the target, ...) of these stages' diagnoses."""

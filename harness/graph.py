@@ -49,6 +49,7 @@ from harness.decisions import (
     INCUMBENT,
     anchor_at,
     arms_vs_start,
+    backing_off,
     confirm_carry,
     escalate,
     exploit_held,
@@ -180,9 +181,16 @@ def node_train(run: Run, state: State) -> State:
                   f"on the target, but a diagnosis since named a root cause a change can fix ({', '.join(held)}), so "
                   "the loop looks for that change instead of exploiting harness@main (stage.exploit_after_gain)",
                   key=f"{k}/explore")
+    backoff = backing_off(run, k) if not exploits else None
+    if backoff is not None:
+        exploits = INCUMBENT
     if exploits:  # the stage after a promotion trains under it for its arms' compute too (`stage.exploit_after_...`)
         steps = exploit_steps(run, recipe.steps)
-        why = ("the last exploring stage's own training under it confirmed a gain on the target and nothing was "
+        why = (f"the last {backoff[0]} exploring stages in a row found nothing to promote while harness@main trained "
+               f"the lineage on, so the loop explores less often (exploit stage {backoff[1] + 1} of "
+               f"{2 ** (backoff[0] - cfg.stage.explore_backoff + 1) - 1} before it explores again); "
+               "stage.explore_backoff" if backoff is not None else
+               "the last exploring stage's own training under it confirmed a gain on the target and nothing was "
                "promoted; stage.exploit_after_gain" if exploits == INCUMBENT else
                f"promoted at stage {(run.store.candidate(exploits) or {}).get('stage', '?')}")
         run.event(k, "train", "exploit", f"stage {k} exploits {exploits} ({why}): "
@@ -193,7 +201,7 @@ def node_train(run: Run, state: State) -> State:
     run.event(k, "train", "node_start", f"GRPO {steps} steps under harness@main")
     r = train_policy(run, k, "policy", state["policy"], files, steps, f"s{k}/train",
                      run.path("checkpoints", f"s{k}-train"), seed=cfg.seed + k)
-    r = r.model_copy(update={"exploits": exploits})
+    r = r.model_copy(update={"exploits": exploits, "backoff": list(backoff) if backoff is not None else None})
     _finish(run, k, r, t0, f"trained {steps} steps" + (f" (exploiting {exploits})" if exploits else ""))
     return {"train_ckpt": r.checkpoint, "log": [f"stage {k} train: {steps} GRPO steps"
                                                 + (f", exploiting {exploits}" if exploits else "")]}

@@ -332,7 +332,8 @@ def exploit_stages(run_dir: Path) -> list[dict[str, Any]]:
                            "fresh backtest instances")
             else:
                 outcome = f"continues: {Path(d.next_policy).name}"
-            out.append({"stage": k, "exploits": t.exploits, "steps": len(t.steps), "outcome": outcome})
+            out.append({"stage": k, "exploits": t.exploits, "steps": len(t.steps), "outcome": outcome,
+                        "backoff": t.backoff})
         return out
     finally:
         store.close()

@@ -50,6 +50,9 @@ class Trained(NodeResult):
                                 "per GRPO scoring call (JSONL): per completion its instance's seed, level and reward")
     exploits: str | None = Field(None, description="the promoted candidate this stage exploits (`stage."
                                  "exploit_after_promotion`): it trained for its arms' compute too and proposes nothing")
+    backoff: list[int] | None = Field(None, description="when it exploits because exploring kept finding nothing "
+                                      "(`stage.explore_backoff`): the exploring stages in a row that found nothing, "
+                                      "and the exploit stages since them before this one")
 
 
 class Probed(NodeResult):

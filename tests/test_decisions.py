@@ -1167,6 +1167,80 @@ def test_a_stage_after_its_own_training_confirmed_a_gain_exploits_the_incumbent(
     assert exploiting(run, 2) is None
 
 
+def test_exploring_that_keeps_finding_nothing_backs_off(run, monkeypatch):
+    """`stage.explore_backoff` (`harness.decisions.backing_off`, `found_nothing`): after two exploring stages in a row
+    that found nothing while harness@main trained the lineage on, one stage exploits; after a third, three do; an
+    exploit stage that stopped paying, a stage whose training lowered the probe, a carried candidate arm, a lineage
+    sent back to the anchor, a promotion, a person's revision and a new critical finding each end the wait; 0 is the
+    rule before. Caught: backing off after one null stage or after stages whose harness lowered the policy, a wait that
+    does not double or never ends, a streak counted across a promotion, new evidence ignored."""
+    from harness.decisions import INCUMBENT as INCUMBENT_
+    from harness.decisions import backing_off
+    from harness.records import Finding
+    from harness.results import ArmVsStart, Backtested, CarryChecked, Decided, GateAnswer, Probed, Trained
+
+    cfg = run.config
+
+    def stage(j: int, nxt: str = "control", exploits: str | None = None, winner: str | None = None,
+              regressed: bool = False, kept: bool = True, arm: bool = False) -> None:
+        train, control = f"ckpt/s{j}-train", f"ckpt/s{j}-control"
+        run.save_result(j, Trained(checkpoint=train, exploits=exploits))
+        run.save_result(j, Probed(rollouts="x", valid=0.5, start_valid=0.5, change=0.0, change_ci=[-0.1, 0.1],
+                                  regressed=regressed))
+        run.save_result(j, Backtested(control=None if exploits else control, arms_vs_start=[ArmVsStart(
+            candidate=f"s{j}c1", checkpoint=f"ckpt/s{j}-s{j}c1", change=0.05, change_ci=[0.01, 0.09])] if arm else []))
+        chosen = {"control": control, "train": train, "arm": f"ckpt/s{j}-s{j}c1", "anchor": "ckpt/anchor"}[nxt]
+        run.save_result(j, Decided(winner=winner, next_policy=chosen, carry_check=CarryChecked(
+            chosen=chosen, start="ckpt/anchor", n=288, chosen_valid=0.5, start_valid=0.5, change=0.0, se=0.01,
+            confirmed=False, against_anchor=True, kept=kept)))
+
+    def back(b: int) -> None:
+        monkeypatch.setattr(run, "config", cfg.model_copy(update={"stage": cfg.stage.model_copy(
+            update={"explore_backoff": b})}))
+
+    back(2)
+    stage(1)
+    assert backing_off(run, 2) is None  # one stage that found nothing: explore again (the second try)
+    stage(2)
+    assert backing_off(run, 3) == (2, 0)  # two in a row: one exploit stage
+    stage(3, nxt="train", exploits=INCUMBENT_)
+    assert backing_off(run, 4) is None  # its one exploit stage done: explore
+    stage(4)
+    assert backing_off(run, 5) == (3, 0)  # a third: three exploit stages
+    stage(5, nxt="train", exploits=INCUMBENT_)
+    assert backing_off(run, 6) == (3, 1)
+    stage(6, nxt="train", exploits=INCUMBENT_)
+    assert backing_off(run, 7) == (3, 2)
+    stage(7, nxt="train", exploits=INCUMBENT_)
+    assert backing_off(run, 8) is None  # 1 + 3: back to exploring
+    stage(6, nxt="anchor", kept=False, exploits=INCUMBENT_)  # exploiting stopped paying: explore
+    assert backing_off(run, 7) is None
+    stage(6, nxt="train", exploits=INCUMBENT_)
+    run.store.record_findings(run.id, 5, [Finding(code="target.mix_far", severity="critical")])
+    assert backing_off(run, 7) is None  # new evidence since the last exploring stage: explore
+    run.store.record_findings(run.id, 4, [Finding(code="target.mix_far", severity="critical")])
+    assert backing_off(run, 7) == (3, 2)  # the exploring stage had seen it: its candidates answered it
+    run.store.record_findings(run.id, 4, [])
+    run.store.record_findings(run.id, 5, [])
+    for bad in ({"regressed": True}, {"nxt": "arm", "arm": True}, {"nxt": "anchor", "kept": False},
+                {"winner": "s2c1", "nxt": "arm"}):
+        stage(2, **bad)
+        assert backing_off(run, 3) is None, bad
+    stage(2, nxt="train")  # the stage's own training continued (no arm judged): also harness@main's lineage
+    assert backing_off(run, 3) == (2, 0)
+    run.save_result(2, GateAnswer(action="revise", feedback="try the mix"))
+    assert backing_off(run, 3) is None
+    run.save_result(2, GateAnswer(action="approve"))
+    assert backing_off(run, 3) == (2, 0)
+    stage(1, winner="s1c1", nxt="arm")  # a promotion before: the streak is one stage long
+    assert backing_off(run, 3) is None
+    stage(1)
+    back(0)
+    assert backing_off(run, 3) is None  # off: the rule before
+    back(1)
+    assert backing_off(run, 2) == (1, 0)
+
+
 def test_a_confirmation_that_reads_a_little_above_the_start_judges_on_and_carries_more_real_gains():
     """`backtest.carry_confirm_max` (`harness.decisions.confirm_batches`, `confirm_extends`): simulated paired greedy
     differences with the spread the too-hard-mix confirmations read (14% of instances discordant: se about 2.2 points
