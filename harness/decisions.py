@@ -872,8 +872,9 @@ def exploit_held(run: Run, k: int) -> list[str]:
     return _exploit(run, k)[1]
 
 
-def backing_off(run: Run, k: int) -> tuple[int, int] | None:
-    """(exploring stages in a row that found nothing, exploit stages since the last of them) when stage k exploits
+def backing_off(run: Run, k: int) -> tuple[int, int, int] | None:
+    """(exploring stages in a row that found nothing, exploit stages since the last of them, exploit stages this wait
+    allows) when stage k exploits
     harness@main because exploring keeps finding nothing (`stage.explore_backoff`); None when stage k explores.
 
     An exploring stage found nothing (`found_nothing`) when it promoted nothing, carried no candidate's arm, confirmed
@@ -902,11 +903,10 @@ def backing_off(run: Run, k: int) -> tuple[int, int] | None:
         if not found_nothing(run, j, d, t):
             break
         nulls, last = nulls + 1, last or j
-    if nulls < b or since >= 2 ** (nulls - b + 1) - 1:
+    allowed = 2 ** (nulls - b + 1) - 1 if nulls >= b else 0
+    if since >= allowed or new_findings(run, last, k):
         return None
-    if new_findings(run, last, k):
-        return None
-    return nulls, since
+    return nulls, since, allowed
 
 
 def found_nothing(run: Run, j: int, d: Decided, t: Trained) -> bool:

@@ -188,7 +188,7 @@ def node_train(run: Run, state: State) -> State:
         steps = exploit_steps(run, recipe.steps)
         why = (f"the last {backoff[0]} exploring stages in a row found nothing to promote while harness@main trained "
                f"the lineage on, so the loop explores less often (exploit stage {backoff[1] + 1} of "
-               f"{2 ** (backoff[0] - cfg.stage.explore_backoff + 1) - 1} before it explores again); "
+               f"{backoff[2]} before it explores again); "
                "stage.explore_backoff" if backoff is not None else
                "the last exploring stage's own training under it confirmed a gain on the target and nothing was "
                "promoted; stage.exploit_after_gain" if exploits == INCUMBENT else

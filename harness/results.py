@@ -52,7 +52,7 @@ class Trained(NodeResult):
                                  "exploit_after_promotion`): it trained for its arms' compute too and proposes nothing")
     backoff: list[int] | None = Field(None, description="when it exploits because exploring kept finding nothing "
                                       "(`stage.explore_backoff`): the exploring stages in a row that found nothing, "
-                                      "and the exploit stages since them before this one")
+                                      "the exploit stages since them before this one, and how many the wait allows")
 
 
 class Probed(NodeResult):

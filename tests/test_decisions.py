@@ -1202,15 +1202,15 @@ def test_exploring_that_keeps_finding_nothing_backs_off(run, monkeypatch):
     stage(1)
     assert backing_off(run, 2) is None  # one stage that found nothing: explore again (the second try)
     stage(2)
-    assert backing_off(run, 3) == (2, 0)  # two in a row: one exploit stage
+    assert backing_off(run, 3) == (2, 0, 1)  # two in a row: one exploit stage
     stage(3, nxt="train", exploits=INCUMBENT_)
     assert backing_off(run, 4) is None  # its one exploit stage done: explore
     stage(4)
-    assert backing_off(run, 5) == (3, 0)  # a third: three exploit stages
+    assert backing_off(run, 5) == (3, 0, 3)  # a third: three exploit stages
     stage(5, nxt="train", exploits=INCUMBENT_)
-    assert backing_off(run, 6) == (3, 1)
+    assert backing_off(run, 6) == (3, 1, 3)
     stage(6, nxt="train", exploits=INCUMBENT_)
-    assert backing_off(run, 7) == (3, 2)
+    assert backing_off(run, 7) == (3, 2, 3)
     stage(7, nxt="train", exploits=INCUMBENT_)
     assert backing_off(run, 8) is None  # 1 + 3: back to exploring
     stage(6, nxt="anchor", kept=False, exploits=INCUMBENT_)  # exploiting stopped paying: explore
@@ -1219,7 +1219,7 @@ def test_exploring_that_keeps_finding_nothing_backs_off(run, monkeypatch):
     run.store.record_findings(run.id, 5, [Finding(code="target.mix_far", severity="critical")])
     assert backing_off(run, 7) is None  # new evidence since the last exploring stage: explore
     run.store.record_findings(run.id, 4, [Finding(code="target.mix_far", severity="critical")])
-    assert backing_off(run, 7) == (3, 2)  # the exploring stage had seen it: its candidates answered it
+    assert backing_off(run, 7) == (3, 2, 3)  # the exploring stage had seen it: its candidates answered it
     run.store.record_findings(run.id, 4, [])
     run.store.record_findings(run.id, 5, [])
     for bad in ({"regressed": True}, {"nxt": "arm", "arm": True}, {"nxt": "anchor", "kept": False},
@@ -1227,18 +1227,18 @@ def test_exploring_that_keeps_finding_nothing_backs_off(run, monkeypatch):
         stage(2, **bad)
         assert backing_off(run, 3) is None, bad
     stage(2, nxt="train")  # the stage's own training continued (no arm judged): also harness@main's lineage
-    assert backing_off(run, 3) == (2, 0)
+    assert backing_off(run, 3) == (2, 0, 1)
     run.save_result(2, GateAnswer(action="revise", feedback="try the mix"))
     assert backing_off(run, 3) is None
     run.save_result(2, GateAnswer(action="approve"))
-    assert backing_off(run, 3) == (2, 0)
+    assert backing_off(run, 3) == (2, 0, 1)
     stage(1, winner="s1c1", nxt="arm")  # a promotion before: the streak is one stage long
     assert backing_off(run, 3) is None
     stage(1)
     back(0)
     assert backing_off(run, 3) is None  # off: the rule before
     back(1)
-    assert backing_off(run, 2) == (1, 0)
+    assert backing_off(run, 2) == (1, 0, 1)
 
 
 def test_a_confirmation_that_reads_a_little_above_the_start_judges_on_and_carries_more_real_gains():

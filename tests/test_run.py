@@ -864,6 +864,44 @@ def test_an_exploit_stage_trains_for_its_arms_compute_and_confirms_its_carry(tmp
     assert f"trained {want} GRPO steps under s1c1" in lines[at] and any(x.startswith("s1c1 stage 1") for x in lines[:at])
 
 
+def test_a_stage_that_backs_off_exploring_exploits_harness_main_and_says_why(tmp_path, monkeypatch):
+    """`stage.explore_backoff` on a real run (which stages found nothing is up to real training, so the rule's answer
+    is fixed here; `tests/test_decisions.py::test_exploring_that_keeps_finding_nothing_backs_off` pins the rule):
+    the stage trains harness@main for its arms' compute, proposes nothing, records why (`Trained.backoff`), and the
+    event log, `evotrainer review` and the report page say that exploring found nothing. Caught: a backed-off stage
+    that still proposes, trains only its own steps, or is shown as exploiting a promotion or a confirmed gain."""
+    from harness import graph
+    from harness.decisions import INCUMBENT
+    from harness.results import Proposed, Trained
+
+    monkeypatch.setattr(graph, "backing_off", lambda run, k: (2, 0, 1) if k == 2 else None)
+    cfg = parse_config(TINY, "test")
+    run_dir = start_run(cfg, tmp_path / "runs", run_id="backoff")
+    st = _check_consistent(run_dir)
+    store = RunStore.open(run_dir / "run.db")
+    try:
+        want = TINY["recipe"]["steps"] + (cfg.stage.candidates + 1) * cfg.backtest.arm_steps
+        t = store.result("backoff", 2, Trained)
+        assert (t.exploits, t.backoff, len(t.steps)) == (INCUMBENT, [2, 0, 1], want)
+        assert store.result("backoff", 1, Trained).backoff is None
+        assert store.result("backoff", 2, Proposed).engineer == "exploit"
+        assert not [c for c in st["candidates"] if c["stage"] == 2]
+        msg = next(e["message"] for e in st["events"] if e["kind"] == "exploit" and e["stage"] == 2)
+        assert "found nothing" in msg and "stage.explore_backoff" in msg and "exploit stage 1 of 1" in msg, msg
+    finally:
+        store.close()
+    from typer.testing import CliRunner
+
+    from harness.cli import app
+    from harness.report_page import build
+
+    res = CliRunner().invoke(app, ["review", str(run_dir)], env={"COLUMNS": "400"})
+    assert res.exit_code == 0, res.output
+    line = next(x for x in res.output.splitlines() if x.startswith("stage 2 · exploit"))
+    assert "(the last 2 exploring stages found nothing)" in line, line
+    assert "stage.explore_backoff" in build(run_dir)
+
+
 def test_a_recipe_that_collapses_the_policy_is_caught_and_not_carried_forward(tmp_path):
     """Bad input: a learning rate that destroys the policy. The warm start solves some easy 4x4 boards it never saw
     (until the fifty-fourth session it "solved" 3x3 ones: 72 boards in all, every probe board a training board too;
