@@ -831,7 +831,7 @@ def carried_nothing(run: Run, k: int) -> list[int]:
 IDLE_STAGES = 2  # after this many stages in a row that carried no trained checkpoint, the next stage escalates
 
 
-INCUMBENT = "harness@main"  # what a stage exploits after an exploring stage whose own training confirmed a gain
+INCUMBENT = "harness@main"  # what a stage exploits after a confirmed gain of its lineage, or while backing off
 
 
 def exploiting(run: Run, k: int) -> str | None:
@@ -886,11 +886,12 @@ def backing_off(run: Run, k: int) -> tuple[int, int, int] | None:
     with epsilon_t ~ 1/t (Auer, Cesa-Bianchi & Fischer, "Finite-time analysis of the multiarmed bandit problem",
     Machine Learning 47, 2002): each null exploration halves how often the loop pays for the next. What ends the wait
     early is new evidence: a diagnosis since the last exploring stage that names a critical finding that stage's
-    did not (its candidates answered the findings it saw, not this one)."""
+    did not (its candidates answered the findings it saw, not this one), nor any other exploring stage of the streak.
+    A person's revision or abort at any stage of the streak ends it too."""
     b = run.config.stage.explore_backoff
     if b == 0:
         return None
-    nulls, since, last = 0, 0, None
+    nulls, since, explored = 0, 0, []
     for j in range(k - 1, 0, -1):
         d, t = run.result(j, Decided), run.result(j, Trained)
         if d is None or t is None:
@@ -898,13 +899,15 @@ def backing_off(run: Run, k: int) -> tuple[int, int, int] | None:
         if t.exploits:
             if t.exploits != INCUMBENT or d.next_policy != t.checkpoint:  # a promotion's, or one that stopped paying
                 break
+            if (human := run.result(j, GateAnswer)) is not None and human.action in ("revise", "abort"):
+                break  # a person asked for something else: the next stage's engineer acts on it
             since += nulls == 0
             continue
         if not found_nothing(run, j, d, t):
             break
-        nulls, last = nulls + 1, last or j
+        nulls, explored = nulls + 1, [*explored, j]
     allowed = 2 ** (nulls - b + 1) - 1 if nulls >= b else 0
-    if since >= allowed or new_findings(run, last, k):
+    if since >= allowed or new_findings(run, explored, k):
         return None
     return nulls, since, allowed
 
@@ -923,11 +926,14 @@ def found_nothing(run: Run, j: int, d: Decided, t: Trained) -> bool:
     return d.next_policy in {t.checkpoint, bt.control if bt is not None else None} - {None}
 
 
-def new_findings(run: Run, last: int, k: int) -> list[str]:
-    """The critical findings of the diagnoses after exploring stage `last` (up to stage k - 1) that stage `last`'s own
-    diagnosis did not name critical."""
-    seen = {f.code for f in run.store.findings(run.id, stage=last) if f.severity == "critical"}
-    return sorted({f.code for j in range(last + 1, k) for f in run.store.findings(run.id, stage=j)
+def new_findings(run: Run, explored: list[int], k: int) -> list[str]:
+    """The critical findings of the diagnoses after the last of these exploring stages (up to stage k - 1) that none
+    of them named critical: a code whose rate crosses its threshold in one stage and not the next (one exploring stage
+    saw it, the other not) is not new evidence; one no exploring stage of the streak answered is."""
+    if not explored:
+        return []
+    seen = {f.code for j in explored for f in run.store.findings(run.id, stage=j) if f.severity == "critical"}
+    return sorted({f.code for j in range(max(explored) + 1, k) for f in run.store.findings(run.id, stage=j)
                    if f.severity == "critical" and f.code not in seen})
 
 

@@ -614,7 +614,9 @@ def _decide_state(run: Run, state: State, r: Decided) -> State:
                   key=f"{k}/fallback")
         rej = 0
     trained = run.result(k, Trained)
-    exploited = trained is not None and bool(trained.exploits)  # an exploit stage tries nothing: it is no failure
+    # an exploit stage tries nothing: it is no failure; but one that backs off exploring is there because nothing was
+    # promoted, so it counts toward `budget.plateau` (a plateaued run stops after as many stages as without it)
+    exploited = trained is not None and bool(trained.exploits) and not trained.backoff
     nwp = 0 if r.winner else state.get("stages_without_promotion", 0) + (0 if exploited else 1)
     return {"winner": r.winner, "next_policy": r.next_policy, "consecutive_rejections": rej,
             "stages_without_promotion": nwp}

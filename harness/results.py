@@ -48,11 +48,12 @@ class Trained(NodeResult):
     tokens: int = 0
     rewards: str | None = Field(None, description="the training rollouts' rewards, one `harness.records.RewardBatch` "
                                 "per GRPO scoring call (JSONL): per completion its instance's seed, level and reward")
-    exploits: str | None = Field(None, description="the promoted candidate this stage exploits (`stage."
-                                 "exploit_after_promotion`): it trained for its arms' compute too and proposes nothing")
+    exploits: str | None = Field(None, description="what this stage exploits: the promoted candidate (`stage."
+                                 "exploit_after_promotion`), or harness@main (`stage.exploit_after_gain`, "
+                                 "`stage.explore_backoff`); it trained for its arms' compute too and proposes nothing")
     backoff: list[int] | None = Field(None, description="when it exploits because exploring kept finding nothing "
                                       "(`stage.explore_backoff`): the exploring stages in a row that found nothing, "
-                                      "the exploit stages since them before this one, and how many the wait allows")
+                                      "the exploit stages since them before this one, and how many exploit stages this streak allows")
 
 
 class Probed(NodeResult):

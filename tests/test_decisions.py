@@ -1173,7 +1173,9 @@ def test_exploring_that_keeps_finding_nothing_backs_off(run, monkeypatch):
     exploit stage that stopped paying, a stage whose training lowered the probe, a carried candidate arm, a lineage
     sent back to the anchor, a promotion, a person's revision and a new critical finding each end the wait; 0 is the
     rule before. Caught: backing off after one null stage or after stages whose harness lowered the policy, a wait that
-    does not double or never ends, a streak counted across a promotion, new evidence ignored."""
+    does not double or never ends, a streak counted across a promotion or its exploit stages, a confirmed gain counted
+    as nothing found, new evidence ignored, a finding that flickers between the streak's stages or a warning taken
+    for new evidence, a person's revision at an exploit stage ignored."""
     from harness.decisions import INCUMBENT as INCUMBENT_
     from harness.decisions import backing_off
     from harness.records import Finding
@@ -1182,7 +1184,7 @@ def test_exploring_that_keeps_finding_nothing_backs_off(run, monkeypatch):
     cfg = run.config
 
     def stage(j: int, nxt: str = "control", exploits: str | None = None, winner: str | None = None,
-              regressed: bool = False, kept: bool = True, arm: bool = False) -> None:
+              regressed: bool = False, kept: bool = True, arm: bool = False, confirmed: bool = False) -> None:
         train, control = f"ckpt/s{j}-train", f"ckpt/s{j}-control"
         run.save_result(j, Trained(checkpoint=train, exploits=exploits))
         run.save_result(j, Probed(rollouts="x", valid=0.5, start_valid=0.5, change=0.0, change_ci=[-0.1, 0.1],
@@ -1192,7 +1194,7 @@ def test_exploring_that_keeps_finding_nothing_backs_off(run, monkeypatch):
         chosen = {"control": control, "train": train, "arm": f"ckpt/s{j}-s{j}c1", "anchor": "ckpt/anchor"}[nxt]
         run.save_result(j, Decided(winner=winner, next_policy=chosen, carry_check=CarryChecked(
             chosen=chosen, start="ckpt/anchor", n=288, chosen_valid=0.5, start_valid=0.5, change=0.0, se=0.01,
-            confirmed=False, against_anchor=True, kept=kept)))
+            confirmed=confirmed, against_anchor=True, kept=kept and not confirmed)))
 
     def back(b: int) -> None:
         monkeypatch.setattr(run, "config", cfg.model_copy(update={"stage": cfg.stage.model_copy(
@@ -1213,6 +1215,11 @@ def test_exploring_that_keeps_finding_nothing_backs_off(run, monkeypatch):
     assert backing_off(run, 7) == (3, 2, 3)
     stage(7, nxt="train", exploits=INCUMBENT_)
     assert backing_off(run, 8) is None  # 1 + 3: back to exploring
+    stage(8)
+    assert backing_off(run, 9) == (4, 0, 7)  # a fourth: seven
+    stage(3, nxt="train", exploits="s2c1")  # a promotion's exploit stage ends the streak
+    assert backing_off(run, 5) is None
+    stage(3, nxt="train", exploits=INCUMBENT_)
     stage(6, nxt="anchor", kept=False, exploits=INCUMBENT_)  # exploiting stopped paying: explore
     assert backing_off(run, 7) is None
     stage(6, nxt="train", exploits=INCUMBENT_)
@@ -1221,9 +1228,18 @@ def test_exploring_that_keeps_finding_nothing_backs_off(run, monkeypatch):
     run.store.record_findings(run.id, 4, [Finding(code="target.mix_far", severity="critical")])
     assert backing_off(run, 7) == (3, 2, 3)  # the exploring stage had seen it: its candidates answered it
     run.store.record_findings(run.id, 4, [])
+    run.store.record_findings(run.id, 2, [Finding(code="target.mix_far", severity="critical")])
+    assert backing_off(run, 7) == (3, 2, 3)  # an earlier exploring stage of the streak saw it: it flickers, not new
+    run.store.record_findings(run.id, 2, [])
+    run.store.record_findings(run.id, 5, [Finding(code="target.mix_far", severity="warn")])
+    assert backing_off(run, 7) == (3, 2, 3)  # a warning is not a critical finding
     run.store.record_findings(run.id, 5, [])
+    run.save_result(5, GateAnswer(action="revise", feedback="try the mix"))  # a person asked, at an exploit stage
+    assert backing_off(run, 7) is None
+    run.save_result(5, GateAnswer(action="approve"))
+    assert backing_off(run, 7) == (3, 2, 3)
     for bad in ({"regressed": True}, {"nxt": "arm", "arm": True}, {"nxt": "anchor", "kept": False},
-                {"winner": "s2c1", "nxt": "arm"}):
+                {"winner": "s2c1", "nxt": "arm"}, {"confirmed": True}):  # the last: a gain (`exploit_after_gain`)
         stage(2, **bad)
         assert backing_off(run, 3) is None, bad
     stage(2, nxt="train")  # the stage's own training continued (no arm judged): also harness@main's lineage

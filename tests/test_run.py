@@ -869,13 +869,15 @@ def test_a_stage_that_backs_off_exploring_exploits_harness_main_and_says_why(tmp
     is fixed here; `tests/test_decisions.py::test_exploring_that_keeps_finding_nothing_backs_off` pins the rule):
     the stage trains harness@main for its arms' compute, proposes nothing, records why (`Trained.backoff`), and the
     event log, `evotrainer review` and the report page say that exploring found nothing. Caught: a backed-off stage
-    that still proposes, trains only its own steps, or is shown as exploiting a promotion or a confirmed gain."""
+    that still proposes, trains only its own steps, or is shown as exploiting a promotion or a confirmed gain; a
+    stage that exploits a promotion taken for a backed-off one."""
     from harness import graph
     from harness.decisions import INCUMBENT
     from harness.results import Proposed, Trained
 
-    monkeypatch.setattr(graph, "backing_off", lambda run, k: (2, 0, 1) if k == 2 else None)
-    cfg = parse_config(TINY, "test")
+    monkeypatch.setattr(graph, "backing_off", lambda run, k: (2, 0, 1) if k in (2, 3) else None)
+    monkeypatch.setattr(graph, "exploiting", lambda run, k: "s1c1" if k == 3 else None)  # both rules at stage 3
+    cfg = parse_config({**TINY, "budget": {**TINY["budget"], "stages": 3}}, "test")
     run_dir = start_run(cfg, tmp_path / "runs", run_id="backoff")
     st = _check_consistent(run_dir)
     store = RunStore.open(run_dir / "run.db")
@@ -884,6 +886,8 @@ def test_a_stage_that_backs_off_exploring_exploits_harness_main_and_says_why(tmp
         t = store.result("backoff", 2, Trained)
         assert (t.exploits, t.backoff, len(t.steps)) == (INCUMBENT, [2, 0, 1], want)
         assert store.result("backoff", 1, Trained).backoff is None
+        three = store.result("backoff", 3, Trained)  # a promotion's exploitation is not a backed-off stage
+        assert (three.exploits, three.backoff, len(three.steps)) == ("s1c1", None, want)
         assert store.result("backoff", 2, Proposed).engineer == "exploit"
         assert not [c for c in st["candidates"] if c["stage"] == 2]
         msg = next(e["message"] for e in st["events"] if e["kind"] == "exploit" and e["stage"] == 2)
@@ -897,8 +901,9 @@ def test_a_stage_that_backs_off_exploring_exploits_harness_main_and_says_why(tmp
 
     res = CliRunner().invoke(app, ["review", str(run_dir)], env={"COLUMNS": "400"})
     assert res.exit_code == 0, res.output
-    line = next(x for x in res.output.splitlines() if x.startswith("stage 2 · exploit"))
-    assert "(the last 2 exploring stages found nothing)" in line, line
+    flat = " ".join(res.output.split())  # the console may wrap the line, whatever COLUMNS says in a long session
+    assert f"stage 2 · exploit · trained {want} GRPO steps under harness@main (the last 2 exploring stages found " \
+        "nothing)" in flat, res.output
     assert "stage.explore_backoff" in build(run_dir)
 
 
