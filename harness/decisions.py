@@ -874,8 +874,8 @@ def exploit_held(run: Run, k: int) -> list[str]:
 
 def backing_off(run: Run, k: int) -> tuple[int, int, int] | None:
     """(exploring stages in a row that found nothing, exploit stages since the last of them, exploit stages this wait
-    allows) when stage k exploits
-    harness@main because exploring keeps finding nothing (`stage.explore_backoff`); None when stage k explores.
+    allows) when stage k exploits harness@main because exploring keeps finding nothing (`stage.explore_backoff`); None
+    when stage k explores.
 
     An exploring stage found nothing (`found_nothing`) when it promoted nothing, carried no candidate's arm, confirmed
     no gain of its lineage (else `stage.exploit_after_gain` applies) and its own lineage under harness@main trained
