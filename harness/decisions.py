@@ -38,7 +38,7 @@ import numpy as np
 from harness.arms import arm_eval, arm_name, backtest_seeds, judge_more
 from harness.backtest import ArmEval, judge_fingerprint, prior_pairs, regression, verdicts
 from harness.records import RECURRING, Evidence, Verdict, cut, problem_label
-from harness.results import ArmVsStart, Backtested, CarryChecked, Decided, GateAnswer, Trained
+from harness.results import ArmVsStart, Backtested, CarryChecked, Decided, GateAnswer, Probed, Trained
 from harness.run import Run
 
 
@@ -914,8 +914,6 @@ def backing_off(run: Run, k: int) -> tuple[int, int, int] | None:
 
 def found_nothing(run: Run, j: int, d: Decided, t: Trained) -> bool:
     """Did exploring stage j find nothing while harness@main trained its lineage on (`backing_off`)?"""
-    from harness.results import Probed
-
     if t.exploits or d.winner or gained(run, j, d):
         return False
     if (human := run.result(j, GateAnswer)) is not None and human.action in ("revise", "abort"):

@@ -53,7 +53,8 @@ class Trained(NodeResult):
                                  "`stage.explore_backoff`); it trained for its arms' compute too and proposes nothing")
     backoff: list[int] | None = Field(None, description="when it exploits because exploring kept finding nothing "
                                       "(`stage.explore_backoff`): the exploring stages in a row that found nothing, "
-                                      "the exploit stages since them before this one, and how many exploit stages this streak allows")
+                                      "the exploit stages since them before this one, and how many exploit stages "
+                                      "this streak allows")
 
 
 class Probed(NodeResult):
