@@ -4,7 +4,7 @@ backend).
     out, n = warm_start(run)                                                   # checkpoints/warmstart (SFT, cached)
     trained = train_policy(run, k, "policy", start, files, steps, f"s{k}/train", out, seed)
     arms = run_arms(run, k, [("control", main_files), ("s1c1", cand_files)], start, steps)  # name -> ArmRecord | exc
-    control = arm_eval(arms["control"], run.judge.samples)                                    # per-instance outcomes
+    control = arm_eval(arms["control"], run.judge.per_instance)                                    # per-instance outcomes
     start = judge_start(run, k, start_ckpt, control)                                          # did the control fall?
 
 An arm is one `harness.scale.ArmJob` (`arm_job`): its harness, its train instances (the stage's shared arm pool under
@@ -207,7 +207,7 @@ def judge_more(run: Run, k: int, name: str, ckpt: str, seeds: list[int], look: i
     by every arm of this look, so the pair stays paired). Recorded (rollouts, ledger, node `arm:<name>:look<j>`) and
     read back on a resume."""
     node = f"arm:{name}:look{look}"
-    samples = run.judge.samples
+    samples = run.judge.per_instance
     if (r := run.result(k, ArmLook, node=node)) is not None:
         return ArmEval.from_rollouts(read_rollouts(Path(r.rollouts)), r.greedy, samples)
     cfg, judge = run.config, run.judge

@@ -176,11 +176,24 @@ class Judge(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     env: dict[str, Any] = Field(..., description="instance distribution of the backtest seeds (the task's config)")
-    samples: int = Field(4, ge=1, description="completions sampled per backtest instance: the per-instance outcome is "
-                                              "a success probability, so small policy shifts are visible")
-    temperature: float = Field(0.5, gt=0.0, description="sampling temperature of those completions")
-    greedy: bool = Field(True, description="also decode greedily once per instance (reported, never decides)")
+    samples: int = Field(4, ge=0, description="completions sampled per backtest instance: the per-instance outcome is "
+                                              "a success probability, so small policy shifts are visible; 0: a greedy "
+                                              "judge (one greedy decode per instance decides, nothing is sampled)")
+    temperature: float = Field(0.5, gt=0.0, description="sampling temperature of those completions (and of the "
+                                                        "probes, greedy judge or not)")
+    greedy: bool = Field(True, description="also decode greedily once per instance (reported, never decides; a greedy "
+                                           "judge decides on that decode)")
     max_new_tokens: int = Field(96, ge=1)
+
+    @property
+    def decides_greedy(self) -> bool:
+        """`samples` 0: each instance's one greedy decode is its outcome (0 or 1), as the held-out test suite scores."""
+        return self.samples == 0
+
+    @property
+    def per_instance(self) -> int:
+        """Completions behind each per-instance outcome: `samples`, or the greedy judge's one decode."""
+        return max(1, self.samples)
 
     def config(self, task: Any) -> BaseModel:
         return task.spec.config_model.model_validate(self.env)
@@ -302,13 +315,23 @@ def judge_arm(model, tok, task: Any, instances: list, judge: Judge, sampling_see
               backend: str = "transformers", batch_size: int = 64) -> ArmEval:
     """Score a trained arm on the backtest instances: `judge.samples` completions per instance at the judge's fixed
     temperature (the outcome is the per-instance success rate: what decides) and, if `judge.greedy`, one greedy
-    completion (reported). Unshaped: the task's own scorer."""
+    completion (reported). A greedy judge (`samples` 0) decodes each instance greedily once and decides on that (the
+    rollouts are the greedy ones; `greedy` repeats the outcomes). Unshaped: the task's own scorer."""
     from harness.policy_glue import evaluate
     from policies.rollout import SamplingParams
 
     seeds_ = [i.seed for i in instances]
     check_split(seeds_, "backtest")
     t0 = time.perf_counter()
+    if judge.decides_greedy:  # one greedy decode per instance is the outcome, and the recorded (reported) greedy one
+        g = evaluate(model, tok, task, instances, style, params=SamplingParams(
+            temperature=0.0, max_new_tokens=judge.max_new_tokens, batch_size=batch_size, backend=backend))
+        gv = np.zeros(len(instances))
+        for r in g.rollouts:
+            gv[r.group] = r.valid
+        return ArmEval(seeds=seeds_, outcomes=gv.tolist(), slices=[task.slices(i) for i in instances],
+                       greedy=gv.tolist(), samples=1, temperature=0.0, rollouts=g.rollouts,
+                       seconds=time.perf_counter() - t0, tokens=g.new_tokens)
     rep = evaluate(model, tok, task, instances, style, params=SamplingParams(
         temperature=judge.temperature, n=judge.samples, seed=sampling_seed, max_new_tokens=judge.max_new_tokens,
         batch_size=batch_size, backend=backend))

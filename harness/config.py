@@ -172,8 +172,13 @@ class StageConfig(_Strict):
 class BacktestConfig(_Strict):
     arm_steps: int = Field(8, ge=1, description="GRPO steps per arm (candidate and control get the same budget)")
     n: int = Field(96, ge=8, le=1_000_000, description="fresh backtest-split instances per decision (both arms, paired)")
-    samples: int = Field(4, ge=1, description="completions sampled per backtest instance at `temperature`: the "
-                                              "per-instance outcome is a success rate (greedy is also reported)")
+    samples: int = Field(4, ge=0, description="completions sampled per backtest instance at `temperature`: the "
+                                              "per-instance outcome is a success rate (greedy is also reported). 0: a "
+                                              "greedy judge: each instance's one greedy decode decides (as the "
+                                              "held-out test suite scores), for a fifth of the decoding of 4 samples "
+                                              "and a greedy one, so `n` can be five times as large at the same cost; "
+                                              "probes still sample at `temperature` (BENCHMARKS.md, seventieth "
+                                              "session)")
     temperature: float | None = Field(None, gt=0, description="sampling temperature of the backtest judge; default: "
                                       "the round-0 recipe's temperature. Fixed at run start (later recipe changes "
                                       "do not move it)")

@@ -90,7 +90,7 @@ def look_until_decided(run: Run, k: int, arms: dict[str, Any], main_files: dict[
     `pair` > 1 judges the stage's `pair`-th arm pair (arms named by `arm_name`) of the candidates in `cand_files`,
     each pooled with its own earlier verdict of this stage (`earlier`: its pairs, its looks) on top of the evidence
     of earlier stages; `comparisons` keeps the first pair's Bonferroni count."""
-    cfg, samples = run.config, run.judge.samples
+    cfg, samples = run.config, run.judge.per_instance
     plan = cfg.gate.plan(cfg.backtest.n)
     fp = fingerprint(run)
     earlier = earlier or {}

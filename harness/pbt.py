@@ -30,8 +30,8 @@ prior distribution of a knob to resample from).
 harness with its knobs written into recipe.yaml (`harness.yamledit.set_leaf_text`, a one-line change per knob), on the
 stage's train pool (`s<k>/train`: every member sees the same instances). Its fitness is its valid rate on `probe_n`
 fresh probe-split instances of the TARGET (the judge's distribution: `backtest.env`, else the round-0 env), the same
-instances for every member (`s<k>/pbt`), sampled as the judge samples (`backtest.samples` at its temperature and
-completion budget) with `harness.evaluation.rollouts`; the probe tokens are compute, charged to the ledger (label
+instances for every member (`s<k>/pbt`), scored as the judge scores (`backtest.samples` at its temperature, or one
+greedy decode for a greedy judge, at its completion budget) with `harness.evaluation.rollouts`; the probe tokens are compute, charged to the ledger (label
 `pbt-probe`), as PLR's probes are. The member with the highest fitness (ties: the lowest id) is the stage's policy:
 `report_eval` judges it on the held-out suite and its report is the stage row's valid/optimal (`BaselineStage`, as
 every baseline's). Then exploit/explore makes the next stage's population. The held-out suite never chooses anything.
@@ -263,7 +263,8 @@ def _fitness(run: Run, k: int, m: Member, ckpt: str, seeds: list[int], shaping) 
     if (f := run.result(k, Fitness, node=node)) is not None and f.checkpoint == ckpt:
         return f
     judge = run.judge
-    out, secs, toks = rollouts(run, ckpt, seeds, judge.config(run.task), judge.samples, judge.temperature, shaping,
+    out, secs, toks = rollouts(run, ckpt, seeds, judge.config(run.task), judge.per_instance,
+                               0.0 if judge.decides_greedy else judge.temperature, shaping,
                                max_tokens=judge.max_new_tokens)
     run.charge(k, f"pbt-m{m.id}", "rollout", seconds=secs, tokens=toks, label=PROBE_LABEL)
     f = Fitness(checkpoint=ckpt, n=len(out), valid=float(np.mean([r.valid for r in out])), tokens=toks, seconds=secs)

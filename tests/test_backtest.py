@@ -163,6 +163,38 @@ def test_online_backtest_trains_two_real_arms_and_counts_compute(tmp_path):
     assert c["tokens"] >= control.metrics.tokens_generated + candidate.metrics.tokens_generated
 
 
+def test_a_greedy_judge_decides_on_one_greedy_decode_per_instance(tmp_path):
+    """`backtest.samples: 0`: each instance is decoded greedily once and that decode is the outcome, what is recorded
+    and what a read-back rebuilds; nothing is sampled, and its evidence never pools with a sampled judge's. Would catch
+    a greedy judge that still samples (completions differing from the greedy decode), decodes twice, or reports a
+    sample count of 0 (a division by it)."""
+    from harness.backtest import ArmEval, judge_arm, judge_fingerprint, judge_greedy
+    from harness.config import BacktestConfig
+    from policies.model import build_model
+
+    assert BacktestConfig(samples=0).samples == 0
+    with pytest.raises(ValueError):
+        BacktestConfig(samples=-1)
+    task = get_task("mapf")
+    model, tok = build_model("tiny", task.spec.alphabet)
+    env = read_harness(template_files(), task)[0].model_dump()
+    insts = [task.generate(task.spec.config_model.model_validate(env), s) for s in seeds("backtest", 10, start=700)]
+    greedy = Judge(env=env, samples=0, temperature=0.7, max_new_tokens=24)
+    sampled = Judge(env=env, samples=3, temperature=0.7, max_new_tokens=24)
+    assert greedy.decides_greedy and greedy.per_instance == 1 and sampled.per_instance == 3
+    ev = judge_arm(model, tok, task, insts, greedy, sampling_seed=5, style=task.spec.styles[0])
+    ref, _ = judge_greedy(model, tok, task, insts, greedy, task.spec.styles[0])
+    assert len(ev.rollouts) == len(insts) and ev.samples == 1 and ev.temperature == 0.0
+    assert ev.outcomes == ev.greedy == ref and set(ev.outcomes) <= {0.0, 1.0}
+    again = judge_arm(model, tok, task, insts, greedy, sampling_seed=6, style=task.spec.styles[0])
+    assert [r.completion for r in again.rollouts] == [r.completion for r in ev.rollouts]  # no sampling seed matters
+    back = ArmEval.from_rollouts(ev.rollouts, ev.greedy, greedy.per_instance)
+    assert back.outcomes == ev.outcomes and back.seeds == sorted(ev.seeds)
+    s = judge_arm(model, tok, task, insts, sampled, sampling_seed=5, style=task.spec.styles[0])
+    assert len(s.rollouts) == 3 * len(insts)
+    assert judge_fingerprint(greedy, GATE, "mapf") != judge_fingerprint(sampled, GATE, "mapf")
+
+
 def test_an_arms_steps_record_which_groups_were_live_on_validity(tmp_path):
     """A real tiny GRPO run through `train_arm` (the function every arm runs): one scoring call a step, each step's
     `valid_live_share` computed from that call's validity, and `live_shares` reads it. Would catch the share computed

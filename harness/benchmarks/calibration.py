@@ -162,7 +162,7 @@ def decision(start: Path, control_files: dict[str, str], candidate_files: dict[s
                       arm_seeds, backend)
     evals = {name: a.eval for name, a in pair.arms.items()}
     [verdict] = verdicts(evals["control"], control_files, [(candidate_id, candidate_files, evals["candidate"])], gate,
-                         rng=lambda i: np.random.default_rng(0), samples=judge.samples)
+                         rng=lambda i: np.random.default_rng(0), samples=judge.per_instance)
     compute = {"seconds": pair.train_seconds + pair.judge_seconds, "tokens": pair.tokens, "steps": pair.steps}
     return Decision(verdict, pair.arms, pair.checkpoints, compute)
 
@@ -309,9 +309,9 @@ def run(config: str | Path = DEFAULT_CONFIG, decisions: int = 40, mode: str = "a
         pairs = [pair(0)]
         cid = f"{mode}-{d:03d}"
         c0, k0 = pairs[0].arms["control"].eval, pairs[0].arms["candidate"].eval
-        [fv] = verdicts(c0, control_files, [(cid, candidate_files, k0)], cfg.gate, samples=judge.samples, plan=fixed,
+        [fv] = verdicts(c0, control_files, [(cid, candidate_files, k0)], cfg.gate, samples=judge.per_instance, plan=fixed,
                         judge=fp, comparisons=1)
-        w = walk(pairs, pair, control_files, candidate_files, cfg.gate, plan, fp, judge.samples, cid)
+        w = walk(pairs, pair, control_files, candidate_files, cfg.gate, plan, fp, judge.per_instance, cid)
         sv, fe, se = w.verdict, fv.evidence, w.verdict.evidence
         row = {"decision": d,
                "fixed": {"decision": fv.decision, "effect": fe.effect, "ci_low": fe.ci_low, "mde": fe.mde,
@@ -453,7 +453,7 @@ def replay(paths: list[str], config: str | Path = DEFAULT_CONFIG, **gate: Any) -
                 raise LookupError(p)
 
             try:
-                w = walk(list(pairs), more, *files, cfg.gate, plan, fp, judge.samples, "replay")
+                w = walk(list(pairs), more, *files, cfg.gate, plan, fp, judge.per_instance, "replay")
             except LookupError:
                 beyond += 1
                 continue
