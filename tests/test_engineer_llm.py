@@ -115,6 +115,23 @@ def test_a_thinking_models_draft_json_is_not_its_answer(lib):
     assert bad.reason.startswith("the reply is a <think> block") and "engineer.max_tokens" in bad.reason
 
 
+def test_json_the_prose_quotes_before_the_answer_is_not_the_answer(lib):
+    """An LLM that quotes the current mix as JSON (the prompt shows `current={"3": 0.34, ...}`) before its fenced
+    answer: the object holding `candidates` is the proposal, first try. Found by an outside attack (seventieth
+    session): the quoted mix was parsed as a bare candidate and both tries were rejected. A bare candidate object with
+    no `candidates` around it is still read as before."""
+    from harness.engineer.proposal import extract_json
+
+    reply = ('The current mix is {"3": 0.34, "4": 0.33, "5": 0.33}, which already matches the target. My proposal:\n'
+             "```json\n" + json.dumps({"candidates": [_one("recipe.temperature", 1.3)]}) + "\n```")
+    with FakeEndpoint([reply]) as ep:
+        res = propose(_cfg(ep.url), _diag(), lib, 2, np.random.default_rng(0), space=SPACE)
+    assert res.engineer_used == "llm" and not res.rejected_replies, res.rejected_replies
+    assert [c.change.knob for c in res.candidates] == ["recipe.temperature"] and len(ep.requests) == 1
+    assert extract_json('see {"knob": "recipe.temperature", "value": 1.3} then {"x": 1}') == {
+        "knob": "recipe.temperature", "value": 1.3}
+
+
 def test_the_llm_prompt_holds_the_skills_the_library_retrieves(lib):
     """In-family skills first, then other families' (matched by failure kind), with their evidence; a library
     without a matching skill adds no section. Before, the LLM engineer's prompt held no skills at all."""

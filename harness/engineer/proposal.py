@@ -413,9 +413,9 @@ MULTI_KEYS = ("changes", "knobs", "values", "patch", "patches")
 
 
 def extract_json(text: str) -> Any:
-    """The first JSON object or array in `text` (code fences and prose around it are ignored; so is a leading
-    `<think>...</think>` block, `harness.tasks.split_think`). Bounded: a reply over
-    MAX_REPLY_CHARS, JSON nested too deeply or numbers too long to convert are ProposalErrors, never other exceptions."""
+    """The JSON object holding `candidates` in `text`, else its first JSON object or array of objects (code fences
+    and prose around it are ignored, so is JSON the prose quotes before the answer, e.g. the current mix; so is a
+    leading `<think>...</think>` block, `harness.tasks.split_think`). Bounded: a reply over MAX_REPLY_CHARS, JSON nested too deeply or numbers too long to convert are ProposalErrors, never other exceptions."""
     if not isinstance(text, str):
         raise ProposalError(f"the reply is not text ({type(text).__name__})")
     if len(text) > MAX_REPLY_CHARS:
@@ -429,6 +429,7 @@ def extract_json(text: str) -> Any:
     text = answer
     dec = json.JSONDecoder()
     first_error = None
+    found: Any = None  # the first object or list of objects, when none holds `candidates`
     for n, m in enumerate(re.finditer(r"[\[{]", text)):
         if n >= MAX_JSON_STARTS:
             break
@@ -442,8 +443,13 @@ def extract_json(text: str) -> Any:
                                 "{\"candidates\": [...]}") from None
         except (ValueError, OverflowError) as exc:  # e.g. an integer literal over Python's digit limit
             raise ProposalError(f"malformed JSON: {cut(exc, 200)}") from None
-        if isinstance(obj, dict) or (isinstance(obj, list) and obj and all(isinstance(o, dict) for o in obj)):
-            return obj
+        if isinstance(obj, dict) and "candidates" in obj:
+            return obj  # the answer itself, whatever JSON the prose quoted before it
+        if found is None and (isinstance(obj, dict) or (isinstance(obj, list) and obj
+                                                          and all(isinstance(o, dict) for o in obj))):
+            found = obj
+    if found is not None:
+        return found
     if first_error is not None:
         raise ProposalError(f"malformed JSON: {first_error.msg} at char {first_error.pos}; reply with one JSON "
                             "object {\"candidates\": [...]} and nothing else")
