@@ -498,7 +498,7 @@ class EngineerConfig(BaseModel):
     max_retries: int = Field(2, ge=0, le=10, description="retries of an invalid reply before the rule engineer steps in")
     temperature: float = Field(0.7, ge=0, le=2, description="sampling temperature of the engineer")
     max_tokens: int = Field(1024, ge=16, description="reply budget in tokens")
-    timeout_s: float = Field(120.0, gt=0, description="seconds allowed for one endpoint reply")
+    timeout_s: float = Field(120.0, gt=0, le=86_400, description="seconds allowed for one endpoint reply (at most a day)")
     preflight: bool = Field(True, description="llm: before anything trains, check that the endpoint answers (one "
                                               "1-token completion) or the local checkpoint loads; false starts anyway "
                                               "(stages it cannot answer fall back to the rule engineer)")

@@ -80,6 +80,8 @@ def test_valid_reply_in_prose_and_fences_becomes_candidates():
     (json.dumps({"candidates": [{**_one(), "why": "x"}]}), "schema: candidates.0.why: Extra inputs"),
     (json.dumps({"knob": "diagnostics/x.py", "code": "def diagnose(r:\n", "rationale": "r", "expected": "e"}),
      "does not compile"),
+    (json.dumps(_one(value=True)), "true is not a knob value"),  # was read as 1.0 (an outside attack)
+    (json.dumps(_one("env.mixture", {"3": True, "4": 0.5, "5": 0.5})), "a weight of the mix is true/false"),
 ])
 def test_invalid_replies_are_rejected_with_the_reason(text, reason):
     with pytest.raises(ProposalError) as exc:
@@ -110,6 +112,33 @@ def test_a_refuted_value_respelt_is_the_same_change():
     assert cands[0].change.value == 2.0 and isinstance(cands[0].change.value, float)  # the file says 2.0 as well
     assert change_key("s", Change(kind="recipe", knob="recipe.temperature", value=1.2)) != \
         change_key("s", Change(kind="recipe", knob="recipe.temperature", value=1.21))
+
+
+def test_a_refuted_number_respelt_within_a_thousandth_is_the_same_change():
+    """0.700001 for a refuted 0.7 (apart at 6 significant digits, so another `change_key`) is dropped as the refuted
+    change, not given a fresh test (an outside attack, seventieth session: a respelt value re-tested a refuted change,
+    which raises the false-promotion rate); 0.71 (a real step) and another state's refusal still go through."""
+    from harness.engineer.proposal import REFUTED_SAME
+
+    state = _diag().state
+
+    def hist(value=0.7, st=state, verdict="rejected"):
+        return HistoryItem(stage=1, candidate="s1c1", knob="recipe.temperature", change="x", verdict=verdict,
+                           effect=-0.05, ci=(-0.09, -0.01), value=value, old=1.0,
+                           key=change_key(st, Change(kind="recipe", knob="recipe.temperature", value=value)))
+
+    d = _diag(stage=2, history=[hist()])
+    from harness.engineer.proposal import rejected_keys_from_history
+
+    keys = rejected_keys_from_history(d)
+    with pytest.raises(ProposalError, match=r"is 0.7 respelt .*already rejected from this state"):
+        parse_reply(json.dumps([_one("recipe.temperature", 0.700001)]), d, SPACE, 2, "llm", rejected_keys=keys)
+    assert 0.700001 / 0.7 - 1 < REFUTED_SAME < 0.71 / 0.7 - 1
+    for h, v in ((hist(), 0.71), (hist(st="other"), 0.700001), (hist(verdict="inconclusive"), 0.700001)):
+        dd = _diag(stage=2, history=[h])
+        cands, _ = parse_reply(json.dumps([_one("recipe.temperature", v)]), dd, SPACE, 2, "llm",
+                               rejected_keys=rejected_keys_from_history(dd))
+        assert [c.change.value for c in cands] == [v], (h, v)
 
 
 def test_diagnostic_candidate_is_one_file():

@@ -446,3 +446,13 @@ def test_a_resume_with_an_engineer_that_cannot_answer_warns_and_goes_on(tmp_path
         store.close()
     assert any(w.startswith("the LLM engineer cannot answer now (engineer endpoint") and "rule engineer" in w
                for w in warn), warn
+
+
+def test_an_endpoint_timeout_past_what_a_timer_can_wait_is_refused_in_the_config():
+    """`engineer.timeout_s: 1e12` was accepted, the preflight passed (it caps its own wait), and then every stage's
+    request failed with an OverflowError and fell back to the rule engineer (an outside attack, seventieth session)."""
+    import pydantic
+
+    with pytest.raises(pydantic.ValidationError, match="timeout_s"):
+        EngineerConfig(kind="llm", base_url="http://127.0.0.1:1/v1", model="m", timeout_s=1.0e12)
+    assert EngineerConfig(kind="llm", base_url="http://127.0.0.1:1/v1", model="m", timeout_s=3600).timeout_s == 3600

@@ -62,6 +62,18 @@ class ProposedChange(BaseModel):
     target_metric: str = Field("valid", max_length=100, description="the metric this change should move (valid, "
                                "optimal, ...)")
 
+    @field_validator("value", mode="before")
+    @classmethod
+    def _no_booleans(cls, v: Any) -> Any:
+        """true/false are not numbers: left to the union below they became 1.0 and 0.0 (a data ratio of 1, a weight
+        of 1) before any later check could see them (an outside attack, seventieth session). An entry's own fields
+        (`env.entry`, one level deeper) may still be booleans where the task's config has them."""
+        if isinstance(v, bool):
+            raise ValueError(f"{str(v).lower()} is not a knob value: write a number (or the mix / entry object)")  # noqa: TRY004 - pydantic reports ValueError
+        if isinstance(v, dict) and any(isinstance(x, bool) for x in v.values()):
+            raise ValueError("a weight of the mix is true/false: write a number for each slice value")
+        return v
+
     @field_validator("rationale", "expected")
     @classmethod
     def _not_blank(cls, v: str) -> str:
@@ -255,6 +267,26 @@ def rejected_keys_from_history(diagnosis: Diagnosis) -> set[str]:
     """Keys of changes already rejected from the diagnosis' harness state (history items carry their `key`)."""
     prefix = f"{diagnosis.state}|"
     return {h.key for h in diagnosis.history if h.verdict == "rejected" and h.key.startswith(prefix)}
+
+
+REFUTED_SAME = 1e-3  # a number this close (relative) to a rejected one of the knob, from the same state, is that change
+
+
+def _refuted_nearby(diagnosis: Diagnosis, change: Change, rejected: set[str]) -> Any:
+    """The value of a change rejected from this state (its key in `rejected`) of the same knob within REFUTED_SAME
+    of `change`'s number, or None. `change_key` tells numbers apart to 6 significant digits, so 0.700001 was a fresh
+    test of a refuted 0.7 (an outside attack, seventieth session): a hostile or careless engineer re-testing a refuted
+    change by respelling it raises the false-promotion rate. A proposal continuing a step of the same intent is
+    `continue_inconclusive`'s business, not this."""
+    mine = _number(change.value)
+    if mine is None:
+        return None
+    for h in diagnosis.history:
+        v = _number(h.value)
+        if (h.verdict == "rejected" and h.knob == change.knob and h.key in rejected and v is not None and v != mine
+                and abs(mine - v) <= REFUTED_SAME * max(abs(v), abs(mine))):
+            return h.value
+    return None
 
 
 MIX_SAME_TV = 0.1  # a proposed mixture this close (total variation) to an inconclusive one continues its test
@@ -683,6 +715,10 @@ def parse_reply(text: str, diagnosis: Diagnosis, space: dict[str, Knob], max_can
             continue
         if change_key(diagnosis.state, change) in rejected:
             notes.append(f"candidate #{i} dropped: {change.knob} -> {change.value} was already rejected from this state")
+            continue
+        if (was := _refuted_nearby(diagnosis, change, rejected)) is not None:
+            notes.append(f"candidate #{i} dropped: {change.knob} -> {change.value} is {was} respelt (within "
+                         f"{REFUTED_SAME:.0e} of it), already rejected from this state")
             continue
         if len(out) >= max_candidates:
             notes.append(f"candidate #{i} dropped: over max_candidates={max_candidates}")
