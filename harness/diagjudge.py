@@ -20,14 +20,14 @@ The procedure, at the gate's alpha (`gate.confidence`):
   no failing arm can score high) and must block none of its A/A pairs, each in both orders, the same policies on
   both sides: `AA_SPLITS` halves of the held-out rollouts by instance (`_split`, noisier than sampling alone, as live
   arms differ by their training), and, once earlier stages left enough backtest rollouts, `AA_SPLITS` pairs shaped
-  as the live gate's (`_live_split`: both arms on the same backtest instances, each instance's samples dealt between
-  them, one group per instance numbered from 0). It must also let a planted better arm through (`planted_better_arm`:
+  as the live gate's (`_live_split`: both arms on the same backtest instances, one group per instance numbered from
+  0, as many samples per instance as a live arm holds, dealt from two earlier arms judged on that instance). It must also let a planted better arm through (`planted_better_arm`:
   the candidate's failures replaced by what the policy writes where it solves them): a promoted veto is never dropped, and one that blocks
   improvements ("the plans got longer") would block every good change for the rest of the run. The first A/A pair
   it blocks decides (a slow veto is not run on the rest), and a veto that fails to run on the planted invalid arm
-  has not blocked it. A veto is code and can still tell a replay from a live pair by something no replay copies (half
-  the samples per instance, say): the check bounds honest mistakes and the plain ways of gaming it, not every
-  deception, and a veto can only ever block;
+  has not blocked it. A veto is code and can still tell a replay from a live pair by something no replay copies (the
+  wall clock, say): the check bounds honest mistakes and the plain ways of gaming it, not every deception, and a
+  veto can only ever block;
 - a FINDING (warn or critical) must predict what it says on held-out data it did not choose from: the diagnostic is
   run on every rollout of a random half of the held-out instances, and each finding it raises there is tested on the
   other half (`_halves`: the code may pick its slice from the data it reads, e.g. the worst of many, and a slice picked
@@ -55,6 +55,7 @@ rejected with that reason: nothing was shown. Tests: tests/test_diagjudge.py.
 
 from __future__ import annotations
 
+import collections
 import math
 import random
 import re
@@ -183,25 +184,47 @@ def _split(rollouts: list[Rollout], rng: random.Random) -> tuple[list[Rollout], 
 
 
 def _live_split(rollouts: list[Rollout], rng: random.Random) -> tuple[list[Rollout], list[Rollout]] | None:
-    """An A/A pair shaped as the live gate's pairs are: both sides on the SAME backtest instances, each group's samples
-    (one arm's completions of one instance) dealt at random between them, so a veto sees backtest seeds only and one
-    seed set in both arms, each instance in one group, groups numbered from 0, as at the gate. A veto that blocked only
-    what looks live (no probe seed, one seed set; then also: no instance in two groups) passed the replayed pairs, was
-    promoted, and then blocked every live candidate. None while earlier stages have
-    left fewer than MIN_HELDOUT_INSTANCES backtest instances with two or more samples."""
+    """An A/A pair shaped as the live gate's pairs are: both sides on the SAME backtest instances, one group per
+    instance on each side, numbered from 0, each group as many samples as a live arm holds of an instance (`k`: the
+    commonest group size of the earlier backtest arms, the judge's `samples`, 1 for a greedy judge). Each instance's
+    side groups are dealt at random from the pooled samples of two earlier arms judged on it (an earlier decision's
+    control and candidate arms), so the two sides are the same mixture of policies: an A/A pair, indistinguishable by
+    shape from a live one. Where earlier stages left fewer than MIN_HELDOUT_INSTANCES instances judged by two arms,
+    the samples of one group are dealt in halves (the shape before: half a live arm's samples per instance, which a
+    veto could tell from a live pair; an outside attack, seventieth session, promoted one that blocked only arms with
+    four samples per instance, and every later candidate with it). A veto that blocked only what looks live (no
+    probe seed, one seed set; then also: no instance in two groups) passed the replayed pairs, was promoted, and
+    then blocked every live candidate. None while fewer than MIN_HELDOUT_INSTANCES backtest instances have two or
+    more samples."""
     groups: dict[int, list[Rollout]] = {}
     for r in rollouts:
         if split_of(r.seed) == "backtest":
             groups.setdefault(r.group, []).append(r)
+    if not groups:
+        return None
+    sizes = collections.Counter(len(g) for g in groups.values())
+    k = max(sizes, key=lambda n: (sizes[n], n))
+    by_seed: dict[int, list[list[Rollout]]] = {}
+    for _, g in sorted(groups.items()):
+        if len(g) == k:
+            by_seed.setdefault(g[0].seed, []).append(g)
+    two = {seed: gs[:2] for seed, gs in by_seed.items() if len(gs) >= 2}
+    a: list[Rollout] = []
+    b: list[Rollout] = []
+    if len(two) >= MIN_HELDOUT_INSTANCES:
+        for i, gs in enumerate(two.values()):  # groups numbered from 0 on both sides, as a live arm's are
+            pool = [r.model_copy(update={"group": i}) for g in gs for r in g]
+            rng.shuffle(pool)
+            a += pool[:k]
+            b += pool[k:]
+        return a, b
     one: dict[int, list[Rollout]] = {}  # one group per instance: an earlier stage's two arms share their instances,
     for _, g in sorted(groups.items()):  # and a live arm holds each instance once
         if len(g) >= 2:
             one.setdefault(g[0].seed, g)
     if len(one) < MIN_HELDOUT_INSTANCES:
         return None
-    a: list[Rollout] = []
-    b: list[Rollout] = []
-    for i, g in enumerate(one.values()):  # groups numbered from 0 on both sides, as a live arm's are
+    for i, g in enumerate(one.values()):
         g = [r.model_copy(update={"group": i}) for r in g]
         rng.shuffle(g)
         a += g[: len(g) // 2]
