@@ -87,7 +87,7 @@ def check_run(run_dir: Path, skills_db: Path | None = None) -> list[str]:
             if want != have:
                 problems.append(f"{verdict} tags {sorted(have)} != run.db {sorted(want)}")
         per_cand: dict[str, int] = {}
-        log = _git(repo, "log", "--all", "--format=%(trailers:key=Candidate,valueonly,separator=)").stdout
+        log = _git(repo, "log", "--all", "--no-merges", "--format=%(trailers:key=Candidate,valueonly,separator=)").stdout
         for line in log.splitlines():
             if line.strip():
                 per_cand[line.strip()] = per_cand.get(line.strip(), 0) + 1
