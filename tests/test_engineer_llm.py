@@ -25,7 +25,7 @@ class FakeEndpoint:
     """A bounded chat-completions server: serves `replies` in order (an int = that HTTP error), records requests,
     refuses anything past the script, and shuts down on exit."""
 
-    def __init__(self, replies: list[str | int]):
+    def __init__(self, replies: list[str | int | dict]):
         self.replies, self.requests = list(replies), []
         outer = self
 
@@ -41,7 +41,8 @@ class FakeEndpoint:
                     return
                 data = json.dumps({"id": "x", "object": "chat.completion", "model": body["model"],
                                    "choices": [{"index": 0, "finish_reason": "stop",
-                                                "message": {"role": "assistant", "content": reply}}]}).encode()
+                                                "message": reply if isinstance(reply, dict)  # a whole message
+                                                else {"role": "assistant", "content": reply}}]}).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
@@ -109,6 +110,23 @@ def test_a_thinking_models_draft_json_is_not_its_answer(lib):
     good = f"<think>maybe {draft}? no, out of range.</think>\n" + json.dumps(
         {"candidates": [_one("recipe.temperature", 1.3)]})
     with FakeEndpoint([f"<think>{draft} and more thoughts", good]) as ep:
+        res = propose(_cfg(ep.url), _diag(), lib, 2, np.random.default_rng(0), space=SPACE)
+    assert res.engineer_used == "llm" and [c.change.knob for c in res.candidates] == ["recipe.temperature"]
+    [bad] = res.rejected_replies
+    assert bad.reason.startswith("the reply is a <think> block") and "engineer.max_tokens" in bad.reason
+
+
+def test_a_reasoning_parsers_reply_without_an_answer_is_a_think_block_not_a_broken_endpoint(lib):
+    """`vllm serve --reasoning-parser` returns `content: null` with `reasoning_content` when the budget ran out before
+    the answer: that is the thinking model's unclosed think block (a recorded rejection naming engineer.max_tokens,
+    then the retry), and the preflight passes; before, the preflight refused the endpoint and blamed the URL, model
+    and key, and a stage treated it as a transport failure (an outside attack, seventieth session)."""
+    from harness.engineer import preflight
+
+    thinking = {"role": "assistant", "content": None, "reasoning_content": "the mix looks fine, maybe the rate"}
+    good = json.dumps({"candidates": [_one("recipe.temperature", 1.3)]})
+    with FakeEndpoint([thinking, thinking, good]) as ep:
+        assert preflight(_cfg(ep.url)) is None
         res = propose(_cfg(ep.url), _diag(), lib, 2, np.random.default_rng(0), space=SPACE)
     assert res.engineer_used == "llm" and [c.change.knob for c in res.candidates] == ["recipe.temperature"]
     [bad] = res.rejected_replies
