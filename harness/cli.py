@@ -1409,8 +1409,9 @@ def review(
             _print_exploit(exploits.pop(0))
         iv = c.get("interval")
         ev = f" effect {c['effect']:+.3f} [{iv[0]:+.3f}, {iv[1]:+.3f}]" if iv else ""
+        by = f" · by the {shown(c['engineer'])} engineer" if c.get("engineer") else ""
         console.print(f"[bold]{shown(c['id'])}[/] stage {shown(c['stage'])} · {shown(c['factor'])} · "
-                      f"[bold]{shown(c['verdict'])}[/]{ev}", highlight=False)
+                      f"[bold]{shown(c['verdict'])}[/]{ev}{by}", highlight=False)
         why = "\n       | ".join(shown(line) for line in str(c["rationale"] or "").splitlines() or [""])
         console.print(f"  change: {shown(c['summary'])}\n  why: {why}\n  verdict: {shown(c['reason'])}"
                       + (f"\n  commit: {shown(c['sha'][:10])} {shown(c['tag'] or '')}" if c.get("sha") else ""),
