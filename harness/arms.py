@@ -4,7 +4,7 @@ backend).
     out, n = warm_start(run)                                                   # checkpoints/warmstart (SFT, cached)
     trained = train_policy(run, k, "policy", start, files, steps, f"s{k}/train", out, seed)
     arms = run_arms(run, k, [("control", main_files), ("s1c1", cand_files)], start, steps)  # name -> ArmRecord | exc
-    control = arm_eval(arms["control"], run.judge.per_instance)                                    # per-instance outcomes
+    control = arm_eval(arms["control"], run.judge.per_instance)                               # per-instance outcomes
     start = judge_start(run, k, start_ckpt, control)                                          # did the control fall?
 
 An arm is one `harness.scale.ArmJob` (`arm_job`): its harness, its train instances (the stage's shared arm pool under

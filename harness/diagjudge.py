@@ -21,9 +21,10 @@ The procedure, at the gate's alpha (`gate.confidence`):
   both sides: `AA_SPLITS` halves of the held-out rollouts by instance (`_split`, noisier than sampling alone, as live
   arms differ by their training), and, once earlier stages left enough backtest rollouts, `AA_SPLITS` pairs shaped
   as the live gate's (`_live_split`: both arms on the same backtest instances, one group per instance numbered from
-  0, as many samples per instance as a live arm holds, dealt from two earlier arms judged on that instance). It must also let a planted better arm through (`planted_better_arm`:
-  the candidate's failures replaced by what the policy writes where it solves them): a promoted veto is never dropped, and one that blocks
-  improvements ("the plans got longer") would block every good change for the rest of the run. The first A/A pair
+  0, as many samples per instance as a live arm holds, dealt from two earlier arms judged on that instance). It must
+  also let a planted better arm through (`planted_better_arm`: the candidate's failures replaced by what the policy
+  writes where it solves them): a promoted veto is never dropped, and one that blocks improvements ("the plans got
+  longer") would block every good change for the rest of the run. The first A/A pair
   it blocks decides (a slow veto is not run on the rest), and a veto that fails to run on the planted invalid arm
   has not blocked it. A veto is code and can still tell a replay from a live pair by something no replay copies (the
   wall clock, say): the check bounds honest mistakes and the plain ways of gaming it, not every deception, and a

@@ -31,10 +31,10 @@ harness with its knobs written into recipe.yaml (`harness.yamledit.set_leaf_text
 stage's train pool (`s<k>/train`: every member sees the same instances). Its fitness is its valid rate on `probe_n`
 fresh probe-split instances of the TARGET (the judge's distribution: `backtest.env`, else the round-0 env), the same
 instances for every member (`s<k>/pbt`), scored as the judge scores (`backtest.samples` at its temperature, or one
-greedy decode for a greedy judge, at its completion budget) with `harness.evaluation.rollouts`; the probe tokens are compute, charged to the ledger (label
-`pbt-probe`), as PLR's probes are. The member with the highest fitness (ties: the lowest id) is the stage's policy:
-`report_eval` judges it on the held-out suite and its report is the stage row's valid/optimal (`BaselineStage`, as
-every baseline's). Then exploit/explore makes the next stage's population. The held-out suite never chooses anything.
+greedy decode for a greedy judge, at its completion budget) with `harness.evaluation.rollouts`; the probe tokens are
+compute, charged to the ledger (label `pbt-probe`), as PLR's probes are. The member with the highest fitness (ties:
+the lowest id) is the stage's policy: `report_eval` judges it on the held-out suite and its report is the stage row's
+valid/optimal (`BaselineStage`, as every baseline's). Then exploit/explore makes the next stage's population. The held-out suite never chooses anything.
 
 **Records.** Per member and stage: its `Trained` (node `pbt:m<i>:train`) and its `Fitness` (node `pbt:m<i>:fitness`);
 per stage: the `Population` (node `pbt`: every member's knobs, next checkpoint and lineage, and what each trained and
