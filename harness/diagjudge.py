@@ -187,7 +187,7 @@ def _split(rollouts: list[Rollout], rng: random.Random) -> tuple[list[Rollout], 
 def _live_split(rollouts: list[Rollout], rng: random.Random) -> tuple[list[Rollout], list[Rollout]] | None:
     """An A/A pair shaped as the live gate's pairs are: both sides on the SAME backtest instances, one group per
     instance on each side, numbered from 0, each group as many samples as a live arm holds of an instance (`k`: the
-    commonest group size of the earlier backtest arms, the judge's `samples`, 1 for a greedy judge). Each instance's
+    commonest group length of the earlier backtest arms, the judge's `samples`, 1 for a greedy judge). Each instance's
     side groups are dealt at random from the pooled samples of two earlier arms judged on it (an earlier decision's
     control and candidate arms), so the two sides are the same mixture of policies: an A/A pair, indistinguishable by
     shape from a live one. Where earlier stages left fewer than MIN_HELDOUT_INSTANCES instances judged by two arms,
@@ -203,8 +203,8 @@ def _live_split(rollouts: list[Rollout], rng: random.Random) -> tuple[list[Rollo
             groups.setdefault(r.group, []).append(r)
     if not groups:
         return None
-    sizes = collections.Counter(len(g) for g in groups.values())
-    k = max(sizes, key=lambda n: (sizes[n], n))
+    lengths = collections.Counter(len(g) for g in groups.values())
+    k = max(lengths, key=lambda n: (lengths[n], n))
     by_seed: dict[int, list[list[Rollout]]] = {}
     for _, g in sorted(groups.items()):
         if len(g) == k:

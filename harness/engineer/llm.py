@@ -184,9 +184,9 @@ def chat_endpoint(base_url: str, model: str, api_key_env: str | None, temperatur
             content = payload["choices"][0]["message"]["content"]
         except (KeyError, IndexError, TypeError):
             raise EndpointError(f"engineer endpoint {url} returned no choices[0].message.content") from None
-        if content is None:  # a reasoning parser (vllm serve --reasoning-parser) puts the thinking apart and leaves
-            message = payload["choices"][0]["message"]  # content null when the budget ran out before the answer
-            thought = message.get("reasoning_content") or message.get("reasoning")
+        if content is None:  # `vllm serve --reasoning-parser` puts the thinking apart (`reasoning_content`) and
+            message = payload["choices"][0]["message"]  # leaves content null when the budget ran out before the answer
+            thought = message.get("reasoning_content")
             if isinstance(thought, str) and thought:
                 return f"<think>{thought}"  # an unclosed think block: a recorded rejection naming engineer.max_tokens
         if not isinstance(content, str):

@@ -274,7 +274,7 @@ REFUTED_SAME = 1e-3  # a number this close (relative) to a rejected one of the k
 
 def _refuted_nearby(diagnosis: Diagnosis, change: Change, rejected: set[str]) -> Any:
     """The value of a change rejected from this state (its key in `rejected`) of the same knob within REFUTED_SAME
-    of `change`'s number, or None. `change_key` tells numbers apart to 6 significant digits, so 0.700001 was a fresh
+    of `change`'s number, or None. `change_key` tells numbers apart to 6 significant figures, so 0.700001 was a fresh
     test of a refuted 0.7 (an outside attack, seventieth session): a hostile or careless engineer re-testing a refuted
     change by respelling it raises the false-promotion rate. A proposal continuing a step of the same intent is
     `continue_inconclusive`'s business, not this."""
