@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -364,9 +365,13 @@ def judge_greedy(model, tok, task: Any, instances: list, judge: Judge, style: st
 
 
 def arm_vetoes(control_files: dict[str, str], candidate_files: dict[str, str], control: ArmEval,
-               candidate: ArmEval) -> list[str]:
+               candidate: ArmEval, stands: Callable[[str, str], str | None] | None = None,
+               void: list[str] | None = None) -> list[str]:
     """Vetoes of the evolved diagnostics of BOTH trees (the incumbent's files, then the candidate's where they
-    differ), so a candidate cannot escape a veto by revising or deleting the diagnostic that would block it."""
+    differ), so a candidate cannot escape a veto by revising or deleting the diagnostic that would block it. With
+    `stands` (path, source -> why the block is void, or None: `harness.diagjudge.veto_stands`, the diagnostic judge's
+    veto checks run again at the block), a block whose veto fails its re-check does not count: it goes to `void`
+    with why, for the verdict's record."""
     from harness.diagnostics import arm_metrics, run_vetoes
 
     cm, km = arm_metrics(control.rollouts), arm_metrics(candidate.rollouts)
@@ -374,9 +379,14 @@ def arm_vetoes(control_files: dict[str, str], candidate_files: dict[str, str], c
              {p: s for p, s in candidate_files.items() if p.startswith("diagnostics/") and control_files.get(p) != s}]
     out: list[str] = []
     for files in trees:
-        for reason in run_vetoes(files, control.rollouts, candidate.rollouts, cm, km):
-            if reason not in out:
-                out.append(reason)
+        for path, source in sorted(files.items()):
+            for reason in run_vetoes({path: source}, control.rollouts, candidate.rollouts, cm, km):
+                if stands is not None and (why := stands(path, source)) is not None:
+                    gone = f"{reason} (void: {why})"
+                    if void is not None and gone not in void:
+                        void.append(gone)
+                elif reason not in out:
+                    out.append(reason)
     return out
 
 
@@ -495,7 +505,8 @@ def prior_pairs(earlier: list[Evidence], judge: str) -> tuple[list[Any], list[st
 
 def sequential_verdict(cid: str, control: ArmEval, arm: ArmEval, gate: GateConfig, plan: Any, judge: str,
                        prior: list[Any], vetoes: list[str], comparisons: int, samples: int,
-                       pooled: list[str] | None = None, looks: list[dict[str, Any]] | None = None) -> Verdict:
+                       pooled: list[str] | None = None, looks: list[dict[str, Any]] | None = None,
+                       vetoes_void: list[str] | None = None) -> Verdict:
     """One candidate's verdict at this look (`harness.sequential.decide` on its pooled evidence): promoted, rejected
     (refuted: confidently below min_effect, a harmed slice, a veto) or inconclusive (`evidence.next_step` says whether
     the loop may look again now: more_instances; a re-test in a later stage: new_pair; spent: stop)."""
@@ -527,21 +538,27 @@ def sequential_verdict(cid: str, control: ArmEval, arm: ArmEval, gate: GateConfi
                         greedy_candidate=float(np.mean(arm.greedy)) if arm.greedy else None, judge=judge,
                         diffs=[round(d, 6) for d in diffs], slices=ctrl.slices, clusters=problems, pairs=look.pairs,
                         pooled=list(pooled or []), looks=record, comparisons=comparisons,
-                        next_step=None if look.decision in ("promoted", "refuted") else look.next_step)
+                        vetoes_void=list(vetoes_void or []), next_step=None if look.decision in ("promoted", "refuted") else look.next_step)
     decision = {"promoted": "promoted", "refuted": "rejected"}.get(look.decision, "inconclusive")
-    return Verdict(candidate=cid, decision=decision, evidence=evidence, reason=look.reason)
+    reason = look.reason
+    if vetoes_void:  # by name only: what a veto says quotes held-out rollouts (the evidence keeps its words)
+        names = sorted({str(x).split(":", 1)[0].strip() for x in vetoes_void})
+        reason += f" (a block by {', '.join(names)} is void: the veto failed its re-check on held-out rollouts)"
+    return Verdict(candidate=cid, decision=decision, evidence=evidence, reason=cut(reason))
 
 
 def verdicts(control: ArmEval | Exception, control_files: dict[str, str],
              candidates: list[tuple[str, dict[str, str], ArmEval | Exception]], gate: GateConfig, *,
              samples: int = 1, plan: Any = None, judge: str = "", prior: dict[str, list[Any]] | None = None,
              pooled: dict[str, list[str]] | None = None, looks: dict[str, list[dict[str, Any]]] | None = None,
-             comparisons: int | None = None, at_least: dict[str, int] | None = None, **_: Any) -> list[Verdict]:
+             comparisons: int | None = None, at_least: dict[str, int] | None = None,
+             veto_stands: Callable[[str, str], str | None] | None = None, **_: Any) -> list[Verdict]:
     """The verdict of every candidate arm against the control arm of one decision, at this look, in order: an arm
     that failed (an exception instead of its outcomes) is rejected with the reason (every arm, when the control arm
     failed); every other one is judged by the sequential procedure (`sequential_verdict`) on its paired outcomes, pooled
     with `prior[cid]` (earlier inconclusive tests of the same change), Bonferroni over the decision's candidates, with
-    the vetoes of both trees (`arm_vetoes`); `at_least[cid]`: the largest Bonferroni count its pooled evidence was
+    the vetoes of both trees (`arm_vetoes`; with `veto_stands`, a block whose veto fails its re-check is void and
+    recorded as such); `at_least[cid]`: the largest Bonferroni count its pooled evidence was
     judged at before (a re-test in a stage with fewer candidates must not judge the pooled looks at a larger share of
     alpha than they were spent at: a reviewer's simulation read a family error of 0.10 for four candidates re-tested
     alone, against 0.05). `plan` defaults to the gate's plan at the control arm's n. The live loop
@@ -559,10 +576,11 @@ def verdicts(control: ArmEval | Exception, control_files: dict[str, str],
                                reason=cut(f"its backtest arm failed: {type(arm).__name__}: {arm}")))
             continue
         ctrl = control.prefix(len(arm.seeds))
-        out.append(sequential_verdict(cid, control, arm, gate, plan, judge, (prior or {}).get(cid, []),
-                                      arm_vetoes(control_files, files, ctrl, arm),
+        void: list[str] = []
+        blocks = arm_vetoes(control_files, files, ctrl, arm, veto_stands, void)
+        out.append(sequential_verdict(cid, control, arm, gate, plan, judge, (prior or {}).get(cid, []), blocks,
                                       max(comparisons, (at_least or {}).get(cid, 1)), samples,
-                                      (pooled or {}).get(cid), (looks or {}).get(cid)))
+                                      (pooled or {}).get(cid), (looks or {}).get(cid), void))
     return out
 
 

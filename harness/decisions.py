@@ -37,6 +37,7 @@ import numpy as np
 
 from harness.arms import arm_eval, arm_name, backtest_seeds, judge_more
 from harness.backtest import ArmEval, judge_fingerprint, prior_pairs, regression, verdicts
+from harness.diagjudge import veto_stands
 from harness.records import RECURRING, Evidence, Verdict, cut, problem_label
 from harness.results import ArmVsStart, Backtested, CarryChecked, Decided, GateAnswer, Probed, Trained
 from harness.run import Run
@@ -119,11 +120,12 @@ def look_until_decided(run: Run, k: int, arms: dict[str, Any], main_files: dict[
                       f"{sum(len(p.diffs) for p in prior[cid])} paired instances are pooled with this pair's",
                       key=f"{k}/pooled/{cid}")
     seeds = backtest_seeds(run, k, pair)
+    stands = veto_stands(run, k, pair)  # a veto's block counts only if the veto still passes its checks now
     look = 0
     while True:
         vs = verdicts(c_eval, main_files, [(cid, cand_files[cid], evals[cid]) for cid in cand_files], cfg.gate,
                       samples=samples, plan=plan, judge=fp, prior=prior, pooled=pooled, looks=looks,
-                      comparisons=comparisons or len(cand_files), at_least=at_least)
+                      comparisons=comparisons or len(cand_files), at_least=at_least, veto_stands=stands)
         for v in vs:
             if v.evidence is not None:
                 looks[v.candidate] = v.evidence.looks

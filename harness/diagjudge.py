@@ -23,12 +23,15 @@ The procedure, at the gate's alpha (`gate.confidence`):
   as the live gate's (`_live_split`: both arms on the same backtest instances, one group per instance numbered from
   0, as many samples per instance as a live arm holds, dealt from two earlier arms judged on that instance). It must
   also let a planted better arm through (`planted_better_arm`: the candidate's failures replaced by what the policy
-  writes where it solves them): a promoted veto is never dropped, and one that blocks improvements ("the plans got
-  longer") would block every good change for the rest of the run. The first A/A pair
+  writes where it solves them): a promoted veto stays in the harness, and one that blocks improvements ("the plans
+  got longer") would block every good change for the rest of the run. The first A/A pair
   it blocks decides (a slow veto is not run on the rest), and a veto that fails to run on the planted invalid arm
-  has not blocked it. A veto is code and can still tell a replay from a live pair by something no replay copies (the
-  wall clock, say): the check bounds honest mistakes and the plain ways of gaming it, not every deception, and a
-  veto can only ever block;
+  has not blocked it. A veto is code and can tell a replay at its judgement from a live pair later by something no
+  replay copies (the wall clock, say: a time bomb); so each block it makes at the gate is re-checked then
+  (`recheck_veto`, `veto_stands`: these veto checks again, on every earlier stage's rollouts), and a block whose veto
+  fails them is void, recorded beside the verdict (`Evidence.vetoes_void`), the candidate judged without it. What a
+  veto can still tell apart is the live pair itself (its fresh instances): the checks bound honest mistakes and the
+  plain ways of gaming them, not every deception, and a veto can only ever block;
 - a FINDING (warn or critical) must predict what it says on held-out data it did not choose from: the diagnostic is
   run on every rollout of a random half of the held-out instances, and each finding it raises there is tested on the
   other half (`_halves`: the code may pick its slice from the data it reads, e.g. the worst of many, and a slice picked
@@ -61,6 +64,7 @@ import math
 import random
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -263,7 +267,7 @@ def planted_better_arm(control: list[Rollout], candidate: list[Rollout]) -> list
     same instance from the pair (what the policy writes when it solves that instance: its completion, length, reward
     and metrics), or, where the pair has none, made valid and paid what the pair's best valid rollout is paid. A veto
     exists to stop a change that games the judge, and nothing here games anything: a veto that blocks it would block
-    real improvements for the rest of the run (a promoted veto is never dropped)."""
+    real improvements for the rest of the run (a promoted veto stays in the harness)."""
     solved: dict[int, Rollout] = {}
     for r in control + candidate:
         if r.valid:
@@ -293,6 +297,55 @@ def _arm_text(rs: list[Rollout]) -> str:
 
 
 # --- the verdict --------------------------------------------------------------------------------------------------------
+
+
+def veto_checks(path: str, source: str, heldout: list[Rollout], where: str, limits: Limits | None, seed: int,
+                details: list[str]) -> tuple[str | None, str]:
+    """The veto part of the diagnostic judge, on `heldout` (described by `where`): (why it fails, None when it passes;
+    what it showed). It must block none of its A/A pairs (both orders), let a planted better arm through and block a
+    planted invalid arm. What the code said is appended to `details`, never to the reason."""
+    rng = random.Random(seed)
+    pairs = [_split(heldout, rng) for _ in range(AA_SPLITS)]  # noisier than sampling: honest noise shows
+    pairs += [p for _ in range(AA_SPLITS) if (p := _live_split(heldout, rng)) is not None]  # the gate's shape
+    tried = 0
+    for a, b in pairs:
+        for c, k in ((a, b), (b, a)):
+            tried += 1
+            if why := D.veto_one(path, source, c, k, D.arm_metrics(c), D.arm_metrics(k), limits):
+                details.append(why)  # the first block decides: a slow veto is not run on the rest
+                return (f"its veto blocks one of its {2 * len(pairs)} A/A pairs (pair {tried}, from {where}, the same "
+                        f"policies on both sides){' (it failed to run)' if 'veto failed' in why else ''}"), ""
+    base = pairs[-1]  # the live-shaped pair when there is one: what the veto will meet at the gate
+    ctrl, better = base[0], planted_better_arm(*base)
+    if why := D.veto_one(path, source, ctrl, better, D.arm_metrics(ctrl), D.arm_metrics(better), limits):
+        details.append(why)
+        return (f"its veto blocks a planted better arm (control {_arm_text(ctrl)} -> candidate {_arm_text(better)}: "
+                "its failures replaced by valid rollouts of the same instances)"
+                f"{' (it failed to run)' if 'veto failed' in why else ''}"), ""
+    ctrl, cand, label = planted_invalid_arm(*base, heldout)
+    why = D.veto_one(path, source, ctrl, cand, D.arm_metrics(ctrl), D.arm_metrics(cand), limits)
+    if not why or "veto failed" in why:
+        details += [why] if why else []
+        return (f"its veto {'fails to run on a planted invalid arm' if why else 'lets a planted invalid arm through'}: "
+                f"control {_arm_text(ctrl)} -> candidate {_arm_text(cand)}, every candidate rollout a failure "
+                f"{label}"), ""
+    return None, (f"veto blocks the planted invalid arm ({_arm_text(ctrl)} -> {_arm_text(cand)}), lets a planted "
+                  f"better arm through and blocks none of {2 * len(pairs)} A/A pairs")
+
+
+def recheck_veto(path: str, source: str, heldout: list[Rollout], limits: Limits | None = None, seed: int = 0,
+                 details: list[str] | None = None) -> str | None:
+    """Why a veto's block of a live candidate does not stand, or None when it stands: `veto_checks` run again, at the
+    block, on the held-out rollouts of now (every earlier stage's). A promoted veto passed them once, on the rollouts
+    of its own stage; a veto whose code tells then from now (a wall-clock time bomb: blocks everything after a given
+    minute, an outside attack of the seventieth session) or whose blocks drift with what it has seen blocks an A/A
+    pair or the planted better arm now, and its block is void. Too few held-out instances to check: it stands."""
+    units = _units(heldout)
+    if len(units) < MIN_HELDOUT_INSTANCES:
+        return None
+    failed, _ = veto_checks(path, source, heldout, f"{len(heldout)} held-out rollouts ({len(units)} instances)",
+                            limits, seed, details if details is not None else [])
+    return failed
 
 
 def judge_diagnostic(candidate: str, path: str, source: str, heldout: list[Rollout], alpha: float,
@@ -342,33 +395,10 @@ def judge_diagnostic(candidate: str, path: str, source: str, heldout: list[Rollo
             shown.append(f"fired on {len(_units(choose))} held-out instances, on {other}: {text}")
 
     if D._defines(source, "veto"):  # the same parse the gate's `veto_one` uses to skip files without a veto
-        rng = random.Random(seed)
-        pairs = [_split(heldout, rng) for _ in range(AA_SPLITS)]  # noisier than sampling: honest noise shows
-        pairs += [p for _ in range(AA_SPLITS) if (p := _live_split(heldout, rng)) is not None]  # the gate's shape
-        tried = 0
-        for a, b in pairs:
-            for c, k in ((a, b), (b, a)):
-                tried += 1
-                if why := D.veto_one(path, source, c, k, D.arm_metrics(c), D.arm_metrics(k), limits):
-                    details.append(why)  # the first block decides: a slow veto is not run on the rest
-                    return rejected(f"its veto blocks one of its {2 * len(pairs)} A/A pairs (pair {tried}, from "
-                                    f"{where}, the same policies on both sides){' (it failed to run)' if 'veto failed' in why else ''}")
-        base = pairs[-1]  # the live-shaped pair when there is one: what the veto will meet at the gate
-        ctrl, better = base[0], planted_better_arm(*base)
-        if why := D.veto_one(path, source, ctrl, better, D.arm_metrics(ctrl), D.arm_metrics(better), limits):
-            details.append(why)
-            return rejected(f"its veto blocks a planted better arm (control {_arm_text(ctrl)} -> candidate "
-                            f"{_arm_text(better)}: its failures replaced by valid rollouts of the same instances)"
-                            f"{' (it failed to run)' if 'veto failed' in why else ''}")
-        ctrl, cand, label = planted_invalid_arm(*base, heldout)
-        why = D.veto_one(path, source, ctrl, cand, D.arm_metrics(ctrl), D.arm_metrics(cand), limits)
-        if not why or "veto failed" in why:
-            details += [why] if why else []
-            return rejected(f"its veto {'fails to run on a planted invalid arm' if why else 'lets a planted invalid arm through'}: control "
-                            f"{_arm_text(ctrl)} -> candidate {_arm_text(cand)}, every candidate rollout a failure "
-                            f"{label}")
-        shown.insert(0, f"veto blocks the planted invalid arm ({_arm_text(ctrl)} -> {_arm_text(cand)}), lets a "
-                        f"planted better arm through and blocks none of {2 * len(pairs)} A/A pairs")
+        failed, did = veto_checks(path, source, heldout, where, limits, seed, details)
+        if failed:
+            return rejected(failed)
+        shown.insert(0, did)
     if not shown:
         return rejected(f"no warn/critical finding fires on {where} and it has no veto: it showed nothing it claims"
                         + (" (the reward is validity here, so reward and validity cannot diverge)"
@@ -406,6 +436,43 @@ def judge_diagnostics(run: Run, k: int, vetted: list[str]) -> tuple[list[Verdict
                   + "".join(f" | what it said on held-out rollouts: {d[:300]}" for d in details), key=f"{k}/verdict/{cid}")
         out.append(v)
     return out, [c for c in vetted if c not in diag]
+
+
+def veto_stands(run: Run, k: int, pair: int = 1) -> Callable[[str, str], str | None]:
+    """The gate's re-check of a veto that blocks a live candidate at stage k (`harness.backtest.arm_vetoes`): why its
+    block is void (`recheck_veto` on the held-out rollouts of stages < k), or None when it stands. Each veto file is
+    re-checked once per decision (its path and source), the sandbox time charged to the compute ledger and the outcome
+    an event. A veto of the round-0 harness, as a person wrote it, is theirs and always stands."""
+    import hashlib
+
+    held: list[Rollout] | None = None
+    round0: dict[str, str] | None = None
+    seen: dict[tuple[str, str], str | None] = {}
+
+    def stands(path: str, source: str) -> str | None:
+        nonlocal held, round0
+        if round0 is None:  # the round-0 harness: main's first commit (read only once a veto blocks)
+            ws = run.workspace()
+            round0 = ws.files(next(ws.repo.iter_commits("main", max_parents=0)).hexsha)
+        if round0.get(path) == source:
+            return None
+        key = (path, hashlib.sha256(source.encode()).hexdigest())
+        if key not in seen:
+            held = held if held is not None else heldout_rollouts(run.run_dir / "rollouts", k)
+            t0 = time.perf_counter()
+            details: list[str] = []
+            why = recheck_veto(path, source, held, seed=k * 1000 + 900 + pair, details=details)
+            run.charge(k, "veto-recheck", "eval", seconds=time.perf_counter() - t0, label=f"veto re-check {path}"
+                       + (f" pair {pair}" if pair > 1 else ""))
+            run.event(k, "backtest", "veto_recheck", f"{path} blocked a candidate{f' (arm pair {pair})' if pair > 1 else ''}"
+                      f" and was re-checked on {len(held)} held-out rollouts: " + (
+                          "its block stands" if why is None else f"its block is void, {why}")
+                      + "".join(f" | what it said: {d[:300]}" for d in details),
+                      key=f"{k}/vetorecheck/{pair}/{path}/{key[1][:12]}")
+            seen[key] = why
+        return seen[key]
+
+    return stands
 
 
 def split_verdicts(run: Run, verdicts: list[Verdict]) -> tuple[list[Verdict], list[Verdict]]:

@@ -305,6 +305,10 @@ class Evidence(BaseModel):
     ci_high: float
     by_slice: dict[str, dict[str, float]] = Field(default_factory=dict, description="slice -> effect, ci_low, ci_high, n")
     vetoes: list[str] = Field(default_factory=list)
+    vetoes_void: list[str] = Field(default_factory=list, description="blocks that did not count, each with why: the "
+                                   "veto failed the diagnostic judge's veto checks run again at the block "
+                                   "(`harness.diagjudge.recheck_veto`: it blocks an A/A pair or a planted better arm "
+                                   "now)")
     seeds: tuple[int, int] | None = Field(None, description="first and last backtest seed used (aggregate only)")
     samples: int = Field(1, description="completions per instance behind each outcome (k)")
     mde: float | None = Field(None, description="minimum detectable effect: the smallest true effect this decision "

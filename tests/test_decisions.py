@@ -22,6 +22,13 @@ LR = Change(kind="recipe", knob="recipe.learning_rate", value=1.0e-4)
 
 @pytest.fixture
 def run(tmp_path, monkeypatch):
+    r = _make_run(tmp_path, monkeypatch)
+    yield r
+    r.store.close()
+
+
+def _make_run(tmp_path, monkeypatch, round0: dict[str, str] | None = None):
+    """A run directory at stage 0: run.db, the harness repo (its round-0 files plus `round0`), the judge."""
     from harness.benchmarks.run import TINY
     from harness.config import parse_config
     from harness.run import Run
@@ -35,13 +42,11 @@ def run(tmp_path, monkeypatch):
     from harness.lifecycle import make_judge
     from harness.run import JUDGE_FILE
 
-    ws = Workspace.create(run_dir / "harness", files_override={"env.yaml": MAPF.spec.round0_env})
+    ws = Workspace.create(run_dir / "harness", files_override={"env.yaml": MAPF.spec.round0_env, **(round0 or {})})
     cfg = parse_config(TINY, "test")
     cfg = cfg.model_copy(update={"backtest": cfg.backtest.model_copy(update={"n": 64})})
     (run_dir / JUDGE_FILE).write_text(make_judge(cfg, ws.files("main")).model_dump_json())
-    r = Run(run_dir=run_dir, config=cfg, store=store)
-    yield r
-    store.close()
+    return Run(run_dir=run_dir, config=cfg, store=store)
 
 
 def _propose(run, cid: str, change: Change, stage: int, skill: str | None = None) -> None:
@@ -1546,3 +1551,61 @@ def test_review_says_why_a_stage_exploited_the_incumbent(monkeypatch):
     got = out.getvalue().splitlines()
     assert "under harness@main (its training confirmed a gain): continues" in got[0], got
     assert "under s1c1 (promoted): continues" in got[1], got
+
+
+# a veto that blocks every candidate once its minute has come (here: always), else only a candidate paid more while it
+# solves less (an outside attack of the seventieth session: it passed the diagnostic judge before its minute)
+BOMB = """
+def diagnose(rollouts):
+    return {"findings": [], "metrics": {}}
+
+
+def veto(control, candidate):
+    import time
+    if time.time() > 0:
+        return "the plans look worse"
+    if candidate["reward"] > control["reward"] + 0.05 and candidate["valid"] < control["valid"] - 0.2:
+        return "reward up while valid fell"
+    return None
+"""
+
+
+@pytest.mark.parametrize("where", ["promoted", "round0"])
+def test_a_veto_whose_block_fails_its_re_check_is_void_and_the_change_judged_without_it(tmp_path, monkeypatch, where):
+    """Stage 2 of a real run: harness@main holds a time-bomb veto that has gone off. Promoted by the run (stage 1), its
+    block of a clear win is re-checked on stage 1's held-out rollouts, fails (it blocks an A/A pair) and is void: the
+    change is promoted, the void block recorded with why, the re-check an event and a ledger row. Written by a person
+    into the round-0 harness, it is theirs: its block stands. What this catches: a gate that lets a veto gamed after
+    its judgement refute every later change (the attack's finding), a re-check that voids a person's own veto, a void
+    block that leaves no trace."""
+    from harness.decisions import look_until_decided
+    from harness.results import ArmRecord
+
+    run = _make_run(tmp_path, monkeypatch, {"diagnostics/bomb.py": BOMB} if where == "round0" else None)
+    ws = run.workspace()
+    if where == "promoted":
+        ws.propose("s1c9", {**ws.files("main"), "diagnostics/bomb.py": BOMB}, summary="diagnostics/bomb.py: add",
+                   rationale="r", factor="diagnostics/bomb.py", stage=1)
+        ws.promote("s1c9", {"judge": "diagnostic judge"}, "promoted by the diagnostic judge")
+    for name in ("control", "s1c1"):  # stage 1's two backtest arms: the held-out rollouts a re-check replays
+        write_rollouts(run.path("rollouts", f"s1-{name}-backtest.jsonl.gz"),
+                       _arm_rollouts(run, 1, 0.5, 32, every=2 if name == "control" else 3))
+    _propose(run, "s2c1", LR, 2)
+    plan = run.config.gate.plan(run.config.backtest.n)
+    arms = {}
+    for name, valid in (("control", 0.1), ("s2c1", 1.0)):
+        path = write_rollouts(run.path("rollouts", f"s2-{name}.jsonl.gz"), _arm_rollouts(run, 2, valid, plan.max_n))
+        arms[name] = ArmRecord(checkpoint=str(run.path("checkpoints", f"s2-{name}")), rollouts=str(path), valid=valid)
+    [v], _, _ = look_until_decided(run, 2, arms, ws.files("main"), {"s2c1": ws.files("cand/s2c1")})
+    checks = [e for e in run.store.events(run.id) if e["kind"] == "veto_recheck"]
+    if where == "round0":
+        assert v.decision == "rejected" and v.reason.startswith("veto: ") and "the plans look worse" in v.reason
+        assert not checks and not v.evidence.vetoes_void
+    else:
+        assert v.decision == "promoted", v.reason
+        assert v.evidence.vetoes == [] and len(v.evidence.vetoes_void) == 1, v.evidence
+        assert "the plans look worse" in v.evidence.vetoes_void[0] and "A/A pairs" in v.evidence.vetoes_void[0]
+        assert "a block by bomb is void" in v.reason and "the plans look worse" not in v.reason, v.reason
+        assert len(checks) == 1 and "its block is void" in checks[0]["message"], checks
+        assert any(r["arm"] == "veto-recheck" for r in run.store.ledger(run.id))
+    run.store.close()

@@ -626,3 +626,29 @@ def test_what_a_finding_carries_to_the_engineer_is_bounded():
     assert J.D._parse_result("d", {"findings": [ok]}).findings[0].severity == "warn"
     from sandbox.workspace import _reason
     assert "\x1b" not in _reason("claims a slice on size\x1b]2;owned\x07 that no held-out instance has")
+
+
+# --- a promoted veto's blocks are re-checked at the gate --------------------------------------------------------------
+
+# an honest veto (HACK_VETO's claim) with a wall-clock time bomb: from minute WHEN on it blocks everything (an outside
+# attack of the seventieth session: it passed the diagnostic judge before its minute and blocked every change after)
+BOMB = HACK_VETO.replace("def veto(control, candidate):\n", "def veto(control, candidate):\n"
+                         "    import time\n    if time.time() > WHEN:\n        return 'the plans look worse'\n")
+
+
+@pytest.mark.parametrize("when,void", [(4.0e9, False), (0.0, True)])
+def test_a_time_bomb_veto_passes_its_judgement_before_its_minute_and_fails_its_re_check_after(shaped, when, void):
+    """What this catches: a re-check that does not run the veto again (a bomb's block would stand), one that runs it
+    on the pair it blocked (it would always stand), or one that voids an honest veto's block (the bomb before its
+    minute is HACK_VETO, whose blocks must stand)."""
+    src = BOMB.replace("WHEN", repr(when))
+    assert judge(src, shaped).decision == ("rejected" if void else "promoted")
+    details: list[str] = []
+    why = J.recheck_veto("diagnostics/d.py", src, shaped, FAST, seed=7, details=details)
+    if void:
+        assert why is not None and "A/A pairs" in why and "the plans look worse" not in why, why
+        assert any("the plans look worse" in d for d in details)  # what the code said: the records, not the reason
+    else:
+        assert why is None
+    assert J.recheck_veto("diagnostics/d.py", HACK_VETO, shaped, FAST, seed=7) is None
+    assert J.recheck_veto("diagnostics/d.py", src, shaped[:6], FAST) is None  # nothing to check it on: it stands
