@@ -848,7 +848,7 @@ def exploiting(run: Run, k: int) -> str | None:
     The explore/exploit rhythm of population-based training (Jaderberg et al., "Population Based Training of Neural
     Networks", 2017: a member trains under what won until it is ready for the next change), with "ready" read from
     the policy rather than a fixed interval. A human-revised or aborted stage promotes nothing, so it starts no
-    exploitation.
+    exploitation, and a person's revision at an exploit stage ends the streak (the next stage's engineer acts on it).
 
     The same rhythm without a promotion: an exploring stage that promoted nothing but whose own lineage (its training
     and control arm under harness@main, not a candidate's arm) confirmed a gain on fresh target instances
@@ -956,6 +956,8 @@ def _exploit(run: Run, k: int) -> tuple[str | None, list[str]]:
         if d.winner:
             return (d.winner if exploited < cap else None), []
         if t is not None and t.exploits and d.next_policy == t.checkpoint:  # exploiting paid: what did it exploit?
+            if (human := run.result(j, GateAnswer)) is not None and human.action in ("revise", "abort"):
+                return None, []  # a person asked for something else at an exploit stage: the engineer acts on it
             continue
         if t is not None and not t.exploits and exploited < gain_cap and gained(run, j, d):
             causes = known_causes(run, range(j, k))

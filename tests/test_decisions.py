@@ -1064,9 +1064,10 @@ def test_the_stage_after_a_promotion_exploits_it(run, monkeypatch):
     checkpoint did not continue, a stage after one that explored without a winner, and the stage past the cap
     explore; 0 turns it off; an exploit stage trains `recipe.steps` + (candidates + 1) x `arm_steps`. Caught:
     exploiting after a stage with no winner, exploiting on after exploitation stopped paying or forever, or an
-    exploit stage that trains only its own steps (its arms' compute lost)."""
+    exploit stage that trains only its own steps (its arms' compute lost), a person's revision at an exploit stage
+    left unread while the streak goes on."""
     from harness.decisions import exploit_steps, exploiting
-    from harness.results import Decided, Trained
+    from harness.results import Decided, GateAnswer, Trained
 
     def stage(j: int, winner: str | None = None, exploits: str | None = None, carried: bool = True) -> None:
         run.save_result(j, Trained(checkpoint=f"ckpt/s{j}-train", exploits=exploits))
@@ -1091,6 +1092,11 @@ def test_the_stage_after_a_promotion_exploits_it(run, monkeypatch):
     stage(4)  # explored, no winner
     stage(5, winner="s5c2")
     assert exploiting(run, 5) is None and exploiting(run, 6) == "s5c2"
+    # a person who revises at an exploit stage's gate is heard: the next stage explores, its engineer reads them
+    stage(6, exploits="s5c2")
+    assert exploiting(run, 7) == "s5c2"
+    run.save_result(6, GateAnswer(action="revise", feedback="try a smaller learning rate"))
+    assert exploiting(run, 7) is None
     cap(0)
     assert exploiting(run, 6) is None and exploiting(run, 2) is None
     assert exploit_steps(run, 5) == 5 + (cfg.stage.candidates + 1) * cfg.backtest.arm_steps
