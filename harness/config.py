@@ -496,6 +496,10 @@ class EngineerConfig(BaseModel):
                                                      "policy checkpoint (llm without base_url)")
     script: str | None = Field(None, description="YAML/JSONL file of replies, one per stage (scripted)")
     max_retries: int = Field(2, ge=0, le=10, description="retries of an invalid reply before the rule engineer steps in")
+    spread: bool = Field(True, description="rule engineer: a stage's root-cause slots go to distinct parts of the "
+                                           "harness first (env, recipe, reward, diagnostic: two hypotheses side by "
+                                           "side, not two variants of one); false: by rank alone, as before the "
+                                           "seventy-first session")
     temperature: float = Field(0.7, ge=0, le=2, description="sampling temperature of the engineer")
     max_tokens: int = Field(1024, ge=16, description="reply budget in tokens")
     timeout_s: float = Field(120.0, gt=0, le=86_400, description="seconds allowed for one endpoint reply (at most a day)")

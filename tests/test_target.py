@@ -485,3 +485,30 @@ def test_the_mix_distance_counts_the_mixs_weight_on_slices_the_target_lacks():
     assert d.metrics["target_mix_distance"] == pytest.approx(0.45)
     far = [f for f in d.findings if f.code == "target.mix_far"]
     assert far and far[0].rate == pytest.approx(0.45) and "size=3 0.45 vs 0.00 (not in the target)" in far[0].message
+
+
+def test_a_stage_tests_two_root_causes_in_different_parts_before_two_variants_of_one(tmp_path):
+    """The too-hard mix AND a training that lowered the policy (`grpo.policy_regressed`, a collapsing rate): with two
+    slots, the whole-target change and the rate cut, one hypothesis each, whatever the Thompson draws; before the
+    seventy-first session the second slot went by the draw among every root cause, and a held-out harness with both
+    defects got the target and its differing entry (two variants of the mix) while the rate waited at two stages.
+    `engineer.spread: false` keeps that order. What this catches: a spread that drops the whole-target change from the
+    first slot, or one that never reaches another part."""
+    from harness.records import Finding
+
+    d = diagnose(TOO_HARD, {}, {3: 0.5, 4: 0.25, 5: 0.0})
+    fell = Finding(code="grpo.policy_regressed", severity="critical", count=64, rate=0.12,
+                   knobs=["recipe.learning_rate"], message="the stage's training lowered probe valid")
+    d = d.model_copy(update={"findings": [*d.findings, fell]})
+    spread, plain = [], []
+    for seed in range(8):
+        with SkillLibrary.open(tmp_path / f"skills{seed}.db") as lib:
+            for cfg, out in ((EngineerConfig(), spread), (EngineerConfig(spread=False), plain)):
+                res = propose(cfg, d, lib, 2, np.random.default_rng(seed))
+                out.append([c.change.knob for c in res.candidates])
+    assert all(k[0] == "env.target" and k[1] == "recipe.learning_rate" for k in spread), spread
+    with SkillLibrary.open(tmp_path / "skills0.db") as lib:  # where the spread changed a slot, the notes say so
+        said = [propose(EngineerConfig(), d, lib, 2, np.random.default_rng(s)).notes for s in range(8)]
+    assert sum(any("spread over harness parts" in n for n in ns) for ns in said) == sum(
+        "recipe.learning_rate" not in k for k in plain), said
+    assert any("recipe.learning_rate" not in k for k in plain), plain  # by the draws alone, the rate can wait

@@ -142,6 +142,7 @@ def propose(engineer_cfg: EngineerConfig, diagnosis: Diagnosis, skills_library: 
 
     hits = skills_library.applicable([f.code for f in diagnosis.findings], diagnosis.task)
     notes += [cut(n) for n in hits.skipped if cut(n) not in notes]
-    cands, more = propose_rule(diagnosis, hits.in_family, hits.fallback, max_candidates, rng, space, rejected)
+    cands, more = propose_rule(diagnosis, hits.in_family, hits.fallback, max_candidates, rng, space, rejected,
+                               spread=engineer_cfg.spread)
     cands, same = continue_inconclusive(diagnosis, cands)
     return ProposalResult(candidates=cands, engineer_used="rule", notes=notes + more + same, rejected_replies=bad)

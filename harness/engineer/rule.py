@@ -348,11 +348,41 @@ def _options_of(skill: Skill, borrowed: bool, findings: list[Finding], diagnosis
     return out
 
 
+def spread_parts(options: list[tuple[tuple, Skill, Finding, Change, Any]]
+                 ) -> list[tuple[tuple, Skill, Finding, Change, Any]]:
+    """Sorted options with the root causes' (in-family, ranked at or above a root cause) spread over the parts of the
+    harness they change (`Change.kind`: env, recipe, reward, diagnostic): the first option of each part, in rank
+    order, before the second of any part. A stage's slots then test distinct hypotheses side by side (the mix AND the
+    learning rate) rather than two variants of one (train on the target, and its one differing entry) while another
+    root cause waits: on a held-out harness with a too-hard mix and a collapsing rate, `grpo.policy_regressed` fired
+    at two stages and its fix was never proposed (BENCHMARKS.md, seventieth session). Options ranked below the root
+    causes keep their order."""
+    head = [o for o in options if o[0][0] == 0 and o[0][1] <= 0]  # in-family root causes: a prefix of the sort
+    seen: dict[str, int] = {}
+    ranked = []
+    for i, o in enumerate(head):
+        ranked.append((seen.get(o[3].kind, 0), i, o))
+        seen[o[3].kind] = seen.get(o[3].kind, 0) + 1
+    return [o for *_, o in sorted(ranked, key=lambda r: r[:2])] + options[len(head):]
+
+
+def _first_knobs(options: list[tuple[tuple, Skill, Finding, Change, Any]], n: int) -> list[str]:
+    """The knobs of the first `n` options on distinct knobs (what fills the slots when nothing is skipped)."""
+    out: list[str] = []
+    for o in options:
+        if len(out) >= n:
+            break
+        if o[3].knob not in out:
+            out.append(o[3].knob)
+    return out
+
+
 def propose_rule(diagnosis: Diagnosis, in_family: list[Skill], fallback: list[Skill], max_candidates: int,
-                 rng: np.random.Generator, space: dict[str, Knob], rejected_keys: set[str] | None = None
-                 ) -> tuple[list[Candidate], list[str]]:
+                 rng: np.random.Generator, space: dict[str, Knob], rejected_keys: set[str] | None = None,
+                 spread: bool = True) -> tuple[list[Candidate], list[str]]:
     """Up to `max_candidates` single-factor candidates (distinct knobs) and notes on what was skipped and why.
-    `fallback` skills (other families) are used only for slots the in-family skills cannot fill."""
+    `fallback` skills (other families) are used only for slots the in-family skills cannot fill; `spread`: the root
+    causes' slots go to distinct parts of the harness first (`spread_parts`)."""
     rejected = rejected_keys or set()
     findings = sorted(diagnosis.findings, key=lambda f: (_SEV.get(f.severity, 3), -f.rate, -f.count, f.code))
     pools = [sorted(in_family, key=lambda s: s.name), sorted(fallback, key=lambda s: s.name)]
@@ -368,6 +398,12 @@ def propose_rule(diagnosis: Diagnosis, in_family: list[Skill], fallback: list[Sk
                 notes.append(f"skill {skill.name} skipped: {type(exc).__name__}: {str(exc)[:300]}"
                              if not isinstance(exc, SkillError) else f"skill {skill.name} skipped: {exc}")
     options.sort(key=lambda o: o[0])
+    if spread:
+        ranked, options = options, spread_parts(options)
+        before, after = _first_knobs(ranked, max_candidates), _first_knobs(options, max_candidates)
+        if before != after:
+            notes.append(f"rule engineer: root-cause slots spread over harness parts: {', '.join(after)} (by rank "
+                         f"alone: {', '.join(before)})")
     out: list[Candidate] = []
     knobs: set[str] = set()
     for (borrowed, *_), skill, f, change, old in options:
