@@ -116,14 +116,15 @@ def test_a_thinking_models_draft_json_is_not_its_answer(lib):
     assert bad.reason.startswith("the reply is a <think> block") and "engineer.max_tokens" in bad.reason
 
 
-def test_a_reasoning_parsers_reply_without_an_answer_is_a_think_block_not_a_broken_endpoint(lib):
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])  # older servers' name, newer ones'
+def test_a_reasoning_parsers_reply_without_an_answer_is_a_think_block_not_a_broken_endpoint(lib, field):
     """`vllm serve --reasoning-parser` returns `content: null` with `reasoning_content` when the budget ran out before
     the answer: that is the thinking model's unclosed think block (a recorded rejection naming engineer.max_tokens,
     then the retry), and the preflight passes; before, the preflight refused the endpoint and blamed the URL, model
     and key, and a stage treated it as a transport failure (an outside attack, seventieth session)."""
     from harness.engineer import preflight
 
-    thinking = {"role": "assistant", "content": None, "reasoning_content": "the mix looks fine, maybe the rate"}
+    thinking = {"role": "assistant", "content": None, field: "the mix looks fine, maybe the rate"}
     good = json.dumps({"candidates": [_one("recipe.temperature", 1.3)]})
     with FakeEndpoint([thinking, thinking, good]) as ep:
         assert preflight(_cfg(ep.url)) is None

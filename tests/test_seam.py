@@ -32,8 +32,9 @@ FAMILY_WORDS = re.compile(r"\b(mapf|sizes?|agents?|holes?|hole_ratio|wait_ratio|
                           r"|arith|digits|sub_ratio|mul_ratio"  # math
                           r"|depth|vocab|list_len|str_ratio|humaneval)\b",  # code
                           re.IGNORECASE)
-# matplotlib's and CSS's font size; the chat-completions API's `reasoning_content` (vllm serve --reasoning-parser)
-NOT_FAMILY = re.compile(r"font[-.]size|reasoning[-_](content|parser)", re.IGNORECASE)
+# matplotlib's and CSS's font size; the chat-completions API's `reasoning_content` and `reasoning` message fields
+# (vllm serve --reasoning-parser: older servers name it the first way, newer ones the second)
+NOT_FAMILY = re.compile(r"font[-.]size|reasoning[-_](content|parser)|\.get\(\"reasoning\"\)", re.IGNORECASE)
 # words a family's models use that every module also uses in their plain sense (a finding's code, a function's name)
 COMMON = {"answer", "attempts", "carries", "code", "examples", "expected", "expr", "header", "inputs", "levels", "math",
           "name", "op", "output", "params", "plan", "solution", "source", "starts", "steps", "test"}

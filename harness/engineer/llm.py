@@ -184,9 +184,9 @@ def chat_endpoint(base_url: str, model: str, api_key_env: str | None, temperatur
             content = payload["choices"][0]["message"]["content"]
         except (KeyError, IndexError, TypeError):
             raise EndpointError(f"engineer endpoint {url} returned no choices[0].message.content") from None
-        if content is None:  # `vllm serve --reasoning-parser` puts the thinking apart (`reasoning_content`) and
-            message = payload["choices"][0]["message"]  # leaves content null when the budget ran out before the answer
-            thought = message.get("reasoning_content")
+        if content is None:  # `vllm serve --reasoning-parser` puts the thinking apart (`reasoning_content`, or in
+            message = payload["choices"][0]["message"]  # newer servers the other field) and leaves content null when
+            thought = message.get("reasoning_content") or message.get("reasoning")  # the budget ran out first
             if isinstance(thought, str) and thought:
                 return f"<think>{thought}"  # an unclosed think block: a recorded rejection naming engineer.max_tokens
         if not isinstance(content, str):
