@@ -325,14 +325,9 @@ def judge_arm(model, tok, task: Any, instances: list, judge: Judge, sampling_see
     check_split(seeds_, "backtest")
     t0 = time.perf_counter()
     if judge.decides_greedy:  # one greedy decode per instance is the outcome, and the recorded (reported) greedy one
-        g = evaluate(model, tok, task, instances, style, params=SamplingParams(
-            temperature=0.0, max_new_tokens=judge.max_new_tokens, batch_size=batch_size, backend=backend))
-        gv = np.zeros(len(instances))
-        for r in g.rollouts:
-            gv[r.group] = r.valid
-        return ArmEval(seeds=seeds_, outcomes=gv.tolist(), slices=[task.slices(i) for i in instances],
-                       greedy=gv.tolist(), samples=1, temperature=0.0, rollouts=g.rollouts,
-                       seconds=time.perf_counter() - t0, tokens=g.new_tokens)
+        gv, g = _decode_greedy(model, tok, task, instances, judge, style, backend, batch_size)
+        return ArmEval(seeds=seeds_, outcomes=gv, slices=[task.slices(i) for i in instances], greedy=list(gv), samples=1,
+                       temperature=0.0, rollouts=g.rollouts, seconds=time.perf_counter() - t0, tokens=g.new_tokens)
     rep = evaluate(model, tok, task, instances, style, params=SamplingParams(
         temperature=judge.temperature, n=judge.samples, seed=sampling_seed, max_new_tokens=judge.max_new_tokens,
         batch_size=batch_size, backend=backend))
@@ -353,6 +348,14 @@ def judge_greedy(model, tok, task: Any, instances: list, judge: Judge, style: st
                  backend: str = "transformers", batch_size: int = 64) -> tuple[list[float], int]:
     """(per-instance greedy validity, new tokens): one greedy completion per instance at the judge's completion budget,
     unshaped (the task's own scorer), as the held-out test suite decodes."""
+    gv, g = _decode_greedy(model, tok, task, instances, judge, style, backend, batch_size)
+    return gv, g.new_tokens
+
+
+def _decode_greedy(model, tok, task: Any, instances: list, judge: Judge, style: str | None, backend: str,
+                   batch_size: int) -> tuple[list[float], Any]:
+    """(per-instance greedy validity, the evaluation: its rollouts and new tokens), for `judge_greedy` and a greedy
+    judge's `judge_arm`."""
     from harness.policy_glue import evaluate
     from policies.rollout import SamplingParams
 
@@ -361,7 +364,7 @@ def judge_greedy(model, tok, task: Any, instances: list, judge: Judge, style: st
     gv = np.zeros(len(instances))
     for r in g.rollouts:
         gv[r.group] = r.valid
-    return gv.tolist(), g.new_tokens
+    return gv.tolist(), g
 
 
 def arm_vetoes(control_files: dict[str, str], candidate_files: dict[str, str], control: ArmEval,
@@ -538,7 +541,8 @@ def sequential_verdict(cid: str, control: ArmEval, arm: ArmEval, gate: GateConfi
                         greedy_candidate=float(np.mean(arm.greedy)) if arm.greedy else None, judge=judge,
                         diffs=[round(d, 6) for d in diffs], slices=ctrl.slices, clusters=problems, pairs=look.pairs,
                         pooled=list(pooled or []), looks=record, comparisons=comparisons,
-                        vetoes_void=list(vetoes_void or []), next_step=None if look.decision in ("promoted", "refuted") else look.next_step)
+                        vetoes_void=list(vetoes_void or []),
+                        next_step=None if look.decision in ("promoted", "refuted") else look.next_step)
     decision = {"promoted": "promoted", "refuted": "rejected"}.get(look.decision, "inconclusive")
     reason = look.reason
     if vetoes_void:  # by name only: what a veto says quotes held-out rollouts (the evidence keeps its words)

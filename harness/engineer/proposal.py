@@ -447,7 +447,8 @@ MULTI_KEYS = ("changes", "knobs", "values", "patch", "patches")
 def extract_json(text: str) -> Any:
     """The JSON object holding `candidates` in `text`, else its first JSON object or array of objects (code fences
     and prose around it are ignored, so is JSON the prose quotes before the answer, e.g. the current mix; so is a
-    leading `<think>...</think>` block, `harness.tasks.split_think`). Bounded: a reply over MAX_REPLY_CHARS, JSON nested too deeply or numbers too long to convert are ProposalErrors, never other exceptions."""
+    leading `<think>...</think>` block, `harness.tasks.split_think`). Bounded: a reply over MAX_REPLY_CHARS, JSON
+    nested too deeply or numbers too long to convert are ProposalErrors, never other exceptions."""
     if not isinstance(text, str):
         raise ProposalError(f"the reply is not text ({type(text).__name__})")
     if len(text) > MAX_REPLY_CHARS:
