@@ -184,9 +184,11 @@ def chat_endpoint(base_url: str, model: str, api_key_env: str | None, temperatur
             content = payload["choices"][0]["message"]["content"]
         except (KeyError, IndexError, TypeError):
             raise EndpointError(f"engineer endpoint {url} returned no choices[0].message.content") from None
-        if content is None:  # `vllm serve --reasoning-parser` puts the thinking apart (`reasoning_content`, or in
-            message = payload["choices"][0]["message"]  # newer servers the other field) and leaves content null when
-            thought = message.get("reasoning_content") or message.get("reasoning")  # the budget ran out first
+        # `vllm serve --reasoning-parser` puts the thinking apart (`reasoning_content`; newer servers drop the field
+        # name's suffix) and leaves content null when the budget ran out before the answer
+        if content is None:
+            message = payload["choices"][0]["message"]
+            thought = message.get("reasoning_content") or message.get("reasoning")
             if isinstance(thought, str) and thought:
                 return f"<think>{thought}"  # an unclosed think block: a recorded rejection naming engineer.max_tokens
         if not isinstance(content, str):
