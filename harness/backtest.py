@@ -542,7 +542,8 @@ def sequential_verdict(cid: str, control: ArmEval, arm: ArmEval, gate: GateConfi
                         diffs=[round(d, 6) for d in diffs], slices=ctrl.slices, clusters=problems, pairs=look.pairs,
                         pooled=list(pooled or []), looks=record, comparisons=comparisons,
                         vetoes_void=list(vetoes_void or []),
-                        next_step=None if look.decision in ("promoted", "refuted") else look.next_step)
+                        next_step=None if look.decision in ("promoted", "refuted") else look.next_step,
+                        sign_chance=None if look.sign_chance is None else round(look.sign_chance, 4))
     decision = {"promoted": "promoted", "refuted": "rejected"}.get(look.decision, "inconclusive")
     reason = look.reason
     if vetoes_void:  # by name only: what a veto says quotes held-out rollouts (the evidence keeps its words)

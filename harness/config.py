@@ -427,7 +427,10 @@ class GateConfig(BaseModel):
                             "conditional power of promotion by the plan's end (under its current estimate) is below "
                             "this: inconclusive, evidence spent. Cheaper decisions for power (BENCHMARKS.md: 0.05 halves "
                             "a null change's arm pairs, 2.74 -> 1.33 over 81 live A/A decisions, and lost 1 of 10 "
-                            "promotions on each planted defect, lr and env); 0 = never")
+                            "promotions on each planted defect, lr and env); 0 = never. A change the learning-signal "
+                            "route reads whose signal is shown is not stopped while the chance its pooled target "
+                            "estimate ends not below the control's is at least this (`harness.decisions.signal_lift`): "
+                            "that route needs only the sign")
 
     learning_signal: float | None = Field(
         0.10, ge=0.0, le=1.0, description="an ENV change (the training distribution), a sampling-temperature change "

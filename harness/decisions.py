@@ -24,7 +24,9 @@ bound, too few differing instances) gets its next pair in the same stage too: th
 later anyway, and a clear effect settled now saves the run a stage without its fix. So (`backtest.signal_pair`, on by
 default) does a change the learning-signal route reads (`on_learning_signal`) whose first pair's signal is promising
 but not shown with confidence (`signal_pairs`): the route pools the two pairs' live shares as the target test pools
-their differences, each pair one look at alpha / `gate.max_pairs`.
+their differences, each pair one look at alpha / `gate.max_pairs`. A futility stop (`gate.futility`) weighs that
+route too: a change whose signal is shown needs only a pooled target estimate not below the control's, so it keeps
+its next pair while the chance of that is at least the setting (`signal_lift`).
 """
 
 from __future__ import annotations
@@ -278,7 +280,13 @@ def on_learning_signal(run: Run, k: int, vs: list[Verdict], arms: dict[str, Any]
                 v = v.model_copy(update={"evidence": v.evidence.model_copy(update={"live": {"control": kl,
                                                                                            "candidate": cl}})})
             if v.candidate not in hold:
-                got = signal_verdict(v, kl, cl, gate, comparisons, earlier=earlier_live(run, v))
+                earlier = earlier_live(run, v)
+                got = signal_verdict(v, kl, cl, gate, comparisons, earlier=earlier)
+                if got is None and (got := signal_lift(v, kl, cl, gate, comparisons, earlier=earlier)) is not None:
+                    run.event(k, "backtest", "futility_lifted", f"{v.candidate}: {got.reason}",
+                              key=f"{k}/lift/{v.candidate}" + (f"/p{pair}" if pair > 1 else ""))
+                    out.append(got)
+                    continue
         if got is not None:
             run.event(k, "backtest", "learning_signal", f"{v.candidate}: {got.reason}",
                       key=f"{k}/signal/{v.candidate}" + (f"/p{pair}" if pair > 1 else ""))
@@ -323,11 +331,50 @@ def signal_verdict(v: Verdict, control_live: list[float], candidate_live: list[f
     a 30-step arm on the right mix moves the target by a few points at most, below what one pair of arms resolves,
     while the mix it corrects leaves most groups dead (no gradient at all); the target test still guards against
     harm. The caller passes only the changes `takes_signal_route` admits."""
-    from harness.backtest import learning_signal_bound, learning_signal_ratio_bound
-
     ev = v.evidence
     if gate.learning_signal is None or v.decision != "inconclusive" or ev is None or ev.effect < 0 or ev.vetoes:
         return None
+    if (how := signal_shown(control_live, candidate_live, gate, comparisons, earlier)) is None:
+        return None
+    reason = (f"promoted on learning signal: {how}, target not below the control (effect {ev.effect:+.3f} "
+              f"[{ev.ci_low:+.3f}, {ev.ci_high:+.3f}], n={ev.n}); was: {v.reason}")
+    return v.model_copy(update={"decision": "promoted", "reason": cut(reason)})
+
+
+def signal_lift(v: Verdict, control_live: list[float], candidate_live: list[float], gate: Any, comparisons: int,
+                earlier: list[tuple[list[float], list[float]]] = ()) -> Verdict | None:
+    """A futility stop that weighs the route the change is on: an inconclusive verdict the futility rule stopped
+    (`harness.sequential.decide`: the chance of promotion ON THE TARGET by the plan's end below `gate.futility`),
+    whose change the learning-signal route reads and whose signal is SHOWN with confidence (`signal_shown`, the
+    route's own test at its alpha), needs only a pooled target estimate not below the control's to be promoted by
+    that route (`signal_verdict`). Its chance is `Evidence.sign_chance` (the pooled estimate ending at or above 0 by
+    the plan's end, at the current estimate); while that is at least `gate.futility` the stop is lifted: the verdict
+    asks for a new pair again, so the loop gives it one (`signal_pairs`) and a re-test pools it. The verdict so
+    lifted, else None. Why: with the greedy judge on 30-step arms (`gate.futility` 0.2), 3 of 20 planted environment
+    fixes whose live groups rose from ~1% to ~40% of the arm's training were stopped after one pair on target
+    estimates of -0.008 to -0.030 (BENCHMARKS.md, seventy-second session), evidence spent and never re-tested from
+    that state. The error is unchanged: a pair is one more look of each route at the alpha it already spends
+    (`gate.max_pairs` in the route's Bonferroni, the target's spending function), and a null change (no signal)
+    is stopped as before."""
+    ev = v.evidence
+    if (gate.futility <= 0 or v.decision != "inconclusive" or ev is None or ev.next_step != "stop"
+            or ev.sign_chance is None or ev.sign_chance < gate.futility or ev.vetoes):
+        return None
+    if (how := signal_shown(control_live, candidate_live, gate, comparisons, earlier)) is None:
+        return None
+    spent = "; evidence spent: never re-proposed from this state"
+    reason = (f"{v.reason.removesuffix(spent)}; futility stop lifted: its learning signal is shown ({how}), and "
+              f"the chance its pooled target estimate ends not below the control's is {ev.sign_chance:.3f} >= "
+              f"gate.futility {gate.futility:.3f}: a new pair pools with it")
+    return v.model_copy(update={"reason": cut(reason), "evidence": ev.model_copy(update={"next_step": "new_pair"})})
+
+
+def signal_shown(control_live: list[float], candidate_live: list[float], gate: Any, comparisons: int,
+                 earlier: list[tuple[list[float], list[float]]] = ()) -> str | None:
+    """The learning-signal route's own test (`signal_verdict`): how the candidate arm's share of live GRPO groups
+    is above the control's with confidence, or None when it is not shown."""
+    from harness.backtest import learning_signal_bound, learning_signal_ratio_bound
+
     # a change may take this route at each of its arm pairs (a second pair, a pooled re-test): one test per pair, so
     # Bonferroni over the pairs one change may be judged on as well as over the stage's comparisons; the absolute and
     # the ratio reading split that alpha between them (Bonferroni again) when both are on
@@ -350,9 +397,7 @@ def signal_verdict(v: Verdict, control_live: list[float], candidate_live: list[f
                "scaled to each arm's)")
     else:
         return None
-    reason = (f"promoted on learning signal: {how}, target not below the control (effect {ev.effect:+.3f} "
-              f"[{ev.ci_low:+.3f}, {ev.ci_high:+.3f}], n={ev.n}); was: {v.reason}")
-    return v.model_copy(update={"decision": "promoted", "reason": cut(reason)})
+    return how
 
 
 def second_pairs(run: Run, k: int, vs: list[Verdict]) -> dict[str, str]:
@@ -406,8 +451,10 @@ def signal_promising(run: Run, v: Verdict) -> str | None:
     from harness.backtest import learning_signal_ratio_bound
 
     gate, ev = run.config.gate, v.evidence
+    lifted = ev is not None and ev.sign_chance is not None and 0 < gate.futility <= ev.sign_chance  # `signal_lift`
     if (gate.learning_signal is None or v.decision != "inconclusive" or ev is None or ev.next_step != "new_pair"
-            or ev.effect < 0 or ev.vetoes or not ev.live.get("control") or not ev.live.get("candidate")):
+            or (ev.effect < 0 and not lifted) or ev.vetoes or not ev.live.get("control")
+            or not ev.live.get("candidate")):
         return None
     kl, cl = ev.live["control"], ev.live["candidate"]
     gain = float(np.mean(cl) - np.mean(kl))
@@ -420,6 +467,9 @@ def signal_promising(run: Run, v: Verdict) -> str | None:
                f"{gate.learning_signal_ratio:g} times as many (contrast {c:+.3f}{over})")
     else:
         return None
+    if ev.effect < 0:  # lifted from a futility stop: shown, and its estimate may still end not below the control's
+        return (f"its learning signal is shown ({why}) and its target estimate {ev.effect:+.3f} may still end not "
+                f"below the control's (chance {ev.sign_chance:.3f} >= gate.futility {gate.futility:.3f})")
     return f"its learning signal is promising but not yet shown ({why}; target estimate {ev.effect:+.3f} not below " \
            "the control's)"
 

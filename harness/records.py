@@ -339,6 +339,10 @@ class Evidence(BaseModel):
     looks: list[dict[str, Any]] = Field(default_factory=list, description="every look: n, effect, bounds, decision")
     next_step: str | None = Field(None, description="where more evidence would come from (more_instances, new_pair, "
                                                     "stop: spent)")
+    sign_chance: float | None = Field(None, description="at a futility stop: the chance the pooled estimate ends at or "
+                                      "above 0 by the plan's end at the current estimate (`harness.sequential."
+                                      "sign_chance`); a change whose learning signal is shown is not stopped while "
+                                      "it is at least gate.futility (`harness.decisions.signal_lift`)")
 
 
 class Verdict(BaseModel):

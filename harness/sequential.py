@@ -177,6 +177,9 @@ class Look(BaseModel):
     looks: int = Field(0, description="looks taken so far by this decision, this one included")
     by_slice: dict[str, dict[str, float]] = Field(default_factory=dict)
     next_step: Literal["more_instances", "new_pair", "stop"] = "stop"
+    sign_chance: float | None = Field(None, description="at a futility stop: the chance the pooled estimate ends at "
+                                      "or above 0 by the plan's end at the current estimate (`sign_chance`), what a "
+                                      "second route that needs only its sign weighs (`harness.decisions.signal_lift`)")
 
 
 # --- error spending and boundaries ----------------------------------------------------------------------------------------
@@ -472,7 +475,8 @@ def decide(pairs: list[PairEvidence], plan: Plan, vetoes: list[str] | None = Non
         if cp < plan.futility:
             return Look(decision="inconclusive", reason=f"inconclusive, stopped for futility: {why}; the chance of a "
                         f"promotion by the plan's end at the current estimate is {cp:.3f} < gate.futility "
-                        f"{plan.futility:.3f} ({nums})", next_step="stop", **base)
+                        f"{plan.futility:.3f} ({nums})", next_step="stop",
+                        sign_chance=sign_chance(effect, se, plan, sd), **base)
     if step == "stop":
         return Look(decision="inconclusive", reason=f"inconclusive, evidence spent: {why} ({nums})", next_step="stop",
                     **base)
@@ -545,6 +549,20 @@ def conditional_power(effect: float, se: float, plan: Plan, sd: float, compariso
     c_end = _boundaries_at(plan, (plan.max_n,) * plan.max_pairs, comparisons, sd)[0]
     drift = effect - plan.promote_above
     return _N.cdf((drift * info + drift * left - c_end * math.sqrt(info_max)) / math.sqrt(left))
+
+
+def sign_chance(effect: float, se: float, plan: Plan, sd: float) -> float:
+    """The chance that the pooled estimate, continued to the plan's full information with `effect` as the true
+    effect, ends at or above 0: `conditional_power`'s current-trend reading (Jennison and Turnbull 2000, sec. 10.2)
+    for a claim with no boundary but its sign. On the score scale S(I) = effect x I + W(I), S(I_max) is normal with
+    mean effect x I_max and variance I_max - I, so the chance is Phi(effect x I_max / sqrt(I_max - I)). What the
+    learning-signal route needs of the target once its own reading is shown (`harness.decisions.signal_verdict`:
+    an estimate not below the control's), so what a futility stop weighs for such a change."""
+    info, info_max = 1.0 / se**2, plan.info_max(sd * sd)
+    left = info_max - info
+    if left <= 0:
+        return float(effect >= 0)
+    return _N.cdf(effect * info_max / math.sqrt(left))
 
 
 @functools.lru_cache(maxsize=4096)

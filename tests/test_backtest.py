@@ -330,6 +330,48 @@ def test_calibration_walk_takes_the_loops_learning_signal_route_for_an_env_or_te
     assert "learning signal" not in w.verdict.reason
 
 
+def test_a_futility_stop_weighs_the_learning_signal_route_an_env_change_is_on():
+    """gate.futility stops a re-test whose chance of promotion on the TARGET is low; an env change whose live groups
+    rose with confidence needs only a pooled target estimate not below the control's (the learning-signal route), so
+    a first pair at a slightly negative estimate is not stopped while that chance (`sign_chance`) is at least the
+    setting: it gets a second pair, and a second pair a little ahead promotes it on the pooled evidence. Stopped as
+    before: the same arms with no live-share gain (a null change), a clearly negative estimate, and any change at
+    futility 0 (the default judge: nothing here changes). Would catch the lift firing without the route's own test,
+    on a hopeless estimate, or not reaching the walk (the planted-env power the greedy judge lost, 72nd session)."""
+    from types import SimpleNamespace
+
+    from harness.benchmarks.calibration import walk
+
+    gate = GateConfig(min_effect=0.02, arm_noise_sd=0.025, max_pairs=3, futility=0.2)
+    plan = gate.plan(160)
+    rng = np.random.default_rng(5)
+    c = list(rng.integers(0, 5, size=160) / 4)
+
+    def pair(shift: list[float], live=(0.01, 0.4)):
+        p = _pair(c, list(np.clip(np.array(c) + np.array(shift), 0, 1)))
+        for name, x in zip(("control", "candidate"), live, strict=True):
+            p.arms[name].metrics = SimpleNamespace(steps=[{"dead_group_share": 1 - v}
+                                                          for v in rng.binomial(8, x, size=30) / 8])
+        return p
+
+    behind = [-0.25, 0.0, 0.0, 0.25] * 38 + [-0.25] * 8  # -0.0125: stopped for futility on the target
+    ahead = [-0.25, 0.0, 0.25, 0.25] * 40  # +0.0625
+    env = ({"env.yaml": "a"}, {"env.yaml": "b"})
+    trained = []
+    w = walk([pair(behind)], lambda p: trained.append(p) or pair(ahead), *env, gate, plan, "j", 4, "c")
+    assert trained == [1] and w.pairs == 2, w.verdict.reason
+    assert w.verdict.decision == "promoted" and "learning signal" in w.verdict.reason, w.verdict.reason
+    first = [x for x in w.verdict.evidence.looks if x["pairs"] == 1][-1]  # the stop the route lifted
+    assert first["effect"] < 0 and first["next_step"] == "stop", first
+    for p0, g in ((pair(behind, live=(0.2, 0.2)), gate),  # no signal: a null env change stops as before
+                  (pair([-0.25, -0.25, 0.0, 0.25] * 36 + [0.0] * 16), gate),  # -0.056: hopeless (or refuted)
+                  (pair(behind), gate.model_copy(update={"futility": 0.0}))):
+        w = walk([p0], lambda p: pair(ahead), *env, g, g.plan(160), "j", 4, "c")
+        assert "futility stop lifted" not in w.verdict.reason, w.verdict.reason
+        if g.futility:
+            assert w.pairs == 1 and w.verdict.decision != "promoted", w.verdict.reason
+
+
 def test_calibration_replay_judges_recorded_pairs_under_another_gate(tmp_path):
     """`replay` re-walks the recorded per-instance outcomes of a calibration run under another gate setting, no
     training: an A/A decision that took three pairs stops after one under futility 0.05 and is charged one pair; a

@@ -11,6 +11,7 @@ not happen or re-tests a refuted change.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from harness.records import Candidate, Change, Diagnosis, Evidence, Finding, Rollout, Verdict, write_rollouts
@@ -555,6 +556,52 @@ def test_a_promising_learning_signal_gets_a_second_pair_in_the_same_stage_and_bo
     off = run.config.model_copy(update={"backtest": run.config.backtest.model_copy(update={"signal_pair": False})})
     object.__setattr__(run, "config", off)
     assert signal_pairs(run, 1, [read]) == {}
+
+
+def test_a_futility_stop_is_lifted_for_a_change_whose_learning_signal_is_shown(run):
+    """With `gate.futility` on (the greedy judge's 0.2), a temperature change whose arm trained on ~40% live groups
+    against ~1% (the route's own test passes) but whose first pair's target estimate is a little below the control's
+    was stopped for futility, evidence spent, never re-proposed from that state. `on_learning_signal` lifts the stop
+    while the chance its pooled estimate ends not below the control's is at least the setting: the verdict asks for
+    a new pair (kept, not spent), the event says why, and `signal_pairs` gives it that pair in the same stage. Not
+    lifted: a flat signal, a chance below the setting, futility off. Would catch the lift missing from the loop (the
+    calibration alone measuring it), a lift on a null change or a hopeless estimate, a lifted verdict still called
+    spent."""
+    from harness.decisions import look_until_decided, on_learning_signal, signal_pairs
+
+    gate = run.config.gate.model_copy(update={"futility": 0.2})
+    object.__setattr__(run, "config", run.config.model_copy(update={"gate": gate}))
+    temp = Change(kind="recipe", knob="recipe.temperature", value=0.7)
+    _propose(run, "s1c1", temp, 1)
+    rng = np.random.default_rng(2)
+    dead, alive = list(rng.binomial(8, 0.01, size=30) / 8), list(rng.binomial(8, 0.4, size=30) / 8)
+    half = {"control": lambda g, _i: g % 2 == 0, "s1c1": lambda g, _i: g % 2 == 1}
+    one = _pair_arms(run, 1, "s1c1", 1, 0.5, 0.5, solved=half, live={"control": dead, "s1c1": alive})
+    files, main = {"s1c1": run.workspace().files("cand/s1c1")}, run.workspace().files("main")
+    [first], _, _ = look_until_decided(run, 1, one, main, files)
+    spent = "; evidence spent: never re-proposed from this state"
+
+    def stopped(chance, effect=-0.01):  # the pair as a futility stop a little behind (the record's own numbers)
+        ev = first.evidence.model_copy(update={"effect": effect, "next_step": "stop", "sign_chance": chance})
+        return first.model_copy(update={"reason": "inconclusive, stopped for futility: ..." + spent, "evidence": ev})
+
+    [lifted] = on_learning_signal(run, 1, [stopped(0.35)], one, comparisons=1)
+    assert lifted.decision == "inconclusive" and lifted.evidence.next_step == "new_pair", lifted.reason
+    assert "futility stop lifted" in lifted.reason and "0.350 >= gate.futility 0.200" in lifted.reason
+    assert not lifted.reason.endswith(spent) and lifted.evidence.live["candidate"] == alive
+    assert any(e["kind"] == "futility_lifted" for e in run.store.events("r"))
+    why = signal_pairs(run, 1, [lifted])["s1c1"]
+    assert "signal is shown" in why and "-0.010" in why, why
+    for v in (stopped(0.1),):  # a chance below the setting: stays spent, no pair
+        [kept] = on_learning_signal(run, 1, [v], one, comparisons=1)
+        assert kept.evidence.next_step == "stop" and signal_pairs(run, 1, [kept]) == {}
+    flat = _pair_arms(run, 1, "s1c1", 1, 0.5, 0.5, solved=half, live={"control": alive, "s1c1": alive})
+    [kept] = on_learning_signal(run, 1, [stopped(0.35)], flat, comparisons=1)
+    assert kept.evidence.next_step == "stop", kept.reason
+    off = run.config.model_copy(update={"gate": gate.model_copy(update={"futility": 0.0})})
+    object.__setattr__(run, "config", off)
+    [kept] = on_learning_signal(run, 1, [stopped(0.35)], one, comparisons=1)
+    assert kept.evidence.next_step == "stop", kept.reason
 
 
 def test_a_change_whose_signal_stays_promising_is_re_tested_first_in_the_next_stage(run):

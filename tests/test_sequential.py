@@ -212,6 +212,31 @@ def test_a_futility_stop_halves_the_arm_pairs_of_a_null_change_and_keeps_the_err
     assert conditional_power(0.06, 0.025, fut, 0.3) > 0.5 > conditional_power(0.0, 0.025, fut, 0.3)
 
 
+def test_a_futility_stop_records_the_chance_its_pooled_estimate_ends_not_below_zero():
+    """A futility stop carries `sign_chance`, the current-trend chance that the pooled estimate ends at or above 0 by
+    the plan's end (what the learning-signal route needs of the target once its own reading is shown): 0.5 at an
+    estimate of 0, rising with it, small for a clear loser, and 0 or 1 when no information is left; looks that are
+    not futility stops carry none. Would catch the chance computed on the promotion boundary (conditional power, far
+    lower: a lifted stop would never fire), on the wrong side, or missing from the stop."""
+    from harness.sequential import conditional_power, sign_chance
+
+    fut = PLAN.model_copy(update={"futility": 0.2})
+    assert sign_chance(0.0, 0.04, fut, 0.3) == pytest.approx(0.5)
+    assert sign_chance(-0.03, 0.04, fut, 0.3) < sign_chance(-0.01, 0.04, fut, 0.3) < 0.5 < sign_chance(0.01, 0.04,
+                                                                                                        fut, 0.3)
+    assert sign_chance(-0.01, 0.04, fut, 0.3) > 0.2 > conditional_power(-0.01, 0.04, fut, 0.3)
+    assert sign_chance(-0.2, 0.04, fut, 0.3) < 0.01
+    assert sign_chance(-0.01, 1e-6, fut, 0.3) == 0.0 and sign_chance(0.01, 1e-6, fut, 0.3) == 1.0  # nothing left
+    d = [-0.25, 0.0, 0.25] * 53 + [0.0]  # 160 differences with mean 0: stopped for futility
+    look = decide([PairEvidence(judge="j", diffs=d)], fut)
+    assert look.next_step == "stop" and "futility" in look.reason and look.sign_chance == pytest.approx(0.5)
+    assert decide([PairEvidence(judge="j", diffs=d)], PLAN).sign_chance is None
+    for extra, above in ((5, True), (10, False)):  # estimates -0.008 and -0.016: both stopped, one chance >= 0.2
+        look = decide([PairEvidence(judge="j", diffs=[-0.25, 0.0, 0.25] * ((160 - extra) // 3) + [-0.25] * extra)],
+                      fut)
+        assert look.next_step == "stop" and look.effect < 0 and (look.sign_chance >= 0.2) == above, look
+
+
 def test_a_real_effect_on_a_few_untied_instances_is_not_refuted_on_ties():
     """A ceiling or floor task: 90% of instances tied every time, the +0.02 living on the rest. The plug-in variance
     of mostly-zero differences is near zero, so before the Agresti-Min floor (`_pooled_var`) such a change was

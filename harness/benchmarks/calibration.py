@@ -55,7 +55,7 @@ import numpy as np
 import yaml
 
 from harness.backtest import judge_fingerprint, prior_pairs, read_harness, verdicts
-from harness.decisions import signal_verdict
+from harness.decisions import signal_lift, signal_verdict
 from harness.records import Verdict
 from harness.round0 import round0_files
 from harness.scale import ArmJob, ArmOutput, execute_arm, policy_loader
@@ -235,7 +235,9 @@ def walk(pairs: list[Pair], more: Callable[[int], Pair], control_files: dict[str
         seconds += pair.judge_seconds * m / max(1, len(control.seeds))
         if v.decision == "inconclusive" and on_signal_route(control_files, candidate_files):  # the loop's second route
             here = (step_live(pair.arms["control"]), step_live(pair.arms["candidate"]))
-            v = signal_verdict(v, *here, gate, 1, earlier=list(live)) or v
+            v = (signal_verdict(v, *here, gate, 1, earlier=list(live))
+                 or signal_lift(v, *here, gate, 1, earlier=list(live)) or v)  # a futility stop weighs this route too
+            step = v.evidence.next_step if v.evidence is not None else step
             live.append(here)
         if v.decision != "inconclusive" or step != "new_pair" or p + 1 >= plan.max_pairs:
             return Walk(v, p + 1, used, seconds)
