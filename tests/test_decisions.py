@@ -684,6 +684,19 @@ def test_replaying_futility_on_a_recorded_run_counts_the_stops_the_saved_re_test
     assert (got["saved_pairs"], got["lost_promotions"], got["stops"][0]["lost"]) == (1, 1, ["s2c1"])
     off = replay_runs([run_dir], futility=0.0)
     assert (off["continued_tests"], off["stopped"], off["lost_promotions"]) == (2, 0, 0)
+    # the same estimate on a change the learning-signal route reads, its recorded groups ~1% -> ~40% live: the loop
+    # lifts that stop (`signal_lift`), so the replay counts it lifted, not stopped; with flat shares it is stopped
+    rng = np.random.default_rng(3)
+    dead, alive = list(rng.binomial(8, 0.01, size=30) / 8), list(rng.binomial(8, 0.4, size=30) / 8)
+    _propose(run, "s1c3", Change(kind="recipe", knob="recipe.temperature", value=0.9), 1)
+    for live, lifted in (({"control": dead, "candidate": alive}, 1), ({"control": alive, "candidate": alive}, 0)):
+        _record(run, "s1c3", "inconclusive", [-1.0] * 5 + [1.0] * 4 + [0.0] * 55, fp)
+        row = run.store.candidate("s1c3")
+        ev = Evidence.model_validate(row["evidence"]).model_copy(update={"live": live})
+        run.store.set_candidate_verdict(Verdict(candidate="s1c3", decision="inconclusive", reason="recorded",
+                                                evidence=ev))
+        got = replay_runs([run_dir], futility=0.2)
+        assert (got["continued_tests"], got["lifted"], got["stopped"]) == (3, lifted, 2 - lifted), got
 
 
 def test_what_continues_is_decided_on_the_whole_plan_when_the_gate_stopped_at_the_first_look(run, monkeypatch):

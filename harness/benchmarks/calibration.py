@@ -478,15 +478,18 @@ def replay_runs(run_dirs: list[str | Path], futility: float) -> dict[str, Any]:
     procedure sees only the differences),
     with the run's own gate (config.yaml) and `futility`, the stage's judged candidates as its comparisons. A test
     the rule stops would have ended there: its later pooled re-tests are saved, and any of them that was promoted is
-    a promotion lost. A replay on records cannot see what a run would have done instead (the stage's slot goes to
+    a promotion lost; a stop the loop lifts (`harness.decisions.signal_lift`: a change the learning-signal route
+    reads, its recorded live shares showing the signal) is counted as lifted, not stopped. A replay on records cannot
+    see what a run would have done instead (the stage's slot goes to
     another candidate); it counts what the rule removes. Prints and returns the counts, and one line per stop."""
     from harness.backtest import ArmEval
     from harness.config import load_config
+    from harness.decisions import takes_signal_route
     from harness.records import Evidence
     from harness.store import RunStore
 
-    tot: dict[str, Any] = {"runs": 0, "promotions": 0, "continued_tests": 0, "stopped": 0, "saved_pairs": 0,
-                           "lost_promotions": 0, "not_replayable": 0, "stops": []}
+    tot: dict[str, Any] = {"runs": 0, "promotions": 0, "continued_tests": 0, "stopped": 0, "lifted": 0,
+                           "saved_pairs": 0, "lost_promotions": 0, "not_replayable": 0, "stops": []}
     for d in map(Path, run_dirs):
         if not (d / "run.db").exists() or not (d / "config.yaml").exists():
             raise FileNotFoundError(f"{d}: not a run directory (needs run.db and config.yaml)")
@@ -524,6 +527,16 @@ def replay_runs(run_dirs: list[str | Path], futility: float) -> dict[str, Any]:
             tot["continued_tests"] += 1
             if not (v.evidence is not None and v.evidence.next_step == "stop" and "futility" in v.reason):
                 continue
+            if (rec.live.get("control") and rec.live.get("candidate") and takes_signal_route(
+                    c["kind"], c.get("knob") or "", c.get("old_value"), (c.get("patch") or {}).get("value"))
+                    and signal_lift(v, rec.live["control"], rec.live["candidate"], gate,
+                                    max(1, judged.get(c["stage"], 1)),
+                                    earlier=[(x["control"], x["candidate"]) for e0 in earlier
+                                             for x in [*e0.stage_live, e0.live] if x.get("control")]
+                                    + [(x["control"], x["candidate"]) for x in rec.stage_live
+                                       if x.get("control")]) is not None):
+                tot["lifted"] += 1  # its learning signal is shown: the loop keeps its next pair (`signal_lift`)
+                continue
             later = [x for x, e2 in ev.items() if c["id"] in (e2.get("pooled") or [])]
             lost = [x for x in later if status[x] == "promoted"]
             tot["stopped"] += 1
@@ -533,7 +546,7 @@ def replay_runs(run_dirs: list[str | Path], futility: float) -> dict[str, Any]:
                                  "pairs": len(pairs), "later": later, "lost": lost})
             print(f"stop: {d} {c['id']} {c['knob']} effect {rec.effect:+.3f} after {len(pairs)} pair(s); "
                   f"later re-tests {later or 'none'}" + (f"; LOST promotion {lost}" if lost else ""), flush=True)
-    for key in ("runs", "promotions", "continued_tests", "stopped", "saved_pairs", "lost_promotions",
+    for key in ("runs", "promotions", "continued_tests", "stopped", "lifted", "saved_pairs", "lost_promotions",
                 "not_replayable"):
         print(f"{key}: {tot[key]}", flush=True)
     return tot
