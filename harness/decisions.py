@@ -302,15 +302,21 @@ def earlier_live(run: Run, v: Verdict) -> list[tuple[list[float], list[float]]]:
     from harness.store import StoreError
 
     ev = v.evidence
-    found: list[dict[str, Any]] = []
+    pooled: list[dict[str, Any]] = []
     for pid in (ev.pooled if ev is not None else []):
         try:
             row = run.store.candidate(pid)
         except StoreError:  # a test not on record pools nothing here (the target's pooling decided it)
             row = None
-        old = (row or {}).get("evidence") or {}
-        found += [*(old.get("stage_live") or []), old.get("live") or {}]
-    found += list(ev.stage_live) if ev is not None else []
+        pooled.append((row or {}).get("evidence") or {})
+    return live_of(pooled, list(ev.stage_live) if ev is not None else [])
+
+
+def live_of(pooled: list[dict[str, Any]], stage_live: list[dict[str, list[float]]]
+            ) -> list[tuple[list[float], list[float]]]:
+    """`earlier_live` on records: the (control, candidate) live shares of the pooled tests' evidence (each one's
+    `stage_live`, then its `live`), then of this test's own earlier pairs of its stage, each that recorded them."""
+    found = [x for old in pooled for x in [*(old.get("stage_live") or []), old.get("live") or {}]] + list(stage_live)
     return [(list(x["control"]), list(x["candidate"])) for x in found if x.get("control") and x.get("candidate")]
 
 

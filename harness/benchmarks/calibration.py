@@ -484,7 +484,7 @@ def replay_runs(run_dirs: list[str | Path], futility: float) -> dict[str, Any]:
     another candidate); it counts what the rule removes. Prints and returns the counts, and one line per stop."""
     from harness.backtest import ArmEval
     from harness.config import load_config
-    from harness.decisions import takes_signal_route
+    from harness.decisions import live_of, takes_signal_route
     from harness.records import Evidence
     from harness.store import RunStore
 
@@ -531,10 +531,7 @@ def replay_runs(run_dirs: list[str | Path], futility: float) -> dict[str, Any]:
                     c["kind"], c.get("knob") or "", c.get("old_value"), (c.get("patch") or {}).get("value"))
                     and signal_lift(v, rec.live["control"], rec.live["candidate"], gate,
                                     max(1, judged.get(c["stage"], 1)),
-                                    earlier=[(x["control"], x["candidate"]) for e0 in earlier
-                                             for x in [*e0.stage_live, e0.live] if x.get("control")]
-                                    + [(x["control"], x["candidate"]) for x in rec.stage_live
-                                       if x.get("control")]) is not None):
+                                    earlier=live_of([ev.get(x, {}) for x in rec.pooled], rec.stage_live)) is not None):
                 tot["lifted"] += 1  # its learning signal is shown: the loop keeps its next pair (`signal_lift`)
                 continue
             later = [x for x, e2 in ev.items() if c["id"] in (e2.get("pooled") or [])]
