@@ -430,7 +430,9 @@ class GateConfig(BaseModel):
                             "promotions on each planted defect, lr and env); 0 = never. A change the learning-signal "
                             "route reads whose signal is shown is not stopped while the chance its pooled target "
                             "estimate ends not below the control's is at least this (`harness.decisions.signal_lift`): "
-                            "that route needs only the sign")
+                            "that route needs only the sign; nor is one whose signal is promising (what "
+                            "`backtest.signal_pair` gives a second pair for) while its estimate is not below the "
+                            "control's")
 
     learning_signal: float | None = Field(
         0.10, ge=0.0, le=1.0, description="an ENV change (the training distribution), a sampling-temperature change "

@@ -26,7 +26,8 @@ default) does a change the learning-signal route reads (`on_learning_signal`) wh
 but not shown with confidence (`signal_pairs`): the route pools the two pairs' live shares as the target test pools
 their differences, each pair one look at alpha / `gate.max_pairs`. A futility stop (`gate.futility`) weighs that
 route too: a change whose signal is shown needs only a pooled target estimate not below the control's, so it keeps
-its next pair while the chance of that is at least the setting (`signal_lift`).
+its next pair while the chance of that is at least the setting (`signal_lift`); so does one whose signal is promising
+while its estimate is not below the control's (the pair `signal_pairs` asks for).
 """
 
 from __future__ import annotations
@@ -361,15 +362,27 @@ def signal_lift(v: Verdict, control_live: list[float], candidate_live: list[floa
     estimates of -0.008 to -0.030 (BENCHMARKS.md, seventy-second session), evidence spent and never re-tested from
     that state. The error is unchanged: a pair is one more look of each route at the alpha it already spends
     (`gate.max_pairs` in the route's Bonferroni, the target's spending function), and a null change (no signal)
-    is stopped as before."""
+    is stopped as before.
+
+    A signal that is only PROMISING (`signal_hint`: the route's margin or ratio passed as point estimates, what
+    `backtest.signal_pair` gives a second pair for) lifts the stop too when the target estimate is not below the
+    control's: the futility rule would otherwise cut off the second pair that the route asks for. Why: with the greedy
+    judge on code's cold temperature (groups of eight programs nearly all alike at 0.1), the fix 0.1 -> 0.7 trained
+    on 8% live groups against the control's 0.8% and read +0.010 on the target after one pair; the sampled judge's
+    runs promote it on a second pair pooled by the ratio reading, the greedy judge's stopped it for futility at a
+    third of its information in each stage it was proposed (BENCHMARKS.md, seventy-fourth session)."""
     ev = v.evidence
     if (gate.futility <= 0 or v.decision != "inconclusive" or ev is None or ev.next_step != "stop"
             or ev.sign_chance is None or ev.sign_chance < gate.futility or ev.vetoes):
         return None
-    if (how := signal_shown(control_live, candidate_live, gate, comparisons, earlier)) is None:
+    if (how := signal_shown(control_live, candidate_live, gate, comparisons, earlier)) is not None:
+        why = f"its learning signal is shown ({how})"
+    elif ev.effect >= 0 and (hint := signal_hint(control_live, candidate_live, gate, earlier)) is not None:
+        why = f"its learning signal is promising ({hint}; target estimate {ev.effect:+.3f} not below the control's)"
+    else:
         return None
     spent = "; evidence spent: never re-proposed from this state"
-    reason = (f"{v.reason.removesuffix(spent)}; futility stop lifted: its learning signal is shown ({how}), and "
+    reason = (f"{v.reason.removesuffix(spent)}; futility stop lifted: {why}, and "
               f"the chance its pooled target estimate ends not below the control's is {ev.sign_chance:.3f} >= "
               f"gate.futility {gate.futility:.3f}: a new pair pools with it")
     return v.model_copy(update={"reason": cut(reason), "evidence": ev.model_copy(update={"next_step": "new_pair"})})
@@ -454,7 +467,6 @@ def signal_promising(run: Run, v: Verdict) -> str | None:
     left in its plan, its target estimate is not below the control's, no veto, and the candidate's live share is at
     least `gate.learning_signal` above the control's, or the ratio contrast `candidate - learning_signal_ratio x
     control`, pooled with every earlier pair it pools (`earlier_live`), is above 0, as point estimates."""
-    from harness.backtest import learning_signal_ratio_bound
 
     gate, ev = run.config.gate, v.evidence
     lifted = ev is not None and ev.sign_chance is not None and 0 < gate.futility <= ev.sign_chance  # `signal_lift`
@@ -462,22 +474,35 @@ def signal_promising(run: Run, v: Verdict) -> str | None:
             or (ev.effect < 0 and not lifted) or ev.vetoes or not ev.live.get("control")
             or not ev.live.get("candidate")):
         return None
-    kl, cl = ev.live["control"], ev.live["candidate"]
-    gain = float(np.mean(cl) - np.mean(kl))
-    if gain >= gate.learning_signal:
-        why = f"live share +{gain:.2f} above the control's, at least the route's margin {gate.learning_signal:.2f}"
-    elif gate.learning_signal_ratio is not None and (c := learning_signal_ratio_bound(
-            kl, cl, gate.learning_signal_ratio, 0.5, gate.learning_signal_arm_sd, earlier := earlier_live(run, v))[0]) > 0:
-        over = f" over {len(earlier) + 1} arm pairs" if earlier else ""
-        why = (f"live share {np.mean(cl):.1%} against the control's {np.mean(kl):.1%}, more than "
-               f"{gate.learning_signal_ratio:g} times as many (contrast {c:+.3f}{over})")
-    else:
+    if (why := signal_hint(ev.live["control"], ev.live["candidate"], gate, earlier_live(run, v))) is None:
         return None
     if ev.effect < 0:  # lifted from a futility stop: shown, and its estimate may still end not below the control's
         return (f"its learning signal is shown ({why}) and its target estimate {ev.effect:+.3f} may still end not "
                 f"below the control's (chance {ev.sign_chance:.3f} >= gate.futility {gate.futility:.3f})")
     return f"its learning signal is promising but not yet shown ({why}; target estimate {ev.effect:+.3f} not below " \
            "the control's)"
+
+
+def signal_hint(control_live: list[float], candidate_live: list[float], gate: Any,
+                earlier: list[tuple[list[float], list[float]]] = ()) -> str | None:
+    """The learning-signal route's readings as point estimates (`signal_promising`, `signal_lift`): how the candidate
+    arm's share of live GRPO groups is at least `gate.learning_signal` above the control's, or the ratio contrast
+    `candidate - learning_signal_ratio x control` (pooled with the `earlier` pairs, as the route's test pools them)
+    is above 0; else None."""
+    from harness.backtest import learning_signal_ratio_bound
+
+    if gate.learning_signal is None or not len(control_live) or not len(candidate_live):
+        return None
+    gain = float(np.mean(candidate_live) - np.mean(control_live))
+    if gain >= gate.learning_signal:
+        return f"live share +{gain:.2f} above the control's, at least the route's margin {gate.learning_signal:.2f}"
+    if gate.learning_signal_ratio is not None and (c := learning_signal_ratio_bound(
+            control_live, candidate_live, gate.learning_signal_ratio, 0.5, gate.learning_signal_arm_sd,
+            earlier)[0]) > 0:
+        over = f" over {len(earlier) + 1} arm pairs" if earlier else ""
+        return (f"live share {np.mean(candidate_live):.1%} against the control's {np.mean(control_live):.1%}, more "
+                f"than {gate.learning_signal_ratio:g} times as many (contrast {c:+.3f}{over})")
+    return None
 
 
 def signal_retest(run: Run, k: int, diagnosis: Any, candidates: list[Any], slots: int) -> list[Any]:

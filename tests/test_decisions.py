@@ -604,6 +604,45 @@ def test_a_futility_stop_is_lifted_for_a_change_whose_learning_signal_is_shown(r
     assert kept.evidence.next_step == "stop", kept.reason
 
 
+def test_a_futility_stop_is_lifted_for_a_promising_signal_whose_target_estimate_is_not_below_the_control(run):
+    """Code's cold temperature under the greedy judge (seventy-fourth session): the fix's arm trained on ~8% live
+    groups against the control's ~0.8% (the ratio reading's point estimate passes, its test not yet) and read +0.010
+    on the target after one pair; the futility rule stopped it at a third of its information, so the second pair
+    `backtest.signal_pair` gives such a change never came, in any stage. The stop is lifted now for a promising signal
+    too, when the target estimate is not below the control's; not for a promising signal behind the control (only a
+    shown one may be), nor a flat one. Would catch: the lift reading only a shown signal (the old rule), a promising
+    signal lifting an estimate below the control's, a null change lifted."""
+    from harness.decisions import look_until_decided, on_learning_signal, signal_pairs, signal_shown
+
+    gate = run.config.gate.model_copy(update={"futility": 0.2})
+    object.__setattr__(run, "config", run.config.model_copy(update={"gate": gate}))
+    temp = Change(kind="recipe", knob="recipe.temperature", value=0.7)
+    _propose(run, "s1c1", temp, 1)
+    dead = [0.0] * 28 + [0.125] * 2  # the recorded arms' shares: 0.8% and 8% of 8 groups a step over 30 steps
+    some = [0.0, 0.125, 0.125, 0.0, 0.25, 0.125, 0.125, 0.125, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.25, 0.0, 0.0, 0.25,
+            0.125, 0.0, 0.125, 0.0, 0.125, 0.0, 0.125, 0.125, 0.0, 0.125, 0.25, 0.0]
+    assert signal_shown(dead, some, gate, 2) is None  # promising, not shown: what the old lift required
+    half = {"control": lambda g, _i: g % 2 == 0, "s1c1": lambda g, _i: g % 2 == 1}
+    one = _pair_arms(run, 1, "s1c1", 1, 0.5, 0.5, solved=half, live={"control": dead, "s1c1": some})
+    files, main = {"s1c1": run.workspace().files("cand/s1c1")}, run.workspace().files("main")
+    [first], _, _ = look_until_decided(run, 1, one, main, files)
+    spent = "; evidence spent: never re-proposed from this state"
+
+    def stopped(chance, effect):
+        ev = first.evidence.model_copy(update={"effect": effect, "next_step": "stop", "sign_chance": chance})
+        return first.model_copy(update={"reason": "inconclusive, stopped for futility: ..." + spent, "evidence": ev})
+
+    [lifted] = on_learning_signal(run, 1, [stopped(0.93, 0.010)], one, comparisons=2)
+    assert lifted.decision == "inconclusive" and lifted.evidence.next_step == "new_pair", lifted.reason
+    assert "signal is promising" in lifted.reason and "+0.010 not below" in lifted.reason, lifted.reason
+    assert "promising but not yet shown" in signal_pairs(run, 1, [lifted])["s1c1"]
+    [kept] = on_learning_signal(run, 1, [stopped(0.35, -0.010)], one, comparisons=2)  # behind: a shown signal only
+    assert kept.evidence.next_step == "stop" and kept.reason.endswith(spent), kept.reason
+    flat = _pair_arms(run, 1, "s1c1", 1, 0.5, 0.5, solved=half, live={"control": dead, "s1c1": dead})
+    [kept] = on_learning_signal(run, 1, [stopped(0.93, 0.010)], flat, comparisons=2)
+    assert kept.evidence.next_step == "stop", kept.reason
+
+
 def test_a_change_whose_signal_stays_promising_is_re_tested_first_in_the_next_stage(run):
     """Stage 1's temperature change ended inconclusive over two pairs with its groups alive (6% and 7.5% live against
     1-2%: the ratio reading's pooled contrast above 0, not shown) and a pair left; stage 2's engineer ranks other root

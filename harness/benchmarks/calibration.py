@@ -532,7 +532,7 @@ def replay_runs(run_dirs: list[str | Path], futility: float) -> dict[str, Any]:
                     and signal_lift(v, rec.live["control"], rec.live["candidate"], gate,
                                     max(1, judged.get(c["stage"], 1)),
                                     earlier=live_of([ev.get(x, {}) for x in rec.pooled], rec.stage_live)) is not None):
-                tot["lifted"] += 1  # its learning signal is shown: the loop keeps its next pair (`signal_lift`)
+                tot["lifted"] += 1  # its learning signal is shown (or promising, level or ahead): the loop keeps its next pair
                 continue
             later = [x for x, e2 in ev.items() if c["id"] in (e2.get("pooled") or [])]
             lost = [x for x in later if status[x] == "promoted"]
