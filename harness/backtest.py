@@ -531,8 +531,7 @@ def sequential_verdict(cid: str, control: ArmEval, arm: ArmEval, gate: GateConfi
     z80 = 0.8416212335729143
     mde = plan.promote_above + (look.z_promote + z80) * look.se if np.isfinite(look.z_promote) else None
     record = [*(looks or []), {"n": look.n, "pairs": look.pairs, "effect": round(look.effect, 5),
-                                "lo": round(look.lo, 5), "hi": round(look.hi, 5), "se": round(look.se, 5),
-                                "z": round(look.z, 3),
+                                "lo": round(look.lo, 5), "hi": round(look.hi, 5), "z": round(look.z, 3),
                                 "info": round(look.info_fraction, 3), "decision": look.decision,
                                 "next_step": look.next_step}]
     evidence = Evidence(metric=gate.metric, n=len(c), control=float(c.mean()), candidate=float(k_.mean()),

@@ -209,8 +209,7 @@ class BacktestConfig(_Strict):
     signal_pair: bool = Field(
         True, description="a change the gate's learning-signal route reads (an env change, the sampling temperature, "
         "a longer completion budget: `harness.decisions.takes_signal_route`) whose first arm pair of the stage ends "
-        "inconclusive with its target estimate not below the control's by more than one standard error "
-        "(`harness.decisions.near_control`) and its learning signal PROMISING (the arm's "
+        "inconclusive with its target estimate not below the control's and its learning signal PROMISING (the arm's "
         "live-group share at least `gate.learning_signal` above the control's, or above `gate.learning_signal_ratio` "
         "times it, as point estimates, with the earlier pairs it pools) but not shown with confidence, while its plan "
         "has a pair left, gets that pair now, in the same stage (two more arms, charged); both readings pool it with "
@@ -440,7 +439,7 @@ class GateConfig(BaseModel):
         "or a longer completion budget (`harness.decisions.takes_signal_route`) left inconclusive on the target is also "
         "promoted when its arm trained on more informative GRPO groups: its per-step share of live groups (some "
         "answers valid and some not; reward not the same for the whole group in curves recorded before validity was) "
-        "above the control arm's by at least this, with confidence (Welch's one-sided test over steps), its target estimate not below the control's by more than one standard error (`harness.decisions.near_control`) and no slice or veto against it. "
+        "above the control arm's by at least this, with confidence (Welch's one-sided test over steps), its target estimate not below the control's and no slice or veto against it. "
         "SFL's learnability: a mix the policy cannot learn from shows as dead groups long before a short arm moves "
         "the target. None: off (the target A/B alone decides)")
     learning_signal_ratio: float | None = Field(

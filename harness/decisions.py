@@ -27,8 +27,7 @@ but not shown with confidence (`signal_pairs`): the route pools the two pairs' l
 their differences, each pair one look at alpha / `gate.max_pairs`. A futility stop (`gate.futility`) weighs that
 route too: a change whose signal is shown needs only a pooled target estimate not below the control's, so it keeps
 its next pair while the chance of that is at least the setting (`signal_lift`); so does one whose signal is promising
-while its estimate is not below the control's (the pair `signal_pairs` asks for). "Not below the control's" is the
-route's guard everywhere: by no more than one standard error of the pooled estimate (`near_control`).
+while its estimate is not below the control's (the pair `signal_pairs` asks for).
 """
 
 from __future__ import annotations
@@ -245,7 +244,7 @@ def takes_signal_route(kind: str, knob: str, old: Any = None, new: Any = None) -
     a shorter one can make a group "live" by cutting some answers, so only a rise qualifies (the truncation scenario:
     live 26-35% against 7-9% at 24-48 tokens from 12). A learning rate, a group size or a schedule changes the share
     as a side effect (more completions per group make one live by count), so those keep the target A/B alone. The
-    guard is the same for all: the target estimate not below the control's by more than its noise (`near_control`)."""
+    guard is the same for all: the target estimate not below the control's."""
     if kind == "env" or knob in SIGNAL_KNOBS:
         return True
     if knob in RISING_SIGNAL_KNOBS:
@@ -333,21 +332,18 @@ def signal_verdict(v: Verdict, control_live: list[float], candidate_live: list[f
     `learning_signal_ratio` times the control's share with confidence (`learning_signal_ratio_bound`: the same
     reading for a policy that rarely meets a live group, where a tenfold rise stays below an absolute margin; the
     two readings split the alpha, Bonferroni; the ratio reading pools the `earlier` pairs of a re-test, as its target
-    evidence is pooled, each look still at alpha / max_pairs), whose target estimate is not below the control's by
-    more than `TARGET_SLACK_SE` standard errors (`near_control`) and which no veto held back (it is inconclusive,
+    evidence is pooled, each look still at alpha / max_pairs), whose target estimate is not below the control's and which no veto
+    held back (it is inconclusive,
     so no slice was harmed beyond tolerance and it was not refuted), is promoted: the promoted verdict, else None. Why:
     a 30-step arm on the right mix moves the target by a few points at most, below what one pair of arms resolves,
     while the mix it corrects leaves most groups dead (no gradient at all); the target test still guards against
     harm. The caller passes only the changes `takes_signal_route` admits."""
     ev = v.evidence
-    if (gate.learning_signal is None or v.decision != "inconclusive" or ev is None or not near_control(ev, gate)
-            or ev.vetoes):
+    if gate.learning_signal is None or v.decision != "inconclusive" or ev is None or ev.effect < 0 or ev.vetoes:
         return None
     if (how := signal_shown(control_live, candidate_live, gate, comparisons, earlier)) is None:
         return None
-    guard = ("target not below the control" if ev.effect >= 0 else
-             f"target within {TARGET_SLACK_SE:g} standard error ({target_se(ev, gate):.3f}) of the control")
-    reason = (f"promoted on learning signal: {how}, {guard} (effect {ev.effect:+.3f} "
+    reason = (f"promoted on learning signal: {how}, target not below the control (effect {ev.effect:+.3f} "
               f"[{ev.ci_low:+.3f}, {ev.ci_high:+.3f}], n={ev.n}); was: {v.reason}")
     return v.model_copy(update={"decision": "promoted", "reason": cut(reason)})
 
@@ -381,8 +377,8 @@ def signal_lift(v: Verdict, control_live: list[float], candidate_live: list[floa
         return None
     if (how := signal_shown(control_live, candidate_live, gate, comparisons, earlier)) is not None:
         why = f"its learning signal is shown ({how})"
-    elif near_control(ev, gate) and (hint := signal_hint(control_live, candidate_live, gate, earlier)) is not None:
-        why = f"its learning signal is promising ({hint}; {near_text(ev, gate)})"
+    elif ev.effect >= 0 and (hint := signal_hint(control_live, candidate_live, gate, earlier)) is not None:
+        why = f"its learning signal is promising ({hint}; target estimate {ev.effect:+.3f} not below the control's)"
     else:
         return None
     spent = "; evidence spent: never re-proposed from this state"
@@ -450,8 +446,7 @@ def signal_pairs(run: Run, k: int, vs: list[Verdict], skip: set[str] | frozenset
     """Candidates of stage k's first arm pair (not in `skip`: those already getting one) that get a second pair now
     on their learning signal (`backtest.signal_pair`, on by default): the route read their pair (`on_learning_signal`
     recorded its shares, `Evidence.live`), the verdict is still inconclusive with a pair left in its plan, its target
-    estimate is not below the control's by more than one standard error (`near_control`), no veto, and the signal is
-    PROMISING: the candidate's live share at least
+    estimate is not below the control's, no veto, and the signal is PROMISING: the candidate's live share at least
     `gate.learning_signal` above the control's, or the ratio contrast `candidate - learning_signal_ratio x control`
     above 0 (pooled with the earlier pairs it pools), as point estimates. The second pair is pooled by both the target
     test and the route, each pair one look at the plan's alpha, so the error bound is the one a re-test a stage later
@@ -466,71 +461,26 @@ def signal_pairs(run: Run, k: int, vs: list[Verdict], skip: set[str] | frozenset
     return out
 
 
-# The learning-signal route's guard on the target (`signal_verdict`, and what gives a promising signal its next pair,
-# `signal_promising`, or lifts a futility stop for it, `signal_lift`): the pooled target estimate not below the
-# control's by more than this many of its standard errors. The route exists for changes a 30-step arm cannot show on
-# the target (their true effect there is about 0), so a guard at 0 on the point estimate is a coin flip for them:
-# code's cold-temperature fix, its live groups shown 6.7% against 0.0% over three pairs, was spent unpromoted on a
-# pooled estimate of -0.003 (se 0.011) and delivered the warm start, where the same seed with another draw promoted
-# it on +0.007 (BENCHMARKS.md, seventy-fifth session). One standard error still holds back a change whose target
-# reading leans against it, and the route's own test (the live share above the control's with confidence) is
-# untouched; a change whose target harm is shown is refuted before the route reads it.
-TARGET_SLACK_SE = 1.0
-
-
-def target_se(ev: Evidence | None, gate: Any = None) -> float | None:
-    """The standard error of a verdict's pooled target estimate at its last look (`Evidence.looks`); for a record
-    written before the looks kept it, from the look's z = (effect - gate.promote_above) / se; else None."""
-    look = ev.looks[-1] if ev is not None and ev.looks else {}
-    se = look.get("se")
-    if isinstance(se, (int, float)) and se > 0:
-        return float(se)
-    z, effect = look.get("z"), look.get("effect")
-    above = getattr(gate, "promote_above", 0.0) or 0.0
-    if isinstance(z, (int, float)) and z != 0 and isinstance(effect, (int, float)) and (effect - above) / z > 0:
-        return float((effect - above) / z)
-    return None
-
-
-def near_control(ev: Evidence | None, gate: Any = None) -> bool:
-    """Is a verdict's pooled target estimate not below the control's by more than `TARGET_SLACK_SE` standard errors
-    (the learning-signal route's guard)? An estimate at or above 0 always is; below it, only with a known se."""
-    if ev is None:
-        return False
-    if ev.effect >= 0:
-        return True
-    se = target_se(ev, gate)
-    return se is not None and ev.effect >= -TARGET_SLACK_SE * se
-
-
-def near_text(ev: Evidence, gate: Any = None) -> str:
-    """How a verdict's target estimate meets the route's guard, in words."""
-    if ev.effect >= 0:
-        return f"target estimate {ev.effect:+.3f} not below the control's"
-    return (f"target estimate {ev.effect:+.3f} below the control's by less than {TARGET_SLACK_SE:g} standard error "
-            f"({target_se(ev, gate):.3f})")
-
-
 def signal_promising(run: Run, v: Verdict) -> str | None:
     """Why an inconclusive verdict's learning signal is promising but not yet shown (`signal_pairs`,
     `signal_retest`), else None: the route read it (its evidence keeps the live shares, `Evidence.live`), a pair is
-    left in its plan, its target estimate meets the route's guard (`near_control`: not below the control's by more
-    than `TARGET_SLACK_SE` standard errors), no veto, and the candidate's live share is at least
-    `gate.learning_signal` above the control's, or the ratio contrast `candidate - learning_signal_ratio x control`,
-    pooled with every earlier pair it pools (`earlier_live`), is above 0, as point estimates."""
+    left in its plan, its target estimate is not below the control's, no veto, and the candidate's live share is at
+    least `gate.learning_signal` above the control's, or the ratio contrast `candidate - learning_signal_ratio x
+    control`, pooled with every earlier pair it pools (`earlier_live`), is above 0, as point estimates."""
 
     gate, ev = run.config.gate, v.evidence
     lifted = ev is not None and ev.sign_chance is not None and 0 < gate.futility <= ev.sign_chance  # `signal_lift`
-    near = near_control(ev, gate)
     if (gate.learning_signal is None or v.decision != "inconclusive" or ev is None or ev.next_step != "new_pair"
-            or not (near or lifted) or ev.vetoes or not ev.live.get("control") or not ev.live.get("candidate")):
+            or (ev.effect < 0 and not lifted) or ev.vetoes or not ev.live.get("control")
+            or not ev.live.get("candidate")):
         return None
     if (why := signal_hint(ev.live["control"], ev.live["candidate"], gate, earlier_live(run, v))) is None:
         return None
-    if not near:  # lifted from a futility stop: shown, and its estimate may still end not below the control's
+    if ev.effect < 0:  # lifted from a futility stop: shown, and its estimate may still end not below the control's
         return (f"its learning signal is shown ({why}) and its target estimate {ev.effect:+.3f} may still end not "
                 f"below the control's (chance {ev.sign_chance:.3f} >= gate.futility {gate.futility:.3f})")
-    return f"its learning signal is promising but not yet shown ({why}; {near_text(ev, gate)})"
+    return f"its learning signal is promising but not yet shown ({why}; target estimate {ev.effect:+.3f} not below " \
+           "the control's)"
 
 
 def signal_hint(control_live: list[float], candidate_live: list[float], gate: Any,
@@ -557,7 +507,7 @@ def signal_hint(control_live: list[float], candidate_live: list[float], gate: An
 
 def signal_retest(run: Run, k: int, diagnosis: Any, candidates: list[Any], slots: int) -> list[Any]:
     """A change from this harness state whose latest test ended inconclusive with its learning signal promising
-    (`signal_promising`: the groups came alive, not yet with confidence, its target estimate near the control's,
+    (`signal_promising`: the groups came alive, not yet with confidence, its target estimate not below the control's,
     a pair left) is re-tested first (`backtest.signal_pair`), the most pairs' evidence first, ahead of the engineer's
     own candidates (which fill the other slots, none on its knob); a runner-up and escalation's re-test, when the
     stage escalates, still come before it (they run after). Its new pair is pooled with all its evidence, one look of
