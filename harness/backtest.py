@@ -87,6 +87,20 @@ def two_way_bootstrap(control: list[list[float]] | np.ndarray, candidate: list[l
     section 3.8; Field and Welsh, "Bootstrapping clustered data", JRSS B 69(3), 2007), the mean taken over the
     instances drawn. Without it a repeated problem counts as several independent draws and the interval is too
     narrow."""
+    d = _paired_table(control, candidate, alpha)
+    effect = float(d.mean())
+    if np.all(d == d.flat[0]):
+        return effect, effect, effect
+    rows, cols = _pigeonhole(*d.shape, n_boot, rng, clusters)
+    lo, hi = np.quantile(_boot_means(d, rows, cols), [alpha, 1.0 - alpha])
+    if d.shape[0] > 1:
+        half = _seed_half(d.mean(axis=1), alpha)
+        lo, hi = min(lo, effect - half), max(hi, effect + half)
+    return effect, float(lo), float(hi)
+
+
+def _paired_table(control: Any, candidate: Any, alpha: float) -> np.ndarray:
+    """candidate - control as a checked seeds x instances table (`two_way_bootstrap`'s input)."""
     c = np.asarray(control, dtype=np.float64)
     k = np.asarray(candidate, dtype=np.float64)
     if c.shape != k.shape or c.ndim != 2:
@@ -95,11 +109,13 @@ def two_way_bootstrap(control: list[list[float]] | np.ndarray, candidate: list[l
         raise GateError("no paired outcomes: evaluate both arms on at least one instance")
     if not 0.0 < alpha < 0.5:
         raise GateError(f"alpha must be in (0, 0.5), got {alpha}")
-    d = k - c
-    effect = float(d.mean())
-    if np.all(d == d.flat[0]):
-        return effect, effect, effect
-    s, n = d.shape
+    return k - c
+
+
+def _pigeonhole(s: int, n: int, n_boot: int, rng: np.random.Generator,
+                clusters: list[Any] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The pigeonhole bootstrap's resampling weights (`two_way_bootstrap`): how often each of `s` seeds (rows) and
+    each of `n` instances (columns; a drawn cluster brings all its instances) is drawn, one row per resample."""
     rows = rng.multinomial(s, np.full(s, 1.0 / s), n_boot) if s > 1 else np.ones((n_boot, 1))
     if clusters is not None:
         if len(clusters) != n:
@@ -109,14 +125,69 @@ def two_way_bootstrap(control: list[list[float]] | np.ndarray, candidate: list[l
         cols = rng.multinomial(m, np.full(m, 1.0 / m), n_boot)[:, ids]  # each drawn cluster brings all its instances
     else:
         cols = rng.multinomial(n, np.full(n, 1.0 / n), n_boot)
-    means = ((rows @ d) * cols).sum(axis=1) / (s * np.maximum(cols.sum(axis=1), 1))
-    lo, hi = np.quantile(means, [alpha, 1.0 - alpha])
-    if s > 1:
-        from harness.sequential import t_quantile
+    return rows, cols
 
-        half = t_quantile(s - 1, alpha) * float(d.mean(axis=1).std(ddof=1)) / np.sqrt(s)
-        lo, hi = min(lo, effect - half), max(hi, effect + half)
-    return effect, float(lo), float(hi)
+
+def _boot_means(d: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """The mean of a seeds x instances table under each resample's weights (`_pigeonhole`): linear in the table."""
+    return ((rows @ d) * cols).sum(axis=1) / (d.shape[0] * np.maximum(cols.sum(axis=1), 1))
+
+
+def _seed_half(per_seed: np.ndarray, alpha: float) -> float:
+    """Student's t half-width over the seeds' means (S - 1 degrees of freedom): `two_way_bootstrap`'s floor."""
+    from harness.sequential import t_quantile
+
+    s = len(per_seed)
+    return t_quantile(s - 1, alpha) * float(np.std(per_seed, ddof=1)) / np.sqrt(s)
+
+
+def ratio_bootstrap(numerator: Any, denominator: Any, n_boot: int, alpha: float, rng: np.random.Generator,
+                    clusters: list[Any] | None = None, widest: float = 100.0) -> tuple[float, float, float]:
+    """A ratio of two paired means over one seeds x instances table, theta = mean(numerator) / mean(denominator)
+    (each a table of differences, e.g. an arm's gain over fixed-template and the oracle's: the share of the gap an arm
+    recovers), with its alpha / 1 - alpha interval by Fieller's method (Fieller, "Some problems in interval
+    estimation", JRSS B 16(2), 1954): theta is in the interval when the linear contrast numerator - theta x
+    denominator has an interval (`two_way_bootstrap`'s: the pigeonhole bootstrap with its Student's t floor over
+    seeds, both tables resampled with the SAME weights) that holds 0. Why not the ratio's own bootstrap percentiles:
+    a denominator near 0 in a few resamples sends the ratio to +-infinity and makes its percentiles arbitrary, while
+    the contrast stays linear; the interval so found is bounded exactly when the denominator's own interval excludes
+    0, and unbounded (an end at -inf or +inf) otherwise. The ends are found by bisection where the contrast's bound
+    crosses 0, searched within `widest` of the estimate (an end past it is reported infinite). (nan, -inf, inf)
+    when the denominator's mean is 0."""
+    num = np.asarray(numerator, dtype=np.float64)
+    den = np.asarray(denominator, dtype=np.float64)
+    if num.shape != den.shape or num.ndim != 2 or 0 in num.shape:
+        raise GateError(f"two seeds x instances tables of one shape are needed, got {num.shape} and {den.shape}")
+    if not 0.0 < alpha < 0.5:
+        raise GateError(f"alpha must be in (0, 0.5), got {alpha}")
+    if den.mean() == 0:
+        return float("nan"), float("-inf"), float("inf")
+    theta = float(num.mean() / den.mean())
+    if den.mean() < 0:  # the same ratio over a positive denominator: the contrast then falls as theta rises
+        num, den = -num, -den
+    rows, cols = _pigeonhole(*num.shape, n_boot, rng, clusters)
+    nb, db = _boot_means(num, rows, cols), _boot_means(den, rows, cols)
+    ns, ds = num.mean(axis=1), den.mean(axis=1)
+
+    def bounds(t: float) -> tuple[float, float]:
+        lo, hi = np.quantile(nb - t * db, [alpha, 1.0 - alpha])
+        if len(ns) > 1:
+            est, half = float(ns.mean() - t * ds.mean()), _seed_half(ns - t * ds, alpha)
+            lo, hi = min(lo, est - half), max(hi, est + half)
+        return float(lo), float(hi)
+
+    def crossing(inside: float, outside: float, side: int) -> float:
+        for _ in range(60):  # bisection to ~1e-16 of the bracket: the bound is 0 between the two
+            mid = (inside + outside) / 2
+            if (bounds(mid)[side] <= 0) == (side == 0):
+                inside = mid
+            else:
+                outside = mid
+        return (inside + outside) / 2
+
+    below = float("-inf") if bounds(theta - widest)[0] <= 0 else crossing(theta, theta - widest, 0)
+    above = float("inf") if bounds(theta + widest)[1] >= 0 else crossing(theta, theta + widest, 1)
+    return theta, below, above
 
 
 def slice_keys(slices: dict[str, str]) -> list[str]:

@@ -31,7 +31,7 @@ fixed-template) and each arm's difference from fixed-template, paired over seeds
 bootstrap, Owen 2007: seeds and test instances resampled independently, since every seed is judged on the same
 instances; until the thirty-ninth session every (seed, instance) cell was resampled as an independent pair, which
 understated the intervals), and each arm's **recovery** of the gap ((arm - fixed) / gap, when the gap's interval
-excludes 0).
+excludes 0) with its 95% interval (Fieller's, over the same resampling: `harness.backtest.ratio_bootstrap`).
 """
 
 from __future__ import annotations
@@ -381,6 +381,28 @@ def _vs(per: dict[str, dict[int, list[float]]], arm: str, other: str,
                   clusters=clusters) if common else None
 
 
+def _recovery_ci(per: dict[str, dict[int, list[float]]], arm: str,
+                 clusters: list[Any] | None = None) -> list[float] | None:
+    """The 95% interval of `arm`'s recovery of the gap, (arm - fixed-template) / (oracle - fixed-template), over the
+    seeds all three share (`harness.backtest.ratio_bootstrap`: Fieller's interval over the pigeonhole bootstrap, the
+    same resampling as every other interval of the table); an end past 100 times the gap is unbounded, recorded as
+    None (scenarios.json stays strict JSON). None when the seeds' test sets differ in length. Why it is reported: the ratio's denominator is itself an estimate, so a point
+    estimate of the ratio moves by tens of points where the broken harness collapses in some runs and not others
+    (code's cold temperature read 75% and 46% on the same seeds' baselines a few dozen steps of budget apart,
+    BENCHMARKS.md, seventy-fifth session)."""
+    from harness.backtest import ratio_bootstrap
+
+    common = sorted(set(per[arm]) & set(per["fixed-template"]) & set(per["oracle"]))
+    if not common:
+        return None
+    f, o, x = (np.asarray([per[a][s] for s in common], dtype=float) for a in ("fixed-template", "oracle", arm))
+    if not (f.ndim == o.ndim == x.ndim == 2 and f.shape == o.shape == x.shape):
+        return None
+    _, lo, hi = ratio_bootstrap(x - f, o - f, 2000, 0.025, np.random.default_rng(0),
+                                clusters=clusters if clusters is not None and len(clusters) == f.shape[1] else None)
+    return [x if np.isfinite(x) else None for x in (lo, hi)]
+
+
 WARM = "warm start"  # the shared start, as a row of `per` in `summarize`
 
 
@@ -437,6 +459,8 @@ def summarize(rows: dict[str, dict[str, Any]], warm: dict[str, list[float]] | No
             for arm, a in sc["arms"].items():
                 if "vs_fixed" in a and arm != "oracle":
                     a["recovery"] = a["vs_fixed"][0] / gap[0]
+                    if (ci := _recovery_ci(per, arm, cl)) is not None:
+                        a["recovery_ci"] = ci
         out[name] = sc
     return out
 
@@ -520,6 +544,14 @@ def _pts(m) -> str:
     return f"{100 * m[0]:+.1f} [{100 * m[1]:+.1f}, {100 * m[2]:+.1f}]"
 
 
+def _share(a: dict[str, Any]) -> str:
+    """An arm's recovery of the gap in words: its estimate and, when known, its 95% interval."""
+    def pct(x: float | None, end: str) -> str:
+        return f"{100 * x:.0f}%" if x is not None else end
+    ci = a.get("recovery_ci")
+    return pct(a["recovery"], "") + (f" [{pct(ci[0], '-inf')}, {pct(ci[1], '+inf')}]" if ci else "")
+
+
 def table(summary: dict[str, Any], arms: list[str]) -> str:
     """Scenario x arm: final test valid %, then each arm's paired difference from fixed-template and its recovery (the
     oracle's cell: its difference from the warm start); the warm start's column when it is known; under the table,
@@ -536,7 +568,7 @@ def table(summary: dict[str, Any], arms: list[str]) -> str:
             cell = f"{100 * a['valid']:.1f}"
             if "vs_fixed" in a and arm != "oracle":
                 cell += f" ({_pts(a['vs_fixed'])}"
-                cell += f"; {100 * a['recovery']:.0f}% of gap)" if "recovery" in a else ")"
+                cell += f"; {_share(a)} of gap)" if "recovery" in a else ")"
             elif arm == "oracle" and "vs_warm" in a:
                 cell += f" ({_pts(a['vs_warm'])} vs warm start)"
             cells.append(cell)

@@ -173,6 +173,9 @@ def test_recovery_is_the_share_of_the_oracles_gap():
     s = summarize(rows)["s"]
     assert abs(s["gap"][0] - 0.5) < 1e-9 and s["gap"][1] > 0
     assert abs(s["arms"]["evolved-rule"]["recovery"] - 0.5) < 1e-9
+    lo, hi = s["arms"]["evolved-rule"]["recovery_ci"]  # Fieller's interval over the same resampling
+    assert lo < 0.5 < hi and hi - lo < 1.5
+    assert "50% [" in table({"s": s}, ["evolved-rule"])
     rows["s"]["oracle"] = [r(0, [0, 0, 0, 0] * 8)]  # no gap: no recovery is claimed
     assert "recovery" not in summarize(rows)["s"]["arms"]["evolved-rule"]
     # the loop's bar on curricula and PBT: the best automatic arm by mean valid, the evolved arm paired against it
