@@ -696,5 +696,6 @@ def write_plot(summary: dict[str, Any], arms: list[str], out: Path) -> None:
     page = plot_page(fig, out / "scenarios.png", "Broken harnesses: every arm at equal compute",
                      "Final test valid % on each scenario's target; in brackets the paired difference from "
                      "fixed-template (points, 95% paired bootstrap over seeds x test instances) and the share of the "
-                     "oracle's gap recovered.", summary_md(summary, arms))
+                     "oracle's gap recovered, with its 95% interval (Fieller's, over the same resampling; "
+                     "inf where the gap is too close to noise to bound it).", summary_md(summary, arms))
     (out / "scenarios.html").write_text(page)
