@@ -150,8 +150,8 @@ def ratio_bootstrap(numerator: Any, denominator: Any, n_boot: int, alpha: float,
     denominator has an interval (`two_way_bootstrap`'s: the pigeonhole bootstrap with its Student's t floor over
     seeds, both tables resampled with the SAME weights) that holds 0. Why not the ratio's own bootstrap percentiles:
     a denominator near 0 in a few resamples sends the ratio to +-infinity and makes its percentiles arbitrary, while
-    the contrast stays linear; the interval so found is bounded exactly when the denominator's own interval excludes
-    0, and unbounded (an end at -inf or +inf) otherwise. The ends are found by bisection where the contrast's bound
+    the contrast stays linear; the interval so found is bounded where the denominator's own interval excludes 0
+    (as Fieller's is), and unbounded (an end at -inf or +inf) where it does not. The ends are found by bisection where the contrast's bound
     crosses 0, searched within `widest` of the estimate (an end past it is reported infinite). (nan, -inf, inf)
     when the denominator's mean is 0."""
     num = np.asarray(numerator, dtype=np.float64)
@@ -177,7 +177,7 @@ def ratio_bootstrap(numerator: Any, denominator: Any, n_boot: int, alpha: float,
         return float(lo), float(hi)
 
     def crossing(inside: float, outside: float, side: int) -> float:
-        for _ in range(60):  # bisection to ~1e-16 of the bracket: the bound is 0 between the two
+        for _ in range(60):  # bisection: 60 halvings of a bracket `widest` wide; the bound is 0 between the two
             mid = (inside + outside) / 2
             if (bounds(mid)[side] <= 0) == (side == 0):
                 inside = mid

@@ -386,10 +386,10 @@ def _recovery_ci(per: dict[str, dict[int, list[float]]], arm: str,
     """The 95% interval of `arm`'s recovery of the gap, (arm - fixed-template) / (oracle - fixed-template), over the
     seeds all three share (`harness.backtest.ratio_bootstrap`: Fieller's interval over the pigeonhole bootstrap, the
     same resampling as every other interval of the table); an end past 100 times the gap is unbounded, recorded as
-    None (scenarios.json stays strict JSON). None when the seeds' test sets differ in length. Why it is reported: the ratio's denominator is itself an estimate, so a point
-    estimate of the ratio moves by tens of points where the broken harness collapses in some runs and not others
-    (code's cold temperature read 75% and 46% on the same seeds' baselines a few dozen steps of budget apart,
-    BENCHMARKS.md, seventy-fifth session)."""
+    None (scenarios.json stays strict JSON). None when the seeds' test sets differ in length. Why it is reported:
+    the ratio's denominator is itself an estimate, so a point estimate of the ratio moves by tens of points where the
+    broken harness collapses in some runs and not others (code's cold temperature read 75% and 46% on the same seeds'
+    baselines a few dozen steps of budget apart, BENCHMARKS.md, seventy-fifth session)."""
     from harness.backtest import ratio_bootstrap
 
     common = sorted(set(per[arm]) & set(per["fixed-template"]) & set(per["oracle"]))
@@ -400,7 +400,7 @@ def _recovery_ci(per: dict[str, dict[int, list[float]]], arm: str,
         return None
     _, lo, hi = ratio_bootstrap(x - f, o - f, 2000, 0.025, np.random.default_rng(0),
                                 clusters=clusters if clusters is not None and len(clusters) == f.shape[1] else None)
-    return [x if np.isfinite(x) else None for x in (lo, hi)]
+    return [end if np.isfinite(end) else None for end in (lo, hi)]
 
 
 WARM = "warm start"  # the shared start, as a row of `per` in `summarize`
