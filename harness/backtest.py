@@ -497,6 +497,14 @@ def live_shares(curve: list[dict[str, Any]], validity: bool | None = None) -> li
     return [1.0 - float(d) for d in shares if d is not None and math.isfinite(float(d))]
 
 
+def finished_shares(curve: list[dict[str, Any]]) -> list[float]:
+    """Per GRPO step of an arm's training curve: the share of its completions that ended within the completion budget
+    (1 - `GRPOStep.clipped_ratio`, what the trainer logs as `completions/clipped_ratio`). Steps that did not record
+    it (or nan) are skipped: an empty list when none did."""
+    shares = (x.get("clipped_ratio") for x in curve)
+    return [1.0 - float(c) for c in shares if c is not None and math.isfinite(float(c))]
+
+
 def learning_signal_bound(control: list[float], candidate: list[float], alpha: float, arm_sd: float = 0.0
                           ) -> tuple[float, float]:
     """(gain, one-sided lower bound at 1 - alpha) of the candidate's mean per-step live-group share over the

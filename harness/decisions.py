@@ -242,7 +242,8 @@ def takes_signal_route(kind: str, knob: str, old: Any = None, new: Any = None) -
     all-invalid; between the two the share peaks. A longer budget changes a group only where answers were cut off
     (the same seeds draw the same tokens, so with nothing truncated the arms are identical and the share cannot move);
     a shorter one can make a group "live" by cutting some answers, so only a rise qualifies (the truncation scenario:
-    live 26-35% against 7-9% at 24-48 tokens from 12). A learning rate, a group size or a schedule changes the share
+    live 26-35% against 7-9% at 24-48 tokens from 12). For a longer budget the route reads what it is for as well: the
+    share of the arm's completions that END within it (`finished`, `signal_shown`). A learning rate, a group size or a schedule changes the share
     as a side effect (more completions per group make one live by count), so those keep the target A/B alone. The
     guard is the same for all: the target estimate not below the control's."""
     if kind == "env" or knob in SIGNAL_KNOBS:
@@ -262,7 +263,7 @@ def on_learning_signal(run: Run, k: int, vs: list[Verdict], arms: dict[str, Any]
     candidates' kinds and knobs come from run.db, the per-step live shares from the arms' training curves, pooled
     with the earlier pairs' (`earlier_live`). Returns the verdicts, converted ones replaced; each conversion is an
     event. Those in `hold` only get their shares recorded (they are read after their next pair of this stage)."""
-    from harness.backtest import has_valid_live, live_shares
+    from harness.backtest import finished_shares, has_valid_live, live_shares
 
     gate = run.config.gate
     control = arms.get(arm_name("control", pair))
@@ -277,13 +278,16 @@ def on_learning_signal(run: Run, k: int, vs: list[Verdict], arms: dict[str, Any]
                                        (row.get("patch") or {}).get("value"))):
             both = has_valid_live(control.curve) and has_valid_live(arm.curve)  # one count for both arms
             kl, cl = live_shares(control.curve, both), live_shares(arm.curve, both)
+            done = ((finished_shares(control.curve), finished_shares(arm.curve))
+                    if row.get("knob", "") in RISING_SIGNAL_KNOBS else None)
             if v.evidence is not None:  # kept with the evidence: a pooled re-test's ratio reading reads them
                 v = v.model_copy(update={"evidence": v.evidence.model_copy(update={"live": {"control": kl,
                                                                                            "candidate": cl}})})
             if v.candidate not in hold:
                 earlier = earlier_live(run, v)
-                got = signal_verdict(v, kl, cl, gate, comparisons, earlier=earlier)
-                if got is None and (got := signal_lift(v, kl, cl, gate, comparisons, earlier=earlier)) is not None:
+                got = signal_verdict(v, kl, cl, gate, comparisons, earlier=earlier, finished=done)
+                if got is None and (got := signal_lift(v, kl, cl, gate, comparisons, earlier=earlier,
+                                                       finished=done)) is not None:
                     run.event(k, "backtest", "futility_lifted", f"{v.candidate}: {got.reason}",
                               key=f"{k}/lift/{v.candidate}" + (f"/p{pair}" if pair > 1 else ""))
                     out.append(got)
@@ -322,7 +326,8 @@ def live_of(pooled: list[dict[str, Any]], stage_live: list[dict[str, list[float]
 
 
 def signal_verdict(v: Verdict, control_live: list[float], candidate_live: list[float], gate: Any, comparisons: int,
-                   earlier: list[tuple[list[float], list[float]]] = ()) -> Verdict | None:
+                   earlier: list[tuple[list[float], list[float]]] = (),
+                   finished: tuple[list[float], list[float]] | None = None) -> Verdict | None:
     """The gate's second route for an ENV change or a sampling temperature (`gate.learning_signal`,
     `takes_signal_route`): an inconclusive candidate of that kind whose arm
     trained on a larger share of live GRPO groups than the control arm, by at least `learning_signal` with confidence
@@ -337,11 +342,12 @@ def signal_verdict(v: Verdict, control_live: list[float], candidate_live: list[f
     so no slice was harmed beyond tolerance and it was not refuted), is promoted: the promoted verdict, else None. Why:
     a 30-step arm on the right mix moves the target by a few points at most, below what one pair of arms resolves,
     while the mix it corrects leaves most groups dead (no gradient at all); the target test still guards against
-    harm. The caller passes only the changes `takes_signal_route` admits."""
+    harm. The caller passes only the changes `takes_signal_route` admits; `finished`, for a longer completion budget,
+    the arms' per-step shares of completions that ended within it (`signal_shown`'s third reading)."""
     ev = v.evidence
     if gate.learning_signal is None or v.decision != "inconclusive" or ev is None or ev.effect < 0 or ev.vetoes:
         return None
-    if (how := signal_shown(control_live, candidate_live, gate, comparisons, earlier)) is None:
+    if (how := signal_shown(control_live, candidate_live, gate, comparisons, earlier, finished)) is None:
         return None
     reason = (f"promoted on learning signal: {how}, target not below the control (effect {ev.effect:+.3f} "
               f"[{ev.ci_low:+.3f}, {ev.ci_high:+.3f}], n={ev.n}); was: {v.reason}")
@@ -349,7 +355,8 @@ def signal_verdict(v: Verdict, control_live: list[float], candidate_live: list[f
 
 
 def signal_lift(v: Verdict, control_live: list[float], candidate_live: list[float], gate: Any, comparisons: int,
-                earlier: list[tuple[list[float], list[float]]] = ()) -> Verdict | None:
+                earlier: list[tuple[list[float], list[float]]] = (),
+                finished: tuple[list[float], list[float]] | None = None) -> Verdict | None:
     """A futility stop that weighs the route the change is on: an inconclusive verdict the futility rule stopped
     (`harness.sequential.decide`: the chance of promotion ON THE TARGET by the plan's end below `gate.futility`),
     whose change the learning-signal route reads and whose signal is SHOWN with confidence (`signal_shown`, the
@@ -375,7 +382,7 @@ def signal_lift(v: Verdict, control_live: list[float], candidate_live: list[floa
     if (gate.futility <= 0 or v.decision != "inconclusive" or ev is None or ev.next_step != "stop"
             or ev.sign_chance is None or ev.sign_chance < gate.futility or ev.vetoes):
         return None
-    if (how := signal_shown(control_live, candidate_live, gate, comparisons, earlier)) is not None:
+    if (how := signal_shown(control_live, candidate_live, gate, comparisons, earlier, finished)) is not None:
         why = f"its learning signal is shown ({how})"
     elif ev.effect >= 0 and (hint := signal_hint(control_live, candidate_live, gate, earlier)) is not None:
         why = f"its learning signal is promising ({hint}; target estimate {ev.effect:+.3f} not below the control's)"
@@ -389,34 +396,52 @@ def signal_lift(v: Verdict, control_live: list[float], candidate_live: list[floa
 
 
 def signal_shown(control_live: list[float], candidate_live: list[float], gate: Any, comparisons: int,
-                 earlier: list[tuple[list[float], list[float]]] = ()) -> str | None:
+                 earlier: list[tuple[list[float], list[float]]] = (),
+                 finished: tuple[list[float], list[float]] | None = None) -> str | None:
     """The learning-signal route's own test (`signal_verdict`): how the candidate arm's share of live GRPO groups
-    is above the control's with confidence, or None when it is not shown."""
+    is above the control's with confidence, or None when it is not shown.
+
+    `finished` (control, candidate), given for a longer completion budget only (`on_learning_signal`): the arms'
+    per-step shares of completions that ended within the budget (`harness.backtest.finished_shares`), a third
+    reading: the candidate's share above the control's by at least `gate.learning_signal`, with confidence (the same
+    Welch bound and arm noise as the live share's). Why: a completion cut off by the budget is scored as unfinished,
+    so the reward trains the policy on the budget rather than the task, and the judge decodes with its own; a budget
+    that lets the answers end removes that at once, while its 30-step effect on the target is about 0 and the live
+    share it moves is small at 8 groups a step (a held-out code scenario at 6 tokens: 68-73% of the control's
+    training completions cut off against none at 19-20 tokens, live 7.9-10.4% against 2.1-3.3%, never shown over
+    three pairs; the fix never promoted in three seeds, BENCHMARKS.md, seventy-sixth session). A budget nothing hit
+    cannot move this share, so it takes this reading only where answers were cut off."""
     from harness.backtest import learning_signal_bound, learning_signal_ratio_bound
 
     # a change may take this route at each of its arm pairs (a second pair, a pooled re-test): one test per pair, so
-    # Bonferroni over the pairs one change may be judged on as well as over the stage's comparisons; the absolute and
-    # the ratio reading split that alpha between them (Bonferroni again) when both are on
-    readings = 2 if gate.learning_signal_ratio is not None else 1
+    # Bonferroni over the pairs one change may be judged on as well as over the stage's comparisons; the readings
+    # (absolute, ratio, finished) split that alpha between those that are on (Bonferroni again)
+    readings = (2 if gate.learning_signal_ratio is not None else 1) + (finished is not None)
     alpha = gate.alpha / (max(1, comparisons) * gate.max_pairs * readings)
     gain, low = learning_signal_bound(control_live, candidate_live, alpha, gate.learning_signal_arm_sd)
     shares = (f"live GRPO groups {np.mean(candidate_live):.1%} of the arm's training against the control's "
               f"{np.mean(control_live):.1%}" if len(candidate_live) and len(control_live) else "")
     if low >= gate.learning_signal:  # nan (too few steps) is not a route
-        how = (f"{shares} (gain {gain:+.2f}, lower bound {low:+.2f} >= {gate.learning_signal:.2f}; Welch over "
-               f"{len(candidate_live)} + {len(control_live)} steps at alpha {alpha:.3g}, arm noise "
-               f"{gate.learning_signal_arm_sd:g})")
-    elif gate.learning_signal_ratio is not None and (ratio := learning_signal_ratio_bound(
+        return (f"{shares} (gain {gain:+.2f}, lower bound {low:+.2f} >= {gate.learning_signal:.2f}; Welch over "
+                f"{len(candidate_live)} + {len(control_live)} steps at alpha {alpha:.3g}, arm noise "
+                f"{gate.learning_signal_arm_sd:g})")
+    if gate.learning_signal_ratio is not None and (ratio := learning_signal_ratio_bound(
             control_live, candidate_live, gate.learning_signal_ratio, alpha, gate.learning_signal_arm_sd,
             earlier))[1] > 0:
         over = f", pooled over {len(earlier) + 1} arm pairs" if earlier else ""
-        how = (f"{shares}, more than {gate.learning_signal_ratio:g} times as many (candidate - "
-               f"{gate.learning_signal_ratio:g} x control {ratio[0]:+.3f}{over}, lower bound {ratio[1]:+.3f} > 0; "
-               f"Welch over steps at alpha {alpha:.3g}, arm noise {gate.learning_signal_arm_sd:g} at a share of 0.5, "
-               "scaled to each arm's)")
-    else:
-        return None
-    return how
+        return (f"{shares}, more than {gate.learning_signal_ratio:g} times as many (candidate - "
+                f"{gate.learning_signal_ratio:g} x control {ratio[0]:+.3f}{over}, lower bound {ratio[1]:+.3f} > 0; "
+                f"Welch over steps at alpha {alpha:.3g}, arm noise {gate.learning_signal_arm_sd:g} at a share of 0.5, "
+                "scaled to each arm's)")
+    if finished is not None:
+        fc, fx = finished
+        gain, low = learning_signal_bound(fc, fx, alpha, gate.learning_signal_arm_sd)
+        if low >= gate.learning_signal:
+            return (f"completions that end within the budget {np.mean(fx):.1%} of the arm's training against the "
+                    f"control's {np.mean(fc):.1%} (gain {gain:+.2f}, lower bound {low:+.2f} >= "
+                    f"{gate.learning_signal:.2f}; Welch over {len(fx)} + {len(fc)} steps at alpha {alpha:.3g}, arm "
+                    f"noise {gate.learning_signal_arm_sd:g}){'; ' + shares if shares else ''}")
+    return None
 
 
 def second_pairs(run: Run, k: int, vs: list[Verdict]) -> dict[str, str]:

@@ -301,3 +301,70 @@ def test_a_re_test_pools_the_ratio_reading_over_the_changes_earlier_pairs():
     v = v.model_copy(update={"evidence": v.evidence.model_copy(update={"pooled": ["s1c1"]})})
     [both] = on_learning_signal(run, 2, [v], arms, comparisons=1)
     assert both.decision == "promoted" and "pooled over 2 arm pairs" in both.reason, both.reason
+
+
+def _clipped_arm(rng, live, clipped, n=30, per_step=16):
+    """An arm's curve: per-step validity-live shares at `live` (8 groups a step) and the share of its completions cut
+    off by the budget around `clipped` (binomial over a step's completions), as the trainer logs them."""
+    return [{"dead_group_share": 1 - s, "valid_live_share": s, "clipped_ratio": c}
+            for s, c in zip(_steps(rng, live, n), rng.binomial(per_step, clipped, size=n) / per_step)]
+
+
+def test_a_longer_budget_whose_arm_lets_the_cut_off_answers_end_is_promoted_on_that_and_nothing_else_is():
+    """A held-out code scenario at a 6-token budget: the control arm's training completions were cut off 68-73% of
+    the time, the arm at 19-20 tokens none, while live groups rose only from 2-3% to 8-10%, below what the live
+    readings show at 8 groups a step (BENCHMARKS.md, seventy-sixth session). A longer budget is promoted on the share
+    of completions that end (its reason says so) when its target estimate is not below the control's; not when it is
+    below, not for a shorter budget or a temperature with the same curves, not when the control cut nothing off, and
+    not with curves that never logged the clipped share. Equal arms with a third of their answers cut off pass at most
+    alpha over a change's three pairs. Would catch the reading applied to other knobs or to a shorter budget, read the
+    wrong way round, ignoring the target guard, promoting on a point estimate, or spending alpha the live readings
+    already spend."""
+    from harness.decisions import signal_verdict
+
+    rng = np.random.default_rng(11)
+    control, longer = _clipped_arm(rng, 0.027, 0.70), _clipped_arm(rng, 0.09, 0.0)
+    unclipped = _clipped_arm(rng, 0.027, 0.0)
+    kinds = {"longer": ("recipe", "recipe.max_completion_length", 6, 20),
+             "worse": ("recipe", "recipe.max_completion_length", 6, 20),
+             "shorter": ("recipe", "recipe.max_completion_length", 40, 20),
+             "temp": ("recipe", "recipe.temperature", 1.0, 0.7)}
+    arms = {"control": SimpleNamespace(curve=control), **{c: SimpleNamespace(curve=longer) for c in kinds}}
+    vs = [_verdict("longer", effect=0.0), _verdict("worse", effect=-0.01), _verdict("shorter"), _verdict("temp")]
+    run, events = _run(kinds)
+    got = {v.candidate: v for v in on_learning_signal(run, 1, vs, arms, comparisons=2)}
+    assert got["longer"].decision == "promoted", got["longer"].reason
+    assert "completions that end within the budget 100.0%" in got["longer"].reason
+    assert {c: v.decision for c, v in got.items() if c != "longer"} == {
+        "worse": "inconclusive", "shorter": "inconclusive", "temp": "inconclusive"}
+    assert len(events) == 1
+    # the live readings alone do not show it: without the clipped share the same change stays inconclusive
+    bare = {n: SimpleNamespace(curve=[{k: x for k, x in s.items() if k != "clipped_ratio"} for s in a.curve])
+            for n, a in arms.items()}
+    [alone] = on_learning_signal(run, 1, [_verdict("longer", effect=0.0)], bare, comparisons=2)
+    assert alone.decision == "inconclusive"
+    # nothing was cut off in the control: a longer budget changes nothing there, so this reading cannot pass
+    [same] = on_learning_signal(run, 1, [_verdict("longer", effect=0.0)],
+                                {**arms, "control": SimpleNamespace(curve=unclipped)}, comparisons=2)
+    assert same.decision == "inconclusive"
+
+    gate = GateConfig()
+
+    def arm(p):  # each arm's mean cut-off share drawn with the route's arm noise
+        return _clipped_arm(rng, 0.2, float(np.clip(p + rng.normal(0, gate.learning_signal_arm_sd), 0, 1)))
+
+    def passes(pc, px, n):
+        hit = 0
+        for _ in range(n):
+            for _pair in range(gate.max_pairs):
+                c, x = arm(pc), arm(px)
+                fin = ([1 - s["clipped_ratio"] for s in c], [1 - s["clipped_ratio"] for s in x])
+                lc, lx = ([s["valid_live_share"] for s in a] for a in (c, x))
+                if signal_verdict(_verdict("longer"), lc, lx, gate, 1, finished=fin) is not None:
+                    hit += 1
+                    break
+        return hit / n
+
+    assert passes(0.33, 0.33, 1500) <= gate.alpha  # equal arms
+    assert passes(0.33, 0.23, 1500) <= gate.alpha  # exactly the margin (0.10) more finished: the reading's null
+    assert passes(0.40, 0.05, 200) > 0.95  # most of what was cut off now ends
