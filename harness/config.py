@@ -441,7 +441,9 @@ class GateConfig(BaseModel):
         "answers valid and some not; reward not the same for the whole group in curves recorded before validity was) "
         "above the control arm's by at least this, with confidence (Welch's one-sided test over steps), its target estimate not below the control's and no slice or veto against it. "
         "SFL's learnability: a mix the policy cannot learn from shows as dead groups long before a short arm moves "
-        "the target. None: off (the target A/B alone decides)")
+        "the target. A longer budget is promoted too when the share of its arm's training completions that end within "
+        "the budget is above the control's by at least this, with confidence (`harness.decisions.signal_shown`). "
+        "None: off (the target A/B alone decides)")
     learning_signal_ratio: float | None = Field(
         2.0, ge=1.0, le=100.0, description="the same route's second reading, for policies that rarely train on a live "
         "group: also promoted when the arm's live-group share is at least this MULTIPLE of the control arm's, with "

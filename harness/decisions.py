@@ -243,9 +243,9 @@ def takes_signal_route(kind: str, knob: str, old: Any = None, new: Any = None) -
     (the same seeds draw the same tokens, so with nothing truncated the arms are identical and the share cannot move);
     a shorter one can make a group "live" by cutting some answers, so only a rise qualifies (the truncation scenario:
     live 26-35% against 7-9% at 24-48 tokens from 12). For a longer budget the route reads what it is for as well: the
-    share of the arm's completions that END within it (`finished`, `signal_shown`). A learning rate, a group size or a schedule changes the share
-    as a side effect (more completions per group make one live by count), so those keep the target A/B alone. The
-    guard is the same for all: the target estimate not below the control's."""
+    share of the arm's completions that END within it (`finished`, `signal_shown`). A learning rate, a group size or
+    a schedule changes the share as a side effect (more completions per group make one live by count), so those keep
+    the target A/B alone. The guard is the same for all: the target estimate not below the control's."""
     if kind == "env" or knob in SIGNAL_KNOBS:
         return True
     if knob in RISING_SIGNAL_KNOBS:
