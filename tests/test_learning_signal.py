@@ -318,8 +318,7 @@ def test_a_longer_budget_whose_arm_lets_the_cut_off_answers_end_is_promoted_on_t
     below, not for a shorter budget or a temperature with the same curves, not when the control cut nothing off, and
     not with curves that never logged the clipped share. Equal arms with a third of their answers cut off pass at most
     alpha over a change's three pairs. Would catch the reading applied to other knobs or to a shorter budget, read the
-    wrong way round, ignoring the target guard, promoting on a point estimate, or spending alpha the live readings
-    already spend."""
+    wrong way round, ignoring the target guard or promoting on a point estimate."""
     from harness.decisions import signal_verdict
 
     rng = np.random.default_rng(11)
