@@ -151,8 +151,9 @@ def ratio_bootstrap(numerator: Any, denominator: Any, n_boot: int, alpha: float,
     seeds, both tables resampled with the SAME weights) that holds 0. Why not the ratio's own bootstrap percentiles:
     a denominator near 0 in a few resamples sends the ratio to +-infinity and makes its percentiles arbitrary, while
     the contrast stays linear; the interval so found is bounded where the denominator's own interval excludes 0
-    (as Fieller's is), and unbounded (an end at -inf or +inf) where it does not. The ends are found by bisection where the contrast's bound
-    crosses 0, searched within `widest` of the estimate (an end past it is reported infinite). (nan, -inf, inf)
+    (as Fieller's is), and unbounded (an end at -inf or +inf) where it does not. The ends are found by bisection
+    where the contrast's bound crosses 0, searched within `widest` of the estimate (an end past it is reported
+    infinite). (nan, -inf, inf)
     when the denominator's mean is 0."""
     num = np.asarray(numerator, dtype=np.float64)
     den = np.asarray(denominator, dtype=np.float64)

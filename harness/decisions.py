@@ -230,6 +230,7 @@ def backed(run: Run, cid: str) -> str | None:
 
 SIGNAL_KNOBS = ("recipe.temperature",)  # recipe knobs that choose which completions a group holds (see below)
 RISING_SIGNAL_KNOBS = ("recipe.max_completion_length",)  # ... and those that do so when raised only
+FINISHED_KNOBS = ("recipe.max_completion_length",)  # ... and whose rise the route also reads as answers that end
 
 
 def takes_signal_route(kind: str, knob: str, old: Any = None, new: Any = None) -> bool:
@@ -279,7 +280,7 @@ def on_learning_signal(run: Run, k: int, vs: list[Verdict], arms: dict[str, Any]
             both = has_valid_live(control.curve) and has_valid_live(arm.curve)  # one count for both arms
             kl, cl = live_shares(control.curve, both), live_shares(arm.curve, both)
             done = ((finished_shares(control.curve), finished_shares(arm.curve))
-                    if row.get("knob", "") in RISING_SIGNAL_KNOBS else None)
+                    if row.get("knob", "") in FINISHED_KNOBS else None)
             if v.evidence is not None:  # kept with the evidence: a pooled re-test's ratio reading reads them
                 v = v.model_copy(update={"evidence": v.evidence.model_copy(update={"live": {"control": kl,
                                                                                            "candidate": cl}})})

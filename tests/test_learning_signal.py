@@ -319,6 +319,7 @@ def test_a_longer_budget_whose_arm_lets_the_cut_off_answers_end_is_promoted_on_t
     not with curves that never logged the clipped share. Equal arms with a third of their answers cut off pass at most
     alpha over a change's three pairs. Would catch the reading applied to other knobs or to a shorter budget, read the
     wrong way round, ignoring the target guard or promoting on a point estimate."""
+    from harness.backtest import finished_shares
     from harness.decisions import signal_verdict
 
     rng = np.random.default_rng(11)
@@ -357,8 +358,8 @@ def test_a_longer_budget_whose_arm_lets_the_cut_off_answers_end_is_promoted_on_t
         for _ in range(n):
             for _pair in range(gate.max_pairs):
                 c, x = arm(pc), arm(px)
-                fin = ([1 - s["clipped_ratio"] for s in c], [1 - s["clipped_ratio"] for s in x])
-                lc, lx = ([s["valid_live_share"] for s in a] for a in (c, x))
+                fin = (finished_shares(c), finished_shares(x))
+                lc, lx = live_shares(c), live_shares(x)
                 if signal_verdict(_verdict("longer"), lc, lx, gate, 1, finished=fin) is not None:
                     hit += 1
                     break
