@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from harness.arms import arm_eval, arm_name, backtest_seeds, judge_more
-from harness.backtest import ArmEval, judge_fingerprint, prior_pairs, regression, verdicts
+from harness.backtest import ArmEval, finished_shares, judge_fingerprint, prior_pairs, regression, verdicts
 from harness.diagjudge import veto_stands
 from harness.records import RECURRING, Evidence, Verdict, cut, problem_label
 from harness.results import ArmVsStart, Backtested, CarryChecked, Decided, GateAnswer, Probed, Trained
@@ -233,6 +233,19 @@ RISING_SIGNAL_KNOBS = ("recipe.max_completion_length",)  # ... and those that do
 FINISHED_KNOBS = ("recipe.max_completion_length",)  # ... and whose rise the route also reads as answers that end
 
 
+def finished_reading(knob: str, control: list[float], candidate: list[float]
+                     ) -> tuple[list[float], list[float]] | None:
+    """The finished-share reading's data for a change of `knob` (`signal_verdict`'s `finished`): the two arms'
+    per-step shares of completions that ended within the budget (`harness.backtest.finished_shares` of their
+    curves), or None where the reading is off: a knob not in `FINISHED_KNOBS`, or arms that did not record the share
+    on at least 2 steps a side (a backend or an older run without `clipped_ratio`). None takes no part of the route's
+    alpha, so a reading that cannot be made does not narrow the others'. The loop and both of the calibration's
+    replays (an arm pair's curves, a recorded decision's `Evidence.finished`) call this one function."""
+    if knob not in FINISHED_KNOBS or min(len(control), len(candidate)) < 2:
+        return None
+    return list(control), list(candidate)
+
+
 def takes_signal_route(kind: str, knob: str, old: Any = None, new: Any = None) -> bool:
     """May a change of this kind and knob (from `old` to `new`) be decided on learning signal (`signal_verdict`)? The
     changes that choose what a GRPO group is made of: an ENV change (which prompts), the sampling temperature (which
@@ -264,7 +277,7 @@ def on_learning_signal(run: Run, k: int, vs: list[Verdict], arms: dict[str, Any]
     candidates' kinds and knobs come from run.db, the per-step live shares from the arms' training curves, pooled
     with the earlier pairs' (`earlier_live`). Returns the verdicts, converted ones replaced; each conversion is an
     event. Those in `hold` only get their shares recorded (they are read after their next pair of this stage)."""
-    from harness.backtest import finished_shares, has_valid_live, live_shares
+    from harness.backtest import has_valid_live, live_shares
 
     gate = run.config.gate
     control = arms.get(arm_name("control", pair))
@@ -279,11 +292,11 @@ def on_learning_signal(run: Run, k: int, vs: list[Verdict], arms: dict[str, Any]
                                        (row.get("patch") or {}).get("value"))):
             both = has_valid_live(control.curve) and has_valid_live(arm.curve)  # one count for both arms
             kl, cl = live_shares(control.curve, both), live_shares(arm.curve, both)
-            done = ((finished_shares(control.curve), finished_shares(arm.curve))
-                    if row.get("knob", "") in FINISHED_KNOBS else None)
+            done = finished_reading(row.get("knob", ""), finished_shares(control.curve), finished_shares(arm.curve))
             if v.evidence is not None:  # kept with the evidence: a pooled re-test's ratio reading reads them
-                v = v.model_copy(update={"evidence": v.evidence.model_copy(update={"live": {"control": kl,
-                                                                                           "candidate": cl}})})
+                v = v.model_copy(update={"evidence": v.evidence.model_copy(update={
+                    "live": {"control": kl, "candidate": cl},
+                    "finished": {"control": done[0], "candidate": done[1]} if done is not None else {}})})
             if v.candidate not in hold:
                 earlier = earlier_live(run, v)
                 got = signal_verdict(v, kl, cl, gate, comparisons, earlier=earlier, finished=done)

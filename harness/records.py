@@ -333,6 +333,10 @@ class Evidence(BaseModel):
     live: dict[str, list[float]] = Field(
         default_factory=dict, description="for a change the learning-signal route reads: this pair's per-step "
         "live-group shares, {control, candidate}; a re-test's ratio reading pools them with its own")
+    finished: dict[str, list[float]] = Field(
+        default_factory=dict, description="for a longer completion budget the route reads: this pair's per-step "
+        "shares of completions that ended within the budget, {control, candidate} (`harness.decisions."
+        "finished_reading`); empty where the arms did not record them")
     stage_live: list[dict[str, list[float]]] = Field(
         default_factory=list, description="the live-group shares of this candidate's earlier arm pairs in this same "
         "stage (as `stage_pairs` for the target), oldest first: the ratio reading pools them, here and in a re-test")

@@ -294,7 +294,8 @@ def test_calibration_walk_takes_the_loops_learning_signal_route_for_an_env_or_te
     """The calibration's walk decides an env change as the loop does (`harness.decisions.signal_verdict`): a first pair
     inconclusive on the target (a small positive effect) whose candidate arm trained on far more live groups is
     promoted on learning signal without a second pair; the same arms under a recipe change (other files differ) are
-    not. Would catch the benchmark measuring a gate the loop no longer runs."""
+    not; a longer budget on the share of its answers that end as well. Would catch the benchmark measuring a gate the
+    loop no longer runs."""
     from types import SimpleNamespace
 
     from harness.benchmarks.calibration import walk
@@ -328,6 +329,19 @@ def test_calibration_walk_takes_the_loops_learning_signal_route_for_an_env_or_te
     assert w.verdict.decision == "promoted" and "learning signal" in w.verdict.reason
     w = walk([pair()], lambda p: pair(), *budget[::-1], gate, plan, "j", 4, "c")
     assert "learning signal" not in w.verdict.reason
+
+    # ... and on the share of its answers that end, as the loop reads a longer budget (`finished_reading`): arms as
+    # live as each other, the control's completions cut off 70% of the time, the candidate's never
+    def cut_pair():  # the target level between the arms (an estimate of 0: inconclusive, not below the control)
+        p = _pair(list(c), list(c))
+        for name, cut in (("control", 0.7), ("candidate", 0.0)):
+            p.arms[name].metrics = SimpleNamespace(steps=[{"dead_group_share": 0.9, "clipped_ratio": x}
+                                                          for x in rng.binomial(16, cut, size=30) / 16])
+        return p
+
+    w = walk([cut_pair()], lambda p: pytest.fail("the route decides on the first pair"), *budget, gate, plan, "j", 4,
+             "c")
+    assert w.verdict.decision == "promoted" and "end within the budget" in w.verdict.reason, w.verdict.reason
 
 
 def test_a_futility_stop_weighs_the_learning_signal_route_an_env_change_is_on():

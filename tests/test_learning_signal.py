@@ -368,3 +368,28 @@ def test_a_longer_budget_whose_arm_lets_the_cut_off_answers_end_is_promoted_on_t
     assert passes(0.33, 0.33, 1500) <= gate.alpha  # equal arms
     assert passes(0.33, 0.23, 1500) <= gate.alpha  # exactly the margin (0.10) more finished: the reading's null
     assert passes(0.40, 0.05, 200) > 0.95  # most of what was cut off now ends
+
+
+def test_a_longer_budget_whose_arms_did_not_record_the_cut_off_share_keeps_the_live_readings_alpha():
+    """The finished-share reading takes a share of the route's alpha only where it can be made: arms whose curves
+    never logged `clipped_ratio` (another backend, an older run) leave the live readings the alpha they have for any
+    other route change, and the recorded evidence keeps the shares where they exist (a futility replay reads them).
+    Would catch a reading counted in the Bonferroni split while it cannot fire (the live reading then judged at
+    alpha / 3 per pair where it should be alpha / 2), or the shares not kept with the evidence."""
+    rng = np.random.default_rng(5)
+    live = {"control": _clipped_arm(rng, 0.05, 0.7), "longer": _clipped_arm(rng, 0.40, 0.0)}
+    bare = {n: SimpleNamespace(curve=[{k: x for k, x in s.items() if k != "clipped_ratio"} for s in c])
+            for n, c in live.items()}
+    run, _ = _run({"longer": ("recipe", "recipe.max_completion_length", 6, 20)})
+    gate = run.config.gate
+    readings = 2 if gate.learning_signal_ratio is not None else 1
+    [v] = on_learning_signal(run, 1, [_verdict("longer", effect=0.0)], bare, comparisons=1)
+    assert v.decision == "promoted" and f"at alpha {gate.alpha / (gate.max_pairs * readings):.3g}" in v.reason, v.reason
+    assert v.evidence.finished == {}
+    [w] = on_learning_signal(run, 1, [_verdict("longer", effect=0.0)],
+                             {n: SimpleNamespace(curve=c) for n, c in live.items()}, comparisons=1)
+    assert w.decision == "promoted" and set(w.evidence.finished) == {"control", "candidate"}
+    from harness.decisions import finished_reading
+
+    assert finished_reading("recipe.max_completion_length", [0.3], [0.9, 1.0]) is None  # one step a side: no reading
+    assert finished_reading("recipe.temperature", [0.3, 0.3], [0.9, 1.0]) is None

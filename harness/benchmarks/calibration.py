@@ -54,8 +54,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import yaml
 
-from harness.backtest import judge_fingerprint, prior_pairs, read_harness, verdicts
-from harness.decisions import signal_lift, signal_verdict
+from harness.backtest import finished_shares, judge_fingerprint, prior_pairs, read_harness, verdicts
+from harness.decisions import finished_reading, signal_lift, signal_verdict
 from harness.records import Verdict
 from harness.round0 import round0_files
 from harness.scale import ArmJob, ArmOutput, execute_arm, policy_loader
@@ -192,15 +192,34 @@ def on_signal_route(control_files: dict[str, str], candidate_files: dict[str, st
     return bool(keys) and all(takes_signal_route("recipe", f"recipe.{k}", a.get(k), b.get(k)) for k in keys)
 
 
-def step_live(arm: ArmOutput) -> list[float]:
-    """Per-step live-group shares of an arm's training (`harness.backtest.live_shares` of its step metrics); none for
-    an arm replayed from a record (no training metrics: the route cannot decide it)."""
-    from harness.backtest import live_shares
+def recipe_knob(control_files: dict[str, str], candidate_files: dict[str, str]) -> str:
+    """`recipe.<key>` when the two harnesses differ in exactly one recipe key and nothing else, else "" (the knob a
+    candidate row records, for `harness.decisions.finished_reading`)."""
+    import yaml
 
+    if {p for p in {*control_files, *candidate_files} if control_files.get(p) != candidate_files.get(p)} != {
+            "recipe.yaml"}:
+        return ""
+    a, b = (yaml.safe_load(f.get("recipe.yaml") or "") or {} for f in (control_files, candidate_files))
+    keys = [k for k in {*a, *b} if a.get(k) != b.get(k)]
+    return f"recipe.{keys[0]}" if len(keys) == 1 else ""
+
+
+def step_curve(arm: ArmOutput) -> list[dict]:
+    """An arm's training curve, one dict per GRPO step; none for an arm replayed from a record (no training metrics:
+    the route cannot decide it)."""
     metrics = getattr(arm, "metrics", None)
     if metrics is None:
         return []
-    return live_shares([s if isinstance(s, dict) else s.model_dump() for s in metrics.steps])
+    return [s if isinstance(s, dict) else s.model_dump() for s in metrics.steps]
+
+
+def step_live(arm: ArmOutput) -> list[float]:
+    """Per-step live-group shares of an arm's training (`harness.backtest.live_shares` of its step metrics); none for
+    an arm replayed from a record."""
+    from harness.backtest import live_shares
+
+    return live_shares(curve) if (curve := step_curve(arm)) else []
 
 
 def walk(pairs: list[Pair], more: Callable[[int], Pair], control_files: dict[str, str],
@@ -235,8 +254,10 @@ def walk(pairs: list[Pair], more: Callable[[int], Pair], control_files: dict[str
         seconds += pair.judge_seconds * m / max(1, len(control.seeds))
         if v.decision == "inconclusive" and on_signal_route(control_files, candidate_files):  # the loop's second route
             here = (step_live(pair.arms["control"]), step_live(pair.arms["candidate"]))
-            v = (signal_verdict(v, *here, gate, 1, earlier=list(live))
-                 or signal_lift(v, *here, gate, 1, earlier=list(live)) or v)  # a futility stop weighs this route too
+            done = finished_reading(recipe_knob(control_files, candidate_files),  # a longer budget's third reading
+                                    *(finished_shares(step_curve(pair.arms[a])) for a in ("control", "candidate")))
+            v = (signal_verdict(v, *here, gate, 1, earlier=list(live), finished=done)  # a futility stop weighs the
+                 or signal_lift(v, *here, gate, 1, earlier=list(live), finished=done) or v)  # route too
             step = v.evidence.next_step if v.evidence is not None else step
             live.append(here)
         if v.decision != "inconclusive" or step != "new_pair" or p + 1 >= plan.max_pairs:
@@ -531,7 +552,9 @@ def replay_runs(run_dirs: list[str | Path], futility: float) -> dict[str, Any]:
                     c["kind"], c.get("knob") or "", c.get("old_value"), (c.get("patch") or {}).get("value"))
                     and signal_lift(v, rec.live["control"], rec.live["candidate"], gate,
                                     max(1, judged.get(c["stage"], 1)),
-                                    earlier=live_of([ev.get(x, {}) for x in rec.pooled], rec.stage_live)) is not None):
+                                    earlier=live_of([ev.get(x, {}) for x in rec.pooled], rec.stage_live),
+                                    finished=finished_reading(c.get("knob") or "", rec.finished.get("control", []),
+                                                              rec.finished.get("candidate", []))) is not None):
                 tot["lifted"] += 1  # its learning signal is shown (or promising, level or ahead): the loop keeps its next pair
                 continue
             later = [x for x, e2 in ev.items() if c["id"] in (e2.get("pooled") or [])]
