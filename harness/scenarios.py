@@ -382,11 +382,12 @@ def _vs(per: dict[str, dict[int, list[float]]], arm: str, other: str,
 
 
 def _recovery_ci(per: dict[str, dict[int, list[float]]], arm: str,
-                 clusters: list[Any] | None = None) -> list[float] | None:
-    """The 95% interval of `arm`'s recovery of the gap, (arm - fixed-template) / (oracle - fixed-template), over the
-    seeds all three share (`harness.backtest.ratio_bootstrap`: Fieller's interval over the pigeonhole bootstrap, the
-    same resampling as every other interval of the table); an end past 100 times the gap is unbounded, recorded as
-    None (scenarios.json stays strict JSON). None when the seeds' test sets differ in length. Why it is reported:
+                 clusters: list[Any] | None = None) -> tuple[float, list[float | None]] | None:
+    """`arm`'s recovery of the gap, (arm - fixed-template) / (oracle - fixed-template), and its 95% interval, both
+    over the seeds all three share (`harness.backtest.ratio_bootstrap`: Fieller's interval over the pigeonhole
+    bootstrap, the same resampling as every other interval of the table); an end past 100 times the gap is unbounded,
+    recorded as None (scenarios.json stays strict JSON). None when the seeds' test sets differ in length (the table
+    then gives the ratio of the paired means without an interval). Why it is reported:
     the ratio's denominator is itself an estimate, so a point estimate of the ratio moves by tens of points where the
     broken harness collapses in some runs and not others (code's cold temperature read 75% and 46% on the same seeds'
     baselines a few dozen steps of budget apart, BENCHMARKS.md, seventy-fifth session)."""
@@ -395,12 +396,14 @@ def _recovery_ci(per: dict[str, dict[int, list[float]]], arm: str,
     common = sorted(set(per[arm]) & set(per["fixed-template"]) & set(per["oracle"]))
     if not common:
         return None
+    if len({len(per[a][s]) for a in ("fixed-template", "oracle", arm) for s in common}) != 1:
+        return None  # ragged test sets (a seed judged on another test_n) make no seeds x instances table
     f, o, x = (np.asarray([per[a][s] for s in common], dtype=float) for a in ("fixed-template", "oracle", arm))
-    if not (f.ndim == o.ndim == x.ndim == 2 and f.shape == o.shape == x.shape):
+    theta, lo, hi = ratio_bootstrap(x - f, o - f, 2000, 0.025, np.random.default_rng(0),
+                                    clusters=clusters if clusters is not None and len(clusters) == f.shape[1] else None)
+    if not np.isfinite(theta):
         return None
-    _, lo, hi = ratio_bootstrap(x - f, o - f, 2000, 0.025, np.random.default_rng(0),
-                                clusters=clusters if clusters is not None and len(clusters) == f.shape[1] else None)
-    return [end if np.isfinite(end) else None for end in (lo, hi)]
+    return theta, [end if np.isfinite(end) else None for end in (lo, hi)]
 
 
 WARM = "warm start"  # the shared start, as a row of `per` in `summarize`
@@ -459,8 +462,8 @@ def summarize(rows: dict[str, dict[str, Any]], warm: dict[str, list[float]] | No
             for arm, a in sc["arms"].items():
                 if "vs_fixed" in a and arm != "oracle":
                     a["recovery"] = a["vs_fixed"][0] / gap[0]
-                    if (ci := _recovery_ci(per, arm, cl)) is not None:
-                        a["recovery_ci"] = ci
+                    if (rec := _recovery_ci(per, arm, cl)) is not None:  # the point and its interval on one set of
+                        a["recovery"], a["recovery_ci"] = rec  # seeds (the line above's may pair different ones)
         out[name] = sc
     return out
 

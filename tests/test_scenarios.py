@@ -188,6 +188,26 @@ def test_recovery_is_the_share_of_the_oracles_gap():
     assert "| s | evolved-rule | plr | -50.0 [" in summary_md(summarize(rows), ["fixed-template", "evolved-rule", "plr"])
 
 
+def test_recovery_reads_one_set_of_seeds_and_survives_ragged_test_sets():
+    """The share of the gap and its interval come from the seeds all three arms share: an evolved arm missing a seed
+    the baselines have gave a point estimate over other seeds than its interval's, here outside it (1.2 against an
+    interval around 0.75); a seed judged on another test size crashed `summarize` with numpy's ValueError on a
+    ragged array, and now gives the ratio without an interval."""
+    def r(seed, per):
+        return {"seed": seed, "final_per_instance": per, "compute": 10.0}
+    rows = {"s": {"fixed-template": [r(s, [0] * 32) for s in range(4)],  # gaps 1.0, 0.5, 0.5, 0.5: 0.625 over all
+                  "oracle": [r(0, [1, 1, 1, 1] * 8)] + [r(s, [1, 1, 0, 0] * 8) for s in (1, 2, 3)],
+                  "evolved-rule": [r(0, [1, 1, 1, 0] * 8)]}}  # seeds 1-3 missing: 0.75 of seed 0's gap
+    a = summarize(rows)["s"]["arms"]["evolved-rule"]
+    lo, hi = a["recovery_ci"]
+    assert abs(a["recovery"] - 0.75) < 1e-9 and lo <= a["recovery"] <= hi < 1.2  # not 0.75 / 0.625
+    rows = {"s": {"fixed-template": [r(0, [0] * 32), r(1, [0] * 40)],  # seed 1 judged on 40 instances, seed 0 on 32
+                  "oracle": [r(0, [1, 1, 1, 1] * 8), r(1, [1, 1, 1, 1] * 10)],
+                  "evolved-rule": [r(0, [1, 0, 0, 0] * 8), r(1, [1, 0] * 20)]}}
+    a = summarize(rows)["s"]["arms"]["evolved-rule"]
+    assert "recovery" in a and "recovery_ci" not in a
+
+
 def test_intervals_resample_problems_when_the_test_set_repeats_them():
     """With the test set's problem labels (`harness.experiment.suite_clusters`: copies of one problem share one), every
     interval of the table resamples problems: 8 problems drawn 4 times each read wider than 32 independent instances,
