@@ -334,9 +334,12 @@ def earlier_live(run: Run, v: Verdict) -> list[tuple[list[float], list[float]]]:
 def live_of(pooled: list[dict[str, Any]], stage_live: list[dict[str, list[float]]]
             ) -> list[tuple[list[float], list[float]]]:
     """`earlier_live` on records: the (control, candidate) live shares of the pooled tests' evidence (each one's
-    `stage_live`, then its `live`), then of this test's own earlier pairs of its stage, each that recorded them."""
+    `stage_live`, then its `live`), then of this test's own earlier pairs of its stage, each that recorded at least 2
+    steps a side."""
     found = [x for old in pooled for x in [*(old.get("stage_live") or []), old.get("live") or {}]] + list(stage_live)
-    return [(list(x["control"]), list(x["candidate"])) for x in found if x.get("control") and x.get("candidate")]
+    # a pair with fewer than 2 steps a side has no variance to pool: kept, it made every later ratio reading nan
+    return [(list(x["control"]), list(x["candidate"])) for x in found
+            if len(x.get("control") or []) >= 2 and len(x.get("candidate") or []) >= 2]
 
 
 def signal_verdict(v: Verdict, control_live: list[float], candidate_live: list[float], gate: Any, comparisons: int,
@@ -361,6 +364,9 @@ def signal_verdict(v: Verdict, control_live: list[float], candidate_live: list[f
     ev = v.evidence
     if gate.learning_signal is None or v.decision != "inconclusive" or ev is None or ev.effect < 0 or ev.vetoes:
         return None
+    # a re-test is never judged at a larger share of alpha than the evidence it pools was (`Evidence.comparisons`,
+    # as the target test keeps it): a change tested beside three others, re-tested alone, stays at alpha / 4
+    comparisons = max(comparisons, ev.comparisons)
     if (how := signal_shown(control_live, candidate_live, gate, comparisons, earlier, finished)) is None:
         return None
     reason = (f"promoted on learning signal: {how}, target not below the control (effect {ev.effect:+.3f} "
@@ -396,6 +402,7 @@ def signal_lift(v: Verdict, control_live: list[float], candidate_live: list[floa
     if (gate.futility <= 0 or v.decision != "inconclusive" or ev is None or ev.next_step != "stop"
             or ev.sign_chance is None or ev.sign_chance < gate.futility or ev.vetoes):
         return None
+    comparisons = max(comparisons, ev.comparisons)  # as `signal_verdict`: a re-test keeps its evidence's count
     if (how := signal_shown(control_live, candidate_live, gate, comparisons, earlier, finished)) is not None:
         why = f"its learning signal is shown ({how})"
     elif ev.effect >= 0 and (hint := signal_hint(control_live, candidate_live, gate, earlier)) is not None:

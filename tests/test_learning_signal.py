@@ -393,3 +393,29 @@ def test_a_longer_budget_whose_arms_did_not_record_the_cut_off_share_keeps_the_l
 
     assert finished_reading("recipe.max_completion_length", [0.3], [0.9, 1.0]) is None  # one step a side: no reading
     assert finished_reading("recipe.temperature", [0.3, 0.3], [0.9, 1.0]) is None
+
+
+def test_a_re_test_on_the_route_keeps_the_share_of_alpha_its_pooled_evidence_was_judged_at():
+    """A change first tested beside three others (its evidence judged at alpha / 4) and re-tested alone is read by
+    the route at alpha / 4 still, as the target test keeps it (`Evidence.comparisons`); and an earlier pair that
+    recorded one step a side is left out of the pooled ratio reading instead of making it nan. Would catch the route
+    judging a re-test at the stage's own count (four times the alpha here, up to 3 x alpha over a family of such
+    re-tests), or a one-step record poisoning every later reading."""
+    from harness.backtest import learning_signal_ratio_bound
+    from harness.decisions import live_of
+
+    rng = np.random.default_rng(6)
+    arms = {"control": SimpleNamespace(curve=_clipped_arm(rng, 0.05, 0.0)),
+            "env": SimpleNamespace(curve=_clipped_arm(rng, 0.40, 0.0))}
+    run, _ = _run({"env": ("env", "env.sizes", None, None)})
+    gate = run.config.gate
+    readings = 2 if gate.learning_signal_ratio is not None else 1
+    v = _verdict("env", effect=0.0)
+    v = v.model_copy(update={"evidence": v.evidence.model_copy(update={"comparisons": 4})})
+    [got] = on_learning_signal(run, 2, [v], arms, comparisons=1)
+    assert got.decision == "promoted" and f"at alpha {gate.alpha / (4 * gate.max_pairs * readings):.3g}" in got.reason, \
+        got.reason
+    pairs = live_of([{"live": {"control": [0.0], "candidate": [0.5]}}], [{"control": [0.0, 0.1], "candidate": [0.4, 0.5]}])
+    assert pairs == [([0.0, 0.1], [0.4, 0.5])]
+    assert np.isfinite(learning_signal_ratio_bound([0.0, 0.0, 0.1], [0.3, 0.4, 0.5], 2.0, 0.05, 0.01,
+                                                   earlier=pairs)[1])
