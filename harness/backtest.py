@@ -572,18 +572,24 @@ def learning_signal_ratio_bound(control: list[float], candidate: list[float], ra
     return contrast, _welch_lower(contrast, parts, arm, 1 / len(pairs), alpha)
 
 
-def prior_pairs(earlier: list[Evidence], judge: str) -> tuple[list[Any], list[str], str | None]:
-    """The PairEvidence of earlier inconclusive tests of the same change from the same state (oldest first), their
-    ids are the caller's; refuses (returns no pairs and the reason) when any was recorded under another judge."""
+def prior_pairs(earlier: list[Evidence], judge: str) -> tuple[list[Any], list[int], str | None]:
+    """(the PairEvidence of earlier inconclusive tests of the same change from the same state, oldest first; the
+    positions in `earlier` of the tests they came from; a note). A test recorded under another judge (the run's
+    backtest or gate config changed since) is not pooled and the note says so; the tests under this judge still are.
+    Why not refuse them all: every re-test lists every earlier test of the change, so one test under an old judge made
+    each later re-test a first pair again, its chain never spent (`gate.max_pairs`) and re-tested without end, each
+    with a fresh alpha. Dropping the old judge's tests leaves that chain its own alpha and this judge's chain its own."""
     from harness.sequential import PairEvidence
 
-    if any(e.judge != judge for e in earlier):
-        other = sorted({str(e.judge) for e in earlier if e.judge != judge})
-        return [], [], (f"earlier evidence of this change was recorded under another judge ({', '.join(other)}; now "
-                        f"{judge}): the run's backtest or gate config changed, so it is not pooled; judged afresh")
-    return [PairEvidence(judge=judge, diffs=d, slices=s, clusters=c) for e in earlier
+    kept = [i for i, e in enumerate(earlier) if e.judge == judge]
+    other = sorted({str(e.judge) for e in earlier if e.judge != judge})
+    note = (f"earlier evidence of this change was recorded under another judge ({', '.join(other)}; now {judge}): the "
+            "run's backtest or gate config changed, so that evidence is not pooled"
+            + (f"; pooled the {len(kept)} earlier test(s) under this judge" if kept else "; judged afresh")
+            if other else None)
+    return [PairEvidence(judge=judge, diffs=d, slices=s, clusters=c) for e in (earlier[i] for i in kept)
             for d, s, c in [*((p["diffs"], p["slices"], p.get("clusters") or []) for p in e.stage_pairs),
-                            (e.diffs, e.slices, e.clusters)] if d], [], None
+                            (e.diffs, e.slices, e.clusters)] if d], kept, note
 
 
 def sequential_verdict(cid: str, control: ArmEval, arm: ArmEval, gate: GateConfig, plan: Any, judge: str,

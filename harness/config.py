@@ -412,8 +412,10 @@ class GateConfig(BaseModel):
     arm_noise_sd: float = Field(0.0, ge=0.0, le=1.0,
                                 description="standard deviation of the effect between two arms that differ only in "
                                             "training randomness (measured by `evotrainer bench calibration --mode "
-                                            "aa`); added in quadrature to the bootstrap's instance noise in every "
-                                            "bound, since resampling instances cannot see it")
+                                            "aa`); each arm pair's variance in the sequential test is arm_sd**2 + "
+                                            "s**2 / n (`harness.sequential`: pooled over pairs by inverse variance), "
+                                            "since the instances' own spread cannot see it; the bootstrap intervals of "
+                                            "reports and of the regression check do not add it")
 
     max_pairs: int = Field(3, ge=1, le=20, description="arm pairs one change may be judged on: its first test and the "
                            "pooled re-tests of an inconclusive result (each later stage that proposes it again)")

@@ -61,8 +61,8 @@ def _key_of(run: Run, cid: str) -> str:
 
 def pooled_evidence(run: Run, cid: str) -> tuple[list[Any], list[str], str | None]:
     """(earlier pairs, their candidate ids, a note) for candidate `cid`: every earlier INCONCLUSIVE test of the same
-    change from the same harness state (`change_key`), oldest first; none, with the reason, when any was recorded
-    under another judge."""
+    change from the same harness state (`change_key`), oldest first; those recorded under another judge are left out,
+    and the note says so (`harness.backtest.prior_pairs`)."""
     from harness.memory import history
 
     key = _key_of(run, cid)
@@ -80,8 +80,8 @@ def pooled_evidence(run: Run, cid: str) -> tuple[list[Any], list[str], str | Non
         if ev:
             evs.append(Evidence.model_validate(ev))
             ids.append(h.candidate)
-    pairs, _, note = prior_pairs(evs, fingerprint(run))
-    return pairs, (ids if pairs else []), note
+    pairs, kept, note = prior_pairs(evs, fingerprint(run))
+    return pairs, ([ids[i] for i in kept] if pairs else []), note
 
 
 def look_until_decided(run: Run, k: int, arms: dict[str, Any], main_files: dict[str, str],

@@ -137,6 +137,23 @@ def test_evidence_recorded_under_another_judge_is_refused_with_the_reason(run):
     assert pairs == [] and ids == [] and "another judge" in note and "another-judge" in note
 
 
+def test_a_re_test_pools_the_evidence_under_its_own_judge_and_leaves_out_only_an_older_judges(run):
+    """A change tested once under an old judge (the gate config changed on resume), then under today's: its next
+    re-test pools today's pair and leaves the old one out, so today's chain counts toward `gate.max_pairs` and ends.
+    Would catch one old test making every later re-test a first pair (the chain never spent, re-tested without end,
+    each time at a fresh alpha)."""
+    from harness.decisions import fingerprint, pooled_evidence
+
+    _propose(run, "s1c1", LR, 1)
+    _record(run, "s1c1", "inconclusive", [0.25, 0.0] * 20, "another-judge")
+    _propose(run, "s2c1", LR, 2)
+    _record(run, "s2c1", "inconclusive", [0.0, 0.25, 0.0, 0.0] * 10, fingerprint(run))
+    _propose(run, "s3c1", LR, 3)
+    pairs, ids, note = pooled_evidence(run, "s3c1")
+    assert ids == ["s2c1"] and [p.diffs for p in pairs] == [[0.0, 0.25, 0.0, 0.0] * 10]
+    assert "another-judge" in note and "pooled the 1 earlier test(s) under this judge" in note
+
+
 def test_spent_evidence_is_final(run):
     from harness.decisions import fingerprint
     from harness.memory import history
