@@ -407,6 +407,16 @@ def _recovery_ci(per: dict[str, dict[int, list[float]]], arm: str,
 
 
 WARM = "warm start"  # the shared start, as a row of `per` in `summarize`
+BUDGET_TOLERANCE = 0.02  # an arm whose compute is further than this share from its seed's budget is named
+
+
+def off_budget(results: list[dict[str, Any]], budgets: dict[int, float]) -> list[list[float]]:
+    """[seed, compute, budget] of each of an arm's runs whose measured compute (step-equivalents) is further than
+    `BUDGET_TOLERANCE` of the budget its seed's baselines were given (the first evolved arm's compute, or
+    `budget_steps`): a second evolved arm (the baselines follow the first one only), a baseline whose probes overran
+    its last stage, a budget set by hand. Empty when every run is at equal compute."""
+    return [[r["seed"], round(float(r["compute"]), 1), b] for r in results if (b := budgets.get(r["seed"]))
+            and abs(float(r["compute"]) - b) > BUDGET_TOLERANCE * b]
 
 
 def summarize(rows: dict[str, dict[str, Any]], warm: dict[str, list[float]] | None = None,
@@ -428,6 +438,8 @@ def summarize(rows: dict[str, dict[str, Any]], warm: dict[str, list[float]] | No
     out: dict[str, Any] = {}
     for name, arms in rows.items():
         per = {arm: {r["seed"]: r["final_per_instance"] for r in results} for arm, results in arms.items()}
+        budgets = {r["seed"]: float(r["budget"]) for arm, results in arms.items() if arm not in EVOLVED
+                   for r in results if r.get("budget")}  # what each seed's baselines were given
         sc: dict[str, Any] = {"arms": {}}
         w, cl = (warm or {}).get(name), (clusters or {}).get(name)
         if w is not None:
@@ -448,6 +460,8 @@ def summarize(rows: dict[str, dict[str, Any]], warm: dict[str, list[float]] | No
                 a["lineage"] = share[0]
             if (piped := pipelined_share(results)) is not None:
                 a["pipelined"] = piped
+            if off := off_budget(results, budgets):
+                a["off_budget"] = off
             sc["arms"][arm] = a
         gap = sc["arms"].get("oracle", {}).get("vs_fixed")
         sc["gap"] = gap
@@ -540,6 +554,11 @@ def summary_md(summary: dict[str, Any], arms: list[str]) -> str:
                + "".join(f"| {n} | {a} | {100 * x:.0f}% |\n" for n, a, x in shares))
     if fixes := promotions_table(summary):
         md += "\nWhat the evolved arms promoted (from each run's run.db):\n\n" + fixes
+    if off := [f"{name} {arm} (" + ", ".join(f"seed {s}: {c:g} against {b:g}" for s, c, b in a["off_budget"]) + ")"
+               for name, sc in summary.items() for arm, a in sc["arms"].items() if a.get("off_budget")]:
+        md += (f"\n**Not at equal compute** (step-equivalents more than {100 * BUDGET_TOLERANCE:g}% from the budget "
+               "the seed's baselines were given, the first evolved arm's compute; its comparisons are not at equal "
+               "compute): " + "; ".join(off) + ".\n")
     return md
 
 

@@ -208,6 +208,21 @@ def test_recovery_reads_one_set_of_seeds_and_survives_ragged_test_sets():
     assert "recovery" in a and "recovery_ci" not in a
 
 
+def test_an_arm_off_its_seeds_budget_is_named_under_the_table():
+    """Baselines follow the first evolved arm's compute; a second evolved arm (evolved-llm beside evolved-rule) or a
+    baseline whose probes overran trains at another compute, and the table's comparisons then are not at equal
+    compute: the summary names each such run. Would catch a table that claims equal compute whatever was spent."""
+    def r(seed, comp, budget=None):
+        return {"seed": seed, "final_per_instance": [1, 0] * 8, "compute": comp,
+                **({"budget": budget} if budget is not None else {})}
+    rows = {"s": {"fixed-template": [r(0, 571.0, 571)], "oracle": [r(0, 571.0, 571)], "plr": [r(0, 590.0, 571)],
+                  "evolved-rule": [r(0, 570.8, 570.8)], "evolved-llm": [r(0, 702.0, 702.0)]}}
+    s = summarize(rows)
+    assert {arm for arm, a in s["s"]["arms"].items() if a.get("off_budget")} == {"plr", "evolved-llm"}
+    md = summary_md(s, list(rows["s"]))
+    assert "**Not at equal compute**" in md and "s evolved-llm (seed 0: 702 against 571)" in md and "plr" in md
+
+
 def test_intervals_resample_problems_when_the_test_set_repeats_them():
     """With the test set's problem labels (`harness.experiment.suite_clusters`: copies of one problem share one), every
     interval of the table resamples problems: 8 problems drawn 4 times each read wider than 32 independent instances,
