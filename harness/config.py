@@ -265,7 +265,10 @@ class BacktestConfig(_Strict):
     exploit_margin: float | None = Field(
         None, ge=0, description="`carry_margin` for the checkpoint of an exploit stage (`stage.exploit_after_promotion`"
         "): it continues when its greedy estimate on the fresh instances is above the start's by this many standard "
-        "errors. Default: `carry_margin` (the one-standard-error rule every carry obeys). 0 (not below the start) "
+        "errors. Default: `carry_margin` (the one-standard-error rule every carry obeys). Without "
+        "`stage.keep_training` only: under it the checkpoint is read against the run's anchor, where `carry_margin` "
+        "decides both whether it becomes the anchor and whether the lineage goes back (a margin of its own there "
+        "would let a checkpoint 0.1 se above replace the anchor, or keep one 1.5 se below). 0 (not below the start) "
         "lets more "
         "of a slow gain through: on the too-hard mix over a noisy-teacher warm start one exploit stage read +1.4 "
         "(se 1.8) and continued only with 0, and that seed ended 2.1 points higher; but the promoted harness only "
@@ -605,6 +608,12 @@ class RunConfig(_Strict):
         if self.policy.style is not None and self.policy.style not in task.spec.styles:
             raise ValueError(f"policy.style: unknown style {self.policy.style!r} for task {self.task}; choose one of "
                              f"{', '.join(task.spec.styles)}")
+        if self.stage.keep_training and self.backtest.carry_confirm == 0:
+            # keep training, keep the best moves its anchor only on a confirmation reading: with none, the anchor
+            # stays the warm start, every stage reports it and the run delivers it, while the lineage carries unread
+            raise ValueError("backtest.carry_confirm: 0 turns off the readings stage.keep_training moves its anchor by "
+                             "(the run would deliver its warm start whatever it trained); set carry_confirm above 0, or "
+                             "stage.keep_training: false to carry checkpoints without reading them")
         return self
 
     @property

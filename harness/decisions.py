@@ -762,7 +762,7 @@ def confirm_carry(run: Run, k: int, chosen: str, bt: Backtested, start: str | No
     `start`: the stage's start checkpoint when the stage judged no arm (`bt.start` is None: an exploit stage, or a
     stage with nothing to backtest), so its trained checkpoint confirms against it all the same. `margin`: the
     standard errors it must read above the start (default `backtest.carry_margin`; an exploit stage's is
-    `backtest.exploit_margin`).
+    `backtest.exploit_margin`; not against the anchor, where `carry_margin` decides).
 
     `anchor` (`stage.keep_training`: the run's best confirmed checkpoint): the chosen checkpoint is read against it
     instead of the stage's start, with three outcomes: above it by the margin, it continues and becomes the anchor
@@ -774,7 +774,9 @@ def confirm_carry(run: Run, k: int, chosen: str, bt: Backtested, start: str | No
     Stopping - But When?", 1998), with the one-standard-error rule deciding what counts as better or worse."""
     cfg = run.config.backtest
     ref = anchor if anchor is not None else bt.start.checkpoint if bt.start is not None else start
-    m = cfg.carry_margin if margin is None else margin
+    # against the anchor every reading obeys `carry_margin` (an exploit stage's own margin would decide who becomes
+    # the anchor and who goes back as well: `backtest.exploit_margin`'s help)
+    m = cfg.carry_margin if margin is None or anchor is not None else margin
     stage_start = bt.start.checkpoint if bt.start is not None else start
     if cfg.carry_confirm == 0 or ref is None or chosen == ref or (anchor is not None and chosen == stage_start):
         return chosen, None

@@ -291,8 +291,9 @@ def test_a_change_that_passed_the_gate_and_was_beaten_is_a_success_for_its_skill
     lowers its Thompson draw; a plainly refuted candidate still counts as a failure. Would catch skills that win
     their test and are ranked down for it (seen in the too-hard run: the whole-mixture change passed at stage 2
     behind a learning-rate change). An inconclusive decision whose evidence is spent is a try that did not promote;
-    one with a pair left is not a try yet (its re-test's verdict will be): would catch a skill that is only ever
-    inconclusive ranking as untried, or one charged for a decision still going on."""
+    one with a pair left is not a try yet (its re-test's verdict will be) unless a promotion ended it (the stage's
+    own here: no re-test from the new state pools it): would catch a skill that is only ever inconclusive ranking as
+    untried, or one charged for a decision still going on."""
     from harness.backtest import choose_winner
     from harness.memory import remember_skills
 
@@ -327,7 +328,48 @@ def test_a_change_that_passed_the_gate_and_was_beaten_is_a_success_for_its_skill
         tries = {t["candidate"]: t["promoted"] for t in lib.tries(skill)}
     finally:
         lib.close()
-    assert tries == {"s1c1": 1, "s1c2": 1, "s1c3": 0, "s1c4": 0}, tries
+    assert tries == {"s1c1": 1, "s1c2": 1, "s1c3": 0, "s1c4": 0, "s1c5": 0}, tries  # s1c5: the promotion ended it
+
+
+def test_an_open_test_is_charged_to_its_skill_once_a_promotion_means_no_re_test_can_pool_it(run):
+    """An inconclusive test with a pair left is not a try while a re-test from the same harness state may pool it;
+    once a promotion moves the state (this stage or a later one) none can, and it is charged as a try that did not
+    promote, once (a resume re-runs the node). A test a later re-test pooled is not charged: the re-test's verdict is
+    its try. Would catch such tests never charged (a skill whose tests are cut short by other promotions keeps its
+    optimistic prior) or charged twice."""
+    from harness.memory import remember_skills
+
+    lib = run.skills()
+    try:
+        skill = lib.all()[0].name
+    finally:
+        lib.close()
+
+    def add(cid, stage, knob, decision, step=None, pooled=()):
+        run.store.upsert_candidate("r", Candidate(id=cid, stage=stage, change=Change(kind="recipe", knob=knob,
+                                                                                      value=0.5),
+                                                  old_value=1.0, rationale="r", skill=skill), commit=None)
+        ev = Evidence(n=40, control=0.2, candidate=0.21, effect=0.01, ci_low=0.001 if decision == "promoted" else -0.05,
+                      ci_high=0.07, next_step=step, pooled=list(pooled),
+                      looks=[{"n": 40, "decision": "promoted"}] if decision == "promoted" else [])
+        run.store.set_candidate_verdict(Verdict(candidate=cid, decision=decision, reason="gate", evidence=ev))
+
+    def tries():
+        lib = run.skills()
+        try:
+            return {t["candidate"]: t["promoted"] for t in lib.tries(skill)}
+        finally:
+            lib.close()
+
+    add("s1c1", 1, "recipe.temperature", "inconclusive", "new_pair")
+    add("s1c2", 1, "recipe.beta", "inconclusive", "new_pair")
+    remember_skills(run, 1)
+    assert tries() == {}  # nothing promoted: both may still be re-tested and pooled
+    add("s2c1", 2, "recipe.beta", "inconclusive", "new_pair", pooled=["s1c2"])  # s1c2's re-test, still open
+    add("s2c2", 2, "recipe.learning_rate", "promoted")
+    remember_skills(run, 2)
+    remember_skills(run, 2)  # as a resume re-runs the node
+    assert tries() == {"s1c1": 0, "s2c1": 0, "s2c2": 1}  # s1c2 is part of s2c1's test, charged through it
 
 
 def test_a_change_beaten_at_the_gate_is_re_tested_first_in_the_next_stage_from_the_new_state(run):
@@ -984,6 +1026,8 @@ def test_keep_training_keep_the_best_reads_the_chosen_checkpoint_against_the_anc
             return [float(j % 4 != 0) for j in range(n)], 7          # three quarters solved
         if model.endswith("down"):
             return [float(j % 4 == 0) for j in range(n)], 7          # a quarter
+        if model.endswith("nudge"):  # half, with 4 more solved and 3 fewer a batch: above it by less than its se
+            return [float(j in (1, 3, 5, 7) or (j % 2 == 0 and j not in (0, 2, 4))) for j in range(n)], 7
         return [float(j % 2 == 0) for j in range(n)], 7              # half: the anchor, the stage's start, "level"
 
     monkeypatch.setattr(arms_mod, "judge_greedy", fake_greedy)
@@ -1005,6 +1049,10 @@ def test_keep_training_keep_the_best_reads_the_chosen_checkpoint_against_the_anc
     assert confirm_carry(run, 4, "ckpt/s1-start", bt, anchor="ckpt/anchor") == ("ckpt/s1-start", None)
     assert confirm_carry(run, 4, "ckpt/anchor", bt, anchor="ckpt/anchor") == ("ckpt/anchor", None) and len(calls) == n
     assert confirm_carry(run, 2, "ckpt/s2-level", bt, anchor="ckpt/anchor") == (level, c_level) and len(calls) == n
+    # an exploit stage's own margin (`backtest.exploit_margin`: 0 here) does not decide against the anchor: a reading
+    # above it by less than one se keeps the lineage and leaves the anchor where it was (margin 0 made it the anchor)
+    nudge, c_nudge = confirm_carry(run, 5, "ckpt/s5-nudge", bt, margin=0.0, anchor="ckpt/anchor")
+    assert nudge == "ckpt/s5-nudge" and 0 < c_nudge.change < c_nudge.se and c_nudge.kept and not c_nudge.confirmed
     # the anchor, read back from the decided stages
     assert anchor_at(run, 1) is None
     run.save_result(0, SetUp(policy="ckpt/warm"))

@@ -516,7 +516,8 @@ def test_a_promoted_diagnostic_is_merged_beside_the_training_winner_and_reaches_
     # the stages' checkpoints here are names, not models: no carry confirmation (a stage whose backtest judged no
     # start confirms its carry against the stage's start: tests/test_decisions.py), and the target probe
     # (tests/test_target.py) is not rolled out
-    run = Run(run_dir=run_dir, config=parse_config({**TINY, "backtest": {**TINY["backtest"], "carry_confirm": 0}},
+    run = Run(run_dir=run_dir, config=parse_config({**TINY, "backtest": {**TINY["backtest"], "carry_confirm": 0},
+                                                    "stage": {**TINY.get("stage", {}), "keep_training": False}},
                                                    "test"), store=store)
     from harness.lifecycle import make_judge
     from harness.run import JUDGE_FILE

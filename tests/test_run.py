@@ -644,6 +644,11 @@ def test_config_typo_names_the_field(tmp_path):
         parse_config(dict(TINY, warm_start={"teacher_noise": 1.0}), "x.yaml")
     with pytest.raises(ConfigError, match=r"warm_start\.teacher_noise: task math has no imperfect teacher"):
         parse_config({"task": "math", "warm_start": {"teacher_noise": 0.5}}, "x.yaml")
+    # keep training, keep the best moves its anchor only on confirmation readings: turning them off is refused
+    with pytest.raises(ConfigError, match=r"backtest\.carry_confirm: 0 turns off .*stage\.keep_training: false"):
+        parse_config(dict(TINY, backtest={**TINY.get("backtest", {}), "carry_confirm": 0}), "x.yaml")
+    assert parse_config(dict(TINY, backtest={**TINY.get("backtest", {}), "carry_confirm": 0},
+                             stage={**TINY.get("stage", {}), "keep_training": False})).backtest.carry_confirm == 0
     assert parse_config(dict(TINY, policy={"preset": "tiny"})).style == "trace"  # char models: the task's first style
     assert parse_config(dict(TINY, policy={"checkpoint": str(tmp_path)})).style == "chat"
     (tmp_path / "evotrainer.json").write_text('{"task": "mapf", "style": "trace"}')  # one of ours: its own style
@@ -826,10 +831,9 @@ def test_an_exploit_stage_trains_for_its_arms_compute_and_confirms_its_carry(tmp
             assert c is not None and c.start == anchor and c.against_anchor and c.n > 0
             assert dec.next_policy == (c.chosen if c.confirmed or c.kept else anchor)
             assert dec.anchor == (c.chosen if c.confirmed else anchor)  # `stage.keep_training`: keep the best
-            # a planned continuation under a promoted harness: its own margin (`backtest.exploit_margin`, default
-            # `carry_margin`)
-            margin = cfg.backtest.exploit_margin
-            margin = cfg.backtest.carry_margin if margin is None else margin
+            # against the anchor every reading obeys `carry_margin` (`backtest.exploit_margin` is the margin against
+            # the stage's start without `stage.keep_training`)
+            margin = cfg.backtest.carry_margin
             assert c.confirmed == (c.change >= margin * c.se and c.change > 0)
             assert c.kept == (not c.confirmed and c.change >= -margin * c.se)
         elif probe.regressed:
