@@ -143,17 +143,29 @@ def remember_skills(run: Run, k: int) -> None:
     decision is a try when it has ended: promoted, refuted (or beaten, a success), or inconclusive with its evidence
     spent (`next_step` stop: never re-proposed from that state; not promoted). An inconclusive test with a pair left
     is not one yet: its re-test pools it, and the re-test's own verdict is the try (so a skill is never charged twice
-    for one decision, and a skill whose tests always end undecided no longer ranks as untried)."""
+    for one decision, and a skill whose tests always end undecided no longer ranks as untried) - until a promotion
+    moves the harness state, after which no re-test can pool it: then it is a try, not promoted."""
     from harness.tasks.knobs import ENTRY, MIXTURE, TARGET
     from skills.library import UnknownSkillError
     from skills.model import Evidence as SkillEvidence
     from skills.model import Intervention, Provenance, Skill, Trigger
 
     lib = run.skills()
+    rows = run.store.candidates(run.id, stage=k)
+    if any(c["status"] == "promoted" for c in rows):
+        # a promotion moves the harness state, and a re-test pools only tests from the state it is proposed from
+        # (`change_key`): an open test of any stage so far (inconclusive with a pair left, pooled by no later test)
+        # can no longer end, so it ends here, a try that was not promoted; else its skill was never charged for it
+        everything = run.store.candidates(run.id)
+        pooled = {p for c in everything for p in (c.get("evidence") or {}).get("pooled") or []}
+        rows = rows + [c for c in everything if c["stage"] <= k and c["status"] == "inconclusive"
+                       and (c.get("evidence") or {}).get("next_step") != "stop" and c["id"] not in pooled
+                       and c not in rows]
     try:
-        for c in run.store.candidates(run.id, stage=k):
+        for c in rows:
             spent = c["status"] == "inconclusive" and (c.get("evidence") or {}).get("next_step") == "stop"
-            if c["status"] not in ("promoted", "rejected") and not spent:
+            orphan = c["status"] == "inconclusive" and not spent and any(x["status"] == "promoted" for x in rows)
+            if c["status"] not in ("promoted", "rejected") and not spent and not orphan:
                 continue
             cand = candidate_from_row(c)
             promoted = c["status"] == "promoted"

@@ -708,3 +708,39 @@ def test_a_number_near_an_inconclusive_one_continues_its_test_so_the_evidence_po
     # two candidates of one stage that would both become 0.7: only one does
     out, _ = continue_inconclusive(d, [cand(0.62, cid="a"), cand(0.65, cid="b")])
     assert [c.change.value for c in out] == [0.7, 0.65]  # the first takes it; the other stays itself
+
+
+def test_a_larger_step_stops_where_the_skill_stops():
+    """`extend_spent` and `press_on` double a skill's step in its own space; the doubled step stops at the skill's
+    `stop_at` as its own step does (`instantiate`): a temperature lowered 0.8 -> 0.6 by a skill that stops at 0.5
+    doubles to 0.5, not 0.4, and from 0.5 there is no larger step; a raise stopped at 1.5 goes 1.2 -> 1.4 -> 1.5, not
+    1.6. Would catch the doubling walking a knob past where the skill says it stops helping."""
+    from harness.engineer.rule import _larger
+
+    temp = Knob(path="recipe.temperature", kind="recipe", lo=0.1, hi=2.0, current=0.8)
+    assert _larger("add", 0.8, 0.6, 1, temp) == 0.4  # no stop: as before
+    assert _larger("add", 0.8, 0.6, 1, temp, stop=0.5) == 0.5
+    assert _larger("add", 0.8, 0.6, 2, temp, stop=0.5) == 0.5
+    hot = Knob(path="recipe.temperature", kind="recipe", lo=0.1, hi=2.0, current=1.2)
+    assert _larger("add", 1.2, 1.4, 1, hot, stop=1.5) == 1.5
+    at_stop = Knob(path="recipe.temperature", kind="recipe", lo=0.1, hi=2.0, current=1.3)
+    assert _larger("add", 1.3, 1.5, 1, at_stop, stop=1.5) is None  # the step already reached the stop
+
+
+def test_a_diagnostic_already_merged_is_not_proposed_again():
+    """A diagnostic skill whose file was promoted earlier in the run (its finding still fires: the veto it adds does
+    not silence the finding) is skipped with a note, where it was proposed again at every stage, failed the vet as
+    "unchanged" without a commit, and so took a candidate slot each time. Would catch the merged file re-proposed."""
+    from harness.engineer.rule import propose_rule
+    from harness.records import HistoryItem
+    from skills.library import SEED_DIR, load_skill_file
+
+    veto = load_skill_file(SEED_DIR / "veto-reward-hacking.md")
+    hacking = Finding(code="grpo.reward_hacking", severity="critical", count=9, rate=0.6)
+    fresh = _diag(findings=[hacking])
+    cands, _ = propose_rule(fresh, [veto], [], 2, np.random.default_rng(0), SPACE)
+    assert [c.change.knob for c in cands] == [veto.intervention.knob]
+    merged = _diag(findings=[hacking], history=[HistoryItem(stage=1, candidate="s1c1", knob=veto.intervention.knob,
+                                                            change="new file", verdict="promoted")])
+    cands, notes = propose_rule(merged, [veto], [], 2, np.random.default_rng(0), SPACE)
+    assert cands == [] and any("already in the harness (promoted at stage 1)" in n for n in notes), notes

@@ -160,6 +160,10 @@ def instantiate(skill: Skill, finding: Finding, space: dict[str, Knob], step_sca
     if skill.kind == "diagnostic" or iv.op == "code":
         if not iv.code:
             return f"{skill.name}: diagnostic skill without code"
+        if diagnosis is not None and (done := next((h for h in diagnosis.history if h.verdict == "promoted"
+                                                    and h.knob == knob), None)) is not None:
+            # merged already: proposing it again only fails the vet ("unchanged") and takes a slot every stage
+            return f"{skill.name}: {knob} is already in the harness (promoted at stage {done.stage})"
         return Change(kind="diagnostic", knob=knob, code=iv.code), None
     if knob not in space:
         return f"{skill.name}: knob {knob} is not in this harness' knob space"
@@ -219,7 +223,7 @@ def extend_spent(diagnosis: Diagnosis, skill: Skill, change: Change, old: Any, s
     if why is None:
         return None
     for times in range(1, MAX_EXTENSIONS + 1):
-        nv = _larger(skill.intervention.op, cur, value, times, k)
+        nv = _larger(skill.intervention.op, cur, value, times, k, skill.intervention.stop_at)
         if nv is None:
             return None
         bigger = Change(kind=change.kind, knob=change.knob, value=nv)
@@ -235,16 +239,19 @@ def extend_spent(diagnosis: Diagnosis, skill: Skill, change: Change, old: Any, s
     return None
 
 
-def _larger(op: str, cur: float, value: float, times: int, k: Knob) -> float | int | None:
+def _larger(op: str, cur: float, value: float, times: int, k: Knob, stop: float | None = None) -> float | int | None:
     """The step from `cur` to `value` made 2**times as large in the skill's own space (the offset for add, the factor
-    for mul), clipped to the knob's range and rounded as proposed; None where a factor is undefined or the result is
-    no new value (a bound reached)."""
+    for mul), clipped to the skill's `stop_at` (`stop`, as `instantiate` clips its own step: a raised temperature
+    never past 1.5) and to the knob's range, rounded as proposed; None where a factor is undefined or the result is no
+    new value (a bound or the stop reached)."""
     if op == "add":
         new = cur + (value - cur) * 2 ** times
     elif cur > 0 and value > 0:
         new = cur * (value / cur) ** (2 ** times)
     else:
         return None
+    if stop is not None:
+        new = min(new, float(stop)) if value > cur else max(new, float(stop)) if value < cur else new
     nv = _rounded(min(max(new, k.lo), k.hi), k)
     return None if nv in (k.current, value) else nv
 
@@ -282,7 +289,7 @@ def press_on(diagnosis: Diagnosis, skill: Skill, finding: Finding, change: Chang
     if times == 0 or way == 0:
         return None
     times = min(times, MAX_EXTENSIONS)
-    nv = _larger(op, cur, value, times, k)
+    nv = _larger(op, cur, value, times, k, skill.intervention.stop_at)
     if nv is None:
         return None
     bigger = Change(kind=change.kind, knob=change.knob, value=nv)
