@@ -422,6 +422,10 @@ class SkillLibrary:
             if db is not None:
                 db.close()
             raise library_error(path, exc) from None
+        except BaseException:  # a seed file that does not parse names itself (SkillFileError): the file is not left open
+            if db is not None:
+                db.close()
+            raise
         return lib
 
     def check(self) -> None:
