@@ -199,7 +199,8 @@ class SFTMetrics(BaseModel):
 class GRPOStep(BaseModel):
     model_config = ConfigDict(extra="forbid")
     step: int
-    reward_mean: float
+    reward_mean: float = Field(..., description="the step's mean reward in the task's own units (before "
+                               "`reward_scale`, as `RewardBatch` records it)")
     reward_std: float
     dead_group_share: float = Field(..., description="share of groups whose rewards all tie (no learning signal)")
     completion_length: float
@@ -973,10 +974,18 @@ def _shared_prompt_trainer(base):
     return SharedPromptGRPOTrainer
 
 
-def live_group_mask(advantages: torch.Tensor, group: int) -> torch.Tensor:
-    """Per group (rows contiguous, `group` each): whether any advantage is nonzero. A tied group's advantages are all
-    exactly 0; a NaN counts as live, so a bad reward is never dropped out of sight."""
-    return (advantages.view(-1, group) != 0).any(dim=1)
+def live_group_mask(advantages: torch.Tensor, group: int, exact: bool = True) -> torch.Tensor:
+    """Per group (rows contiguous, `group` each): whether it is live; a NaN counts as live, so a bad reward is never
+    dropped out of sight. `exact`: live when any advantage is nonzero, the loss's own terms (`prune_dead_groups`
+    drops only rows that add exactly nothing). Else live when its advantages are not all equal: the rewards of a tied
+    group are equal, so are its advantages, but their float32 mean can miss them by a unit in the last place, which
+    the std's epsilon turns into a small advantage shared by every member (all-valid groups at reward 1/6 or at
+    `reward_scale` 0.3: +1.5e-4 to +3e-4 each), and such a group is no live group for `drop_dead_groups` or the
+    replay pool to keep in place of one whose rewards differ."""
+    v = advantages.view(-1, group)
+    if exact:
+        return (v != 0).any(dim=1)
+    return (v.amax(dim=1) != v.amin(dim=1)) | torch.isnan(v).any(dim=1)
 
 
 def _loss_mask(batch: dict[str, Any]) -> torch.Tensor:
@@ -995,7 +1004,7 @@ def keep_live_groups(batch: dict[str, Any], group: int, keep: int,
     so the step still runs (with a zero policy gradient). Returns (batch, live)."""
     adv = batch["advantages"]
     n = adv.shape[0]
-    live = live_group_mask(adv, group).nonzero().flatten()[:keep]
+    live = live_group_mask(adv, group, exact=not renormalise).nonzero().flatten()[:keep]
     chosen = live if live.numel() else torch.zeros(1, dtype=torch.long)
     rows = (chosen[:, None] * group + torch.arange(group)).flatten()
     out: dict[str, Any] = {}
@@ -1124,7 +1133,7 @@ def _live_groups_trainer(base, recipe: Recipe):
             batch = super()._generate_and_score_completions(inputs)
             if pool is not None and self.model.training:
                 adv = batch["advantages"]
-                pool.add(inputs, live_group_mask(adv, group).nonzero().flatten().tolist())
+                pool.add(inputs, live_group_mask(adv, group, exact=False).nonzero().flatten().tolist())
                 self._metrics[split]["replayed_groups"].append(float(replayed))
             out, live = keep_live_groups(batch, group, keep)
             self._metrics[split]["live_groups"].append(float(live))
@@ -1146,9 +1155,12 @@ def train_grpo(model, tok, rows: list[dict[str, Any]], reward_fn: RewardFn, reci
     steps: list[GRPOStep] = []
     seen = [0]  # tokens counted up to the previous step
 
+    unscale = 1.0 / recipe.reward_scale  # TRL logs the rewards `_wrap_reward` scaled; a step records the task's own
+
     def _record(stage, step, total, logs):
         steps.append(GRPOStep(
-            step=step, reward_mean=logs.get("reward", float("nan")), reward_std=logs.get("reward_std", float("nan")),
+            step=step, reward_mean=logs.get("reward", float("nan")) * unscale,
+            reward_std=logs.get("reward_std", float("nan")) * unscale,
             dead_group_share=logs.get("frac_reward_zero_std", float("nan")),
             completion_length=logs.get("completions/mean_length", float("nan")), kl=logs.get("kl"),
             loss=logs.get("loss"), seconds=sink[-1]["_seconds"], tokens_generated=counter[0] - seen[0],

@@ -205,6 +205,26 @@ def test_keep_live_groups_slices_rows_and_recounts_tokens():
     assert live == 0 and out["advantages"].shape == (4,)  # one (zero-gradient) group keeps the step running
 
 
+def test_a_tied_group_whose_float_mean_missed_its_rewards_is_dead_for_dropping_and_for_the_pool():
+    """All-valid groups rewarded 1/6 (partial credit) or 0.3 (`reward_scale`): TRL's float32 mean misses the rewards by
+    a unit in the last place and its std's epsilon turns that into a small advantage every member shares. Such a group
+    is dead for `drop_dead_groups` and the replay pool (its advantages all equal) while pruning, which keeps the
+    loss's own terms, still reads any nonzero advantage. Would catch a tied group kept in place of one whose rewards
+    differ."""
+    from policies.train import keep_live_groups, live_group_mask
+
+    rewards = torch.tensor([[1 / 6] * 8, [0.3] * 8, [1.0, 0, 0, 1, 0, 0, 0, 0]], dtype=torch.float32)
+    mean, std = rewards.mean(dim=1, keepdim=True), rewards.std(dim=1, keepdim=True)
+    adv = ((rewards - mean) / (std + 1e-4)).flatten()  # TRL's group advantages
+    assert (adv[:16] != 0).any()  # the float noise this is about (else the test would pass whatever the mask did)
+    assert live_group_mask(adv, 8, exact=False).tolist() == [False, False, True]
+    assert live_group_mask(adv, 8).tolist()[2] and live_group_mask(torch.tensor([float("nan")] * 8), 8, exact=False)[0]
+    mask = torch.ones(24, 3, dtype=torch.long)
+    out, live = keep_live_groups({"advantages": adv, "completion_mask": mask, "num_items_in_batch": mask.sum()},
+                                 group=8, keep=1)
+    assert live == 1 and torch.equal(out["advantages"], adv[16:])
+
+
 def test_dropping_dead_groups_leaves_the_gradient_direction_unchanged():
     """Dead groups have zero advantage, so with beta 0 they add nothing to the policy gradient: the gradient over the
     live rows has the same direction (only the token normaliser differs). A mis-sliced batch (advantages paired with
@@ -454,3 +474,14 @@ def test_a_killed_processs_scratch_folders_are_removed_by_the_next_one(tmp_path)
     finally:
         live.kill()
         live.wait()
+
+
+def test_a_steps_reward_is_recorded_in_the_tasks_units_whatever_the_reward_scale():
+    """`reward_scale` multiplies every reward before the advantages; the step's recorded reward is the task's own (as
+    `RewardBatch` records it), so a diagnostic reading a rise in reward (reward hacking: an absolute 0.05) reads the
+    same rise whatever scale an arm trains at. Would catch the scaled mean recorded (4.0 here for a reward of 1)."""
+    model, tok = _warm()
+    recipe = Recipe(steps=1, batch_size=8, num_generations=4, max_completion_length=6, beta=0.0, warmup_ratio=0.0,
+                    temperature=1.0, reward_scale=4.0)
+    m = train_grpo(model, tok, [{"prompt": w} for w in WORDS], lambda p, c, **kw: [1.0] * len(c), recipe)
+    assert [round(s.reward_mean, 6) for s in m.steps] == [1.0] and m.steps[0].reward_std == 0.0
