@@ -51,6 +51,7 @@ def warm_start(run: Run) -> tuple[Path, int]:
     env; a `warm_start.teacher_noise` share of them from the task's imperfect teacher); a preset's is cached across
     runs by settings, that env and code version (`harness.warmstart`). Returns (its path, demonstrations used)."""
     from harness import warmstart
+    from harness.tasks.drawn import built_in
     from harness.threads import sft_threads
     from policies.model import build_model
     from policies.train import latest_resume_checkpoint, resume_step
@@ -82,7 +83,8 @@ def warm_start(run: Run) -> tuple[Path, int]:
             progress=progress_cb(run, 0, "setup"), model_tok=(model, tok) if cfg.policy.checkpoint else None,
             tensorboard_dir=run.run_dir / TENSORBOARD_DIR / "s0" / "sft",
             resume_dir=run.path("checkpoints", warmstart.RESUME_DIR),
-            threads=sft_n, teacher_noise=cfg.warm_start.teacher_noise)
+            threads=sft_n, teacher_noise=cfg.warm_start.teacher_noise,
+            cacheable=built_in(task))  # a family of one's own: its code is in no key, so its warm starts are not kept
         if hit is not None:
             run.event(0, "setup", "cache", f"warm start loaded from the cache: {hit} (same settings and code version; "
                       "`evotrainer cache clear` or EVOTRAINER_WARMSTART_CACHE=0 retrains)", path=str(hit))

@@ -96,12 +96,14 @@ def report_eval(run: Run, k: int, ckpt: str) -> None:
         return
     from harness import evalcache
     from harness.policy_glue import evaluate
+    from harness.tasks.drawn import built_in
     from policies.rollout import SamplingParams, resolve_backend
 
     insts = run.suite()
     ckey = evalcache.key_of(ckpt, task=run.config.task, style=run.style, suite=run.config.eval.name,
                            seeds=[i.seed for i in insts], max_new_tokens=run.judge.max_new_tokens,
-                           backend=resolve_backend(run.config.policy.backend))
+                           backend=resolve_backend(run.config.policy.backend)
+                           ) if built_in(run.task) else None  # a family of one's own: its scorer is in no key
     if (hit := evalcache.lookup(ckey)) is not None:  # these weights were read on this test set before: not again
         rep, per = hit
         run.event(k, "report", "cache", f"held-out reading of {Path(ckpt).name} reused: the same weights were "

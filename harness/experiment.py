@@ -363,12 +363,14 @@ def warm_start(rc0, out: Path, say: Callable[[str], None]) -> tuple[Path, list[f
 
 
 def warm_made_from(rc) -> dict[str, Any]:
-    """What a shared warm start is made from: the task, seed, policy, warm-start section, round-0 env and the SFT's
-    recipe fields (what the stage's setup trains it from)."""
+    """What a shared warm start is made from: the task, seed, policy, warm-start section, round-0 env and the recipe
+    fields the SFT reads (`harness.warmstart.SFT_RECIPE_FIELDS`: what the stage's setup trains it from)."""
+    from harness.warmstart import SFT_RECIPE_FIELDS
+
     d = rc.model_dump(mode="json")
     return {"task": d["task"], "seed": d["seed"], "policy": d["policy"], "warm_start": d["warm_start"],
             "env": d.get("env"), "recipe": {k: v for k, v in (d.get("recipe") or {}).items()
-                                            if str(k).startswith("sft_")}}
+                                            if str(k) in SFT_RECIPE_FIELDS}}
 
 
 def run_baseline(arm: str, cfg: ExperimentConfig, seed: int, budget: int, out: Path, warm: Path,
@@ -1019,7 +1021,10 @@ def _run_unit(kind: str, cfg_json: dict[str, Any], out: str, seed: int, arm: str
     r["cpu_s"] = time.process_time() - c0  # this process's CPU (every torch thread), not its subprocesses'
     r["pid"], r["t_start"], r["t_end"] = os.getpid(), t0, time.time()
     r["cores"] = cores()  # the share of the machine it ran on (one per worker side by side: no rollout pipeline)
-    (out_p / arm / f"seed{seed}" / "result.json").write_text(json.dumps(r))
+    final = out_p / arm / f"seed{seed}" / "result.json"
+    tmp = final.with_name(f".result.{os.getpid()}.tmp")  # a kill mid-write leaves no truncated result.json, which
+    tmp.write_text(json.dumps(r))  # the next call would fail to read instead of running the arm again
+    os.replace(tmp, final)
     return r
 
 

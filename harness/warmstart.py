@@ -29,6 +29,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 CODE = ("policies", "harness/tasks", "harness/policy_glue.py", "harness/seeds.py")
+# the recipe fields the SFT reads (`policies.train.train_sft` and its trainer arguments): all of them in the key, so
+# a run whose recipe sets another seed, warm-up, weight decay, gradient clip or precision trains its own warm start
+SFT_RECIPE_FIELDS = ("sft_steps", "sft_learning_rate", "sft_batch_size", "seed", "warmup_ratio", "weight_decay",
+                     "max_grad_norm", "precision")
 
 
 def cache_root() -> Path:
@@ -54,7 +58,10 @@ def code_version() -> str:
         trl = version("trl")
     except Exception:  # noqa: BLE001
         trl = "?"
+    from harness.tasks import drawn
+
     h = hashlib.sha256(f"{torch.__version__}|{transformers.__version__}|{trl}".encode())
+    h.update(drawn.code_version().encode())  # the packages a family draws and scores with (reasoning-gym, ...)
     for rel in CODE:
         p = ROOT / rel
         for f in sorted(p.rglob("*.py")) if p.is_dir() else [p]:
@@ -190,9 +197,8 @@ def warm_start(task: Any, preset: str, style: str, env: Any, seeds: list[int], r
     key = None
     if cacheable and model_tok is None:
         key = cache_key(task=task.name, preset=preset, style=style, seed=seed, env=env.model_dump(mode="json"),
-                        seeds=list(seeds), sft_steps=recipe.sft_steps, sft_learning_rate=recipe.sft_learning_rate,
-                        sft_batch_size=recipe.sft_batch_size, trained_on=trained_on(n_threads),
-                        **({"teacher_noise": teacher_noise} if teacher_noise else {}))
+                        seeds=list(seeds), recipe={f: getattr(recipe, f) for f in SFT_RECIPE_FIELDS},
+                        trained_on=trained_on(n_threads), **({"teacher_noise": teacher_noise} if teacher_noise else {}))
         hit = lookup(key)
         if hit is not None:
             try:

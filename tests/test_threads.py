@@ -141,6 +141,13 @@ def test_the_warm_start_trains_at_its_thread_count_and_keys_its_cache_on_it(tmp_
     assert hit is not None and m is None and key2 == key and seen == [2]
     _, _, hit, key1, m = warmstart.warm_start(*args)  # the process's count, 1: not the 2-thread entry
     assert hit is None and m is not None and key1 != key and seen == [2, 1]
+    # every recipe field the SFT reads is in the key: another weight decay (or seed, warm-up, clip, precision) is
+    # another warm start, where it loaded the first one's weights (the training steps' own knobs are not)
+    for field, value in (("weight_decay", 0.1), ("seed", 5), ("warmup_ratio", 0.3), ("max_grad_norm", 0.5)):
+        other = (*args[:-1], recipe.model_copy(update={field: value}))
+        assert warmstart.lookup(warmstart.warm_start(*other, threads=2)[3]) is None, field
+    assert warmstart.warm_start(*args[:-1], recipe.model_copy(update={"learning_rate": 3e-4}), threads=2)[3] == key
+    seen.clear()
     # a damaged entry (weights cut short, DONE still there) is set aside and trained again, not a crash every run
     entry = warmstart.lookup(key)
     weights = next(entry.glob("*.safetensors"))
@@ -261,8 +268,8 @@ def test_a_warm_start_from_an_imperfect_teacher_trains_on_its_draws_and_is_its_o
     assert seen[1] == sft_pairs(MAPF, env, sl, "trace", teacher_noise=0.6, noise_seed=5) != seen[0]
     assert key6 != key0
     assert key0 == warmstart.cache_key(task="mapf", preset="tiny", style="trace", seed=5,
-                                       env=env.model_dump(mode="json"), seeds=list(sl), sft_steps=1,
-                                       sft_learning_rate=args[-1].sft_learning_rate, sft_batch_size=4,
+                                       env=env.model_dump(mode="json"), seeds=list(sl),
+                                       recipe={f: getattr(args[-1], f) for f in warmstart.SFT_RECIPE_FIELDS},
                                        trained_on=warmstart.trained_on(1))
 
 
