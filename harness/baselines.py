@@ -331,10 +331,13 @@ def _with_levels(task, env, list_field: str, levels: list, weights: list[float])
 
 
 def plr_weights(scores: list[float], beta: float, rho: float) -> list[float]:
-    """Rank prioritisation (Jiang et al. 2021): h_i = (1 / rank_i) ** (1 / beta), mixed with `rho` uniform."""
-    order = np.argsort(-np.asarray(scores), kind="stable")
-    rank = np.empty(len(scores))
-    rank[order] = np.arange(1, len(scores) + 1)
+    """Rank prioritisation (Jiang et al. 2021): h_i = (1 / rank_i) ** (1 / beta), mixed with `rho` uniform. Tied
+    scores share one rank (the lowest of their places, as "min" ranking), so equal levels weigh alike: the scores
+    here are p(1 - p) of a few dozen probes, quantised and symmetric (p 0.25 and 0.75 tie), and an order-given rank
+    sent 0.72 of the mix to the first of three levels all scoring 0. PLR's staleness term is left out: every level is
+    probed afresh before every stage, so no score is stale."""
+    s = np.asarray(scores, dtype=float)
+    rank = np.array([1 + int(np.sum(s > x)) for x in s], dtype=float)  # "min" ranking: 1 + the levels scoring higher
     h = (1.0 / rank) ** (1.0 / beta)
     p = (1 - rho) * h / h.sum() + rho / len(scores)
     return [float(x) for x in p]

@@ -50,6 +50,11 @@ def test_plr_weights_follow_learnability_with_a_uniform_floor():
     assert w[1] > w[2] > w[0]  # p(1-p) = 0.25 (p = 0.5) is the most learnable level
     assert min(w) >= 0.3 / 3 - 1e-12  # rho spreads 30% uniformly: no level starves
     assert plr_weights([0.1, 0.1], beta=0.3, rho=1.0) == [0.5, 0.5]
+    # tied scores weigh alike (order gave the first of three levels all scoring 0 a weight of 0.72, and p = 0.25 and
+    # 0.75, which tie, 0.69 against 0.14)
+    assert np.allclose(plr_weights([0.0, 0.0, 0.0], beta=0.3, rho=0.3), [1 / 3] * 3)
+    w = plr_weights([0.1875, 0.1875, 0.0, 0.0], beta=0.3, rho=0.3)
+    assert np.isclose(w[0], w[1]) and np.isclose(w[2], w[3]) and w[0] > w[2]
 
 
 def test_mean_ci_is_a_t_interval_over_seeds():
