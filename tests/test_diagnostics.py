@@ -199,6 +199,12 @@ def test_truncation_is_its_own_finding_and_not_a_task_failure_or_an_explosion():
     assert "grpo.truncated" in cut and not cut & {"grpo.dead_identical", "grpo.exploration_collapse"}
     whole = {f.code for r in D.builtin_diagnostics(same, few) for f in r.findings}
     assert {"grpo.dead_identical", "grpo.exploration_collapse"} <= whole
+    # the family's own format failures too: a plan cut short does not parse, and `mapf.parse_error` triggers the same
+    # temperature cut (`lower-temperature-on-parse-errors`)
+    unparsed = [mk(5, "parse_error", group=g, completion=f"A1: {g}") for g in range(4) for _ in range(4)]
+    cut = {f.code for r in D.builtin_diagnostics(unparsed, steady) for f in r.findings}
+    assert "grpo.truncated" in cut and "mapf.parse_error" not in cut
+    assert "mapf.parse_error" in {f.code for r in D.builtin_diagnostics(unparsed, few) for f in r.findings}
 
 
 def test_malformed_answers_blame_the_sampler_only_when_the_start_policy_writes_them_too():
