@@ -854,10 +854,13 @@ def anchor_at(run: Run, k: int) -> str | None:
     """The run's anchor when stage k starts (`stage.keep_training`): the last decided stage's (`Decided.anchor`, or its
     `next_policy` in a stage recorded without one; a stage the run stopped after delivers its `final_pick`, which a run
     resumed with a larger budget goes on from), else the warm start; None before setup."""
-    from harness.results import FinalPicked, SetUp
+    from harness.results import FinalPicked, SetUp, StopChecked
 
     for j in range(k - 1, 0, -1):
-        if (f := run.result(j, FinalPicked)) is not None:
+        stopped = run.result(j, StopChecked)
+        # a pick counts only where the run did stop after stage j: a kill between the pick and the stage's end, then
+        # a resume with a larger budget, re-decides that stage's stop, and its pick was never the delivery
+        if (f := run.result(j, FinalPicked)) is not None and stopped is not None and stopped.reason:
             return f.picked
         if (d := run.result(j, Decided)) is not None:
             return d.anchor or d.next_policy

@@ -500,7 +500,10 @@ def node_gate(run: Run, state: State) -> State:
     if (r := run.result(k, GateAnswer)) is not None:
         return {"human": r.action}
     t0 = time.time()
-    if not run.config.gate.human_needed(state.get("stages_without_promotion", 0)):
+    # a stage that already waited takes its answer, whatever `gate.human` says now (a resume may edit it): switched
+    # off during the pause, it recorded "auto" and dropped an abort or a revise the CLI had accepted
+    waited = bool(run.store.events(run.id, stage=k, kind="gate_waiting"))
+    if not waited and not run.config.gate.human_needed(state.get("stages_without_promotion", 0)):
         _finish(run, k, GateAnswer(action="auto"), t0, "no human gate")
         return {"human": "auto"}
     bt = run.result(k, Backtested) or Backtested()

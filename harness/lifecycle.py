@@ -485,6 +485,13 @@ def _prepare(run_dir: Path, config: RunConfig, progress) -> Run:
         Workspace.create(harness, files_override=initial_files(config) or None)
     notes: list[str] = []
     if not (run_dir / JUDGE_FILE).exists():  # fixed once, from the round-0 harness, before any stage can change it
+        if run.id in run.store.runs():  # the run was started (its judge written first), and its judge file is gone
+            run.close()
+            run.store.close()
+            raise RunError(f"{run_dir / JUDGE_FILE} is missing: this run's judge was fixed when it started, and "
+                           "making it again now would read a harness its stages may have changed (the promoted "
+                           "env and recipe) and the config as edited since; restore the file from a copy of the run "
+                           "folder, or start a new run")
         files = Workspace(harness).files("main")
         judge = make_judge(config, files, notes)
         notes += [n for n in [held_apart_note(config, files)] if n]

@@ -1100,8 +1100,15 @@ def test_keep_training_keep_the_best_reads_the_chosen_checkpoint_against_the_anc
     assert draws["s6/final"] == run.config.backtest.carry_confirm and "s6/final-more" not in draws  # all zero: no more
     assert draws["s7/final"] == run.config.backtest.carry_confirm  # a quarter against a half: clear at once
     assert any(e["kind"] == "final_pick" and "delivers s7-down" not in e["message"] for e in run.store.events("r"))
+    from harness.results import StopChecked
+
     run.save_result(6, Decided(next_policy="ckpt/s6-level", anchor="ckpt/anchor"))
+    run.save_result(6, StopChecked(reason="stage budget reached (6 stages)"))
     assert anchor_at(run, 7) == "ckpt/s6-level"  # a run resumed past its last stage goes on from what it delivered
+    # killed after the pick, before the stage ended, then resumed with a larger budget: the stop is decided again and
+    # the pick was never a delivery, so the next stage's anchor is the stage's own (not the unconfirmed lineage)
+    run.save_result(6, StopChecked(reason=None))
+    assert anchor_at(run, 7) == "ckpt/anchor"
     names = ["warmstart", "s1-up", "s2-level", "s2-control"]
     assert deletable(names, decided={1, 2}, incumbent="s2-level", anchor="s1-up", promoted=[], keep_promoted="all",
                      delete_superseded=True, setup_done=True) == ["s2-control"]
@@ -1701,6 +1708,32 @@ def test_a_gate_node_killed_after_its_answer_leaves_the_answer_to_a_plain_resume
     monkeypatch.setattr(run, "event", event)
     assert app.invoke(None, thread, durability="sync")["human"] == "approve"  # a plain resume
     assert run.result(1, GateAnswer).action == "approve"
+    con.close()
+
+
+def test_a_gate_answer_is_taken_even_when_the_gate_was_switched_off_during_the_pause(run):
+    """`gate.human` may be edited on a resume; a stage already waiting at the gate when it was switched off recorded
+    "auto" on the resume and dropped the abort (or revise) the CLI had accepted. Would catch the answer dropped."""
+    import sqlite3
+
+    from langgraph.checkpoint.sqlite import SqliteSaver
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import Command
+
+    import harness.graph as g
+    from harness.results import GateAnswer
+
+    run.config = run.config.model_copy(update={"gate": run.config.gate.model_copy(update={"human": "always"})})
+    sg = StateGraph(g.State)
+    sg.add_node("gate", lambda s: g.node_gate(run, s))
+    sg.add_edge(START, "gate")
+    sg.add_edge("gate", END)
+    con = sqlite3.connect(run.run_dir / "gate-off-graph.db", check_same_thread=False)
+    app, thread = sg.compile(checkpointer=SqliteSaver(con)), {"configurable": {"thread_id": "r"}}
+    assert app.invoke({"stage": 1}, thread, durability="sync").get("__interrupt__")
+    run.config = run.config.model_copy(update={"gate": run.config.gate.model_copy(update={"human": "never"})})
+    assert app.invoke(Command(resume={"action": "abort"}), thread, durability="sync")["human"] == "abort"
+    assert run.result(1, GateAnswer).action == "abort"
     con.close()
 
 

@@ -1236,3 +1236,27 @@ def test_a_run_stopped_before_its_first_stage_starts_from_its_setup_and_says_so(
         store.close()
     want = "run early was stopped before its first stage began (nothing of it was recorded): it starts from its setup now"
     assert said == [want] and want in shown, (said, shown)
+
+
+def test_a_started_run_whose_judge_file_is_gone_is_refused_not_judged_anew(tmp_path, monkeypatch):
+    """The judge (judge.json) is fixed when a run starts; a folder restored without it was given a new judge made from
+    the harness as its stages left it (a promoted env and recipe) and the config as edited since, and the gate's
+    distribution moved mid-run while the resume said an edit "has no effect". Now such a run is refused with the fix
+    named; a new run folder still makes its judge. Would catch the judge made again from a changed harness."""
+    from harness import lifecycle
+    from harness.run import JUDGE_FILE
+
+    monkeypatch.setenv("EVOTRAINER_HOME", str(tmp_path / "home"))
+    cfg = parse_config({**TINY, "name": "jdg"})
+    run_dir = tmp_path / "runs" / "jdg-1"
+    made = lifecycle.open_run(run_dir, cfg)
+    made.close()
+    made.store.close()
+    assert (run_dir / JUDGE_FILE).is_file()
+    again = lifecycle.open_run(run_dir, cfg)  # an ordinary re-open
+    again.close()
+    again.store.close()
+    (run_dir / JUDGE_FILE).unlink()
+    with pytest.raises(RunError, match=r"judge\.json is missing: this run's judge was fixed when it started"):
+        lifecycle.open_run(run_dir, cfg)
+    assert not (run_dir / JUDGE_FILE).exists()
