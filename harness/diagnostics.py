@@ -595,7 +595,7 @@ def builtin_diagnostics(rollouts: list[Rollout], train_metrics: list[dict[str, f
     stage's completions are cut off (`grpo.truncated`), repeated completions are what cutting makes (a confident
     policy's first tokens agree), and answers cut short do not parse, not a sampler that does not explore or one too
     hot: the sampler findings (`grpo.dead_identical`, `grpo.exploration_collapse`, `grpo.malformed`) and the family's
-    own format failures (`mapf.parse_error`, ...) are withheld (metric `sampler_findings_masked`), so the temperature
+    own format failures (its `format_failures`, as `<family>.<failure>`) are withheld (metric `sampler_findings_masked`), so the temperature
     is not moved against a budget defect (a held-out code scenario at 6 tokens promoted 1.0 -> 1.5 before its
     budget)."""
     out = [failure_breakdown(rollouts), near_misses(rollouts), quality_gap(rollouts), competence_frontier(rollouts),
@@ -604,8 +604,8 @@ def builtin_diagnostics(rollouts: list[Rollout], train_metrics: list[dict[str, f
     out.append(reward_hacking(train_metrics, valid_history, rollouts=rollouts))
     out.append(reward_misaligned(rollouts))
     out.append(reward_diluted(rollouts))
-    # ... and the family's own format failures (`mapf.parse_error`): an answer cut short does not parse either, and
-    # those codes trigger the same temperature cut (`lower-temperature-on-parse-errors`)
+    # ... and the family's own format failures (`<family>.<a format failure>`): an answer cut short does not
+    # parse either, and those codes trigger the same temperature cut (`lower-temperature-on-parse-errors`)
     fmt = [f"{_task_of(rollouts)}.{x}" for x in _spec(rollouts).format_failures] if rollouts else []
     withhold_under_cut_off(out, (*SAMPLER_CODES, *fmt), "sampler_findings_masked")
     return out

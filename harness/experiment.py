@@ -364,8 +364,8 @@ def warm_start(rc0, out: Path, say: Callable[[str], None]) -> tuple[Path, list[f
 
 def warm_made_from(rc) -> dict[str, Any]:
     """What a shared warm start is made from: the task, seed, policy, warm-start section, round-0 env and the recipe
-    fields the SFT reads (`harness.warmstart.SFT_RECIPE_FIELDS`: what the stage's setup trains it from)."""
-    from harness.warmstart import SFT_RECIPE_FIELDS
+    fields the SFT reads (`policies.train.SFT_RECIPE_FIELDS`: what the stage's setup trains it from)."""
+    from policies.train import SFT_RECIPE_FIELDS
 
     d = rc.model_dump(mode="json")
     return {"task": d["task"], "seed": d["seed"], "policy": d["policy"], "warm_start": d["warm_start"],

@@ -29,10 +29,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 CODE = ("policies", "harness/tasks", "harness/policy_glue.py", "harness/seeds.py")
-# the recipe fields the SFT reads (`policies.train.train_sft` and its trainer arguments): all of them in the key, so
-# a run whose recipe sets another seed, warm-up, weight decay, gradient clip or precision trains its own warm start
-SFT_RECIPE_FIELDS = ("sft_steps", "sft_learning_rate", "sft_batch_size", "seed", "warmup_ratio", "weight_decay",
-                     "max_grad_norm", "precision")
 
 
 def cache_root() -> Path:
@@ -191,13 +187,13 @@ def warm_start(task: Any, preset: str, style: str, env: Any, seeds: list[int], r
     from harness.policy_glue import sft_pairs
     from policies import thread_count
     from policies.model import build_model, load_policy
-    from policies.train import train_sft
+    from policies.train import SFT_RECIPE_FIELDS, train_sft
 
     n_threads = threads or torch.get_num_threads()
     key = None
     if cacheable and model_tok is None:
         key = cache_key(task=task.name, preset=preset, style=style, seed=seed, env=env.model_dump(mode="json"),
-                        seeds=list(seeds), recipe={f: getattr(recipe, f) for f in SFT_RECIPE_FIELDS},
+                        seeds=list(seeds), recipe={f: getattr(recipe, f) for f in SFT_RECIPE_FIELDS},  # all it reads
                         trained_on=trained_on(n_threads), **({"teacher_noise": teacher_noise} if teacher_noise else {}))
         hit = lookup(key)
         if hit is not None:

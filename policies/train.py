@@ -466,6 +466,11 @@ def _drop_scratch() -> None:
 
 # --- SFT warm start ---------------------------------------------------------------------------------------------------
 
+# the recipe fields `train_sft` reads (its own and, through `_common_args`, the trainer's seed, warm-up, weight decay,
+# gradient clip and precision): what a cached warm start is keyed by (`harness.warmstart`)
+SFT_RECIPE_FIELDS = ("sft_steps", "sft_learning_rate", "sft_batch_size", "seed", "warmup_ratio", "weight_decay",
+                     "max_grad_norm", "precision")
+
 
 def train_sft(model, tok, pairs: list[dict[str, str]], recipe: Recipe, out_dir: str | Path | None = None,
               progress: Progress | None = None, tensorboard_dir: str | Path | None = None,

@@ -75,9 +75,11 @@ def test_bad_configs_and_knobs_name_the_field():
 
 def test_a_skill_promoted_on_mapf_is_borrowed_tried_and_recorded_on_math(tmp_path, monkeypatch):
     """Skills cross families. A MAPF skill with a MAPF promotion in its evidence (recorded the way a MAPF run's
-    remember node records one) triggers on math's parse errors (same failure kind, `parse_error`), is proposed by the
+    remember node records one) triggers on math's too-hard failures (same failure kind, `too_hard`), is proposed by the
     rule engineer as a borrowed skill (after the in-family ones, and said so), backtested, and its math try lands in
-    the library's evidence with family `math`. A promotion there too would make it general (two families)."""
+    the library's evidence with family `math`. A promotion there too would make it general (two families). (Not on
+    parse errors: this barely trained policy's answers run to the cap, and a cut-off budget withholds the family's
+    format failures, which cutting makes.)"""
     monkeypatch.setenv("EVOTRAINER_HOME", str(tmp_path / "home"))
     from harness.config import parse_config
     from harness.lifecycle import start_run
@@ -86,15 +88,15 @@ def test_a_skill_promoted_on_mapf_is_borrowed_tried_and_recorded_on_math(tmp_pat
     from skills.model import Intervention, Skill, Trigger
 
     with SkillLibrary.open(seed_dir=SEED_DIR) as lib:
-        lib.add(Skill(name="mapf-shorter-completions-on-parse-errors", kind="recipe",
-                      trigger=Trigger(findings=["mapf.parse_error"]),
+        lib.add(Skill(name="mapf-nucleus-on-too-hard", kind="recipe",
+                      trigger=Trigger(findings=["mapf.too_hard"]),
                       # a knob no seed skill takes on these findings (the truncation seed takes the completion
                       # budget when this tiny policy's answers run to the cap, and one candidate per knob)
                       intervention=Intervention(knob="recipe.top_p", op="mul", value=0.9),
-                      expected="fewer unparseable completions", domains=["mapf"]))
-        lib.record_try("mapf-shorter-completions-on-parse-errors", promoted=True, effect=0.06,
+                      expected="fewer all-fail groups", domains=["mapf"]))
+        lib.record_try("mapf-nucleus-on-too-hard", promoted=True, effect=0.06,
                        interval=(0.02, 0.1), family="mapf", run="mapf-run", candidate="s2c1")
-        assert not lib.get("mapf-shorter-completions-on-parse-errors").general
+        assert not lib.get("mapf-nucleus-on-too-hard").general
     cfg = parse_config({
         "task": "math", "name": "m", "policy": {"preset": "tiny", "style": "plain"},
         "warm_start": {"sft_examples": 64, "sft_steps": 10},  # barely trained: many answers do not parse
@@ -109,18 +111,18 @@ def test_a_skill_promoted_on_mapf_is_borrowed_tried_and_recorded_on_math(tmp_pat
     run_dir = start_run(cfg, tmp_path / "runs", run_id="borrow")
     store = RunStore.open(run_dir / "run.db")
     try:
-        assert "math.parse_error" in {f.code for f in store.findings("borrow", stage=1)}
+        assert "math.too_hard" in {f.code for f in store.findings("borrow", stage=1)}
         cands = {c["skill"]: c for c in store.candidates("borrow")}
-        c = cands.get("mapf-shorter-completions-on-parse-errors")
+        c = cands.get("mapf-nucleus-on-too-hard")
         assert c is not None, sorted(cands)
         assert "borrowed from mapf" in c["rationale"] and c["knob"] == "recipe.top_p"
         assert c["status"] in ("promoted", "rejected") and c["reason"]
     finally:
         store.close()
     with SkillLibrary.open(seed_dir=None) as lib:
-        tries = lib.tries("mapf-shorter-completions-on-parse-errors")
+        tries = lib.tries("mapf-nucleus-on-too-hard")
         assert [t["family"] for t in tries] == ["mapf", "math"], tries
-        assert lib.get("mapf-shorter-completions-on-parse-errors").general == bool(tries[1]["promoted"])
+        assert lib.get("mapf-nucleus-on-too-hard").general == bool(tries[1]["promoted"])
 
 
 def test_levels_can_come_from_reasoning_gym(monkeypatch):

@@ -248,7 +248,7 @@ def test_a_warm_start_from_an_imperfect_teacher_trains_on_its_draws_and_is_its_o
     from harness.policy_glue import sft_pairs
     from harness.seeds import seeds
     from policies import train
-    from policies.train import Recipe
+    from policies.train import SFT_RECIPE_FIELDS, Recipe
 
     monkeypatch.setenv("EVOTRAINER_HOME", str(tmp_path / "home"))
     seen: list[list[dict]] = []
@@ -269,7 +269,7 @@ def test_a_warm_start_from_an_imperfect_teacher_trains_on_its_draws_and_is_its_o
     assert key6 != key0
     assert key0 == warmstart.cache_key(task="mapf", preset="tiny", style="trace", seed=5,
                                        env=env.model_dump(mode="json"), seeds=list(sl),
-                                       recipe={f: getattr(args[-1], f) for f in warmstart.SFT_RECIPE_FIELDS},
+                                       recipe={f: getattr(args[-1], f) for f in SFT_RECIPE_FIELDS},
                                        trained_on=warmstart.trained_on(1))
 
 
