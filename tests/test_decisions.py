@@ -1670,28 +1670,38 @@ def test_a_remember_node_re_entered_keeps_its_first_stop_decision(run, monkeypat
     assert spent() >= budget and not out.get("done") and out["stage"] == 3 and picks == [] and evals == [2, 2]
 
 
-def test_a_gate_node_killed_after_its_answer_leaves_the_answer_to_a_plain_resume(run, monkeypatch):
-    """The gate node runs again to take a person's answer; killed there (after `interrupt` returned it, before the
-    node finished), the run must not read `paused` (a resume would be refused and the person asked again, a second
-    answer silently replacing the first): the answer is in graph.db, and a plain resume takes it. Would catch: the
-    node setting the status to `paused` itself, on the run that takes the answer too."""
+def _paused_at_the_gate(run, name: str):
+    """A one-node graph (the human gate, `gate.human: always`) checkpointed in `name`, run until it waits at stage 1:
+    (app, thread, connection)."""
     import sqlite3
 
     from langgraph.checkpoint.sqlite import SqliteSaver
     from langgraph.graph import END, START, StateGraph
-    from langgraph.types import Command
 
     import harness.graph as g
-    from harness.results import GateAnswer
 
     run.config = run.config.model_copy(update={"gate": run.config.gate.model_copy(update={"human": "always"})})
     sg = StateGraph(g.State)
     sg.add_node("gate", lambda s: g.node_gate(run, s))
     sg.add_edge(START, "gate")
     sg.add_edge("gate", END)
-    con = sqlite3.connect(run.run_dir / "gate-graph.db", check_same_thread=False)
+    con = sqlite3.connect(run.run_dir / name, check_same_thread=False)
     app, thread = sg.compile(checkpointer=SqliteSaver(con)), {"configurable": {"thread_id": "r"}}
     assert app.invoke({"stage": 1}, thread, durability="sync").get("__interrupt__")
+    return app, thread, con
+
+
+def test_a_gate_node_killed_after_its_answer_leaves_the_answer_to_a_plain_resume(run, monkeypatch):
+    """The gate node runs again to take a person's answer; killed there (after `interrupt` returned it, before the
+    node finished), the run must not read `paused` (a resume would be refused and the person asked again, a second
+    answer silently replacing the first): the answer is in graph.db, and a plain resume takes it. Would catch: the
+    node setting the status to `paused` itself, on the run that takes the answer too."""
+
+    from langgraph.types import Command
+
+    from harness.results import GateAnswer
+
+    app, thread, con = _paused_at_the_gate(run, "gate-graph.db")
     run.store.set_run_status("r", "paused")  # what the driver records when the graph stops at the gate
     run.store.set_run_status("r", "running")  # `evotrainer approve`: the driver runs the graph again
     event = run.event
@@ -1714,23 +1724,12 @@ def test_a_gate_node_killed_after_its_answer_leaves_the_answer_to_a_plain_resume
 def test_a_gate_answer_is_taken_even_when_the_gate_was_switched_off_during_the_pause(run):
     """`gate.human` may be edited on a resume; a stage already waiting at the gate when it was switched off recorded
     "auto" on the resume and dropped the abort (or revise) the CLI had accepted. Would catch the answer dropped."""
-    import sqlite3
 
-    from langgraph.checkpoint.sqlite import SqliteSaver
-    from langgraph.graph import END, START, StateGraph
     from langgraph.types import Command
 
-    import harness.graph as g
     from harness.results import GateAnswer
 
-    run.config = run.config.model_copy(update={"gate": run.config.gate.model_copy(update={"human": "always"})})
-    sg = StateGraph(g.State)
-    sg.add_node("gate", lambda s: g.node_gate(run, s))
-    sg.add_edge(START, "gate")
-    sg.add_edge("gate", END)
-    con = sqlite3.connect(run.run_dir / "gate-off-graph.db", check_same_thread=False)
-    app, thread = sg.compile(checkpointer=SqliteSaver(con)), {"configurable": {"thread_id": "r"}}
-    assert app.invoke({"stage": 1}, thread, durability="sync").get("__interrupt__")
+    app, thread, con = _paused_at_the_gate(run, "gate-off-graph.db")
     run.config = run.config.model_copy(update={"gate": run.config.gate.model_copy(update={"human": "never"})})
     assert app.invoke(Command(resume={"action": "abort"}), thread, durability="sync")["human"] == "abort"
     assert run.result(1, GateAnswer).action == "abort"
