@@ -174,34 +174,37 @@ class Walk(NamedTuple):
     seconds: float  # CPU-seconds spent: the pairs' training + the judging of the instances the looks used
 
 
+def _differ(control_files: dict[str, str], candidate_files: dict[str, str]) -> set[str]:
+    return {p for p in {*control_files, *candidate_files} if control_files.get(p) != candidate_files.get(p)}
+
+
+def recipe_changes(control_files: dict[str, str], candidate_files: dict[str, str]) -> dict[str, tuple[Any, Any]]:
+    """{key: (control's value, candidate's)} of the recipe keys two harnesses differ in when recipe.yaml is all they
+    differ in, else {}."""
+    import yaml
+
+    if _differ(control_files, candidate_files) != {"recipe.yaml"}:
+        return {}
+    a, b = (yaml.safe_load(f.get("recipe.yaml") or "") or {} for f in (control_files, candidate_files))
+    return {k: (a.get(k), b.get(k)) for k in {*a, *b} if a.get(k) != b.get(k)}
+
+
 def on_signal_route(control_files: dict[str, str], candidate_files: dict[str, str]) -> bool:
     """Do the two harnesses differ in a way the learning-signal route may decide (`harness.decisions.
     takes_signal_route`): env.yaml alone (an env change), or recipe.yaml alone in one of its route knobs (the sampling
     temperature, or a longer completion budget)?"""
-    import yaml
-
     from harness.decisions import takes_signal_route
 
-    differ = {p for p in {*control_files, *candidate_files} if control_files.get(p) != candidate_files.get(p)}
-    if differ == {"env.yaml"}:
+    if _differ(control_files, candidate_files) == {"env.yaml"}:
         return True
-    if differ != {"recipe.yaml"}:
-        return False
-    a, b = (yaml.safe_load(f.get("recipe.yaml") or "") or {} for f in (control_files, candidate_files))
-    keys = [k for k in {*a, *b} if a.get(k) != b.get(k)]
-    return bool(keys) and all(takes_signal_route("recipe", f"recipe.{k}", a.get(k), b.get(k)) for k in keys)
+    keys = recipe_changes(control_files, candidate_files)
+    return bool(keys) and all(takes_signal_route("recipe", f"recipe.{k}", *v) for k, v in keys.items())
 
 
 def recipe_knob(control_files: dict[str, str], candidate_files: dict[str, str]) -> str:
     """`recipe.<key>` when the two harnesses differ in exactly one recipe key and nothing else, else "" (the knob a
     candidate row records, for `harness.decisions.finished_reading`)."""
-    import yaml
-
-    if {p for p in {*control_files, *candidate_files} if control_files.get(p) != candidate_files.get(p)} != {
-            "recipe.yaml"}:
-        return ""
-    a, b = (yaml.safe_load(f.get("recipe.yaml") or "") or {} for f in (control_files, candidate_files))
-    keys = [k for k in {*a, *b} if a.get(k) != b.get(k)]
+    keys = list(recipe_changes(control_files, candidate_files))
     return f"recipe.{keys[0]}" if len(keys) == 1 else ""
 
 
