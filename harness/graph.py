@@ -323,6 +323,14 @@ def node_propose(run: Run, state: State) -> State:
                           policy_ckpt=Path(state["train_ckpt"]))
         finally:
             skills.close()
+        if res.usage.calls:  # the engineer's own calls (another model: kept apart from the policy's compute)
+            u = res.usage
+            run.charge(k, "engineer", "engineer", seconds=u.seconds, tokens=u.prompt_tokens + u.completion_tokens,
+                       label=f"{cfg.engineer.kind} propose")
+            if u.unreported:
+                run.event(k, "propose", "warning", f"{u.unreported} of {u.calls} engineer call(s) named no token usage "
+                          "(the endpoint sent no `usage` field): their tokens are not in the ledger, their seconds are",
+                          key=f"{k}/engineer-usage")
         for note in res.notes:
             run.event(k, "propose", "engineer_note", note, key=f"{k}/note/{note[:80]}")
         for bad in res.rejected_replies:

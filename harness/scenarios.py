@@ -462,6 +462,9 @@ def summarize(rows: dict[str, dict[str, Any]], warm: dict[str, list[float]] | No
                 a["pipelined"] = piped
             if off := off_budget(results, budgets):
                 a["off_budget"] = off
+            eng = [(r.get("ledger") or {}).get("engineer_tokens", 0) for r in results]
+            if any(eng):  # an LLM engineer's own tokens: another model's, beside the step-equivalents
+                a["engineer_tokens"] = float(np.mean(eng))
             sc["arms"][arm] = a
         gap = sc["arms"].get("oracle", {}).get("vs_fixed")
         sc["gap"] = gap
@@ -554,6 +557,10 @@ def summary_md(summary: dict[str, Any], arms: list[str]) -> str:
                + "".join(f"| {n} | {a} | {100 * x:.0f}% |\n" for n, a, x in shares))
     if fixes := promotions_table(summary):
         md += "\nWhat the evolved arms promoted (from each run's run.db):\n\n" + fixes
+    if eng := [f"{name} {arm} {a['engineer_tokens']:,.0f}" for name, sc in summary.items()
+               for arm, a in sc["arms"].items() if a.get("engineer_tokens")]:
+        md += ("\nThe LLM engineer's own tokens (prompt and completion, mean per seed; another model's, so not in the "
+               "step-equivalents every arm is matched on): " + "; ".join(eng) + ".\n")
     if off := [f"{name} {arm} (" + ", ".join(f"seed {s}: {c:g} against {b:g}" for s, c, b in a["off_budget"]) + ")"
                for name, sc in summary.items() for arm, a in sc["arms"].items() if a.get("off_budget")]:
         md += (f"\n**Not at equal compute** (step-equivalents more than {100 * BUDGET_TOLERANCE:g}% from the budget "

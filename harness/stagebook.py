@@ -81,8 +81,12 @@ def step_equivalents(store: RunStore, run_id: str, before: int | None = None) ->
     """A run's compute from its ledger in GRPO step-equivalents (the experiment's unit): every GRPO step (the policy's
     and every backtest arm's) plus every token generated to judge or steer (probes, backtest evaluations, a baseline's
     level probes) at the run's training tokens per step. The SFT warm start and the held-out report (label `test`)
-    are left out: every arm pays them alike. `before`: only stages below it (what a stage has spent before it)."""
+    are left out: every arm pays them alike. An LLM engineer's calls (kind `engineer`: another model, whose tokens
+    are not the policy's) are reported apart, `engineer_tokens` and `engineer_seconds`, never converted into the
+    policy's step-equivalents. `before`: only stages below it (what a stage has spent before it)."""
     rows = [r for r in store.ledger(run_id) if before is None or r["stage"] < before]
+    engineer = [r for r in rows if r["kind"] == "engineer"]  # another model's tokens: reported, not converted
+    rows = [r for r in rows if r["kind"] != "engineer"]
     steps = sum(r["steps"] for r in rows if r["kind"] == "grpo")
     train_tok = sum(r["tokens"] for r in rows if r["kind"] == "grpo")
     tps = train_tok / max(1, steps)
@@ -99,7 +103,9 @@ def step_equivalents(store: RunStore, run_id: str, before: int | None = None) ->
         by_stage[r["stage"]] = by_stage.get(r["stage"], 0.0) + (r["tokens"] / tps if judge and tps else
                                                                   0.0 if judge else r["steps"])
     return {"steps": steps, "train_tokens": train_tok, "judge_tokens": judge_tok, "tokens_per_step": tps,
-            "compute": steps + (judge_tok / tps if tps else 0.0), "by_stage": by_stage, "judge_by_part": judge_by_part}
+            "compute": steps + (judge_tok / tps if tps else 0.0), "by_stage": by_stage, "judge_by_part": judge_by_part,
+            "engineer_tokens": sum(r["tokens"] for r in engineer),
+            "engineer_seconds": round(sum(r["seconds"] for r in engineer), 3)}
 
 
 def compute_shares(store: RunStore, run_id: str) -> dict[str, Any] | None:

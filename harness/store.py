@@ -42,8 +42,8 @@ BUSY_TIMEOUT_S = 30.0
 
 CandidateStatus = Literal["proposed", "vetted", "rejected_vet", "backtested", "promoted", "rejected"]
 CANDIDATE_STATUSES: tuple[str, ...] = ("proposed", "vetted", "rejected_vet", "backtested", "promoted", "rejected")
-ComputeKind = Literal["sft", "grpo", "eval", "rollout"]
-COMPUTE_KINDS: tuple[str, ...] = ("sft", "grpo", "eval", "rollout")
+ComputeKind = Literal["sft", "grpo", "eval", "rollout", "engineer"]
+COMPUTE_KINDS: tuple[str, ...] = ("sft", "grpo", "eval", "rollout", "engineer")  # engineer: an LLM engineer's calls
 
 
 class StoreError(ValueError):

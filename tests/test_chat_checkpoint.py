@@ -281,6 +281,7 @@ def test_an_experiment_arm_and_the_policy_as_its_own_engineer_on_the_chat_checkp
     try:
         rid = store.runs()[0]
         propose = store.node_result(rid, 1, "propose")
+        engineer = [r for r in store.ledger(rid) if r["kind"] == "engineer"]
         rejected = [e["message"] for e in store.events(rid, kind="reply_rejected")]
         notes = [e["message"] for e in store.events(rid, kind="engineer_note")]
     finally:
@@ -289,6 +290,12 @@ def test_an_experiment_arm_and_the_policy_as_its_own_engineer_on_the_chat_checkp
     assert len(rejected) == 1 and rejected[0].startswith(("malformed JSON", "schema", "unknown knob", "the reply"))
     assert any(n.startswith("llm engineer gave no valid proposal in 1 attempt") for n in notes), notes
     assert "rule engineer stepped in" in notes
+    # the policy-as-engineer's own tokens are in the ledger (kind engineer) and beside the step-equivalents, not in
+    # them: the baselines were matched on the policy's compute alone
+    [row] = engineer
+    assert row["stage"] == 1 and row["tokens"] > 16 and evo["ledger"]["engineer_tokens"] == row["tokens"]
+    assert evo["compute"] == pytest.approx(evo["ledger"]["steps"] + evo["ledger"]["judge_tokens"]
+                                           / evo["ledger"]["tokens_per_step"])
 
 
 # --- bad input: one line, before anything trains ----------------------------------------------------------------------

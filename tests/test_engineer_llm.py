@@ -25,7 +25,7 @@ class FakeEndpoint:
     """A bounded chat-completions server: serves `replies` in order (an int = that HTTP error), records requests,
     refuses anything past the script, and shuts down on exit."""
 
-    def __init__(self, replies: list[str | int | dict]):
+    def __init__(self, replies: list[str | int | dict], usage: object = None):
         self.replies, self.requests = list(replies), []
         outer = self
 
@@ -42,7 +42,8 @@ class FakeEndpoint:
                 data = json.dumps({"id": "x", "object": "chat.completion", "model": body["model"],
                                    "choices": [{"index": 0, "finish_reason": "stop",
                                                 "message": reply if isinstance(reply, dict)  # a whole message
-                                                else {"role": "assistant", "content": reply}}]}).encode()
+                                                else {"role": "assistant", "content": reply}}],
+                                   **({"usage": usage} if usage is not None else {})}).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
@@ -99,6 +100,26 @@ def test_llm_retry_with_reason_then_valid(lib):
     msgs = second["body"]["messages"]
     assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user"]
     assert "rejected: out of range" in msgs[-1]["content"] and first["auth"] is None
+
+
+def test_the_engineers_own_tokens_are_counted_from_the_replies_usage(lib):
+    """Every call the engineer answers is counted (its `usage` tokens and seconds), the rejected attempt's too; a
+    server that names no usage is counted as such, never as 0 tokens said. Would catch: the engineer's tokens left
+    out of what the run charges (they were, until the seventy-ninth session), only the accepted reply counted, or a
+    bogus usage field (a string, a negative or boolean count) taken as tokens."""
+    good = json.dumps({"candidates": [_one("recipe.temperature", 1.3)]})
+    with FakeEndpoint([json.dumps(_one(value=0.95)), good], usage={"prompt_tokens": 700, "completion_tokens": 40,
+                                                                   "total_tokens": 740}) as ep:
+        res = propose(_cfg(ep.url), _diag(), lib, 2, np.random.default_rng(0), space=SPACE)
+    u = res.usage
+    assert (u.calls, u.unreported, u.prompt_tokens, u.completion_tokens) == (2, 0, 1400, 80) and u.seconds > 0
+    for usage in (None, {"prompt_tokens": "700", "completion_tokens": 40}, {"prompt_tokens": -1, "completion_tokens": 4},
+                  {"prompt_tokens": True, "completion_tokens": 4}, [1, 2]):
+        with FakeEndpoint([good], usage=usage) as ep:
+            u = propose(_cfg(ep.url), _diag(), lib, 2, np.random.default_rng(0), space=SPACE).usage
+        assert (u.calls, u.unreported, u.prompt_tokens, u.completion_tokens) == (1, 1, 0, 0), usage
+    rule = propose(EngineerConfig(kind="rule"), _diag(), lib, 2, np.random.default_rng(0), space=SPACE).usage
+    assert rule.calls == 0 and rule.prompt_tokens == 0
 
 
 def test_a_thinking_models_draft_json_is_not_its_answer(lib):

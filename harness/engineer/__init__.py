@@ -19,8 +19,17 @@ from typing import Any
 import numpy as np
 
 from harness.config import EngineerConfig
-from harness.engineer.llm import EndpointError, ReplyFn, build_messages, chat_endpoint, local_model, retry_message
+from harness.engineer.llm import (
+    EndpointError,
+    ReplyFn,
+    Usage,
+    build_messages,
+    chat_endpoint,
+    local_model,
+    retry_message,
+)
 from harness.engineer.proposal import (
+    EngineerUsage,
     Knob,
     ProposalError,
     ProposalResult,
@@ -45,15 +54,17 @@ class EngineerError(ValueError):
     """An engineer configuration that cannot work (e.g. 'policy' as model_path without a policy checkpoint)."""
 
 
-def _reply_fn(cfg: EngineerConfig, diagnosis: Diagnosis, policy_ckpt: Path | None, seed: int) -> ReplyFn:
+def _reply_fn(cfg: EngineerConfig, diagnosis: Diagnosis, policy_ckpt: Path | None, seed: int,
+              usage: Usage | None = None) -> ReplyFn:
     if cfg.kind == "scripted":
         return scripted_replies(Path(cfg.script), diagnosis.stage)
     if cfg.base_url:
-        return chat_endpoint(cfg.base_url, cfg.model, cfg.api_key_env, cfg.temperature, cfg.max_tokens, cfg.timeout_s)
+        return chat_endpoint(cfg.base_url, cfg.model, cfg.api_key_env, cfg.temperature, cfg.max_tokens, cfg.timeout_s,
+                             usage)
     path = policy_ckpt if cfg.model_path == "policy" else Path(cfg.model_path)
     if path is None:
         raise EngineerError("engineer model_path 'policy' needs the current policy checkpoint (policy_ckpt)")
-    return local_model(path, cfg.temperature, cfg.max_tokens, seed)
+    return local_model(path, cfg.temperature, cfg.max_tokens, seed, usage)
 
 
 PREFLIGHT_TIMEOUT_S = 60.0  # the longest a start waits for the endpoint's first word (engineer.timeout_s if shorter)
@@ -102,11 +113,16 @@ def propose(engineer_cfg: EngineerConfig, diagnosis: Diagnosis, skills_library: 
     rejected = rejected_keys_from_history(diagnosis) | set(rejected_keys or ())
     notes: list[str] = []
     bad: list[RejectedReply] = []
+    usage = Usage()
+
+    def spent() -> EngineerUsage:
+        return EngineerUsage(calls=usage.calls, unreported=usage.unreported, prompt_tokens=usage.prompt_tokens,
+                             completion_tokens=usage.completion_tokens, seconds=round(usage.seconds, 3))
 
     if engineer_cfg.kind != "rule":
         seed = int(rng.integers(0, 2**31 - 1))
         try:
-            reply = _reply_fn(engineer_cfg, diagnosis, policy_ckpt, seed)
+            reply = _reply_fn(engineer_cfg, diagnosis, policy_ckpt, seed, usage)
         except (EndpointError, ScriptError) as exc:
             reply = None
             notes.append(cut(f"{engineer_cfg.kind} engineer unavailable: {exc}"))
@@ -134,7 +150,7 @@ def propose(engineer_cfg: EngineerConfig, diagnosis: Diagnosis, skills_library: 
                     continue
                 cands, same = continue_inconclusive(diagnosis, cands)
                 return ProposalResult(candidates=cands, engineer_used=engineer_cfg.kind,
-                                      notes=notes + [cut(n) for n in more + same], rejected_replies=bad)
+                                      notes=notes + [cut(n) for n in more + same], rejected_replies=bad, usage=spent())
             if bad:
                 notes.append(f"{engineer_cfg.kind} engineer gave no valid proposal in {len(bad)} attempt(s); last "
                              f"reason: {bad[-1].reason}")
@@ -145,4 +161,5 @@ def propose(engineer_cfg: EngineerConfig, diagnosis: Diagnosis, skills_library: 
     cands, more = propose_rule(diagnosis, hits.in_family, hits.fallback, max_candidates, rng, space, rejected,
                                spread=engineer_cfg.spread)
     cands, same = continue_inconclusive(diagnosis, cands)
-    return ProposalResult(candidates=cands, engineer_used="rule", notes=notes + more + same, rejected_replies=bad)
+    return ProposalResult(candidates=cands, engineer_used="rule", notes=notes + more + same, rejected_replies=bad,
+                          usage=spent())

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,37 @@ ReplyFn = Callable[[Messages, int], str]  # (messages, attempt) -> reply text; r
 
 class EndpointError(RuntimeError):
     """The engineer could not be reached or answered with something that is not a chat completion."""
+
+
+class Usage:
+    """What an engineer's replies cost, summed over its calls: tokens read (prompt) and written (completion), and the
+    seconds the run waited. An endpoint's tokens are its `usage` field's (OpenAI-compatible servers, `vllm serve`,
+    send it); a call whose reply has none is counted in `unreported` with its tokens unknown (0). A local checkpoint's
+    are counted from its token ids. The graph charges the sum to the compute ledger (kind `engineer`)."""
+
+    def __init__(self) -> None:
+        self.calls = self.unreported = self.prompt_tokens = self.completion_tokens = 0
+        self.seconds = 0.0
+
+    def add(self, seconds: float, prompt_tokens: int | None, completion_tokens: int | None) -> None:
+        self.calls += 1
+        self.seconds += max(0.0, seconds)
+        if prompt_tokens is None or completion_tokens is None:
+            self.unreported += 1
+            return
+        self.prompt_tokens += prompt_tokens
+        self.completion_tokens += completion_tokens
+
+
+def _usage_of(payload: Any) -> tuple[int | None, int | None]:
+    """(prompt_tokens, completion_tokens) from a chat completion's `usage`, or (None, None) where it has none or
+    they are not non-negative integers."""
+    u = payload.get("usage") if isinstance(payload, dict) else None
+    if not isinstance(u, dict):
+        return None, None
+    p, c = u.get("prompt_tokens"), u.get("completion_tokens")
+    ok = all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**40 for x in (p, c))
+    return (p, c) if ok else (None, None)
 
 
 # --- the prompt -------------------------------------------------------------------------------------------------------
@@ -158,9 +190,9 @@ def post_json(url: str, payload: dict, headers: dict[str, str], timeout_s: float
 
 
 def chat_endpoint(base_url: str, model: str, api_key_env: str | None, temperature: float, max_tokens: int,
-                  timeout_s: float) -> ReplyFn:
+                  timeout_s: float, usage: Usage | None = None) -> ReplyFn:
     """A reply function that POSTs to `{base_url}/chat/completions` (`post_json`: one deadline per request, a bounded
-    read, no redirects)."""
+    read, no redirects). Each answered call is added to `usage` (its `usage` field's tokens, the seconds it took)."""
     headers = {"Content-Type": "application/json"}
     if api_key_env:
         key = os.environ.get(api_key_env)
@@ -171,15 +203,20 @@ def chat_endpoint(base_url: str, model: str, api_key_env: str | None, temperatur
     url = base_url.rstrip("/") + "/chat/completions"
 
     def reply(messages: Messages, attempt: int) -> str:
+        t0 = time.perf_counter()
         status, raw = post_json(url, {"model": model, "messages": messages, "temperature": temperature,
                                       "max_tokens": max_tokens}, headers, timeout_s)
+        try:
+            payload = json.loads(raw.decode("utf-8")) if status < 400 else None
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            payload = None
+        if usage is not None:
+            usage.add(time.perf_counter() - t0, *_usage_of(payload))
         if status >= 400:
             raise EndpointError(f"engineer endpoint {url} answered HTTP {status}: "
                                 f"{raw[:200].decode('utf-8', 'replace')}")
-        try:
-            payload = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError, RecursionError):
-            raise EndpointError(f"engineer endpoint {url} did not return UTF-8 JSON") from None
+        if payload is None:
+            raise EndpointError(f"engineer endpoint {url} did not return UTF-8 JSON")
         try:
             content = payload["choices"][0]["message"]["content"]
         except (KeyError, IndexError, TypeError):
@@ -201,8 +238,9 @@ def chat_endpoint(base_url: str, model: str, api_key_env: str | None, temperatur
 # --- a local transformers checkpoint ----------------------------------------------------------------------------------
 
 
-def local_model(path: Path, temperature: float, max_tokens: int, seed: int = 0) -> ReplyFn:
-    """A reply function that samples from a local checkpoint (e.g. the current policy). Loaded once, on CPU/GPU."""
+def local_model(path: Path, temperature: float, max_tokens: int, seed: int = 0, usage: Usage | None = None) -> ReplyFn:
+    """A reply function that samples from a local checkpoint (e.g. the current policy). Loaded once, on CPU/GPU. Each
+    call is added to `usage` (the prompt's and the generated token ids, the seconds it took)."""
     import torch
 
     from policies.model import format_prompt, load_policy
@@ -211,6 +249,7 @@ def local_model(path: Path, temperature: float, max_tokens: int, seed: int = 0) 
     model.eval()
 
     def reply(messages: Messages, attempt: int) -> str:
+        t0 = time.perf_counter()
         text = "\n\n".join(m["content"] for m in messages)
         prompt = format_prompt(tok, text)
         ids = tok(prompt, return_tensors="pt", add_special_tokens=False)
@@ -221,6 +260,9 @@ def local_model(path: Path, temperature: float, max_tokens: int, seed: int = 0) 
         with torch.no_grad():
             out = model.generate(**ids, max_new_tokens=new, do_sample=temperature > 0,
                                  temperature=max(temperature, 1e-5), pad_token_id=tok.pad_token_id)
-        return tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+        read = ids["input_ids"].shape[1]
+        if usage is not None:
+            usage.add(time.perf_counter() - t0, int(read), int(out.shape[1] - read))
+        return tok.decode(out[0, read:], skip_special_tokens=True)
 
     return reply

@@ -113,6 +113,18 @@ class RejectedReply(BaseModel):
     reply: str = Field("", description="the reply text, abbreviated")
 
 
+class EngineerUsage(BaseModel):
+    """What asking the engineer cost (`harness.engineer.llm.Usage`, summed over its attempts): charged to the compute
+    ledger under kind `engineer`, apart from the policy's compute (the engineer is another model)."""
+
+    model_config = ConfigDict(extra="forbid")
+    calls: int = 0
+    unreported: int = Field(0, description="calls whose reply named no token usage (their tokens are not counted)")
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0
+
+
 class ProposalResult(BaseModel):
     """What `propose` returns: validated candidates, who produced them, and why anything was dropped or replaced."""
 
@@ -121,6 +133,8 @@ class ProposalResult(BaseModel):
     engineer_used: str = Field(..., description="rule | llm | scripted (rule when it stepped in for a failing engineer)")
     notes: list[str] = Field(default_factory=list)
     rejected_replies: list[RejectedReply] = Field(default_factory=list)
+    usage: EngineerUsage = Field(default_factory=EngineerUsage, description="what asking the engineer cost (an llm "
+                                 "engineer's calls, the rule engineer's stepping in included; the rule costs none)")
 
 
 # --- the knob space ---------------------------------------------------------------------------------------------------
