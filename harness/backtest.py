@@ -363,7 +363,7 @@ def train_arm(model, tok, task: Any, files: dict[str, str], steps: int, train_se
     and those seeds) skips generation. `record` (a list) collects the training rollouts' rewards, one
     `harness.records.RewardBatch` per GRPO scoring call. `callbacks`: extra transformers TrainerCallbacks. Returns
     `policies.train.GRPOMetrics`, each step with its `valid_live_share` (`harness.records.valid_live_share` of its
-    scoring call) when the calls are one a step."""
+    scoring call) and `valid` (the share of its completions that were valid) when the calls are one a step."""
     from harness.policy_glue import grpo_rows, reward_fn
     from policies.train import train_grpo
 
@@ -379,8 +379,9 @@ def train_arm(model, tok, task: Any, files: dict[str, str], steps: int, train_se
                    tensorboard_dir=tensorboard_dir, callbacks=callbacks)
     mine = batches[first:]
     if len(mine) == len(m.steps):  # one scoring call a step (the GRPO default): each step's validity-live share
-        for step, batch in zip(m.steps, mine, strict=True):
+        for step, batch in zip(m.steps, mine, strict=True):  # and valid share
             step.valid_live_share = valid_live_share(batch, recipe.num_generations)
+            step.valid = sum(batch.valid) / len(batch.valid) if batch.valid else None
     return m
 
 

@@ -554,7 +554,10 @@ def reward_hacking(train_metrics: list[dict[str, float]] | None, valid_history: 
     """Shaped reward rising while the valid rate stays flat or falls: `grpo.reward_hacking` (critical).
 
     The reward series is the per-step training reward (`reward` or TRL's `rewards/mean`); the valid series is the
-    per-step valid rate when the trainer logs it (`valid`), else `valid_history` (past held-out valid rates). Given the
+    per-step valid rate of the same completions when the steps carry it (`valid`: `harness.backtest.train_arm` sets it
+    from the reward's own scoring calls since the seventy-ninth session), else `valid_history` (past probe valid
+    rates: other instances and samples than the reward's, whose noise between stages made an honestly improving
+    policy look like a hacked reward in 36% of simulated stages; BENCHMARKS.md, seventy-eighth session). Given the
     stage's scored `rollouts`, it never fires when their reward is validity itself (`reward_is_validity`): a rising
     training reward with flat held-out validity then says the training mix is not the target, not that the reward
     pays for something else (the metric `reward_is_validity` says so)."""

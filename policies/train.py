@@ -219,6 +219,9 @@ class GRPOStep(BaseModel):
                                         "max_completion_length before their end (truncated)")
     valid_live_share: float | None = Field(None, description="share of this step's groups with valid and invalid "
                                            "completions both (set by the harness, which knows validity)")
+    valid: float | None = Field(None, description="share of this step's completions that are valid (set by the "
+                                "harness: the reward's own completions, what `grpo.reward_hacking` sets the reward "
+                                "against)")
 
 
 class GRPOMetrics(BaseModel):

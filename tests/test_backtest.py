@@ -214,6 +214,7 @@ def test_an_arms_steps_record_which_groups_were_live_on_validity(tmp_path):
     assert not all(c for b in record for c in b.checkable) and all(c for b in record for ok, c in
                                                                   zip(b.valid, b.checkable) if ok)
     assert [s.valid_live_share for s in m.steps] == [valid_live_share(b, 4) for b in record]
+    assert [s.valid for s in m.steps] == [sum(b.valid) / len(b.valid) for b in record]  # what reward_hacking reads
     assert live_shares([s.model_dump() for s in m.steps]) == [s.valid_live_share for s in m.steps]
 
 

@@ -153,6 +153,18 @@ def test_reward_hacking_series():
     assert D.reward_hacking(rising[:2], valid_history=[0.4, 0.3]).findings == []  # too short to judge
 
 
+def test_reward_hacking_reads_the_rewards_own_completions_when_the_steps_carry_their_validity():
+    """The steps' own valid share (what `harness.backtest.train_arm` records from the reward's scoring calls) decides,
+    not the probe valid rate between stages (other instances, other samples). Would catch: an honestly improving
+    stage whose probe valid dipped by noise called a hacked reward (as in 36% of simulated stages), and a hacked one
+    (the reward's own completions less often valid) passed because the probes rose."""
+    honest = [{"step": i, "reward_mean": 0.1 + 0.05 * i, "valid": 0.30 + 0.02 * i} for i in range(9)]
+    assert D.reward_hacking(honest, valid_history=[0.40, 0.38]).findings == []
+    hacked = [{"step": i, "reward_mean": 0.1 + 0.05 * i, "valid": 0.30 - 0.01 * i} for i in range(9)]
+    f = D.reward_hacking(hacked, valid_history=[0.30, 0.45]).findings[0]
+    assert f.code == "grpo.reward_hacking" and "valid went 0.290 -> 0.230" in f.message
+
+
 def test_reward_hacking_cannot_fire_when_the_reward_is_validity():
     """Under a binary reward (one value for valid, one for invalid) reward and validity cannot diverge: the finding
     would send the engineer after a veto that can never block anything (issue: fired at 0.05 under a 0/1 reward)."""
