@@ -507,7 +507,9 @@ class EngineerConfig(BaseModel):
     model_path: str | None = Field(None, description="local transformers checkpoint dir, or 'policy' for the current "
                                                      "policy checkpoint (llm without base_url)")
     script: str | None = Field(None, description="YAML/JSONL file of replies, one per stage (scripted)")
-    max_retries: int = Field(2, ge=0, le=10, description="retries of an invalid reply before the rule engineer steps in")
+    max_retries: int = Field(2, ge=0, le=10, description="retries of an invalid reply, or of a call the endpoint "
+                             "could not answer for now (unreachable, HTTP 429 or 5xx; a whole deadline spent is not "
+                             "retried), before the rule engineer steps in")
     spread: bool = Field(True, description="rule engineer: a stage's root-cause slots go to distinct parts of the "
                                            "harness first (env, recipe, reward, diagnostic: two hypotheses side by "
                                            "side, not two variants of one); false: by rank alone, as before the "

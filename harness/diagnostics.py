@@ -1119,7 +1119,7 @@ def build_diagnosis(task: Any, stage: int, rollouts: list[Rollout], env_config: 
         env_config=_dump(cfg), recipe=rec,
         # each fallback (every `rejections_before_fallback` rejections in a row) shrinks the engineer's steps
         history=hist, consecutive_rejections=c, step_scale=step_shrink ** (c // max(1, rejections_before_fallback)),
-        target=view,
+        target=view, diagnostics=dict(sorted((diagnostics_files or {}).items())),
     )
 
 

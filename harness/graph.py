@@ -35,6 +35,7 @@ fresh `backtest` seeds (a forward-only cursor in run.db), and the `test` split i
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from itertools import pairwise
@@ -325,16 +326,18 @@ def node_propose(run: Run, state: State) -> State:
             skills.close()
         if res.usage.calls:  # the engineer's own calls (another model: kept apart from the policy's compute)
             u = res.usage
+            where = "endpoint" if cfg.engineer.base_url else "local"  # another machine's work, or this one's
             run.charge(k, "engineer", "engineer", seconds=u.seconds, tokens=u.prompt_tokens + u.completion_tokens,
-                       label=f"{cfg.engineer.kind} propose")
+                       label=f"{where} propose")
             if u.unreported:
                 run.event(k, "propose", "warning", f"{u.unreported} of {u.calls} engineer call(s) named no token usage "
                           "(the endpoint sent no `usage` field): their tokens are not in the ledger, their seconds are",
                           key=f"{k}/engineer-usage")
         for note in res.notes:
             run.event(k, "propose", "engineer_note", note, key=f"{k}/note/{note[:80]}")
-        for bad in res.rejected_replies:
-            run.event(k, "propose", "reply_rejected", bad.reason, key=f"{k}/bad/{bad.attempt}")
+        for bad in res.rejected_replies:  # the reply itself kept beside its reason (the morning review reads both)
+            said = hashlib.sha1(bad.reply.encode("utf-8", "replace")).hexdigest()[:8]
+            run.event(k, "propose", "reply_rejected", bad.reason, key=f"{k}/bad/{bad.attempt}/{said}", reply=bad.reply)
         # each call puts its own in front of what it is given: escalation's re-test, then a runner-up, then a
         # promising signal's re-test, then the engineer's
         cands = signal_retest(run, k, diag, res.candidates, cfg.stage.candidates)

@@ -252,6 +252,8 @@ class Diagnosis(BaseModel):
                                 "earlier stages, oldest first")
     target: TargetView | None = Field(None, description="the policy on the judge's distribution (probe seeds) next to "
                                       "the training mix; None when the stage rolled nothing out on it")
+    diagnostics: dict[str, str] = Field(default_factory=dict, description="the harness's diagnostic files (path -> "
+                                        "source) the stage ran: what an LLM engineer revises or adds beside")
 
 
 # --- candidates, evidence, verdicts -----------------------------------------------------------------------------------

@@ -677,10 +677,12 @@ class RunStore:
                                                   select="stage, arm, kind, label, seconds, tokens, steps"))
 
     def seconds_spent(self, run: str, stage: int | None = None) -> float:
-        """Compute seconds charged to the run (or to one of its stages)."""
+        """Compute seconds charged to the run (or to one of its stages): this machine's work, so not the calls to an
+        LLM engineer's endpoint (kind `engineer`, label `endpoint ...`: another machine's; `budget.wall_clock_s`
+        bounds the wait for them). A local checkpoint as engineer runs here and counts."""
         where, args = ("AND stage = ?", [run, stage]) if stage is not None else ("", [run])
-        return float(self.db.execute(f"SELECT COALESCE(SUM(seconds), 0) FROM compute WHERE run = ? {where}",
-                                     args).fetchone()[0])
+        return float(self.db.execute(f"SELECT COALESCE(SUM(seconds), 0) FROM compute WHERE run = ? AND NOT (kind = "
+                                     f"'engineer' AND label LIKE 'endpoint%') {where}", args).fetchone()[0])
 
     # --- seeds: a forward-only cursor per split -------------------------------------------------------------------------
 

@@ -119,6 +119,9 @@ def test_a_think_block_is_stripped_before_scoring_and_its_length_reported():
     block = f"{THINK}Agent A: UP UP UP\nno wait{END_THINK}"
     assert split_think(f"{block}\n\n{good}") == (good, len(block))
     assert split_think(good) == (good, 0)
+    # a block the chat template opened in the prompt (R1 distills, QwQ): the completion only closes it
+    opened = f"Agent A: UP UP UP\nno wait{END_THINK}"
+    assert split_think(f"{opened}\n\n{good}") == (good, len(opened))
     [ok, unclosed, plain] = score_all(task, [(inst, f"{block}\n\n{good}"), (inst, f"{THINK}Agent A: UP"),
                                              (inst, good)])
     assert ok.valid and ok.metrics["think_chars"] == len(block)
@@ -283,6 +286,7 @@ def test_an_experiment_arm_and_the_policy_as_its_own_engineer_on_the_chat_checkp
         propose = store.node_result(rid, 1, "propose")
         engineer = [r for r in store.ledger(rid) if r["kind"] == "engineer"]
         rejected = [e["message"] for e in store.events(rid, kind="reply_rejected")]
+        said = [e["data"].get("reply") for e in store.events(rid, kind="reply_rejected")]
         notes = [e["message"] for e in store.events(rid, kind="engineer_note")]
     finally:
         store.close()
@@ -292,7 +296,9 @@ def test_an_experiment_arm_and_the_policy_as_its_own_engineer_on_the_chat_checkp
     assert "rule engineer stepped in" in notes
     # the policy-as-engineer's own tokens are in the ledger (kind engineer) and beside the step-equivalents, not in
     # them: the baselines were matched on the policy's compute alone
+    assert said[0] is not None  # what the engineer said is kept beside why it was refused
     [row] = engineer
+    assert row["label"] == "local propose"  # run here: its seconds count toward budget.compute_s
     assert row["stage"] == 1 and row["tokens"] > 16 and evo["ledger"]["engineer_tokens"] == row["tokens"]
     assert evo["compute"] == pytest.approx(evo["ledger"]["steps"] + evo["ledger"]["judge_tokens"]
                                            / evo["ledger"]["tokens_per_step"])

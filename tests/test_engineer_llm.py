@@ -17,6 +17,8 @@ import pytest
 from test_engineer import SPACE, _diag, _one
 
 from harness.engineer import EngineerConfig, propose
+from harness.engineer.llm import build_messages
+from harness.engineer.proposal import Change, ProposalError, change_key, parse_reply
 from skills.library import SkillLibrary
 from skills.model import Intervention, Skill, Trigger
 
@@ -496,3 +498,115 @@ def test_an_endpoint_timeout_past_what_a_timer_can_wait_is_refused_in_the_config
     with pytest.raises(pydantic.ValidationError, match="timeout_s"):
         EngineerConfig(kind="llm", base_url="http://127.0.0.1:1/v1", model="m", timeout_s=1.0e12)
     assert EngineerConfig(kind="llm", base_url="http://127.0.0.1:1/v1", model="m", timeout_s=3600).timeout_s == 3600
+
+
+# --- the seventy-ninth session's review of the LLM engineer: each test fails on the code before it --------------------
+
+GOOD = json.dumps({"candidates": [_one("recipe.temperature", 1.3)]})
+
+
+def test_a_think_block_the_chat_template_opened_is_not_the_answer():
+    """DeepSeek-R1 distills and QwQ open `<think>` in the prompt: the reply closes a block it never opened. Would
+    catch the draft inside that block taken as the proposal (the first JSON object holding `candidates`)."""
+    draft = json.dumps({"candidates": [_one(value=0.5)]})
+    cands, _ = parse_reply(f"Maybe {draft}? No: temperature.\n</think>\n\n{GOOD}", _diag(), SPACE, 2, "llm")
+    assert [c.change.knob for c in cands] == ["recipe.temperature"]
+    with pytest.raises(ProposalError, match="no answer after it"):
+        parse_reply(f"Maybe {draft}?</think>  ", _diag(), SPACE, 2, "llm")
+
+
+def test_a_local_engineer_that_cannot_load_costs_its_proposal_not_the_run(lib, tmp_path):
+    """Would catch a checkpoint that cannot load (gone, damaged, out of memory) raising out of `propose`, which the
+    stage does not catch, instead of the rule engineer stepping in with the reason noted."""
+    cfg = EngineerConfig(kind="llm", model_path=str(tmp_path / "gone"), preflight=False)
+    res = propose(cfg, _diag(), lib, 1, np.random.default_rng(0), space=SPACE)
+    assert res.engineer_used == "rule" and res.candidates
+    assert any(n.startswith("llm engineer unavailable:") for n in res.notes), res.notes
+
+
+def test_a_busy_or_failing_endpoint_is_asked_again_and_a_wrong_request_is_not(lib, monkeypatch):
+    """HTTP 429 and 5xx and an unreachable server are asked again (within max_retries, after a short wait); a 4xx
+    that is the request's fault is not. Would catch one 503 costing the stage's LLM proposal."""
+    import harness.engineer as E
+
+    monkeypatch.setattr(E, "TRANSIENT_BACKOFF_S", 0.01)
+    with FakeEndpoint([503, 429, GOOD]) as ep:
+        res = propose(_cfg(ep.url), _diag(), lib, 2, np.random.default_rng(0), space=SPACE)
+    assert res.engineer_used == "llm" and len(ep.requests) == 3 and res.usage.calls == 3
+    assert [c.change.knob for c in res.candidates] == ["recipe.temperature"]
+    with FakeEndpoint([400, GOOD]) as ep:
+        res = propose(_cfg(ep.url), _diag(), lib, 2, np.random.default_rng(0), space=SPACE)
+    assert res.engineer_used == "rule" and len(ep.requests) == 1
+
+
+def test_a_reply_cut_at_the_token_budget_says_so(lib):
+    """Would catch a reply truncated at max_tokens rejected as plain malformed JSON, the retry sent with the same
+    budget and nothing naming engineer.max_tokens."""
+    def cut_short(h):
+        body = json.dumps({"choices": [{"index": 0, "finish_reason": "length",
+                                        "message": {"role": "assistant", "content": GOOD[:30]}}]}).encode()
+        h.send_response(200)
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body)
+
+    with RawEndpoint(cut_short) as ep:
+        res = propose(_cfg(ep.url, max_retries=0, max_tokens=64), _diag(), lib, 1, np.random.default_rng(0),
+                      space=SPACE)
+    [bad] = res.rejected_replies
+    assert "engineer.max_tokens=64" in bad.reason and res.engineer_used == "rule"
+
+
+def test_one_bad_candidate_costs_itself_not_the_replys_good_one():
+    """Would catch a valid first candidate lost because a surplus one (over max_candidates, or beside it) was out of
+    range; a reply whose every candidate is bad is still rejected with the first reason."""
+    reply = json.dumps({"candidates": [_one("recipe.temperature", 1.3), _one(value=0.95)]})
+    cands, notes = parse_reply(reply, _diag(), SPACE, 1, "llm")
+    assert [c.change.knob for c in cands] == ["recipe.temperature"] and any("over max_candidates" in n for n in notes)
+    cands, notes = parse_reply(reply, _diag(), SPACE, 2, "llm")
+    assert [c.change.knob for c in cands] == ["recipe.temperature"]
+    assert any(n.startswith("candidate #1 dropped: out of range") for n in notes), notes
+    with pytest.raises(ProposalError, match="out of range"):
+        parse_reply(json.dumps({"candidates": [_one(value=0.95), _one(value=0.99)]}), _diag(), SPACE, 2, "llm")
+
+
+def test_a_diagnostic_respelt_with_a_comment_is_the_same_experiment():
+    """Would catch a refuted diagnostic coming back as a fresh test (a fresh chance at alpha) after a comment or a
+    blank line was added; a change of what it computes is another experiment."""
+    code = "def diagnose(rollouts):\n    return {'findings': [], 'metrics': {'n': len(rollouts)}}\n"
+    key = lambda c: change_key("s", Change(kind="diagnostic", knob="diagnostics/x.py", code=c))
+    assert key(code) == key("# v2\n" + code.replace("return", "\n    return")) 
+    assert key(code) != key(code.replace("len(rollouts)", "len(rollouts) + 1"))
+
+
+def test_a_bare_candidate_list_after_quoted_json_is_the_answer():
+    """The prompt shows the current mix as JSON; an answer that quotes it, then gives a bare list of candidates, is
+    the list. Would catch the quoted mix parsed as the proposal ("candidates.0.knob: Field required")."""
+    text = 'The mix is {"3": 0.34, "5": 0.66}; I propose:\n' + json.dumps([_one("recipe.temperature", 1.3)])
+    cands, _ = parse_reply(text, _diag(), SPACE, 2, "llm")
+    assert [c.change.knob for c in cands] == ["recipe.temperature"]
+
+
+def test_the_prompt_shows_the_diagnostic_files_and_what_a_diagnostic_reads():
+    """Would catch the prompt inviting a diagnostic revision while showing neither the files the harness has (a
+    revision must keep their findings, metrics and vetoes) nor the fields of a rollout and a finding."""
+    src = "def diagnose(rollouts):\n    return {'findings': [], 'metrics': {'holes': 0.0}}\n"
+    user = build_messages(_diag(diagnostics={"diagnostics/holes.py": src}), SPACE, 2)[1]["content"]
+    assert "--- diagnostics/holes.py\n" + src in user
+    for needle in ("`valid`", "`failure`", "`slices`", "`severity`", "keep every finding code"):
+        assert needle in user, needle
+
+
+def test_a_call_that_failed_is_charged_its_wait_not_called_unreported(lib):
+    """Would catch a call that timed out (the costly case) charged nothing, and an HTTP error counted as a reply
+    without usage."""
+    def silent(h):
+        time.sleep(1.5)
+
+    with RawEndpoint(silent) as ep:
+        res = propose(_cfg(ep.url, timeout_s=0.5, max_retries=0), _diag(), lib, 1, np.random.default_rng(0),
+                      space=SPACE)
+    assert res.usage.calls == 1 and res.usage.seconds >= 0.5 and res.usage.unreported == 0
+    with FakeEndpoint([500]) as ep:
+        u = propose(_cfg(ep.url, max_retries=0), _diag(), lib, 1, np.random.default_rng(0), space=SPACE).usage
+    assert (u.calls, u.unreported) == (1, 0)

@@ -108,6 +108,13 @@ def test_upserts_do_not_duplicate_rows(store: RunStore):
     assert count == {"stages": 1, "candidates": 1, "findings": 2, "evaluations": 2, "compute": 1, "events": 1,
                      "nodes": 1}
     assert store.seconds_spent("r1") == 12.5  # charging the same key again replaces, never adds
+    # an LLM engineer's endpoint works on another machine: its wait is in the ledger, not in this machine's seconds;
+    # a local checkpoint as engineer runs here and counts (would catch either counted the other way)
+    store.charge("r1", 0, "engineer", "engineer", seconds=30.0, tokens=900, label="endpoint propose")
+    assert store.seconds_spent("r1") == 12.5 and store.compute("r1")["engineer"]["tokens"] == 900
+    store.charge("r1", 0, "engineer", "engineer", seconds=2.0, tokens=90, label="local propose")
+    assert store.seconds_spent("r1") == 14.5
+    store.db["compute"].delete_where("kind = 'engineer'")
     assert store.node_done("r1", 0, "propose") and not store.node_done("r1", 0, "decide")
     assert store.node_result("r1", 0, "propose") == {"candidates": ["s0-c1"]}
     found = store.findings("r1", 0)

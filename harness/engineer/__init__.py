@@ -13,6 +13,7 @@ Tests: tests/test_engineer.py, tests/test_engineer_llm.py.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,7 @@ from harness.engineer.scripted import ScriptError, scripted_replies
 from harness.records import Diagnosis
 
 MAX_PROMPT_SKILLS = 8  # skills shown to an LLM engineer (in-family first, then other families')
+TRANSIENT_BACKOFF_S = 8.0  # the longest wait before asking an unreachable, busy (429) or failing (5xx) endpoint again
 
 __all__ = ["EngineerConfig", "EngineerError", "ProposalResult", "change_key", "knob_space", "preflight", "propose"]
 
@@ -123,9 +125,12 @@ def propose(engineer_cfg: EngineerConfig, diagnosis: Diagnosis, skills_library: 
         seed = int(rng.integers(0, 2**31 - 1))
         try:
             reply = _reply_fn(engineer_cfg, diagnosis, policy_ckpt, seed, usage)
-        except (EndpointError, ScriptError) as exc:
+        except EngineerError:  # the caller's mistake (no checkpoint for a policy engineer), not the engineer's
+            raise
+        except Exception as exc:  # noqa: BLE001 - an endpoint refused, a script or a checkpoint that cannot load, OOM
             reply = None
-            notes.append(cut(f"{engineer_cfg.kind} engineer unavailable: {exc}"))
+            what = "" if isinstance(exc, EndpointError | ScriptError) else f"{type(exc).__name__}: "
+            notes.append(cut(f"{engineer_cfg.kind} engineer unavailable: {what}{exc}"))
         if reply is not None:
             hits = skills_library.applicable([f.code for f in diagnosis.findings], diagnosis.task)
             notes += [cut(n) for n in hits.skipped]
@@ -138,11 +143,17 @@ def propose(engineer_cfg: EngineerConfig, diagnosis: Diagnosis, skills_library: 
                     text = reply(messages, attempt)
                 except Exception as exc:  # noqa: BLE001 - any failure of the engineer costs its proposal, not the run
                     notes.append(cut(f"{engineer_cfg.kind} engineer attempt {attempt}: {type(exc).__name__}: {exc}"))
+                    if getattr(exc, "transient", False) and attempt < engineer_cfg.max_retries:
+                        time.sleep(min(2.0 ** attempt, TRANSIENT_BACKOFF_S))  # busy or failing: ask again, once calmer
+                        continue
                     break
                 try:
                     cands, more = parse_reply(text, diagnosis, space, max_candidates, engineer_cfg.kind, rejected)
                 except Exception as exc:  # noqa: BLE001 - ProposalError, or a reply that broke a check unexpectedly
                     reason = cut(exc if isinstance(exc, ProposalError) else f"{type(exc).__name__}: {exc}")
+                    if getattr(text, "truncated", False):
+                        reason = cut(f"{reason} (the reply stopped at engineer.max_tokens={engineer_cfg.max_tokens}: "
+                                     "raise it, or answer shorter)")
                     shown = cut(text, 2000) if isinstance(text, str) else cut(repr(text), 2000)
                     bad.append(RejectedReply(attempt=attempt, reason=reason, reply=shown))
                     messages = messages + [{"role": "assistant", "content": shown},

@@ -31,22 +31,41 @@ ReplyFn = Callable[[Messages, int], str]  # (messages, attempt) -> reply text; r
 
 
 class EndpointError(RuntimeError):
-    """The engineer could not be reached or answered with something that is not a chat completion."""
+    """The engineer could not be reached or answered with something that is not a chat completion. `transient`: worth
+    asking again (the server unreachable, busy or failing: HTTP 429 and 5xx), not a deadline already spent or a reply
+    that is wrong in itself."""
+
+    def __init__(self, message: str, transient: bool = False):
+        super().__init__(message)
+        self.transient = transient
+
+
+class Reply(str):
+    """A reply's text, marked `truncated` when the endpoint says generation stopped at `max_tokens`
+    (`finish_reason: length`): a rejection of it then names the budget."""
+
+    truncated: bool = False
 
 
 class Usage:
     """What an engineer's replies cost, summed over its calls: tokens read (prompt) and written (completion), and the
     seconds the run waited. An endpoint's tokens are its `usage` field's (OpenAI-compatible servers, `vllm serve`,
-    send it); a call whose reply has none is counted in `unreported` with its tokens unknown (0). A local checkpoint's
-    are counted from its token ids. The graph charges the sum to the compute ledger (kind `engineer`)."""
+    send it); a completion whose reply has none is counted in `unreported` with its tokens unknown (0). A local
+    checkpoint's are counted from its token ids. The graph charges the sum to the compute ledger (kind `engineer`),
+    apart from the policy's compute."""
 
     def __init__(self) -> None:
         self.calls = self.unreported = self.prompt_tokens = self.completion_tokens = 0
         self.seconds = 0.0
 
-    def add(self, seconds: float, prompt_tokens: int | None, completion_tokens: int | None) -> None:
+    def add(self, seconds: float, prompt_tokens: int | None, completion_tokens: int | None,
+            answered: bool = True) -> None:
+        """One call: its seconds always (a call that failed or timed out was waited for too); its tokens where the
+        reply named them; a call that got no completion (`answered` False) counts no tokens and is not unreported."""
         self.calls += 1
         self.seconds += max(0.0, seconds)
+        if not answered:
+            return
         if prompt_tokens is None or completion_tokens is None:
             self.unreported += 1
             return
@@ -78,7 +97,24 @@ RULES = """Rules:
 3. Address the failure evidence; preserve what already works (do not starve slices that are already solved).
 4. Do not repeat a change the history shows was rejected from the same state.
 5. A diagnostic file is diagnostics/<name>.py defining diagnose(rollouts) -> {"findings": [...], "metrics": {...}}
-   and optionally veto(control, candidate) -> str | None; put its source in "code" and leave "value" out."""
+   and optionally veto(control, candidate) -> str | None; put its source in "code" and leave "value" out. It runs in
+   a sandbox (standard library only, no network, no files) on the rollouts as plain dicts with at least `valid`
+   (bool), `failure` (str or None), `reward` (float) and `slices` (dict of str -> str). A finding is a dict with
+   `code` (short name), `severity` (info|warn|critical), `count`, `rate` (0..1), optional `slice` ({"size": "5"}),
+   `message` and optional `knobs`; metrics are plain numbers. veto gets the control's and the candidate's metrics
+   and returns a reason to block the promotion, or None. A revision must keep every finding code, metric and veto
+   the file has now (listed below)."""
+
+MAX_DIAGNOSTIC_CHARS = 4000  # of one diagnostic file's source in the prompt (the rest cut, and said so)
+
+
+def diagnostics_text(files: dict[str, str]) -> str:
+    """The harness's diagnostic files as prompt text: each path and its source, a long one cut."""
+    out = []
+    for path, src in files.items():
+        more = len(src) - MAX_DIAGNOSTIC_CHARS
+        out.append(f"--- {path}\n{src[:MAX_DIAGNOSTIC_CHARS]}" + (f"\n... ({more} more chars)" if more > 0 else ""))
+    return "Diagnostic files in the harness now:\n" + "\n".join(out) if out else ""
 
 
 def skills_text(skills: list[tuple[Any, bool]], task: str | None = None) -> str:
@@ -111,7 +147,8 @@ def build_messages(diagnosis: Diagnosis, space: dict[str, Knob], max_candidates:
     schema = json.dumps(Proposal.model_json_schema(), indent=1)
     known = (f"Skills from the library that match these findings (what worked before; adapt a template's "
              f"{{slice}} to this diagnosis, or propose something else):\n{skills_text(skills, diagnosis.task)}\n\n") if skills else ""
-    mix = "\n".join(t for t in (mixture_text(diagnosis), entry_text(diagnosis), target_text(diagnosis)) if t)
+    mix = "\n".join(t for t in (mixture_text(diagnosis), entry_text(diagnosis), target_text(diagnosis),
+                                diagnostics_text(diagnosis.diagnostics)) if t)
     user = (f"{diagnosis_text(diagnosis)}\n\nAllowed knobs (path, current value, range):\n{space_text(space)}\n"
             f"{mix + chr(10) if mix else ''}\n"
             f"{known}{RULES}\n\nPropose at most {max_candidates} candidate(s), best first. Reply with a JSON object matching "
@@ -179,7 +216,7 @@ def post_json(url: str, payload: dict, headers: dict[str, str], timeout_s: float
         if isinstance(exc, httpx.TimeoutException):
             raise EndpointError(f"engineer endpoint {url} timed out after {timeout_s:g}s (engineer.timeout_s)")
         raise EndpointError(f"engineer endpoint {url} unreachable: {type(exc).__name__}: {str(exc)[:200]}; is the "
-                            "server running?")
+                            "server running?", transient=True)
     if box.get("location") is not None and 300 <= box.get("status", 0) < 400:
         raise EndpointError(f"engineer endpoint {url} redirected (HTTP {box['status']}) to "
                             f"{str(box['location'])[:200]}; redirects are not followed (the API key is never sent to "
@@ -204,17 +241,20 @@ def chat_endpoint(base_url: str, model: str, api_key_env: str | None, temperatur
 
     def reply(messages: Messages, attempt: int) -> str:
         t0 = time.perf_counter()
-        status, raw = post_json(url, {"model": model, "messages": messages, "temperature": temperature,
-                                      "max_tokens": max_tokens}, headers, timeout_s)
+        status, payload = 0, None
         try:
-            payload = json.loads(raw.decode("utf-8")) if status < 400 else None
-        except (UnicodeDecodeError, ValueError, RecursionError):
-            payload = None
-        if usage is not None:
-            usage.add(time.perf_counter() - t0, *_usage_of(payload))
+            status, raw = post_json(url, {"model": model, "messages": messages, "temperature": temperature,
+                                          "max_tokens": max_tokens}, headers, timeout_s)
+            try:
+                payload = json.loads(raw.decode("utf-8")) if status < 400 else None
+            except (UnicodeDecodeError, ValueError, RecursionError):
+                payload = None
+        finally:  # a call that failed or ran out its deadline was waited for too
+            if usage is not None:
+                usage.add(time.perf_counter() - t0, *_usage_of(payload), answered=payload is not None)
         if status >= 400:
             raise EndpointError(f"engineer endpoint {url} answered HTTP {status}: "
-                                f"{raw[:200].decode('utf-8', 'replace')}")
+                                f"{raw[:200].decode('utf-8', 'replace')}", transient=status == 429 or status >= 500)
         if payload is None:
             raise EndpointError(f"engineer endpoint {url} did not return UTF-8 JSON")
         try:
@@ -230,7 +270,9 @@ def chat_endpoint(base_url: str, model: str, api_key_env: str | None, temperatur
                 return f"<think>{thought}"  # an unclosed think block: a recorded rejection naming engineer.max_tokens
         if not isinstance(content, str):
             raise EndpointError(f"engineer endpoint {url} returned non-text content")
-        return content
+        out = Reply(content)
+        out.truncated = payload["choices"][0].get("finish_reason") == "length"
+        return out
 
     return reply
 
@@ -263,6 +305,8 @@ def local_model(path: Path, temperature: float, max_tokens: int, seed: int = 0, 
         read = ids["input_ids"].shape[1]
         if usage is not None:
             usage.add(time.perf_counter() - t0, int(read), int(out.shape[1] - read))
-        return tok.decode(out[0, read:], skip_special_tokens=True)
+        text = Reply(tok.decode(out[0, read:], skip_special_tokens=True))
+        text.truncated = out.shape[1] - read >= new  # stopped at the budget, not at its end of text
+        return text
 
     return reply

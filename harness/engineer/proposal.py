@@ -263,10 +263,21 @@ def _canon(value: Any) -> str:
     return repr(v) if isinstance(v, float) else json.dumps(v, sort_keys=True)
 
 
+def _code_identity(code: str) -> str:
+    """A diagnostic's source as its key sees it: its syntax tree, so a comment, a blank line or other spacing does
+    not make a refuted diagnostic a new experiment (the source itself where it does not parse)."""
+    import ast
+
+    try:
+        return ast.dump(ast.parse(code))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return code
+
+
 def change_key(state: str, change: Change) -> str:
     """Identity of a change from one harness state: the same key twice means the same experiment twice."""
     if change.kind == "diagnostic":
-        what = hashlib.sha1((change.code or "").encode()).hexdigest()[:12]
+        what = hashlib.sha1(_code_identity(change.code or "").encode()).hexdigest()[:12]
     elif change.knob == MIXTURE and isinstance(change.value, dict):
         try:  # two mixtures that draw the same distribution are the same experiment
             what = _canon(canonical_mixture(change.value))
@@ -495,6 +506,8 @@ def extract_json(text: str) -> Any:
         if found is None and (isinstance(obj, dict) or (isinstance(obj, list) and obj
                                                           and all(isinstance(o, dict) for o in obj))):
             found = obj
+        if isinstance(found, dict) and "knob" not in found and _holds_knob(obj):
+            found = obj  # a bare candidate (or list of them) after quoted JSON (the current mix) is the answer
     if found is not None:
         return found
     if first_error is not None:
@@ -502,6 +515,13 @@ def extract_json(text: str) -> Any:
                             "object {\"candidates\": [...]} and nothing else")
     raise ProposalError(f"malformed JSON: no JSON object found in the reply ({len(text)} chars); reply with one JSON "
                         "object {\"candidates\": [...]}")
+
+
+def _holds_knob(obj: Any) -> bool:
+    """A bare candidate, or a non-empty list of them: what a reply without `candidates` answers with."""
+    if isinstance(obj, dict):
+        return "knob" in obj
+    return isinstance(obj, list) and bool(obj) and all(isinstance(o, dict) and "knob" in o for o in obj)
 
 
 def _shape(obj: Any) -> list[Any]:
@@ -720,11 +740,20 @@ def parse_reply(text: str, diagnosis: Diagnosis, space: dict[str, Knob], max_can
     rejected = rejected_keys or set()
     out: list[Candidate] = []
     seen: set[str] = set()
+    refused: list[str] = []  # why candidates failed validation: the reply's error if none is usable
     for i, pc in enumerate(proposal.candidates):
-        change, old = _validate_change(i, pc, space, diagnosis)
-        why = vet_error(diagnosis, change)
-        if why:
-            raise ProposalError(f"candidate #{i} is refused by the vet step: {why}")
+        if len(out) >= max_candidates:  # enough: what follows is neither validated nor vetted
+            notes.append(f"{len(proposal.candidates) - i} candidate(s) from #{i} on dropped: over max_candidates="
+                         f"{max_candidates}")
+            break
+        try:
+            change, old = _validate_change(i, pc, space, diagnosis)
+            if why := vet_error(diagnosis, change):
+                raise ProposalError(f"candidate #{i} is refused by the vet step: {why}")
+        except ProposalError as exc:  # one bad candidate costs itself, not the reply's good ones
+            refused.append(str(exc))
+            notes.append(cut(f"candidate #{i} dropped: {exc}"))
+            continue
         if change.knob in seen:
             notes.append(f"candidate #{i} dropped: {change.knob} already proposed in this reply")
             continue
@@ -735,11 +764,14 @@ def parse_reply(text: str, diagnosis: Diagnosis, space: dict[str, Knob], max_can
             notes.append(f"candidate #{i} dropped: {change.knob} -> {change.value} is {was} respelt (within "
                          f"{REFUTED_SAME:.0e} of it), already rejected from this state")
             continue
-        if len(out) >= max_candidates:
-            notes.append(f"candidate #{i} dropped: over max_candidates={max_candidates}")
-            continue
         seen.add(change.knob)
         out.append(make_candidate(diagnosis, change, old, pc.rationale, pc.expected, pc.target_metric, engineer))
+    if not out and refused:
+        raise ProposalError(refused[0] if len(refused) == 1 and len(proposal.candidates) == 1 else
+                            cut(f"no usable candidate: {refused[0]}" + (f" (and {len(refused) - 1} more refused)"
+                                                                       if len(refused) > 1 else "")
+                                + ("; " + "; ".join(n for n in notes if "was already rejected" in n) if any(
+                                    "was already rejected" in n for n in notes) else "")))
     if not out:
         raise ProposalError(cut("no usable candidate: " + "; ".join(notes)) + "; propose a different change")
     return out, notes

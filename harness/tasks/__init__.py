@@ -73,11 +73,17 @@ THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 def split_think(completion: str) -> tuple[str, int]:
     """`(answer, think_chars)`: a completion with the reasoning block a thinking chat model (Qwen3, DeepSeek-R1) writes
     before its answer, `<think>...</think>`, split off. The answer is what follows `</think>` (leading whitespace
-    dropped); a block never closed (the model ran out of tokens thinking) leaves no answer. `think_chars` counts the
-    block's characters, tags included (0 without a block)."""
+    dropped); a block never closed (the model ran out of tokens thinking) leaves no answer. A completion that closes a
+    block it never opened is one whose chat template opened it in the prompt (DeepSeek-R1 distills, QwQ: the
+    generation prompt ends `<think>`): its thinking is everything before the first `</think>`. `think_chars` counts
+    the block's characters, tags included (0 without a block)."""
     head = completion.lstrip()
     if not head.startswith(THINK_OPEN):
-        return completion, 0
+        end = completion.find(THINK_CLOSE)
+        if end < 0:
+            return completion, 0
+        cut = end + len(THINK_CLOSE)
+        return completion[cut:].lstrip(), cut
     end = head.find(THINK_CLOSE)
     if end < 0:
         return "", len(head)
