@@ -510,6 +510,22 @@ def _signal_of(code: int, mode: str) -> int | None:
 _STATUSES = ("ok", "error", "timeout", "memory", "killed")
 
 
+MAX_RESULT_DEPTH = 64  # a forged result nested deeper would break whoever walks it on a deeper stack
+
+
+def _depth(value: Any) -> int:
+    """How deeply lists and dicts nest in `value`, walked without recursion (a forged one may be ~1,000 deep)."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        v, d = todo.pop()
+        if isinstance(v, dict | list):
+            deepest = max(deepest, d)
+            if deepest > MAX_RESULT_DEPTH:
+                return deepest
+            todo.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
 def parse_result(raw: bytes) -> dict[str, Any]:
     """The boot's result object from the bytes the job side sent. Raises ValueError for anything else (bad UTF-8, bad
     or deeply nested JSON, a wrong shape): the job can forge this channel, so nothing in it is trusted."""
@@ -521,6 +537,8 @@ def parse_result(raw: bytes) -> dict[str, Any]:
         raise ValueError(f"not UTF-8 JSON: {str(exc)[:200]}") from None
     if not isinstance(data, dict) or set(data) != {"status", "error", "value"}:
         raise ValueError("not a result object {status, error, value}")
+    if _depth(data["value"]) > MAX_RESULT_DEPTH:  # deeper than any value the boot encodes (`enc` stops at 40)
+        raise ValueError(f"result nested deeper than {MAX_RESULT_DEPTH} levels")
     if data["status"] not in _STATUSES or not (data["error"] is None or isinstance(data["error"], str)):
         raise ValueError(f"bad status or error field: {str(data['status'])[:50]!r}")
     return {"status": data["status"], "value": data["value"],

@@ -95,6 +95,14 @@ def test_the_failure_taxonomy():
     ("    import sys\n    sys.exit(0)\n", {"exception"}),
     ("    import os\n    os._exit(0)\n", {"exception"}),
     ("    return x\nimport os\nos.kill(os.getppid(), 9)\n", {"exception", "resource"}),  # kills its parent on load
+    # the program runs in the job's own interpreter and can forge the job's result (seventy-ninth session's review):
+    # fields of the wrong type (a TypeError in the scorer before), nesting past any stack (a RecursionError)
+    (("    return x\nimport os, sys\nos.write(int(sys.argv[2]), b'{\"status\": \"ok\", \"error\": null, \"value\": "
+     "{\"load_error\": [1], \"message\": 5}}')\nos._exit(0)\n"), {"exception"}),
+    (("    return x\nimport os, sys\nos.write(int(sys.argv[2]), b'{\"status\": \"ok\", \"error\": null, \"value\": "
+     "{\"results\": [{\"value\": 1, \"error\": {\"a\": 2}}]}}')\nos._exit(0)\n"), {"exception", "wrong_output"}),
+    (("    return x\nimport os, sys\nv = '[' * 960 + ']' * 960\nos.write(int(sys.argv[2]), ('{\"status\": \"ok\", "
+     "\"error\": null, \"value\": {\"results\": [{\"value\": %s}]}}' % v).encode())\nos._exit(0)\n"), {"exception"}),
 ])
 def test_hostile_programs_are_ordinary_failed_rollouts(program, failures, tmp_path):
     inst = TASK.generate(CodeConfig(levels=[LevelEntry(depth=1, str_ratio=0.0)]), 3)

@@ -64,6 +64,7 @@ def test_a_fifo_or_dev_zero_where_a_result_was_expected_does_not_hang_or_exhaust
     (b"[" * 50_000, "nested"), (b'{"status": "ok", "error": null, "value": ' + b"9" * 5000 + b"}", "not UTF-8 JSON"),
     (b"\xff\xfe not utf8", "not UTF-8"), (b'{"status": "pwned", "error": null, "value": 1}', "bad status"),
     (b'{"status": "ok", "error": 7, "value": 1}', "bad status"), (b"[1, 2]", "not a result object"),
+    (b'{"status": "ok", "error": null, "value": ' + b"[" * 500 + b"]" * 500 + b"}", "nested deeper"),
 ])
 def test_forged_results_are_errors_never_exceptions(payload, why):
     with pytest.raises(ValueError, match=why):

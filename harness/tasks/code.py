@@ -651,9 +651,10 @@ def _outcome(inst: CodeInstance, ran: dict[str, Any], sh: CodeShaping) -> Outcom
         return _humaneval_outcome(ran, sh)
     value = ran["value"] if isinstance(ran["value"], dict) else {}
     if status != "ok" or "load_error" in value or not isinstance(value.get("results"), list):
-        exc = value.get("load_error") or _exception_of(ran["stderr"])
+        # the program's own process wrote this result and could forge any of it: every field read as text
+        exc = str(value.get("load_error") or _exception_of(ran["stderr"]))[:200]
         return Outcome(failure="exception", reward=0.0, where={"exception": exc, "when": "load"},
-                       detail=f"raised {exc} when loaded: {value.get('message', ran['error'])[:160]}",
+                       detail=f"raised {exc} when loaded: {str(value.get('message', ran['error']))[:160]}",
                        metrics={"tests_passed": 0.0})
     results = value["results"]
     passed, first_bad, exc = 0, None, None
@@ -662,7 +663,7 @@ def _outcome(inst: CodeInstance, ran: dict[str, Any], sh: CodeShaping) -> Outcom
         passed += ok
         if not ok and first_bad is None:
             first_bad = k
-            exc = res.get("error") if isinstance(res, dict) else None
+            exc = str(res["error"])[:200] if isinstance(res, dict) and res.get("error") else None
     share = passed / n
     metrics = {"tests_passed": share, "tests_failed": float(n - passed)}
     if passed == n and len(results) == n:
