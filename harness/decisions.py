@@ -32,6 +32,7 @@ while its estimate is not below the control's (the pair `signal_pairs` asks for)
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -126,9 +127,12 @@ def look_until_decided(run: Run, k: int, arms: dict[str, Any], main_files: dict[
     stands = veto_stands(run, k, pair)  # a veto's block counts only if the veto still passes its checks now
     look = 0
     while True:
+        t_gate = time.perf_counter()
         vs = verdicts(c_eval, main_files, [(cid, cand_files[cid], evals[cid]) for cid in cand_files], cfg.gate,
                       samples=samples, plan=plan, judge=fp, prior=prior, pooled=pooled, looks=looks,
                       comparisons=comparisons or len(cand_files), at_least=at_least, veto_stands=stands)
+        # the gate's reading, evolved vetoes (sandbox runs) and their re-checks included: this machine's compute
+        run.charge(k, arm_name("gate", pair), "eval", seconds=time.perf_counter() - t_gate, label=f"verdicts look {look}")
         for v in vs:
             if v.evidence is not None:
                 looks[v.candidate] = v.evidence.looks

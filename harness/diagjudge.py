@@ -77,7 +77,7 @@ if TYPE_CHECKING:
     from harness.run import Run
 
 MIN_HELDOUT_INSTANCES = 8  # fewer distinct held-out instances than this: nothing can be shown either way
-MAX_HELDOUT_ROLLOUTS = 2048  # the most recent earlier stages first, up to this many rollouts (bounds the sandbox input)
+MAX_HELDOUT_ROLLOUTS = 2048  # older stages' files added while within this (the latest earlier stage's always whole)
 AA_SPLITS = 3  # random instance splits of the held-out rollouts; each is tried in both orders
 _FILE = re.compile(r"^s(\d+)-(probe|.+-backtest)\.jsonl\.gz$")
 
@@ -87,8 +87,12 @@ _FILE = re.compile(r"^s(\d+)-(probe|.+-backtest)\.jsonl\.gz$")
 
 def heldout_rollouts(rollouts_dir: Path, stage: int, max_rollouts: int = MAX_HELDOUT_ROLLOUTS) -> list[Rollout]:
     """The cached rollouts of stages before `stage` (`s<j>-probe.jsonl.gz`, `s<j>-<arm>-backtest.jsonl.gz`), most
-    recent stage first, at most `max_rollouts`. Each file's seeds are checked to be of its split (probe or backtest;
-    never train or test), and its groups are renumbered so no two files share a group index."""
+    recent stage first: that stage's files whole, whatever their size, then older stages' files while the total stays
+    within `max_rollouts`; a file is never cut part-way. Why whole: an arm's file cut short made every replayed A/A
+    pair smaller than a live arm, and a veto that blocked only arms of more instances than the replays held passed its
+    judgement and its re-check and then blocked every live candidate (an outside review, seventy-ninth session, on a
+    judge of 256 instances x 4). Each file's seeds are checked to be of its split (probe or backtest; never train or
+    test), and its groups are renumbered so no two files share a group index."""
     files = []
     for p in Path(rollouts_dir).glob("s*-*.jsonl.gz"):
         m = _FILE.match(p.name)
@@ -96,13 +100,13 @@ def heldout_rollouts(rollouts_dir: Path, stage: int, max_rollouts: int = MAX_HEL
             files.append((-int(m.group(1)), m.group(2) != "probe", p.name, p))
     out: list[Rollout] = []
     offset = 0
-    for _, is_backtest, _, p in sorted(files):
+    latest = min((f[0] for f in files), default=None)
+    for neg_stage, is_backtest, _, p in sorted(files):
         rs = read_rollouts(p)
+        if neg_stage != latest and len(out) + len(rs) > max_rollouts:
+            break
         check_split([r.seed for r in rs], "backtest" if is_backtest else "probe")
-        for r in rs:
-            if len(out) >= max_rollouts:
-                return out
-            out.append(r.model_copy(update={"group": offset + r.group}))
+        out += [r.model_copy(update={"group": offset + r.group}) for r in rs]
         offset += 1 + max((r.group for r in rs), default=0)
     return out
 

@@ -856,6 +856,8 @@ def _rollout_json(rollouts: list[Rollout]) -> list[dict[str, Any]]:
 
 
 _CODE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+_METRIC = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.=-]{0,63}")  # a finding code's characters, and `=` (`size=5_fail`)
+MAX_EVOLVED_FINDINGS, MAX_EVOLVED_METRICS = 64, 64  # what one evolved diagnostic may report a run
 MESSAGE_CHARS = 500  # a finding's message as the engineer reads it, every stage: long enough to say why, no longer
 SLICE_CHARS = 60  # a slice's key and value together: a category of instances, never an instance's text
 
@@ -874,6 +876,10 @@ def _parse_result(name: str, value: Any) -> DiagnosticResult:
         raise DiagnosticError(f"`findings` must be a list, got {type(raw_findings).__name__}")
     if not isinstance(raw_metrics, dict):
         raise DiagnosticError(f"`metrics` must be an object (name -> number), got {type(raw_metrics).__name__}")
+    if len(raw_findings) > MAX_EVOLVED_FINDINGS or len(raw_metrics) > MAX_EVOLVED_METRICS:
+        raise DiagnosticError(f"{len(raw_findings)} findings and {len(raw_metrics)} metrics: at most "
+                              f"{MAX_EVOLVED_FINDINGS} findings and {MAX_EVOLVED_METRICS} metrics a run (each is a row "
+                              "of the run's store and a line of the engineer's prompt, every stage)")
     findings = []
     for f in raw_findings:
         if not isinstance(f, dict) or not f.get("code"):
@@ -909,9 +915,12 @@ def _parse_result(name: str, value: Any) -> DiagnosticResult:
         findings.append(finding)
     metrics = {}
     for k, v in raw_metrics.items():
+        if not isinstance(k, str) or not _METRIC.fullmatch(k):  # printed into the engineer's prompt as it is
+            raise DiagnosticError(f"metric name {str(k)[:80]!r} must be an identifier (letters, numbers, '_', '.', "
+                                  "'-', '='; at most 64 characters)")
         if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
             raise DiagnosticError(f"metric {str(k)[:80]!r} must be a finite number, got {str(v)[:80]!r}")
-        metrics[str(k)] = float(v)
+        metrics[k] = float(v)
     return DiagnosticResult(name=f"evolved.{name}", findings=findings, metrics=metrics)
 
 

@@ -273,6 +273,7 @@ def node_diagnose(run: Run, state: State) -> State:
     budget = cfg.budget
     wall_left = None if budget.wall_clock_s is None else max(0.0, budget.wall_clock_s - (time.time()
                                                                                          - run.store_started()))
+    t_diag = time.perf_counter()
     diag = build_diagnosis(run.task, k, read_rollouts(Path(probe.rollouts)), env, recipe, history(run),
                            budget.stages - k, wall_left, train_metrics=trained.steps if trained else None,
                            valid_history=valid_hist, shaping=shaping, state=ws.head(), env_stats=run.env_stats(env),
@@ -282,6 +283,9 @@ def node_diagnose(run: Run, state: State) -> State:
                            previous_target=previous_target(run, k),
                            start_rollouts=read_rollouts(Path(probe.start_rollouts)) if probe.start_rollouts
                            and Path(probe.start_rollouts).exists() else None)
+    # the built-in and evolved diagnostics' work (an evolved one runs in the sandbox, up to its time limit): this
+    # machine's compute, no tokens
+    run.charge(k, "policy", "eval", seconds=time.perf_counter() - t_diag, label="diagnose")
     diag.findings[:0] = regression_findings(run, k, probe)  # the loop's own: training lowered the policy
     diag.feedback = human_feedback(run, k)  # a person's `revise` feedback reaches the engineer's prompt
     run.store.record_findings(run.id, k, diag.findings)
@@ -395,12 +399,14 @@ def node_vet(run: Run, state: State) -> State:
         row = run.store.candidate(cid)
         if row["status"] in ("rejected_vet", "rejected", "promoted"):
             continue
+        t_vet = time.perf_counter()
         try:
             res = vet(candidate_from_row(row), main_files, run.task, probe_rollouts)
         except Exception as exc:  # noqa: BLE001 - vet promises not to raise; if it does, the candidate pays
             stop_on_machine_fault(exc, f"the vet step of {cid}", str(run.run_dir))  # ... unless the machine failed
             res = VetResult(ok=False, stage="vet", reason=cut(f"the vet step failed on it: {type(exc).__name__}: "
                                                                f"{exc}"))
+        run.charge(k, cid, "eval", seconds=time.perf_counter() - t_vet, label="vet")  # a diagnostic's sandbox runs
         if res.ok:
             run.store.set_candidate_status(cid, "vetted")
             vetted.append(cid)
