@@ -1206,7 +1206,7 @@ def run(
 def experiment(
     config: Annotated[Path, typer.Argument(help="experiment YAML (see examples/experiment_mapf.yaml)")],
     arms: Annotated[str | None, typer.Option(help="comma-separated arms (default: the config's): fixed-random, "
-                                            "fixed-template, plr, learnability, bandit, evolved-rule, "
+                                            "fixed-template, plr, learnability, bandit, pbt, evolved-rule, "
                                             "evolved-llm (oracle: a scenario's, see bench scenarios)")] = None,
     seeds: Annotated[int | None, typer.Option(min=1, help="seeds per arm (default: the config's)")] = None,
     out: Annotated[Path, typer.Option(help="where arms, results.json, summary.md, curve.png and experiment.html "

@@ -688,8 +688,27 @@ def made_from(cfg: ExperimentConfig, arm: str, seed: int, budget: int | None) ->
     exp = {"overrides": d["overrides"].get(arm), "own": d.get(section) if section in ("random", "plr", "learnability",
            "bandit", "pbt") else None, "oracle": d["oracle"] if arm == "oracle" else None,
            "skills": d["skills"] if arm in EVOLVED else None}
-    return {"arm": arm, "seed": seed, "run": run_config(cfg, seed, arm).model_dump(mode="json"), "experiment": exp,
-            "budget": budget}
+    rc = run_config(cfg, seed, arm)
+    return {"arm": arm, "seed": seed, "run": rc.model_dump(mode="json"), "trained_as": trained_as(rc),
+            "experiment": exp, "budget": budget}
+
+
+def trained_as(rc: Any) -> dict[str, Any]:
+    """A run config's free-form sections as what reads them sees them: its round-0 harness (the template with the
+    run's env, recipe and reward written in) through the env, recipe and reward models, and the judge's, the test's
+    and the warm start's generator configs through the task's config model. A setting added or dropped there is then a
+    difference even where its record has no key for it on one side (an outside review, seventy-ninth session: a
+    scenario's round-0 `drop_dead_groups` removed, or a target's `min_distance` added, between two parts was pooled
+    with the results made before it)."""
+    from harness.round0 import harness_models, round0_files
+    from harness.tasks import get_task
+
+    model = get_task(rc.task).spec.config_model
+    env, recipe, shaping = harness_models(round0_files(rc), get_task(rc.task))
+    gen = {"judge": rc.backtest.env, "test": rc.eval.env, "warm_start": rc.warm_start.env}
+    return {"env": env.model_dump(mode="json"), "recipe": recipe.model_dump(mode="json"),
+            "reward": shaping.model_dump(mode="json") if shaping is not None else None,
+            **{k: model.model_validate(v).model_dump(mode="json") if v is not None else None for k, v in gen.items()}}
 
 
 def _digest(d: dict[str, Any]) -> str:

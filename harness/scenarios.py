@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 QUICK_ARMS = ("fixed-template", "oracle", "evolved-rule", "plr")
 SCENARIO_RUN_NAME = "scenario"  # every arm's run id prefix: the scenario's name is not shown to any arm
@@ -65,8 +65,20 @@ class HarnessSpec(_Strict):
     reward: dict[str, Any] = Field(default_factory=dict, description="reward shaping, merged over run.reward")
 
 
+RESERVED_NAMES = {"scenarios.json", "scenarios.md", "scenarios.png", "scenarios.html", "lock"}  # the bench's own files
+
+
 class Scenario(_Strict):
     scenario: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=60, description="the name")
+
+    @field_validator("scenario")
+    @classmethod
+    def _not_the_benchs_own(cls, v: str) -> str:
+        if v.lower() in RESERVED_NAMES:
+            raise ValueError(f"{v!r} is the name of a file the bench writes into --out (<out>/<name> holds a "
+                             "scenario's results); choose another name")
+        return v
+
     run: dict[str, Any] = Field(..., description="the run config every arm shares (inline, or a relative path)")
     target: dict[str, Any] = Field(..., description="generator config: the judge's distribution and the test set")
     # 1000: at 200 a greedy rate's standard error is ~3.3 points, as large as the differences the table compares, and
@@ -123,7 +135,8 @@ def load_scenario(path: str | Path) -> Scenario:
     if not isinstance(data, dict):
         raise ScenarioError(f"{path}: a scenario is a YAML mapping (scenario:, run:, target:, round0:, oracle:), got "
                             f"a {type(data).__name__}")
-    if isinstance(data.get("run"), str):
+    run_file = data.get("run") if isinstance(data.get("run"), str) else None
+    if run_file is not None:
         rp = (path.parent / data["run"]).resolve()
         if not rp.is_file():
             raise ScenarioError(f"{path}: run: {data['run']} not found (paths are relative to the scenario file)")
@@ -133,9 +146,13 @@ def load_scenario(path: str | Path) -> Scenario:
             raise ScenarioError(str(exc).splitlines()[0]) from None
     try:
         sc = Scenario.model_validate(data)
+        _check_sections(sc, path)
     except ValidationError as exc:
         raise _one_line(path, exc) from None
-    _check_sections(sc, path)
+    except ScenarioError as exc:  # a setting of a shared run config is fixed in that file, not in the scenario
+        if run_file and re.search(rf"{re.escape(str(path))}: run[.:]", str(exc)):
+            raise ScenarioError(f"{exc} (in {run_file}, the run config this scenario shares)") from None
+        raise
     return sc
 
 
@@ -173,10 +190,12 @@ def _check_sections(sc: Scenario, path: Path) -> None:
         ExperimentConfig.model_validate({**sc.baselines, "run": {}})
     except ValidationError as exc:
         raise _one_line(path, exc, "baselines") from None
-    for key in ("env", "backtest.env", "eval"):  # the scenario sets these; a run: that sets them is ambiguous
-        head, _, tail = key.partition(".")
-        if head in sc.run and (not tail or tail in (sc.run.get(head) or {})):
-            raise ScenarioError(f"{path}: run.{key}: set by the scenario (round0.env, target); remove it from run:")
+    for where, data in (("run", sc.run), ("quick", sc.quick)):  # quick: a part of run's, silently overwritten there
+        for key in ("env", "backtest.env", "eval"):  # the scenario sets these; a run: that sets them is ambiguous
+            head, _, tail = key.partition(".")
+            if head in data and (not tail or tail in (data.get(head) or {})):
+                raise ScenarioError(f"{path}: {where}.{key}: set by the scenario (round0.env, target, test_n); remove "
+                                    f"it from {where}:")
     try:
         RunConfig.model_validate(run_dict(sc))
     except ValidationError as exc:
@@ -235,6 +254,19 @@ def quick_overrides(sc: Scenario) -> dict[str, Any]:
 SAMPLING_KNOBS = ("batch_size", "oversample")
 
 
+def _mix_normalised(env: dict[str, Any]) -> dict[str, Any]:
+    """An env with each mixture's `data_ratio`s divided by their sum: the generator draws a mixture's entries in
+    proportion, so 0.34 / 0.33 / 0.33 and 0.68 / 0.66 / 0.66 are one training mix (an outside review: an oracle that
+    only doubled the ratios passed as a defect fixed)."""
+    out = dict(env)
+    for key, entries in env.items():
+        if isinstance(entries, list) and entries and all(isinstance(e, dict) and "data_ratio" in e for e in entries):
+            total = sum(float(e["data_ratio"]) for e in entries)
+            if total > 0:
+                out[key] = [{**e, "data_ratio": round(float(e["data_ratio"]) / total, 9)} for e in entries]
+    return out
+
+
 def _trained_as(sc: Scenario, which: str) -> dict[str, Any]:
     """A harness as the arms train under it: each section through the model that reads it, so `4e-4` written as text
     and `4.0e-4`, or a field set to its default and one left out, are the same harness."""
@@ -243,7 +275,7 @@ def _trained_as(sc: Scenario, which: str) -> dict[str, Any]:
 
     spec = get_task(sc.task).spec
     h = harness_of(sc, which)
-    return {"env": spec.config_model.model_validate(h["env"]).model_dump(mode="json"),
+    return {"env": _mix_normalised(spec.config_model.model_validate(h["env"]).model_dump(mode="json")),
             "recipe": Recipe.model_validate(h["recipe"]).model_dump(mode="json"),
             "reward": spec.shaping_model.model_validate(h["reward"]).model_dump(mode="json")}
 
@@ -275,14 +307,18 @@ def check(sc: Scenario, path: str | Path) -> None:
     task = get_task(sc.task)
     # the target, and the env each arm trains on (round0's: the evolved and template arms; the oracle's): a generator
     # that cannot draw from one failed after the shared warm start and a whole arm had trained
+    warm = [(f"{w}.warm_start.env", e, "train") for w, e in (("run", (sc.run.get("warm_start") or {}).get("env")),
+                                                              ("quick", (sc.quick.get("warm_start") or {}).get("env")))
+            if e is not None]  # the shared warm start's demonstrations: drawn before any arm, failing after none
     for field, data, split in (("target", sc.target, "test"), ("round0.env", harness_of(sc, "round0")["env"], "train"),
-                               ("oracle.env", harness_of(sc, "oracle")["env"], "train")):
+                               ("oracle.env", harness_of(sc, "oracle")["env"], "train"), *warm):
         try:
             draw_env(task, data, 8, split)
         except Exception as exc:  # noqa: BLE001 - any refusal of the generator is the scenario's error
-            said = re.sub(r"(?<![\w.])env\.", f"{field}.", str(exc).splitlines()[0][:200])  # the generator's own names
+            # the generator's own field names, as the scenario spells them; the fix it names is kept whole
+            said = re.sub(r"(?<![\w.])env\.", f"{field}.", str(exc).splitlines()[0])
             raise ScenarioError(f"{path}: {field}: the {sc.task} generator cannot draw instances from it: "
-                                f"{said}; fix the {field.split('.')[0]} config") from None
+                                f"{said}; fix the {field.rsplit('.', 1)[0]} config") from None
     for where, data in (("run", run_dict(sc)), ("quick", run_dict(sc, quick=True) if sc.quick else None)):
         if data is None:
             continue
@@ -320,16 +356,22 @@ def oracle_files(sc: Scenario, quick: bool = False) -> dict[str, str]:
 
 
 def scenario_files(where: list[str | Path], only: list[str] | None = None) -> list[Path]:
-    """Scenario files from files and folders (a folder's `*.yaml`, not its subfolders); `only` keeps those names."""
+    """Scenario files from files and folders (a folder's `*.yaml` and `*.yml`, not its subfolders, less the run
+    configs a scenario there names as its `run:`, which are no scenarios); each file once however it is given; `only`
+    keeps those names."""
     files: list[Path] = []
     for w in where:
         p = Path(w)
         if p.is_dir():
-            files += sorted(p.glob("*.yaml"))
+            found = sorted([*p.glob("*.yaml"), *p.glob("*.yml")])
+            shared = {r for f in found if (r := _run_path(f)) is not None}
+            files += [f for f in found if f.resolve() not in shared]
         elif p.is_file():
             files.append(p)
         else:
             raise ScenarioError(f"{p}: no such scenario file or folder")
+    seen: set[Path] = set()
+    files = [f for f in files if not (f.resolve() in seen or seen.add(f.resolve()))]  # each file once, as first given
     if only:
         names = {f: _name(f) for f in files}
         missing = sorted(set(only) - set(names.values()))
@@ -337,8 +379,20 @@ def scenario_files(where: list[str | Path], only: list[str] | None = None) -> li
             raise ScenarioError(f"--scenarios: unknown scenario {missing[0]!r}; known: {', '.join(names.values())}")
         files = [f for f in files if names[f] in only]
     if not files:
-        raise ScenarioError("no scenario files found; see examples/scenarios/")
+        raise ScenarioError("no scenario files found (*.yaml or *.yml); see examples/scenarios/")
     return files
+
+
+def _run_path(path: Path) -> Path | None:
+    """The run config a scenario file names as its `run:` (resolved), without validating the rest; None if none."""
+    from sandbox.yamlload import YamlError, load_yaml
+
+    try:
+        data = load_yaml(path)
+    except (YamlError, OSError, ValueError):
+        return None
+    run = data.get("run") if isinstance(data, dict) else None
+    return (path.parent / run).resolve() if isinstance(run, str) else None
 
 
 def _name(path: Path) -> str:
@@ -610,13 +664,25 @@ def table(summary: dict[str, Any], arms: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def measures_budget(scenarios: list[Scenario], arms: list[str]) -> bool:
+    """Does one of `arms` measure the budget every other arm trains at (an evolved arm that will run)? An evolved-llm
+    arm of a scenario whose run config names no engineer to ask is skipped (`harness.experiment.plan`), so it
+    measures nothing (before: `--arms evolved-llm,oracle` was refused naming `budget_steps`, which scenarios refuse)."""
+    from harness.experiment import EVOLVED
+
+    def asks(sc: Scenario) -> bool:
+        eng = sc.run.get("engineer") or {}
+        return bool(eng.get("base_url") or eng.get("model_path"))
+
+    return any(a in EVOLVED and (a != "evolved-llm" or all(asks(sc) for sc in scenarios)) for a in arms)
+
+
 def run_scenarios(files: list[Path], out: str | Path, arms: list[str], seeds: int, quick: bool,
                   say: Callable[[str], None] = print, progress=None, jobs: int = 1,
                   skills: str | None = None) -> dict[str, Any]:
     """Every scenario's experiment (resumed where it stopped), then scenarios.json / .md / .png / .html in `out`.
     The scenarios' arms are one schedule (`harness.experiment.run_experiments`): `jobs` > 1 runs that many arms side
     by side, across scenarios."""
-    from harness.experiment import EVOLVED
 
     out = Path(out)
     loaded = []
@@ -628,7 +694,7 @@ def run_scenarios(files: list[Path], out: str | Path, arms: list[str], seeds: in
                                 f"to <out>/<name>, so two files of one name would pool; rename one")
         loaded.append((f, sc))
     run_arms = list(arms)
-    added = not any(a in EVOLVED for a in run_arms)
+    added = not measures_budget([sc for _, sc in loaded], run_arms)
     if added:  # the evolved arm's compute is every arm's budget
         run_arms.insert(0, "evolved-rule")
     # a seed count out of range or an arm listed twice is refused here, before anything is printed or made

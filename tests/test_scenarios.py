@@ -581,3 +581,83 @@ def test_an_arms_env_the_generator_cannot_draw_from_is_refused_before_anything_t
     assert "o.yaml: oracle.env: the mapf generator cannot draw" in msg and "oracle.env.min_distance" in msg, msg
     msg = _error(_write(tmp_path, "r", round0={"env": bad, "recipe": {"learning_rate": 4e-4}}))
     assert "r.yaml: round0.env: the mapf generator cannot draw" in msg and "\n" not in msg, msg
+
+
+def test_a_setting_added_or_dropped_between_parts_is_not_pooled(tmp_path):
+    """An outside review (seventy-ninth session): a part's record kept the run config's free-form sections (recipe,
+    reward, env, the target) as written, and a key only one side had was no difference; so a round-0 recipe that
+    dropped `drop_dead_groups: true`, or a target that gained `min_distance`, between two parts pooled the arm made
+    before the edit as "done earlier". Would catch either read back; a mere respelling still is not a difference."""
+    from harness.experiment import ExperimentError, _record_made_from, check_made_from, made_from
+    from harness.scenarios import experiment_config, load_scenario
+
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "mapf.yaml").write_text((ROOT / "examples/scenarios/base/mapf.yaml").read_text())
+    v1 = (ROOT / "examples/scenarios/mapf-cold-temperature.yaml").read_text()
+    assert v1.count("drop_dead_groups: true") >= 1 and "min_distance: 1\n" in v1
+
+    def rec(text: str, arm: str = "fixed-template") -> dict:
+        (tmp_path / "s.yaml").write_text(text)
+        return made_from(experiment_config(load_scenario(tmp_path / "s.yaml"), ["evolved-rule", arm], 1), arm, 0, 300)
+
+    no_min = v1.replace("  min_distance: 1\n", "", 1)  # the target's, at its default
+    edits = {"round0 drop_dead_groups dropped": (v1.replace(", drop_dead_groups: true", "", 1), v1),
+             "target min_distance added": (no_min, v1.replace("  min_distance: 1\n", "  min_distance: 2\n", 1))}
+    for what, (then, now) in edits.items():
+        assert then != now, what
+        folder = tmp_path / what.replace(" ", "_") / "seed0"
+        _record_made_from(folder, rec(then))
+        with pytest.raises(ExperimentError, match="made from other settings"):
+            check_made_from(folder, rec(now))
+    same = tmp_path / "same" / "seed0"
+    _record_made_from(same, rec(no_min.replace("1.0e-4", "0.0001")))
+    check_made_from(same, rec(v1))  # the same harness spelt otherwise, a default left out
+
+
+def test_an_oracle_that_only_rescales_the_mix_a_warm_start_env_and_a_quick_eval_are_refused(tmp_path):
+    """An outside review (seventy-ninth session) would each have caught: an oracle whose mix weights are the round-0
+    ones doubled (the generator draws in proportion: one harness) passed as a defect; a warm-start env the generator
+    cannot draw from failed only when its unit ran, naming `env.` fields the scenario may not set; `quick:` could set
+    the scenario's test set or judge env and was silently overwritten; the generator's named fix was cut mid-word."""
+    doubled = {**ENV, "sizes": [{**e, "data_ratio": 2 * e["data_ratio"]} for e in ENV["sizes"]]}
+    same = {"env": ENV, "recipe": {"learning_rate": 1e-4}}
+    assert "identical to round0" in _error(_write(tmp_path, "dbl", round0=same, oracle={**same, "env": doubled}))
+    cramped = {"min_distance": 6, "sizes": [{"size": 6, "data_ratio": 1.0, "hole_ratio": 0.6, "wait_ratio": 0.0,
+                                             "agents": 3}]}  # a valid config no instance can be drawn from
+    msg = _error(_write(tmp_path, "warm", run={**TINY, "warm_start": {**TINY["warm_start"], "env": cramped}}))
+    assert "run.warm_start.env: the mapf generator cannot draw" in msg, msg
+    assert "run.warm_start.env.sizes.6.hole_ratio (lower them); fix the run.warm_start config" in msg, msg
+    assert "quick.eval: set by the scenario" in _error(_write(tmp_path, "qe", quick={"eval": {"n": 64}}))
+    assert "quick.backtest.env: set by" in _error(_write(tmp_path, "qb", quick={"backtest": {"env": ENV}}))
+
+
+def test_a_folder_with_its_shared_run_config_a_reserved_name_and_a_typo_in_the_shared_file(tmp_path):
+    """An outside review (seventy-ninth session): a run config beside the scenarios that share it was read as a
+    broken scenario (`task: unknown key`) and broke the folder; `.yml` files were not seen; a file given twice ran
+    twice; a scenario named `scenarios.json` failed after every arm had trained; a typo in the shared run config was
+    blamed on each scenario file, never naming the file that holds it."""
+    d = tmp_path / "flat"
+    d.mkdir()
+    (d / "run-base.yaml").write_text(yaml.safe_dump(TINY))
+    p = _write(d, "one", run="run-base.yaml")
+    (d / "two.yml").write_text(p.read_text().replace("scenario: one", "scenario: two"))
+    assert [f.name for f in scenario_files([d])] == ["one.yaml", "two.yml"]
+    assert [f.name for f in scenario_files([d, p])] == ["one.yaml", "two.yml"]
+    with pytest.raises(ScenarioError, match="name of a file the bench writes"):
+        load_scenario(_write(tmp_path, "scenarios.json"))
+    (d / "run-base.yaml").write_text(yaml.safe_dump({**TINY, "stage": {**TINY["stage"], "train_instance": 4}}))
+    with pytest.raises(ScenarioError, match=r"train_instance.*\(in run-base.yaml, the run config this scenario shares\)"):
+        load_scenario(p)
+
+
+def test_an_llm_arm_without_an_engineer_measures_no_budget(tmp_path):
+    """`--arms evolved-llm,oracle` on scenarios without an endpoint: evolved-llm is skipped, so evolved-rule is added
+    to measure the budget (before: refused, naming `budget_steps`, which a scenario may not set)."""
+    from harness.scenarios import measures_budget
+
+    plain = load_scenario(_write(tmp_path))
+    asked = load_scenario(_write(tmp_path, "llm", run={**TINY, "engineer": {"kind": "llm", "base_url": "http://x/v1",
+                                                                            "model": "m"}}))
+    assert not measures_budget([plain], ["evolved-llm", "oracle"])
+    assert measures_budget([asked], ["evolved-llm", "oracle"]) and measures_budget([plain], ["evolved-rule"])
+    assert not measures_budget([asked, plain], ["evolved-llm"])
