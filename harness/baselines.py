@@ -460,8 +460,9 @@ def run_baseline(run: Run, provider: Provider, budget: int, name: str,
         run.path(f"stage{k}.json").write_text(row.model_dump_json())  # the row, readable without sqlite
         run.store.end_stage(run.id, k, checkpoint=trained.checkpoint, metrics={"valid": row.valid,
                                                                                "optimal": row.optimal})
-        if k > 1 and (prev := run.run_dir / f"s{k - 1}").exists():
-            shutil.rmtree(prev)
+        for old in run.run_dir.glob("s*"):  # superseded: every earlier stage's checkpoint, not only the last one's
+            if old.is_dir() and old.name[1:].isdigit() and int(old.name[1:]) < k:  # (a kill between the row and
+                shutil.rmtree(old)  # this loop left one behind for good when only s{k-1} was removed)
         rows.append(row)
         policy = trained.checkpoint
         say(f"{name} stage {k}/{stages}: {row.steps} steps"

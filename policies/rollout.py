@@ -109,10 +109,10 @@ def generate(model, tok, prompts: list[str], params: SamplingParams | None = Non
     params = params or SamplingParams()
     backend = resolve_backend(params.backend)
     texts = [format_prompt(tok, p) for p in prompts]
-    if backend == "vllm":
-        return _generate_vllm(model, texts, params)
     add_special = not has_chat_template(tok)  # a chat template already renders its own BOS
     ids = [tok(t, add_special_tokens=add_special)["input_ids"] for t in texts]
+    if backend == "vllm":  # the same token ids: vLLM tokenizing the text would add a second BOS after the template's
+        return _generate_vllm(model, ids, params)
     return _generate_loop(model, tok, ids, params)
 
 
@@ -521,8 +521,11 @@ def release_vllm_engines(keep: list[str] | tuple[str, ...] = ()) -> list[str]:
     return gone
 
 
-def _generate_vllm(model, texts: list[str], params: SamplingParams) -> RolloutResult:
-    """vLLM offline engine. `model` must be a checkpoint directory (vLLM loads weights itself)."""
+def _generate_vllm(model, ids: list[list[int]], params: SamplingParams) -> RolloutResult:
+    """vLLM offline engine on prompts already tokenized as the transformers path and TRL's training tokenize them
+    (`{"prompt_token_ids": ...}`: given text, vLLM adds special tokens, so a chat template that writes its own BOS,
+    Llama 3's or Gemma's, got two, and every probe and judgement read another input than the policy trained on; an
+    outside review, seventy-ninth session). `model` must be a checkpoint directory (vLLM loads weights itself)."""
     if not isinstance(model, (str, Path)) or not Path(model).exists():
         raise RolloutBackendError(
             "rollout backend 'vllm' needs the policy as a checkpoint directory (save_pretrained); "
@@ -534,7 +537,7 @@ def _generate_vllm(model, texts: list[str], params: SamplingParams) -> RolloutRe
     sp = vllm.SamplingParams(n=params.n, temperature=params.temperature, top_p=params.top_p,
                              max_tokens=params.max_new_tokens, seed=params.seed)
     t0 = time.perf_counter()
-    outs = llm.generate(texts, sp, use_tqdm=False)
+    outs = llm.generate([{"prompt_token_ids": list(i)} for i in ids], sp, use_tqdm=False)
     seconds = time.perf_counter() - t0
     comps, counts, trunc, index = [], [], [], []
     for i, o in enumerate(outs):

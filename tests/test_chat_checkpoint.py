@@ -97,6 +97,36 @@ def test_rollouts_stop_at_the_end_of_turn_token_not_only_eos(chat_ckpt):
         assert res.tokens == [1, 1, 1, 1] and not any(res.truncated) and res.completions == ["", "", "", ""]
 
 
+def test_the_vllm_path_sends_the_token_ids_the_policy_trained_on(chat_ckpt, monkeypatch):
+    """vLLM tokenizes a text prompt with its special tokens, so a chat template that writes its own BOS (Llama 3,
+    Gemma) got two, and every probe, judgement and test on `backend: vllm` read another input than training's (an
+    outside review, seventy-ninth session). The vLLM path now sends token ids, the very ones the transformers path
+    decodes from, here for a template given a BOS of its own. vLLM needs a GPU: a stand-in engine records what it is
+    given. Would catch text sent to vLLM, or ids tokenized with special tokens after a chat template."""
+    import types
+
+    import policies.rollout as R
+
+    _, tok = load_policy(chat_ckpt)
+    tok.bos_token = EOS  # a BOS the template writes itself, as Llama 3's does
+    tok.chat_template = "{{ bos_token }}" + tok.chat_template
+    seen: list = []
+
+    class Engine:
+        def generate(self, prompts, sp, use_tqdm=False):
+            seen.extend(prompts)
+            done = types.SimpleNamespace(text="", token_ids=[], finish_reason="stop")
+            return [types.SimpleNamespace(outputs=[done]) for _ in prompts]
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(SamplingParams=lambda **kw: kw))
+    monkeypatch.setattr(R, "resolve_backend", lambda b: b)
+    monkeypatch.setattr(R, "_vllm_engine", lambda path, seed: Engine())
+    generate(str(chat_ckpt), tok, ["What is 2+3?"], SamplingParams(backend="vllm", max_new_tokens=4))
+    [prompt] = seen
+    want = tok(format_prompt(tok, "What is 2+3?"), add_special_tokens=False)["input_ids"]
+    assert prompt == {"prompt_token_ids": want} and want.count(tok.bos_token_id) == 1
+
+
 def test_chat_prompts_are_left_padded_so_a_batch_equals_each_prompt_alone(chat_ckpt):
     """Prompts of different lengths decoded together (left padding, positions from the mask) give the same greedy
     completions as each prompt alone, through the chat template. Catches right padding or positions that count pads."""

@@ -114,7 +114,10 @@ def test_bandit_learns_from_its_own_training_rollouts(tmp_path):
 
     run = _open(tmp_path, "bandit")
     try:
+        (run.run_dir / "s0").mkdir()  # a stage checkpoint a kill left behind (between a stage's row and its cleanup)
         rows = run_baseline(run, Bandit(BanditConfig()), budget=6, name="bandit", say=lambda m: None)
+        # every superseded stage checkpoint goes, not only the previous stage's: disk stays one checkpoint
+        assert sorted(p.name for p in run.run_dir.glob("s[0-9]*")) == [f"s{len(rows)}"]
         p1, p2 = run.result(1, Provided), run.result(2, Provided)
         assert p1.weights == [0.5, 0.5] and _sizes(p1) == {3: 0.5, 4: 0.5}  # stage 1: uniform over the target's
         assert p1.state == {"values": {}, "counts": {}}
