@@ -292,6 +292,14 @@ class RawEndpoint:
     __exit__ = FakeEndpoint.__exit__
 
 
+def _send(h, body: bytes) -> None:
+    """Answer a RawEndpoint request with HTTP 200 and `body`."""
+    h.send_response(200)
+    h.send_header("Content-Length", str(len(body)))
+    h.end_headers()
+    h.wfile.write(body)
+
+
 def _completion(content: str) -> bytes:
     return json.dumps({"choices": [{"message": {"role": "assistant", "content": content}}]}).encode()
 
@@ -346,11 +354,7 @@ def test_oversized_or_undecodable_bodies_are_refused(lib, behave, why):
             for _ in range(64):
                 h.wfile.write(chunk)
             return
-        body = b"\xff\xfe\xfa not utf-8" if behave == "not_utf8" else b"[" * 100_000
-        h.send_response(200)
-        h.send_header("Content-Length", str(len(body)))
-        h.end_headers()
-        h.wfile.write(body)
+        _send(h, b"\xff\xfe\xfa not utf-8" if behave == "not_utf8" else b"[" * 100_000)
 
     with RawEndpoint(serve) as ep:
         res = propose(_cfg(ep.url, timeout_s=10, max_retries=0), _diag(), lib, 1, np.random.default_rng(0),
@@ -543,12 +547,8 @@ def test_a_reply_cut_at_the_token_budget_says_so(lib):
     """Would catch a reply truncated at max_tokens rejected as plain malformed JSON, the retry sent with the same
     budget and nothing naming engineer.max_tokens."""
     def cut_short(h):
-        body = json.dumps({"choices": [{"index": 0, "finish_reason": "length",
-                                        "message": {"role": "assistant", "content": GOOD[:30]}}]}).encode()
-        h.send_response(200)
-        h.send_header("Content-Length", str(len(body)))
-        h.end_headers()
-        h.wfile.write(body)
+        _send(h, json.dumps({"choices": [{"index": 0, "finish_reason": "length",
+                                          "message": {"role": "assistant", "content": GOOD[:30]}}]}).encode())
 
     with RawEndpoint(cut_short) as ep:
         res = propose(_cfg(ep.url, max_retries=0, max_tokens=64), _diag(), lib, 1, np.random.default_rng(0),
