@@ -831,8 +831,8 @@ def train(
     sft_steps: Annotated[int | None, typer.Option(min=0, help="SFT optimiser steps (default: the --recipe's, else "
                                                   "2400)")] = None,
     grpo_steps: Annotated[int, typer.Option(min=0, help="GRPO optimiser steps after the warm start (0 = SFT only)")] = 30,
-    style: Annotated[str | None, typer.Option(help="prompt style (mapf: trace, compact, chat); default: trace for a "
-                                              "preset, the checkpoint's own (or chat) for --init")] = None,
+    style: Annotated[str | None, typer.Option(help="prompt style (mapf: trace, compact, chat); default: the task's first "
+                                              "style for a preset (mapf, math: trace; code, reasoning: plain), the checkpoint's own (or chat) for --init")] = None,
     threads: Annotated[int, typer.Option(min=1, help="torch CPU threads")] = 2,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="--out may be a folder that holds files (a "
                                             "checkpoint): they are replaced")] = False,
@@ -892,14 +892,14 @@ def eval_cmd(
     ckpt: Annotated[Path, typer.Argument(help="checkpoint directory (save_pretrained)")],
     task: Annotated[str | None, typer.Option(help="task family; default: the one the checkpoint was trained on (its "
                                              "evotrainer.json), else mapf")] = None,
-    suite: Annotated[str | None, typer.Option(help="benchmark suite name (test-split seeds) [default: small]")] = None,
+    suite: Annotated[str | None, typer.Option(help="benchmark suite name (test-split seeds; default: small)")] = None,
     env: Annotated[Path | None, typer.Option(help="a generator config YAML (the task's env.yaml, e.g. a scenario's "
                                             "target) as the test set instead of --suite: --n instances, test "
                                             "split")] = None,
-    n: Annotated[int | None, typer.Option(min=1, max=MAX_DRAW, help="instances drawn from --env [default: 200]")] = None,
+    n: Annotated[int | None, typer.Option(min=1, max=MAX_DRAW, help="instances drawn from --env (default: 200)")] = None,
     max_new_tokens: Annotated[int, typer.Option(min=1, help="completion budget in tokens")] = 256,
     style: Annotated[str | None, typer.Option(help="prompt style; default: the one the checkpoint was trained on "
-                                              "(its evotrainer.json), else chat for chat models, else trace")] = None,
+                                              "(its evotrainer.json), else chat for chat models, else the task's first style (mapf, math: trace; code, reasoning: plain)")] = None,
     threads: Annotated[int, typer.Option(min=1, help="torch CPU threads")] = 2,
 ) -> None:
     """Evaluate a checkpoint on a held-out suite (or a generator config's instances): valid and optimal rates per

@@ -3,7 +3,7 @@
     from harness.config import load_config
     cfg = load_config("examples/mapf_quick.yaml")
 
-A typo is an error that names the field and the file; every field has help text (`evotrainer run --help` points here).
+A typo is an error that names the field and the file; every field has help text (this file; the errors point here).
 The gate lives here, not in the harness repo: nothing a run evolves can relax it.
 """
 
@@ -183,7 +183,9 @@ class BacktestConfig(_Strict):
                                       "the round-0 recipe's temperature. Fixed at run start (later recipe changes "
                                       "do not move it)")
     max_new_tokens: int | None = Field(None, ge=1, description="completion budget of the backtest judge and of the "
-                                       "held-out test evaluation; default: the round-0 recipe's max_completion_length. "
+                                       "held-out test evaluation; default: the round-0 recipe's max_completion_length, or 1.5x the longest "
+                                       "expert answer where that budget cuts off a tenth or more of them (said in a "
+                                       "warning). "
                                        "Fixed at run start: a promoted recipe.max_completion_length changes what the "
                                        "policy trains on, never how the target and the test set are scored")
     env: dict[str, Any] | None = Field(None, description="instance distribution the backtests evaluate on (the "
@@ -241,7 +243,7 @@ class BacktestConfig(_Strict):
         "estimate it, so a chosen arm reads high (selection bias), and at n=96 a greedy difference has a standard "
         "error near 5 points; on the too-hard-mix scenario of the reference family every carried checkpoint that "
         "lowered held-out valid 6-9 points had read level or above on its 96 (one +10.4), and -3 to -9 on 384 fresh "
-        "ones. 0: off (the rule before)")
+        "ones. 0: off (the rule before; only with stage.keep_training: false, whose anchor the readings decide)")
     carry_confirm_max: int | None = Field(
         None, ge=0, description="the most fresh instances a carry confirmation may judge: when its planned "
         "`carry_confirm` read the chosen checkpoint above the start but not clearly (0 < z < 2.5), it judges further "
@@ -701,7 +703,7 @@ def union_merged(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         msg = e["msg"].removeprefix("Value error, ")
         if "valid dictionary or instance of" in msg:  # the model member's: say what it takes, not its class
-            msg = "a mapping of its fields (see `evotrainer run --help` and examples/*.yaml)"
+            msg = "a mapping of its fields (see harness/config.py, each field's description, and examples/*.yaml)"
         if field in at:
             if msg not in at[field]["msg"]:
                 at[field]["msg"] += "; or " + msg
@@ -720,7 +722,7 @@ def _format_error(exc: ValidationError, source: str) -> str:
             continue
         loc = loc or "(top level)"
         if e["type"] == "extra_forbidden":
-            lines.append(f"{loc}: unknown key (typo?); see `evotrainer run --help` and examples/*.yaml")
+            lines.append(f"{loc}: unknown key (typo?); see harness/config.py (each field's description) and examples/*.yaml")
         elif e["type"] == "value_error" and (m := _BOOL_NUMBER.match(e["msg"].removeprefix("Value error, "))):
             lines.append(f"{loc}.{m.group(1)}: {m.group(2)}")  # `no_bool_numbers`, run by the section: its field
         else:
