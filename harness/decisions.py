@@ -374,8 +374,8 @@ def signal_verdict(v: Verdict, control_live: list[float], candidate_live: list[f
     if (how := signal_shown(control_live, candidate_live, gate, comparisons, earlier, finished)) is None:
         return None
     reason = (f"promoted on learning signal: {how}, target not below the control (effect {ev.effect:+.3f} "
-              f"[{ev.ci_low:+.3f}, {ev.ci_high:+.3f}], n={ev.n}); was: {v.reason}")
-    return v.model_copy(update={"decision": "promoted", "reason": cut(reason)})
+              f"[{ev.ci_low:+.3f}, {ev.ci_high:+.3f}], n={ev.pooled_n}); was: {v.reason}")
+    return v.model_copy(update={"decision": "promoted", "reason": cut(reason, 1200)})  # the reading and what it was
 
 
 def signal_lift(v: Verdict, control_live: list[float], candidate_live: list[float], gate: Any, comparisons: int,

@@ -493,11 +493,12 @@ def node_backtest(run: Run, state: State) -> State:
         run.event(k, "backtest", "verdict", f"{v.candidate}: {said}", key=f"{k}/verdict/{v.candidate}")
         if v.decision == "promoted" and fell_below_start(start, evals[v.candidate]):
             fell.append(arms[v.candidate].checkpoint)
+            then = ("the carry reading against the anchor on fresh instances decides whether its checkpoint "
+                    "continues (stage.keep_training)" if run.config.stage.keep_training else
+                    f"its checkpoint is not carried (the next stage starts from {Path(start.checkpoint).name})")
             run.event(k, "backtest", "regression", f"{v.candidate}'s arm beat the control arm but its estimate on the "
                       "target (sampled, or greedy: backtest.carry_greedy) is below the stage's start: if it wins, its "
-                      "harness is promoted and its checkpoint is not carried (the next stage starts from "
-                      f"{Path(start.checkpoint).name})",
-                      key=f"{k}/winner-regression/{v.candidate}")
+                      f"harness is promoted and {then}", key=f"{k}/winner-regression/{v.candidate}")
     above = [] if start is None else arms_vs_start(run, k, start, vs, arms, evals)
     _finish(run, k, Backtested(verdicts=[*vs, *diag_vs], control=None if start is None else control.checkpoint,
                                start=start, regressed_arms=fell, arms_vs_start=above), t0,

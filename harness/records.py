@@ -350,6 +350,22 @@ class Evidence(BaseModel):
                                       "sign_chance`); a change whose learning signal is shown is not stopped while "
                                       "it is at least gate.futility (`harness.decisions.signal_lift`)")
 
+    @property
+    def pooled_n(self) -> int:
+        """The instances behind `effect` and its interval: every pair and re-test pooled (the last look's n). `n`
+        is this pair's alone (what `control`, `candidate` and `diffs` are of)."""
+        return evidence_n(self.model_dump(include={"n", "looks"}))
+
+
+def evidence_n(evidence: dict[str, Any]) -> int | None:
+    """`Evidence.pooled_n` of an evidence dict (as stored): its last look's n, else its `n`. Every view that shows an
+    effect with its interval shows this n beside it (an outside review, seventy-ninth session: the pair's n beside a
+    pooled interval read up to 5x too small)."""
+    looks = evidence.get("looks") or []
+    last = looks[-1] if looks and isinstance(looks[-1], dict) else {}
+    n = last.get("n", evidence.get("n"))
+    return int(n) if isinstance(n, int | float) and not isinstance(n, bool) else None
+
 
 class Verdict(BaseModel):
     model_config = ConfigDict(extra="forbid")

@@ -32,7 +32,7 @@ def _gate_pending(store: RunStore, run_id: str, cands: list[dict[str, Any]]) -> 
             c["reason"] = v.reason
             if (ev := v.evidence) is not None:
                 c.update(effect=ev.effect, interval=[ev.ci_low, ev.ci_high] if ev.ci_low is not None else None,
-                         n=ev.n, looks=ev.model_dump().get("looks") or [], mde=ev.model_dump().get("mde"))
+                         n=ev.pooled_n, looks=ev.model_dump().get("looks") or [], mde=ev.model_dump().get("mde"))
 
 
 def _run_id(store: RunStore, run_dir: Path) -> str:
@@ -113,6 +113,7 @@ def status(run_dir: Path) -> dict[str, Any]:
         return {"run": run_id, "status": status_, "waiting": waiting, "created": run.get("created"),
                 "updated": run.get("updated"), "task": (run.get("config") or {}).get("task"),
                 "stages": stages, "candidates": cands, "compute": store.compute(run_id), "engineer": kind,
+                "seconds_spent": store.seconds_spent(run_id),
                 "shares": compute_shares(store, run_id),
                 "warm_start": setup.policy if setup is not None else None,
                 "engineer_fallbacks": fallbacks,
@@ -147,7 +148,8 @@ def list_runs(runs_dir: Path) -> list[dict[str, Any]]:
             budget = ((yaml_load(d / "config.yaml") or {}).get("budget") or {}).get("stages")
         except Exception:  # noqa: BLE001
             budget = None
-        rows.append({"run": st["run"], "status": st["status"], "task": st["task"], "stages_done": len(done),
+        rows.append({"run": d.name, "status": st["status"], "task": st["task"], "stages_done": len(done),  # the folder
+                     # every command takes (a copied or renamed run keeps its stored id inside)
                      "stages": budget, "best_valid": best["valid"] if best else None,
                      "best_stage": best["stage"] if best else None,
                      "promoted": sum(c["verdict"] == "promoted" for c in st["candidates"]),
@@ -254,9 +256,9 @@ def print_summary(run_dir: Path, console) -> dict[str, Any]:
         events = store.events(st["run"])
     finally:
         store.close()
-    for e in events:  # a stage that trained under the last promotion instead of judging arms
-        if e["kind"] == "exploit":
-            console.print(f"exploit, stage {e['stage']}: {shown(e['message'])}", highlight=False)
+    for x in exploit_stages(run_dir):  # a stage that trained under the last promotion instead of judging arms
+        console.print(f"exploit, stage {x['stage']}: {x['steps']} GRPO steps under {shown(str(x['exploits']))}"
+                      f"; {shown(x['outcome'])}", highlight=False)
     kept = [s["stage"] for s in st["stages"] if s.get("carried") and s.get("anchored") is False]
     if kept:  # the lineage trained on from these stages' checkpoints; the anchor (what the report scores) stayed
         console.print(f"lineage_kept: stages {', '.join(map(str, kept))} (trained on, not above the anchor by its "
@@ -265,8 +267,9 @@ def print_summary(run_dir: Path, console) -> dict[str, Any]:
                                                          and e["stage"] in kept), highlight=False)
     if idle:  # a stage that carried no trained checkpoint, and what the loop did about it
         esc = [f"stage {e['stage']}: {e['message']}" for e in events if e["kind"] == "escalation"]
-        why = [f"not carried, stage {e['stage']}: {e['message']}" for e in events  # why each idle stage kept its start
-               if e["kind"] == "not_carried" and e["stage"] in idle]
+        why = [f"{'not carried' if e['kind'] == 'not_carried' else 'regression'}, stage {e['stage']}: {e['message']}"
+               for e in events  # why each idle stage kept its start: a carry reading, or training that lowered it
+               if e["kind"] in ("not_carried", "regression") and e["stage"] in idle]
         console.print(f"carried_nothing: stages {', '.join(map(str, idle))}"
                       + "".join(f"\n  {shown(x)}" for x in why) + (
             "".join(f"\n  escalation, {shown(x)}" for x in esc) if esc else "\n  no escalation"), highlight=False)
@@ -275,19 +278,8 @@ def print_summary(run_dir: Path, console) -> dict[str, Any]:
         console.print(f"engineer_fallbacks: the {shown(st['engineer'])} engineer did not propose in stages "
                       f"{', '.join(str(x['stage']) for x in fb)}; the rule engineer did"
                       + "".join(f"\n  stage {x['stage']}: {shown(x['why'])}" for x in fb if x["why"]), highlight=False)
-    done = [s for s in st["stages"] if s["stage"] and s["status"] == "done" and s.get("checkpoint")]
-    # the last stage's final pick only: a run reopened for more stages (`resume --stages`) picked at an earlier end
-    delivered = [e for e in events if e["kind"] == "final_pick" and st["status"] == "finished" and done
-                 and e["stage"] == done[-1]["stage"]]
-    if delivered:  # what the run hands over, said by its last read of lineage against anchor
-        console.print(f"delivered: {shown(delivered[-1]['message'].split(': the run delivers ')[-1])}", highlight=False)
-    elif done:  # the anchor: what the run delivers when it ends now (a finished run without a final pick: it)
-        label = "delivered" if st["status"] == "finished" else "anchor_now"
-        console.print(f"{label}: {shown(Path(done[-1]['checkpoint']).name)}", highlight=False)
-    if done and st["warm_start"] and all(s["checkpoint"] == st["warm_start"] for s in done):
-        console.print("anchor_never_moved: every stage's test reading is the warm start's own (no trained checkpoint "
-                      "became the anchor), so the curve above is one checkpoint scored again, not a flat learner",
-                      highlight=False)
+    for key, text in handover(st, events):
+        console.print(f"{key}: {shown(text)}", highlight=False)
     if st["shares"]:  # the price of judging: what trained the delivered policy, what was thrown away, what judged
         from harness.stagebook import shares_line
 
@@ -301,6 +293,25 @@ def print_summary(run_dir: Path, console) -> dict[str, Any]:
     console.print(f"disk_mb: {disk['bytes'] / 1e6:.1f}\ncheckpoints: {disk['checkpoints']} "
                   f"({disk['checkpoint_bytes'] / 1e6:.1f} MB)", highlight=False)
     return st
+
+
+def handover(st: dict[str, Any], events: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """What the run hands over, as (key, text) lines for the terminal summary and the report page alike: the
+    checkpoint it delivers (its last final pick, else the last stage's anchor: `anchor_now` while it runs), and
+    `anchor_never_moved` when every stage's test reading is the warm start's own."""
+    out = []
+    done = [s for s in st["stages"] if s["stage"] and s["status"] == "done" and s.get("checkpoint")]
+    # the last stage's final pick only: a run reopened for more stages (`resume --stages`) picked at an earlier end
+    delivered = [e for e in events if e["kind"] == "final_pick" and st["status"] == "finished" and done
+                 and e["stage"] == done[-1]["stage"]]
+    if delivered:  # what the run hands over, said by its last read of lineage against anchor
+        out.append(("delivered", delivered[-1]["message"].split(": the run delivers ")[-1]))
+    elif done:  # the anchor: what the run delivers when it ends now (a finished run without a final pick: it)
+        out.append(("delivered" if st["status"] == "finished" else "anchor_now", Path(done[-1]["checkpoint"]).name))
+    if done and st["warm_start"] and all(s["checkpoint"] == st["warm_start"] for s in done):
+        out.append(("anchor_never_moved", ("every stage's test reading is the warm start's own (no trained checkpoint "
+                    "became the anchor), so the curve is one checkpoint scored again, not a flat learner")))
+    return out
 
 
 def exploit_stages(run_dir: Path) -> list[dict[str, Any]]:

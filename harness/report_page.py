@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.config import load_config
-from harness.report import curve, curve_text, status
+from harness.records import evidence_n
+from harness.report import curve, curve_text, exploit_stages, handover, status
 from harness.stagebook import shares_line
 from harness.store import RunStore
 from harness.tasks import TASKS, get_task
@@ -63,8 +64,10 @@ def gather(run_dir: Path) -> dict[str, Any]:
     extended = max((e["id"] for e in events if e["kind"] == "extended"), default=-1)  # reopened since (resume --stages)
     stop = next((e["message"] for e in reversed(events) if e["kind"] == "finished" and e["id"] > extended), None)
     # what a reviewer must not miss: warnings, a stage that lowered the policy, a checkpoint not carried forward
-    warnings = [e for e in events if e["kind"] in ("warning", "regression", "not_carried", "control_below")]
-    exploits = [e for e in events if e["kind"] == "exploit"]  # stages that trained under the last promotion
+    warnings = [e for e in events if e["kind"] in ("warning", "regression", "not_carried", "control_below",
+                                                   "carried_arm", "fallback")]  # and a lineage step no promotion made
+    exploits = [{"stage": x["stage"], "message": f"{x['steps']} GRPO steps under {x['exploits']}; {x['outcome']}"}
+                for x in exploit_stages(run_dir)]  # stages that trained under the last promotion, and what came of it
     diffs, evolved = {}, ""
     try:
         from sandbox.workspace import Workspace
@@ -80,7 +83,8 @@ def gather(run_dir: Path) -> dict[str, Any]:
         evolved = None
     return {"status": st, "curve": curve(run_dir), "evals": evals, "slice_order": slice_order(st["task"]),
             "training": dict(training), "findings": findings, "stop": stop, "warnings": warnings,
-            "exploits": exploits, "diffs": diffs, "evolved": evolved, "rows": cand_rows, "lineage": lineage}
+            "exploits": exploits, "diffs": diffs, "evolved": evolved, "rows": cand_rows, "lineage": lineage,
+            "handover": handover(st, events)}
 
 
 def lineage_rows(store: RunStore, run_id: str, stages: list[int]) -> list[dict[str, Any]]:
@@ -278,7 +282,7 @@ def training_chart(stage: int, arms: dict[str, list[dict]]) -> str | None:
 
 
 def forest_chart(cid: str, ev: dict[str, Any], min_effect: float | None) -> str | None:
-    rows = [("overall", ev["effect"], ev["ci_low"], ev["ci_high"], ev.get("n"))]
+    rows = [("overall", ev["effect"], ev["ci_low"], ev["ci_high"], evidence_n(ev))]
     for sl, v in sorted((ev.get("by_slice") or {}).items()):
         if {"effect", "ci_low", "ci_high"} <= set(v):
             rows.append((sl, v["effect"], v["ci_low"], v["ci_high"], v.get("n")))
@@ -331,7 +335,8 @@ def _summary(d: dict[str, Any], gate_min: float | None) -> str:
     undecided = [c for c in cands if c["verdict"] == "inconclusive"]
     pending = [c for c in cands if (c["verdict"] or "").endswith("(pending: not applied yet)")]
     compute = st["compute"]
-    secs = sum((v.get("seconds") or 0) for v in compute.values())
+    # this machine's seconds (`RunStore.seconds_spent`: not the wait on an engineer's endpoint, listed apart)
+    secs = st.get("seconds_spent", sum((v.get("seconds") or 0) for v in compute.values()))
     comp = ", ".join(f"{k} {v.get('seconds') or 0:.0f} s" for k, v in compute.items())
     net = ""
     if cv:
@@ -358,7 +363,8 @@ def _summary(d: dict[str, Any], gate_min: float | None) -> str:
 {f"&middot; {len(pending)} judged, awaiting the decision" if pending else ""}
 {f"&middot; {len(cands) - len(promoted) - len(rejected) - len(undecided) - len(pending)} not judged"
  if len(cands) - len(promoted) - len(rejected) - len(undecided) - len(pending) else ""}</li>
-<li>compute: {secs:.0f} s in all ({E(comp) or 'none recorded'})</li>
+<li>compute: {secs:.0f} s on this machine ({E(comp) or 'none recorded'})</li>
+{"".join(f"<li>{E(key)}: <b>{E(text)}</b></li>" for key, text in d.get("handover", []))}
 {f"<li>where it went: {E(shares_line(st['shares']))}</li>" if st.get("shares") else ""}
 <li>disk: {st['disk']['bytes'] / 1e6:.1f} MB ({st['disk']['checkpoints']} checkpoints,
 {st['disk']['checkpoint_bytes'] / 1e6:.1f} MB; see the run config's retention)</li></ul>

@@ -168,7 +168,8 @@ def compute_shares(store: RunStore, run_id: str) -> dict[str, Any] | None:
     said = [x.get("pipelined") for c in curves for x in c if "pipelined" in x]
     return {"delivered": delivered, "compute": comp["compute"], "steps": comp["steps"], "lineage": lineage,
             "other_training": None if lineage is None else comp["steps"] - lineage, "judging": judging,
-            "pipelined": sum(1 for x in said if x) / len(said) if said else None}
+            "pipelined": sum(1 for x in said if x) / len(said) if said else None,
+            "engineer_tokens": comp["engineer_tokens"], "engineer_seconds": comp["engineer_seconds"]}
 
 
 def shares_line(s: dict[str, Any]) -> str:
@@ -180,5 +181,7 @@ def shares_line(s: dict[str, Any]) -> str:
                f"{s['lineage']} ({100 * s['lineage'] / total:.0f}%) trained the delivered policy "
                f"({Path(s['delivered']).name}), {s['other_training']} ({100 * s['other_training'] / total:.0f}%) "
                "trained arms and stages that did not continue")
+    eng = (f"; the LLM engineer read and wrote {s['engineer_tokens']:,} tokens in {s['engineer_seconds']:.0f} s (another "
+           "model's: not in the step-equivalents)") if s.get("engineer_tokens") or s.get("engineer_seconds") else ""
     return (f"{s['compute']:.0f} GRPO step-equivalents: {trained}; {judged:.0f} ({100 * judged / total:.0f}%) judged"
-            + (f" ({parts})" if parts else ""))
+            + (f" ({parts})" if parts else "") + eng)

@@ -543,7 +543,7 @@ class RunStore:
         row: dict[str, Any] = {"status": status, "reason": verdict.reason, "updated": now()}
         if verdict.evidence is not None:
             ev = verdict.evidence
-            row.update(effect=ev.effect, ci_low=ev.ci_low, ci_high=ev.ci_high, n=ev.n, evidence=ev.model_dump_json())
+            row.update(effect=ev.effect, ci_low=ev.ci_low, ci_high=ev.ci_high, n=ev.pooled_n, evidence=ev.model_dump_json())
         if tag is not None:
             row["tag"] = tag
         self.db["candidates"].update(verdict.candidate, row)

@@ -204,7 +204,9 @@ def _verdict_block(verdict: str, reason: str, evidence: dict[str, Any]) -> str:
         ci = evidence.get("ci") or (evidence.get("ci_low"), evidence.get("ci_high"))
         ok = isinstance(ci, (list, tuple)) and len(ci) == 2 and all(isinstance(x, num) for x in ci)
         ci_txt = f" (CI {ci[0]:+.4f}..{ci[1]:+.4f})" if ok else ""
-        n_txt = f", n={evidence['n']}" if evidence.get("n") is not None else ""
+        looks = evidence.get("looks") or [{}]  # the pooled n behind the interval (the last look's), not one pair's
+        n = looks[-1].get("n", evidence.get("n")) if isinstance(looks[-1], dict) else evidence.get("n")
+        n_txt = f", n={n}" if n is not None else ""
         lines.append(f"Effect: {evidence['effect']:+.4f}{ci_txt}{n_txt}")
     lines.append(f"Evidence: {json.dumps(evidence, sort_keys=True)}")
     return "\n".join(lines)

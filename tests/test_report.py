@@ -87,6 +87,35 @@ def test_report_sections_hold_real_data(run_dir):
     assert shares["lineage"] is not None and shares["lineage"] + shares["other_training"] == shares["steps"] > 0
     assert (shares["lineage"] == 0) == shares["delivered"].endswith("warmstart")
     assert sum(shares["judging"].values()) > 0 and "where it went: " in page
+    # what the run hands over, on the page as in `status` (an outside review, seventy-ninth session: the page said
+    # neither which checkpoint it delivered nor that a flat curve was the warm start scored again)
+    summary = page.split("<section id=summary>", 1)[1].split("</section>", 1)[0]
+    assert "<li>delivered: <b>" in summary and "s on this machine (" in summary
+
+
+def test_an_llm_engineers_tokens_and_wait_are_shown_apart_from_this_machines_compute(run_dir, tmp_path):
+    """The engineer's ledger rows (kind engineer) are named in `status`'s compute line and the page's, and its
+    endpoint's wait is not added into this machine's seconds. Would catch the tokens shown nowhere but --json, and
+    900 s of another machine's wait counted as this run's compute (an outside review, seventy-ninth session)."""
+    from harness.report import print_summary
+
+    copy = tmp_path / "rep"
+    shutil.copytree(run_dir, copy)
+    store = RunStore.open(copy / "run.db")
+    mine = store.seconds_spent("rep")
+    store.charge("rep", 1, "engineer", "engineer", seconds=900.0, tokens=135_000, label="endpoint propose")
+    store.close()
+    st = status(copy)
+    assert st["seconds_spent"] == pytest.approx(mine) and st["shares"]["engineer_tokens"] == 135_000
+    page = write_html(copy).read_text()
+    assert f"{mine:.0f} s on this machine (" in page and "read and wrote 135,000 tokens in 900 s" in page
+    import io
+
+    from rich.console import Console
+
+    buf = io.StringIO()
+    print_summary(copy, Console(file=buf, width=400))
+    assert "read and wrote 135,000 tokens in 900 s" in buf.getvalue()
 
 
 @needs_browser

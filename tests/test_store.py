@@ -412,3 +412,19 @@ def test_a_run_db_copied_without_its_wal_says_so(tmp_path: Path):
         assert s.get_run("k")["status"] == "running"
         with pytest.raises(StoreError, match=r"no run 'other' .*\(known: k\)"):
             s.get_run("other")
+
+
+def test_a_pooled_verdict_is_stored_with_the_n_behind_its_interval(store: RunStore):
+    """A re-test's effect and interval pool every pair (the last look's n); its evidence's `n` is this pair's alone.
+    The candidate row (what status, the report and the forest chart show beside the interval) and the promote
+    commit's `Effect:` line read the pooled n. Would catch the pair's 48 shown beside an interval over 240 (an
+    outside review, seventy-ninth session)."""
+    from sandbox.workspace import _verdict_block
+
+    ev = Evidence(n=48, control=0.40, candidate=0.52, effect=0.05, ci_low=0.01, ci_high=0.09, pairs=3,
+                  looks=[{"n": 96, "effect": 0.02}, {"n": 240, "effect": 0.05}])
+    assert ev.pooled_n == 240
+    store.upsert_candidate("r1", _candidate(), commit="abc123")
+    store.set_candidate_verdict(Verdict(candidate="s0-c1", decision="promoted", reason="r", evidence=ev))
+    assert store.candidate("s0-c1")["n"] == 240
+    assert "Effect: +0.0500 (CI +0.0100..+0.0900), n=240" in _verdict_block("promoted", "r", ev.model_dump())
