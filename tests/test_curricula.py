@@ -112,7 +112,7 @@ def test_bandit_learns_from_its_own_training_rollouts(tmp_path):
     from harness.round0 import harness_models
     from harness.stagebook import step_equivalents
 
-    run = _open(tmp_path, "bandit")
+    run = _open(tmp_path, "bandit", warm_start={"sft_examples": 64, "sft_steps": 80})
     try:
         (run.run_dir / "s0").mkdir()  # a stage checkpoint a kill left behind (between a stage's row and its cleanup)
         rows = run_baseline(run, Bandit(BanditConfig()), budget=6, name="bandit", say=lambda m: None)
@@ -132,6 +132,16 @@ def test_bandit_learns_from_its_own_training_rollouts(tmp_path):
         per_level = Counter(str(run.task.generate(env, s).size) for s in used)
         assert p2.state["counts"] == dict(per_level) and sum(per_level.values()) == 6  # 3 steps x 2 groups
         assert set(p2.state["values"]) == set(per_level) and all(v >= 0 for v in p2.state["values"].values())
+        # the values are the levels' mean |advantage| in the rollouts stage 1 trained on, and some are not 0 (with
+        # a policy that never parses, every group ties and a bandit that ignored its rollouts passed: a review's
+        # mutation, seventy-ninth session)
+        from pathlib import Path
+
+        from harness.records import read_reward_batches
+        adv = group_advantages(read_reward_batches(Path(run.result(1, Trained).rewards)), recipe.num_generations,
+                               recipe.scale_rewards, recipe.reward_scale)
+        want = {lv: float(np.mean([a for x, a in adv if x == lv])) for lv in per_level}
+        assert p2.state["values"] == pytest.approx(want) and any(v > 0 for v in want.values()), (want, p2.state)
         # not uniform: the levels' groups differ in number (so in UCB bonus), whatever their advantages
         assert abs(sum(p2.weights) - 1) < 1e-9 and max(abs(w - 0.5) for w in p2.weights) > 1e-3
         assert np.allclose(p2.weights, ucb_weights([p2.state["values"].get(k, 0.0) for k in ("3", "4")],

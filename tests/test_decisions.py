@@ -93,6 +93,7 @@ def test_a_clear_loser_is_refuted_at_the_first_look_without_judging_more_instanc
     from harness.decisions import look_until_decided
     from harness.results import ArmLook, ArmRecord
 
+    run.config = run.config.model_copy(update={"gate": run.config.gate.model_copy(update={"min_slice_n": 10_000})})
     _propose(run, "s1c1", LR, 1)
     plan = run.config.gate.plan(run.config.backtest.n)
     assert plan.min_n < plan.max_n  # there were more looks to take
@@ -103,6 +104,7 @@ def test_a_clear_loser_is_refuted_at_the_first_look_without_judging_more_instanc
     ws = run.workspace()
     [v], control, _ = look_until_decided(run, 1, arms, ws.files("main"), {"s1c1": ws.files("cand/s1c1")})
     assert v.decision == "rejected" and v.evidence.looks[-1]["decision"] == "refuted", v.reason
+    assert v.reason.startswith("refuted: upper bound") and "< min effect" in v.reason, v.reason  # the main effect
     assert v.evidence.n == plan.min_n and len(v.evidence.looks) == 1 and len(control.seeds) == plan.min_n
     assert run.result(1, ArmLook, node="arm:control:look1") is None  # no checkpoint was judged again
 

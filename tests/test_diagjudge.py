@@ -334,6 +334,12 @@ def test_a_false_slice_claim_passes_at_most_alpha_of_the_time():
     power = sum(J.slice_claim(f, units(0.9, 0.1), ALPHA)[0] for _ in range(200))
     assert power >= 180, power
 
+    def fixed(k4: int, k3: int) -> list[Rollout]:  # k4 of 20 slice units and k3 of 20 others fail
+        return [Rollout(seed=i, group=i, instance={}, prompt="", completion="", valid=(i // 2) >= (k4 if i % 2 else k3),
+                        optimal=False, reward=0.0, slices={"size": "4" if i % 2 else "3"}) for i in range(40)]
+
+    assert J.slice_claim(f, fixed(10, 4), ALPHA)[0] and not J.slice_claim(f, fixed(9, 4), ALPHA)[0]  # p .048, .088
+
 
 def test_a_slice_chosen_from_the_data_it_is_judged_on_passes_at_most_alpha(monkeypatch):
     """A diagnostic that names the worst of 16 slices (16 instances each, every slice failing alike: the claim is

@@ -312,7 +312,7 @@ def test_rule_never_repeats_a_change_rejected_from_the_same_state(lib):
     assert both.candidates == [] and sum("already rejected" in n for n in both.notes) == 2
     # from a DIFFERENT harness state the same change is a new experiment
     fresh = propose(EngineerConfig(), _diag(history=hist, state="def456"), lib, 2, np.random.default_rng(0),
-                    space=SPACE)
+                    space=SPACE, rejected_keys={change_key("abc123", rejected), change_key("abc123", other)})
     assert {c.change.knob for c in fresh.candidates} == {"env.sizes.5.hole_ratio", "env.sizes.5.data_ratio"}
 
 

@@ -232,6 +232,10 @@ def test_bonferroni_widens_the_bound():
     one = one_look(c.tolist(), k.tolist(), [{}] * 200, GATE)
     five = one_look(c.tolist(), k.tolist(), [{}] * 200, GATE, comparisons=5)
     assert five.evidence.ci_low < one.evidence.ci_low
+    # and under the default gate (promote_above below min_effect: the other boundary branch)
+    s = [{}] * 200
+    assert one_look(c.tolist(), k.tolist(), s, GateConfig(), comparisons=5).evidence.ci_low < \
+        one_look(c.tolist(), k.tolist(), s, GateConfig()).evidence.ci_low
 
 
 def test_choose_winner_best_lower_bound_wins_others_beaten():

@@ -178,6 +178,10 @@ def test_recovery_is_the_share_of_the_oracles_gap():
     assert "50% [" in table({"s": s}, ["evolved-rule"])
     rows["s"]["oracle"] = [r(0, [0, 0, 0, 0] * 8)]  # no gap: no recovery is claimed
     assert "recovery" not in summarize(rows)["s"]["arms"]["evolved-rule"]
+    noisy = {"s": {**rows["s"], "fixed-template": [r(0, [0, 1, 0, 0, 0, 1, 0, 0] * 4)],
+                   "oracle": [r(0, [1, 0, 0, 0, 1, 0, 1, 0] * 4)]}}  # a gap of +0.125 whose interval covers 0
+    ns = summarize(noisy)["s"]
+    assert ns["gap"][0] > 0 > ns["gap"][1] and "recovery" not in ns["arms"]["evolved-rule"], ns["gap"]
     # the loop's bar on curricula and PBT: the best automatic arm by mean valid, the evolved arm paired against it
     rows["s"]["plr"] = [r(0, [1, 1, 1, 0] * 8)]
     rows["s"]["pbt"] = [r(0, [1, 1, 0, 0] * 8)]
