@@ -345,8 +345,8 @@ def _generate(config: MAPFConfig, seed: int, split: str | None = None) -> MAPFIn
     entry = config.sizes[int(rng.choice(len(weights), p=weights / weights.sum()))]
     lo, hi = entry.agent_range
     k = int(rng.integers(lo, hi + 1))
-    want_wait = bool(rng.random() < entry.wait_ratio)
-    n = entry.size
+    want_wait = bool(rng.random() < entry.wait_ratio) and k > 1  # one agent never needs a wait (drawn all the same:
+    n = entry.size  # every other seed's instance stays as it was)
     holes = hole_count(n, entry.hole_ratio)
     rejected: Counter[str] = Counter()
     apart = 0
@@ -507,8 +507,9 @@ def hole_blind(inst: MAPFInstance, style: str = "compact") -> str:
     return format_plan(sol.moves, style, inst.starts)
 
 
-_LINE = re.compile(r"^(?:agent\s*)?([a-z])\s*[:=]\s*(.*)$", re.IGNORECASE | re.ASCII)
-_TRACE_CELL = re.compile(r"(?<=[UDLRW])\s*\(?\s*-?\d+\s*,\s*-?\d+\s*\)?", re.IGNORECASE)
+_LINE = re.compile(r"^(?:agent\b\s*)?([a-z])\s*[:=]\s*(.*)$", re.IGNORECASE | re.ASCII)  # `Agents:` is no agent S
+# one way to split the spaces before a cell (`\s*\(?\s*` split a long run of them every way: quadratic)
+_TRACE_CELL = re.compile(r"(?<=[UDLRW])\s*(?:\(\s*)?-?\d+\s*,\s*-?\d+\s*\)?", re.IGNORECASE)
 _WORD = {"UP": "U", "DOWN": "D", "LEFT": "L", "RIGHT": "R", "WAIT": "W", "STAY": "W"}
 
 
