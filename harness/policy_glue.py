@@ -62,7 +62,8 @@ def sft_pairs(task: Task, config: BaseModel, seed_list: list[int], style: str | 
               teacher_noise: float = 0.0, noise_seed: int = 0) -> list[dict[str, str]]:
     """Expert demonstrations `{"prompt", "completion"}` on train-split seeds. `teacher_noise` > 0: each comes from
     the task's imperfect teacher (`harness.tasks.base.ImperfectTeacher`) with that probability instead, one uniform
-    draw per seed in order from `numpy.random.default_rng(noise_seed)` (reproducible); a family without one raises."""
+    draw per seed in order from `numpy.random.default_rng(noise_seed)` (reproducible); a family without one raises.
+    An instance whose expert answer is empty (no reference answer to demonstrate) is left out."""
     from harness.tasks.base import ImperfectTeacher
 
     check_split(seed_list, "train")
@@ -76,8 +77,13 @@ def sft_pairs(task: Task, config: BaseModel, seed_list: list[int], style: str | 
     out = []
     for s, inst in zip(seed_list, draw(task, config, seed_list), strict=True):
         noisy = rng is not None and rng.random() < teacher_noise
-        out.append({"prompt": task.prompt(inst, style),
-                    "completion": task.imperfect(inst, style) if noisy else task.expert(inst, style)})
+        completion = task.imperfect(inst, style) if noisy else task.expert(inst, style)
+        if completion:  # an instance with no demonstration (no reference answer): trained on by RL only
+            out.append({"prompt": task.prompt(inst, style), "completion": completion})
+    if seed_list and not out:
+        raise ValueError(f"none of the {len(seed_list)} {task.name} instances drawn has a demonstration (their "
+                         "datasets give no reference answer): warm-start on an env that has them (warm_start.env), or "
+                         "start from a checkpoint (policy.checkpoint)")
     return out
 
 

@@ -73,6 +73,25 @@ def test_exact_match_or_full_marks_never_partial_credit():
     other = " + ".join(map(str, nums))  # another expression: right exactly when it makes the target
     assert other != cd.answer and TASK.score(cd, f"Answer: {other}").valid == (sum(nums) == target)
     assert final_answer("x\nAnswer: `42`") == "42"
+    # how chat models write it (an outside review, seventy-ninth session: each was "wrong")
+    for text in (f"Answer: {ans}.", f"**Answer:** {ans}", f"**Answer: {ans}**", f"Answer: **{ans}**"):
+        assert TASK.score(inst, text).valid, text
+
+
+@pytest.mark.parametrize("name", ["graph_color", "propositional_logic", "rush_hour"])
+def test_a_dataset_without_a_reference_answer_is_judged_by_its_checker_alone(name):
+    """These datasets give no reference answer (many are right; their checker decides). The answer was stored as the
+    text "None", so "Answer: None" scored valid and was the demonstration (an outside review, seventy-ninth
+    session). Would catch either."""
+    from harness.policy_glue import sft_pairs
+    from harness.seeds import seeds
+
+    cfg = ReasoningConfig(datasets=[DatasetEntry(name=name)])
+    inst = TASK.generate(cfg, 3)
+    assert not inst.has_reference and inst.answer == "" and TASK.expert(inst, "chat") == ""
+    assert not TASK.score(inst, "Answer: None").valid
+    with pytest.raises(ValueError, match="has a demonstration"):
+        sft_pairs(TASK, cfg, seeds("train", 3), "chat")
 
 
 def test_bad_names_and_params_are_one_clear_line():
