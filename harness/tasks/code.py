@@ -313,22 +313,24 @@ def expert(inst: CodeInstance, style: str = "plain") -> str:
     raise ValueError(f"unknown style {style!r}; choose one of {', '.join(STYLES)}")
 
 
-_FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
+_FENCE = re.compile(r"```[\w+.-]*[ \t]*\r?\n(.*?)(?:```|\Z)", re.DOTALL)  # any tag: python, Python, python3, py
 
 
 def program(inst: CodeInstance, completion: str) -> str:
-    """The module the completion makes: the prompt followed by a body, or a whole function out of a ```python block
-    (a fenced block without `def <entry_point>` is taken as the body). A whole function gets the prompt's import
-    lines first (a chat model that rewrites `def f(xs: List[int])` rarely repeats `from typing import List`)."""
-    m = _FENCE.search(completion)
-    if m:
-        code = m.group(1)
-        # [ \t\f]*, not \s*: from each line start \s* ran over every blank line after it, quadratic in blank lines
-        if re.search(rf"^[ \t\f]*def {re.escape(inst.entry_point)}\b", code, re.MULTILINE):
-            imports = "".join(ln + "\n" for ln in inst.header.splitlines() if ln.startswith(("import ", "from ")))
-            return imports + code
-        return inst.header + code
-    return inst.header + completion
+    """The module the completion makes: the prompt followed by a body, or a whole function out of a fenced block:
+    the first block that defines `<entry_point>` (a chat model may show a usage example first), else the first
+    block, taken as the body. A whole function comes after the whole prompt, so the helpers and imports the prompt
+    defines are there (HumanEval's `is_palindrome`, `poly`, `encode_cyclic`: a reply of the asked function alone
+    raised NameError) and the reply's `def` replaces the prompt's."""
+    # [ \t\f]*, not \s*: from each line start \s* ran over every blank line after it, quadratic in blank lines
+    defines = re.compile(rf"^[ \t\f]*def {re.escape(inst.entry_point)}\b", re.MULTILINE)
+    blocks = [m.group(1).replace("\r\n", "\n") for m in _FENCE.finditer(completion)]
+    if not blocks:
+        return inst.header + completion
+    whole = next((code for code in blocks if defines.search(code)), None)
+    if whole is not None:
+        return inst.header.rstrip("\n") + "\n\n" + whole
+    return inst.header + blocks[0]
 
 
 # --- scoring -------------------------------------------------------------------------------------------------------
@@ -436,7 +438,7 @@ def calls(program, test, entry, seed):
 _RECORD = '''
 
 def record(program, entry, calls, seed):
-    ns = {"__name__": "__main__"}
+    ns = {"__name__": "solution"}  # a module, as a procedural problem's program is: its `if __name__ == "__main__"` stays
     exec(compile(program, "solution.py", "exec"), ns)
     f = ns[entry]
     out = []
@@ -524,7 +526,9 @@ def _run_jobs(jobs: list) -> list:
 
 
 def _calls_key(inst: CodeInstance) -> str:
-    return hashlib.sha256(json.dumps([inst.task_id, inst.header, inst.solution, inst.test]).encode()).hexdigest()
+    # the seed too: a check that draws random inputs (HumanEval/32, 38, 50, 53) makes other calls at another seed
+    return hashlib.sha256(json.dumps([inst.task_id, inst.header, inst.solution, inst.test,
+                                      _random_seed(inst)]).encode()).hexdigest()
 
 
 def _humaneval_calls(insts: list[CodeInstance]) -> None:
@@ -602,7 +606,8 @@ def _job(inst: CodeInstance, prog: str):
 
 def _key(inst: CodeInstance, prog: str) -> str:
     h = hashlib.sha256(prog.encode())
-    h.update(json.dumps([inst.source, inst.entry_point, inst.inputs, inst.test], sort_keys=True).encode())
+    h.update(json.dumps([inst.source, inst.entry_point, inst.inputs, inst.test,
+                         _random_seed(inst) if inst.source == "humaneval" else None], sort_keys=True).encode())
     return h.hexdigest()
 
 
