@@ -152,6 +152,8 @@ def test_a_think_block_is_stripped_before_scoring_and_its_length_reported():
     # a block the chat template opened in the prompt (R1 distills, QwQ): the completion only closes it
     opened = f"Agent A: UP UP UP\nno wait{END_THINK}"
     assert split_think(f"{opened}\n\n{good}") == (good, len(opened))
+    # a plain-style code body keeps its indentation (stripped, it was a syntax error)
+    assert split_think(f"{THINK}x{END_THINK}\n    return x\n") == ("    return x\n", len(f"{THINK}x{END_THINK}"))
     [ok, unclosed, plain] = score_all(task, [(inst, f"{block}\n\n{good}"), (inst, f"{THINK}Agent A: UP"),
                                              (inst, good)])
     assert ok.valid and ok.metrics["think_chars"] == len(block)

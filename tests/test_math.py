@@ -52,6 +52,22 @@ def test_exact_match_only_and_the_failure_taxonomy():
     assert TASK.score(inst, f"+00{ans}").valid == (inst.answer >= 0)
 
 
+def test_answers_as_chat_models_write_them_and_the_sign_is_no_digit():
+    """The chat prompt shows the format in backticks; models also bold it and write a typographic minus: each was a
+    parse error with the format penalty. A wrong sign was scored as one wrong digit (a near miss, partial credit).
+    An outside review, seventy-ninth session."""
+    from harness.tasks.arith import MathInstance, MathShaping
+
+    inst = MathInstance(task="math", seed=0, digits=1, terms=2, expr="3-8", answer=-5, op="sub", carries=-1)
+    for text in ("`= -5`", "**= -5**", "= \u22125", "x = **-5**."):
+        assert TASK.score(inst, text).valid, text
+    other = MathInstance(task="math", seed=0, digits=1, terms=2, expr="9+9", answer=18, op="add", carries=1)
+    out = TASK.score(other, "= -8", MathShaping(partial_credit=1.0))
+    assert out.failure == "wrong_length" and out.reward == 0.0
+    out = TASK.score(other, "= 19", MathShaping(partial_credit=1.0))
+    assert out.failure == "wrong" and out.metrics["wrong_digits"] == 1.0 and out.reward == 0.5
+
+
 def test_bad_configs_and_knobs_name_the_field():
     with pytest.raises(ValidationError, match="sub_ratio \\+ mul_ratio must be <= 1.*env.levels.2.sub_ratio"):
         LevelEntry(digits=2, sub_ratio=0.7, mul_ratio=0.5)
@@ -139,6 +155,15 @@ def test_levels_can_come_from_reasoning_gym(monkeypatch):
         assert i.question and i.expr == "".join(i.question.rstrip(" =.").split(": ")[-1].split()[-5:])
         assert TASK.score(i, TASK.expert(i)).valid and not TASK.score(i, str(i.answer + 1)).valid
         assert TASK.prompt(i, "chat").startswith(i.question)
+    # basic_arithmetic's own answer was computed left to right, and its operands could have another length (an
+    # outside review, seventy-ninth session: ~1 instance in 4 at digits 2, terms 3, mul 0.5): the answer is the
+    # expression as it reads, every operand has the level's digits
+    import re
+
+    mul = MathConfig(levels=[LevelEntry(digits=2, terms=3, mul_ratio=0.5, source="basic_arithmetic")])
+    for i in (TASK.generate(mul, s) for s in range(40)):
+        nums = re.split(r"(?<=\d)[-+*]", i.expr)
+        assert i.answer == eval(i.expr) and all(len(n) == 2 for n in nums), i.expr
     import builtins
 
     real = builtins.__import__

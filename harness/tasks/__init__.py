@@ -4,6 +4,7 @@ what a family declares as data, and `BatchScorer`, `EnvStats`, `VetConfigs`, `Mi
 from __future__ import annotations
 
 import importlib
+import re
 
 from harness.tasks.base import BatchScorer, EnvStats, Instance, Mixture, Outcome, SuiteEntry, Task, TaskSpec, VetConfigs
 from harness.tasks.drawn import code_version
@@ -72,8 +73,8 @@ THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 def split_think(completion: str) -> tuple[str, int]:
     """`(answer, think_chars)`: a completion with the reasoning block a thinking chat model (Qwen3, DeepSeek-R1) writes
-    before its answer, `<think>...</think>`, split off. The answer is what follows `</think>` (leading whitespace
-    dropped); a block never closed (the model ran out of tokens thinking) leaves no answer. A completion that closes a
+    before its answer, `<think>...</think>`, split off. The answer is what follows `</think>` (`_after_think`: leading
+    blank lines dropped, the answer's own indentation kept); a block never closed (the model ran out of tokens thinking) leaves no answer. A completion that closes a
     block it never opened is one whose chat template opened it in the prompt (DeepSeek-R1 distills, QwQ: the
     generation prompt ends `<think>`): its thinking is everything before the first `</think>`. `think_chars` counts
     the block's characters, tags included (0 without a block)."""
@@ -83,12 +84,21 @@ def split_think(completion: str) -> tuple[str, int]:
         if end < 0:
             return completion, 0
         cut = end + len(THINK_CLOSE)
-        return completion[cut:].lstrip(), cut
+        return _after_think(completion[cut:]), cut
     end = head.find(THINK_CLOSE)
     if end < 0:
         return "", len(head)
     cut = end + len(THINK_CLOSE)
-    return head[cut:].lstrip(), cut
+    return _after_think(head[cut:]), cut
+
+
+def _after_think(rest: str) -> str:
+    """The answer after `</think>`: on a later line, its blank lines dropped and its first line's indentation kept (a
+    plain-style code body is indented: stripping it made every such answer a syntax error; an outside review,
+    seventy-ninth session); on the same line, its leading spaces dropped."""
+    if re.match(r"[ \t]*\r?\n", rest):
+        return re.sub(r"\A(?:[ \t]*\r?\n)+", "", rest)
+    return rest.lstrip()
 
 
 def score_all(task: Task, pairs: list[tuple[Instance, str]], shaping=None) -> list[Outcome]:
