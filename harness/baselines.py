@@ -175,23 +175,39 @@ def level_env(run: Run, files: dict[str, str]):
 
 
 def probe_levels(run: Run, k: int, policy: str, env, list_field: str, levels: list, probe_n: int, samples: int,
-                 temperature: float, label: str) -> tuple[list[float], int]:
+                 temperature: float, label: str) -> tuple[list[float], list[float], int]:
     """The policy's valid rate on `probe_n` fresh probe instances of every level alone (`samples` each at
-    `temperature`), charged to the ledger under `label`. Returns (rate per level, tokens generated)."""
-    rates, tokens, secs = [], 0, 0.0
+    `temperature`), charged to the ledger under `label`. Returns (rate per level, learnability per level, tokens
+    generated). A level's learnability is the mean over its instances of p_i(1 - p_i), p_i the instance's own success
+    rate over its samples (SFL's score, Rutherford et al. 2024: a level is an instance there; GRPO learns from the
+    spread inside one prompt's group), not the pooled rate's p(1 - p), which also pays for differences between
+    instances: a level half always and half never solved scored the maximum 0.25 with no learning signal in any group
+    (an outside review, seventy-ninth session: PLR put 79% of the mix there)."""
+    rates, scores, tokens, secs = [], [], 0, 0.0
     for i, lv in enumerate(levels):
         one = _with_levels(run.task, env, list_field, [lv], [1.0])
         seeds = run.draw_seeds("probe", probe_n, key=f"s{k}/{label}/{i}")
         out, s, t = rollouts(run, policy, seeds, one, samples, temperature)
         rates.append(float(np.mean([r.valid for r in out])))
+        scores.append(learnability(out))
         tokens, secs = tokens + t, secs + s
     run.charge(k, "policy", "rollout", seconds=secs, tokens=tokens, label=label)
-    return rates, tokens
+    return rates, scores, tokens
+
+
+def learnability(rollouts_: list) -> float:
+    """A level's learnability from its probe rollouts: the mean over its instances (by seed) of p_i(1 - p_i), p_i
+    the instance's success rate over its samples (0 for none)."""
+    per: dict[int, list[bool]] = {}
+    for r in rollouts_:
+        per.setdefault(r.seed, []).append(bool(r.valid))
+    return float(np.mean([np.mean(v) * (1 - np.mean(v)) for v in per.values()])) if per else 0.0
 
 
 class PLR:
     """Prioritised level replay over the mixture's entries (its levels, `level_env`): the policy is probed on
-    `probe_n` fresh probe instances of every level, each level scored by its learnability p(1 - p), and the stage
+    `probe_n` fresh probe instances of every level, each level scored by its learnability (the mean of its instances'
+    p_i(1 - p_i): `probe_levels`), and the stage
     trains on `(1 - rho) * rank-prioritised + rho * uniform` (Jiang et al. 2021). Its probes are charged."""
 
     LABEL = "plr"  # the ledger's label and the probes' seed key
@@ -208,18 +224,21 @@ class PLR:
         recipe = harness_models(files, run.task)[1]
         env = level_env(run, files)
         list_field, levels = _levels(run.task, env)
-        rates, tokens = probe_levels(run, k, policy, env, list_field, levels, self.cfg.probe_n, self.cfg.samples,
-                                     recipe.temperature, self.LABEL)
-        weights = self.weights([r * (1 - r) for r in rates])
+        rates, scores, tokens = probe_levels(run, k, policy, env, list_field, levels, self.cfg.probe_n,
+                                             self.cfg.samples, recipe.temperature, self.LABEL)
+        weights = self.weights(scores)
         stage_env = _with_levels(run.task, env, list_field, levels, [round(w, 4) for w in weights])
+        keys = _keys(run.task, levels)
         return Provided(files=with_env(files, stage_env), weights=weights, probe_tokens=tokens,
-                        state={"rates": dict(zip(_keys(run.task, levels), rates, strict=True))})
+                        state={"rates": dict(zip(keys, rates, strict=True)),
+                               "scores": dict(zip(keys, [round(x, 6) for x in scores], strict=True))})
 
 
 class Learnability(PLR):
     """The learnability sampler of Rutherford et al. 2024 ("No Regrets: Investigating and Improving Regret
     Approximations for Curriculum Discovery", SFL): the policy is probed on `probe_n` fresh probe instances of every
-    level (`level_env`; charged, as PLR's), each level scored by its learnability p(1 - p) (p: its success rate), and
+    level (`level_env`; charged, as PLR's), each level scored by its learnability (the mean of its instances'
+    p_i(1 - p_i), p_i an instance's success rate over its samples: `probe_levels`), and
     the stage trains on weights proportional to the score itself (not its rank), restricted to the `top_k` levels of
     highest score, mixed with `rho` uniform over all levels (`learnability_weights`). SFL samples uniformly from a
     buffer of its top-k levels; here the buffer's levels are weighted by their score."""
@@ -456,10 +475,10 @@ def run_baseline(run: Run, provider: Provider, budget: int, name: str,
                             tokens_per_step=trained.tokens / max(1, len(trained.steps)), compute=after["compute"],
                             valid=test["valid"], optimal=test["optimal"], weights=provided.weights,
                             seconds=time.perf_counter() - t0)
-        run.save_result(k, row)
-        run.path(f"stage{k}.json").write_text(row.model_dump_json())  # the row, readable without sqlite
         run.store.end_stage(run.id, k, checkpoint=trained.checkpoint, metrics={"valid": row.valid,
                                                                                "optimal": row.optimal})
+        run.save_result(k, row)  # after the stage's close: a resume that finds the row (a finished stage) finds both
+        run.path(f"stage{k}.json").write_text(row.model_dump_json())
         for old in run.run_dir.glob("s*"):  # superseded: every earlier stage's checkpoint, not only the last one's
             if old.is_dir() and old.name[1:].isdigit() and int(old.name[1:]) < k:  # (a kill between the row and
                 shutil.rmtree(old)  # this loop left one behind for good when only s{k-1} was removed)

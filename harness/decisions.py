@@ -42,7 +42,7 @@ import numpy as np
 from harness.arms import arm_eval, arm_name, backtest_seeds, judge_more
 from harness.backtest import ArmEval, finished_shares, judge_fingerprint, prior_pairs, regression, verdicts
 from harness.diagjudge import veto_stands
-from harness.records import RECURRING, Evidence, Verdict, cut, problem_label
+from harness.records import RECURRING, Evidence, Verdict, cut, evidence_n, problem_label
 from harness.results import ArmVsStart, Backtested, CarryChecked, Decided, GateAnswer, Probed, Trained
 from harness.run import Run
 
@@ -127,12 +127,14 @@ def look_until_decided(run: Run, k: int, arms: dict[str, Any], main_files: dict[
     stands = veto_stands(run, k, pair)  # a veto's block counts only if the veto still passes its checks now
     look = 0
     while True:
-        t_gate = time.perf_counter()
+        t_gate, rechecked = time.perf_counter(), stands.spent[0]
         vs = verdicts(c_eval, main_files, [(cid, cand_files[cid], evals[cid]) for cid in cand_files], cfg.gate,
                       samples=samples, plan=plan, judge=fp, prior=prior, pooled=pooled, looks=looks,
                       comparisons=comparisons or len(cand_files), at_least=at_least, veto_stands=stands)
-        # the gate's reading, evolved vetoes (sandbox runs) and their re-checks included: this machine's compute
-        run.charge(k, arm_name("gate", pair), "eval", seconds=time.perf_counter() - t_gate, label=f"verdicts look {look}")
+        # the gate's reading and its evolved vetoes (sandbox runs): this machine's compute; a veto's re-check is
+        # charged by itself (`veto-recheck`), so it is left out here
+        took = time.perf_counter() - t_gate - (stands.spent[0] - rechecked)
+        run.charge(k, arm_name("gate", pair), "eval", seconds=max(0.0, took), label=f"verdicts look {look}")
         for v in vs:
             if v.evidence is not None:
                 looks[v.candidate] = v.evidence.looks
@@ -1169,7 +1171,7 @@ def escalate(run: Run, k: int, diagnosis: Any, candidates: list[Any], slots: int
     ev = row.get("evidence") or {}
     retest = old.model_copy(update={"rationale": (
         f"escalation: {why}; re-testing {row['id']} (inconclusive: effect {ev.get('effect', 0):+.3f} "
-        f"[{ev.get('ci_low', 0):+.3f}, {ev.get('ci_high', 0):+.3f}], n={ev.get('n')}) with a new arm pair pooled with "
+        f"[{ev.get('ci_low', 0):+.3f}, {ev.get('ci_high', 0):+.3f}], n={evidence_n(ev)}) with a new arm pair pooled with "
         f"its evidence. Was: {old.rationale}")[:2000]})
     run.event(k, "propose", "escalation", f"{why}: re-testing the most promising inconclusive fix {row['id']} "
               f"({old.change.knob} -> {old.change.value}) first", key=f"{k}/escalation")
@@ -1207,7 +1209,7 @@ def runners_up(run: Run, k: int, diagnosis: Any, candidates: list[Any], slots: i
             continue
         ev = row.get("evidence") or {}
         why = (f"{row['id']} passed the gate at stage {k - 1} (effect {ev.get('effect', 0):+.3f} "
-               f"[{ev.get('ci_low', 0):+.3f}, {ev.get('ci_high', 0):+.3f}], n={ev.get('n')}) and was "
+               f"[{ev.get('ci_low', 0):+.3f}, {ev.get('ci_high', 0):+.3f}], n={evidence_n(ev)}) and was "
                f"{row.get('reason') or 'beaten'}: re-tested from the new harness state")
         front.append(old.model_copy(update={"rationale": cut(f"runner-up: {why}. Was: {old.rationale}", 2000)}))
         run.event(k, "propose", "runner_up", why, key=f"{k}/runnerup/{row['id']}")

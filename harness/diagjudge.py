@@ -452,6 +452,7 @@ def veto_stands(run: Run, k: int, pair: int = 1) -> Callable[[str, str], str | N
     held: list[Rollout] | None = None
     round0: dict[str, str] | None = None
     seen: dict[tuple[str, str], str | None] = {}
+    spent = [0.0]  # seconds of the re-checks run (charged under `veto-recheck`; the gate's own row leaves them out)
 
     def stands(path: str, source: str) -> str | None:
         nonlocal held, round0
@@ -466,6 +467,7 @@ def veto_stands(run: Run, k: int, pair: int = 1) -> Callable[[str, str], str | N
             t0 = time.perf_counter()
             details: list[str] = []
             why = recheck_veto(path, source, held, seed=k * 1000 + 900 + pair, details=details)
+            spent[0] += time.perf_counter() - t0
             run.charge(k, "veto-recheck", "eval", seconds=time.perf_counter() - t0, label=f"veto re-check {path}"
                        + (f" pair {pair}" if pair > 1 else ""))
             run.event(k, "backtest", "veto_recheck", f"{path} blocked a candidate{f' (arm pair {pair})' if pair > 1 else ''}"
@@ -476,6 +478,7 @@ def veto_stands(run: Run, k: int, pair: int = 1) -> Callable[[str, str], str | N
             seen[key] = why
         return seen[key]
 
+    stands.spent = spent  # type: ignore[attr-defined]
     return stands
 
 

@@ -393,11 +393,17 @@ def node_vet(run: Run, state: State) -> State:
     from harness.vet import VetResult, vet
 
     probe_rollouts = read_rollouts(Path(run.result(k, Probed).rollouts))
-    main_files = run.workspace().files("main")
+    ws = run.workspace()
+    main_files = ws.files("main")
     vetted = []
     for cid in state.get("candidates", []):
         row = run.store.candidate(cid)
         if row["status"] in ("rejected_vet", "rejected", "promoted"):
+            continue
+        if (d := ws.decision(cid)) is not None:  # rejected in git, killed before run.db heard of it: git's stands
+            # (vetted again, it could pass this time, a branch already deleted: every later resume failed)
+            run.store.set_candidate_verdict(Verdict(candidate=cid, decision="rejected", reason=d.reason,
+                                                    stage_reached="vet"), tag=d.tag)
             continue
         t_vet = time.perf_counter()
         try:

@@ -339,10 +339,10 @@ def run_pbt(run: Run, cfg: PBTConfig, budget: int, name: str,
                             probe_tokens=sum(t.probe_tokens for t in trained),
                             tokens_per_step=train_tokens / max(1, steps), compute=after["compute"],
                             valid=test["valid"], optimal=test["optimal"], seconds=time.perf_counter() - t0)
-        run.save_result(k, row)
-        run.path(f"stage{k}.json").write_text(row.model_dump_json())
         run.store.end_stage(run.id, k, checkpoint=best.checkpoint, metrics={"valid": row.valid,
                                                                             "optimal": row.optimal})
+        run.save_result(k, row)  # after the stage's close: a resume that finds the row (a finished stage) finds both
+        run.path(f"stage{k}.json").write_text(row.model_dump_json())
         for old in run.path("pbt", "x").parent.glob("s*"):  # superseded: every earlier stage's members
             if old.name[1:].isdigit() and int(old.name[1:]) < k:
                 shutil.rmtree(old)

@@ -152,6 +152,24 @@ def test_bandit_learns_from_its_own_training_rollouts(tmp_path):
         run.store.close()
 
 
+def test_a_levels_learnability_is_its_instances_not_its_pooled_rate():
+    """SFL scores an instance by p(1 - p) over its own samples: GRPO learns from the spread inside one prompt's group.
+    A level half always and half never solved has no such spread (every group ties) yet its pooled rate scored the
+    maximum 0.25, above a level every instance of which is solved 1 time in 4 (0.1875), and PLR gave it 79% of the
+    mix (an outside review, seventy-ninth session). Would catch the pooled rate back."""
+    from types import SimpleNamespace
+
+    from harness.baselines import learnability, plr_weights
+
+    def level(per_instance: list[list[bool]]):
+        return [SimpleNamespace(seed=i, valid=v) for i, vs in enumerate(per_instance) for v in vs]
+
+    split = level([[True] * 4] * 8 + [[False] * 4] * 8)
+    quarter = level([[True, False, False, False]] * 16)
+    assert learnability(split) == 0.0 and learnability(quarter) == pytest.approx(0.1875)
+    assert plr_weights([learnability(split), learnability(quarter)], 0.3, 0.3)[1] > 0.5
+
+
 def test_learnability_probes_the_target_levels_and_pays_for_it(tmp_path):
     from harness.stagebook import step_equivalents
 
@@ -163,7 +181,7 @@ def test_learnability_probes_the_target_levels_and_pays_for_it(tmp_path):
         assert p.probe_tokens > 0
         assert step_equivalents(run.store, run.id)["judge_tokens"] == p.probe_tokens  # charged to the ledger
         assert set(p.state["rates"]) == {"3", "4"} and list(_sizes(p)) == [3, 4]  # the target's levels
-        scores = [r * (1 - r) for r in p.state["rates"].values()]
+        scores = list(p.state["scores"].values())
         assert np.allclose(p.weights, learnability_weights(scores, None, cfg.rho))
     finally:
         run.close()
