@@ -87,7 +87,7 @@ _FILE = re.compile(r"^s(\d+)-(probe|.+-backtest)\.jsonl\.gz$")
 
 def heldout_rollouts(rollouts_dir: Path, stage: int, max_rollouts: int = MAX_HELDOUT_ROLLOUTS) -> list[Rollout]:
     """The cached rollouts of stages before `stage` (`s<j>-probe.jsonl.gz`, `s<j>-<arm>-backtest.jsonl.gz`), most
-    recent stage first: that stage's files whole, whatever their size, then older stages' files while the total stays
+    recent stage first: that stage's files whole, however many rollouts they hold, then older stages' files while the total stays
     within `max_rollouts`; a file is never cut part-way. Why whole: an arm's file cut short made every replayed A/A
     pair smaller than a live arm, and a veto that blocked only arms of more instances than the replays held passed its
     judgement and its re-check and then blocked every live candidate (an outside review, seventy-ninth session, on a

@@ -856,7 +856,7 @@ def _rollout_json(rollouts: list[Rollout]) -> list[dict[str, Any]]:
 
 
 _CODE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
-_METRIC = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.=-]{0,63}")  # a finding code's characters, and `=` (`size=5_fail`)
+_METRIC = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.=-]{0,63}")  # a finding code's characters, and `=` (`<slice>=<value>_fail`)
 MAX_EVOLVED_FINDINGS, MAX_EVOLVED_METRICS = 64, 64  # what one evolved diagnostic may report a run
 MESSAGE_CHARS = 500  # a finding's message as the engineer reads it, every stage: long enough to say why, no longer
 SLICE_CHARS = 60  # a slice's key and value together: a category of instances, never an instance's text

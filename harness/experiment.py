@@ -698,7 +698,7 @@ def trained_as(rc: Any) -> dict[str, Any]:
     run's env, recipe and reward written in) through the env, recipe and reward models, and the judge's, the test's
     and the warm start's generator configs through the task's config model. A setting added or dropped there is then a
     difference even where its record has no key for it on one side (an outside review, seventy-ninth session: a
-    scenario's round-0 `drop_dead_groups` removed, or a target's `min_distance` added, between two parts was pooled
+    scenario's round-0 `drop_dead_groups` removed, or a generator setting added to its target, between two parts was pooled
     with the results made before it)."""
     from harness.round0 import harness_models, round0_files
     from harness.tasks import get_task

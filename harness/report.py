@@ -256,9 +256,11 @@ def print_summary(run_dir: Path, console) -> dict[str, Any]:
         events = store.events(st["run"])
     finally:
         store.close()
-    for x in exploit_stages(run_dir):  # a stage that trained under the last promotion instead of judging arms
-        console.print(f"exploit, stage {x['stage']}: {x['steps']} GRPO steps under {shown(str(x['exploits']))}"
-                      f"; {shown(x['outcome'])}", highlight=False)
+    came = {x["stage"]: x["outcome"] for x in exploit_stages(run_dir)}  # what each exploit stage came to
+    for e in events:  # a stage that trained under the last promotion instead of judging arms: why, and the outcome
+        if e["kind"] == "exploit":
+            console.print(f"exploit, stage {e['stage']}: {shown(e['message'])}"
+                          + (f"\n  outcome: {shown(came[e['stage']])}" if e["stage"] in came else ""), highlight=False)
     kept = [s["stage"] for s in st["stages"] if s.get("carried") and s.get("anchored") is False]
     if kept:  # the lineage trained on from these stages' checkpoints; the anchor (what the report scores) stayed
         console.print(f"lineage_kept: stages {', '.join(map(str, kept))} (trained on, not above the anchor by its "

@@ -66,8 +66,10 @@ def gather(run_dir: Path) -> dict[str, Any]:
     # what a reviewer must not miss: warnings, a stage that lowered the policy, a checkpoint not carried forward
     warnings = [e for e in events if e["kind"] in ("warning", "regression", "not_carried", "control_below",
                                                    "carried_arm", "fallback")]  # and a lineage step no promotion made
-    exploits = [{"stage": x["stage"], "message": f"{x['steps']} GRPO steps under {x['exploits']}; {x['outcome']}"}
-                for x in exploit_stages(run_dir)]  # stages that trained under the last promotion, and what came of it
+    came = {x["stage"]: x["outcome"] for x in exploit_stages(run_dir)}
+    exploits = [{"stage": e["stage"], "message": e["message"] + (f" Outcome: {came[e['stage']]}." if e["stage"] in came
+                                                                   else "")}
+                for e in events if e["kind"] == "exploit"]  # stages that trained under the last promotion: why, what came
     diffs, evolved = {}, ""
     try:
         from sandbox.workspace import Workspace
@@ -335,7 +337,7 @@ def _summary(d: dict[str, Any], gate_min: float | None) -> str:
     undecided = [c for c in cands if c["verdict"] == "inconclusive"]
     pending = [c for c in cands if (c["verdict"] or "").endswith("(pending: not applied yet)")]
     compute = st["compute"]
-    # this machine's seconds (`RunStore.seconds_spent`: not the wait on an engineer's endpoint, listed apart)
+    # this machine's seconds (`RunStore.seconds_spent`: not the time spent on an engineer's endpoint, listed apart)
     secs = st.get("seconds_spent", sum((v.get("seconds") or 0) for v in compute.values()))
     comp = ", ".join(f"{k} {v.get('seconds') or 0:.0f} s" for k, v in compute.items())
     net = ""

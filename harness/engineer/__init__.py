@@ -47,7 +47,7 @@ from harness.engineer.scripted import ScriptError, scripted_replies
 from harness.records import Diagnosis
 
 MAX_PROMPT_SKILLS = 8  # skills shown to an LLM engineer (in-family first, then other families')
-TRANSIENT_BACKOFF_S = 8.0  # the longest wait before asking an unreachable, busy (429) or failing (5xx) endpoint again
+TRANSIENT_BACKOFF_S = 8.0  # the longest pause before asking an unreachable, busy (429) or failing (5xx) endpoint again
 
 __all__ = ["EngineerConfig", "EngineerError", "ProposalResult", "change_key", "knob_space", "preflight", "propose"]
 

@@ -100,7 +100,7 @@ RULES = """Rules:
    and optionally veto(control, candidate) -> str | None; put its source in "code" and leave "value" out. It runs in
    a sandbox (standard library only, no network, no files) on the rollouts as plain dicts with at least `valid`
    (bool), `failure` (str or None), `reward` (float) and `slices` (dict of str -> str). A finding is a dict with
-   `code` (short name), `severity` (info|warn|critical), `count`, `rate` (0..1), optional `slice` ({"size": "5"}),
+   `code` (short name), `severity` (info|warn|critical), `count`, `rate` (0..1), optional `slice` ({"<key>": "<value>"}),
    `message` and optional `knobs`; metrics are plain numbers. veto gets the control's and the candidate's metrics
    and returns a reason to block the promotion, or None. A revision must keep every finding code, metric and veto
    the file has now (listed below)."""
