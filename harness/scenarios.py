@@ -383,27 +383,27 @@ def scenario_files(where: list[str | Path], only: list[str] | None = None) -> li
     return files
 
 
-def _run_path(path: Path) -> Path | None:
-    """The run config a scenario file names as its `run:` (resolved), without validating the rest; None if none."""
+def _peek(path: Path) -> dict[str, Any]:
+    """A scenario file's mapping without validating it ({} where it does not read as one): selecting files by name
+    or telling a shared run config apart must not fail on another broken file (it is named when it is loaded)."""
     from sandbox.yamlload import YamlError, load_yaml
 
     try:
-        data = load_yaml(path)
+        data = load_yaml(path)  # bounded (no alias bombs)
     except (YamlError, OSError, ValueError):
-        return None
-    run = data.get("run") if isinstance(data, dict) else None
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _run_path(path: Path) -> Path | None:
+    """The run config a scenario file names as its `run:` (resolved); None if none."""
+    run = _peek(path).get("run")
     return (path.parent / run).resolve() if isinstance(run, str) else None
 
 
 def _name(path: Path) -> str:
-    """A scenario file's name without validating the rest (selecting by name must not fail on another broken file)."""
-    from sandbox.yamlload import YamlError, load_yaml
-
-    try:
-        data = load_yaml(path)  # bounded (no alias bombs); a broken file is named when it is loaded, if selected
-    except (YamlError, OSError, ValueError):
-        return path.stem
-    name = data.get("scenario", path.stem) if isinstance(data, dict) else path.stem
+    """A scenario file's name (its `scenario:`, else its file name)."""
+    name = _peek(path).get("scenario", path.stem)
     return name if isinstance(name, str) else path.stem
 
 
