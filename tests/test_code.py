@@ -38,6 +38,12 @@ def test_generator_is_deterministic_and_honours_its_knobs():
         assert inst.solution.count("\n") == 3 and inst.solution.strip().startswith("x = ")
     strs = [TASK.generate(CodeConfig(levels=[LevelEntry(depth=1, str_ratio=1.0)]), s) for s in range(20)]
     assert all(i.domain == "str" and isinstance(i.inputs[0], str) for i in strs)
+    # with no example shown the docstring names the input (a string and a list share "reverse" and "sort")
+    bare = [TASK.generate(CodeConfig(levels=[LevelEntry(depth=1, examples=0)]), s) for s in range(20)]
+    assert {i.domain for i in bare} == {"str", "list"}
+    assert all((" x is a string." in i.header) == (i.domain == "str") for i in bare)
+    assert all((" x is a list of integers." in i.header) == (i.domain == "list") for i in bare)
+    assert not any(" x is a" in i.header for i in a + strs)  # shown examples say it: those prompts are unchanged
     mix = CodeConfig(levels=[LevelEntry(depth=1, data_ratio=0.9), LevelEntry(depth=4, data_ratio=0.1)])
     share = sum(TASK.generate(mix, s).depth == 1 for s in range(400)) / 400
     assert 0.85 <= share <= 0.95, share
@@ -85,6 +91,12 @@ def test_the_failure_taxonomy():
     near = f"    if x == {once!r}:\n        return [99]\n" + inst.solution
     out = TASK.score(inst, near)
     assert out.failure == "wrong_output" and TASK.spec.near_miss(out.metrics), out
+    # the expert's list returned as a tuple is not the list the problem asks for (as JSON it read as one, and passed)
+    assert inst.output == "list"
+    as_tuple = "    def g(x):\n" + "".join("    " + ln for ln in inst.solution.splitlines(True)) + "    return tuple(g(x))\n"
+    assert TASK.score(inst, inst.solution).valid
+    out = TASK.score(inst, as_tuple)
+    assert not out.valid and out.failure == "wrong_output" and out.metrics["tests_passed"] == 0.0, out
 
 
 @pytest.mark.parametrize("program, failures", [

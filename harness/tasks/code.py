@@ -221,8 +221,10 @@ def _reference(body: str):
     return ns["f"]
 
 
-def _header(phrases: list[str], shown: list[tuple[Any, Any]]) -> str:
+def _header(phrases: list[str], shown: list[tuple[Any, Any]], domain: str) -> str:
     doc = ", then ".join(phrases) + "."
+    if not shown:  # no example says what x is, and a string and a list share steps ("reverse", "sort", "first 2")
+        doc += f" x is {'a string' if domain == 'str' else 'a list of integers'}."
     lines = [f"def f(x):\n    \"\"\"{doc}\n"]
     for arg, out in shown:
         lines.append(f"    >>> f({arg!r})\n    {out!r}\n")
@@ -261,7 +263,7 @@ def _generate(config: CodeConfig, seed: int) -> CodeInstance:
         out_type = {list: "list", int: "int", str: "str"}[type(outs[0])]
         k = lv.examples
         return CodeInstance(
-            task="code", seed=seed, header=_header([p for p, _ in filled], list(zip(args[:k], outs[:k]))),
+            task="code", seed=seed, header=_header([p for p, _ in filled], list(zip(args[:k], outs[:k])), domain),
             solution=body, depth=lv.depth, domain=domain, output=out_type,
             feature=max((s.feature for s in chosen), key=FEATURES.index), steps=[p for p, _ in filled],
             inputs=args[k:], expected=outs[k:])
@@ -336,9 +338,23 @@ def program(inst: CodeInstance, completion: str) -> str:
 # --- scoring -------------------------------------------------------------------------------------------------------
 
 # Runs inside the sandbox (kind=function): load the program, call the entry point on each hidden input. Outputs go
-# back as JSON; the expected outputs stay on the host. A value JSON cannot carry is reported as its type.
+# back as JSON; the expected outputs stay on the host. A value JSON cannot carry is reported as its type. A tuple, or a
+# dict, goes back tagged as HumanEval's record job tags it (`_TAGS`): as plain JSON a tuple read as the list a problem
+# asks for, and passed.
 _RUN_TESTS = '''
 import json
+
+
+def typed(v):
+    t = type(v)
+    if t is tuple:
+        return {"tuple": [typed(x) for x in v]}
+    if t is list:
+        return [typed(x) for x in v]
+    if t is dict:
+        return {"dict": [[typed(k), typed(x)] for k, x in v.items()]}
+    return v
+
 
 def run_tests(program, entry, inputs):
     ns = {"__name__": "solution"}
@@ -350,7 +366,7 @@ def run_tests(program, entry, inputs):
     out = []
     for a in inputs:
         try:
-            v = f(a)
+            v = typed(f(a))
             json.dumps(v)
             out.append({"value": v})
         except BaseException as e:
