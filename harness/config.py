@@ -519,6 +519,10 @@ class EngineerConfig(BaseModel):
     temperature: float = Field(0.7, ge=0, le=2, description="sampling temperature of the engineer")
     max_tokens: int = Field(1024, ge=16, description="reply budget in tokens")
     timeout_s: float = Field(120.0, gt=0, le=86_400, description="seconds allowed for one endpoint reply (at most a day)")
+    proxy: str | None = Field(None, pattern=r"^(https?|socks5h?)://\S+$",
+                              description="llm with base_url: the proxy its requests (and API key) go through, e.g. "
+                              "http://proxy.corp:3128; none by default, and HTTPS_PROXY/HTTP_PROXY are not read (the "
+                              "key goes only where this file says)")
     preflight: bool = Field(True, description="llm: before anything trains, check that the endpoint answers (one "
                                               "1-token completion) or the local checkpoint loads; false starts anyway "
                                               "(stages it cannot answer fall back to the rule engineer)")

@@ -236,6 +236,27 @@ def test_llm_api_key_from_named_env_var(lib, monkeypatch):
     assert res.engineer_used == "rule" and any("EVOTRAINER_TEST_KEY is not set" in n for n in res.notes)
 
 
+def test_a_proxy_is_used_only_when_the_run_config_names_it(lib, monkeypatch):
+    """`engineer.proxy` sends the request (and its key) through the named proxy; the environment's proxy variables
+    are never read. Would catch: no way through a proxy (the seventy-ninth session's review left it), or HTTPS_PROXY
+    picked up from the environment, which sends the key to a proxy nobody named in the run config."""
+    monkeypatch.setenv("EVOTRAINER_TEST_KEY", "sk-via-proxy")
+    with FakeEndpoint([json.dumps(_one())]) as proxy:  # answers the proxied request itself: it sees the absolute URL
+        res = propose(_cfg("http://engineer.invalid/v1", api_key_env="EVOTRAINER_TEST_KEY",
+                           proxy=proxy.url.removesuffix("/v1")), _diag(), lib, 1, np.random.default_rng(0), space=SPACE)
+    assert res.engineer_used == "llm"
+    assert proxy.requests[0]["path"] == "http://engineer.invalid/v1/chat/completions"
+    assert proxy.requests[0]["auth"] == "Bearer sk-via-proxy"
+    with FakeEndpoint([json.dumps(_one())]) as proxy:
+        for var in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "ALL_PROXY"):
+            monkeypatch.setenv(var, proxy.url.removesuffix("/v1"))
+        res = propose(_cfg("http://engineer.invalid/v1", api_key_env="EVOTRAINER_TEST_KEY", timeout_s=2, max_retries=0),
+                      _diag(), lib, 1, np.random.default_rng(0), space=SPACE)
+    assert proxy.requests == [] and res.engineer_used == "rule" and any("unreachable" in n for n in res.notes)
+    with pytest.raises(ValueError, match="proxy"):
+        EngineerConfig(kind="llm", base_url="http://x/v1", model="m", proxy="proxy.corp:3128")  # no scheme
+
+
 def test_config_rejects_incomplete_llm_settings():
     with pytest.raises(ValueError, match="base_url \\+ model"):
         EngineerConfig(kind="llm", base_url="http://x/v1")

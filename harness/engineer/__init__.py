@@ -62,7 +62,7 @@ def _reply_fn(cfg: EngineerConfig, diagnosis: Diagnosis, policy_ckpt: Path | Non
         return scripted_replies(Path(cfg.script), diagnosis.stage)
     if cfg.base_url:
         return chat_endpoint(cfg.base_url, cfg.model, cfg.api_key_env, cfg.temperature, cfg.max_tokens, cfg.timeout_s,
-                             usage)
+                             usage, proxy=cfg.proxy)
     path = policy_ckpt if cfg.model_path == "policy" else Path(cfg.model_path)
     if path is None:
         raise EngineerError("engineer model_path 'policy' needs the current policy checkpoint (policy_ckpt)")
@@ -86,7 +86,7 @@ def preflight(cfg: EngineerConfig) -> str | None:
     if cfg.base_url:
         try:
             reply = chat_endpoint(cfg.base_url, cfg.model, cfg.api_key_env, 0.0, 1,
-                                  min(cfg.timeout_s, PREFLIGHT_TIMEOUT_S))
+                                  min(cfg.timeout_s, PREFLIGHT_TIMEOUT_S), proxy=cfg.proxy)
             reply([{"role": "user", "content": "Reply with the word OK."}], 0)
         except EndpointError as exc:
             return str(exc)

@@ -168,7 +168,7 @@ MAX_RESPONSE_BYTES = 4_000_000  # a chat completion larger than this is refused 
 
 
 def post_json(url: str, payload: dict, headers: dict[str, str], timeout_s: float,
-              max_bytes: int = MAX_RESPONSE_BYTES) -> tuple[int, bytes]:
+              max_bytes: int = MAX_RESPONSE_BYTES, proxy: str | None = None) -> tuple[int, bytes]:
     """POST `payload` as JSON; (HTTP status, body). Raises EndpointError when no complete reply arrives within
     `timeout_s` for the WHOLE request (connect, headers and body: a server that drips one byte at a time cannot hold
     the run), when the body exceeds `max_bytes`, on a redirect (never followed: the API key must not reach another
@@ -177,12 +177,13 @@ def post_json(url: str, payload: dict, headers: dict[str, str], timeout_s: float
     httpx rather than urllib: urllib follows redirects and re-sends the Authorization header to wherever they point,
     and neither applies a deadline to a whole request; httpx does not follow redirects unless asked, and the request
     runs in a worker thread the caller stops waiting for at the deadline (the client is then closed, and each of its
-    reads is bounded by the same timeout, so the thread ends too)."""
+    reads is bounded by the same timeout, so the thread ends too). The environment's proxy variables are not read
+    (`trust_env=False`: the key goes only where the run config says); `proxy` names one (`engineer.proxy`)."""
     import httpx
 
     box: dict[str, Any] = {}
     stop = threading.Event()
-    client = httpx.Client(follow_redirects=False, trust_env=False,
+    client = httpx.Client(follow_redirects=False, trust_env=False, proxy=proxy,
                           timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0)))
 
     def work() -> None:
@@ -227,7 +228,7 @@ def post_json(url: str, payload: dict, headers: dict[str, str], timeout_s: float
 
 
 def chat_endpoint(base_url: str, model: str, api_key_env: str | None, temperature: float, max_tokens: int,
-                  timeout_s: float, usage: Usage | None = None) -> ReplyFn:
+                  timeout_s: float, usage: Usage | None = None, proxy: str | None = None) -> ReplyFn:
     """A reply function that POSTs to `{base_url}/chat/completions` (`post_json`: one deadline per request, a bounded
     read, no redirects). Each answered call is added to `usage` (its `usage` field's tokens, the seconds it took)."""
     headers = {"Content-Type": "application/json"}
@@ -244,7 +245,7 @@ def chat_endpoint(base_url: str, model: str, api_key_env: str | None, temperatur
         status, payload = 0, None
         try:
             status, raw = post_json(url, {"model": model, "messages": messages, "temperature": temperature,
-                                          "max_tokens": max_tokens}, headers, timeout_s)
+                                          "max_tokens": max_tokens}, headers, timeout_s, proxy=proxy)
             try:
                 payload = json.loads(raw.decode("utf-8")) if status < 400 else None
             except (UnicodeDecodeError, ValueError, RecursionError):
