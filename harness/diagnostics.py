@@ -665,10 +665,12 @@ def target_view(task: Any, target: list[Rollout], target_config: Any, train_conf
     stats = slice_stats(target, key) if key else {}
     prev = slice_stats(previous, key) if key and previous else {}
     values = sorted({*tshare, *(k.split("=", 1)[1] for k in stats)}, key=_order_key)
-    slices = []
+    slices, unmeasured = [], {}
     for v in values:
         st = stats.get(f"{key}={v}")
-        if st is None:  # a target value the rollouts did not draw (a tiny share): nothing measured
+        if st is None:  # a target value the rollouts did not draw (a small share): nothing measured, its share kept
+            if tshare.get(v, 0.0) > 0:
+                unmeasured[v] = round(tshare[v], 4)
             continue
         p = prev.get(f"{key}={v}")
         slices.append(TargetSlice(value=v, n=int(st["n"]), valid=st["valid"], target_share=round(tshare.get(v, 0.0), 4),
@@ -685,7 +687,7 @@ def target_view(task: Any, target: list[Rollout], target_config: Any, train_conf
                       previous_valid=overall_stats(previous)["valid"] if previous else None, train_valid=train_valid,
                       shares_from=src, config=target_config.model_dump(mode="json"),
                       differs=config_differences(train_config, target_config, task.spec.entry_key),
-                      mix_distance=round(distance, 4), mix_only=mix_only)
+                      mix_distance=round(distance, 4), mix_only=mix_only, unmeasured=unmeasured)
 
 
 def _fell(now: float, n_now: int, before: float, n_before: int) -> bool:

@@ -225,6 +225,9 @@ class TargetView(BaseModel):
                                        "target lacks included); None in diagnoses written before it")
     mix_only: dict[str, float] = Field(default_factory=dict, description="the mix's shares on values of slice_key "
                                        "the target does not have")
+    unmeasured: dict[str, float] = Field(default_factory=dict, description="target values of slice_key the probe "
+                                         "drew no instance of, with their target shares (not in slices: nothing "
+                                         "measured; an aim keeps their floor)")
 
 
 class Diagnosis(BaseModel):

@@ -189,6 +189,26 @@ def test_a_target_slice_out_of_reach_keeps_the_floor_while_another_is_within_rea
     assert w["5"] == pytest.approx(w["3"], abs=0.02) and w["5"] > 0.3, w  # nothing within reach: all scaled alike
 
 
+def test_a_target_slice_the_probe_did_not_draw_keeps_the_floor():
+    """A target value no probe instance drew is unmeasured, not learnt: under the target and frontier aims (and
+    `env.target`'s frontier) it keeps FLOOR of its share. Would catch it dropped from the mix (weight 0: an outside
+    review found the undrawn value skipped, so its weight went to 0 and no later probe of the mix could see it)."""
+    from harness.engineer.aims import target_toward
+    from harness.engineer.rule import mixture_toward
+
+    recipe = yaml.safe_load((ROOT / "sandbox" / "template" / "recipe.yaml").read_text())
+    target = [r for r in roll(TARGET, {3: 1.0, 4: 0.5}, start=100) if r.slices["size"] != "5"]
+    for env in (TARGET, NO_FIVES):
+        d = D.build_diagnosis(MAPF, 1, roll(env, {3: 1.0, 4: 0.5}), env, recipe, [], 2, None, state="s0",
+                              env_stats={}, target=target, target_config=TARGET)
+        assert d.target.unmeasured == {"5": 0.33} and "5" not in {s.value for s in d.target.slices}
+        for aim in ("target", "frontier"):
+            w, _ = mixture_toward(d, aim)
+            assert 0 < w["5"] < w["4"], (aim, w)
+    sizes = {e["size"]: e["data_ratio"] for e in target_toward(d, "frontier")["sizes"]}
+    assert 0 < sizes[5] < sizes[4], sizes
+
+
 def test_the_rule_engineer_moves_a_too_hard_mix_to_the_targets_frontier(tmp_path):
     """The all-fail mix is a root cause (and so is its distance from the target, and its 5x5 entry unlike the
     target's): the proposal's slots go to root-cause fixes, training on the target first (the mix differs in two ways),

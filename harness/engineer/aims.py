@@ -16,7 +16,18 @@ FLOOR = 0.1  # a target slice the aim does not favour keeps this fraction of its
 
 
 def _goal(view, cur: dict[str, float], aim: str) -> dict[str, float] | str:
-    """The mixture an aim points to, from the target view (`harness.records.TargetView`) and the current mix."""
+    """The mixture an aim points to, from the target view (`harness.records.TargetView`) and the current mix. A target
+    value the probe did not draw (`view.unmeasured`) keeps the floor under the target and frontier aims: nothing says
+    it is learnt or out of reach, and a zero weight would drop it from the mix, where no later probe of the mix sees
+    it again."""
+    goal = _aim(view, cur, aim)
+    if isinstance(goal, dict) and aim in ("target", "frontier"):
+        for v, share in getattr(view, "unmeasured", {}).items():
+            goal.setdefault(v, share * FLOOR)
+    return goal
+
+
+def _aim(view, cur: dict[str, float], aim: str) -> dict[str, float] | str:
     from harness.diagnostics import MASTERED, TOO_HARD
 
     sl = {s.value: s for s in view.slices if s.target_share > 0}
