@@ -378,8 +378,13 @@ def train_arm(model, tok, task: Any, files: dict[str, str], steps: int, train_se
     m = train_grpo(model, tok, rows, reward_fn(task, shaping, batches), recipe, progress=progress,
                    tensorboard_dir=tensorboard_dir, callbacks=callbacks)
     mine = batches[first:]
-    if len(mine) == len(m.steps):  # one scoring call a step (the GRPO default): each step's validity-live share
-        for step, batch in zip(m.steps, mine, strict=True):  # and valid share
+    # one scoring call per generated batch (a step's, or every num_iterations steps' when the optimiser passes over a
+    # batch several times: the steps between log no reward): each step's validity-live and valid share are those of
+    # the batch it trained on
+    made = [k for k, st in enumerate(m.steps) if math.isfinite(st.reward_mean)]
+    if mine and len(mine) == len(made) and made[0] == 0:
+        for k, step in enumerate(m.steps):
+            batch = mine[sum(j <= k for j in made) - 1]
             step.valid_live_share = valid_live_share(batch, recipe.num_generations)
             step.valid = sum(batch.valid) / len(batch.valid) if batch.valid else None
     return m

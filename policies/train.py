@@ -236,8 +236,9 @@ class GRPOMetrics(BaseModel):
         return self.wall_s / max(1, len(self.steps))
 
     @property
-    def dead_group_share(self) -> float:
-        return sum(s.dead_group_share for s in self.steps) / max(1, len(self.steps))
+    def dead_group_share(self) -> float:  # over the steps that generated (with num_iterations > 1 the rest log none)
+        made = [s.dead_group_share for s in self.steps if math.isfinite(s.dead_group_share)]
+        return sum(made) / len(made) if made else float("nan")
 
 
 # --- shared plumbing --------------------------------------------------------------------------------------------------
@@ -748,8 +749,10 @@ class _Pipeline:
         prompts = [r["prompt"] for r in rows]
         ids, params = rollout_plan(self.tok, self.recipe, prompts, step)
         with torch.no_grad():
-            if self.shadow is None:
+            if self.shadow is None:  # a copy of the trainer's model carries TRL's fused head, a closure over the
+                # live model's forward: unpatched, the copy computes with its own weights (`unpatch_forward`)
                 self.shadow = copy.deepcopy(model).requires_grad_(False)
+                unpatch_forward(self.shadow)
             else:
                 for mine, theirs in zip(self.shadow.parameters(), model.parameters(), strict=True):
                     mine.copy_(theirs)
@@ -773,6 +776,8 @@ def pipelinable(trainer, recipe: Recipe) -> str | None:
         return "top_p < 1"
     if trainer.args.steps_per_generation != 1 or trainer.num_iterations != 1:
         return "several optimiser passes per generated batch"
+    if recipe.replay > 0:  # the pool swaps its prompts into each step's: a launched batch would never be the step's
+        return "replay mixes pooled prompts into each step"
     return None
 
 

@@ -216,6 +216,13 @@ def test_an_arms_steps_record_which_groups_were_live_on_validity(tmp_path):
     assert [s.valid_live_share for s in m.steps] == [valid_live_share(b, 4) for b in record]
     assert [s.valid for s in m.steps] == [sum(b.valid) / len(b.valid) for b in record]  # what reward_hacking reads
     assert live_shares([s.model_dump() for s in m.steps]) == [s.valid_live_share for s in m.steps]
+    # two optimiser passes per batch: one scoring call every other step, each step's shares those of its batch (they
+    # were left unset: calls and steps no longer matched one to one)
+    files["recipe.yaml"] += "num_iterations: 2\npipeline: false\n"
+    record = []
+    m = train_arm(model, tok, task, files, 4, seeds("train", 16), 0, record=record)
+    assert len(record) == 2 and len(m.steps) == 4
+    assert [s.valid for s in m.steps] == [sum(b.valid) / len(b.valid) for b in record for _ in (0, 1)]
 
 
 def test_minimum_detectable_effect_shrinks_with_n():

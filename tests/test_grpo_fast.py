@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import Counter
 
@@ -436,6 +437,33 @@ def test_the_pipeline_draws_what_the_steps_in_turn_draw_when_the_weights_stay(wa
     assert pip.tokens_generated == seq.tokens_generated
 
 
+def test_the_shadow_policy_computes_with_its_own_weights_not_the_learners(warm):
+    """The pipeline's shadow is copied from the trainer's model, which TRL has patched with a fused LM head whose
+    forward is a closure over the live model: the copy must be unpatched, or its prefill (and every token, off the
+    compact decoder) reads the weights the learner is updating in the other thread. Would catch the copy left patched
+    (an outside review of the policy layer found it: the test above moves no weight, so it could not see it)."""
+    from trl.trainer.utils import add_fused_lm_head
+
+    from policies.train import _Pipeline
+
+    model, tok = warm
+    live = copy.deepcopy(model)
+    add_fused_lm_head(live, temperature=1.0, outputs=("log_probs", "entropy"))  # what GRPOTrainer.__init__ does
+    pipe = _Pipeline(copy.deepcopy(tok), Recipe(**PIPE))
+    try:
+        pipe.launch(live, [{"prompt": w} for w in WORDS[:4]], 0)
+        assert pipe.take([w for w in WORDS[:4]]) is not None
+        ids = torch.tensor([tok(format_prompt(tok, WORDS[0]))["input_ids"]])
+        with torch.no_grad():
+            before = pipe.shadow(input_ids=ids).logits
+            for p in live.parameters():
+                p.add_(torch.randn_like(p) * 0.5)  # the learner's update
+            after = pipe.shadow(input_ids=ids).logits
+        assert torch.equal(before, after)
+    finally:
+        pipe.close()
+
+
 def test_a_pipelined_step_takes_its_ratio_against_the_policy_that_drew_its_batch(warm):
     """At a real learning rate, each pipelined step's batch was drawn before the last update: its loss is handed
     the sampling log-probabilities as the PPO ratio's denominator, and the policy has moved from them (ratio != 1),
@@ -463,6 +491,32 @@ def test_the_pipeline_stands_down_where_its_ratio_would_not_be_the_policys(warm)
         m, _ = _pipeline_run(model, tok, Recipe(**{**PIPE, "steps": 2}, learning_rate=1e-3, pipeline=True, top_p=0.9),
                              rows)
     assert all(s.pipelined is None for s in m.steps)
+
+
+def test_the_pipeline_stands_down_under_replay_whose_prompts_it_cannot_launch(warm):
+    """A replay pool swaps its prompts into each step's, so a batch launched for the dataloader's next prompts is never
+    the step's: it was decoded, thrown away and never charged (an outside review: 437 tokens decoded, 239 charged).
+    Would catch the pipeline left on under replay."""
+    model, tok = warm
+    rows = [{"prompt": w} for w in WORDS[:8]] * 2
+    with pytest.warns(UserWarning, match=r"recipe.pipeline: the steps run in turn \(replay mixes"):
+        m, _ = _pipeline_run(model, tok, Recipe(**{**PIPE, "steps": 2}, learning_rate=1e-3, pipeline=True, replay=0.5,
+                                                drop_dead_groups=True), rows)
+    assert all(s.pipelined is None for s in m.steps)
+
+
+def test_several_passes_over_a_batch_keep_the_stage_figures_finite(warm):
+    """With num_iterations 2 TRL scores a batch every other step and the steps between log no reward: the stage's
+    dead-group share is over the steps that generated (it was nan: a plain mean over every step)."""
+    from policies.train import train_grpo
+
+    model, tok = warm
+    rows = [{"prompt": w} for w in WORDS[:8]] * 2
+    m = train_grpo(copy.deepcopy(model), tok, rows, lambda prompts, completions, **kw: [float(c.count("a"))
+                                                                                       for c in completions],
+                   Recipe(**PIPE, learning_rate=1e-3, num_iterations=2, pipeline=False))
+    assert len(m.steps) == 4 and sum(math.isfinite(s.reward_mean) for s in m.steps) == 2
+    assert math.isfinite(m.dead_group_share) and 0 <= m.dead_group_share <= 1
 
 
 def test_auto_overlaps_the_steps_only_where_the_process_has_a_core_to_spare(warm, monkeypatch):
