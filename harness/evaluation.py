@@ -123,8 +123,10 @@ def report_eval(run: Run, k: int, ckpt: str) -> None:
     run.record_eval(k, "policy", "test", n=rep.n, valid=rep.valid, optimal=rep.optimal)
     # per-instance outcomes (same suite instances every stage): the report's paired stage-to-stage comparison
     out = run.path("stages", f"s{k}", "test.json")
+    first: dict[str, int] = {}  # each instance's problem (the first instance with its prompt): the report's clusters
     out.write_text(json.dumps({"checkpoint": ckpt, "suite": run.config.eval.name, "seeds": [i.seed for i in insts],
-                               "valid": per}))
+                               "valid": per, "problems": [first.setdefault(run.task.prompt(i), n)
+                                                          for n, i in enumerate(insts)]}))
     for key, vals in rep.by_slice.items():
         for val, st in vals.items():
             run.record_eval(k, "policy", "test", n=st.n, valid=st.valid, optimal=st.optimal, slice_key=key,

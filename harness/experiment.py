@@ -88,7 +88,6 @@ ARMS: tuple[str, ...] = ("fixed-random", "fixed-template", "oracle", "plr", "lea
 EVOLVED = ("evolved-rule", "evolved-llm")
 # recipe knobs that change what one GRPO step costs: an arm override of one of them would make "equal steps" unequal
 COMPUTE_KNOBS = ("batch_size", "num_generations", "oversample", "max_completion_length", "num_iterations", "steps")
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
 
 class ExperimentError(ValueError):
@@ -506,7 +505,9 @@ def mean_ci(xs: list[float]) -> tuple[float, float, float]:
     a = np.asarray(xs, dtype=float)
     if len(a) < 2:
         return float(a.mean()), float(a.mean()), float(a.mean())
-    half = T95.get(len(a) - 1, 1.96) * a.std(ddof=1) / math.sqrt(len(a))
+    from harness.sequential import t_quantile
+
+    half = t_quantile(len(a) - 1, 0.025) * a.std(ddof=1) / math.sqrt(len(a))  # Student's t at any seed count
     return float(a.mean()), float(a.mean() - half), float(a.mean() + half)
 
 

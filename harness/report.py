@@ -166,18 +166,21 @@ def yaml_load(path: Path) -> Any:
 def curve(run_dir: Path) -> dict[str, Any] | None:
     """The held-out test-suite curve from the per-instance outcomes each stage wrote (stages/s<k>/test.json; s0 is the
     warm start): per-stage valid rates, and the paired change from the first stage (and from the warm start) to the
-    last, with a 95% paired-bootstrap interval. None when fewer than two stages were evaluated."""
+    last, with a 95% paired-bootstrap interval, over problems where the record names them (a test set that draws one
+    problem several times: the cluster bootstrap, `harness.backtest.two_way_bootstrap`), and only between stages scored
+    on the same test set (its name and seeds). None when fewer than two stages were evaluated."""
     import json
 
     import numpy as np
 
-    from harness.backtest import paired_bootstrap
+    from harness.backtest import paired_bootstrap, two_way_bootstrap
 
-    points = {}
+    points, recs = {}, {}
     for f in sorted((run_dir / "stages").glob("s*/test.json")):
         try:
-            points[int(f.parent.name[1:])] = json.loads(f.read_text())["valid"]
-        except (ValueError, KeyError, json.JSONDecodeError):
+            rec = json.loads(f.read_text())
+            points[int(f.parent.name[1:])], recs[int(f.parent.name[1:])] = rec["valid"], rec
+        except (ValueError, KeyError, TypeError, json.JSONDecodeError):
             continue
     stages = sorted(k for k in points if k > 0)
     if not stages:
@@ -188,7 +191,15 @@ def curve(run_dir: Path) -> dict[str, Any] | None:
     for name, first in (("first_to_last", stages[0]), ("warm_start_to_last", 0)):
         if first not in points or first == last or len(points[first]) != len(points[last]):
             continue
-        eff, lo, hi = paired_bootstrap(points[first], points[last], 4000, 0.025, np.random.default_rng(0))
+        a, b = recs[first], recs[last]
+        if any(a.get(f) != b.get(f) for f in ("suite", "seeds")):  # another test set: no paired change to report
+            continue
+        problems = b.get("problems") if a.get("problems") == b.get("problems") else None
+        if problems is not None and len(problems) == len(points[last]):
+            eff, lo, hi = two_way_bootstrap([points[first]], [points[last]], 4000, 0.025, np.random.default_rng(0),
+                                            clusters=problems)
+        else:  # a record written before problems were (each instance its own problem)
+            eff, lo, hi = paired_bootstrap(points[first], points[last], 4000, 0.025, np.random.default_rng(0))
         out[name] = {"from": first, "to": last, "effect": eff, "ci95": [lo, hi], "above_noise": lo > 0}
     return out
 

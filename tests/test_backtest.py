@@ -562,3 +562,36 @@ def test_the_gate_counts_copies_of_one_problem_once_and_a_re_test_keeps_the_labe
     [pair], _, _ = prior_pairs([c.evidence], c.evidence.judge)
     assert pair.clusters == c.evidence.clusters
     assert ArmEval(seeds=[2], outcomes=[1.0], slices=[{}]).problems == []  # no rollout to read: unlabelled
+
+
+def test_the_reports_stage_to_stage_change_resamples_problems_and_pairs_one_test_set_only(tmp_path):
+    """`harness.report.curve` on stage records: a test set that draws each of 50 problems 6 times, the last stage
+    solving 2 more problems (12 instances of 300). Over instances the change reads above noise; over problems (the
+    record's `problems`) it is within noise. Two stages scored on different test sets (names or seeds) get no paired
+    change. Would catch the copies of a problem resampled as independent instances, or two test sets paired (an
+    outside statistics review found both in the run report)."""
+    import json
+
+    from harness.report import curve
+
+    problems = [i // 6 for i in range(300)]
+    first = [1.0 if p < 20 else 0.0 for p in problems]
+    last = [1.0 if p < 22 else 0.0 for p in problems]
+
+    def write(run, recs):
+        for k, rec in recs.items():
+            (run / "stages" / f"s{k}").mkdir(parents=True)
+            (run / "stages" / f"s{k}" / "test.json").write_text(json.dumps(rec))
+
+    same = {"suite": "env:abc", "seeds": list(range(300))}
+    write(tmp_path / "a", {1: {**same, "valid": first, "problems": problems}, 2: {**same, "valid": last,
+                                                                              "problems": problems}})
+    write(tmp_path / "b", {1: {**same, "valid": first}, 2: {**same, "valid": last}})  # written before problems were
+    clustered, flat = curve(tmp_path / "a")["first_to_last"], curve(tmp_path / "b")["first_to_last"]
+    assert clustered["effect"] == flat["effect"] == pytest.approx(0.04)
+    assert flat["above_noise"] and not clustered["above_noise"] and clustered["ci95"][0] <= 0 < flat["ci95"][0]
+    write(tmp_path / "c", {1: {**same, "valid": first}, 2: {"suite": "env:other", "seeds": same["seeds"],
+                                                            "valid": last}})
+    write(tmp_path / "d", {1: {**same, "valid": first}, 2: {"suite": "env:abc", "seeds": list(range(300, 600)),
+                                                            "valid": last}})
+    assert "first_to_last" not in curve(tmp_path / "c") and "first_to_last" not in curve(tmp_path / "d")

@@ -123,6 +123,7 @@ def test_a_population_of_two_shares_the_budget_reports_its_best_member_and_resum
             assert (row.valid, row.optimal) == (test["valid"], test["optimal"])
             report = json.loads((run.run_dir / "stages" / f"s{row.stage}" / "test.json").read_text())
             assert report["checkpoint"] == best.checkpoint  # the report judged the best member's weights
+            assert len(report["problems"]) == len(report["valid"])  # each instance's problem: the curve's clusters
         p0 = run.result(0, Population)
         assert p0.members[0].knobs == {"learning_rate": 1e-4, "temperature": 0.7}  # member 0 at round 0
         assert p0.members[1].knobs != p0.members[0].knobs  # the other one explore step away
