@@ -448,6 +448,8 @@ def test_a_hot_sampler_is_cooled_in_proportion_and_never_heated_by_dead_diverse_
     recipe = {**yaml.safe_load((template / "recipe.yaml").read_text()), "temperature": 1.5}
     d = _diag(env_config=yaml.safe_load(get_task("mapf").spec.round0_env), recipe=recipe,
               findings=[Finding(code="mapf.parse_error", severity="critical", count=80, rate=0.8, slice={"size": "5"}),
+                        Finding(code="grpo.malformed", severity="critical", count=80, rate=0.8,
+                                knobs=["recipe.temperature"]),  # what the diagnosis says beside the family's codes
                         Finding(code="grpo.dead_groups", severity="critical", count=58, rate=0.9,
                                 knobs=["recipe.num_generations"])])
     with SkillLibrary.open(tmp_path / "skills.db") as lib:
