@@ -152,6 +152,7 @@ def remember_skills(run: Run, k: int) -> None:
 
     lib = run.skills()
     rows = run.store.candidates(run.id, stage=k)
+    by_id = {c["id"]: c for c in run.store.candidates(run.id)}
     if any(c["status"] == "promoted" for c in rows):
         # a promotion moves the harness state, and a re-test pools only tests from the state it is proposed from
         # (`change_key`): an open test of any stage so far (inconclusive with a pair left, pooled by no later test)
@@ -170,17 +171,22 @@ def remember_skills(run: Run, k: int) -> None:
             cand = candidate_from_row(c)
             promoted = c["status"] == "promoted"
             interval = (c["ci_low"], c["ci_high"]) if c.get("ci_low") is not None else None
-            if cand.skill:  # a change that passed the gate and lost to a better one worked: a success for its skill
-                try:
-                    lib.record_try(cand.skill, promoted=promoted or passed_gate(c), effect=c.get("effect") or 0.0,
-                                   interval=interval, family=run.config.task, run=run.uid, candidate=cand.id,
+            # the tests this one's evidence pooled (re-tests of one change, `harness.decisions`) were proposed by
+            # their own skills: the pooled verdict is each one's try too (only the last proposer's was charged)
+            tested = [(cand.skill, cand.id)] + [
+                (s, p) for p in (c.get("evidence") or {}).get("pooled") or [] if p in by_id
+                for s in [candidate_from_row(by_id[p]).skill] if s and s != cand.skill]
+            for skill, cid in dict.fromkeys(t for t in tested if t[0]):  # a change that passed the gate and lost
+                try:  # to a better one worked: a success for its skill
+                    lib.record_try(skill, promoted=promoted or passed_gate(c), effect=c.get("effect") or 0.0,
+                                   interval=interval, family=run.config.task, run=run.uid, candidate=cid,
                                    commit=c.get("commit_sha"))
                 except UnknownSkillError:  # removed, or the run resumed under another home: the run goes on
                     run.event(k, "remember", "warning",
-                              f"candidate {cand.id}'s skill {cand.skill!r} is no longer in the skill library "
+                              f"candidate {cid}'s skill {skill!r} is no longer in the skill library "
                               f"({lib.path}: removed or replaced since it was proposed, or the run resumed under "
-                              "another EVOTRAINER_HOME): its try is not recorded", key=f"{k}/orphan-try/{cand.id}")
-            elif promoted:  # an engineer-invented change that worked becomes a skill
+                              "another EVOTRAINER_HOME): its try is not recorded", key=f"{k}/orphan-try/{cid}")
+            if not cand.skill and promoted:  # an engineer-invented change that worked becomes a skill
                 codes = [f.code for f in run.store.findings(run.id, stage=k)][:3]
                 uid = hashlib.sha256(run.uid.encode()).hexdigest()[:6]  # ids repeat across folders; the uid does not
                 knob = cand.change.knob.replace("/", "-").replace("_", "-")

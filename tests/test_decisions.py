@@ -376,6 +376,44 @@ def test_an_open_test_is_charged_to_its_skill_once_a_promotion_means_no_re_test_
     assert tries() == {"s1c1": 0, "s2c1": 0, "s2c2": 1}  # s1c2 is part of s2c1's test, charged through it
 
 
+def test_a_pooled_verdict_is_a_try_of_every_skill_whose_test_it_pooled(run):
+    """Skill A proposed a change whose test ended open; the next stage skill B proposed the same change (a near number
+    rewritten to A's), its test pooled A's and was promoted. The verdict decides A's test too: both skills get the
+    try, each once (a resume re-runs the node). Would catch only the last proposer charged (an outside review of the
+    rule engineer: A's evidence went to B's record and A stayed untried)."""
+    from harness.memory import remember_skills
+
+    lib = run.skills()
+    try:
+        a, b = (s.name for s in lib.all()[:2])
+    finally:
+        lib.close()
+
+    def add(cid, stage, skill, decision, step=None, pooled=()):
+        run.store.upsert_candidate("r", Candidate(id=cid, stage=stage, change=Change(kind="recipe",
+                                                                                      knob="recipe.temperature",
+                                                                                      value=1.0),
+                                                  old_value=0.7, rationale="r", skill=skill), commit=None)
+        ev = Evidence(n=40, control=0.2, candidate=0.25, effect=0.05, ci_low=0.01 if decision == "promoted" else -0.05,
+                      ci_high=0.09, next_step=step, pooled=list(pooled),
+                      looks=[{"n": 40, "decision": "promoted"}] if decision == "promoted" else [])
+        run.store.set_candidate_verdict(Verdict(candidate=cid, decision=decision, reason="gate", evidence=ev))
+
+    def tries(skill):
+        lib = run.skills()
+        try:
+            return {t["candidate"]: t["promoted"] for t in lib.tries(skill)}
+        finally:
+            lib.close()
+
+    add("s1c1", 1, a, "inconclusive", "new_pair")
+    remember_skills(run, 1)
+    add("s2c1", 2, b, "promoted", pooled=["s1c1"])
+    remember_skills(run, 2)
+    remember_skills(run, 2)
+    assert tries(a) == {"s1c1": 1} and tries(b) == {"s2c1": 1}
+
+
 def test_a_change_beaten_at_the_gate_is_re_tested_first_in_the_next_stage_from_the_new_state(run):
     """Stage 1 promoted the learning rate; the temperature change passed the gate too and was beaten (one promotion
     a stage). Stage 2 re-tests the temperature change first, from the harness the winner made, ahead of the
