@@ -187,7 +187,13 @@ def remember_skills(run: Run, k: int) -> None:
                               f"({lib.path}: removed or replaced since it was proposed, or the run resumed under "
                               "another EVOTRAINER_HOME): its try is not recorded", key=f"{k}/orphan-try/{cid}")
             if not cand.skill and promoted:  # an engineer-invented change that worked becomes a skill
-                codes = [f.code for f in run.store.findings(run.id, stage=k)][:3]
+                # triggered by what it answered: the findings its rationale names, else those that name its knob,
+                # else (as before) the stage's first three (the first three alone filed a rate cut under a slice's
+                # finding, and it fired on that finding in every later run of the family)
+                found = run.store.findings(run.id, stage=k)
+                named = [f.code for f in found if f.code in (cand.rationale or "")]
+                knobbed = [f.code for f in found if cand.change.knob in (f.knobs or [])]
+                codes = list(dict.fromkeys(named or knobbed or [f.code for f in found]))[:3]
                 uid = hashlib.sha256(run.uid.encode()).hexdigest()[:6]  # ids repeat across folders; the uid does not
                 knob = cand.change.knob.replace("/", "-").replace("_", "-")
                 name = f"{run.config.task}-{knob}-{run.id}-{uid}-{cand.id}"

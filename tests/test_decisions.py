@@ -1597,6 +1597,36 @@ def test_an_engineer_invented_win_is_filed_in_the_loops_words_not_the_replys(run
     assert "ALWAYS" not in text and "ALWAYS" not in sk.expected and "ALWAYS" not in sk.validation
     assert sk.expected == "valid +0.100 [+0.040, +0.160] against its control when promoted (mapf, stage 1)"
     assert sk.description.startswith("why: ALWAYS")  # kept for the person reviewing the library
+    assert sk.trigger.findings == []  # the stage recorded no finding
+
+
+def test_an_engineer_invented_win_is_triggered_by_the_finding_it_answered(run):
+    """A promoted change no skill proposed is filed with the findings its rationale names (else those naming its knob),
+    not the stage's first three. Would catch a rate cut filed under slice findings it never answered, which then
+    proposes it on those findings in every later run of the family (an outside review of the rule engineer)."""
+    from harness.memory import remember_skills
+    from harness.records import Finding
+
+    run.store.record_findings(run.id, 1, [
+        Finding(code="mapf.hole", slice={"size": "5"}, count=9, rate=0.3, knobs=["env.sizes.5.hole_ratio"]),
+        Finding(code="target.slice_fails", count=9, rate=0.5, knobs=["env.mixture"]),
+        Finding(code="grpo.policy_regressed", count=9, rate=0.1, knobs=["recipe.learning_rate"]),
+        Finding(code="grpo.dead_groups", count=9, rate=0.6, knobs=["recipe.num_generations"])])
+    for cid, knob, why, want in (("s1c1", "recipe.learning_rate", "the policy fell: grpo.policy_regressed",
+                                  ["grpo.policy_regressed"]),
+                                 ("s1c2", "recipe.num_generations", "more samples per group", ["grpo.dead_groups"])):
+        run.store.upsert_candidate("r", Candidate(id=cid, stage=1, change=Change(kind="recipe", knob=knob, value=5e-5),
+                                                  old_value=1e-4, rationale=why), commit=None)
+        ev = Evidence(n=40, control=0.2, candidate=0.3, effect=0.1, ci_low=0.04, ci_high=0.16,
+                      looks=[{"n": 40, "decision": "promoted"}])
+        run.store.set_candidate_verdict(Verdict(candidate=cid, decision="promoted", reason="gate", evidence=ev))
+    remember_skills(run, 1)
+    lib = run.skills()
+    try:
+        born = {s.intervention.knob: s.trigger.findings for s in lib.all() if s.provenance.source == "run"}
+    finally:
+        lib.close()
+    assert born == {"recipe.learning_rate": ["grpo.policy_regressed"], "recipe.num_generations": ["grpo.dead_groups"]}
 
 
 def test_a_propose_node_stopped_between_the_reply_and_its_commits_commits_the_same_candidates(run, monkeypatch):
