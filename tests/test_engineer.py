@@ -746,3 +746,38 @@ def test_a_diagnostic_already_merged_is_not_proposed_again():
                                                             change="new file", verdict="promoted")])
     cands, notes = propose_rule(merged, [veto], [], 2, np.random.default_rng(0), SPACE)
     assert cands == [] and any("already in the harness (promoted at stage 1)" in n for n in notes), notes
+
+
+def test_a_refuted_step_is_not_tested_again_as_a_near_number_when_the_rate_moves():
+    """A step sized to a finding's rate (`scale_with_rate`) lands on another number when the rate moves: after 0.7 ->
+    1.0 was refuted, the next stage's rate 0.47 proposed 1.013 and 0.50 proposed 1.033, each a fresh test of the same
+    intent (more chances at a false promotion). Now it is the refuted change's, and goes as that one does (a larger
+    step or nothing); a step the other way is another intent. Would catch near numbers of a refuted change re-tested
+    (an outside review of the rule engineer)."""
+    from harness.engineer.proposal import change_key, knob_space, rejected_keys_from_history
+    from harness.engineer.rule import propose_rule
+    from harness.records import HistoryItem
+    from harness.tasks import get_task
+    from skills.library import SEED_DIR, load_skill_file
+
+    sk = load_skill_file(SEED_DIR / "raise-temperature-on-collapse.md")
+    base = Diagnosis(task="math", stage=1, state="S0", env_config=get_task("math").default_config().model_dump(
+        mode="json"), recipe={"temperature": 0.7})
+
+    def values(d, rate):
+        d = d.model_copy(update={"findings": [Finding(code="grpo.exploration_collapse", severity="warn", count=40,
+                                                      rate=rate)]})
+        out, _ = propose_rule(d, [sk], [], 1, np.random.default_rng(0), knob_space(d), rejected_keys_from_history(d))
+        return [c.change.value for c in out], out
+
+    (first,), (c,) = values(base, 0.45)
+    assert first == pytest.approx(1.0)
+    h = HistoryItem(stage=1, candidate=c.id, knob="recipe.temperature", change="", verdict="rejected", effect=-0.04,
+                    ci=(-0.09, 0.01), key=change_key("S0", c.change), value=c.change.value, old=0.7)
+    later = base.model_copy(update={"stage": 2, "history": [h]})
+    for rate in (0.45, 0.47, 0.50):
+        got, _ = values(later, rate)
+        assert all(abs(v - 1.0) > 0.25 for v in got), (rate, got)  # nothing within the refuted intent
+    moved = later.model_copy(update={"state": "S1"})  # another harness state: the refuted test says nothing there
+    (v,) = values(moved, 0.47)[0]
+    assert 1.0 < v < 1.1, v

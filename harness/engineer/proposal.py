@@ -314,6 +314,24 @@ def _refuted_nearby(diagnosis: Diagnosis, change: Change, rejected: set[str]) ->
     return None
 
 
+def refuted_same_intent(diagnosis: Diagnosis, change: Change, old: Any, rejected: set[str]) -> Any:
+    """The value of a change of the same knob rejected from this state whose number `change`'s is near
+    (`_near_number`: moved the same way, within NUM_SAME_RATIO), or None. A step sized to a finding's rate
+    (`scale_with_rate`) lands on another number each stage the rate moves: 1.013 after a refuted 1.0 was a fresh test
+    of the same intent (an outside review of the rule engineer), so the rule engineer goes on from the refuted one
+    instead (`extend_spent`: a larger step, or nothing)."""
+    mine = _number(change.value)
+    if mine is None or change.kind == "diagnostic":
+        return None
+    before = _number(old)
+    for h in diagnosis.history:
+        v = _number(h.value)
+        if (h.verdict == "rejected" and h.knob == change.knob and h.key in rejected and v is not None
+                and _near_number(mine, before, v, _number(h.old))):
+            return h.value
+    return None
+
+
 MIX_SAME_TV = 0.1  # a proposed mixture this close (total variation) to an inconclusive one continues its test
 NUM_SAME_RATIO = 1.25  # a proposed number within this factor of an inconclusive one's, moved the same way, continues it
 

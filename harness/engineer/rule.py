@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from harness.engineer.aims import AIMS, FLOOR, TARGET_AIMS, _goal, target_change, target_toward  # noqa: F401 - re-exported
-from harness.engineer.proposal import Knob, change_key, current_mixture, make_candidate, vet_error
+from harness.engineer.proposal import Knob, change_key, current_mixture, make_candidate, refuted_same_intent, vet_error
 from harness.records import RECURRING, Candidate, Change, Diagnosis, Finding
 from harness.tasks.knobs import ENTRY, MIXTURE, TARGET, canonical_mixture, fill
 from skills.library import SkillError, condition_holds
@@ -419,7 +419,13 @@ def propose_rule(diagnosis: Diagnosis, in_family: list[Skill], fallback: list[Sk
         if change.knob in knobs:
             continue
         extended = ""
-        if (pressed := press_on(diagnosis, skill, f, change, old, space, rejected)) is not None:
+        pressed = press_on(diagnosis, skill, f, change, old, space, rejected)
+        if pressed is None and change_key(diagnosis.state, change) not in rejected \
+                and (was := refuted_same_intent(diagnosis, change, old, rejected)) is not None:
+            notes.append(f"{skill.name}: {change.knob} -> {change.value} is the intent of {was} rejected from this "
+                         "state (a step sized to another rate): going on from that")
+            change = change.model_copy(update={"value": was})
+        if pressed is not None:
             change, extended = pressed[0], f" ({pressed[1]})"
             notes.append(f"{skill.name}: {change.knob} -> {change.value}{extended}")
         elif change_key(diagnosis.state, change) in rejected:
