@@ -44,7 +44,8 @@ from sandbox.runner import Limits, RunResult, SandboxUnavailable, run_function
 
 MASTERED = 0.9  # valid rate at or above which a difficulty slice counts as mastered
 TOO_HARD = 0.05  # valid rate at or below which a difficulty slice counts as out of reach for now
-MIN_SLICE_N = 4  # fewer rollouts than this in a slice: no frontier verdict on it
+MIN_SLICE_N = 4  # fewer rollouts, or distinct instances, than this in a slice: no verdict on its rate (samples of one
+# instance move together: four of one problem are one draw of the slice, as `_fell` counts them)
 MIN_FAILURE_RATE = 0.1  # a failure type below this share of its slice is not reported
 MIN_FAILURE_COUNT = 2  # nor one seen fewer times than this (a single failure in a small slice is noise)
 EXAMPLE_CHARS = 220  # abbreviated trajectory length
@@ -145,6 +146,7 @@ def slice_stats(rollouts: list[Rollout], key: str) -> dict[str, dict[str, float]
         rs = by[v]
         out[f"{key}={v}"] = {
             "n": float(len(rs)),
+            "instances": float(len({r.seed for r in rs})),
             "valid": _rate(sum(r.valid for r in rs), len(rs)),
             "optimal": _rate(sum(r.optimal for r in rs), len(rs)),
             "reward": round(statistics.fmean(r.reward for r in rs), 4),
@@ -281,7 +283,7 @@ def competence_frontier(rollouts: list[Rollout], slice_key: str | None = None, m
     for key, s in stats.items():
         v = key.split("=", 1)[1]
         metrics[f"valid.{key}"] = s["valid"]
-        if s["n"] < min_n:
+        if min(s["n"], s["instances"]) < min_n:
             continue
         if s["valid"] >= mastered:
             code, sev, msg = "mastered", "info", "mastered: lower its share of the training mix, keep it above zero"
@@ -673,7 +675,8 @@ def target_view(task: Any, target: list[Rollout], target_config: Any, train_conf
                 unmeasured[v] = round(tshare[v], 4)
             continue
         p = prev.get(f"{key}={v}")
-        slices.append(TargetSlice(value=v, n=int(st["n"]), valid=st["valid"], target_share=round(tshare.get(v, 0.0), 4),
+        slices.append(TargetSlice(value=v, n=int(st["n"]), instances=int(st["instances"]), valid=st["valid"],
+                                  target_share=round(tshare.get(v, 0.0), 4),
                                   mix_share=round(mshare.get(v, 0.0), 4), previous_valid=p["valid"] if p else None,
                                   entry_diff=diffs.get(v, {})))
     by_slice: dict[str, dict[str, float]] = {}
@@ -764,7 +767,7 @@ def target_findings(view: TargetView | None, probe: list[Rollout], previous: lis
                     "difference at once)"))
     for s in view.slices:
         metrics[f"target.valid.{k}={s.value}"] = s.valid
-        if s.n < min_n:
+        if min(s.n, s.instances if s.instances is not None else s.n) < min_n:
             continue
         sl = {k: s.value}
         cover = (f"the training mix gives it {s.mix_share:.2f} of its weight (the target {s.target_share:.2f})"

@@ -194,6 +194,8 @@ class TargetSlice(BaseModel):
     model_config = ConfigDict(extra="forbid")
     value: str
     n: int = Field(..., description="target rollouts in this slice (instances x samples)")
+    instances: int | None = Field(None, description="distinct target instances among them (None in diagnoses "
+                                  "written before it)")
     valid: float
     target_share: float = Field(..., description="the judge's share of this slice")
     mix_share: float = Field(..., description="the training mix's share of this slice (0: absent from the mix)")

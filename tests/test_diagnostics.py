@@ -553,3 +553,14 @@ def test_reward_misaligned_fires_when_invalid_rollouts_outearn_valid_ones():
     assert D.reward_misaligned(gamed[:3] + gamed[4:]).metrics == {}  # 3 valid: too few
     codes = {x.code for r in D.builtin_diagnostics(gamed) for x in r.findings}
     assert "grpo.reward_misaligned" in codes and "grpo.reward_misaligned" in D.builtin_codes("mapf", [])
+
+
+def test_a_slice_verdict_needs_several_instances_not_several_samples_of_one():
+    """Four samples of one instance are one draw of the slice: no `mastered`/`frontier` verdict on them (an outside
+    review found `mapf.mastered` from one instance's four samples, with probe_samples 4, driving a mixture change);
+    four instances with one sample each get one. Would catch the threshold counted over rollouts again."""
+    one = [mk(3).model_copy(update={"seed": 7}) for _ in range(4)]  # one instance, four samples, all valid
+    assert not [f for f in D.competence_frontier(one).findings if f.slice.get("size") == "3"]
+    four = [mk(3) for _ in range(4)]  # four instances
+    assert [(f.code, f.rate) for f in D.competence_frontier(four).findings] == [("mapf.mastered", 1.0)]
+    assert D.slice_stats(one, "size")["size=3"]["instances"] == 1.0

@@ -532,3 +532,18 @@ def test_a_stage_tests_two_root_causes_in_different_parts_before_two_variants_of
     assert sum(any("spread over harness parts" in n for n in ns) for ns in said) == sum(
         "recipe.learning_rate" not in k for k in plain), said
     assert any("recipe.learning_rate" not in k for k in plain), plain  # by the draws alone, the rate can wait
+
+
+def test_a_target_slice_verdict_needs_several_instances():
+    """The target's slice findings count instances too: size 3 probed on one instance (four samples, all solved) gets
+    no `target.mastered`; on all its instances it does."""
+    recipe = yaml.safe_load((ROOT / "sandbox" / "template" / "recipe.yaml").read_text())
+    target = roll(TARGET, {3: 1.0, 4: 0.5}, start=100)
+    threes = sorted({r.seed for r in target if r.slices["size"] == "3"})
+    assert len(threes) >= 4
+    one = [r for r in target if r.slices["size"] != "3" or r.seed == threes[0]]
+    for rollouts, want in ((target, True), (one, False)):
+        d = D.build_diagnosis(MAPF, 1, roll(TARGET, {3: 1.0, 4: 0.5}), TARGET, recipe, [], 2, None, state="s0",
+                              env_stats={}, target=rollouts, target_config=TARGET)
+        assert ("3" in by(d, "target.mastered")) is want
+        assert {s.value: s.instances for s in d.target.slices}["3"] == (len(threes) if want else 1)
