@@ -1071,7 +1071,7 @@ def build_diagnosis(task: Any, stage: int, rollouts: list[Rollout], env_config: 
                     env_stats: dict[str, Any] | None = None, rejections_before_fallback: int = 3,
                     step_shrink: float = 0.5, target: list[Rollout] | None = None, target_config: Any = None,
                     previous_target: list[Rollout] | None = None,
-                    start_rollouts: list[Rollout] | None = None) -> Diagnosis:
+                    start_rollouts: list[Rollout] | None = None, fallbacks: int | None = None) -> Diagnosis:
     """Everything the engineer sees, built from PROBE rollouts only (raises `SplitError` otherwise).
 
     `task` is the Task object (its `env_stats(config, n)` when it has that capability, `EnvStats`); `env_config` and `recipe`
@@ -1131,8 +1131,13 @@ def build_diagnosis(task: Any, stage: int, rollouts: list[Rollout], env_config: 
         env_stats=env_stats if env_stats is not None else
         _dump(task.env_stats(cfg, env_stats_n)) if isinstance(task, EnvStats) else {},
         env_config=_dump(cfg), recipe=rec,
-        # each fallback (every `rejections_before_fallback` rejections in a row) shrinks the engineer's steps
-        history=hist, consecutive_rejections=c, step_scale=step_shrink ** (c // max(1, rejections_before_fallback)),
+        # each fallback shrinks the engineer's steps: the loop's count (`fallbacks`: stages without a winner, an
+        # inconclusive one too, every `rejections_before_fallback` of them, since the last promotion); without it,
+        # every that many rejected verdicts in a row (a stage's two candidates counted twice, an inconclusive one
+        # breaking the run: an outside review found the two counts apart, the log saying "smaller changes next"
+        # while the steps stayed whole)
+        history=hist, consecutive_rejections=c,
+        step_scale=step_shrink ** (fallbacks if fallbacks is not None else c // max(1, rejections_before_fallback)),
         target=view, diagnostics=dict(sorted((diagnostics_files or {}).items())),
     )
 

@@ -114,6 +114,7 @@ class State(TypedDict, total=False):
     winner: str | None
     next_policy: str
     consecutive_rejections: int
+    fallbacks: int  # back to main since the last promotion: each shrinks the engineer's steps (`step_scale`)
     stages_without_promotion: int
     done: bool
     stop_reason: str
@@ -279,7 +280,8 @@ def node_diagnose(run: Run, state: State) -> State:
                            valid_history=valid_hist, shaping=shaping, state=ws.head(), env_stats=run.env_stats(env),
                            diagnostics_files={p: s for p, s in files.items() if p.startswith("diagnostics/")},
                            rejections_before_fallback=cfg.stage.rejections_before_fallback,
-                           step_shrink=cfg.stage.step_shrink, target=target, target_config=run.judge.config(run.task),
+                           step_shrink=cfg.stage.step_shrink, fallbacks=state.get("fallbacks", 0),
+                           target=target, target_config=run.judge.config(run.task),
                            previous_target=previous_target(run, k),
                            start_rollouts=read_rollouts(Path(probe.start_rollouts)) if probe.start_rollouts
                            and Path(probe.start_rollouts).exists() else None)
@@ -635,17 +637,18 @@ def _decide_state(run: Run, state: State, r: Decided) -> State:
     k, cfg = state["stage"], run.config.stage
     tried = bool(state.get("candidates"))
     rej = 0 if r.winner else state.get("consecutive_rejections", 0) + (1 if tried else 0)
+    fallbacks = 0 if r.winner else state.get("fallbacks", 0)
     if rej >= cfg.rejections_before_fallback:
         run.event(k, "decide", "fallback",
                   f"{rej} rejections in a row: back to the last promoted harness (main), smaller changes next",
                   key=f"{k}/fallback")
-        rej = 0
+        rej, fallbacks = 0, fallbacks + 1
     trained = run.result(k, Trained)
     # an exploit stage tries nothing: it is no failure; but one that backs off exploring is there because nothing was
     # promoted, so it counts toward `budget.plateau` (a plateaued run stops after as many stages as without it)
     exploited = trained is not None and bool(trained.exploits) and not trained.backoff
     nwp = 0 if r.winner else state.get("stages_without_promotion", 0) + (0 if exploited else 1)
-    return {"winner": r.winner, "next_policy": r.next_policy, "consecutive_rejections": rej,
+    return {"winner": r.winner, "next_policy": r.next_policy, "consecutive_rejections": rej, "fallbacks": fallbacks,
             "stages_without_promotion": nwp}
 
 

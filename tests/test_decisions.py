@@ -1912,3 +1912,37 @@ def test_a_vet_rejection_git_recorded_before_a_kill_stands_on_resume(tmp_path, m
     row = run.store.candidate("s1c1")
     assert row["status"] == "rejected_vet" and row["tag"] == "rejected/s1c1" and row["reason"] == "vet: timeout"
     run.store.close()
+
+
+def test_each_fallback_the_log_announces_shrinks_the_next_diagnosis_steps(run):
+    """Stages without a winner (inconclusive ones too) make a fallback every `rejections_before_fallback`, and the log
+    says "smaller changes next": the next diagnosis' `step_scale` is then `step_shrink` per fallback since the last
+    promotion, and a promotion restores whole steps. Would catch the two counts apart again (an outside review: the
+    diagnosis counted rejected verdicts, so rejected, inconclusive, rejected announced a fallback with steps whole)."""
+    from harness.diagnostics import build_diagnosis
+    from harness.graph import _decide_state
+    from harness.results import Decided
+
+    assert run.config.stage.rejections_before_fallback == 3
+    state = {"stage": 1, "candidates": ["c"], "consecutive_rejections": 0, "stages_without_promotion": 0}
+    for k in (1, 2, 3):
+        state = {**state, "stage": k, **_decide_state(run, state, Decided(next_policy="p"))}
+    assert state["fallbacks"] == 1 and state["consecutive_rejections"] == 0
+    assert any(e["kind"] == "fallback" for e in run.store.events(run.id))
+
+    def scale(fallbacks):
+        from harness.records import Rollout
+        from harness.seeds import seed_for
+        from harness.tasks import get_task
+
+        task = get_task("mapf")
+        env = task.default_config()
+        inst = task.generate(env, seed_for("probe", 0))
+        probe = [Rollout(seed=inst.seed, group=0, instance=inst.model_dump(mode="json"), prompt="", completion="x",
+                         valid=False, optimal=False, reward=0.0, failure="parse_error", slices=task.slices(inst))]
+        return build_diagnosis(task, 4, probe, env, {}, [], 1, None, env_stats={}, step_shrink=0.5,
+                               fallbacks=fallbacks).step_scale
+
+    assert (scale(0), scale(state["fallbacks"]), scale(2)) == (1.0, 0.5, 0.25)
+    won = _decide_state(run, {**state, "stage": 4}, Decided(winner="s4c1", next_policy="p"))
+    assert won["fallbacks"] == 0 and won["consecutive_rejections"] == 0
