@@ -748,10 +748,27 @@ def check_made_from(folder: Path, now: dict[str, Any]) -> None:
         then = json.loads(f.read_text())["made_from"]
     except (OSError, ValueError, KeyError, TypeError):
         raise ExperimentError(f"{f}: unreadable; remove {folder} to re-run that arm") from None
-    if (diff := _first_diff(_endpoint_free(then), _endpoint_free(now), "")) is not None:
+    if (diff := _first_diff(_endpoint_free(_with_defaults(then)), _endpoint_free(now), "")) is not None:
         raise ExperimentError(f"{folder}: made from other settings than this call's: {diff}; "
                               "its results cannot be pooled with these: use a new --out, or remove that folder to "
                               "re-run it")
+
+
+def _with_defaults(made: Any) -> Any:
+    """A record with its run config read through today's model, so a setting added since it was written shows at its
+    default: a key one record lacks is no difference (`_first_diff`), and a new setting the earlier part ran at its
+    default but this call sets otherwise was pooled with it (an outside statistics review). A run config today's
+    model cannot read is left as written."""
+    from pydantic import ValidationError
+
+    from harness.config import RunConfig
+
+    if not (isinstance(made, dict) and isinstance(made.get("run"), dict)):
+        return made
+    try:
+        return {**made, "run": RunConfig.model_validate(made["run"]).model_dump(mode="json")}
+    except (ValidationError, ValueError, TypeError):
+        return made
 
 
 def _endpoint_free(x: Any) -> Any:

@@ -616,6 +616,19 @@ def test_a_setting_added_or_dropped_between_parts_is_not_pooled(tmp_path):
     same = tmp_path / "same" / "seed0"
     _record_made_from(same, rec(no_min.replace("1.0e-4", "0.0001")))
     check_made_from(same, rec(v1))  # the same harness spelt otherwise, a default left out
+    # a typed run setting added since a part was written: that part ran it at its default, so this call's default
+    # pools with it and another value does not (a key one record lacked was no difference: an outside review)
+    import copy
+
+    older = copy.deepcopy(rec(v1))
+    del older["run"]["stage"]["rejections_before_fallback"]
+    folder = tmp_path / "older" / "seed0"
+    _record_made_from(folder, older)
+    check_made_from(folder, rec(v1))
+    changed = copy.deepcopy(rec(v1))
+    changed["run"]["stage"]["rejections_before_fallback"] = 5
+    with pytest.raises(ExperimentError, match="rejections_before_fallback"):
+        check_made_from(folder, changed)
 
 
 def test_an_oracle_that_only_rescales_the_mix_a_warm_start_env_and_a_quick_eval_are_refused(tmp_path):
