@@ -86,6 +86,7 @@ from policies import CORES_ENV, cores
 ARMS: tuple[str, ...] = ("fixed-random", "fixed-template", "oracle", "plr", "learnability", "bandit", "pbt",
                          "evolved-rule", "evolved-llm")  # BASELINES + POPULATIONS + EVOLVED
 EVOLVED = ("evolved-rule", "evolved-llm")
+EQUAL_COMPUTE = 0.02  # an evolved arm further than this share from a baseline's budget is not at equal compute with it
 # recipe knobs that change what one GRPO step costs: an arm override of one of them would make "equal steps" unequal
 COMPUTE_KNOBS = ("batch_size", "num_generations", "oversample", "max_completion_length", "num_iterations", "steps")
 
@@ -607,6 +608,10 @@ def summarize(results: dict[str, list[dict[str, Any]]], blocks: list[str], warm:
                 cl = None if clusters is None else [c for c, bb in zip(clusters, blocks, strict=True) if bb in keep]
                 eff, lo, hi = two_way_bootstrap(ctrl, cand, 2000, 0.025, np.random.default_rng(0), clusters=cl)
                 out[part] = {"seeds": mean_ci(diffs), "instances": (eff, lo, hi), "n_instances": sum(map(len, ctrl))}
+            # the baselines train the FIRST evolved arm's compute: a second one's comparisons are not at equal
+            # compute (named under the table, as `bench scenarios` names them)
+            out["unequal_compute_seeds"] = [e["seed"] for e, b in pairs
+                                            if abs(e["compute"] - b["budget"]) > EQUAL_COMPUTE * max(b["budget"], 1.0)]
             comparisons[f"{evo} vs {base}"] = out
     return {"arms": arms, "warm_start": arms_ws, "hard_blocks": hard, "comparisons": comparisons}
 
@@ -1093,6 +1098,11 @@ def table(s: dict[str, Any]) -> str:
         for name, c in s["comparisons"].items():
             lines.append(f"| {name} | {_pct(c['valid']['seeds'])} | {_pct(c['hard']['seeds'])} | "
                          f"{_pct(c['valid']['instances'])} | {_pct(c['hard']['instances'])} |")
+        if off := {name: c["unequal_compute_seeds"] for name, c in s["comparisons"].items()
+                   if c.get("unequal_compute_seeds")}:
+            lines += ["", "**Not at equal compute** (the baselines train the first evolved arm's compute; "
+                      f"further than {EQUAL_COMPUTE:.0%} from it): "
+                      + "; ".join(f"{name}, seed(s) {', '.join(map(str, seeds))}" for name, seeds in off.items()) + "."]
     blocks = list(w["blocks"])
     lines += ["", "| block | warm start | " + " | ".join(s["arms"]) + " |", "|---" * (len(s["arms"]) + 2) + "|"]
     for b in blocks:

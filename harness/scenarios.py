@@ -412,15 +412,19 @@ AUTOMATIC = ("plr", "learnability", "bandit", "pbt")  # what a person would use 
 
 
 def paired(a: list[list[float]], b: list[list[float]], rng_seed: int = 0,
-           clusters: list[Any] | None = None) -> tuple[float, float, float]:
+           clusters: list[Any] | None = None) -> tuple[float, float, float] | None:
     """Mean of a - b with a 95% interval over seeds x test instances: the pigeonhole bootstrap (seeds and instances
     resampled independently, `harness.backtest.two_way_bootstrap`), since every seed is judged on the same test
-    instances. Seeds whose lists differ in length (not the same test set) fall back to the paired bootstrap over every
-    (seed, instance) pair. `clusters` (one label per test instance; `harness.experiment.suite_clusters`) makes the
-    instance side resample test PROBLEMS, the copies of one drawn together."""
+    instances. Seeds judged on test sets of different sizes (each seed's two arms on one) fall back to the paired
+    bootstrap over every (seed, instance) pair; None where one seed's two arms were not judged on as many instances
+    (nothing pairs: concatenated, lengths 3 + 2 against 2 + 3 were paired out of step). `clusters` (one label per test
+    instance; `harness.experiment.suite_clusters`) makes the instance side resample test PROBLEMS, the copies of one
+    drawn together."""
     from harness.backtest import paired_bootstrap, two_way_bootstrap
 
     rng = np.random.default_rng(rng_seed)
+    if len(a) != len(b) or any(len(x) != len(y) for x, y in zip(a, b, strict=False)):
+        return None
     if len(lens := {len(x) for x in (*a, *b)}) == 1:
         return two_way_bootstrap(b, a, 2000, 0.025, rng,
                                  clusters=clusters if clusters is not None and len(clusters) in lens else None)

@@ -393,3 +393,27 @@ def test_the_schedule_runs_warm_starts_first_and_scenarios_whole():
     assert now[(12, "warm")][0] <= now[(0, 0, "fixed-template")][0]  # now: as soon as a core frees
     longest_arm = max(secs(k) for k in units if k[1] != "warm")
     assert end(now) < end(made) and end(now) <= sum(map(secs, units)) / 2 + longest_arm
+
+
+def test_a_second_evolved_arm_off_the_baselines_budget_is_named_under_the_table():
+    """The baselines train the first evolved arm's compute; a second evolved arm that spent 20% more is compared with
+    them as if at equal compute unless the table says otherwise (an outside statistics review: `bench scenarios`
+    named it, the experiment's table did not). Would catch the note missing, or the first arm named too."""
+    from harness.experiment import summarize, table
+
+    def row(arm, seed, compute, budget, v):
+        return {"arm": arm, "seed": seed, "compute": compute, "budget": budget, "final_per_instance": v,
+                "final": {"optimal": 0.0}, "promoted": []}
+
+    blocks = ["a", "a", "b", "b"]
+    results = {"fixed-template": [row("fixed-template", s, 300, 300, [1, 0, 0, 0]) for s in (0, 1)],
+               "evolved-rule": [row("evolved-rule", s, 300, 300, [1, 1, 0, 0]) for s in (0, 1)],
+               "evolved-llm": [row("evolved-llm", s, 360, 360, [1, 1, 1, 0]) for s in (0, 1)]}
+    warm = [{"per_instance": [1, 0, 0, 0]}]
+    s = summarize(results, blocks, warm, ["b"])
+    s.update(suite="x", n_instances=4, seeds=2, stages=1)
+    assert s["comparisons"]["evolved-rule vs fixed-template"]["unequal_compute_seeds"] == []
+    assert s["comparisons"]["evolved-llm vs fixed-template"]["unequal_compute_seeds"] == [0, 1]
+    text = table(s)
+    assert "**Not at equal compute**" in text and "evolved-llm vs fixed-template, seed(s) 0, 1" in text
+    assert "evolved-rule vs fixed-template, seed" not in text

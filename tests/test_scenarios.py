@@ -678,3 +678,14 @@ def test_an_llm_arm_without_an_engineer_measures_no_budget(tmp_path):
     assert not measures_budget([plain], ["evolved-llm", "oracle"])
     assert measures_budget([asked], ["evolved-llm", "oracle"]) and measures_budget([plain], ["evolved-rule"])
     assert not measures_budget([asked, plain], ["evolved-llm"])
+
+
+def test_arms_judged_on_unequal_test_sets_per_seed_are_not_paired_out_of_step():
+    """Seed test sets of 3 and 2 instances against 2 and 3: concatenated, the five pairs were compared position by
+    position across seeds (an outside statistics review). Now nothing pairs (None, shown as no comparison); seeds of
+    different sizes with each seed's two arms alike still pair over every (seed, instance)."""
+    from harness.scenarios import paired
+
+    assert paired([[1, 1, 1], [0, 0]], [[0, 0], [1, 1, 1]]) is None
+    eff, lo, hi = paired([[1, 1, 1], [1, 0]], [[0, 0, 0], [0, 0]])
+    assert eff == pytest.approx(0.8) and lo <= eff <= hi
