@@ -154,7 +154,11 @@ def ratio_bootstrap(numerator: Any, denominator: Any, n_boot: int, alpha: float,
     (as Fieller's is), and unbounded (an end at -inf or +inf) where it does not. The ends are found by bisection
     where the contrast's bound crosses 0, searched within `widest` of the estimate (an end past it is reported
     infinite). (nan, -inf, inf)
-    when the denominator's mean is 0."""
+    when the denominator's mean is 0. Where the denominator's interval holds 0, Fieller's set is the whole line or
+    the line less an interval ((-inf, a] with [b, inf)): both are reported as the unbounded ends found from the
+    estimate, so an infinite end means "unbounded", not that every value inside was accepted (a statistics review;
+    the scenario table asks for a share only where the gap's interval, the same resampling as the denominator's,
+    excludes 0, where the set is one bounded interval)."""
     num = np.asarray(numerator, dtype=np.float64)
     den = np.asarray(denominator, dtype=np.float64)
     if num.shape != den.shape or num.ndim != 2 or 0 in num.shape:
