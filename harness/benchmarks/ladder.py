@@ -228,8 +228,9 @@ def rung2(sft_steps: int = 600, steps: int = 100, negative_control: bool = True,
         met = train_grpo(m, tok, train, reward, toy_recipe(steps=n_steps, seed=seed, **(recipe_kw or {})))
         res = {"sampled": toy_success(m, tok, held, 1.0), "greedy": toy_success(m, tok, held, 0.0),
                "seconds": time.perf_counter() - t1, "dead_group_share": met.dead_group_share}
-        k = round(res["sampled"] * 4 * len(held))
-        res["sampled_ci"] = wilson(k, 4 * len(held))
+        # over the held-out prompts, not their 4 samples each (samples of one prompt move together: counted as
+        # independent the interval was up to 2x narrow; the prompts' n is the conservative bound, design effect <= 4)
+        res["sampled_ci"] = wilson(round(res["sampled"] * len(held)), len(held))
         out[name] = res
         _say(f"rung2_{name}_sampled", res["sampled"])
         _say(f"rung2_{name}_greedy", res["greedy"])
