@@ -89,9 +89,12 @@ def key_of(ckpt: str | Path, **reading: Any) -> str | None:
         return None
     import torch
 
+    from harness.sources import READING_CODE, source_digest
     from harness.warmstart import code_version
 
     blob = json.dumps({"weights": digest, "reading": reading, "code": code_version(),
+                       "scoring": source_digest(READING_CODE),  # how a reading decodes and scores (sandbox, too)
+                       "isolation": os.environ.get("EVOTRAINER_CODE_ISOLATION"),  # bubblewrap or a plain process
                        "device": "cuda" if torch.cuda.is_available() else "cpu"}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 

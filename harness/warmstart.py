@@ -27,8 +27,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-CODE = ("policies", "harness/tasks", "harness/policy_glue.py", "harness/seeds.py")
+from harness.sources import WARM_START_CODE, source_digest
+
+CODE = WARM_START_CODE
 
 
 def cache_root() -> Path:
@@ -44,7 +45,8 @@ def enabled() -> bool:
 
 
 def code_version() -> str:
-    """Hash of the source files that shape a warm start, and of the versions of the libraries that train it."""
+    """Hash of the source files that shape a warm start (`harness.sources.source_digest`: as this process imported
+    them), and of the versions of the libraries that train it."""
     import torch
     import transformers
 
@@ -58,11 +60,7 @@ def code_version() -> str:
 
     h = hashlib.sha256(f"{torch.__version__}|{transformers.__version__}|{trl}".encode())
     h.update(drawn.code_version().encode())  # the packages a family draws and scores with (reasoning-gym, ...)
-    for rel in CODE:
-        p = ROOT / rel
-        for f in sorted(p.rglob("*.py")) if p.is_dir() else [p]:
-            h.update(str(f.relative_to(ROOT)).encode())
-            h.update(f.read_bytes())
+    h.update(source_digest(CODE).encode())
     return h.hexdigest()[:16]
 
 

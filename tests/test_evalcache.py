@@ -33,6 +33,10 @@ def test_the_key_follows_the_weights_and_the_reading_not_the_path(tmp_path, monk
             evalcache.key_of(a, **{**READING, "max_new_tokens": 12}),
             evalcache.key_of(a, **{**READING, "backend": "vllm"})}
     assert len(keys) == 5
+    # another sandbox (bubblewrap or a plain process) scores programs otherwise: another key
+    monkeypatch.setenv("EVOTRAINER_CODE_ISOLATION", "process")
+    assert evalcache.key_of(a, **READING) not in keys
+    monkeypatch.delenv("EVOTRAINER_CODE_ISOLATION")
     # a tokenizer that really changed (a chat template) is another key
     d = _ckpt(tmp_path / "d", tok_extra={"chat_template": "{{ x }}"})
     assert evalcache.key_of(d, **READING) != evalcache.key_of(a, **READING)
@@ -61,3 +65,17 @@ def test_a_stored_reading_comes_back_and_a_torn_one_is_read_again(tmp_path, monk
     root.rmdir() if root.is_dir() else None
     root.write_text("not a folder")
     assert evalcache.store(key, rep, [1.0, 0.0, 1.0]) is None
+
+
+def test_the_keys_name_the_code_as_this_process_imported_it_not_as_edited_since(tmp_path, monkeypatch):
+    """A process runs the code it imported: a source file edited while it runs must not move its keys to the edited
+    code's (an outside review: a bench worker started before an edit filed old-code warm starts and readings under
+    the new code's key). Would catch the digest read from disk at each call again; the scoring code (the sandbox, the
+    evaluation) is in the reading's key."""
+    from harness.sources import READING_CODE, source_digest
+
+    (tmp_path / "edited_later.py").write_text("a = 1\n")
+    first = source_digest(("edited_later.py",), tmp_path)
+    (tmp_path / "edited_later.py").write_text("a = 2\n")
+    assert source_digest(("edited_later.py",), tmp_path) == first
+    assert set(READING_CODE) >= {"sandbox", "harness/evaluation.py"}

@@ -6,10 +6,14 @@ from __future__ import annotations
 import importlib
 import re
 
+from harness.sources import READING_CODE, WARM_START_CODE, source_digest
 from harness.tasks.base import BatchScorer, EnvStats, Instance, Mixture, Outcome, SuiteEntry, Task, TaskSpec, VetConfigs
 from harness.tasks.drawn import code_version
 
 code_version()  # the drawn-instance cache's key is the generators' code as this process imports it, not as edited later
+
+source_digest(WARM_START_CODE)  # and so are the warm-start and held-out-reading caches' (`harness.sources`)
+source_digest(READING_CODE)
 
 DEFAULT_TASK = "mapf"  # a run config without `task:` runs this family
 TASKS = {"mapf": "harness.tasks.mapf", "math": "harness.tasks.arith", "code": "harness.tasks.code",
