@@ -354,6 +354,13 @@ def warm_start(rc0, out: Path, say: Callable[[str], None]) -> tuple[Path, list[f
     run = open_run(folder, rc0)
     try:
         ckpt = Path(node_setup(run, {})["policy"])
+        # setup is recorded: the SFT's resumable checkpoints (optimizer state included) are no longer read, and this
+        # run never reaches the retention a loop's stage applies (an outside review: 14 MB per scenario on the tiny
+        # preset, about 1 GB on `base`)
+        from harness.warmstart import RESUME_DIR
+        from policies.train import clear_resume
+
+        clear_resume(run.path("checkpoints", RESUME_DIR))
         per = held_out(run, 0, str(ckpt))  # scored again if the test set changed since it was made
     finally:
         run.close()

@@ -361,6 +361,9 @@ def test_a_tiny_scenario_runs_every_arm_at_equal_compute_no_arm_reads_the_defect
     # the shared warm start is read on the test set once: every arm's stage-0 reading is that one, reused from the
     # held-out reading cache (no arm pays a second pass over the same weights and instances)
     warm = json.loads((exp / "warmstart" / "stages" / "s0" / "test.json").read_text())["valid"]
+    # its SFT's resumable checkpoints are gone once setup is recorded (a loop's retention never runs there)
+    assert (exp / "warmstart" / "checkpoints" / "warmstart").is_dir()
+    assert not (exp / "warmstart" / "checkpoints" / "warmstart-progress").exists()
     for arm in arms:
         d = Path(json.loads((exp / arm / "seed0" / "result.json").read_text()).get("run_dir", exp / arm / "seed0"))
         assert json.loads((d / "stages" / "s0" / "test.json").read_text())["valid"] == warm, arm
