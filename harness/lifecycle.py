@@ -819,13 +819,15 @@ def resume_run(ref: str | Path, runs_dir: str | Path = "runs",
     _check_config_edits(run_dir)
     _check_library()
     lock = acquire_lock(run_dir, run_dir.name)
+    untouched = True  # a budget refused before anything changed leaves a killed driver's pid for `status` to name
     try:
         reopen = _raise_budget(run_dir, budget, progress) if budget else None
+        untouched = False
         _drive_prepared(run_dir, load_run_config(run_dir), progress, None, reopen=reopen)
     except KeyboardInterrupt:
         raise RunInterrupted(run_dir) from None
     finally:
-        lock.release()
+        lock.release(untouched=untouched)
     return run_dir
 
 

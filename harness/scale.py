@@ -234,7 +234,10 @@ class RayArms:
                 # compute, and at 15 they yield to any other process on the machine, the run's own instance worker
                 # (niceness 10) included. Beside two ordinary jobs the demo's stage-1 arms took 25 minutes instead
                 # of about 1.5 (BENCHMARKS.md). A cluster started with `ray start` keeps its own setting.
-                kw.update(num_cpus=self.cfg.num_cpus or os.cpu_count(), object_store_memory=512 * 2**20,
+                from policies import cores  # this process's share (EVOTRAINER_CORES, affinity), not the machine's:
+                # two experiment workers side by side each start a cluster (an outside review: 4 threads on 2 cores)
+
+                kw.update(num_cpus=self.cfg.num_cpus or cores(), object_store_memory=512 * 2**20,
                           _system_config={"worker_niceness": 0})
             try:
                 ray.init(**kw)
@@ -283,7 +286,7 @@ class RayArms:
                     out, ckpt, tb = ray.get(ref)
                     yield refs[ref], out, ckpt, tb
                 except Exception as exc:  # noqa: BLE001 - one arm's failure is that decision's, not the run's
-                    yield refs[ref], ArmCannotRun(ray_reason(exc, self.cfg.max_retries)), {}, {}
+                    yield refs[ref], arm_failure(exc, self.cfg.max_retries), {}, {}
 
     def run_into(self, jobs: list[ArmJob], checkpoint_dir: Callable[[str], Path],
                  tensorboard_dir: Callable[[str], Path]) -> Iterator[tuple[str, ArmOutput | Exception]]:
@@ -308,6 +311,16 @@ class RayArms:
             ray.shutdown()
             self._started = False
         self._fn = None
+
+
+def arm_failure(exc: BaseException, retries: int) -> ArmCannotRun:
+    """A failed Ray arm as the decision's failure (`ray_reason`), raised from the arm's own exception (Ray's `cause`):
+    a full disk or failing file system on the worker then stops the run as a machine fault, resumable
+    (`harness.faults.machine_fault` reads the chain), as it does for an arm run here; from the text alone the candidate
+    was rejected, and never proposed again (an outside review)."""
+    err = ArmCannotRun(ray_reason(exc, retries))
+    err.__cause__ = getattr(exc, "cause", None) or exc
+    return err
 
 
 def ray_reason(exc: BaseException, retries: int) -> str:

@@ -504,6 +504,22 @@ def test_a_gate_answer_to_a_killed_run_leaves_it_interrupted(tmp_path):
     assert driver_dead(run_dir) == dead.pid  # still read as interrupted
 
 
+def test_a_refused_budget_on_a_killed_run_leaves_it_interrupted(tmp_path):
+    """`resume RUN --stages N` refused before anything changed (a budget that would stop the run at once) must leave a
+    killed driver's PID in the lock file, as a refused gate answer does: emptied, `status` read "running" for ever (an
+    outside review). Would catch the lock released as if the resume had run."""
+    from harness.lifecycle import resume_run
+    from harness.store import driver_dead
+
+    run_dir, _ = _run_folder(tmp_path / "runs", "k2", "running")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (run_dir / "lock").write_text(f"{dead.pid}\n")
+    with pytest.raises(RunError, match="nothing changed"):  # refused by the budget's own check, under the lock
+        resume_run(run_dir, budget={"stages": 0})
+    assert driver_dead(run_dir) == dead.pid  # still read as interrupted
+
+
 def test_two_runs_started_in_one_second_get_a_folder_each(tmp_path, monkeypatch):
     """A made-up run id is the config's name and the second: a scripted sweep starting two runs at once collided
     ("already exists ... resume it", about a run live in the other process). The second now gets `<id>-2`; an id the

@@ -267,3 +267,22 @@ def test_ray_missing_or_unreachable_is_one_line_before_anything_trains(tmp_path,
         parse_config({**BASE, "scale": {"backend": "ray", "arm_resources": {"num_gpu": 1}}}, "test")
     with pytest.raises(ConfigError, match=r"scale.backend"):
         parse_config({**BASE, "scale": {"backend": "dask"}}, "test")
+
+
+def test_a_full_disk_on_a_ray_worker_stops_the_run_as_it_does_here():
+    """A Ray arm's failure carries the arm's own exception as its cause: a worker's ENOSPC is a machine fault (the run
+    stops, resumable) as it is for an arm run in this process; from its text alone it was the candidate's failure and
+    the change was rejected for good (an outside review). No Ray needed: the error Ray hands back has a `cause`."""
+    import errno
+
+    from harness.faults import machine_fault
+    from harness.scale import arm_failure
+
+    class RayTaskError(Exception):  # ray.exceptions.RayTaskError's shape: the worker's exception as `.cause`
+        def __init__(self, cause):
+            super().__init__("ray::arm() failed")
+            self.cause = cause
+
+    full = arm_failure(RayTaskError(OSError(errno.ENOSPC, "No space left on device")), 1)
+    assert machine_fault(full) == "no space left on device"
+    assert machine_fault(arm_failure(RayTaskError(ValueError("a bad harness")), 1)) is None
