@@ -354,13 +354,12 @@ def warm_start(rc0, out: Path, say: Callable[[str], None]) -> tuple[Path, list[f
     run = open_run(folder, rc0)
     try:
         ckpt = Path(node_setup(run, {})["policy"])
-        # setup is recorded: the SFT's resumable checkpoints (optimizer state included) are no longer read, and this
-        # run never reaches the retention a loop's stage applies (an outside review: 14 MB per scenario on the tiny
-        # preset, about 1 GB on `base`)
-        from harness.warmstart import RESUME_DIR
-        from policies.train import clear_resume
+        # setup is recorded: the retention a loop's stage applies lets the SFT's resumable checkpoints (optimizer
+        # state included) go; this run never reaches a stage (an outside review: 14 MB per scenario on the tiny
+        # preset, about 1 GB on `base`, kept)
+        from harness.retention import apply_retention
 
-        clear_resume(run.path("checkpoints", RESUME_DIR))
+        apply_retention(run, 0)
         per = held_out(run, 0, str(ckpt))  # scored again if the test set changed since it was made
     finally:
         run.close()
@@ -703,7 +702,20 @@ def made_from(cfg: ExperimentConfig, arm: str, seed: int, budget: int | None) ->
            "skills": d["skills"] if arm in EVOLVED else None}
     rc = run_config(cfg, seed, arm)
     return {"arm": arm, "seed": seed, "run": rc.model_dump(mode="json"), "trained_as": trained_as(rc),
-            "experiment": exp, "budget": budget}
+            "experiment": exp, "budget": budget, "code": made_by()}
+
+
+PACKAGES = ("harness", "policies", "sandbox", "skills")  # the code an arm runs: `made_by`
+
+
+def made_by() -> str:
+    """The code this process runs (its packages' source as imported, `harness.sources`): recorded beside what an arm
+    was made from, and said, not refused, when an earlier part's differs (`check_made_from`): a bench runs in parts
+    across sessions whose code moves, and a part made before a fix is pooled only with that said (an outside review
+    found it pooled silently)."""
+    from harness.sources import source_digest
+
+    return source_digest(PACKAGES)[:16]
 
 
 def trained_as(rc: Any) -> dict[str, Any]:
@@ -748,22 +760,30 @@ def _first_diff(a: Any, b: Any, path: str) -> str | None:
     return f"{path} ({json.dumps(a, default=str)[:60]} then, {json.dumps(b, default=str)[:60]} now)"
 
 
-def check_made_from(folder: Path, now: dict[str, Any]) -> None:
+def check_made_from(folder: Path, now: dict[str, Any]) -> str | None:
     """An arm x seed folder made from something other than what this call would run (a scenario or experiment edited
     between parts, --quick beside the full run, another budget) is refused, naming the first difference: its result
     is never pooled with this call's, nor its killed run resumed under the new settings. A folder an older version
-    wrote (no record) is taken as it is."""
+    wrote (no record) is taken as it is. Returns a note when it was made by other code (`made_by`): pooled, and said."""
     f = folder / MADE_FROM
     if not f.is_file():
-        return
+        return None
     try:
         then = json.loads(f.read_text())["made_from"]
     except (OSError, ValueError, KeyError, TypeError):
         raise ExperimentError(f"{f}: unreadable; remove {folder} to re-run that arm") from None
+    if not isinstance(then, dict):
+        raise ExperimentError(f"{f}: unreadable; remove {folder} to re-run that arm")
+    code_then, code_now = then.get("code"), now.get("code")
+    then, now = {k: v for k, v in then.items() if k != "code"}, {k: v for k, v in now.items() if k != "code"}
     if (diff := _first_diff(_endpoint_free(_with_defaults(then)), _endpoint_free(now), "")) is not None:
         raise ExperimentError(f"{folder}: made from other settings than this call's: {diff}; "
                               "its results cannot be pooled with these: use a new --out, or remove that folder to "
                               "re-run it")
+    if code_now is not None and code_then != code_now:
+        return (f"made by other code ({code_then or 'before it was recorded'}, this call's {code_now}): pooled "
+                "as made; remove that folder to re-run it on this code")
+    return None
 
 
 def _with_defaults(made: Any) -> Any:
@@ -815,7 +835,8 @@ def _with_earlier_parts(cfg: ExperimentConfig, out: Path, arms: list[str], by_ar
         try:
             for s, f in enumerate(files):
                 budget = None if arm in EVOLVED else (cfg.budget_steps or round(results[(i, s, evolved[0])]["compute"]))
-                check_made_from(f.parent, made_from(cfg, arm, s, budget))
+                if note := check_made_from(f.parent, made_from(cfg, arm, s, budget)):
+                    say(f"{arm} seed {s}, an earlier part: {note}")
         except ExperimentError as exc:
             say(f"{arm}: an earlier part, left out of the table: {exc}")
             continue
@@ -909,7 +930,8 @@ def _schedule(units: dict[tuple, _Unit], preps: list, labels: list[str], say: Ca
         budget = budget_of(u)
         now = made_from(cfg, u.kind, u.seed, budget)
         folder = out / u.kind / f"seed{u.seed}"
-        check_made_from(folder, now)  # a killed run of other settings is not resumed under these
+        if note := check_made_from(folder, now):  # a killed run of other settings is not resumed under these
+            say(f"{_tag(labels, u.exp)}{u.kind} seed {u.seed}: a killed run resumed on this code, {note}")
         _record_made_from(folder, now)
         return (u.kind, cfg.model_dump(mode="json"), str(out), u.seed, u.kind, ws, budget, labels[u.exp])
 
@@ -936,9 +958,9 @@ def _schedule(units: dict[tuple, _Unit], preps: list, labels: list[str], say: Ca
                                   f"{r.get('suite', 'its test set')}, the experiment's test set is now {n} of "
                                   f"{name or 'another'} (its eval changed since): a result on another test set cannot "
                                   "be compared; use a new --out, or remove that arm's folder to re-run it")
-        check_made_from(rf.parent, made_from(preps[u.exp][0], u.kind, u.seed, budget_of(u)))
+        note = check_made_from(rf.parent, made_from(preps[u.exp][0], u.kind, u.seed, budget_of(u)))
         say(f"{_tag(labels, u.exp)}{u.kind} seed {u.seed}: done earlier (held-out valid {r['final']['valid']:.3f}), "
-            "not re-run")
+            "not re-run" + (f"; {note}" if note else ""))
         done(u, r)
         return True
 

@@ -632,6 +632,11 @@ def test_a_setting_added_or_dropped_between_parts_is_not_pooled(tmp_path):
     changed["run"]["stage"]["rejections_before_fallback"] = 5
     with pytest.raises(ExperimentError, match="rejections_before_fallback"):
         check_made_from(folder, changed)
+    # made by other code: pooled, and said (a bench runs in parts across sessions; an outside review found a part
+    # made before a fix pooled in silence)
+    assert rec(v1)["code"] and check_made_from(same, rec(v1)) is None
+    other = {**rec(v1), "code": "0123456789abcdef"}
+    assert "made by other code" in check_made_from(same, other)
 
 
 def test_an_oracle_that_only_rescales_the_mix_a_warm_start_env_and_a_quick_eval_are_refused(tmp_path):
