@@ -335,6 +335,25 @@ def test_a_change_that_passed_the_gate_and_was_beaten_is_a_success_for_its_skill
     assert tries == {"s1c1": 1, "s1c2": 1, "s1c3": 0, "s1c4": 0, "s1c5": 0}, tries  # s1c5: the promotion ended it
 
 
+def _decided(run, cid, stage, decision, skill, knob="recipe.temperature", step=None, pooled=()):
+    """A candidate of `skill` with its verdict recorded (evidence of one look; promoted beyond the bar, or not)."""
+    run.store.upsert_candidate("r", Candidate(id=cid, stage=stage, change=Change(kind="recipe", knob=knob, value=0.5),
+                                              old_value=1.0, rationale="r", skill=skill), commit=None)
+    ev = Evidence(n=40, control=0.2, candidate=0.21, effect=0.01, ci_low=0.001 if decision == "promoted" else -0.05,
+                  ci_high=0.07, next_step=step, pooled=list(pooled),
+                  looks=[{"n": 40, "decision": "promoted"}] if decision == "promoted" else [])
+    run.store.set_candidate_verdict(Verdict(candidate=cid, decision=decision, reason="gate", evidence=ev))
+
+
+def _tries(run, skill) -> dict[str, int]:
+    """The skill's recorded tries: {candidate: promoted}."""
+    lib = run.skills()
+    try:
+        return {t["candidate"]: t["promoted"] for t in lib.tries(skill)}
+    finally:
+        lib.close()
+
+
 def test_an_open_test_is_charged_to_its_skill_once_a_promotion_means_no_re_test_can_pool_it(run):
     """An inconclusive test with a pair left is not a try while a re-test from the same harness state may pool it;
     once a promotion moves the state (this stage or a later one) none can, and it is charged as a try that did not
@@ -350,20 +369,10 @@ def test_an_open_test_is_charged_to_its_skill_once_a_promotion_means_no_re_test_
         lib.close()
 
     def add(cid, stage, knob, decision, step=None, pooled=()):
-        run.store.upsert_candidate("r", Candidate(id=cid, stage=stage, change=Change(kind="recipe", knob=knob,
-                                                                                      value=0.5),
-                                                  old_value=1.0, rationale="r", skill=skill), commit=None)
-        ev = Evidence(n=40, control=0.2, candidate=0.21, effect=0.01, ci_low=0.001 if decision == "promoted" else -0.05,
-                      ci_high=0.07, next_step=step, pooled=list(pooled),
-                      looks=[{"n": 40, "decision": "promoted"}] if decision == "promoted" else [])
-        run.store.set_candidate_verdict(Verdict(candidate=cid, decision=decision, reason="gate", evidence=ev))
+        _decided(run, cid, stage, decision, skill, knob, step, pooled)
 
     def tries():
-        lib = run.skills()
-        try:
-            return {t["candidate"]: t["promoted"] for t in lib.tries(skill)}
-        finally:
-            lib.close()
+        return _tries(run, skill)
 
     add("s1c1", 1, "recipe.temperature", "inconclusive", "new_pair")
     add("s1c2", 1, "recipe.beta", "inconclusive", "new_pair")
@@ -389,29 +398,12 @@ def test_a_pooled_verdict_is_a_try_of_every_skill_whose_test_it_pooled(run):
     finally:
         lib.close()
 
-    def add(cid, stage, skill, decision, step=None, pooled=()):
-        run.store.upsert_candidate("r", Candidate(id=cid, stage=stage, change=Change(kind="recipe",
-                                                                                      knob="recipe.temperature",
-                                                                                      value=1.0),
-                                                  old_value=0.7, rationale="r", skill=skill), commit=None)
-        ev = Evidence(n=40, control=0.2, candidate=0.25, effect=0.05, ci_low=0.01 if decision == "promoted" else -0.05,
-                      ci_high=0.09, next_step=step, pooled=list(pooled),
-                      looks=[{"n": 40, "decision": "promoted"}] if decision == "promoted" else [])
-        run.store.set_candidate_verdict(Verdict(candidate=cid, decision=decision, reason="gate", evidence=ev))
-
-    def tries(skill):
-        lib = run.skills()
-        try:
-            return {t["candidate"]: t["promoted"] for t in lib.tries(skill)}
-        finally:
-            lib.close()
-
-    add("s1c1", 1, a, "inconclusive", "new_pair")
+    _decided(run, "s1c1", 1, "inconclusive", a, step="new_pair")
     remember_skills(run, 1)
-    add("s2c1", 2, b, "promoted", pooled=["s1c1"])
+    _decided(run, "s2c1", 2, "promoted", b, pooled=["s1c1"])  # the same change, its test pooled with s1c1's
     remember_skills(run, 2)
     remember_skills(run, 2)
-    assert tries(a) == {"s1c1": 1} and tries(b) == {"s2c1": 1}
+    assert _tries(run, a) == {"s1c1": 1} and _tries(run, b) == {"s2c1": 1}
 
 
 def test_a_change_beaten_at_the_gate_is_re_tested_first_in_the_next_stage_from_the_new_state(run):
