@@ -1,13 +1,16 @@
 """Where backtest arms run: in the run process (`scale.backend: local`, the default) or as Ray tasks (`ray`).
 
 An arm is one `ArmJob`: everything it needs travels with it (the harness files, the training and backtest instances,
-the judge, the seeds), so it runs the same anywhere. `execute_arm` is the one function that trains and judges an arm;
+the judge, the seeds), so it trains on the same data anywhere; what differs is the process's cores: an arm run here on
+a core its torch threads leave idle overlaps its rollouts with its steps (`recipe.pipeline: auto`, one update stale),
+a Ray arm on its one core does not, so the two backends' weights differ (both arms of one decision run on one backend,
+so no comparison mixes them). `execute_arm` is the one function that trains and judges an arm;
 the local backend calls it in the run process, the Ray backend calls it inside a Ray task. Only the run process writes
 run.db, the harness repo and the run directory: a Ray task gets the start checkpoint as bytes and sends back the
 trained checkpoint, its TensorBoard files and its scored rollouts, which the run process then records. So a worker
 that dies mid-arm leaves nothing behind; Ray starts the arm again (`scale.max_retries`), and nothing is recorded twice.
 
-    scale: {backend: ray}                                  # a local cluster, started by the run, all CPUs
+    scale: {backend: ray}                                  # a local cluster, started by the run, its cores
     scale: {backend: ray, address: auto}                   # join the cluster `ray start --head` runs on this machine
     scale: {backend: ray, arm_resources: {num_cpus: 1, num_gpus: 1}}
 """
