@@ -14,7 +14,7 @@ import json
 import time
 from pathlib import Path
 
-from harness.records import Rollout, read_rollouts, write_rollouts
+from harness.records import Rollout, problem_label, read_rollouts, write_rollouts
 from harness.round0 import harness_models
 from harness.run import Run
 
@@ -123,10 +123,10 @@ def report_eval(run: Run, k: int, ckpt: str) -> None:
     run.record_eval(k, "policy", "test", n=rep.n, valid=rep.valid, optimal=rep.optimal)
     # per-instance outcomes (same suite instances every stage): the report's paired stage-to-stage comparison
     out = run.path("stages", f"s{k}", "test.json")
-    first: dict[str, int] = {}  # each instance's problem (the first instance with its prompt): the report's clusters
+    # each instance's problem (`problem_label`, as the gate counts copies of one): the report's clusters
     out.write_text(json.dumps({"checkpoint": ckpt, "suite": run.config.eval.name, "seeds": [i.seed for i in insts],
-                               "valid": per, "problems": [first.setdefault(run.task.prompt(i), n)
-                                                          for n, i in enumerate(insts)]}))
+                               "valid": per, "problems": [problem_label(run.task.prompt(i, run.style))
+                                                          for i in insts]}))
     for key, vals in rep.by_slice.items():
         for val, st in vals.items():
             run.record_eval(k, "policy", "test", n=st.n, valid=st.valid, optimal=st.optimal, slice_key=key,

@@ -173,7 +173,7 @@ def curve(run_dir: Path) -> dict[str, Any] | None:
 
     import numpy as np
 
-    from harness.backtest import paired_bootstrap, two_way_bootstrap
+    from harness.backtest import two_way_bootstrap
 
     points, recs = {}, {}
     for f in sorted((run_dir / "stages").glob("s*/test.json")):
@@ -194,12 +194,9 @@ def curve(run_dir: Path) -> dict[str, Any] | None:
         a, b = recs[first], recs[last]
         if any(a.get(f) != b.get(f) for f in ("suite", "seeds")):  # another test set: no paired change to report
             continue
-        problems = b.get("problems") if a.get("problems") == b.get("problems") else None
-        if problems is not None and len(problems) == len(points[last]):
-            eff, lo, hi = two_way_bootstrap([points[first]], [points[last]], 4000, 0.025, np.random.default_rng(0),
-                                            clusters=problems)
-        else:  # a record written before problems were (each instance its own problem)
-            eff, lo, hi = paired_bootstrap(points[first], points[last], 4000, 0.025, np.random.default_rng(0))
+        problems = b.get("problems") if a.get("problems") == b.get("problems") else None  # older records: none
+        eff, lo, hi = two_way_bootstrap([points[first]], [points[last]], 4000, 0.025, np.random.default_rng(0),
+                                        clusters=problems if problems and len(problems) == len(points[last]) else None)
         out[name] = {"from": first, "to": last, "effect": eff, "ci95": [lo, hi], "above_noise": lo > 0}
     return out
 

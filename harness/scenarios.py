@@ -465,16 +465,17 @@ def _recovery_ci(per: dict[str, dict[int, list[float]]], arm: str,
 
 
 WARM = "warm start"  # the shared start, as a row of `per` in `summarize`
-BUDGET_TOLERANCE = 0.02  # an arm whose compute is further than this share from its seed's budget is named
 
 
 def off_budget(results: list[dict[str, Any]], budgets: dict[int, float]) -> list[list[float]]:
     """[seed, compute, budget] of each of an arm's runs whose measured compute (step-equivalents) is further than
-    `BUDGET_TOLERANCE` of the budget its seed's baselines were given (the first evolved arm's compute, or
+    `harness.experiment.EQUAL_COMPUTE` of the budget its seed's baselines were given (the first evolved arm's compute, or
     `budget_steps`): a second evolved arm (the baselines follow the first one only), a baseline whose probes overran
     its last stage, a budget set by hand. Empty when every run is at equal compute."""
+    from harness.experiment import EQUAL_COMPUTE
+
     return [[r["seed"], round(float(r["compute"]), 1), b] for r in results if (b := budgets.get(r["seed"]))
-            and abs(float(r["compute"]) - b) > BUDGET_TOLERANCE * b]
+            and abs(float(r["compute"]) - b) > EQUAL_COMPUTE * b]
 
 
 def summarize(rows: dict[str, dict[str, Any]], warm: dict[str, list[float]] | None = None,
@@ -619,9 +620,11 @@ def summary_md(summary: dict[str, Any], arms: list[str]) -> str:
                for arm, a in sc["arms"].items() if a.get("engineer_tokens")]:
         md += ("\nThe LLM engineer's own tokens (prompt and completion, mean per seed; another model's, so not in the "
                "step-equivalents every arm is matched on): " + "; ".join(eng) + ".\n")
+    from harness.experiment import EQUAL_COMPUTE
+
     if off := [f"{name} {arm} (" + ", ".join(f"seed {s}: {c:g} against {b:g}" for s, c, b in a["off_budget"]) + ")"
                for name, sc in summary.items() for arm, a in sc["arms"].items() if a.get("off_budget")]:
-        md += (f"\n**Not at equal compute** (step-equivalents more than {100 * BUDGET_TOLERANCE:g}% from the budget "
+        md += (f"\n**Not at equal compute** (step-equivalents more than {100 * EQUAL_COMPUTE:g}% from the budget "
                "the seed's baselines were given, the first evolved arm's compute; its comparisons are not at equal "
                "compute): " + "; ".join(off) + ".\n")
     return md

@@ -12,7 +12,8 @@ import hashlib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-WARM_START_CODE = ("policies", "harness/tasks", "harness/policy_glue.py", "harness/seeds.py")  # `harness.warmstart`
+DRAW_CODE = ("harness/tasks", "harness/seeds.py")  # `harness.tasks.drawn`: what a built-in family's draw runs
+WARM_START_CODE = ("policies", *DRAW_CODE, "harness/policy_glue.py")  # `harness.warmstart`
 # what a held-out reading runs beyond that: the sandbox that scores a program, the evaluation's own decoding settings
 # (`harness.evalcache`; an outside review found both outside its key)
 READING_CODE = ("sandbox", "harness/evaluation.py")

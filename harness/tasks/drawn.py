@@ -69,7 +69,8 @@ def code_version() -> str:
     import sys
     from importlib.metadata import PackageNotFoundError, version
 
-    root = Path(__file__).resolve().parents[2]
+    from harness.sources import DRAW_CODE, source_digest
+
     h = hashlib.blake2b(digest_size=8)
     h.update(f"python={sys.version_info[:3]};".encode())
     for name in DEPENDS:
@@ -77,8 +78,7 @@ def code_version() -> str:
             h.update(f"{name}={version(name)};".encode())
         except PackageNotFoundError:
             h.update(f"{name}=-;".encode())
-    for f in [*sorted((root / "harness" / "tasks").rglob("*.py")), root / "harness" / "seeds.py"]:
-        h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
+    h.update(source_digest(DRAW_CODE).encode())
     return h.hexdigest()
 
 
