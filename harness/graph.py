@@ -333,8 +333,9 @@ def node_propose(run: Run, state: State) -> State:
         if res.usage.calls:  # the engineer's own calls (another model: kept apart from the policy's compute)
             u = res.usage
             where = "endpoint" if cfg.engineer.base_url else "local"  # another machine's work, or this one's
-            run.charge(k, "engineer", "engineer", seconds=u.seconds, tokens=u.prompt_tokens + u.completion_tokens,
-                       label=f"{where} propose")
+            # an ask before a kill is charged and kept: the resume asks again (nothing was recorded) and pays again
+            run.charge_again(k, "engineer", "engineer", f"{where} propose", seconds=u.seconds,
+                             tokens=u.prompt_tokens + u.completion_tokens)
             if u.unreported:
                 run.event(k, "propose", "warning", f"{u.unreported} of {u.calls} engineer call(s) named no token usage "
                           "(the endpoint sent no `usage` field): their tokens are not in the ledger, their seconds are",

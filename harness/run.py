@@ -208,6 +208,17 @@ class Run:
         """One row of the compute ledger (`RunStore.charge`)."""
         self.store.charge(self.id, stage, arm, kind, **cost)
 
+    def charge_again(self, stage: int, arm: str, kind: str, label: str, **cost: Any) -> None:
+        """A ledger row for work that is new each time it is done, never a re-measurement of the same work: a row under
+        `label` already there (an earlier attempt at the node that was stopped after it, e.g. an engineer asked before
+        a kill and asked again on the resume) keeps its charge, and this one goes under `label, again N`."""
+        used = {r["label"] for r in self.store.ledger(self.id) if (r["stage"], r["arm"], r["kind"]) == (stage, arm, kind)}
+        n, name = 1, label
+        while name in used:
+            n += 1
+            name = f"{label}, again {n}"
+        self.store.charge(self.id, stage, arm, kind, label=name, **cost)
+
     def record_eval(self, stage: int, arm: str, split: str, **metrics: Any) -> None:
         self.store.record_eval(self.id, stage, arm, split, **metrics)
 

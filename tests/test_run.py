@@ -1260,3 +1260,41 @@ def test_a_started_run_whose_judge_file_is_gone_is_refused_not_judged_anew(tmp_p
     with pytest.raises(RunError, match=r"judge\.json is missing: this run's judge was fixed when it started"):
         lifecycle.open_run(run_dir, cfg)
     assert not (run_dir / JUDGE_FILE).exists()
+
+
+def test_an_engineer_asked_before_a_kill_and_again_on_the_resume_is_charged_both_times(tmp_path, monkeypatch):
+    """The engineer is asked (another model's tokens and seconds), then the driver is killed before the answer is
+    recorded: the resume asks again and pays again. Both asks belong in the ledger. Before, the second charge went
+    under the same (stage, arm, kind, label) key and replaced the first, so the killed ask's tokens were lost. The
+    engineer here is the rule engineer with a stated usage (the outside boundary's bill, not its reply). Would catch:
+    the charge keyed so that a re-ask replaces it, or the resume not asking again (one row then)."""
+    import harness.engineer as E
+    import harness.graph as G
+    from harness.engineer.proposal import EngineerUsage
+
+    real_propose, real_retest = E.propose, G.signal_retest
+    dead = {"on": True}
+
+    def billed(*a, **kw):
+        res = real_propose(*a, **kw)
+        return res.model_copy(update={"usage": EngineerUsage(calls=1, prompt_tokens=90, completion_tokens=10,
+                                                             seconds=2.0)})
+
+    def killed_after_the_ask(run, k, *a, **kw):  # runs after the charge, before the answer is recorded
+        if dead["on"]:
+            raise KeyboardInterrupt
+        return real_retest(run, k, *a, **kw)
+
+    monkeypatch.setattr(E, "propose", billed)
+    monkeypatch.setattr(G, "signal_retest", killed_after_the_ask)
+    with pytest.raises(KeyboardInterrupt):
+        start_run(parse_config(dict(TINY, budget={"stages": 1}), "test"), tmp_path / "runs", run_id="asked")
+    dead["on"] = False
+    run_dir = resume_run(tmp_path / "runs" / "asked")
+    store = RunStore.open(run_dir / "run.db")
+    try:
+        rows = [r for r in store.ledger("asked") if r["kind"] == "engineer"]
+    finally:
+        store.close()
+    assert sorted(r["label"] for r in rows) == ["local propose", "local propose, again 2"], rows
+    assert sum(r["tokens"] for r in rows) == 200 and sum(r["seconds"] for r in rows) == pytest.approx(4.0)
