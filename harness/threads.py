@@ -24,9 +24,12 @@ checked again. A measurement taken while other jobs held the cores sticks until 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -88,14 +91,24 @@ def _read_cache() -> dict[str, Any]:
         return {}
 
 
-def _write_cache(data: dict[str, Any]) -> None:
+def _update_cache(key: str, entry: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    """Set `threads.json`'s `key` to `entry(its entry now)`, the file read and written under an exclusive lock
+    (`threads.json.lock`), so two processes measuring at once (a bench's side-by-side units, two runs) each keep their
+    entry: without it, each read the file, added its own and wrote it back, and the later write dropped the earlier
+    one's entry (a measurement lost, taken again by the next run). A home that cannot be written: measure again next
+    time."""
     p = cache_path()
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        tmp.replace(p)
-    except OSError:  # a read-only home: measure again next time
+        with open(p.with_name(p.name + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            data = _read_cache()
+            old = data.get(key)
+            data[key] = entry(old if isinstance(old, dict) else {})
+            tmp = p.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+            tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+            tmp.replace(p)
+    except OSError:
         pass
 
 
@@ -368,11 +381,9 @@ def step_trial(say=lambda msg: None):
             med = {c: statistics.median(t) for c, t in self.times.items() if t}
             best = pick(med)
             cpu_threads(best)
-            cache = _read_cache()
-            entry = cache.get(key) if isinstance(cache.get(key), dict) else {}
-            cache[key] = {**entry, "threads": best, "confirmed": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                          "step_seconds": {str(c): round(v, 5) for c, v in med.items()}}
-            _write_cache(cache)
+            _update_cache(key, lambda entry: {**entry, "threads": best,
+                                              "confirmed": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                                              "step_seconds": {str(c): round(v, 5) for c, v in med.items()}})
             _UNCONFIRMED = None
             shown = ", ".join(f"{c}: {v * 1000:.0f} ms" for c, v in med.items())
             say(f"torch threads checked on this run's GRPO steps (median per step {shown}): {best}"
@@ -384,15 +395,13 @@ def step_trial(say=lambda msg: None):
 def _choice(key: str, measure, what: str, shape: str) -> tuple[int, str]:
     """(threads, why) for the cache `key`: the cached choice when one is valid on this host, else `measure()`d now
     (seconds per thread count), `pick`ed and cached."""
-    cache = _read_cache()
-    hit = cache.get(key)
+    hit = _read_cache().get(key)
     if isinstance(hit, dict) and isinstance(hit.get("threads"), int) and 1 <= hit["threads"] <= cores():
         return hit["threads"], f"measured on this host for {shape} ({cache_path()})"
     secs = measure()
     best = pick(secs)
-    cache[key] = {"threads": best, "seconds": {str(k): round(v, 5) for k, v in secs.items()},
-                  "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    _write_cache(cache)
+    _update_cache(key, lambda _: {"threads": best, "seconds": {str(k): round(v, 5) for k, v in secs.items()},
+                                  "measured": time.strftime("%Y-%m-%dT%H:%M:%S")})
     shown = ", ".join(f"{k}: {v * 1000:.0f} ms" for k, v in secs.items())
     return best, f"measured now, per {what} {shown}; cached in {cache_path()}"
 

@@ -433,3 +433,33 @@ def test_a_warm_start_trained_on_another_instruction_set_is_another_cache_entry(
     here = warmstart.trained_on(1)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "OTHER_ISA")
     assert warmstart.trained_on(1) == "cpu x1 OTHER_ISA" != here
+
+
+def test_two_measurements_at_once_each_keep_their_entry(restore_threads):
+    """Two processes (here two threads, each opening the lock file on its own) measure different shapes at once: the
+    first reads threads.json, measures, and writes while the second has written its own entry in between. Before,
+    each read-modify-write wrote back the file as it had read it, so the later write dropped the other's entry (a
+    bench's side-by-side units measured again run after run). Would catch: a write that does not re-read the file
+    under a lock."""
+    import threading
+
+    from harness import threads
+
+    first_measuring, second_written = threading.Event(), threading.Event()
+
+    def slow():  # the first measurement: still timing when the second one finishes and writes
+        first_measuring.set()
+        assert second_written.wait(30)
+        return {1: 0.5, 2: 0.6}
+
+    def fast():
+        assert first_measuring.wait(30)
+        return {1: 0.9, 2: 0.3}
+
+    a = threading.Thread(target=threads._choice, args=("shape-a", slow, "step", "a"))
+    a.start()
+    threads._choice("shape-b", fast, "step", "b")
+    second_written.set()
+    a.join(30)
+    cache = json.loads(threads.cache_path().read_text())
+    assert cache["shape-a"]["threads"] == 1 and cache["shape-b"]["threads"] == 2, cache
