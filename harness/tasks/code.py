@@ -649,10 +649,20 @@ def _execute(pairs: list[tuple[CodeInstance, str]]) -> list[dict[str, Any]]:
                           "replay": True}
         with _CACHE_LOCK:
             for k, r in zip(todo, ran, strict=True):
-                known[k] = _CACHE[k] = r
+                known[k] = r
+                if not _load_dependent(r):
+                    _CACHE[k] = r
                 while len(_CACHE) > _CACHE_MAX:
                     _CACHE.popitem(last=False)
     return [known[k] for k in keys]
+
+
+def _load_dependent(ran: dict[str, Any]) -> bool:
+    """A result that says as much about the machine's load as about the program: the sandbox's wall-clock limit (a
+    program that sleeps, or waited for a core behind other jobs), unlike the CPU limit (it burned its seconds). Not
+    cached: a program that timed out on a busy machine is run again when it comes back, not failed for the rest of
+    the process."""
+    return ran["status"] == "timeout" and ran["error"].startswith("wall-clock")
 
 
 def _exception_of(stderr: str) -> str:
