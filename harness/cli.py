@@ -728,8 +728,12 @@ def cache_show() -> None:
     root = warmstart.cache_root()
     entries = sorted(p for p in root.iterdir() if p.is_dir() and (p / "DONE").exists()) if root.is_dir() else []
 
-    console.print(f"cache: {shown(root)}  ({len(entries)} warm start(s); clear with `evotrainer cache clear`)",
-                  highlight=False)
+    try:
+        bound = f"{warmstart.max_bytes() / (1 << 20):.0f} MB, least recently used first ({warmstart.MAX_MB_ENV})"
+    except ValueError as exc:
+        bound = f"not applied: {exc}"
+    console.print(f"cache: {shown(root)}  ({len(entries)} warm start(s); bounded at {bound}; clear with "
+                  "`evotrainer cache clear`)", highlight=False)
     for p in entries:
         try:
             meta = _json.loads((p / "warmstart.json").read_text()) if (p / "warmstart.json").exists() else {}

@@ -8,7 +8,9 @@ an earlier one loads that checkpoint instead of retraining it (a second `make de
     store(key, checkpoint_dir, meta)
 
 Location: `$EVOTRAINER_HOME/warmstart/<key>/` (default `~/.evotrainer/warmstart`). Clear it with
-`evotrainer cache clear` or `rm -rf ~/.evotrainer/warmstart`; `EVOTRAINER_WARMSTART_CACHE=0` turns it off.
+`evotrainer cache clear` or `rm -rf ~/.evotrainer/warmstart`; `EVOTRAINER_WARMSTART_CACHE=0` turns it off. Bounded:
+past `EVOTRAINER_WARMSTART_CACHE_MB` (default 4 GiB) the least recently used entries are removed when one is stored
+(`prune`; never one used within the hour).
 
 The key hashes every setting that changes the trained weights (task, model preset, prompt style, generator config,
 the demonstrations' seeds, SFT steps / learning rate / batch size, seed, and where it trains: the GPU or the number of
@@ -20,6 +22,7 @@ local model (`policy.checkpoint`) is not cached: its bytes are the user's, not o
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -85,7 +88,71 @@ def lookup(key: str) -> Path | None:
     if not enabled():
         return None
     d = cache_root() / key
-    return d if (d / "DONE").is_file() and (d / "config.json").is_file() else None
+    if not ((d / "DONE").is_file() and (d / "config.json").is_file()):
+        return None
+    with contextlib.suppress(OSError):
+        os.utime(d / "DONE")  # "last used": what pruning keeps
+    return d
+
+
+MAX_BYTES_DEFAULT = 4 << 30  # the cache's size past which the least recently used entries go (`prune`)
+IN_USE_S = 3600.0  # an entry used (stored or loaded) this recently is never pruned: another run may be loading it
+MAX_MB_ENV = "EVOTRAINER_WARMSTART_CACHE_MB"
+
+
+def max_bytes() -> int:
+    """The cache's bound: `EVOTRAINER_WARMSTART_CACHE_MB` (megabytes) or MAX_BYTES_DEFAULT."""
+    raw = os.environ.get(MAX_MB_ENV, "").strip()
+    if not raw:
+        return MAX_BYTES_DEFAULT
+    try:
+        mb = float(raw)
+    except ValueError:
+        raise ValueError(f"{MAX_MB_ENV}={raw!r}: write the cache's bound in megabytes, e.g. {MAX_MB_ENV}=4096") from None
+    if mb < 0:
+        raise ValueError(f"{MAX_MB_ENV}={raw!r}: the bound cannot be negative")
+    return int(mb * (1 << 20))
+
+
+def _size(d: Path) -> int:
+    total = 0
+    for f in d.rglob("*"):
+        with contextlib.suppress(OSError):
+            if f.is_file():
+                total += f.stat().st_size
+    return total
+
+
+def prune(keep: Path | None = None, now: float | None = None) -> list[Path]:
+    """Remove the least recently used entries (by their `DONE` file's time, touched at each `lookup`) while the cache
+    is larger than `max_bytes()`, and every entry set aside as not loading (`set_aside`), oldest first too. Never
+    `keep` (the entry just stored) nor one used within IN_USE_S. Returns what was removed. Why: every edit of the
+    code a warm start depends on makes a new key, and the old entries were never removed (a few MB each for the
+    built-in presets, hundreds for a larger one, over months of runs and benches)."""
+    import time
+
+    root = cache_root()
+    now = time.time() if now is None else now
+    dated = []
+    for d in (root.iterdir() if root.is_dir() else []):
+        if not d.is_dir() or d.name.startswith(".") or (keep is not None and d == keep):
+            continue
+        with contextlib.suppress(OSError):
+            used = (d / "DONE").stat().st_mtime if (d / "DONE").is_file() else d.stat().st_mtime
+            dated.append((".bad-" not in d.name, used, d))  # set-aside entries first, then by last use
+    total = sum(_size(d) for *_, d in dated) + (_size(keep) if keep is not None and keep.is_dir() else 0)
+    gone = []
+    for _, used, d in sorted(dated):
+        if total <= max_bytes():
+            break
+        if now - used <= IN_USE_S:
+            continue
+        size = _size(d)
+        shutil.rmtree(d, ignore_errors=True)
+        if not d.exists():
+            total -= size
+            gone.append(d)
+    return gone
 
 
 def _sweep(root: Path) -> None:
@@ -109,6 +176,10 @@ def store(key: str, checkpoint: Path, meta: dict[str, Any]) -> Path | None:
     if not enabled():
         return None
     root = cache_root()
+    try:
+        max_bytes()
+    except ValueError as exc:  # a typo in the bound: nothing cached, the run goes on and its warning names it
+        raise CacheWriteError(f"the warm start was not cached: {exc}") from None
     final = root / key
     tmp = root / f".{key}.{os.getpid()}.tmp"
     try:
@@ -126,6 +197,7 @@ def store(key: str, checkpoint: Path, meta: dict[str, Any]) -> Path | None:
         shutil.rmtree(tmp, ignore_errors=True)
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0][:200]
         raise CacheWriteError(f"the warm start could not be cached in {root}: {why}") from None
+    prune(keep=final)
     return final
 
 

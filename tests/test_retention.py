@@ -68,3 +68,42 @@ def test_disk_usage_counts_checkpoints(tmp_path):
         (tmp_path / "checkpoints" / name / "model.safetensors").write_bytes(b"x" * size)
     (tmp_path / "run.db").write_bytes(b"y" * 100)
     assert disk_usage(tmp_path) == {"bytes": 1600, "checkpoints": 2, "checkpoint_bytes": 1500}
+
+
+def _checkpoint(d, mb: float):
+    d.mkdir(parents=True)
+    (d / "config.json").write_text("{}")
+    (d / "model.safetensors").write_bytes(b"\0" * int(mb * (1 << 20)))
+    return d
+
+
+def test_the_warm_start_cache_drops_its_least_recently_used_entries_past_its_bound(tmp_path, monkeypatch):
+    """Every edit of the code a warm start depends on makes a new key; before, old entries stayed for good. Now,
+    when an entry is stored past `EVOTRAINER_WARMSTART_CACHE_MB`, the least recently used go (an entry set aside as
+    not loading first), never the one stored nor one used within the hour, and a lookup counts as a use. Would catch:
+    no pruning, pruning by when an entry was made rather than last used, the new or a live entry removed, a typo in
+    the bound crashing the run instead of a warning."""
+    import os
+    import time
+
+    from harness import warmstart
+
+    monkeypatch.setenv("EVOTRAINER_HOME", str(tmp_path / "home"))
+    root = warmstart.cache_root()
+    day = 86400
+    for name, age in (("old", 5 * day), ("older", 9 * day), ("oldest", 20 * day), ("live", 60)):
+        warmstart.store(name, _checkpoint(tmp_path / name, 1.0), {})
+        os.utime(root / name / "DONE", (time.time() - age,) * 2)
+    bad = _checkpoint(root / f"gone.bad-{os.getpid()}", 0.1)  # set aside long ago: garbage first
+    os.utime(bad, (time.time() - day,) * 2)
+    assert sorted(p.name for p in root.iterdir()) == [bad.name, "live", "old", "older", "oldest"]
+    monkeypatch.setenv(warmstart.MAX_MB_ENV, "3.5")  # room for three 1 MB entries and a little
+    assert warmstart.lookup("oldest") is not None  # used now: it stays
+    warmstart.store("new", _checkpoint(tmp_path / "new", 1.0), {})
+    kept = sorted(p.name for p in root.iterdir())
+    assert kept == ["live", "new", "oldest"], kept
+    # a bound that is not a number: nothing is cached, and the error names the variable (the run warns and goes on)
+    monkeypatch.setenv(warmstart.MAX_MB_ENV, "4G")
+    with pytest.raises(warmstart.CacheWriteError, match="EVOTRAINER_WARMSTART_CACHE_MB='4G'"):
+        warmstart.store("typo", _checkpoint(tmp_path / "typo", 0.1), {})
+    assert not (root / "typo").exists()
