@@ -96,6 +96,9 @@ class Recipe(BaseModel):
         "group", description="advantage normalisation: by group std, batch std, or none (Dr. GRPO)")
     reward_scale: float = Field(1.0, gt=0, description="multiplier applied to every reward before advantages")
     epsilon: float = Field(0.2, gt=0, description="PPO clip range")
+    epsilon_high: float | None = Field(
+        None, gt=0, description="upper clip (DAPO's clip-higher; for cispo the cap on the importance weight itself, "
+        "ScaleRL's epsilon_max); unset: epsilon for the PPO losses, CISPO_EPSILON_HIGH for cispo")
     num_iterations: int = Field(1, ge=1, description="optimiser passes per generated batch (mu)")
     drop_dead_groups: bool = Field(False, description="drop groups whose rewards all tie (zero advantage, no policy "
                                    "gradient with beta 0) before the backward pass: the same gradient direction for "
@@ -856,6 +859,18 @@ def _check_rows(rows: list[dict[str, Any]]) -> None:
         raise RecipeError("'prompt_text' is reserved by train_grpo; rename that column")
 
 
+CISPO_EPSILON_HIGH = 5.0  # CISPO's cap on the importance weight (ScaleRL's epsilon_max; TRL's recommended value)
+
+
+def epsilon_high(recipe: Recipe) -> float:
+    """TRL's `epsilon_high` for the recipe. Unset, TRL takes `epsilon` (0.2), which for cispo caps the importance
+    weight itself at 0.2, not at 1.2: every token's weight min(ratio, 0.2) = 0.2, the gradient a fifth of the loss's
+    and the ratio never read. So cispo's default is its own cap."""
+    if recipe.epsilon_high is not None:
+        return recipe.epsilon_high
+    return CISPO_EPSILON_HIGH if recipe.loss_type == "cispo" else recipe.epsilon
+
+
 def _grpo_trainer(model, tok, rows: list[dict[str, Any]], reward, recipe: Recipe, out_dir: str | Path | None,
                   callbacks: list) -> Any:
     """The GRPOTrainer of a stage: our recipe mapped onto GRPOConfig, the KL reference pointed at the stage's start,
@@ -873,7 +888,7 @@ def _grpo_trainer(model, tok, rows: list[dict[str, Any]], reward, recipe: Recipe
         num_generations=recipe.num_generations, temperature=recipe.temperature, top_p=recipe.top_p,
         max_completion_length=recipe.max_completion_length, max_steps=recipe.steps,
         per_device_train_batch_size=recipe.batch_size * recipe.oversample, loss_type=recipe.loss_type, scale_rewards=recipe.scale_rewards,
-        epsilon=recipe.epsilon, num_iterations=recipe.num_iterations,
+        epsilon=recipe.epsilon, epsilon_high=epsilon_high(recipe), num_iterations=recipe.num_iterations,
         mask_truncated_completions=recipe.mask_truncated_completions, log_completions=False,
         remove_unused_columns=False,
     )
@@ -1251,6 +1266,8 @@ def check_logprobs(model, tok, prompts: list[str], recipe: Recipe) -> LogprobChe
             old = trainer._get_per_token_logps_and_entropies(trainer.model, ids, attn, keep)[0]
         new = trainer._get_per_token_logps_and_entropies(trainer.model, ids, attn, keep)[0].detach()
     finally:
+        if hasattr(trainer, "close_pipeline"):  # as `train_grpo` does: else `pipeline_active` stays true for good
+            trainer.close_pipeline()
         model.__dict__.pop("generate", None)
         unpatch_forward(model)
         _drop_scratch()

@@ -308,6 +308,32 @@ def test_pruning_dead_groups_hands_the_optimiser_the_whole_batchs_gradient(warm,
         assert max(float((full[k] - dropped[k]).abs().max()) for k in full) > 1e-3 * scale
 
 
+def test_cispo_weighs_an_on_policy_token_as_dapo_does(warm):
+    """CISPO's token weight is the importance ratio capped at epsilon_high (ScaleRL's epsilon_max, 5.0), and at the
+    first step the ratio is 1: its gradient is DAPO's (both normalise over the batch's tokens). Before, the recipe
+    left TRL's epsilon_high at epsilon (0.2), which for cispo caps the weight itself: min(1, 0.2), every token at a
+    fifth, the ratio never read. Would catch: cispo without its own cap (the gradient 0.2x), a cap read as 1 + eps."""
+    model, tok = warm
+    rows = [{"prompt": w} for w in WORDS[:4]]
+
+    def reward(prompts, completions, **kw):
+        return [float(c.count("a")) + 0.1 * len(c) for c in completions]
+
+    base = {"steps": 1, "batch_size": 16, "num_generations": 4, "max_completion_length": 10, "learning_rate": 1e-3,
+            "beta": 0.0, "warmup_ratio": 0.0, "temperature": 1.0, "max_grad_norm": 1e9, "lr_schedule": "constant",
+            "prune_dead_groups": False, "pipeline": False}
+    dapo, _ = _grads_of_one_step(model, tok, Recipe(**base, loss_type="dapo"), rows, reward)
+    cispo, _ = _grads_of_one_step(model, tok, Recipe(**base, loss_type="cispo"), rows, reward)
+    assert dapo.keys() == cispo.keys() and len(dapo) > 0
+    scale = max(float(g.abs().max()) for g in dapo.values())
+    assert scale > 0
+    assert max(float((dapo[k] - cispo[k]).abs().max()) for k in dapo) <= 1e-4 * scale
+    from policies.train import epsilon_high
+
+    assert epsilon_high(Recipe(loss_type="cispo")) == 5.0 and epsilon_high(Recipe()) == 0.2
+    assert epsilon_high(Recipe(loss_type="dapo", epsilon_high=0.28)) == 0.28  # DAPO's clip-higher, when asked
+
+
 def test_pruning_is_refused_where_it_would_not_be_exact(warm):
     """`prunable` names the reason a trainer's batches keep their dead groups: a KL term (beta > 0) is not zero on a
     tied row. Would catch pruning under beta > 0, where the step would lose the dead rows' KL gradient."""
@@ -547,6 +573,25 @@ def test_auto_overlaps_the_steps_only_where_the_process_has_a_core_to_spare(warm
         monkeypatch.setenv("EVOTRAINER_CORES", "two")
         with pytest.raises(ValueError, match="EVOTRAINER_CORES='two': a whole number"):
             cores()
+    finally:
+        torch.set_num_threads(was)
+
+
+def test_the_logprob_check_closes_the_pipeline_it_opens(warm, monkeypatch):
+    """`check_logprobs` builds its trainer as `train_grpo` does, pipeline included where a core is spare; before, it
+    never closed it, so `pipeline_active()` stayed true for the rest of the process and the thread trial
+    (`harness.threads.step_trial`, which stands down while a pipeline trains) never ran again. Would catch: the
+    check's pipeline left open."""
+    from policies.train import pipeline_active
+
+    model, tok = warm
+    was = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        monkeypatch.setenv("EVOTRAINER_CORES", "2")
+        assert not pipeline_active()
+        r = check_logprobs(model, tok, WORDS, Recipe(batch_size=16, num_generations=4, max_completion_length=10))
+        assert r.tokens > 0 and not pipeline_active()
     finally:
         torch.set_num_threads(was)
 
