@@ -141,6 +141,53 @@ def test_a_refuted_number_respelt_within_a_thousandth_is_the_same_change():
         assert [c.change.value for c in cands] == [v], (h, v)
 
 
+def test_a_refuted_mixture_respelt_is_the_same_change():
+    """A refuted `env.mixture` that adds a size, proposed again with the size written " 7", "+7", "07", "7.0" or in
+    another script's digits, draws the same env (pydantic reads each as 7): the same change, refused, not a fresh
+    test. So is a mixture within a thousandth (total variation) of a refuted one, as `_refuted_nearby` already did
+    for numbers. Before (an outside review): each spelling, and the 0.001 nudge, was a new candidate whose env.yaml
+    was byte-identical, or all but, to the refuted one's, a fresh test at full alpha. A real step and another state's
+    refusal still go through. Would catch: mixture keys taken as written, the nearby check skipping mixtures."""
+    from harness.engineer.proposal import knob_space, rejected_keys_from_history
+    from harness.round0 import template_files
+    from harness.tasks import get_task
+    from harness.tasks.knobs import canonical_mixture
+    from harness.vet import apply_change
+
+    task = get_task("mapf")
+    files = {**template_files(), "env.yaml": task.spec.round0_env}
+    base = {"task": "mapf", "stage": 2, "state": "s0", "env_config": yaml.safe_load(files["env.yaml"]),
+            "recipe": yaml.safe_load(files["recipe.yaml"])}
+    space = knob_space(Diagnosis(**base), task)
+
+    def hist(value, st="s0"):
+        return HistoryItem(stage=1, candidate="s1c1", knob="env.mixture", change="x", verdict="rejected",
+                           effect=-0.05, ci=(-0.09, -0.01), value=canonical_mixture(value), old=None,
+                           key=change_key(st, Change(kind="env", knob="env.mixture", value=canonical_mixture(value))))
+
+    def ask(history, mix):
+        d = Diagnosis(**base, history=history)
+        text = json.dumps({"knob": "env.mixture", "value": mix, "rationale": "r", "expected": "e"})
+        return parse_reply(text, d, space, 3, "llm", rejected_keys=rejected_keys_from_history(d))
+
+    refuted = {"3": 0.4, "4": 0.3, "7": 0.3}
+    env = apply_change(files, Change(kind="env", knob="env.mixture", value=canonical_mixture(refuted)), task)
+    for k in ("07", " 7", "+7", "7.0", "\u0667"):
+        assert canonical_mixture({"3": 0.4, "4": 0.3, k: 0.3}) == canonical_mixture(refuted), k
+        with pytest.raises(ProposalError, match="already rejected from this state"):
+            ask([hist(refuted)], {"3": 0.4, "4": 0.3, k: 0.3})
+    near = {"3": 0.401, "4": 0.299, "7": 0.3}
+    with pytest.raises(ProposalError, match="respelt .*already rejected from this state"):
+        ask([hist(refuted)], near)
+    step = {"3": 0.5, "4": 0.2, "7": 0.3}
+    for history, mix in (([hist(refuted)], step), ([hist(refuted, st="other")], near)):
+        cands, _ = ask(history, mix)
+        assert cands[0].change.value == canonical_mixture(mix)
+    same = apply_change(files, Change(kind="env", knob="env.mixture",
+                                      value=canonical_mixture({"3": 0.4, "4": 0.3, "+7": 0.3})), task)
+    assert same["env.yaml"] == env["env.yaml"]
+
+
 def test_diagnostic_candidate_is_one_file():
     src = "def diagnose(rollouts):\n    return {'findings': [], 'metrics': {}}\n"
     cands, _ = parse_reply(json.dumps({"knob": "diagnostics/plan_len.py", "code": src, "rationale": "r",

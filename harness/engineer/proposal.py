@@ -303,6 +303,20 @@ def _refuted_nearby(diagnosis: Diagnosis, change: Change, rejected: set[str]) ->
     test of a refuted 0.7 (an outside attack, seventieth session): a hostile or careless engineer re-testing a refuted
     change by respelling it raises the false-promotion rate. A proposal continuing a step of the same intent is
     `continue_inconclusive`'s business, not this."""
+    if change.knob == MIXTURE and isinstance(change.value, dict):  # a mixture within REFUTED_SAME (total variation)
+        try:
+            mix = canonical_mixture(change.value)
+        except ValueError:
+            return None
+        for h in diagnosis.history:
+            if h.verdict == "rejected" and h.knob == change.knob and h.key in rejected and isinstance(h.value, dict):
+                try:
+                    theirs = canonical_mixture(h.value)
+                except ValueError:
+                    continue
+                if theirs != mix and _tv(mix, theirs) <= REFUTED_SAME + 1e-12:  # float sums of weights
+                    return h.value
+        return None
     mine = _number(change.value)
     if mine is None:
         return None
