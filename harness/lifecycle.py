@@ -182,6 +182,13 @@ def preflight(config: RunConfig) -> None:
     if script and not Path(script).is_file():  # else every stage would quietly fall back to the rule engineer
         raise RunError(f"engineer.script {script} not found (relative paths are read from {Path.cwd()}); point it at "
                        "the .yaml/.jsonl file of replies, or use engineer.kind: rule")
+    if script:  # and read, for the same reason: a file that does not parse fell back at every stage
+        from harness.engineer.scripted import ScriptError, load_script
+
+        try:
+            load_script(Path(script))
+        except ScriptError as exc:
+            raise RunError(f"engineer.script: {exc}; fix the file, or use engineer.kind: rule") from None
     from harness.tasks import get_task
     from harness.tasks.base import CheckEnvironment
     from harness.threads import check_env

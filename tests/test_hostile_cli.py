@@ -312,7 +312,8 @@ def test_nonsense_numbers_are_refused_before_the_run_folder_exists(tmp_path, mai
 
 def test_bad_environment_and_a_missing_script_are_refused_before_the_run_folder_exists(tmp_path, main, monkeypatch):
     """Before: a bad EVOTRAINER_THREADS left a run marked "running" forever, a missing engineer script was found after
-    training (each stage then fell back to the rule engineer and the run exited 0), and `--stages 0` was ignored."""
+    training (each stage then fell back to the rule engineer and the run exited 0), so was one that did not parse (an
+    outside review), and `--stages 0` was ignored."""
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(yaml.safe_dump(TINY))
     runs = tmp_path / "runs"
@@ -324,6 +325,10 @@ def test_bad_environment_and_a_missing_script_are_refused_before_the_run_folder_
     monkeypatch.delenv("EVOTRAINER_CORES")
     cfg.write_text(yaml.safe_dump({**TINY, "engineer": {"kind": "scripted", "script": str(tmp_path / "no.jsonl")}}))
     one_line_error(main("run", str(cfg), "--runs-dir", str(runs)), "engineer.script")
+    for name, text in (("bad.yaml", "- {knob: [unclosed\n"), ("one.yaml", "knob: recipe.temperature\n")):
+        (tmp_path / name).write_text(text)  # a script that does not parse, or is not a list of replies: the same
+        cfg.write_text(yaml.safe_dump({**TINY, "engineer": {"kind": "scripted", "script": str(tmp_path / name)}}))
+        one_line_error(main("run", str(cfg), "--runs-dir", str(runs)), "engineer.script")
     cfg.write_text(yaml.safe_dump(TINY))
     one_line_error(main("run", str(cfg), "--runs-dir", str(runs), "--stages", "0"), "budget.stages")
     assert not runs.exists()
