@@ -16,6 +16,7 @@ mapping); a missing intermediate raises KeyError, and callers fall back to rewri
 from __future__ import annotations
 
 import io
+import math
 import re
 from typing import Any
 
@@ -34,6 +35,29 @@ def _null_spelling(text: str) -> str | None:
     return max(("null", "~"), key=seen.count) if seen else None
 
 
+def _float(representer: RoundTripRepresenter, value: float):
+    """A float as YAML 1.1 readers (PyYAML, which loads every harness file) read a float: ruamel writes 1e-05, which
+    PyYAML reads as the string '1e-05' (its float needs a point and a signed exponent), so a learning rate below 1e-4
+    rewrote the whole recipe.yaml (its comments gone) and an env.yaml value became a string for plain readers (an
+    outside review). Now 1.0e-05."""
+    text = repr(value)
+    if not math.isfinite(value) or "e" not in text:
+        return RoundTripRepresenter.represent_float(representer, value)
+    mantissa, exponent = text.split("e")
+    if "." not in mantissa:
+        mantissa += ".0"
+    if exponent[0] not in "+-":
+        exponent = "+" + exponent
+    return representer.represent_scalar("tag:yaml.org,2002:float", f"{mantissa}e{exponent}")
+
+
+class _Representer(RoundTripRepresenter):
+    """ruamel's round-trip representer, floats written as YAML 1.1 reads them (`_float`)."""
+
+
+_Representer.add_representer(float, _float)
+
+
 def _yaml(text: str) -> tuple[YAML, Any]:
     _, indent, block_seq_indent = load_yaml_guess_indent(text)
     y = YAML()  # round-trip
@@ -42,6 +66,7 @@ def _yaml(text: str) -> tuple[YAML, Any]:
     indent = indent or 2
     offset = block_seq_indent or 0
     y.indent(mapping=indent, sequence=max(indent, offset + 2), offset=offset)
+    y.Representer = _Representer
     # ruamel writes every null as an empty value, so a file that spells them `null` (what PyYAML writes: a run's
     # config.yaml) or `~` would change on every line that holds one; keep the file's own spelling
     if spelled := _null_spelling(text):
@@ -51,7 +76,7 @@ def _yaml(text: str) -> tuple[YAML, Any]:
 
 def _spelling(token: str) -> type:
     """A round-trip representer that writes null as `token` (a subclass: ruamel's registry is per class)."""
-    cls = type(f"NullAs{token.title()}", (RoundTripRepresenter,), {})
+    cls = type(f"NullAs{token.title()}", (_Representer,), {})
     cls.add_representer(type(None), lambda r, _: r.represent_scalar("tag:yaml.org,2002:null", token))
     return cls
 

@@ -58,6 +58,10 @@ def test_recipe_accepts_a_sane_change_and_rewrites_one_line():
     ("env", "env.min_distance", 2, "env.yaml"),
     ("recipe", "recipe.temperature", 1.2, "recipe.yaml"),
     ("recipe", "recipe.learning_rate", 1e-4, "recipe.yaml"),
+    # ruamel writes 1e-05, which PyYAML reads as a string: the recipe was rewritten whole, its comments gone, and an
+    # env value went in as a string for plain readers (an outside review); now 1.0e-05, a float to both
+    ("recipe", "recipe.learning_rate", 1e-5, "recipe.yaml"),
+    ("env", "env.sizes.5.hole_ratio", 1e-5, "env.yaml"),
 ])
 def test_a_one_knob_candidate_is_a_one_line_commit_and_comments_survive(tmp_path, kind, knob, value, path):
     import subprocess
@@ -71,6 +75,10 @@ def test_a_one_knob_candidate_is_a_one_line_commit_and_comments_survive(tmp_path
     assert len(old_lines) == len(new_lines)
     changed = [(a, b) for a, b in zip(old_lines, new_lines) if a != b]
     assert len(changed) == 1, changed  # PyYAML re-dumped every line of env.yaml for one knob
+    loaded, (*path_to, leaf) = yaml.safe_load(res.files[path]), knob.split(".")[1:]
+    for part in path_to:  # `sizes.5`: the entry whose size is 5
+        loaded = next(e for e in loaded if e["size"] == int(part)) if isinstance(loaded, list) else loaded[part]
+    assert loaded[leaf] == value and type(loaded[leaf]) is type(value)  # a number to a YAML 1.1 reader (PyYAML)
     assert [x for x in old_lines if x.lstrip().startswith("#")] == [x for x in new_lines if x.lstrip().startswith("#")]
     if kind == "recipe":
         assert "#" in changed[0][1]  # the comment on the changed line itself stays
