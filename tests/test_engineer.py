@@ -188,6 +188,26 @@ def test_a_refuted_mixture_respelt_is_the_same_change():
     assert same["env.yaml"] == env["env.yaml"]
 
 
+def test_the_prompt_offers_env_entry_only_for_fields_it_can_write():
+    """A target entry whose differing field is a range (agents [2, 3]) cannot be written as `env.entry`'s value (a
+    number per field): before, the prompt offered it and every reply that followed the offer was refused (an outside
+    review). Now such a field is named as `env.target`'s, and a scalar difference is still offered. Would catch: a
+    list-valued difference offered again, or the scalar ones dropped with it."""
+    from harness.engineer.proposal import entry_text
+    from harness.records import TargetSlice, TargetView
+
+    def prompt(diff):
+        view = TargetView(slice_key="size", config={"sizes": []}, differs=["size=5"],
+                          slices=[TargetSlice(value="5", n=8, valid=0.3, target_share=0.33, mix_share=0.33,
+                                              entry_diff=diff)])
+        return entry_text(Diagnosis(task="mapf", stage=1, state="s0", env_config={}, recipe={}, target=view))
+
+    assert prompt({"agents": [2, [2, 3]]}) == ""
+    both = prompt({"agents": [2, [2, 3]], "hole_ratio": [0.45, 0.2]})
+    assert "hole_ratio 0.45 (target 0.2)" in both and "agents 2" not in both and "in agents, a range" in both
+    assert "hole_ratio 0.45 (target 0.2)" in prompt({"hole_ratio": [0.45, 0.2]})
+
+
 def test_diagnostic_candidate_is_one_file():
     src = "def diagnose(rollouts):\n    return {'findings': [], 'metrics': {}}\n"
     cands, _ = parse_reply(json.dumps({"knob": "diagnostics/plan_len.py", "code": src, "rationale": "r",

@@ -217,9 +217,21 @@ def entry_text(diagnosis: Diagnosis) -> str:
     diffs = [s for s in (view.slices if view is not None else []) if s.entry_diff]
     if not diffs:
         return ""
-    where = "; ".join(f"{view.slice_key} {s.value}: {entry_diff_text(s.entry_diff)}" for s in diffs)
+
+    def scalar(pair: list[Any]) -> bool:
+        return not any(isinstance(v, list | dict) for v in pair)
+
+    # a field whose value is a list (an agents range) is not a value this knob takes: offered under env.target only
+    # (an outside review: the prompt offered it and every reply that followed it was refused)
+    said = {s.value: {f: p for f, p in s.entry_diff.items() if scalar(p)} for s in diffs}
+    where = "; ".join(f"{view.slice_key} {v}: {entry_diff_text(d)}" for v, d in said.items() if d)
+    if not where:
+        return ""
+    rest = sorted({f for s in diffs for f, p in s.entry_diff.items() if not scalar(p)})
     return (f"- {ENTRY}  value: an object {{<{view.slice_key}>: {{field: value, ...}}}}: ONE entry's fields set "
-            f"together as ONE change (its weight kept). The mix's entries differ from the target's here: {where}")
+            f"together as ONE change (its weight kept), each a number. The mix's entries differ from the target's "
+            f"here: {where}" + (f" (and in {', '.join(rest)}, a range this knob cannot write: {TARGET} takes the "
+                                f"target's entries whole)" if rest else ""))
 
 
 def target_text(diagnosis: Diagnosis) -> str:
