@@ -220,7 +220,7 @@ def test_runs_that_differ_only_in_seed_train_probe_and_judge_on_different_instan
     base = {"task": "mapf", "name": "r", "policy": {"preset": "tiny"}, "warm_start": {"sft_examples": 0},
             "eval": {"suite": "small", "limit": 8}}
     draws, suites = {}, {}
-    for name, seed in (("a", 0), ("b", 1), ("c", 1), ("d", 2)):
+    for name, seed in (("a", 0), ("b", 1), ("c", 1), ("d", 2), ("e", 10_000), ("f", 2**32 - 1)):
         run = open_run(tmp_path / name, parse_config({**base, "seed": seed}, "t"))
         try:
             draws[name] = {sp: run.draw_seeds(sp, 16, key="k") for sp in ("train", "probe", "backtest")}
@@ -230,11 +230,12 @@ def test_runs_that_differ_only_in_seed_train_probe_and_judge_on_different_instan
             run.store.close()
     assert draws["a"]["backtest"] == seedlib.seeds("backtest", 16)  # seed 0: unchanged
     assert draws["b"] == draws["c"]  # the same seed: the same instances
-    for x, y in (("a", "b"), ("a", "d"), ("b", "d")):
+    # seeds 10,000 apart too (`seed % 10_000` gave seed 10,000 seed 0's instances; an outside review)
+    for x, y in (("a", "b"), ("a", "d"), ("b", "d"), ("a", "e"), ("a", "f"), ("e", "f")):
         for sp in ("train", "probe", "backtest"):
             assert not set(draws[x][sp]) & set(draws[y][sp]), (x, y, sp)
             seedlib.check_split(draws[x][sp], sp)
-    assert suites["a"] == suites["b"] == suites["d"]
+    assert suites["a"] == suites["b"] == suites["d"] == suites["f"]
 
 
 def test_concurrent_draws_from_two_processes_are_disjoint(tmp_path: Path):
