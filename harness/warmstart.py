@@ -147,6 +147,9 @@ def prune(keep: Path | None = None, now: float | None = None) -> list[Path]:
             break
         if now - used <= IN_USE_S:
             continue
+        with contextlib.suppress(OSError):  # looked up since it was dated (a run loading it now): it stays
+            if (d / "DONE").stat().st_mtime != used:
+                continue
         size = _size(d)
         shutil.rmtree(d, ignore_errors=True)
         if not d.exists():
@@ -191,8 +194,17 @@ def store(key: str, checkpoint: Path, meta: dict[str, Any]) -> Path | None:
         shutil.copytree(checkpoint, tmp)
         (tmp / "warmstart.json").write_text(json.dumps(meta, indent=1, default=str))
         (tmp / "DONE").write_text("ok\n")
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
+        # another process may have stored the same key while this one copied, and a third may be loading it: a
+        # complete entry is never removed (it was: the loader failed and retrained), only one without DONE
+        if not (final / "DONE").is_file():
+            shutil.rmtree(final, ignore_errors=True)
+        try:
+            os.replace(tmp, final)
+        except OSError:
+            if not (final / "DONE").is_file():
+                raise
+        if tmp.exists():  # the other writer's entry stands: this copy goes
+            shutil.rmtree(tmp, ignore_errors=True)
     except (OSError, shutil.Error) as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0][:200]

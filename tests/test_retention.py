@@ -7,6 +7,8 @@ tests/test_chat_checkpoint.py (a one-stage run ends with the warm start, the inc
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from harness.config import ConfigError, parse_config
@@ -107,3 +109,43 @@ def test_the_warm_start_cache_drops_its_least_recently_used_entries_past_its_bou
     with pytest.raises(warmstart.CacheWriteError, match="EVOTRAINER_WARMSTART_CACHE_MB='4G'"):
         warmstart.store("typo", _checkpoint(tmp_path / "typo", 0.1), {})
     assert not (root / "typo").exists()
+
+
+def test_two_writers_of_one_warm_start_leave_the_first_entry_where_a_loader_reads_it(tmp_path, monkeypatch):
+    """Two runs that missed the cache store the same key: the second finished copying after the first stored, while
+    a third run loads the first's entry. Before, the second removed the stored entry and put its copy in its place,
+    so the loader's files vanished under it (it set the entry aside and retrained). Now a complete entry is never
+    removed: the second copy goes. And a prune that dated an entry before a lookup touched it leaves it. Would catch:
+    the stored entry replaced, or a prune going by a stale date (reproduced with processes by an outside review)."""
+    import time
+
+    from harness import warmstart
+
+    monkeypatch.setenv("EVOTRAINER_HOME", str(tmp_path / "home"))
+    root = warmstart.cache_root()
+    real = warmstart.shutil.copytree
+
+    def copy_then_the_other_stores(src, dst, *a, **k):
+        out = real(src, dst, *a, **k)
+        if not (root / "k").exists():
+            first = _checkpoint(root / "k", 0.01)
+            (first / "DONE").write_text("ok\n")
+            (first / "first").write_text("the entry a loader is reading\n")
+        return out
+
+    monkeypatch.setattr(warmstart.shutil, "copytree", copy_then_the_other_stores)
+    assert warmstart.store("k", _checkpoint(tmp_path / "second", 0.01), {}) == root / "k"
+    monkeypatch.undo()
+    monkeypatch.setenv("EVOTRAINER_HOME", str(tmp_path / "home"))
+    assert (root / "k" / "first").is_file() and sorted(p.name for p in root.iterdir()) == ["k"]
+
+    os.utime(root / "k" / "DONE", (time.time() - 86400,) * 2)
+    sized = warmstart._size
+
+    def looked_up_meanwhile(d):
+        warmstart.lookup("k")  # a run loads it between the prune's dating and its removal
+        return sized(d)
+
+    monkeypatch.setattr(warmstart, "_size", looked_up_meanwhile)
+    monkeypatch.setenv(warmstart.MAX_MB_ENV, "0")
+    assert warmstart.prune() == [] and (root / "k" / "DONE").is_file()
