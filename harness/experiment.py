@@ -56,6 +56,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -639,10 +640,43 @@ def run_experiments(exps: list[tuple[ExperimentConfig, Path]], say: Callable[[st
     than on two, so two arms side by side finish in about half the time; BENCHMARKS.md). Warm starts that share a
     cache key are made once (the first; the others load it from the cache after it)."""
     labels = labels or [str(o) for _, o in exps]
+    locks = _lock_outs([Path(o) for _, o in exps])
+    try:
+        return _run_experiments(exps, say, progress, jobs, labels)
+    finally:
+        for lock in locks:
+            lock.release()
+
+
+def _lock_outs(outs: list[Path]) -> list[Any]:
+    """One call per experiment folder at a time (`<out>/lock`): two calls into one --out (an experiment run in parts,
+    two parts started together) both trained its shared warm start and any arm both named into the same folders,
+    checkpoints half written under each other (an outside review); the second is refused, naming the first's pid."""
+    from harness.store import RunLockedError, acquire_lock
+
+    locks = []
+    try:
+        for out in outs:
+            out.mkdir(parents=True, exist_ok=True)
+            try:
+                locks.append(acquire_lock(out, "experiment"))
+            except RunLockedError as exc:
+                pid = re.search(r"pid (\d+)", str(exc))
+                raise ExperimentError(f"--out {out} is in use by another experiment call"
+                                      + (f" (pid {pid.group(1)})" if pid else "")
+                                      + "; wait for it to end, or give this call another --out") from None
+    except BaseException:
+        for lock in locks:
+            lock.release()
+        raise
+    return locks
+
+
+def _run_experiments(exps: list[tuple[ExperimentConfig, Path]], say, progress, jobs: int,
+                     labels: list[str]) -> list[dict[str, Any]]:
     preps = []
     for cfg, out in exps:  # every plan before anything trains
         out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
         p = plan(cfg)
         snapshot_skills(cfg, out)  # every experiment's before any of them trains: all start from the same library
         preps.append((cfg, out, p))

@@ -322,8 +322,12 @@ def open_run(run_dir: Path, config: RunConfig, progress: Callable[[str, dict[str
     check_run_id(run_dir.name)
     run_dir.mkdir(parents=True, exist_ok=True)
     if not (run_dir / RUN_MARKER).exists():
+        # config.yaml whole before the marker, as `start_run` writes them: a kill between the two left a marker beside
+        # no config, and the experiment's "made from other settings" check then passed a changed warm start by
+        tmp = run_dir / "config.yaml.tmp"
+        tmp.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+        tmp.replace(run_dir / "config.yaml")
         (run_dir / RUN_MARKER).write_text(f"{run_dir.name}\n")
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
     return _prepare(run_dir, config, progress)
 
 

@@ -417,3 +417,48 @@ def test_a_second_evolved_arm_off_the_baselines_budget_is_named_under_the_table(
     text = table(s)
     assert "**Not at equal compute**" in text and "evolved-llm vs fixed-template, seed(s) 0, 1" in text
     assert "evolved-rule vs fixed-template, seed" not in text
+
+
+def test_a_second_call_into_a_busy_experiment_folder_is_refused_and_a_new_run_folder_has_its_config_first(
+        tmp_path, monkeypatch):
+    """Two `evotrainer experiment` calls into one --out (an experiment run in parts, two parts started together)
+    both trained its shared warm start, and any arm both named, into the same folders: checkpoints half written under
+    each other. The second is refused now, naming the first's pid, before it plans or trains anything. And
+    `open_run` (the experiment's warm start and baselines) writes config.yaml whole before its marker, as
+    `start_run` does: a kill between them left a marker without a config, which passed a changed warm start by.
+    Would catch: no lock on --out, the marker first (an outside review of shared state)."""
+    import harness.lifecycle as L
+    from harness.benchmarks.run import TINY
+    from harness.config import parse_config
+    from harness.experiment import run_experiments
+    from harness.store import acquire_lock
+
+    monkeypatch.setenv("EVOTRAINER_HOME", str(tmp_path / "home"))
+    cfg = load_experiment(_cfg(tmp_path))
+    (tmp_path / "out").mkdir()
+    held = acquire_lock(tmp_path / "out", "experiment")
+    try:
+        with pytest.raises(ExperimentError, match=r"--out .*out is in use by another experiment call \(pid \d+\)"):
+            run_experiments([(cfg, tmp_path / "out")], say=lambda m: None)
+    finally:
+        held.release()
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["lock"]  # nothing planned or written
+
+    def killed(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(L, "_prepare", killed)  # the kill right after the folder's files are written
+    with pytest.raises(KeyboardInterrupt):
+        L.open_run(tmp_path / "warmstart", parse_config(TINY, "t"))
+    assert (tmp_path / "warmstart" / "config.yaml").is_file() and (tmp_path / "warmstart" / L.RUN_MARKER).is_file()
+    real_write = L.Path.write_text
+
+    def dies_at_the_marker(self, text, *a, **k):
+        if self.name == L.RUN_MARKER:
+            raise KeyboardInterrupt
+        return real_write(self, text, *a, **k)
+
+    monkeypatch.setattr(L.Path, "write_text", dies_at_the_marker)
+    with pytest.raises(KeyboardInterrupt):
+        L.open_run(tmp_path / "baseline", parse_config(TINY, "t"))
+    assert (tmp_path / "baseline" / "config.yaml").is_file()  # the config is there whatever the marker's fate
