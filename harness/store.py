@@ -169,8 +169,9 @@ def _immediate(db: Database) -> Iterator[Database]:
 
 def migrate(db: Database) -> list[str]:
     """Apply the migrations not yet applied, each in its own transaction; returns the names applied now."""
-    if not db["_migrations"].exists():
-        db["_migrations"].create({"name": str, "applied_at": str}, pk="name", if_not_exists=True)
+    if not db["_migrations"].exists():  # under the write lock: two processes opening a fresh file at once
+        with _immediate(db):  # raced here, the second failing at once ("database is locked", its timeout unused)
+            db.execute("CREATE TABLE IF NOT EXISTS [_migrations] ([name] TEXT PRIMARY KEY, [applied_at] TEXT)")
     done = {r[0] for r in db.execute("SELECT name FROM _migrations").fetchall()}
     applied_now = []
     for fn in (f for f in MIGRATIONS if f.__name__ not in done):  # an up-to-date db (a status reader) takes no lock
@@ -188,7 +189,9 @@ def open_db(path: Path) -> Database:
     conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S)
     db = Database(conn)
     db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-    db.enable_wal()
+    from skills.library import wal_mode
+
+    wal_mode(db.execute, BUSY_TIMEOUT_S)
     db.execute("PRAGMA synchronous = NORMAL")  # WAL + NORMAL: durable across a process kill (not a power cut)
     return db
 

@@ -351,6 +351,26 @@ def m002_imported_evidence(db: Database) -> None:
             "last_interval": json.dumps(last) if last else None, "families": json.dumps(families)})
 
 
+def wal_mode(execute: Any, timeout_s: float) -> None:
+    """`PRAGMA journal_mode=WAL` on a connection (its `execute`), asked again for up to `timeout_s` while the file is
+    locked: SQLite answers a journal-mode change it cannot make now at once, without its busy handler, so of six
+    processes opening one new file together (a bench's workers on a new home, two runs started at once) one in a
+    few hundred failed with "database is locked". Shared by the run store and the instance cache."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if str(execute("PRAGMA journal_mode=WAL").fetchone()[0]).lower() == "wal":
+                return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+        if time.monotonic() > deadline:
+            raise sqlite3.OperationalError("database is locked")
+        time.sleep(0.05)
+
+
 @contextlib.contextmanager
 def _immediate(db: Database) -> Iterator[Database]:
     try:
@@ -366,7 +386,9 @@ def _immediate(db: Database) -> Iterator[Database]:
 
 
 def _migrate(db: Database) -> list[str]:
-    db["_migrations"].create({"name": str, "applied_at": str}, pk="name", if_not_exists=True)
+    if not db["_migrations"].exists():  # under the write lock: two processes opening a fresh file at once
+        with _immediate(db):  # raced here, the second failing at once ("database is locked", its timeout unused)
+            db.execute("CREATE TABLE IF NOT EXISTS [_migrations] ([name] TEXT PRIMARY KEY, [applied_at] TEXT)")
     done = {r[0] for r in db.execute("SELECT name FROM _migrations").fetchall()}
     applied = []
     for fn in (f for f in MIGRATIONS if f.__name__ not in done):
@@ -413,7 +435,7 @@ class SkillLibrary:
             path.parent.mkdir(parents=True, exist_ok=True)
             db = Database(sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S))
             db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-            db.enable_wal()
+            wal_mode(db.execute, BUSY_TIMEOUT_S)
             _migrate(db)
             lib = cls(db, path)
             if seed_dir is not None and Path(seed_dir).is_dir():

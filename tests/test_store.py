@@ -266,6 +266,42 @@ def test_concurrent_draws_from_two_processes_are_disjoint(tmp_path: Path):
 # --- concurrency, the lock, durability ----------------------------------------------------------------------------------
 
 
+def _open_fresh(kind: str, path: str, go, out) -> None:
+    go.wait()
+    try:
+        if kind == "run":
+            RunStore.open(path).close()
+        else:
+            from skills.library import SkillLibrary
+
+            SkillLibrary.open(path).close()
+        out.put("ok")
+    except Exception as exc:  # noqa: BLE001 - what the test counts
+        out.put(f"{type(exc).__name__}: {exc}")
+
+
+@pytest.mark.parametrize("kind", ["run", "skills"])
+def test_processes_opening_one_fresh_database_at_once_all_open_it(tmp_path: Path, kind: str):
+    """Six processes open a new run.db (or skills.db: a bench's workers on a new home, two runs started together) at
+    the same instant. Before, the migrations table was created outside the write lock, and a process whose read
+    snapshot another's commit had overtaken failed at once with "database is locked" (its busy timeout unused): 5 of
+    48 opens in an outside review's reproduction. Would catch: the table created outside `BEGIN IMMEDIATE`."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    errors = []
+    for r in range(4):
+        go, out = ctx.Event(), ctx.Queue()
+        procs = [ctx.Process(target=_open_fresh, args=(kind, str(tmp_path / f"{r}.db"), go, out)) for _ in range(6)]
+        for p in procs:
+            p.start()
+        go.set()
+        for p in procs:
+            p.join(60)
+        errors += [m for m in (out.get(timeout=10) for _ in procs) if m != "ok"]
+    assert not errors, errors
+
+
 def test_reader_works_while_a_writer_holds_a_transaction(store: RunStore):
     store.add_event("r1", "start", "go")
     writer = RunStore.open(store.path)

@@ -118,7 +118,9 @@ def _connect() -> sqlite3.Connection | None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(path, timeout=60, check_same_thread=False, isolation_level=None)
-            conn.execute("PRAGMA journal_mode=WAL")
+            from skills.library import wal_mode
+
+            wal_mode(conn.execute, 60)
             conn.execute("PRAGMA synchronous=NORMAL")  # a lost tail after a power cut is only drawn again
             conn.execute("PRAGMA journal_size_limit=8388608")  # the WAL shrinks back after a large draw
             conn.execute(_SQL)
