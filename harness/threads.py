@@ -400,8 +400,10 @@ def _choice(key: str, measure, what: str, shape: str) -> tuple[int, str]:
         return hit["threads"], f"measured on this host for {shape} ({cache_path()})"
     secs = measure()
     best = pick(secs)
-    _update_cache(key, lambda _: {"threads": best, "seconds": {str(k): round(v, 5) for k, v in secs.items()},
-                                  "measured": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    mine = {"threads": best, "seconds": {str(k): round(v, 5) for k, v in secs.items()},
+            "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    # another process that measured (or confirmed) this key while this one timed keeps its entry: the first stands
+    _update_cache(key, lambda entry: entry if isinstance(entry.get("threads"), int) else mine)
     shown = ", ".join(f"{k}: {v * 1000:.0f} ms" for k, v in secs.items())
     return best, f"measured now, per {what} {shown}; cached in {cache_path()}"
 

@@ -463,3 +463,27 @@ def test_two_measurements_at_once_each_keep_their_entry(restore_threads):
     a.join(30)
     cache = json.loads(threads.cache_path().read_text())
     assert cache["shape-a"]["threads"] == 1 and cache["shape-b"]["threads"] == 2, cache
+
+
+def test_a_measurement_finishing_after_another_process_confirmed_the_key_leaves_the_confirmation(restore_threads):
+    """One process probes a shape while another, which probed it first, confirms it on its run's steps: the late
+    probe's entry used to replace the confirmed one, so the next run repeated the trial. Would catch: a late
+    measurement written over an entry already there."""
+    import threading
+
+    from harness import threads
+
+    measuring, confirmed = threading.Event(), threading.Event()
+
+    def slow():
+        measuring.set()
+        assert confirmed.wait(30)
+        return {1: 0.9, 2: 0.3}
+
+    late = threading.Thread(target=threads._choice, args=("shape", slow, "step", "s"))
+    late.start()
+    assert measuring.wait(30)
+    threads._update_cache("shape", lambda e: {**e, "threads": 1, "confirmed": "now"})
+    confirmed.set()
+    late.join(30)
+    assert json.loads(threads.cache_path().read_text())["shape"] == {"threads": 1, "confirmed": "now"}
