@@ -664,7 +664,7 @@ def _lock_outs(outs: list[Path]) -> list[Any]:
                 pid = re.search(r"pid (\d+)", str(exc))
                 raise ExperimentError(f"--out {out} is in use by another experiment call"
                                       + (f" (pid {pid.group(1)})" if pid else "")
-                                      + "; wait for it to end, or give this call another --out") from None
+                                      + "; let it finish, or give this call another --out") from None
     except BaseException:
         for lock in locks:
             lock.release()

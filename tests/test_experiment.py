@@ -438,7 +438,7 @@ def test_a_second_call_into_a_busy_experiment_folder_is_refused_and_a_new_run_fo
     (tmp_path / "out").mkdir()
     held = acquire_lock(tmp_path / "out", "experiment")
     try:
-        with pytest.raises(ExperimentError, match=r"--out .*out is in use by another experiment call \(pid \d+\)"):
+        with pytest.raises(ExperimentError, match=r"--out .*out is in use by another experiment call \(pid \d+\); let it finish"):
             run_experiments([(cfg, tmp_path / "out")], say=lambda m: None)
     finally:
         held.release()

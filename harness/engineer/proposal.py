@@ -221,7 +221,7 @@ def entry_text(diagnosis: Diagnosis) -> str:
     def scalar(pair: list[Any]) -> bool:
         return not any(isinstance(v, list | dict) for v in pair)
 
-    # a field whose value is a list (an agents range) is not a value this knob takes: offered under env.target only
+    # a field whose value is a list (a range) is not a value this knob takes: offered under env.target only
     # (an outside review: the prompt offered it and every reply that followed it was refused)
     said = {s.value: {f: p for f, p in s.entry_diff.items() if scalar(p)} for s in diffs}
     where = "; ".join(f"{view.slice_key} {v}: {entry_diff_text(d)}" for v, d in said.items() if d)
