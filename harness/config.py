@@ -641,6 +641,36 @@ class RunConfig(_Strict):
         return meta["style"] if meta.get("task") == self.task and meta.get("style") in styles else "chat"
 
 
+def _fields_at(model: Any, path: list[Any]) -> list[str]:
+    """The field names of the model `path` leads to from `model` (list indices skipped, Optional and unions read
+    through to their model), or [] where the path leaves the models."""
+    import typing
+
+    def model_in(annotation: Any) -> Any:
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            return annotation
+        for arg in typing.get_args(annotation):
+            if (found := model_in(arg)) is not None:
+                return found
+        return None
+
+    for part in path:
+        if isinstance(part, int) or (isinstance(part, str) and part.isdigit()):
+            continue
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None or (model := model_in(field.annotation)) is None:
+            return []
+    return list(getattr(model, "model_fields", {}))
+
+
+def _unknown_key(model: Any, loc: tuple | list, tail: str = "") -> str:
+    """`unknown key`, with the field it is likely a typo of (`recipe.stpes` -> steps) where one is close."""
+    import difflib
+
+    close = difflib.get_close_matches(str(loc[-1]), _fields_at(model, list(loc[:-1])), n=1) if loc else []
+    return f"unknown key (did you mean {close[0]}?){tail}" if close else f"unknown key (typo?){tail}"
+
+
 def _nested(prefix: str, model: type[BaseModel], data: Any) -> None:
     """Validate a section checked by another model (the task's generator config, its shaping, the Recipe); errors name
     the full path in the run config (`env.<list>.0.<field>`, not `<list>.0.<field>`)."""
@@ -655,7 +685,7 @@ def _nested(prefix: str, model: type[BaseModel], data: Any) -> None:
                 loc, msg = f"{prefix}.{m.group(1)}", m.group(2)
             if prefix.endswith(".env"):  # a generator names its own knobs `env.<...>`: here they are `<prefix>.<...>`
                 msg = re.sub(r"(?<![\w.])env\.", f"{prefix}.", msg)
-            lines.append(f"{loc}: unknown key (typo?)" if e["type"] == "extra_forbidden" else f"{loc}: {msg}")
+            lines.append(f"{loc}: {_unknown_key(model, e['loc'])}" if e["type"] == "extra_forbidden" else f"{loc}: {msg}")
         raise ValueError("; ".join(lines)) from None
 
 
@@ -726,7 +756,8 @@ def _format_error(exc: ValidationError, source: str) -> str:
             continue
         loc = loc or "(top level)"
         if e["type"] == "extra_forbidden":
-            lines.append(f"{loc}: unknown key (typo?); see harness/config.py (each field's description) and examples/*.yaml")
+            lines.append(f"{loc}: " + _unknown_key(RunConfig, e["loc"], "; see harness/config.py (each field's "
+                                                   "description) and examples/*.yaml"))
         elif e["type"] == "value_error" and (m := _BOOL_NUMBER.match(e["msg"].removeprefix("Value error, "))):
             lines.append(f"{loc}.{m.group(1)}: {m.group(2)}")  # `no_bool_numbers`, run by the section: its field
         else:

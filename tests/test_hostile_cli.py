@@ -766,3 +766,23 @@ def test_a_union_of_plain_types_is_one_reading_of_the_field_and_a_key_named_str_
     with pytest.raises(ValueError) as exc:
         _nested("env", Cfg, {"str": 0})
     assert str(exc.value).split(":")[0] == "env.str", str(exc.value)
+
+
+@pytest.mark.parametrize("data,said", [
+    ({"recipe": {"stpes": 3}}, "recipe.stpes: unknown key (did you mean steps?)"),
+    ({"stage": {"probe_nn": 4}}, "stage.probe_nn: unknown key (did you mean probe_n?)"),
+    ({"backtst": {"n": 8}}, "backtst: unknown key (did you mean backtest?)"),
+    ({"env": {"min_distanse": 1, "sizes": [{"size": 3, "data_ratio": 1.0}]}},
+     "env.min_distanse: unknown key (did you mean min_distance?)"),
+    ({"env": {"sizes": [{"size": 3, "data_ratoi": 1.0}]}}, "env.sizes.0.data_ratoi: unknown key (did you mean "),
+    ({"recipe": {"zzz": 1}}, "recipe.zzz: unknown key (typo?)"),  # nothing close: as before
+])
+def test_a_misspelt_key_names_the_field_it_is_close_to(data, said):
+    """A fresh user's `recipe.stpes` read "unknown key (typo?)" where the field it meant is one edit away (a
+    walkthrough of the README); the scenario files already said which. Now every section does, nested ones and the
+    task's generator config included. Would catch: the hint lost, or read from the wrong model."""
+    from harness.config import parse_config
+
+    with pytest.raises(ValueError) as exc:
+        parse_config({"task": "mapf", **data}, "x")
+    assert said in str(exc.value), str(exc.value)
