@@ -254,6 +254,8 @@ def print_summary(run_dir: Path, console) -> dict[str, Any]:
     console.print(curve_text(cv), highlight=False)
     if cv and "first_to_last" in cv:
         console.print(f"test_change_first_to_last: {cv['first_to_last']['effect']:+.4f}", highlight=False)
+    if st.get("status") == "interrupted":  # what goes on from here, as the Ctrl-C line said
+        console.print(f"resume: evotrainer resume {shown(str(run_dir))}", highlight=False)
     if st["waiting"]:
         run = shown(str(run_dir))  # the folder, not the id: an id is found only under --runs-dir
         console.print(f"paused: waits at the {shown(st['waiting'])}: evotrainer approve {run} | evotrainer revise "
@@ -297,7 +299,7 @@ def print_summary(run_dir: Path, console) -> dict[str, Any]:
     promoted = sum(1 for x in st["candidates"] if x["verdict"] == "promoted")
     console.print(f"candidates: {len(st['candidates'])}\npromoted: {promoted}\nharness: {shown(st['harness'])}\n"
                   f"report: {shown(st['report'])}" + ("" if Path(st["report"]).is_file() else
-                                                         " (not written yet: `evotrainer report RUN`)"),
+                                                         f" (not written yet: `evotrainer report {shown(str(run_dir))}`)"),
                   highlight=False)
     disk = st["disk"]
     console.print(f"disk_mb: {disk['bytes'] / 1e6:.1f}\ncheckpoints: {disk['checkpoints']} "

@@ -302,6 +302,24 @@ def _killed_in_report_eval(tmp_path, monkeypatch, stages: int, run_id: str) -> P
     return tmp_path / "runs" / run_id
 
 
+def test_status_of_an_interrupted_run_says_how_to_go_on_with_its_folder(tmp_path, monkeypatch):
+    """`evotrainer status` on a run stopped by Ctrl-C printed no way on (only the Ctrl-C line had said it), and the
+    report line's hint named a literal `RUN` (a fresh user's walkthrough of the README). Would catch: the hint gone,
+    or a placeholder instead of the folder."""
+    import io
+
+    from rich.console import Console
+
+    from harness.report import print_summary
+
+    run_dir = _killed_in_report_eval(tmp_path, monkeypatch, 1, "cut")
+    buf = io.StringIO()
+    print_summary(run_dir, Console(file=buf, width=400))
+    out = buf.getvalue()
+    assert f"resume: evotrainer resume {run_dir}" in out, out
+    assert f"(not written yet: `evotrainer report {run_dir}`)" in out and "report RUN" not in out
+
+
 def test_a_stage_budget_below_the_stage_an_interrupted_run_is_in_is_refused(tmp_path, monkeypatch):
     """A two-stage run killed inside stage 2, resumed with `--stages 1`: before, the edit was taken silently, stage 2
     ran to its end and the run "stopped at its budget of 1 stage" after two. Now refused with the stage it is in and
