@@ -140,6 +140,9 @@ def start_run(config: RunConfig, runs_dir: str | Path = "runs", run_id: str | No
         tmp.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
         tmp.replace(run_dir / "config.yaml")
         (run_dir / RUN_MARKER).write_text(f"{run_id}\n")
+        if progress is not None:  # where it is, first: `status` from another shell needs the folder (a made-up id)
+            progress("run", {"message": f"run {run_id} in {run_dir}: `evotrainer status {run_dir}` from another "
+                                        "shell"})
         _drive_prepared(run_dir, config, progress, {"run_id": run_id, "stage": 0, "log": []})
     except KeyboardInterrupt:  # Ctrl-C: the CLI says how to go on, with the folder (a made-up id is not typed)
         raise RunInterrupted(run_dir) from None

@@ -439,6 +439,10 @@ def test_run_and_resume_survive_hostile_replies_and_print_them_as_text(tmp_path)
                 proc.wait()
         first = out.read_text()
         assert "'[/x]'" in first and "Traceback" not in first and "MarkupError" not in first, first[-3000:]
+        # where the run is, before anything trains (a fresh user had to `ls runs/` to find it)
+        said = " ".join(first.split())  # the console wraps at its width
+        assert said.startswith(f"0s run h in {runs / 'h'}: `evotrainer status {runs / 'h'}` from another shell"), \
+            first[:500]
         assert not any(c in first for c in RAW)
         ep.release.set()
         r = cli("resume", str(runs / "h"), home=home, timeout=600)
