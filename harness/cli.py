@@ -719,7 +719,7 @@ def _rung3_recipe(items: list[str], family: str = "mapf") -> dict[str, Any]:
 
 @cache_app.command("show")
 def cache_show() -> None:
-    """Where the warm-start cache is and what it holds."""
+    """Where the warm-start cache, the held-out readings and the drawn instances are kept, and what they hold."""
     import json as _json
 
     from harness import warmstart

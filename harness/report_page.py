@@ -130,7 +130,8 @@ def lineage_chart(rows: list[dict[str, Any]]) -> str | None:
                     color=col, capsize=3, label=None if r["outcome"] in seen else r["outcome"])
         seen.add(r["outcome"])
     ax.axhline(0, color="#999", lw=0.8)
-    ax.set_xlabel("stage (a star: the last stage's pick)")
+    picked = any(r["what"] == "final pick" for r in rows)  # a run whose lineage was its anchor at the end has none
+    ax.set_xlabel("stage (a star: the last stage's pick)" if picked else "stage")
     ax.set_ylabel("points vs anchor (+-1 se)")
     ks = sorted({r["stage"] for r in rows})
     ax.set_xticks(ks)

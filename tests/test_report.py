@@ -208,3 +208,14 @@ def test_a_checkpoint_not_carried_is_among_the_pages_warnings(run_dir, tmp_path)
     warn = page.split("<section id=warnings>", 1)[1].split("</section>", 1)[0]
     assert "stage 2: the control arm&#x27;s estimate on the target is below" in warn
     assert "stage 1: the control arm&#x27;s greedy estimate" in warn
+
+
+def test_the_lineage_chart_names_a_star_only_where_it_draws_one():
+    """The caption said "a star: the last stage's pick" on a run whose lineage was its anchor at the end (no final
+    pick, no star drawn; a fresh user's walkthrough looked for it). Would catch: the caption unconditional again."""
+    from harness.report_page import lineage_chart
+
+    carry = {"stage": 1, "what": "carry", "chosen": "a", "against": "b", "change": 0.01, "se": 0.01, "n": 96,
+             "outcome": "carried"}
+    pick = {**carry, "what": "final pick", "outcome": "delivers the lineage"}
+    assert "a star" not in lineage_chart([carry]) and "a star" in lineage_chart([carry, pick])
