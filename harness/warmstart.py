@@ -102,16 +102,10 @@ MAX_MB_ENV = "EVOTRAINER_WARMSTART_CACHE_MB"
 
 def max_bytes() -> int:
     """The cache's bound: `EVOTRAINER_WARMSTART_CACHE_MB` (megabytes) or MAX_BYTES_DEFAULT."""
-    raw = os.environ.get(MAX_MB_ENV, "").strip()
-    if not raw:
-        return MAX_BYTES_DEFAULT
-    try:
-        mb = float(raw)
-    except ValueError:
-        raise ValueError(f"{MAX_MB_ENV}={raw!r}: write the cache's bound in megabytes, e.g. {MAX_MB_ENV}=4096") from None
-    if mb < 0:
-        raise ValueError(f"{MAX_MB_ENV}={raw!r}: the bound cannot be negative")
-    return int(mb * (1 << 20))
+    from policies import env_number
+
+    mb = env_number(MAX_MB_ENV, "megabytes (the cache's bound)", f"{MAX_BYTES_DEFAULT >> 20}", float, 0)
+    return MAX_BYTES_DEFAULT if mb is None else int(mb * (1 << 20))
 
 
 def _size(d: Path) -> int:

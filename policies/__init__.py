@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 from contextlib import contextmanager
+from typing import Any
 
 # Idle OpenMP threads sleep instead of spinning. Set at package import, which precedes every torch import made through
 # policies (model, rollout, train): on a shared 2-core machine spinning threads made training steps 10-20x slower.
@@ -40,15 +41,21 @@ def machine_cores() -> int:
 def env_count(name: str, what: str, unset: str) -> int | None:
     """A whole number of at least 1 from environment variable `name` (None when unset or empty); ValueError naming the
     variable, `what` it counts and what `unset` means otherwise."""
+    return env_number(name, what, unset)
+
+
+def env_number(name: str, what: str, unset: str, number: type = int, least: float = 1) -> Any:
+    """`number(value)` of environment variable `name`, at least `least` (None when unset or empty); ValueError naming
+    the variable, `what` it counts and what `unset` means otherwise."""
     raw = os.environ.get(name, "").strip()
     if not raw:
         return None
     try:
-        n = int(raw)
+        n = number(raw)
     except ValueError:
-        raise ValueError(f"{name}={raw!r}: a whole number of {what}") from None
-    if n < 1:
-        raise ValueError(f"{name}={raw!r}: at least 1 (unset it for {unset})")
+        raise ValueError(f"{name}={raw!r}: a {'whole ' if number is int else ''}number of {what}") from None
+    if not n >= least:  # NaN too
+        raise ValueError(f"{name}={raw!r}: at least {least:g} (unset it for {unset})")
     return n
 
 

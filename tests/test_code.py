@@ -133,10 +133,12 @@ def test_an_escape_attempt_writes_nothing_on_the_host(tmp_path):
     assert not out.valid and out.failure == "exception" and not target.exists(), out
 
 
-def test_a_batch_runs_each_distinct_program_once(monkeypatch):
+@pytest.fixture
+def sandbox_jobs(monkeypatch) -> list[int]:
+    """The size of every batch of sandbox jobs the scorer starts (the real runner, counted)."""
     from sandbox import runner
 
-    calls = []
+    calls: list[int] = []
     real = runner.run_many
 
     def counting(jobs, *a, **k):
@@ -144,6 +146,11 @@ def test_a_batch_runs_each_distinct_program_once(monkeypatch):
         return real(jobs, *a, **k)
 
     monkeypatch.setattr(runner, "run_many", counting)
+    return calls
+
+
+def test_a_batch_runs_each_distinct_program_once(sandbox_jobs):
+    calls = sandbox_jobs
     insts = [TASK.generate(TASK.default_config(), s) for s in range(4)]
     pairs = [(i, TASK.expert(i)) for i in insts for _ in range(4)] + [(insts[0], "    return None\n")]
     outs = score_all(TASK, pairs)
@@ -152,23 +159,15 @@ def test_a_batch_runs_each_distinct_program_once(monkeypatch):
     assert calls == [5]
 
 
-def test_a_wall_clock_timeout_is_run_again_and_a_cpu_timeout_is_not(monkeypatch):
+def test_a_wall_clock_timeout_is_run_again_and_a_cpu_timeout_is_not(monkeypatch, sandbox_jobs):
     """A program stopped by the sandbox's wall-clock limit (it sleeps, or waited behind other jobs on a busy machine)
     is run again the next time it is scored: before, the timeout was cached for the rest of the process, so a
     program that timed out once under load failed every later rollout and evaluation that drew it. One that burns its
     CPU seconds is a property of the program: still run once. Would catch: every timeout cached (the sleeping
     program runs once), or none (the spinning one runs twice)."""
-    from sandbox import runner
     from sandbox.runner import Limits
 
-    calls = []
-    real = runner.run_many
-
-    def counting(jobs, *a, **k):
-        calls.append(len(jobs))
-        return real(jobs, *a, **k)
-
-    monkeypatch.setattr(runner, "run_many", counting)
+    calls = sandbox_jobs
     inst = TASK.generate(CodeConfig(levels=[LevelEntry(depth=1, vocab=2, str_ratio=0.0)]), 11)
     for prog, wall, runs in (("    import time\n    time.sleep(30)\n", 1.5, [1, 1]),
                              ("    while True:\n        pass\n", 30.0, [1])):  # the CPU limit first, however busy
