@@ -661,9 +661,9 @@ def _lock_outs(outs: list[Path]) -> list[Any]:
             try:
                 locks.append(acquire_lock(out, "experiment"))
             except RunLockedError as exc:
-                pid = re.search(r"pid (\d+)", str(exc))
+                pid = re.search(r"driven by pid (\d+)", str(exc))  # a live holder (a dead one's message is passed on)
                 raise ExperimentError(f"--out {out} is in use by another experiment call"
-                                      + (f" (pid {pid.group(1)})" if pid else "")
+                                      + (f" (pid {pid.group(1)})" if pid else f" ({exc})")
                                       + "; let it finish, or give this call another --out") from None
     except BaseException:
         for lock in locks:

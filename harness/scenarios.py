@@ -714,8 +714,9 @@ def run_scenarios(files: list[Path], out: str | Path, arms: list[str], seeds: in
     try:  # one call per --out at a time: two would train the same baselines into the same folders
         lock = acquire_lock(out, "bench")
     except RunLockedError as exc:
-        pid = re.search(r"pid (\d+)", str(exc))
-        raise ScenarioError(f"--out {out} is in use by another bench call{f' (pid {pid.group(1)})' if pid else ''}; "
+        pid = re.search(r"driven by pid (\d+)", str(exc))  # a live holder (a dead one's message is passed on)
+        raise ScenarioError(f"--out {out} is in use by another bench call"
+                            f"{f' (pid {pid.group(1)})' if pid else f' ({exc})'}; "
                             "wait for it to end, or give this call another --out") from None
     try:
         return _run_scenarios(loaded, configs, out, run_arms, seeds, quick, say, progress, jobs)

@@ -109,17 +109,21 @@ def max_bytes() -> int:
 
 
 def _size(d: Path) -> int:
+    """Bytes under `d`; what another process removed while it was walked counts 0 (a concurrent prune, `cache clear`,
+    a set-aside: the walk itself raised FileNotFoundError out of `store`, and the run's warm start failed)."""
     total = 0
-    for f in d.rglob("*"):
-        with contextlib.suppress(OSError):
-            if f.is_file():
-                total += f.stat().st_size
+    with contextlib.suppress(OSError):
+        for f in d.rglob("*"):
+            with contextlib.suppress(OSError):
+                if f.is_file():
+                    total += f.stat().st_size
     return total
 
 
 def prune(keep: Path | None = None, now: float | None = None) -> list[Path]:
     """Remove the least recently used entries (by their `DONE` file's time, touched at each `lookup`) while the cache
-    is larger than `max_bytes()`, and every entry set aside as not loading (`set_aside`), oldest first too. Never
+    is larger than `max_bytes()`, and, whatever the bound, every folder nothing loads (set aside as not loading,
+    `set_aside`, or left without DONE by a writer that died). Never
     `keep` (the entry just stored) nor one used within IN_USE_S. Returns what was removed. Why: every edit of the
     code a warm start depends on makes a new key, and the old entries were never removed (a few MB each for the
     built-in presets, hundreds for a larger one, over months of runs and benches)."""
@@ -133,11 +137,12 @@ def prune(keep: Path | None = None, now: float | None = None) -> list[Path]:
             continue
         with contextlib.suppress(OSError):
             used = (d / "DONE").stat().st_mtime if (d / "DONE").is_file() else d.stat().st_mtime
-            dated.append((".bad-" not in d.name, used, d))  # set-aside entries first, then by last use
+            # set-aside and incomplete entries first (garbage: nothing loads them), then by last use
+            dated.append((".bad-" not in d.name and (d / "DONE").is_file(), used, d))
     total = sum(_size(d) for *_, d in dated) + (_size(keep) if keep is not None and keep.is_dir() else 0)
     gone = []
-    for _, used, d in sorted(dated):
-        if total <= max_bytes():
+    for entry, used, d in sorted(dated):
+        if total <= max_bytes() and entry:  # garbage goes whatever the bound; an entry only past it
             break
         if now - used <= IN_USE_S:
             continue
@@ -188,10 +193,10 @@ def store(key: str, checkpoint: Path, meta: dict[str, Any]) -> Path | None:
         shutil.copytree(checkpoint, tmp)
         (tmp / "warmstart.json").write_text(json.dumps(meta, indent=1, default=str))
         (tmp / "DONE").write_text("ok\n")
-        # another process may have stored the same key while this one copied, and a third may be loading it: a
-        # complete entry is never removed (it was: the loader failed and retrained), only one without DONE
-        if not (final / "DONE").is_file():
-            shutil.rmtree(final, ignore_errors=True)
+        # another process may have stored the same key while this one copied, and a third may be loading it: an
+        # entry there is never removed here (it was, under the loader, which then retrained; a check before removing
+        # left a window): the rename fails onto a folder with files, and a complete one stands; one without DONE is
+        # a writer's that died, which `prune` removes once it is an hour old
         try:
             os.replace(tmp, final)
         except OSError:
@@ -203,7 +208,8 @@ def store(key: str, checkpoint: Path, meta: dict[str, Any]) -> Path | None:
         shutil.rmtree(tmp, ignore_errors=True)
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0][:200]
         raise CacheWriteError(f"the warm start could not be cached in {root}: {why}") from None
-    prune(keep=final)
+    with contextlib.suppress(OSError):  # pruning only saves disk: it never costs the run its warm start
+        prune(keep=final)
     return final
 
 

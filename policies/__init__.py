@@ -56,6 +56,8 @@ def env_number(name: str, what: str, unset: str, number: type = int, least: floa
         raise ValueError(f"{name}={raw!r}: a {'whole ' if number is int else ''}number of {what}") from None
     if not n >= least:  # NaN too
         raise ValueError(f"{name}={raw!r}: at least {least:g} (unset it for {unset})")
+    if n == float("inf"):
+        raise ValueError(f"{name}={raw!r}: a finite number of {what} (unset it for {unset})")
     return n
 
 

@@ -208,6 +208,48 @@ def test_the_prompt_offers_env_entry_only_for_fields_it_can_write():
     assert "hole_ratio 0.45 (target 0.2)" in prompt({"hole_ratio": [0.45, 0.2]})
 
 
+def test_a_mixture_keyed_by_floats_or_padded_text_is_set_in_place():
+    """`canonical_mixture` spells numeric keys one way ("1" for 1.0 and "01"), so `with_mixture` must match a config's
+    entries by that spelling too: before, a family of one's own keyed by floats got a duplicate entry (the real one
+    left at 0) and one keyed by zero-padded text could not apply its own current mix (an outside review of this
+    session's change). And under `loss_type: cispo` the knob space offers no `recipe.epsilon` (cispo reads only its
+    own cap: a change of epsilon would train both arms alike). Would catch: entries matched as written."""
+    from pydantic import BaseModel, ConfigDict
+
+    from harness.engineer.proposal import knob_space
+    from harness.tasks.knobs import canonical_mixture, mixture_of, with_mixture
+
+    class E(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        level: float
+        data_ratio: float = 1.0
+
+    class C(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        levels: list[E]
+
+    cfg = C(levels=[E(level=1.0, data_ratio=0.3), E(level=0.5, data_ratio=0.7)])
+    out = with_mixture(cfg, "levels", "level", {"1": 0.6, "0.5": 0.4})
+    assert [(e.level, e.data_ratio) for e in out.levels] == [(1.0, 0.6), (0.5, 0.4)]
+    assert with_mixture(cfg, "levels", "level", mixture_of(cfg, "levels", "level")) == cfg
+
+    class T(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        level: str
+        data_ratio: float = 1.0
+
+    class D(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        levels: list[T]
+
+    padded = D(levels=[T(level="01", data_ratio=0.5), T(level="02", data_ratio=0.5)])
+    assert with_mixture(padded, "levels", "level", mixture_of(padded, "levels", "level")) == padded
+    assert canonical_mixture(mixture_of(padded, "levels", "level")) == {"1": 0.5, "2": 0.5}
+    d = _diag()
+    cispo = d.model_copy(update={"recipe": {**d.recipe, "loss_type": "cispo"}})
+    assert "recipe.epsilon" in knob_space(d, None) and "recipe.epsilon" not in knob_space(cispo, None)
+
+
 def test_diagnostic_candidate_is_one_file():
     src = "def diagnose(rollouts):\n    return {'findings': [], 'metrics': {}}\n"
     cands, _ = parse_reply(json.dumps({"knob": "diagnostics/plan_len.py", "code": src, "rationale": "r",

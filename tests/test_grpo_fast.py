@@ -577,21 +577,30 @@ def test_auto_overlaps_the_steps_only_where_the_process_has_a_core_to_spare(warm
         torch.set_num_threads(was)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="no pipeline on a GPU: the check would open none to close")
 def test_the_logprob_check_closes_the_pipeline_it_opens(warm, monkeypatch):
     """`check_logprobs` builds its trainer as `train_grpo` does, pipeline included where a core is spare; before, it
     never closed it, so `pipeline_active()` stayed true for the rest of the process and the thread trial
     (`harness.threads.step_trial`, which stands down while a pipeline trains) never ran again. Would catch: the
     check's pipeline left open."""
-    from policies.train import pipeline_active
+    import policies.train as T
 
+    opened = []
+
+    class Seen(T._Pipeline):  # the check must open one, or the test would pass whatever it does
+        def __init__(self, *a, **k):
+            opened.append(1)
+            super().__init__(*a, **k)
+
+    monkeypatch.setattr(T, "_Pipeline", Seen)
     model, tok = warm
     was = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
         monkeypatch.setenv("EVOTRAINER_CORES", "2")
-        assert not pipeline_active()
+        assert not T.pipeline_active()
         r = check_logprobs(model, tok, WORDS, Recipe(batch_size=16, num_generations=4, max_completion_length=10))
-        assert r.tokens > 0 and not pipeline_active()
+        assert opened and r.tokens > 0 and not T.pipeline_active()
     finally:
         torch.set_num_threads(was)
 

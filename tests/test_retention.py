@@ -149,3 +149,39 @@ def test_two_writers_of_one_warm_start_leave_the_first_entry_where_a_loader_read
     monkeypatch.setattr(warmstart, "_size", looked_up_meanwhile)
     monkeypatch.setenv(warmstart.MAX_MB_ENV, "0")
     assert warmstart.prune() == [] and (root / "k" / "DONE").is_file()
+
+
+def test_a_prune_racing_a_removal_and_an_infinite_bound_cost_the_run_nothing(tmp_path, monkeypatch):
+    """A folder another process removes while a prune walks it (a second prune, `cache clear`, a set-aside) raised
+    FileNotFoundError out of `store`, and the run's warm start failed; `EVOTRAINER_WARMSTART_CACHE_MB=inf` raised
+    OverflowError past the warning path; an entry a writer left without DONE, and a set-aside one, stayed while the
+    cache was under its bound (an outside review of this session's change). Would catch: the walk unguarded, an
+    infinite bound taken, garbage kept."""
+    import time
+    from pathlib import Path
+
+    from harness import warmstart
+
+    monkeypatch.setenv("EVOTRAINER_HOME", str(tmp_path / "home"))
+    root = warmstart.cache_root()
+    warmstart.store("old", _checkpoint(tmp_path / "old", 0.01), {})
+    os.utime(root / "old" / "DONE", (time.time() - 86400,) * 2)
+    half = _checkpoint(root / "half", 0.01)  # no DONE: a writer of old code that died, nothing loads it
+    os.utime(half, (time.time() - 86400,) * 2)
+    real = Path.rglob
+
+    def vanishing(self, pattern):
+        if self.name == "old":
+            yield from real(self, pattern)
+            raise FileNotFoundError(2, "No such file or directory", str(self))  # removed mid-walk
+        yield from real(self, pattern)
+
+    monkeypatch.setattr(Path, "rglob", vanishing)
+    monkeypatch.setenv(warmstart.MAX_MB_ENV, "0")
+    assert warmstart.store("new", _checkpoint(tmp_path / "new", 0.01), {}) == root / "new"
+    monkeypatch.undo()
+    monkeypatch.setenv("EVOTRAINER_HOME", str(tmp_path / "home"))
+    assert not (root / "half").exists() and (root / "new" / "DONE").is_file()
+    monkeypatch.setenv(warmstart.MAX_MB_ENV, "inf")
+    with pytest.raises(warmstart.CacheWriteError, match="EVOTRAINER_WARMSTART_CACHE_MB='inf': a finite number"):
+        warmstart.store("unbounded", _checkpoint(tmp_path / "u", 0.01), {})

@@ -179,6 +179,8 @@ def knob_space(diagnosis: Diagnosis, task: Any = None) -> dict[str, Knob]:
     for field, (lo, hi) in RECIPE_KNOBS.items():
         if field in NOT_BACKTESTABLE:
             continue
+        if field == "epsilon" and current.loss_type == "cispo":  # cispo reads its own cap (epsilon_high) only: a
+            continue  # change of epsilon would train both arms alike, a null experiment promoted on noise
         value = getattr(current, field)
         out[f"recipe.{field}"] = Knob(path=f"recipe.{field}", kind="recipe", lo=lo, hi=hi,
                                       integer=isinstance(value, int), current=value)

@@ -181,7 +181,7 @@ def order_key(value: str) -> tuple[int, float, str]:
 
 def mixture_of(config: BaseModel, list_field: str, entry_key: str, weight: str = WEIGHT) -> dict[str, float]:
     """{entry key (as the slice value string): weight} of a weighted mixture of keyed entries, weights as written."""
-    return {str(getattr(e, entry_key)): float(getattr(e, weight)) for e in getattr(config, list_field)}
+    return {slice_key(getattr(e, entry_key)): float(getattr(e, weight)) for e in getattr(config, list_field)}
 
 
 def with_mixture(config: BaseModel, list_field: str, entry_key: str, weights: dict[Any, Any],
@@ -193,9 +193,9 @@ def with_mixture(config: BaseModel, list_field: str, entry_key: str, weights: di
     w = canonical_mixture(weights)
     data = config.model_dump(mode="json")
     entries = data[list_field]
-    have = {str(e[entry_key]) for e in entries}
+    have = {slice_key(e[entry_key]) for e in entries}  # as `canonical_mixture` spells the keys (1.0 and "01": "1")
     for e in entries:
-        e[weight] = w.get(str(e[entry_key]), 0.0)
+        e[weight] = w.get(slice_key(e[entry_key]), 0.0)
     for k in w:
         if k not in have:
             entries.append({entry_key: int(k) if k.lstrip("-").isdigit() else k, weight: w[k]})
