@@ -214,34 +214,23 @@ def test_a_mixture_keyed_by_floats_or_padded_text_is_set_in_place():
     left at 0) and one keyed by zero-padded text could not apply its own current mix (an outside review of this
     session's change). And under `loss_type: cispo` the knob space offers no `recipe.epsilon` (cispo reads only its
     own cap: a change of epsilon would train both arms alike). Would catch: entries matched as written."""
-    from pydantic import BaseModel, ConfigDict
+    from pydantic import ConfigDict, create_model
 
     from harness.engineer.proposal import knob_space
     from harness.tasks.knobs import canonical_mixture, mixture_of, with_mixture
 
-    class E(BaseModel):
-        model_config = ConfigDict(extra="forbid")
-        level: float
-        data_ratio: float = 1.0
+    def family(key_type):  # a family of one's own: levels keyed by `key_type`
+        strict = ConfigDict(extra="forbid")
+        entry = create_model("E", __config__=strict, level=(key_type, ...), data_ratio=(float, 1.0))
+        return entry, create_model("C", __config__=strict, levels=(list[entry], ...))
 
-    class C(BaseModel):
-        model_config = ConfigDict(extra="forbid")
-        levels: list[E]
-
+    E, C = family(float)
     cfg = C(levels=[E(level=1.0, data_ratio=0.3), E(level=0.5, data_ratio=0.7)])
     out = with_mixture(cfg, "levels", "level", {"1": 0.6, "0.5": 0.4})
     assert [(e.level, e.data_ratio) for e in out.levels] == [(1.0, 0.6), (0.5, 0.4)]
     assert with_mixture(cfg, "levels", "level", mixture_of(cfg, "levels", "level")) == cfg
 
-    class T(BaseModel):
-        model_config = ConfigDict(extra="forbid")
-        level: str
-        data_ratio: float = 1.0
-
-    class D(BaseModel):
-        model_config = ConfigDict(extra="forbid")
-        levels: list[T]
-
+    T, D = family(str)
     padded = D(levels=[T(level="01", data_ratio=0.5), T(level="02", data_ratio=0.5)])
     assert with_mixture(padded, "levels", "level", mixture_of(padded, "levels", "level")) == padded
     assert canonical_mixture(mixture_of(padded, "levels", "level")) == {"1": 0.5, "2": 0.5}
