@@ -652,24 +652,29 @@ def _lock_outs(outs: list[Path]) -> list[Any]:
     """One call per experiment folder at a time (`<out>/lock`): two calls into one --out (an experiment run in parts,
     two parts started together) both trained its shared warm start and any arm both named into the same folders,
     checkpoints half written under each other (an outside review); the second is refused, naming the first's pid."""
-    from harness.store import RunLockedError, acquire_lock
-
     locks = []
     try:
         for out in outs:
             out.mkdir(parents=True, exist_ok=True)
-            try:
-                locks.append(acquire_lock(out, "experiment"))
-            except RunLockedError as exc:
-                pid = re.search(r"driven by pid (\d+)", str(exc))  # a live holder (a dead one's message is passed on)
-                raise ExperimentError(f"--out {out} is in use by another experiment call"
-                                      + (f" (pid {pid.group(1)})" if pid else f" ({exc})")
-                                      + "; let it finish, or give this call another --out") from None
+            locks.append(lock_out(out, "experiment", ExperimentError))
     except BaseException:
         for lock in locks:
             lock.release()
         raise
     return locks
+
+
+def lock_out(out: Path, call: str, error: type[Exception]) -> Any:
+    """`<out>/lock` for this call (`harness.store.acquire_lock`), or `error` naming the live holder's pid (a dead
+    one's heir is named as the store says it); shared by `bench scenarios` and `experiment`."""
+    from harness.store import RunLockedError, acquire_lock
+
+    try:
+        return acquire_lock(out, call)
+    except RunLockedError as exc:
+        pid = re.search(r"driven by pid (\d+)", str(exc))
+        raise error(f"--out {out} is in use by another {call} call" + (f" (pid {pid.group(1)})" if pid else f" ({exc})")
+                    + "; let it finish, or give this call another --out") from None
 
 
 def _run_experiments(exps: list[tuple[ExperimentConfig, Path]], say, progress, jobs: int,

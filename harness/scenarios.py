@@ -708,16 +708,10 @@ def run_scenarios(files: list[Path], out: str | Path, arms: list[str], seeds: in
     configs = [experiment_config(sc, run_arms, seeds, quick, skills) for _, sc in loaded]
     if added:
         say("arms: evolved-rule added (its measured compute is every other arm's budget; a finished one is reused)")
-    from harness.store import RunLockedError, acquire_lock
+    from harness.experiment import lock_out
 
     out.mkdir(parents=True, exist_ok=True)  # after every refusal above: a refused call leaves no empty --out behind
-    try:  # one call per --out at a time: two would train the same baselines into the same folders
-        lock = acquire_lock(out, "bench")
-    except RunLockedError as exc:
-        pid = re.search(r"driven by pid (\d+)", str(exc))  # a live holder (a dead one's message is passed on)
-        raise ScenarioError(f"--out {out} is in use by another bench call"
-                            f"{f' (pid {pid.group(1)})' if pid else f' ({exc})'}; "
-                            "wait for it to end, or give this call another --out") from None
+    lock = lock_out(out, "bench", ScenarioError)  # one call per --out: two would train the same baselines into it
     try:
         return _run_scenarios(loaded, configs, out, run_arms, seeds, quick, say, progress, jobs)
     finally:

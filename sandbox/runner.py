@@ -76,6 +76,7 @@ from sandbox.kernel import JobCgroup, cgroup_support, seccomp_program
 # --- public records -----------------------------------------------------------------------------------------------
 
 Status = Literal["ok", "error", "timeout", "memory", "killed"]
+WALL_CLOCK = "wall-clock limit"  # how a timeout by the wall clock (not the CPU limit) begins its `error`
 Isolation = Literal["bwrap", "process"]
 
 
@@ -550,7 +551,7 @@ def _result(job: Job, mode: Isolation, code: int, out: bytes, err: bytes, reason
     cap = job.limits.output_bytes
     base = {"stdout": _decode(out, cap), "stderr": _decode(err, cap), "isolation": mode, "exit_code": code}
     if reason == "timeout":
-        return RunResult(status="timeout", error=f"wall-clock limit of {job.limits.wall_s}s reached: killed", **base)
+        return RunResult(status="timeout", error=f"{WALL_CLOCK} of {job.limits.wall_s}s reached: killed", **base)
     if reason == "flood":
         return RunResult(status="killed", error=f"output exceeded {cap} bytes: killed", **base)
     if reason == "result":

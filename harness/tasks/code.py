@@ -662,7 +662,9 @@ def _load_dependent(ran: dict[str, Any]) -> bool:
     program that sleeps, or waited for a core behind other jobs), unlike the CPU limit (it burned its seconds). Not
     cached: a program that timed out on a busy machine is run again when it comes back, not failed for the rest of
     the process."""
-    return ran["status"] == "timeout" and ran["error"].startswith("wall-clock")
+    from sandbox.runner import WALL_CLOCK
+
+    return ran["status"] == "timeout" and ran["error"].startswith(WALL_CLOCK)
 
 
 def _exception_of(stderr: str) -> str:
