@@ -112,22 +112,43 @@ class Run:
         """Task instances, memoised per (config, seed) within a stage: both backtest arms, and a recipe candidate's
         longer prompt prefix, reuse what is already generated (each may cost an expert solve). Instances `prefetch`ed in
         the background are collected here; anything missing is drawn in this process, read from the instance cache where an
-        earlier stage, arm or run drew it before (`harness.tasks.drawn`)."""
+        earlier stage, arm or run drew it before (`harness.tasks.drawn`). A seed the generator cannot draw is drawn
+        from a replacement seed of its split (`drawn.draw_replacing`) and said once per run and config (a keyed
+        warning event); a config the generator cannot draw on most seeds raises `drawn.DrawError`."""
         cj = config.model_dump_json()
         memo = self._instances.setdefault(cj, {})
         want = set(seeds) - set(memo)
+        replaced: dict[int, str] = {}
         for key in [k for k in self._pending if k[0] == cj and want & set(k[1])]:
             try:
-                for inst in self._pending.pop(key).result():
+                insts, why = self._pending.pop(key).result()
+                for inst in insts:
                     memo.setdefault(inst.seed, inst)
+                replaced.update(why)
             except Exception as exc:  # noqa: BLE001  # a broken worker costs only the time: generate here instead
                 log.warning("instance prefetch failed (%s); generating in the run process", exc)
         missing = [s for s in dict.fromkeys(seeds) if s not in memo]
         if missing:
-            from harness.tasks.drawn import draw
+            from harness.tasks.drawn import draw_replacing
 
-            memo.update(zip(missing, draw(self.task, config, missing), strict=True))
+            insts, why = draw_replacing(self.task, config, missing)
+            memo.update(zip(missing, insts, strict=True))
+            replaced.update(why)
+        if replaced:
+            self._say_replaced(cj, replaced, len(seeds))
         return [memo[s] for s in seeds]
+
+    def _say_replaced(self, config_json: str, replaced: dict[int, str], n: int) -> None:
+        """One warning event per run and generator config: which seeds the generator could not draw, and why."""
+        import hashlib
+
+        key = "replaced-seeds/" + hashlib.blake2b(config_json.encode(), digest_size=6).hexdigest()
+        first = min(replaced)
+        msg = (f"the generator could not draw {len(replaced)} seed(s) of a draw of {n} from a {self.config.task} "
+               f"config ({config_json[:160]}{'...' if len(config_json) > 160 else ''}); each was drawn from a "
+               f"replacement seed of its split. Seed {first}: {replaced[first]}")
+        log.warning("%s", msg)
+        self.event(None, "instances", "warning", msg, key=key, seeds=sorted(replaced)[:20])
 
     def prefetch(self, config, seeds: list[int]) -> None:
         """Start generating instances in a background worker process (expert solves while this process trains), so the

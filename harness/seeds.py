@@ -77,6 +77,17 @@ def draw_seed(seed: int, attempt: int) -> int:
     return int.from_bytes(hashlib.blake2b(f"apart/{seed}/{attempt}".encode(), digest_size=4).digest(), "big")
 
 
+REPLACE_STRIDE = 1 << 40  # a replacement seed's distance from its seed, in seeds of its split (past every run's stretch)
+
+
+def replacement(seed: int, attempt: int) -> int:
+    """The seed drawn in place of `seed` on `attempt` (1, 2, ...) when the generator cannot draw `seed` itself
+    (`harness.tasks.drawn.draw_replacing`): a seed of the same split, far past any seed a run draws as its own."""
+    if attempt < 1:
+        raise SplitError(f"a replacement attempt is >= 1, got {attempt}")
+    return seed + len(SPLITS) * REPLACE_STRIDE * attempt
+
+
 def held_apart(draw: Callable[[int], T], key: Callable[[T], str], seed: int) -> T:
     """The instance of `seed` kept in its seed's split by content: `draw(draw_seed(seed, a))` for a = 0, 1, ... until
     `content_split(key(instance))` is `split_of(seed)`, given back with its own seed (instances are frozen pydantic

@@ -193,3 +193,133 @@ def test_cache_show_and_clear_name_the_drawn_instances(home):
                          env=env, cwd=ROOT, check=True).stdout
     out = " ".join(out.split())
     assert "removed 3 drawn instance(s)" in out and drawn.entries() == []
+
+
+def _failing_on(monkeypatch, task, bad) -> list[int]:
+    """The family's generator, made to fail on the seeds `bad(seed)` picks as an unsatisfiable config does (a
+    ValueError naming the knob); the seeds it was called with, in order."""
+    called: list[int] = []
+    real = type(task).generate
+
+    def generate(self, c, s):
+        called.append(s)
+        if bad(s):
+            raise ValueError(f"could not draw seed {s}; change env.knob")
+        return real(self, c, s)
+
+    monkeypatch.setattr(type(task), "generate", generate)
+    return called
+
+
+def test_a_seed_the_generator_cannot_draw_is_drawn_from_a_replacement_of_its_split(home, monkeypatch):
+    """A config that draws most seeds but not all (a small level with many obstacles fails some seeds after every
+    layout it tries): each failing seed is drawn from a replacement seed of its own split, stamped with the seed asked
+    for and held in that split by content, and the same replacements come back on a second draw (a resumed stage).
+    Before, the first failing seed raised: a stage whose draw held one stopped the run, and again at every resume.
+    Would catch a replacement from another split (held-out hygiene), a seed dropped or reordered, or a replacement
+    that differs between draws."""
+    from harness.seeds import content_split, replacement, split_of
+
+    task = get_task("math")
+    cfg = task.default_config()
+    want = seeds("backtest", 30)
+    bad = set(want[3:30:7])  # 4 of 30
+    called = _failing_on(monkeypatch, task, lambda s: s in bad)
+    insts, why = drawn.draw_replacing(task, cfg, want)
+    assert [i.seed for i in insts] == want and set(why) == bad and "change env.knob" in why[min(bad)]
+    for s in bad:
+        assert split_of(replacement(s, 1)) == split_of(s) == "backtest"
+        body = task.generate(cfg, replacement(s, 1))
+        assert insts[want.index(s)] == body.model_copy(update={"seed": s})
+        assert content_split(task.prompt(body, "plain")) == "backtest"
+    called.clear()
+    again, why2 = drawn.draw_replacing(task, cfg, want)
+    assert again == insts and why2 == why
+    assert sorted(called) == sorted(bad | {replacement(s, 1) for s in bad})  # the good ones read from the cache
+    assert drawn.draw(task, cfg, want) == insts  # every caller of `draw` gets the same
+
+
+def test_a_config_the_generator_cannot_draw_on_most_seeds_stops_after_a_bounded_number_of_tries(home, monkeypatch):
+    """A config that fails on every seed raises DrawError naming the generator's own message after GIVE_UP_AFTER
+    tries, not REPLACE_TRIES per seed (a failing draw can cost seconds of layouts each); one that fails a seed and
+    all of its replacements raises too. Would catch a replacement loop without a bound, or a give-up that hides the
+    generator's message."""
+    task = get_task("math")
+    cfg = task.default_config()
+    bad = [lambda s: True]
+    called = _failing_on(monkeypatch, task, lambda s: bad[0](s))
+    with pytest.raises(drawn.DrawError, match=r"most seeds .*16 of 16 draws.*change env\.knob"):
+        drawn.draw(task, cfg, seeds("train", 40))
+    assert len(called) == drawn.GIVE_UP_AFTER
+    called.clear()
+    with pytest.raises(drawn.DrawError, match="most seeds"):
+        drawn.draw(task, cfg, seeds("train", 1))  # one seed: its replacements count toward the bound
+    assert len(called) == drawn.GIVE_UP_AFTER
+    bad[0] = lambda s: s % 4 == 0  # train seed 0 and every replacement of it (the probe seeds draw)
+    with pytest.raises(drawn.DrawError, match=r"no replacement of seed 0 in 32 draws"):
+        drawn.draw(task, cfg, seeds("train", 1) + seeds("probe", 200))
+
+
+def test_a_run_draws_past_a_seed_its_generator_cannot_draw_and_says_so_once(home, tmp_path, monkeypatch):
+    """The stage's draws (`Run.instances`: training, probe, arms, backtest) go on past a seed the generator cannot
+    draw, and the run records one keyed warning naming the generator's message and the seeds; a config it cannot draw
+    at all stops with that message. Before, an env change that drew on the vet's seeds but failed one of a later
+    stage's stopped the run at that stage and at every resume. Would catch a loop path that still draws with the
+    raising generator, or a replacement the run does not record."""
+    from harness.config import parse_config
+    from harness.lifecycle import open_run
+
+    task = get_task("math")
+    bad = [lambda s: s in failing]
+    _failing_on(monkeypatch, task, lambda s: bad[0](s))
+    run = open_run(tmp_path / "r", parse_config({"task": "math", "name": "r", "policy": {"preset": "tiny"},
+                                                 "warm_start": {"sft_examples": 0}, "stage": {"prefetch": False}}, "t"))
+    try:
+        want = run.draw_seeds("train", 40, key="s1/train")
+        failing = set(want[5:7])
+        cfg = task.default_config()
+        insts = run.instances(cfg, want)
+        assert [i.seed for i in insts] == want
+        run.instances(cfg, want[:10])  # memoised: said once
+        warns = [e for e in run.store.events(run.id) if e["kind"] == "warning" and e["node"] == "instances"]
+        assert len(warns) == 1 and "could not draw 2 seed(s)" in warns[0]["message"], warns
+        assert "change env.knob" in warns[0]["message"]
+        bad[0] = lambda s: True
+        with pytest.raises(drawn.DrawError, match="most seeds"):
+            run.instances(task.default_config().model_copy(update={}), run.draw_seeds("train", 8, key="s2/train"))
+    finally:
+        run.close()
+        run.store.close()
+
+
+def test_the_prefetch_worker_draws_the_replacements_and_the_run_records_them(home, tmp_path, monkeypatch):
+    """A real borderline config (a 3x3 lake, 3 agents, half of it holes, half the draws needing a wait: the
+    generator fails about 45% of seeds, train seed 0 among them) drawn by the run's background worker: the run takes
+    the worker's instances, replacement included, without drawing any itself, and records the replaced seed. Would
+    catch a worker answer the run cannot read (it would fall back, silently, to drawing everything again in the run
+    process), or a replacement the worker makes and the run does not record."""
+    from harness.config import parse_config
+    from harness.lifecycle import open_run
+
+    monkeypatch.setenv(drawn.SWITCH, "0")  # the child draws afresh (not from this process's cache)
+    task = get_task("mapf")
+    cfg = task.spec.config_model.model_validate({"sizes": [{"size": 3, "agents": 3, "hole_ratio": 0.5,
+                                                            "wait_ratio": 0.5}]})
+    run = open_run(tmp_path / "r", parse_config({"task": "mapf", "name": "r", "policy": {"preset": "tiny"},
+                                                 "warm_start": {"sft_examples": 0}}, "t"))
+    try:
+        want = [0, 4]  # train seed 0 fails here; 4 draws
+        run.prefetch(cfg, want)
+
+        def not_here(self, c, s):
+            raise AssertionError(f"seed {s} drawn in the run process")
+
+        monkeypatch.setattr(type(task), "generate", not_here)
+        insts = run.instances(cfg, want)
+        assert [i.seed for i in insts] == want
+        warns = [e for e in run.store.events(run.id) if e["node"] == "instances"]
+        assert len(warns) == 1 and "could not draw 1 seed(s) of a draw of 2" in warns[0]["message"], warns
+        assert "Seed 0: could not draw a size-3 instance" in warns[0]["message"]
+    finally:
+        run.close()
+        run.store.close()

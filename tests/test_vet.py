@@ -501,3 +501,30 @@ def test_reward_that_pays_for_partial_moves_inverts_groups():
     assert res.details["inverted_groups_after"] > res.details["inverted_groups_before"] == 0
     res = V.vet(cand("reward", "reward.length_bonus", 0.1), harness_files(), MAPF, ROLLOUTS)
     assert not res.ok and res.stage == "vet" and "does not exist" in res.reason and "partial_credit" in res.reason
+
+
+def test_env_that_misses_a_few_seeds_passes_and_one_that_misses_many_is_rejected(monkeypatch):
+    """The run draws a seed its generator cannot draw from a replacement of its split, so the vet allows a config a
+    miss or two in ENV_PROBE_INSTANCES draws and rejects one with ENV_PROBE_MISSES, naming the generator's message.
+    Before, the vet drew 4 seeds and needed all of them: a config that failed 45% of its seeds passed one time in
+    eleven and then stopped a later stage. Would catch a vet that draws too few seeds to see a failing config, or one
+    that rejects any config whose generator misses once."""
+    from harness.tasks import drawn
+
+    monkeypatch.setenv(drawn.SWITCH, "0")
+    first = V.seeds("train", V.ENV_PROBE_INSTANCES)
+    for misses, ok in ((1, True), (V.ENV_PROBE_MISSES - 1, True), (V.ENV_PROBE_MISSES, False)):
+        bad = set(first[-misses:])
+        real = type(MAPF).generate
+
+        def generate(self, c, s, bad=bad, real=real):
+            if s in bad:
+                raise ValueError(f"could not draw seed {s}; change env.sizes.3.hole_ratio")
+            return real(self, c, s)
+
+        with monkeypatch.context() as m:
+            m.setattr(type(MAPF), "generate", generate)
+            res = V.vet(cand("env", "env.min_distance", 2), harness_files(), MAPF, ROLLOUTS)
+        assert res.ok is ok and res.stage == "offline", (misses, res.reason)
+        if not ok:
+            assert f"{misses} of {V.ENV_PROBE_INSTANCES} seeds failed" in res.reason and "hole_ratio" in res.reason

@@ -117,14 +117,16 @@ def score_all(task: Task, pairs: list[tuple[Instance, str]], shaping=None) -> li
             for o, (_, chars) in zip(outs, split, strict=True)]
 
 
-def generate_many(task_name: str, config_json: str, seeds: list[int]) -> list[Instance]:
-    """The task's instances for `seeds` under a config given as JSON: the body of the run's background prefetch
-    worker (a spawned process that imports only this package, not torch)."""
-    from harness.tasks.drawn import draw
+def generate_many(task_name: str, config_json: str, seeds: list[int]) -> tuple[list[Instance], dict[int, str]]:
+    """The task's instances for `seeds` under a config given as JSON, a seed the generator cannot draw replaced by one
+    of the same split (`harness.tasks.drawn.draw_replacing`: the instances, and the generator's message by replaced
+    seed): the body of the run's background prefetch worker (a spawned process that imports only this package, not
+    torch)."""
+    from harness.tasks.drawn import draw_replacing
 
     task = get_task(task_name)
     config = task.spec.config_model.model_validate_json(config_json)
-    return draw(task, config, seeds)
+    return draw_replacing(task, config, seeds)
 
 
 __all__ = ["DEFAULT_TASK", "TASKS", "BatchScorer", "EnvStats", "Instance", "Mixture", "Outcome", "SuiteEntry", "Task", "TaskSpec",

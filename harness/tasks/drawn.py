@@ -2,7 +2,8 @@
 machine, not once per arm, stage and process.
 
     from harness.tasks.drawn import draw
-    insts = draw(task, config, seeds)     # the same list as [task.generate(config, s) for s in seeds]
+    insts = draw(task, config, seeds)     # the same list as [task.generate(config, s) for s in seeds] (a seed
+                                          # the generator cannot draw: from a replacement seed, draw_replacing)
 
 A family's `generate` is a function of its config, the seed and its code (`harness/tasks/base.py`), and every one of
 those is in the key: the family's name, the config's JSON, the seed, and a code version (a hash of `harness/tasks/` and
@@ -173,13 +174,43 @@ def _config_key(task: Any, config: Any) -> str:
 
 def draw(task: Any, config: Any, seeds: list[int]) -> list[Any]:
     """`[task.generate(config, s) for s in seeds]`, each instance read from the cache where it was drawn before and
-    stored where it was not, a chunk at a time (see the module's docstring)."""
+    stored where it was not, a chunk at a time (see the module's docstring); a seed the generator cannot draw is drawn
+    from a replacement seed of its split, with a log line (`draw_replacing`, whose `DrawError` it raises for a config
+    the generator cannot draw on most seeds)."""
+    insts, replaced = draw_replacing(task, config, seeds)
+    if replaced:
+        first = min(replaced)
+        log.warning("%s: the generator could not draw %d of %d seed(s) from this config; each was drawn from a "
+                    "replacement seed of its split (seed %d: %s)", task.name, len(replaced), len(set(seeds)), first,
+                    replaced[first])
+    return insts
+
+
+def draw_some(task: Any, config: Any, seeds: list[int],
+              bounded: bool = False) -> tuple[dict[int, Any], dict[int, Exception]]:
+    """`draw` that does not stop at a seed the generator cannot draw: (instance by seed, the generator's error by seed
+    for each seed it raised a ValueError or RuntimeError on: the errors a family raises for a config it cannot draw,
+    e.g. `UnsatisfiableConfigError`). Any other exception is a bug in the generator and propagates. `bounded`: raise
+    `DrawError` as soon as half of the seeds tried (past `GIVE_UP_AFTER`) have failed."""
     seeds = [int(s) for s in seeds]
+    found: dict[int, Any] = {}
+    failed: dict[int, Exception] = {}
+
+    def made_from(part: list[int]) -> dict[int, Any]:
+        made = {}
+        for s in part:
+            try:
+                made[s] = task.generate(config, s)
+            except (ValueError, RuntimeError) as exc:
+                failed[s] = exc
+                if bounded:
+                    _check(task, len(found) + len(made) + len(failed), len(failed), s, exc)
+        return made
+
     if not seeds or not cacheable(task):
-        return [task.generate(config, s) for s in seeds]
+        return made_from(list(dict.fromkeys(seeds))), failed
     cfg = _config_key(task, config)
     model = task.spec.instance_model
-    found: dict[int, Any] = {}
     unique = list(dict.fromkeys(seeds))
     for i in range(0, len(unique), CHUNK):
         part = unique[i:i + CHUNK]
@@ -193,11 +224,58 @@ def draw(task: Any, config: Any, seeds: list[int]) -> list[Any]:
                 continue
             if inst.seed == seed:
                 found[seed] = inst
-        made = {s: task.generate(config, s) for s in part if s not in found}
+        made = made_from([s for s in part if s not in found])
         if made and conn is not None:
             _store(conn, cfg, made)
         found.update(made)
-    return [found[s] for s in seeds]
+    return found, failed
+
+
+REPLACE_TRIES = 32  # same-split seeds tried in turn for a seed the generator cannot draw ...
+GIVE_UP_SHARE = 0.5  # ... until at least half of a draw's tries have failed (after GIVE_UP_AFTER of them): such a
+GIVE_UP_AFTER = 16   # config is not one a run can train on, and replacing would only shift its mix and cost solves
+
+
+class DrawError(ValueError):
+    """The generator could not draw a config on most of its seeds (`draw_replacing`); the message names its error."""
+
+
+def draw_replacing(task: Any, config: Any, seeds: list[int]) -> tuple[list[Any], dict[int, str]]:
+    """`draw`, where a seed the generator cannot draw (a config that draws most seeds but not all: a small lake with
+    many holes and agents fails about one seed in two hundred) is drawn from a replacement seed of the same split
+    instead (`harness.seeds.replacement`, up to `REPLACE_TRIES`; the instance keeps the seed it was asked for), so one
+    undrawable seed does not stop a stage, and a resumed stage (deterministic) draws the same replacements. Returns
+    (the instances in the order of `seeds`, the generator's message by replaced seed). Raises `DrawError` once at
+    least half of the draw's tries (seeds and replacements, past `GIVE_UP_AFTER`) have failed, or a seed exhausts its
+    replacements: the config itself is what needs changing."""
+    from harness.seeds import replacement
+
+    seeds = [int(s) for s in seeds]
+    found, failed = draw_some(task, config, seeds, bounded=True)
+    tries, misses = len(set(seeds)), len(failed)
+    for s, exc in failed.items():
+        for attempt in range(1, REPLACE_TRIES + 1):
+            _check(task, tries, misses, s, exc)
+            tries += 1
+            try:
+                inst = task.generate(config, replacement(s, attempt))
+            except (ValueError, RuntimeError) as again:
+                misses, exc = misses + 1, again
+                continue
+            found[s] = inst if inst.seed == s else inst.model_copy(update={"seed": s})
+            break
+        else:
+            raise DrawError(f"{task.name}: no replacement of seed {s} in {REPLACE_TRIES} draws ({misses} of {tries} "
+                            f"draws from this generator config failed; seed {s}: {exc})") from exc
+    return [found[s] for s in seeds], {s: str(e) for s, e in failed.items()}
+
+
+def _check(task: Any, tries: int, misses: int, seed: int, exc: Exception) -> None:
+    """Give up on a config once half of `tries` (past `GIVE_UP_AFTER`) have failed: `DrawError` with the last
+    failing seed's message."""
+    if tries >= GIVE_UP_AFTER and misses >= GIVE_UP_SHARE * tries:
+        raise DrawError(f"{task.name}: the generator cannot draw this config on most seeds ({misses} of {tries} draws "
+                        f"from this generator config failed; seed {seed}: {exc})") from exc
 
 
 def _lookup(conn: sqlite3.Connection, cfg: str, part: list[int]) -> list[tuple[int, str]]:
