@@ -92,6 +92,9 @@ class Provided(NodeResult):
     files: dict[str, str]
     weights: list[float] | None = Field(None, description="the stage's level weights (a level sampler's)")
     probe_tokens: int = Field(0, description="tokens generated to choose the harness (charged to the ledger)")
+    probe_completions: int = Field(0, description="completions those tokens were generated in (stage 1 converts its "
+                                   "probe tokens into steps with them, before training has measured its tokens per "
+                                   "step)")
     state: dict[str, Any] = Field(default_factory=dict, description="the provider's own state for the next stage "
                                   "(a bandit's value estimates): `run.result(k - 1, Provided).state`")
 
@@ -175,24 +178,24 @@ def level_env(run: Run, files: dict[str, str]):
 
 
 def probe_levels(run: Run, k: int, policy: str, env, list_field: str, levels: list, probe_n: int, samples: int,
-                 temperature: float, label: str) -> tuple[list[float], list[float], int]:
+                 temperature: float, label: str) -> tuple[list[float], list[float], int, int]:
     """The policy's valid rate on `probe_n` fresh probe instances of every level alone (`samples` each at
     `temperature`), charged to the ledger under `label`. Returns (rate per level, learnability per level, tokens
-    generated). A level's learnability is the mean over its instances of p_i(1 - p_i), p_i the instance's own success
+    generated, completions generated). A level's learnability is the mean over its instances of p_i(1 - p_i), p_i the instance's own success
     rate over its samples (SFL's score, Rutherford et al. 2024: a level is an instance there; GRPO learns from the
     spread inside one prompt's group), not the pooled rate's p(1 - p), which also pays for differences between
     instances: a level half always and half never solved scored the maximum 0.25 with no learning signal in any group
     (an outside review, seventy-ninth session: PLR put 79% of the mix there)."""
-    rates, scores, tokens, secs = [], [], 0, 0.0
+    rates, scores, tokens, secs, made = [], [], 0, 0.0, 0
     for i, lv in enumerate(levels):
         one = _with_levels(run.task, env, list_field, [lv], [1.0])
         seeds = run.draw_seeds("probe", probe_n, key=f"s{k}/{label}/{i}")
         out, s, t = rollouts(run, policy, seeds, one, samples, temperature)
         rates.append(float(np.mean([r.valid for r in out])))
         scores.append(learnability(out))
-        tokens, secs = tokens + t, secs + s
+        tokens, secs, made = tokens + t, secs + s, made + len(out)
     run.charge(k, "policy", "rollout", seconds=secs, tokens=tokens, label=label)
-    return rates, scores, tokens
+    return rates, scores, tokens, made
 
 
 def learnability(rollouts_: list) -> float:
@@ -224,13 +227,13 @@ class PLR:
         recipe = harness_models(files, run.task)[1]
         env = level_env(run, files)
         list_field, levels = _levels(run.task, env)
-        rates, scores, tokens = probe_levels(run, k, policy, env, list_field, levels, self.cfg.probe_n,
-                                             self.cfg.samples, recipe.temperature, self.LABEL)
+        rates, scores, tokens, made = probe_levels(run, k, policy, env, list_field, levels, self.cfg.probe_n,
+                                                   self.cfg.samples, recipe.temperature, self.LABEL)
         weights = self.weights(scores)
         stage_env = _with_levels(run.task, env, list_field, levels, [round(w, 4) for w in weights])
         keys = _keys(run.task, levels)
         return Provided(files=with_env(files, stage_env), weights=weights, probe_tokens=tokens,
-                        state={"rates": dict(zip(keys, rates, strict=True)),
+                        probe_completions=made, state={"rates": dict(zip(keys, rates, strict=True)),
                                "scores": dict(zip(keys, [round(x, 6) for x in scores], strict=True))})
 
 
@@ -424,6 +427,16 @@ def stage_split(total: int, stages: int) -> list[int]:
     return [base + (1 if k < extra else 0) for k in range(stages)]
 
 
+def first_tokens_per_step(provided: Provided, task) -> float:
+    """Tokens a GRPO step generates, before any step measured it: the probes' tokens per completion times the
+    completions a step samples (`batch_size * oversample`) under the provided recipe; inf (no deduction) when the
+    probes recorded no completions (a record made before they were counted)."""
+    if not provided.probe_completions:
+        return float("inf")
+    recipe = harness_models(provided.files, task)[1]
+    return provided.probe_tokens / provided.probe_completions * recipe.batch_size * recipe.oversample
+
+
 def finished_stages(run: Run) -> list[BaselineStage]:
     """The stages a resume keeps: up to the last one whose row is stored and whose checkpoint is on disk."""
     rows = [run.result(k, BaselineStage) for k in range(1, run.config.budget.stages + 1)]
@@ -455,11 +468,14 @@ def run_baseline(run: Run, provider: Provider, budget: int, name: str,
         if provided is None:
             provided = provider.provide(run, k, policy)
             run.save_result(k, provided)
-        # cumulative targeting: a stage trains what keeps the arm on its budget line (its steering comes out of it;
-        # stage 1's is charged after training, at the tokens per step training measured, and repaid in stage 2)
+        # cumulative targeting: a stage trains what keeps the arm on its budget line, its steering out of it. Until
+        # training has measured its tokens per step (stage 1) the probes' own tokens per completion times the
+        # completions a step generates stand in (the ledger charges them at the measured rate after training, and
+        # stage 2's targeting corrects the difference; before, stage 1 deducted nothing, so a one-stage arm ended
+        # over its budget by its probes)
         before = step_equivalents(run.store, run.id, before=k)
-        tps = before["tokens_per_step"]
-        steering = provided.probe_tokens / tps if before["steps"] else 0.0
+        steering = provided.probe_tokens / (before["tokens_per_step"] if before["steps"] else
+                                            first_tokens_per_step(provided, run.task)) if provided.probe_tokens else 0.0
         steps = max(1, round(sum(shares[:k]) - before["compute"] - steering))
         trained = run.result(k, Trained)  # trained before a crash that came before the stage's row: kept
         if trained is None or not (Path(trained.checkpoint) / "config.json").exists():

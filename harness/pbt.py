@@ -301,9 +301,16 @@ def run_pbt(run: Run, cfg: PBTConfig, budget: int, name: str,
             raise BaselineError(f"pbt: stage {k - 1}'s population is not in {run.run_dir / 'run.db'}; the run "
                                 "cannot resume it (start the arm in a fresh folder)")
         # cumulative targeting (as run_baseline): the population trains what keeps the arm on its budget line, less
-        # the fitness probes it expects to spend after training (the previous stage's; stage 1 repays its own later)
+        # the fitness probes it expects to spend after training: the previous stage's, or before any step measured its
+        # tokens (stage 1) their completions over the completions a step samples (before, stage 1 expected none, and
+        # a one-stage arm ended over its budget by its probes; stage 2's targeting corrects the estimate)
         before = step_equivalents(run.store, run.id, before=k)
-        expected = sum(t.probe_tokens for t in pop.trained) / before["tokens_per_step"] if before["steps"] else 0.0
+        if before["steps"]:
+            expected = sum(t.probe_tokens for t in pop.trained) / before["tokens_per_step"]
+        else:
+            recipe = harness_models(base, run.task)[1]
+            expected = (cfg.population * cfg.probe_n * run.judge.per_instance
+                        / (recipe.batch_size * recipe.oversample))
         total = round(sum(shares[:k]) - before["compute"] - expected)
         if total < cfg.population:
             say(f"{name} stage {k}: {total} step-equivalents left on the budget line for {cfg.population} members; "

@@ -21,9 +21,11 @@ from harness.baselines import (
     Bandit,
     BanditConfig,
     BaselineError,
+    BaselineStage,
     Learnability,
     LearnabilityConfig,
     Provided,
+    first_tokens_per_step,
     group_advantages,
     learnability_weights,
     run_baseline,
@@ -183,6 +185,13 @@ def test_learnability_probes_the_target_levels_and_pays_for_it(tmp_path):
         assert set(p.state["rates"]) == {"3", "4"} and list(_sizes(p)) == [3, 4]  # the target's levels
         scores = list(p.state["scores"].values())
         assert np.allclose(p.weights, learnability_weights(scores, None, cfg.rho))
+        # one stage: its probes come out of its own training (before, stage 1 deducted nothing and a one-stage arm
+        # ended over budget by its probes: here 2 steps + the probes)
+        assert p.probe_completions == 2 * 2 * 2  # two levels, two instances, two samples
+        est = p.probe_tokens / first_tokens_per_step(p, run.task)
+        row = run.result(1, BaselineStage)
+        assert est > 0.5 and row.steps == max(1, round(2 - est)) < 2, (est, row.steps)
+        assert abs(row.compute - 2) < 1.0, row.compute  # on its budget within the estimate's error
     finally:
         run.close()
         run.store.close()

@@ -162,3 +162,26 @@ def test_a_population_of_two_shares_the_budget_reports_its_best_member_and_resum
     finally:
         run.close()
         run.store.close()
+
+
+def test_a_one_stage_population_pays_for_its_fitness_probes_out_of_its_own_training(tmp_path, monkeypatch):
+    """One stage: no later stage repays what the fitness probes cost, so stage 1 trains that much less (their
+    completions over a step's). Before, stage 1 expected no probes and a one-stage PBT arm ended over its budget by
+    all of them (here 8 steps and 2 x 8 probe completions: 10 step-equivalents against 8). Would catch the estimate
+    dropped, or counted in the wrong unit (tokens against steps)."""
+    from harness.config import parse_config
+    from harness.lifecycle import open_run
+    from harness.stagebook import step_equivalents
+
+    monkeypatch.setenv("EVOTRAINER_HOME", str(tmp_path / "home"))
+    cfg, budget = PBTConfig(population=2, probe_n=4), 8
+    run = open_run(tmp_path / "pbt1", parse_config({**TINY_RUN, "budget": {"stages": 1}}))
+    try:
+        rows = run_pbt(run, cfg, budget, "pbt", lambda m: None)
+        comp = step_equivalents(run.store, run.id)
+        expected = 2 * 4 * run.judge.per_instance / 8  # members x probe instances x samples / completions per step
+        assert expected >= 1 and rows[0].steps == budget - round(expected), (expected, rows[0].steps)
+        assert abs(comp["compute"] - budget) < 1.0, comp["compute"]
+    finally:
+        run.close()
+        run.store.close()

@@ -266,7 +266,7 @@ def draw_replacing(task: Any, config: Any, seeds: list[int]) -> tuple[list[Any],
             break
         else:
             raise DrawError(f"{task.name}: no replacement of seed {s} in {REPLACE_TRIES} draws ({misses} of {tries} "
-                            f"draws from this generator config failed; seed {s}: {exc})") from exc
+                            f"draws from this generator config failed); seed {s}: {exc}") from exc
     return [found[s] for s in seeds], {s: str(e) for s, e in failed.items()}
 
 
@@ -275,7 +275,7 @@ def _check(task: Any, tries: int, misses: int, seed: int, exc: Exception) -> Non
     failing seed's message."""
     if tries >= GIVE_UP_AFTER and misses >= GIVE_UP_SHARE * tries:
         raise DrawError(f"{task.name}: the generator cannot draw this config on most seeds ({misses} of {tries} draws "
-                        f"from this generator config failed; seed {seed}: {exc})") from exc
+                        f"from this generator config failed); seed {seed}: {exc}") from exc
 
 
 def _lookup(conn: sqlite3.Connection, cfg: str, part: list[int]) -> list[tuple[int, str]]:
