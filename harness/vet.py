@@ -325,6 +325,10 @@ def _apply_diagnostic(files: dict[str, str], change: Change) -> dict[str, str]:
         compile(tree, path, "exec")  # compiles only; the code runs nowhere but the sandbox runner
     except SyntaxError as exc:
         raise VetError(f"{path} does not compile: line {exc.lineno}: {exc.msg}") from None
+    except (ValueError, MemoryError, RecursionError) as exc:  # a null byte; nesting past the parser's stack (200k
+        # unary minuses, 100k attribute lookups): before, these escaped and dropped the engineer's whole reply
+        raise VetError(f"{path} does not compile: {type(exc).__name__}: {str(exc)[:120] or 'nested too deeply'}") \
+            from None
     funcs = _top_functions(tree)
     if "diagnose" not in funcs:
         raise VetError(f"{path} must define a top-level `def diagnose(rollouts)` returning findings and metrics")
@@ -333,7 +337,7 @@ def _apply_diagnostic(files: dict[str, str], change: Change) -> dict[str, str]:
             raise VetError(f"{path} is unchanged: the change does nothing")
         try:
             old_funcs = _top_functions(ast.parse(files[path]))
-        except SyntaxError:
+        except (SyntaxError, ValueError, MemoryError, RecursionError):
             old_funcs = set()
         if "veto" in old_funcs and "veto" not in funcs:
             raise VetError(f"{path} drops its `veto`: vetoes may only be added (the gate only gets stricter)")

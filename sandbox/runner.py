@@ -312,8 +312,10 @@ def _isolation(require_bwrap: bool, isolation: str) -> tuple[Isolation, str | No
 
 
 def _job_uid() -> int:
-    """A fresh unprivileged uid per job (root callers), so RLIMIT_NPROC counts only this job's processes."""
-    return 200_000 + (os.getpid() % 4096) * 4096 + next(_UIDS) % 4096
+    """A fresh unprivileged uid per job (root callers), so RLIMIT_NPROC counts only this job's processes: 4096 per
+    process, by its pid modulo 2^19 (below 2^31 in all; modulo 4096, two processes whose pids were 4096 apart, e.g.
+    an experiment's arms side by side, shared uids and each other's process limit)."""
+    return 200_000 + (os.getpid() % (1 << 19)) * 4096 + next(_UIDS) % 4096
 
 
 # --- running one job ---------------------------------------------------------------------------------------------
@@ -500,12 +502,26 @@ def run(job: Job, *, require_bwrap: bool = False, isolation: str = "auto") -> Ru
         shutil.rmtree(root, ignore_errors=True)
 
 
+SIGNAL_MAX = max(signal.valid_signals())  # 64 on Linux: real-time signals included
+
+
 def _signal_of(code: int, mode: str) -> int | None:
+    """The signal that ended a job, from its exit status; None for an ordinary exit. bwrap reports a signalled child
+    as 128 + signal, so there a status past 128 + SIGNAL_MAX is the job's own exit code (`os._exit(200)`: before, it
+    was read as signal 72, and naming that raised out of the runner, failing a whole batch of scorings)."""
     if code < 0:
         return -code
-    if mode == "bwrap" and code > 128:  # bwrap reports a signalled child as 128 + signal
+    if mode == "bwrap" and 128 < code <= 128 + SIGNAL_MAX:
         return code - 128
     return None
+
+
+def _signal_name(sig: int) -> str:
+    """SIGKILL for 9; a real-time signal (no name of its own in `signal.Signals`) by its number."""
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"number {sig}"
 
 
 _STATUSES = ("ok", "error", "timeout", "memory", "killed")
@@ -568,7 +584,7 @@ def _result(job: Job, mode: Isolation, code: int, out: bytes, err: bytes, reason
         if "MemoryError" in base["stderr"][-4000:]:
             return RunResult(status="memory", error="MemoryError: the address-space limit was reached", **base)
         if sig is not None:
-            return RunResult(status="killed", error=f"killed by signal {signal.Signals(sig).name}", **base)
+            return RunResult(status="killed", error=f"killed by signal {_signal_name(sig)}", **base)
         return RunResult(status="error", error=f"exit code {code}", **base)
     if raw and code == 0:
         try:
@@ -577,7 +593,7 @@ def _result(job: Job, mode: Isolation, code: int, out: bytes, err: bytes, reason
             return RunResult(status="error", error=f"unreadable or non-JSON result: {exc}", **base)
         return RunResult(status=data["status"], value=data["value"], error=data["error"], **base)
     if sig is not None:
-        return RunResult(status="killed", error=f"killed by signal {signal.Signals(sig).name}", **base)
+        return RunResult(status="killed", error=f"killed by signal {_signal_name(sig)}", **base)
     if "MemoryError" in base["stderr"][-4000:]:
         return RunResult(status="memory", error="MemoryError: the address-space limit was reached", **base)
     return RunResult(status="error", error=f"the code exited (code {code}) before returning a value", **base)

@@ -229,6 +229,23 @@ def test_sys_exit_and_os_exit():
     assert (r.status, r.exit_code) == ("error", 7)
 
 
+@pytest.mark.parametrize("isolation", ["bwrap", "process"])
+def test_any_exit_status_or_signal_is_an_ordinary_result(isolation):
+    """An exit status past 128 + the last signal (bwrap reports a signal as 128 + its number) is the job's own exit
+    code, and a real-time signal has no name in `signal.Signals`: before, both raised ValueError out of the runner
+    (`os._exit(200)` in a policy's completion failed the code scorer's whole batch; an evolved diagnostic that did it
+    on live data crashed the diagnose node at every stage; an outside review, eighty-second session)."""
+    kw = BW if isolation == "bwrap" else {"isolation": "process"}
+    r = run_code("import os\nos._exit(200)", **kw)
+    assert (r.status, r.exit_code) == ("error", 200) and "code 200" in r.error, r
+    r = run_program(["python", "p.py"], files={"p.py": "raise SystemExit(255)"}, **kw)
+    assert (r.status, r.exit_code) == ("error", 255), r
+    r = run_code("import os, signal\nos.kill(os.getpid(), signal.SIGRTMIN + 6)", **kw)
+    assert r.status == "killed" and "signal number" in r.error, r
+    r = run_many([Job(kind="code", code=f"import os\nos._exit({c})") for c in (0, 201, 3)], **kw)
+    assert [x.status for x in r] == ["error", "error", "error"]  # a batch survives a job's odd exit
+
+
 def test_cannot_read_the_run_directory(tmp_path):
     run_dir = tmp_path / "runs" / "r1"
     run_dir.mkdir(parents=True)

@@ -170,6 +170,11 @@ def test_diagnostic_accepts_sane_and_seed_veto():
     ("def diagnose(rollouts)\n    return {}\n", "does not compile"),
     ("def check(rollouts):\n    return {}\n", "must define a top-level `def diagnose"),
     ("", "not allowed"),
+    # past the parser's own stack: MemoryError / RecursionError escaped and dropped the whole reply (outside review,
+    # eighty-second session); an exit status past the last signal raised out of the runner
+    ("X = " + "-" * 200_000 + "1\ndef diagnose(rollouts):\n    return {}\n", "does not compile"),
+    ("X = x" + ".a" * 100_000 + "\ndef diagnose(rollouts):\n    return {}\n", "does not compile"),
+    ("def diagnose(rollouts):\n    import os\n    os._exit(200)\n", "does not run on 16 cached rollouts"),
 ])
 def test_diagnostic_rejections(code, why):
     res = V.vet(cand("diagnostic", "diagnostics/flags.py", code=code), harness_files(), None, CACHED, limits=FAST)
