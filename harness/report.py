@@ -266,6 +266,11 @@ def print_summary(run_dir: Path, console) -> dict[str, Any]:
         events = store.events(st["run"])
     finally:
         store.close()
+    if st.get("status") == "running" and (last := next((e for e in reversed(events) if e.get("node")), None)):
+        # where a running run is: its last node's last word (before, nothing said so during the warm start, which
+        # can be the longest node of an overnight run on a real checkpoint)
+        console.print(f"now: stage {last['stage']} {shown(last['node'])}, since {shown(str(last['ts']))}: "
+                      f"{shown(last['message'][:160])}", highlight=False)
     came = {x["stage"]: x["outcome"] for x in exploit_stages(run_dir)}  # what each exploit stage came to
     for e in events:  # a stage that trained under the last promotion instead of judging arms: why, and the outcome
         if e["kind"] == "exploit":

@@ -1113,6 +1113,27 @@ def test_status_says_interrupted_when_the_runs_driver_was_killed(tmp_path):
     assert status(tmp_path / "runs" / "dead")["status"] == "running"
 
 
+def test_status_of_a_running_run_says_which_node_it_is_in(tmp_path):
+    """A running run's status names its last node and what it said, the warm start included (before, nothing said
+    where a run was until its first stage had a row: the warm start of a real checkpoint can take hours)."""
+    import io
+
+    from rich.console import Console
+
+    from harness.lifecycle import open_run
+    from harness.report import print_summary
+
+    run = open_run(tmp_path / "runs" / "live", parse_config(TINY, "test"))
+    run.store.set_run_status(run.id, "running")
+    run.event(0, "setup", "node_start", "building the policy and warm-starting it on expert demonstrations")
+    run.close()
+    run.store.close()
+    (tmp_path / "runs" / "live" / "lock").write_text(f"{os.getpid()}\n")
+    out = io.StringIO()
+    print_summary(tmp_path / "runs" / "live", Console(file=out, width=200))
+    assert "now: stage 0 setup, since " in out.getvalue() and "warm-starting it" in out.getvalue(), out.getvalue()
+
+
 def test_a_warm_start_copy_left_by_a_killed_writer_is_swept(tmp_path, monkeypatch):
     """A kill -9 mid-copy left `$EVOTRAINER_HOME/warmstart/.<key>.<pid>.tmp` for good (a checkpoint's size each);
     the next store removes it, and never a live writer's copy."""
