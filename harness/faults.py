@@ -20,7 +20,10 @@ from pathlib import Path
 FAULT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO}
 FAULT_WORDS = ("no space left on device", "os error 28", "disk quota exceeded", "read-only file system",
                "input/output error", "disk is full", "disk i/o error", "attempt to write a readonly database",
-               "outofdiskerror")
+               "outofdiskerror",
+               # torch.save on a full disk: its stream writer's words, not the OS's (a checkpoint write that ran out of
+               # room read as a traceback ending "unexpected pos 730176 vs 730068"; an outside review)
+               "unexpected pos", "iostream error", "pytorchstreamwriter")
 
 
 class MachineFault(RuntimeError):

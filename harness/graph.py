@@ -133,6 +133,25 @@ def _finish(run: Run, stage: int, result: NodeResult, t0: float, message: str) -
 # --- the nodes, in the order they run ------------------------------------------------------------------------------------
 
 
+BIG_CHECKPOINT = 1 << 30  # a user's checkpoint past this many bytes of weights: say what keeping every promotion costs
+
+
+def retention_warning(config) -> str | None:
+    """With a user's checkpoint of a GiB or more and `retention.keep_promoted: all` (the default), each promotion keeps
+    one more checkpoint that big for good (the rest of the disk use is bounded): said once, with the bound."""
+    from harness.retention import weight_bytes
+
+    ckpt = config.policy.checkpoint
+    if not ckpt or config.retention.keep_promoted != "all":
+        return None
+    nbytes = weight_bytes(Path(ckpt))
+    if nbytes < BIG_CHECKPOINT:
+        return None
+    return (f"retention.keep_promoted is 'all': each promotion keeps one more checkpoint of about {nbytes / 2**30:.1f} "
+            "GiB (the weights of policy.checkpoint) for the rest of the run; set retention.keep_promoted: 2 to keep "
+            "the newest two (the incumbent is always kept)")
+
+
 def node_setup(run: Run, state: State) -> State:
     """Build (or load) the policy and run the SFT warm start on expert demonstrations from the train split."""
     first: State = {"stage": 1, "consecutive_rejections": 0, "stages_without_promotion": 0}
@@ -148,6 +167,8 @@ def node_setup(run: Run, state: State) -> State:
                                     comparisons=max(1, run.config.stage.candidates)):
         # once, before the warm start's minutes, with the n it would need
         run.event(0, "setup", "warning", warn, key="max-evidence")
+    if warn := retention_warning(run.config):
+        run.event(0, "setup", "warning", warn, key="retention")
     if warn := arm_noise_warning(run.config.gate.plan(run.config.backtest.n)):
         run.event(0, "setup", "warning", warn, key="arm-noise")
     if unused := run.config.engineer.unused():  # `base_url` under kind: rule (the default): an endpoint never asked

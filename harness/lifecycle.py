@@ -241,7 +241,7 @@ def _task_fits_checkpoint(config: RunConfig) -> str | None:
         for s in seeds("probe", FIT_SAMPLE):
             inst = task.generate(env, s)
             text = task.prompt(inst, style)
-            prompt = format_prompt(tok, text) if style == "chat" else text
+            prompt = format_prompt(tok, text)  # every style: a template (a system prompt) wraps every prompt
             longest_prompt = max(longest_prompt, len(tok(prompt, add_special_tokens=False)["input_ids"]))
             expert = task.expert(inst, style)
             ids = tok(expert, add_special_tokens=False)["input_ids"]
@@ -741,6 +741,23 @@ def _check_has_run(run_dir: Path) -> None:
                        "resume that; nothing changed")
 
 
+def _check_start_checkpoint(run_dir: Path) -> None:
+    """A run whose warm start is not done yet reads its `policy.checkpoint` again on resume: gone (moved, deleted),
+    it is refused naming that path, since the run's config cannot change its policy (before: the load's own error,
+    which advised a preset the resume would refuse). After the warm start the run needs it no more."""
+    try:
+        ckpt = (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("policy", {}).get("checkpoint")
+    except (OSError, yaml.YAMLError, AttributeError):
+        return  # the config's own check says what is wrong with it
+    if not ckpt or Path(ckpt).expanduser().exists():
+        return
+    if _peek(run_dir, "SELECT 1 FROM nodes WHERE run = ? AND stage = 0 AND node = 'setup'"):
+        return
+    raise RunError(f"this run started from the checkpoint {ckpt}, which is no longer there, and its warm start is not "
+                   "done: put the checkpoint back at that path, then resume (a run's policy cannot change; to start "
+                   "from another checkpoint, start a new run); nothing changed")
+
+
 # what config.yaml may change between a run's start and its resume: how long it runs, who proposes, where it runs,
 # what it keeps on disk, when a person is asked. The judge's inputs are fixed in judge.json (an edit is said and has
 # no effect: `_say_judge_edits`); anything else would change what the recorded stages and pooled evidence mean
@@ -831,6 +848,7 @@ def resume_run(ref: str | Path, runs_dir: str | Path = "runs",
     _check_not_moved(run_dir)
     _check_has_run(run_dir)
     _check_config_edits(run_dir)
+    _check_start_checkpoint(run_dir)
     _check_library()
     lock = acquire_lock(run_dir, run_dir.name)
     untouched = True  # a budget refused before anything changed leaves a killed driver's pid for `status` to name

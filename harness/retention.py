@@ -107,6 +107,17 @@ def apply_retention(run: Any, stage: int) -> list[str]:
 # --- disk use ---------------------------------------------------------------------------------------------------------
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+def weight_bytes(path: Path) -> int:
+    """Bytes of the weight files directly in a checkpoint folder (0 where it cannot be read)."""
+    try:
+        return sum(f.stat().st_size for f in path.iterdir() if f.is_file() and f.suffix in WEIGHT_SUFFIXES)
+    except OSError:
+        return 0
+
+
 def folder_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink()) \
         if path.is_dir() else 0

@@ -190,6 +190,12 @@ def check_architecture(path: str | Path) -> None:
         raise PolicyLoadError(
             f"checkpoint {str(path)!r} is a {cfg.model_type!r} model, which transformers cannot load as a causal "
             "language model; pass a decoder-only (causal LM) checkpoint such as a Qwen3 or Llama model")
+    quant = getattr(cfg, "quantization_config", None)
+    if quant:  # GPTQ, AWQ, bitsandbytes...: full fine-tuning updates every weight, which a quantized one is not
+        method = quant.get("quant_method", "?") if isinstance(quant, dict) else getattr(quant, "quant_method", "?")
+        raise PolicyLoadError(
+            f"checkpoint {str(path)!r} is quantized ({method}): RL here fine-tunes every weight in full or bf16 "
+            "precision; pass the unquantized checkpoint (the quantized one serves only as an endpoint)")
 
 
 def ensure_pad_token(tok, source: str = "the checkpoint") -> None:
@@ -278,12 +284,37 @@ def check_checkpoint(path: str | Path, style: str | None = None):
     except (OSError, ValueError) as exc:
         raise PolicyLoadError(f"checkpoint {str(path)!r}: its tokenizer does not load ({' '.join(str(exc).split())[:160]}"
                               "); save the tokenizer next to the model (tokenizer.save_pretrained(DIR))") from None
+    if len(tok) < 2 or not any((path / n).is_file() for n in TOKENIZER_FILES):
+        # transformers builds an empty tokenizer (every text encodes to []) from a folder with none of these files
+        raise PolicyLoadError(f"checkpoint {str(path)!r}: its tokenizer files are missing ({', '.join(TOKENIZER_FILES)}"
+                              "); save the tokenizer next to the model (tokenizer.save_pretrained(DIR))")
     if tok.eos_token_id is None:  # GRPO's generation needs the tokenizer's EOS (generation_config's is not read there)
         raise PolicyLoadError(f"checkpoint {str(path)!r}: its tokenizer has no EOS token; set eos_token in its "
                               "tokenizer_config.json (the token its completions end with)")
+    vocab = _config_value(path, "vocab_size")
+    if isinstance(vocab, int) and len(tok) > vocab:  # a token id past the embedding: IndexError mid-warm-start
+        raise PolicyLoadError(f"checkpoint {str(path)!r}: its tokenizer has {len(tok)} tokens but the model's "
+                              f"vocab_size is {vocab}; use the tokenizer the model was trained with (or resize the "
+                              "model's embeddings to it and save again)")
     if style is not None:
         require_chat_template(tok, str(path), style)
     return tok
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
+
+
+def _config_value(path: Path, key: str):
+    """A top-level value of the checkpoint's config.json, or of its text config (a multimodal config nests it)."""
+    import json
+
+    try:
+        cfg = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(cfg, dict):
+        return None
+    return cfg.get(key, (cfg.get("text_config") or {}).get(key) if isinstance(cfg.get("text_config"), dict) else None)
 
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")

@@ -63,6 +63,19 @@ class SkillLibraryError(SkillError):
     """The library's file cannot be opened, written or read (damaged, not a database, a read-only home)."""
 
 
+def _nearly_full(path: Path) -> bool:
+    """The file system holding `path` has under 64 MiB free."""
+    import shutil
+
+    for p in (path, *path.parents):
+        if p.exists():
+            try:
+                return shutil.disk_usage(p).free < (64 << 20)
+            except OSError:
+                return False
+    return False
+
+
 def library_error(path: Path, why: object) -> SkillLibraryError:
     what = why.strerror if isinstance(why, OSError) and why.strerror else str(why)
     if "locked" in what or "busy" in what:  # busy, not damaged: moving it aside would drop every run's evidence
@@ -70,7 +83,8 @@ def library_error(path: Path, why: object) -> SkillLibraryError:
             f"the skill library {path} is busy: another process holds a write lock on it (a run at its propose or "
             f"remember step, `evotrainer skills import`, sqlite3 or Datasette with a transaction open) and it stayed "
             f"locked for {BUSY_TIMEOUT_S:g} s; nothing is damaged: close that, then retry (a run: `evotrainer resume`)")
-    if "disk is full" in what.lower() or "no space" in what.lower():  # full, not damaged: keep it
+    if "disk is full" in what.lower() or "no space" in what.lower() or _nearly_full(path):  # full, not damaged
+        # (SQLite in WAL mode says "disk I/O error" when the disk fills: that read as "damaged, move it aside")
         return SkillLibraryError(f"the skill library {path} cannot be written: the disk is full ({what}); nothing is "
                                  "damaged: free space, then retry (a run: `evotrainer resume`)")
     return SkillLibraryError(

@@ -459,6 +459,68 @@ def test_missing_or_damaged_weights_and_no_eos_are_one_line_before_a_run_folder_
         assert not (tmp_path / "runs" / ck.name).exists()
 
 
+def test_no_tokenizer_a_tokenizer_past_the_vocabulary_and_a_quantized_model_are_refused_at_start(chat_ckpt, tmp_path):
+    """Each passed the preflight, then: a folder without tokenizer files gave an empty tokenizer, refused as "no chat
+    template" or "cannot write the answers"; a tokenizer larger than the model's vocab_size trained into an
+    IndexError mid-warm-start; a quantized model died loading (`requires optimum`) after the run folder existed
+    (an outside review, eighty-second session). Would catch a check that reads neither the files, the vocabulary
+    nor the config's quantization."""
+    from harness.config import parse_config
+    from harness.lifecycle import RunError, start_run
+
+    names = [n for n in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "vocab.json",
+                         "merges.txt", "special_tokens_map.json") if (chat_ckpt / n).exists()]
+    notok = _variant(chat_ckpt, tmp_path / "notok", drop=tuple(names))
+    n = len(load_tokenizer(chat_ckpt))
+    small = _variant(chat_ckpt, tmp_path / "small", cfg={"vocab_size": n - 10})
+    quant = _variant(chat_ckpt, tmp_path / "quant", cfg={"quantization_config": {"quant_method": "gptq", "bits": 4}})
+    for ck, why in ((notok, "its tokenizer files are missing"),
+                    (small, f"its tokenizer has {n} tokens but the model's vocab_size is {n - 10}"),
+                    (quant, r"is quantized \(gptq\)")):
+        cfg = parse_config({"task": "math", "policy": {"checkpoint": str(ck), "style": "plain"}}, "t")
+        with pytest.raises(RunError, match=f"policy.checkpoint: .*{why}"):
+            start_run(cfg, tmp_path / "runs", run_id=ck.name)
+        assert not (tmp_path / "runs" / ck.name).exists()
+
+
+def test_the_context_check_counts_a_templates_system_prompt_in_every_style(chat_ckpt, tmp_path):
+    """A chat template wraps every prompt, whatever the style (`format_prompt`): one that adds a long system prompt
+    makes plain-style prompts longer than the model's positions. Before, the check measured non-chat styles without
+    the template and passed them; the warm start then trained on prompts cut short (an outside review)."""
+    from harness.config import parse_config
+    from harness.lifecycle import _task_fits_checkpoint
+
+    ck = _variant(chat_ckpt, tmp_path / "sys", cfg={"max_position_embeddings": 256})
+    system = "You are a careful assistant. " * 40  # ~200 tokens before every prompt
+    (ck / "chat_template.jinja").write_text(
+        "{{- '<|im_start|>system\n" + system + "<|im_end|>\n' }}"
+        + (chat_ckpt / "chat_template.jinja").read_text())
+    cfg = parse_config({"task": "math", "policy": {"checkpoint": str(ck), "style": "plain"}}, "t")
+    why = _task_fits_checkpoint(cfg)
+    assert why is not None and "more than the model's 256 positions" in why, why
+    (ck / "chat_template.jinja").write_text((chat_ckpt / "chat_template.jinja").read_text())
+    assert _task_fits_checkpoint(cfg) is None  # the same prompts without the system prompt fit
+
+
+def test_a_resume_before_the_warm_start_finished_names_a_checkpoint_that_moved(chat_ckpt, tmp_path):
+    """Killed during the warm start, then the user's checkpoint moved: the resume names the path the run started
+    from and to put it back (before: the load's own error, which advised `policy: {preset: tiny}`, a config edit a
+    resume refuses). Would catch the check firing after the warm start (the run needs the folder no more then)."""
+    import shutil
+
+    from harness.config import parse_config
+    from harness.lifecycle import RunError, open_run, resume_run
+
+    ck = tmp_path / "mine"
+    shutil.copytree(chat_ckpt, ck)
+    run = open_run(tmp_path / "runs" / "r", parse_config({"task": "math", "policy": {"checkpoint": str(ck)}}, "t"))
+    run.close()
+    run.store.close()
+    ck.rename(tmp_path / "moved")
+    with pytest.raises(RunError, match=f"started from the checkpoint {ck}, which is no longer there.*put the"):
+        resume_run(tmp_path / "runs" / "r")
+
+
 def test_a_run_keeps_the_style_and_the_absolute_checkpoint_path_it_started_with(chat_ckpt, tmp_path, monkeypatch):
     """The prompt style of a checkpoint is read from its evotrainer.json; a run pins it (and makes relative paths
     absolute) in the config it keeps, so a checkpoint deleted or retrained after the start, or a resume from another

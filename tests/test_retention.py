@@ -185,3 +185,23 @@ def test_a_prune_racing_a_removal_and_an_infinite_bound_cost_the_run_nothing(tmp
     monkeypatch.setenv(warmstart.MAX_MB_ENV, "inf")
     with pytest.raises(warmstart.CacheWriteError, match="EVOTRAINER_WARMSTART_CACHE_MB='inf': a finite number"):
         warmstart.store("unbounded", _checkpoint(tmp_path / "u", 0.01), {})
+
+
+def test_keeping_every_promotion_of_a_big_checkpoint_is_said_at_start_with_the_bound(tmp_path):
+    """`keep_promoted: all` (the default) keeps one checkpoint per promotion for good: with a user's checkpoint of a
+    GiB or more the run says so once at start, with its size and the setting that bounds it; not for a small one, nor
+    once the bound is set (an outside review: an overnight run of a 4B model keeps ~16 GB a promotion)."""
+    from harness.graph import retention_warning
+
+    ck = tmp_path / "big"
+    ck.mkdir()
+    with open(ck / "model.safetensors", "wb") as f:
+        f.truncate(3 << 30)  # sparse: its size without the disk
+    cfg = parse_config({"task": "math", "policy": {"checkpoint": str(ck)}}, "t")
+    warn = retention_warning(cfg)
+    assert warn is not None and "about 3.0 GiB" in warn and "retention.keep_promoted: 2" in warn, warn
+    assert retention_warning(parse_config({"task": "math", "policy": {"checkpoint": str(ck)},
+                                           "retention": {"keep_promoted": 2}}, "t")) is None
+    (ck / "model.safetensors").unlink()
+    (ck / "model.safetensors").write_bytes(b"x" * 1000)
+    assert retention_warning(cfg) is None

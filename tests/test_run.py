@@ -464,6 +464,9 @@ def test_a_full_disk_inside_an_arm_decides_nothing_and_a_resume_trains_it_again(
     except RuntimeError as outer:
         assert machine_fault(outer) == "read-only file system"
     assert machine_fault(MemoryError()) is None and machine_fault(RuntimeError("arm exploded")) is None
+    # torch.save on a full disk says it in its stream writer's words (an outside review: a traceback, no resume line)
+    torn = RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 730176 vs 730068")
+    assert machine_fault(torn) == "unexpected pos"
     # the OS's words in a text count only where the run folder's file system bears them out: a sandboxed program
     # that filled its own scratch says "No space left on device" too, and that is the candidate's failure
     monkeypatch.setattr(F, "_bears_out", lambda where: False)

@@ -587,3 +587,21 @@ def test_a_busy_library_is_named_busy_and_a_synced_one_is_read_under_anothers_lo
     finally:
         holder.rollback()
         holder.close()
+
+
+def test_a_full_disk_is_not_called_a_damaged_library(tmp_path, monkeypatch):
+    """SQLite in WAL mode says "disk I/O error" when the disk fills; with the library's file system nearly full the
+    message says so and to free space, not that the library may be damaged and should be moved aside (an outside
+    review: a full home read "if it is damaged, move it aside"). Would catch the words alone deciding it."""
+    import shutil
+    from collections import namedtuple
+
+    import skills.library as L
+
+    path = tmp_path / "skills.db"
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(1 << 30, (1 << 30) - (256 << 10), 256 << 10))
+    msg = str(L.library_error(path, "disk I/O error"))
+    assert "the disk is full" in msg and "free space" in msg and "move it aside" not in msg, msg
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(1 << 40, 1 << 39, 1 << 39))
+    assert "move it aside" in str(L.library_error(path, "disk I/O error"))  # room left: it may be damaged
