@@ -377,6 +377,12 @@ def save_policy(model, tok, out_dir: str | Path) -> Path:
 # --- prompts ----------------------------------------------------------------------------------------------------------
 
 
+# passed to every chat template rendering (ours and TRL's): a template that dates its system prompt (Llama 3.x calls
+# `strftime_now` unless given `date_string`) would render the same prompt differently before and after midnight of
+# an overnight run; this is the date those templates fall back to themselves. A template without it ignores it.
+CHAT_TEMPLATE_KWARGS = {"date_string": "26 Jul 2024"}
+
+
 def format_prompt(tok, text: str) -> str:
     """The string the model sees before its completion.
 
@@ -384,7 +390,8 @@ def format_prompt(tok, text: str) -> str:
     appends its <sep> token; a plain tokenizer without either appends a newline.
     """
     if getattr(tok, "chat_template", None):
-        return tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+        return tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True,
+                                       **CHAT_TEMPLATE_KWARGS)
     return text + (tok.sep_token if tok.sep_token else "\n")
 
 

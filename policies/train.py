@@ -34,7 +34,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from policies.model import cache_kw, format_prompt, has_chat_template, save_policy
+from policies.model import CHAT_TEMPLATE_KWARGS, cache_kw, format_prompt, has_chat_template, save_policy
 
 Progress = Callable[[str, int, int, dict], None]
 RewardFn = Callable[..., list[float]]
@@ -890,7 +890,7 @@ def _grpo_trainer(model, tok, rows: list[dict[str, Any]], reward, recipe: Recipe
         per_device_train_batch_size=recipe.batch_size * recipe.oversample, loss_type=recipe.loss_type, scale_rewards=recipe.scale_rewards,
         epsilon=recipe.epsilon, epsilon_high=epsilon_high(recipe), num_iterations=recipe.num_iterations,
         mask_truncated_completions=recipe.mask_truncated_completions, log_completions=False,
-        remove_unused_columns=False,
+        remove_unused_columns=False, chat_template_kwargs=dict(CHAT_TEMPLATE_KWARGS),
     )
     if recipe.beta > 0:  # TRL builds the KL reference from config._name_or_path: point it at this stage's start
         ref_dir = Path(_scratch_dir(None)) / "reference"

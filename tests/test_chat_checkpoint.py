@@ -521,6 +521,21 @@ def test_a_resume_before_the_warm_start_finished_names_a_checkpoint_that_moved(c
         resume_run(tmp_path / "runs" / "r")
 
 
+def test_a_dated_chat_template_renders_the_same_prompt_all_night(chat_ckpt, tmp_path):
+    """A template that dates its system prompt (Llama 3.x: `strftime_now` unless `date_string` is given) rendered a
+    prompt differently before and after midnight; every rendering now passes the pinned date, ours (SFT, rollouts,
+    the fit check) and TRL's (GRPOConfig.chat_template_kwargs). Would catch a rendering without it."""
+    from policies.model import CHAT_TEMPLATE_KWARGS, format_prompt
+
+    ck = _variant(chat_ckpt, tmp_path / "dated")
+    (ck / "chat_template.jinja").write_text(
+        "{%- if not date_string is defined %}{%- set date_string = strftime_now('%d %b %Y') %}{%- endif %}"
+        "{{- '<|im_start|>system\nToday Date: ' + date_string + '<|im_end|>\n' }}"
+        + (chat_ckpt / "chat_template.jinja").read_text())
+    text = format_prompt(load_tokenizer(ck), "2+2=")
+    assert f"Today Date: {CHAT_TEMPLATE_KWARGS['date_string']}" in text, text
+
+
 def test_a_run_keeps_the_style_and_the_absolute_checkpoint_path_it_started_with(chat_ckpt, tmp_path, monkeypatch):
     """The prompt style of a checkpoint is read from its evotrainer.json; a run pins it (and makes relative paths
     absolute) in the config it keeps, so a checkpoint deleted or retrained after the start, or a resume from another
