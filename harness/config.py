@@ -503,7 +503,8 @@ class EngineerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     kind: Literal["rule", "llm", "scripted"] = Field("rule", description="rule (no LLM), llm, or scripted (replays)")
-    base_url: str | None = Field(None, description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1 (llm)")
+    base_url: str | None = Field(None, pattern=r"^https?://\S+$",
+                                 description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1 (llm)")
     model: str | None = Field(None, description="model name at the endpoint (llm with base_url)")
     api_key_env: str | None = Field(None, description="NAME of the env var holding the API key; None = no auth")
     model_path: str | None = Field(None, description="local transformers checkpoint dir, or 'policy' for the current "
@@ -523,6 +524,8 @@ class EngineerConfig(BaseModel):
                               description="llm with base_url: the proxy its requests (and API key) go through, e.g. "
                               "http://proxy.corp:3128; none by default, and HTTPS_PROXY/HTTP_PROXY are not read (the "
                               "key goes only where this file says)")
+    ca_bundle: str | None = Field(None, description="llm with an https base_url signed by your own CA: that CA's PEM "
+                                  "file (SSL_CERT_FILE is not read, as no other environment setting is)")
     preflight: bool = Field(True, description="llm: before anything trains, check that the endpoint answers (one "
                                               "1-token completion) or the local checkpoint loads; false starts anyway "
                                               "(stages it cannot answer fall back to the rule engineer)")
@@ -540,7 +543,8 @@ class EngineerConfig(BaseModel):
 
     ENDPOINT: ClassVar[tuple[str, ...]] = ("base_url", "model", "api_key_env", "model_path", "script")
     USES: ClassVar[dict[str, tuple[str, ...]]] = {"rule": (), "scripted": ("script",),
-                                                  "llm": ("base_url", "model", "api_key_env", "model_path")}
+                                                  "llm": ("base_url", "model", "api_key_env", "model_path",
+                                                          "ca_bundle")}
 
     def unused(self) -> list[str]:
         """Set fields this kind never reads (a base_url under kind: rule, the default): said once at a run's start,

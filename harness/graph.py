@@ -328,6 +328,7 @@ def node_propose(run: Run, state: State) -> State:
         return {"candidates": r.candidates}
     t0 = time.time()
     from harness.engineer import propose
+    from harness.engineer.llm import Usage
     from harness.records import Diagnosis
     from harness.vet import apply_change
 
@@ -346,14 +347,20 @@ def node_propose(run: Run, state: State) -> State:
     else:
         diag = Diagnosis.model_validate_json(Path(run.result(k, Diagnosed).diagnosis).read_text())
         skills = run.skills()
+        spent = Usage()  # what the engineer's calls cost, charged even when a Ctrl-C stops the ask midway
+        where = "endpoint" if cfg.engineer.base_url else "local"  # another machine's work, or this one's
         try:
             res = propose(cfg.engineer, diag, skills, cfg.stage.candidates, np.random.default_rng([cfg.seed, k]),
-                          policy_ckpt=Path(state["train_ckpt"]))
+                          policy_ckpt=Path(state["train_ckpt"]), usage=spent)
+        except BaseException:
+            if spent.calls:  # the calls answered (or waited for) before the stop: paid, whatever the resume asks
+                run.charge_again(k, "engineer", "engineer", f"{where} propose (stopped)", seconds=spent.seconds,
+                                 tokens=spent.prompt_tokens + spent.completion_tokens)
+            raise
         finally:
             skills.close()
         if res.usage.calls:  # the engineer's own calls (another model: kept apart from the policy's compute)
             u = res.usage
-            where = "endpoint" if cfg.engineer.base_url else "local"  # another machine's work, or this one's
             # an ask before a kill is charged and kept: the resume asks again (nothing was recorded) and pays again
             run.charge_again(k, "engineer", "engineer", f"{where} propose", seconds=u.seconds,
                              tokens=u.prompt_tokens + u.completion_tokens)
@@ -362,7 +369,9 @@ def node_propose(run: Run, state: State) -> State:
                           "(the endpoint sent no `usage` field): their tokens are not in the ledger, their seconds are",
                           key=f"{k}/engineer-usage")
         for note in res.notes:
-            run.event(k, "propose", "engineer_note", note, key=f"{k}/note/{note[:80]}")
+            # keyed by the whole note: two attempts' failures at one endpoint share their first 80 characters
+            run.event(k, "propose", "engineer_note", note,
+                      key=f"{k}/note/{hashlib.sha1(note.encode('utf-8', 'replace')).hexdigest()[:16]}")
         for bad in res.rejected_replies:  # the reply itself kept beside its reason (the morning review reads both)
             said = hashlib.sha1(bad.reply.encode("utf-8", "replace")).hexdigest()[:8]
             run.event(k, "propose", "reply_rejected", bad.reason, key=f"{k}/bad/{bad.attempt}/{said}", reply=bad.reply)

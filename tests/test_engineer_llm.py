@@ -631,3 +631,91 @@ def test_a_call_that_failed_is_charged_its_wait_not_called_unreported(lib):
     with FakeEndpoint([500]) as ep:
         u = propose(_cfg(ep.url, max_retries=0), _diag(), lib, 1, np.random.default_rng(0), space=SPACE).usage
     assert (u.calls, u.unreported) == (1, 0)
+
+
+# --- transport and lifecycle (an outside review, eighty-second session) ------------------------------------------------
+
+
+def _error(h, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+    h.send_response(status)
+    for k, v in (headers or {}).items():
+        h.send_header(k, v)
+    h.send_header("Content-Length", str(len(body)))
+    h.end_headers()
+    h.wfile.write(body)
+
+
+def test_an_endpoint_that_echoes_the_key_never_puts_it_in_a_note_or_the_preflight(lib, monkeypatch):
+    """Some proxies and dev servers answer 401 with the Authorization header they got; the error text went word for
+    word into the notes (run.db's events, the report) and the preflight's refusal."""
+    from harness.engineer import preflight
+
+    monkeypatch.setenv("EVOTRAINER_TEST_KEY", "sk-SECRET-123456")
+    echo = lambda h: _error(h, 401, b'{"error": "invalid token Bearer sk-SECRET-123456"}')  # noqa: E731
+    with RawEndpoint(echo) as ep:
+        res = propose(_cfg(ep.url, api_key_env="EVOTRAINER_TEST_KEY", max_retries=0), _diag(), lib, 1,
+                      np.random.default_rng(0), space=SPACE)
+        said = preflight(_cfg(ep.url, api_key_env="EVOTRAINER_TEST_KEY"))
+    assert ep.requests[0]["auth"] == "Bearer sk-SECRET-123456"
+    notes = " ".join(res.notes)
+    assert "HTTP 401" in notes and "Bearer ***" in notes and "sk-SECRET" not in notes, notes
+    assert said is not None and "HTTP 401" in said and "sk-SECRET" not in said, said
+
+
+def test_a_busy_endpoint_is_asked_again_after_its_retry_after(lib):
+    """HTTP 429 with Retry-After: 2 is asked again after two seconds, not after the fixed 1 s backoff; and an error
+    object sent with HTTP 200 is an unanswered call naming the server's error, not an answer without `usage`."""
+    seen: list[float] = []
+
+    def busy(h):
+        seen.append(time.monotonic())
+        if len(seen) == 1:
+            _error(h, 429, b'{"error": "slow down"}', {"Retry-After": "2"})
+        else:
+            _send(h, _completion(json.dumps(_one())))
+
+    with RawEndpoint(busy) as ep:
+        res = propose(_cfg(ep.url, max_retries=1), _diag(), lib, 1, np.random.default_rng(0), space=SPACE)
+    assert res.engineer_used == "llm" and seen[1] - seen[0] >= 1.8, (res.notes, seen)
+
+    with RawEndpoint(lambda h: _send(h, b'{"error": {"message": "model overloaded"}}')) as ep:
+        res = propose(_cfg(ep.url, max_retries=0), _diag(), lib, 1, np.random.default_rng(0), space=SPACE)
+    assert res.engineer_used == "rule" and any("model overloaded" in n for n in res.notes), res.notes
+    assert res.usage.calls == 1 and res.usage.unreported == 0
+
+
+def test_a_reasoning_reply_with_null_content_and_empty_reasoning_passes_the_preflight():
+    """`vllm serve --reasoning-parser`: a one-token preflight whose token is `<think>` comes back as content null and
+    reasoning_content "" (the parser strips the tag); it is an answer (a healthy server), not "non-text content"."""
+    from harness.engineer import preflight
+
+    with FakeEndpoint([{"role": "assistant", "content": None, "reasoning_content": ""}]) as ep:
+        assert preflight(_cfg(ep.url)) is None
+
+
+def test_a_base_url_without_a_scheme_is_a_config_error():
+    with pytest.raises(ValueError, match="base_url"):
+        EngineerConfig(kind="llm", base_url="127.0.0.1:8000/v1", model="m")
+
+
+def test_a_ctrl_c_mid_ask_leaves_the_callers_usage_with_what_was_spent(lib):
+    """The calls answered before a Ctrl-C are in the caller's `usage` (the graph charges it when the ask is stopped);
+    before, they were summed inside `propose` and lost with its frame."""
+    import _thread
+
+    from harness.engineer.llm import Usage
+
+    def slow_second(h):
+        if not getattr(slow_second, "once", False):
+            slow_second.once = True
+            _send(h, _completion("not json"))  # answered, rejected: the engineer is asked again
+            return
+        threading.Timer(0.3, _thread.interrupt_main).start()  # Ctrl-C while the second ask waits
+        time.sleep(3)
+        _send(h, _completion(json.dumps(_one())))
+
+    spent = Usage()
+    with RawEndpoint(slow_second) as ep, pytest.raises(KeyboardInterrupt):
+        propose(_cfg(ep.url, max_retries=2, timeout_s=10), _diag(), lib, 1, np.random.default_rng(0), space=SPACE,
+                usage=spent)
+    assert spent.calls >= 1 and spent.seconds > 0

@@ -48,6 +48,7 @@ from harness.records import Diagnosis
 
 MAX_PROMPT_SKILLS = 8  # skills shown to an LLM engineer (in-family first, then other families')
 TRANSIENT_BACKOFF_S = 8.0  # the longest pause before asking an unreachable, busy (429) or failing (5xx) endpoint again
+MAX_RETRY_AFTER_S = 120.0  # the longest a server's Retry-After is waited for (a longer one: this long, then ask)
 
 __all__ = ["EngineerConfig", "EngineerError", "ProposalResult", "change_key", "knob_space", "preflight", "propose"]
 
@@ -62,11 +63,23 @@ def _reply_fn(cfg: EngineerConfig, diagnosis: Diagnosis, policy_ckpt: Path | Non
         return scripted_replies(Path(cfg.script), diagnosis.stage)
     if cfg.base_url:
         return chat_endpoint(cfg.base_url, cfg.model, cfg.api_key_env, cfg.temperature, cfg.max_tokens, cfg.timeout_s,
-                             usage, proxy=cfg.proxy)
+                             usage, proxy=cfg.proxy, ca_bundle=cfg.ca_bundle)
     path = policy_ckpt if cfg.model_path == "policy" else Path(cfg.model_path)
     if path is None:
         raise EngineerError("engineer model_path 'policy' needs the current policy checkpoint (policy_ckpt)")
     return local_model(path, cfg.temperature, cfg.max_tokens, seed, usage)
+
+
+PREFLIGHT_TRIES = 3  # tries of the start's one completion while the endpoint answers "busy" (429, 5xx, unreachable)
+
+
+def backoff(exc: BaseException, attempt: int) -> float:
+    """Seconds before asking again after a transient failure: the server's Retry-After where it sent one (at most
+    `MAX_RETRY_AFTER_S`), else 1, 2, 4 ... capped at `TRANSIENT_BACKOFF_S`."""
+    said = getattr(exc, "retry_after", None)
+    if isinstance(said, int | float):
+        return min(float(said), MAX_RETRY_AFTER_S)
+    return min(2.0 ** attempt, TRANSIENT_BACKOFF_S)
 
 
 PREFLIGHT_TIMEOUT_S = 60.0  # the longest a start waits for the endpoint's first word (engineer.timeout_s if shorter)
@@ -84,13 +97,19 @@ def preflight(cfg: EngineerConfig) -> str | None:
     if cfg.kind != "llm":
         return None
     if cfg.base_url:
-        try:
-            reply = chat_endpoint(cfg.base_url, cfg.model, cfg.api_key_env, 0.0, 1,
-                                  min(cfg.timeout_s, PREFLIGHT_TIMEOUT_S), proxy=cfg.proxy)
-            reply([{"role": "user", "content": "Reply with the word OK."}], 0)
-        except EndpointError as exc:
-            return str(exc)
-        return None
+        last = None
+        for attempt in range(PREFLIGHT_TRIES):  # a 429 or 503 at the start is asked again, as a stage would
+            try:
+                reply = chat_endpoint(cfg.base_url, cfg.model, cfg.api_key_env, 0.0, 1,
+                                      min(cfg.timeout_s, PREFLIGHT_TIMEOUT_S), proxy=cfg.proxy, ca_bundle=cfg.ca_bundle)
+                reply([{"role": "user", "content": "Reply with the word OK."}], 0)
+                return None
+            except EndpointError as exc:
+                last = exc
+                if not exc.transient or attempt + 1 == PREFLIGHT_TRIES:
+                    break
+                time.sleep(backoff(exc, attempt))
+        return str(last)
     if cfg.model_path != "policy":
         from policies.model import PolicyLoadError, check_checkpoint
 
@@ -105,17 +124,18 @@ def preflight(cfg: EngineerConfig) -> str | None:
 
 def propose(engineer_cfg: EngineerConfig, diagnosis: Diagnosis, skills_library: Any, max_candidates: int,
             rng: np.random.Generator, rejected_keys: set[str] | None = None, space: dict[str, Knob] | None = None,
-            policy_ckpt: Path | None = None) -> ProposalResult:
+            policy_ckpt: Path | None = None, usage: Usage | None = None) -> ProposalResult:
     """Candidates for this diagnosis. `skills_library` is a `skills.library.SkillLibrary` (its `applicable`). Changes
     rejected from the same harness state (history keys + `rejected_keys`) are never proposed again. Never raises for
-    a bad engineer reply: the rule engineer steps in and `notes` says why."""
+    a bad engineer reply: the rule engineer steps in and `notes` says why. `usage`: where the calls' cost is summed
+    (also `ProposalResult.usage`), the caller's own so a Ctrl-C mid-ask leaves it what was spent."""
     if max_candidates < 1:
         raise EngineerError(f"max_candidates must be >= 1, got {max_candidates}")
     space = space if space is not None else knob_space(diagnosis)
     rejected = rejected_keys_from_history(diagnosis) | set(rejected_keys or ())
     notes: list[str] = []
     bad: list[RejectedReply] = []
-    usage = Usage()
+    usage = usage if usage is not None else Usage()  # the caller's: what was spent is known if the ask is stopped
 
     def spent() -> EngineerUsage:
         return EngineerUsage(calls=usage.calls, unreported=usage.unreported, prompt_tokens=usage.prompt_tokens,
@@ -144,7 +164,7 @@ def propose(engineer_cfg: EngineerConfig, diagnosis: Diagnosis, skills_library: 
                 except Exception as exc:  # noqa: BLE001 - any failure of the engineer costs its proposal, not the run
                     notes.append(cut(f"{engineer_cfg.kind} engineer attempt {attempt}: {type(exc).__name__}: {exc}"))
                     if getattr(exc, "transient", False) and attempt < engineer_cfg.max_retries:
-                        time.sleep(min(2.0 ** attempt, TRANSIENT_BACKOFF_S))  # busy or failing: ask again, once calmer
+                        time.sleep(backoff(exc, attempt))  # busy or failing: ask again, once calmer (Retry-After)
                         continue
                     break
                 try:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -35,9 +36,26 @@ class EndpointError(RuntimeError):
     asking again (the server unreachable, busy or failing: HTTP 429 and 5xx), not a deadline already spent or a reply
     that is wrong in itself."""
 
-    def __init__(self, message: str, transient: bool = False):
+    def __init__(self, message: str, transient: bool = False, retry_after: float | None = None):
         super().__init__(message)
         self.transient = transient
+        self.retry_after = retry_after  # seconds the server asked for (HTTP Retry-After), if it said
+
+
+def _retry_after(value: str | None) -> float | None:
+    """HTTP Retry-After in seconds (delta-seconds or an HTTP date), or None."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    from email.utils import parsedate_to_datetime
+
+    try:
+        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
 
 
 class Reply(str):
@@ -168,7 +186,8 @@ MAX_RESPONSE_BYTES = 4_000_000  # a chat completion larger than this is refused 
 
 
 def post_json(url: str, payload: dict, headers: dict[str, str], timeout_s: float,
-              max_bytes: int = MAX_RESPONSE_BYTES, proxy: str | None = None) -> tuple[int, bytes]:
+              max_bytes: int = MAX_RESPONSE_BYTES, proxy: str | None = None, verify: str | bool = True,
+              meta: dict[str, Any] | None = None) -> tuple[int, bytes]:
     """POST `payload` as JSON; (HTTP status, body). Raises EndpointError when no complete reply arrives within
     `timeout_s` for the WHOLE request (connect, headers and body: a server that drips one byte at a time cannot hold
     the run), when the body exceeds `max_bytes`, on a redirect (never followed: the API key must not reach another
@@ -178,18 +197,21 @@ def post_json(url: str, payload: dict, headers: dict[str, str], timeout_s: float
     and neither applies a deadline to a whole request; httpx does not follow redirects unless asked, and the request
     runs in a worker thread the caller stops waiting for at the deadline (the client is then closed, and each of its
     reads is bounded by the same timeout, so the thread ends too). The environment's proxy variables are not read
-    (`trust_env=False`: the key goes only where the run config says); `proxy` names one (`engineer.proxy`)."""
+    (`trust_env=False`: the key goes only where the run config says); `proxy` names one (`engineer.proxy`), and
+    `verify` a CA bundle for an https endpoint signed by one's own CA (`engineer.ca_bundle`; the environment's
+    SSL_CERT_FILE is not read either). `meta` receives the reply's `retry_after` header."""
     import httpx
 
     box: dict[str, Any] = {}
     stop = threading.Event()
-    client = httpx.Client(follow_redirects=False, trust_env=False, proxy=proxy,
+    client = httpx.Client(follow_redirects=False, trust_env=False, proxy=proxy, verify=verify,
                           timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0)))
 
     def work() -> None:
         try:
             with client.stream("POST", url, json=payload, headers={**headers, "Accept-Encoding": "identity"}) as resp:
                 box["status"], box["location"] = resp.status_code, resp.headers.get("location")
+                box["retry_after"] = resp.headers.get("retry-after")
                 if resp.is_redirect:
                     return
                 buf = bytearray()
@@ -216,6 +238,9 @@ def post_json(url: str, payload: dict, headers: dict[str, str], timeout_s: float
         exc = box["error"]
         if isinstance(exc, httpx.TimeoutException):
             raise EndpointError(f"engineer endpoint {url} timed out after {timeout_s:g}s (engineer.timeout_s)")
+        if "CERTIFICATE_VERIFY_FAILED" in str(exc) or isinstance(exc.__context__, ssl.SSLError):
+            raise EndpointError(f"engineer endpoint {url}: its TLS certificate does not verify ({str(exc)[:160]}); "
+                                "for an endpoint signed by your own CA set engineer.ca_bundle to that CA's PEM file")
         raise EndpointError(f"engineer endpoint {url} unreachable: {type(exc).__name__}: {str(exc)[:200]}; is the "
                             "server running?", transient=True)
     if box.get("location") is not None and 300 <= box.get("status", 0) < 400:
@@ -224,14 +249,20 @@ def post_json(url: str, payload: dict, headers: dict[str, str], timeout_s: float
                             "another address): set engineer.base_url to the final address")
     if box.get("too_big"):
         raise EndpointError(f"engineer endpoint {url} sent more than {max_bytes} bytes: refused")
+    if meta is not None:
+        meta["retry_after"] = box.get("retry_after")
     return box["status"], box["body"]
 
 
 def chat_endpoint(base_url: str, model: str, api_key_env: str | None, temperature: float, max_tokens: int,
-                  timeout_s: float, usage: Usage | None = None, proxy: str | None = None) -> ReplyFn:
+                  timeout_s: float, usage: Usage | None = None, proxy: str | None = None,
+                  ca_bundle: str | None = None) -> ReplyFn:
     """A reply function that POSTs to `{base_url}/chat/completions` (`post_json`: one deadline per request, a bounded
-    read, no redirects). Each answered call is added to `usage` (its `usage` field's tokens, the seconds it took)."""
+    read, no redirects). Each answered call is added to `usage` (its `usage` field's tokens, the seconds it took). The
+    API key never appears in what it raises (a server that echoes the Authorization header in its error body would
+    have put it in run.db's notes and the report)."""
     headers = {"Content-Type": "application/json"}
+    key = None
     if api_key_env:
         key = os.environ.get(api_key_env)
         if not key:
@@ -240,22 +271,37 @@ def chat_endpoint(base_url: str, model: str, api_key_env: str | None, temperatur
         headers["Authorization"] = f"Bearer {key}"
     url = base_url.rstrip("/") + "/chat/completions"
 
+    def redact(text: str) -> str:
+        return text.replace(key, "***") if key else text
+
     def reply(messages: Messages, attempt: int) -> str:
+        try:
+            return ask(messages)
+        except EndpointError as exc:
+            raise EndpointError(redact(str(exc)), exc.transient, exc.retry_after) from None
+
+    def ask(messages: Messages) -> str:
         t0 = time.perf_counter()
-        status, payload = 0, None
+        status, payload, meta = 0, None, {}
         try:
             status, raw = post_json(url, {"model": model, "messages": messages, "temperature": temperature,
-                                          "max_tokens": max_tokens}, headers, timeout_s, proxy=proxy)
+                                          "max_tokens": max_tokens}, headers, timeout_s, proxy=proxy,
+                                    verify=ca_bundle or True, meta=meta)
             try:
                 payload = json.loads(raw.decode("utf-8")) if status < 400 else None
             except (UnicodeDecodeError, ValueError, RecursionError):
                 payload = None
+            if isinstance(payload, dict) and "error" in payload and "choices" not in payload:
+                status = status if status >= 400 else 502  # an error object sent with 200: not an answer
         finally:  # a call that failed or ran out its deadline was waited for too
             if usage is not None:
-                usage.add(time.perf_counter() - t0, *_usage_of(payload), answered=payload is not None)
+                usage.add(time.perf_counter() - t0, *_usage_of(payload),
+                          answered=payload is not None and status < 400)
         if status >= 400:
-            raise EndpointError(f"engineer endpoint {url} answered HTTP {status}: "
-                                f"{raw[:200].decode('utf-8', 'replace')}", transient=status == 429 or status >= 500)
+            body = json.dumps(payload["error"])[:200] if isinstance(payload, dict) and "error" in payload else \
+                raw[:200].decode("utf-8", "replace")
+            raise EndpointError(f"engineer endpoint {url} answered HTTP {status}: {body}",
+                                transient=status == 429 or status >= 500, retry_after=_retry_after(meta.get("retry_after")))
         if payload is None:
             raise EndpointError(f"engineer endpoint {url} did not return UTF-8 JSON")
         try:
@@ -266,8 +312,9 @@ def chat_endpoint(base_url: str, model: str, api_key_env: str | None, temperatur
         # name's suffix) and leaves content null when the budget ran out before the answer
         if content is None:
             message = payload["choices"][0]["message"]
-            thought = message.get("reasoning_content") or message.get("reasoning")
-            if isinstance(thought, str) and thought:
+            thought = next((v for v in (message.get("reasoning_content"), message.get("reasoning")) if isinstance(v, str)),
+                           None)
+            if isinstance(thought, str):  # even empty: a one-token reply that was only `<think>`, parsed away
                 return f"<think>{thought}"  # an unclosed think block: a recorded rejection naming engineer.max_tokens
         if not isinstance(content, str):
             raise EndpointError(f"engineer endpoint {url} returned non-text content")
