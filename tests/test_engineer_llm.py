@@ -651,7 +651,7 @@ def test_an_endpoint_that_echoes_the_key_never_puts_it_in_a_note_or_the_prefligh
     from harness.engineer import preflight
 
     monkeypatch.setenv("EVOTRAINER_TEST_KEY", "sk-SECRET-123456")
-    echo = lambda h: _error(h, 401, b'{"error": "invalid token Bearer sk-SECRET-123456"}')  # noqa: E731
+    echo = lambda h: _error(h, 401, b'{"error": "invalid token Bearer sk-SECRET-123456"}')
     with RawEndpoint(echo) as ep:
         res = propose(_cfg(ep.url, api_key_env="EVOTRAINER_TEST_KEY", max_retries=0), _diag(), lib, 1,
                       np.random.default_rng(0), space=SPACE)
