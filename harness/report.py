@@ -221,6 +221,11 @@ def _f(x: Any, pct: bool = True) -> str:
     return f"{100 * x:.1f}%" if pct else f"{x:+.3f}"
 
 
+def _cut(text: str, n: int) -> str:
+    """`text` up to `n` characters, an ellipsis where it was cut (a reason stopped mid-clause read as whole)."""
+    return text if len(text) <= n else text[: n - 1].rstrip() + "…"
+
+
 def print_summary(run_dir: Path, console) -> dict[str, Any]:
     """The run's tables and grep-able lines on a rich console; text from outside (ids, values, reasons) is shown, never
     rendered as markup or raw escapes (`harness.terminal`)."""
@@ -238,13 +243,13 @@ def print_summary(run_dir: Path, console) -> dict[str, Any]:
     console.print(t)
     c = Table(title="candidates")
     for col in ("id", "factor", "change", "verdict", "effect [CI]", "MDE", "reason"):
-        c.add_column(col, overflow="fold")
+        c.add_column(col, overflow="fold", no_wrap=col in ("id", "verdict"))  # "inconclus|ive" at 80 columns
     for x in st["candidates"]:
         ci = f"{_f(x['effect'], False)} [{_f(x['interval'][0], False)}, {_f(x['interval'][1], False)}]" \
             if x["interval"] else "-"
         c.add_row(*map(shown, (x["id"], x["factor"], f"{x['old_value']} -> {x['value']}", x["verdict"] or x["status"],
                                ci, _f(x["mde"], False) if x["mde"] is not None else "-",
-                               (x["reason"] or "").split(":")[0][:60])))
+                               _cut((x["reason"] or "").split(":")[0], 60))))
     console.print(c)
     for s in st["stages"]:
         # key: value lines for scripts; a stage not measured yet (paused at the gate, still running) says so

@@ -190,24 +190,35 @@ def md_tables_html(md: str) -> str:
                 out.append("<table>")
                 in_table, first = True, True
             tag = "th" if first else "td"
-            out.append("<tr>" + "".join(f"<{tag}>{E(c.strip())}</{tag}>" for c in line.strip("|").split("|")) + "</tr>")
+            out.append("<tr>" + "".join(f"<{tag}>{_inline(c.strip())}</{tag}>" for c in line.strip("|").split("|"))
+                       + "</tr>")
             first = False
             continue
         if in_table:
             out.append("</table>")
             in_table = False
         if line.strip():
-            out.append(f"<p>{E(line)}</p>")
+            out.append(f"<p>{_inline(line)}</p>")
     return "".join(out) + ("</table>" if in_table else "")
+
+
+def _inline(text: str) -> str:
+    """Escaped text with markdown's **bold** and `code` spans as HTML (a bench page's notes read as raw markdown)."""
+    import re
+
+    out = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", E(text))
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
 
 
 def plot_page(fig, png: Path, title: str, intro: str, md: str) -> str:
     """A benchmark's page: `fig` saved as `png` and inlined as SVG, under `title` and `intro`, above `md`'s tables."""
     fig.savefig(png, dpi=120, bbox_inches="tight")
-    return ("<!doctype html><meta charset=utf-8><title>evotrainer: " + E(title) + "</title><style>body{font:14px "
-            "system-ui,sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse;margin:1em 0}"
-            "td,th{border:1px solid #ccc;padding:3px 8px}th{background:#f3f3f3}</style>"
-            f"<h1>{E(title)}</h1>" + (f"<p>{E(intro)}</p>" if intro else "") + _svg(fig, png.stem) + md_tables_html(md))
+    # the run report's CSS and viewport: the chart scales to the page (a fixed-width SVG hid its legend and last
+    # bars past the page's edge; an outside review), margins at any width
+    return ("<!doctype html><meta charset=utf-8><meta name=viewport content=\"width=device-width, initial-scale=1\">"
+            "<title>evotrainer: " + E(title) + f"</title><style>{CSS}th{{background:#f3f3f3}}</style>"
+            f"<h1>{E(title)}</h1>" + (f"<p>{_inline(intro)}</p>" if intro else "") + _svg(fig, png.stem)
+            + md_tables_html(md))
 
 
 def slice_order(task: str | None) -> tuple[str, ...]:
@@ -224,6 +235,9 @@ def _slice_row_order(kv: tuple[str, str], order: tuple[str, ...]) -> tuple:
     return (order.index(k) if k in order else len(order), k, (0, int(num), v) if num.isdigit() else (1, 0, v))
 
 
+HELDOUT_PANELS_A_ROW = 3
+
+
 def heldout_chart(evals: list[dict], order: tuple[str, ...] = ("",)) -> str | None:
     """Valid rate on the test suite per stage: one panel per slice key (overall first, then `order`, then the other
     keys by name), one line per slice value."""
@@ -234,14 +248,22 @@ def heldout_chart(evals: list[dict], order: tuple[str, ...] = ("",)) -> str | No
     if not keys:
         return None
     plt = _plt()
-    fig, axes = plt.subplots(1, len(keys), figsize=(3.2 * len(keys), 2.8), squeeze=False)
-    for ax, key in zip(axes[0], keys):
+    cols = min(HELDOUT_PANELS_A_ROW, len(keys))  # rows of three: six panels in one row shrank to unreadable text
+    rows = -(-len(keys) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.9 * rows), squeeze=False)
+    for ax in axes.flat[len(keys):]:
+        ax.set_visible(False)
+    for ax, key in zip(axes.flat, keys):
+        placed: dict[int, list[float]] = defaultdict(list)  # labels already at each stage: a close one is skipped
         for val, pts in sorted(by_key[key].items()):
             xs = sorted(pts)
             ys = [100 * pts[x] for x in xs]
             ax.plot(xs, ys, marker="o", label=val or "all")
             for x, y in zip(xs, ys):
-                ax.annotate(f"{y:.0f}", (x, y), textcoords="offset points", xytext=(0, 4), ha="center", fontsize=7)
+                if all(abs(y - other) >= 4 for other in placed[x]):
+                    placed[x].append(y)
+                    ax.annotate(f"{y:.0f}", (x, y), textcoords="offset points", xytext=(0, 4), ha="center",
+                                fontsize=7)
         ax.set_title("overall" if key == "" else f"by {key}")
         ax.set_xlabel("stage (0 = warm start)")
         ax.set_ylabel("held-out valid (%)")
@@ -273,6 +295,8 @@ def training_chart(stage: int, arms: dict[str, list[dict]]) -> str | None:
                     ha="center", va="center", transform=ax.transAxes, color="#777")
             ax.set_xticks([])
             ax.set_yticks([])
+        if here and key == "dead_group_share":  # a share: 0..1 (a constant 1.0 drew an axis of 0.95..1.05)
+            ax.set_ylim(-0.03, 1.03)
         ax.set_title(label)
         ax.set_xlabel("GRPO step")
     if not drawn:
@@ -300,8 +324,8 @@ def forest_chart(cid: str, ev: dict[str, Any], min_effect: float | None) -> str 
                     (100 * hi, y), textcoords="offset points", xytext=(6, -3), fontsize=7)
     ax.axvline(0, color="#999", lw=1)
     if min_effect:
-        ax.axvline(100 * min_effect, color="#2a7", lw=1, ls="--", label=f"min effect {100 * min_effect:.0f}")
-        ax.legend(fontsize=7, loc="lower left")
+        ax.axvline(100 * min_effect, color="#2a7", lw=1, ls="--", label=f"min effect +{100 * min_effect:.0f} points")
+        ax.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0, 1.02), frameon=False)  # above: never on a bar
     ax.set_yticks(ys)
     ax.set_yticklabels([r[0] for r in rows])
     ax.set_xlabel("paired effect on backtest valid (points, candidate - control, 95% interval)")
@@ -469,7 +493,8 @@ def build(run_dir: Path) -> str:
     return f"""<!doctype html><html lang=en><meta charset=utf-8>
 <meta name=viewport content="width=device-width, initial-scale=1"><title>evotrainer run {E(st['run'])}</title>
 <style>{CSS}</style><body>
-<h1>Run {E(st['run'])}</h1><p>task {E(str(st['task']))} &middot; harness repo <code>{E(st['harness'])}</code>
+<h1>Run {E(st['run'])}</h1><p>folder <code>{E(str(Path(run_dir).resolve()))}</code> &middot; task {E(str(st['task']))}
+&middot; harness repo <code>{E(str(Path(st['harness']).resolve()))}</code>
 (<code>git log --all --decorate</code>) &middot; created {E(str(st['created']))}</p>
 <nav><a href=#summary>summary</a><a href=#heldout>held-out</a><a href=#training>training</a>
 <a href=#decisions>decisions</a><a href=#lineage>lineage</a><a href=#evolved>evolved harness</a><a href=#skills>skills</a></nav>

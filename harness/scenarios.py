@@ -789,7 +789,8 @@ def write_plot(summary: dict[str, Any], arms: list[str], out: Path) -> None:
                             fontsize=7, color=bars.patches[0].get_facecolor())
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))], names, rotation=20, ha="right", fontsize=8)
     ax.set_ylabel("test valid % (target, greedy)")
-    ax.legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars, never on them
+    ax.legend(fontsize=7, frameon=False, loc="lower center", bbox_to_anchor=(0.5, 1.0),  # above the bars, never on
+              ncol=min(len(arms), 5))  # them, nor past the page's right edge where a wide chart is scaled
     page = plot_page(fig, out / "scenarios.png", "Broken harnesses: every arm at equal compute",
                      "Final test valid % on each scenario's target; in brackets the paired difference from "
                      "fixed-template (points, 95% paired bootstrap over seeds x test instances) and the share of the "

@@ -8,6 +8,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -697,3 +698,26 @@ def test_arms_judged_on_unequal_test_sets_per_seed_are_not_paired_out_of_step():
     assert paired([[1, 1, 1], [0, 0]], [[0, 0], [1, 1, 1]]) is None
     eff, lo, hi = paired([[1, 1, 1], [1, 0]], [[0, 0, 0], [0, 0]])
     assert eff == pytest.approx(0.8) and lo <= eff <= hi
+
+
+def test_the_bench_page_scales_its_chart_and_renders_its_notes():
+    """The bench page's chart was a fixed-width SVG wider than the page (the legend and last scenarios off-screen),
+    and its notes showed raw markdown (`**Not at equal compute**`, backticks); the run report's held-out panels sat
+    in one row (six shrank to unreadable text). An outside review with screenshots, eighty-second session."""
+    import re
+
+    from harness.report_page import CSS, _plt, heldout_chart, md_tables_html, plot_page
+
+    html = md_tables_html("**Not at equal compute** (see `evotrainer status RUN`) <b>\n| a | **b** |\n|---|---|\n| 1 | 2 |")
+    assert "<b>Not at equal compute</b>" in html and "<code>evotrainer status RUN</code>" in html
+    assert "&lt;b&gt;" in html and "**" not in html  # still escaped first
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(16, 3))
+    ax.bar([0, 1], [1, 2], label="arm")
+    page = plot_page(fig, Path(tempfile.mkdtemp()) / "p.png", "t", "an **intro**", "")
+    assert "name=viewport" in page and "figure.chart svg{max-width:100%" in CSS and CSS in page
+    evals = [{"slice_key": k, "slice_value": v, "stage": s, "valid": 0.5} for k, v in
+             [("", ""), *((f"k{i}", "a") for i in range(5))] for s in (0, 1)]
+    svg = heldout_chart(evals, ("",))
+    w, h = (float(x) for x in re.search(r'width="([\d.]+)pt" height="([\d.]+)pt"', svg).groups())
+    assert w < 3.7 * 3 * 72 and h > 2 * 2.5 * 72, (w, h)  # six panels: two rows of three
