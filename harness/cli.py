@@ -1024,12 +1024,12 @@ def skills_list(
     if as_json:
         print(json.dumps([{**s.model_dump(mode="json"), "general": s.general} for s in skills], indent=2))
         return
-    table = Table(Column("name", overflow="fold"), "kind", "domains", Column("trigger", overflow="fold"), "tries",
-                  "promoted", "mean effect", "families")
+    table = Table(Column("name", overflow="fold"), "kind", "from", "domains", Column("trigger", overflow="fold"),
+                  "tries", "promoted", "mean effect", "families")
     for s in skills:
         ev = s.evidence
-        table.add_row(*map(shown, (s.name, s.kind, ",".join(s.domains) or "any", ",".join(s.trigger.findings),
-                                   ev.tries, ev.promotions, f"{ev.mean_effect:+.3f}",
+        table.add_row(*map(shown, (s.name, s.kind, s.provenance.source, ",".join(s.domains) or "any",
+                                   ",".join(s.trigger.findings), ev.tries, ev.promotions, f"{ev.mean_effect:+.3f}",
                                    ",".join(ev.families) + (" (general)" if s.general else ""))))
     console.print(table)
     console.print(f"skills: {len(skills)}", highlight=False)

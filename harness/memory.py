@@ -147,8 +147,8 @@ def remember_skills(run: Run, k: int) -> None:
     moves the harness state, after which no re-test can pool it: then it is a try, not promoted."""
     from harness.tasks.knobs import ENTRY, MIXTURE, TARGET
     from skills.library import UnknownSkillError
+    from skills.model import MAX_NAME, Intervention, Provenance, Skill, Trigger
     from skills.model import Evidence as SkillEvidence
-    from skills.model import Intervention, Provenance, Skill, Trigger
 
     lib = run.skills()
     rows = run.store.candidates(run.id, stage=k)
@@ -196,7 +196,8 @@ def remember_skills(run: Run, k: int) -> None:
                 codes = list(dict.fromkeys(named or knobbed or [f.code for f in found]))[:3]
                 uid = hashlib.sha256(run.uid.encode()).hexdigest()[:6]  # ids repeat across folders; the uid does not
                 knob = cand.change.knob.replace("/", "-").replace("_", "-")
-                name = f"{run.config.task}-{knob}-{run.id}-{uid}-{cand.id}"
+                tail = f"-{uid}-{cand.id}"  # what keeps it unique; the rest cut to fit a skill's name (MAX_NAME)
+                name = f"{run.config.task}-{knob}-{run.id}"[: max(8, MAX_NAME - len(tail))] + tail
                 name = "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in name.lower())
                 # a whole-mixture change is filed as what it did, re-weight the mix toward the target: its weights
                 # belong to this run's target, the aim carries to the next

@@ -42,9 +42,10 @@ from pydantic import ValidationError
 from sqlite_utils import Database
 
 from sandbox.yamlload import YamlError, load_yaml_text
-from skills.model import Evidence, Skill
+from skills.model import DIAGNOSTIC_PATH, KNOB_PREFIX, MAX_EXPECTED, MAX_NAME, Evidence, Skill
 
 SEED_DIR = Path(__file__).resolve().parent / "seed"
+MAX_SKILL_FILE_BYTES = 1 << 20  # a skill file's size at import (a 32 MB one made skills.db 50 MB)
 BUSY_TIMEOUT_S = 30.0
 IMPORT_TRUST = ("trusted: definitions, after checking every field and the trigger condition; not trusted: evidence "
                 "(tries, promotions, effects, families), kept as `imported` for display and re-earned here before it "
@@ -285,7 +286,27 @@ def parse_skill(text: str, source: str = "<text>") -> tuple[Skill, dict[str, Any
         check_condition(skill.trigger.condition)
     except SkillError as exc:
         raise SkillFileError(f"{source}: skill {skill.name!r}: field 'trigger.condition': {exc}") from None
+    if len(skill.name) > MAX_NAME:  # it names the exported file: 300 characters stopped `skills export` midway
+        raise SkillFileError(f"{source}: skill name of {len(skill.name)} characters: at most {MAX_NAME}")
+    if len(skill.expected) > MAX_EXPECTED or "\n" in skill.expected.strip():  # it goes into every LLM prompt
+        raise SkillFileError(f"{source}: skill {skill.name!r}: field 'expected': one line of at most {MAX_EXPECTED} "
+                             "characters (the outcome the skill predicts; the why goes in the body)")
+    if why := knob_kind_error(skill):
+        raise SkillFileError(f"{source}: skill {skill.name!r}: field 'intervention.knob': {why}")
     return skill, meta
+
+
+def knob_kind_error(skill: Skill) -> str | None:
+    """Why a skill file's knob is not one of its kind's (the module docstring of `skills.model`), or None: a file
+    naming `judge.*`, or `diagnostics/../x.py` (which became a candidate where the vet had no generator config to
+    check it by), imported before (an outside review, eighty-second session). Checked on files (import, seeds), not
+    on a library's rows, so a library written before keeps every skill readable."""
+    knob = skill.intervention.knob
+    if not knob.startswith(KNOB_PREFIX[skill.kind]):
+        return f"{knob!r} is not a {skill.kind} knob (those start with {' or '.join(KNOB_PREFIX[skill.kind])})"
+    if skill.kind == "diagnostic" and not re.match(DIAGNOSTIC_PATH, knob):
+        return f"{knob!r}: a diagnostic is diagnostics/<name>.py (letters, digits, _)"
+    return None
 
 
 def load_skill_file(path: str | Path) -> Skill:
@@ -745,9 +766,12 @@ class SkillLibrary:
                 raise SkillError(f"{out} already holds {len(differ)} skill file(s) that say something else "
                                  f"({', '.join(differ[:5])}{', ...' if len(differ) > 5 else ''}); export into another "
                                  "folder, or pass --overwrite to replace them")
-        out.mkdir(parents=True, exist_ok=True)
-        for p, t in texts.items():
-            p.write_text(t, encoding="utf-8")
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            for p, t in texts.items():
+                p.write_text(t, encoding="utf-8")
+        except OSError as exc:  # a name too long for the file system, a full or read-only disk: one line
+            raise SkillError(f"{out}: cannot write the export: {exc.strerror or exc} ({exc.filename or out})") from None
         return list(texts)
 
     def import_files(self, paths: Iterable[str | Path], *, replace: bool = False,
@@ -772,8 +796,13 @@ class SkillLibrary:
                 files.append(p)
             else:
                 raise SkillFileError(f"{p}: no such file or folder")
+        files = list({f.resolve(): f for f in files}.values())  # a file named twice (by itself and by its folder)
         parsed = []
         for f in files:
+            if not f.is_file():  # a FIFO hung the import; a device never ends
+                raise SkillFileError(f"{f}: not a regular file; a skill is a <name>.md file")
+            if f.stat().st_size > MAX_SKILL_FILE_BYTES:  # it is copied into every evolved run's library
+                raise SkillFileError(f"{f}: {f.stat().st_size} bytes, more than a skill file's {MAX_SKILL_FILE_BYTES}")
             try:
                 text = f.read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as exc:
@@ -803,6 +832,10 @@ class SkillLibrary:
                         "imported_evidence": skill.imported.model_dump_json() if skill.imported else None})
                     if replaced is not None:
                         replaced.append(skill.name)
+                elif self._row(skill.name)["description"] != skill.description.strip():
+                    # the same behaviour, other words: the prose is the file's (before, an edited description was
+                    # dropped while the import said "imported"); what the skill earned stays
+                    self.db["skills"].update(skill.name, {"description": skill.description.strip(), "updated": _now()})
         return [s.name for s in parsed]
 
     def import_dir(self, folder: str | Path) -> list[str]:

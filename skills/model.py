@@ -32,10 +32,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 SkillKind = Literal["env", "recipe", "reward", "diagnostic"]
 
+MAX_NAME = 100  # characters of a skill's name (its exported file's name: 300 stopped `skills export` mid-library)
+MAX_EXPECTED = 300  # characters of its expected outcome, one line (it goes into every LLM prompt that retrieves it)
 SEVERITY_MAX = 3.0  # the largest factor `Intervention.scale_with_rate` grows a step by
 
 
@@ -66,12 +68,20 @@ class Intervention(BaseModel):
 
 
 class Evidence(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    tries: int = 0
-    promotions: int = 0
+    # finite and consistent: a file claiming `mean_effect: .nan` imported, then made the skill unreadable for good
+    # (an outside review, eighty-second session)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    tries: int = Field(0, ge=0)
+    promotions: int = Field(0, ge=0)
     mean_effect: float = 0.0
     last_interval: tuple[float, float] | None = None
     families: list[str] = Field(default_factory=list, description="task families where it was promoted")
+
+    @model_validator(mode="after")
+    def _promotions_are_tries(self) -> Evidence:
+        if self.promotions > self.tries:
+            raise ValueError(f"evidence: {self.promotions} promotions out of {self.tries} tries")
+        return self
 
 
 class Provenance(BaseModel):
@@ -79,6 +89,11 @@ class Provenance(BaseModel):
     source: Literal["seed", "run", "import"] = "seed"
     run: str | None = None
     commit: str | None = None
+
+
+KNOB_PREFIX: dict[str, tuple[str, ...]] = {"env": ("env.", "@frontier"), "recipe": ("recipe.",), "reward": ("reward.",),
+                                           "diagnostic": ("diagnostics/",)}  # the part of the harness a kind moves
+DIAGNOSTIC_PATH = r"^diagnostics/[A-Za-z0-9_]+\.py$"
 
 
 class Skill(BaseModel):
@@ -95,6 +110,7 @@ class Skill(BaseModel):
     imported: Evidence | None = Field(None, description="evidence an imported file claimed: shown, never ranked")
     provenance: Provenance = Field(default_factory=Provenance)
     description: str = ""
+
 
     @property
     def general(self) -> bool:

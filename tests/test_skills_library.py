@@ -6,9 +6,11 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -96,7 +98,8 @@ def lib(home: Path, seed_dir: Path):
 
 
 def _skill(name: str, text: str, findings: list[str], domains: list[str], kind: str = "env") -> Skill:
-    return Skill(name=name, kind=kind, trigger=Trigger(findings=findings), intervention=Intervention(knob="env.x"),
+    knob = {"env": "env.x", "recipe": "recipe.x", "reward": "reward.x", "diagnostic": "diagnostics/x.py"}[kind]
+    return Skill(name=name, kind=kind, trigger=Trigger(findings=findings), intervention=Intervention(knob=knob),
                  expected="better", domains=domains, description=text)
 
 
@@ -274,6 +277,14 @@ def test_malformed_import_names_the_file_and_the_field(tmp_path: Path, lib: Skil
             f"x{i}: &{chr(97 + i)} [*{chr(96 + i)}, *{chr(96 + i)}, *{chr(96 + i)}, *{chr(96 + i)}, *{chr(96 + i)}, "
             f"*{chr(96 + i)}, *{chr(96 + i)}, *{chr(96 + i)}, *{chr(96 + i)}, *{chr(96 + i)}]\n" for i in range(1, 9)),
                     "expands to more than"),  # an alias bomb (10^9 values) in an imported file: bounded, one line
+        # an outside review (eighty-second session): each imported before, and then broke the library or a run
+        "nan.md": ("domains: [mapf]", "domains: [mapf]\nevidence: {tries: 3, promotions: 1, mean_effect: .nan}",
+                   "field 'evidence.mean_effect'"),
+        "claims.md": ("domains: [mapf]", "domains: [mapf]\nevidence: {tries: 3, promotions: 1000}",
+                      "1000 promotions out of 3 tries"),
+        "judge.md": ('knob: "env.sizes.{size}.hole_ratio"', 'knob: "judge.promote_above"', "is not a env knob"),
+        "long.md": ("name: raise-hole-ratio", "name: " + "a" * 300, "skill name of 300 characters"),
+        "essay.md": ('expected: "hole', 'expected: "' + "x" * 400 + ' hole', "field 'expected': one line of at most"),
     }
     for fname, (old, new, msg) in cases.items():
         bad = tmp_path / "in" / fname
@@ -287,6 +298,39 @@ def test_malformed_import_names_the_file_and_the_field(tmp_path: Path, lib: Skil
     assert lib.import_files([good]) == ["brand-new"] and lib.get("brand-new").provenance.source == "import"
     with pytest.raises(SkillFileError, match="no such file or folder"):
         lib.import_files([tmp_path / "missing.md"])
+    os.mkfifo(tmp_path / "fifo.md")  # hung the import
+    with pytest.raises(SkillFileError, match="not a regular file"):
+        lib.import_files([tmp_path / "fifo.md"])
+    assert lib.import_files([good, good.parent]) == ["brand-new"]  # one file named twice: imported once
+
+
+def test_an_import_of_an_edited_description_is_kept_with_what_the_skill_earned(tmp_path: Path, lib: SkillLibrary):
+    """The same definition with other words: the description is the file's and the evidence stays (before, the
+    import said "imported" and kept the old text)."""
+    _try(lib, "raise-hole-ratio", True, "mapf", "r1", "c1")
+    (path,) = lib.export(tmp_path / "out", names=["raise-hole-ratio"])
+    path.write_text(path.read_text() + "\nA line added by hand.\n")
+    lib.import_files([path])
+    sk = lib.get("raise-hole-ratio")
+    assert "A line added by hand." in sk.description and sk.evidence.tries == 1
+
+
+def test_untried_imports_rank_after_what_this_library_has_tried(tmp_path: Path, lib: SkillLibrary):
+    """Thirty imported skills with no try here each drew their own Beta(1, 1) and took the first slot from a seed
+    with 5 of 5 promotions in 85% of stages; an untried import now draws below every tried skill, and says so."""
+    from harness.engineer.rule import thompson_scores, untried_import
+
+    folder = tmp_path / "many"
+    _write_seeds(folder, {f"imp-{i}": SEEDS["raise-hole-ratio"].replace("raise-hole-ratio", f"imp-{i}")
+                          for i in range(30)})
+    lib.import_files([folder])
+    for i in range(5):
+        _try(lib, "raise-hole-ratio", True, "mapf", f"r{i}", "c1")
+    skills = [lib.get("raise-hole-ratio"), *(lib.get(f"imp-{i}") for i in range(30))]
+    assert all(untried_import(s) for s in skills[1:]) and not untried_import(skills[0])
+    rng = np.random.default_rng(0)
+    firsts = [max(sc := thompson_scores(skills, rng), key=sc.get) for _ in range(200)]
+    assert firsts.count("raise-hole-ratio") == 200
 
 
 # --- CLI ----------------------------------------------------------------------------------------------------------------

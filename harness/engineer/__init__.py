@@ -42,7 +42,7 @@ from harness.engineer.proposal import (
     parse_reply,
     rejected_keys_from_history,
 )
-from harness.engineer.rule import propose_rule
+from harness.engineer.rule import propose_rule, untried_import
 from harness.engineer.scripted import ScriptError, scripted_replies
 from harness.records import Diagnosis
 
@@ -155,6 +155,7 @@ def propose(engineer_cfg: EngineerConfig, diagnosis: Diagnosis, skills_library: 
             hits = skills_library.applicable([f.code for f in diagnosis.findings], diagnosis.task)
             notes += [cut(n) for n in hits.skipped]
             retrieved = [(sk, False) for sk in hits.in_family] + [(sk, True) for sk in hits.fallback]
+            retrieved.sort(key=lambda x: untried_import(x[0]))  # imports this library has not tried: the last slots
             messages = build_messages(diagnosis, space, max_candidates, retrieved[:MAX_PROMPT_SKILLS])
             if retrieved:
                 notes.append(cut(f"skills in the prompt: {', '.join(sk.name + (' (borrowed)' if b else '') for sk, b in retrieved[:MAX_PROMPT_SKILLS])}"))

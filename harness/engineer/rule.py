@@ -305,12 +305,20 @@ _SEV = {"critical": 0, "warn": 1, "info": 2}
 
 
 def thompson_scores(skills: list[Skill], rng: np.random.Generator) -> dict[str, float]:
-    """One Beta(1 + promotions, 1 + tries - promotions) draw per skill."""
+    """One Beta(1 + promotions, 1 + tries - promotions) draw per skill; a skill imported from another library and not
+    yet tried in this one draws below every skill that is (its draw minus 1): what it claims never ranks, and thirty
+    untried imports with a catch-all trigger took the first slot from a seed that had earned 5 of 5 in 85% of stages
+    (their best of thirty uniform draws; an outside review, eighty-second session)."""
     out = {}
     for s in skills:
         p, t = s.evidence.promotions, max(s.evidence.tries, s.evidence.promotions)
-        out[s.name] = float(rng.beta(1 + p, 1 + t - p))
+        out[s.name] = float(rng.beta(1 + p, 1 + t - p)) - (1.0 if untried_import(s) else 0.0)
     return out
+
+
+def untried_import(skill: Skill) -> bool:
+    """A skill imported from a file that this library has no try of yet."""
+    return skill.provenance.source == "import" and skill.evidence.tries == 0
 
 
 # root causes come first: the stage's own training lowered the probe; the reward pays invalid answers as well as valid
@@ -438,10 +446,12 @@ def propose_rule(diagnosis: Diagnosis, in_family: list[Skill], fallback: list[Sk
         knobs.add(change.knob)
         where = ", ".join(f"{k}={v}" for k, v in f.slice.items()) or "all"
         fam = f" (borrowed from {', '.join(skill.domains)})" if borrowed else ""
+        fam += " (imported, untried here)" if untried_import(skill) else ""
         new = "new file" if change.kind == "diagnostic" else "-> the target's generator config" \
             if change.knob == TARGET else f"{old} -> {change.value}"
         rationale = (f"{f.code} on {where}: rate {f.rate:.2f}, count {f.count} ({f.severity}); skill {skill.name}{fam}"
-                     f" [{skill.evidence.promotions}/{skill.evidence.tries} promoted, theta={theta[skill.name]:.2f}]: "
+                     f" [{skill.evidence.promotions}/{skill.evidence.tries} promoted, "
+                     f"theta={theta[skill.name] + untried_import(skill):.2f}]: "
                      f"{change.knob} {new}{extended}"
                      + (f". {f.message}" if change.knob in (MIXTURE, TARGET) and f.message else ""))
         out.append(make_candidate(diagnosis, change, old, rationale, skill.expected, skill.validation, "rule",
