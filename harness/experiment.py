@@ -870,6 +870,9 @@ def _with_earlier_parts(cfg: ExperimentConfig, out: Path, arms: list[str], by_ar
     for arm in (a for a in ARMS if a not in arms):
         files = [out / arm / f"seed{s}" / "result.json" for s in range(cfg.seeds)]
         if not all(f.is_file() for f in files):
+            if have := [s for s, f in enumerate(files) if f.is_file()]:  # said: a silent drop emptied the gap column
+                say(f"{arm}: an earlier part has seed(s) {', '.join(map(str, have))} of this call's {cfg.seeds}, "
+                    f"left out of the table; run --arms {arm} --seeds {cfg.seeds} to complete it")
             continue
         try:
             for s, f in enumerate(files):
@@ -879,7 +882,8 @@ def _with_earlier_parts(cfg: ExperimentConfig, out: Path, arms: list[str], by_ar
         except ExperimentError as exc:
             say(f"{arm}: an earlier part, left out of the table: {exc}")
             continue
-        except (KeyError, IndexError):
+        except (KeyError, IndexError) as exc:
+            say(f"{arm}: an earlier part, left out of the table: its record lacks {exc}")
             continue
         got[arm] = [json.loads(f.read_text()) for f in files]
     return {a: got[a] for a in ARMS if a in got}

@@ -742,6 +742,13 @@ def _run_scenarios(loaded: list, configs: list, out: Path, run_arms: list[str], 
                 summary[sc.scenario]["arms"][arm]["promotions"] = {r["seed"]: promotions(sc, r) for r in results}
     from harness.experiment import ARMS
 
+    # scenarios an earlier call into this --out measured and this one did not (a `--scenarios` subset): kept in the
+    # table as that call summarised them, and said (before, a subset call rewrote the table with its own only)
+    carried = _earlier_scenarios(out, set(summary))
+    if carried:
+        say(f"the table keeps {len(carried)} scenario(s) an earlier call into {out} measured, as it read them: "
+            f"{', '.join(carried)}")
+        summary = dict(sorted({**summary, **carried}.items()))
     shown = [a for a in ARMS if any(a in sc["arms"] for sc in summary.values())]
     arm_h = sum(a["wall_s"] for sc in summary.values() for a in sc["arms"].values()) / 3600
     cpu_h = sum(a["cpu_s"] for sc in summary.values() for a in sc["arms"].values()) / 3600
@@ -757,6 +764,17 @@ def _run_scenarios(loaded: list, configs: list, out: Path, run_arms: list[str], 
                                       f"{doc['wall_s'] / 60:.1f} min\n")
     write_plot(summary, shown, out)
     return doc
+
+
+def _earlier_scenarios(out: Path, now: set[str]) -> dict[str, Any]:
+    """The summaries of scenarios the last `scenarios.json` under `out` holds and this call did not run, each with
+    its folder still there (a folder deleted by hand is a scenario dropped)."""
+    try:
+        doc = json.loads((out / "scenarios.json").read_text())
+        earlier = doc["scenarios"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    return {n: v for n, v in earlier.items() if n not in now and isinstance(v, dict) and (out / n).is_dir()}
 
 
 def warm_outcomes(dirs: list[Path], names: list[str], key: str = "warm_per_instance") -> dict[str, list[Any]]:

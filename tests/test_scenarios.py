@@ -454,6 +454,17 @@ def test_a_tiny_scenario_runs_every_arm_at_equal_compute_no_arm_reads_the_defect
     # in parts: a call with one arm reports every arm an earlier call finished (same settings, same budget) ...
     doc3 = run_scenarios([f], out, ["oracle"], 1, False, say=said.append)
     assert set(doc3["scenarios"]["tiny"]["arms"]) == set(arms) and doc3["arms"] == arms
+    # ... and a `--scenarios` subset keeps the scenarios an earlier call measured in the table, and says so (before,
+    # the table was rewritten with the subset's alone); a scenario whose folder is gone is dropped
+    earlier = json.loads((out / "scenarios.json").read_text())
+    earlier["scenarios"]["other"] = earlier["scenarios"]["tiny"]
+    earlier["scenarios"]["gone"] = earlier["scenarios"]["tiny"]
+    (out / "scenarios.json").write_text(json.dumps(earlier))
+    (out / "other").mkdir()
+    said.clear()
+    doc4 = run_scenarios([f], out, ["oracle"], 1, False, say=said.append)
+    assert list(doc4["scenarios"]) == ["other", "tiny"] and "| other |" in (out / "scenarios.md").read_text()
+    assert any("keeps 1 scenario(s) an earlier call" in m and "other" in m for m in said), said
     # ... and an arm made from other settings (the oracle edited between parts) is refused, never pooled or resumed
     text = f.read_text()
     f.write_text(text.replace("lr_schedule: cosine", "lr_schedule: linear"))
