@@ -185,3 +185,28 @@ def test_a_verifier_that_cannot_start_is_one_clear_error(monkeypatch, tmp_path):
     reasoning._CACHE.clear()
     with pytest.raises(RuntimeError, match="cannot start in the sandbox: ModuleNotFoundError.*reasoning_gym"):
         TASK.score(cd, f"Answer: ({cd.answer})")
+
+
+@pytest.mark.parametrize("name,junk", [("game_of_life_halting", ["z", "Answer: maybe", "Answer: x"]),
+                                       ("complex_arithmetic", ["nan", "Answer: NaN"])])
+def test_a_verifier_that_passes_junk_is_not_trusted_on_that_entry(name, junk):
+    """reasoning-gym's game_of_life_halting passed any non-empty answer (`bool(answer) == bool(reference)`) and
+    complex_arithmetic passed "nan" (`min(1, exp(-nan))` is 1.0): a policy learnt to answer junk at full marks. An
+    entry whose verifier passes a canary is judged by exact match alone (an outside review, eighty-second session).
+    Would catch the canaries dropped, or their verdict cached per answer instead of per entry."""
+    for seed in range(4):
+        inst = _one(name, seed)
+        assert TASK.score(inst, TASK.expert(inst, "plain")).valid, seed
+        assert not any(TASK.score(inst, j).valid for j in junk), seed
+
+
+def test_an_instance_with_a_blank_reference_is_drawn_from_another_seed():
+    """`ab` reduces some programs to nothing: a blank reference no answer can score (the expert's "" is "no
+    answer"). Its seed is now drawn from a replacement (train seed 56 here, as the review found it)."""
+    from harness.tasks.drawn import draw
+
+    cfg = TASK.spec.config_model.model_validate({"datasets": [{"name": "ab"}]})
+    with pytest.raises(ValueError, match="reference answer is blank"):
+        TASK.generate(cfg, 56)
+    inst = draw(TASK, cfg, [56])[0]
+    assert inst.seed == 56 and inst.answer.strip() and TASK.score(inst, TASK.expert(inst, "plain")).valid

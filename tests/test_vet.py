@@ -491,9 +491,12 @@ def test_reward_that_pays_for_unparseable_answers_is_out_of_range():
 
 
 def test_reward_that_pays_invalid_plans_over_valid_ones_drops_the_correlation():
-    res = V.vet(cand("reward", "reward.optimal_bonus", -2.0), harness_files(), MAPF, ROLLOUTS)
+    res = V.vet(cand("reward", "reward.valid_reward", 0.0), harness_files(), MAPF, ROLLOUTS)
     assert not res.ok and res.stage == "offline", res.reason
     assert "corr(reward, valid) drops" in res.reason
+    # a negative optimal bonus (an optimal plan paid less than a malformed one) is out of its range now
+    res = V.vet(cand("reward", "reward.optimal_bonus", -2.0), harness_files(), MAPF, ROLLOUTS)
+    assert not res.ok and res.stage != "offline" and "optimal_bonus" in res.reason, res.reason
 
 
 def test_reward_that_pays_for_partial_moves_inverts_groups():

@@ -573,7 +573,8 @@ class MAPFShaping(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
     valid_reward: float = Field(1.0, ge=0.0, le=2.0, description="reward of a valid plan")
-    optimal_bonus: float = Field(0.5, description="added when the valid plan also has the optimal makespan")
+    optimal_bonus: float = Field(0.5, ge=0.0, le=2.0, description="added when the valid plan also has the optimal makespan "
+                                 "(0..2: a negative one paid an optimal plan less than a malformed one)")
     partial_credit: float = Field(0.5, ge=0.0, le=1.0, description="for an invalid but parsed plan: this times the "
                                   "share of agents "
                                   "ending on their goal without taking part in any violation")

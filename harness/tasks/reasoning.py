@@ -152,6 +152,11 @@ def _generate(config: ReasoningConfig, seed: int) -> ReasoningInstance:
     if "error" in entry:  # a bad param, or a dataset needing what is not installed: name both
         raise ValueError(f"reasoning-gym dataset {ds.name!r} with params {ds.params} failed: {entry['error']}; fix "
                          f"env.datasets.{ds.name}.params")
+    if entry["answer"] is not None and not str(entry["answer"]).strip():  # `ab` reduces some programs to nothing:
+        # no answer can score (an empty one is "no answer"), the expert's included; the seed is drawn from another
+        # (`harness.tasks.drawn.draw_replacing`)
+        raise ValueError(f"reasoning-gym dataset {ds.name!r} drew an instance whose reference answer is blank: it "
+                         "cannot be answered")
     return ReasoningInstance(task="reasoning", seed=seed, dataset=ds.name, params_json=params,
                              question=str(entry["question"]),
                              answer="" if entry["answer"] is None else str(entry["answer"]),
@@ -320,6 +325,7 @@ def _one(ds, answer, entry, limit):
     return data == b"1"
 '''
 
+CANARIES = ("nan", "x", "0")  # answers no verifier should pass (one that is the reference answer is left out)
 PER_ANSWER_S = 3.0  # wall seconds one answer's verification may take in its child
 CHUNK = 64  # answers per sandbox job (each job pays one reasoning-gym import, ~2 s)
 _CACHE: OrderedDict[str, bool] = OrderedDict()
@@ -383,13 +389,25 @@ def score_many(pairs: list[tuple[ReasoningInstance, str]], shaping: ReasoningSha
         if got and not right[k] and has_own_verifier(inst.dataset):
             keys[k] = hashlib.sha256(json.dumps([inst.dataset, inst.params_json, inst.entry_json, got]).encode()
                                      ).hexdigest()
+    # a verifier that gives junk full marks on an entry is not trusted there (exact match alone decides): reasoning-
+    # gym's game_of_life_halting passed any non-empty answer (`bool(answer) == bool(reference)`), complex_arithmetic
+    # passed "nan" (`exp(-nan)` capped at 1.0); an outside review, eighty-second session
+    canary_keys: dict[int, list[str]] = {}
+    for k in keys:
+        inst = pairs[k][0]
+        canary_keys[k] = [hashlib.sha256(json.dumps([inst.dataset, inst.params_json, inst.entry_json, c]).encode()
+                                         ).hexdigest() for c in CANARIES if _norm(c) != _norm(inst.answer)]
     with _CACHE_LOCK:
-        known = {key: _CACHE[key] for key in keys.values() if key in _CACHE}
+        known = {key: _CACHE[key] for key in [*keys.values(), *(c for cs in canary_keys.values() for c in cs)]
+                 if key in _CACHE}
     todo: dict[str, list[str]] = {}
     for k, key in keys.items():
+        inst = pairs[k][0]
         if key not in known:
-            inst = pairs[k][0]
             todo.setdefault(key, [inst.dataset, inst.params_json, gots[k], inst.entry_json])
+        for c, ckey in zip([c for c in CANARIES if _norm(c) != _norm(inst.answer)], canary_keys[k], strict=True):
+            if ckey not in known:
+                todo.setdefault(ckey, [inst.dataset, inst.params_json, c, inst.entry_json])
     if todo:
         verdicts = _verify(list(todo.values()))
         with _CACHE_LOCK:
@@ -398,7 +416,7 @@ def score_many(pairs: list[tuple[ReasoningInstance, str]], shaping: ReasoningSha
                 while len(_CACHE) > _CACHE_MAX:
                     _CACHE.popitem(last=False)
     for k, key in keys.items():
-        right[k] = known[key]
+        right[k] = known[key] and not any(known[c] for c in canary_keys[k])
     return [_outcome(inst, got, ok, sh) for (inst, _), got, ok in zip(pairs, gots, right, strict=True)]
 
 
