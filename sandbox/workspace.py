@@ -197,9 +197,7 @@ def _unquote(body: str) -> str:
     return body
 
 
-def _verdict_block(verdict: str, reason: str, evidence: dict[str, Any], where: str | None = None) -> str:
-    """The verdict, its reason, the effect line and the evidence as JSON; `where` (a tag name): instead of the JSON,
-    a line naming the tag that holds it (the merge commit `git log` shows: the JSON is 13-17 KB on one line)."""
+def _verdict_block(verdict: str, reason: str, evidence: dict[str, Any]) -> str:
     lines = [f"Verdict: {verdict}", f"Reason: {reason}"]
     num = (int, float)
     if isinstance(evidence.get("effect"), num):
@@ -210,8 +208,7 @@ def _verdict_block(verdict: str, reason: str, evidence: dict[str, Any], where: s
         n = looks[-1].get("n", evidence.get("n")) if isinstance(looks[-1], dict) else evidence.get("n")
         n_txt = f", n={n}" if n is not None else ""
         lines.append(f"Effect: {evidence['effect']:+.4f}{ci_txt}{n_txt}")
-    lines.append(f"Evidence: {json.dumps(evidence, sort_keys=True)}" if where is None else
-                 f"Evidence-In: {where} (git show {where})")
+    lines.append(f"Evidence: {json.dumps(evidence, sort_keys=True)}")
     return "\n".join(lines)
 
 
@@ -395,9 +392,8 @@ class Workspace:
         stage = _stage_of(info, f"candidate {cand_id!r} ({cand.hexsha[:12]})")  # before the merge: never half-promoted
         ev = _evidence_dict(evidence)
         block = _verdict_block("promoted", reason, ev)
-        tag = f"promoted/{stage}-{cand_id}"
-        msg = (f"Promote {cand_id}: {cand.summary}\n\n{_verdict_block('promoted', reason, ev, where=tag)}\n\n"
-               f"Candidate: {cand_id}\nStage: {stage}\nFactor: {info.get('Factor', '')}\n")
+        msg = (f"Promote {cand_id}: {cand.summary}\n\n{block}\n\nCandidate: {cand_id}\nStage: {stage}"
+               f"\nFactor: {info.get('Factor', '')}\n")
         msg_file = Path(self.repo.git_dir) / "EVOTRAINER_MSG"
         msg_file.write_text(msg, encoding="utf-8")
         try:
@@ -411,6 +407,7 @@ class Workspace:
         finally:
             msg_file.unlink(missing_ok=True)
         merge = self.head()
+        tag = f"promoted/{stage}-{cand_id}"
         self.repo.git.tag("-a", tag, merge, "-m", f"Promoted {cand_id}: {cand.summary}\n\n{block}\n")
         self.repo.git.branch("-D", f"cand/{cand_id}")
         return Decision(cand_id, "promoted", tag, merge, cand.hexsha, reason, ev)

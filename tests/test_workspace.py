@@ -183,9 +183,6 @@ def test_promote_and_reject_record_evidence(ws):
     merge = ws.repo.commit(d.sha)
     assert len(merge.parents) == 2 and merge.parents[1].hexsha == d.candidate_sha
     assert "Verdict: promoted" in merge.message and "Effect: +0.1200 (CI +0.0400..+0.2000), n=64" in merge.message
-    # `git log` reads the merge: the evidence JSON (13-17 KB in a real run) stays in the tag, which the merge names
-    assert "Evidence: {" not in merge.message and "Evidence-In: promoted/1-s1-c1" in merge.message
-    assert next(r for r in ws.history() if r.id == "s1-c1").evidence["effect"] == 0.12  # read back from the tag
     assert "temperature: 0.7" in ws.read("recipe.yaml") and "temperature: 0.7" in (ws.path / "recipe.yaml").read_text()
     assert ws.promote("s1-c1", {"effect": 9}, "again") == d  # no-op, same result
     r = ws.reject("s1-c2", "slice size=5 regressed", {"effect": -0.1, "ci": [-0.2, 0.0], "n": 64})
