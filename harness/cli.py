@@ -220,7 +220,7 @@ def env_sample(
         from policies.model import PolicyLoadError, check_checkpoint, format_prompt
 
         try:
-            tok = check_checkpoint(checkpoint, style)
+            tok = check_checkpoint(checkpoint, style, training=False)  # shown, not trained
         except PolicyLoadError as exc:
             fail(str(exc))
 

@@ -532,6 +532,10 @@ class EngineerConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> EngineerConfig:
+        if self.ca_bundle is not None and not Path(self.ca_bundle).expanduser().is_file():  # else a traceback from
+            # the HTTP client at the start, and every stage falling back to the rule engineer
+            raise ValueError(f"engineer.ca_bundle {self.ca_bundle!r} is not a file: give the PEM file of the CA that "
+                             "signed the endpoint's certificate")
         if self.kind == "llm" and not ((self.base_url and self.model) or self.model_path):
             raise ValueError("engineer kind 'llm' needs base_url + model (an OpenAI-compatible endpoint) or "
                              "model_path (a local checkpoint, or 'policy')")

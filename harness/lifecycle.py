@@ -302,7 +302,8 @@ def _task_fits_alphabet(config: RunConfig) -> str | None:
 
 def _pinned(config: RunConfig) -> RunConfig:
     """The config as the run keeps it (config.yaml, run.db): what could read differently later made fixed now. Paths
-    the user gave relative to where they started it (`policy.checkpoint`, `engineer.script`, `engineer.model_path`)
+    the user gave relative to where they started it (`policy.checkpoint`, `engineer.script`, `engineer.model_path`,
+    `engineer.ca_bundle`)
     made absolute, so a resume from another folder finds them; the prompt style, which for a checkpoint is read from
     its `evotrainer.json`, written out (`policy.style`), so a checkpoint deleted, moved or retrained after the start
     cannot switch the run's prompts halfway (the resumed stages prompted in another style, silently)."""
@@ -312,7 +313,7 @@ def _pinned(config: RunConfig) -> RunConfig:
     policy = config.policy.model_copy(update={"checkpoint": absolute(config.policy.checkpoint),
                                               "style": config.policy.style or config.style})
     eng = config.engineer
-    eng = eng.model_copy(update={"script": absolute(eng.script),
+    eng = eng.model_copy(update={"script": absolute(eng.script), "ca_bundle": absolute(eng.ca_bundle),
                                  "model_path": eng.model_path if eng.model_path in (None, "policy")
                                  else absolute(eng.model_path)})
     return config.model_copy(update={"policy": policy, "engineer": eng})

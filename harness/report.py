@@ -271,7 +271,8 @@ def print_summary(run_dir: Path, console) -> dict[str, Any]:
         events = store.events(st["run"])
     finally:
         store.close()
-    if st.get("status") == "running" and (last := next((e for e in reversed(events) if e.get("node")), None)):
+    if st.get("status") == "running" and (last := next((e for e in reversed(events) if e.get("node")
+                                                        and e.get("stage") is not None), None)):
         # where a running run is: its last node's last word (before, nothing said so during the warm start, which
         # can be the longest node of an overnight run on a real checkpoint)
         console.print(f"now: stage {last['stage']} {shown(last['node'])}, since {shown(str(last['ts']))}: "

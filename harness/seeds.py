@@ -77,12 +77,14 @@ def draw_seed(seed: int, attempt: int) -> int:
     return int.from_bytes(hashlib.blake2b(f"apart/{seed}/{attempt}".encode(), digest_size=4).digest(), "big")
 
 
-REPLACE_STRIDE = 1 << 40  # a replacement seed's distance from its seed, in seeds of its split (past every run's stretch)
+REPLACE_STRIDE = 1 << 40  # a replacement seed's distance from its seed, in seeds of its split (past the stretch of
+# every run seed below about a million; a larger run seed may share a replacement with another run's own draws: the
+# same instance twice, never another split's)
 
 
 def replacement(seed: int, attempt: int) -> int:
     """The seed drawn in place of `seed` on `attempt` (1, 2, ...) when the generator cannot draw `seed` itself
-    (`harness.tasks.drawn.draw_replacing`): a seed of the same split, far past any seed a run draws as its own."""
+    (`harness.tasks.drawn.draw_replacing`): a seed of the same split, far past the seeds a run draws as its own."""
     if attempt < 1:
         raise SplitError(f"a replacement attempt is >= 1, got {attempt}")
     return seed + len(SPLITS) * REPLACE_STRIDE * attempt

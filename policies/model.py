@@ -190,12 +190,6 @@ def check_architecture(path: str | Path) -> None:
         raise PolicyLoadError(
             f"checkpoint {str(path)!r} is a {cfg.model_type!r} model, which transformers cannot load as a causal "
             "language model; pass a decoder-only (causal LM) checkpoint such as a Qwen3 or Llama model")
-    quant = getattr(cfg, "quantization_config", None)
-    if quant:  # GPTQ, AWQ, bitsandbytes...: full fine-tuning updates every weight, which a quantized one is not
-        method = quant.get("quant_method", "?") if isinstance(quant, dict) else getattr(quant, "quant_method", "?")
-        raise PolicyLoadError(
-            f"checkpoint {str(path)!r} is quantized ({method}): RL here fine-tunes every weight in full or bf16 "
-            "precision; pass the unquantized checkpoint (the quantized one serves only as an endpoint)")
 
 
 def ensure_pad_token(tok, source: str = "the checkpoint") -> None:
@@ -266,16 +260,30 @@ def require_chat_template(tok, source: str, style: str) -> None:
             "policy.style)")
 
 
-def check_checkpoint(path: str | Path, style: str | None = None):
+def check_not_quantized(path: Path) -> None:
+    """`PolicyLoadError` for a checkpoint whose config.json names a `quantization_config` (GPTQ, AWQ, bitsandbytes,
+    ...): RL here fine-tunes every weight, which a quantized one is not (it died loading, after the run folder
+    existed). A checkpoint that only generates (a local LLM engineer) may be quantized."""
+    quant = _config_value(path, "quantization_config")
+    if quant:
+        method = quant.get("quant_method", "?") if isinstance(quant, dict) else "?"
+        raise PolicyLoadError(
+            f"checkpoint {str(path)!r} is quantized ({method}): RL here fine-tunes every weight in full or bf16 "
+            "precision; pass the unquantized checkpoint (a quantized one can serve as the engineer)")
+
+
+def check_checkpoint(path: str | Path, style: str | None = None, training: bool = True):
     """Everything about a local checkpoint that can be wrong before any training, cheaply (the tokenizer and config are
     read, not the weights): a save_pretrained folder, an architecture transformers can build as a causal LM, a pad
-    token (`ensure_pad_token`), and a chat template when `style` is `chat`. Raises `PolicyLoadError` with one line;
-    returns the tokenizer."""
+    token (`ensure_pad_token`), and a chat template when `style` is `chat`; `training`: not quantized (the policy is
+    trained; an engineer's checkpoint only generates). Raises `PolicyLoadError` with one line; returns the tokenizer."""
     path = Path(path).expanduser()
     if not (path / "config.json").is_file():
         raise PolicyLoadError(f"checkpoint {str(path)!r} has no config.json, so it is not a save_pretrained checkpoint; "
                               "point at the directory that holds config.json, the weights and the tokenizer files")
     check_architecture(path)
+    if training:
+        check_not_quantized(path)
     check_weights(path)
     try:
         tok = load_tokenizer(path)
@@ -284,7 +292,7 @@ def check_checkpoint(path: str | Path, style: str | None = None):
     except (OSError, ValueError) as exc:
         raise PolicyLoadError(f"checkpoint {str(path)!r}: its tokenizer does not load ({' '.join(str(exc).split())[:160]}"
                               "); save the tokenizer next to the model (tokenizer.save_pretrained(DIR))") from None
-    if len(tok) < 2 or not any((path / n).is_file() for n in TOKENIZER_FILES):
+    if len(tok) < 2 or not (any((path / n).is_file() for n in TOKENIZER_FILES) or any(path.glob("*.tiktoken"))):
         # transformers builds an empty tokenizer (every text encodes to []) from a folder with none of these files
         raise PolicyLoadError(f"checkpoint {str(path)!r}: its tokenizer files are missing ({', '.join(TOKENIZER_FILES)}"
                               "); save the tokenizer next to the model (tokenizer.save_pretrained(DIR))")
@@ -292,8 +300,9 @@ def check_checkpoint(path: str | Path, style: str | None = None):
         raise PolicyLoadError(f"checkpoint {str(path)!r}: its tokenizer has no EOS token; set eos_token in its "
                               "tokenizer_config.json (the token its completions end with)")
     vocab = _config_value(path, "vocab_size")
-    if isinstance(vocab, int) and len(tok) > vocab:  # a token id past the embedding: IndexError mid-warm-start
-        raise PolicyLoadError(f"checkpoint {str(path)!r}: its tokenizer has {len(tok)} tokens but the model's "
+    top = max(tok.get_vocab().values(), default=-1) + 1  # ids the tokenizer can emit (its size, where contiguous)
+    if isinstance(vocab, int) and top > vocab:  # a token id past the embedding: IndexError mid-warm-start
+        raise PolicyLoadError(f"checkpoint {str(path)!r}: its tokenizer has {top} token ids but the model's "
                               f"vocab_size is {vocab}; use the tokenizer the model was trained with (or resize the "
                               "model's embeddings to it and save again)")
     if style is not None:
@@ -301,7 +310,8 @@ def check_checkpoint(path: str | Path, style: str | None = None):
     return tok
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "spiece.model", "sentencepiece.bpe.model")
 
 
 def _config_value(path: Path, key: str):

@@ -502,9 +502,10 @@ def train_sft(model, tok, pairs: list[dict[str, str]], recipe: Recipe, out_dir: 
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
-    if has_chat_template(tok):
+    if has_chat_template(tok):  # TRL renders these itself, with a row's own `chat_template_kwargs`: the pinned date
         rows = [{"prompt": [{"role": "user", "content": p["prompt"]}],
-                 "completion": [{"role": "assistant", "content": p["completion"]}]} for p in pairs]
+                 "completion": [{"role": "assistant", "content": p["completion"]}],
+                 "chat_template_kwargs": dict(CHAT_TEMPLATE_KWARGS)} for p in pairs]
     else:
         rows = [{"prompt": format_prompt(tok, p["prompt"]), "completion": p["completion"]} for p in pairs]
     sink: list[dict] = []

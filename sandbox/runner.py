@@ -313,9 +313,12 @@ def _isolation(require_bwrap: bool, isolation: str) -> tuple[Isolation, str | No
 
 def _job_uid() -> int:
     """A fresh unprivileged uid per job (root callers), so RLIMIT_NPROC counts only this job's processes: 4096 per
-    process, by its pid modulo 2^19 (below 2^31 in all; modulo 4096, two processes whose pids were 4096 apart, e.g.
-    an experiment's arms side by side, shared uids and each other's process limit)."""
-    return 200_000 + (os.getpid() % (1 << 19)) * 4096 + next(_UIDS) % 4096
+    process, by its pid modulo UID_BLOCKS (every uid below 2^31; modulo 4096, two processes whose pids were 4096
+    apart, e.g. an experiment's arms side by side, shared uids and each other's process limit)."""
+    return 200_000 + (os.getpid() % UID_BLOCKS) * 4096 + next(_UIDS) % 4096
+
+
+UID_BLOCKS = (2**31 - 1 - 200_000) // 4096  # 524,239 blocks of 4096 uids from 200,000 up, all below 2^31
 
 
 # --- running one job ---------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ import contextlib
 import fnmatch
 import hashlib
 import json
+import math
 import os
 import re
 import sqlite3
@@ -286,6 +287,9 @@ def parse_skill(text: str, source: str = "<text>") -> tuple[Skill, dict[str, Any
         check_condition(skill.trigger.condition)
     except SkillError as exc:
         raise SkillFileError(f"{source}: skill {skill.name!r}: field 'trigger.condition': {exc}") from None
+    for what, ev in (("evidence", skill.evidence), ("imported", skill.imported)):
+        if ev is not None and (why := evidence_error(ev)):  # a NaN claim imported, then made the skill unreadable
+            raise SkillFileError(f"{source}: skill {skill.name!r}: field '{what}': {why}")
     if len(skill.name) > MAX_NAME:  # it names the exported file: 300 characters stopped `skills export` midway
         raise SkillFileError(f"{source}: skill name of {len(skill.name)} characters: at most {MAX_NAME}")
     if len(skill.expected) > MAX_EXPECTED or "\n" in skill.expected.strip():  # it goes into every LLM prompt
@@ -294,6 +298,19 @@ def parse_skill(text: str, source: str = "<text>") -> tuple[Skill, dict[str, Any
     if why := knob_kind_error(skill):
         raise SkillFileError(f"{source}: skill {skill.name!r}: field 'intervention.knob': {why}")
     return skill, meta
+
+
+def evidence_error(ev: Evidence) -> str | None:
+    """Why a file's evidence claim cannot be a record (not finite, negative, more promotions than tries), or None.
+    Checked on files only: a library's own rows are what `record_try` wrote."""
+    nums = [ev.mean_effect, *(ev.last_interval or ())]
+    if not all(math.isfinite(x) for x in nums):
+        return "not finite (nan or inf)"
+    if ev.tries < 0 or ev.promotions < 0:
+        return "negative counts"
+    if ev.promotions > ev.tries:
+        return f"{ev.promotions} promotions out of {ev.tries} tries"
+    return None
 
 
 def knob_kind_error(skill: Skill) -> str | None:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 SkillKind = Literal["env", "recipe", "reward", "diagnostic"]
 
@@ -68,20 +68,12 @@ class Intervention(BaseModel):
 
 
 class Evidence(BaseModel):
-    # finite and consistent: a file claiming `mean_effect: .nan` imported, then made the skill unreadable for good
-    # (an outside review, eighty-second session)
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    tries: int = Field(0, ge=0)
-    promotions: int = Field(0, ge=0)
+    model_config = ConfigDict(extra="forbid")
+    tries: int = 0
+    promotions: int = 0
     mean_effect: float = 0.0
     last_interval: tuple[float, float] | None = None
     families: list[str] = Field(default_factory=list, description="task families where it was promoted")
-
-    @model_validator(mode="after")
-    def _promotions_are_tries(self) -> Evidence:
-        if self.promotions > self.tries:
-            raise ValueError(f"evidence: {self.promotions} promotions out of {self.tries} tries")
-        return self
 
 
 class Provenance(BaseModel):

@@ -475,12 +475,15 @@ def test_no_tokenizer_a_tokenizer_past_the_vocabulary_and_a_quantized_model_are_
     small = _variant(chat_ckpt, tmp_path / "small", cfg={"vocab_size": n - 10})
     quant = _variant(chat_ckpt, tmp_path / "quant", cfg={"quantization_config": {"quant_method": "gptq", "bits": 4}})
     for ck, why in ((notok, "its tokenizer files are missing"),
-                    (small, f"its tokenizer has {n} tokens but the model's vocab_size is {n - 10}"),
+                    (small, f"its tokenizer has {n} token ids but the model's vocab_size is {n - 10}"),
                     (quant, r"is quantized \(gptq\)")):
         cfg = parse_config({"task": "math", "policy": {"checkpoint": str(ck), "style": "plain"}}, "t")
         with pytest.raises(RunError, match=f"policy.checkpoint: .*{why}"):
             start_run(cfg, tmp_path / "runs", run_id=ck.name)
         assert not (tmp_path / "runs" / ck.name).exists()
+    from harness.engineer import EngineerConfig, preflight
+
+    assert preflight(EngineerConfig(kind="llm", model_path=str(quant))) is None  # it only generates: quantized is fine
 
 
 def test_the_context_check_counts_a_templates_system_prompt_in_every_style(chat_ckpt, tmp_path):

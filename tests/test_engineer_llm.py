@@ -693,9 +693,11 @@ def test_a_reasoning_reply_with_null_content_and_empty_reasoning_passes_the_pref
         assert preflight(_cfg(ep.url)) is None
 
 
-def test_a_base_url_without_a_scheme_is_a_config_error():
+def test_a_base_url_without_a_scheme_or_a_missing_ca_bundle_is_a_config_error(tmp_path):
     with pytest.raises(ValueError, match="base_url"):
         EngineerConfig(kind="llm", base_url="127.0.0.1:8000/v1", model="m")
+    with pytest.raises(ValueError, match="ca_bundle .* is not a file"):  # before: a traceback from the HTTP client
+        EngineerConfig(kind="llm", base_url="https://h/v1", model="m", ca_bundle=str(tmp_path / "none.pem"))
 
 
 def test_a_ctrl_c_mid_ask_leaves_the_callers_usage_with_what_was_spent(lib):

@@ -279,7 +279,7 @@ def test_malformed_import_names_the_file_and_the_field(tmp_path: Path, lib: Skil
                     "expands to more than"),  # an alias bomb (10^9 values) in an imported file: bounded, one line
         # an outside review (eighty-second session): each imported before, and then broke the library or a run
         "nan.md": ("domains: [mapf]", "domains: [mapf]\nevidence: {tries: 3, promotions: 1, mean_effect: .nan}",
-                   "field 'evidence.mean_effect'"),
+                   "field 'evidence': not finite"),
         "claims.md": ("domains: [mapf]", "domains: [mapf]\nevidence: {tries: 3, promotions: 1000}",
                       "1000 promotions out of 3 tries"),
         "judge.md": ('knob: "env.sizes.{size}.hole_ratio"', 'knob: "judge.promote_above"', "is not a env knob"),
@@ -317,7 +317,8 @@ def test_an_import_of_an_edited_description_is_kept_with_what_the_skill_earned(t
 
 def test_untried_imports_rank_after_what_this_library_has_tried(tmp_path: Path, lib: SkillLibrary):
     """Thirty imported skills with no try here each drew their own Beta(1, 1) and took the first slot from a seed
-    with 5 of 5 promotions in 85% of stages; an untried import now draws below every tried skill, and says so."""
+    with 5 of 5 promotions in 85% of stages; together they now draw once, as one untried hypothesis (the seed's
+    Beta(6, 1) beats one uniform draw 6 times in 7)."""
     from harness.engineer.rule import thompson_scores, untried_import
 
     folder = tmp_path / "many"
@@ -329,8 +330,8 @@ def test_untried_imports_rank_after_what_this_library_has_tried(tmp_path: Path, 
     skills = [lib.get("raise-hole-ratio"), *(lib.get(f"imp-{i}") for i in range(30))]
     assert all(untried_import(s) for s in skills[1:]) and not untried_import(skills[0])
     rng = np.random.default_rng(0)
-    firsts = [max(sc := thompson_scores(skills, rng), key=sc.get) for _ in range(200)]
-    assert firsts.count("raise-hole-ratio") == 200
+    firsts = [max(sc := thompson_scores(skills, rng), key=sc.get) for _ in range(400)]
+    assert 0.78 < firsts.count("raise-hole-ratio") / 400 < 0.93, firsts.count("raise-hole-ratio")  # 6/7 = 0.857
 
 
 # --- CLI ----------------------------------------------------------------------------------------------------------------

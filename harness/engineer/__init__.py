@@ -114,7 +114,7 @@ def preflight(cfg: EngineerConfig) -> str | None:
         from policies.model import PolicyLoadError, check_checkpoint
 
         try:
-            check_checkpoint(cfg.model_path)
+            check_checkpoint(cfg.model_path, training=False)  # it only generates: quantized is fine
         except PolicyLoadError as exc:
             return f"model_path: {exc}"
         except OSError as exc:

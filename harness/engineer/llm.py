@@ -238,7 +238,7 @@ def post_json(url: str, payload: dict, headers: dict[str, str], timeout_s: float
         exc = box["error"]
         if isinstance(exc, httpx.TimeoutException):
             raise EndpointError(f"engineer endpoint {url} timed out after {timeout_s:g}s (engineer.timeout_s)")
-        if "CERTIFICATE_VERIFY_FAILED" in str(exc) or isinstance(exc.__context__, ssl.SSLError):
+        if "CERTIFICATE_VERIFY_FAILED" in str(exc) or isinstance(exc.__context__, ssl.SSLCertVerificationError):
             raise EndpointError(f"engineer endpoint {url}: its TLS certificate does not verify ({str(exc)[:160]}); "
                                 "for an endpoint signed by your own CA set engineer.ca_bundle to that CA's PEM file")
         raise EndpointError(f"engineer endpoint {url} unreachable: {type(exc).__name__}: {str(exc)[:200]}; is the "
@@ -286,7 +286,7 @@ def chat_endpoint(base_url: str, model: str, api_key_env: str | None, temperatur
         try:
             status, raw = post_json(url, {"model": model, "messages": messages, "temperature": temperature,
                                           "max_tokens": max_tokens}, headers, timeout_s, proxy=proxy,
-                                    verify=ca_bundle or True, meta=meta)
+                                    verify=str(Path(ca_bundle).expanduser()) if ca_bundle else True, meta=meta)
             try:
                 payload = json.loads(raw.decode("utf-8")) if status < 400 else None
             except (UnicodeDecodeError, ValueError, RecursionError):

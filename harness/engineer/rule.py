@@ -305,20 +305,27 @@ _SEV = {"critical": 0, "warn": 1, "info": 2}
 
 
 def thompson_scores(skills: list[Skill], rng: np.random.Generator) -> dict[str, float]:
-    """One Beta(1 + promotions, 1 + tries - promotions) draw per skill; a skill imported from another library and not
-    yet tried in this one draws below every skill that is (its draw minus 1): what it claims never ranks, and thirty
-    untried imports with a catch-all trigger took the first slot from a seed that had earned 5 of 5 in 85% of stages
-    (their best of thirty uniform draws; an outside review, eighty-second session)."""
-    out = {}
+    """One Beta(1 + promotions, 1 + tries - promotions) draw per skill; the skills imported from other libraries and
+    not yet tried in this one share ONE Beta(1, 1) draw (ties among them broken by a small draw of their own): what
+    they claim never ranks, and together they are one untried hypothesis, not thirty (thirty untried catch-all
+    imports, each with a draw of its own, took the first slot from a seed with 5 of 5 promotions in 85% of stages;
+    an outside review, eighty-second session). Without such imports the draws are as before."""
+    out, shared = {}, None
     for s in skills:
+        if untried_import(s):
+            if shared is None:
+                shared = float(rng.beta(1, 1))
+            out[s.name] = shared + 1e-6 * float(rng.random())
+            continue
         p, t = s.evidence.promotions, max(s.evidence.tries, s.evidence.promotions)
-        out[s.name] = float(rng.beta(1 + p, 1 + t - p)) - (1.0 if untried_import(s) else 0.0)
+        out[s.name] = float(rng.beta(1 + p, 1 + t - p))
     return out
 
 
 def untried_import(skill: Skill) -> bool:
-    """A skill imported from a file that this library has no try of yet."""
-    return skill.provenance.source == "import" and skill.evidence.tries == 0
+    """A skill imported from a file that this library has no try of yet: stamped `import`, or carrying another
+    library's claim (an exported run-born skill keeps its provenance `run` when imported elsewhere)."""
+    return (skill.provenance.source == "import" or skill.imported is not None) and skill.evidence.tries == 0
 
 
 # root causes come first: the stage's own training lowered the probe; the reward pays invalid answers as well as valid
@@ -451,7 +458,7 @@ def propose_rule(diagnosis: Diagnosis, in_family: list[Skill], fallback: list[Sk
             if change.knob == TARGET else f"{old} -> {change.value}"
         rationale = (f"{f.code} on {where}: rate {f.rate:.2f}, count {f.count} ({f.severity}); skill {skill.name}{fam}"
                      f" [{skill.evidence.promotions}/{skill.evidence.tries} promoted, "
-                     f"theta={theta[skill.name] + untried_import(skill):.2f}]: "
+                     f"theta={theta[skill.name]:.2f}]: "
                      f"{change.knob} {new}{extended}"
                      + (f". {f.message}" if change.knob in (MIXTURE, TARGET) and f.message else ""))
         out.append(make_candidate(diagnosis, change, old, rationale, skill.expected, skill.validation, "rule",

@@ -241,13 +241,13 @@ class DrawError(ValueError):
 
 
 def draw_replacing(task: Any, config: Any, seeds: list[int]) -> tuple[list[Any], dict[int, str]]:
-    """`draw`, where a seed the generator cannot draw (a config that draws most seeds but not all: a small lake with
-    many holes and agents fails about one seed in two hundred) is drawn from a replacement seed of the same split
-    instead (`harness.seeds.replacement`, up to `REPLACE_TRIES`; the instance keeps the seed it was asked for), so one
-    undrawable seed does not stop a stage, and a resumed stage (deterministic) draws the same replacements. Returns
-    (the instances in the order of `seeds`, the generator's message by replaced seed). Raises `DrawError` once at
-    least half of the draw's tries (seeds and replacements, past `GIVE_UP_AFTER`) have failed, or a seed exhausts its
-    replacements: the config itself is what needs changing."""
+    """`draw`, where a seed the generator cannot draw (a config that draws most seeds but not all) is drawn from a
+    replacement seed of the same split instead (`harness.seeds.replacement`, up to `REPLACE_TRIES`; the instance
+    keeps the seed it was asked for), so one undrawable seed does not stop a stage, and a resumed stage
+    (deterministic) draws the same replacements. Returns (the instances in the order of `seeds`, the generator's
+    message by replaced seed). Raises `DrawError` once at least half of the draw's tries (seeds and replacements,
+    past `GIVE_UP_AFTER`) have failed, or a seed exhausts its replacements: the config itself is what needs
+    changing."""
     from harness.seeds import replacement
 
     seeds = [int(s) for s in seeds]

@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from harness.seeds import held_apart
+from harness.seeds import draw_seed, held_apart
 from harness.tasks import knobs
 from harness.tasks.base import Instance, Outcome, SuiteEntry, TaskSpec
 from harness.tasks.drawn import draw
@@ -148,15 +148,18 @@ def _generate(config: ReasoningConfig, seed: int) -> ReasoningInstance:
     rng = np.random.default_rng([seed, 0x46])
     ds = knobs.pick(config.datasets, rng)
     params = json.dumps(ds.params, sort_keys=True)
-    entry = _entry(ds.name, seed, ds.params)
-    if "error" in entry:  # a bad param, or a dataset needing what is not installed: name both
-        raise ValueError(f"reasoning-gym dataset {ds.name!r} with params {ds.params} failed: {entry['error']}; fix "
-                         f"env.datasets.{ds.name}.params")
-    if entry["answer"] is not None and not str(entry["answer"]).strip():  # `ab` reduces some programs to nothing:
-        # no answer can score (an empty one is "no answer"), the expert's included; the seed is drawn from another
-        # (`harness.tasks.drawn.draw_replacing`)
-        raise ValueError(f"reasoning-gym dataset {ds.name!r} drew an instance whose reference answer is blank: it "
-                         "cannot be answered")
+    for attempt in range(BLANK_TRIES):  # `ab` reduces about one program in 300 to nothing: a blank reference no
+        # answer can score (an empty one is "no answer"), the expert's included; such an entry is drawn again from
+        # a seed of its own (deterministic), so every caller of `generate` gets an answerable instance
+        entry = _entry(ds.name, seed if attempt == 0 else draw_seed(seed, 1000 + attempt), ds.params)
+        if "error" in entry:  # a bad param, or a dataset needing what is not installed: name both
+            raise ValueError(f"reasoning-gym dataset {ds.name!r} with params {ds.params} failed: {entry['error']}; "
+                             f"fix env.datasets.{ds.name}.params")
+        if entry["answer"] is None or str(entry["answer"]).strip():
+            break
+    else:
+        raise ValueError(f"reasoning-gym dataset {ds.name!r} drew {BLANK_TRIES} instances whose reference answer is "
+                         "blank: it cannot be answered")
     return ReasoningInstance(task="reasoning", seed=seed, dataset=ds.name, params_json=params,
                              question=str(entry["question"]),
                              answer="" if entry["answer"] is None else str(entry["answer"]),
@@ -326,11 +329,22 @@ def _one(ds, answer, entry, limit):
 '''
 
 CANARIES = ("nan", "x", "0")  # answers no verifier should pass (one that is the reference answer is left out)
+BLANK_TRIES = 16  # draws of an entry whose reference answer is blank before the config is said to draw none
 PER_ANSWER_S = 3.0  # wall seconds one answer's verification may take in its child
 CHUNK = 64  # answers per sandbox job (each job pays one reasoning-gym import, ~2 s)
 _CACHE: OrderedDict[str, bool] = OrderedDict()
 _CACHE_MAX = 8192
 _CACHE_LOCK = threading.Lock()
+
+
+def _same_answer(canary: str, reference: str) -> bool:
+    """Whether a canary is the reference answer, as text or as a number ("0" is "0.0" and "-0")."""
+    if _norm(canary) == _norm(reference):
+        return True
+    try:
+        return float(canary) == float(reference)
+    except ValueError:
+        return False
 
 
 def _verify_jobs(chunks: list[list[list[str]]]):
@@ -396,7 +410,7 @@ def score_many(pairs: list[tuple[ReasoningInstance, str]], shaping: ReasoningSha
     for k in keys:
         inst = pairs[k][0]
         canary_keys[k] = [hashlib.sha256(json.dumps([inst.dataset, inst.params_json, inst.entry_json, c]).encode()
-                                         ).hexdigest() for c in CANARIES if _norm(c) != _norm(inst.answer)]
+                                         ).hexdigest() for c in CANARIES if not _same_answer(c, inst.answer)]
     with _CACHE_LOCK:
         known = {key: _CACHE[key] for key in [*keys.values(), *(c for cs in canary_keys.values() for c in cs)]
                  if key in _CACHE}
@@ -405,7 +419,7 @@ def score_many(pairs: list[tuple[ReasoningInstance, str]], shaping: ReasoningSha
         inst = pairs[k][0]
         if key not in known:
             todo.setdefault(key, [inst.dataset, inst.params_json, gots[k], inst.entry_json])
-        for c, ckey in zip([c for c in CANARIES if _norm(c) != _norm(inst.answer)], canary_keys[k], strict=True):
+        for c, ckey in zip([c for c in CANARIES if not _same_answer(c, inst.answer)], canary_keys[k], strict=True):
             if ckey not in known:
                 todo.setdefault(ckey, [inst.dataset, inst.params_json, c, inst.entry_json])
     if todo:
