@@ -573,8 +573,9 @@ class MAPFShaping(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
     valid_reward: float = Field(1.0, ge=0.0, le=2.0, description="reward of a valid plan")
-    optimal_bonus: float = Field(0.5, ge=0.0, le=2.0, description="added when the valid plan also has the optimal makespan "
-                                 "(0..2: a negative one paid an optimal plan less than a malformed one)")
+    optimal_bonus: float = Field(0.5, description="added when the valid plan also has the optimal makespan (0..2: a "
+                                 "negative one paid an optimal plan less than a malformed one; not a knob the engineer "
+                                 "is offered, so its bounds are checked, not declared)")
     partial_credit: float = Field(0.5, ge=0.0, le=1.0, description="for an invalid but parsed plan: this times the "
                                   "share of agents "
                                   "ending on their goal without taking part in any violation")
@@ -582,6 +583,13 @@ class MAPFShaping(BaseModel):
                                   "too_long (at most 0: a positive one pays for answers that cannot be checked, and "
                                   "GRPO learns to write them)")
     length_cap: int = Field(4000, description="completions longer than this many characters get format_penalty")
+
+    @field_validator("optimal_bonus")
+    @classmethod
+    def _bonus(cls, v: float) -> float:
+        if not 0.0 <= v <= 2.0:
+            raise ValueError(f"optimal_bonus must be in 0.0..2.0, got {v}")
+        return v
 
     @field_validator("length_cap")
     @classmethod
