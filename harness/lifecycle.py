@@ -362,11 +362,13 @@ def _check_generators(config: RunConfig) -> None:
     (train, probe), `warm_start.env` (train), the judge's `backtest.env` (probe, backtest: a generator that refuses a
     split, an evaluation set, which only the test split may draw) and `eval.env` (test). One that cannot is one line
     naming its field here, not an error after the warm start trained (`eval.env`), or after the first stage's
-    training. The generator's own words name a knob as `env.<...>`: said here with the field's path."""
+    training. The generator's own words name a knob as `env.<...>`: said here with the field's path. A config that
+    misses one seed of `START_DRAWS` is fine (the run draws that seed from a replacement, `drawn.draw_replacing`)."""
     import re
 
     from harness.seeds import seeds
     from harness.tasks import get_task
+    from harness.tasks.drawn import draw_some
 
     task = get_task(config.task)
     for field, data, splits in (("env", config.env, ("train", "probe")),
@@ -377,9 +379,12 @@ def _check_generators(config: RunConfig) -> None:
             continue
         try:
             env = task.spec.config_model.model_validate(data)
-            for split in splits:
-                for seed in seeds(split, 2):
-                    task.generate(env, seed)
+            for split in splits:  # a config may miss a seed (the run draws a replacement), not two of four
+                failed: list[Exception] = []
+                for seed in seeds(split, START_DRAWS):
+                    failed += draw_some(task, env, [seed])[1].values()
+                    if len(failed) >= START_MISSES:
+                        raise failed[0]
         except ValueError as exc:  # a pydantic ValidationError is one
             text = " ".join(str(exc).split())[:400]
             if field != "env":
@@ -387,6 +392,8 @@ def _check_generators(config: RunConfig) -> None:
             raise RunError(f"{field}: {text}") from None
 
 
+START_DRAWS, START_MISSES = 4, 2  # seeds of each split a config's start check draws, and the misses that refuse it
+# (before: 2 of 2 had to draw, so a config that misses one seed in a hundred was refused one start in fifty)
 APART_CHECK_N = 64  # training instances a family of one's own is drawn for at a run's first start
 _apart_notes: dict[str, str | None] = {}  # per process: an experiment's arms open one run folder each
 

@@ -1184,6 +1184,28 @@ def test_every_generator_config_and_the_recipe_seed_are_checked_before_the_run_f
         with pytest.raises(RunError, match=rf"^{field}: .*{field}.min_distance") as exc:
             start_run(parse_config({"task": "mapf", "name": "g", **cfg}, "x"), tmp_path / "runs", run_id="g")
         assert "\n" not in str(exc.value) and not (tmp_path / "runs" / "g").exists()
+    # a config that misses one seed of four is started (the run draws that seed from a replacement); two misses
+    # refuse it with the generator's words (before: seed 0 alone failing refused a config that draws 99% of seeds)
+    from harness.lifecycle import _check_generators
+    from harness.tasks import get_task
+
+    mapf = type(get_task("mapf"))
+    real, bad = mapf.generate, {0}
+
+    def generate(self, c, sd):
+        if sd in bad:
+            raise ValueError(f"could not draw seed {sd}; change env.min_distance")
+        return real(self, c, sd)
+
+    import unittest.mock
+
+    with unittest.mock.patch.object(mapf, "generate", generate), \
+            unittest.mock.patch.dict(os.environ, {"EVOTRAINER_INSTANCE_CACHE": "0"}):
+        env = get_task("mapf").default_config().model_dump(mode="json")
+        _check_generators(parse_config({"task": "mapf", "name": "g", "env": env}, "x"))
+        bad.add(4)
+        with pytest.raises(RunError, match=r"^env: could not draw seed 0; change env.min_distance"):
+            _check_generators(parse_config({"task": "mapf", "name": "g", "env": env}, "x"))
     far = {**tight, "min_distance": 10}  # refused by the config itself, in the field's own words
     with pytest.raises(ConfigError, match=r"eval.env: min_distance 10 cannot fit .* lower eval.env.min_distance"):
         parse_config({"task": "mapf", "eval": {"env": far, "n": 8}}, "x")
