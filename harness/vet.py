@@ -18,7 +18,8 @@ What it checks, in order (the first failure rejects, with the reason):
      version fires and block where its veto blocks, on the cached rollouts and on planted cases built from them;
    - reward shaping: every cached completion is re-scored under the old and the new shaping; rejected when the
      correlation between shaped reward and validity drops, or invalid rollouts outrank valid ones in more groups;
-   - env: a few instances are generated from the new config (train seeds), so a config that cannot generate fails here.
+   - env: 16 instances are generated from each config the change touches (train seeds); a config that misses 3 of them
+     fails here (fewer misses: the run draws those seeds from replacements, `harness.tasks.drawn.draw_replacing`).
 """
 
 from __future__ import annotations
