@@ -340,7 +340,8 @@ def judge_start(run: Run, k: int, ckpt: str, control: ArmEval) -> StartJudged:
     run.charge(k, "start", "eval", seconds=ev.seconds, tokens=ev.tokens, label="backtest")
     run.record_eval(k, "start", "backtest", n=len(ev.rollouts), valid=ev.valid,
                     optimal=float(np.mean([x.optimal for x in ev.rollouts])))
-    reg = regression(ev.outcomes, control.outcomes, cfg.gate, np.random.default_rng([cfg.seed, k, 7]))
+    reg = regression(ev.outcomes, control.outcomes, cfg.gate, np.random.default_rng([cfg.seed, k, 7]),
+                     clusters=ev.problems or None)
     rule = cfg.backtest.carry_greedy and bool(ev.greedy) and len(control.greedy) == len(ev.greedy)
     r = StartJudged(checkpoint=ckpt, n=len(control.seeds), valid=reg.before, control_valid=reg.after,
                     change=reg.change, change_ci=[reg.ci_low, reg.ci_high], control_regressed=reg.regressed,

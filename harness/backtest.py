@@ -701,8 +701,16 @@ class Regression(BaseModel):
         return self.ci_high < 0
 
 
-def regression(before: list[float], after: list[float], gate: GateConfig, rng: np.random.Generator) -> Regression:
+def regression(before: list[float], after: list[float], gate: GateConfig, rng: np.random.Generator,
+               clusters: list[str] | None = None) -> Regression:
     """The one regression check (the probe: the stage's training; the start judge: the control arm): a paired
-    bootstrap of `after - before` at the gate's confidence, per instance."""
-    change, lo, hi = paired_bootstrap(before, after, gate.n_boot, gate.alpha, rng)
+    bootstrap of `after - before` at the gate's confidence, per instance; where some instances are copies of one
+    problem (`clusters`, one label per instance: `ArmEval.problems`), the cluster bootstrap over problems
+    (`two_way_bootstrap`, as the gate counts them). Without it, 96 copies of 24 problems read "regressed" 23% of the
+    time under no change, against a nominal 5% (an outside review, eighty-second session). With every label distinct
+    (or none given) the draws are the paired bootstrap's, as before."""
+    if clusters is not None and len(clusters) == len(before) and len(set(clusters)) < len(clusters):
+        change, lo, hi = two_way_bootstrap([before], [after], gate.n_boot, gate.alpha, rng, clusters=clusters)
+    else:
+        change, lo, hi = paired_bootstrap(before, after, gate.n_boot, gate.alpha, rng)
     return Regression(before=float(np.mean(before)), after=float(np.mean(after)), change=change, ci_low=lo, ci_high=hi)

@@ -901,7 +901,7 @@ def arms_vs_start(run: Run, k: int, start: Any, verdicts: list[Verdict], arms: d
                 or len(start.outcomes) < len(ev.outcomes):
             continue
         reg = regression(start.outcomes[: len(ev.outcomes)], ev.outcomes, run.config.gate,
-                         np.random.default_rng([run.config.seed, k, 11]))
+                         np.random.default_rng([run.config.seed, k, 11]), clusters=ev.problems or None)
         out.append(ArmVsStart(candidate=v.candidate, checkpoint=arm.checkpoint, change=reg.change,
                               change_ci=[reg.ci_low, reg.ci_high], greedy_below=start.greedy_below(ev.greedy)))
     return out

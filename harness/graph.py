@@ -252,8 +252,9 @@ def node_probe(run: Run, state: State) -> State:
                                   shaping)
     run.charge(k, "policy", "rollout", seconds=secs, tokens=toks, label="probe-start")
     start_path = write_rollouts(run.path("rollouts", f"s{k}-probe-start.jsonl.gz"), before)  # the diagnosis reads it
-    reg = regression(ArmEval.from_rollouts(before).outcomes, ArmEval.from_rollouts(after).outcomes, cfg.gate,
-                     np.random.default_rng([cfg.seed, k]))
+    start_eval = ArmEval.from_rollouts(before)
+    reg = regression(start_eval.outcomes, ArmEval.from_rollouts(after).outcomes, cfg.gate,
+                     np.random.default_rng([cfg.seed, k]), clusters=start_eval.problems or None)
     carried = continues_from(state["policy"], state["train_ckpt"], reg.regressed)
     msg = (f"probe valid {valid:.3f} (start of stage {reg.before:.3f}, change {reg.change:+.3f} [{reg.ci_low:+.3f}, "
            f"{reg.ci_high:+.3f}])")
