@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -831,7 +832,7 @@ def train(
     init: Annotated[str | None, typer.Option(help="start from this local checkpoint instead of a preset")] = None,
     config: Annotated[Path | None, typer.Option("--config", help="env generator config YAML (default: the task's)")] = None,
     recipe: Annotated[Path | None, typer.Option(help="training recipe YAML (policies.train.Recipe fields)")] = None,
-    sft_examples: Annotated[int, typer.Option(min=0, help="expert demos (train-split seeds) for the SFT warm start")] = 8000,
+    sft_examples: Annotated[int, typer.Option(min=0, max=MAX_DRAW, help="expert demos (train-split seeds) for the SFT warm start")] = 8000,
     sft_steps: Annotated[int | None, typer.Option(min=0, help="SFT optimiser steps (default: the --recipe's, else "
                                                   "2400)")] = None,
     grpo_steps: Annotated[int, typer.Option(min=0, help="GRPO optimiser steps after the warm start (0 = SFT only)")] = 30,
@@ -876,10 +877,28 @@ def train(
         raise UserError(f"--init checkpoint {init!r} does not exist; pass a save_pretrained directory or drop --init")
     if style is not None and style not in t.spec.styles:
         raise UserError(f"unknown --style {style!r}; choose one of: {', '.join(t.spec.styles)}")
+    if grpo_steps * rec.prompts_per_step > MAX_DRAW:  # each step draws its prompts: hours, then out of memory
+        raise UserError(f"--grpo-steps {grpo_steps} x {rec.prompts_per_step} prompts a step is more than {MAX_DRAW} "
+                        "instances; train fewer steps")
+    if init is not None:
+        from harness.policy_glue import read_policy_meta
+        from harness.terminal import shown
+
+        trained = read_policy_meta(init).get("task")
+        if trained and trained != task:  # its tokenizer may not spell this task (a char model reads `=` as <unk>)
+            err.print(f"warning: --init {shown(str(init))} was trained on task {shown(str(trained))} (its "
+                      f"evotrainer.json), and is trained here on {task}", highlight=False)
+    staging = _staging_dir(out)  # trained into a sibling folder and moved into place whole at the end: a kill
+    # mid-save left weights beside another checkpoint's tokenizer, `--overwrite` kept the old folder's files (a chat
+    # template the new weights never saw), and two trainings into one --out both reported it as theirs
     bar, hook = _progress_printer()
-    with bar:
-        _, _, rep = train_policy(t, str(out), preset=preset, init=init, config=env, sft_examples=sft_examples,
-                                 grpo_steps=grpo_steps, recipe=rec, style=style, progress=hook)
+    try:
+        with bar:
+            _, _, rep = train_policy(t, str(staging), preset=preset, init=init, config=env, sft_examples=sft_examples,
+                                     grpo_steps=grpo_steps, recipe=rec, style=style, progress=hook)
+        _swap_in(staging, out, overwrite)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     if rep.sft:
         console.print(f"sft_loss: {rep.sft.loss[-1]:.4f}\nsft_s: {rep.sft.wall_s:.1f}")
     if rep.grpo:
@@ -888,7 +907,39 @@ def train(
                       f"grpo_dead_groups: {rep.grpo.dead_group_share:.3f}\ngrpo_s: {rep.grpo.wall_s:.1f}")
     from harness.terminal import shown
 
-    console.print(f"checkpoint: {shown(rep.out_dir)}", highlight=False)
+    console.print(f"checkpoint: {shown(str(out))}", highlight=False)
+
+
+def _staging_dir(out: Path) -> Path:
+    """A fresh sibling folder of `out` to train into (same file system, so the final move is a rename), made before any
+    training so a parent that cannot hold `out` is said before the minutes are spent."""
+    import tempfile
+
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".training", dir=out.parent))
+    except OSError as exc:
+        raise UserError(f"--out {out}: cannot write beside it ({exc.strerror or exc}); pass a folder in a writable "
+                        "place") from None
+
+
+def _swap_in(staging: Path, out: Path, overwrite: bool) -> None:
+    """Move the trained checkpoint into `out`: into a missing or empty folder, or (`overwrite`) in place of what is
+    there, whole; a folder another process filled meanwhile is not replaced without `overwrite`."""
+    if out.is_dir() and not any(out.iterdir()):
+        out.rmdir()
+    if out.exists() and not overwrite:
+        kept = out.with_name(f"{out.name}.trained-{os.getpid()}")
+        os.replace(staging, kept)
+        raise UserError(f"--out {out} was filled while this training ran (another command?); this checkpoint is "
+                        f"kept at {kept}, --out left as the other one wrote it")
+    old = None
+    if out.exists():
+        old = staging.with_name(staging.name.replace(".training", ".replaced"))
+        os.replace(out, old)
+    os.replace(staging, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 @app.command("eval")

@@ -755,6 +755,24 @@ def test_cli_inputs_that_ran_or_wrote_what_nobody_asked_for_are_refused_first(tm
         assert time.time() - t0 < 30  # before the minutes of training, not after
     assert (tmp_path / "ckpt" / "config.json").read_text() == "{}"
     assert not (tmp_path / "r").exists() and not (tmp_path / "o").exists()
+    # a parent that cannot hold --out, and counts past what one command draws: said before training (an outside
+    # review: "not a directory" came after 20 s of training, and 1e11 demonstrations drew until memory ran out)
+    for args, said in [(["--out", "afile/sub"], "cannot write beside it"),
+                       (["--out", "big", "--grpo-steps", "100000000"], "more than 1000000 instances")]:
+        t0 = time.time()
+        r = cli("train", *args, "--sft-examples", "8")
+        assert r.exit_code != 0 and said in str(r.exception), (args, r.exception, r.output)
+        assert time.time() - t0 < 30
+    r = cli("train", "--out", "huge", "--sft-examples", "100000000000")
+    assert r.exit_code == 2 and "sft-examples" in r.output, r.output
+    # --overwrite replaces the folder whole: a file of the old checkpoint (a chat template the new weights never saw)
+    # is gone, and no staging folder is left beside it
+    (tmp_path / "ckpt" / "chat_template.jinja").write_text("{{ messages }}")
+    r = cli("train", "--out", "ckpt", "--overwrite", "--task", "math", "--sft-examples", "8", "--sft-steps", "1",
+            "--grpo-steps", "0")
+    assert r.exit_code == 0, (r.exception, r.output)
+    assert not (tmp_path / "ckpt" / "chat_template.jinja").exists() and (tmp_path / "ckpt" / "evotrainer.json").is_file()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".ckpt.")]
     # a run's folder where a config belongs names the command meant
     made = lifecycle.open_run(tmp_path / "runs" / "x", parse_config(TINY, "test"))
     made.close()
