@@ -917,7 +917,11 @@ def _staging_dir(out: Path) -> Path:
 
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".training", dir=out.parent))
+        path = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".training", dir=out.parent))
+        mask = os.umask(0)
+        os.umask(mask)
+        path.chmod(0o777 & ~mask)  # a folder as `mkdir` makes it (mkdtemp's is private, 0700)
+        return path
     except OSError as exc:
         raise UserError(f"--out {out}: cannot write beside it ({exc.strerror or exc}); pass a folder in a writable "
                         "place") from None
