@@ -368,7 +368,7 @@ def _check_generators(config: RunConfig) -> None:
 
     from harness.seeds import seeds
     from harness.tasks import get_task
-    from harness.tasks.drawn import draw_some
+    from harness.tasks.drawn import misses
 
     task = get_task(config.task)
     for field, data, splits in (("env", config.env, ("train", "probe")),
@@ -380,11 +380,9 @@ def _check_generators(config: RunConfig) -> None:
         try:
             env = task.spec.config_model.model_validate(data)
             for split in splits:  # a config may miss a seed (the run draws a replacement), not two of four
-                failed: list[Exception] = []
-                for seed in seeds(split, START_DRAWS):
-                    failed += draw_some(task, env, [seed])[1].values()
-                    if len(failed) >= START_MISSES:
-                        raise failed[0]
+                _, failed = misses(task, env, seeds(split, START_DRAWS), START_MISSES)
+                if len(failed) >= START_MISSES:
+                    raise failed[min(failed)]
         except ValueError as exc:  # a pydantic ValidationError is one
             text = " ".join(str(exc).split())[:400]
             if field != "env":

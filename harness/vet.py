@@ -551,20 +551,14 @@ def env_backtest(task: Any, env_text: str, knob: str) -> VetResult:
     from the whole config. A config may miss a few seeds (the run draws those from replacement seeds of their split,
     `harness.tasks.drawn.draw_replacing`), but not `ENV_PROBE_MISSES` or more of them: a config that fails a quarter of
     its draws passes one time in five, one that fails half of them one time in 500 (binomial tails)."""
-    from harness.tasks.drawn import draw_some
+    from harness.tasks.drawn import misses
 
     cfg_all = task.spec.config_model.model_validate(yaml.safe_load(env_text))
     configs: list[tuple[str, Any]] = (task.vet_configs(cfg_all, knob) if isinstance(task, VetConfigs) else []) \
         or [("config", cfg_all)]
     missed = 0
     for label, cfg in configs:
-        failed: dict[int, Exception] = {}
-        tried = 0
-        for s in seeds("train", ENV_PROBE_INSTANCES):  # one at a time: a config that cannot generate stops early
-            failed.update(draw_some(task, cfg, [s])[1])
-            tried += 1
-            if len(failed) >= ENV_PROBE_MISSES:
-                break
+        tried, failed = misses(task, cfg, seeds("train", ENV_PROBE_INSTANCES), ENV_PROBE_MISSES)
         if len(failed) >= ENV_PROBE_MISSES:
             first = min(failed)
             return VetResult(ok=False, stage="offline", details={"where": label, "failed": len(failed)},

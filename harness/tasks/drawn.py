@@ -231,6 +231,20 @@ def draw_some(task: Any, config: Any, seeds: list[int],
     return found, failed
 
 
+def misses(task: Any, config: Any, seeds: list[int], limit: int) -> tuple[int, dict[int, Exception]]:
+    """Draw `seeds` one at a time until `limit` of them failed (the generator's error by seed): (seeds tried, the
+    failures). A config that cannot draw at all stops after `limit` draws, not all of them; a check that tolerates a
+    few misses (the run draws those seeds from replacements, `draw_replacing`) counts them here."""
+    failed: dict[int, Exception] = {}
+    tried = 0
+    for s in seeds:
+        failed.update(draw_some(task, config, [s])[1])
+        tried += 1
+        if len(failed) >= limit:
+            break
+    return tried, failed
+
+
 REPLACE_TRIES = 32  # same-split seeds tried in turn for a seed the generator cannot draw ...
 GIVE_UP_SHARE = 0.5  # ... until at least half of a draw's tries have failed (after GIVE_UP_AFTER of them): such a
 GIVE_UP_AFTER = 16   # config is not one a run can train on, and replacing would only shift its mix and cost solves
