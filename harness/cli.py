@@ -897,6 +897,12 @@ def train(
             _, _, rep = train_policy(t, str(staging), preset=preset, init=init, config=env, sft_examples=sft_examples,
                                      grpo_steps=grpo_steps, recipe=rec, style=style, progress=hook)
         _swap_in(staging, out, overwrite)
+    except KeyboardInterrupt:  # said, not a bare exit 130: what --out holds now
+        if not staging.exists():  # moved into --out: a Ctrl-C held back during the swap arrives after it
+            fail(f"interrupted (Ctrl-C) after the checkpoint was written to {out}; it is whole", code=130)
+        shutil.rmtree(staging, ignore_errors=True)
+        fail(f"interrupted (Ctrl-C) before the checkpoint was written; --out {out} is as it was (the partial "
+             "training is removed): run the command again to train", code=130)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     if rep.sft:
@@ -930,6 +936,23 @@ def _staging_dir(out: Path) -> Path:
 def _swap_in(staging: Path, out: Path, overwrite: bool) -> None:
     """Move the trained checkpoint into `out`: into a missing or empty folder, or (`overwrite`) in place of what is
     there, whole; a folder another process filled meanwhile is not replaced without `overwrite`."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():  # signal handlers belong to the main thread
+        _swap(staging, out, overwrite)
+        return
+    pressed: list[int] = []  # a Ctrl-C between the two renames below left --out missing and the old checkpoint
+    before = signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))  # under a hidden name: it is
+    try:  # held until the swap is whole (a handler, not a signal mask: another thread would take a masked signal)
+        _swap(staging, out, overwrite)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    if pressed:
+        raise KeyboardInterrupt
+
+
+def _swap(staging: Path, out: Path, overwrite: bool) -> None:
     if out.is_dir() and not any(out.iterdir()):
         out.rmdir()
     if out.exists() and not overwrite:
@@ -990,6 +1013,11 @@ def eval_cmd(
                   highlight=False)
     if style is not None and style not in t.spec.styles:
         raise UserError(f"unknown --style {style!r}; choose one of: {', '.join(t.spec.styles)}")
+    own = read_policy_meta(ckpt).get("style") if trained == task else None
+    if style is not None and isinstance(own, str) and own in t.spec.styles and own != style:
+        # another rendering of the same instances: the checkpoint scores what it was never trained to read
+        err.print(f"warning: {shown(str(ckpt))} was trained on {shown(own)} prompts (its evotrainer.json), and is "
+                  f"scored here on {shown(style)} prompts: drop --style to score it as trained", highlight=False)
     style = style or checkpoint_style(t, ckpt, tok)
     if read_policy_meta(ckpt).get("style") != style:  # trained in this style (a preset on chat prompts): as trained
         require_chat_template(tok, str(ckpt), style)

@@ -255,7 +255,13 @@ def test_train_eval_and_run_on_the_chat_checkpoint(chat_ckpt, tmp_path):
     res = runner.invoke(app, ["eval", str(out), "--suite", "small", "--max-new-tokens", "8", "--threads", "1"])
     assert res.exit_code == 0, res.output
     assert "math suite 'small' (chat prompts)" in res.output and "valid:" in res.output
-    assert "was trained on task" not in res.output
+    assert "was trained on task" not in res.output and "prompts (its evotrainer.json)" not in res.output
+    # another style than the one it was trained on is said, and still scored as asked
+    res = runner.invoke(app, ["eval", str(out), "--suite", "small", "--max-new-tokens", "8", "--threads", "1",
+                              "--style", "plain"])
+    assert res.exit_code == 0, res.output
+    assert "was trained on chat prompts" in res.output and "scored here on plain prompts" in res.output
+    assert "math suite 'small' (plain prompts)" in res.output
 
     cfg = {"task": "math", "name": "chat", "policy": {"checkpoint": str(chat_ckpt)},
            "warm_start": {"sft_examples": 16, "sft_steps": 2},

@@ -383,6 +383,44 @@ def test_oversized_or_undecodable_bodies_are_refused(lib, behave, why):
     assert res.engineer_used == "rule" and any(why in n for n in res.notes), res.notes
 
 
+@pytest.mark.parametrize("coding", ["gzip", "deflate", "raw-deflate", "bomb", "br"])
+def test_a_compressed_reply_despite_identity_is_read_or_named(lib, coding):
+    """A server (or a proxy in front of it) that gzips despite `Accept-Encoding: identity` was "did not return UTF-8
+    JSON"; now gzip and deflate (zlib or raw) are undone within the size bound, a body that expands past it is refused
+    as too big, and another coding is named. Would catch a reader that trusts the header or decompresses unbounded."""
+    import zlib
+
+    body = _completion(json.dumps(_one()))
+    if coding == "gzip":
+        sent, header = zlib.compress(body, wbits=31), "gzip"
+    elif coding == "deflate":
+        sent, header = zlib.compress(body), "deflate"
+    elif coding == "raw-deflate":
+        c = zlib.compressobj(wbits=-15)
+        sent, header = c.compress(body) + c.flush(), "deflate"
+    elif coding == "bomb":  # 40 KB on the wire, 40 MB once decompressed
+        sent, header = zlib.compress(b" " * (40 << 20), wbits=31), "gzip"
+    else:
+        sent, header = body, "br"
+
+    def serve(h):
+        h.send_response(200)
+        h.send_header("Content-Encoding", header)
+        h.send_header("Content-Length", str(len(sent)))
+        h.end_headers()
+        h.wfile.write(sent)
+
+    with RawEndpoint(serve) as ep:
+        res = propose(_cfg(ep.url, timeout_s=10, max_retries=0), _diag(), lib, 1, np.random.default_rng(0),
+                      space=SPACE)
+    if coding in ("gzip", "deflate", "raw-deflate"):
+        assert res.engineer_used == "llm", res.notes
+    else:
+        assert res.engineer_used == "rule", res.notes
+        why = "once decompressed" if coding == "bomb" else "Content-Encoding 'br'"
+        assert any(why in n for n in res.notes), res.notes
+
+
 HOSTILE_REPLIES = {
     "deep nesting": "[" * 50_000,
     "5000-digit integer": '{"candidates": [{"knob": "env.sizes.5.hole_ratio", "value": ' + "9" * 5000

@@ -792,3 +792,50 @@ def test_a_misspelt_key_names_the_field_it_is_close_to(data, said):
     with pytest.raises(ValueError) as exc:
         parse_config({"task": "mapf", **data}, "x")
     assert said in str(exc.value), str(exc.value)
+
+
+def test_ctrl_c_during_train_says_what_out_holds(tmp_path, main, monkeypatch):
+    """Ctrl-C during `train` exited 130 without a line (the user could not tell whether --out held a checkpoint).
+    Now one line: before the checkpoint was written, --out is as it was and the partial training is gone; a Ctrl-C
+    that lands between the swap's two renames (the old checkpoint moved aside, the new one not yet in) is held until
+    the swap is whole, then said. The training is the real CLI's up to `train_policy`, which the user interrupts."""
+    import os
+    import signal
+
+    import harness.policy_glue as glue
+
+    def interrupted(task, path, **kw):
+        Path(path, "config.json").write_text("{}")  # a partial save
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(glue, "train_policy", interrupted)
+    out = tmp_path / "ck"
+    r = main("train", "--out", str(out), "--sft-examples", "4", "--grpo-steps", "0")
+    assert r.returncode == 130 and "before the checkpoint was written" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert not out.exists() and os.listdir(tmp_path) == [], os.listdir(tmp_path)  # no staging folder left
+
+    out.mkdir()
+    (out / "weights").write_text("old")
+
+    def trained(task, path, **kw):
+        Path(path, "weights").write_text("new")
+        return None, None, type("Rep", (), {"sft": None, "grpo": None})()
+
+    monkeypatch.setattr(glue, "train_policy", trained)
+    real = os.replace
+    calls = []
+
+    def replace(a, b):  # the user presses Ctrl-C right after the old checkpoint is moved aside
+        real(a, b)
+        calls.append(b)
+        if len(calls) == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(os, "replace", replace)
+    r = main("train", "--out", str(out), "--sft-examples", "4", "--grpo-steps", "0", "--overwrite")
+    monkeypatch.setattr(os, "replace", real)
+    assert len(calls) == 2, calls  # both renames ran: the interrupt waited for the second
+    assert r.returncode == 130 and "after the checkpoint was written" in r.stderr, r.stderr
+    assert (out / "weights").read_text() == "new"
+    assert os.listdir(tmp_path) == ["ck"], os.listdir(tmp_path)

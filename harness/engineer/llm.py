@@ -212,6 +212,7 @@ def post_json(url: str, payload: dict, headers: dict[str, str], timeout_s: float
             with client.stream("POST", url, json=payload, headers={**headers, "Accept-Encoding": "identity"}) as resp:
                 box["status"], box["location"] = resp.status_code, resp.headers.get("location")
                 box["retry_after"] = resp.headers.get("retry-after")
+                box["encoding"] = resp.headers.get("content-encoding")
                 if resp.is_redirect:
                     return
                 buf = bytearray()
@@ -251,7 +252,39 @@ def post_json(url: str, payload: dict, headers: dict[str, str], timeout_s: float
         raise EndpointError(f"engineer endpoint {url} sent more than {max_bytes} bytes: refused")
     if meta is not None:
         meta["retry_after"] = box.get("retry_after")
-    return box["status"], box["body"]
+    return box["status"], _decoded(box["body"], box.get("encoding"), url, max_bytes)
+
+
+def _decoded(body: bytes, encoding: str | None, url: str, max_bytes: int) -> bytes:
+    """The body as sent before any content coding: a server (or a proxy in front of it) may compress despite
+    `Accept-Encoding: identity`; gzip and deflate (zlib-wrapped, or raw as some servers send it) are undone within
+    `max_bytes` of output (a small compressed body must not expand past the bound), any other coding is named."""
+    import zlib
+
+    def inflate(data: bytes, wbits: int) -> bytes | None:
+        d = zlib.decompressobj(wbits)
+        try:
+            out = d.decompress(data, max_bytes + 1)
+        except zlib.error:
+            return None
+        if len(out) > max_bytes or d.unconsumed_tail:
+            raise EndpointError(f"engineer endpoint {url} sent more than {max_bytes} bytes (once decompressed): "
+                                "refused")
+        return out if d.eof else None
+
+    codings = [c.strip().lower() for c in (encoding or "").split(",") if c.strip().lower() not in ("", "identity")]
+    for coding in reversed(codings):  # applied in the order listed: undone last first
+        if coding not in ("gzip", "x-gzip", "deflate"):
+            raise EndpointError(f"engineer endpoint {url} sent its reply with Content-Encoding {coding!r} despite "
+                                "Accept-Encoding: identity; only gzip and deflate are undone: configure the server "
+                                "(or its proxy) not to compress")
+        # 47 = 32 + 15: a gzip or zlib header, detected; -15: raw deflate
+        out = inflate(body, 47) if coding != "deflate" else (inflate(body, 15) or inflate(body, -15))
+        if out is None:
+            raise EndpointError(f"engineer endpoint {url} sent a {coding} body that does not decompress (truncated "
+                                "or not that coding)")
+        body = out
+    return body
 
 
 def chat_endpoint(base_url: str, model: str, api_key_env: str | None, temperature: float, max_tokens: int,
