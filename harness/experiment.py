@@ -449,10 +449,14 @@ def own_skills(cfg: ExperimentConfig, out: Path, exp_out: Path, say: Callable[[s
         else:
             os.environ["EVOTRAINER_SKILLS"] = before
     with SkillLibrary.open(shared) as lib, SkillLibrary.open(own, seed_dir=None) as mine:
-        added, tries = lib.merge_from(mine)
+        redefined: list[str] = []
+        added, tries = lib.merge_from(mine, redefined)
     if added or tries:
         say(f"skills: {tries} tr{'y' if tries == 1 else 'ies'} and {len(added)} new skill(s) of {out.name} merged "
             f"into {shared}")
+    if redefined:
+        say(f"skills: {out.name}'s tries of {', '.join(redefined)} not merged: redefined in {shared} while it ran "
+            "(its tries tried the old definition)")
 
 
 def run_evolved(arm: str, cfg: ExperimentConfig, seed: int, out: Path, warm: Path,

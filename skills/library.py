@@ -663,16 +663,25 @@ class SkillLibrary:
             self.db["skills"].update(name, {**self._evidence_row(new), "updated": _now()})
         return True
 
-    def merge_from(self, other: SkillLibrary) -> tuple[list[str], int]:
+    def merge_from(self, other: SkillLibrary, redefined: list[str] | None = None) -> tuple[list[str], int]:
         """Bring what another library learnt into this one (an experiment's evolved run learns in a private copy of
         the library and hands its learning back when it ends): each skill this library lacks (a run-born one) with
-        the evidence the other holds for it and its tries; for a skill both have, each try this one has not recorded
-        (tries are keyed by skill, run and candidate, so a try the copy inherited from here, or one merged before,
-        counts once). Definitions of skills both have are left as they are here. Returns (skills added, tries added)."""
+        the evidence the other holds for it and its tries; for a skill both have with the same definition, each try
+        this one has not recorded (tries are keyed by skill, run and candidate, so a try the copy inherited from here,
+        or one merged before, counts once). A skill redefined here meanwhile (`skills import --replace`, a changed
+        seed file) keeps its evidence: the copy's tries tried the old definition; its name goes into `redefined`.
+        Definitions of skills both have are left as they are here. Returns (skills added, tries added)."""
         added, tries = [], 0
         for row in other.db["skills"].rows:
             name = row["name"]
-            if self._row(name) is None:
+            if (mine := self._row(name)) is not None and mine["definition"] != row["definition"]:
+                if redefined is not None and any(
+                        not self.db.execute("SELECT 1 FROM skill_tries WHERE skill = ? AND run = ? AND candidate = ?",
+                                            [name, t["run"], t["candidate"]]).fetchone()
+                        for t in other.db["skill_tries"].rows_where("skill = ?", [name])):
+                    redefined.append(name)
+                continue
+            if mine is None:
                 with _immediate(self.db):
                     self.db["skills"].insert(row)
                     for t in other.db["skill_tries"].rows_where("skill = ?", [name]):

@@ -527,6 +527,13 @@ def test_a_copy_learns_apart_and_merges_back_each_try_once(tmp_path: Path, lib: 
         assert lib.search("re-weight toward the target")[0].name == "mapf-env-mixture-run-a"  # full-text index too
         assert lib.merge_from(own) == ([], 0)  # a resumed run merging again changes nothing
         assert lib.get("raise-hole-ratio").evidence.tries == 3
+        # redefined here while the copy ran (`skills import --replace`): the copy's tries tried the old definition
+        _try(own, "raise-hole-ratio", True, "mapf", "run-a", "s4c1", effect=0.3)
+        old = lib.get("raise-hole-ratio")
+        lib.add(old.model_copy(update={"expected": "a redefinition"}), replace=True)
+        redefined: list[str] = []
+        assert lib.merge_from(own, redefined) == ([], 0) and redefined == ["raise-hole-ratio"]
+        assert (lib.get("raise-hole-ratio").evidence.tries, len(lib.tries("raise-hole-ratio"))) == (3, 3)
     finally:
         own.close()
 
