@@ -330,6 +330,25 @@ def suite_clusters(rc) -> list[int]:
     return [first.setdefault(task.prompt(inst), i) for i, (_, inst) in enumerate(draw_test(task, rc.eval))]
 
 
+def check_warm(rc0, folder: Path) -> None:
+    """A shared warm start an earlier call made (`folder`) is this call's only when made from these settings;
+    refused naming the first difference otherwise."""
+    if not (folder / "config.yaml").is_file():
+        return
+    now = warm_made_from(rc0)
+    try:
+        from harness.config import RunConfig
+
+        then = warm_made_from(RunConfig.model_validate(yaml.safe_load((folder / "config.yaml").read_text())))
+    except Exception as exc:  # noqa: BLE001 - an unreadable record is not taken on trust
+        raise ExperimentError(f"{folder}/config.yaml: unreadable ({type(exc).__name__}); remove {folder} to "
+                              "make the warm start again") from None
+    if (diff := _first_diff(_endpoint_free(then), _endpoint_free(now), "")) is not None:
+        raise ExperimentError(f"{folder}: the shared warm start was made from other settings than this call's: "
+                              f"{diff}; every arm would start from it (a --quick warm start under a whole "
+                              "run): use a new --out, or remove that folder (and the arms made from it)")
+
+
 def warm_start(rc0, out: Path, say: Callable[[str], None]) -> tuple[Path, list[float]]:
     """The experiment's shared warm start, made by the stage's own setup in a run of its own (`<out>/warmstart`):
     (its checkpoint, its per-instance held-out valid)."""
@@ -339,19 +358,7 @@ def warm_start(rc0, out: Path, say: Callable[[str], None]) -> tuple[Path, list[f
 
     t0 = time.time()
     folder = out / "warmstart"
-    now = warm_made_from(rc0)
-    if (folder / "config.yaml").is_file():  # made by an earlier call: only from these settings is it this call's
-        try:
-            from harness.config import RunConfig
-
-            then = warm_made_from(RunConfig.model_validate(yaml.safe_load((folder / "config.yaml").read_text())))
-        except Exception as exc:  # noqa: BLE001 - an unreadable record is not taken on trust
-            raise ExperimentError(f"{folder}/config.yaml: unreadable ({type(exc).__name__}); remove {folder} to "
-                                  "make the warm start again") from None
-        if (diff := _first_diff(_endpoint_free(then), _endpoint_free(now), "")) is not None:
-            raise ExperimentError(f"{folder}: the shared warm start was made from other settings than this call's: "
-                                  f"{diff}; every arm would start from it (a --quick warm start under a whole "
-                                  "run): use a new --out, or remove that folder (and the arms made from it)")
+    check_warm(rc0, folder)
     run = open_run(folder, rc0)
     try:
         ckpt = Path(node_setup(run, {})["policy"])
@@ -703,6 +710,13 @@ def _run_experiments(exps: list[tuple[ExperimentConfig, Path]], say, progress, j
             f"{rc0.budget.stages} stages each; held-out suite {rc0.eval.name} ({len(suite_blocks(rc0))} instances); "
             f"out {out}")
         add_units(units, first_warm, i, _warm_group(rc0), arms, cfg.seeds, cfg.budget_steps is None)
+    for u in units.values():  # a part made from other settings is refused before anything is made or re-scored
+        cfg, out = preps[u.exp][0], preps[u.exp][1]
+        if u.kind == "warm":
+            check_warm(run_config(cfg, 0, preps[u.exp][2]["arms"][0]), out / "warmstart")
+    for u in units.values():
+        if u.kind != "warm":
+            _check_before(preps[u.exp][0], preps[u.exp][1] / u.kind / f"seed{u.seed}", u.kind, u.seed)
     t_start = time.time()
     results = _schedule(units, preps, labels, say, progress, jobs)
     wall = time.time() - t_start  # the whole schedule's (shared by its experiments when they ran side by side)
@@ -801,6 +815,20 @@ def _first_diff(a: Any, b: Any, path: str) -> str | None:
         a, b = (x[j] if j < len(x) else "(end)"), (y[j] if j < len(y) else "(end)")
         path += f" line {j + 1}"
     return f"{path} ({json.dumps(a, default=str)[:60]} then, {json.dumps(b, default=str)[:60]} now)"
+
+
+def _check_before(cfg: ExperimentConfig, folder: Path, arm: str, seed: int) -> None:
+    """`check_made_from` before anything runs, for an arm x seed folder an earlier call made: every setting but the
+    budget, which a baseline learns from its evolved arm's result (checked again, budget included, when the arm is
+    reached). Why: a scenario whose target was edited between parts re-made and re-scored its warm start on the new
+    test set, minutes, before its first arm was refused."""
+    try:
+        then = json.loads((folder / MADE_FROM).read_text())["made_from"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # none (a fresh folder), or unreadable: said where the arm is reached
+    if isinstance(then, dict):
+        check_made_from(folder, made_from(cfg, arm, seed, cfg.budget_steps if cfg.budget_steps is not None
+                                          else then.get("budget")))
 
 
 def check_made_from(folder: Path, now: dict[str, Any]) -> str | None:

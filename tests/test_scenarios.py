@@ -477,14 +477,15 @@ def test_a_tiny_scenario_runs_every_arm_at_equal_compute_no_arm_reads_the_defect
     # the warm start is a column of the table, every arm is paired against it, and the oracle is checked against it
     assert "warm" in sc and all("vs_warm" in a for a in sc["arms"].values()) and isinstance(sc["oracle_learns"], bool)
     assert "| warm start |" in (out / "scenarios.md").read_text()
-    # a changed test set: the warm start's held-out record is scored again on the new one (its checkpoint is there),
-    # and an arm tested on the old one is refused by name, never paired instance by instance with the new one
+    # a changed test set: an arm tested on the old one is refused by name, never paired instance by instance with the
+    # new one, and before the warm start is scored again on the new set (before: minutes of scoring, then the refusal)
     f.write_text(f.read_text().replace("test_n: 16", "test_n: 24"))
-
-    with pytest.raises(ExperimentError, match=r"tested on 16 held-out instances of env:\w+, the experiment's test set "
-                       r"is now 24 of env:"):
+    scored = (exp / "warmstart" / "stages" / "s0" / "test.json").stat().st_mtime_ns
+    with pytest.raises(ExperimentError, match=r"seed0: made from other settings than this call's: run\.eval\.n "
+                       r"\(16 then, 24 now\)"):
         run_scenarios([f], out, arms, 1, False, say=said.append)
-    assert len(json.loads((exp / "warmstart" / "stages" / "s0" / "test.json").read_text())["valid"]) == 24
+    assert (exp / "warmstart" / "stages" / "s0" / "test.json").stat().st_mtime_ns == scored
+    assert len(json.loads((exp / "warmstart" / "stages" / "s0" / "test.json").read_text())["valid"]) == 16
     # a target edited in place with the same test_n: the shared warm start learnt on the old target, so it is refused
     # by name before any arm is read (before: it was reused, and only the arms' test set told the edit apart)
     head, body = f.read_text().split("\n", 1)
