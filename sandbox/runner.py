@@ -46,9 +46,11 @@ these functions raise (`ValueError`, `SandboxUnavailable`).
   RLIMIT_NPROC): N processes may use N x `memory_mb`. `protections()` and `kernel.cgroup_support()` say so.
 - The fallback (`isolation: process`, used when bwrap is missing, with a one-time warning) is a plain subprocess with
   the same rlimits, scrubbed environment and temp working directory (and the cgroup where available), but no seccomp
-  and no disk cap (it writes to a host temp dir), and it sees the whole filesystem and network as the caller's user;
-  when the caller is root, RLIMIT_NPROC is ignored by the kernel (no fork-bomb protection without a cgroup). Use
-  `require_bwrap=True` wherever it matters: the loop's evolved diagnostics do.
+  and no disk cap (it writes to a host temp dir), and it sees the whole filesystem and network as the caller's user
+  does; when the caller is root the job drops to a fresh unprivileged uid as under bubblewrap (so it reads only what
+  any user may, and RLIMIT_NPROC holds) where such a uid can run the interpreter (`_drops_root`; a Python under a
+  private /root cannot be, and there the job runs as root, with a one-time warning). Use `require_bwrap=True`
+  wherever it matters: the loop's evolved diagnostics do.
 """
 
 from __future__ import annotations
@@ -311,6 +313,51 @@ def _isolation(require_bwrap: bool, isolation: str) -> tuple[Isolation, str | No
     return "process", None
 
 
+_ROOT_WARNED = False
+_RUNNABLE: dict[tuple[str, ...], bool] = {}
+
+
+def _drops_root(python_path: list[str]) -> bool:
+    """May a root caller's job in the process fallback drop to an unprivileged uid, as bubblewrap's does? Only where
+    such a uid can still run it: the interpreter, its standard library and the job's `python_path` readable by any
+    user along their whole path (bubblewrap mounts them at their place, so there the folders above do not matter;
+    a Python under /root, 0700, is readable by root alone). Else the job runs as root, said once."""
+    global _ROOT_WARNED
+    python = str(interpreter())
+    key = (python, *python_path)
+    if key not in _RUNNABLE:
+        try:
+            out = subprocess.run([python, "-I", "-S", "-c", "import sysconfig; print(sysconfig.get_path('stdlib')); "
+                                  "print(sysconfig.get_path('platstdlib'))"], capture_output=True, text=True,
+                                 timeout=30, check=True).stdout.split()
+        except (OSError, subprocess.SubprocessError):
+            out = []
+        lib_dynload = [str(Path(p, "lib-dynload")) for p in out]
+        _RUNNABLE[key] = bool(out) and all(_anyone_reads(Path(p)) for p in [python, *out, *lib_dynload, *python_path]
+                                           if Path(p).exists() or p == python)
+    if not _RUNNABLE[key] and not _ROOT_WARNED:
+        _ROOT_WARNED = True
+        warnings.warn(f"sandbox: the process fallback runs jobs as root here: this Python ({python}) or the job's "
+                      "library folders are not readable by an unprivileged user, so a job cannot drop to one; install "
+                      f"bubblewrap ({_INSTALL}), or use a Python installed where any user can read it",
+                      RuntimeWarning, stacklevel=4)
+    return _RUNNABLE[key]
+
+
+def _anyone_reads(path: Path) -> bool:
+    """Is `path` readable by any user: it (a file: read; a folder: read and search) and every folder above it
+    searchable by others (the mode bits; root's own access says nothing)."""
+    import stat
+
+    try:
+        path = Path(os.path.realpath(path))
+        mode = path.stat().st_mode
+        need = stat.S_IROTH | (stat.S_IXOTH if stat.S_ISDIR(mode) else 0)
+        return mode & need == need and all(p.stat().st_mode & stat.S_IXOTH for p in path.parents)
+    except OSError:
+        return False
+
+
 def _job_uid() -> int:
     """A fresh unprivileged uid per job (root callers), so RLIMIT_NPROC counts only this job's processes: 4096 per
     process, by its pid modulo UID_BLOCKS (every uid below 2^31; modulo 4096, two processes whose pids were 4096
@@ -459,7 +506,9 @@ def run(job: Job, *, require_bwrap: bool = False, isolation: str = "auto") -> Ru
     try:
         scratch = root / "scratch"  # the working directory of the process fallback (bwrap mounts a tmpfs instead)
         scratch.mkdir()
-        uid = _job_uid() if mode == "bwrap" and os.geteuid() == 0 else None
+        uid = _job_uid() if os.geteuid() == 0 and (mode == "bwrap" or _drops_root(job.python_path)) else None
+        if uid is not None and mode != "bwrap":  # the fallback's working folder: the job writes its files as its uid
+            os.chown(scratch, uid, uid)
         job_file = root / "job"
         job_file.write_bytes(marshal.dumps({**job.model_dump(mode="json"), "uid": uid}))
         result_r, result_w = os.pipe()

@@ -10,6 +10,7 @@ with the reason, on a machine that cannot enforce it (no writable cgroup, no sec
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import shutil
 import threading
 import time
@@ -113,14 +114,56 @@ def test_several_processes_cannot_exceed_the_total_memory_cap():
 
 @needs_cgroup
 def test_a_child_that_leaves_the_session_is_killed_with_the_job(tmp_path):
-    # process fallback: setsid() used to escape the process-group kill; the cgroup catches it
-    marker = tmp_path / "alive"
+    # process fallback: setsid() used to escape the process-group kill; the cgroup catches it. The marker's folder is
+    # one the job's uid may write (a root caller's job runs as a fresh unprivileged uid), so only the kill stops it
+    import tempfile
+
+    shared = Path(tempfile.mkdtemp(prefix="evotrainer-marker-"))
+    shared.chmod(0o777)
+    marker = shared / "alive"
     code = (f"import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(1.5)\n"
             f"    open({str(marker)!r}, 'w').write('escaped')\n    os._exit(0)\nresult = 'parent done'")
     r = run_code(code, isolation="process")
     assert r.value == "parent done"
     time.sleep(2.5)
     assert not marker.exists()
+    escaped = run_code(f"open({str(marker)!r}, 'w').write('x')\nresult = 1", isolation="process")
+    assert escaped.value == 1 and marker.exists()  # the folder was writable: the kill, not a permission, stopped it
+    import shutil
+
+    shutil.rmtree(shared)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a root caller's case: run as root (CI does)")
+@pytest.mark.skipif(not os.access("/usr/bin/python3", os.X_OK), reason="needs a system Python any user can read")
+def test_the_process_fallback_never_runs_a_root_callers_job_as_root_where_it_can_drop(tmp_path, monkeypatch):
+    """`EVOTRAINER_CODE_ISOLATION=process` under root ran the policy's programs as root (they could read and rewrite
+    anything: the run folder, the judge, ~/.ssh). Now the job drops to a fresh unprivileged uid, as under bubblewrap,
+    wherever such a uid can run the interpreter (the system Python here); its own files in its working folder still
+    work. Where it cannot (a Python under a private /root), the job runs as root and that is said once."""
+    import warnings
+
+    secret = tmp_path / "secret"
+    secret.write_text("judge answers")
+    secret.chmod(0o600)
+    code = (f"import os\nopen('mine.txt', 'w').write('ok')\ntry:\n    seen = open({str(secret)!r}).read()\n"
+            "except OSError as exc:\n    seen = type(exc).__name__\nresult = [os.getuid(), os.geteuid(), seen, "
+            "open('mine.txt').read()]")
+    system = Path(os.path.realpath("/usr/bin/python3"))
+    monkeypatch.setattr(runner, "interpreter", lambda: system)
+    assert runner._drops_root([])
+    r = run_code(code, isolation="process")
+    assert r.status == "ok", r
+    uid, euid, seen, mine = r.value
+    assert uid != 0 and euid != 0 and seen == "PermissionError" and mine == "ok", r.value
+    # a Python no unprivileged uid can read (a private home): it runs as root, said once
+    private = tmp_path / "home"
+    private.mkdir(mode=0o700)
+    assert not runner._anyone_reads(private) and runner._anyone_reads(system)
+    monkeypatch.setattr(runner, "_drops_root", lambda python_path: False)
+    with warnings.catch_warnings(record=True):
+        r = run_code(code, isolation="process")
+    assert r.status == "ok" and r.value[0] == 0 and r.value[2] == "judge answers", r.value
 
 
 @pytest.mark.skipif(seccomp_program() is None, reason="no seccomp filter for this CPU architecture")
