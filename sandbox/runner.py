@@ -327,9 +327,9 @@ def _drops_root(python_path: list[str]) -> bool:
     key = (python, *python_path)
     if key not in _RUNNABLE:
         try:
-            out = subprocess.run([python, "-I", "-S", "-c", "import sysconfig; print(sysconfig.get_path('stdlib')); "
-                                  "print(sysconfig.get_path('platstdlib'))"], capture_output=True, text=True,
-                                 timeout=30, check=True).stdout.split()
+            ask = "import sysconfig; print(sysconfig.get_path('stdlib')); print(sysconfig.get_path('platstdlib'))"
+            out = subprocess.run([python, "-I", "-S", "-c", ask], capture_output=True, text=True, timeout=30,
+                                 check=True).stdout.split()
         except (OSError, subprocess.SubprocessError):
             out = []
         lib_dynload = [str(Path(p, "lib-dynload")) for p in out]

@@ -10,10 +10,10 @@ with the reason, on a machine that cannot enforce it (no writable cgroup, no sec
 from __future__ import annotations
 
 import os
-from pathlib import Path
 import shutil
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -129,8 +129,6 @@ def test_a_child_that_leaves_the_session_is_killed_with_the_job(tmp_path):
     assert not marker.exists()
     escaped = run_code(f"open({str(marker)!r}, 'w').write('x')\nresult = 1", isolation="process")
     assert escaped.value == 1 and marker.exists()  # the folder was writable: the kill, not a permission, stopped it
-    import shutil
-
     shutil.rmtree(shared)
 
 
