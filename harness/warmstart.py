@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -159,13 +160,23 @@ def prune(keep: Path | None = None, now: float | None = None) -> list[Path]:
 
 def _sweep(root: Path) -> None:
     """Remove the half-made copies of writers that died (`.<key>.<pid>.tmp` whose pid is gone): a kill -9 mid-copy
-    left them for good, a checkpoint's size each (gigabytes for a real model). A live writer's copy is left alone."""
+    left them for good, a checkpoint's size each (gigabytes for a real model). A live writer's copy is left alone; one
+    untouched for `STALE_TMP_S` is a dead writer's whose pid another process has since taken (a copy takes minutes)."""
     from harness.store import _pid_alive
 
     for d in root.glob(".*.tmp"):
         pid = d.name.rsplit(".", 2)[-2] if d.name.count(".") >= 3 else ""
-        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            stale = time.time() - d.stat().st_mtime > STALE_TMP_S
+        except OSError:
+            continue
+        if stale or not _pid_alive(int(pid)):
             shutil.rmtree(d, ignore_errors=True)
+
+
+STALE_TMP_S = 24 * 3600
 
 
 class CacheWriteError(OSError):

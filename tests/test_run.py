@@ -1173,6 +1173,10 @@ def test_a_warm_start_copy_left_by_a_killed_writer_is_swept(tmp_path, monkeypatc
     (ckpt / "config.json").write_text("{}")
     assert warmstart.store("k1", ckpt, {}) == root / "k1"
     assert not dead.exists() and live.exists()
+    # a copy untouched for a day is a dead writer's whose pid a live process has since taken: swept too
+    os.utime(live, (time.time() - warmstart.STALE_TMP_S - 60,) * 2)
+    assert warmstart.store("k2", ckpt, {}) == root / "k2"
+    assert not live.exists()
 
 
 def test_a_start_killed_before_its_marker_leaves_a_folder_a_new_run_takes(tmp_path):
