@@ -8,9 +8,15 @@ truncation selection: after every stage each member's fitness is measured, the m
 the bottom `quantile` copies the weights and knobs of a member drawn uniformly from the top `quantile` (exploit), then
 multiplies each copied knob by a factor drawn from `perturb` (explore: the paper's 0.8 / 1.2). The truncation size is
 Ray Tune's rule (ceil(population x quantile), at most half the population), so a population of 2 exchanges one member.
-Two choices of ours: a bottom member copies only a top member whose fitness is strictly higher (a tie is no evidence,
-so nothing is copied), and the population starts around the round-0 recipe (member 0 at it, every other member one
-explore step away from it) rather than from a prior the recipe does not have.
+The population starts as the paper's does, from a prior: member 0 at the round-0 recipe, every other member's knobs
+drawn log-uniformly within `decades` decades either side of the round-0 value (what a person writing a Tune search
+space around their own setting gives, `tune.loguniform(x / 10, x * 10)`), within the Recipe's bounds; and explore
+resamples a copied knob from that prior with `resample_probability` (Tune's default 0.25), else perturbs it. A bottom
+member copies a top one whatever their fitness (Tune's rule: a population whose members all scored 0, a collapse,
+still explores). Why (an outside review, eighty-third session): the population used to start one 0.8 / 1.2 step from
+the round-0 recipe, never resample, and copy only a strictly fitter member, so in three stages no knob could leave
+x0.51..x1.73 of a broken value: no learning-rate or temperature defect (x0.1 to x10 away) was within its reach, and a
+collapsed population never moved at all; a strawman, not the baseline a person would run.
 
 **Why not Ray Tune's `PopulationBasedTraining`.** Tune's scheduler owns the training loop: each member is a Tune trial
 (an actor in its own process) that reports a metric every `perturbation_interval` of `time_attr`, and the scheduler
@@ -21,8 +27,7 @@ Tune, PBT would have a second checkpoint store, a second resume path and trials 
 2-core machine where the arms train one after another anyway (Tune's `synch=True` barrier is exactly our stage). Ray
 is also an optional extra (`evotrainer[ray]`), which a baseline should not need. What Tune contributes beyond that is
 ~30 lines (`exploit_explore` below), so PBT is this small driver; it keeps Tune's defaults (quantile 0.25,
-perturbation factors 0.8 / 1.2) and its truncation size, and leaves out Tune's `resample_probability` (there is no
-prior distribution of a knob to resample from).
+perturbation factors 0.8 / 1.2, resample probability 0.25), its truncation size and its copying rule.
 
 **One stage** k (`run_pbt`): the stage's share of the budget (`stage_split` over stages, cumulatively targeted as in
 `harness.baselines.run_baseline`, less the fitness probes the previous stage spent) is split over the members
@@ -88,6 +93,12 @@ class PBTConfig(BaseModel):
                              "field's constraints (learning_rate > 0, temperature > 0, top_p in (0, 1], ...)")
     probe_n: int = Field(16, ge=1, description="fresh probe-split instances of the target per stage on which every "
                                                "member's fitness (valid rate) is measured; their tokens are charged")
+    decades: float = Field(1.0, ge=0.0, le=4.0, description="the prior: initial members (all but member 0, at the "
+                           "round-0 recipe) and resampled knobs are drawn log-uniformly within this many decades "
+                           "either side of the round-0 value, within the Recipe's bounds (0: no prior; the initial "
+                           "members are one explore step from round 0 and nothing is resampled)")
+    resample_probability: float = Field(0.25, ge=0.0, le=1.0, description="explore: each copied knob is drawn again "
+                                        "from the prior with this probability, else perturbed (Ray Tune's default)")
 
     @field_validator("perturb")
     @classmethod
@@ -209,19 +220,45 @@ def perturb(knobs: dict[str, float], factors: tuple[float, float], rng: np.rando
     return out
 
 
+def prior_range(knob: str, center: float, decades: float) -> tuple[float, float]:
+    """The prior's support for a knob: [center / 10^decades, center x 10^decades] within the Recipe's bounds (an open
+    bound is kept a thousandth inside)."""
+    lo, hi = center / 10**decades, center * 10**decades
+    blo, bhi = recipe_bounds(knob)
+    if blo is not None and lo <= blo[0]:  # a positive centre puts lo above 0: only a positive bound is met here
+        lo = blo[0] * 1.001 if blo[1] else blo[0]
+    if bhi is not None and hi >= bhi[0]:
+        hi = bhi[0] * (0.999 if bhi[1] else 1.0)
+    return lo, max(lo, hi)
+
+
+def sample_prior(prior: dict[str, tuple[float, float]], rng: np.random.Generator) -> dict[str, float]:
+    """One draw of every knob, log-uniform on its prior's support (4 significant digits, as `perturb`)."""
+    return {name: float(f"{math.exp(rng.uniform(math.log(lo), math.log(hi))):.4g}")
+            for name, (lo, hi) in prior.items()}
+
+
 def exploit_explore(fitness: list[float], knobs: list[dict[str, float]], quantile: float,
-                    factors: tuple[float, float], rng: np.random.Generator) -> list[tuple[int, dict[str, float]]]:
-    """Truncation selection (Jaderberg et al. 2017): rank the members by fitness (ties: lower id ranks higher); each
-    member of the bottom quantile copies a member drawn uniformly from the top quantile when that member is strictly
-    fitter, and perturbs the copied knobs. Returns, per member, (the member whose weights it continues, its knobs)."""
+                    factors: tuple[float, float], rng: np.random.Generator,
+                    prior: dict[str, tuple[float, float]] | None = None,
+                    resample_probability: float = 0.0) -> list[tuple[int, dict[str, float]]]:
+    """Truncation selection (Jaderberg et al. 2017, with Ray Tune's rules): rank the members by fitness (ties: lower id
+    ranks higher); each member of the bottom quantile copies a member drawn uniformly from the top quantile (whatever
+    their fitness, as Tune clones), then explores each copied knob: drawn again from `prior` with
+    `resample_probability`, else perturbed. Returns, per member, (the member whose weights it continues, its knobs)."""
     n = truncation(len(fitness), quantile)
     order = sorted(range(len(fitness)), key=lambda i: (-fitness[i], i))
     top, bottom = order[:n], order[len(order) - n:]
     out = [(i, dict(k)) for i, k in enumerate(knobs)]
     for i in bottom:
         j = top[int(rng.integers(len(top)))]
-        if fitness[j] > fitness[i]:
-            out[i] = (j, perturb(knobs[j], factors, rng))
+        new = {}
+        for name, value in knobs[j].items():
+            if prior is not None and name in prior and rng.random() < resample_probability:
+                new.update(sample_prior({name: prior[name]}, rng))
+            else:
+                new.update(perturb({name: value}, factors, rng))
+        out[i] = (j, new)
     return out
 
 
@@ -236,15 +273,28 @@ def member_files(base: dict[str, str], knobs: dict[str, float]) -> dict[str, str
 # --- the driver: the stage's machinery, one population per run ---------------------------------------------------------
 
 
-def initial_population(run: Run, cfg: PBTConfig, start: str) -> Population:
-    """Member 0 at the round-0 recipe's knobs, every other member one explore step from them; all at the warm start."""
+def round0_knobs(run: Run, cfg: PBTConfig) -> dict[str, float]:
+    """The round-0 recipe's values of the knobs the population explores (the prior's centre)."""
     recipe = harness_models(round0_files(run), run.task)[1]
     base = {k: float(getattr(recipe, k)) for k in cfg.knobs}
     if zero := [k for k, v in base.items() if v == 0]:
         raise BaselineError(f"pbt: recipe.{zero[0]} is 0 in the round-0 recipe and a multiplicative perturbation "
                             f"cannot move it; set recipe.{zero[0]} above 0 or drop it from pbt.knobs")
+    return base
+
+
+def prior_of(base: dict[str, float], cfg: PBTConfig) -> dict[str, tuple[float, float]] | None:
+    return {k: prior_range(k, v, cfg.decades) for k, v in base.items()} if cfg.decades > 0 else None
+
+
+def initial_population(run: Run, cfg: PBTConfig, start: str) -> Population:
+    """Member 0 at the round-0 recipe's knobs, every other member drawn from the prior (`PBTConfig.decades`; one
+    explore step from round 0 without one); all at the warm start."""
+    base = round0_knobs(run, cfg)
+    prior = prior_of(base, cfg)
     rng = np.random.default_rng([run.config.seed, 0, 11])
-    knobs = [base] + [perturb(base, cfg.perturb, rng) for _ in range(cfg.population - 1)]
+    knobs = [base] + [sample_prior(prior, rng) if prior else perturb(base, cfg.perturb, rng)
+                      for _ in range(cfg.population - 1)]
     return Population(stage=0, members=[Member(id=i, knobs=k, checkpoint=start) for i, k in enumerate(knobs)])
 
 
@@ -331,7 +381,8 @@ def run_pbt(run: Run, cfg: PBTConfig, budget: int, name: str,
         nxt = run.result(k, Population)
         if nxt is None:
             moves = exploit_explore([t.fitness for t in trained], [m.knobs for m in pop.members], cfg.quantile,
-                                    cfg.perturb, np.random.default_rng([run.config.seed, k, 11]))
+                                    cfg.perturb, np.random.default_rng([run.config.seed, k, 11]),
+                                    prior_of(round0_knobs(run, cfg), cfg), cfg.resample_probability)
             nxt = Population(stage=k, trained=trained, best=best.member, members=[
                 Member(id=m.id, knobs=knobs, checkpoint=trained[src].checkpoint, lineage=[*m.lineage, src])
                 for m, (src, knobs) in zip(pop.members, moves, strict=True)])

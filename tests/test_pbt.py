@@ -44,10 +44,38 @@ def test_truncation_copies_a_fitter_top_member_into_the_bottom_and_perturbs_with
     for s in range(40):  # every draw stays inside the Recipe's bounds
         p = perturb({"top_p": 0.95, "replay": 0.9, "temperature": 0.5}, (0.8, 1.2), np.random.default_rng(s))
         assert 0 < p["top_p"] <= 1 and 0 <= p["replay"] < 1 and p["temperature"] in (0.4, 0.6)
-    # a tie is no evidence: nothing is copied; the truncation size is ceil(P x q), at most half the population
-    assert exploit_explore([0.5, 0.5], knobs[:2], 0.25, (0.8, 1.2), np.random.default_rng(0)) == \
-        [(0, knobs[0]), (1, knobs[1])]
+    # a tie copies too (Ray Tune's rule: a population that scored 0 everywhere, a collapse, still explores); the
+    # truncation size is ceil(P x q), at most half the population
+    tie = exploit_explore([0.0, 0.0], knobs[:2], 0.25, (0.8, 1.2), np.random.default_rng(0))
+    assert tie[0] == (0, knobs[0]) and tie[1][0] == 0 and tie[1][1] != knobs[0], tie
     assert (truncation(2, 0.25), truncation(4, 0.25), truncation(5, 0.5), truncation(10, 0.25)) == (1, 1, 2, 3)
+
+
+def test_the_prior_reaches_a_decade_either_side_and_explore_resamples_from_it():
+    """An outside review (eighty-third session): the population started one 0.8 / 1.2 step from the round-0 recipe and
+    never resampled, so in three stages no knob left x0.51..x1.73 of a broken value (a collapsing rate needs x0.25, a
+    cold temperature x10): a strawman. Now the initial members and a resampled knob are drawn log-uniformly within
+    `decades` decades of the round-0 value, inside the Recipe's bounds."""
+    from harness.pbt import prior_range, sample_prior
+
+    assert prior_range("learning_rate", 4e-4, 1.0) == (pytest.approx(4e-5), pytest.approx(4e-3))
+    assert prior_range("temperature", 2.0, 1.0) == (pytest.approx(0.2), 10.0)  # temperature <= 10
+    lo, hi = prior_range("replay", 0.9, 1.0)
+    assert lo == pytest.approx(0.09) and hi < 1  # replay < 1: an open bound is kept inside
+    prior = {"learning_rate": prior_range("learning_rate", 4e-4, 1.0), "temperature": prior_range("temperature",
+                                                                                                   0.05, 1.0)}
+    rng = np.random.default_rng(0)
+    draws = [sample_prior(prior, rng) for _ in range(2000)]
+    lrs = np.array([d["learning_rate"] for d in draws])
+    temps = np.array([d["temperature"] for d in draws])
+    assert lrs.min() >= 4e-5 * 0.999 and lrs.max() <= 4e-3 * 1.001 and temps.max() <= 0.5 * 1.001
+    assert 0.2 < np.mean(lrs <= 1e-4) < 0.4  # log-uniform: x0.25 and below is 30% of the mass
+    assert 0.1 < np.mean(temps >= 0.25) < 0.2  # and x5 and above 15%
+    # explore with resample_probability 1: every copied knob is a prior draw, not a 0.8 / 1.2 step
+    knobs = [{"learning_rate": 4e-4, "temperature": 0.05}] * 4
+    out = exploit_explore([0.9, 0.5, 0.3, 0.1], knobs, 0.25, (0.8, 1.2), np.random.default_rng(1), prior, 1.0)
+    assert out[3][0] == 0 and out[3][1]["learning_rate"] not in (pytest.approx(3.2e-4), pytest.approx(4.8e-4))
+    assert PBTConfig().decades == 1.0 and PBTConfig().resample_probability == 0.25
 
 
 def test_config_refuses_knobs_pbt_cannot_explore():
@@ -114,10 +142,10 @@ def test_a_population_of_two_shares_the_budget_reports_its_best_member_and_resum
             best = next(t for t in pop.trained if t.member == pop.best)
             assert best.fitness == max(fit.values()) and row.checkpoint == best.checkpoint
             assert sum(t.steps for t in pop.trained) == row.steps
-            for m in pop.members:  # each continues its own weights, or a fitter member's with perturbed knobs
+            for m in pop.members:  # each continues its own weights, or a top member's (not less fit) with new knobs
                 src = pop.trained[m.lineage[-1]]
                 assert m.checkpoint == src.checkpoint
-                assert m.knobs == src.knobs if src.member == m.id else fit[src.member] > fit[m.id]
+                assert m.knobs == src.knobs if src.member == m.id else fit[src.member] >= fit[m.id]
             test = next(e for e in run.store.evaluations(run.id, stage=row.stage, arm="policy")
                         if e["split"] == "test" and not e["slice_key"])
             assert (row.valid, row.optimal) == (test["valid"], test["optimal"])
@@ -126,7 +154,7 @@ def test_a_population_of_two_shares_the_budget_reports_its_best_member_and_resum
             assert len(report["problems"]) == len(report["valid"])  # each instance's problem: the curve's clusters
         p0 = run.result(0, Population)
         assert p0.members[0].knobs == {"learning_rate": 1e-4, "temperature": 0.7}  # member 0 at round 0
-        assert p0.members[1].knobs != p0.members[0].knobs  # the other one explore step away
+        assert p0.members[1].knobs != p0.members[0].knobs  # the other drawn from the prior
         assert not (run.run_dir / "pbt" / "s1").exists() and (run.run_dir / "pbt" / "s2").is_dir()  # superseded
         ledger = run.store.ledger(run.id)
     finally:
