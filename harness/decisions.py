@@ -434,7 +434,7 @@ def signal_shown(control_live: list[float], candidate_live: list[float], gate: A
     Welch bound and arm noise as the live share's). Why: a completion cut off by the budget is scored as unfinished,
     so the reward trains the policy on the budget rather than the task, and the judge decodes with its own; a budget
     that lets the answers end removes that at once, while its 30-step effect on the target is about 0 and the live
-    share it moves is small at 8 groups a step (a held-out code scenario at 6 tokens: 68-73% of the control's
+    share it moves is small at 8 groups a step (a held-out code scenario at 6 tokens: 65-75% of the control's
     training completions cut off against none at 19-20 tokens, live 7.9-10.4% against 2.1-3.3%, never shown over
     three pairs; the fix never promoted in three seeds, BENCHMARKS.md, seventy-sixth session). A budget nothing hit
     cannot move this share, so it takes this reading only where answers were cut off."""
