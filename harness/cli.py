@@ -939,9 +939,10 @@ def _swap_in(staging: Path, out: Path, overwrite: bool) -> None:
     import signal
     import threading
 
-    if threading.current_thread() is not threading.main_thread():  # signal handlers belong to the main thread
-        _swap(staging, out, overwrite)
-        return
+    if threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, None):  # handlers belong to the main thread; an
+        _swap(staging, out, overwrite)  # ignored SIGINT (a background job) stays ignored; a handler installed
+        return  # outside Python (None) could not be put back
     pressed: list[int] = []  # a Ctrl-C between the two renames below left --out missing and the old checkpoint
     before = signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))  # under a hidden name: it is
     try:  # held until the swap is whole (a handler, not a signal mask: another thread would take a masked signal)

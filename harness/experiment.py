@@ -704,7 +704,6 @@ def _run_experiments(exps: list[tuple[ExperimentConfig, Path]], say, progress, j
         for note in p["notes"]:
             say(f"warning: {note}")
         arms = p["arms"]
-        (out / "experiment.json").write_text(json.dumps(cfg.model_dump(mode="json"), indent=1))
         rc0 = run_config(cfg, 0, arms[0])
         say(f"experiment{' ' + labels[i] if len(exps) > 1 else ''}: arms {', '.join(arms)}; {cfg.seeds} seed(s); "
             f"{rc0.budget.stages} stages each; held-out suite {rc0.eval.name} ({len(suite_blocks(rc0))} instances); "
@@ -717,6 +716,8 @@ def _run_experiments(exps: list[tuple[ExperimentConfig, Path]], say, progress, j
     for u in units.values():
         if u.kind != "warm":
             _check_before(preps[u.exp][0], preps[u.exp][1] / u.kind / f"seed{u.seed}", u.kind, u.seed)
+    for cfg, out, _ in preps:  # after the checks: a refused call leaves the folder's record as the results it holds
+        (Path(out) / "experiment.json").write_text(json.dumps(cfg.model_dump(mode="json"), indent=1))
     t_start = time.time()
     results = _schedule(units, preps, labels, say, progress, jobs)
     wall = time.time() - t_start  # the whole schedule's (shared by its experiments when they ran side by side)
@@ -868,6 +869,13 @@ def _with_defaults(made: Any) -> Any:
 
     if not (isinstance(made, dict) and isinstance(made.get("run"), dict)):
         return made
+    exp = made.get("experiment")
+    if made.get("arm") == "pbt" and isinstance(exp, dict) and isinstance(exp.get("own"), dict) \
+            and "decades" not in exp["own"]:
+        # a PBT made before its prior existed ran as one without a prior (decades 0, no resampling): read so, it
+        # differs from today's PBT instead of pooling with it (an outside review: a finished old-PBT seed pooled, a
+        # killed one resumed half old, half new)
+        made = {**made, "experiment": {**exp, "own": {**exp["own"], "decades": 0.0, "resample_probability": 0.0}}}
     try:
         return {**made, "run": RunConfig.model_validate(made["run"]).model_dump(mode="json")}
     except (ValidationError, ValueError, TypeError):

@@ -202,6 +202,7 @@ def store(key: str, checkpoint: Path, meta: dict[str, Any]) -> Path | None:
         shutil.rmtree(tmp, ignore_errors=True)
         _sweep(root)
         shutil.copytree(checkpoint, tmp)
+        os.utime(tmp)  # copytree stamps the copy with the source's date: a day-old source read as a stale copy
         (tmp / "warmstart.json").write_text(json.dumps(meta, indent=1, default=str))
         (tmp / "DONE").write_text("ok\n")
         # another process may have stored the same key while this one copied, and a third may be loading it: an

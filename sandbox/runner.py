@@ -48,8 +48,9 @@ these functions raise (`ValueError`, `SandboxUnavailable`).
   the same rlimits, scrubbed environment and temp working directory (and the cgroup where available), but no seccomp
   and no disk cap (it writes to a host temp dir), and it sees the whole filesystem and network as the caller's user
   does; when the caller is root the job drops to a fresh unprivileged uid as under bubblewrap (so it reads only what
-  any user may, and RLIMIT_NPROC holds) where such a uid can run the interpreter (`_drops_root`; a Python under a
-  private /root cannot be, and there the job runs as root, with a one-time warning). Use `require_bwrap=True`
+  any user may, and RLIMIT_NPROC holds) where such a uid can run the interpreter (`_drops_root`, tried once: a Python
+  under a private /root, a user namespace whose map does not reach the uid, root without CAP_SETUID cannot, and there
+  the job runs as root, with a one-time warning). Use `require_bwrap=True`
   wherever it matters: the loop's evolved diagnostics do.
 """
 
@@ -100,7 +101,8 @@ class Limits(BaseModel):
                             "another 16 MiB): all the job's files together")
     result_bytes: int = Field(4_000_000, ge=1024, description="cap on the JSON result a code/function job returns")
     open_files: int = Field(64, ge=16, description="open file descriptors (RLIMIT_NOFILE)")
-    processes: int = Field(16, ge=1, description="processes/threads of the job's uid (RLIMIT_NPROC; bwrap only as root)")
+    processes: int = Field(16, ge=1, description="processes/threads of the job's uid (RLIMIT_NPROC; "
+                           "held for a root caller only where the job drops to its own uid)")
     output_bytes: int = Field(1_000_000, ge=1024, description="cap on stdout and on stderr each; beyond it: killed")
 
 
@@ -314,48 +316,45 @@ def _isolation(require_bwrap: bool, isolation: str) -> tuple[Isolation, str | No
 
 
 _ROOT_WARNED = False
-_RUNNABLE: dict[tuple[str, ...], bool] = {}
+_RUNNABLE: dict[tuple[str, ...], str | None] = {}
+
+# run by the interpreter a job would use, as root: drop to the uid given, then do what a job's boot and program do
+_DROP_PROBE = r"""
+import os, sys
+uid = int(sys.argv[1])
+os.setgroups([]); os.setgid(uid); os.setuid(uid)
+import _json, json, re, tempfile
+for p in sys.argv[2:]:
+    os.listdir(p)
+"""
 
 
 def _drops_root(python_path: list[str]) -> bool:
     """May a root caller's job in the process fallback drop to an unprivileged uid, as bubblewrap's does? Only where
-    such a uid can still run it: the interpreter, its standard library and the job's `python_path` readable by any
-    user along their whole path (bubblewrap mounts them at their place, so there the folders above do not matter;
-    a Python under /root, 0700, is readable by root alone). Else the job runs as root, said once."""
+    such a uid can still run it, which is tried once per interpreter and library path (cached for the process): a
+    child of this interpreter drops to the highest uid this process's jobs use, imports what a job imports and lists
+    the job's `python_path`. It fails where the uid cannot be taken (a user namespace whose map does not reach it, root
+    without CAP_SETUID) or cannot read the interpreter (a Python under a private /root, 0700). Else the job runs as
+    root, said once with the reason."""
     global _ROOT_WARNED
     python = str(interpreter())
     key = (python, *python_path)
     if key not in _RUNNABLE:
+        uid = 200_000 + (os.getpid() % UID_BLOCKS) * 4096 + 4095
         try:
-            ask = "import sysconfig; print(sysconfig.get_path('stdlib')); print(sysconfig.get_path('platstdlib'))"
-            out = subprocess.run([python, "-I", "-S", "-c", ask], capture_output=True, text=True, timeout=30,
-                                 check=True).stdout.split()
-        except (OSError, subprocess.SubprocessError):
-            out = []
-        lib_dynload = [str(Path(p, "lib-dynload")) for p in out]
-        _RUNNABLE[key] = bool(out) and all(_anyone_reads(Path(p)) for p in [python, *out, *lib_dynload, *python_path]
-                                           if Path(p).exists() or p == python)
-    if not _RUNNABLE[key] and not _ROOT_WARNED:
+            r = subprocess.run([python, "-I", "-S", "-c", _DROP_PROBE, str(uid), *python_path], capture_output=True,
+                               text=True, timeout=60, check=False, stdin=subprocess.DEVNULL)
+            lines = r.stderr.strip().splitlines()
+            _RUNNABLE[key] = None if r.returncode == 0 else (lines[-1] if lines else f"exit {r.returncode}")[:200]
+        except (OSError, subprocess.SubprocessError) as exc:
+            _RUNNABLE[key] = f"{type(exc).__name__}: {exc}"[:200]
+    why = _RUNNABLE[key]
+    if why is not None and not _ROOT_WARNED:
         _ROOT_WARNED = True
-        warnings.warn(f"sandbox: the process fallback runs jobs as root here: this Python ({python}) or the job's "
-                      "library folders are not readable by an unprivileged user, so a job cannot drop to one; install "
-                      f"bubblewrap ({_INSTALL}), or use a Python installed where any user can read it",
-                      RuntimeWarning, stacklevel=4)
-    return _RUNNABLE[key]
-
-
-def _anyone_reads(path: Path) -> bool:
-    """Is `path` readable by any user: it (a file: read; a folder: read and search) and every folder above it
-    searchable by others (the mode bits; root's own access says nothing)."""
-    import stat
-
-    try:
-        path = Path(os.path.realpath(path))
-        mode = path.stat().st_mode
-        need = stat.S_IROTH | (stat.S_IXOTH if stat.S_ISDIR(mode) else 0)
-        return mode & need == need and all(p.stat().st_mode & stat.S_IXOTH for p in path.parents)
-    except OSError:
-        return False
+        warnings.warn(f"sandbox: the process fallback runs jobs as root here: a job cannot drop to an unprivileged uid "
+                      f"under this Python ({python}) and its library folders ({why}); install bubblewrap ({_INSTALL}), "
+                      "or run where a job can take an unprivileged uid and read this Python", RuntimeWarning, stacklevel=4)
+    return why is None
 
 
 def _job_uid() -> int:
@@ -507,10 +506,12 @@ def run(job: Job, *, require_bwrap: bool = False, isolation: str = "auto") -> Ru
         scratch = root / "scratch"  # the working directory of the process fallback (bwrap mounts a tmpfs instead)
         scratch.mkdir()
         uid = _job_uid() if os.geteuid() == 0 and (mode == "bwrap" or _drops_root(job.python_path)) else None
-        if uid is not None and mode != "bwrap":  # the fallback's working folder: the job writes its files as its uid
-            os.chown(scratch, uid, uid)
+        if uid is not None and mode != "bwrap":  # the fallback's working folder: the job writes its files as its uid,
+            os.chown(scratch, uid, uid)  # and reaches it by its absolute path too (HOME, TMPDIR, __file__): the folder
+            root.chmod(0o711)  # above may be passed through, not listed; the job spec in it stays root's alone
         job_file = root / "job"
         job_file.write_bytes(marshal.dumps({**job.model_dump(mode="json"), "uid": uid}))
+        job_file.chmod(0o600)
         result_r, result_w = os.pipe()
         fds += [result_r, result_w]
         python = str(interpreter())

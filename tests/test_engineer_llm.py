@@ -383,7 +383,7 @@ def test_oversized_or_undecodable_bodies_are_refused(lib, behave, why):
     assert res.engineer_used == "rule" and any(why in n for n in res.notes), res.notes
 
 
-@pytest.mark.parametrize("coding", ["gzip", "deflate", "raw-deflate", "bomb", "br"])
+@pytest.mark.parametrize("coding", ["gzip", "gzip-2-members", "mislabelled", "deflate", "raw-deflate", "bomb", "br"])
 def test_a_compressed_reply_despite_identity_is_read_or_named(lib, coding):
     """A server (or a proxy in front of it) that gzips despite `Accept-Encoding: identity` was "did not return UTF-8
     JSON"; now gzip and deflate (zlib or raw) are undone within the size bound, a body that expands past it is refused
@@ -393,6 +393,10 @@ def test_a_compressed_reply_despite_identity_is_read_or_named(lib, coding):
     body = _completion(json.dumps(_one()))
     if coding == "gzip":
         sent, header = zlib.compress(body, wbits=31), "gzip"
+    elif coding == "gzip-2-members":  # RFC 1952: members one after another, the body their concatenation
+        sent, header = zlib.compress(body[:10], wbits=31) + zlib.compress(body[10:], wbits=31), "gzip"
+    elif coding == "mislabelled":
+        sent, header = body, "gzip"
     elif coding == "deflate":
         sent, header = zlib.compress(body), "deflate"
     elif coding == "raw-deflate":
@@ -413,12 +417,36 @@ def test_a_compressed_reply_despite_identity_is_read_or_named(lib, coding):
     with RawEndpoint(serve) as ep:
         res = propose(_cfg(ep.url, timeout_s=10, max_retries=0), _diag(), lib, 1, np.random.default_rng(0),
                       space=SPACE)
-    if coding in ("gzip", "deflate", "raw-deflate"):
+    if coding in ("gzip", "gzip-2-members", "mislabelled", "deflate", "raw-deflate"):
         assert res.engineer_used == "llm", res.notes
     else:
         assert res.engineer_used == "rule", res.notes
         why = "once decompressed" if coding == "bomb" else "Content-Encoding 'br'"
         assert any(why in n for n in res.notes), res.notes
+
+
+def test_an_error_status_with_a_compressed_body_keeps_its_status_and_is_retried(lib):
+    """A 503 whose body a proxy compressed with a coding not undone (or an empty gzip body) raised a non-transient
+    "Content-Encoding" error, so the busy endpoint's status and Retry-After were lost and nothing was retried. An
+    error's body is not decoded: the status decides, the second call answers."""
+    calls = []
+
+    def serve(h):
+        calls.append(1)
+        if len(calls) == 1:
+            h.send_response(503)
+            h.send_header("Content-Encoding", "br")
+            h.send_header("Retry-After", "0")
+            h.send_header("Content-Length", "3")
+            h.end_headers()
+            h.wfile.write(b"\x0b\x01\x80")
+            return
+        _send(h, _completion(json.dumps(_one())))
+
+    with RawEndpoint(serve) as ep:
+        res = propose(_cfg(ep.url, timeout_s=10, max_retries=1), _diag(), lib, 1, np.random.default_rng(0),
+                      space=SPACE)
+    assert len(calls) == 2 and res.engineer_used == "llm", res.notes
 
 
 HOSTILE_REPLIES = {

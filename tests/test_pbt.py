@@ -142,10 +142,13 @@ def test_a_population_of_two_shares_the_budget_reports_its_best_member_and_resum
             best = next(t for t in pop.trained if t.member == pop.best)
             assert best.fitness == max(fit.values()) and row.checkpoint == best.checkpoint
             assert sum(t.steps for t in pop.trained) == row.steps
-            for m in pop.members:  # each continues its own weights, or a top member's (not less fit) with new knobs
-                src = pop.trained[m.lineage[-1]]
-                assert m.checkpoint == src.checkpoint
-                assert m.knobs == src.knobs if src.member == m.id else fit[src.member] >= fit[m.id]
+            # truncation at 2 members: the top one (fitness, then the lower id) keeps its weights and knobs, the
+            # other continues the top one's weights with explored knobs, whatever their fitness (Tune's rule)
+            top, bottom = sorted(fit, key=lambda i: (-fit[i], i))
+            assert pop.members[top].lineage[-1] == top and pop.members[top].knobs == pop.trained[top].knobs
+            assert pop.members[bottom].lineage[-1] == top and pop.members[bottom].knobs != pop.trained[top].knobs
+            for m in pop.members:
+                assert m.checkpoint == pop.trained[m.lineage[-1]].checkpoint
             test = next(e for e in run.store.evaluations(run.id, stage=row.stage, arm="policy")
                         if e["split"] == "test" and not e["slice_key"])
             assert (row.valid, row.optimal) == (test["valid"], test["optimal"])

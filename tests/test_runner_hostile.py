@@ -137,31 +137,37 @@ def test_a_child_that_leaves_the_session_is_killed_with_the_job(tmp_path):
 def test_the_process_fallback_never_runs_a_root_callers_job_as_root_where_it_can_drop(tmp_path, monkeypatch):
     """`EVOTRAINER_CODE_ISOLATION=process` under root ran the policy's programs as root (they could read and rewrite
     anything: the run folder, the judge, ~/.ssh). Now the job drops to a fresh unprivileged uid, as under bubblewrap,
-    wherever such a uid can run the interpreter (the system Python here); its own files in its working folder still
-    work. Where it cannot (a Python under a private /root), the job runs as root and that is said once."""
+    wherever a trial drop works (the system Python here); its own files work by relative and absolute path, and its
+    temp folder is its own. Where the trial fails (here: a library folder only root can read), the job runs as root
+    and that is said once, with the reason."""
     import warnings
 
     secret = tmp_path / "secret"
     secret.write_text("judge answers")
     secret.chmod(0o600)
-    code = (f"import os\nopen('mine.txt', 'w').write('ok')\ntry:\n    seen = open({str(secret)!r}).read()\n"
+    code = (f"import os, tempfile\nopen('mine.txt', 'w').write('ok')\ntry:\n    seen = open({str(secret)!r}).read()\n"
             "except OSError as exc:\n    seen = type(exc).__name__\nresult = [os.getuid(), os.geteuid(), seen, "
-            "open('mine.txt').read()]")
+            "open(os.path.abspath('mine.txt')).read(), tempfile.gettempdir() == os.getcwd()]")
     system = Path(os.path.realpath("/usr/bin/python3"))
     monkeypatch.setattr(runner, "interpreter", lambda: system)
-    assert runner._drops_root([])
+    monkeypatch.setattr(runner, "_RUNNABLE", {})
+    monkeypatch.setattr(runner, "_ROOT_WARNED", False)
     r = run_code(code, isolation="process")
     assert r.status == "ok", r
-    uid, euid, seen, mine = r.value
-    assert uid != 0 and euid != 0 and seen == "PermissionError" and mine == "ok", r.value
-    # a Python no unprivileged uid can read (a private home): it runs as root, said once
-    private = tmp_path / "home"
+    uid, euid, seen, mine, own_tmp = r.value
+    assert uid != 0 and euid != 0 and seen == "PermissionError" and mine == "ok" and own_tmp, r.value
+    # a library folder the dropped uid cannot read: the trial fails, the job runs as root, said once with why
+    private = tmp_path / "lib"
     private.mkdir(mode=0o700)
-    assert not runner._anyone_reads(private) and runner._anyone_reads(system)
-    monkeypatch.setattr(runner, "_drops_root", lambda python_path: False)
-    with warnings.catch_warnings(record=True):
-        r = run_code(code, isolation="process")
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        job = runner.Job(kind="code", code=code, python_path=[str(private)])
+        r = runner.run(job, isolation="process")
+        again = runner.run(job, isolation="process")
     assert r.status == "ok" and r.value[0] == 0 and r.value[2] == "judge answers", r.value
+    assert again.value[0] == 0
+    root_said = [str(w.message) for w in said if "runs jobs as root" in str(w.message)]
+    assert len(root_said) == 1 and "PermissionError" in root_said[0], root_said
 
 
 @pytest.mark.skipif(seccomp_program() is None, reason="no seccomp filter for this CPU architecture")

@@ -650,6 +650,20 @@ def test_a_setting_added_or_dropped_between_parts_is_not_pooled(tmp_path):
     assert rec(v1)["code"] and check_made_from(same, rec(v1)) is None
     other = {**rec(v1), "code": "0123456789abcdef"}
     assert "made by other code" in check_made_from(same, other)
+    # a PBT arm made before its prior existed (no `decades` in its record) ran without one: refused, not pooled with
+    # today's PBT nor resumed under it (an outside review: the missing key was no difference)
+    pbt_now = rec(v1, "pbt")
+    assert pbt_now["experiment"]["own"]["decades"] == 1.0
+    old_pbt = copy.deepcopy(pbt_now)
+    for k in ("decades", "resample_probability"):
+        del old_pbt["experiment"]["own"][k]
+    folder = tmp_path / "old-pbt" / "seed0"
+    _record_made_from(folder, old_pbt)
+    with pytest.raises(ExperimentError, match=r"experiment\.own\.decades \(0\.0 then, 1\.0 now\)"):
+        check_made_from(folder, pbt_now)
+    fresh = tmp_path / "new-pbt" / "seed0"
+    _record_made_from(fresh, pbt_now)
+    assert check_made_from(fresh, pbt_now) is None
 
 
 def test_an_oracle_that_only_rescales_the_mix_a_warm_start_env_and_a_quick_eval_are_refused(tmp_path):

@@ -252,6 +252,8 @@ def post_json(url: str, payload: dict, headers: dict[str, str], timeout_s: float
         raise EndpointError(f"engineer endpoint {url} sent more than {max_bytes} bytes: refused")
     if meta is not None:
         meta["retry_after"] = box.get("retry_after")
+    if box["status"] >= 400:  # an error's body is read only for its words: its status and Retry-After decide
+        return box["status"], box["body"]
     return box["status"], _decoded(box["body"], box.get("encoding"), url, max_bytes)
 
 
@@ -262,15 +264,21 @@ def _decoded(body: bytes, encoding: str | None, url: str, max_bytes: int) -> byt
     import zlib
 
     def inflate(data: bytes, wbits: int) -> bytes | None:
-        d = zlib.decompressobj(wbits)
-        try:
-            out = d.decompress(data, max_bytes + 1)
-        except zlib.error:
-            return None
-        if len(out) > max_bytes or d.unconsumed_tail:
-            raise EndpointError(f"engineer endpoint {url} sent more than {max_bytes} bytes (once decompressed): "
-                                "refused")
-        return out if d.eof else None
+        out = b""
+        while True:  # gzip may hold several members one after another (RFC 1952 2.2): each is inflated
+            d = zlib.decompressobj(wbits)
+            try:
+                out += d.decompress(data, max_bytes + 1 - len(out))
+            except zlib.error:
+                return None
+            if len(out) > max_bytes or d.unconsumed_tail:
+                raise EndpointError(f"engineer endpoint {url} sent more than {max_bytes} bytes (once decompressed): "
+                                    "refused")
+            if not d.eof:
+                return None
+            data = d.unused_data
+            if not data or wbits < 0:
+                return out if not data else None
 
     codings = [c.strip().lower() for c in (encoding or "").split(",") if c.strip().lower() not in ("", "identity")]
     for coding in reversed(codings):  # applied in the order listed: undone last first
@@ -279,7 +287,11 @@ def _decoded(body: bytes, encoding: str | None, url: str, max_bytes: int) -> byt
                                 "Accept-Encoding: identity; only gzip and deflate are undone: configure the server "
                                 "(or its proxy) not to compress")
         # 47 = 32 + 15: a gzip or zlib header, detected; -15: raw deflate
-        out = inflate(body, 47) if coding != "deflate" else (inflate(body, 15) or inflate(body, -15))
+        out = inflate(body, 47) if coding != "deflate" else inflate(body, 15)
+        if out is None and coding == "deflate":
+            out = inflate(body, -15)
+        if out is None and body.lstrip()[:1] in (b"{", b"["):  # a plain JSON body under a wrong label: read as is
+            continue
         if out is None:
             raise EndpointError(f"engineer endpoint {url} sent a {coding} body that does not decompress (truncated "
                                 "or not that coding)")
