@@ -709,11 +709,8 @@ def _run_experiments(exps: list[tuple[ExperimentConfig, Path]], say, progress, j
             f"{rc0.budget.stages} stages each; held-out suite {rc0.eval.name} ({len(suite_blocks(rc0))} instances); "
             f"out {out}")
         add_units(units, first_warm, i, _warm_group(rc0), arms, cfg.seeds, cfg.budget_steps is None)
-    for u in units.values():  # a part made from other settings is refused before anything is made or re-scored
-        cfg, out = preps[u.exp][0], preps[u.exp][1]
-        if u.kind == "warm":
-            check_warm(run_config(cfg, 0, preps[u.exp][2]["arms"][0]), out / "warmstart")
-    for u in units.values():
+        check_warm(rc0, out / "warmstart")  # a part made from other settings is refused before anything is made or
+    for u in units.values():  # re-scored: the shared warm starts first, then every arm x seed
         if u.kind != "warm":
             _check_before(preps[u.exp][0], preps[u.exp][1] / u.kind / f"seed{u.seed}", u.kind, u.seed)
     for cfg, out, _ in preps:  # after the checks: a refused call leaves the folder's record as the results it holds

@@ -277,8 +277,10 @@ def _decoded(body: bytes, encoding: str | None, url: str, max_bytes: int) -> byt
             if not d.eof:
                 return None
             data = d.unused_data
-            if not data or wbits < 0:
-                return out if not data else None
+            if not data:
+                return out
+            if wbits < 0:  # raw deflate has no members: bytes after its end are not part of it
+                return None
 
     codings = [c.strip().lower() for c in (encoding or "").split(",") if c.strip().lower() not in ("", "identity")]
     for coding in reversed(codings):  # applied in the order listed: undone last first
